@@ -1,0 +1,44 @@
+// AdamW (decoupled weight decay, bias-corrected, as torch.optim.AdamW), the learning-rate
+// schedule (linear warmup then cosine decay to min_lr), and global-norm gradient
+// clipping (as torch.nn.utils.clip_grad_norm_). Scalar reference implementation: the
+// EPS's vectorised update is tested against it.
+//
+// Thread-safety: pure functions over caller-owned buffers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace l2l {
+
+struct OptimizerConfig {
+  float lr = 1e-3f;            // peak learning rate
+  float min_lr_ratio = 0.1f;   // cosine decays to lr * min_lr_ratio at total_steps
+  int64_t warmup_steps = 0;    // linear warmup from lr/warmup_steps to lr
+  int64_t total_steps = 0;     // 0: constant lr after warmup (no cosine)
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.1f;   // applied to ParamInfo::decay tensors only
+  float grad_clip = 1.0f;      // max global L2 norm; <= 0 disables clipping
+};
+
+// Learning rate for optimizer step `step` (0-based).
+float LearningRate(const OptimizerConfig& cfg, int64_t step);
+
+// One AdamW step over n parameters, in place, exactly in torch.optim.AdamW's order:
+//   p -= lr*wd*p; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g*g;
+//   p -= (lr / (1-b1^t)) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
+// with g = grad[i] * grad_scale (grad_scale folds in 1/micro-batches and clipping).
+// t is the 1-based step count used for bias correction.
+void AdamWStep(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+               float beta2, float eps, float weight_decay, int64_t t, float grad_scale);
+
+// Sum of squares in double (for the global gradient norm).
+double SumSquares(const float* x, size_t n);
+
+// Multiplier that clips a gradient of global norm `norm` to `max_norm`
+// (torch: max_norm / (norm + 1e-6), at most 1). Returns 1 when max_norm <= 0.
+float ClipCoefficient(double norm, float max_norm);
+
+}  // namespace l2l

@@ -1,0 +1,72 @@
+// Job configuration: the typed structs a training job is described by, and their YAML
+// loading. One YAML file describes a job (model + optimizer + training + data); the EPS
+// reads it (CreateJob / --config) and hands it to workers when they register.
+// Daemon-only settings (listen address, state dir, memory budget) live in
+// eps_server/eps_config.h and reuse the YAML helpers below.
+//
+// Rules: every field has a default and a comment; unknown keys are errors; every error
+// names the key path, the file and the line ("configs/x.yaml:7: model.n_head=12 does not
+// divide model.d_model=1000"). CLI overrides are applied in main() only.
+// Thread-safety: values.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/adamw.h"
+#include "common/model_spec.h"
+#include "common/status.h"
+
+namespace l2l {
+
+enum class DType { kF32, kBF16, kF16 };
+
+struct TrainingConfig {
+  int64_t steps = 100;             // optimizer steps to run
+  int64_t micro_batch_size = 4;    // B: sequences per micro-batch
+  int64_t micro_batches = 2;       // M: micro-batches per worker per step (accumulated)
+  int64_t seq_len = 0;             // T per sequence; 0 = model.seq_len
+  uint64_t seed = 1234;            // init and data order
+  int64_t log_every = 1;           // steps between progress lines
+  int64_t checkpoint_every = 0;    // steps between checkpoints; 0 = only on request/exit
+  std::string mode = "sync";       // "sync" or "lockfree"
+  int64_t staleness = 1;           // lock-free bound s: a layer version >= t - s is used
+  std::string clip = "global";     // "none", "per_layer", "global"
+  std::string stash = "device";    // "device" or "host" (pinned host memory on a GPU)
+};
+
+struct DataConfig {
+  std::string train_path;          // llm.c .bin tokens file (relative to the config file)
+  std::string val_path;            // optional
+};
+
+struct JobConfig {
+  ModelSpec model;
+  OptimizerConfig optim;
+  TrainingConfig train;
+  DataConfig data;
+  DType publish_dtype = DType::kF32;  // dtype of the copy workers fetch: f32 | bf16
+
+  int64_t seq_len() const { return train.seq_len > 0 ? train.seq_len : model.seq_len; }
+  Status Validate() const;  // cross-field checks (seq_len <= model.seq_len, ...)
+};
+
+// Loads a job config from YAML. Relative data paths are resolved against the file's
+// directory. A missing section keeps its defaults; `preset: NAME` inside `model:` starts
+// from configs/models/NAME.yaml's model. Errors name file, line and key.
+Result<JobConfig> LoadJobConfig(const std::string& path);
+// Same, from a string (`origin` names it in errors, e.g. "<rpc CreateJob>").
+Result<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::string& origin,
+                                 const std::string& base_dir = ".");
+// Serialises to YAML that ParseJobConfig reads back to an equal JobConfig.
+std::string JobConfigToYaml(const JobConfig& cfg);
+
+// Applies "section.key=value" overrides (from a CLI --set flag) with the same checks.
+Status ApplyOverride(JobConfig* cfg, const std::string& assignment);
+
+const char* DTypeName(DType d);
+Result<DType> ParseDType(const std::string& s);  // "f32" | "bf16" | "f16"
+size_t DTypeSize(DType d);
+
+}  // namespace l2l

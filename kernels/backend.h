@@ -1,0 +1,137 @@
+// Backend: every piece of compute l2l does, behind one interface, so the relay and the
+// reference trainer run unchanged on the CPU (cpu/, the reference: oneDNN + TBB) or a
+// GPU (cuda/, cuBLASLt + our kernels). Modelled on ggml's backend interface.
+//
+// Contracts shared by every op:
+//  * All pointers are "device" pointers of this backend (host memory for the CPU
+//    backend): get them from Alloc() and move bytes with CopyToDevice/CopyToHost.
+//  * Tensors are fp32, row-major, contiguous; token ids are int32. Shapes are in the
+//    comments: B batch, T time, C channels, NH heads, hs = C/NH, V vocab, N = B*T rows.
+//  * Ops run in order on the backend's compute stream; CopyToHost and Synchronize()
+//    wait for earlier work. Ops do not allocate.
+//  * Backward ops ACCUMULATE (+=) into every gradient output, so residual branches and
+//    micro-batches sum for free; callers zero gradients when they start a new sum.
+//    Exceptions are named in the op's comment.
+//  * Forward ops overwrite their outputs.
+//
+// Thread-safety: a Backend is used by one thread at a time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+
+namespace l2l::kernels {
+
+enum class DeviceKind { kCpu, kCuda };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual DeviceKind kind() const = 0;
+  virtual std::string name() const = 0;  // "cpu (oneDNN, 2 threads)", "cuda:0 (H100)"
+
+  // ---- memory ------------------------------------------------------------------
+  // 64-byte aligned, uninitialised. Fails with RESOURCE_EXHAUSTED naming the size.
+  virtual Result<void*> Alloc(size_t bytes) = 0;
+  virtual void Free(void* p) = 0;
+  virtual void CopyToDevice(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
+  virtual void CopyDeviceToDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual void Zero(void* dst, size_t bytes) = 0;
+  virtual void Synchronize() = 0;
+
+  // ---- dense algebra -------------------------------------------------------------
+  // C (M,N) = alpha * op(A) @ op(B) + beta * C, row-major, fp32 in and out.
+  // op(A) is (M,K): A is (M,K) with lda >= K, or (K,M) when trans_a.
+  // op(B) is (K,N): B is (K,N) with ldb >= N, or (N,K) when trans_b.
+  virtual void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                    int64_t ldc) = 0;
+  // out (N,OC) += bias (OC) broadcast over rows.
+  virtual void AddBias(float* out, const float* bias, int64_t N, int64_t OC) = 0;
+  // dbias (OC) += column sums of dout (N,OC).
+  virtual void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) = 0;
+
+  // ---- elementwise ---------------------------------------------------------------
+  // out = a + b (n). out may alias a or b.
+  virtual void Add(float* out, const float* a, const float* b, int64_t n) = 0;
+  // dst += alpha * src (n).
+  virtual void Axpy(float* dst, const float* src, float alpha, int64_t n) = 0;
+  // x *= alpha (n).
+  virtual void Scale(float* x, float alpha, int64_t n) = 0;
+  // GELU, tanh approximation (GPT-2): out = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+  virtual void GeluForward(float* out, const float* inp, int64_t n) = 0;
+  // dinp += gelu'(inp) * dout.
+  virtual void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) = 0;
+  // Sum of squares of x (n), computed in double, returned to the host (synchronises).
+  virtual double SumSquares(const float* x, int64_t n) = 0;
+
+  // ---- transformer ops -------------------------------------------------------------
+  // out (B,T,C) = wte[tokens[b,t]] + wpe[t]. tokens (B,T) int32 in [0,V); wte (V,C), wpe (>=T,C).
+  virtual void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                                int64_t B, int64_t T, int64_t C) = 0;
+  // dwte (V,C) += scatter of dout rows by token; dwpe (>=T,C) += sum over batch.
+  // Deterministic: the same inputs give the same bits.
+  virtual void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                                 int64_t B, int64_t T, int64_t C) = 0;
+  // out (N,C) = (inp - mean) * rstd * weight + bias; saves mean (N), rstd (N). eps = 1e-5.
+  virtual void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                                const float* weight, const float* bias, int64_t N, int64_t C) = 0;
+  // dinp (N,C) +=, dweight (C) +=, dbias (C) += ; uses mean/rstd from the forward.
+  virtual void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                 const float* inp, const float* weight, const float* mean,
+                                 const float* rstd, int64_t N, int64_t C) = 0;
+  // Causal multi-head self-attention. qkv (B,T,3C) holds q|k|v per row, each split in NH
+  // heads of hs. out (B,T,C) = softmax(q k^T / sqrt(hs), causal) v per head (heads
+  // concatenated). att (B,NH,T,T) receives the softmax probabilities (row t is zero past t),
+  // which the backward needs. Softmax in fp32 with the max subtracted.
+  virtual void AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                                int64_t C, int64_t NH) = 0;
+  // dqkv (B,T,3C) += gradient through the attention, from dout (B,T,C) and the forward's
+  // qkv and att. scratch: (B,NH,T,T) floats the op may overwrite.
+  virtual void AttentionBackward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                                 const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
+  // Fused softmax + cross-entropy. logits (N,V); targets (N) int32 in [0,V).
+  // probs (N,V) = softmax(logits) (overwritten); losses (N) = -log probs[target].
+  virtual void CrossEntropyForward(float* losses, float* probs, const float* logits,
+                                   const int32_t* targets, int64_t N, int64_t V) = 0;
+  // dlogits (N,V) = scale * (probs - onehot(targets)). OVERWRITES dlogits (it may alias
+  // probs). scale is d(loss)/d(per-token loss), e.g. 1/(N * micro_batches).
+  virtual void CrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
+                                    float scale, int64_t N, int64_t V) = 0;
+};
+
+// The CPU backend (always available; the reference). num_threads <= 0: all cores.
+std::unique_ptr<Backend> CreateCpuBackend(int num_threads = 0);
+
+// "cpu" or "cuda:N". Fails with a message when the device is unknown, CUDA support was not
+// built, or no such GPU is present.
+Result<std::unique_ptr<Backend>> CreateBackend(const std::string& device);
+
+// Owns one Alloc()ation of a backend. Move-only.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  static Result<DeviceBuffer> Create(Backend* backend, size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& o) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return ptr_; }
+  float* f32() const { return static_cast<float*>(ptr_); }
+  int32_t* i32() const { return static_cast<int32_t*>(ptr_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  Backend* backend_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+}  // namespace l2l::kernels

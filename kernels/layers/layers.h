@@ -1,0 +1,86 @@
+// The three layer types of a GPT-2 model as the relay sees them: each is a function of
+// (its flat fp32 parameter buffer, its input) -> output, and a backward that RECOMPUTES
+// its internals from the stashed input (so nothing but layer outputs is kept between
+// forward and backward; seed 002 Algorithm 3). Views inside the flat buffer come from
+// common/model_spec.h's LayerLayout.
+//
+// Ownership: callers own every buffer (Backend device memory); a LayerWorkspace holds the
+// per-micro-batch scratch and is reused across layers and micro-batches.
+// Gradient contract: parameter gradients ACCUMULATE (+=) so one buffer sums a layer's
+// gradient over all micro-batches; input gradients are OVERWRITTEN.
+// Thread-safety: one thread per Backend.
+#pragma once
+
+#include <cstdint>
+
+#include "common/model_spec.h"
+#include "common/status.h"
+#include "kernels/backend.h"
+
+namespace l2l::layers {
+
+// Scratch for one micro-batch of shape (B, T) through any layer of `spec`.
+// Sized for the largest need: block internals (ln, qkv, attention probabilities, MLP)
+// and the head's logits/probabilities (B,T,V).
+class LayerWorkspace {
+ public:
+  static Result<LayerWorkspace> Create(kernels::Backend* backend, const ModelSpec& spec, int64_t B,
+                                       int64_t T);
+  int64_t B() const { return B_; }
+  int64_t T() const { return T_; }
+  size_t bytes() const;  // device bytes held
+
+  // Named scratch regions (device pointers), valid for the workspace's lifetime.
+  // Shapes with N = B*T.
+  kernels::DeviceBuffer ln1, ln1_mean, ln1_rstd;   // (N,C) (N) (N)
+  kernels::DeviceBuffer qkv;                       // (N,3C)
+  kernels::DeviceBuffer att;                       // (B,NH,T,T)
+  kernels::DeviceBuffer att_scratch;               // (B,NH,T,T)
+  kernels::DeviceBuffer atty;                      // (N,C)
+  kernels::DeviceBuffer resid2;                    // (N,C) input + attention branch
+  kernels::DeviceBuffer ln2, ln2_mean, ln2_rstd;   // (N,C) (N) (N)
+  kernels::DeviceBuffer fch, fch_gelu;             // (N,F) (N,F)
+  kernels::DeviceBuffer logits;                    // (N,V) logits, then probs, then dlogits
+  kernels::DeviceBuffer losses;                    // (N)
+  kernels::DeviceBuffer g0, g1, g2, g3;            // (N, max(3C,F)) gradient scratch
+
+ private:
+  int64_t B_ = 0, T_ = 0;
+};
+
+// ---- Embedding (layer 0): tokens -> hidden --------------------------------------
+// out (B,T,C) = wte[tokens] + wpe[0..T). tokens (B,T) int32 device memory.
+void EmbeddingForward(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
+                      const float* params, const int32_t* tokens, float* out, int64_t B, int64_t T);
+// dparams (layout.numel) += gradient of wte and wpe from dout (B,T,C).
+void EmbeddingBackward(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
+                       const int32_t* tokens, const float* dout, float* dparams, int64_t B, int64_t T);
+
+// ---- Transformer block: hidden -> hidden --------------------------------------------
+// x1 = x + attn_proj(attention(c_attn(ln_1(x)))); out = x1 + c_proj(gelu(c_fc(ln_2(x1)))).
+void BlockForward(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
+                  const float* params, const float* in, float* out, int64_t B, int64_t T,
+                  LayerWorkspace& ws);
+// Recomputes the forward internals from `in`, then: din (B,T,C) = dL/din (overwritten),
+// dparams (layout.numel) += dL/dparams.
+void BlockBackward(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
+                   const float* params, const float* in, const float* dout, float* din,
+                   float* dparams, int64_t B, int64_t T, LayerWorkspace& ws);
+
+// ---- Head (last layer): hidden -> loss ----------------------------------------------
+// logits = ln_f(in) @ W^T with W = wte (tied; `wte` points at layer 0's wte view) or the
+// head's own lm_head.weight (untied; `wte` ignored). targets (B,T) int32 device memory.
+// Returns the mean cross-entropy over the B*T tokens (synchronises to read it).
+// When din != nullptr also computes the backward of loss * loss_scale:
+//   din (B,T,C) overwritten; dparams (head layout.numel) +=; dwte (V,C) += (tied only).
+// loss_scale is typically 1/micro_batches so gradients sum to the mini-batch mean.
+float HeadForwardBackward(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
+                          const float* params, const float* wte, const float* in,
+                          const int32_t* targets, float loss_scale, float* din, float* dparams,
+                          float* dwte, int64_t B, int64_t T, LayerWorkspace& ws);
+// probs (B,T,V) = softmax of the head's logits (for sampling). probs is device memory.
+void HeadProbs(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
+               const float* params, const float* wte, const float* in, float* probs, int64_t B,
+               int64_t T, LayerWorkspace& ws);
+
+}  // namespace l2l::layers

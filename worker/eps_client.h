@@ -1,0 +1,93 @@
+// EpsClient: everything a worker needs from the eager param-server, independent of the
+// transport. Two implementations (owned by the EPS protocol code): shared memory for a
+// worker on the EPS's host (weights read straight out of the EPS's published segment,
+// gradients written into this worker's own segment, futex wake-ups), and chunked gRPC
+// streams for a worker on another host. Registration, heartbeats and control always go
+// over gRPC. The relay (worker/relay.h) speaks only this interface.
+//
+// Versions: a layer's version is the number of optimizer steps applied to it. Step t
+// (0-based) in synchronous mode uses every layer at exactly version t; the EPS publishes
+// version t+1 of a layer once every registered worker pushed its step-t gradient for it.
+//
+// Ownership: a LayerWeights view points into transport-owned memory and stays valid and
+// unchanged until ReleaseLayer(layer). At most kMaxAcquired layers are held at once.
+// Thread-safety: AcquireLayer/ReleaseLayer/PushGradient/StepDone may be called from
+// different threads (the relay prefetches and pushes in the background), but each layer
+// is acquired by one thread at a time.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/config.h"
+#include "common/status.h"
+
+namespace l2l::worker {
+
+inline constexpr int kMaxAcquired = 4;
+
+struct WorkerRegistration {
+  int32_t worker_id = -1;       // assigned by the EPS, 0-based, stable for the job
+  int32_t num_workers = 1;      // workers the EPS waits for before each update
+  JobConfig job;                // the job's full configuration
+  int64_t start_step = 0;       // first step this worker runs (resume)
+  int32_t data_rank = 0;        // this worker's data shard: rank of world
+  int32_t data_world = 1;
+  std::string data_position;    // opaque data-loader position to resume from ("" = start)
+  std::string transport;        // "shm" or "grpc": how layers and gradients travel
+};
+
+struct LayerWeights {
+  const void* data = nullptr;   // numel elements of dtype, the layer's flat buffer
+  DType dtype = DType::kF32;
+  size_t numel = 0;
+  int64_t version = -1;
+};
+
+struct StepReport {
+  int64_t step = 0;
+  double loss = 0;              // mean over this worker's micro-batches
+  int64_t tokens = 0;           // tokens this worker processed in the step
+  std::string data_position;    // loader position after the step (saved in checkpoints)
+  // Seconds spent, for the per-step breakdown (seed 002 Fig. 6).
+  double forward_s = 0, backward_s = 0, recompute_s = 0, wait_layer_s = 0, wait_push_s = 0;
+};
+
+struct ClientOptions {
+  std::string transport = "auto";   // auto (shm when the EPS is on this host) | shm | grpc
+  std::chrono::milliseconds connect_timeout{10000};  // bounded retry when the EPS is unreachable
+  std::chrono::milliseconds heartbeat_interval{500};
+  std::string worker_name;          // for status displays; default hostname:pid
+};
+
+class EpsClient {
+ public:
+  virtual ~EpsClient() = default;
+  virtual const WorkerRegistration& registration() const = 0;
+
+  // Blocks until `layer` has a published version >= min_version (and, in synchronous
+  // mode, the caller passes the step number so this is exactly that version), then
+  // returns a view of it. Fails with DEADLINE_EXCEEDED after `timeout`, or ABORTED when
+  // the job is stopped.
+  virtual Result<LayerWeights> AcquireLayer(int64_t layer, int64_t min_version,
+                                            std::chrono::milliseconds timeout) = 0;
+  virtual void ReleaseLayer(int64_t layer) = 0;
+
+  // Sends this worker's gradient of `layer` for `step`: the SUM over its micro_batches of
+  // each micro-batch's mean-loss gradient (fp32, numel = the layer's parameter count).
+  // The EPS sums over workers and divides by the total micro-batch count. Returns once
+  // the bytes are handed over (grad may be reused).
+  virtual Status PushGradient(int64_t layer, int64_t step, int64_t micro_batches,
+                              const float* grad, size_t numel) = 0;
+
+  virtual Status StepDone(const StepReport& report) = 0;
+};
+
+// Registers with the EPS at `address` ("127.0.0.1:PORT") and returns a connected client.
+// Retries until options.connect_timeout, then fails with UNAVAILABLE naming the address.
+Result<std::unique_ptr<EpsClient>> ConnectEps(const std::string& address,
+                                              const ClientOptions& options);
+
+}  // namespace l2l::worker
