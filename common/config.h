@@ -15,12 +15,11 @@
 #include <vector>
 
 #include "common/adamw.h"
+#include "common/dtype.h"
 #include "common/model_spec.h"
 #include "common/status.h"
 
 namespace l2l {
-
-enum class DType { kF32, kBF16, kF16 };
 
 struct TrainingConfig {
   int64_t steps = 100;             // optimizer steps to run
@@ -65,8 +64,6 @@ std::string JobConfigToYaml(const JobConfig& cfg);
 // Applies "section.key=value" overrides (from a CLI --set flag) with the same checks.
 Status ApplyOverride(JobConfig* cfg, const std::string& assignment);
 
-const char* DTypeName(DType d);
-Result<DType> ParseDType(const std::string& s);  // "f32" | "bf16" | "f16"
-size_t DTypeSize(DType d);
+// DType, DTypeName, ParseDType and DTypeSize live in common/dtype.h.
 
 }  // namespace l2l

@@ -96,7 +96,8 @@ class Backend {
   virtual void AttentionBackward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                  const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
   // Fused softmax + cross-entropy. logits (N,V); targets (N) int32 in [0,V).
-  // probs (N,V) = softmax(logits) (overwritten); losses (N) = -log probs[target].
+  // probs (N,V) = softmax(logits) (overwritten; probs may alias logits, as
+  // layers::HeadForwardBackward relies on); losses (N) = -log probs[target].
   virtual void CrossEntropyForward(float* losses, float* probs, const float* logits,
                                    const int32_t* targets, int64_t N, int64_t V) = 0;
   // dlogits (N,V) = scale * (probs - onehot(targets)). OVERWRITES dlogits (it may alias

@@ -1,0 +1,316 @@
+// YAML loading, validation, overrides and serialisation of JobConfig. See
+// common/config.h; the strict field readers are in common/yaml_util.h.
+//
+// Model presets: `model: {preset: NAME}` starts from the `model:` section of the first
+// existing file among
+//   1. $L2L_CONFIG_DIR/models/NAME.yaml             (when the variable is set)
+//   2. <config dir>/models/NAME.yaml                (configs/job.yaml -> configs/models/)
+//   3. <config dir>/../models/NAME.yaml             (configs/jobs/x.yaml -> configs/models/)
+//   4. <config dir>/../configs/models/NAME.yaml     (a config beside the repo's configs/)
+//   5. <config dir>/configs/models/NAME.yaml        (a config in the repo root)
+// NAME may instead be a path ending in ".yaml" (relative to the config's directory).
+// Keys given beside `preset:` override the preset's values. A preset file holds only a
+// `model:` section and cannot name another preset.
+//
+// Thread-safety: pure functions (reads the environment and files).
+#include "common/config.h"
+
+#include <charconv>
+#include <cstdlib>
+#include <filesystem>
+#include <sstream>
+#include <system_error>
+
+#include "common/yaml_util.h"
+
+namespace l2l {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr IntRange kPositive{.min = 1};
+constexpr IntRange kNonNegative{.min = 0};
+
+std::string FloatText(float v) {
+  char buf[64];
+  const auto [ptr, ec] = std::to_chars(buf, buf + sizeof(buf), v);  // shortest round-trip form
+  return std::string(buf, ec == std::errc() ? ptr : buf);
+}
+
+bool ValidPresetName(const std::string& name) {
+  if (name.empty() || name[0] == '.') return false;
+  for (char c : name) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.')) return false;
+  }
+  return true;
+}
+
+Result<std::string> FindPreset(const std::string& name, const std::string& base_dir) {
+  const fs::path base = base_dir.empty() ? fs::path(".") : fs::path(base_dir);
+  std::vector<fs::path> candidates;
+  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".yaml") == 0) {
+    candidates.push_back(fs::path(name).is_absolute() ? fs::path(name) : base / name);
+  } else {
+    if (!ValidPresetName(name)) {
+      return InvalidArgument("preset name '" + name + "' must be letters, digits, '-', '_' or '.', or a path to a .yaml file");
+    }
+    const std::string file = name + ".yaml";
+    if (const char* env = std::getenv("L2L_CONFIG_DIR"); env != nullptr && *env != '\0') {
+      candidates.push_back(fs::path(env) / "models" / file);
+    }
+    candidates.push_back(base / "models" / file);
+    candidates.push_back(base / ".." / "models" / file);
+    candidates.push_back(base / ".." / "configs" / "models" / file);
+    candidates.push_back(base / "configs" / "models" / file);
+  }
+  std::string tried;
+  for (const fs::path& c : candidates) {
+    std::error_code ec;
+    if (fs::is_regular_file(c, ec)) return c.lexically_normal().string();
+    tried += (tried.empty() ? "" : ", ") + c.lexically_normal().string();
+  }
+  return NotFound("model preset '" + name + "' not found (tried " + tried + "; set L2L_CONFIG_DIR to the configs dir)");
+}
+
+std::string ResolvePath(const std::string& p, const std::string& base_dir) {
+  if (p.empty()) return p;
+  fs::path path(p);
+  if (path.is_relative()) path = fs::path(base_dir.empty() ? "." : base_dir) / path;
+  std::error_code ec;
+  fs::path abs = fs::absolute(path, ec);
+  return (ec ? path : abs).lexically_normal().string();
+}
+
+Status ReadModelFields(YamlMap* m, ModelSpec* spec) {
+  L2L_RETURN_IF_ERROR(m->Get("vocab_size", &spec->vocab_size, kPositive));
+  L2L_RETURN_IF_ERROR(m->Get("seq_len", &spec->seq_len, kPositive));
+  L2L_RETURN_IF_ERROR(m->Get("d_model", &spec->d_model, kPositive));
+  L2L_RETURN_IF_ERROR(m->Get("n_layer", &spec->n_layer, kPositive));
+  L2L_RETURN_IF_ERROR(m->Get("n_head", &spec->n_head, kPositive));
+  L2L_RETURN_IF_ERROR(m->Get("d_ff", &spec->d_ff, kPositive));
+  L2L_RETURN_IF_ERROR(m->Get("tied_embeddings", &spec->tied_embeddings));
+  return Status::Ok();
+}
+
+// Reads `model:` of `root` into *spec (a preset first, then the keys beside it) and
+// validates the result, reporting failures at the section's line.
+Status ReadModel(YamlMap* root, const std::string& base_dir, bool allow_preset, ModelSpec* spec) {
+  if (!root->Has("model")) {
+    root->Accept("model");
+    return Status::Ok();
+  }
+  L2L_ASSIGN_OR_RETURN(YamlMap m, root->Map("model"));
+  std::string preset;
+  L2L_RETURN_IF_ERROR(m.Get("preset", &preset));
+  if (!preset.empty()) {
+    if (!allow_preset) return m.Error("preset", "a preset file cannot name another preset");
+    Result<std::string> path = FindPreset(preset, base_dir);
+    if (!path.ok()) return m.Error("preset", path.status().message());
+    L2L_ASSIGN_OR_RETURN(YamlDoc doc, LoadYamlFile(*path));
+    L2L_ASSIGN_OR_RETURN(YamlMap proot, YamlMap::Wrap(doc.root, doc.origin, ""));
+    const std::string preset_dir = fs::path(*path).parent_path().string();
+    Status st = ReadModel(&proot, preset_dir, /*allow_preset=*/false, spec);
+    if (st.ok()) st = proot.Finish();
+    if (!st.ok()) return st.WithContext(m.Where("preset") + ": loading model preset '" + preset + "'");
+  }
+  L2L_RETURN_IF_ERROR(ReadModelFields(&m, spec));
+  L2L_RETURN_IF_ERROR(m.Finish());
+  if (Status st = spec->Validate(); !st.ok()) {
+    return InvalidArgument(root->Where("model") + ": model: " + st.message());
+  }
+  return Status::Ok();
+}
+
+Status ReadOptim(YamlMap* root, OptimizerConfig* o) {
+  L2L_ASSIGN_OR_RETURN(YamlMap m, root->Map("optim"));
+  L2L_RETURN_IF_ERROR(m.Get("lr", &o->lr, FloatRange{.min = 0, .min_exclusive = true}));
+  L2L_RETURN_IF_ERROR(m.Get("min_lr_ratio", &o->min_lr_ratio, FloatRange{.min = 0, .max = 1}));
+  L2L_RETURN_IF_ERROR(m.Get("warmup_steps", &o->warmup_steps, kNonNegative));
+  L2L_RETURN_IF_ERROR(m.Get("total_steps", &o->total_steps, kNonNegative));
+  L2L_RETURN_IF_ERROR(m.Get("beta1", &o->beta1, FloatRange{.min = 0, .max = 1, .max_exclusive = true}));
+  L2L_RETURN_IF_ERROR(m.Get("beta2", &o->beta2, FloatRange{.min = 0, .max = 1, .max_exclusive = true}));
+  L2L_RETURN_IF_ERROR(m.Get("eps", &o->eps, FloatRange{.min = 0, .min_exclusive = true}));
+  L2L_RETURN_IF_ERROR(m.Get("weight_decay", &o->weight_decay, FloatRange{.min = 0}));
+  L2L_RETURN_IF_ERROR(m.Get("grad_clip", &o->grad_clip, FloatRange{}));
+  return m.Finish();
+}
+
+Status ReadTrain(YamlMap* root, TrainingConfig* t) {
+  L2L_ASSIGN_OR_RETURN(YamlMap m, root->Map("train"));
+  L2L_RETURN_IF_ERROR(m.Get("steps", &t->steps, kPositive));
+  L2L_RETURN_IF_ERROR(m.Get("micro_batch_size", &t->micro_batch_size, kPositive));
+  L2L_RETURN_IF_ERROR(m.Get("micro_batches", &t->micro_batches, kPositive));
+  L2L_RETURN_IF_ERROR(m.Get("seq_len", &t->seq_len, kNonNegative));
+  L2L_RETURN_IF_ERROR(m.Get("seed", &t->seed));
+  L2L_RETURN_IF_ERROR(m.Get("log_every", &t->log_every, kPositive));
+  L2L_RETURN_IF_ERROR(m.Get("checkpoint_every", &t->checkpoint_every, kNonNegative));
+  L2L_RETURN_IF_ERROR(m.GetChoice("mode", &t->mode, {"sync", "lockfree"}));
+  L2L_RETURN_IF_ERROR(m.Get("staleness", &t->staleness, kNonNegative));
+  L2L_RETURN_IF_ERROR(m.GetChoice("clip", &t->clip, {"none", "per_layer", "global"}));
+  L2L_RETURN_IF_ERROR(m.GetChoice("stash", &t->stash, {"device", "host"}));
+  return m.Finish();
+}
+
+Status ReadData(YamlMap* root, const std::string& base_dir, DataConfig* d) {
+  L2L_ASSIGN_OR_RETURN(YamlMap m, root->Map("data"));
+  std::string train = d->train_path, val = d->val_path;
+  L2L_RETURN_IF_ERROR(m.Get("train_path", &train));
+  L2L_RETURN_IF_ERROR(m.Get("val_path", &val));
+  if (m.Has("train_path")) d->train_path = ResolvePath(train, base_dir);
+  if (m.Has("val_path")) d->val_path = ResolvePath(val, base_dir);
+  return m.Finish();
+}
+
+// Applies every section present in `doc` onto *cfg, then runs the cross-field checks.
+Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg) {
+  L2L_ASSIGN_OR_RETURN(YamlMap root, YamlMap::Wrap(doc.root, doc.origin, ""));
+  L2L_RETURN_IF_ERROR(ReadModel(&root, base_dir, /*allow_preset=*/true, &cfg->model));
+  L2L_RETURN_IF_ERROR(ReadOptim(&root, &cfg->optim));
+  L2L_RETURN_IF_ERROR(ReadTrain(&root, &cfg->train));
+  L2L_RETURN_IF_ERROR(ReadData(&root, base_dir, &cfg->data));
+  std::string dtype = DTypeName(cfg->publish_dtype);
+  L2L_RETURN_IF_ERROR(root.GetChoice("publish_dtype", &dtype, {"f32", "bf16"}));
+  cfg->publish_dtype = ParseDType(dtype).value();
+  L2L_RETURN_IF_ERROR(root.Finish());
+  if (cfg->train.seq_len > cfg->model.seq_len) {
+    L2L_ASSIGN_OR_RETURN(YamlMap train, root.Map("train"));
+    return train.Error("seq_len", "train.seq_len=" + std::to_string(cfg->train.seq_len) + " exceeds model.seq_len=" +
+                                      std::to_string(cfg->model.seq_len) + " (use 0 for the model's)");
+  }
+  if (Status st = cfg->Validate(); !st.ok()) return InvalidArgument(doc.origin + ": " + st.message());
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status JobConfig::Validate() const {
+  L2L_RETURN_IF_ERROR(model.Validate());
+  auto bad = [](const std::string& key, const std::string& value, const std::string& expected) {
+    return InvalidArgument(key + "=" + value + ": expected " + expected);
+  };
+  const OptimizerConfig& o = optim;
+  if (!(o.lr > 0) || !std::isfinite(o.lr)) return bad("optim.lr", FloatText(o.lr), "a number > 0");
+  if (!(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1)) {
+    return bad("optim.min_lr_ratio", FloatText(o.min_lr_ratio), "a number in [0, 1]");
+  }
+  if (o.warmup_steps < 0) return bad("optim.warmup_steps", std::to_string(o.warmup_steps), "an integer >= 0");
+  if (o.total_steps < 0) return bad("optim.total_steps", std::to_string(o.total_steps), "an integer >= 0");
+  if (!(o.beta1 >= 0 && o.beta1 < 1)) return bad("optim.beta1", FloatText(o.beta1), "a number in [0, 1)");
+  if (!(o.beta2 >= 0 && o.beta2 < 1)) return bad("optim.beta2", FloatText(o.beta2), "a number in [0, 1)");
+  if (!(o.eps > 0) || !std::isfinite(o.eps)) return bad("optim.eps", FloatText(o.eps), "a number > 0");
+  if (!(o.weight_decay >= 0) || !std::isfinite(o.weight_decay)) {
+    return bad("optim.weight_decay", FloatText(o.weight_decay), "a number >= 0");
+  }
+  if (!std::isfinite(o.grad_clip)) return bad("optim.grad_clip", FloatText(o.grad_clip), "a finite number");
+  const TrainingConfig& t = train;
+  if (t.steps < 1) return bad("train.steps", std::to_string(t.steps), "an integer >= 1");
+  if (t.micro_batch_size < 1) return bad("train.micro_batch_size", std::to_string(t.micro_batch_size), "an integer >= 1");
+  if (t.micro_batches < 1) return bad("train.micro_batches", std::to_string(t.micro_batches), "an integer >= 1");
+  if (t.seq_len < 0) return bad("train.seq_len", std::to_string(t.seq_len), "an integer >= 0");
+  if (t.seq_len > model.seq_len) {
+    return bad("train.seq_len", std::to_string(t.seq_len), "at most model.seq_len=" + std::to_string(model.seq_len));
+  }
+  if (t.log_every < 1) return bad("train.log_every", std::to_string(t.log_every), "an integer >= 1");
+  if (t.checkpoint_every < 0) return bad("train.checkpoint_every", std::to_string(t.checkpoint_every), "an integer >= 0");
+  if (t.mode != "sync" && t.mode != "lockfree") return bad("train.mode", t.mode, "sync or lockfree");
+  if (t.staleness < 0) return bad("train.staleness", std::to_string(t.staleness), "an integer >= 0");
+  if (t.clip != "none" && t.clip != "per_layer" && t.clip != "global") {
+    return bad("train.clip", t.clip, "none, per_layer or global");
+  }
+  if (t.stash != "device" && t.stash != "host") return bad("train.stash", t.stash, "device or host");
+  if (publish_dtype != DType::kF32 && publish_dtype != DType::kBF16) {
+    return bad("publish_dtype", DTypeName(publish_dtype), "f32 or bf16");
+  }
+  return Status::Ok();
+}
+
+Result<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::string& origin, const std::string& base_dir) {
+  L2L_ASSIGN_OR_RETURN(YamlDoc doc, ParseYaml(yaml_text, origin));
+  JobConfig cfg;
+  L2L_RETURN_IF_ERROR(ApplyDoc(doc, base_dir, &cfg));
+  return cfg;
+}
+
+Result<JobConfig> LoadJobConfig(const std::string& path) {
+  L2L_ASSIGN_OR_RETURN(YamlDoc doc, LoadYamlFile(path));
+  JobConfig cfg;
+  const std::string dir = fs::path(path).parent_path().string();
+  L2L_RETURN_IF_ERROR(ApplyDoc(doc, dir.empty() ? "." : dir, &cfg));
+  return cfg;
+}
+
+Status ApplyOverride(JobConfig* cfg, const std::string& assignment) {
+  const std::string origin = "override '" + assignment + "'";
+  const size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0) {
+    return InvalidArgument(origin + ": expected section.key=value (e.g. train.steps=5)");
+  }
+  const std::string key = assignment.substr(0, eq);
+  const std::string value = assignment.substr(eq + 1);
+  YamlDoc value_doc;
+  L2L_ASSIGN_OR_RETURN(value_doc, ParseYaml(value, origin));
+  YamlDoc doc;
+  doc.origin = origin;
+  try {
+    const size_t dot = key.find('.');
+    if (dot == std::string::npos) {
+      doc.root[key] = value_doc.root;
+    } else {
+      const std::string section = key.substr(0, dot), field = key.substr(dot + 1);
+      if (section.empty() || field.empty() || field.find('.') != std::string::npos) {
+        return InvalidArgument(origin + ": expected section.key=value (e.g. train.steps=5)");
+      }
+      doc.root[section][field] = value_doc.root;
+    }
+  } catch (const std::exception& e) {
+    return InvalidArgument(origin + ": " + e.what());
+  }
+  JobConfig updated = *cfg;
+  L2L_RETURN_IF_ERROR(ApplyDoc(doc, ".", &updated));
+  *cfg = std::move(updated);
+  return Status::Ok();
+}
+
+std::string JobConfigToYaml(const JobConfig& cfg) {
+  std::ostringstream os;
+  const ModelSpec& m = cfg.model;
+  os << "model:\n"
+     << "  vocab_size: " << m.vocab_size << "\n"
+     << "  seq_len: " << m.seq_len << "\n"
+     << "  d_model: " << m.d_model << "\n"
+     << "  n_layer: " << m.n_layer << "\n"
+     << "  n_head: " << m.n_head << "\n"
+     << "  d_ff: " << m.d_ff << "\n"
+     << "  tied_embeddings: " << (m.tied_embeddings ? "true" : "false") << "\n";
+  const OptimizerConfig& o = cfg.optim;
+  os << "optim:\n"
+     << "  lr: " << FloatText(o.lr) << "\n"
+     << "  min_lr_ratio: " << FloatText(o.min_lr_ratio) << "\n"
+     << "  warmup_steps: " << o.warmup_steps << "\n"
+     << "  total_steps: " << o.total_steps << "\n"
+     << "  beta1: " << FloatText(o.beta1) << "\n"
+     << "  beta2: " << FloatText(o.beta2) << "\n"
+     << "  eps: " << FloatText(o.eps) << "\n"
+     << "  weight_decay: " << FloatText(o.weight_decay) << "\n"
+     << "  grad_clip: " << FloatText(o.grad_clip) << "\n";
+  const TrainingConfig& t = cfg.train;
+  os << "train:\n"
+     << "  steps: " << t.steps << "\n"
+     << "  micro_batch_size: " << t.micro_batch_size << "\n"
+     << "  micro_batches: " << t.micro_batches << "\n"
+     << "  seq_len: " << t.seq_len << "\n"
+     << "  seed: " << t.seed << "\n"
+     << "  log_every: " << t.log_every << "\n"
+     << "  checkpoint_every: " << t.checkpoint_every << "\n"
+     << "  mode: " << t.mode << "\n"
+     << "  staleness: " << t.staleness << "\n"
+     << "  clip: " << t.clip << "\n"
+     << "  stash: " << t.stash << "\n";
+  os << "data:\n"
+     << "  train_path: " << YamlQuote(cfg.data.train_path) << "\n"
+     << "  val_path: " << YamlQuote(cfg.data.val_path) << "\n";
+  os << "publish_dtype: " << DTypeName(cfg.publish_dtype) << "\n";
+  return os.str();
+}
+
+}  // namespace l2l

@@ -1,0 +1,194 @@
+// Vectorised AdamW (scalar / AVX2 / AVX-512 paths). See adamw_vec.h. Compiled with
+// -ffp-contract=off (eps_server/CMakeLists.txt): contracting mul+add into FMA would
+// change rounding and break bit-equality with common/adamw.h.
+#include "eps_server/adamw_vec.h"
+
+// GCC 12's avx512fintrin.h trips -Wmaybe-uninitialized on its own _mm512_undefined_*.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+
+namespace l2l::eps {
+namespace {
+
+// The per-step scalars, formed exactly as common/adamw.cc AdamWStep forms them.
+struct Consts {
+  float decay_mul, one_minus_b1, beta2, one_minus_b2, bc2_sqrt, eps, neg_step_size, scale;
+};
+
+Consts MakeConsts(const AdamWArgs& a) {
+  Consts c;
+  c.decay_mul = static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.t));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.t));
+  const float step_size = static_cast<float>(static_cast<double>(a.lr) / bc1);
+  c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  c.one_minus_b1 = static_cast<float>(1.0 - static_cast<double>(a.beta1));
+  c.one_minus_b2 = static_cast<float>(1.0 - static_cast<double>(a.beta2));
+  c.beta2 = a.beta2;
+  c.eps = a.eps;
+  c.neg_step_size = -step_size;
+  c.scale = a.grad_scale;
+  return c;
+}
+
+// One element; the tail of the vector paths and the whole scalar path.
+inline void ScalarRange(const Consts& c, float* param, float* m, float* v, const float* const* grads,
+                        int ng, size_t begin, size_t end, DType od, void* out) {
+  for (size_t i = begin; i < end; ++i) {
+    float gs = grads[0][i];
+    for (int w = 1; w < ng; ++w) gs = gs + grads[w][i];
+    const float g = gs * c.scale;
+    float p = param[i] * c.decay_mul;
+    const float mi = m[i] + c.one_minus_b1 * (g - m[i]);
+    const float vi = v[i] * c.beta2 + c.one_minus_b2 * g * g;
+    const float denom = std::sqrt(vi) / c.bc2_sqrt + c.eps;
+    p = p + c.neg_step_size * mi / denom;
+    m[i] = mi;
+    v[i] = vi;
+    param[i] = p;
+    if (out != nullptr) {
+      if (od == DType::kBF16) {
+        static_cast<uint16_t*>(out)[i] = FloatToBf16(p);
+      } else {
+        static_cast<float*>(out)[i] = p;
+      }
+    }
+  }
+}
+
+__attribute__((target("avx2"))) void Avx2Range(const Consts& c, float* param, float* m, float* v,
+                                               const float* const* grads, int ng, size_t n,
+                                               DType od, void* out) {
+  const __m256 decay_mul = _mm256_set1_ps(c.decay_mul), omb1 = _mm256_set1_ps(c.one_minus_b1);
+  const __m256 b2 = _mm256_set1_ps(c.beta2), omb2 = _mm256_set1_ps(c.one_minus_b2);
+  const __m256 bc2s = _mm256_set1_ps(c.bc2_sqrt), eps = _mm256_set1_ps(c.eps);
+  const __m256 nss = _mm256_set1_ps(c.neg_step_size), scale = _mm256_set1_ps(c.scale);
+  const __m256i round_bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
+  const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
+  const __m256i quiet = _mm256_set1_epi32(0x40);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 gs = _mm256_loadu_ps(grads[0] + i);
+    for (int w = 1; w < ng; ++w) gs = _mm256_add_ps(gs, _mm256_loadu_ps(grads[w] + i));
+    const __m256 g = _mm256_mul_ps(gs, scale);
+    const __m256 m0 = _mm256_loadu_ps(m + i), v0 = _mm256_loadu_ps(v + i);
+    __m256 p = _mm256_mul_ps(_mm256_loadu_ps(param + i), decay_mul);
+    const __m256 mi = _mm256_add_ps(m0, _mm256_mul_ps(omb1, _mm256_sub_ps(g, m0)));
+    const __m256 vi = _mm256_add_ps(_mm256_mul_ps(v0, b2), _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
+    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2s), eps);
+    p = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(nss, mi), denom));
+    _mm256_storeu_ps(m + i, mi);
+    _mm256_storeu_ps(v + i, vi);
+    _mm256_storeu_ps(param + i, p);
+    if (out == nullptr) continue;
+    if (od == DType::kBF16) {
+      const __m256i u = _mm256_castps_si256(p);
+      const __m256i rounded = _mm256_srli_epi32(
+          _mm256_add_epi32(_mm256_add_epi32(u, round_bias),
+                           _mm256_and_si256(_mm256_srli_epi32(u, 16), one)), 16);
+      const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, abs_mask), inf);
+      const __m256i qnan = _mm256_or_si256(_mm256_srli_epi32(u, 16), quiet);
+      const __m256i h = _mm256_blendv_epi8(rounded, qnan, nan);
+      // packus interleaves 128-bit lanes: [a0..3 b0..3 a4..7 b4..7]; fix the order.
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0xd8);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(static_cast<uint16_t*>(out) + i),
+                       _mm256_castsi256_si128(packed));
+    } else {
+      _mm256_storeu_ps(static_cast<float*>(out) + i, p);
+    }
+  }
+  ScalarRange(c, param, m, v, grads, ng, i, n, od, out);
+}
+
+__attribute__((target("avx512f"))) void Avx512Range(const Consts& c, float* param, float* m,
+                                                   float* v, const float* const* grads, int ng,
+                                                   size_t n, DType od, void* out) {
+  const __m512 decay_mul = _mm512_set1_ps(c.decay_mul), omb1 = _mm512_set1_ps(c.one_minus_b1);
+  const __m512 b2 = _mm512_set1_ps(c.beta2), omb2 = _mm512_set1_ps(c.one_minus_b2);
+  const __m512 bc2s = _mm512_set1_ps(c.bc2_sqrt), eps = _mm512_set1_ps(c.eps);
+  const __m512 nss = _mm512_set1_ps(c.neg_step_size), scale = _mm512_set1_ps(c.scale);
+  const __m512i round_bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
+  const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
+  const __m512i quiet = _mm512_set1_epi32(0x40);
+  size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m512 gs = _mm512_loadu_ps(grads[0] + i);
+    for (int w = 1; w < ng; ++w) gs = _mm512_add_ps(gs, _mm512_loadu_ps(grads[w] + i));
+    const __m512 g = _mm512_mul_ps(gs, scale);
+    const __m512 m0 = _mm512_loadu_ps(m + i), v0 = _mm512_loadu_ps(v + i);
+    __m512 p = _mm512_mul_ps(_mm512_loadu_ps(param + i), decay_mul);
+    const __m512 mi = _mm512_add_ps(m0, _mm512_mul_ps(omb1, _mm512_sub_ps(g, m0)));
+    const __m512 vi = _mm512_add_ps(_mm512_mul_ps(v0, b2), _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
+    const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2s), eps);
+    p = _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(nss, mi), denom));
+    _mm512_storeu_ps(m + i, mi);
+    _mm512_storeu_ps(v + i, vi);
+    _mm512_storeu_ps(param + i, p);
+    if (out == nullptr) continue;
+    if (od == DType::kBF16) {
+      const __m512i u = _mm512_castps_si512(p);
+      const __m512i rounded = _mm512_srli_epi32(
+          _mm512_add_epi32(_mm512_add_epi32(u, round_bias),
+                           _mm512_and_si512(_mm512_srli_epi32(u, 16), one)), 16);
+      const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, abs_mask), inf);
+      const __m512i h = _mm512_mask_blend_epi32(nan, rounded,
+                                                _mm512_or_si512(_mm512_srli_epi32(u, 16), quiet));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<uint16_t*>(out) + i),
+                          _mm512_cvtepi32_epi16(h));
+    } else {
+      _mm512_storeu_ps(static_cast<float*>(out) + i, p);
+    }
+  }
+  ScalarRange(c, param, m, v, grads, ng, i, n, od, out);
+}
+
+}  // namespace
+
+const char* SimdLevelName(SimdLevel s) {
+  switch (s) {
+    case SimdLevel::kScalar: return "scalar";
+    case SimdLevel::kAvx2: return "avx2";
+    case SimdLevel::kAvx512: return "avx512";
+  }
+  return "?";
+}
+
+SimdLevel DetectSimdLevel() {
+  static const SimdLevel level = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return SimdLevel::kAvx512;
+    if (__builtin_cpu_supports("avx2")) return SimdLevel::kAvx2;
+    return SimdLevel::kScalar;
+  }();
+  return level;
+}
+
+void AdamWUpdate(const AdamWArgs& a, float* param, float* m, float* v, const float* const* grads,
+                 int num_grads, size_t n, DType out_dtype, void* out, SimdLevel level) {
+  L2L_CHECK(num_grads >= 1) << "AdamWUpdate needs at least one gradient";
+  L2L_CHECK(out == nullptr || out_dtype == DType::kF32 || out_dtype == DType::kBF16)
+      << "published dtype " << DTypeName(out_dtype) << " not supported";
+  if (static_cast<int>(level) > static_cast<int>(DetectSimdLevel())) level = DetectSimdLevel();
+  const Consts c = MakeConsts(a);
+  switch (level) {
+    case SimdLevel::kAvx512: Avx512Range(c, param, m, v, grads, num_grads, n, out_dtype, out); return;
+    case SimdLevel::kAvx2: Avx2Range(c, param, m, v, grads, num_grads, n, out_dtype, out); return;
+    case SimdLevel::kScalar: ScalarRange(c, param, m, v, grads, num_grads, 0, n, out_dtype, out); return;
+  }
+}
+
+double ReducedSumSquares(const float* const* grads, int num_grads, size_t n, float scale) {
+  double s = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    float gs = grads[0][i];
+    for (int w = 1; w < num_grads; ++w) gs = gs + grads[w][i];
+    const double g = static_cast<double>(gs * scale);
+    s += g * g;
+  }
+  return s;
+}
+
+}  // namespace l2l::eps

@@ -1,0 +1,47 @@
+// Vectorised AdamW for the EPS update pipeline: one pass over memory that reduces the
+// workers' gradients (summed in worker order), applies AdamW to the fp32 master and
+// moments in place, and writes the published copy (bf16 or fp32) of the new weights.
+// AVX-512 / AVX2 / scalar chosen at run time (__builtin_cpu_supports).
+//
+// Bound: bit-identical to common/adamw.h AdamWStep applied to g = (g_0 + g_1 + ...) *
+// grad_scale. Every element goes through the same IEEE operations in the same order
+// (mul, add, sqrt, div: all correctly rounded; this file is compiled with
+// -ffp-contract=off so no FMA is formed), so all code paths agree bit for bit; the
+// unit test checks exact equality on every path the CPU supports.
+//
+// Thread-safety: pure function over caller-owned buffers; callers split large arrays
+// across threads (different ranges never alias).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common/dtype.h"
+
+namespace l2l::eps {
+
+enum class SimdLevel { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+const char* SimdLevelName(SimdLevel s);
+SimdLevel DetectSimdLevel();  // best level this CPU supports
+
+struct AdamWArgs {
+  float lr = 0;             // learning rate of this step
+  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
+  float weight_decay = 0;   // 0 for tensors without decay
+  int64_t t = 1;            // 1-based step count (bias correction)
+  float grad_scale = 1;     // 1/total micro-batches, times the clip coefficient
+};
+
+// param, m, v: (n) fp32, updated in place. grads: num_grads arrays of (n) fp32, summed in
+// index order then scaled. out: (n) elements of out_dtype (kF32 or kBF16) receiving the
+// new param, or nullptr. level: code path (kScalar..kAvx512); a level the CPU lacks
+// falls back to the best supported one.
+void AdamWUpdate(const AdamWArgs& a, float* param, float* m, float* v, const float* const* grads,
+                 int num_grads, size_t n, DType out_dtype, void* out,
+                 SimdLevel level = DetectSimdLevel());
+
+// sum_i ((sum_w grads[w][i]) * scale)^2 in double: the squared norm of the reduced
+// gradient (clipping).
+double ReducedSumSquares(const float* const* grads, int num_grads, size_t n, float scale);
+
+}  // namespace l2l::eps

@@ -1,0 +1,319 @@
+// ParamStore: paged fp32 state and the double-buffered published copies. See
+// param_store.h for the publishing protocol.
+#include "eps_server/param_store.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "common/logging.h"
+
+namespace l2l::eps {
+namespace {
+
+size_t SlotBytes(size_t numel, DType dt) { return RoundUpTo(std::max<size_t>(numel, 1) * DTypeSize(dt), kShmAlign); }
+
+size_t WeightSegmentBytes(const std::vector<LayerLayout>& layouts, DType dt) {
+  size_t bytes = WeightHeaderBytes(layouts.size());
+  for (const auto& l : layouts) bytes += 2 * SlotBytes(l.numel, dt);
+  return bytes;
+}
+
+size_t PagesFor(size_t numel, size_t page_floats) { return (numel + page_floats - 1) / page_floats; }
+
+}  // namespace
+
+size_t ParamStore::RequiredHostBytes(const ModelSpec& spec, const ParamStoreOptions& opts) {
+  const auto layouts = BuildLayout(spec);
+  const size_t page_floats = opts.page_bytes / sizeof(float);
+  size_t pages = 0;
+  for (const auto& l : layouts) pages += 3 * PagesFor(l.numel, page_floats);
+  return pages * opts.page_bytes + WeightSegmentBytes(layouts, opts.publish_dtype);
+}
+
+ParamStore::ParamStore(const ModelSpec& spec, const ParamStoreOptions& opts)
+    : spec_(spec), opts_(opts), layouts_(BuildLayout(spec)), pages_(opts.page_bytes, 0) {}
+
+Result<std::unique_ptr<ParamStore>> ParamStore::Create(const ModelSpec& spec,
+                                                       const ParamStoreOptions& opts) {
+  L2L_RETURN_IF_ERROR(spec.Validate());
+  if (opts.page_bytes == 0 || opts.page_bytes % kShmAlign != 0) {
+    return InvalidArgument("memory.page_bytes=" + std::to_string(opts.page_bytes) +
+                           " must be a positive multiple of 4096");
+  }
+  if (opts.publish_dtype != DType::kF32 && opts.publish_dtype != DType::kBF16) {
+    return InvalidArgument(std::string("publish dtype ") + DTypeName(opts.publish_dtype) +
+                           " is not supported (f32 or bf16)");
+  }
+  const size_t need = RequiredHostBytes(spec, opts);
+  if (opts.host_bytes > 0 && need > opts.host_bytes) {
+    return ResourceExhausted(
+        "model of " + std::to_string(spec.NumParams()) + " parameters needs " +
+        std::to_string(need) + " host bytes (fp32 master + AdamW m + v in " +
+        std::to_string(opts.page_bytes) + "-byte pages, plus two published " +
+        DTypeName(opts.publish_dtype) + " copies) but memory.host_bytes is " +
+        std::to_string(opts.host_bytes) + "; raise memory.host_bytes or use a smaller model");
+  }
+  std::unique_ptr<ParamStore> store(new ParamStore(spec, opts));
+  L2L_RETURN_IF_ERROR(store->Allocate());
+  return store;
+}
+
+Status ParamStore::Allocate() {
+  const size_t page_floats = opts_.page_bytes / sizeof(float);
+  spans_.resize(layouts_.size());
+  for (size_t l = 0; l < layouts_.size(); ++l) {
+    const size_t numel = layouts_[l].numel;
+    for (size_t p = 0; p < PagesFor(numel, page_floats); ++p) {
+      StateSpan s{};
+      s.begin = p * page_floats;
+      s.n = std::min(page_floats, numel - s.begin);
+      float** targets[3] = {&s.master, &s.m, &s.v};
+      for (float** t : targets) {
+        L2L_ASSIGN_OR_RETURN(void* page, pages_.Allocate());
+        *t = static_cast<float*>(page);
+      }
+      spans_[l].push_back(s);
+    }
+  }
+  weights_size_ = WeightSegmentBytes(layouts_, opts_.publish_dtype);
+  if (!opts_.shm_name.empty()) {
+    L2L_ASSIGN_OR_RETURN(shm_, ShmSegment::Create(opts_.shm_name, weights_size_));
+    weights_base_ = shm_.data();
+  } else {
+    anon_ = mmap(nullptr, weights_size_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (anon_ == MAP_FAILED) {
+      anon_ = nullptr;
+      return ErrnoError("mmap", "published copies (" + std::to_string(weights_size_) + " bytes)", errno);
+    }
+    weights_base_ = anon_;
+  }
+  auto* hdr = new (weights_base_) WeightSegmentHeader();
+  hdr->magic = kWeightMagic;
+  hdr->layout_version = kShmLayoutVersion;
+  hdr->num_layers = static_cast<uint32_t>(layouts_.size());
+  hdr->dtype = static_cast<uint32_t>(opts_.publish_dtype);
+  hdr->total_bytes = weights_size_;
+  size_t off = WeightHeaderBytes(layouts_.size());
+  WeightLayerEntry* entries = WeightLayers(weights_base_);
+  for (size_t l = 0; l < layouts_.size(); ++l) {
+    auto* e = new (&entries[l]) WeightLayerEntry();
+    e->numel = layouts_[l].numel;
+    e->slot_bytes = SlotBytes(layouts_[l].numel, opts_.publish_dtype);
+    for (int s = 0; s < 2; ++s) {
+      e->slot_offset[s] = off;
+      off += e->slot_bytes;
+      e->version[s].store(-1);
+    }
+  }
+  readers_ = std::make_unique<std::atomic<int32_t>[]>(layouts_.size() * 2);
+  for (size_t i = 0; i < layouts_.size() * 2; ++i) readers_[i].store(0);
+  return Status::Ok();
+}
+
+ParamStore::~ParamStore() {
+  Stop();
+  for (auto& layer : spans_) {
+    for (auto& s : layer) {
+      pages_.Free(s.master);
+      pages_.Free(s.m);
+      pages_.Free(s.v);
+    }
+  }
+  if (anon_ != nullptr) munmap(anon_, weights_size_);
+}
+
+size_t ParamStore::max_layer_numel() const {
+  size_t m = 0;
+  for (const auto& l : layouts_) m = std::max(m, l.numel);
+  return m;
+}
+
+size_t ParamStore::state_bytes() const { return pages_.pages_in_use() * pages_.page_bytes(); }
+
+void ParamStore::ReadState(int64_t layer, int which, float* out) const {
+  for (const StateSpan& s : spans_[layer]) {
+    const float* src = which == 0 ? s.master : which == 1 ? s.m : s.v;
+    std::memcpy(out + s.begin, src, s.n * sizeof(float));
+  }
+}
+
+void ParamStore::WriteState(int64_t layer, int which, const float* in) {
+  for (StateSpan& s : spans_[layer]) {
+    float* dst = which == 0 ? s.master : which == 1 ? s.m : s.v;
+    std::memcpy(dst, in + s.begin, s.n * sizeof(float));
+  }
+}
+
+void ParamStore::InitFromSeed(uint64_t seed) {
+  for (int64_t l = 0; l < num_layers(); ++l) {
+    std::vector<float> buf(layouts_[l].numel);
+    InitLayerParams(spec_, layouts_[l], seed, buf.data());
+    WriteState(l, 0, buf.data());
+    std::fill(buf.begin(), buf.end(), 0.0f);
+    WriteState(l, 1, buf.data());
+    WriteState(l, 2, buf.data());
+  }
+}
+
+void* ParamStore::SlotData(int64_t layer, uint32_t slot) const {
+  return static_cast<char*>(weights_base_) + WeightLayers(weights_base_)[layer].slot_offset[slot];
+}
+
+bool ParamStore::SlotPinned(int64_t layer, uint32_t slot) const {
+  if (readers_[layer * 2 + slot].load(std::memory_order_seq_cst) != 0) return true;
+  std::lock_guard<std::mutex> lock(pin_mu_);
+  for (const PinSource& src : pin_sources_) {
+    const int64_t pin = src.pins[layer].load(std::memory_order_seq_cst);
+    if (pin >= 0 && static_cast<uint32_t>(pin & 1) == slot) return true;
+  }
+  return false;
+}
+
+void* ParamStore::BeginPublish(int64_t layer) {
+  WeightLayerEntry& e = WeightLayers(weights_base_)[layer];
+  const uint32_t cur = e.current.load(std::memory_order_relaxed);
+  // The very first publish fills slot 0 (current starts at 0 with version -1).
+  const uint32_t slot = e.version[cur].load(std::memory_order_relaxed) < 0 ? cur : 1 - cur;
+  e.seq[slot].fetch_add(1, std::memory_order_seq_cst);  // odd: being written
+  while (SlotPinned(layer, slot)) {
+    // Rare (a reader still holds the version before last): wait for an unpin. Several
+    // futex words can signal it, so wait on ours with a short timeout.
+    const uint32_t seen = unpin_seq_.load();
+    if (!SlotPinned(layer, slot)) break;
+    FutexWait(&unpin_seq_, seen, std::chrono::milliseconds(2));
+  }
+  return SlotData(layer, slot);
+}
+
+void ParamStore::EndPublish(int64_t layer, int64_t version) {
+  auto* hdr = static_cast<WeightSegmentHeader*>(weights_base_);
+  WeightLayerEntry& e = WeightLayers(weights_base_)[layer];
+  const uint32_t cur = e.current.load(std::memory_order_relaxed);
+  const uint32_t slot = (e.seq[cur].load(std::memory_order_relaxed) & 1) ? cur : 1 - cur;
+  L2L_CHECK(e.seq[slot].load() & 1) << "EndPublish(layer " << layer << ") without BeginPublish";
+  e.version[slot].store(version, std::memory_order_relaxed);
+  e.seq[slot].fetch_add(1, std::memory_order_release);  // even: stable
+  e.current.store(slot, std::memory_order_release);
+  hdr->wake_seq.fetch_add(1, std::memory_order_release);
+  FutexWake(&hdr->wake_seq);
+}
+
+void ParamStore::PublishMaster(int64_t layer, int64_t version) {
+  void* dst = BeginPublish(layer);
+  for (const StateSpan& s : spans_[layer]) {
+    if (opts_.publish_dtype == DType::kBF16) {
+      FloatToBf16(s.master, static_cast<uint16_t*>(dst) + s.begin, s.n);
+    } else {
+      std::memcpy(static_cast<float*>(dst) + s.begin, s.master, s.n * sizeof(float));
+    }
+  }
+  EndPublish(layer, version);
+}
+
+int64_t ParamStore::published_version(int64_t layer) const {
+  const WeightLayerEntry& e = WeightLayers(weights_base_)[layer];
+  return e.version[e.current.load(std::memory_order_acquire)].load(std::memory_order_acquire);
+}
+
+ParamStore::ReadPin& ParamStore::ReadPin::operator=(ReadPin&& o) noexcept {
+  if (this != &o) {
+    Release();
+    count_ = o.count_;
+    unpin_seq_ = o.unpin_seq_;
+    data_ = o.data_;
+    version_ = o.version_;
+    bytes_ = o.bytes_;
+    o.count_ = nullptr;
+    o.data_ = nullptr;
+  }
+  return *this;
+}
+
+void ParamStore::ReadPin::Release() {
+  if (count_ == nullptr) return;
+  count_->fetch_sub(1, std::memory_order_release);
+  unpin_seq_->fetch_add(1, std::memory_order_release);
+  FutexWake(unpin_seq_);
+  count_ = nullptr;
+  data_ = nullptr;
+}
+
+Result<ParamStore::ReadPin> ParamStore::Acquire(int64_t layer, int64_t min_version,
+                                               std::chrono::milliseconds timeout) {
+  if (layer < 0 || layer >= num_layers()) {
+    return NotFound("layer " + std::to_string(layer) + " does not exist (model has " +
+                    std::to_string(num_layers()) + " layers)");
+  }
+  auto* hdr = static_cast<WeightSegmentHeader*>(weights_base_);
+  WeightLayerEntry& e = WeightLayers(weights_base_)[layer];
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const uint32_t wake = hdr->wake_seq.load(std::memory_order_acquire);
+    if (hdr->stopped.load(std::memory_order_acquire)) return Aborted("job stopped");
+    const uint32_t s = e.current.load(std::memory_order_acquire);
+    const uint32_t q = e.seq[s].load(std::memory_order_acquire);
+    const int64_t v = e.version[s].load(std::memory_order_acquire);
+    if ((q & 1) == 0 && v >= min_version) {
+      std::atomic<int32_t>& count = readers_[layer * 2 + s];
+      count.fetch_add(1, std::memory_order_seq_cst);
+      if (e.seq[s].load(std::memory_order_seq_cst) == q) {
+        ReadPin pin;
+        pin.count_ = &count;
+        pin.unpin_seq_ = &unpin_seq_;
+        pin.data_ = SlotData(layer, s);
+        pin.version_ = v;
+        pin.bytes_ = layouts_[layer].numel * DTypeSize(opts_.publish_dtype);
+        return pin;
+      }
+      count.fetch_sub(1, std::memory_order_release);
+      unpin_seq_.fetch_add(1, std::memory_order_release);
+      FutexWake(&unpin_seq_);
+      continue;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      return Status(StatusCode::kDeadlineExceeded,
+                    "layer " + std::to_string(layer) + " version " + std::to_string(min_version) +
+                        " not published within " + std::to_string(timeout.count()) +
+                        " ms (newest is " + std::to_string(published_version(layer)) + ")");
+    }
+    if ((q & 1) != 0 || v < min_version) {
+      FutexWait(&hdr->wake_seq, wake, std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(100)));
+    }
+  }
+}
+
+void ParamStore::AddPinSource(int32_t worker_id, const std::atomic<int64_t>* pins,
+                              const std::atomic<uint32_t>* pin_seq) {
+  std::lock_guard<std::mutex> lock(pin_mu_);
+  pin_sources_.push_back({worker_id, pins, pin_seq});
+}
+
+void ParamStore::RemovePinSource(int32_t worker_id) {
+  {
+    std::lock_guard<std::mutex> lock(pin_mu_);
+    pin_sources_.erase(std::remove_if(pin_sources_.begin(), pin_sources_.end(),
+                                      [&](const PinSource& p) { return p.worker_id == worker_id; }),
+                       pin_sources_.end());
+  }
+  unpin_seq_.fetch_add(1);
+  FutexWake(&unpin_seq_);
+}
+
+void ParamStore::Stop() {
+  if (weights_base_ == nullptr) return;
+  auto* hdr = static_cast<WeightSegmentHeader*>(weights_base_);
+  hdr->stopped.store(1, std::memory_order_release);
+  hdr->wake_seq.fetch_add(1, std::memory_order_release);
+  FutexWake(&hdr->wake_seq);
+}
+
+bool ParamStore::stopped() const {
+  return static_cast<const WeightSegmentHeader*>(weights_base_)->stopped.load(std::memory_order_acquire);
+}
+
+}  // namespace l2l::eps

@@ -1,0 +1,169 @@
+// ParamStore: the EPS's model state. Per layer: fp32 master weights and AdamW moments
+// m and v, each split into fixed-size pages from a PageAllocator (seed 001 section
+// 4.1), and a published copy (bf16 or fp32) that workers read, double-buffered with a
+// version number per slot.
+//
+// The published copies live in a weight segment laid out as common/shm.h describes:
+// a POSIX shared-memory segment when a shm name is given (same-host workers map it
+// read-only), otherwise anonymous memory with the same layout.
+//
+// Publishing protocol (no torn reads):
+//   writer (Publish*): takes the slot that is not `current`; bumps its seq to odd
+//     (seq_cst); waits until no reader pins that slot (in-process readers: a count per
+//     slot; workers: their pins array in their gradient segment); writes the bytes;
+//     stores the version; bumps seq to even (release); makes it `current`; bumps
+//     wake_seq and futex-wakes waiters.
+//   reader (ReadPin / the shm client): reads current slot s and its seq (even); pins
+//     (s, version) (seq_cst); re-reads seq: unchanged -> the slot is stable until unpin;
+//     changed -> unpin and retry. With seq_cst on both sides at least one of them sees
+//     the other (Dekker), so the writer never writes a slot a reader uses.
+// In synchronous mode readers hold version t while the writer fills t+1 into the other
+// slot, so nobody ever waits; a reader that still holds version t when t+2 is due
+// delays only that layer's publish.
+//
+// Ownership: the store owns its pages and the weight segment (unlinked on destruction).
+// Thread-safety: different layers may be updated concurrently from different threads;
+// one writer per layer at a time (the update pipeline guarantees it); readers on any
+// thread. Master/moment accessors (spans, Read/Write*) need the caller to exclude the
+// layer's writer (the pipeline owns a layer while it updates it).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/model_spec.h"
+#include "common/shm.h"
+#include "common/status.h"
+#include "eps_server/page_allocator.h"
+
+namespace l2l::eps {
+
+struct ParamStoreOptions {
+  size_t page_bytes = kDefaultPageBytes;  // multiple of 4096
+  size_t host_bytes = 0;                  // budget for pages + published copies; 0 = unlimited
+  DType publish_dtype = DType::kBF16;     // kF32 or kBF16
+  std::string shm_name;                   // weight segment name ("/l2l-<job>-w"); "" = private
+};
+
+// One page-sized piece of a layer's state: elements [begin, begin+n) of the layer.
+struct StateSpan {
+  float* master;  // (n)
+  float* m;       // (n)
+  float* v;       // (n)
+  size_t begin;
+  size_t n;
+};
+
+class ParamStore {
+ public:
+  // Host bytes the store needs for `spec` (pages for master/m/v plus both published
+  // slots and the segment header), so callers can refuse to start with the numbers.
+  static size_t RequiredHostBytes(const ModelSpec& spec, const ParamStoreOptions& opts);
+
+  // Allocates the state (zeros; call InitFromSeed or WriteMaster next) and the weight
+  // segment. RESOURCE_EXHAUSTED when RequiredHostBytes exceeds opts.host_bytes.
+  static Result<std::unique_ptr<ParamStore>> Create(const ModelSpec& spec,
+                                                    const ParamStoreOptions& opts);
+  ~ParamStore();
+
+  const ModelSpec& spec() const { return spec_; }
+  int64_t num_layers() const { return static_cast<int64_t>(layouts_.size()); }
+  const LayerLayout& layout(int64_t layer) const { return layouts_[layer]; }
+  size_t max_layer_numel() const;
+  DType publish_dtype() const { return opts_.publish_dtype; }
+  const std::string& shm_name() const { return opts_.shm_name; }
+  size_t weight_segment_bytes() const { return weights_size_; }
+  size_t state_bytes() const;  // pages in use * page size
+
+  // Master/moment state of a layer in page-sized spans (in element order).
+  const std::vector<StateSpan>& spans(int64_t layer) const { return spans_[layer]; }
+  // Copies between the paged state and contiguous (numel) buffers. which: 0 master,
+  // 1 m, 2 v.
+  void ReadState(int64_t layer, int which, float* out) const;
+  void WriteState(int64_t layer, int which, const float* in);
+  // Fills every layer's master with InitLayerParams(seed), zero moments.
+  void InitFromSeed(uint64_t seed);
+
+  // Publishes the layer's current master as `version` (casts into the free slot).
+  void PublishMaster(int64_t layer, int64_t version);
+  // Two-phase publish for the update pipeline, which writes the copy during AdamW:
+  // BeginPublish returns the free slot's memory (numel elements of publish_dtype) after
+  // waiting for readers to leave it; EndPublish makes it current as `version`.
+  void* BeginPublish(int64_t layer);
+  void EndPublish(int64_t layer, int64_t version);
+
+  // Newest published version of `layer` (-1 before the first publish).
+  int64_t published_version(int64_t layer) const;
+
+  // In-process reader: pins the newest copy (waiting until its version >= min_version).
+  class ReadPin {
+   public:
+    ReadPin() = default;
+    ReadPin(ReadPin&& o) noexcept { *this = std::move(o); }
+    ReadPin& operator=(ReadPin&& o) noexcept;
+    ~ReadPin() { Release(); }
+    const void* data() const { return data_; }
+    int64_t version() const { return version_; }
+    size_t bytes() const { return bytes_; }
+    void Release();
+
+   private:
+    friend class ParamStore;
+    std::atomic<int32_t>* count_ = nullptr;
+    std::atomic<uint32_t>* unpin_seq_ = nullptr;
+    const void* data_ = nullptr;
+    int64_t version_ = -1;
+    size_t bytes_ = 0;
+  };
+  // DEADLINE_EXCEEDED after timeout; ABORTED once Stop() was called; NOT_FOUND for a
+  // bad layer.
+  Result<ReadPin> Acquire(int64_t layer, int64_t min_version, std::chrono::milliseconds timeout);
+
+  // Worker pins (from a gradient segment, see common/shm.h GradPins): the writer honours
+  // them until RemovePinSource. pin_seq is the futex word the worker bumps on unpin.
+  void AddPinSource(int32_t worker_id, const std::atomic<int64_t>* pins,
+                    const std::atomic<uint32_t>* pin_seq);
+  void RemovePinSource(int32_t worker_id);
+
+  // Marks the job stopped: readers waiting in Acquire (and shm clients) return ABORTED.
+  void Stop();
+  bool stopped() const;
+
+  // The weight segment's base (layout in common/shm.h), for tests and the transport.
+  void* weight_base() const { return weights_base_; }
+
+ private:
+  ParamStore(const ModelSpec& spec, const ParamStoreOptions& opts);
+  Status Allocate();
+  bool SlotPinned(int64_t layer, uint32_t slot) const;
+  void* SlotData(int64_t layer, uint32_t slot) const;
+
+  struct PinSource {
+    int32_t worker_id;
+    const std::atomic<int64_t>* pins;
+    const std::atomic<uint32_t>* pin_seq;
+  };
+
+  const ModelSpec spec_;
+  const ParamStoreOptions opts_;
+  std::vector<LayerLayout> layouts_;
+  PageAllocator pages_;
+  std::vector<std::vector<StateSpan>> spans_;  // [layer][page]
+  ShmSegment shm_;                             // when opts_.shm_name is set
+  void* anon_ = nullptr;                       // otherwise: mmap'd private memory
+  void* weights_base_ = nullptr;
+  size_t weights_size_ = 0;
+  // In-process reader counts, [layer*2 + slot].
+  std::unique_ptr<std::atomic<int32_t>[]> readers_;
+  std::atomic<uint32_t> unpin_seq_{0};         // futex word: bumped on every in-process unpin
+  mutable std::mutex pin_mu_;
+  std::vector<PinSource> pin_sources_;         // GUARDED_BY(pin_mu_)
+};
+
+}  // namespace l2l::eps

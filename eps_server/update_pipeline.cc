@@ -1,0 +1,288 @@
+// Eager reduce -> AdamW -> cast -> publish, per layer, on a TBB flow graph. See
+// update_pipeline.h.
+#include "eps_server/update_pipeline.h"
+
+#include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/parallel_for.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "common/adamw.h"
+#include "common/logging.h"
+#include "eps_server/adamw_vec.h"
+
+namespace l2l::eps {
+
+namespace {
+enum class TaskKind { kNorm, kUpdate };
+struct Task {
+  int64_t layer;
+  TaskKind kind;
+  float coef;  // clip coefficient for kUpdate; < 0: compute per layer
+};
+}  // namespace
+
+struct UpdatePipeline::Impl {
+  tbb::flow::graph graph;
+  std::unique_ptr<tbb::flow::function_node<Task>> node;
+};
+
+UpdatePipeline::UpdatePipeline(ParamStore* store, const JobConfig& job, int num_workers,
+                               int64_t start_step)
+    : store_(store), job_(job), impl_(std::make_unique<Impl>()) {
+  for (int i = 0; i < num_workers; ++i) workers_.push_back(i);
+  layers_.resize(store->num_layers());
+  for (auto& l : layers_) l.step = start_step;
+  completed_step_ = start_step;
+  stats_.completed_step = start_step;
+  last_complete_ = std::chrono::steady_clock::now();
+  impl_->node = std::make_unique<tbb::flow::function_node<Task>>(
+      impl_->graph, tbb::flow::unlimited, [this](const Task& t) {
+        if (t.kind == TaskKind::kUpdate) {
+          RunUpdate(t.layer, t.coef);
+          return tbb::flow::continue_msg();
+        }
+        // Norm of the reduced gradient (global clip).
+        std::vector<const float*> grads;
+        int64_t mb = 0;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          for (auto& [w, g] : layers_[t.layer].arrived) {
+            grads.push_back(g.data);
+            mb += g.micro_batches;
+          }
+        }
+        const float scale = 1.0f / static_cast<float>(mb);
+        double n2 = 0;
+        for (const StateSpan& s : store_->spans(t.layer)) {
+          std::vector<const float*> off(grads.size());
+          for (size_t i = 0; i < grads.size(); ++i) off[i] = grads[i] + s.begin;
+          n2 += ReducedSumSquares(off.data(), static_cast<int>(off.size()), s.n, scale);
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        layers_[t.layer].norm2 = n2;
+        if (++norms_in_step_ == static_cast<int64_t>(layers_.size())) {
+          double total = 0;
+          for (auto& l : layers_) total += l.norm2;  // layer order: deterministic
+          const float coef = ClipCoefficient(std::sqrt(total), job_.optim.grad_clip);
+          norms_in_step_ = 0;
+          for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) LaunchLocked(l, coef);
+        }
+        --running_;
+        cv_.notify_all();
+        return tbb::flow::continue_msg();
+      });
+}
+
+UpdatePipeline::~UpdatePipeline() {
+  impl_->graph.wait_for_all();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& l : layers_) {
+    for (auto& [w, g] : l.arrived) {
+      if (g.release) g.release();
+    }
+    l.arrived.clear();
+  }
+}
+
+Status UpdatePipeline::Submit(int64_t layer, int64_t step, GradientRef ref) {
+  auto reject = [&](Status s) {
+    if (ref.release) ref.release();
+    return s;
+  };
+  if (layer < 0 || layer >= static_cast<int64_t>(layers_.size())) {
+    return reject(NotFound("gradient for layer " + std::to_string(layer) + ": the model has layers 0.." +
+                           std::to_string(layers_.size() - 1)));
+  }
+  const size_t numel = store_->layout(layer).numel;
+  if (ref.numel != numel) {
+    return reject(InvalidArgument("gradient for layer " + std::to_string(layer) + " has " +
+                                  std::to_string(ref.numel) + " floats, the layer has " +
+                                  std::to_string(numel)));
+  }
+  if (ref.micro_batches < 1) {
+    return reject(InvalidArgument("gradient for layer " + std::to_string(layer) + ": micro_batches=" +
+                                  std::to_string(ref.micro_batches) + " must be >= 1"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (std::find(workers_.begin(), workers_.end(), ref.worker_id) == workers_.end()) {
+    return reject(NotFound("worker " + std::to_string(ref.worker_id) + " is not a member of the step"));
+  }
+  LayerState& ls = layers_[layer];
+  if (step != ls.step) {
+    return reject(FailedPrecondition("gradient for layer " + std::to_string(layer) + " step " +
+                                     std::to_string(step) + ": the layer expects step " +
+                                     std::to_string(ls.step)));
+  }
+  if (ls.arrived.count(ref.worker_id) != 0) {
+    return reject(AlreadyExists("worker " + std::to_string(ref.worker_id) + " already pushed layer " +
+                                std::to_string(layer) + " step " + std::to_string(step)));
+  }
+  const int32_t w = ref.worker_id;
+  ls.arrived.emplace(w, std::move(ref));
+  last_arrival_ = std::chrono::steady_clock::now();
+  MaybeScheduleLocked(layer);
+  return Status::Ok();
+}
+
+void UpdatePipeline::MaybeScheduleLocked(int64_t layer) {
+  LayerState& ls = layers_[layer];
+  if (ls.scheduled || workers_.empty()) return;
+  for (int32_t w : workers_) {
+    if (ls.arrived.count(w) == 0) return;
+  }
+  ls.scheduled = true;
+  if (job_.train.clip == "global" && job_.optim.grad_clip > 0) {
+    ++running_;
+    impl_->node->try_put(Task{layer, TaskKind::kNorm, 0.0f});
+  } else {
+    const bool per_layer = job_.train.clip == "per_layer" && job_.optim.grad_clip > 0;
+    LaunchLocked(layer, per_layer ? -1.0f : 1.0f);
+  }
+}
+
+void UpdatePipeline::LaunchLocked(int64_t layer, float coef) {
+  if (gate_closed_) {
+    deferred_.emplace_back(layer, coef);
+    return;
+  }
+  ++running_;
+  impl_->node->try_put(Task{layer, TaskKind::kUpdate, coef});
+}
+
+void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<const float*> grads;
+  int64_t mb = 0;
+  int64_t step = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    step = layers_[layer].step;
+    for (auto& [w, g] : layers_[layer].arrived) {
+      grads.push_back(g.data);
+      mb += g.micro_batches;
+    }
+  }
+  const int ng = static_cast<int>(grads.size());
+  const float inv_mb = 1.0f / static_cast<float>(mb);
+  const auto& spans = store_->spans(layer);
+  auto offset = [&](const StateSpan& s) {
+    std::vector<const float*> off(grads.size());
+    for (size_t i = 0; i < grads.size(); ++i) off[i] = grads[i] + s.begin;
+    return off;
+  };
+  if (coef < 0) {  // per-layer clip
+    double n2 = 0;
+    for (const StateSpan& s : spans) n2 += ReducedSumSquares(offset(s).data(), ng, s.n, inv_mb);
+    coef = ClipCoefficient(std::sqrt(n2), job_.optim.grad_clip);
+  }
+  AdamWArgs a;
+  a.lr = LearningRate(job_.optim, step);
+  a.beta1 = job_.optim.beta1;
+  a.beta2 = job_.optim.beta2;
+  a.eps = job_.optim.eps;
+  a.t = step + 1;
+  a.grad_scale = inv_mb * coef;
+  const LayerLayout& layout = store_->layout(layer);
+  const DType dt = store_->publish_dtype();
+  char* out = static_cast<char*>(store_->BeginPublish(layer));
+  // Work items: (span, tensor) intersections, so weight decay follows ParamInfo::decay.
+  struct Item { const StateSpan* s; size_t lo, hi; bool decay; };
+  std::vector<Item> items;
+  for (const StateSpan& s : spans) {
+    for (const ParamInfo& p : layout.params) {
+      const size_t lo = std::max(s.begin, p.offset), hi = std::min(s.begin + s.n, p.offset + p.numel);
+      if (lo < hi) items.push_back({&s, lo, hi, p.decay});
+    }
+  }
+  tbb::parallel_for(size_t{0}, items.size(), [&](size_t i) {
+    const Item& it = items[i];
+    const size_t k = it.lo - it.s->begin;  // offset inside the span
+    std::vector<const float*> g(grads.size());
+    for (size_t w = 0; w < grads.size(); ++w) g[w] = grads[w] + it.lo;
+    AdamWArgs ai = a;
+    ai.weight_decay = it.decay ? job_.optim.weight_decay : 0.0f;
+    AdamWUpdate(ai, it.s->master + k, it.s->m + k, it.s->v + k, g.data(), ng, it.hi - it.lo, dt,
+                out + it.lo * DTypeSize(dt));
+  });
+  store_->EndPublish(layer, step + 1);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::lock_guard<std::mutex> lock(mu_);
+  FinishUpdateLocked(layer, secs);
+}
+
+void UpdatePipeline::FinishUpdateLocked(int64_t layer, double seconds) {
+  LayerState& ls = layers_[layer];
+  for (auto& [w, g] : ls.arrived) {
+    if (g.release) g.release();
+  }
+  ls.arrived.clear();
+  ls.scheduled = false;
+  ls.norm2 = -1;
+  ++ls.step;
+  busy_s_ += seconds;
+  --running_;
+  if (++layers_done_in_step_ == static_cast<int64_t>(layers_.size())) {
+    const auto now = std::chrono::steady_clock::now();
+    layers_done_in_step_ = 0;
+    ++completed_step_;
+    stats_.completed_step = completed_step_;
+    stats_.last_step_busy_s = busy_s_;
+    stats_.last_step_exposed_s = std::chrono::duration<double>(now - last_arrival_).count();
+    stats_.last_step_wall_s = std::chrono::duration<double>(now - last_complete_).count();
+    last_complete_ = now;
+    busy_s_ = 0;
+    if (holds_ > 0) gate_closed_ = true;
+  }
+  cv_.notify_all();
+}
+
+void UpdatePipeline::SetWorkers(std::vector<int32_t> worker_ids) {
+  std::lock_guard<std::mutex> lock(mu_);
+  workers_ = std::move(worker_ids);
+  for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) MaybeScheduleLocked(l);
+}
+
+void UpdatePipeline::DropWorker(int32_t worker_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& l : layers_) {
+    if (l.scheduled) continue;
+    auto it = l.arrived.find(worker_id);
+    if (it == l.arrived.end()) continue;
+    if (it->second.release) it->second.release();
+    l.arrived.erase(it);
+  }
+}
+
+bool UpdatePipeline::WaitForStep(int64_t step, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] { return completed_step_ >= step; });
+}
+
+int64_t UpdatePipeline::Hold() {
+  std::unique_lock<std::mutex> lock(mu_);
+  ++holds_;
+  // No update of the next step has started: close now. Otherwise the step's last
+  // update closes the gate (FinishUpdateLocked).
+  if (layers_done_in_step_ == 0 && running_ == 0) gate_closed_ = true;
+  cv_.wait(lock, [&] { return gate_closed_ && running_ == 0; });
+  return completed_step_;
+}
+
+void UpdatePipeline::Release() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (holds_ == 0) return;
+  if (--holds_ > 0) return;
+  gate_closed_ = false;
+  auto deferred = std::move(deferred_);
+  deferred_.clear();
+  for (auto& [layer, coef] : deferred) LaunchLocked(layer, coef);
+}
+
+PipelineStats UpdatePipeline::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace l2l::eps

@@ -1,0 +1,120 @@
+// UpdatePipeline: the eager reduce-and-update of L2L-p (seed 002 Fig. 2c). Gradients
+// arrive per (layer, step, worker) from either transport; as soon as every registered
+// worker's step-t gradient of a layer is in, a TBB flow graph runs, for that layer:
+//   reduce (sum over workers in worker-id order, so the result does not depend on
+//   arrival order) -> [norm for clipping] -> AdamW (vectorised, eps_server/adamw_vec.h)
+//   -> cast into the published dtype in the same pass -> publish version t+1.
+// Different layers update concurrently, and concurrently with the workers' backward of
+// earlier layers.
+//
+// Clipping (training.clip): "none"; "per_layer" (each layer's reduced gradient clipped
+// to optim.grad_clip on its own); "global" (torch clip_grad_norm_ over the whole model:
+// needs every layer's norm of the step before ANY layer can be updated, so the
+// reductions still overlap with backward, but all AdamW updates of the step wait for
+// the last gradient (layer 0) and run after it: the update is fully exposed. Cost:
+// about one AdamW pass over the whole model per step on the critical path.)
+//
+// Gate: Hold() stops new updates from starting at the next step boundary (for
+// checkpoints and Pause); gradients keep being accepted and wait. Release() resumes.
+//
+// Ownership: the pipeline borrows the ParamStore (which must outlive it) and owns the
+// GradientRefs handed to Submit until it calls their release callback (after the
+// layer's publish, or when the gradient is rejected or the pipeline is destroyed).
+// Thread-safety: all public methods are thread-safe.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "common/config.h"
+#include "common/status.h"
+#include "eps_server/param_store.h"
+
+namespace l2l::eps {
+
+// One worker's gradient of one layer: numel fp32 values that stay valid until release()
+// is called (shm slot or a received gRPC buffer).
+struct GradientRef {
+  int32_t worker_id = -1;
+  const float* data = nullptr;  // (numel)
+  size_t numel = 0;
+  int64_t micro_batches = 1;
+  std::function<void()> release;  // may be empty
+};
+
+struct PipelineStats {
+  int64_t completed_step = 0;     // steps whose every layer is published
+  double last_step_busy_s = 0;    // update work of the last completed step, summed over layers
+  double last_step_exposed_s = 0; // last gradient arrival -> step complete
+  double last_step_wall_s = 0;    // previous step complete -> this step complete
+};
+
+class UpdatePipeline {
+ public:
+  // start_step: versions every layer is published at (0, or the resume step).
+  UpdatePipeline(ParamStore* store, const JobConfig& job, int num_workers, int64_t start_step);
+  ~UpdatePipeline();  // waits for running updates, releases waiting gradients
+
+  // Accepts a gradient. Errors (the ref is released before returning):
+  //   NOT_FOUND layer out of range; INVALID_ARGUMENT numel mismatch or micro_batches < 1;
+  //   FAILED_PRECONDITION step is not the layer's current step; ALREADY_EXISTS this
+  //   worker already pushed (layer, step).
+  Status Submit(int64_t layer, int64_t step, GradientRef ref);
+
+  // Workers whose gradients each update waits for. Changing it mid-step re-checks the
+  // layers that were waiting (used when a worker is lost and on_worker_loss=continue).
+  void SetWorkers(std::vector<int32_t> worker_ids);
+
+  // Blocks until completed_step >= step or timeout. Returns whether it got there.
+  bool WaitForStep(int64_t step, std::chrono::milliseconds timeout);
+
+  // Closes the gate at the next step boundary and waits until no update runs; returns
+  // the step the state then holds. Nested holds are counted.
+  int64_t Hold();
+  void Release();
+
+  PipelineStats stats() const;
+  // Drops gradients waiting for `worker_id` (a lost worker), releasing them.
+  void DropWorker(int32_t worker_id);
+
+ private:
+  struct LayerState {
+    int64_t step = 0;                         // step whose gradients it now collects
+    std::map<int32_t, GradientRef> arrived;   // worker id -> gradient (sorted: reduce order)
+    bool scheduled = false;                   // update of `step` queued or running
+    double norm2 = -1;                        // reduced gradient's squared norm (clip)
+  };
+  struct Impl;
+
+  void MaybeScheduleLocked(int64_t layer);    // REQUIRES: mu_ held
+  void RunUpdate(int64_t layer, float clip_coef);
+  void FinishUpdateLocked(int64_t layer, double seconds);
+  void LaunchLocked(int64_t layer, float clip_coef);
+
+  ParamStore* const store_;
+  const JobConfig job_;
+  std::unique_ptr<Impl> impl_;  // the TBB graph
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int32_t> workers_;              // GUARDED_BY(mu_)
+  std::vector<LayerState> layers_;            // GUARDED_BY(mu_)
+  int64_t completed_step_ = 0;                // GUARDED_BY(mu_)
+  int64_t layers_done_in_step_ = 0;           // GUARDED_BY(mu_)
+  int running_ = 0;                           // updates queued or running; GUARDED_BY(mu_)
+  int holds_ = 0;                             // GUARDED_BY(mu_)
+  bool gate_closed_ = false;                  // GUARDED_BY(mu_)
+  std::vector<std::pair<int64_t, float>> deferred_;  // (layer, coef) held by the gate
+  int64_t norms_in_step_ = 0;                 // global clip: layers with norm ready
+  std::chrono::steady_clock::time_point last_arrival_, last_complete_;
+  double busy_s_ = 0;
+  PipelineStats stats_;                       // GUARDED_BY(mu_)
+};
+
+}  // namespace l2l::eps

@@ -1,0 +1,69 @@
+// Backend registry (CreateBackend: "cpu" | "cuda:N") and DeviceBuffer, the RAII owner of
+// one Backend::Alloc. The one place that knows which backends this build has.
+#include "kernels/backend.h"
+
+#include <charconv>
+#include <utility>
+
+#ifdef L2L_HAVE_CUDA
+#include "kernels/cuda/cuda_backend.h"
+#endif
+
+namespace l2l::kernels {
+
+Result<std::unique_ptr<Backend>> CreateBackend(const std::string& device) {
+  if (device == "cpu") return CreateCpuBackend(0);
+  const std::string prefix = "cuda:";
+  if (device.rfind(prefix, 0) == 0) {
+    const char* first = device.data() + prefix.size();
+    const char* last = device.data() + device.size();
+    int index = -1;
+    auto [ptr, ec] = std::from_chars(first, last, index);
+    if (first == last || ec != std::errc() || ptr != last || index < 0) {
+      return InvalidArgument("device \"" + device +
+                             "\": expected \"cpu\" or \"cuda:N\" with N a GPU index >= 0");
+    }
+#ifdef L2L_HAVE_CUDA
+    return CreateCudaBackend(index);
+#else
+    return FailedPrecondition("device \"" + device +
+                              "\": this build has no CUDA support (configured with L2L_CUDA=OFF "
+                              "or nvcc not found); use device \"cpu\"");
+#endif
+  }
+  return InvalidArgument("unknown device \"" + device + "\": expected \"cpu\" or \"cuda:N\"");
+}
+
+// ---- DeviceBuffer ----------------------------------------------------------------------
+
+Result<DeviceBuffer> DeviceBuffer::Create(Backend* backend, size_t bytes) {
+  L2L_CHECK(backend != nullptr) << "DeviceBuffer::Create needs a backend";
+  Result<void*> p = backend->Alloc(bytes);
+  if (!p.ok()) return p.status();
+  DeviceBuffer buf;
+  buf.backend_ = backend;
+  buf.ptr_ = *p;
+  buf.bytes_ = bytes;
+  return buf;
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (ptr_ != nullptr) backend_->Free(ptr_);
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& o) noexcept
+    : backend_(std::exchange(o.backend_, nullptr)),
+      ptr_(std::exchange(o.ptr_, nullptr)),
+      bytes_(std::exchange(o.bytes_, 0)) {}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_ != nullptr) backend_->Free(ptr_);
+    backend_ = std::exchange(o.backend_, nullptr);
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+}  // namespace l2l::kernels

@@ -1,0 +1,346 @@
+// CpuBackend: memory, GEMM, elementwise, embedding, LayerNorm and cross-entropy ops.
+// Attention lives in cpu_attention.cc. See cpu_backend.h for the contracts.
+#include "kernels/cpu/cpu_backend.h"
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/parallel_reduce.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "kernels/cpu/cpu_matmul.h"
+#include "kernels/cpu/cpu_parallel.h"
+
+namespace l2l::kernels {
+
+constexpr float kLayerNormEps = 1e-5f;
+// Columns per task in the column-parallel reductions (bias, LayerNorm and embedding
+// gradients): each task owns a disjoint slice of columns and walks rows in order, so
+// the result does not depend on the thread count.
+constexpr int64_t kColumnChunk = 64;
+
+CpuBackend::CpuBackend(int num_threads)
+    : num_threads_(num_threads > 0 ? num_threads : tbb::this_task_arena::max_concurrency()),
+      arena_(num_threads_),
+      matmul_(std::make_unique<DnnlMatmul>(num_threads_)) {}
+
+CpuBackend::~CpuBackend() = default;
+
+std::string CpuBackend::name() const {
+  return "cpu (oneDNN, " + std::to_string(num_threads_) + " threads)";
+}
+
+// ---- memory ------------------------------------------------------------------------
+
+Result<void*> CpuBackend::Alloc(size_t bytes) {
+  const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, rounded);
+  if (p == nullptr) {
+    return ResourceExhausted("cpu backend: cannot allocate " + std::to_string(bytes) +
+                             " bytes of host memory");
+  }
+  return p;
+}
+
+void CpuBackend::Free(void* p) { std::free(p); }
+
+void CpuBackend::CopyToDevice(void* dst, const void* host_src, size_t bytes) {
+  if (bytes > 0) std::memcpy(dst, host_src, bytes);
+}
+void CpuBackend::CopyToHost(void* host_dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memcpy(host_dst, src, bytes);
+}
+void CpuBackend::CopyDeviceToDevice(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0) std::memmove(dst, src, bytes);
+}
+void CpuBackend::Zero(void* dst, size_t bytes) {
+  if (bytes > 0) std::memset(dst, 0, bytes);
+}
+
+// ---- dense algebra ---------------------------------------------------------------
+
+void CpuBackend::Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                      float* C, int64_t ldc) {
+  L2L_CHECK(lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N) && ldc >= N)
+      << "Gemm leading dims too small: M=" << M << " N=" << N << " K=" << K << " lda=" << lda
+      << " ldb=" << ldb << " ldc=" << ldc << " trans_a=" << trans_a << " trans_b=" << trans_b;
+  MatStrides sa, sb, sc;
+  GemmStrides(trans_a, trans_b, lda, ldb, ldc, &sa, &sb, &sc);
+  matmul_->Run(1, 1, M, N, K, alpha, A, sa, B, sb, beta, C, sc);
+}
+
+std::string CpuBackend::GemmImplName(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K) {
+  MatStrides sa, sb, sc;
+  GemmStrides(trans_a, trans_b, trans_a ? M : K, trans_b ? K : N, N, &sa, &sb, &sc);
+  return matmul_->ImplName(1, 1, M, N, K, 1.0f, sa, sb, 0.0f, sc);
+}
+
+void CpuBackend::AddBias(float* out, const float* bias, int64_t N, int64_t OC) {
+  InArena([&] {
+    ParallelFor(N, RowGrain(OC), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        float* o = out + r * OC;
+        for (int64_t c = 0; c < OC; ++c) o[c] += bias[c];
+      }
+    });
+  });
+}
+
+void CpuBackend::BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) {
+  InArena([&] {
+    ForColumnChunks(OC, kColumnChunk, [&](int64_t c0, int64_t c1) {
+      float acc[kColumnChunk];
+      for (int64_t c = c0; c < c1; ++c) acc[c - c0] = 0.0f;
+      for (int64_t r = 0; r < N; ++r) {
+        const float* d = dout + r * OC;
+        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += d[c];
+      }
+      for (int64_t c = c0; c < c1; ++c) dbias[c] += acc[c - c0];
+    });
+  });
+}
+
+// ---- elementwise -----------------------------------------------------------------
+
+void CpuBackend::Add(float* out, const float* a, const float* b, int64_t n) {
+  InArena([&] {
+    ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
+    });
+  });
+}
+
+void CpuBackend::Axpy(float* dst, const float* src, float alpha, int64_t n) {
+  InArena([&] {
+    ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) dst[i] += alpha * src[i];
+    });
+  });
+}
+
+void CpuBackend::Scale(float* x, float alpha, int64_t n) {
+  InArena([&] {
+    ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) x[i] *= alpha;
+    });
+  });
+}
+
+namespace {
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+constexpr float kGeluCube = 0.044715f;
+}  // namespace
+
+void CpuBackend::GeluForward(float* out, const float* inp, int64_t n) {
+  InArena([&] {
+    ParallelFor(n, kElemGrain / 4, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const float x = inp[i];
+        const float t = std::tanh(kGeluScale * (x + kGeluCube * x * x * x));
+        out[i] = 0.5f * x * (1.0f + t);
+      }
+    });
+  });
+}
+
+void CpuBackend::GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) {
+  InArena([&] {
+    ParallelFor(n, kElemGrain / 4, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const float x = inp[i];
+        const float t = std::tanh(kGeluScale * (x + kGeluCube * x * x * x));
+        const float sech2 = 1.0f - t * t;
+        const float local = 0.5f * (1.0f + t) +
+                            0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCube * x * x);
+        dinp[i] += local * dout[i];
+      }
+    });
+  });
+}
+
+double CpuBackend::SumSquares(const float* x, int64_t n) {
+  double total = 0.0;
+  InArena([&] {
+    // Deterministic: the split depends only on n and the grain, not on the threads.
+    total = tbb::parallel_deterministic_reduce(
+        tbb::blocked_range<int64_t>(0, n, kElemGrain), 0.0,
+        [&](const tbb::blocked_range<int64_t>& r, double acc) {
+          for (int64_t i = r.begin(); i < r.end(); ++i) acc += double(x[i]) * double(x[i]);
+          return acc;
+        },
+        [](double a, double b) { return a + b; });
+  });
+  return total;
+}
+
+// ---- embedding ---------------------------------------------------------------------
+
+void CpuBackend::EmbeddingForward(float* out, const int32_t* tokens, const float* wte,
+                                  const float* wpe, int64_t B, int64_t T, int64_t C) {
+  InArena([&] {
+    ParallelFor(B * T, RowGrain(C), [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const int32_t tok = tokens[n];
+        L2L_CHECK(tok >= 0) << "EmbeddingForward: token " << tok << " at row " << n << " is negative";
+        const float* e = wte + int64_t(tok) * C;
+        const float* p = wpe + (n % T) * C;
+        float* o = out + n * C;
+        for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+      }
+    });
+  });
+}
+
+void CpuBackend::EmbeddingBackward(float* dwte, float* dwpe, const float* dout,
+                                   const int32_t* tokens, int64_t B, int64_t T, int64_t C) {
+  InArena([&] {
+    // dwte: each task owns a column slice and scatters every row in token order, so two
+    // rows with the same token add in a fixed order (deterministic, no atomics).
+    ForColumnChunks(C, kColumnChunk, [&](int64_t c0, int64_t c1) {
+      for (int64_t n = 0; n < B * T; ++n) {
+        float* dw = dwte + int64_t(tokens[n]) * C;
+        const float* d = dout + n * C;
+        for (int64_t c = c0; c < c1; ++c) dw[c] += d[c];
+      }
+    });
+    // dwpe[t] += sum over b of dout[b, t], batches in order.
+    ParallelFor(T, RowGrain(C * B), [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        float* dp = dwpe + t * C;
+        for (int64_t b = 0; b < B; ++b) {
+          const float* d = dout + (b * T + t) * C;
+          for (int64_t c = 0; c < C; ++c) dp[c] += d[c];
+        }
+      }
+    });
+  });
+}
+
+// ---- LayerNorm -----------------------------------------------------------------------
+
+void CpuBackend::LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                                  const float* weight, const float* bias, int64_t N, int64_t C) {
+  InArena([&] {
+    ParallelFor(N, RowGrain(C), [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* x = inp + n * C;
+        double s = 0.0;
+        for (int64_t c = 0; c < C; ++c) s += x[c];
+        const double m = s / double(C);
+        double v = 0.0;
+        for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
+        v /= double(C);  // biased variance, as torch
+        const float rs = float(1.0 / std::sqrt(v + kLayerNormEps));
+        const float mf = float(m);
+        float* o = out + n * C;
+        for (int64_t c = 0; c < C; ++c) o[c] = (x[c] - mf) * rs * weight[c] + bias[c];
+        mean[n] = mf;
+        rstd[n] = rs;
+      }
+    });
+  });
+}
+
+void CpuBackend::LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                                   const float* inp, const float* weight, const float* mean,
+                                   const float* rstd, int64_t N, int64_t C) {
+  InArena([&] {
+    // dinp: rows are independent.
+    ParallelFor(N, RowGrain(C), [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* x = inp + n * C;
+        const float* d = dout + n * C;
+        const float m = mean[n], rs = rstd[n];
+        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
+        for (int64_t c = 0; c < C; ++c) {
+          const float norm = (x[c] - m) * rs;
+          const float dnorm = weight[c] * d[c];
+          dnorm_mean += dnorm;
+          dnorm_norm_mean += dnorm * norm;
+        }
+        dnorm_mean /= float(C);
+        dnorm_norm_mean /= float(C);
+        float* di = dinp + n * C;
+        for (int64_t c = 0; c < C; ++c) {
+          const float norm = (x[c] - m) * rs;
+          const float dnorm = weight[c] * d[c];
+          di[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rs;
+        }
+      }
+    });
+    // dweight, dbias: column slices, rows in order (deterministic).
+    ForColumnChunks(C, kColumnChunk, [&](int64_t c0, int64_t c1) {
+      float dw[kColumnChunk], db[kColumnChunk];
+      for (int64_t c = c0; c < c1; ++c) dw[c - c0] = db[c - c0] = 0.0f;
+      for (int64_t n = 0; n < N; ++n) {
+        const float* x = inp + n * C;
+        const float* d = dout + n * C;
+        const float m = mean[n], rs = rstd[n];
+        for (int64_t c = c0; c < c1; ++c) {
+          db[c - c0] += d[c];
+          dw[c - c0] += (x[c] - m) * rs * d[c];
+        }
+      }
+      for (int64_t c = c0; c < c1; ++c) {
+        dweight[c] += dw[c - c0];
+        dbias[c] += db[c - c0];
+      }
+    });
+  });
+}
+
+// ---- cross-entropy -------------------------------------------------------------------
+
+void CpuBackend::CrossEntropyForward(float* losses, float* probs, const float* logits,
+                                     const int32_t* targets, int64_t N, int64_t V) {
+  InArena([&] {
+    ParallelFor(N, RowGrain(V), [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const int32_t tgt = targets[n];
+        L2L_CHECK(tgt >= 0 && tgt < V)
+            << "CrossEntropyForward: target " << tgt << " at row " << n << " not in [0," << V << ")";
+        const float* x = logits + n * V;
+        float* p = probs + n * V;  // may alias x: x[tgt] is read before p is written
+        const float x_tgt = x[tgt];
+        float mx = x[0];
+        for (int64_t v = 1; v < V; ++v) mx = std::max(mx, x[v]);
+        double sum = 0.0;
+        for (int64_t v = 0; v < V; ++v) {
+          p[v] = std::exp(x[v] - mx);
+          sum += p[v];
+        }
+        const float inv = float(1.0 / sum);
+        for (int64_t v = 0; v < V; ++v) p[v] *= inv;
+        // -log softmax[tgt] = log(sum) - (x[tgt] - max): exact even when the prob underflows.
+        losses[n] = float(std::log(sum) - double(x_tgt - mx));
+      }
+    });
+  });
+}
+
+void CpuBackend::CrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
+                                      float scale, int64_t N, int64_t V) {
+  InArena([&] {
+    ParallelFor(N, RowGrain(V), [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* p = probs + n * V;
+        float* d = dlogits + n * V;
+        for (int64_t v = 0; v < V; ++v) d[v] = scale * p[v];
+        d[targets[n]] -= scale;
+      }
+    });
+  });
+}
+
+// ---- factory -------------------------------------------------------------------------
+
+std::unique_ptr<Backend> CreateCpuBackend(int num_threads) {
+  return std::make_unique<CpuBackend>(num_threads);
+}
+
+}  // namespace l2l::kernels

@@ -1,0 +1,92 @@
+// CpuBackend: the reference implementation of kernels/backend.h on the host, fp32.
+// Matrix products go through oneDNN's matmul primitive (DnnlMatmul, cpu_matmul.h), which
+// this backend owns; every other op is a loop parallelised with oneTBB inside a
+// task_arena limited to num_threads. Attention is GEMM-based: batched oneDNN matmuls
+// over (B, NH) with strided views into qkv, plus a causal softmax loop.
+//
+// Determinism: every reduction that crosses rows (BiasBackward, LayerNorm dweight/dbias,
+// EmbeddingBackward, SumSquares) is ordered independently of the thread count, so the
+// same inputs give the same bits for those ops whatever num_threads is.
+//
+// Ownership: "device" memory is host memory from Alloc (64-byte aligned); the backend
+// owns its oneDNN engine/stream and primitive cache.
+// Thread-safety: one thread at a time (as every Backend).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include <tbb/task_arena.h>
+
+#include "kernels/backend.h"
+
+namespace l2l::kernels {
+
+class DnnlMatmul;
+
+class CpuBackend final : public Backend {
+ public:
+  // num_threads <= 0: all cores the process may use.
+  explicit CpuBackend(int num_threads);
+  ~CpuBackend() override;
+
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+  std::string name() const override;
+  int num_threads() const { return num_threads_; }
+
+  Result<void*> Alloc(size_t bytes) override;
+  void Free(void* p) override;
+  void CopyToDevice(void* dst, const void* host_src, size_t bytes) override;
+  void CopyToHost(void* host_dst, const void* src, size_t bytes) override;
+  void CopyDeviceToDevice(void* dst, const void* src, size_t bytes) override;
+  void Zero(void* dst, size_t bytes) override;
+  void Synchronize() override {}
+
+  void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+            int64_t ldc) override;
+  void AddBias(float* out, const float* bias, int64_t N, int64_t OC) override;
+  void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) override;
+
+  void Add(float* out, const float* a, const float* b, int64_t n) override;
+  void Axpy(float* dst, const float* src, float alpha, int64_t n) override;
+  void Scale(float* x, float alpha, int64_t n) override;
+  void GeluForward(float* out, const float* inp, int64_t n) override;
+  void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) override;
+  double SumSquares(const float* x, int64_t n) override;
+
+  void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                        int64_t B, int64_t T, int64_t C) override;
+  void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                         int64_t B, int64_t T, int64_t C) override;
+  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                        const float* weight, const float* bias, int64_t N, int64_t C) override;
+  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, const float* mean,
+                         const float* rstd, int64_t N, int64_t C) override;
+  void AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
+                        int64_t NH) override;
+  void AttentionBackward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                         const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) override;
+  void CrossEntropyForward(float* losses, float* probs, const float* logits,
+                           const int32_t* targets, int64_t N, int64_t V) override;
+  void CrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
+                            float scale, int64_t N, int64_t V) override;
+
+  // The oneDNN implementation chosen for a plain Gemm of this shape ("brg:avx2", "ref",
+  // ...); for benchmarks and diagnostics.
+  std::string GemmImplName(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K);
+
+ private:
+  // Runs f inside this backend's arena (at most num_threads_ TBB workers).
+  template <typename F>
+  void InArena(F&& f) {
+    arena_.execute(std::forward<F>(f));
+  }
+
+  int num_threads_;
+  tbb::task_arena arena_;
+  std::unique_ptr<DnnlMatmul> matmul_;
+};
+
+}  // namespace l2l::kernels

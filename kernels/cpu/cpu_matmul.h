@@ -1,0 +1,63 @@
+// DnnlMatmul: (batched, strided) fp32 matrix products through oneDNN's matmul primitive,
+// with a cache of primitives keyed by everything that shapes them (dims, strides, alpha,
+// beta), because creating a primitive costs far more than running a small one.
+//
+//   C[i,j] (M,N) = alpha * A[i,j] (M,K) @ B[i,j] (K,N) + beta * C[i,j]   for i < B0, j < B1
+//
+// Each operand is described by four element strides (batch0, batch1, row, col), so a
+// transpose is just swapped row/col strides and a head of a (B,T,3C) qkv tensor is a
+// view with strides (T*3C, hs, 3C, 1). alpha is a oneDNN output scale; beta != 0 is a
+// "sum" post-op, so beta == 1 accumulates exactly (acc + C, in fp32).
+//
+// oneDNN here is built on OpenMP: before creating or running a primitive we set the
+// calling thread's OpenMP thread count to num_threads (found with dlsym, since the
+// OpenMP runtime is only linked through libdnnl).
+//
+// Ownership: owns its engine, stream and cached primitives; operands are caller memory.
+// Thread-safety: one thread at a time.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace l2l::kernels {
+
+struct MatStrides {
+  int64_t b0 = 0, b1 = 0, row = 0, col = 1;  // in elements
+};
+
+class DnnlMatmul {
+ public:
+  explicit DnnlMatmul(int num_threads);
+  ~DnnlMatmul();
+  DnnlMatmul(const DnnlMatmul&) = delete;
+  DnnlMatmul& operator=(const DnnlMatmul&) = delete;
+
+  // REQUIRES: operands do not overlap C. Dims >= 0. Aborts (L2L_CHECK) when oneDNN
+  // rejects the problem, which is a bug in the caller's strides.
+  void Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           const MatStrides& sa, const float* B, const MatStrides& sb, float beta, float* C,
+           const MatStrides& sc);
+
+  // oneDNN's name for the implementation it picks for this problem (e.g. "brg:avx2").
+  std::string ImplName(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, float alpha,
+                       const MatStrides& sa, const MatStrides& sb, float beta,
+                       const MatStrides& sc);
+
+  size_t cached_primitives() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Plain row-major Gemm with the semantics of Backend::Gemm, expressed as MatStrides.
+void GemmStrides(bool trans_a, bool trans_b, int64_t lda, int64_t ldb, int64_t ldc, MatStrides* sa,
+                 MatStrides* sb, MatStrides* sc);
+
+// Sets the calling thread's OpenMP thread count (no-op when no OpenMP runtime is loaded).
+void SetOmpThreads(int n);
+
+}  // namespace l2l::kernels

@@ -1,0 +1,381 @@
+// CudaBackend: kernels::Backend on one GPU. Everything runs on one non-blocking compute
+// stream in call order; the only host waits are CopyToHost, SumSquares, Synchronize (and
+// CopyToDevice from page-locked memory, see there). See cuda_backend.h.
+#include "kernels/cuda/cuda_backend.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_resources.h"
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/ops.h"
+
+namespace l2l::kernels {
+namespace cuda {
+namespace {
+
+class CudaBackend final : public Backend {
+ public:
+  static Result<std::unique_ptr<CudaBackend>> Create(int device, const CudaBackendOptions& opt);
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  std::string name() const override { return name_; }
+
+  // ---- memory ----------------------------------------------------------------------
+  Result<void*> Alloc(size_t bytes) override {
+    MakeCurrent();
+    if (bytes == 0) bytes = 1;  // a unique non-null pointer, as malloc(0) may not give
+    void* p = nullptr;
+    cudaError_t e = cudaMalloc(&p, bytes);  // 256-byte aligned
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      (void)cudaMemGetInfo(&free_b, &total_b);
+      return ResourceExhausted(name_ + ": cannot allocate " + std::to_string(bytes) +
+                               " bytes of device memory (" + cudaGetErrorString(e) + "; " +
+                               std::to_string(free_b >> 20) + " MiB free of " +
+                               std::to_string(total_b >> 20) + " MiB)");
+    }
+    return p;
+  }
+  void Free(void* p) override {
+    if (p == nullptr) return;
+    MakeCurrent();
+    L2L_CUDA_CHECK(cudaFree(p));  // waits for work that may still use p
+  }
+  // Pageable source: cudaMemcpyAsync has copied it to a staging buffer when it returns,
+  // so the caller may reuse it at once and the copy stays ordered on the stream without
+  // a host wait. Page-locked source (cudaMallocHost / cudaHostRegister): the DMA reads
+  // it later, so we wait for the copy to keep the Backend contract (the caller may
+  // overwrite its buffer after we return).
+  void CopyToDevice(void* dst, const void* host_src, size_t bytes) override {
+    if (bytes == 0) return;
+    MakeCurrent();
+    L2L_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream()));
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, host_src) != cudaSuccess) {
+      (void)cudaGetLastError();
+      attr.type = cudaMemoryTypeUnregistered;
+    }
+    if (attr.type != cudaMemoryTypeUnregistered) L2L_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
+  void CopyToHost(void* host_dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    MakeCurrent();
+    L2L_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
+    L2L_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
+  void CopyDeviceToDevice(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    MakeCurrent();
+    L2L_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+  }
+  void Zero(void* dst, size_t bytes) override {
+    if (bytes == 0) return;
+    MakeCurrent();
+    L2L_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream()));
+  }
+  void Synchronize() override {
+    MakeCurrent();
+    L2L_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  }
+
+  // ---- dense algebra ---------------------------------------------------------------
+  void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+            const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+            int64_t ldc) override {
+    if (M <= 0 || N <= 0) return;
+    MakeCurrent();
+    if (K <= 0) {  // op(A) @ op(B) is zero: C = beta * C
+      LaunchScaleMatrix(C, beta, M, N, ldc, stream());
+      return;
+    }
+    LtGemmArgs a;
+    a.trans_a = trans_a;
+    a.trans_b = trans_b;
+    a.M = M;
+    a.N = N;
+    a.K = K;
+    a.alpha = alpha;
+    a.beta = beta;
+    a.A = A;
+    a.lda = lda;
+    a.B = B;
+    a.ldb = ldb;
+    a.C = C;
+    a.ldc = ldc;
+    a.compute = compute_;
+    Status st = gemm_.Run(a, stream());
+    L2L_CHECK(st.ok()) << name_ << " Gemm: " << st.ToString();
+  }
+  void AddBias(float* out, const float* bias, int64_t N, int64_t OC) override {
+    MakeCurrent();
+    LaunchAddBias(out, bias, N, OC, stream());
+  }
+  void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) override {
+    if (N <= 0 || OC <= 0) return;
+    MakeCurrent();
+    const int64_t groups = ColumnSumGroups(N);
+    float* scratch = static_cast<float*>(Scratch(sizeof(float) * groups * OC));
+    LaunchBiasBackward(dbias, dout, N, OC, scratch, groups, stream());
+  }
+
+  // ---- elementwise -----------------------------------------------------------------
+  void Add(float* out, const float* a, const float* b, int64_t n) override {
+    MakeCurrent();
+    LaunchAdd(out, a, b, n, stream());
+  }
+  void Axpy(float* dst, const float* src, float alpha, int64_t n) override {
+    MakeCurrent();
+    LaunchAxpy(dst, src, alpha, n, stream());
+  }
+  void Scale(float* x, float alpha, int64_t n) override {
+    MakeCurrent();
+    LaunchScale(x, alpha, n, stream());
+  }
+  void GeluForward(float* out, const float* inp, int64_t n) override {
+    MakeCurrent();
+    LaunchGeluForward(out, inp, n, stream());
+  }
+  void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) override {
+    MakeCurrent();
+    LaunchGeluBackward(dinp, inp, dout, n, stream());
+  }
+  double SumSquares(const float* x, int64_t n) override {
+    if (n <= 0) return 0.0;
+    MakeCurrent();
+    auto* scratch = static_cast<double*>(Scratch(sizeof(double) * (kSumSquaresBlocks + 1)));
+    LaunchSumSquares(scratch + kSumSquaresBlocks, x, n, scratch, stream());
+    double result = 0.0;
+    L2L_CUDA_CHECK(cudaMemcpyAsync(result_host_.data(), scratch + kSumSquaresBlocks,
+                                   sizeof(double), cudaMemcpyDeviceToHost, stream()));
+    L2L_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    std::memcpy(&result, result_host_.data(), sizeof(double));
+    return result;
+  }
+
+  // ---- transformer ops -------------------------------------------------------------
+  void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
+                        int64_t B, int64_t T, int64_t C) override {
+    MakeCurrent();
+    LaunchEmbeddingForward(out, tokens, wte, wpe, B, T, C, stream());
+  }
+  void EmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                         int64_t B, int64_t T, int64_t C) override {
+    if (B * T <= 0 || C <= 0) return;
+    MakeCurrent();
+    const size_t bytes = EmbeddingBackwardScratchBytes(B * T);
+    void* scratch = Scratch(bytes);
+    LaunchEmbeddingBackward(dwte, dwpe, dout, tokens, B, T, C, scratch, bytes, stream());
+  }
+  void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                        const float* weight, const float* bias, int64_t N, int64_t C) override {
+    MakeCurrent();
+    LaunchLayerNormForward(out, mean, rstd, inp, weight, bias, N, C, stream());
+  }
+  void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                         const float* inp, const float* weight, const float* mean,
+                         const float* rstd, int64_t N, int64_t C) override {
+    if (N <= 0 || C <= 0) return;
+    MakeCurrent();
+    const int64_t groups = ColumnSumGroups(N);
+    float* scratch = static_cast<float*>(Scratch(sizeof(float) * 2 * groups * C));
+    LaunchLayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, scratch,
+                            groups, stream());
+  }
+  void AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                        int64_t C, int64_t NH) override {
+    if (B <= 0 || T <= 0) return;
+    MakeCurrent();
+    cuda::AttentionForward(gemm_, compute_, out, att, qkv, B, T, C, NH, stream());
+  }
+  void AttentionBackward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                         const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) override {
+    if (B <= 0 || T <= 0) return;
+    MakeCurrent();
+    cuda::AttentionBackward(gemm_, compute_, dqkv, scratch, dout, qkv, att, B, T, C, NH,
+                            stream());
+  }
+  void CrossEntropyForward(float* losses, float* probs, const float* logits,
+                           const int32_t* targets, int64_t N, int64_t V) override {
+    MakeCurrent();
+    LaunchCrossEntropyForward(losses, probs, logits, targets, N, V, stream());
+  }
+  void CrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
+                            float scale, int64_t N, int64_t V) override {
+    MakeCurrent();
+    LaunchCrossEntropyBackward(dlogits, probs, targets, scale, N, V, stream());
+  }
+
+  // ---- for the bf16 entry points in cuda_backend.h -----------------------------------
+  cudaStream_t stream() const { return stream_.get(); }
+  LtGemm& gemm() { return gemm_; }
+  void MakeCurrent() const {
+    int cur = -1;
+    if (cudaGetDevice(&cur) != cudaSuccess || cur != device_) L2L_CUDA_CHECK(cudaSetDevice(device_));
+  }
+
+ private:
+  CudaBackend() = default;
+
+  // Device scratch of at least `bytes`, valid until the next Scratch() call. Growing it
+  // waits for queued work that may still read the old buffer (rare: sized at creation).
+  void* Scratch(size_t bytes) {
+    if (bytes > scratch_.bytes()) {
+      L2L_CUDA_CHECK(cudaStreamSynchronize(stream()));
+      size_t grown = std::max(bytes, 2 * scratch_.bytes());
+      spdlog::info("{}: growing op scratch to {} MiB", name_, grown >> 20);
+      scratch_ = CudaBuffer();
+      auto buf = CudaBuffer::Create(grown);
+      L2L_CHECK(buf.ok()) << name_ << " scratch: " << buf.status().ToString();
+      scratch_ = std::move(buf).value();
+    }
+    return scratch_.data();
+  }
+
+  int device_ = 0;
+  std::string name_;
+  cublasComputeType_t compute_ = CUBLAS_COMPUTE_32F;
+  CudaStream stream_;
+  LtGemm gemm_;
+  CudaBuffer scratch_;
+  PinnedBuffer result_host_;  // 8 bytes for SumSquares' result
+};
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
+                                                         const CudaBackendOptions& opt) {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return FailedPrecondition("cuda:" + std::to_string(device) +
+                              ": no usable CUDA driver or GPU (cudaGetDeviceCount: " +
+                              cudaGetErrorString(e) + ")");
+  }
+  if (device < 0 || device >= count) {
+    return NotFound("cuda:" + std::to_string(device) + ": no such GPU (" + std::to_string(count) +
+                    " visible; check CUDA_VISIBLE_DEVICES)");
+  }
+  L2L_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  cudaDeviceProp prop{};
+  L2L_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device));
+
+  std::unique_ptr<CudaBackend> be(new CudaBackend());
+  be->device_ = device;
+  CudaGemmPrecision precision = opt.gemm;
+  if (const char* env = std::getenv("L2L_CUDA_GEMM")) {
+    std::string v = env;
+    if (v == "tf32") {
+      precision = CudaGemmPrecision::kTf32;
+    } else if (v == "fp32") {
+      precision = CudaGemmPrecision::kFp32;
+    } else {
+      return InvalidArgument("environment L2L_CUDA_GEMM=" + v + " is not one of fp32, tf32");
+    }
+  }
+  be->compute_ = precision == CudaGemmPrecision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                       : CUBLAS_COMPUTE_32F;
+  be->name_ = "cuda:" + std::to_string(device) + " (" + prop.name + ", sm_" +
+              std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
+              std::to_string(prop.totalGlobalMem >> 30) + " GiB, gemm " +
+              (precision == CudaGemmPrecision::kTf32 ? "tf32" : "fp32") + ")";
+  L2L_ASSIGN_OR_RETURN(be->stream_, CudaStream::Create());
+  L2L_ASSIGN_OR_RETURN(be->gemm_, LtGemm::Create(opt.gemm_workspace_bytes));
+  L2L_ASSIGN_OR_RETURN(be->scratch_, CudaBuffer::Create(std::max<size_t>(opt.scratch_bytes, 4096)));
+  L2L_ASSIGN_OR_RETURN(be->result_host_, PinnedBuffer::Create(sizeof(double)));
+  return be;
+}
+
+// The backend behind a Backend&, or nullptr when it is not ours.
+CudaBackend* AsCuda(Backend& backend) {
+  if (backend.kind() != DeviceKind::kCuda) return nullptr;
+  return dynamic_cast<CudaBackend*>(&backend);
+}
+
+Status NotCuda(const Backend& backend, const char* what) {
+  return InvalidArgument(std::string(what) + " needs a CUDA backend, got " + backend.name());
+}
+
+}  // namespace
+}  // namespace cuda
+
+int CudaDeviceCount() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
+Result<std::unique_ptr<Backend>> CreateCudaBackend(int device) {
+  return CreateCudaBackend(device, CudaBackendOptions{});
+}
+
+Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, const CudaBackendOptions& options) {
+  auto be = cuda::CudaBackend::Create(device, options);
+  if (!be.ok()) return be.status();
+  return std::unique_ptr<Backend>(std::move(be).value());
+}
+
+Status CastF32ToBf16(Backend& backend, uint16_t* dst, const float* src, int64_t n) {
+  cuda::CudaBackend* be = cuda::AsCuda(backend);
+  if (be == nullptr) return cuda::NotCuda(backend, "CastF32ToBf16");
+  be->MakeCurrent();
+  cuda::LaunchCastF32ToBf16(dst, src, n, be->stream());
+  return Status::Ok();
+}
+
+Status CastBf16ToF32(Backend& backend, float* dst, const uint16_t* src, int64_t n) {
+  cuda::CudaBackend* be = cuda::AsCuda(backend);
+  if (be == nullptr) return cuda::NotCuda(backend, "CastBf16ToF32");
+  be->MakeCurrent();
+  cuda::LaunchCastBf16ToF32(dst, src, n, be->stream());
+  return Status::Ok();
+}
+
+Status GemmBf16(Backend& backend, const Bf16GemmArgs& g) {
+  cuda::CudaBackend* be = cuda::AsCuda(backend);
+  if (be == nullptr) return cuda::NotCuda(backend, "GemmBf16");
+  const bool gelu = g.epilogue == GemmEpilogue::kGelu || g.epilogue == GemmEpilogue::kBiasGelu;
+  if (gelu && g.beta != 0.0f) {
+    return InvalidArgument("GemmBf16: a GELU epilogue needs beta == 0 (got " +
+                           std::to_string(g.beta) + ")");
+  }
+  const bool bias = g.epilogue == GemmEpilogue::kBias || g.epilogue == GemmEpilogue::kBiasGelu;
+  if (bias && g.bias == nullptr) return InvalidArgument("GemmBf16: bias epilogue without bias");
+  cuda::LtGemmArgs a;
+  a.trans_a = g.trans_a;
+  a.trans_b = g.trans_b;
+  a.M = g.M;
+  a.N = g.N;
+  a.K = g.K;
+  a.alpha = g.alpha;
+  a.beta = g.beta;
+  a.A = g.A;
+  a.lda = g.lda;
+  a.B = g.B;
+  a.ldb = g.ldb;
+  a.C = g.C;
+  a.ldc = g.ldc;
+  a.ab_type = CUDA_R_16BF;
+  a.c_type = g.c_bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  a.compute = CUBLAS_COMPUTE_32F;
+  switch (g.epilogue) {
+    case GemmEpilogue::kNone: a.epilogue = CUBLASLT_EPILOGUE_DEFAULT; break;
+    case GemmEpilogue::kBias: a.epilogue = CUBLASLT_EPILOGUE_BIAS; break;
+    case GemmEpilogue::kGelu: a.epilogue = CUBLASLT_EPILOGUE_GELU; break;
+    case GemmEpilogue::kBiasGelu: a.epilogue = CUBLASLT_EPILOGUE_GELU_BIAS; break;
+  }
+  a.bias = bias ? g.bias : nullptr;
+  be->MakeCurrent();
+  return be->gemm().Run(a, be->stream()).WithContext("GemmBf16 on " + be->name());
+}
+
+}  // namespace l2l::kernels

@@ -1,0 +1,80 @@
+// The CUDA backend: kernels::Backend on one NVIDIA GPU (cuBLASLt GEMMs + our kernels in
+// kernels/cuda/*.cu), plus the extra bf16 entry points the optimised worker path uses.
+// This header exposes NO CUDA types, so kernels/backend.cc (the one place that registers
+// backends) and the GPU tests include it from plain C++; everything CUDA stays in
+// kernels/cuda/. Built only when CMake finds nvcc (L2L_HAVE_CUDA).
+//
+// Ownership: the returned Backend owns its device context use, a non-blocking compute
+// stream, a cuBLASLt handle with its workspace, and a scratch buffer some ops use
+// (column-sum partials, the embedding-backward sort). Memory from Alloc() is the
+// caller's to Free().
+// Thread-safety: as kernels::Backend, one thread at a time; the backend makes its device
+// current at the start of each call, so several backends may live in one process.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "common/status.h"
+#include "kernels/backend.h"
+
+namespace l2l::kernels {
+
+// How the fp32 Backend::Gemm computes. kFp32: CUBLAS_COMPUTE_32F (IEEE fp32, the
+// default; what the conformance test compares at fp32 tolerances). kTf32: inputs rounded
+// to TF32 (10-bit mantissa) on the tensor cores, fp32 accumulation; ~relative 1e-3
+// per product. Environment override: L2L_CUDA_GEMM=fp32|tf32.
+enum class CudaGemmPrecision { kFp32, kTf32 };
+
+struct CudaBackendOptions {
+  CudaGemmPrecision gemm = CudaGemmPrecision::kFp32;
+  // cuBLASLt workspace (32 MiB is NVIDIA's recommendation for Hopper).
+  size_t gemm_workspace_bytes = size_t{32} << 20;
+  // Scratch for column-sum partials and the embedding-backward sort; grows (with a
+  // device sync) if an op ever needs more.
+  size_t scratch_bytes = size_t{32} << 20;
+};
+
+// Number of CUDA devices visible (0 when there is no driver or no GPU; never fails).
+int CudaDeviceCount();
+
+// A CUDA backend on device `device` (0-based). Fails with a message naming the device
+// and the reason: no driver, no such device, out of memory for the workspace.
+Result<std::unique_ptr<Backend>> CreateCudaBackend(int device);
+Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, const CudaBackendOptions& options);
+
+// ---- bf16 entry points (the optimised path; fp32 accumulation everywhere) ----------
+// REQUIRES for all: `backend` came from CreateCudaBackend (else INVALID_ARGUMENT), and
+// pointers are its device memory. bf16 values are stored as uint16_t (the upper half of
+// an IEEE fp32). Work is queued on the backend's compute stream.
+
+// dst (n) = round-to-nearest-even bf16(src (n)).
+Status CastF32ToBf16(Backend& backend, uint16_t* dst, const float* src, int64_t n);
+// dst (n) = float(src (n)) (exact).
+Status CastBf16ToF32(Backend& backend, float* dst, const uint16_t* src, int64_t n);
+
+// cuBLASLt epilogues applied to the fp32 accumulator before the output is written.
+// kGelu is GELU with the tanh approximation, as cuBLASLt implements it.
+enum class GemmEpilogue { kNone, kBias, kGelu, kBiasGelu };
+
+// C (M,N) = epilogue(alpha * op(A) @ op(B) + beta * C [+ bias]), row-major, shapes and
+// leading dimensions as Backend::Gemm. A and B are bf16; C is fp32 (c_bf16 = false) or
+// bf16 (c_bf16 = true). bias (N) has C's dtype; it is added before the GELU.
+// beta must be 0 with a GELU epilogue.
+struct Bf16GemmArgs {
+  bool trans_a = false, trans_b = false;
+  int64_t M = 0, N = 0, K = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  const uint16_t* A = nullptr;  // (M,K) or (K,M) when trans_a
+  int64_t lda = 0;
+  const uint16_t* B = nullptr;  // (K,N) or (N,K) when trans_b
+  int64_t ldb = 0;
+  void* C = nullptr;            // (M,N) fp32 or bf16
+  int64_t ldc = 0;
+  bool c_bf16 = false;
+  GemmEpilogue epilogue = GemmEpilogue::kNone;
+  const void* bias = nullptr;   // (N), required by kBias / kBiasGelu
+};
+Status GemmBf16(Backend& backend, const Bf16GemmArgs& args);
+
+}  // namespace l2l::kernels

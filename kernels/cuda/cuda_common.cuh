@@ -1,0 +1,56 @@
+// Device helpers shared by our .cu files: launch-size arithmetic and warp/block
+// reductions. Internal to kernels/cuda. Thread-safety: stateless.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace l2l::kernels::cuda {
+
+inline constexpr int kThreads = 256;  // default block size for elementwise kernels
+
+// Blocks for a grid-stride loop over n items: enough to fill an H100 (132 SMs x 16
+// blocks of 256 threads) without launching millions of tiny blocks.
+inline unsigned GridFor(int64_t n, int threads = kThreads) {
+  int64_t blocks = (n + threads - 1) / threads;
+  if (blocks < 1) blocks = 1;
+  if (blocks > 132 * 16) blocks = 132 * 16;
+  return static_cast<unsigned>(blocks);
+}
+
+template <typename T>
+__device__ __forceinline__ T WarpSum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Block-wide reductions; every thread gets the result. REQUIRES blockDim.x a multiple
+// of 32 (<= 1024) and `smem` >= 32 elements. Fixed order, so deterministic.
+template <typename T>
+__device__ __forceinline__ T BlockSum(T v, T* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = WarpSum(v);
+  __syncthreads();  // smem may still be read by a previous reduction
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  v = lane < warps ? smem[lane] : T(0);
+  return WarpSum(v);
+}
+
+__device__ __forceinline__ float BlockMax(float v, float* smem) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = WarpMax(v);
+  __syncthreads();
+  if (lane == 0) smem[warp] = v;
+  __syncthreads();
+  v = lane < warps ? smem[lane] : -INFINITY;
+  return WarpMax(v);
+}
+
+}  // namespace l2l::kernels::cuda

@@ -1,0 +1,163 @@
+// Elementwise CUDA kernels (grid-stride loops, int64 indices): add/axpy/scale, GELU,
+// bias add, embedding forward, cross-entropy backward, f32<->bf16 casts. Launchers are
+// declared in ops.h; each takes its stream and checks the launch.
+#include <cuda_bf16.h>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace l2l::kernels::cuda {
+namespace {
+
+#define L2L_GRID_STRIDE(i, n) \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
+       i += int64_t{blockDim.x} * gridDim.x)
+
+__global__ void AddKernel(float* out, const float* a, const float* b, int64_t n) {
+  L2L_GRID_STRIDE(i, n) out[i] = a[i] + b[i];
+}
+
+__global__ void AxpyKernel(float* dst, const float* src, float alpha, int64_t n) {
+  L2L_GRID_STRIDE(i, n) dst[i] += alpha * src[i];
+}
+
+__global__ void ScaleKernel(float* x, float alpha, int64_t n) {
+  L2L_GRID_STRIDE(i, n) x[i] *= alpha;
+}
+
+__global__ void ScaleMatrixKernel(float* c, float alpha, int64_t rows, int64_t cols, int64_t ld) {
+  L2L_GRID_STRIDE(i, rows * cols) {
+    float& v = c[(i / cols) * ld + i % cols];
+    v = alpha == 0.0f ? 0.0f : v * alpha;  // beta == 0 means "do not read C" (BLAS)
+  }
+}
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+
+__global__ void GeluForwardKernel(float* out, const float* inp, int64_t n) {
+  L2L_GRID_STRIDE(i, n) {
+    float x = inp[i];
+    out[i] = 0.5f * x * (1.0f + tanhf(kGeluScale * (x + 0.044715f * x * x * x)));
+  }
+}
+
+__global__ void GeluBackwardKernel(float* dinp, const float* inp, const float* dout, int64_t n) {
+  L2L_GRID_STRIDE(i, n) {
+    float x = inp[i];
+    float u = kGeluScale * (x + 0.044715f * x * x * x);
+    float th = tanhf(u);
+    float sech2 = 1.0f - th * th;
+    float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+    dinp[i] += grad * dout[i];
+  }
+}
+
+__global__ void AddBiasKernel(float* out, const float* bias, int64_t N, int64_t OC) {
+  L2L_GRID_STRIDE(i, N * OC) out[i] += bias[i % OC];
+}
+
+__global__ void EmbeddingForwardKernel(float* out, const int32_t* tokens, const float* wte,
+                                       const float* wpe, int64_t T, int64_t C, int64_t total) {
+  L2L_GRID_STRIDE(i, total) {
+    int64_t row = i / C, c = i % C;  // row = b*T + t
+    int64_t t = row % T;
+    out[i] = wte[int64_t{tokens[row]} * C + c] + wpe[t * C + c];
+  }
+}
+
+__global__ void CrossEntropyBackwardKernel(float* dlogits, const float* probs,
+                                           const int32_t* targets, float scale, int64_t N,
+                                           int64_t V) {
+  L2L_GRID_STRIDE(i, N * V) {
+    int64_t row = i / V, col = i % V;
+    float onehot = col == targets[row] ? 1.0f : 0.0f;
+    dlogits[i] = scale * (probs[i] - onehot);
+  }
+}
+
+__global__ void CastF32ToBf16Kernel(__nv_bfloat16* dst, const float* src, int64_t n) {
+  L2L_GRID_STRIDE(i, n) dst[i] = __float2bfloat16_rn(src[i]);
+}
+
+__global__ void CastBf16ToF32Kernel(float* dst, const __nv_bfloat16* src, int64_t n) {
+  L2L_GRID_STRIDE(i, n) dst[i] = __bfloat162float(src[i]);
+}
+
+}  // namespace
+
+void LaunchAdd(float* out, const float* a, const float* b, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  AddKernel<<<GridFor(n), kThreads, 0, s>>>(out, a, b, n);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchAxpy(float* dst, const float* src, float alpha, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  AxpyKernel<<<GridFor(n), kThreads, 0, s>>>(dst, src, alpha, n);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchScale(float* x, float alpha, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  ScaleKernel<<<GridFor(n), kThreads, 0, s>>>(x, alpha, n);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchScaleMatrix(float* c, float alpha, int64_t rows, int64_t cols, int64_t ld,
+                       cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return;
+  ScaleMatrixKernel<<<GridFor(rows * cols), kThreads, 0, s>>>(c, alpha, rows, cols, ld);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchGeluForward(float* out, const float* inp, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  GeluForwardKernel<<<GridFor(n), kThreads, 0, s>>>(out, inp, n);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchGeluBackward(float* dinp, const float* inp, const float* dout, int64_t n,
+                        cudaStream_t s) {
+  if (n <= 0) return;
+  GeluBackwardKernel<<<GridFor(n), kThreads, 0, s>>>(dinp, inp, dout, n);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchAddBias(float* out, const float* bias, int64_t N, int64_t OC, cudaStream_t s) {
+  if (N <= 0 || OC <= 0) return;
+  AddBiasKernel<<<GridFor(N * OC), kThreads, 0, s>>>(out, bias, N, OC);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchEmbeddingForward(float* out, const int32_t* tokens, const float* wte,
+                            const float* wpe, int64_t B, int64_t T, int64_t C, cudaStream_t s) {
+  int64_t total = B * T * C;
+  if (total <= 0) return;
+  EmbeddingForwardKernel<<<GridFor(total), kThreads, 0, s>>>(out, tokens, wte, wpe, T, C, total);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchCrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
+                                float scale, int64_t N, int64_t V, cudaStream_t s) {
+  if (N <= 0 || V <= 0) return;
+  CrossEntropyBackwardKernel<<<GridFor(N * V), kThreads, 0, s>>>(dlogits, probs, targets, scale,
+                                                                N, V);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchCastF32ToBf16(uint16_t* dst, const float* src, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  CastF32ToBf16Kernel<<<GridFor(n), kThreads, 0, s>>>(reinterpret_cast<__nv_bfloat16*>(dst), src,
+                                                     n);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchCastBf16ToF32(float* dst, const uint16_t* src, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  CastBf16ToF32Kernel<<<GridFor(n), kThreads, 0, s>>>(
+      dst, reinterpret_cast<const __nv_bfloat16*>(src), n);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace l2l::kernels::cuda

@@ -1,0 +1,84 @@
+// Host launchers of our CUDA kernels (the __global__ kernels themselves are file-local in
+// elementwise.cu, reduce.cu, softmax.cu, embedding_backward.cu). Shapes follow
+// kernels/backend.h: N rows, C channels, V vocab, T time, B batch, NH heads.
+// Every launcher takes its stream, queues work on it and returns; a launch failure
+// aborts through L2L_CUDA_CHECK_LAUNCH (after each launch).
+//
+// Internal to kernels/cuda: exposes CUDA types.
+// Thread-safety: stateless; callers serialise use of a stream.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace l2l::kernels::cuda {
+
+// ---- elementwise.cu -----------------------------------------------------------------
+void LaunchAdd(float* out, const float* a, const float* b, int64_t n, cudaStream_t s);
+void LaunchAxpy(float* dst, const float* src, float alpha, int64_t n, cudaStream_t s);
+void LaunchScale(float* x, float alpha, int64_t n, cudaStream_t s);
+// C (rows, cols) with leading dimension ld: C *= alpha (the K == 0 case of a GEMM).
+void LaunchScaleMatrix(float* c, float alpha, int64_t rows, int64_t cols, int64_t ld,
+                       cudaStream_t s);
+void LaunchGeluForward(float* out, const float* inp, int64_t n, cudaStream_t s);
+void LaunchGeluBackward(float* dinp, const float* inp, const float* dout, int64_t n,
+                        cudaStream_t s);
+// out (N,OC) += bias (OC).
+void LaunchAddBias(float* out, const float* bias, int64_t N, int64_t OC, cudaStream_t s);
+// out (B,T,C) = wte[tokens] + wpe[t].
+void LaunchEmbeddingForward(float* out, const int32_t* tokens, const float* wte,
+                            const float* wpe, int64_t B, int64_t T, int64_t C, cudaStream_t s);
+// dlogits (N,V) = scale * (probs - onehot(targets)); may alias probs.
+void LaunchCrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
+                                float scale, int64_t N, int64_t V, cudaStream_t s);
+// bf16 stored as uint16_t; round to nearest even.
+void LaunchCastF32ToBf16(uint16_t* dst, const float* src, int64_t n, cudaStream_t s);
+void LaunchCastBf16ToF32(float* dst, const uint16_t* src, int64_t n, cudaStream_t s);
+
+// ---- reduce.cu -------------------------------------------------------------------
+// Deterministic column sums: `groups` blocks of rows each write a partial row of sums to
+// `scratch` (groups, cols), then one pass adds the partials in a fixed order. This says
+// how many row groups to use for N rows (1..64).
+int64_t ColumnSumGroups(int64_t N);
+// dbias (OC) += column sums of dout (N,OC). scratch: >= groups*OC floats.
+void LaunchBiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, float* scratch,
+                        int64_t groups, cudaStream_t s);
+// out (N,C), mean (N), rstd (N); eps 1e-5.
+void LaunchLayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                            const float* weight, const float* bias, int64_t N, int64_t C,
+                            cudaStream_t s);
+// dinp (N,C) +=, dweight (C) +=, dbias (C) +=. scratch: >= 2*groups*C floats.
+void LaunchLayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                             const float* inp, const float* weight, const float* mean,
+                             const float* rstd, int64_t N, int64_t C, float* scratch,
+                             int64_t groups, cudaStream_t s);
+// *result (device double) = sum of x[i]^2 in double, fixed reduction order.
+// scratch: >= kSumSquaresBlocks doubles.
+inline constexpr int kSumSquaresBlocks = 264;
+void LaunchSumSquares(double* result, const float* x, int64_t n, double* scratch, cudaStream_t s);
+
+// ---- softmax.cu -------------------------------------------------------------------
+// att (rows, T, T) in place, rows = B*NH: row t keeps softmax over j <= t of att[t, j]
+// (already scaled), zeros for j > t.
+void LaunchCausalSoftmaxForward(float* att, int64_t rows, int64_t T, cudaStream_t s);
+// datt (rows,T,T) in place: datt = scale * att * (datt - sum_j att*datt), zero for j > t.
+void LaunchCausalSoftmaxBackward(float* datt, const float* att, int64_t rows, int64_t T,
+                                 float scale, cudaStream_t s);
+// losses (N), probs (N,V) from logits (N,V), targets (N). A target outside [0,V) gives a
+// NaN loss (the kernel cannot return an error).
+void LaunchCrossEntropyForward(float* losses, float* probs, const float* logits,
+                               const int32_t* targets, int64_t N, int64_t V, cudaStream_t s);
+
+// ---- embedding_backward.cu ---------------------------------------------------------
+// Scratch bytes the deterministic embedding backward needs for N = B*T tokens.
+size_t EmbeddingBackwardScratchBytes(int64_t N);
+// dwte (V,C) += rows of dout gathered by token, summed in position order per token
+// (a stable radix sort groups positions by token; deterministic); dwpe (>=T,C) += sum
+// over the batch. scratch: EmbeddingBackwardScratchBytes(B*T) bytes, 256-aligned.
+void LaunchEmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
+                             int64_t B, int64_t T, int64_t C, void* scratch, size_t scratch_bytes,
+                             cudaStream_t s);
+
+}  // namespace l2l::kernels::cuda

@@ -1,0 +1,218 @@
+// Reduction kernels: bias backward (column sums), LayerNorm forward/backward (one warp
+// per row; parameter gradients as column sums), sum of squares in double. Every
+// reduction runs in a fixed order (partials per block, then a fixed-order pass), so the
+// results are bitwise reproducible run to run; no atomics. Launchers in ops.h.
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace l2l::kernels::cuda {
+namespace {
+
+constexpr int kColTile = 32;   // columns per block (one warp-wide coalesced row segment)
+constexpr int kRowLanes = 8;   // rows processed in parallel per block
+constexpr float kLnEps = 1e-5f;
+
+// partial (groups, cols): partial[g, c] = sum over rows of group g of dout[r, c].
+// grid (ceil(cols/32), groups), block (32, 8).
+__global__ void ColumnSumPartialKernel(float* partial, const float* dout, int64_t N, int64_t cols,
+                                       int64_t rows_per_group) {
+  __shared__ float smem[kRowLanes][kColTile + 1];
+  const int64_t c = blockIdx.x * int64_t{kColTile} + threadIdx.x;
+  const int64_t r0 = blockIdx.y * rows_per_group;
+  const int64_t r1 = min(N, r0 + rows_per_group);
+  float acc = 0.0f;
+  if (c < cols) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) acc += dout[r * cols + c];
+  }
+  smem[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float sum = 0.0f;
+    for (int i = 0; i < kRowLanes; ++i) sum += smem[i][threadIdx.x];
+    partial[blockIdx.y * cols + c] = sum;
+  }
+}
+
+// dst (cols) += sum over g of partial (groups, cols), g in order.
+__global__ void ColumnSumFinalKernel(float* dst, const float* partial, int64_t groups,
+                                     int64_t cols) {
+  for (int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; c < cols;
+       c += int64_t{blockDim.x} * gridDim.x) {
+    float sum = 0.0f;
+    for (int64_t g = 0; g < groups; ++g) sum += partial[g * cols + c];
+    dst[c] += sum;
+  }
+}
+
+// One warp per row. block 256 = 8 rows.
+__global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, const float* inp,
+                                       const float* weight, const float* bias, int64_t N,
+                                       int64_t C) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t{blockDim.x / 32} + (threadIdx.x >> 5);
+  if (row >= N) return;  // whole warp leaves together
+  const float* x = inp + row * C;
+  float s = 0.0f;
+  for (int64_t c = lane; c < C; c += 32) s += x[c];
+  const float m = WarpSum(s) / static_cast<float>(C);
+  float v = 0.0f;
+  for (int64_t c = lane; c < C; c += 32) {
+    float d = x[c] - m;
+    v += d * d;
+  }
+  const float r = 1.0f / sqrtf(WarpSum(v) / static_cast<float>(C) + kLnEps);
+  float* y = out + row * C;
+  for (int64_t c = lane; c < C; c += 32) y[c] = (x[c] - m) * r * weight[c] + bias[c];
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+// dinp += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight. Warp per row.
+__global__ void LayerNormBackwardInputKernel(float* dinp, const float* dout, const float* inp,
+                                             const float* weight, const float* mean,
+                                             const float* rstd, int64_t N, int64_t C) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = blockIdx.x * int64_t{blockDim.x / 32} + (threadIdx.x >> 5);
+  if (row >= N) return;
+  const float* x = inp + row * C;
+  const float* dy = dout + row * C;
+  const float m = mean[row], r = rstd[row];
+  float sg = 0.0f, sgx = 0.0f;
+  for (int64_t c = lane; c < C; c += 32) {
+    float g = dy[c] * weight[c];
+    sg += g;
+    sgx += g * (x[c] - m) * r;
+  }
+  sg = WarpSum(sg) / static_cast<float>(C);
+  sgx = WarpSum(sgx) / static_cast<float>(C);
+  float* dx = dinp + row * C;
+  for (int64_t c = lane; c < C; c += 32) {
+    float xhat = (x[c] - m) * r;
+    dx[c] += r * (dy[c] * weight[c] - sg - xhat * sgx);
+  }
+}
+
+// partial (2, groups, C): [0] sums of dout * xhat (dweight), [1] sums of dout (dbias).
+__global__ void LayerNormParamGradPartialKernel(float* partial, const float* dout,
+                                                const float* inp, const float* mean,
+                                                const float* rstd, int64_t N, int64_t C,
+                                                int64_t rows_per_group) {
+  __shared__ float sw[kRowLanes][kColTile + 1];
+  __shared__ float sb[kRowLanes][kColTile + 1];
+  const int64_t c = blockIdx.x * int64_t{kColTile} + threadIdx.x;
+  const int64_t r0 = blockIdx.y * rows_per_group;
+  const int64_t r1 = min(N, r0 + rows_per_group);
+  float aw = 0.0f, ab = 0.0f;
+  if (c < C) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
+      float dy = dout[r * C + c];
+      aw += dy * (inp[r * C + c] - mean[r]) * rstd[r];
+      ab += dy;
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = aw;
+  sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float w = 0.0f, b = 0.0f;
+    for (int i = 0; i < kRowLanes; ++i) {
+      w += sw[i][threadIdx.x];
+      b += sb[i][threadIdx.x];
+    }
+    const int64_t groups = gridDim.y;
+    partial[blockIdx.y * C + c] = w;
+    partial[(groups + blockIdx.y) * C + c] = b;
+  }
+}
+
+__global__ void SumSquaresPartialKernel(double* partial, const float* x, int64_t n) {
+  __shared__ double smem[32];
+  double acc = 0.0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{blockDim.x} * gridDim.x) {
+    double v = x[i];
+    acc += v * v;
+  }
+  acc = BlockSum(acc, smem);
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc;
+}
+
+__global__ void SumSquaresFinalKernel(double* result, const double* partial, int parts) {
+  __shared__ double smem[32];
+  double acc = 0.0;
+  for (int i = threadIdx.x; i < parts; i += blockDim.x) acc += partial[i];
+  acc = BlockSum(acc, smem);
+  if (threadIdx.x == 0) *result = acc;
+}
+
+void LaunchColumnPartial(const float* dout, int64_t N, int64_t cols, float* scratch,
+                         int64_t groups, cudaStream_t s) {
+  const int64_t rows_per_group = (N + groups - 1) / groups;
+  dim3 grid(static_cast<unsigned>((cols + kColTile - 1) / kColTile), static_cast<unsigned>(groups));
+  ColumnSumPartialKernel<<<grid, dim3(kColTile, kRowLanes), 0, s>>>(scratch, dout, N, cols,
+                                                                   rows_per_group);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchColumnFinal(float* dst, const float* partial, int64_t groups, int64_t cols,
+                       cudaStream_t s) {
+  ColumnSumFinalKernel<<<GridFor(cols), kThreads, 0, s>>>(dst, partial, groups, cols);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+int64_t ColumnSumGroups(int64_t N) {
+  // ~64 rows per group amortises the partial write; at most 64 groups keeps the final
+  // pass short and the scratch small (64 x cols floats).
+  int64_t g = (N + 63) / 64;
+  return g < 1 ? 1 : (g > 64 ? 64 : g);
+}
+
+void LaunchBiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, float* scratch,
+                        int64_t groups, cudaStream_t s) {
+  if (N <= 0 || OC <= 0) return;
+  LaunchColumnPartial(dout, N, OC, scratch, groups, s);
+  LaunchColumnFinal(dbias, scratch, groups, OC, s);
+}
+
+void LaunchLayerNormForward(float* out, float* mean, float* rstd, const float* inp,
+                            const float* weight, const float* bias, int64_t N, int64_t C,
+                            cudaStream_t s) {
+  if (N <= 0 || C <= 0) return;
+  const int rows_per_block = kThreads / 32;
+  LayerNormForwardKernel<<<static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block),
+                           kThreads, 0, s>>>(out, mean, rstd, inp, weight, bias, N, C);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchLayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
+                             const float* inp, const float* weight, const float* mean,
+                             const float* rstd, int64_t N, int64_t C, float* scratch,
+                             int64_t groups, cudaStream_t s) {
+  if (N <= 0 || C <= 0) return;
+  const int rows_per_block = kThreads / 32;
+  LayerNormBackwardInputKernel<<<static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block),
+                                 kThreads, 0, s>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+  L2L_CUDA_CHECK_LAUNCH();
+  const int64_t rows_per_group = (N + groups - 1) / groups;
+  dim3 grid(static_cast<unsigned>((C + kColTile - 1) / kColTile), static_cast<unsigned>(groups));
+  LayerNormParamGradPartialKernel<<<grid, dim3(kColTile, kRowLanes), 0, s>>>(
+      scratch, dout, inp, mean, rstd, N, C, rows_per_group);
+  L2L_CUDA_CHECK_LAUNCH();
+  LaunchColumnFinal(dweight, scratch, groups, C, s);
+  LaunchColumnFinal(dbias, scratch + groups * C, groups, C, s);
+}
+
+void LaunchSumSquares(double* result, const float* x, int64_t n, double* scratch,
+                      cudaStream_t s) {
+  SumSquaresPartialKernel<<<kSumSquaresBlocks, kThreads, 0, s>>>(scratch, x, n);
+  L2L_CUDA_CHECK_LAUNCH();
+  SumSquaresFinalKernel<<<1, kThreads, 0, s>>>(result, scratch, kSumSquaresBlocks);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace l2l::kernels::cuda

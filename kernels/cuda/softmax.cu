@@ -1,0 +1,95 @@
+// Softmax kernels: the causal softmax of attention (forward and backward, one warp per
+// row of the (B*NH*T, T) score matrix, in place) and the fused softmax + cross-entropy
+// of the LM head (one block per row of V logits). Launchers in ops.h.
+#include <cmath>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace l2l::kernels::cuda {
+namespace {
+
+// att (R*T, T) with R = B*NH: row r is query t = r % T. In place; j > t becomes 0.
+__global__ void CausalSoftmaxForwardKernel(float* att, int64_t total_rows, int64_t T) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = blockIdx.x * int64_t{blockDim.x / 32} + (threadIdx.x >> 5);
+  if (r >= total_rows) return;  // whole warp leaves together
+  const int64_t t = r % T;
+  float* p = att + r * T;
+  float mx = -INFINITY;
+  for (int64_t j = lane; j <= t; j += 32) mx = fmaxf(mx, p[j]);
+  mx = WarpMax(mx);
+  float sum = 0.0f;
+  for (int64_t j = lane; j <= t; j += 32) sum += expf(p[j] - mx);
+  const float inv = 1.0f / WarpSum(sum);
+  for (int64_t j = lane; j < T; j += 32) p[j] = j <= t ? expf(p[j] - mx) * inv : 0.0f;
+}
+
+// datt = scale * att * (datt - <att, datt>) on j <= t, 0 past t. In place on datt.
+__global__ void CausalSoftmaxBackwardKernel(float* datt, const float* att, int64_t total_rows,
+                                            int64_t T, float scale) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = blockIdx.x * int64_t{blockDim.x / 32} + (threadIdx.x >> 5);
+  if (r >= total_rows) return;
+  const int64_t t = r % T;
+  float* d = datt + r * T;
+  const float* p = att + r * T;
+  float dot = 0.0f;
+  for (int64_t j = lane; j <= t; j += 32) dot += p[j] * d[j];
+  dot = WarpSum(dot);
+  for (int64_t j = lane; j < T; j += 32) d[j] = j <= t ? scale * p[j] * (d[j] - dot) : 0.0f;
+}
+
+// One block per row. probs may alias logits: every read of the row happens before the
+// last block reduction's barrier, every write after it.
+__global__ void CrossEntropyForwardKernel(float* losses, float* probs, const float* logits,
+                                          const int32_t* targets, int64_t V) {
+  __shared__ float smem[32];
+  const int64_t row = blockIdx.x;
+  const float* x = logits + row * V;
+  const int32_t target = targets[row];
+  const bool valid = target >= 0 && target < V;
+  const float xt = (threadIdx.x == 0 && valid) ? x[target] : 0.0f;
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, x[j]);
+  mx = BlockMax(mx, smem);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) sum += expf(x[j] - mx);
+  sum = BlockSum(sum, smem);
+  const float inv = 1.0f / sum;
+  float* p = probs + row * V;
+  for (int64_t j = threadIdx.x; j < V; j += blockDim.x) p[j] = expf(x[j] - mx) * inv;
+  if (threadIdx.x == 0) losses[row] = valid ? logf(sum) - (xt - mx) : NAN;
+}
+
+unsigned WarpRowBlocks(int64_t rows) {
+  const int64_t per_block = kThreads / 32;
+  return static_cast<unsigned>((rows + per_block - 1) / per_block);
+}
+
+}  // namespace
+
+void LaunchCausalSoftmaxForward(float* att, int64_t rows, int64_t T, cudaStream_t s) {
+  if (rows <= 0 || T <= 0) return;
+  CausalSoftmaxForwardKernel<<<WarpRowBlocks(rows * T), kThreads, 0, s>>>(att, rows * T, T);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchCausalSoftmaxBackward(float* datt, const float* att, int64_t rows, int64_t T,
+                                 float scale, cudaStream_t s) {
+  if (rows <= 0 || T <= 0) return;
+  CausalSoftmaxBackwardKernel<<<WarpRowBlocks(rows * T), kThreads, 0, s>>>(datt, att, rows * T,
+                                                                          T, scale);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchCrossEntropyForward(float* losses, float* probs, const float* logits,
+                               const int32_t* targets, int64_t N, int64_t V, cudaStream_t s) {
+  if (N <= 0 || V <= 0) return;
+  CrossEntropyForwardKernel<<<static_cast<unsigned>(N), 512, 0, s>>>(losses, probs, logits,
+                                                                    targets, V);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace l2l::kernels::cuda

@@ -1,0 +1,248 @@
+// Tests for common/config.h and common/yaml_util.h: the shipped configs load with the
+// shapes their names promise, a config survives JobConfigToYaml -> ParseJobConfig, every
+// kind of bad input is rejected with a message naming the file:line and the key path,
+// presets resolve as documented, and --set overrides apply with the same checks.
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include <catch2/catch.hpp>
+
+#include "common/config.h"
+#include "tests/common/temp_dir.h"
+
+namespace l2l {
+namespace {
+
+using testing::TempDir;
+
+const std::string kConfigs = std::string(L2L_SOURCE_DIR) + "/configs";
+
+// Expects `r` to fail with a message containing every one of `needles`.
+const Status& StatusOf(const Status& s) { return s; }
+template <typename T>
+const Status& StatusOf(const Result<T>& r) { return r.status(); }
+
+template <typename R>
+void ExpectError(const R& r, std::initializer_list<std::string> needles) {
+  REQUIRE_FALSE(r.ok());
+  const std::string msg = StatusOf(r).message();
+  INFO("message: " << msg);
+  for (const std::string& n : needles) CHECK(msg.find(n) != std::string::npos);
+}
+
+Result<JobConfig> ParseIn(const TempDir& dir, const std::string& text) {
+  return LoadJobConfig(dir.Write("job.yaml", text));
+}
+
+void RequireEqual(const JobConfig& a, const JobConfig& b) {
+  REQUIRE(a.model == b.model);
+  CHECK(a.optim.lr == b.optim.lr);
+  CHECK(a.optim.min_lr_ratio == b.optim.min_lr_ratio);
+  CHECK(a.optim.warmup_steps == b.optim.warmup_steps);
+  CHECK(a.optim.total_steps == b.optim.total_steps);
+  CHECK(a.optim.beta1 == b.optim.beta1);
+  CHECK(a.optim.beta2 == b.optim.beta2);
+  CHECK(a.optim.eps == b.optim.eps);
+  CHECK(a.optim.weight_decay == b.optim.weight_decay);
+  CHECK(a.optim.grad_clip == b.optim.grad_clip);
+  CHECK(a.train.steps == b.train.steps);
+  CHECK(a.train.micro_batch_size == b.train.micro_batch_size);
+  CHECK(a.train.micro_batches == b.train.micro_batches);
+  CHECK(a.train.seq_len == b.train.seq_len);
+  CHECK(a.train.seed == b.train.seed);
+  CHECK(a.train.log_every == b.train.log_every);
+  CHECK(a.train.checkpoint_every == b.train.checkpoint_every);
+  CHECK(a.train.mode == b.train.mode);
+  CHECK(a.train.staleness == b.train.staleness);
+  CHECK(a.train.clip == b.train.clip);
+  CHECK(a.train.stash == b.train.stash);
+  CHECK(a.data.train_path == b.data.train_path);
+  CHECK(a.data.val_path == b.data.val_path);
+  CHECK(a.publish_dtype == b.publish_dtype);
+}
+
+}  // namespace
+
+TEST_CASE("Shipped model presets load with the shapes their names promise", "[config]") {
+  struct Want {
+    const char* name;
+    ModelSpec spec;
+  };
+  const Want wants[] = {
+      {"tiny", {256, 32, 32, 2, 2, 128, true}},
+      {"small", {256, 128, 128, 4, 4, 512, true}},
+      {"gpt2-small", {50257, 1024, 768, 12, 12, 3072, true}},
+      {"gpt2-medium", {50257, 1024, 1024, 24, 16, 4096, true}},
+      {"gpt2-large", {50257, 1024, 1280, 36, 20, 5120, true}},
+      {"gpt2-xl", {50257, 1024, 1600, 48, 25, 6400, true}},
+      {"6.7b", {50257, 2048, 4096, 32, 32, 16384, true}},
+  };
+  for (const Want& w : wants) {
+    INFO(w.name);
+    Result<JobConfig> cfg = LoadJobConfig(kConfigs + "/models/" + w.name + ".yaml");
+    REQUIRE(cfg.ok());
+    CHECK(cfg->model == w.spec);
+  }
+  // GPT-2 small has the well-known 124,439,808 parameters (tied embeddings).
+  CHECK(LoadJobConfig(kConfigs + "/models/gpt2-small.yaml")->model.NumParams() == 124439808);
+}
+
+TEST_CASE("Shipped job configs load; quickstart uses the small preset and resolves data paths", "[config]") {
+  Result<JobConfig> q = LoadJobConfig(kConfigs + "/quickstart.yaml");
+  INFO(q.status().ToString());
+  REQUIRE(q.ok());
+  CHECK(q->model == ModelSpec{256, 128, 128, 4, 4, 512, true});
+  CHECK(std::filesystem::path(q->data.train_path).is_absolute());
+  CHECK(q->data.train_path ==
+        std::filesystem::weakly_canonical(kConfigs + "/../data/quickstart/train.bin").lexically_normal().string());
+  Result<JobConfig> t = LoadJobConfig(kConfigs + "/test-tiny.yaml");
+  INFO(t.status().ToString());
+  REQUIRE(t.ok());
+  CHECK(t->model == ModelSpec{256, 32, 32, 2, 2, 128, true});
+}
+
+TEST_CASE("A job config survives JobConfigToYaml -> ParseJobConfig unchanged", "[config]") {
+  TempDir dir;
+  Result<JobConfig> a = ParseIn(dir, R"(
+model: {vocab_size: 300, seq_len: 48, d_model: 36, n_layer: 3, n_head: 6, d_ff: 100, tied_embeddings: false}
+optim: {lr: 3.3e-4, min_lr_ratio: 0.07, warmup_steps: 11, total_steps: 999, beta1: 0.85, beta2: 0.999,
+        eps: 1.0e-7, weight_decay: 0.01, grad_clip: -1}
+train: {steps: 77, micro_batch_size: 3, micro_batches: 5, seq_len: 40, seed: 18446744073709551615,
+        log_every: 7, checkpoint_every: 20, mode: lockfree, staleness: 2, clip: per_layer, stash: host}
+data: {train_path: "tok ens/train.bin", val_path: /abs/val.bin}
+publish_dtype: bf16
+)");
+  INFO(a.status().ToString());
+  REQUIRE(a.ok());
+  CHECK(a->optim.lr == 3.3e-4f);
+  CHECK(a->train.seed == 18446744073709551615ull);
+  CHECK(a->data.train_path == dir.File("tok ens/train.bin"));
+  CHECK(a->data.val_path == "/abs/val.bin");
+  CHECK(a->publish_dtype == DType::kBF16);
+  CHECK(a->seq_len() == 40);
+  const std::string text = JobConfigToYaml(*a);
+  Result<JobConfig> b = ParseJobConfig(text, "<roundtrip>", "/elsewhere");
+  INFO(text);
+  REQUIRE(b.ok());
+  RequireEqual(*a, *b);
+  // And the defaults round-trip too.
+  Result<JobConfig> d = ParseJobConfig(JobConfigToYaml(JobConfig{}), "<defaults>");
+  REQUIRE(d.ok());
+  RequireEqual(JobConfig{}, *d);
+}
+
+TEST_CASE("Malformed YAML is rejected with the parser's file:line", "[config][errors]") {
+  TempDir dir;
+  auto r = ParseIn(dir, "train:\n  steps: 5\n  mode: [sync\n");
+  ExpectError(r, {dir.File("job.yaml") + ":", "malformed YAML"});
+  ExpectError(ParseJobConfig("a: b: c", "<text>"), {"<text>:1:", "malformed YAML"});
+}
+
+TEST_CASE("Unknown keys are rejected naming the key path and line", "[config][errors]") {
+  TempDir dir;
+  ExpectError(ParseIn(dir, "train:\n  steps: 5\n  stpes: 6\n"),
+              {dir.File("job.yaml") + ":3", "unknown key train.stpes", "steps"});
+  ExpectError(ParseIn(dir, "# comment\ntrainer:\n  steps: 5\n"), {"job.yaml:2", "unknown key trainer"});
+  ExpectError(ParseIn(dir, "model:\n  d_model: 32\n  heads: 4\n"), {"job.yaml:3", "unknown key model.heads"});
+}
+
+TEST_CASE("A model whose n_head does not divide d_model is rejected at the model section", "[config][errors]") {
+  TempDir dir;
+  ExpectError(ParseIn(dir, "train:\n  steps: 5\nmodel:\n  d_model: 30\n  n_head: 4\n"),
+              {dir.File("job.yaml") + ":3", "n_head=4", "d_model=30"});
+  // Also when the divisibility is broken by a key overriding a preset.
+  ExpectError(ParseIn(dir, "model:\n  preset: " + kConfigs + "/models/tiny.yaml\n  n_head: 5\n"),
+              {"job.yaml:1", "n_head=5", "d_model=32"});
+}
+
+TEST_CASE("Zero and negative values are rejected naming key, value and line", "[config][errors]") {
+  TempDir dir;
+  ExpectError(ParseIn(dir, "train:\n  micro_batch_size: 0\n"),
+              {"job.yaml:2", "train.micro_batch_size", "'0'", "integer >= 1"});
+  ExpectError(ParseIn(dir, "optim:\n  lr: 1e-3\n  eps: -1e-8\n"), {"job.yaml:3", "optim.eps", "'-1e-8'", "> 0"});
+  ExpectError(ParseIn(dir, "model:\n  n_layer: -2\n"), {"job.yaml:2", "model.n_layer", "'-2'"});
+  ExpectError(ParseIn(dir, "optim:\n  beta2: 1.0\n"), {"job.yaml:2", "optim.beta2", "[0, 1)"});
+  ExpectError(ParseIn(dir, "model:\n  seq_len: 16\ntrain:\n  seq_len: 17\n"),
+              {"job.yaml:4", "train.seq_len=17", "model.seq_len=16"});
+}
+
+TEST_CASE("Values of the wrong type are rejected naming key, value and expected type", "[config][errors]") {
+  TempDir dir;
+  ExpectError(ParseIn(dir, "train:\n  steps: five\n"), {"job.yaml:2", "train.steps", "'five'", "integer"});
+  ExpectError(ParseIn(dir, "train:\n  steps: 1.5\n"), {"job.yaml:2", "train.steps", "'1.5'"});
+  ExpectError(ParseIn(dir, "train:\n  steps: 99999999999999999999\n"), {"train.steps", "99999999999999999999"});
+  ExpectError(ParseIn(dir, "model:\n  tied_embeddings: maybe\n"),
+              {"job.yaml:2", "model.tied_embeddings", "'maybe'", "true or false"});
+  ExpectError(ParseIn(dir, "optim:\n  lr: [1, 2]\n"), {"job.yaml:2", "optim.lr", "a list"});
+  ExpectError(ParseIn(dir, "optim:\n  lr: .nan\n"), {"optim.lr", ".nan"});
+  ExpectError(ParseIn(dir, "train: 5\n"), {"job.yaml:1", "train", "expected a map"});
+  ExpectError(ParseIn(dir, "train:\n  mode: async\n"), {"job.yaml:2", "train.mode", "'async'", "sync, lockfree"});
+  ExpectError(ParseIn(dir, "publish_dtype: f64\n"), {"job.yaml:1", "publish_dtype", "'f64'"});
+  ExpectError(ParseIn(dir, "train:\n  steps: 1\n  steps: 2\n"), {"job.yaml:3", "duplicate key train.steps"});
+  ExpectError(ParseIn(dir, "- a\n- b\n"), {"expected a map"});
+}
+
+TEST_CASE("Presets resolve beside the config, via L2L_CONFIG_DIR, or fail listing the paths tried", "[config]") {
+  TempDir dir;
+  dir.Write("models/mine.yaml", "model:\n  vocab_size: 100\n  d_model: 24\n  n_head: 3\n  n_layer: 1\n");
+  Result<JobConfig> a = ParseIn(dir, "model:\n  preset: mine\n  n_layer: 5\n");
+  INFO(a.status().ToString());
+  REQUIRE(a.ok());
+  CHECK(a->model.vocab_size == 100);
+  CHECK(a->model.d_model == 24);
+  CHECK(a->model.n_layer == 5);  // the job's key wins over the preset's
+
+  ExpectError(ParseIn(dir, "model:\n  preset: nosuch\n"), {"job.yaml:2", "model.preset", "nosuch", "tried"});
+  ExpectError(ParseIn(dir, "model:\n  preset: ../etc\n"), {"model.preset"});
+  dir.Write("models/bad.yaml", "model:\n  d_modle: 24\n");
+  ExpectError(ParseIn(dir, "model:\n  preset: bad\n"), {"job.yaml:2", "bad.yaml:2", "unknown key model.d_modle"});
+  dir.Write("models/loop.yaml", "model:\n  preset: mine\n");
+  ExpectError(ParseIn(dir, "model:\n  preset: loop\n"), {"cannot name another preset"});
+
+  TempDir other;
+  other.Write("models/envonly.yaml", "model:\n  d_model: 48\n");
+  ::setenv("L2L_CONFIG_DIR", other.path().c_str(), 1);
+  Result<JobConfig> e = ParseIn(dir, "model:\n  preset: envonly\n");
+  ::unsetenv("L2L_CONFIG_DIR");
+  INFO(e.status().ToString());
+  REQUIRE(e.ok());
+  CHECK(e->model.d_model == 48);
+}
+
+TEST_CASE("Overrides apply with the same checks and leave the config unchanged on error", "[config]") {
+  JobConfig cfg;
+  cfg.model = ModelSpec{256, 32, 32, 2, 2, 128, true};
+  REQUIRE(ApplyOverride(&cfg, "train.steps=5").ok());
+  CHECK(cfg.train.steps == 5);
+  REQUIRE(ApplyOverride(&cfg, "optim.lr=2e-4").ok());
+  CHECK(cfg.optim.lr == 2e-4f);
+  REQUIRE(ApplyOverride(&cfg, "publish_dtype=bf16").ok());
+  CHECK(cfg.publish_dtype == DType::kBF16);
+  REQUIRE(ApplyOverride(&cfg, "data.train_path=/x/y.bin").ok());
+  CHECK(cfg.data.train_path == "/x/y.bin");
+
+  const JobConfig before = cfg;
+  ExpectError(ApplyOverride(&cfg, "train.steps=abc"), {"train.steps", "'abc'", "integer"});
+  ExpectError(ApplyOverride(&cfg, "train.stepz=3"), {"unknown key train.stepz"});
+  ExpectError(ApplyOverride(&cfg, "model.n_head=5"), {"n_head=5", "d_model=32"});
+  ExpectError(ApplyOverride(&cfg, "train.seq_len=64"), {"train.seq_len=64", "model.seq_len=32"});
+  ExpectError(ApplyOverride(&cfg, "steps"), {"section.key=value"});
+  ExpectError(ApplyOverride(&cfg, "a.b.c=1"), {"section.key=value"});
+  RequireEqual(before, cfg);
+}
+
+TEST_CASE("JobConfig::Validate catches bad values set in code", "[config][errors]") {
+  JobConfig cfg;
+  REQUIRE(cfg.Validate().ok());
+  cfg.train.micro_batches = 0;
+  CHECK(cfg.Validate().message().find("train.micro_batches=0") != std::string::npos);
+  cfg = JobConfig{};
+  cfg.train.mode = "fast";
+  CHECK(cfg.Validate().message().find("train.mode=fast") != std::string::npos);
+  cfg = JobConfig{};
+  cfg.model.n_head = 3;
+  CHECK(cfg.Validate().message().find("n_head") != std::string::npos);
+}
+
+}  // namespace l2l

@@ -1,0 +1,439 @@
+// Relay tests against the in-process FakeEps: the layer-to-layer relay (forward layer by
+// layer over all micro-batches, recomputing backward, per-layer gradient pushes, tied
+// wte) must train exactly like ordinary mini-batch training (worker/reference_trainer.h)
+// on the same data, initialisation and micro-batching; in lock-free mode it must never
+// compute with a layer older than the staleness bound.
+//
+// Tolerance for "equal": every weight after K steps satisfies
+//   |relay - reference| <= kAtol + kRtol * |reference|,  kRtol = 1e-5, kAtol = 1e-7
+// (fp32; the two sum micro-batch gradients in a different order and scale the loss at a
+// different point, so they are not bit-identical).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/dtype.h"
+#include "kernels/backend.h"
+#include "worker/data_loader.h"
+#include "worker/fake_eps_client.h"
+#include "worker/reference_trainer.h"
+#include "worker/relay.h"
+
+namespace l2l::worker {
+namespace {
+
+constexpr double kRtol = 1e-5;
+constexpr double kAtol = 1e-7;
+
+JobConfig TinyJob() {
+  JobConfig job;
+  job.model.vocab_size = 96;
+  job.model.seq_len = 16;
+  job.model.d_model = 32;
+  job.model.n_layer = 3;
+  job.model.n_head = 4;
+  job.model.d_ff = 128;
+  job.model.tied_embeddings = true;
+  job.train.micro_batch_size = 2;
+  job.train.micro_batches = 3;
+  job.train.seq_len = 16;
+  job.train.seed = 77;
+  job.optim.lr = 3e-3f;
+  job.optim.warmup_steps = 2;
+  job.optim.total_steps = 10;
+  job.optim.weight_decay = 0.1f;
+  job.optim.grad_clip = 1.0f;
+  job.train.clip = "global";
+  return job;
+}
+
+// A token stream with some structure (so gradients are not pure noise): a noisy walk.
+std::vector<int32_t> MakeTokens(int64_t n, int64_t vocab, uint64_t seed) {
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+  int64_t cur = 0;
+  for (auto& v : t) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const int64_t r = static_cast<int64_t>((x >> 33) % 7);
+    cur = (r < 5) ? (cur + r + 1) % vocab : static_cast<int64_t>((x >> 20) % vocab);
+    v = static_cast<int32_t>(cur);
+  }
+  return t;
+}
+
+DataLoader MakeLoader(const JobConfig& job, int64_t rank, int64_t world) {
+  DataLoaderOptions o;
+  o.B = job.train.micro_batch_size;
+  o.T = job.seq_len();
+  o.seed = job.train.seed;
+  o.rank = rank;
+  o.world = world;
+  o.vocab_size = job.model.vocab_size;
+  auto l = DataLoader::FromTokens(MakeTokens(6000, job.model.vocab_size, 5), o, "<test tokens>");
+  REQUIRE(l.ok());
+  return std::move(l).value();
+}
+
+struct RelayRun {
+  std::vector<std::vector<float>> params;       // per layer, from the EPS after the run
+  std::vector<std::vector<double>> losses;      // [worker][step]
+  std::vector<VersionStats> versions;           // per worker
+  std::vector<FakeEps::AcquireRecord> acquires;
+  std::vector<size_t> device_bytes;             // per worker
+  std::vector<Status> status;                   // per worker
+};
+
+// Trains `steps` steps with `workers` relays (one thread and one 1-thread CPU backend
+// each) against one FakeEps. Worker w reads data shard w of `workers`.
+RelayRun RunRelays(const JobConfig& job, int workers, int steps, FakeEpsOptions eps_opts = {}) {
+  eps_opts.num_workers = workers;
+  auto eps = FakeEps::Create(job, eps_opts);
+  REQUIRE(eps.ok());
+  RelayRun run;
+  run.losses.resize(workers);
+  run.versions.resize(workers);
+  run.device_bytes.resize(workers);
+  run.status.resize(workers);
+  std::vector<std::thread> threads;
+  for (int w = 0; w < workers; ++w) {
+    threads.emplace_back([&, w] {
+      auto client = (*eps)->Connect(w);
+      if (!client.ok()) {
+        run.status[w] = client.status();
+        return;
+      }
+      auto backend = kernels::CreateCpuBackend(1);
+      const WorkerRegistration& reg = (*client)->registration();
+      auto opts = RelayOptions::FromJob(reg.job);
+      if (!opts.ok()) {
+        run.status[w] = opts.status();
+        return;
+      }
+      auto relay = Relay::Create(client->get(), backend.get(), reg.job, *opts);
+      if (!relay.ok()) {
+        run.status[w] = relay.status();
+        return;
+      }
+      DataLoader loader = MakeLoader(reg.job, reg.data_rank, reg.data_world);
+      for (int s = 0; s < steps; ++s) {
+        auto report = (*relay)->RunStep(s, loader.NextMany(reg.job.train.micro_batches));
+        if (!report.ok()) {
+          run.status[w] = report.status();
+          (*eps)->Stop();  // unblock the other workers
+          return;
+        }
+        run.losses[w].push_back(report->loss);
+        report->data_position = loader.position().ToString();
+        Status st = (*client)->StepDone(*report);
+        if (!st.ok()) {
+          run.status[w] = st;
+          return;
+        }
+      }
+      run.versions[w] = (*relay)->versions();
+      run.device_bytes[w] = (*relay)->device_bytes();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int64_t l = 0; l < job.model.NumLayers(); ++l) run.params.push_back((*eps)->Master(l));
+  run.acquires = (*eps)->acquires();
+  return run;
+}
+
+struct RefRun {
+  std::vector<std::vector<float>> params;
+  std::vector<double> losses;
+};
+
+// The oracle: one ReferenceTrainer fed, each step, the union of the `shards` shards'
+// next micro_batches micro-batches (what `shards` relay workers see together).
+RefRun RunReference(const JobConfig& job, int shards, int steps) {
+  ReferenceTrainerOptions o;
+  o.num_threads = 1;
+  auto ref = ReferenceTrainer::Create(job, o);
+  REQUIRE(ref.ok());
+  std::vector<DataLoader> loaders;
+  for (int r = 0; r < shards; ++r) loaders.push_back(MakeLoader(job, r, shards));
+  RefRun run;
+  for (int s = 0; s < steps; ++s) {
+    std::vector<MicroBatch> batches;
+    for (auto& l : loaders) {
+      for (auto& mb : l.NextMany(job.train.micro_batches)) batches.push_back(std::move(mb));
+    }
+    auto loss = (*ref)->Step(batches);
+    REQUIRE(loss.ok());
+    run.losses.push_back(*loss);
+  }
+  run.params = (*ref)->params();
+  return run;
+}
+
+// Largest violation ratio |a-b| / (atol + rtol*|ref|) over all weights (<= 1 passes).
+double WorstRatio(const std::vector<std::vector<float>>& got,
+                  const std::vector<std::vector<float>>& ref, double* max_abs) {
+  REQUIRE(got.size() == ref.size());
+  double worst = 0;
+  *max_abs = 0;
+  for (size_t l = 0; l < ref.size(); ++l) {
+    REQUIRE(got[l].size() == ref[l].size());
+    for (size_t i = 0; i < ref[l].size(); ++i) {
+      const double d = std::fabs(static_cast<double>(got[l][i]) - ref[l][i]);
+      *max_abs = std::max(*max_abs, d);
+      worst = std::max(worst, d / (kAtol + kRtol * std::fabs(ref[l][i])));
+    }
+  }
+  return worst;
+}
+
+// How far the weights moved from their initial values (guards against a vacuous pass).
+double MaxChangeFromInit(const JobConfig& job, const std::vector<std::vector<float>>& params) {
+  const auto layouts = BuildLayout(job.model);
+  double m = 0;
+  for (size_t l = 0; l < layouts.size(); ++l) {
+    std::vector<float> init(layouts[l].numel);
+    InitLayerParams(job.model, layouts[l], job.train.seed, init.data());
+    for (size_t i = 0; i < init.size(); ++i) m = std::max(m, std::fabs(double(params[l][i]) - init[i]));
+  }
+  return m;
+}
+
+void RequireAllOk(const RelayRun& run) {
+  for (size_t w = 0; w < run.status.size(); ++w) {
+    INFO("worker " << w << ": " << run.status[w].ToString());
+    REQUIRE(run.status[w].ok());
+  }
+}
+
+void RequireMatches(const JobConfig& job, const RelayRun& relay, const RefRun& ref) {
+  double max_abs = 0;
+  const double ratio = WorstRatio(relay.params, ref.params, &max_abs);
+  INFO("worst |relay-ref| / (atol + rtol|ref|) = " << ratio << ", max |relay-ref| = " << max_abs);
+  CHECK(ratio <= 1.0);
+  CHECK(MaxChangeFromInit(job, ref.params) > 1e-3);  // training really moved the weights
+}
+
+}  // namespace
+
+TEST_CASE("Relay with one worker trains exactly like the reference trainer", "[worker][relay]") {
+  JobConfig job = TinyJob();
+  SECTION("tied embeddings, global clipping") {}
+  SECTION("untied embeddings, per-layer clipping") {
+    job.model.tied_embeddings = false;
+    job.train.clip = "per_layer";
+  }
+  SECTION("no clipping, one micro-batch") {
+    job.train.clip = "none";
+    job.train.micro_batches = 1;
+  }
+  const int steps = 4;
+  RelayRun relay = RunRelays(job, 1, steps);
+  RequireAllOk(relay);
+  RefRun ref = RunReference(job, 1, steps);
+  RequireMatches(job, relay, ref);
+  for (int s = 0; s < steps; ++s) {
+    CHECK(relay.losses[0][s] == Approx(ref.losses[s]).epsilon(1e-5));
+  }
+  // Synchronous mode: every layer was used at exactly the step's version.
+  CHECK(relay.versions[0].max_lag == 0);
+  CHECK(relay.versions[0].min_lag == 0);
+  // Per step: L+2 layers forward + L blocks again in backward.
+  CHECK(relay.versions[0].acquires == steps * (2 * job.model.n_layer + 2));
+}
+
+TEST_CASE("Two relay workers with M micro-batches equal one with 2M", "[worker][relay]") {
+  JobConfig job = TinyJob();
+  const int steps = 3;
+  RelayRun two = RunRelays(job, 2, steps);
+  RequireAllOk(two);
+  RefRun ref = RunReference(job, 2, steps);  // one trainer, the 2M micro-batches of both shards
+  RequireMatches(job, two, ref);
+  for (int s = 0; s < steps; ++s) {
+    CHECK((two.losses[0][s] + two.losses[1][s]) / 2 == Approx(ref.losses[s]).epsilon(1e-5));
+  }
+
+  // One relay worker with 2M micro-batches per step on the same union of data: feed it
+  // shard-ordered batches through a FakeEps with one worker.
+  JobConfig job2m = job;
+  job2m.train.micro_batches = 2 * job.train.micro_batches;
+  auto eps = FakeEps::Create(job2m, {});
+  REQUIRE(eps.ok());
+  auto client = (*eps)->Connect(0);
+  REQUIRE(client.ok());
+  auto backend = kernels::CreateCpuBackend(1);
+  auto opts = RelayOptions::FromJob(job2m);
+  REQUIRE(opts.ok());
+  auto relay = Relay::Create(client->get(), backend.get(), job2m, *opts);
+  REQUIRE(relay.ok());
+  DataLoader l0 = MakeLoader(job, 0, 2), l1 = MakeLoader(job, 1, 2);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<MicroBatch> batches = l0.NextMany(job.train.micro_batches);
+    for (auto& mb : l1.NextMany(job.train.micro_batches)) batches.push_back(std::move(mb));
+    auto report = (*relay)->RunStep(s, batches);
+    INFO(report.status().ToString());
+    REQUIRE(report.ok());
+  }
+  std::vector<std::vector<float>> one;
+  for (int64_t l = 0; l < job.model.NumLayers(); ++l) one.push_back((*eps)->Master(l));
+  double max_abs = 0;
+  const double ratio = WorstRatio(one, two.params, &max_abs);
+  INFO("1 worker x 2M vs 2 workers x M: worst ratio " << ratio << ", max abs " << max_abs);
+  CHECK(ratio <= 1.0);
+}
+
+TEST_CASE("Relay with the stash in host memory gives the same bits as the device stash",
+          "[worker][relay][stash]") {
+  JobConfig job = TinyJob();
+  const int steps = 3;
+  RelayRun device = RunRelays(job, 1, steps);
+  RequireAllOk(device);
+  job.train.stash = "host";
+  RelayRun host = RunRelays(job, 1, steps);
+  RequireAllOk(host);
+  for (size_t l = 0; l < device.params.size(); ++l) {
+    INFO("layer " << l);
+    CHECK(host.params[l] == device.params[l]);
+  }
+  RefRun ref = RunReference(job, 1, steps);
+  RequireMatches(job, host, ref);
+  // The host stash keeps only two (B,T,C) staging tensors on the device.
+  const size_t stash_bytes = static_cast<size_t>(job.model.n_layer + 1) * job.train.micro_batches *
+                             job.train.micro_batch_size * job.seq_len() * job.model.d_model * sizeof(float);
+  const size_t staging = 2 * static_cast<size_t>(job.train.micro_batch_size * job.seq_len() *
+                                                 job.model.d_model) * sizeof(float);
+  CHECK(device.device_bytes[0] - host.device_bytes[0] == stash_bytes - staging);
+}
+
+TEST_CASE("Lock-free relay never uses a layer older than the staleness bound",
+          "[worker][relay][lockfree]") {
+  JobConfig job = TinyJob();
+  job.train.mode = "lockfree";
+  const int steps = 5;
+  FakeEpsOptions lazy;
+  lazy.lazy_updates = true;  // the EPS publishes a version only when forced to
+
+  SECTION("staleness 0 is synchronous training") {
+    job.train.staleness = 0;
+    RelayRun run = RunRelays(job, 1, steps, lazy);
+    RequireAllOk(run);
+    CHECK(run.versions[0].max_lag == 0);
+    RefRun ref = RunReference(job, 1, steps);
+    RequireMatches(job, run, ref);
+  }
+  SECTION("staleness s: versions in [t-s, t], the oldest allowed one is used") {
+    const int s = GENERATE(1, 2);
+    job.train.staleness = s;
+    for (int workers : {1, 2}) {
+      RelayRun run = RunRelays(job, workers, steps, lazy);
+      RequireAllOk(run);
+      for (int w = 0; w < workers; ++w) {
+        INFO("s=" << s << " workers=" << workers << " worker " << w);
+        CHECK(run.versions[w].max_lag == s);   // the lazy EPS forces the stalest version
+        CHECK(run.versions[w].min_lag >= 0);
+      }
+      // Every acquire asked for max(0, t-s) and got a version at least that.
+      int64_t checked = 0;
+      for (const auto& a : run.acquires) {
+        CHECK(a.version >= a.min_version);
+        ++checked;
+      }
+      CHECK(checked == int64_t{workers} * steps * (2 * job.model.n_layer + 2));
+      // Stale gradients still train: the weights moved and stayed finite.
+      CHECK(MaxChangeFromInit(job, run.params) > 1e-3);
+      for (const auto& p : run.params) {
+        for (float x : p) REQUIRE(std::isfinite(x));
+      }
+    }
+  }
+}
+
+TEST_CASE("Relay converts a bf16-published model to fp32 before computing", "[worker][relay]") {
+  JobConfig job = TinyJob();
+  job.publish_dtype = DType::kBF16;
+  auto eps = FakeEps::Create(job, {});
+  REQUIRE(eps.ok());
+  auto client = (*eps)->Connect(0);
+  REQUIRE(client.ok());
+  auto backend = kernels::CreateCpuBackend(1);
+  auto relay = Relay::Create(client->get(), backend.get(), job, *RelayOptions::FromJob(job));
+  REQUIRE(relay.ok());
+  DataLoader loader = MakeLoader(job, 0, 1);
+  std::vector<MicroBatch> batches = loader.NextMany(job.train.micro_batches);
+  auto report = (*relay)->RunStep(0, batches);
+  REQUIRE(report.ok());
+
+  // Oracle: the reference trainer evaluating the bf16-rounded initial weights.
+  std::vector<std::vector<float>> rounded;
+  for (const LayerLayout& layout : BuildLayout(job.model)) {
+    std::vector<float> p(layout.numel);
+    InitLayerParams(job.model, layout, job.train.seed, p.data());
+    for (float& x : p) x = Bf16ToFloat(FloatToBf16(x));
+    rounded.push_back(std::move(p));
+  }
+  ReferenceTrainerOptions o;
+  o.num_threads = 1;
+  auto ref = ReferenceTrainer::Create(job, std::move(rounded), o);
+  REQUIRE(ref.ok());
+  auto loss = (*ref)->Evaluate(batches);
+  REQUIRE(loss.ok());
+  CHECK(report->loss == Approx(*loss).epsilon(1e-5));
+  // ... and not the unrounded fp32 weights' loss (the conversion really happened).
+  auto fp32 = ReferenceTrainer::Create(job, o);
+  REQUIRE(fp32.ok());
+  auto loss32 = (*fp32)->Evaluate(batches);
+  REQUIRE(loss32.ok());
+  CHECK(std::fabs(report->loss - *loss32) > 1e-6);
+}
+
+TEST_CASE("Relay rejects bad batches and reports a stopped EPS", "[worker][relay]") {
+  JobConfig job = TinyJob();
+  auto eps = FakeEps::Create(job, {});
+  REQUIRE(eps.ok());
+  auto client = (*eps)->Connect(0);
+  REQUIRE(client.ok());
+  auto backend = kernels::CreateCpuBackend(1);
+  auto relay = Relay::Create(client->get(), backend.get(), job, *RelayOptions::FromJob(job));
+  REQUIRE(relay.ok());
+  DataLoader loader = MakeLoader(job, 0, 1);
+
+  std::vector<MicroBatch> few = loader.NextMany(job.train.micro_batches - 1);
+  auto r1 = (*relay)->RunStep(0, few);
+  REQUIRE_FALSE(r1.ok());
+  CHECK(r1.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(r1.status().message(), Catch::Contains("micro_batches"));
+
+  std::vector<MicroBatch> bad = loader.NextMany(job.train.micro_batches);
+  bad[1].targets[5] = static_cast<int32_t>(job.model.vocab_size);
+  auto r2 = (*relay)->RunStep(0, bad);
+  REQUIRE_FALSE(r2.ok());
+  CHECK(r2.status().code() == StatusCode::kOutOfRange);
+  CHECK_THAT(r2.status().message(), Catch::Contains("micro-batch 1 targets[5]"));
+
+  // A good step still runs after rejected input.
+  REQUIRE((*relay)->RunStep(0, loader.NextMany(job.train.micro_batches)).ok());
+
+  // Step 2 needs version 2 of layer 0, which never comes (step 1 never ran): the acquire
+  // blocks until Stop() aborts it.
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    (*eps)->Stop();
+  });
+  auto r3 = (*relay)->RunStep(2, loader.NextMany(job.train.micro_batches));
+  stopper.join();
+  REQUIRE_FALSE(r3.ok());
+  CHECK(r3.status().code() == StatusCode::kAborted);
+  CHECK_THAT(r3.status().message(), Catch::Contains("fetching layer 0"));
+
+  auto bad_opts = RelayOptions::FromJob([&] {
+    JobConfig j = job;
+    j.train.stash = "gpu";
+    return j;
+  }());
+  REQUIRE_FALSE(bad_opts.ok());
+  CHECK_THAT(bad_opts.status().message(), Catch::Contains("train.stash"));
+}
+
+}  // namespace l2l::worker

@@ -1,0 +1,132 @@
+// DataLoader: deterministic, shardable, resumable micro-batches from a token stream.
+// See worker/data_loader.h.
+#include "worker/data_loader.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <utility>
+
+namespace l2l::worker {
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+std::string DataPosition::ToString() const {
+  return "epoch=" + std::to_string(epoch) + ",batch=" + std::to_string(batch);
+}
+
+Result<DataPosition> DataPosition::Parse(const std::string& s) {
+  long long e = -1, b = -1;
+  int consumed = 0;
+  if (std::sscanf(s.c_str(), "epoch=%lld,batch=%lld%n", &e, &b, &consumed) != 2 ||
+      consumed != static_cast<int>(s.size()) || e < 0 || b < 0) {
+    return InvalidArgument("data position '" + s + "' is not of the form epoch=E,batch=K with E, K >= 0");
+  }
+  DataPosition p;
+  p.epoch = e;
+  p.batch = b;
+  return p;
+}
+
+Result<DataLoader> DataLoader::FromTokens(std::vector<int32_t> tokens, const DataLoaderOptions& opts,
+                                          const std::string& origin) {
+  if (opts.B <= 0 || opts.T <= 0) {
+    return InvalidArgument(origin + ": micro-batch shape B=" + std::to_string(opts.B) + " T=" +
+                           std::to_string(opts.T) + " must be positive");
+  }
+  if (opts.world <= 0 || opts.rank < 0 || opts.rank >= opts.world) {
+    return InvalidArgument(origin + ": data shard rank=" + std::to_string(opts.rank) + " of world=" +
+                           std::to_string(opts.world) + " is invalid (need 0 <= rank < world)");
+  }
+  if (opts.vocab_size > 0) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (tokens[i] < 0 || tokens[i] >= opts.vocab_size) {
+        return OutOfRange(origin + ": token " + std::to_string(i) + " has id " + std::to_string(tokens[i]) +
+                          ", outside [0, model.vocab_size=" + std::to_string(opts.vocab_size) + ")");
+      }
+    }
+  }
+  DataLoader d;
+  d.opts_ = opts;
+  d.tokens_ = std::move(tokens);
+  const int64_t n = static_cast<int64_t>(d.tokens_.size());
+  d.num_windows_ = n > 0 ? (n - 1) / opts.T : 0;
+  d.per_rank_ = d.num_windows_ / opts.world;
+  d.batches_per_epoch_ = d.per_rank_ / opts.B;
+  if (d.batches_per_epoch_ == 0) {
+    return InvalidArgument(origin + ": " + std::to_string(n) + " tokens make " + std::to_string(d.num_windows_) +
+                           " windows of T+1=" + std::to_string(opts.T + 1) + " tokens; a micro-batch of B=" +
+                           std::to_string(opts.B) + " for each of " + std::to_string(opts.world) +
+                           " shard(s) needs at least " + std::to_string(opts.B * opts.world * opts.T + 1) +
+                           " tokens");
+  }
+  d.Shuffle(0);
+  return d;
+}
+
+void DataLoader::Shuffle(int64_t epoch) {
+  if (order_epoch_ == epoch) return;
+  order_.resize(static_cast<size_t>(num_windows_));
+  for (int64_t i = 0; i < num_windows_; ++i) order_[static_cast<size_t>(i)] = i;
+  if (opts_.shuffle) {
+    // Fisher-Yates driven by a counter-based generator keyed on (seed, epoch): the same
+    // on every platform (no std::shuffle / distributions, which are implementation defined).
+    const uint64_t key = SplitMix64(SplitMix64(opts_.seed) ^ SplitMix64(0xD1B54A32D192ED03ull + epoch));
+    for (int64_t i = num_windows_ - 1; i > 0; --i) {
+      const uint64_t r = SplitMix64(key ^ SplitMix64(static_cast<uint64_t>(i)));
+      // Multiply-shift maps r uniformly enough onto [0, i] (bias < 2^-40 for our sizes).
+      const int64_t j = static_cast<int64_t>((static_cast<unsigned __int128>(r) * static_cast<uint64_t>(i + 1)) >> 64);
+      std::swap(order_[static_cast<size_t>(i)], order_[static_cast<size_t>(j)]);
+    }
+  }
+  order_epoch_ = epoch;
+}
+
+MicroBatch DataLoader::Next() {
+  if (pos_.batch >= batches_per_epoch_) {
+    ++pos_.epoch;
+    pos_.batch = 0;
+  }
+  Shuffle(pos_.epoch);
+  const int64_t B = opts_.B, T = opts_.T;
+  MicroBatch mb;
+  mb.B = B;
+  mb.T = T;
+  mb.inputs.resize(static_cast<size_t>(B * T));
+  mb.targets.resize(static_cast<size_t>(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    // This rank's i-th window of the epoch is order_[i * world + rank].
+    const int64_t i = pos_.batch * B + b;
+    const int64_t window = order_[static_cast<size_t>(i * opts_.world + opts_.rank)];
+    const int32_t* src = tokens_.data() + window * T;
+    std::copy(src, src + T, mb.inputs.begin() + b * T);
+    std::copy(src + 1, src + T + 1, mb.targets.begin() + b * T);
+  }
+  ++pos_.batch;
+  return mb;
+}
+
+std::vector<MicroBatch> DataLoader::NextMany(int64_t m) {
+  std::vector<MicroBatch> out;
+  out.reserve(static_cast<size_t>(m));
+  for (int64_t i = 0; i < m; ++i) out.push_back(Next());
+  return out;
+}
+
+Status DataLoader::Seek(const DataPosition& pos) {
+  if (pos.epoch < 0 || pos.batch < 0 || pos.batch > batches_per_epoch_) {
+    return OutOfRange("data position " + pos.ToString() + " is outside this shard (" +
+                      std::to_string(batches_per_epoch_) + " micro-batches per epoch)");
+  }
+  pos_ = pos;
+  return Status::Ok();
+}
+
+}  // namespace l2l::worker

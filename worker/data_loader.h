@@ -1,0 +1,87 @@
+// DataLoader: micro-batches of next-token training windows from an llm.c tokens file.
+//
+// The token stream is cut into non-overlapping windows of T+1 tokens starting at
+// multiples of T (window k = tokens[k*T, k*T+T]; inputs are its first T tokens, targets
+// the last T, i.e. shifted by one). Each epoch visits the windows in an order shuffled
+// deterministically from (seed, epoch); a micro-batch is B consecutive windows of that
+// order. Sharding: rank r of n takes every n-th window of the shuffled order starting
+// at r, so ranks see disjoint windows and each gets the same count (the remainder of
+// num_windows / n is left out of that epoch, as is a final partial micro-batch).
+// Position: (epoch, batch) of the next micro-batch; it round-trips through a string so
+// a checkpoint can resume exactly at the next batch.
+//
+// Ownership: holds the whole token array in memory (int32). Thread-safety: one thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace l2l::worker {
+
+// One micro-batch of token windows.
+struct MicroBatch {
+  int64_t B = 0;                 // sequences
+  int64_t T = 0;                 // tokens per sequence
+  std::vector<int32_t> inputs;   // (B,T) token ids
+  std::vector<int32_t> targets;  // (B,T) the next token after each input
+};
+
+struct DataPosition {
+  int64_t epoch = 0;  // epochs completed
+  int64_t batch = 0;  // micro-batches of this rank already taken in this epoch
+  // "epoch=E,batch=K"
+  std::string ToString() const;
+  static Result<DataPosition> Parse(const std::string& s);
+  bool operator==(const DataPosition&) const = default;
+};
+
+struct DataLoaderOptions {
+  int64_t B = 4;          // sequences per micro-batch
+  int64_t T = 64;         // tokens per sequence
+  uint64_t seed = 1234;   // shuffle seed (train.seed)
+  int64_t rank = 0;       // this shard, in [0, world)
+  int64_t world = 1;      // number of shards
+  int64_t vocab_size = 0; // > 0: every token must be < vocab_size (checked on load)
+  bool shuffle = true;    // false: windows in file order (validation)
+};
+
+class DataLoader {
+ public:
+  // Reads an llm.c tokens file (common/tokens_file.h); errors name the path.
+  static Result<DataLoader> Open(const std::string& path, const DataLoaderOptions& opts);
+  // From tokens already in memory; `origin` names them in errors.
+  static Result<DataLoader> FromTokens(std::vector<int32_t> tokens, const DataLoaderOptions& opts,
+                                       const std::string& origin = "<tokens>");
+
+  // The next micro-batch; wraps to the next epoch (reshuffled) at the end of one.
+  MicroBatch Next();
+  // The next `m` micro-batches.
+  std::vector<MicroBatch> NextMany(int64_t m);
+
+  const DataPosition& position() const { return pos_; }
+  // Resumes at `pos` (as returned by position()); errors when out of range.
+  Status Seek(const DataPosition& pos);
+
+  int64_t num_windows() const { return num_windows_; }         // whole stream
+  int64_t batches_per_epoch() const { return batches_per_epoch_; }  // this rank
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  const DataLoaderOptions& options() const { return opts_; }
+
+ private:
+  DataLoader() = default;
+  void Shuffle(int64_t epoch);
+
+  DataLoaderOptions opts_;
+  std::vector<int32_t> tokens_;
+  int64_t num_windows_ = 0;
+  int64_t per_rank_ = 0;
+  int64_t batches_per_epoch_ = 0;
+  std::vector<int64_t> order_;  // window indices of the current epoch, all ranks
+  int64_t order_epoch_ = -1;
+  DataPosition pos_;
+};
+
+}  // namespace l2l::worker

@@ -1,0 +1,268 @@
+// In-process fake EPS for relay tests and benchmarks. See fake_eps_client.h.
+#include "worker/fake_eps_client.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "common/adamw.h"
+#include "common/dtype.h"
+
+namespace l2l::worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+// One simulated worker's connection: forwards to the FakeEps under its worker id.
+class FakeEpsClient : public EpsClient {
+ public:
+  FakeEpsClient(FakeEps* eps, WorkerRegistration reg) : eps_(eps), reg_(std::move(reg)) {}
+  const WorkerRegistration& registration() const override { return reg_; }
+  Result<LayerWeights> AcquireLayer(int64_t layer, int64_t min_version,
+                                    std::chrono::milliseconds timeout) override {
+    return eps_->Acquire(reg_.worker_id, layer, min_version, timeout);
+  }
+  void ReleaseLayer(int64_t layer) override { eps_->Release(reg_.worker_id, layer); }
+  Status PushGradient(int64_t layer, int64_t step, int64_t micro_batches, const float* grad,
+                      size_t numel) override {
+    return eps_->Push(reg_.worker_id, layer, step, micro_batches, grad, numel);
+  }
+  Status StepDone(const StepReport& report) override { return eps_->Done(reg_.worker_id, report); }
+
+ private:
+  FakeEps* eps_;
+  WorkerRegistration reg_;
+};
+
+Result<std::unique_ptr<FakeEps>> FakeEps::Create(const JobConfig& job, const FakeEpsOptions& options) {
+  L2L_RETURN_IF_ERROR(job.model.Validate());
+  if (options.num_workers <= 0) {
+    return InvalidArgument("fake EPS: num_workers=" + std::to_string(options.num_workers) + " must be > 0");
+  }
+  if (job.publish_dtype == DType::kF16) return Unimplemented("fake EPS publishes f32 or bf16, not f16");
+  if (job.train.clip != "none" && job.train.clip != "per_layer" && job.train.clip != "global") {
+    return InvalidArgument("train.clip='" + job.train.clip + "' is not one of: none, per_layer, global");
+  }
+  std::unique_ptr<FakeEps> eps(new FakeEps(job, options));
+  std::lock_guard<std::mutex> lk(eps->mu_);
+  eps->layers_.resize(eps->layouts_.size());
+  for (size_t l = 0; l < eps->layouts_.size(); ++l) {
+    Layer& layer = eps->layers_[l];
+    const size_t n = eps->layouts_[l].numel;
+    layer.master.resize(n);
+    InitLayerParams(job.model, eps->layouts_[l], job.train.seed, layer.master.data());
+    layer.m.assign(n, 0.0f);
+    layer.v.assign(n, 0.0f);
+    eps->Publish(&layer);
+  }
+  return eps;
+}
+
+FakeEps::~FakeEps() = default;
+
+Result<std::unique_ptr<EpsClient>> FakeEps::Connect(int32_t worker_id) {
+  if (worker_id < 0 || worker_id >= opt_.num_workers) {
+    return InvalidArgument("fake EPS: worker id " + std::to_string(worker_id) + " outside [0, " +
+                           std::to_string(opt_.num_workers) + ")");
+  }
+  WorkerRegistration reg;
+  reg.worker_id = worker_id;
+  reg.num_workers = opt_.num_workers;
+  reg.job = job_;
+  reg.data_rank = worker_id;
+  reg.data_world = opt_.num_workers;
+  reg.transport = "fake";
+  return std::unique_ptr<EpsClient>(new FakeEpsClient(this, std::move(reg)));
+}
+
+void FakeEps::Stop() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stopped_ = true;
+  }
+  cv_.notify_all();
+}
+
+void FakeEps::Publish(Layer* layer) const {
+  const size_t n = layer->master.size();
+  auto bytes = std::make_shared<std::vector<uint8_t>>(n * DTypeSize(job_.publish_dtype));
+  if (job_.publish_dtype == DType::kF32) {
+    std::memcpy(bytes->data(), layer->master.data(), n * sizeof(float));
+  } else {
+    ConvertFromFloat(layer->master.data(), job_.publish_dtype, bytes->data(), n);
+  }
+  layer->published = std::move(bytes);
+}
+
+bool FakeEps::Complete(int64_t step, int64_t layer) const {
+  auto it = pending_.find({step, layer});
+  return it != pending_.end() && static_cast<int32_t>(it->second.pushed.size()) == opt_.num_workers;
+}
+
+bool FakeEps::TryApply(int64_t step, int64_t layer) {
+  if (job_.train.clip == "global") {
+    std::vector<int64_t> all;
+    for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) {
+      if (layers_[l].version != step || !Complete(step, l)) return false;
+      all.push_back(l);
+    }
+    Apply(step, all);
+    return true;
+  }
+  if (layers_[layer].version != step || !Complete(step, layer)) return false;
+  Apply(step, {layer});
+  return true;
+}
+
+void FakeEps::Apply(int64_t step, const std::vector<int64_t>& which) {
+  const auto t0 = Clock::now();
+  const OptimizerConfig& o = job_.optim;
+  const float lr = LearningRate(o, step);
+  double global_sq = 0;
+  for (int64_t l : which) {
+    const Pending& p = pending_.at({step, l});
+    const double scale = 1.0 / static_cast<double>(p.micro_batches);
+    global_sq += SumSquares(p.sum.data(), p.sum.size()) * scale * scale;
+  }
+  for (int64_t l : which) {
+    Pending& p = pending_.at({step, l});
+    Layer& layer = layers_[l];
+    const double scale = 1.0 / static_cast<double>(p.micro_batches);
+    float coef = 1.0f;
+    if (job_.train.clip == "global") {
+      coef = ClipCoefficient(std::sqrt(global_sq), o.grad_clip);
+    } else if (job_.train.clip == "per_layer") {
+      coef = ClipCoefficient(std::sqrt(SumSquares(p.sum.data(), p.sum.size())) * scale, o.grad_clip);
+    }
+    const float grad_scale = static_cast<float>(scale) * coef;
+    for (const ParamInfo& info : layouts_[l].params) {
+      AdamWStep(layer.master.data() + info.offset, p.sum.data() + info.offset,
+                layer.m.data() + info.offset, layer.v.data() + info.offset, info.numel, lr, o.beta1,
+                o.beta2, o.eps, info.decay ? o.weight_decay : 0.0f, step + 1, grad_scale);
+    }
+    layer.version = step + 1;
+    Publish(&layer);
+    pending_.erase({step, l});
+  }
+  optimizer_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+  cv_.notify_all();
+}
+
+Result<LayerWeights> FakeEps::Acquire(int32_t worker, int64_t layer, int64_t min_version,
+                                      std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(mu_);
+  if (layer < 0 || layer >= static_cast<int64_t>(layers_.size())) {
+    return NotFound("fake EPS: no layer " + std::to_string(layer));
+  }
+  if (held_.count({worker, layer})) {
+    return FailedPrecondition("fake EPS: worker " + std::to_string(worker) + " already holds layer " +
+                              std::to_string(layer));
+  }
+  int held = 0;
+  for (const auto& [key, copy] : held_) held += key.first == worker ? 1 : 0;
+  if (held >= kMaxAcquired) {
+    return ResourceExhausted("fake EPS: worker " + std::to_string(worker) + " holds " +
+                             std::to_string(held) + " layers, the limit is kMaxAcquired");
+  }
+  const auto deadline = Clock::now() + timeout;
+  while (layers_[layer].version < min_version) {
+    if (stopped_) return Aborted("fake EPS stopped");
+    if (opt_.lazy_updates && TryApply(layers_[layer].version, layer)) continue;
+    if (cv_.wait_until(lk, deadline) == std::cv_status::timeout &&
+        layers_[layer].version < min_version) {
+      return Status(StatusCode::kDeadlineExceeded,
+                    "fake EPS: layer " + std::to_string(layer) + " version " +
+                        std::to_string(layers_[layer].version) + " < " + std::to_string(min_version) +
+                        " after " + std::to_string(timeout.count()) + " ms");
+    }
+  }
+  if (stopped_) return Aborted("fake EPS stopped");
+  const Layer& l = layers_[layer];
+  held_[{worker, layer}] = l.published;
+  acquires_.push_back(AcquireRecord{worker, layer, min_version, l.version});
+  LayerWeights w;
+  w.data = l.published->data();
+  w.dtype = job_.publish_dtype;
+  w.numel = l.master.size();
+  w.version = l.version;
+  return w;
+}
+
+void FakeEps::Release(int32_t worker, int64_t layer) {
+  std::lock_guard<std::mutex> lk(mu_);
+  held_.erase({worker, layer});
+}
+
+Status FakeEps::Push(int32_t worker, int64_t layer, int64_t step, int64_t micro_batches,
+                     const float* grad, size_t numel) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (layer < 0 || layer >= static_cast<int64_t>(layers_.size())) {
+    return NotFound("fake EPS: gradient for unknown layer " + std::to_string(layer));
+  }
+  if (numel != layouts_[layer].numel) {
+    return InvalidArgument("fake EPS: gradient of layer " + std::to_string(layer) + " has " +
+                           std::to_string(numel) + " floats, expected " +
+                           std::to_string(layouts_[layer].numel));
+  }
+  if (micro_batches <= 0) return InvalidArgument("fake EPS: micro_batches must be > 0");
+  if (step < layers_[layer].version) {
+    return FailedPrecondition("fake EPS: step " + std::to_string(step) + " of layer " +
+                              std::to_string(layer) + " was already applied (version " +
+                              std::to_string(layers_[layer].version) + ")");
+  }
+  Pending& p = pending_[{step, layer}];
+  if (!p.pushed.insert(worker).second) {
+    return AlreadyExists("fake EPS: worker " + std::to_string(worker) + " pushed layer " +
+                         std::to_string(layer) + " step " + std::to_string(step) + " twice");
+  }
+  if (p.sum.empty()) p.sum.assign(numel, 0.0f);
+  for (size_t i = 0; i < numel; ++i) p.sum[i] += grad[i];
+  p.micro_batches += micro_batches;
+  if (!opt_.lazy_updates) {
+    // Apply everything that became ready, in step order per layer.
+    bool progress = true;
+    while (progress) {
+      progress = false;
+      for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) {
+        if (TryApply(layers_[l].version, l)) progress = true;
+      }
+    }
+  }
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+Status FakeEps::Done(int32_t worker, const StepReport& report) {
+  std::lock_guard<std::mutex> lk(mu_);
+  reports_[worker].push_back(report);
+  return Status::Ok();
+}
+
+std::vector<float> FakeEps::Master(int64_t layer) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return layers_.at(layer).master;
+}
+
+int64_t FakeEps::Version(int64_t layer) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return layers_.at(layer).version;
+}
+
+std::vector<FakeEps::AcquireRecord> FakeEps::acquires() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return acquires_;
+}
+
+std::vector<StepReport> FakeEps::reports(int32_t worker) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = reports_.find(worker);
+  return it == reports_.end() ? std::vector<StepReport>{} : it->second;
+}
+
+double FakeEps::optimizer_seconds() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return optimizer_s_;
+}
+
+}  // namespace l2l::worker

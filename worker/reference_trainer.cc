@@ -1,0 +1,290 @@
+// ReferenceTrainer: whole-model training in one backend (the oracle). See
+// worker/reference_trainer.h.
+#include "worker/reference_trainer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "common/adamw.h"
+
+namespace l2l::worker {
+
+using kernels::DeviceBuffer;
+
+namespace {
+
+Result<DeviceBuffer> Buffer(kernels::Backend* be, size_t bytes) {
+  return DeviceBuffer::Create(be, bytes == 0 ? 64 : bytes);
+}
+
+}  // namespace
+
+ReferenceTrainer::~ReferenceTrainer() {
+  // Buffers must go before the backend that allocated them.
+  ws_.reset();
+  acts_.clear();
+  d_params_.clear();
+  d_grads_.clear();
+  d_tokens_ = DeviceBuffer();
+  d_targets_ = DeviceBuffer();
+  d_dact_a_ = DeviceBuffer();
+  d_dact_b_ = DeviceBuffer();
+}
+
+Result<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(const JobConfig& cfg,
+                                                                   const ReferenceTrainerOptions& opts) {
+  L2L_RETURN_IF_ERROR(cfg.model.Validate());
+  std::vector<std::vector<float>> params;
+  for (const LayerLayout& l : BuildLayout(cfg.model)) {
+    params.emplace_back(l.numel);
+    InitLayerParams(cfg.model, l, cfg.train.seed, params.back().data());
+  }
+  return Create(cfg, std::move(params), opts);
+}
+
+Result<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(const JobConfig& cfg,
+                                                                   std::vector<std::vector<float>> params,
+                                                                   const ReferenceTrainerOptions& opts) {
+  std::unique_ptr<ReferenceTrainer> t(new ReferenceTrainer());
+  L2L_RETURN_IF_ERROR(t->Init(cfg, std::move(params), opts));
+  return t;
+}
+
+Status ReferenceTrainer::Init(const JobConfig& cfg, std::vector<std::vector<float>> params,
+                              const ReferenceTrainerOptions& opts) {
+  L2L_RETURN_IF_ERROR(cfg.model.Validate());
+  const std::string& clip = cfg.train.clip;
+  if (clip != "none" && clip != "per_layer" && clip != "global") {
+    return InvalidArgument("train.clip=" + clip + " must be one of none, per_layer, global");
+  }
+  cfg_ = cfg;
+  layouts_ = BuildLayout(cfg.model);
+  if (params.size() != layouts_.size()) {
+    return InvalidArgument("initial weights have " + std::to_string(params.size()) + " layers, model has " +
+                           std::to_string(layouts_.size()));
+  }
+  for (size_t l = 0; l < layouts_.size(); ++l) {
+    if (params[l].size() != layouts_[l].numel) {
+      return InvalidArgument("initial weights of layer " + std::to_string(l) + " (" +
+                             LayerKindName(layouts_[l].kind) + ") have " + std::to_string(params[l].size()) +
+                             " floats, layout needs " + std::to_string(layouts_[l].numel));
+    }
+  }
+  if (opts.device == "cpu") {
+    backend_ = kernels::CreateCpuBackend(opts.num_threads);
+  } else {
+    L2L_ASSIGN_OR_RETURN(backend_, kernels::CreateBackend(opts.device));
+  }
+  params_ = std::move(params);
+  for (const LayerLayout& l : layouts_) {
+    m_.emplace_back(l.numel, 0.0f);
+    v_.emplace_back(l.numel, 0.0f);
+    L2L_ASSIGN_OR_RETURN(DeviceBuffer p, Buffer(backend_.get(), l.numel * sizeof(float)));
+    L2L_ASSIGN_OR_RETURN(DeviceBuffer g, Buffer(backend_.get(), l.numel * sizeof(float)));
+    backend_->Zero(g.data(), l.numel * sizeof(float));
+    d_params_.push_back(std::move(p));
+    d_grads_.push_back(std::move(g));
+  }
+  UploadParams();
+  return EnsureWorkspace(cfg.train.micro_batch_size, cfg.seq_len());
+}
+
+void ReferenceTrainer::UploadParams() {
+  for (size_t l = 0; l < layouts_.size(); ++l) {
+    backend_->CopyToDevice(d_params_[l].data(), params_[l].data(), layouts_[l].numel * sizeof(float));
+  }
+}
+
+Status ReferenceTrainer::EnsureWorkspace(int64_t B, int64_t T) {
+  if (ws_ && B == ws_B_ && T == ws_T_) return Status::Ok();
+  if (B <= 0 || T <= 0) {
+    return InvalidArgument("micro-batch shape B=" + std::to_string(B) + " T=" + std::to_string(T) +
+                           " must be positive");
+  }
+  ws_.reset();
+  acts_.clear();
+  const size_t n = static_cast<size_t>(B * T);
+  const size_t hidden = n * static_cast<size_t>(cfg_.model.d_model) * sizeof(float);
+  L2L_ASSIGN_OR_RETURN(layers::LayerWorkspace ws, layers::LayerWorkspace::Create(backend_.get(), cfg_.model, B, T));
+  ws_ = std::make_unique<layers::LayerWorkspace>(std::move(ws));
+  L2L_ASSIGN_OR_RETURN(d_tokens_, Buffer(backend_.get(), n * sizeof(int32_t)));
+  L2L_ASSIGN_OR_RETURN(d_targets_, Buffer(backend_.get(), n * sizeof(int32_t)));
+  L2L_ASSIGN_OR_RETURN(d_dact_a_, Buffer(backend_.get(), hidden));
+  L2L_ASSIGN_OR_RETURN(d_dact_b_, Buffer(backend_.get(), hidden));
+  for (int64_t i = 0; i <= cfg_.model.n_layer; ++i) {
+    L2L_ASSIGN_OR_RETURN(DeviceBuffer a, Buffer(backend_.get(), hidden));
+    acts_.push_back(std::move(a));
+  }
+  ws_B_ = B;
+  ws_T_ = T;
+  return Status::Ok();
+}
+
+Status ReferenceTrainer::CheckBatch(const MicroBatch& mb, size_t index) const {
+  const std::string where = "micro-batch " + std::to_string(index);
+  if (mb.B <= 0 || mb.T <= 0) {
+    return InvalidArgument(where + ": shape B=" + std::to_string(mb.B) + " T=" + std::to_string(mb.T) +
+                           " must be positive");
+  }
+  if (mb.T > cfg_.model.seq_len) {
+    return InvalidArgument(where + ": T=" + std::to_string(mb.T) + " exceeds model.seq_len=" +
+                           std::to_string(cfg_.model.seq_len));
+  }
+  const size_t n = static_cast<size_t>(mb.B * mb.T);
+  if (mb.inputs.size() != n || mb.targets.size() != n) {
+    return InvalidArgument(where + ": expected " + std::to_string(n) + " inputs and targets (B*T), got " +
+                           std::to_string(mb.inputs.size()) + " and " + std::to_string(mb.targets.size()));
+  }
+  const int64_t V = cfg_.model.vocab_size;
+  for (size_t i = 0; i < n; ++i) {
+    if (mb.inputs[i] < 0 || mb.inputs[i] >= V || mb.targets[i] < 0 || mb.targets[i] >= V) {
+      return OutOfRange(where + ": token at position " + std::to_string(i) + " (input " +
+                        std::to_string(mb.inputs[i]) + ", target " + std::to_string(mb.targets[i]) +
+                        ") is outside [0, model.vocab_size=" + std::to_string(V) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+float ReferenceTrainer::RunMicroBatch(const MicroBatch& mb, float loss_scale, bool backward) {
+  kernels::Backend& be = *backend_;
+  const ModelSpec& spec = cfg_.model;
+  const int64_t B = mb.B, T = mb.T, L = spec.n_layer;
+  const size_t n = static_cast<size_t>(B * T);
+  be.CopyToDevice(d_tokens_.data(), mb.inputs.data(), n * sizeof(int32_t));
+  be.CopyToDevice(d_targets_.data(), mb.targets.data(), n * sizeof(int32_t));
+
+  // Forward: acts_[0] = embedding, acts_[i+1] = block i (acts_[i]).
+  layers::EmbeddingForward(be, spec, layouts_[0], d_params_[0].f32(), d_tokens_.i32(), acts_[0].f32(), B, T);
+  for (int64_t i = 0; i < L; ++i) {
+    layers::BlockForward(be, spec, layouts_[1 + i], d_params_[1 + i].f32(), acts_[i].f32(), acts_[i + 1].f32(), B,
+                         T, *ws_);
+  }
+  const LayerLayout& head = layouts_.back();
+  const float* wte = d_params_[0].f32() + layouts_[0].Find("wte.weight")->offset;
+  float* dwte = spec.tied_embeddings ? d_grads_[0].f32() + layouts_[0].Find("wte.weight")->offset : nullptr;
+  float* dcur = backward ? d_dact_a_.f32() : nullptr;
+  const float loss =
+      layers::HeadForwardBackward(be, spec, head, d_params_.back().f32(), wte, acts_[L].f32(), d_targets_.i32(),
+                                  loss_scale, dcur, backward ? d_grads_.back().f32() : nullptr, dwte, B, T, *ws_);
+  if (!backward) return loss;
+
+  // Backward: dcur holds dL/d(acts_[i+1]); each block recomputes from acts_[i].
+  float* dnext = d_dact_b_.f32();
+  for (int64_t i = L - 1; i >= 0; --i) {
+    layers::BlockBackward(be, spec, layouts_[1 + i], d_params_[1 + i].f32(), acts_[i].f32(), dcur, dnext,
+                          d_grads_[1 + i].f32(), B, T, *ws_);
+    std::swap(dcur, dnext);
+  }
+  layers::EmbeddingBackward(be, spec, layouts_[0], d_tokens_.i32(), dcur, d_grads_[0].f32(), B, T);
+  return loss;
+}
+
+Result<float> ReferenceTrainer::ForwardBackward(const std::vector<MicroBatch>& batches, bool backward) {
+  if (batches.empty()) return InvalidArgument("a step needs at least one micro-batch, got 0");
+  for (size_t u = 0; u < batches.size(); ++u) L2L_RETURN_IF_ERROR(CheckBatch(batches[u], u));
+  if (backward) {
+    for (size_t l = 0; l < layouts_.size(); ++l) backend_->Zero(d_grads_[l].data(), layouts_[l].numel * sizeof(float));
+  }
+  const float loss_scale = 1.0f / static_cast<float>(batches.size());
+  double loss_sum = 0.0;
+  for (const MicroBatch& mb : batches) {
+    L2L_RETURN_IF_ERROR(EnsureWorkspace(mb.B, mb.T));
+    loss_sum += RunMicroBatch(mb, loss_scale, backward);
+  }
+  backend_->Synchronize();
+  return static_cast<float>(loss_sum / static_cast<double>(batches.size()));
+}
+
+Result<float> ReferenceTrainer::ComputeGradients(const std::vector<MicroBatch>& batches) {
+  return ForwardBackward(batches, /*backward=*/true);
+}
+
+Result<float> ReferenceTrainer::Evaluate(const std::vector<MicroBatch>& batches) {
+  return ForwardBackward(batches, /*backward=*/false);
+}
+
+Result<float> ReferenceTrainer::Step(const std::vector<MicroBatch>& batches) {
+  L2L_ASSIGN_OR_RETURN(float loss, ForwardBackward(batches, /*backward=*/true));
+  if (!std::isfinite(loss)) {
+    return InvalidArgument("loss is " + std::to_string(loss) + " at step " + std::to_string(step_) +
+                           "; lower optim.lr or enable train.clip");
+  }
+  ApplyUpdate();
+  return loss;
+}
+
+std::vector<std::vector<float>> ReferenceTrainer::grads() const {
+  std::vector<std::vector<float>> out;
+  for (size_t l = 0; l < layouts_.size(); ++l) {
+    out.emplace_back(layouts_[l].numel);
+    backend_->CopyToHost(out.back().data(), d_grads_[l].data(), layouts_[l].numel * sizeof(float));
+  }
+  return out;
+}
+
+void ReferenceTrainer::ApplyUpdate() {
+  const OptimizerConfig& o = cfg_.optim;
+  const std::vector<std::vector<float>> g = grads();
+  // Clip coefficient per layer: global (torch clip_grad_norm_ over all parameters),
+  // per layer (each layer's own norm; what an EPS can do without a global barrier), none.
+  std::vector<float> coef(layouts_.size(), 1.0f);
+  double total_sq = 0.0;
+  std::vector<double> layer_sq(layouts_.size());
+  for (size_t l = 0; l < layouts_.size(); ++l) {
+    layer_sq[l] = SumSquares(g[l].data(), g[l].size());
+    total_sq += layer_sq[l];
+  }
+  last_norm_ = std::sqrt(total_sq);
+  if (cfg_.train.clip == "global") {
+    std::fill(coef.begin(), coef.end(), ClipCoefficient(last_norm_, o.grad_clip));
+  } else if (cfg_.train.clip == "per_layer") {
+    for (size_t l = 0; l < layouts_.size(); ++l) coef[l] = ClipCoefficient(std::sqrt(layer_sq[l]), o.grad_clip);
+  }
+  last_clip_ = coef[0];
+
+  const float lr = LearningRate(o, step_);
+  const int64_t t = step_ + 1;
+  for (size_t l = 0; l < layouts_.size(); ++l) {
+    for (const ParamInfo& p : layouts_[l].params) {
+      AdamWStep(params_[l].data() + p.offset, g[l].data() + p.offset, m_[l].data() + p.offset,
+                v_[l].data() + p.offset, p.numel, lr, o.beta1, o.beta2, o.eps, p.decay ? o.weight_decay : 0.0f, t,
+                coef[l]);
+    }
+  }
+  UploadParams();
+  ++step_;
+}
+
+Status ReferenceTrainer::Probs(const int32_t* tokens, int64_t B, int64_t T, float* probs) {
+  MicroBatch mb;
+  mb.B = B;
+  mb.T = T;
+  mb.inputs.assign(tokens, tokens + B * T);
+  mb.targets.assign(static_cast<size_t>(B * T), 0);
+  L2L_RETURN_IF_ERROR(CheckBatch(mb, 0));
+  L2L_RETURN_IF_ERROR(EnsureWorkspace(B, T));
+  kernels::Backend& be = *backend_;
+  const ModelSpec& spec = cfg_.model;
+  be.CopyToDevice(d_tokens_.data(), mb.inputs.data(), mb.inputs.size() * sizeof(int32_t));
+  layers::EmbeddingForward(be, spec, layouts_[0], d_params_[0].f32(), d_tokens_.i32(), acts_[0].f32(), B, T);
+  for (int64_t i = 0; i < spec.n_layer; ++i) {
+    layers::BlockForward(be, spec, layouts_[1 + i], d_params_[1 + i].f32(), acts_[i].f32(), acts_[i + 1].f32(), B,
+                         T, *ws_);
+  }
+  const float* wte = d_params_[0].f32() + layouts_[0].Find("wte.weight")->offset;
+  const size_t probs_bytes = static_cast<size_t>(B * T * spec.vocab_size) * sizeof(float);
+  L2L_ASSIGN_OR_RETURN(DeviceBuffer d_probs, Buffer(backend_.get(), probs_bytes));  // (B,T,V)
+  layers::HeadProbs(be, spec, layouts_.back(), d_params_.back().f32(), wte, acts_[spec.n_layer].f32(), d_probs.f32(),
+                    B, T, *ws_);
+  be.CopyToHost(probs, d_probs.data(), probs_bytes);
+  return Status::Ok();
+}
+
+Status ReferenceTrainer::SaveSafetensors(const std::string& path) const {
+  return Unimplemented("SaveSafetensors(" + path + "): common/model_io.h is not available yet");
+}
+
+}  // namespace l2l::worker

@@ -1,0 +1,122 @@
+// ReferenceTrainer: ordinary (non-relay) mini-batch training of the whole model in one
+// process and one Backend. It is the oracle every relay and EPS equivalence test
+// compares against, so it is written for obviousness, not speed:
+//   for each micro-batch: Embedding -> Blocks -> Head (loss, dL/dhidden) -> Blocks
+//   backward (recomputing from the kept block inputs) -> Embedding backward, with
+//   parameter gradients accumulated over the M micro-batches (loss_scale = 1/M, so the
+//   gradient is that of the mini-batch mean loss); then clipping (train.clip:
+//   none | per_layer | global), then AdamW per tensor (weight decay only on
+//   ParamInfo::decay tensors) at lr = LearningRate(optim, step).
+//
+// State: fp32 master weights and AdamW moments live on the host (std::vector per layer),
+// as in the EPS; the backend holds a copy of the weights (refreshed after every update),
+// the gradients and the activations of one micro-batch (L+1 hidden states (B,T,C)).
+// Tied embeddings: the head reads wte from layer 0's buffer and its wte gradient is
+// added into layer 0's gradient (one tensor, two readers).
+//
+// Deterministic: the same config, seed and batches give bit-identical weights (every
+// kernel of the CPU backend is deterministic for a fixed thread count).
+// Ownership: owns its backend unless one is passed in. Thread-safety: one thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/model_spec.h"
+#include "common/status.h"
+#include "kernels/backend.h"
+#include "kernels/layers/layers.h"
+#include "worker/data_loader.h"  // MicroBatch
+
+namespace l2l::worker {
+
+struct ReferenceTrainerOptions {
+  std::string device = "cpu";  // kernels::CreateBackend name
+  int num_threads = 0;         // CPU backend threads; <= 0: all cores
+};
+
+class ReferenceTrainer {
+ public:
+  // Initialises every layer with InitLayerParams(model, layout, train.seed).
+  // Fails on an invalid config or when the backend cannot be created.
+  static Result<std::unique_ptr<ReferenceTrainer>> Create(const JobConfig& cfg,
+                                                          const ReferenceTrainerOptions& opts = {});
+  // Starts from the given weights: one flat fp32 buffer per layer in model order, each
+  // of BuildLayout(cfg.model)[l].numel floats.
+  static Result<std::unique_ptr<ReferenceTrainer>> Create(const JobConfig& cfg,
+                                                          std::vector<std::vector<float>> params,
+                                                          const ReferenceTrainerOptions& opts = {});
+  ~ReferenceTrainer();
+
+  // One optimizer step over `batches` (the M micro-batches of the mini-batch; M may
+  // differ from train.micro_batches). Returns the mean loss over the micro-batches
+  // (before the update). Errors: empty batches, shape mismatches, token ids out of range.
+  Result<float> Step(const std::vector<MicroBatch>& batches);
+
+  // Forward + backward only: leaves the mini-batch-mean gradient (unclipped) in
+  // grads() and returns the mean loss. Does not change weights or the step counter.
+  Result<float> ComputeGradients(const std::vector<MicroBatch>& batches);
+
+  // Mean loss over `batches` without touching gradients or weights.
+  Result<float> Evaluate(const std::vector<MicroBatch>& batches);
+
+  // probs (B,T,V) host memory: softmax of the logits for tokens (B,T).
+  Status Probs(const int32_t* tokens, int64_t B, int64_t T, float* probs);
+
+  // Host fp32 state, one flat buffer per layer (layout order). Valid until the next Step.
+  const std::vector<std::vector<float>>& params() const { return params_; }
+  const std::vector<std::vector<float>>& m() const { return m_; }
+  const std::vector<std::vector<float>>& v() const { return v_; }
+  // Gradients of the last ComputeGradients/Step (before clipping), copied to the host.
+  std::vector<std::vector<float>> grads() const;
+
+  // Optimizer steps taken so far (the next step's 0-based index).
+  int64_t step() const { return step_; }
+  // Clip coefficient and global gradient norm of the last Step (1 / norm with clip=none).
+  float last_clip_coefficient() const { return last_clip_; }
+  double last_grad_norm() const { return last_norm_; }
+
+  const JobConfig& config() const { return cfg_; }
+  const ModelSpec& spec() const { return cfg_.model; }
+  const std::vector<LayerLayout>& layouts() const { return layouts_; }
+  kernels::Backend* backend() const { return backend_.get(); }
+
+  // Writes the weights as Hugging Face GPT-2 safetensors (common/model_io.h).
+  Status SaveSafetensors(const std::string& path) const;
+
+ private:
+  ReferenceTrainer() = default;
+  Status Init(const JobConfig& cfg, std::vector<std::vector<float>> params,
+              const ReferenceTrainerOptions& opts);
+  Status CheckBatch(const MicroBatch& mb, size_t index) const;
+  Status EnsureWorkspace(int64_t B, int64_t T);
+  // Forward (and backward when `backward`) of one micro-batch; returns its mean loss.
+  float RunMicroBatch(const MicroBatch& mb, float loss_scale, bool backward);
+  Result<float> ForwardBackward(const std::vector<MicroBatch>& batches, bool backward);
+  void ApplyUpdate();
+  void UploadParams();
+
+  JobConfig cfg_;
+  std::vector<LayerLayout> layouts_;
+  std::unique_ptr<kernels::Backend> backend_;
+
+  std::vector<std::vector<float>> params_, m_, v_;  // host fp32, per layer (numel)
+  std::vector<kernels::DeviceBuffer> d_params_;     // per layer (numel)
+  std::vector<kernels::DeviceBuffer> d_grads_;      // per layer (numel)
+
+  // Per-micro-batch buffers, sized for (ws_B_, ws_T_).
+  int64_t ws_B_ = 0, ws_T_ = 0;
+  std::unique_ptr<layers::LayerWorkspace> ws_;
+  kernels::DeviceBuffer d_tokens_, d_targets_;  // (B,T) int32
+  std::vector<kernels::DeviceBuffer> acts_;     // n_layer+1 hidden states (B,T,C)
+  kernels::DeviceBuffer d_dact_a_, d_dact_b_;   // (B,T,C) gradient ping-pong
+
+  int64_t step_ = 0;
+  float last_clip_ = 1.0f;
+  double last_norm_ = 0.0;
+};
+
+}  // namespace l2l::worker

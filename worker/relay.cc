@@ -1,0 +1,316 @@
+// The layer-to-layer relay: forward layer by layer over all micro-batches, head, backward
+// in reverse with recompute, gradients pushed per layer. See relay.h.
+#include "worker/relay.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+namespace l2l::worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+}  // namespace
+
+Result<RelayOptions> RelayOptions::FromJob(const JobConfig& job) {
+  RelayOptions o;
+  L2L_ASSIGN_OR_RETURN(o.stash, ParseStashPlacement(job.train.stash));
+  if (job.train.mode == "sync") {
+    o.lockfree = false;
+  } else if (job.train.mode == "lockfree") {
+    o.lockfree = true;
+  } else {
+    return InvalidArgument("train.mode='" + job.train.mode + "' is not one of: sync, lockfree");
+  }
+  if (job.train.staleness < 0) {
+    return InvalidArgument("train.staleness=" + std::to_string(job.train.staleness) +
+                           " must be >= 0");
+  }
+  o.staleness = job.train.staleness;
+  return o;
+}
+
+Relay::Relay(EpsClient* client, kernels::Backend* backend, const JobConfig& job,
+             const RelayOptions& o)
+    : client_(client),
+      be_(backend),
+      job_(job),
+      spec_(job.model),
+      opt_(o),
+      layouts_(BuildLayout(job.model)),
+      B_(job.train.micro_batch_size),
+      T_(job.seq_len()),
+      M_(job.train.micro_batches) {}
+
+Relay::~Relay() {
+  // The background threads may still reference our buffers after a failed step.
+  if (prefetcher_) prefetcher_->Cancel();
+  if (pusher_) {
+    double ignored = 0;
+    pusher_->WaitAll(&ignored).IgnoreError();
+  }
+}
+
+Result<std::unique_ptr<Relay>> Relay::Create(EpsClient* client, kernels::Backend* backend,
+                                             const JobConfig& job, const RelayOptions& options) {
+  L2L_RETURN_IF_ERROR(job.model.Validate());
+  if (job.train.micro_batch_size <= 0 || job.train.micro_batches <= 0 || job.seq_len() <= 0 ||
+      job.seq_len() > job.model.seq_len) {
+    return InvalidArgument("relay: train.micro_batch_size=" + std::to_string(job.train.micro_batch_size) +
+                           ", train.micro_batches=" + std::to_string(job.train.micro_batches) +
+                           " must be > 0 and seq_len=" + std::to_string(job.seq_len()) +
+                           " in [1, model.seq_len=" + std::to_string(job.model.seq_len) + "]");
+  }
+  std::unique_ptr<Relay> r(new Relay(client, backend, job, options));
+  L2L_RETURN_IF_ERROR(r->Init());
+  return r;
+}
+
+Status Relay::Init() {
+  const int64_t L = spec_.n_layer, C = spec_.d_model;
+  const size_t N = static_cast<size_t>(B_ * T_);
+  L2L_ASSIGN_OR_RETURN(layers::LayerWorkspace ws, layers::LayerWorkspace::Create(be_, spec_, B_, T_));
+  ws_ = std::make_unique<layers::LayerWorkspace>(std::move(ws));
+  L2L_ASSIGN_OR_RETURN(stash_, Stash::Create(be_, opt_.stash, L + 1, M_, N * static_cast<size_t>(C)));
+
+  std::vector<size_t> numel;
+  for (const LayerLayout& l : layouts_) numel.push_back(l.numel);
+  L2L_ASSIGN_OR_RETURN(prefetcher_, LayerPrefetcher::Create(client_, be_, numel, opt_.ring_slots));
+  const size_t max_numel = *std::max_element(numel.begin(), numel.end());
+  const size_t ring_numel = *std::max_element(numel.begin() + 1, numel.end());
+  L2L_ASSIGN_OR_RETURN(pusher_, GradientPusher::Create(client_, be_, max_numel));
+
+  L2L_ASSIGN_OR_RETURN(tokens_, kernels::DeviceBuffer::Create(
+                                    be_, static_cast<size_t>(M_) * 2 * N * sizeof(int32_t)));
+  L2L_ASSIGN_OR_RETURN(dact_buf_, kernels::DeviceBuffer::Create(
+                                      be_, static_cast<size_t>(M_ + 1) * N * C * sizeof(float)));
+  for (int64_t u = 0; u < M_; ++u) dact_.push_back(dact_buf_.f32() + static_cast<size_t>(u) * N * C);
+  spare_ = dact_buf_.f32() + static_cast<size_t>(M_) * N * C;
+  L2L_ASSIGN_OR_RETURN(emb_grad_, kernels::DeviceBuffer::Create(be_, numel[0] * sizeof(float)));
+  for (auto& g : ring_grad_) {
+    L2L_ASSIGN_OR_RETURN(g, kernels::DeviceBuffer::Create(be_, ring_numel * sizeof(float)));
+  }
+  return Status::Ok();
+}
+
+size_t Relay::device_bytes() const {
+  return ws_->bytes() + stash_->device_bytes() + prefetcher_->device_bytes() + tokens_.bytes() +
+         dact_buf_.bytes() + emb_grad_.bytes() + ring_grad_[0].bytes() + ring_grad_[1].bytes();
+}
+
+const int32_t* Relay::Inputs(int64_t u) const {
+  return tokens_.i32() + static_cast<size_t>(2 * u) * static_cast<size_t>(B_ * T_);
+}
+const int32_t* Relay::Targets(int64_t u) const {
+  return tokens_.i32() + static_cast<size_t>(2 * u + 1) * static_cast<size_t>(B_ * T_);
+}
+
+Status Relay::ValidateBatch(const std::vector<MicroBatch>& mbs) const {
+  if (static_cast<int64_t>(mbs.size()) != M_) {
+    return InvalidArgument("relay step got " + std::to_string(mbs.size()) +
+                           " micro-batches, train.micro_batches=" + std::to_string(M_));
+  }
+  const size_t n = static_cast<size_t>(B_ * T_);
+  for (size_t u = 0; u < mbs.size(); ++u) {
+    if (mbs[u].B != B_ || mbs[u].T != T_) {
+      return InvalidArgument("micro-batch " + std::to_string(u) + " is (B=" + std::to_string(mbs[u].B) +
+                             ", T=" + std::to_string(mbs[u].T) + "), the job wants (B=" +
+                             std::to_string(B_) + ", T=" + std::to_string(T_) + ")");
+    }
+    for (const auto* v : {&mbs[u].inputs, &mbs[u].targets}) {
+      const char* what = v == &mbs[u].inputs ? "inputs" : "targets";
+      if (v->size() != n) {
+        return InvalidArgument("micro-batch " + std::to_string(u) + " " + what + " has " +
+                               std::to_string(v->size()) + " tokens, expected B*T=" +
+                               std::to_string(n));
+      }
+      for (size_t i = 0; i < n; ++i) {
+        if ((*v)[i] < 0 || (*v)[i] >= spec_.vocab_size) {
+          return OutOfRange("micro-batch " + std::to_string(u) + " " + what + "[" +
+                            std::to_string(i) + "]=" + std::to_string((*v)[i]) +
+                            " is outside the vocabulary [0, " + std::to_string(spec_.vocab_size) + ")");
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Result<StepReport> Relay::RunStep(int64_t step, const std::vector<MicroBatch>& mbs) {
+  L2L_RETURN_IF_ERROR(ValidateBatch(mbs));
+  times_ = RelayTimes{};
+  const auto t0 = Clock::now();
+  double loss_sum = 0;
+  Status st = RunStepImpl(step, mbs, &loss_sum);
+  if (!st.ok()) {
+    prefetcher_->Cancel();
+    double ignored = 0;
+    pusher_->WaitAll(&ignored).IgnoreError();
+    ring_ticket_[0] = ring_ticket_[1] = -1;
+    return st.WithContext("relay step " + std::to_string(step));
+  }
+  times_.total = Seconds(t0, Clock::now());
+  times_.recompute = std::min(block_forward_s_, times_.backward);
+  times_.backward -= times_.recompute;
+
+  StepReport r;
+  r.step = step;
+  r.loss = loss_sum / static_cast<double>(M_);
+  r.tokens = M_ * B_ * T_;
+  r.forward_s = times_.forward + times_.head;
+  r.backward_s = times_.backward;
+  r.recompute_s = times_.recompute;
+  r.wait_layer_s = times_.wait_layer;
+  r.wait_push_s = times_.wait_push;
+  return r;
+}
+
+Status Relay::RunStepImpl(int64_t step, const std::vector<MicroBatch>& mbs, double* loss_sum) {
+  const int64_t L = spec_.n_layer;
+  // The order the relay uses layers in: forward 0..L, head, backward L..1 (the
+  // embedding's backward needs only tokens; layer 0 stays resident for a tied head).
+  std::vector<int64_t> schedule;
+  for (int64_t l = 0; l <= L + 1; ++l) schedule.push_back(l);
+  for (int64_t l = L; l >= 1; --l) schedule.push_back(l);
+  const int64_t min_version = opt_.lockfree ? std::max<int64_t>(0, step - opt_.staleness) : step;
+  prefetcher_->Begin(std::move(schedule), min_version, opt_.layer_timeout);
+
+  auto t = Clock::now();
+  const size_t n = static_cast<size_t>(B_ * T_);
+  for (int64_t u = 0; u < M_; ++u) {
+    be_->CopyToDevice(const_cast<int32_t*>(Inputs(u)), mbs[u].inputs.data(), n * sizeof(int32_t));
+    be_->CopyToDevice(const_cast<int32_t*>(Targets(u)), mbs[u].targets.data(), n * sizeof(int32_t));
+  }
+  be_->Zero(emb_grad_.data(), emb_grad_.bytes());
+  be_->Synchronize();
+  times_.upload = Seconds(t, Clock::now());
+
+  ResidentLayer emb;
+  L2L_RETURN_IF_ERROR(Forward(step, &emb));
+  L2L_RETURN_IF_ERROR(HeadAndBackward(step, &emb, loss_sum));
+  L2L_RETURN_IF_ERROR(pusher_->WaitAll(&times_.wait_push));
+  ring_ticket_[0] = ring_ticket_[1] = -1;
+  return Status::Ok();
+}
+
+Result<ResidentLayer> Relay::NextLayer(int64_t step, int64_t layer) {
+  L2L_ASSIGN_OR_RETURN(ResidentLayer r, prefetcher_->Next(&times_.wait_layer));
+  L2L_CHECK(r.layer == layer) << "prefetch schedule returned layer " << r.layer << ", relay expected " << layer;
+  const int64_t lag = step - r.version;
+  if (!opt_.lockfree && r.version != step) {
+    prefetcher_->Release(r);
+    return FailedPrecondition("synchronous step " + std::to_string(step) + " got layer " +
+                              std::to_string(layer) + " at version " + std::to_string(r.version) +
+                              "; it must be exactly " + std::to_string(step));
+  }
+  if (opt_.lockfree && lag > opt_.staleness) {
+    prefetcher_->Release(r);
+    return FailedPrecondition("lock-free step " + std::to_string(step) + " got layer " +
+                              std::to_string(layer) + " at version " + std::to_string(r.version) +
+                              ", older than the staleness bound " + std::to_string(opt_.staleness));
+  }
+  versions_.max_lag = versions_.acquires == 0 ? lag : std::max(versions_.max_lag, lag);
+  versions_.min_lag = versions_.acquires == 0 ? lag : std::min(versions_.min_lag, lag);
+  ++versions_.acquires;
+  ++versions_.lag_counts[lag];
+  return r;
+}
+
+Status Relay::Forward(int64_t step, ResidentLayer* emb) {
+  const int64_t L = spec_.n_layer;
+  L2L_ASSIGN_OR_RETURN(*emb, NextLayer(step, 0));
+  auto t = Clock::now();
+  for (int64_t u = 0; u < M_; ++u) {
+    layers::EmbeddingForward(*be_, spec_, layouts_[0], emb->params, Inputs(u),
+                             stash_->OutputBuffer(0, u), B_, T_);  // (B,T,C)
+    stash_->Commit(0, u);
+  }
+  be_->Synchronize();
+  times_.forward += Seconds(t, Clock::now());
+  if (!spec_.tied_embeddings) prefetcher_->Release(*emb);
+
+  block_forward_s_ = 0;
+  for (int64_t l = 1; l <= L; ++l) {
+    L2L_ASSIGN_OR_RETURN(ResidentLayer p, NextLayer(step, l));
+    t = Clock::now();
+    for (int64_t u = 0; u < M_; ++u) {
+      const float* in = stash_->Load(l - 1, u);  // (B,T,C)
+      float* out = stash_->OutputBuffer(l, u);   // (B,T,C)
+      layers::BlockForward(*be_, spec_, layouts_[l], p.params, in, out, B_, T_, *ws_);
+      stash_->Commit(l, u);
+    }
+    be_->Synchronize();
+    const double s = Seconds(t, Clock::now());
+    times_.forward += s;
+    block_forward_s_ += s;
+    prefetcher_->Release(p);
+  }
+  return Status::Ok();
+}
+
+Status Relay::Push(int64_t layer, int64_t step, const float* grad, size_t numel, int64_t* ticket) {
+  L2L_ASSIGN_OR_RETURN(int64_t tk, pusher_->Submit(layer, step, M_, grad, numel, &times_.wait_push));
+  if (ticket) *ticket = tk;
+  return Status::Ok();
+}
+
+Status Relay::HeadAndBackward(int64_t step, ResidentLayer* emb, double* loss_sum) {
+  const int64_t L = spec_.n_layer;
+  const LayerLayout& head = layouts_[L + 1];
+  const ParamInfo* wte = layouts_[0].Find("wte.weight");
+  L2L_CHECK(wte != nullptr) << "embedding layout has no wte.weight";
+
+  // ---- head: loss and input-gradient per micro-batch --------------------------------
+  L2L_ASSIGN_OR_RETURN(ResidentLayer h, NextLayer(step, L + 1));
+  auto t = Clock::now();
+  float* hgrad = ring_grad_[0].f32();  // (head numel)
+  be_->Zero(hgrad, head.numel * sizeof(float));
+  const float* wte_w = spec_.tied_embeddings ? emb->params + wte->offset : nullptr;  // (V,C)
+  float* dwte = spec_.tied_embeddings ? emb_grad_.f32() + wte->offset : nullptr;     // (V,C)
+  for (int64_t u = 0; u < M_; ++u) {
+    const float* in = stash_->Load(L, u);  // (B,T,C)
+    *loss_sum += layers::HeadForwardBackward(*be_, spec_, head, h.params, wte_w, in, Targets(u),
+                                             1.0f, dact_[u], hgrad, dwte, B_, T_, *ws_);
+  }
+  be_->Synchronize();
+  times_.head += Seconds(t, Clock::now());
+  prefetcher_->Release(h);
+  if (spec_.tied_embeddings) prefetcher_->Release(*emb);
+  L2L_RETURN_IF_ERROR(Push(L + 1, step, hgrad, head.numel, &ring_ticket_[0]));
+
+  // ---- blocks in reverse: recompute, accumulate over micro-batches, push once ---------
+  int buf = 1;
+  for (int64_t l = L; l >= 1; --l) {
+    L2L_ASSIGN_OR_RETURN(ResidentLayer p, NextLayer(step, l));
+    if (ring_ticket_[buf] >= 0) L2L_RETURN_IF_ERROR(pusher_->Wait(ring_ticket_[buf], &times_.wait_push));
+    t = Clock::now();
+    float* grad = ring_grad_[buf].f32();  // (layer numel)
+    be_->Zero(grad, layouts_[l].numel * sizeof(float));
+    for (int64_t u = 0; u < M_; ++u) {
+      const float* in = stash_->Load(l - 1, u);  // (B,T,C)
+      layers::BlockBackward(*be_, spec_, layouts_[l], p.params, in, dact_[u], spare_, grad, B_, T_, *ws_);
+      std::swap(dact_[u], spare_);  // dact_[u] is now dL/d(input of block l)
+    }
+    be_->Synchronize();
+    times_.backward += Seconds(t, Clock::now());
+    prefetcher_->Release(p);
+    L2L_RETURN_IF_ERROR(Push(l, step, grad, layouts_[l].numel, &ring_ticket_[buf]));
+    buf ^= 1;
+  }
+
+  // ---- embedding ----------------------------------------------------------------------
+  t = Clock::now();
+  for (int64_t u = 0; u < M_; ++u) {
+    layers::EmbeddingBackward(*be_, spec_, layouts_[0], Inputs(u), dact_[u], emb_grad_.f32(), B_, T_);
+  }
+  be_->Synchronize();
+  times_.backward += Seconds(t, Clock::now());
+  return Push(0, step, emb_grad_.f32(), layouts_[0].numel, nullptr);
+}
+
+}  // namespace l2l::worker

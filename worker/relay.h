@@ -1,0 +1,136 @@
+// Relay: one worker's layer-to-layer execution of a training step against the EPS (seed
+// 002 Algorithm 3; ../shared/BRIEF.md "Step anatomy"). For step t with micro-batches
+// u1..uM:
+//   forward   for each layer l = 0..L (embedding, blocks): run u1..uM through it, stash
+//             each output (worker/stash.h); layer l+1 is prefetched meanwhile.
+//   head      per micro-batch: loss and its input-gradient (loss_scale 1: the EPS divides
+//             by the total micro-batch count). With tied embeddings the head reads wte
+//             from layer 0, which stays resident from the embedding forward, and its dwte
+//             is summed into layer 0's gradient.
+//   backward  for l = L..1: re-fetch the block, recompute it from the stashed input,
+//             accumulate its weight gradient over u1..uM in one buffer, push it once (in
+//             the background while l-1 computes), hand the input-gradient down; then the
+//             embedding's gradient (plus the head's dwte) is pushed.
+// Versions: synchronous mode uses every layer at exactly version t (and checks it);
+// lock-free mode (train.mode=lockfree, staleness s) asks for any version >= t - s and
+// never waits for a newer one. Every acquired version is counted in VersionStats.
+//
+// Ownership: the Relay borrows the EpsClient and Backend (they must outlive it) and owns
+// every device buffer it computes in: one LayerWorkspace, the stash, two gradient buffers
+// for blocks/head plus one for the embedding, M+1 activation-gradient tensors, the
+// prefetcher's weight slots.
+// Thread-safety: RunStep from one thread; the prefetcher and pusher run their own threads.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "common/config.h"
+#include "common/model_spec.h"
+#include "common/status.h"
+#include "kernels/backend.h"
+#include "kernels/layers/layers.h"
+#include "worker/data_loader.h"  // MicroBatch
+#include "worker/eps_client.h"
+#include "worker/prefetch.h"
+#include "worker/stash.h"
+
+namespace l2l::worker {
+
+struct RelayOptions {
+  StashPlacement stash = StashPlacement::kDevice;  // train.stash
+  bool lockfree = false;                           // train.mode == "lockfree"
+  int64_t staleness = 1;                           // train.staleness (lock-free only)
+  // Longest wait for one layer version before the step fails with DEADLINE_EXCEEDED.
+  std::chrono::milliseconds layer_timeout{std::chrono::minutes(10)};
+  int ring_slots = 2;  // weight slots for blocks/head (2 = current + prefetch)
+
+  // Reads train.stash / train.mode / train.staleness; errors name the key.
+  static Result<RelayOptions> FromJob(const JobConfig& job);
+};
+
+// Layer versions the relay computed with (the lock-free bound's evidence).
+struct VersionStats {
+  int64_t acquires = 0;
+  int64_t max_lag = 0;                 // max over acquires of (step - version)
+  int64_t min_lag = 0;                 // min over acquires of (step - version)
+  std::map<int64_t, int64_t> lag_counts;  // lag -> acquires
+};
+
+// Seconds of one step, measured on the compute thread (the backend synchronised at each
+// boundary). BlockBackward recomputes and differentiates in one call, so `recompute` is
+// the blocks' forward time of the same step (identical work) and `backward` is the rest.
+struct RelayTimes {
+  double upload = 0;      // tokens to the device
+  double forward = 0;     // embedding + blocks forward (incl. stash offload)
+  double head = 0;        // head forward + backward, all micro-batches
+  double recompute = 0;   // see above
+  double backward = 0;    // blocks (minus recompute) + embedding backward
+  double wait_layer = 0;  // blocked waiting for a layer to be resident
+  double wait_push = 0;   // blocked waiting for a gradient push to finish
+  double total = 0;
+};
+
+class Relay {
+ public:
+  static Result<std::unique_ptr<Relay>> Create(EpsClient* client, kernels::Backend* backend,
+                                               const JobConfig& job, const RelayOptions& options);
+  ~Relay();
+  Relay(const Relay&) = delete;
+  Relay& operator=(const Relay&) = delete;
+
+  // Runs step `step` over exactly job.train.micro_batches micro-batches of
+  // (micro_batch_size, seq_len) and pushes every layer's gradient. Returns the report
+  // (loss = mean of the micro-batches' mean losses; data_position left empty for the
+  // caller). On failure nothing is left acquired or in flight.
+  Result<StepReport> RunStep(int64_t step, const std::vector<MicroBatch>& micro_batches);
+
+  const VersionStats& versions() const { return versions_; }
+  const RelayTimes& last_times() const { return times_; }
+  // Backend bytes this relay holds (weights slots, stash, activations, gradients, scratch).
+  size_t device_bytes() const;
+  size_t stash_host_bytes() const { return stash_->host_bytes(); }
+  const Stash& stash() const { return *stash_; }
+
+ private:
+  Relay(EpsClient* client, kernels::Backend* backend, const JobConfig& job, const RelayOptions& o);
+  Status Init();
+  Status ValidateBatch(const std::vector<MicroBatch>& mbs) const;
+  Status RunStepImpl(int64_t step, const std::vector<MicroBatch>& mbs, double* loss_sum);
+  Status Forward(int64_t step, ResidentLayer* emb);
+  Status HeadAndBackward(int64_t step, ResidentLayer* emb, double* loss_sum);
+  // Next layer from the prefetcher, checked against the step's version rule.
+  Result<ResidentLayer> NextLayer(int64_t step, int64_t layer);
+  Status Push(int64_t layer, int64_t step, const float* grad, size_t numel, int64_t* ticket);
+  const int32_t* Inputs(int64_t u) const;   // (B,T) device
+  const int32_t* Targets(int64_t u) const;  // (B,T) device
+
+  EpsClient* client_;
+  kernels::Backend* be_;
+  const JobConfig job_;
+  const ModelSpec spec_;
+  const RelayOptions opt_;
+  const std::vector<LayerLayout> layouts_;
+  const int64_t B_, T_, M_;
+
+  std::unique_ptr<layers::LayerWorkspace> ws_;
+  std::unique_ptr<Stash> stash_;
+  std::unique_ptr<LayerPrefetcher> prefetcher_;
+  std::unique_ptr<GradientPusher> pusher_;
+  kernels::DeviceBuffer tokens_;    // (M, 2, B,T) int32: inputs then targets per micro-batch
+  kernels::DeviceBuffer dact_buf_;  // (M+1, B,T,C) activation gradients
+  std::vector<float*> dact_;        // M pointers into dact_buf_, plus spare_
+  float* spare_ = nullptr;
+  kernels::DeviceBuffer emb_grad_;  // (layer 0 numel) embedding gradient (+ head's dwte)
+  kernels::DeviceBuffer ring_grad_[2];  // (max block/head numel) alternating gradients
+  int64_t ring_ticket_[2] = {-1, -1};   // push still reading each ring buffer
+
+  VersionStats versions_;
+  RelayTimes times_;
+  double block_forward_s_ = 0;  // this step's blocks forward (the recompute estimate)
+};
+
+}  // namespace l2l::worker

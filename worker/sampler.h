@@ -1,0 +1,48 @@
+// Sampler: autoregressive text generation from a model's next-token probabilities, with
+// temperature and top-k, deterministic from a seed (counter-based RNG, no std::
+// distributions). Independent of where the model runs: it asks a NextTokenProbs
+// callback, so the reference trainer and the relay can both drive it.
+//
+// Thread-safety: pure functions; the callback is called from the caller's thread.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "common/status.h"
+
+namespace l2l::worker {
+
+class ReferenceTrainer;
+
+// Probabilities (V) of the token that follows `context` (1 <= context.size() <= the
+// model's seq_len).
+using NextTokenProbs = std::function<Result<std::vector<float>>(const std::vector<int32_t>& context)>;
+
+struct SamplerOptions {
+  int64_t max_new_tokens = 200;
+  float temperature = 0.8f;  // <= 0: greedy (argmax)
+  int64_t top_k = 40;        // <= 0 or >= V: no top-k cut
+  uint64_t seed = 1;
+  int64_t context_len = 64;  // the model's seq_len: only the last context_len tokens are fed
+};
+
+// Picks a token from `probs` (V): restricted to the top_k most likely (ties broken by
+// lower id), reweighted by temperature (p^(1/temperature), i.e. softmax(logits/temperature)),
+// using uniform draw u in [0,1). Exposed for tests.
+int32_t SampleToken(const std::vector<float>& probs, float temperature, int64_t top_k, double u);
+
+// Uniform in [0,1) for draw `i` of stream `seed`.
+double SamplerUniform(uint64_t seed, uint64_t i);
+
+// prompt followed by max_new_tokens generated tokens. prompt must be non-empty.
+Result<std::vector<int32_t>> Generate(const NextTokenProbs& next, const std::vector<int32_t>& prompt,
+                                      const SamplerOptions& opts);
+
+// NextTokenProbs over a ReferenceTrainer's current weights. The context is right-padded
+// to seq_len (causal attention makes the padding invisible to earlier positions), so
+// every call runs one fixed (1, seq_len) shape.
+NextTokenProbs TrainerProbs(ReferenceTrainer* trainer);
+
+}  // namespace l2l::worker
