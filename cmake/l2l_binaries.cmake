@@ -1,6 +1,6 @@
 # l2l_add_component(DIR LIB DEPS...): builds DIR/*.cc (minus *_main.cc) into static
 # library LIB, and each DIR/<name>_main.cc into executable l2l-<name> (underscores become
-# dashes), linked to LIB. One convention for every component with programs.
+# dashes; a stem starting with l2l keeps its name: l2lctl_main.cc -> l2lctl), linked to LIB. One convention for every component with programs.
 function(l2l_add_component dir lib)
   file(GLOB all_srcs CONFIGURE_DEPENDS ${dir}/*.cc)
   file(GLOB main_srcs CONFIGURE_DEPENDS ${dir}/*_main.cc)
@@ -19,8 +19,13 @@ function(l2l_add_component dir lib)
     get_filename_component(stem ${m} NAME_WE)
     string(REGEX REPLACE "_main$" "" stem ${stem})
     string(REPLACE "_" "-" stem ${stem})
-    add_executable(l2l-${stem} ${m})
-    target_link_libraries(l2l-${stem} PRIVATE ${lib})
-    set_target_properties(l2l-${stem} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+    if(stem MATCHES "^l2l")
+      set(exe ${stem})            # l2lctl_main.cc -> l2lctl
+    else()
+      set(exe l2l-${stem})        # worker_main.cc -> l2l-worker
+    endif()
+    add_executable(${exe} ${m})
+    target_link_libraries(${exe} PRIVATE ${lib})
+    set_target_properties(${exe} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
   endforeach()
 endfunction()

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <utility>
 
+#include "common/tokens_file.h"
+
 namespace l2l::worker {
 namespace {
 
@@ -33,6 +35,11 @@ Result<DataPosition> DataPosition::Parse(const std::string& s) {
   p.epoch = e;
   p.batch = b;
   return p;
+}
+
+Result<DataLoader> DataLoader::Open(const std::string& path, const DataLoaderOptions& opts) {
+  L2L_ASSIGN_OR_RETURN(std::vector<uint16_t> raw, ReadTokensFile(path, opts.vocab_size));
+  return FromTokens(std::vector<int32_t>(raw.begin(), raw.end()), opts, path);
 }
 
 Result<DataLoader> DataLoader::FromTokens(std::vector<int32_t> tokens, const DataLoaderOptions& opts,

@@ -136,17 +136,35 @@ void FakeEps::Apply(int64_t step, const std::vector<int64_t>& which) {
       coef = ClipCoefficient(std::sqrt(SumSquares(p.sum.data(), p.sum.size())) * scale, o.grad_clip);
     }
     const float grad_scale = static_cast<float>(scale) * coef;
+    layer.prev_master = layer.master;
     for (const ParamInfo& info : layouts_[l].params) {
       AdamWStep(layer.master.data() + info.offset, p.sum.data() + info.offset,
                 layer.m.data() + info.offset, layer.v.data() + info.offset, info.numel, lr, o.beta1,
                 o.beta2, o.eps, info.decay ? o.weight_decay : 0.0f, step + 1, grad_scale);
     }
+    layer.last_grad.resize(p.sum.size());
+    for (size_t i = 0; i < p.sum.size(); ++i) layer.last_grad[i] = static_cast<float>(p.sum[i] * scale);
     layer.version = step + 1;
     Publish(&layer);
     pending_.erase({step, l});
   }
   optimizer_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
   cv_.notify_all();
+}
+
+void FakeEps::ApplyReady() {
+  bool progress = true;
+  while (progress) {  // in step order per layer
+    progress = false;
+    for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) {
+      if (TryApply(layers_[l].version, l)) progress = true;
+    }
+  }
+}
+
+void FakeEps::Flush() {
+  std::lock_guard<std::mutex> lk(mu_);
+  ApplyReady();
 }
 
 Result<LayerWeights> FakeEps::Acquire(int32_t worker, int64_t layer, int64_t min_version,
@@ -219,16 +237,7 @@ Status FakeEps::Push(int32_t worker, int64_t layer, int64_t step, int64_t micro_
   if (p.sum.empty()) p.sum.assign(numel, 0.0f);
   for (size_t i = 0; i < numel; ++i) p.sum[i] += grad[i];
   p.micro_batches += micro_batches;
-  if (!opt_.lazy_updates) {
-    // Apply everything that became ready, in step order per layer.
-    bool progress = true;
-    while (progress) {
-      progress = false;
-      for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) {
-        if (TryApply(layers_[l].version, l)) progress = true;
-      }
-    }
-  }
+  if (!opt_.lazy_updates) ApplyReady();
   cv_.notify_all();
   return Status::Ok();
 }
@@ -247,6 +256,16 @@ std::vector<float> FakeEps::Master(int64_t layer) const {
 int64_t FakeEps::Version(int64_t layer) const {
   std::lock_guard<std::mutex> lk(mu_);
   return layers_.at(layer).version;
+}
+
+std::vector<float> FakeEps::LastGradient(int64_t layer) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return layers_.at(layer).last_grad;
+}
+
+std::vector<float> FakeEps::WeightsBeforeLastUpdate(int64_t layer) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return layers_.at(layer).prev_master;
 }
 
 std::vector<FakeEps::AcquireRecord> FakeEps::acquires() const {

@@ -49,10 +49,18 @@ class FakeEps {
 
   // Fails every blocked and future AcquireLayer with ABORTED.
   void Stop();
+  // Applies every update whose gradients are all in (with lazy_updates, the ones no
+  // acquire has forced yet), so Master() shows the trained weights.
+  void Flush();
 
   // Inspection (copies, taken under the lock).
   std::vector<float> Master(int64_t layer) const;  // (layout numel) fp32 master weights
   int64_t Version(int64_t layer) const;
+  // The reduced gradient of the last update applied to `layer`: sum over workers divided
+  // by the total micro-batch count, before clipping. Empty before the first update.
+  std::vector<float> LastGradient(int64_t layer) const;
+  // The master weights that update started from (the version the gradient was computed at).
+  std::vector<float> WeightsBeforeLastUpdate(int64_t layer) const;
   struct AcquireRecord {
     int32_t worker;
     int64_t layer, min_version, version;
@@ -73,6 +81,8 @@ class FakeEps {
     std::vector<float> master, m, v;  // (numel)
     int64_t version = 0;
     std::shared_ptr<const std::vector<uint8_t>> published;  // numel * DTypeSize bytes
+    std::vector<float> last_grad;     // (numel) see LastGradient()
+    std::vector<float> prev_master;   // (numel) see WeightsBeforeLastUpdate()
   };
 
   FakeEps(const JobConfig& job, const FakeEpsOptions& o)
@@ -82,6 +92,7 @@ class FakeEps {
   // Applies step `step` to `layer` (and, with global clipping, to every layer) when all its
   // gradients are in and the versions line up. Returns whether it did.
   bool TryApply(int64_t step, int64_t layer);  // REQUIRES: mu_ held
+  void ApplyReady();                            // REQUIRES: mu_ held
   void Apply(int64_t step, const std::vector<int64_t>& layers);  // REQUIRES: mu_ held
 
   Result<LayerWeights> Acquire(int32_t worker, int64_t layer, int64_t min_version,

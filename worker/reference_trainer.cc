@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/adamw.h"
+#include "common/model_io.h"
 
 namespace l2l::worker {
 
@@ -284,7 +285,7 @@ Status ReferenceTrainer::Probs(const int32_t* tokens, int64_t B, int64_t T, floa
 }
 
 Status ReferenceTrainer::SaveSafetensors(const std::string& path) const {
-  return Unimplemented("SaveSafetensors(" + path + "): common/model_io.h is not available yet");
+  return SaveModel(path, cfg_.model, params_, DType::kF32, {{"l2l.step", std::to_string(step_)}});
 }
 
 }  // namespace l2l::worker

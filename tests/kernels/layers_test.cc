@@ -191,7 +191,10 @@ TEST_CASE("Embedding layer matches the reference; its gradient accumulates",
             1e-5, 1e-4, "embedding grad");
   EmbeddingBackward(*fx.be, fx.spec, L, dTok.i32(), dR.f32(), dGrad.f32(), kB, kT);
   const auto g2 = Download(*fx.be, dGrad, L.numel);
-  for (size_t i = 0; i < g1.size(); ++i) REQUIRE(g2[i] == 2.0f * g1[i]);
+  // Twice the first gradient, up to fp32 rounding of the repeated-token sums.
+  std::vector<double> twice(g1.begin(), g1.end());
+  for (double& v : twice) v *= 2.0;
+  ExpectClose(g2, twice, 1e-7, 1e-6, "embedding grad after two backwards");
 }
 
 TEST_CASE("Block forward matches the reference and its backward the finite differences",

@@ -1,0 +1,197 @@
+// Model export/import in Hugging Face GPT-2 safetensors form. See common/model_io.h.
+//
+// Thread-safety: pure functions.
+#include "common/model_io.h"
+
+#include <cstring>
+#include <exception>
+#include <regex>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "common/safetensors.h"
+
+namespace l2l {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kSpecFields[] = {"vocab_size", "seq_len", "d_model", "n_layer", "n_head", "d_ff"};
+
+int64_t* SpecField(ModelSpec* s, const std::string& name) {
+  if (name == "vocab_size") return &s->vocab_size;
+  if (name == "seq_len") return &s->seq_len;
+  if (name == "d_model") return &s->d_model;
+  if (name == "n_layer") return &s->n_layer;
+  if (name == "n_head") return &s->n_head;
+  if (name == "d_ff") return &s->d_ff;
+  return nullptr;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + ")";
+}
+
+// HF's non-parameter attention buffers.
+bool IsIgnoredBuffer(const std::string& name) {
+  static const std::regex kBuffer(R"(h\.[0-9]+\.attn\.(bias|masked_bias))");
+  return std::regex_match(name, kBuffer);
+}
+
+std::string Canonical(const std::string& name) {
+  static const std::string kPrefix = "transformer.";
+  return name.rfind(kPrefix, 0) == 0 ? name.substr(kPrefix.size()) : name;
+}
+
+Result<ModelSpec> SpecFromMetadata(const SafeTensorsReader& r) {
+  auto it = r.metadata().find(kModelSpecMetadataKey);
+  if (it == r.metadata().end()) {
+    return NotFound(r.path() + ": no \"" + std::string(kModelSpecMetadataKey) +
+                    "\" in the metadata (not written by l2l); load it with an explicit ModelSpec");
+  }
+  Result<ModelSpec> spec = ModelSpecFromJson(it->second);
+  if (!spec.ok()) return spec.status().WithContext(r.path() + ": metadata " + kModelSpecMetadataKey);
+  return spec;
+}
+
+Result<LoadedModel> LoadFrom(const SafeTensorsReader& r, const ModelSpec& spec) {
+  L2L_RETURN_IF_ERROR(spec.Validate());
+  const std::vector<LayerLayout> layout = BuildLayout(spec);
+  // Canonical name -> name in the file.
+  std::map<std::string, std::string> in_file;
+  for (const SafeTensorInfo& t : r.tensors()) {
+    const std::string c = Canonical(t.name);
+    if (!in_file.emplace(c, t.name).second) {
+      return InvalidArgument(r.path() + ": tensor '" + c + "' is stored twice (with and without 'transformer.')");
+    }
+  }
+  LoadedModel m;
+  m.spec = spec;
+  m.metadata = r.metadata();
+  std::set<std::string> used;
+  for (const LayerLayout& l : layout) {
+    std::vector<float> buf(l.numel);
+    for (const ParamInfo& p : l.params) {
+      auto it = in_file.find(p.name);
+      if (it == in_file.end()) {
+        return NotFound(r.path() + ": missing tensor '" + p.name + "' of shape " + ShapeText(p.shape));
+      }
+      const SafeTensorInfo* t = r.Find(it->second);
+      if (t->shape != p.shape) {
+        return InvalidArgument(r.path() + ": tensor '" + t->name + "' has shape " + ShapeText(t->shape) +
+                               ", expected " + ShapeText(p.shape) + " for this model");
+      }
+      L2L_RETURN_IF_ERROR(r.ReadAsFloat(t->name, buf.data() + p.offset, p.numel));
+      used.insert(p.name);
+    }
+    m.layers.push_back(std::move(buf));
+  }
+  for (const auto& [canonical, name] : in_file) {
+    if (used.count(canonical) != 0 || IsIgnoredBuffer(canonical)) continue;
+    if (canonical == "lm_head.weight" && spec.tied_embeddings) {
+      // Accept only a copy of wte (HF may store the tied matrix twice).
+      const SafeTensorInfo* t = r.Find(name);
+      const ParamInfo* wte = layout[0].Find("wte.weight");
+      if (t->shape == wte->shape) {
+        std::vector<float> head(t->numel());
+        L2L_RETURN_IF_ERROR(r.ReadAsFloat(name, head.data(), head.size()));
+        if (std::memcmp(head.data(), m.layers[0].data() + wte->offset, head.size() * sizeof(float)) == 0) continue;
+      }
+      return InvalidArgument(r.path() + ": the file has an lm_head.weight that differs from wte.weight but the "
+                             "model spec ties embeddings; load it with tied_embeddings: false");
+    }
+    return InvalidArgument(r.path() + ": unexpected tensor '" + name +
+                           "' (not part of this GPT-2 model: " + ModelSpecToJson(spec) + ")");
+  }
+  return m;
+}
+
+}  // namespace
+
+std::string ModelSpecToJson(const ModelSpec& spec) {
+  json j = {{"vocab_size", spec.vocab_size}, {"seq_len", spec.seq_len}, {"d_model", spec.d_model},
+            {"n_layer", spec.n_layer},       {"n_head", spec.n_head},   {"d_ff", spec.d_ff},
+            {"tied_embeddings", spec.tied_embeddings}};
+  return j.dump();
+}
+
+Result<ModelSpec> ModelSpecFromJson(const std::string& text) {
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const std::exception& e) {
+    return InvalidArgument("model spec is not valid JSON: " + std::string(e.what()));
+  }
+  if (!j.is_object()) return InvalidArgument("model spec is not a JSON object: " + text);
+  ModelSpec spec;
+  for (const auto& [k, v] : j.items()) {
+    if (k == "tied_embeddings") {
+      if (!v.is_boolean()) return InvalidArgument("model spec tied_embeddings=" + v.dump() + " is not a boolean");
+      spec.tied_embeddings = v.get<bool>();
+    } else if (int64_t* f = SpecField(&spec, k)) {
+      if (!v.is_number_integer()) return InvalidArgument("model spec " + k + "=" + v.dump() + " is not an integer");
+      *f = v.get<int64_t>();
+    } else {
+      return InvalidArgument("model spec has unknown field '" + k + "'");
+    }
+  }
+  for (const char* f : kSpecFields) {
+    if (!j.contains(f)) return InvalidArgument("model spec lacks field '" + std::string(f) + "'");
+  }
+  if (!j.contains("tied_embeddings")) return InvalidArgument("model spec lacks field 'tied_embeddings'");
+  L2L_RETURN_IF_ERROR(spec.Validate());
+  return spec;
+}
+
+Status SaveModel(const std::string& path, const ModelSpec& spec, const std::vector<std::vector<float>>& layers,
+                 DType dtype, const std::map<std::string, std::string>& extra_metadata) {
+  L2L_RETURN_IF_ERROR(spec.Validate());
+  const std::vector<LayerLayout> layout = BuildLayout(spec);
+  if (layers.size() != layout.size()) {
+    return InvalidArgument("SaveModel(" + path + "): " + std::to_string(layers.size()) + " layer buffers for a model of " +
+                           std::to_string(layout.size()) + " layers");
+  }
+  std::vector<TensorToWrite> tensors;
+  for (size_t i = 0; i < layout.size(); ++i) {
+    if (layers[i].size() != layout[i].numel) {
+      return InvalidArgument("SaveModel(" + path + "): layer " + std::to_string(i) + " (" +
+                             LayerKindName(layout[i].kind) + ") has " + std::to_string(layers[i].size()) +
+                             " floats, its layout " + std::to_string(layout[i].numel));
+    }
+    for (const ParamInfo& p : layout[i].params) {
+      tensors.push_back({p.name, p.shape, dtype, layers[i].data() + p.offset, nullptr});
+    }
+  }
+  std::map<std::string, std::string> meta = extra_metadata;
+  meta["format"] = "pt";
+  meta[kModelSpecMetadataKey] = ModelSpecToJson(spec);
+  return WriteSafeTensors(path, tensors, meta);
+}
+
+Result<LoadedModel> LoadModel(const std::string& path) {
+  L2L_ASSIGN_OR_RETURN(SafeTensorsReader r, SafeTensorsReader::Open(path));
+  L2L_ASSIGN_OR_RETURN(ModelSpec spec, SpecFromMetadata(r));
+  return LoadFrom(r, spec);
+}
+
+Result<LoadedModel> LoadModel(const std::string& path, const ModelSpec& spec) {
+  L2L_ASSIGN_OR_RETURN(SafeTensorsReader r, SafeTensorsReader::Open(path));
+  if (r.metadata().count(kModelSpecMetadataKey) != 0) {
+    L2L_ASSIGN_OR_RETURN(ModelSpec stored, SpecFromMetadata(r));
+    if (!(stored == spec)) {
+      return InvalidArgument(path + ": the file holds model " + ModelSpecToJson(stored) + ", expected " +
+                             ModelSpecToJson(spec));
+    }
+  }
+  return LoadFrom(r, spec);
+}
+
+Result<ModelSpec> ReadModelSpec(const std::string& path) {
+  L2L_ASSIGN_OR_RETURN(SafeTensorsReader r, SafeTensorsReader::Open(path));
+  return SpecFromMetadata(r);
+}
+
+}  // namespace l2l

@@ -1,0 +1,360 @@
+// gRPC adapters for the Data and Control services. See grpc_server.h.
+#include "eps_server/grpc_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <chrono>
+#include <cstring>
+
+#include "common/logging.h"
+#include "proto/control.grpc.pb.h"
+#include "proto/data.grpc.pb.h"
+
+namespace l2l::eps {
+namespace {
+
+namespace data = ::l2l::data::v1;
+namespace control = ::l2l::control::v1;
+
+// The one place l2l::Status becomes grpc::Status.
+grpc::Status ToGrpc(const Status& s) {
+  using grpc::StatusCode;
+  if (s.ok()) return grpc::Status::OK;
+  StatusCode c = StatusCode::UNKNOWN;
+  switch (s.code()) {
+    case l2l::StatusCode::kOk: c = StatusCode::OK; break;
+    case l2l::StatusCode::kInvalidArgument: c = StatusCode::INVALID_ARGUMENT; break;
+    case l2l::StatusCode::kNotFound: c = StatusCode::NOT_FOUND; break;
+    case l2l::StatusCode::kAlreadyExists: c = StatusCode::ALREADY_EXISTS; break;
+    case l2l::StatusCode::kOutOfRange: c = StatusCode::OUT_OF_RANGE; break;
+    case l2l::StatusCode::kFailedPrecondition: c = StatusCode::FAILED_PRECONDITION; break;
+    case l2l::StatusCode::kResourceExhausted: c = StatusCode::RESOURCE_EXHAUSTED; break;
+    case l2l::StatusCode::kUnavailable: c = StatusCode::UNAVAILABLE; break;
+    case l2l::StatusCode::kDataLoss: c = StatusCode::DATA_LOSS; break;
+    case l2l::StatusCode::kIoError: c = StatusCode::INTERNAL; break;
+    case l2l::StatusCode::kInternal: c = StatusCode::INTERNAL; break;
+    case l2l::StatusCode::kUnimplemented: c = StatusCode::UNIMPLEMENTED; break;
+    case l2l::StatusCode::kAborted: c = StatusCode::ABORTED; break;
+    case l2l::StatusCode::kDeadlineExceeded: c = StatusCode::DEADLINE_EXCEEDED; break;
+    case l2l::StatusCode::kPermissionDenied: c = StatusCode::PERMISSION_DENIED; break;
+  }
+  return grpc::Status(c, s.message());
+}
+
+data::DType ToProto(DType d) { return d == DType::kBF16 ? data::DTYPE_BF16 : data::DTYPE_F32; }
+
+class DataService final : public data::Data::Service {
+ public:
+  explicit DataService(EpsCore* core) : core_(core) {}
+
+  grpc::Status Register(grpc::ServerContext*, const data::RegisterRequest* req,
+                        data::RegisterReply* rep) override {
+    RegisterInfo info;
+    info.name = req->worker_name();
+    info.hostname = req->hostname();
+    info.boot_id = req->boot_id();
+    info.transport = req->transport();
+    info.pid = req->pid();
+    auto r = core_->Register(info);
+    if (!r.ok()) return ToGrpc(r.status());
+    rep->set_worker_id(r->worker_id);
+    rep->set_num_workers(r->num_workers);
+    rep->set_job_yaml(JobConfigToYaml(r->job));
+    auto* m = rep->mutable_model();
+    const ModelSpec& s = r->job.model;
+    m->set_vocab_size(s.vocab_size);
+    m->set_seq_len(s.seq_len);
+    m->set_d_model(s.d_model);
+    m->set_n_layer(s.n_layer);
+    m->set_n_head(s.n_head);
+    m->set_d_ff(s.d_ff);
+    m->set_tied_embeddings(s.tied_embeddings);
+    rep->set_start_step(r->start_step);
+    rep->set_data_rank(r->worker_id);
+    rep->set_data_world(r->num_workers);
+    rep->set_data_position(r->data_position);
+    rep->set_transport(r->transport);
+    rep->set_weight_segment(r->weight_segment);
+    rep->set_gradient_segment(r->gradient_segment);
+    rep->set_publish_dtype(ToProto(r->job.publish_dtype));
+    for (int64_t n : r->layer_numel) rep->add_layer_numel(n);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext*, const data::HeartbeatRequest* req,
+                         data::HeartbeatReply* rep) override {
+    bool stop = false;
+    Status s = core_->Heartbeat(req->worker_id(), req->step(), &stop);
+    rep->set_stop(stop);
+    return ToGrpc(s);
+  }
+
+  grpc::Status FetchLayer(grpc::ServerContext* ctx, const data::FetchLayerRequest* req,
+                          grpc::ServerWriter<data::LayerChunk>* writer) override {
+    const int64_t timeout_ms = req->timeout_ms() > 0 ? req->timeout_ms() : 60000;
+    std::vector<char> bytes;
+    DType dt = DType::kF32;
+    auto v = core_->CopyLayer(req->worker_id(), req->layer(), req->min_version(),
+                              std::chrono::milliseconds(timeout_ms), &bytes, &dt);
+    if (!v.ok()) return ToGrpc(v.status());
+    data::LayerChunk chunk;
+    chunk.set_layer(req->layer());
+    chunk.set_version(*v);
+    chunk.set_dtype(ToProto(dt));
+    chunk.set_numel(static_cast<int64_t>(bytes.size() / DTypeSize(dt)));
+    size_t off = 0;
+    do {
+      const size_t n = std::min(kMaxChunkBytes, bytes.size() - off);
+      chunk.set_offset(static_cast<int64_t>(off));
+      chunk.set_data(bytes.data() + off, n);
+      if (ctx->IsCancelled() || !writer->Write(chunk)) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "client went away during FetchLayer");
+      }
+      off += n;
+    } while (off < bytes.size());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status PushGradient(grpc::ServerContext*, grpc::ServerReader<data::GradientChunk>* reader,
+                            data::PushGradientReply* rep) override {
+    data::GradientChunk c;
+    if (!reader->Read(&c)) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "PushGradient: empty stream");
+    const int32_t worker = c.worker_id();
+    const int64_t layer = c.layer(), step = c.step(), mb = c.micro_batches(), numel = c.numel();
+    const std::string where = "PushGradient(worker " + std::to_string(worker) + ", layer " +
+                              std::to_string(layer) + ", step " + std::to_string(step) + ")";
+    if (numel <= 0 || numel > (int64_t{1} << 34)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, where + ": numel=" + std::to_string(numel) +
+                                                                 " must be positive");
+    }
+    // Validate what can be checked before taking numel*4 bytes of memory.
+    if (layer < 0 || (core_->store() != nullptr && layer >= core_->store()->num_layers())) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, where + ": no such layer");
+    }
+    if (core_->store() != nullptr && static_cast<size_t>(numel) != core_->store()->layout(layer).numel) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          where + ": numel=" + std::to_string(numel) + " but the layer has " +
+                              std::to_string(core_->store()->layout(layer).numel) + " parameters");
+    }
+    std::vector<float> grad(static_cast<size_t>(numel));
+    const size_t want = static_cast<size_t>(numel) * sizeof(float);
+    size_t got = 0;
+    do {
+      if (c.data().size() > kMaxChunkBytes) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            where + ": chunk of " + std::to_string(c.data().size()) +
+                                " bytes exceeds the 4 MiB limit (" + std::to_string(kMaxChunkBytes) + ")");
+      }
+      if ((c.worker_id() != worker && c.worker_id() != 0) || (c.layer() != layer && c.layer() != 0) ||
+          (c.step() != step && c.step() != 0)) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, where + ": a later chunk names another gradient");
+      }
+      if (got + c.data().size() > want) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            where + ": received more than numel*4 = " + std::to_string(want) + " bytes");
+      }
+      std::memcpy(reinterpret_cast<char*>(grad.data()) + got, c.data().data(), c.data().size());
+      got += c.data().size();
+    } while (reader->Read(&c));
+    if (got != want) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          where + ": received " + std::to_string(got) + " bytes, expected numel*4 = " +
+                              std::to_string(want));
+    }
+    Status s = core_->SubmitGradient(worker, layer, step, mb, std::move(grad));
+    if (!s.ok()) return ToGrpc(s.WithContext(where));
+    rep->set_bytes_received(static_cast<int64_t>(got));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status StepDone(grpc::ServerContext*, const data::StepDoneRequest* req,
+                        data::StepDoneReply* rep) override {
+    bool stop = false;
+    Status s = core_->StepDone(req->worker_id(), req->step(), req->loss(), req->tokens(),
+                               req->data_position(), &stop);
+    rep->set_stop(stop);
+    return ToGrpc(s);
+  }
+
+  grpc::Status Deregister(grpc::ServerContext*, const data::DeregisterRequest* req,
+                          data::DeregisterReply*) override {
+    return ToGrpc(core_->Deregister(req->worker_id()));
+  }
+
+ private:
+  EpsCore* core_;
+};
+
+class ControlService final : public control::Control::Service {
+ public:
+  ControlService(EpsCore* core, EpsGrpcServer* server, const ServerOptions& opts)
+      : core_(core), server_(server), opts_(opts), start_(std::chrono::steady_clock::now()) {}
+
+  grpc::Status Health(grpc::ServerContext*, const control::HealthRequest*,
+                      control::HealthReply* rep) override {
+    rep->set_state(core_->GetStatus().state);
+    rep->set_uptime_ms(std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::steady_clock::now() - start_).count());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetStatus(grpc::ServerContext*, const control::GetStatusRequest*,
+                         control::GetStatusReply* rep) override {
+    const CoreStatus s = core_->GetStatus();
+    rep->set_state(s.state);
+    rep->set_job_id(s.job_id);
+    rep->set_step(s.step);
+    rep->set_total_steps(s.total_steps);
+    for (int64_t v : s.layer_version) rep->add_layer_version(v);
+    rep->set_last_loss(s.last_loss);
+    rep->set_tokens_per_s(s.tokens_per_s);
+    rep->set_step_time_s(s.pipeline.last_step_wall_s);
+    auto* ram = rep->add_memory();
+    ram->set_tier("ram");
+    ram->set_used_bytes(static_cast<int64_t>(s.state_bytes));
+    ram->set_budget_bytes(static_cast<int64_t>(s.host_budget));
+    auto* shm = rep->add_memory();
+    shm->set_tier("shm");
+    shm->set_used_bytes(static_cast<int64_t>(s.shm_bytes));
+    const auto now = std::chrono::steady_clock::now();
+    for (const WorkerInfo& w : s.workers) {
+      auto* ws = rep->add_workers();
+      ws->set_worker_id(w.id);
+      ws->set_name(w.name);
+      ws->set_transport(w.transport);
+      ws->set_state(w.state);
+      ws->set_step(w.step);
+      ws->set_last_heartbeat_ms_ago(
+          std::chrono::duration_cast<std::chrono::milliseconds>(now - w.last_seen).count());
+      ws->set_last_loss(w.last_loss);
+    }
+    rep->set_num_params(s.num_params);
+    rep->set_update_busy_s(s.pipeline.last_step_busy_s);
+    rep->set_update_exposed_s(s.pipeline.last_step_exposed_s);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status CreateJob(grpc::ServerContext*, const control::CreateJobRequest* req,
+                         control::CreateJobReply* rep) override {
+    if (!req->init_safetensors().empty()) {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "CreateJob: init_safetensors is not supported yet");
+    }
+    auto job = ParseJobConfig(req->config_yaml(), "<rpc CreateJob>");
+    if (!job.ok()) return ToGrpc(job.status());
+    Status s = core_->CreateJob(*job);
+    if (!s.ok()) return ToGrpc(s);
+    const CoreStatus st = core_->GetStatus();
+    rep->set_job_id(st.job_id);
+    rep->set_num_params(st.num_params);
+    rep->set_host_bytes_needed(static_cast<int64_t>(st.state_bytes + st.shm_bytes));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Pause(grpc::ServerContext*, const control::PauseRequest*, control::PauseReply*) override {
+    if (!core_->has_job()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no job to pause");
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!paused_) core_->pipeline()->Hold();
+    paused_ = true;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Resume(grpc::ServerContext*, const control::ResumeRequest*, control::ResumeReply*) override {
+    if (!core_->has_job()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no job to resume");
+    std::lock_guard<std::mutex> lock(mu_);
+    if (paused_) core_->pipeline()->Release();
+    paused_ = false;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Checkpoint(grpc::ServerContext*, const control::CheckpointRequest* req,
+                          control::CheckpointReply* rep) override {
+    if (!opts_.checkpoint) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "checkpoints are not configured");
+    auto bytes = opts_.checkpoint(req->dir());
+    if (!bytes.ok()) return ToGrpc(bytes.status());
+    rep->set_dir(req->dir());
+    rep->set_bytes(*bytes);
+    rep->set_step(core_->GetStatus().step);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Export(grpc::ServerContext*, const control::ExportRequest* req,
+                      control::ExportReply* rep) override {
+    if (!opts_.export_weights) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "export is not available");
+    auto bytes = opts_.export_weights(req->path());
+    if (!bytes.ok()) return ToGrpc(bytes.status());
+    rep->set_path(req->path());
+    rep->set_bytes(*bytes);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Shutdown(grpc::ServerContext*, const control::ShutdownRequest* req,
+                        control::ShutdownReply*) override {
+    server_->RequestShutdown(req->abort_step(), req->skip_checkpoint());
+    return grpc::Status::OK;
+  }
+
+ private:
+  EpsCore* core_;
+  EpsGrpcServer* server_;
+  ServerOptions opts_;
+  std::chrono::steady_clock::time_point start_;
+  std::mutex mu_;
+  bool paused_ = false;
+};
+
+bool IsLoopback(const std::string& listen) {
+  return listen.rfind("127.", 0) == 0 || listen.rfind("localhost:", 0) == 0 || listen.rfind("[::1]:", 0) == 0;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<EpsGrpcServer>> EpsGrpcServer::Start(EpsCore* core, const ServerOptions& opts) {
+  if (!IsLoopback(opts.listen)) {
+    if (!opts.allow_remote) {
+      return PermissionDenied("listen address " + opts.listen +
+                              " is not loopback; pass --allow-remote to bind beyond this host");
+    }
+    L2L_LOG_WARN("listening on non-loopback address {}: the data and control APIs are unauthenticated",
+                 opts.listen);
+  }
+  std::unique_ptr<EpsGrpcServer> s(new EpsGrpcServer());
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  s->data_ = std::make_unique<DataService>(core);
+  s->control_ = std::make_unique<ControlService>(core, s.get(), opts);
+  grpc::ServerBuilder b;
+  b.AddListeningPort(opts.listen, grpc::InsecureServerCredentials(), &s->port_);
+  b.RegisterService(s->data_.get());
+  b.RegisterService(s->control_.get());
+  // A 4 MiB chunk plus its header fields exceeds gRPC's default 4 MiB message limit;
+  // chunks above kMaxChunkBytes are rejected by the service with a clear message.
+  b.SetMaxReceiveMessageSize(static_cast<int>(2 * kMaxChunkBytes + 4096));
+  b.SetMaxSendMessageSize(static_cast<int>(2 * kMaxChunkBytes + 4096));
+  s->server_ = b.BuildAndStart();
+  if (!s->server_ || s->port_ == 0) return Unavailable("could not listen on " + opts.listen);
+  return s;
+}
+
+EpsGrpcServer::~EpsGrpcServer() { Shutdown(); }
+
+void EpsGrpcServer::WaitForShutdownRequest() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return shutdown_requested_; });
+}
+
+void EpsGrpcServer::RequestShutdown(bool abort_step, bool skip_checkpoint) {
+  std::lock_guard<std::mutex> lock(mu_);
+  shutdown_requested_ = true;
+  skip_checkpoint_ = skip_checkpoint;
+  cv_.notify_all();
+}
+
+void EpsGrpcServer::Shutdown() {
+  if (shut_down_ || !server_) return;
+  shut_down_ = true;
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+}  // namespace l2l::eps

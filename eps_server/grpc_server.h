@@ -1,0 +1,62 @@
+// EpsGrpcServer: the gRPC face of the EPS. Serves l2l.data.v1.Data (workers) and
+// l2l.control.v1.Control (operators) over one listening port, plus the standard
+// grpc.health.v1 health service and server reflection. The only place where protobuf
+// types meet EpsCore; l2l::Status <-> grpc::Status conversion lives here.
+//
+// Ownership: borrows the EpsCore (must outlive the server); owns the grpc::Server.
+// Thread-safety: gRPC's thread pool calls the services concurrently; EpsCore is
+// thread-safe. Shutdown/Wait may be called from any thread.
+#pragma once
+
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/status.h"
+#include "eps_server/eps_core.h"
+
+namespace grpc {
+class Server;
+class Service;
+}  // namespace grpc
+
+namespace l2l::eps {
+
+inline constexpr size_t kMaxChunkBytes = size_t{4} << 20;  // data bytes per stream message
+
+struct ServerOptions {
+  std::string listen = "127.0.0.1:0";  // host:port; port 0 = any free port
+  bool allow_remote = false;           // needed to bind anything but loopback
+  // Called by the Control service for Checkpoint/Export (dir or path -> bytes written);
+  // unset: UNIMPLEMENTED.
+  std::function<Result<int64_t>(const std::string&)> checkpoint, export_weights;
+};
+
+class EpsGrpcServer {
+ public:
+  static Result<std::unique_ptr<EpsGrpcServer>> Start(EpsCore* core, const ServerOptions& opts);
+  ~EpsGrpcServer();
+
+  int port() const { return port_; }
+  // Blocks until a Shutdown rpc arrived (or RequestShutdown was called).
+  void WaitForShutdownRequest();
+  void RequestShutdown(bool abort_step, bool skip_checkpoint);
+  bool skip_checkpoint() const { return skip_checkpoint_; }
+  // Stops accepting calls and finishes running ones (bounded by a deadline).
+  void Shutdown();
+
+ private:
+  EpsGrpcServer() = default;
+  std::unique_ptr<grpc::Service> data_, control_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool shutdown_requested_ = false;  // GUARDED_BY(mu_)
+  bool skip_checkpoint_ = false;
+  bool shut_down_ = false;
+};
+
+}  // namespace l2l::eps

@@ -1,0 +1,371 @@
+// A scripted fake worker against a real EPS (EpsCore + gRPC server on 127.0.0.1:0, in
+// this process): two workers register over gRPC, one moves bytes through shared
+// memory and one through gRPC streams; they fetch every layer, push known gradients
+// for several steps, and the published weights must equal AdamW applied by this test
+// with common/adamw.h. Also: bad input over the API, each in its own test case, gets
+// the right gRPC code and message while the daemon keeps serving the other workers.
+#include <catch2/catch.hpp>
+
+#include <grpcpp/grpcpp.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/adamw.h"
+#include "common/dtype.h"
+#include "eps_server/eps_core.h"
+#include "eps_server/grpc_server.h"
+#include "proto/data.grpc.pb.h"
+#include "worker/eps_client.h"
+
+namespace l2l {
+namespace {
+
+using namespace std::chrono_literals;
+
+JobConfig TinyJob(DType dt) {
+  JobConfig j;
+  j.model.vocab_size = 64;
+  j.model.seq_len = 16;
+  j.model.d_model = 32;
+  j.model.n_layer = 2;
+  j.model.n_head = 4;
+  j.model.d_ff = 128;
+  j.optim.lr = 1e-2f;
+  j.optim.grad_clip = 0.05f;
+  j.train.clip = "global";
+  j.train.steps = 3;
+  j.train.seed = 77;
+  j.publish_dtype = dt;
+  return j;
+}
+
+struct Daemon {
+  explicit Daemon(const JobConfig& job, int workers, const std::string& transport = "auto")
+      : core(MakeOpts(workers, transport)) {
+    L2L_CHECK(core.CreateJob(job).ok());
+    eps::ServerOptions so;
+    auto s = eps::EpsGrpcServer::Start(&core, so);
+    L2L_CHECK(s.ok()) << s.status().ToString();
+    server = std::move(s).value();
+    address = "127.0.0.1:" + std::to_string(server->port());
+  }
+  ~Daemon() {
+    server->Shutdown();
+    core.Stop();
+  }
+  static eps::CoreOptions MakeOpts(int workers, const std::string& transport) {
+    eps::CoreOptions o;
+    static int counter = 0;
+    o.job_id = "test" + std::to_string(getpid()) + "x" + std::to_string(counter++);
+    o.expected_workers = workers;
+    o.page_bytes = 8192;
+    o.transport = transport;
+    return o;
+  }
+  eps::EpsCore core;
+  std::unique_ptr<eps::EpsGrpcServer> server;
+  std::string address;
+};
+
+std::unique_ptr<worker::EpsClient> Connect(const std::string& address, const std::string& transport) {
+  worker::ClientOptions o;
+  o.transport = transport;
+  o.connect_timeout = 5000ms;
+  auto c = worker::ConnectEps(address, o);
+  L2L_CHECK(c.ok()) << c.status().ToString();
+  return std::move(c).value();
+}
+
+// Deterministic gradient of (step, worker, layer).
+std::vector<float> Grad(int64_t step, int worker, int64_t layer, size_t n) {
+  std::mt19937 rng(static_cast<uint32_t>(step * 1000 + worker * 100 + layer));
+  std::normal_distribution<float> d(0.0f, 0.1f);
+  std::vector<float> g(n);
+  for (auto& x : g) x = d(rng);
+  return g;
+}
+
+// The reference trainer of this test: AdamW from common/adamw.h over plain vectors.
+struct Reference {
+  Reference(const JobConfig& job) : job(job), layouts(BuildLayout(job.model)) {
+    for (const auto& l : layouts) {
+      p.emplace_back(l.numel);
+      InitLayerParams(job.model, l, job.train.seed, p.back().data());
+      m.emplace_back(l.numel, 0.0f);
+      v.emplace_back(l.numel, 0.0f);
+    }
+  }
+  void Step(int64_t step, const std::vector<int64_t>& mbs) {
+    int64_t total = 0;
+    for (auto x : mbs) total += x;
+    const float inv = 1.0f / static_cast<float>(total);
+    std::vector<std::vector<float>> sum;
+    double n2 = 0;
+    for (size_t l = 0; l < layouts.size(); ++l) {
+      std::vector<float> s = Grad(step, 0, l, layouts[l].numel);
+      for (size_t w = 1; w < mbs.size(); ++w) {
+        auto g = Grad(step, static_cast<int>(w), l, layouts[l].numel);
+        for (size_t i = 0; i < s.size(); ++i) s[i] = s[i] + g[i];
+      }
+      std::vector<float> avg(s.size());
+      for (size_t i = 0; i < s.size(); ++i) avg[i] = s[i] * inv;
+      n2 += SumSquares(avg.data(), avg.size());
+      sum.push_back(std::move(s));
+    }
+    const float coef = ClipCoefficient(std::sqrt(n2), job.optim.grad_clip);
+    for (size_t l = 0; l < layouts.size(); ++l) {
+      for (const ParamInfo& pi : layouts[l].params) {
+        AdamWStep(p[l].data() + pi.offset, sum[l].data() + pi.offset, m[l].data() + pi.offset,
+                  v[l].data() + pi.offset, pi.numel, LearningRate(job.optim, step), job.optim.beta1,
+                  job.optim.beta2, job.optim.eps, pi.decay ? job.optim.weight_decay : 0.0f, step + 1,
+                  inv * coef);
+      }
+    }
+  }
+  JobConfig job;
+  std::vector<LayerLayout> layouts;
+  std::vector<std::vector<float>> p, m, v;
+};
+
+std::vector<float> ToFloat(const worker::LayerWeights& w) {
+  std::vector<float> out(w.numel);
+  ConvertToFloat(w.data, w.dtype, out.data(), w.numel);
+  return out;
+}
+
+// One worker's steps: fetch every layer at version `step` and check it against the
+// reference, push its gradients in backward order, StepDone.
+void RunWorker(worker::EpsClient* c, int id, int64_t steps, int64_t mb,
+               const std::vector<std::vector<std::vector<float>>>* expect, DType dt, std::atomic<int>* bad) {
+  const auto& reg = c->registration();
+  const int64_t L = reg.job.model.NumLayers();
+  for (int64_t step = 0; step < steps; ++step) {
+    for (int64_t l = 0; l < L; ++l) {
+      auto w = c->AcquireLayer(l, step, 20s);
+      if (!w.ok() || w->version != step) {
+        ++*bad;
+        continue;
+      }
+      auto got = ToFloat(*w);
+      c->ReleaseLayer(l);
+      const auto& want = (*expect)[step][l];
+      for (size_t i = 0; i < want.size(); ++i) {
+        const float e = dt == DType::kF32 ? want[i] : Bf16ToFloat(FloatToBf16(want[i]));
+        if (got[i] != e) {
+          ++*bad;
+          break;
+        }
+      }
+    }
+    for (int64_t l = L - 1; l >= 0; --l) {
+      auto g = Grad(step, id, l, reg.job.model.NumLayers() > 0 ? BuildLayout(reg.job.model)[l].numel : 0);
+      Status s = c->PushGradient(l, step, mb, g.data(), g.size());
+      if (!s.ok()) ++*bad;
+    }
+    worker::StepReport r;
+    r.step = step;
+    r.loss = 1.0;
+    r.tokens = 100;
+    if (!c->StepDone(r).ok()) ++*bad;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("EPS with a shm worker and a gRPC worker publishes AdamW of their gradients",
+          "[integration][eps]") {
+  const DType dt = GENERATE(DType::kF32, DType::kBF16);
+  const JobConfig job = TinyJob(dt);
+  Daemon d(job, 2);
+  auto a = Connect(d.address, "auto");
+  auto b = Connect(d.address, "grpc");
+  REQUIRE(a->registration().transport == "shm");
+  REQUIRE(b->registration().transport == "grpc");
+  CHECK(a->registration().job.model == job.model);
+  CHECK(a->registration().num_workers == 2);
+  // Expected weights at every version, computed by the reference.
+  Reference ref(job);
+  const std::vector<int64_t> mbs = {a->registration().worker_id == 0 ? int64_t{2} : int64_t{3},
+                                    a->registration().worker_id == 0 ? int64_t{3} : int64_t{2}};
+  std::vector<std::vector<std::vector<float>>> expect;
+  for (int64_t s = 0; s <= job.train.steps; ++s) {
+    expect.push_back(ref.p);
+    if (s < job.train.steps) ref.Step(s, mbs);
+  }
+  std::atomic<int> bad{0};
+  std::thread ta([&] { RunWorker(a.get(), a->registration().worker_id, job.train.steps, mbs[a->registration().worker_id], &expect, dt, &bad); });
+  std::thread tb([&] { RunWorker(b.get(), b->registration().worker_id, job.train.steps, mbs[b->registration().worker_id], &expect, dt, &bad); });
+  ta.join();
+  tb.join();
+  CHECK(bad.load() == 0);
+  // The final version through both transports, and the fp32 master, equal the reference.
+  for (int64_t l = 0; l < job.model.NumLayers(); ++l) {
+    for (auto* c : {a.get(), b.get()}) {
+      auto w = c->AcquireLayer(l, job.train.steps, 10s);
+      REQUIRE(w.ok());
+      CHECK(w->version == job.train.steps);
+      auto got = ToFloat(*w);
+      c->ReleaseLayer(l);
+      for (size_t i = 0; i < got.size(); ++i) {
+        const float e = dt == DType::kF32 ? expect.back()[l][i] : Bf16ToFloat(FloatToBf16(expect.back()[l][i]));
+        if (got[i] != e) {
+          FAIL("layer " << l << " element " << i << ": got " << got[i] << " want " << e);
+        }
+      }
+    }
+    std::vector<float> master(ref.p[l].size());
+    d.core.store()->ReadState(l, 0, master.data());
+    CHECK(master == ref.p[l]);
+  }
+  CHECK(d.core.GetStatus().step == job.train.steps);
+}
+
+// ---- bad input, each in its own test: a raw stub sends it, then the healthy workers
+// still complete a step. --------------------------------------------------------------
+
+namespace {
+
+struct BadInputFixture {
+  BadInputFixture() : d(TinyJob(DType::kF32), 2, "grpc") {
+    a = Connect(d.address, "grpc");
+    b = Connect(d.address, "grpc");
+    channel = grpc::CreateChannel(d.address, grpc::InsecureChannelCredentials());
+    stub = data::v1::Data::NewStub(channel);
+  }
+  // Sends one PushGradient stream of the given chunks with the given header.
+  grpc::Status Push(int32_t worker, int64_t layer, int64_t step, int64_t numel,
+                    const std::vector<size_t>& chunk_bytes) {
+    grpc::ClientContext ctx;
+    data::v1::PushGradientReply rep;
+    auto w = stub->PushGradient(&ctx, &rep);
+    for (size_t n : chunk_bytes) {
+      data::v1::GradientChunk c;
+      c.set_worker_id(worker);
+      c.set_layer(layer);
+      c.set_step(step);
+      c.set_micro_batches(1);
+      c.set_numel(numel);
+      c.set_data(std::string(n, '\0'));
+      if (!w->Write(c)) break;
+    }
+    w->WritesDone();
+    return w->Finish();
+  }
+  size_t numel(int64_t layer) const { return BuildLayout(a->registration().job.model)[layer].numel; }
+  // Both healthy workers run one full step; the daemon must still publish version 1.
+  void HealthyStepStillWorks() {
+    const int64_t L = a->registration().job.model.NumLayers();
+    auto run = [&](worker::EpsClient* c) {
+      for (int64_t l = L - 1; l >= 0; --l) {
+        std::vector<float> g(numel(l), 0.01f);
+        Status s = c->PushGradient(l, 0, 1, g.data(), g.size());
+        if (!s.ok() && s.code() != StatusCode::kAlreadyExists) FAIL(s.ToString());
+      }
+    };
+    std::thread t1([&] { run(a.get()); });
+    std::thread t2([&] { run(b.get()); });
+    t1.join();
+    t2.join();
+    for (int64_t l = 0; l < L; ++l) {
+      auto w = a->AcquireLayer(l, 1, 10s);
+      REQUIRE(w.ok());
+      CHECK(w->version == 1);
+      a->ReleaseLayer(l);
+    }
+  }
+  Daemon d;
+  std::unique_ptr<worker::EpsClient> a, b;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<data::v1::Data::Stub> stub;
+};
+
+}  // namespace
+
+TEST_CASE("EPS API: gradient for an unknown layer is NOT_FOUND", "[integration][eps][bad_input]") {
+  BadInputFixture f;
+  auto s = f.Push(f.a->registration().worker_id, 99, 0, 10, {40});
+  CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
+  CHECK(s.error_message().find("layer 99") != std::string::npos);
+  // FetchLayer of an unknown layer too.
+  auto w = f.a->AcquireLayer(42, 0, 1s);
+  CHECK(w.status().code() == StatusCode::kNotFound);
+  f.HealthyStepStillWorks();
+}
+
+TEST_CASE("EPS API: gradient with the wrong byte count is INVALID_ARGUMENT", "[integration][eps][bad_input]") {
+  BadInputFixture f;
+  const size_t n = f.numel(1);
+  auto short_stream = f.Push(f.a->registration().worker_id, 1, 0, static_cast<int64_t>(n), {n * 4 - 4});
+  CHECK(short_stream.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(short_stream.error_message().find("expected numel*4") != std::string::npos);
+  auto wrong_numel = f.Push(f.a->registration().worker_id, 1, 0, static_cast<int64_t>(n + 1), {(n + 1) * 4});
+  CHECK(wrong_numel.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(wrong_numel.error_message().find("parameters") != std::string::npos);
+  f.HealthyStepStillWorks();
+}
+
+TEST_CASE("EPS API: gradient for the wrong step is FAILED_PRECONDITION", "[integration][eps][bad_input]") {
+  BadInputFixture f;
+  const size_t n = f.numel(2);
+  auto s = f.Push(f.a->registration().worker_id, 2, 5, static_cast<int64_t>(n), {n * 4});
+  CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(s.error_message().find("expects step 0") != std::string::npos);
+  f.HealthyStepStillWorks();
+}
+
+TEST_CASE("EPS API: a duplicate gradient is ALREADY_EXISTS", "[integration][eps][bad_input]") {
+  BadInputFixture f;
+  const size_t n = f.numel(3);
+  std::vector<float> g(n, 0.01f);
+  REQUIRE(f.a->PushGradient(3, 0, 1, g.data(), n).ok());
+  Status dup = f.a->PushGradient(3, 0, 1, g.data(), n);
+  CHECK(dup.code() == StatusCode::kAlreadyExists);
+  CHECK(dup.message().find("already pushed") != std::string::npos);
+  f.HealthyStepStillWorks();
+}
+
+TEST_CASE("EPS API: a chunk over 4 MiB is INVALID_ARGUMENT", "[integration][eps][bad_input]") {
+  BadInputFixture f;
+  // Layer 0 (wte+wpe) is small; claim the right numel but send one oversized chunk.
+  const size_t n = f.numel(0);
+  auto s = f.Push(f.a->registration().worker_id, 0, 0, static_cast<int64_t>(n), {(size_t{4} << 20) + 4});
+  CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(s.error_message().find("4 MiB") != std::string::npos);
+  f.HealthyStepStillWorks();
+}
+
+TEST_CASE("EPS API: calls from an unregistered worker are NOT_FOUND", "[integration][eps][bad_input]") {
+  BadInputFixture f;
+  const size_t n = f.numel(1);
+  auto s = f.Push(17, 1, 0, static_cast<int64_t>(n), {n * 4});
+  CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
+  CHECK(s.error_message().find("worker id 17") != std::string::npos);
+  grpc::ClientContext ctx;
+  data::v1::FetchLayerRequest req;
+  req.set_worker_id(-3);
+  req.set_layer(0);
+  auto r = f.stub->FetchLayer(&ctx, req);
+  data::v1::LayerChunk c;
+  while (r->Read(&c)) {}
+  CHECK(r->Finish().error_code() == grpc::StatusCode::NOT_FOUND);
+  f.HealthyStepStillWorks();
+}
+
+TEST_CASE("EPS API: a shm gradient for the wrong step surfaces at StepDone", "[integration][eps][bad_input]") {
+  Daemon d(TinyJob(DType::kF32), 1);
+  auto a = Connect(d.address, "shm");
+  REQUIRE(a->registration().transport == "shm");
+  const size_t n = BuildLayout(a->registration().job.model)[1].numel;
+  std::vector<float> g(n, 0.01f);
+  REQUIRE(a->PushGradient(1, 4, 1, g.data(), n).ok());  // handed over; the EPS rejects it
+  worker::StepReport r;
+  Status s = a->StepDone(r);
+  CHECK(s.code() == StatusCode::kFailedPrecondition);
+  CHECK(s.message().find("expects step 0") != std::string::npos);
+}
+
+}  // namespace l2l

@@ -1,0 +1,24 @@
+// ConnectEps: registers over gRPC and returns the client for the transport the EPS
+// chose (shm on the same host unless options.transport says grpc). See eps_client.h.
+#include "worker/eps_client.h"
+
+#include "worker/eps_client_grpc.h"
+#include "worker/eps_client_shm.h"
+
+namespace l2l::worker {
+
+Result<std::unique_ptr<EpsClient>> ConnectEps(const std::string& address, const ClientOptions& options) {
+  if (options.transport != "auto" && options.transport != "shm" && options.transport != "grpc") {
+    return InvalidArgument("transport '" + options.transport + "' must be auto, shm or grpc");
+  }
+  WorkerRegistration reg;
+  GrpcEpsClient::ShmInfo shm;
+  L2L_ASSIGN_OR_RETURN(auto impl, GrpcEpsClient::Connect(address, options, &reg, &shm));
+  if (reg.transport == "shm") {
+    L2L_ASSIGN_OR_RETURN(auto c, ShmEpsClient::Create(std::move(impl), reg, options, shm));
+    return std::unique_ptr<EpsClient>(std::move(c));
+  }
+  return std::unique_ptr<EpsClient>(std::make_unique<GrpcEpsClient>(std::move(impl), reg, options));
+}
+
+}  // namespace l2l::worker

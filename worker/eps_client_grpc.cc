@@ -1,0 +1,234 @@
+// EpsClient over gRPC. See eps_client_grpc.h.
+#include "worker/eps_client_grpc.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "common/logging.h"
+#include "common/shm.h"
+#include "proto/data.grpc.pb.h"
+
+namespace l2l::worker {
+namespace {
+
+namespace data = ::l2l::data::v1;
+constexpr size_t kChunkBytes = size_t{4} << 20;
+
+// The one place grpc::Status becomes l2l::Status.
+Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  if (s.ok()) return Status::Ok();
+  StatusCode c = StatusCode::kInternal;
+  switch (s.error_code()) {
+    case grpc::StatusCode::INVALID_ARGUMENT: c = StatusCode::kInvalidArgument; break;
+    case grpc::StatusCode::NOT_FOUND: c = StatusCode::kNotFound; break;
+    case grpc::StatusCode::ALREADY_EXISTS: c = StatusCode::kAlreadyExists; break;
+    case grpc::StatusCode::OUT_OF_RANGE: c = StatusCode::kOutOfRange; break;
+    case grpc::StatusCode::FAILED_PRECONDITION: c = StatusCode::kFailedPrecondition; break;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED: c = StatusCode::kResourceExhausted; break;
+    case grpc::StatusCode::UNAVAILABLE: c = StatusCode::kUnavailable; break;
+    case grpc::StatusCode::DATA_LOSS: c = StatusCode::kDataLoss; break;
+    case grpc::StatusCode::UNIMPLEMENTED: c = StatusCode::kUnimplemented; break;
+    case grpc::StatusCode::ABORTED: c = StatusCode::kAborted; break;
+    case grpc::StatusCode::CANCELLED: c = StatusCode::kAborted; break;
+    case grpc::StatusCode::DEADLINE_EXCEEDED: c = StatusCode::kDeadlineExceeded; break;
+    case grpc::StatusCode::PERMISSION_DENIED: c = StatusCode::kPermissionDenied; break;
+    default: break;
+  }
+  return Status(c, what + ": " + s.error_message());
+}
+
+}  // namespace
+
+struct GrpcEpsClient::Impl {
+  std::string address;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<data::Data::Stub> stub;
+};
+
+Result<GrpcEpsClient::ImplPtr> GrpcEpsClient::Connect(const std::string& address,
+                                                                    const ClientOptions& options,
+                                                                    WorkerRegistration* reg, ShmInfo* shm) {
+  ImplPtr impl(new Impl());
+  impl->address = address;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(2 * kChunkBytes + 4096));
+  args.SetMaxSendMessageSize(static_cast<int>(2 * kChunkBytes + 4096));
+  impl->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  impl->stub = data::Data::NewStub(impl->channel);
+  data::RegisterRequest req;
+  req.set_worker_name(options.worker_name);
+  req.set_hostname(HostName());
+  req.set_boot_id(BootId());
+  req.set_transport(options.transport);
+  req.set_pid(static_cast<int32_t>(getpid()));
+  req.set_previous_worker_id(-1);
+  const auto deadline = std::chrono::system_clock::now() + options.connect_timeout;
+  data::RegisterReply rep;
+  grpc::Status st;
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(deadline);
+    ctx.set_wait_for_ready(true);  // bounded retry while the EPS is not up yet
+    st = impl->stub->Register(&ctx, req, &rep);
+    if (st.ok() || st.error_code() != grpc::StatusCode::UNAVAILABLE ||
+        std::chrono::system_clock::now() >= deadline) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (!st.ok()) {
+    if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || st.error_code() == grpc::StatusCode::UNAVAILABLE) {
+      return Unavailable("EPS at " + address + " unreachable for " +
+                         std::to_string(options.connect_timeout.count()) + " ms: " + st.error_message());
+    }
+    return FromGrpc(st, "Register with EPS at " + address);
+  }
+  auto job = ParseJobConfig(rep.job_yaml(), "<Register reply from " + address + ">");
+  if (!job.ok()) return job.status();
+  reg->worker_id = rep.worker_id();
+  reg->num_workers = rep.num_workers();
+  reg->job = *job;
+  reg->start_step = rep.start_step();
+  reg->data_rank = rep.data_rank();
+  reg->data_world = rep.data_world();
+  reg->data_position = rep.data_position();
+  reg->transport = rep.transport();
+  shm->weight_segment = rep.weight_segment();
+  shm->gradient_segment = rep.gradient_segment();
+  shm->layer_numel.assign(rep.layer_numel().begin(), rep.layer_numel().end());
+  return impl;
+}
+
+void GrpcEpsClient::ImplDeleter::operator()(Impl* p) const { delete p; }
+
+GrpcEpsClient::GrpcEpsClient(ImplPtr impl, WorkerRegistration reg, const ClientOptions& options)
+    : impl_(std::move(impl)), reg_(std::move(reg)) {
+  current_step_ = reg_.start_step;
+  heartbeat_ = std::thread([this, iv = options.heartbeat_interval] { HeartbeatLoop(iv); });
+}
+
+GrpcEpsClient::~GrpcEpsClient() {
+  stop_ = true;
+  if (heartbeat_.joinable()) heartbeat_.join();
+  if (!deregistered_) Deregister().IgnoreError();
+}
+
+void GrpcEpsClient::HeartbeatLoop(std::chrono::milliseconds interval) {
+  const auto tick = std::chrono::milliseconds(20);
+  auto next = std::chrono::steady_clock::now() + interval;
+  while (!stop_.load()) {
+    std::this_thread::sleep_for(tick);
+    if (std::chrono::steady_clock::now() < next) continue;
+    next += interval;
+    data::HeartbeatRequest req;
+    req.set_worker_id(reg_.worker_id);
+    req.set_step(current_step_.load());
+    data::HeartbeatReply rep;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + interval * 2);
+    grpc::Status st = impl_->stub->Heartbeat(&ctx, req, &rep);
+    if (!st.ok()) L2L_LOG_DEBUG("heartbeat to {} failed: {}", impl_->address, st.error_message());
+  }
+}
+
+Result<LayerWeights> GrpcEpsClient::AcquireLayer(int64_t layer, int64_t min_version,
+                                                 std::chrono::milliseconds timeout) {
+  data::FetchLayerRequest req;
+  req.set_worker_id(reg_.worker_id);
+  req.set_layer(layer);
+  req.set_min_version(min_version);
+  req.set_timeout_ms(std::max<int64_t>(1, timeout.count()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + timeout + std::chrono::seconds(30));
+  auto reader = impl_->stub->FetchLayer(&ctx, req);
+  data::LayerChunk c;
+  std::vector<char> buf;
+  LayerWeights w;
+  size_t total = 0;
+  while (reader->Read(&c)) {
+    if (buf.empty()) {
+      w.dtype = c.dtype() == data::DTYPE_BF16 ? DType::kBF16 : DType::kF32;
+      w.numel = static_cast<size_t>(c.numel());
+      w.version = c.version();
+      total = w.numel * DTypeSize(w.dtype);
+      buf.resize(total);
+    }
+    if (c.version() != w.version || c.offset() < 0 ||
+        static_cast<size_t>(c.offset()) + c.data().size() > total) {
+      ctx.TryCancel();
+      reader->Finish().IgnoreError();
+      return DataLoss("FetchLayer(layer " + std::to_string(layer) + "): inconsistent chunk at offset " +
+                      std::to_string(c.offset()));
+    }
+    std::memcpy(buf.data() + c.offset(), c.data().data(), c.data().size());
+  }
+  L2L_RETURN_IF_ERROR(FromGrpc(reader->Finish(), "FetchLayer(layer " + std::to_string(layer) + ")"));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& slot = held_[layer];
+  slot = std::move(buf);
+  w.data = slot.data();
+  return w;
+}
+
+void GrpcEpsClient::ReleaseLayer(int64_t layer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  held_.erase(layer);
+}
+
+Status GrpcEpsClient::PushGradient(int64_t layer, int64_t step, int64_t micro_batches, const float* grad,
+                                   size_t numel) {
+  grpc::ClientContext ctx;
+  data::PushGradientReply rep;
+  auto writer = impl_->stub->PushGradient(&ctx, &rep);
+  data::GradientChunk c;
+  c.set_worker_id(reg_.worker_id);
+  c.set_layer(layer);
+  c.set_step(step);
+  c.set_micro_batches(micro_batches);
+  c.set_numel(static_cast<int64_t>(numel));
+  const char* bytes = reinterpret_cast<const char*>(grad);
+  const size_t total = numel * sizeof(float);
+  size_t off = 0;
+  do {
+    const size_t n = std::min(kChunkBytes, total - off);
+    c.set_data(bytes + off, n);
+    if (!writer->Write(c)) break;  // the server ended the call: Finish has the reason
+    off += n;
+  } while (off < total);
+  writer->WritesDone();
+  return FromGrpc(writer->Finish(), "PushGradient(layer " + std::to_string(layer) + ", step " +
+                                        std::to_string(step) + ")");
+}
+
+Status GrpcEpsClient::StepDone(const StepReport& r) {
+  data::StepDoneRequest req;
+  req.set_worker_id(reg_.worker_id);
+  req.set_step(r.step);
+  req.set_loss(r.loss);
+  req.set_tokens(r.tokens);
+  req.set_data_position(r.data_position);
+  req.set_forward_s(r.forward_s);
+  req.set_backward_s(r.backward_s);
+  req.set_recompute_s(r.recompute_s);
+  req.set_wait_layer_s(r.wait_layer_s);
+  req.set_wait_push_s(r.wait_push_s);
+  data::StepDoneReply rep;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  current_step_ = r.step + 1;
+  return FromGrpc(impl_->stub->StepDone(&ctx, req, &rep), "StepDone(step " + std::to_string(r.step) + ")");
+}
+
+Status GrpcEpsClient::Deregister() {
+  deregistered_ = true;
+  data::DeregisterRequest req;
+  req.set_worker_id(reg_.worker_id);
+  data::DeregisterReply rep;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return FromGrpc(impl_->stub->Deregister(&ctx, req, &rep), "Deregister");
+}
+
+}  // namespace l2l::worker

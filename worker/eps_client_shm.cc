@@ -1,0 +1,155 @@
+// EpsClient over shared memory (same host). See eps_client_shm.h and the layouts in
+// common/shm.h.
+#include "worker/eps_client_shm.h"
+
+#include <cstring>
+#include <thread>
+
+namespace l2l::worker {
+namespace {
+
+WeightLayerEntry& Entry(const ShmSegment& seg, int64_t layer) {
+  return WeightLayers(seg.data())[layer];
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ShmEpsClient>> ShmEpsClient::Create(ImplPtr impl, WorkerRegistration reg,
+                                                           const ClientOptions& options, const ShmInfo& shm) {
+  std::unique_ptr<ShmEpsClient> c(new ShmEpsClient(std::move(impl), std::move(reg), options));
+  L2L_ASSIGN_OR_RETURN(c->weights_, ShmSegment::Open(shm.weight_segment, /*writable=*/false));
+  L2L_ASSIGN_OR_RETURN(c->grads_, ShmSegment::Open(shm.gradient_segment, /*writable=*/true));
+  const auto* wh = static_cast<const WeightSegmentHeader*>(c->weights_.data());
+  const auto* gh = static_cast<const GradSegmentHeader*>(c->grads_.data());
+  if (wh->magic != kWeightMagic || wh->layout_version != kShmLayoutVersion ||
+      wh->num_layers != shm.layer_numel.size() || wh->total_bytes > c->weights_.size()) {
+    return DataLoss("shm segment " + shm.weight_segment + " does not hold the expected weight layout");
+  }
+  if (gh->magic != kGradMagic || gh->layout_version != kShmLayoutVersion ||
+      gh->num_layers != shm.layer_numel.size() || gh->num_slots > kMaxGradSlots) {
+    return DataLoss("shm segment " + shm.gradient_segment + " does not hold the expected gradient layout");
+  }
+  c->layer_numel_ = shm.layer_numel;
+  return c;
+}
+
+Result<LayerWeights> ShmEpsClient::AcquireLayer(int64_t layer, int64_t min_version,
+                                                std::chrono::milliseconds timeout) {
+  if (layer < 0 || layer >= static_cast<int64_t>(layer_numel_.size())) {
+    return NotFound("layer " + std::to_string(layer) + " does not exist (model has " +
+                    std::to_string(layer_numel_.size()) + " layers)");
+  }
+  auto* hdr = static_cast<WeightSegmentHeader*>(weights_.data());
+  WeightLayerEntry& e = Entry(weights_, layer);
+  auto* gh = static_cast<GradSegmentHeader*>(grads_.data());
+  std::atomic<int64_t>& pin = GradPins(grads_.data())[layer];
+  const DType dt = static_cast<DType>(hdr->dtype);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const uint32_t wake = hdr->wake_seq.load(std::memory_order_acquire);
+    if (hdr->stopped.load(std::memory_order_acquire)) return Aborted("the EPS stopped the job");
+    const uint32_t s = e.current.load(std::memory_order_acquire);
+    const uint32_t q = e.seq[s].load(std::memory_order_acquire);
+    const int64_t v = e.version[s].load(std::memory_order_acquire);
+    if ((q & 1) == 0 && v >= min_version) {
+      pin.store((v << 1) | s, std::memory_order_seq_cst);
+      if (e.seq[s].load(std::memory_order_seq_cst) == q) {
+        LayerWeights w;
+        w.data = static_cast<const char*>(weights_.data()) + e.slot_offset[s];
+        w.dtype = dt;
+        w.numel = e.numel;
+        w.version = v;
+        return w;
+      }
+      pin.store(-1, std::memory_order_release);
+      gh->pin_seq.fetch_add(1, std::memory_order_release);
+      FutexWake(&gh->pin_seq);
+      continue;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) {
+      return Status(StatusCode::kDeadlineExceeded,
+                    "layer " + std::to_string(layer) + " version " + std::to_string(min_version) +
+                        " not published within " + std::to_string(timeout.count()) + " ms (newest " +
+                        std::to_string(v) + ")");
+    }
+    FutexWait(&hdr->wake_seq, wake,
+              std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(100)));
+  }
+}
+
+void ShmEpsClient::ReleaseLayer(int64_t layer) {
+  if (layer < 0 || layer >= static_cast<int64_t>(layer_numel_.size())) return;
+  auto* gh = static_cast<GradSegmentHeader*>(grads_.data());
+  GradPins(grads_.data())[layer].store(-1, std::memory_order_release);
+  gh->pin_seq.fetch_add(1, std::memory_order_release);
+  FutexWake(&gh->pin_seq);
+}
+
+Status ShmEpsClient::SlotError() const {
+  const auto* gh = static_cast<const GradSegmentHeader*>(grads_.data());
+  const uint32_t code = gh->error_code.load(std::memory_order_acquire);
+  if (code == 0) return Status::Ok();
+  return Status(static_cast<StatusCode>(code),
+                "EPS rejected a gradient pushed through shared memory: " +
+                    std::string(gh->error_message, strnlen(gh->error_message, sizeof(gh->error_message))));
+}
+
+Status ShmEpsClient::PushGradient(int64_t layer, int64_t step, int64_t micro_batches, const float* grad,
+                                  size_t numel) {
+  std::lock_guard<std::mutex> lock(push_mu_);
+  L2L_RETURN_IF_ERROR(SlotError());
+  auto* gh = static_cast<GradSegmentHeader*>(grads_.data());
+  if (numel * sizeof(float) > gh->slot_bytes) {
+    return InvalidArgument("gradient of layer " + std::to_string(layer) + " has " + std::to_string(numel) +
+                           " floats, more than a gradient slot holds (" + std::to_string(gh->slot_bytes / 4) +
+                           ")");
+  }
+  for (;;) {
+    if (gh->closed.load(std::memory_order_acquire)) return Aborted("the EPS closed the gradient segment");
+    const uint32_t seen = gh->free_seq.load(std::memory_order_acquire);
+    for (uint32_t s = 0; s < gh->num_slots; ++s) {
+      GradSlotHeader& slot = gh->slots[s];
+      if (slot.state.load(std::memory_order_acquire) != kSlotFree) continue;
+      slot.state.store(kSlotFilling, std::memory_order_relaxed);
+      std::memcpy(static_cast<char*>(grads_.data()) + slot.data_offset, grad, numel * sizeof(float));
+      slot.layer = layer;
+      slot.step = step;
+      slot.micro_batches = micro_batches;
+      slot.numel = static_cast<int64_t>(numel);
+      slot.push_seq = ++push_seq_;
+      slot.state.store(kSlotReady, std::memory_order_release);
+      gh->ready_seq.fetch_add(1, std::memory_order_release);
+      FutexWake(&gh->ready_seq);
+      return Status::Ok();
+    }
+    FutexWait(&gh->free_seq, seen, std::chrono::milliseconds(200));
+  }
+}
+
+Status ShmEpsClient::Drain(std::chrono::milliseconds timeout) {
+  auto* gh = static_cast<GradSegmentHeader*>(grads_.data());
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    const uint32_t seen = gh->free_seq.load(std::memory_order_acquire);
+    bool busy = false;
+    for (uint32_t s = 0; s < gh->num_slots; ++s) {
+      const uint32_t st = gh->slots[s].state.load(std::memory_order_acquire);
+      // A held slot waits for other workers' gradients: the EPS has it, which is all
+      // StepDone needs; only slots it has not looked at yet count.
+      if (st == kSlotReady || st == kSlotFilling) busy = true;
+    }
+    if (!busy) return SlotError();
+    if (gh->closed.load()) return Aborted("the EPS closed the gradient segment");
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return Status(StatusCode::kDeadlineExceeded, "EPS did not consume pushed gradients");
+    FutexWait(&gh->free_seq, seen, std::chrono::milliseconds(20));
+  }
+}
+
+Status ShmEpsClient::StepDone(const StepReport& report) {
+  L2L_RETURN_IF_ERROR(Drain(std::chrono::seconds(60)));
+  return GrpcEpsClient::StepDone(report);
+}
+
+}  // namespace l2l::worker

@@ -1,0 +1,54 @@
+// ShmEpsClient: the EpsClient for a worker on the EPS's host. Layers are read in place
+// from the EPS's weight segment (mapped read-only; page-aligned slots, so a CUDA worker
+// can cudaHostRegister the mapping), pinned in this worker's gradient segment while
+// held (the pin protocol of eps_server/param_store.h); gradients are copied into a free
+// slot of this worker's gradient segment and announced with a futex wake. Control
+// (register, heartbeat, StepDone) stays on gRPC (GrpcEpsClient).
+//
+// Errors the EPS finds in a pushed slot (wrong step, duplicate, unknown layer) are
+// reported by the next PushGradient or by StepDone, which first waits until the EPS
+// consumed every slot.
+//
+// Ownership: owns both mappings (never unlinks: the EPS owns the segments).
+// Thread-safety: as EpsClient; slot claiming is serialised internally.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/shm.h"
+#include "worker/eps_client_grpc.h"
+
+namespace l2l::worker {
+
+class ShmEpsClient : public GrpcEpsClient {
+ public:
+  static Result<std::unique_ptr<ShmEpsClient>> Create(ImplPtr impl, WorkerRegistration reg,
+                                                      const ClientOptions& options, const ShmInfo& shm);
+
+  Result<LayerWeights> AcquireLayer(int64_t layer, int64_t min_version,
+                                    std::chrono::milliseconds timeout) override;
+  void ReleaseLayer(int64_t layer) override;
+  Status PushGradient(int64_t layer, int64_t step, int64_t micro_batches, const float* grad,
+                      size_t numel) override;
+  Status StepDone(const StepReport& report) override;
+
+  // Waits until the EPS consumed every pushed slot; returns the first error it found.
+  Status Drain(std::chrono::milliseconds timeout);
+  const void* weight_base() const { return weights_.data(); }
+
+ private:
+  ShmEpsClient(ImplPtr impl, WorkerRegistration reg, const ClientOptions& options)
+      : GrpcEpsClient(std::move(impl), std::move(reg), options) {}
+  Status SlotError() const;
+
+  ShmSegment weights_;  // read-only
+  ShmSegment grads_;    // read-write
+  std::vector<int64_t> layer_numel_;
+  std::mutex push_mu_;  // one pusher at a time claims slots
+  uint64_t push_seq_ = 0;
+};
+
+}  // namespace l2l::worker
