@@ -15,7 +15,9 @@
 // Thread-safety: pure functions (reads the environment and files).
 #include "common/config.h"
 
+#include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>

@@ -36,8 +36,9 @@ struct TrainingConfig {
 };
 
 struct DataConfig {
-  std::string train_path;          // llm.c .bin tokens file (relative to the config file)
-  std::string val_path;            // optional
+  std::string train_path;          // llm.c .bin tokens file; relative paths in a config file
+                                   // are resolved against its directory and stored absolute
+  std::string val_path;            // optional (empty: no validation)
 };
 
 struct JobConfig {
@@ -53,7 +54,9 @@ struct JobConfig {
 
 // Loads a job config from YAML. Relative data paths are resolved against the file's
 // directory. A missing section keeps its defaults; `preset: NAME` inside `model:` starts
-// from configs/models/NAME.yaml's model. Errors name file, line and key.
+// from configs/models/NAME.yaml's model (lookup order: $L2L_CONFIG_DIR/models, then
+// models/, ../models/, ../configs/models/, configs/models/ beside the config file; see
+// config.cc). Errors name file, line and key.
 Result<JobConfig> LoadJobConfig(const std::string& path);
 // Same, from a string (`origin` names it in errors, e.g. "<rpc CreateJob>").
 Result<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::string& origin,

@@ -8,8 +8,10 @@
 #include "common/yaml_util.h"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <exception>
 #include <map>
 #include <sstream>

@@ -162,13 +162,19 @@ void EpsCore::ConsumeLoop(ShmWorker* w) {
       any = true;
       slot.state.store(kSlotHeld, std::memory_order_relaxed);
       const int64_t layer = slot.layer, step = slot.step, numel = slot.numel;
-      GradientRef ref;
-      ref.worker_id = w->id;
-      ref.micro_batches = slot.micro_batches;
-      ref.release = [h, &slot] {
+      // The slot is freed exactly once, after any error about it was recorded: by the
+      // pipeline's release (after the update) or below when Submit already released it.
+      auto free_slot = [h, &slot] {
         slot.state.store(kSlotFree, std::memory_order_release);
         h->free_seq.fetch_add(1, std::memory_order_release);
         FutexWake(&h->free_seq);
+      };
+      auto phase = std::make_shared<std::atomic<int>>(0);  // 0 in Submit, 1 after, 2 released
+      GradientRef ref;
+      ref.worker_id = w->id;
+      ref.micro_batches = slot.micro_batches;
+      ref.release = [phase, free_slot] {
+        if (phase->exchange(2) == 1) free_slot();
       };
       Status st;
       if (numel < 0 || static_cast<uint64_t>(numel) * sizeof(float) > h->slot_bytes) {
@@ -187,6 +193,7 @@ void EpsCore::ConsumeLoop(ShmWorker* w) {
           h->error_code.store(static_cast<uint32_t>(st.code()), std::memory_order_release);
         }
       }
+      if (phase->exchange(1) == 2) free_slot();
     }
     if (!any) FutexWait(&h->ready_seq, seen, std::chrono::milliseconds(200));
   }

@@ -135,9 +135,10 @@ Status ShmEpsClient::Drain(std::chrono::milliseconds timeout) {
     bool busy = false;
     for (uint32_t s = 0; s < gh->num_slots; ++s) {
       const uint32_t st = gh->slots[s].state.load(std::memory_order_acquire);
-      // A held slot waits for other workers' gradients: the EPS has it, which is all
-      // StepDone needs; only slots it has not looked at yet count.
-      if (st == kSlotReady || st == kSlotFilling) busy = true;
+      // Held slots count too: a slot is freed only after its layer's update (or after its
+      // error was recorded). In synchronous mode this costs nothing: the next step needs
+      // layer 0's new version, which needs every held gradient consumed anyway.
+      if (st != kSlotFree) busy = true;
     }
     if (!busy) return SlotError();
     if (gh->closed.load()) return Aborted("the EPS closed the gradient segment");

@@ -271,7 +271,7 @@ Status Relay::HeadAndBackward(int64_t step, ResidentLayer* emb, double* loss_sum
   float* hgrad = ring_grad_[0].f32();  // (head numel)
   be_->Zero(hgrad, head.numel * sizeof(float));
   const float* wte_w = spec_.tied_embeddings ? emb->params + wte->offset : nullptr;  // (V,C)
-  float* dwte = nullptr;     // (V,C)
+  float* dwte = spec_.tied_embeddings ? emb_grad_.f32() + wte->offset : nullptr;     // (V,C)
   for (int64_t u = 0; u < M_; ++u) {
     const float* in = stash_->Load(L, u);  // (B,T,C)
     *loss_sum += layers::HeadForwardBackward(*be_, spec_, head, h.params, wte_w, in, Targets(u),

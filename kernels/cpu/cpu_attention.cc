@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_math.h"
 #include "kernels/cpu/cpu_matmul.h"
 #include "kernels/cpu/cpu_parallel.h"
 
@@ -54,15 +55,9 @@ void CpuBackend::AttentionForward(float* out, float* att, const float* qkv, int6
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t t = r % T;
         float* row = att + r * T;
-        float mx = row[0];
-        for (int64_t j = 1; j <= t; ++j) mx = std::max(mx, row[j]);
-        float sum = 0.0f;
-        for (int64_t j = 0; j <= t; ++j) {
-          row[j] = std::exp(row[j] - mx);
-          sum += row[j];
-        }
-        const float inv = 1.0f / sum;
-        for (int64_t j = 0; j <= t; ++j) row[j] *= inv;
+        const float mx = MaxSpan(row, t + 1);
+        const double sum = ExpShiftSumSpan(row, row, mx, t + 1);
+        ScaleSpan(row, float(1.0 / sum), t + 1);
         for (int64_t j = t + 1; j < T; ++j) row[j] = 0.0f;
       }
     });
@@ -95,8 +90,7 @@ void CpuBackend::AttentionBackward(float* dqkv, float* scratch, const float* dou
         const int64_t t = r % T;
         const float* a = att + r * T;
         float* d = scratch + r * T;
-        float dot = 0.0f;
-        for (int64_t j = 0; j <= t; ++j) dot += a[j] * d[j];
+        const float dot = DotSpan(a, d, t + 1);
         for (int64_t j = 0; j <= t; ++j) d[j] = a[j] * (d[j] - dot);
         for (int64_t j = t + 1; j < T; ++j) d[j] = 0.0f;
       }

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <new>
 
+#include "kernels/cpu/cpu_math.h"
 #include "kernels/cpu/cpu_matmul.h"
 #include "kernels/cpu/cpu_parallel.h"
 
@@ -26,7 +27,7 @@ constexpr int64_t kColumnChunk = 64;
 CpuBackend::CpuBackend(int num_threads)
     : num_threads_(num_threads > 0 ? num_threads : tbb::this_task_arena::max_concurrency()),
       arena_(num_threads_),
-      matmul_(std::make_unique<DnnlMatmul>(num_threads_)) {}
+      matmul_(std::make_unique<DnnlMatmul>(num_threads_, &arena_)) {}
 
 CpuBackend::~CpuBackend() = default;
 
@@ -131,34 +132,18 @@ void CpuBackend::Scale(float* x, float alpha, int64_t n) {
   });
 }
 
-namespace {
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
-constexpr float kGeluCube = 0.044715f;
-}  // namespace
-
 void CpuBackend::GeluForward(float* out, const float* inp, int64_t n) {
   InArena([&] {
-    ParallelFor(n, kElemGrain / 4, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        const float x = inp[i];
-        const float t = std::tanh(kGeluScale * (x + kGeluCube * x * x * x));
-        out[i] = 0.5f * x * (1.0f + t);
-      }
+    ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+      GeluForwardSpan(out + i0, inp + i0, i1 - i0);
     });
   });
 }
 
 void CpuBackend::GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) {
   InArena([&] {
-    ParallelFor(n, kElemGrain / 4, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) {
-        const float x = inp[i];
-        const float t = std::tanh(kGeluScale * (x + kGeluCube * x * x * x));
-        const float sech2 = 1.0f - t * t;
-        const float local = 0.5f * (1.0f + t) +
-                            0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * kGeluCube * x * x);
-        dinp[i] += local * dout[i];
-      }
+    ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+      GeluBackwardSpan(dinp + i0, inp + i0, dout + i0, i1 - i0);
     });
   });
 }
@@ -307,15 +292,9 @@ void CpuBackend::CrossEntropyForward(float* losses, float* probs, const float* l
         const float* x = logits + n * V;
         float* p = probs + n * V;  // may alias x: x[tgt] is read before p is written
         const float x_tgt = x[tgt];
-        float mx = x[0];
-        for (int64_t v = 1; v < V; ++v) mx = std::max(mx, x[v]);
-        double sum = 0.0;
-        for (int64_t v = 0; v < V; ++v) {
-          p[v] = std::exp(x[v] - mx);
-          sum += p[v];
-        }
-        const float inv = float(1.0 / sum);
-        for (int64_t v = 0; v < V; ++v) p[v] *= inv;
+        const float mx = MaxSpan(x, V);
+        const double sum = ExpShiftSumSpan(p, x, mx, V);
+        ScaleSpan(p, float(1.0 / sum), V);
         // -log softmax[tgt] = log(sum) - (x[tgt] - max): exact even when the prob underflows.
         losses[n] = float(std::log(sum) - double(x_tgt - mx));
       }

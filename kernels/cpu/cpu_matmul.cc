@@ -3,9 +3,14 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstring>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <unordered_map>
+#include <vector>
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
 
 #include "common/status.h"
 
@@ -66,12 +71,15 @@ struct DnnlMatmul::Impl {
   struct Entry {
     dnnl::matmul::primitive_desc pd;
     dnnl::matmul prim;
+    size_t scratch_bytes = 0;
   };
-  int num_threads;
+  int num_threads = 1;
+  tbb::task_arena* arena = nullptr;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
+  // Node-based: references to entries stay valid while others are added.
   std::unordered_map<Key, Entry, KeyHash> cache;
 
+  // REQUIRES: called from the thread that owns this object (not from tasks).
   Entry& Get(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, float alpha,
              const MatStrides& sa, const MatStrides& sb, float beta, const MatStrides& sc) {
     const bool batched = B0 != 1 || B1 != 1;
@@ -80,7 +88,9 @@ struct DnnlMatmul::Impl {
     auto it = cache.find(key);
     if (it != cache.end()) return it->second;
     try {
+      SetOmpThreads(1);  // the primitive is tuned for the thread count it will run on
       dnnl::primitive_attr attr;
+      attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
       if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
       if (beta != 0.0f) {
         dnnl::post_ops po;
@@ -90,7 +100,7 @@ struct DnnlMatmul::Impl {
       dnnl::matmul::desc d(Desc(batched, B0, B1, M, K, sa), Desc(batched, B0, B1, K, N, sb),
                            Desc(batched, B0, B1, M, N, sc));
       dnnl::matmul::primitive_desc pd(d, attr, engine);
-      Entry e{pd, dnnl::matmul(pd)};
+      Entry e{pd, dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
       return cache.emplace(key, std::move(e)).first->second;
     } catch (const dnnl::error& err) {
       L2L_CHECK(false) << "oneDNN matmul creation failed (" << err.what() << ") for B0=" << B0
@@ -98,10 +108,50 @@ struct DnnlMatmul::Impl {
     }
     __builtin_unreachable();
   }
+
+  // Runs one cached primitive on the calling thread (a TBB task or the owner).
+  void Exec(const Entry& e, const float* A, const float* B, float* C) {
+    thread_local std::vector<char> scratch;
+    try {
+      SetOmpThreads(1);
+      dnnl::stream stream(engine);
+      memory a_mem(e.pd.src_desc(), engine, const_cast<float*>(A));
+      memory b_mem(e.pd.weights_desc(), engine, const_cast<float*>(B));
+      memory c_mem(e.pd.dst_desc(), engine, C);
+      std::unordered_map<int, memory> args = {
+          {DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}};
+      if (e.scratch_bytes > 0) {
+        if (scratch.size() < e.scratch_bytes + 64) scratch.resize(e.scratch_bytes + 64);
+        void* p = scratch.data() + (64 - reinterpret_cast<uintptr_t>(scratch.data()) % 64) % 64;
+        args.emplace(DNNL_ARG_SCRATCHPAD, memory(e.pd.scratchpad_desc(), engine, p));
+      }
+      e.prim.execute(stream, args);
+      stream.wait();
+    } catch (const dnnl::error& err) {
+      L2L_CHECK(false) << "oneDNN matmul execution failed: " << err.what();
+    }
+  }
+
+  // f(i) for i in [0, n), in parallel in the arena when there are threads to use.
+  template <typename F>
+  void ForEach(int64_t n, const F& f) {
+    if (num_threads <= 1 || n <= 1) {
+      for (int64_t i = 0; i < n; ++i) f(i);
+      return;
+    }
+    arena->execute([&] {
+      tbb::parallel_for(tbb::blocked_range<int64_t>(0, n, 1),
+                        [&](const tbb::blocked_range<int64_t>& r) {
+                          for (int64_t i = r.begin(); i < r.end(); ++i) f(i);
+                        });
+    });
+  }
 };
 
-DnnlMatmul::DnnlMatmul(int num_threads) : impl_(std::make_unique<Impl>()) {
-  impl_->num_threads = num_threads;
+DnnlMatmul::DnnlMatmul(int num_threads, tbb::task_arena* arena) : impl_(std::make_unique<Impl>()) {
+  impl_->num_threads = std::max(1, num_threads);
+  impl_->arena = arena;
+  L2L_CHECK(arena != nullptr || impl_->num_threads == 1) << "DnnlMatmul needs an arena for threads";
 }
 
 DnnlMatmul::~DnnlMatmul() = default;
@@ -114,7 +164,6 @@ void DnnlMatmul::Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, fl
   L2L_CHECK(B0 >= 0 && B1 >= 0 && M >= 0 && N >= 0 && K >= 0)
       << "negative matmul dims B0=" << B0 << " B1=" << B1 << " M=" << M << " N=" << N << " K=" << K;
   if (B0 == 0 || B1 == 0 || M == 0 || N == 0) return;
-  SetOmpThreads(impl_->num_threads);
   if (K == 0) {
     // Empty product: C = beta * C (beta == 0 clears, without reading C).
     for (int64_t i = 0; i < B0; ++i)
@@ -126,23 +175,48 @@ void DnnlMatmul::Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, fl
           }
     return;
   }
-  Impl::Entry& e = impl_->Get(B0, B1, M, N, K, alpha, sa, sb, beta, sc);
-  try {
-    memory a_mem(e.pd.src_desc(), impl_->engine, const_cast<float*>(A));
-    memory b_mem(e.pd.weights_desc(), impl_->engine, const_cast<float*>(B));
-    memory c_mem(e.pd.dst_desc(), impl_->engine, C);
-    e.prim.execute(impl_->stream,
-                   {{DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}});
-    impl_->stream.wait();
-  } catch (const dnnl::error& err) {
-    L2L_CHECK(false) << "oneDNN matmul execution failed: " << err.what();
+  Impl& im = *impl_;
+  if (B0 * B1 > 1) {
+    // One 2-D product per batch element, the batch spread over tasks.
+    const Impl::Entry& e = im.Get(1, 1, M, N, K, alpha, sa, sb, beta, sc);
+    im.ForEach(B0 * B1, [&](int64_t idx) {
+      const int64_t i = idx / B1, j = idx % B1;
+      im.Exec(e, A + i * sa.b0 + j * sa.b1, B + i * sb.b0 + j * sb.b1, C + i * sc.b0 + j * sc.b1);
+    });
+    return;
   }
+  // Split C into blocks of rows (or of columns when C is wide): about two per thread so
+  // stealing can even out busy cores, each at least kMinBlock wide.
+  constexpr int64_t kMinBlock = 64;
+  const bool by_rows = M >= N;
+  const int64_t len = by_rows ? M : N;
+  const double flops = 2.0 * double(M) * double(N) * double(K);
+  int64_t block = (len + 2 * im.num_threads - 1) / (2 * im.num_threads);
+  block = std::max(kMinBlock, (block + 15) / 16 * 16);
+  if (im.num_threads <= 1 || block >= len || flops < 2e6) {
+    im.Exec(im.Get(1, 1, M, N, K, alpha, sa, sb, beta, sc), A, B, C);
+    return;
+  }
+  const int64_t n_blocks = (len + block - 1) / block;
+  const int64_t last = len - (n_blocks - 1) * block;
+  const Impl::Entry& full = by_rows ? im.Get(1, 1, block, N, K, alpha, sa, sb, beta, sc)
+                                    : im.Get(1, 1, M, block, K, alpha, sa, sb, beta, sc);
+  const Impl::Entry& tail = by_rows ? im.Get(1, 1, last, N, K, alpha, sa, sb, beta, sc)
+                                    : im.Get(1, 1, M, last, K, alpha, sa, sb, beta, sc);
+  im.ForEach(n_blocks, [&](int64_t k) {
+    const Impl::Entry& e = k + 1 < n_blocks ? full : tail;
+    const int64_t off = k * block;
+    if (by_rows) {
+      im.Exec(e, A + off * sa.row, B, C + off * sc.row);
+    } else {
+      im.Exec(e, A, B + off * sb.col, C + off * sc.col);
+    }
+  });
 }
 
 std::string DnnlMatmul::ImplName(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K,
                                  float alpha, const MatStrides& sa, const MatStrides& sb,
                                  float beta, const MatStrides& sc) {
-  SetOmpThreads(impl_->num_threads);
   return impl_->Get(B0, B1, M, N, K, alpha, sa, sb, beta, sc).pd.impl_info_str();
 }
 

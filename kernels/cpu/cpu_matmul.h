@@ -9,18 +9,26 @@
 // view with strides (T*3C, hs, 3C, 1). alpha is a oneDNN output scale; beta != 0 is a
 // "sum" post-op, so beta == 1 accumulates exactly (acc + C, in fp32).
 //
-// oneDNN here is built on OpenMP: before creating or running a primitive we set the
-// calling thread's OpenMP thread count to num_threads (found with dlsym, since the
-// OpenMP runtime is only linked through libdnnl).
+// Threading: oneDNN here is built on OpenMP, the rest of the CPU backend on TBB. Two
+// thread pools on the same cores fight (an OpenMP barrier stalls whenever one of its
+// threads is descheduled, and each pool spins while the other works), so oneDNN runs
+// single-threaded (OpenMP thread count 1, set through dlsym since the OpenMP runtime is
+// only linked through libdnnl) and we parallelise in TBB tasks inside the backend's
+// arena: over the batch of a batched product, else over row (or column) blocks of C.
+// TBB's work stealing also copes with busy cores, where a static split would wait for
+// the slowest thread. Each task uses its own stream and scratchpad, so concurrent
+// execution is safe with a oneDNN built without DNNL_ENABLE_CONCURRENT_EXEC.
 //
-// Ownership: owns its engine, stream and cached primitives; operands are caller memory.
-// Thread-safety: one thread at a time.
+// Ownership: owns its engine and cached primitives; the arena and operands belong to
+// the caller. Thread-safety: Run/ImplName from one thread at a time.
 #pragma once
 
 #include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
+
+#include <tbb/task_arena.h>
 
 namespace l2l::kernels {
 
@@ -30,7 +38,8 @@ struct MatStrides {
 
 class DnnlMatmul {
  public:
-  explicit DnnlMatmul(int num_threads);
+  // Runs its tasks in `arena` (which must outlive this object) on up to num_threads.
+  DnnlMatmul(int num_threads, tbb::task_arena* arena);
   ~DnnlMatmul();
   DnnlMatmul(const DnnlMatmul&) = delete;
   DnnlMatmul& operator=(const DnnlMatmul&) = delete;

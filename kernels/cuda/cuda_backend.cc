@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <unordered_map>
 
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cuda_check.h"
@@ -23,6 +24,14 @@ namespace {
 class CudaBackend final : public Backend {
  public:
   static Result<std::unique_ptr<CudaBackend>> Create(int device, const CudaBackendOptions& opt);
+
+  // Finishes queued work with this device current, so buffers are freed after their
+  // last use even when another device was made current since.
+  ~CudaBackend() override {
+    if (cudaSetDevice(device_) != cudaSuccess || cudaStreamSynchronize(stream_.get()) != cudaSuccess) {
+      spdlog::warn("{}: teardown: {}", name_, cudaGetErrorString(cudaGetLastError()));
+    }
+  }
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   std::string name() const override { return name_; }
@@ -42,12 +51,19 @@ class CudaBackend final : public Backend {
                                std::to_string(free_b >> 20) + " MiB free of " +
                                std::to_string(total_b >> 20) + " MiB)");
     }
+    sizes_[p] = bytes;
+    allocated_ += bytes;
+    peak_allocated_ = std::max(peak_allocated_, allocated_);
     return p;
   }
   void Free(void* p) override {
     if (p == nullptr) return;
     MakeCurrent();
     L2L_CUDA_CHECK(cudaFree(p));  // waits for work that may still use p
+    auto it = sizes_.find(p);
+    L2L_CHECK(it != sizes_.end()) << name_ << ": Free of a pointer this backend did not Alloc";
+    allocated_ -= it->second;
+    sizes_.erase(it);
   }
   // Pageable source: cudaMemcpyAsync has copied it to a staging buffer when it returns,
   // so the caller may reuse it at once and the copy stays ordered on the stream without
@@ -216,6 +232,21 @@ class CudaBackend final : public Backend {
   // ---- for the bf16 entry points in cuda_backend.h -----------------------------------
   cudaStream_t stream() const { return stream_.get(); }
   LtGemm& gemm() { return gemm_; }
+  CudaMemoryStats MemoryStats() const {
+    CudaMemoryStats m;
+    m.allocated = allocated_;
+    m.peak_allocated = peak_allocated_;
+    m.internal = scratch_.bytes() + gemm_.workspace_bytes();
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
+      m.device_used = total_b - free_b;
+      m.device_total = total_b;
+    } else {
+      (void)cudaGetLastError();
+    }
+    return m;
+  }
+  void ResetPeak() { peak_allocated_ = allocated_; }
   void MakeCurrent() const {
     int cur = -1;
     if (cudaGetDevice(&cur) != cudaSuccess || cur != device_) L2L_CUDA_CHECK(cudaSetDevice(device_));
@@ -246,6 +277,8 @@ class CudaBackend final : public Backend {
   LtGemm gemm_;
   CudaBuffer scratch_;
   PinnedBuffer result_host_;  // 8 bytes for SumSquares' result
+  std::unordered_map<void*, size_t> sizes_;  // live Alloc()ations
+  size_t allocated_ = 0, peak_allocated_ = 0;
 };
 
 Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
@@ -337,6 +370,20 @@ Status CastBf16ToF32(Backend& backend, float* dst, const uint16_t* src, int64_t 
   if (be == nullptr) return cuda::NotCuda(backend, "CastBf16ToF32");
   be->MakeCurrent();
   cuda::LaunchCastBf16ToF32(dst, src, n, be->stream());
+  return Status::Ok();
+}
+
+Result<CudaMemoryStats> GetCudaMemoryStats(Backend& backend) {
+  cuda::CudaBackend* be = cuda::AsCuda(backend);
+  if (be == nullptr) return cuda::NotCuda(backend, "GetCudaMemoryStats");
+  be->MakeCurrent();
+  return be->MemoryStats();
+}
+
+Status ResetCudaPeakMemory(Backend& backend) {
+  cuda::CudaBackend* be = cuda::AsCuda(backend);
+  if (be == nullptr) return cuda::NotCuda(backend, "ResetCudaPeakMemory");
+  be->ResetPeak();
   return Status::Ok();
 }
 

@@ -43,6 +43,21 @@ int CudaDeviceCount();
 Result<std::unique_ptr<Backend>> CreateCudaBackend(int device);
 Result<std::unique_ptr<Backend>> CreateCudaBackend(int device, const CudaBackendOptions& options);
 
+// Device memory as the backend sees it. allocated: bytes of live Alloc()ations;
+// peak_allocated: their high-water mark since creation (or the last reset); internal:
+// the backend's own buffers (GEMM workspace, op scratch); device_used / device_total:
+// the whole GPU per cudaMemGetInfo (every process and context on it).
+struct CudaMemoryStats {
+  size_t allocated = 0;
+  size_t peak_allocated = 0;
+  size_t internal = 0;
+  size_t device_used = 0;
+  size_t device_total = 0;
+};
+Result<CudaMemoryStats> GetCudaMemoryStats(Backend& backend);
+// Restarts peak_allocated from the current allocated bytes.
+Status ResetCudaPeakMemory(Backend& backend);
+
 // ---- bf16 entry points (the optimised path; fp32 accumulation everywhere) ----------
 // REQUIRES for all: `backend` came from CreateCudaBackend (else INVALID_ARGUMENT), and
 // pointers are its device memory. bf16 values are stored as uint16_t (the upper half of

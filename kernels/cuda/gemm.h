@@ -63,6 +63,7 @@ class LtGemm {
   Status Run(const LtGemmArgs& args, cudaStream_t stream);
 
   size_t cached_plans() const { return plans_.size(); }
+  size_t workspace_bytes() const { return workspace_.bytes(); }
 
  private:
   struct Plan;

@@ -88,7 +88,7 @@ TEST_CASE("Shipped model presets load with the shapes their names promise", "[co
   CHECK(LoadJobConfig(kConfigs + "/models/gpt2-small.yaml")->model.NumParams() == 124439808);
 }
 
-TEST_CASE("Shipped job configs load; quickstart uses the small preset and resolves data paths", "[config]") {
+TEST_CASE("Shipped job configs load and quickstart uses the small preset and resolves data paths", "[config]") {
   Result<JobConfig> q = LoadJobConfig(kConfigs + "/quickstart.yaml");
   INFO(q.status().ToString());
   REQUIRE(q.ok());

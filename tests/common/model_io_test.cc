@@ -86,7 +86,7 @@ TEST_CASE("A model survives SaveModel -> LoadModel with HF GPT-2 names and shape
   CHECK(r.tensors().size() == 2 + 2 * 12 + 2);
 }
 
-TEST_CASE("BF16 export stores rounded weights; untied models store lm_head", "[model_io]") {
+TEST_CASE("BF16 export stores rounded weights and untied models store lm_head", "[model_io]") {
   TempDir dir;
   ModelSpec spec = kTiny;
   spec.tied_embeddings = false;

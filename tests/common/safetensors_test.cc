@@ -145,7 +145,7 @@ TEST_CASE("Out-of-bounds, overlapping, gapped or mis-sized offsets are rejected 
   ExpectError(SafeTensorsReader::Open(rev).status(), {rev, "tensor 'w'", "begin > end"});
 }
 
-TEST_CASE("Unknown dtypes are rejected; known non-float dtypes only when read as fp32", "[safetensors][errors]") {
+TEST_CASE("Unknown dtypes are rejected, known non-float dtypes only when read as fp32", "[safetensors][errors]") {
   TempDir dir;
   const std::string d8(8, 'x');
   const std::string unk = dir.Write(

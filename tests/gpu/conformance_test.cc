@@ -41,6 +41,27 @@ TEST_CASE("cuda backend rejects a GPU index that does not exist", "[gpu]") {
   CHECK(be.status().message().find("no such GPU") != std::string::npos);
 }
 
+TEST_CASE("cuda backend counts its live and peak allocations", "[gpu]") {
+  Backends& b = Both();
+  REQUIRE(kernels::ResetCudaPeakMemory(*b.gpu).ok());
+  auto before = kernels::GetCudaMemoryStats(*b.gpu);
+  REQUIRE(before.ok());
+  {
+    auto buf = DeviceBuffer::Create(b.gpu.get(), size_t{48} << 20);
+    REQUIRE(buf.ok());
+    auto during = kernels::GetCudaMemoryStats(*b.gpu);
+    REQUIRE(during.ok());
+    CHECK(during->allocated == before->allocated + (size_t{48} << 20));
+    CHECK(during->device_used >= during->allocated);
+    CHECK(during->device_total >= during->device_used);
+  }
+  auto after = kernels::GetCudaMemoryStats(*b.gpu);
+  REQUIRE(after.ok());
+  CHECK(after->allocated == before->allocated);
+  CHECK(after->peak_allocated == before->allocated + (size_t{48} << 20));
+  CHECK(kernels::GetCudaMemoryStats(*b.cpu).status().code() == StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("cuda copies zero and device to device copies round trip", "[gpu]") {
   Backends& b = Both();
   std::mt19937 rng(1);

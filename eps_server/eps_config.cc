@@ -1,0 +1,94 @@
+// YAML loading of EpsConfig. See eps_config.h.
+#include "eps_server/eps_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <sstream>
+
+namespace l2l::eps {
+namespace {
+
+std::string At(const std::string& origin, const YAML::Node& n) {
+  return origin + ":" + std::to_string(n.Mark().line + 1);
+}
+
+template <typename T>
+Status Read(const YAML::Node& n, const std::string& origin, const std::string& key, T* out) {
+  try {
+    *out = n.as<T>();
+  } catch (const std::exception& e) {
+    return InvalidArgument(At(origin, n) + ": " + key + ": cannot read '" + n.Scalar() + "'");
+  }
+  return Status::Ok();
+}
+
+Status ApplyMap(const YAML::Node& root, const std::string& origin, const std::string& prefix, EpsConfig* c) {
+  for (auto it = root.begin(); it != root.end(); ++it) {
+    const std::string key = prefix + it->first.as<std::string>();
+    const YAML::Node& v = it->second;
+    if (key == "memory" || key == "checkpoint") {
+      if (!v.IsMap()) return InvalidArgument(At(origin, v) + ": " + key + " must be a mapping");
+      L2L_RETURN_IF_ERROR(ApplyMap(v, origin, key + ".", c));
+    } else if (key == "listen") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->listen));
+    } else if (key == "allow_remote") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->allow_remote));
+    } else if (key == "state_dir") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->state_dir));
+    } else if (key == "job_id") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->job_id));
+    } else if (key == "memory.host_bytes") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->host_bytes));
+    } else if (key == "memory.page_bytes") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->page_bytes));
+    } else if (key == "publish_dtype") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->publish_dtype));
+    } else if (key == "expected_workers") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->expected_workers));
+    } else if (key == "heartbeat_timeout_ms") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->heartbeat_timeout_ms));
+    } else if (key == "on_worker_loss") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->on_worker_loss));
+    } else if (key == "transport") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->transport));
+    } else if (key == "checkpoint.dir") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->checkpoint_dir));
+    } else if (key == "checkpoint.every") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->checkpoint_every));
+    } else {
+      return InvalidArgument(At(origin, it->first) + ": unknown key '" + key + "'");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status EpsConfig::Validate() const {
+  if (expected_workers < 1) return InvalidArgument("expected_workers=" + std::to_string(expected_workers) + " must be >= 1");
+  if (page_bytes <= 0 || page_bytes % 4096 != 0) {
+    return InvalidArgument("memory.page_bytes=" + std::to_string(page_bytes) + " must be a positive multiple of 4096");
+  }
+  if (host_bytes < 0) return InvalidArgument("memory.host_bytes must be >= 0");
+  if (on_worker_loss != "pause" && on_worker_loss != "continue") {
+    return InvalidArgument("on_worker_loss='" + on_worker_loss + "' must be pause or continue");
+  }
+  if (transport != "auto" && transport != "grpc") return InvalidArgument("transport='" + transport + "' must be auto or grpc");
+  if (!publish_dtype.empty() && publish_dtype != "f32" && publish_dtype != "bf16") {
+    return InvalidArgument("publish_dtype='" + publish_dtype + "' must be f32 or bf16");
+  }
+  if (job_id.empty() || job_id.find('/') != std::string::npos) return InvalidArgument("job_id must be non-empty without '/'");
+  return Status::Ok();
+}
+
+Result<EpsConfig> ParseEpsConfig(const std::string& text, const std::string& origin) {
+  EpsConfig c;
+  try {
+    YAML::Node root = YAML::Load(text);
+    if (root.IsNull()) return c;
+    if (!root.IsMap()) return InvalidArgument(origin + ": the daemon config must be a mapping");
+    L2L_RETURN_IF_ERROR(ApplyMap(root, origin, "", &c));
+  } catch (const YAML::Exception& e) {
+    return InvalidArgument(origin + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
+  }
+  L2L_RETURN_IF_ERROR(c.Validate().WithContext(origin));
+  return c;
+}
+
+Result<EpsConfig> LoadEpsConfig(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return NotFound("cannot open daemon config " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ParseEpsConfig(ss.str(), path);
+}
+
+}  // namespace l2l::eps

@@ -1,0 +1,38 @@
+// EpsConfig: the daemon's own settings (not the job's): where it listens, its state
+// directory, memory budget, workers to wait for, transport policy. Loaded from YAML
+// (configs/eps.yaml); unknown keys are errors naming file:line; l2l-eps's CLI flags
+// override fields after loading (in main only).
+//
+// Thread-safety: a value.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace l2l::eps {
+
+struct EpsConfig {
+  std::string listen = "127.0.0.1:0";   // host:port; port 0 picks a free port
+  bool allow_remote = false;            // required to bind a non-loopback address
+  std::string state_dir = "/tmp/l2l-eps";  // eps.port is written here
+  std::string job_id = "default";       // names shm segments /l2l-<job_id>-*
+  int64_t host_bytes = 0;               // memory.host_bytes: budget, 0 = unlimited
+  int64_t page_bytes = 4 << 20;         // memory.page_bytes: state page size
+  std::string publish_dtype;            // "" = the job's; "f32" | "bf16" overrides
+  int32_t expected_workers = 1;         // workers every update waits for
+  int64_t heartbeat_timeout_ms = 10000; // a silent worker counts as lost after this
+  std::string on_worker_loss = "pause"; // pause | continue
+  std::string transport = "auto";       // auto (shm for same-host workers) | grpc
+  std::string checkpoint_dir;           // "" = <state_dir>/checkpoints
+  int64_t checkpoint_every = 0;         // steps; 0 = only on request and at exit
+
+  Status Validate() const;
+};
+
+// Loads YAML; a missing key keeps its default. Errors: "<path>:<line>: <message>".
+Result<EpsConfig> LoadEpsConfig(const std::string& path);
+Result<EpsConfig> ParseEpsConfig(const std::string& yaml_text, const std::string& origin);
+
+}  // namespace l2l::eps

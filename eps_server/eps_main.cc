@@ -1,0 +1,120 @@
+// l2l-eps: the eager param-server daemon. Parses the daemon config (--config) and CLI
+// overrides, creates the job from --job (or later from the CreateJob rpc), serves gRPC
+// until a Shutdown rpc or SIGTERM/SIGINT, then stops the job, removes its shared-memory
+// segments and exits 0. Prints "l2l-eps listening on HOST:PORT" and writes the port to
+// <state_dir>/eps.port. Tells systemd READY/STATUS/STOPPING (no-op without systemd).
+#include <signal.h>
+#include <systemd/sd-daemon.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "common/config.h"
+#include "common/logging.h"
+#include "eps_server/eps_config.h"
+#include "eps_server/eps_core.h"
+#include "eps_server/grpc_server.h"
+
+namespace {
+
+int Fail(const l2l::Status& s) {
+  std::fprintf(stderr, "l2l-eps: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace l2l;
+  CLI::App app{"l2l-eps: eager param-server daemon"};
+  std::string config_path, job_path, listen, state_dir, transport, job_id, log_level = "info";
+  int workers = 0;
+  int64_t host_bytes = -1;
+  bool allow_remote = false;
+  app.add_option("--config", config_path, "daemon config YAML (configs/eps.yaml)");
+  app.add_option("--job", job_path, "job config YAML; without it, wait for the CreateJob rpc");
+  app.add_option("--listen", listen, "host:port to listen on (default 127.0.0.1:0)");
+  app.add_flag("--allow-remote", allow_remote, "allow binding a non-loopback address");
+  app.add_option("--state-dir", state_dir, "state directory (eps.port is written there)");
+  app.add_option("--workers", workers, "expected workers");
+  app.add_option("--host-bytes", host_bytes, "memory budget for model + optimizer state");
+  app.add_option("--transport", transport, "auto | grpc");
+  app.add_option("--job-id", job_id, "names the shared-memory segments");
+  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  CLI11_PARSE(app, argc, argv);
+  InitLogging(log_level, "", "eps").IgnoreError();
+
+  eps::EpsConfig cfg;
+  if (!config_path.empty()) {
+    auto c = eps::LoadEpsConfig(config_path);
+    if (!c.ok()) return Fail(c.status());
+    cfg = *c;
+  }
+  if (!listen.empty()) cfg.listen = listen;
+  if (allow_remote) cfg.allow_remote = true;
+  if (!state_dir.empty()) cfg.state_dir = state_dir;
+  if (workers > 0) cfg.expected_workers = workers;
+  if (host_bytes >= 0) cfg.host_bytes = host_bytes;
+  if (!transport.empty()) cfg.transport = transport;
+  if (!job_id.empty()) cfg.job_id = job_id;
+  if (Status s = cfg.Validate(); !s.ok()) return Fail(s);
+
+  // SIGTERM/SIGINT are handled by a thread (sigwait), never asynchronously.
+  sigset_t sigs;
+  sigemptyset(&sigs);
+  sigaddset(&sigs, SIGTERM);
+  sigaddset(&sigs, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
+
+  eps::CoreOptions co;
+  co.job_id = cfg.job_id;
+  co.expected_workers = cfg.expected_workers;
+  co.host_bytes = static_cast<size_t>(cfg.host_bytes);
+  co.page_bytes = static_cast<size_t>(cfg.page_bytes);
+  co.transport = cfg.transport;
+  eps::EpsCore core(co);
+  if (!job_path.empty()) {
+    auto job = LoadJobConfig(job_path);
+    if (!job.ok()) return Fail(job.status());
+    if (!cfg.publish_dtype.empty()) job->publish_dtype = *ParseDType(cfg.publish_dtype);
+    if (Status s = core.CreateJob(*job); !s.ok()) return Fail(s);
+  }
+  eps::ServerOptions so;
+  so.listen = cfg.listen;
+  so.allow_remote = cfg.allow_remote;
+  auto server = eps::EpsGrpcServer::Start(&core, so);
+  if (!server.ok()) return Fail(server.status());
+  const std::string host = cfg.listen.substr(0, cfg.listen.rfind(':'));
+  std::error_code ec;
+  std::filesystem::create_directories(cfg.state_dir, ec);
+  {
+    std::ofstream pf(cfg.state_dir + "/eps.port.tmp");
+    pf << (*server)->port() << "\n";
+  }
+  std::filesystem::rename(cfg.state_dir + "/eps.port.tmp", cfg.state_dir + "/eps.port", ec);
+  if (ec) L2L_LOG_WARN("cannot write {}/eps.port: {}", cfg.state_dir, ec.message());
+  std::printf("l2l-eps listening on %s:%d\n", host.c_str(), (*server)->port());
+  std::fflush(stdout);
+  sd_notifyf(0, "READY=1\nSTATUS=listening on %s:%d", host.c_str(), (*server)->port());
+
+  eps::EpsGrpcServer* srv = server->get();
+  std::thread signals([srv, sigs] {
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    if (sig == 0) return;
+    L2L_LOG_INFO("signal {}: shutting down", sig);
+    srv->RequestShutdown(false, false);
+  });
+  srv->WaitForShutdownRequest();
+  sd_notify(0, "STOPPING=1\nSTATUS=stopping");
+  srv->Shutdown();
+  core.Stop();
+  L2L_LOG_INFO("stopped; shared-memory segments removed");
+  // The signal thread may still wait in sigwait: wake it.
+  pthread_kill(signals.native_handle(), SIGTERM);
+  signals.join();
+  return 0;
+}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Builds the EPS unit tests with ThreadSanitizer (build-tsan, CPU only) and runs the
+# concurrency tests: ParamStore publish/read with concurrent readers, the update
+# pipeline. Usage: scripts/tsan.sh   (scripts/test.sh runs it when L2L_TSAN=1)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR="${L2L_TSAN_BUILD_DIR:-build-tsan}"
+start=$(date +%s)
+cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DL2L_CUDA=OFF \
+  -DL2L_SANITIZE=thread >/dev/null
+cmake --build "$BUILD_DIR" --target l2l_eps_tests -j "${L2L_JOBS:-2}"
+# halt_on_error: a race fails the run instead of only printing a report.
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+  "$BUILD_DIR/tests/l2l_eps_tests" "[param_store],[pipeline]"
+echo "tsan.sh: done in $(( $(date +%s) - start )) s"

@@ -1,0 +1,298 @@
+// Integration harness: child processes, temp dirs, the l2l-eps daemon. See harness.h.
+#include "tests/integration/harness.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include <grpcpp/grpcpp.h>
+
+#include "common/tokens_file.h"
+#include "proto/control.grpc.pb.h"
+
+namespace l2l::itest {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+std::string BinaryPath(const std::string& name) { return std::string(L2L_BINARY_DIR) + "/bin/" + name; }
+
+// ---- TempDir ---------------------------------------------------------------------------
+
+Result<std::unique_ptr<TempDir>> TempDir::Create(const std::string& prefix) {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = std::string(base && *base ? base : "/tmp") + "/" + prefix + "-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (mkdtemp(buf.data()) == nullptr) return ErrnoError("mkdtemp", tmpl, errno);
+  return std::unique_ptr<TempDir>(new TempDir(buf.data()));
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+// ---- Process ---------------------------------------------------------------------------
+
+Result<std::unique_ptr<Process>> Process::Spawn(const std::vector<std::string>& argv,
+                                                const std::string& log_path) {
+  if (argv.empty()) return InvalidArgument("Process::Spawn: empty argv");
+  if (access(argv[0].c_str(), X_OK) != 0) {
+    return NotFound(argv[0] + " is not an executable (build it first)");
+  }
+  const int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoError("open", log_path, errno);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) {
+    close(fd);
+    return ErrnoError("fork", argv[0], errno);
+  }
+  if (pid == 0) {
+    // Child: die with the test process, log to the file, exec.
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    dup2(fd, STDOUT_FILENO);
+    dup2(fd, STDERR_FILENO);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(fd);
+  return std::unique_ptr<Process>(new Process(pid, log_path));
+}
+
+Process::~Process() { Stop(); }
+
+bool Process::Running() {
+  if (reaped_) return false;
+  int st = 0;
+  const pid_t r = waitpid(pid_, &st, WNOHANG);
+  if (r == pid_) {
+    reaped_ = true;
+    status_ = st;
+    return false;
+  }
+  return r == 0;
+}
+
+Result<int> Process::Wait(std::chrono::milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  while (Running()) {
+    if (Clock::now() >= deadline) {
+      return Status(StatusCode::kDeadlineExceeded,
+                    "pid " + std::to_string(pid_) + " still running after " +
+                        std::to_string(timeout.count()) + " ms; log tail:\n" + LogTail());
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  if (WIFEXITED(status_)) return WEXITSTATUS(status_);
+  if (WIFSIGNALED(status_)) return 128 + WTERMSIG(status_);
+  return -1;
+}
+
+void Process::Signal(int sig) {
+  if (!reaped_) kill(pid_, sig);
+}
+
+void Process::Stop() {
+  if (!Running()) return;
+  kill(pid_, SIGTERM);
+  if (!Wait(5s).ok()) {
+    kill(pid_, SIGKILL);
+    Wait(5s).status().IgnoreError();
+  }
+}
+
+std::string Process::Log() const {
+  std::ifstream f(log_path_);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string Process::LogTail(size_t bytes) const {
+  const std::string s = Log();
+  return s.size() <= bytes ? s : s.substr(s.size() - bytes);
+}
+
+// ---- EpsDaemon -------------------------------------------------------------------------
+
+struct EpsDaemon::Stub {
+  std::unique_ptr<l2l::control::v1::Control::Stub> control;
+};
+
+EpsDaemon::EpsDaemon() : stub_(std::make_unique<Stub>()) {}
+
+Result<std::unique_ptr<EpsDaemon>> EpsDaemon::Start(const JobConfig& job, const DaemonOptions& o,
+                                                    const TempDir& dir) {
+  static std::atomic<int> counter{0};
+  std::unique_ptr<EpsDaemon> d(new EpsDaemon());
+  d->job_id_ = "itest" + std::to_string(getpid()) + "x" + std::to_string(counter++);
+  const std::string state_dir = dir.File("eps-state-" + d->job_id_);
+  {
+    std::ofstream f(dir.File(d->job_id_ + "-job.yaml"));
+    f << JobConfigToYaml(job);
+    std::ofstream e(dir.File(d->job_id_ + "-eps.yaml"));
+    e << "listen: 127.0.0.1:0\n"
+      << "state_dir: " << state_dir << "\n"
+      << "job_id: " << d->job_id_ << "\n"
+      << "expected_workers: " << o.workers << "\n"
+      << "heartbeat_timeout_ms: " << o.heartbeat_timeout_ms << "\n"
+      << "on_worker_loss: " << o.on_worker_loss << "\n"
+      << "transport: " << o.transport << "\n";
+    if (!f || !e) return ErrnoError("write", dir.path(), errno);
+  }
+  L2L_ASSIGN_OR_RETURN(d->proc_,
+                       Process::Spawn({BinaryPath("l2l-eps"), "--config", dir.File(d->job_id_ + "-eps.yaml"),
+                                       "--job", dir.File(d->job_id_ + "-job.yaml")},
+                                      dir.File(d->job_id_ + "-eps.log")));
+  // The daemon writes the port it bound to <state_dir>/eps.port (atomically, by rename).
+  const std::string port_file = state_dir + "/eps.port";
+  const auto deadline = Clock::now() + 30s;
+  int port = 0;
+  while (port == 0) {
+    std::ifstream pf(port_file);
+    if (pf >> port && port > 0) break;
+    port = 0;
+    if (!d->proc_->Running()) {
+      return Internal("l2l-eps exited during start-up; log:\n" + d->proc_->LogTail());
+    }
+    if (Clock::now() > deadline) {
+      return Status(StatusCode::kDeadlineExceeded,
+                    "l2l-eps wrote no " + port_file + " within 30 s; log:\n" + d->proc_->LogTail());
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  d->address_ = "127.0.0.1:" + std::to_string(port);
+  d->stub_->control = l2l::control::v1::Control::NewStub(
+      grpc::CreateChannel(d->address_, grpc::InsecureChannelCredentials()));
+  return d;
+}
+
+EpsDaemon::~EpsDaemon() {
+  if (proc_ && proc_->Running()) Shutdown().IgnoreError();
+  if (proc_) proc_->Stop();
+  for (const std::string& name : ShmSegments()) {
+    std::error_code ec;
+    fs::remove("/dev/shm/" + name, ec);
+  }
+}
+
+std::vector<std::string> EpsDaemon::ShmSegments() const {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/dev/shm", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.find(job_id_) != std::string::npos) out.push_back(n);
+  }
+  return out;
+}
+
+namespace {
+Status FromGrpc(const grpc::Status& s, const std::string& what) {
+  if (s.ok()) return Status::Ok();
+  return Internal(what + " rpc failed: " + std::to_string(s.error_code()) + " " + s.error_message());
+}
+}  // namespace
+
+Result<DaemonStatus> EpsDaemon::GetStatus() {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  l2l::control::v1::GetStatusRequest req;
+  l2l::control::v1::GetStatusReply rep;
+  L2L_RETURN_IF_ERROR(FromGrpc(stub_->control->GetStatus(&ctx, req, &rep), "GetStatus"));
+  DaemonStatus s;
+  s.state = rep.state();
+  s.step = rep.step();
+  s.total_steps = rep.total_steps();
+  s.layer_version.assign(rep.layer_version().begin(), rep.layer_version().end());
+  s.last_loss = rep.last_loss();
+  for (const auto& w : rep.workers()) s.workers.push_back({w.worker_id(), w.name(), w.state(), w.step()});
+  return s;
+}
+
+Status EpsDaemon::Export(const std::string& path) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+  l2l::control::v1::ExportRequest req;
+  req.set_path(path);
+  l2l::control::v1::ExportReply rep;
+  return FromGrpc(stub_->control->Export(&ctx, req, &rep), "Export");
+}
+
+Status EpsDaemon::Shutdown() {
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    l2l::control::v1::ShutdownRequest req;
+    req.set_abort_step(true);
+    req.set_skip_checkpoint(true);
+    l2l::control::v1::ShutdownReply rep;
+    stub_->control->Shutdown(&ctx, req, &rep);  // the daemon may drop the channel while exiting
+  }
+  L2L_ASSIGN_OR_RETURN(int code, proc_->Wait(30s));
+  if (code != 0) return Internal("l2l-eps exited with " + std::to_string(code) + "; log:\n" + proc_->LogTail());
+  return Status::Ok();
+}
+
+// ---- workers and logs ------------------------------------------------------------------
+
+Result<std::unique_ptr<Process>> StartWorker(const std::string& address, const std::string& name,
+                                             const std::string& log_path,
+                                             const std::vector<std::string>& extra) {
+  std::vector<std::string> argv = {BinaryPath("l2l-worker"), "--eps", address, "--threads", "1",
+                                   "--name", name};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  return Process::Spawn(argv, log_path);
+}
+
+std::vector<WorkerProgress> ParseProgress(const std::string& log) {
+  static const std::regex re(R"(^step (\d+)/\d+ loss ([-+0-9.eEnaif]+) .* lag (-?\d+) )");
+  std::vector<WorkerProgress> out;
+  std::istringstream in(log);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::smatch m;
+    if (std::regex_search(line, m, re)) {
+      out.push_back({std::stoll(m[1]), std::stod(m[2]), std::stoll(m[3])});
+    }
+  }
+  return out;
+}
+
+std::map<std::string, int64_t> ParseSummary(const std::string& log) {
+  std::map<std::string, int64_t> out;
+  const std::string tag = "l2l-worker: done ";
+  const size_t at = log.rfind(tag);
+  if (at == std::string::npos) return out;
+  std::istringstream in(log.substr(at + tag.size(), log.find('\n', at) - at - tag.size()));
+  std::string kv;
+  while (in >> kv) {
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) out[kv.substr(0, eq)] = std::stoll(kv.substr(eq + 1));
+  }
+  return out;
+}
+
+Status WriteTokens(const std::string& path, const std::vector<int32_t>& tokens) {
+  std::vector<uint16_t> t(tokens.begin(), tokens.end());
+  return WriteTokensFile(path, t);
+}
+
+}  // namespace l2l::itest

@@ -1,0 +1,138 @@
+// Integration harness: runs the real l2l binaries (build/bin/l2l-eps, l2l-worker) as
+// child processes on loopback, the way operators run them, and cleans up after them
+// even when a test fails or aborts:
+//  * TempDir: a fresh directory under $TMPDIR, removed recursively on destruction.
+//  * Process: fork/exec with stdout+stderr appended to a log file; the child gets
+//    PR_SET_PDEATHSIG(SIGKILL), so it dies with the test process; the destructor sends
+//    SIGTERM, waits, then SIGKILL.
+//  * EpsDaemon: writes the job and daemon YAML into a TempDir, starts l2l-eps on
+//    127.0.0.1:0 with a unique job id, reads the chosen port from <state_dir>/eps.port,
+//    and talks to its Control service (status, export, shutdown). The destructor shuts
+//    it down and removes any /dev/shm/l2l-<job_id>-* segment left behind.
+//  * Log parsers for the worker's progress and summary lines (worker/worker_main.cc).
+// Later issues (CUDA, SSD tier) reuse it with extra daemon/worker flags.
+//
+// Ownership: each object owns its process / directory. Thread-safety: one test thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/status.h"
+
+namespace l2l::itest {
+
+// Path of a built binary, e.g. BinaryPath("l2l-eps") -> <build>/bin/l2l-eps.
+std::string BinaryPath(const std::string& name);
+
+class TempDir {
+ public:
+  static Result<std::unique_ptr<TempDir>> Create(const std::string& prefix);
+  ~TempDir();
+  const std::string& path() const { return path_; }
+  std::string File(const std::string& name) const { return path_ + "/" + name; }
+
+ private:
+  explicit TempDir(std::string p) : path_(std::move(p)) {}
+  std::string path_;
+};
+
+class Process {
+ public:
+  // Starts argv[0] (a path) with argv; stdout and stderr go to log_path.
+  static Result<std::unique_ptr<Process>> Spawn(const std::vector<std::string>& argv,
+                                                const std::string& log_path);
+  ~Process();  // Stop() if still running
+
+  pid_t pid() const { return pid_; }
+  bool Running();
+  // Waits for exit up to `timeout`; returns the exit status (128+signal when killed).
+  // DEADLINE_EXCEEDED (with the log's tail) when still running.
+  Result<int> Wait(std::chrono::milliseconds timeout);
+  void Signal(int sig);
+  // SIGTERM, up to 5 s grace, then SIGKILL; reaps the child.
+  void Stop();
+  std::string Log() const;
+  std::string LogTail(size_t bytes = 2000) const;
+
+ private:
+  Process(pid_t pid, std::string log) : pid_(pid), log_path_(std::move(log)) {}
+  pid_t pid_;
+  std::string log_path_;
+  bool reaped_ = false;
+  int status_ = 0;
+};
+
+struct DaemonOptions {
+  int workers = 1;                      // expected_workers
+  std::string transport = "auto";       // auto (shm for local workers) | grpc
+  std::string on_worker_loss = "pause"; // pause | continue
+  int64_t heartbeat_timeout_ms = 10000;
+};
+
+// What the Control service reports (the subset the tests use).
+struct DaemonStatus {
+  std::string state;
+  int64_t step = 0, total_steps = 0;
+  std::vector<int64_t> layer_version;
+  double last_loss = 0;
+  struct Worker {
+    int32_t id;
+    std::string name, state;
+    int64_t step;
+  };
+  std::vector<Worker> workers;
+};
+
+class EpsDaemon {
+ public:
+  static Result<std::unique_ptr<EpsDaemon>> Start(const JobConfig& job, const DaemonOptions& options,
+                                                  const TempDir& dir);
+  ~EpsDaemon();
+
+  const std::string& address() const { return address_; }  // "127.0.0.1:PORT"
+  const std::string& job_id() const { return job_id_; }
+  Process& process() { return *proc_; }
+
+  Result<DaemonStatus> GetStatus();
+  // Writes the fp32 master weights as safetensors at `path` (Export rpc).
+  Status Export(const std::string& path);
+  // Shutdown rpc (no checkpoint), then waits for the process to exit 0.
+  Status Shutdown();
+  // Names of /dev/shm entries that belong to this daemon's job.
+  std::vector<std::string> ShmSegments() const;
+
+ private:
+  struct Stub;
+  EpsDaemon();
+  std::unique_ptr<Process> proc_;
+  std::unique_ptr<Stub> stub_;
+  std::string address_, job_id_;
+};
+
+// l2l-worker --eps ADDRESS --threads 1 --name NAME <extra...>, logging to log_path.
+Result<std::unique_ptr<Process>> StartWorker(const std::string& address, const std::string& name,
+                                             const std::string& log_path,
+                                             const std::vector<std::string>& extra = {});
+
+// Parsed from a worker's log.
+struct WorkerProgress {
+  int64_t step = 0;  // 1-based steps completed
+  double loss = 0;
+  int64_t lag = 0;
+};
+std::vector<WorkerProgress> ParseProgress(const std::string& log);
+// The "l2l-worker: done k=v ..." line as a map; empty when absent.
+std::map<std::string, int64_t> ParseSummary(const std::string& log);
+
+// Writes `tokens` as an llm.c tokens file.
+Status WriteTokens(const std::string& path, const std::vector<int32_t>& tokens);
+
+}  // namespace l2l::itest

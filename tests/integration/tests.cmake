@@ -1,0 +1,8 @@
+# tests/integration: real l2l-eps and l2l-worker processes on loopback (harness.{h,cc}).
+# Included from tests/CMakeLists.txt inside l2l_add_test_module(integration ...), after the
+# l2l_integration_tests target was created from tests/integration/*_test.cc.
+if(TARGET l2l_integration_tests)
+  target_sources(l2l_integration_tests PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/integration/harness.cc)
+  # The tests exec these binaries: build them with the test binary.
+  add_dependencies(l2l_integration_tests l2l-eps l2l-worker)
+endif()

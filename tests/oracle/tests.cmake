@@ -1,0 +1,11 @@
+# PyTorch oracle (label "unit;oracle"): l2l-oracle-dump writes a tiny GPT's weights,
+# tokens, our probabilities, loss, gradients and one AdamW step (tied and untied
+# embeddings); tests/oracle/torch_oracle.py recomputes them with plain torch
+# (/usr/bin/python3 with python3-torch from scripts/setup.sh) and compares. A missing
+# torch makes the test fail, never skip. Included from tests/CMakeLists.txt inside
+# l2l_add_test_module, so CMAKE_CURRENT_SOURCE_DIR is tests/.
+set(_oracle_dir ${CMAKE_CURRENT_BINARY_DIR}/oracle_dump)
+add_test(NAME oracle.torch_reference
+         COMMAND bash -c
+                 "set -e; rm -rf '${_oracle_dir}'; '$<TARGET_FILE:l2l-oracle-dump>' --out '${_oracle_dir}'; /usr/bin/python3 '${CMAKE_CURRENT_SOURCE_DIR}/oracle/torch_oracle.py' '${_oracle_dir}'")
+set_tests_properties(oracle.torch_reference PROPERTIES LABELS "unit;oracle" TIMEOUT 300)

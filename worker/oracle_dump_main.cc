@@ -1,0 +1,198 @@
+// l2l-oracle-dump: writes everything the PyTorch oracle (tests/oracle/torch_oracle.py)
+// needs to check our model and optimizer arithmetic, for a tiny GPT with random weights
+// and random tokens, in two variants (tied and untied embeddings):
+//
+//   OUT/<variant>/model.safetensors        initial weights (HF GPT-2 names)
+//   OUT/<variant>/data.safetensors         inputs, targets (M,B,T) as F32 (exact small
+//                                          integers), probs (M,B,T,V) = our softmax(logits)
+//   OUT/<variant>/grads.safetensors        d(mean loss)/d(param), HF names (tied: the wte
+//                                          gradient includes the head's contribution)
+//   OUT/<variant>/after_noclip.safetensors weights after one AdamW step, clip none
+//   OUT/<variant>/after_clip.safetensors   weights after one AdamW step, global clip active
+//   OUT/<variant>/meta.json                spec, shapes, our loss, hyperparameters,
+//                                          gradient norm and clip coefficient
+//
+//   l2l-oracle-dump --out DIR [--seed N]
+//
+// The weights are GPT-2's initialisation made larger and non-trivial (matrices x5, every
+// bias and LayerNorm parameter perturbed) so that every path of the backward matters.
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/config.h"
+#include "common/model_io.h"
+#include "common/safetensors.h"
+#include "common/status.h"
+#include "worker/reference_trainer.h"
+
+namespace {
+
+using l2l::Result;
+using l2l::Status;
+namespace w = l2l::worker;
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in [-1, 1) for draw i of stream key.
+double Sym(uint64_t key, uint64_t i) {
+  return static_cast<double>(SplitMix64(key ^ SplitMix64(i)) >> 11) * 0x1.0p-52 - 1.0;
+}
+
+l2l::JobConfig OracleJob(bool tied, uint64_t seed) {
+  l2l::JobConfig c;
+  c.model.vocab_size = 61;  // odd sizes catch stride/shape mistakes
+  c.model.seq_len = 16;
+  c.model.d_model = 24;
+  c.model.n_layer = 2;
+  c.model.n_head = 3;
+  c.model.d_ff = 40;
+  c.model.tied_embeddings = tied;
+  c.train.micro_batch_size = 2;
+  c.train.micro_batches = 2;
+  c.train.seq_len = 11;  // < model.seq_len: only the first T rows of wpe are used
+  c.train.seed = seed;
+  c.train.clip = "none";
+  c.optim.lr = 1e-2f;
+  c.optim.warmup_steps = 0;
+  c.optim.total_steps = 0;
+  c.optim.beta1 = 0.8f;
+  c.optim.beta2 = 0.9f;
+  c.optim.eps = 1e-6f;
+  c.optim.weight_decay = 0.3f;
+  c.optim.grad_clip = 0.0f;
+  return c;
+}
+
+std::vector<std::vector<float>> OracleWeights(const l2l::ModelSpec& spec, uint64_t seed) {
+  std::vector<std::vector<float>> out;
+  for (const l2l::LayerLayout& l : l2l::BuildLayout(spec)) {
+    out.emplace_back(l.numel);
+    float* p = out.back().data();
+    l2l::InitLayerParams(spec, l, seed, p);
+    const uint64_t key = SplitMix64(seed * 1000003 + static_cast<uint64_t>(l.index));
+    for (const l2l::ParamInfo& info : l.params) {
+      for (size_t i = 0; i < info.numel; ++i) {
+        float& x = p[info.offset + i];
+        x = info.shape.size() == 2 ? x * 5.0f : x + static_cast<float>(0.1 * Sym(key, info.offset + i));
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<w::MicroBatch> OracleBatches(const l2l::JobConfig& c, uint64_t seed) {
+  std::vector<w::MicroBatch> mbs;
+  const uint64_t key = SplitMix64(seed ^ 0x70CE5);
+  uint64_t draw = 0;
+  auto token = [&] {
+    return static_cast<int32_t>(SplitMix64(key ^ SplitMix64(draw++)) % static_cast<uint64_t>(c.model.vocab_size));
+  };
+  for (int64_t u = 0; u < c.train.micro_batches; ++u) {
+    w::MicroBatch mb;
+    mb.B = c.train.micro_batch_size;
+    mb.T = c.seq_len();
+    for (int64_t i = 0; i < mb.B * mb.T; ++i) {
+      mb.inputs.push_back(token());
+      mb.targets.push_back(token());
+    }
+    mbs.push_back(std::move(mb));
+  }
+  return mbs;
+}
+
+nlohmann::json OptimJson(const l2l::JobConfig& c, float lr) {
+  return {{"lr", lr},
+          {"beta1", c.optim.beta1},
+          {"beta2", c.optim.beta2},
+          {"eps", c.optim.eps},
+          {"weight_decay", c.optim.weight_decay},
+          {"grad_clip", c.optim.grad_clip},
+          {"clip", c.train.clip}};
+}
+
+Status DumpVariant(const std::string& dir, bool tied, uint64_t seed) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return l2l::ErrnoError("mkdir -p", dir, ec.value());
+  l2l::JobConfig cfg = OracleJob(tied, seed);
+  const l2l::ModelSpec& spec = cfg.model;
+  const std::vector<std::vector<float>> weights = OracleWeights(spec, seed);
+  const std::vector<w::MicroBatch> mbs = OracleBatches(cfg, seed);
+  const int64_t M = cfg.train.micro_batches, B = cfg.train.micro_batch_size, T = cfg.seq_len();
+  const int64_t V = spec.vocab_size;
+
+  L2L_ASSIGN_OR_RETURN(auto t, w::ReferenceTrainer::Create(cfg, weights));
+  L2L_RETURN_IF_ERROR(l2l::SaveModel(dir + "/model.safetensors", spec, weights));
+  L2L_ASSIGN_OR_RETURN(float loss, t->ComputeGradients(mbs));
+  L2L_RETURN_IF_ERROR(l2l::SaveModel(dir + "/grads.safetensors", spec, t->grads()));
+
+  std::vector<float> inputs, targets, probs(static_cast<size_t>(M * B * T * V));
+  for (int64_t u = 0; u < M; ++u) {
+    inputs.insert(inputs.end(), mbs[u].inputs.begin(), mbs[u].inputs.end());
+    targets.insert(targets.end(), mbs[u].targets.begin(), mbs[u].targets.end());
+    L2L_RETURN_IF_ERROR(t->Probs(mbs[u].inputs.data(), B, T, probs.data() + u * B * T * V));
+  }
+  L2L_RETURN_IF_ERROR(l2l::WriteSafeTensors(dir + "/data.safetensors",
+                                            {{"inputs", {M, B, T}, l2l::DType::kF32, inputs.data()},
+                                             {"targets", {M, B, T}, l2l::DType::kF32, targets.data()},
+                                             {"probs", {M, B, T, V}, l2l::DType::kF32, probs.data()}}));
+
+  nlohmann::json meta;
+  meta["spec"] = nlohmann::json::parse(l2l::ModelSpecToJson(spec));
+  meta["B"] = B;
+  meta["T"] = T;
+  meta["M"] = M;
+  meta["loss"] = loss;
+  // Step 0 of each case, from the same initial weights.
+  for (const char* which : {"noclip", "clip"}) {
+    l2l::JobConfig c = cfg;
+    if (std::string(which) == "clip") {
+      c.train.clip = "global";
+      c.optim.grad_clip = 0.5f;  // below the gradient norm: the clip is active
+    }
+    L2L_ASSIGN_OR_RETURN(auto s, w::ReferenceTrainer::Create(c, weights));
+    L2L_ASSIGN_OR_RETURN(float step_loss, s->Step(mbs));
+    if (step_loss != loss) return l2l::Internal("loss of the step differs from ComputeGradients'");
+    L2L_RETURN_IF_ERROR(l2l::SaveModel(dir + "/after_" + which + ".safetensors", spec, s->params()));
+    nlohmann::json o = OptimJson(c, l2l::LearningRate(c.optim, 0));
+    o["grad_norm"] = s->last_grad_norm();
+    o["clip_coefficient"] = s->last_clip_coefficient();
+    meta["steps"][which] = o;
+  }
+  std::ofstream out(dir + "/meta.json");
+  out << meta.dump(2) << "\n";
+  if (!out.good()) return l2l::ErrnoError("write", dir + "/meta.json", errno);
+  std::printf("l2l-oracle-dump: %s (%s embeddings): loss %.6f\n", dir.c_str(), tied ? "tied" : "untied", loss);
+  return Status::Ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Dump a tiny GPT's weights, gradients and AdamW step for the PyTorch oracle"};
+  std::string out;
+  uint64_t seed = 2024;
+  app.add_option("--out", out, "output directory")->required();
+  app.add_option("--seed", seed, "weights and tokens seed")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  for (bool tied : {true, false}) {
+    const Status st = DumpVariant(out + (tied ? "/tied" : "/untied"), tied, seed);
+    if (!st.ok()) {
+      std::fprintf(stderr, "l2l-oracle-dump: %s\n", st.ToString().c_str());
+      return 1;
+    }
+  }
+  return 0;
+}

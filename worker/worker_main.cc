@@ -1,0 +1,206 @@
+// l2l-worker: one training worker. Registers with the EPS, receives the job (model,
+// optimizer, data) and its data shard, and runs the layer-to-layer relay
+// (worker/relay.h) step after step until the job's step count, until the EPS stops the
+// job, or until SIGINT/SIGTERM (it finishes the step in progress, then leaves).
+//
+//   l2l-worker --eps 127.0.0.1:PORT [--device cpu|cuda:N] [--config FILE] [--threads N]
+//              [--transport auto|shm|grpc] [--name NAME] [--connect-timeout-ms MS]
+//              [--steps N] [--log-level info]
+//
+// --config FILE: a job YAML on this host; its data.train_path replaces the EPS's (the
+// tokens file may live elsewhere on another host) and its model must equal the EPS's.
+// Progress lines go to stdout:
+//   step 12/100 loss 4.1234 tok/s 5321 step_s 0.77 wait_layer 0.01 wait_push 0.00 lag 0 eta 68s
+// and, at exit, one summary line the integration tests parse:
+//   l2l-worker: done steps=N peak_rss_kb=K device_bytes=D stash_host_bytes=H max_lag=A min_lag=B
+// Exit status: 0 when the job's steps are done, the EPS stopped the job or a signal asked
+// to stop; 2 when the EPS is unreachable after the bounded retry; 1 on any other error.
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/status.h"
+#include "kernels/backend.h"
+#include "worker/data_loader.h"
+#include "worker/eps_client.h"
+#include "worker/relay.h"
+
+namespace {
+
+using l2l::Result;
+using l2l::Status;
+namespace w = l2l::worker;
+
+std::atomic<bool> g_stop{false};
+void OnSignal(int) { g_stop.store(true); }
+
+struct Flags {
+  std::string eps;
+  std::string device = "cpu";
+  std::string config;
+  int threads = 0;
+  std::string transport = "auto";
+  std::string name;
+  int64_t connect_timeout_ms = 10000;
+  int64_t steps = -1;
+  std::string log_level = "info";
+};
+
+// Peak resident set size of this process in KiB (VmHWM; ru_maxrss as a fallback).
+int64_t PeakRssKb() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss;
+}
+
+Result<std::unique_ptr<l2l::kernels::Backend>> MakeBackend(const Flags& f) {
+  if (f.device == "cpu") return l2l::kernels::CreateCpuBackend(f.threads);
+  return l2l::kernels::CreateBackend(f.device);
+}
+
+// Applies --config: the local data path, after checking it describes the same model.
+Status ApplyLocalConfig(const std::string& path, l2l::JobConfig* job) {
+  L2L_ASSIGN_OR_RETURN(l2l::JobConfig local, l2l::LoadJobConfig(path));
+  if (!(local.model == job->model)) {
+    return l2l::InvalidArgument("--config " + path + ": its model differs from the job the EPS runs; "
+                                "a worker cannot train a different model (drop --config or fix it)");
+  }
+  if (!local.data.train_path.empty()) job->data.train_path = local.data.train_path;
+  return Status::Ok();
+}
+
+Status Run(const Flags& f, int* exit_code) {
+  w::ClientOptions copts;
+  copts.transport = f.transport;
+  copts.connect_timeout = std::chrono::milliseconds(f.connect_timeout_ms);
+  copts.worker_name = f.name;
+  Result<std::unique_ptr<w::EpsClient>> connected = w::ConnectEps(f.eps, copts);
+  if (!connected.ok()) {
+    *exit_code = 2;
+    return connected.status().WithContext("cannot register with the EPS at " + f.eps + " (retried for " +
+                                          std::to_string(f.connect_timeout_ms) + " ms)");
+  }
+  std::unique_ptr<w::EpsClient> client = std::move(connected).value();
+  const w::WorkerRegistration& reg = client->registration();
+  l2l::JobConfig job = reg.job;
+  if (!f.config.empty()) L2L_RETURN_IF_ERROR(ApplyLocalConfig(f.config, &job));
+  const int64_t total_steps = f.steps >= 0 ? f.steps : job.train.steps;
+  L2L_LOG_INFO("registered as worker {} of {} (transport {}, data shard {}/{}, start step {})",
+               reg.worker_id, reg.num_workers, reg.transport, reg.data_rank, reg.data_world,
+               reg.start_step);
+
+  L2L_ASSIGN_OR_RETURN(std::unique_ptr<l2l::kernels::Backend> backend, MakeBackend(f));
+  L2L_ASSIGN_OR_RETURN(w::RelayOptions ropts, w::RelayOptions::FromJob(job));
+  L2L_ASSIGN_OR_RETURN(std::unique_ptr<w::Relay> relay,
+                       w::Relay::Create(client.get(), backend.get(), job, ropts));
+
+  if (job.data.train_path.empty()) {
+    return l2l::InvalidArgument("the job has no data.train_path; set it in the job config");
+  }
+  w::DataLoaderOptions dopts;
+  dopts.B = job.train.micro_batch_size;
+  dopts.T = job.seq_len();
+  dopts.seed = job.train.seed;
+  dopts.rank = reg.data_rank;
+  dopts.world = reg.data_world;
+  dopts.vocab_size = job.model.vocab_size;
+  L2L_ASSIGN_OR_RETURN(w::DataLoader loader, w::DataLoader::Open(job.data.train_path, dopts));
+  if (!reg.data_position.empty()) {
+    L2L_ASSIGN_OR_RETURN(w::DataPosition pos, w::DataPosition::Parse(reg.data_position));
+    L2L_RETURN_IF_ERROR(loader.Seek(pos).WithContext("resuming data at " + reg.data_position));
+  }
+  L2L_LOG_INFO("backend {}, stash {}, mode {} (staleness {}), device bytes {}", backend->name(),
+               w::StashPlacementName(ropts.stash), job.train.mode, ropts.staleness,
+               relay->device_bytes());
+
+  const auto t_start = std::chrono::steady_clock::now();
+  int64_t done = 0;
+  for (int64_t step = reg.start_step; step < total_steps && !g_stop.load(); ++step) {
+    std::vector<w::MicroBatch> batches = loader.NextMany(job.train.micro_batches);
+    Result<w::StepReport> report = relay->RunStep(step, batches);
+    if (!report.ok() && report.status().code() == l2l::StatusCode::kAborted) {
+      L2L_LOG_INFO("the EPS stopped the job at step {}: {}", step, report.status().message());
+      break;
+    }
+    L2L_RETURN_IF_ERROR(report.status());
+    report->data_position = loader.position().ToString();
+    Status st = client->StepDone(*report);
+    if (st.code() == l2l::StatusCode::kAborted) {
+      L2L_LOG_INFO("the EPS stopped the job after step {}: {}", step, st.message());
+      ++done;
+      break;
+    }
+    L2L_RETURN_IF_ERROR(st.WithContext("reporting step " + std::to_string(step)));
+    ++done;
+    if (job.train.log_every > 0 && (step % job.train.log_every == 0 || step + 1 == total_steps)) {
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+      const double per_step = elapsed / static_cast<double>(done);
+      const w::RelayTimes& t = relay->last_times();
+      std::printf("step %lld/%lld loss %.4f tok/s %.0f step_s %.3f wait_layer %.3f wait_push %.3f lag %lld eta %.0fs\n",
+                  static_cast<long long>(step + 1), static_cast<long long>(total_steps), report->loss,
+                  static_cast<double>(report->tokens) / t.total, t.total, t.wait_layer, t.wait_push,
+                  static_cast<long long>(relay->versions().max_lag),
+                  per_step * static_cast<double>(total_steps - step - 1));
+      std::fflush(stdout);
+    }
+  }
+  const w::VersionStats& v = relay->versions();
+  std::printf("l2l-worker: done steps=%lld peak_rss_kb=%lld device_bytes=%zu stash_host_bytes=%zu "
+              "max_lag=%lld min_lag=%lld\n",
+              static_cast<long long>(done), static_cast<long long>(PeakRssKb()), relay->device_bytes(),
+              relay->stash_host_bytes(), static_cast<long long>(v.max_lag),
+              static_cast<long long>(v.min_lag));
+  std::fflush(stdout);
+  return Status::Ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags f;
+  CLI::App app{"l2l-worker: runs the layer-to-layer relay for an l2l-eps job"};
+  app.add_option("--eps", f.eps, "EPS control address host:port")->required();
+  app.add_option("--device", f.device, "cpu or cuda:N");
+  app.add_option("--config", f.config, "job YAML on this host (data path; model must match)");
+  app.add_option("--threads", f.threads, "CPU backend threads (0 = all cores)");
+  app.add_option("--transport", f.transport, "auto | shm | grpc");
+  app.add_option("--name", f.name, "worker name shown in status (default hostname:pid)");
+  app.add_option("--connect-timeout-ms", f.connect_timeout_ms, "how long to retry registering");
+  app.add_option("--steps", f.steps, "stop after this step count (default: the job's)");
+  app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error");
+  CLI11_PARSE(app, argc, argv);
+
+  if (Status st = l2l::InitLogging(f.log_level, "", "worker"); !st.ok()) {
+    std::fprintf(stderr, "l2l-worker: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+
+  int exit_code = 1;
+  Status st = Run(f, &exit_code);
+  if (!st.ok()) {
+    std::fprintf(stderr, "l2l-worker: error: %s\n", st.ToString().c_str());
+    l2l::FlushLogs();
+    return exit_code;
+  }
+  return 0;
+}
