@@ -26,7 +26,7 @@ Status Read(const YAML::Node& n, const std::string& origin, const std::string& k
 Status ApplyMap(const YAML::Node& root, const std::string& origin, const std::string& prefix, EpsConfig* c) {
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string key = prefix + it->first.as<std::string>();
-    const YAML::Node& v = it->second;
+    const YAML::Node v = it->second;  // a copy: *it is a temporary
     if (key == "memory" || key == "checkpoint") {
       if (!v.IsMap()) return InvalidArgument(At(origin, v) + ": " + key + " must be a mapping");
       L2L_RETURN_IF_ERROR(ApplyMap(v, origin, key + ".", c));
@@ -44,7 +44,7 @@ Status ApplyMap(const YAML::Node& root, const std::string& origin, const std::st
     } else if (key == "checkpoint.dir") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->checkpoint_dir));
     } else if (key == "checkpoint.every") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->checkpoint_every));
     } else {
-      return InvalidArgument(At(origin, it->first) + ": unknown key '" + key + "'");
+      return InvalidArgument(At(origin, YAML::Node(it->first)) + ": unknown key '" + key + "'");
     }
   }
   return Status::Ok();

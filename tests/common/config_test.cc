@@ -95,7 +95,7 @@ TEST_CASE("Shipped job configs load and quickstart uses the small preset and res
   CHECK(q->model == ModelSpec{256, 128, 128, 4, 4, 512, true});
   CHECK(std::filesystem::path(q->data.train_path).is_absolute());
   CHECK(q->data.train_path ==
-        std::filesystem::weakly_canonical(kConfigs + "/../data/quickstart/train.bin").lexically_normal().string());
+        std::filesystem::absolute(kConfigs + "/../data/quickstart/train.bin").lexically_normal().string());
   Result<JobConfig> t = LoadJobConfig(kConfigs + "/test-tiny.yaml");
   INFO(t.status().ToString());
   REQUIRE(t.ok());

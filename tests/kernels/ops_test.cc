@@ -74,8 +74,11 @@ TEST_CASE("Gemm matches a double reference for all transposes, alpha, beta and p
   auto be = CreateCpuBackend(2);
   const bool ta = GENERATE(false, true);
   const bool tb = GENERATE(false, true);
+  // The last two are big enough for the backend to split C into row / column blocks
+  // across threads (with a ragged last block).
   const auto shape = GENERATE(std::array<int64_t, 3>{5, 7, 3}, std::array<int64_t, 3>{17, 13, 29},
-                              std::array<int64_t, 3>{64, 40, 72});
+                              std::array<int64_t, 3>{64, 40, 72}, std::array<int64_t, 3>{300, 100, 40},
+                              std::array<int64_t, 3>{70, 290, 52});
   const float beta = GENERATE(0.0f, 1.0f, -0.5f);
   const int64_t M = shape[0], N = shape[1], K = shape[2];
   const float alpha = 1.25f;
@@ -219,6 +222,25 @@ TEST_CASE("GELU forward matches the tanh formula and backward its finite differe
   ExpectClose(Download(*be, dy, n), want, 1e-6, 1e-5, "GeluForward");
   be->GeluBackward(dg.f32(), dx.f32(), dd.f32(), n);
   ExpectClose(Download(*be, dg, n), gwant, 1e-5, 1e-4, "GeluBackward");
+}
+
+TEST_CASE("GELU saturates cleanly for large and tiny inputs", "[kernels][cpu]") {
+  auto be = CreateCpuBackend(1);
+  const std::vector<float> x = {-100.0f, -30.0f, -9.0f, -1e-3f, -1e-30f, 0.0f, 1e-30f, 1e-3f,
+                                0.6f,    0.65f,  9.0f,  30.0f,  100.0f};
+  const size_t n = x.size();
+  auto dx = Upload(*be, x), dy = Upload(*be, std::vector<float>(n, 7.0f)),
+       dd = Upload(*be, std::vector<float>(n, 1.0f)), dg = Upload(*be, std::vector<float>(n, 0.0f));
+  be->GeluForward(dy.f32(), dx.f32(), int64_t(n));
+  be->GeluBackward(dg.f32(), dx.f32(), dd.f32(), int64_t(n));
+  std::vector<double> want(n), gwant(n);
+  for (size_t i = 0; i < n; ++i) {
+    want[i] = GeluRef(x[i]);
+    const double h = 1e-6 * std::max(1.0, std::abs(double(x[i])));
+    gwant[i] = (GeluRef(x[i] + h) - GeluRef(x[i] - h)) / (2 * h);
+  }
+  ExpectClose(Download(*be, dy, n), want, 1e-7, 1e-6, "GeluForward extremes");
+  ExpectClose(Download(*be, dg, n), gwant, 1e-6, 1e-5, "GeluBackward extremes");
 }
 
 TEST_CASE("SumSquares is the double sum of squares and independent of thread count",

@@ -3,6 +3,9 @@
 // worker/sampler (top-k / temperature / greedy choice, determinism).
 #include <catch2/catch.hpp>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>

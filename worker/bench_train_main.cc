@@ -1,0 +1,71 @@
+// l2l-bench-train: forward+backward throughput (tokens/s) of the reference trainer on
+// random tokens, for the model of a job config. scripts/bench_cpu.sh runs it beside the
+// same model in PyTorch and prints the ratio.
+//
+//   l2l-bench-train --config configs/quickstart.yaml [--B 8] [--T 128] [--iters 10]
+//                   [--warmup 2] [--threads 2]
+//
+// Prints one line "l2l-bench-train: ... tok/s X" (X = B*T*iters / seconds of
+// ComputeGradients calls, each one micro-batch).
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "common/config.h"
+#include "worker/reference_trainer.h"
+
+namespace {
+
+l2l::Status Run(const std::string& config, int64_t B, int64_t T, int iters, int warmup, int threads) {
+  namespace w = l2l::worker;
+  L2L_ASSIGN_OR_RETURN(l2l::JobConfig cfg, l2l::LoadJobConfig(config));
+  if (T <= 0) T = cfg.model.seq_len;
+  cfg.train.micro_batch_size = B;
+  cfg.train.seq_len = T;
+  w::ReferenceTrainerOptions o;
+  o.num_threads = threads;
+  L2L_ASSIGN_OR_RETURN(auto t, w::ReferenceTrainer::Create(cfg, o));
+  w::MicroBatch mb;
+  mb.B = B;
+  mb.T = T;
+  uint64_t x = 88172645463325252ull;  // xorshift64: any fixed token stream will do
+  for (int64_t i = 0; i < B * T; ++i) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    mb.inputs.push_back(static_cast<int32_t>(x % static_cast<uint64_t>(cfg.model.vocab_size)));
+    mb.targets.push_back(static_cast<int32_t>((x >> 20) % static_cast<uint64_t>(cfg.model.vocab_size)));
+  }
+  for (int i = 0; i < warmup; ++i) L2L_RETURN_IF_ERROR(t->ComputeGradients({mb}).status());
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) L2L_RETURN_IF_ERROR(t->ComputeGradients({mb}).status());
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("l2l-bench-train: %lld params, B=%lld T=%lld, %d iters, backend %s: %.1f ms/iter, tok/s %.0f\n",
+              static_cast<long long>(cfg.model.NumParams()), static_cast<long long>(B), static_cast<long long>(T),
+              iters, t->backend()->name().c_str(), 1e3 * s / iters, static_cast<double>(B * T) * iters / s);
+  return l2l::Status::Ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Reference trainer forward+backward throughput"};
+  std::string config = "configs/quickstart.yaml";
+  int64_t B = 8, T = 0;
+  int iters = 10, warmup = 2, threads = 0;
+  app.add_option("--config", config, "job config (its model is benchmarked)")->capture_default_str();
+  app.add_option("--B", B, "sequences per micro-batch")->capture_default_str();
+  app.add_option("--T", T, "tokens per sequence (0: model.seq_len)")->capture_default_str();
+  app.add_option("--iters", iters, "timed iterations")->capture_default_str();
+  app.add_option("--warmup", warmup, "untimed iterations first")->capture_default_str();
+  app.add_option("--threads", threads, "CPU threads (0: all cores)")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  const l2l::Status st = Run(config, B, T, iters, warmup, threads);
+  if (!st.ok()) {
+    std::fprintf(stderr, "l2l-bench-train: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
