@@ -169,7 +169,7 @@ TEST_CASE("LayerWorkspace allocates every buffer and rejects T beyond seq_len", 
   CHECK(bad.status().message().find("seq_len") != std::string::npos);
 }
 
-TEST_CASE("Embedding layer matches the reference; its gradient accumulates",
+TEST_CASE("Embedding layer matches the reference and its gradient accumulates",
           "[layers][embedding]") {
   Fixture fx(true);
   const LayerLayout& L = fx.layouts[0];

@@ -259,7 +259,7 @@ TEST_CASE("SumSquares is the double sum of squares and independent of thread cou
 
 // ---- embedding ------------------------------------------------------------------------
 
-TEST_CASE("Embedding forward gathers rows; backward scatters deterministically",
+TEST_CASE("Embedding forward gathers rows and backward scatters deterministically",
           "[kernels][cpu][embedding]") {
   const auto shape = GENERATE(std::array<int64_t, 4>{2, 5, 7, 11},     // B, T, C, V
                               std::array<int64_t, 4>{3, 33, 150, 20});  // repeated tokens
@@ -300,7 +300,7 @@ TEST_CASE("Embedding forward gathers rows; backward scatters deterministically",
 
 // ---- LayerNorm -------------------------------------------------------------------------
 
-TEST_CASE("LayerNorm forward matches torch's formula; backward matches finite differences",
+TEST_CASE("LayerNorm forward matches the torch formula and backward the finite differences",
           "[kernels][cpu][layernorm]") {
   const auto shape = GENERATE(std::array<int64_t, 2>{6, 13}, std::array<int64_t, 2>{70, 200});
   const int64_t N = shape[0], C = shape[1];
