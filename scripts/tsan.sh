@@ -10,6 +10,6 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DL2L_CUDA
   -DL2L_SANITIZE=thread >/dev/null
 cmake --build "$BUILD_DIR" --target l2l_eps_tests -j "${L2L_JOBS:-2}"
 # halt_on_error: a race fails the run instead of only printing a report.
-TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/scripts/tsan.supp" \
   "$BUILD_DIR/tests/l2l_eps_tests" "[param_store],[pipeline]"
 echo "tsan.sh: done in $(( $(date +%s) - start )) s"

@@ -38,8 +38,11 @@ std::string CpuBackend::name() const {
 // ---- memory ------------------------------------------------------------------------
 
 Result<void*> CpuBackend::Alloc(size_t bytes) {
+  // Beyond the 47-bit user address space no allocator can succeed; refuse up front
+  // (also keeps sanitizer allocators, which abort on absurd sizes, out of it).
+  constexpr size_t kMaxBytes = size_t{1} << 47;
   const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
-  void* p = std::aligned_alloc(64, rounded);
+  void* p = bytes <= kMaxBytes ? std::aligned_alloc(64, rounded) : nullptr;
   if (p == nullptr) {
     return ResourceExhausted("cpu backend: cannot allocate " + std::to_string(bytes) +
                              " bytes of host memory");

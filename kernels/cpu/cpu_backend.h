@@ -1,8 +1,10 @@
 // CpuBackend: the reference implementation of kernels/backend.h on the host, fp32.
 // Matrix products go through oneDNN's matmul primitive (DnnlMatmul, cpu_matmul.h), which
-// this backend owns; every other op is a loop parallelised with oneTBB inside a
-// task_arena limited to num_threads. Attention is GEMM-based: batched oneDNN matmuls
-// over (B, NH) with strided views into qkv, plus a causal softmax loop.
+// this backend owns, run single-threaded per block inside TBB tasks; every other op is a
+// loop parallelised with oneTBB, all inside one task_arena limited to num_threads (one
+// thread pool, no OpenMP pool beside it). GELU and the softmax exps use vectorised
+// polynomials (cpu_math.h). Attention is GEMM-based: oneDNN matmuls per (b, head) on
+// strided views into qkv, plus a causal softmax loop.
 //
 // Determinism: every reduction that crosses rows (BiasBackward, LayerNorm dweight/dbias,
 // EmbeddingBackward, SumSquares) is ordered independently of the thread count, so the

@@ -6,3 +6,4 @@ if(TARGET l2l_integration_tests)
   # The tests exec these binaries: build them with the test binary.
   add_dependencies(l2l_integration_tests l2l-eps l2l-worker)
 endif()
+include(${CMAKE_CURRENT_SOURCE_DIR}/integration/ops.cmake OPTIONAL)

@@ -1,0 +1,91 @@
+// CtlClient: a small C++ client of the daemon's Control service
+// (proto/control.proto, l2l.control.v1.Control), used by l2lctl and by tests. Protobuf
+// types stop in ctl_client.cc; callers get the plain structs below.
+//
+// Every call has a deadline (CtlClientOptions::rpc_timeout, longer for checkpoint and
+// export, which write files). An unreachable daemon fails Connect within
+// connect_timeout with UNAVAILABLE naming the address.
+//
+// Ownership: owns its channel and stub. Thread-safety: calls may run concurrently
+// (gRPC stubs are thread-safe).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace l2l::eps {
+
+struct CtlClientOptions {
+  std::chrono::milliseconds connect_timeout{3000};  // Connect() gives up after this
+  std::chrono::milliseconds rpc_timeout{10000};     // status, pause, resume, stop
+  std::chrono::milliseconds write_timeout{600000};  // checkpoint, export (files)
+};
+
+struct CtlMemoryTier {
+  std::string tier;           // ram | shm | ssd
+  int64_t used_bytes = 0;
+  int64_t budget_bytes = 0;   // 0 = unlimited / not configured
+};
+
+struct CtlWorker {
+  int32_t id = -1;
+  std::string name, transport, state;  // state: active | lost | left
+  int64_t step = 0;
+  int64_t last_heartbeat_ms_ago = 0;
+  double last_loss = 0;
+};
+
+struct CtlStatus {
+  std::string state;          // starting | idle | waiting_workers | running | paused | stopping | finished
+  std::string job_id;
+  int64_t step = 0, total_steps = 0, num_params = 0;
+  std::vector<int64_t> layer_version;  // per layer, model order
+  double last_loss = 0, tokens_per_s = 0, step_time_s = 0;
+  double update_busy_s = 0, update_exposed_s = 0;
+  std::vector<CtlMemoryTier> memory;
+  std::vector<CtlWorker> workers;
+  std::string last_checkpoint;
+};
+
+struct CtlHealth {
+  std::string state;
+  int64_t uptime_ms = 0;
+};
+
+struct CtlWritten {
+  std::string path;           // checkpoint directory or export file
+  int64_t step = 0;           // checkpoints only
+  int64_t bytes = 0;
+};
+
+class CtlClient {
+ public:
+  // Connects to host:port and waits (up to connect_timeout) until the channel is ready.
+  static Result<std::unique_ptr<CtlClient>> Connect(const std::string& address,
+                                                    const CtlClientOptions& options = {});
+  ~CtlClient();
+
+  const std::string& address() const { return address_; }
+
+  Result<CtlHealth> Health();
+  Result<CtlStatus> GetStatus();
+  Status Pause();
+  Status Resume();
+  Result<CtlWritten> Checkpoint(const std::string& dir);  // "" = the daemon's default
+  Result<CtlWritten> Export(const std::string& path);
+  Status Shutdown(bool abort_step, bool skip_checkpoint);
+
+ private:
+  struct Impl;
+  CtlClient(std::string address, CtlClientOptions options, std::unique_ptr<Impl> impl);
+  const std::string address_;
+  const CtlClientOptions opts_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace l2l::eps

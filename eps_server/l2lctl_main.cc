@@ -1,0 +1,405 @@
+// l2lctl: the operator's command line for a running l2l-eps daemon (Control service,
+// proto/control.proto, through eps_server/ctl_client.h).
+//
+//   l2lctl [--eps HOST:PORT] [--state-dir DIR] [--json] [--connect-timeout-ms MS] COMMAND
+//     status                         one screen: step, loss, tokens/s, layers, workers, memory
+//     watch [--steps N] [--timeout S] [--interval S]
+//                                    live progress (bar + ETA on a TTY, plain lines otherwise)
+//     checkpoint [--dir DIR]         durable checkpoint now (or at the step boundary)
+//     export --format safetensors PATH   fp32 weights, Hugging Face GPT-2 names
+//     pause | resume                 hold / release publishing of new layer versions
+//     stop [--abort-step] [--skip-checkpoint] [--no-wait]
+//
+// The daemon's address: --eps, else 127.0.0.1:<port> from eps.port in --state-dir, else
+// $L2L_EPS, else eps.port in $L2L_STATE_DIR, /var/lib/l2l, /tmp/l2l-eps (the first found).
+// --json prints one JSON object (watch: one per line) on stdout, errors included.
+//
+// Exit status: 0 ok; 1 the daemon refused or failed the command; 2 the daemon cannot be
+// reached (within --connect-timeout-ms, default 3000) or no address is known;
+// 3 watch timed out before the job (or --steps) finished; 64 bad usage.
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "eps_server/ctl_client.h"
+
+namespace {
+
+using l2l::Result;
+using l2l::Status;
+using l2l::StatusCode;
+using l2l::eps::CtlClient;
+using l2l::eps::CtlStatus;
+using Json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kExitRefused = 1, kExitUnreachable = 2, kExitTimeout = 3;
+
+struct Globals {
+  std::string eps, state_dir;
+  bool json = false;
+  int connect_timeout_ms = 3000;
+};
+
+struct Target {
+  std::string address;
+  std::string origin;  // where the address came from, for error messages
+};
+
+// --eps > --state-dir's eps.port > $L2L_EPS > eps.port in a default state directory.
+Result<Target> ResolveAddress(const Globals& g) {
+  if (!g.eps.empty()) return Target{g.eps, "--eps"};
+  const char* env = std::getenv("L2L_EPS");
+  if (g.state_dir.empty() && env && *env) return Target{env, "$L2L_EPS"};
+  std::vector<std::string> dirs;
+  if (!g.state_dir.empty()) {
+    dirs = {g.state_dir};
+  } else {
+    if (const char* s = std::getenv("L2L_STATE_DIR"); s && *s) dirs.push_back(s);
+    dirs.push_back("/var/lib/l2l");
+    dirs.push_back("/tmp/l2l-eps");
+  }
+  std::string tried;
+  for (const std::string& d : dirs) {
+    const std::string f = d + "/eps.port";
+    std::ifstream in(f);
+    int port = 0;
+    if (in >> port && port > 0 && port < 65536) return Target{"127.0.0.1:" + std::to_string(port), f};
+    tried += (tried.empty() ? "" : ", ") + f + (in.is_open() ? " (no port in it)" : " (missing)");
+  }
+  return l2l::Unavailable("no daemon address: looked for " + tried +
+                          ". Pass --eps HOST:PORT, set $L2L_EPS, or --state-dir DIR of a running l2l-eps.");
+}
+
+int EmitError(const Globals& g, const Status& s, const std::string& address, int code) {
+  if (g.json) {
+    Json j = {{"ok", false},
+              {"error", {{"code", l2l::StatusCodeName(s.code())}, {"message", s.message()}}}};
+    if (!address.empty()) j["address"] = address;
+    std::printf("%s\n", j.dump().c_str());
+  }
+  std::fprintf(stderr, "l2lctl: %s\n", s.message().c_str());
+  return code;
+}
+
+int EmitRpcError(const Globals& g, const Status& s, const std::string& address) {
+  const bool gone = s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded;
+  return EmitError(g, s, address, gone ? kExitUnreachable : kExitRefused);
+}
+
+Result<std::unique_ptr<CtlClient>> Dial(const Globals& g, Target* target) {
+  L2L_ASSIGN_OR_RETURN(*target, ResolveAddress(g));
+  l2l::eps::CtlClientOptions o;
+  o.connect_timeout = std::chrono::milliseconds(g.connect_timeout_ms);
+  auto c = CtlClient::Connect(target->address, o);
+  if (!c.ok()) {
+    return l2l::Unavailable(
+        "cannot reach l2l-eps at " + target->address + " (address from " + target->origin + ") within " +
+        std::to_string(g.connect_timeout_ms) + " ms.\n  Check: is l2l-eps running (systemctl status l2l-eps, "
+        "pgrep -a l2l-eps)? Is the port in its state dir's eps.port current (a crashed daemon leaves a stale "
+        "one)? Override with --eps HOST:PORT or --state-dir DIR.");
+  }
+  return c;
+}
+
+// ---- formatting ------------------------------------------------------------------------
+
+std::string Bytes(int64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024 && u < 4) v /= 1024, ++u;
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+std::string Duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const int64_t t = static_cast<int64_t>(std::llround(s));
+  char buf[32];
+  if (t >= 3600) std::snprintf(buf, sizeof(buf), "%lldh%02lldm", (long long)(t / 3600), (long long)(t / 60 % 60));
+  else if (t >= 60) std::snprintf(buf, sizeof(buf), "%lldm%02llds", (long long)(t / 60), (long long)(t % 60));
+  else std::snprintf(buf, sizeof(buf), "%llds", (long long)t);
+  return buf;
+}
+
+// "12 x5" for runs of equal versions: "0-3:12 4:11".
+std::string Versions(const std::vector<int64_t>& v) {
+  std::string out;
+  for (size_t i = 0; i < v.size();) {
+    size_t j = i;
+    while (j + 1 < v.size() && v[j + 1] == v[i]) ++j;
+    if (!out.empty()) out += "  ";
+    out += (i == j ? std::to_string(i) : std::to_string(i) + "-" + std::to_string(j)) + ":" + std::to_string(v[i]);
+    i = j + 1;
+  }
+  return out.empty() ? "(none)" : out;
+}
+
+Json StatusJson(const CtlStatus& s, const std::string& address) {
+  Json j = {{"ok", true},          {"address", address},          {"state", s.state},
+            {"job_id", s.job_id},  {"step", s.step},              {"total_steps", s.total_steps},
+            {"num_params", s.num_params}, {"layer_version", s.layer_version},
+            {"last_loss", s.last_loss},   {"tokens_per_s", s.tokens_per_s},
+            {"step_time_s", s.step_time_s}, {"update_busy_s", s.update_busy_s},
+            {"update_exposed_s", s.update_exposed_s}, {"last_checkpoint", s.last_checkpoint}};
+  j["memory"] = Json::array();
+  for (const auto& m : s.memory) {
+    j["memory"].push_back({{"tier", m.tier}, {"used_bytes", m.used_bytes}, {"budget_bytes", m.budget_bytes}});
+  }
+  j["workers"] = Json::array();
+  for (const auto& w : s.workers) {
+    j["workers"].push_back({{"id", w.id}, {"name", w.name}, {"transport", w.transport}, {"state", w.state},
+                            {"step", w.step}, {"last_heartbeat_ms_ago", w.last_heartbeat_ms_ago},
+                            {"last_loss", w.last_loss}});
+  }
+  return j;
+}
+
+void PrintStatus(const CtlStatus& s, const std::string& address) {
+  std::printf("l2l-eps %s  state %s  job %s\n", address.c_str(), s.state.c_str(),
+              s.job_id.empty() ? "(none)" : s.job_id.c_str());
+  const double pct = s.total_steps > 0 ? 100.0 * s.step / s.total_steps : 0;
+  std::printf("step %lld/%lld (%.1f%%)  loss %.4f  tokens/s %.0f  step %.3f s  update busy %.3f s exposed %.3f s\n",
+              (long long)s.step, (long long)s.total_steps, pct, s.last_loss, s.tokens_per_s, s.step_time_s,
+              s.update_busy_s, s.update_exposed_s);
+  std::printf("params %.3f M  last checkpoint %s\n", s.num_params / 1e6,
+              s.last_checkpoint.empty() ? "(none)" : s.last_checkpoint.c_str());
+  std::printf("layers (%zu) layer:version  %s\n", s.layer_version.size(), Versions(s.layer_version).c_str());
+  std::printf("workers (%zu)\n", s.workers.size());
+  if (!s.workers.empty()) {
+    std::printf("  %3s  %-16s %-9s %-7s %8s %10s %9s\n", "ID", "NAME", "TRANSPORT", "STATE", "STEP", "HEARTBEAT",
+                "LOSS");
+  }
+  for (const auto& w : s.workers) {
+    std::printf("  %3d  %-16s %-9s %-7s %8lld %8.1f s %9.4f\n", w.id, w.name.c_str(), w.transport.c_str(),
+                w.state.c_str(), (long long)w.step, w.last_heartbeat_ms_ago / 1000.0, w.last_loss);
+  }
+  std::printf("memory\n");
+  for (const auto& m : s.memory) {
+    std::printf("  %-4s %12s%s\n", m.tier.c_str(), Bytes(m.used_bytes).c_str(),
+                m.budget_bytes > 0 ? (" / " + Bytes(m.budget_bytes)).c_str() : "");
+  }
+}
+
+// ---- commands --------------------------------------------------------------------------
+
+int CmdStatus(const Globals& g) {
+  Target t;
+  auto c = Dial(g, &t);
+  if (!c.ok()) return EmitError(g, c.status(), t.address, kExitUnreachable);
+  auto s = (*c)->GetStatus();
+  if (!s.ok()) return EmitRpcError(g, s.status(), t.address);
+  if (g.json) std::printf("%s\n", StatusJson(*s, t.address).dump().c_str());
+  else PrintStatus(*s, t.address);
+  return 0;
+}
+
+struct WatchFlags {
+  int64_t steps = 0;      // 0 = until the job finishes
+  double timeout_s = 0;   // 0 = none
+  double interval_s = 1;
+};
+
+bool Finished(const CtlStatus& s) {
+  return s.state == "finished" || (s.total_steps > 0 && s.step >= s.total_steps);
+}
+
+int CmdWatch(const Globals& g, const WatchFlags& w) {
+  Target t;
+  auto c = Dial(g, &t);
+  if (!c.ok()) return EmitError(g, c.status(), t.address, kExitUnreachable);
+  const bool tty = !g.json && isatty(STDOUT_FILENO);
+  const auto start = Clock::now();
+  int64_t first_step = -1, last_printed = -1;
+  auto first_step_time = start;
+  for (;;) {
+    auto s = (*c)->GetStatus();
+    if (!s.ok()) {
+      if (tty) std::printf("\n");
+      return EmitRpcError(g, s.status().WithContext("watch: the daemon went away"), t.address);
+    }
+    const auto now = Clock::now();
+    if (first_step < 0) first_step = s->step, first_step_time = now;
+    const int64_t target = w.steps > 0 ? std::min(first_step + w.steps, s->total_steps > 0 ? s->total_steps
+                                                                                          : first_step + w.steps)
+                                       : s->total_steps;
+    // ETA from the steps seen during this watch; before the first, from the last step time.
+    const double seen_s = std::chrono::duration<double>(now - first_step_time).count();
+    const int64_t done_here = s->step - first_step;
+    const double per_step = done_here > 0 ? seen_s / done_here : s->step_time_s;
+    const double eta = target > s->step && per_step > 0 ? (target - s->step) * per_step : 0;
+    const bool done = Finished(*s) || (w.steps > 0 && s->step >= target);
+    if (g.json) {
+      if (s->step != last_printed || done) {
+        Json j = {{"step", s->step},       {"total_steps", s->total_steps}, {"state", s->state},
+                  {"loss", s->last_loss},  {"tokens_per_s", s->tokens_per_s}, {"step_time_s", s->step_time_s},
+                  {"eta_s", eta},          {"done", done}};
+        std::printf("%s\n", j.dump().c_str());
+      }
+    } else if (tty) {
+      const int width = 30;
+      const double frac = target > 0 ? std::min(1.0, double(s->step) / target) : 0;
+      const int fill = static_cast<int>(frac * width);
+      std::printf("\r[%s%s] %5.1f%% step %lld/%lld loss %.4f tok/s %.0f %s ETA %s\x1b[K",
+                  std::string(fill, '#').c_str(), std::string(width - fill, '-').c_str(), frac * 100,
+                  (long long)s->step, (long long)target, s->last_loss, s->tokens_per_s, s->state.c_str(),
+                  Duration(eta).c_str());
+    } else if (s->step != last_printed || done) {
+      std::printf("step %lld/%lld loss %.4f tok/s %.0f step_s %.3f state %s eta %s\n", (long long)s->step,
+                  (long long)target, s->last_loss, s->tokens_per_s, s->step_time_s, s->state.c_str(),
+                  Duration(eta).c_str());
+    }
+    std::fflush(stdout);
+    last_printed = s->step;
+    if (done) {
+      if (tty) std::printf("\ndone: step %lld\n", (long long)s->step);
+      return 0;
+    }
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    if (w.timeout_s > 0 && elapsed >= w.timeout_s) {
+      if (tty) std::printf("\n");
+      char msg[160];
+      std::snprintf(msg, sizeof(msg), "watch: timed out after %.1f s at step %lld/%lld", elapsed,
+                    (long long)s->step, (long long)target);
+      return EmitError(g, Status(StatusCode::kDeadlineExceeded, msg), t.address, kExitTimeout);
+    }
+    double sleep_s = w.interval_s;
+    if (w.timeout_s > 0) sleep_s = std::min(sleep_s, w.timeout_s - elapsed);
+    std::this_thread::sleep_for(std::chrono::duration<double>(std::max(0.01, sleep_s)));
+  }
+}
+
+int CmdWritten(const Globals& g, const std::string& what, const std::string& path) {
+  Target t;
+  auto c = Dial(g, &t);
+  if (!c.ok()) return EmitError(g, c.status(), t.address, kExitUnreachable);
+  // The daemon resolves paths on its own host with its own cwd (/ under systemd): send
+  // absolute paths so "l2lctl export out.safetensors" means what the operator meant.
+  std::string abs = path;
+  if (!path.empty()) abs = std::filesystem::absolute(path).lexically_normal().string();
+  auto r = what == "checkpoint" ? (*c)->Checkpoint(abs) : (*c)->Export(abs);
+  if (!r.ok()) return EmitRpcError(g, r.status(), t.address);
+  if (g.json) {
+    Json j = {{"ok", true}, {"address", t.address}, {"path", r->path}, {"bytes", r->bytes}};
+    if (what == "checkpoint") j["step"] = r->step;
+    std::printf("%s\n", j.dump().c_str());
+  } else if (what == "checkpoint") {
+    std::printf("checkpoint of step %lld written to %s (%s)\n", (long long)r->step,
+                r->path.empty() ? "the daemon's checkpoint dir" : r->path.c_str(), Bytes(r->bytes).c_str());
+  } else {
+    std::printf("exported %s (%s, safetensors, Hugging Face GPT-2 names)\n", r->path.c_str(),
+                Bytes(r->bytes).c_str());
+  }
+  return 0;
+}
+
+int CmdSimple(const Globals& g, const std::string& what) {
+  Target t;
+  auto c = Dial(g, &t);
+  if (!c.ok()) return EmitError(g, c.status(), t.address, kExitUnreachable);
+  Status s = what == "pause" ? (*c)->Pause() : (*c)->Resume();
+  if (!s.ok()) return EmitRpcError(g, s, t.address);
+  if (g.json) std::printf("%s\n", Json({{"ok", true}, {"address", t.address}, {"command", what}}).dump().c_str());
+  else std::printf("%s: %s\n", t.address.c_str(), what == "pause" ? "paused" : "resumed");
+  return 0;
+}
+
+struct StopFlags {
+  bool abort_step = false, skip_checkpoint = false, no_wait = false;
+  double wait_s = 120;
+};
+
+int CmdStop(const Globals& g, const StopFlags& f) {
+  Target t;
+  auto c = Dial(g, &t);
+  if (!c.ok()) return EmitError(g, c.status(), t.address, kExitUnreachable);
+  if (Status s = (*c)->Shutdown(f.abort_step, f.skip_checkpoint); !s.ok()) return EmitRpcError(g, s, t.address);
+  bool gone = false;
+  if (!f.no_wait) {
+    // The daemon exits after the final checkpoint; wait until it stops answering.
+    const auto deadline = Clock::now() + std::chrono::duration<double>(f.wait_s);
+    while (Clock::now() < deadline) {
+      if (!(*c)->Health().ok()) {
+        gone = true;
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    if (!gone) {
+      return EmitError(g, l2l::Aborted("stop: l2l-eps at " + t.address + " still answers after " +
+                                       std::to_string(static_cast<int>(f.wait_s)) + " s"),
+                       t.address, kExitRefused);
+    }
+  }
+  if (g.json) {
+    std::printf("%s\n", Json({{"ok", true}, {"address", t.address}, {"command", "stop"}, {"exited", gone}}).dump().c_str());
+  } else {
+    std::printf("l2l-eps at %s %s\n", t.address.c_str(), gone ? "stopped" : "asked to stop");
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"l2lctl: control a running l2l-eps daemon"};
+  app.require_subcommand(1);
+  app.fallthrough();  // global flags may follow the command: l2lctl status --json
+  Globals g;
+  app.add_option("--eps", g.eps, "daemon address HOST:PORT (default: $L2L_EPS, else eps.port in the state dir)");
+  app.add_option("--state-dir", g.state_dir,
+                 "daemon state dir holding eps.port (default: $L2L_STATE_DIR, /var/lib/l2l, /tmp/l2l-eps)");
+  app.add_flag("--json", g.json, "machine-readable JSON on stdout");
+  app.add_option("--connect-timeout-ms", g.connect_timeout_ms, "give up reaching the daemon after this")
+      ->check(CLI::Range(1, 600000));
+
+  auto* status = app.add_subcommand("status", "step, loss, tokens/s, layer versions, workers, memory");
+  WatchFlags wf;
+  auto* watch = app.add_subcommand("watch", "live progress until the job finishes");
+  watch->add_option("--steps", wf.steps, "exit after N more steps")->check(CLI::PositiveNumber);
+  watch->add_option("--timeout", wf.timeout_s, "exit with status 3 after S seconds")->check(CLI::NonNegativeNumber);
+  watch->add_option("--interval", wf.interval_s, "seconds between polls")->check(CLI::Range(0.05, 3600.0));
+  std::string ckpt_dir;
+  auto* ckpt = app.add_subcommand("checkpoint", "write a durable checkpoint now");
+  ckpt->add_option("--dir", ckpt_dir, "directory (default: <checkpoint.dir>/step-N on the daemon)");
+  std::string format = "safetensors", export_path;
+  auto* exp = app.add_subcommand("export", "write the fp32 weights (Hugging Face GPT-2 names)");
+  exp->add_option("--format", format, "output format")->check(CLI::IsMember({"safetensors"}));
+  exp->add_option("path", export_path, "output file on the daemon's host")->required();
+  auto* pause = app.add_subcommand("pause", "stop publishing new layer versions (workers wait)");
+  auto* resume = app.add_subcommand("resume", "resume after pause");
+  StopFlags sf;
+  auto* stop = app.add_subcommand("stop", "final checkpoint, then the daemon exits");
+  stop->add_flag("--abort-step", sf.abort_step, "do not finish the step in flight");
+  stop->add_flag("--skip-checkpoint", sf.skip_checkpoint, "exit without the final checkpoint");
+  stop->add_flag("--no-wait", sf.no_wait, "return once the daemon accepted the request");
+  stop->add_option("--wait", sf.wait_s, "seconds to wait for the daemon to exit")->check(CLI::PositiveNumber);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 64;
+  }
+  if (status->parsed()) return CmdStatus(g);
+  if (watch->parsed()) return CmdWatch(g, wf);
+  if (ckpt->parsed()) return CmdWritten(g, "checkpoint", ckpt_dir);
+  if (exp->parsed()) return CmdWritten(g, "export", export_path);
+  if (pause->parsed()) return CmdSimple(g, "pause");
+  if (resume->parsed()) return CmdSimple(g, "resume");
+  if (stop->parsed()) return CmdStop(g, sf);
+  return 64;
+}
