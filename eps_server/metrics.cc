@@ -208,6 +208,40 @@ std::string MetricsRegistry::Render() const {
   return out.str();
 }
 
+// ---- the daemon's metrics --------------------------------------------------------------
+
+void UpdateEpsMetrics(MetricsRegistry* r, const EpsSnapshot& s) {
+  r->GetGauge("l2l_step", "Optimizer steps completed")->Set(static_cast<double>(s.step));
+  r->GetGauge("l2l_total_steps", "Optimizer steps the job runs")->Set(static_cast<double>(s.total_steps));
+  r->GetGauge("l2l_loss", "Mean training loss of the last step, all workers")->Set(s.loss);
+  r->GetGauge("l2l_tokens_per_second", "Tokens per second over the last step, all workers")->Set(s.tokens_per_s);
+  r->GetGauge("l2l_update_busy_seconds", "EPS update pipeline busy time in the last step")->Set(s.update_busy_s);
+  r->GetGauge("l2l_update_exposed_seconds", "EPS update time after the last gradient of the step arrived")
+      ->Set(s.update_exposed_s);
+  for (size_t i = 0; i < s.layer_version.size(); ++i) {
+    r->GetGauge("l2l_layer_version", "Published version per layer", {{"layer", std::to_string(i)}})
+        ->Set(static_cast<double>(s.layer_version[i]));
+  }
+  for (const auto& t : s.memory) {
+    r->GetGauge("l2l_memory_bytes", "Bytes used per memory tier", {{"tier", t.tier}})
+        ->Set(static_cast<double>(t.used_bytes));
+    r->GetGauge("l2l_memory_budget_bytes", "Budget per memory tier (0 = unlimited)", {{"tier", t.tier}})
+        ->Set(static_cast<double>(t.budget_bytes));
+  }
+  // Every known state is exported, 0 when empty, so a worker leaving shows as a drop.
+  for (const char* st : {"active", "lost", "left"}) {
+    const auto it = s.workers_by_state.find(st);
+    r->GetGauge("l2l_workers", "Registered workers by state", {{"state", st}})
+        ->Set(it == s.workers_by_state.end() ? 0 : it->second);
+  }
+}
+
+void ObserveStepSeconds(MetricsRegistry* r, double seconds) {
+  r->GetHistogram("l2l_step_seconds", "Wall time per optimizer step",
+                  Histogram::ExponentialBuckets(0.01, 2, 16))  // 10 ms .. ~5.5 min
+      ->Observe(seconds);
+}
+
 // ---- HTTP server -----------------------------------------------------------------------
 
 Result<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(const MetricsRegistry* registry,

@@ -120,6 +120,22 @@ class MetricsRegistry {
   std::vector<std::function<void()>> hooks_;        // GUARDED_BY(mu_)
 };
 
+// The daemon's standard metrics (names in docs/operations.md), filled from plain values
+// so this file does not depend on EpsCore: the lead's collect hook copies
+// EpsCore::GetStatus() into an EpsSnapshot and calls UpdateEpsMetrics.
+struct EpsSnapshot {
+  int64_t step = 0, total_steps = 0;
+  double loss = 0, tokens_per_s = 0;
+  double update_busy_s = 0, update_exposed_s = 0;
+  std::vector<int64_t> layer_version;                 // per layer, model order
+  struct Tier { std::string tier; int64_t used_bytes = 0, budget_bytes = 0; };
+  std::vector<Tier> memory;
+  std::map<std::string, int> workers_by_state;        // "active" -> 2, ...
+};
+void UpdateEpsMetrics(MetricsRegistry* registry, const EpsSnapshot& s);
+// Call once per completed step (feeds the l2l_step_seconds histogram).
+void ObserveStepSeconds(MetricsRegistry* registry, double seconds);
+
 // Formats a sample value as Prometheus does: "+Inf", "-Inf", "NaN", or the shortest
 // decimal that round-trips.
 std::string FormatMetricValue(double v);

@@ -257,5 +257,42 @@ TEST_CASE("FormatMetricValue writes Prometheus' special values and round-trips",
   for (double v : {0.1, 1e-300, 123456789.125, -2.5, 3.0}) CHECK(std::stod(FormatMetricValue(v)) == v);
 }
 
+TEST_CASE("UpdateEpsMetrics exports the daemon's status under the documented names", "[eps][metrics]") {
+  MetricsRegistry reg;
+  EpsSnapshot s;
+  s.step = 7;
+  s.total_steps = 100;
+  s.loss = 3.25;
+  s.tokens_per_s = 1234.5;
+  s.update_busy_s = 0.5;
+  s.update_exposed_s = 0.125;
+  s.layer_version = {7, 7, 6};
+  s.memory = {{"ram", 1 << 20, 1 << 30}, {"shm", 4096, 0}};
+  s.workers_by_state = {{"active", 2}, {"left", 1}};
+  UpdateEpsMetrics(&reg, s);
+  ObserveStepSeconds(&reg, 0.75);
+  ObserveStepSeconds(&reg, 0.25);
+  const Exposition e = Parse(reg.Render());
+  CHECK(e.samples.at("l2l_step") == 7);
+  CHECK(e.samples.at("l2l_total_steps") == 100);
+  CHECK(e.samples.at("l2l_loss") == 3.25);
+  CHECK(e.samples.at("l2l_tokens_per_second") == 1234.5);
+  CHECK(e.samples.at("l2l_update_busy_seconds") == 0.5);
+  CHECK(e.samples.at("l2l_update_exposed_seconds") == 0.125);
+  CHECK(e.samples.at("l2l_layer_version{layer=0}") == 7);
+  CHECK(e.samples.at("l2l_layer_version{layer=2}") == 6);
+  CHECK(e.samples.at("l2l_memory_bytes{tier=ram}") == (1 << 20));
+  CHECK(e.samples.at("l2l_memory_budget_bytes{tier=ram}") == (1 << 30));
+  CHECK(e.samples.at("l2l_memory_bytes{tier=shm}") == 4096);
+  CHECK(e.samples.at("l2l_workers{state=active}") == 2);
+  CHECK(e.samples.at("l2l_workers{state=lost}") == 0);
+  CHECK(e.samples.at("l2l_workers{state=left}") == 1);
+  CHECK(e.samples.at("l2l_step_seconds_count") == 2);
+  CHECK(e.samples.at("l2l_step_seconds_sum") == 1.0);
+  CHECK(e.samples.at("l2l_step_seconds_bucket{le=0.32}") == 1);
+  CHECK(e.samples.at("l2l_step_seconds_bucket{le=0.64}") == 1);
+  CHECK(e.samples.at("l2l_step_seconds_bucket{le=1.28}") == 2);
+}
+
 }  // namespace
 }  // namespace l2l::eps

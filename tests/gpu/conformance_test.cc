@@ -9,7 +9,9 @@
 //   kTf32   GEMMs with L2L_CUDA_GEMM=tf32            atol 2e-2  rtol 1e-2 (10-bit mantissa inputs)
 //   kBf16   bf16 GEMM, fp32 output                   atol 1e-4  rtol 1e-4 (bf16 products are exact in fp32)
 //           bf16 GEMM, bf16 output                   atol 1e-3  rtol 8e-3 (one bf16 rounding, 2^-9)
-//           GELU epilogue                            atol 2e-3  (cuBLASLt's GELU approximation)
+//           GELU epilogue                            +atol 2e-3, rtol >= 1e-3 (cuBLASLt's GELU may
+//                                                    be erf-based or use a fast tanh: |erf - tanh
+//                                                    GELU| <= 4.8e-4)
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -394,7 +396,7 @@ TEST_CASE("cuda bf16 GEMM with fp32 accumulation and epilogues matches the cpu",
     got = C.FromGpu(b);
   }
   const double atol = (c_bf16 ? 1e-3 : 1e-4) + (has_gelu ? 2e-3 : 0.0);
-  const double rtol = c_bf16 ? 8e-3 : 1e-4;
+  const double rtol = c_bf16 ? 8e-3 : (has_gelu ? 1e-3 : 1e-4);
   ExpectClose(got, ref, atol, rtol, "bf16 GEMM");
 }
 
