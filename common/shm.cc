@@ -98,6 +98,13 @@ void ShmSegment::Reset() {
 
 ShmSegment::~ShmSegment() { Reset(); }
 
+Status ShmSegment::Unlink() {
+  if (!owner_) return FailedPrecondition("shm segment " + name_ + ": only its creator unlinks it");
+  owner_ = false;
+  if (shm_unlink(name_.c_str()) != 0 && errno != ENOENT) return ErrnoError("shm_unlink", name_, errno);
+  return Status::Ok();
+}
+
 Result<int> RemoveSegmentsWithPrefix(const std::string& prefix) {
   if (prefix.empty()) return InvalidArgument("RemoveSegmentsWithPrefix: empty prefix");
   DIR* d = opendir("/dev/shm");

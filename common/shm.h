@@ -50,6 +50,8 @@ class ShmSegment {
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
   ~ShmSegment();  // unmaps; shm_unlink()s when this object created the segment
+  // Removes the name now (the mapping stays valid until destruction). Owner only.
+  Status Unlink();
 
   void* data() const { return data_; }
   size_t size() const { return size_; }
@@ -93,7 +95,9 @@ struct WeightSegmentHeader {
   uint32_t layout_version;
   uint32_t num_layers;
   uint32_t dtype;                  // l2l::DType value of the published copies
-  uint32_t reserved0;
+  // Bumped when the EPS rolls the state back (a step abandoned after a worker loss):
+  // a reader that registered under another epoch must re-register before it reads on.
+  std::atomic<uint32_t> epoch;
   uint64_t total_bytes;
   std::atomic<uint32_t> stopped;   // 1: the job stopped; readers give up (ABORTED)
   std::atomic<uint32_t> wake_seq;  // futex word: bumped on every publish and on stop

@@ -43,6 +43,7 @@ Status ApplyMap(const YAML::Node& root, const std::string& origin, const std::st
     } else if (key == "transport") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->transport));
     } else if (key == "checkpoint.dir") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->checkpoint_dir));
     } else if (key == "checkpoint.every") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->checkpoint_every));
+    } else if (key == "allow_absolute_paths") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->allow_absolute_paths));
     } else {
       return InvalidArgument(At(origin, YAML::Node(it->first)) + ": unknown key '" + key + "'");
     }
@@ -58,6 +59,8 @@ Status EpsConfig::Validate() const {
     return InvalidArgument("memory.page_bytes=" + std::to_string(page_bytes) + " must be a positive multiple of 4096");
   }
   if (host_bytes < 0) return InvalidArgument("memory.host_bytes must be >= 0");
+  if (checkpoint_every < 0) return InvalidArgument("checkpoint.every must be >= 0");
+  if (heartbeat_timeout_ms < 0) return InvalidArgument("heartbeat_timeout_ms must be >= 0 (0 = no liveness check)");
   if (on_worker_loss != "pause" && on_worker_loss != "continue") {
     return InvalidArgument("on_worker_loss='" + on_worker_loss + "' must be pause or continue");
   }

@@ -26,7 +26,10 @@ struct EpsConfig {
   std::string on_worker_loss = "pause"; // pause | continue
   std::string transport = "auto";       // auto (shm for same-host workers) | grpc
   std::string checkpoint_dir;           // "" = <state_dir>/checkpoints
-  int64_t checkpoint_every = 0;         // steps; 0 = only on request and at exit
+  int64_t checkpoint_every = 0;         // steps; 0 = the job's training.checkpoint_every
+                                        // (0 there too: only on request and at exit)
+  // Export/Checkpoint/CreateJob rpc paths may be absolute paths outside state_dir.
+  bool allow_absolute_paths = false;
 
   Status Validate() const;
 };

@@ -1,19 +1,16 @@
-// EpsCore: job, workers, shm gradient consumers. See eps_core.h.
+// EpsCore: job, workers, shm gradient consumers, the data-path calls. Loss handling,
+// rollback, checkpoints, export and shutdown live in eps_core_recovery.cc. See
+// eps_core.h.
 #include "eps_server/eps_core.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 
 #include "common/logging.h"
+#include "eps_server/eps_core_internal.h"
 
 namespace l2l::eps {
-
-struct EpsCore::ShmWorker {
-  int32_t id = -1;
-  ShmSegment seg;
-  std::vector<uint64_t> slot_offset;
-  std::thread consumer;
-};
 
 EpsCore::EpsCore(CoreOptions opts) : opts_(std::move(opts)) {}
 
@@ -26,13 +23,48 @@ bool EpsCore::has_job() const {
 
 Status EpsCore::CreateJob(const JobConfig& job, const std::vector<std::vector<float>>* initial,
                           int64_t start_step) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (has_job_) return FailedPrecondition("the daemon already runs job '" + opts_.job_id + "'");
-  if (stopped_) return Aborted("the daemon is stopping");
+  JobStart start;
+  start.step = start_step;
+  if (initial != nullptr) {
+    // The caller's buffers outlive CreateJob only; rollbacks to the initial state need
+    // them, so keep a copy (only for callers that pass buffers: tests, small models).
+    auto copy = std::make_shared<std::vector<std::vector<float>>>(*initial);
+    start.description = "initial weights";
+    start.load = [copy](ParamStore* store) -> Status {
+      if (static_cast<int64_t>(copy->size()) != store->num_layers()) {
+        return InvalidArgument("initial weights have " + std::to_string(copy->size()) + " layers, the model has " +
+                               std::to_string(store->num_layers()));
+      }
+      std::vector<float> zeros;
+      for (int64_t l = 0; l < store->num_layers(); ++l) {
+        if ((*copy)[l].size() != store->layout(l).numel) {
+          return InvalidArgument("initial weights of layer " + std::to_string(l) + " have " +
+                                 std::to_string((*copy)[l].size()) + " floats, expected " +
+                                 std::to_string(store->layout(l).numel));
+        }
+        store->WriteState(l, 0, (*copy)[l].data());
+        zeros.assign((*copy)[l].size(), 0.0f);
+        store->WriteState(l, 1, zeros.data());
+        store->WriteState(l, 2, zeros.data());
+      }
+      return Status::Ok();
+    };
+  }
+  return CreateJob(job, start);
+}
+
+Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
+  std::lock_guard<std::mutex> rlock(recovery_mu_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (has_job_) return FailedPrecondition("the daemon already runs job '" + opts_.job_id + "'");
+    if (stopped_) return Aborted("the daemon is stopping");
+  }
   L2L_RETURN_IF_ERROR(job.model.Validate());
   if (job.train.clip != "none" && job.train.clip != "per_layer" && job.train.clip != "global") {
     return InvalidArgument("training.clip='" + job.train.clip + "' must be none, per_layer or global");
   }
+  if (start.step < 0) return InvalidArgument("start step " + std::to_string(start.step) + " must be >= 0");
   const std::string prefix = "l2l-" + opts_.job_id + "-";
   auto removed = RemoveSegmentsWithPrefix(prefix);
   if (removed.ok() && *removed > 0) {
@@ -43,32 +75,31 @@ Status EpsCore::CreateJob(const JobConfig& job, const std::vector<std::vector<fl
   po.host_bytes = opts_.host_bytes;
   po.publish_dtype = job.publish_dtype;
   if (opts_.transport != "grpc") po.shm_name = "/" + prefix + "w";
-  L2L_ASSIGN_OR_RETURN(store_, ParamStore::Create(job.model, po));
-  if (initial != nullptr) {
-    if (static_cast<int64_t>(initial->size()) != store_->num_layers()) {
-      return InvalidArgument("initial weights have " + std::to_string(initial->size()) +
-                             " layers, the model has " + std::to_string(store_->num_layers()));
-    }
-    for (int64_t l = 0; l < store_->num_layers(); ++l) {
-      if ((*initial)[l].size() != store_->layout(l).numel) {
-        return InvalidArgument("initial weights of layer " + std::to_string(l) + " have " +
-                               std::to_string((*initial)[l].size()) + " floats, expected " +
-                               std::to_string(store_->layout(l).numel));
-      }
-      store_->WriteState(l, 0, (*initial)[l].data());
-    }
+  L2L_ASSIGN_OR_RETURN(auto store, ParamStore::Create(job.model, po));
+  if (start.load) {
+    L2L_RETURN_IF_ERROR(start.load(store.get()));
   } else {
-    store_->InitFromSeed(job.train.seed);
+    store->InitFromSeed(job.train.seed);
   }
-  for (int64_t l = 0; l < store_->num_layers(); ++l) store_->PublishMaster(l, start_step);
-  pipeline_ = std::make_unique<UpdatePipeline>(store_.get(), job, opts_.expected_workers, start_step);
-  job_ = job;
-  start_step_ = start_step;
-  has_job_ = true;
-  step_start_ = std::chrono::steady_clock::now();
-  L2L_LOG_INFO("job '{}': {} parameters in {} layers, {} worker(s), publish {}, start step {}",
+  for (int64_t l = 0; l < store->num_layers(); ++l) store->PublishMaster(l, start.step);
+  auto pipeline = std::make_unique<UpdatePipeline>(store.get(), job, opts_.expected_workers, start.step);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    store_ = std::move(store);
+    pipeline_ = std::move(pipeline);
+    job_ = job;
+    start_ = start;
+    restore_dir_ = start.checkpoint_dir;
+    restore_step_ = start.step;
+    last_checkpoint_ = start.checkpoint_dir;
+    has_job_ = true;
+    step_start_ = std::chrono::steady_clock::now();
+  }
+  L2L_LOG_INFO("job '{}': {} parameters in {} layers, {} worker(s), publish {}, start step {} from {}",
                opts_.job_id, job.model.NumParams(), store_->num_layers(), opts_.expected_workers,
-               DTypeName(job.publish_dtype), start_step);
+               DTypeName(job.publish_dtype), start.step, start.description);
+  if (opts_.heartbeat_timeout_ms > 0) liveness_ = std::thread([this] { LivenessLoop(); });
+  if (checkpoint_every() > 0) checkpointer_ = std::thread([this] { CheckpointLoop(); });
   return Status::Ok();
 }
 
@@ -78,20 +109,64 @@ Status EpsCore::CheckWorker(int32_t worker_id) const {
     return NotFound("worker id " + std::to_string(worker_id) + " is not registered (" +
                     std::to_string(workers_.size()) + " workers registered); call Register first");
   }
-  if (workers_[worker_id].state != "active") {
-    return FailedPrecondition("worker " + std::to_string(worker_id) + " is " + workers_[worker_id].state);
+  const Worker& w = *workers_[worker_id];
+  const std::string id = std::to_string(worker_id);
+  if (w.info.state == "active") return Status::Ok();
+  if (w.info.state == "rejoin") {
+    return FailedPrecondition("worker " + id + ": " + w.rejoin_reason + "; " + kRejoinHint + " (previous_worker_id=" +
+                              id + ")");
   }
+  if (w.info.state == "lost") {
+    return FailedPrecondition("worker " + id + " was declared lost (no heartbeat for " +
+                              std::to_string(opts_.heartbeat_timeout_ms) + " ms); " + kRejoinHint +
+                              " (previous_worker_id=" + id + ")");
+  }
+  return FailedPrecondition("worker " + id + " is " + w.info.state);
+}
+
+std::string EpsCore::PositionAt(int32_t id, int64_t step) const {
+  const auto& pos = workers_[id]->position;
+  auto it = pos.upper_bound(step);
+  if (it == pos.begin()) return "";
+  return std::prev(it)->second;
+}
+
+Status EpsCore::CreateShmWorker(int32_t id, Registration* r) {
+  auto w = std::make_unique<ShmWorker>();
+  w->id = id;
+  const size_t L = static_cast<size_t>(store_->num_layers());
+  const size_t slot_bytes = RoundUpTo(store_->max_layer_numel() * sizeof(float), kShmAlign);
+  const int slots = std::clamp(opts_.grad_slots, 1, kMaxGradSlots);
+  const size_t bytes = GradHeaderBytes(L) + slots * slot_bytes;
+  // A fresh name per registration: a lost worker's old mapping may still be alive.
+  r->gradient_segment = "/l2l-" + opts_.job_id + "-g" + std::to_string(id) +
+                        (shm_generation_ > 0 ? "r" + std::to_string(shm_generation_) : "");
+  ++shm_generation_;
+  L2L_ASSIGN_OR_RETURN(w->seg, ShmSegment::Create(r->gradient_segment, bytes));
+  auto* h = new (w->seg.data()) GradSegmentHeader();
+  h->magic = kGradMagic;
+  h->layout_version = kShmLayoutVersion;
+  h->num_slots = static_cast<uint32_t>(slots);
+  h->slot_bytes = slot_bytes;
+  h->num_layers = static_cast<uint32_t>(L);
+  h->worker_id = id;
+  std::atomic<int64_t>* pins = GradPins(w->seg.data());
+  for (size_t l = 0; l < L; ++l) new (&pins[l]) std::atomic<int64_t>(-1);
+  for (int s = 0; s < slots; ++s) {
+    h->slots[s].data_offset = GradHeaderBytes(L) + s * slot_bytes;
+    w->slot_offset.push_back(h->slots[s].data_offset);
+  }
+  r->weight_segment = store_->shm_name();
+  store_->AddPinSource(id, pins, &h->pin_seq);
+  ShmWorker* raw = w.get();
+  w->consumer = std::thread([this, raw] { ConsumeLoop(raw); });
+  std::lock_guard<std::mutex> lock(mu_);
+  shm_workers_.push_back(std::move(w));
   return Status::Ok();
 }
 
 Result<Registration> EpsCore::Register(const RegisterInfo& info) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!has_job_) return FailedPrecondition("the daemon has no job yet (CreateJob first)");
-  if (stopped_) return Aborted("the daemon is stopping");
-  if (static_cast<int32_t>(workers_.size()) >= opts_.expected_workers) {
-    return ResourceExhausted("the job already has its " + std::to_string(opts_.expected_workers) +
-                             " worker(s)");
-  }
+  std::lock_guard<std::mutex> rlock(recovery_mu_);
   const std::string want = info.transport.empty() ? "auto" : info.transport;
   if (want != "auto" && want != "shm" && want != "grpc") {
     return InvalidArgument("transport '" + want + "' must be auto, shm or grpc");
@@ -103,57 +178,89 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
                               (same_host ? "the daemon is configured for grpc only"
                                          : "the worker is not on the daemon's host (boot id/hostname differ)"));
   }
+  int32_t id = -1;
+  bool rejoin = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!has_job_) return FailedPrecondition("the daemon has no job yet (CreateJob first)");
+    if (stopped_) return Aborted("the daemon is stopping");
+    const int32_t n = static_cast<int32_t>(workers_.size());
+    if (info.previous_worker_id >= 0) {
+      if (info.previous_worker_id >= n) {
+        return NotFound("previous_worker_id " + std::to_string(info.previous_worker_id) + " was never registered (" +
+                        std::to_string(n) + " workers registered)");
+      }
+      if (workers_[info.previous_worker_id]->info.state == "active") {
+        return FailedPrecondition("worker " + std::to_string(info.previous_worker_id) +
+                                  " is active; a second process cannot take its id");
+      }
+      id = info.previous_worker_id;
+      rejoin = true;
+    } else if (n < opts_.expected_workers) {
+      id = n;
+    } else {
+      for (const char* st : {"lost", "left"}) {
+        for (int32_t i = 0; i < n && id < 0; ++i) {
+          if (workers_[i]->info.state == st) id = i;
+        }
+      }
+      if (id < 0) {
+        return ResourceExhausted("the job already has its " + std::to_string(opts_.expected_workers) +
+                                 " worker(s), none of them lost or left");
+      }
+      rejoin = true;
+    }
+  }
   Registration r;
-  r.worker_id = static_cast<int32_t>(workers_.size());
-  r.num_workers = opts_.expected_workers;
+  r.worker_id = id;
   r.job = job_;
-  r.start_step = start_step_;
+  r.data_world = opts_.expected_workers;
   r.transport = (want != "grpc" && shm_possible) ? "shm" : "grpc";
   for (int64_t l = 0; l < store_->num_layers(); ++l) r.layer_numel.push_back(store_->layout(l).numel);
-  if (r.transport == "shm") {
-    auto w = std::make_unique<ShmWorker>();
-    w->id = r.worker_id;
-    const size_t L = static_cast<size_t>(store_->num_layers());
-    const size_t slot_bytes = RoundUpTo(store_->max_layer_numel() * sizeof(float), kShmAlign);
-    const int slots = std::clamp(opts_.grad_slots, 1, kMaxGradSlots);
-    const size_t bytes = GradHeaderBytes(L) + slots * slot_bytes;
-    r.gradient_segment = "/l2l-" + opts_.job_id + "-g" + std::to_string(r.worker_id);
-    L2L_ASSIGN_OR_RETURN(w->seg, ShmSegment::Create(r.gradient_segment, bytes));
-    auto* h = new (w->seg.data()) GradSegmentHeader();
-    h->magic = kGradMagic;
-    h->layout_version = kShmLayoutVersion;
-    h->num_slots = static_cast<uint32_t>(slots);
-    h->slot_bytes = slot_bytes;
-    h->num_layers = static_cast<uint32_t>(L);
-    h->worker_id = r.worker_id;
-    std::atomic<int64_t>* pins = GradPins(w->seg.data());
-    for (size_t l = 0; l < L; ++l) new (&pins[l]) std::atomic<int64_t>(-1);
-    for (int s = 0; s < slots; ++s) {
-      h->slots[s].data_offset = GradHeaderBytes(L) + s * slot_bytes;
-      w->slot_offset.push_back(h->slots[s].data_offset);
-    }
-    r.weight_segment = store_->shm_name();
-    store_->AddPinSource(r.worker_id, pins, &h->pin_seq);
-    ShmWorker* raw = w.get();
-    w->consumer = std::thread([this, raw] { ConsumeLoop(raw); });
-    shm_workers_.push_back(std::move(w));
+  if (rejoin) {
+    L2L_ASSIGN_OR_RETURN(r.start_step, PrepareRejoin(id));
+  } else {
+    r.start_step = pipeline_->stats().completed_step;
   }
-  WorkerInfo wi;
-  wi.id = r.worker_id;
-  wi.name = info.name.empty() ? info.hostname + ":" + std::to_string(info.pid) : info.name;
-  wi.transport = r.transport;
-  wi.state = "active";
-  wi.step = start_step_;
-  wi.last_seen = std::chrono::steady_clock::now();
-  workers_.push_back(wi);
-  L2L_LOG_INFO("worker {} '{}' registered ({})", r.worker_id, wi.name, r.transport);
+  if (r.transport == "shm") {
+    Status s = CreateShmWorker(id, &r);
+    if (!s.ok()) {
+      if (rejoin) FinishRejoin(id, false);
+      return s;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!rejoin) {
+      auto w = std::make_unique<Worker>();
+      w->next_step = r.start_step;
+      if (id < static_cast<int32_t>(start_.data_positions.size())) {
+        w->position[r.start_step] = start_.data_positions[id];
+      }
+      workers_.push_back(std::move(w));
+    }
+    Worker& w = *workers_[id];
+    w.info.id = id;
+    w.info.name = info.name.empty() ? info.hostname + ":" + std::to_string(info.pid) : info.name;
+    w.info.transport = r.transport;
+    w.info.state = "active";
+    w.info.step = r.start_step;
+    w.info.last_seen = std::chrono::steady_clock::now();
+    w.next_step = r.start_step;
+    r.data_position = PositionAt(id, r.start_step);
+  }
+  if (rejoin) FinishRejoin(id, true);
+  r.num_workers = static_cast<int32_t>(pipeline_->workers().size());
+  if (r.num_workers == 0) r.num_workers = 1;
+  L2L_LOG_INFO("worker {} '{}' {} ({}), starts at step {}", id, info.name, rejoin ? "rejoined" : "registered",
+               r.transport, r.start_step);
   return r;
 }
 
 void EpsCore::ConsumeLoop(ShmWorker* w) {
   auto* h = static_cast<GradSegmentHeader*>(w->seg.data());
   char* base = static_cast<char*>(w->seg.data());
-  while (!stopped_.load()) {
+  while (!stopped_.load() && !w->stop.load()) {
     const uint32_t seen = h->ready_seq.load(std::memory_order_acquire);
     bool any = false;
     for (uint32_t s = 0; s < h->num_slots; ++s) {
@@ -177,7 +284,13 @@ void EpsCore::ConsumeLoop(ShmWorker* w) {
         if (phase->exchange(2) == 1) free_slot();
       };
       Status st;
-      if (numel < 0 || static_cast<uint64_t>(numel) * sizeof(float) > h->slot_bytes) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        st = CheckWorker(w->id);
+      }
+      if (!st.ok()) {
+        ref.release();
+      } else if (numel < 0 || static_cast<uint64_t>(numel) * sizeof(float) > h->slot_bytes) {
         st = InvalidArgument("gradient slot " + std::to_string(s) + " claims " + std::to_string(numel) +
                              " floats, more than the slot's " + std::to_string(h->slot_bytes / 4));
         ref.release();
@@ -199,24 +312,36 @@ void EpsCore::ConsumeLoop(ShmWorker* w) {
   }
 }
 
-Status EpsCore::Heartbeat(int32_t worker_id, int64_t step, bool* stop) {
+Status EpsCore::Heartbeat(int32_t worker_id, int64_t step, bool* stop, bool* paused, bool* rejoin) {
   std::lock_guard<std::mutex> lock(mu_);
-  L2L_RETURN_IF_ERROR(CheckWorker(worker_id));
-  workers_[worker_id].last_seen = std::chrono::steady_clock::now();
-  workers_[worker_id].step = step;
   *stop = stopped_.load();
+  if (paused != nullptr) *paused = paused_.load();
+  if (rejoin != nullptr) *rejoin = false;
+  Status s = CheckWorker(worker_id);
+  if (!s.ok() && s.code() == StatusCode::kFailedPrecondition && workers_[worker_id]->info.state == "rejoin") {
+    // Alive, but must re-register: keep it from being declared lost meanwhile.
+    workers_[worker_id]->info.last_seen = std::chrono::steady_clock::now();
+    if (rejoin != nullptr) *rejoin = true;
+    return Status::Ok();
+  }
+  if (!s.ok() && rejoin != nullptr && s.code() == StatusCode::kFailedPrecondition) *rejoin = true;
+  L2L_RETURN_IF_ERROR(s);
+  workers_[worker_id]->info.last_seen = std::chrono::steady_clock::now();
+  workers_[worker_id]->info.step = step;
   return Status::Ok();
 }
 
 Result<int64_t> EpsCore::CopyLayer(int32_t worker_id, int64_t layer, int64_t min_version,
                                    std::chrono::milliseconds timeout, std::vector<char>* out,
                                    DType* dtype) {
+  int64_t epoch = -1;
   {
     std::lock_guard<std::mutex> lock(mu_);
     L2L_RETURN_IF_ERROR(CheckWorker(worker_id));
+    epoch = workers_[worker_id]->epoch;
   }
   if (min_version < 0) return InvalidArgument("min_version=" + std::to_string(min_version) + " must be >= 0");
-  L2L_ASSIGN_OR_RETURN(auto pin, store_->Acquire(layer, min_version, timeout));
+  L2L_ASSIGN_OR_RETURN(auto pin, store_->Acquire(layer, min_version, timeout, epoch));
   out->resize(pin.bytes());
   std::memcpy(out->data(), pin.data(), pin.bytes());
   *dtype = store_->publish_dtype();
@@ -243,42 +368,61 @@ Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t t
                          const std::string& data_position, bool* stop) {
   std::lock_guard<std::mutex> lock(mu_);
   L2L_RETURN_IF_ERROR(CheckWorker(worker_id));
-  WorkerInfo& w = workers_[worker_id];
-  w.step = step + 1;
-  w.last_loss = loss;
-  w.data_position = data_position;
-  w.last_seen = std::chrono::steady_clock::now();
+  Worker& w = *workers_[worker_id];
+  if (step != w.next_step) {
+    return FailedPrecondition("StepDone(step " + std::to_string(step) + ") from worker " + std::to_string(worker_id) +
+                              ": its next step is " + std::to_string(w.next_step));
+  }
+  w.next_step = step + 1;
+  w.position[step + 1] = data_position;
+  w.info.step = step + 1;
+  w.info.last_loss = loss;
+  w.info.last_seen = std::chrono::steady_clock::now();
   last_loss_sum_ += loss;
   last_tokens_ += tokens;
-  if (++reported_in_step_ >= static_cast<int64_t>(workers_.size())) {
+  int active = 0;
+  for (const auto& x : workers_) active += x->info.state == "active" ? 1 : 0;
+  if (++reported_[step] >= active) {
     const auto now = std::chrono::steady_clock::now();
     const double secs = std::chrono::duration<double>(now - step_start_).count();
-    last_loss_ = last_loss_sum_ / static_cast<double>(reported_in_step_);
+    last_loss_ = last_loss_sum_ / static_cast<double>(reported_[step]);
     tokens_per_s_ = secs > 0 ? static_cast<double>(last_tokens_) / secs : 0;
     L2L_LOG_INFO("step {} loss {:.4f} {:.0f} tokens/s", step, last_loss_, tokens_per_s_);
     last_loss_sum_ = 0;
     last_tokens_ = 0;
-    reported_in_step_ = 0;
+    reported_.erase(reported_.begin(), reported_.upper_bound(step));
     step_start_ = now;
   }
+  cv_.notify_all();
   *stop = stopped_.load() || step + 1 >= job_.train.steps;
   return Status::Ok();
 }
 
 Status EpsCore::Deregister(int32_t worker_id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  L2L_RETURN_IF_ERROR(CheckWorker(worker_id));
-  workers_[worker_id].state = "left";
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    L2L_RETURN_IF_ERROR(CheckWorker(worker_id));
+  }
+  std::lock_guard<std::mutex> rlock(recovery_mu_);
+  HandleLoss(worker_id, "left");
   return Status::Ok();
 }
 
 void EpsCore::Stop() {
   if (stopped_.exchange(true)) return;
+  {
+    std::lock_guard<std::mutex> lock(bg_mu_);
+    bg_cv_.notify_all();
+  }
+  if (liveness_.joinable()) liveness_.join();
+  if (checkpointer_.joinable()) checkpointer_.join();
   if (store_) store_->Stop();
   std::vector<std::unique_ptr<ShmWorker>> shm;
   {
     std::lock_guard<std::mutex> lock(mu_);
     shm = std::move(shm_workers_);
+    for (auto& r : retired_) shm.push_back(std::move(r));
+    retired_.clear();
   }
   for (auto& w : shm) {
     auto* h = static_cast<GradSegmentHeader*>(w->seg.data());
@@ -291,7 +435,9 @@ void EpsCore::Stop() {
   }
   // The pipeline releases slots into the segments: destroy it while they still exist.
   pipeline_.reset();
-  for (auto& w : shm) store_->RemovePinSource(w->id);
+  for (auto& w : shm) {
+    if (store_) store_->RemovePinSource(w->id);
+  }
   shm.clear();   // unlinks the gradient segments
   store_.reset();  // unlinks the weight segment
 }
@@ -300,22 +446,30 @@ CoreStatus EpsCore::GetStatus() const {
   std::lock_guard<std::mutex> lock(mu_);
   CoreStatus s;
   s.job_id = opts_.job_id;
-  s.workers = workers_;
+  for (const auto& w : workers_) s.workers.push_back(w->info);
+  s.last_checkpoint = last_checkpoint_;
+  if (has_job_ && store_ && pipeline_) {
+    s.total_steps = job_.train.steps;
+    s.num_params = job_.model.NumParams();
+    for (int64_t l = 0; l < store_->num_layers(); ++l) s.layer_version.push_back(store_->published_version(l));
+    s.pipeline = pipeline_->stats();
+    s.step = s.pipeline.completed_step;
+    s.state_bytes = store_->state_bytes();
+    s.shm_bytes = store_->weight_segment_bytes();
+    s.members = static_cast<int32_t>(pipeline_->workers().size());
+  }
   if (stopped_) {
     s.state = "stopping";
   } else if (!has_job_) {
     s.state = "idle";
+  } else if (paused_.load()) {
+    s.state = "paused";
+  } else if (s.step >= s.total_steps) {
+    s.state = "finished";
+  } else if (static_cast<int32_t>(workers_.size()) < opts_.expected_workers) {
+    s.state = "waiting_workers";
   } else {
-    s.state = static_cast<int32_t>(workers_.size()) < opts_.expected_workers ? "waiting_workers" : "running";
-  }
-  if (has_job_ && store_) {
-    s.total_steps = job_.train.steps;
-    s.num_params = job_.model.NumParams();
-    for (int64_t l = 0; l < store_->num_layers(); ++l) s.layer_version.push_back(store_->published_version(l));
-    s.pipeline = pipeline_ ? pipeline_->stats() : PipelineStats{};
-    s.step = s.pipeline.completed_step;
-    s.state_bytes = store_->state_bytes();
-    s.shm_bytes = store_->weight_segment_bytes();
+    s.state = "running";
   }
   s.host_budget = opts_.host_bytes;
   s.last_loss = last_loss_;

@@ -1,23 +1,56 @@
 // EpsCore: the eager param-server's state machine, independent of gRPC. It owns the
 // job (ParamStore + UpdatePipeline), the registered workers and, for same-host workers,
-// their gradient segments and the threads that consume them. The gRPC services
-// (eps_server/grpc_services.h) translate protobuf messages to these calls; protobuf
-// types stop there.
+// their gradient segments and the threads that consume them; checkpoints, export,
+// worker liveness and rollback. The gRPC services (eps_server/grpc_server.h) translate
+// protobuf messages to these calls; protobuf types stop there.
 //
-// Life cycle: Create (no job) -> CreateJob (allocates, initialises, publishes version
-// start_step of every layer, creates the shm weight segment) -> workers Register (ids
-// 0..expected_workers-1) -> gradients flow -> Stop (wakes every waiter with ABORTED,
-// joins threads, removes the segments).
+// Life cycle: Create (no job) -> CreateJob (allocates, initialises from the seed, a
+// safetensors file or a checkpoint, publishes version start_step of every layer,
+// creates the shm weight segment, starts the liveness and checkpoint threads) ->
+// workers Register (ids 0..expected_workers-1) -> gradients flow -> Stop (wakes every
+// waiter with ABORTED, joins threads, removes the segments).
+//
+// Checkpoints (eps_server/checkpoint.h): taken at a step boundary. The update
+// pipeline's gate is closed right when step N completes (HoldAt) or, for an rpc, at
+// the next boundary; the state is streamed to disk with the gate closed (workers keep
+// fetching version N and pushing step-N gradients meanwhile; the step-N updates wait),
+// then the gate opens. Each worker's data position at the start of step N is what it
+// reported with StepDone(N-1).
+//
+// Worker loss (a worker silent for heartbeat_timeout_ms, or Deregister): the pipeline
+// is frozen (running updates finish, none starts). Then, with t = the step in progress:
+//   * the worker finished step t (its StepDone(t) arrived; all its gradients of t are
+//     in): its gradients stay; it is a member up to step t only (continue) or stays a
+//     member and the job waits for it at step t+1 (pause). Nothing is abandoned.
+//   * otherwise, if no layer has applied step t yet: its gradients of step t are
+//     dropped; step t completes from the other workers' gradients alone (continue), or
+//     waits until it rejoins and redoes step t (pause). The others do not redo anything.
+//   * otherwise (some layers already applied step t with its gradients, others lack
+//     them): step t is abandoned and the state ROLLED BACK to the restore point -- the
+//     newest checkpoint this daemon wrote or resumed from, else the job's initial state
+//     (seed / safetensors) -- and republished at that step R. The weight segment's epoch
+//     is bumped; every worker must re-register (previous_worker_id) and restarts at
+//     step R from its data position of the checkpoint. All gradients of steps >= R are
+//     discarded. (Set checkpoint.every to bound the work redone.)
+// A layer is therefore never updated from a partial set of a step's gradients.
+// A worker re-registers with previous_worker_id, or a new process registers fresh and
+// takes over the lowest lost/left id: it gets the id, data shard and data position back
+// and starts at its next step (pause: the step the job waits at; continue: the next
+// step boundary).
 //
 // Ownership: owns everything above; GradientRefs point into gradient segments or
 // heap buffers the core keeps alive until the pipeline releases them.
 // Thread-safety: every public method is thread-safe (the gRPC server calls them from
-// its thread pool).
+// its thread pool). recovery_mu_ serialises checkpoints, loss handling and rejoins;
+// mu_ guards the worker table and is held only briefly.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -39,11 +72,28 @@ struct CoreOptions {
   size_t page_bytes = kDefaultPageBytes;
   std::string transport = "auto";    // auto | grpc: "grpc" never offers shm
   int grad_slots = 4;                // gradient ring slots per shm worker (<= kMaxGradSlots)
+  std::string state_dir;             // Export/Checkpoint rpc paths are confined here; "" = cwd
+  std::string checkpoint_dir;        // default checkpoint root; "" = <state_dir>/checkpoints
+  int64_t checkpoint_every = 0;      // steps; 0 = the job's train.checkpoint_every
+  bool allow_absolute_paths = false; // rpc paths outside state_dir allowed
+  int64_t heartbeat_timeout_ms = 0;  // 0 = no liveness checking
+  std::string on_worker_loss = "pause";  // pause | continue
+};
+
+// How CreateJob initialises the state.
+struct JobStart {
+  int64_t step = 0;  // optimizer steps the initial state holds (published version)
+  // Fills the store's master (and m, v); null: InitLayerParams(train.seed), zero moments.
+  std::function<Status(ParamStore*)> load;
+  std::string description = "seed";        // for logs: "seed", "checkpoint DIR", "FILE"
+  std::string checkpoint_dir;              // when resumed from a checkpoint: its directory
+  std::vector<std::string> data_positions; // by worker id, at the start of `step`
 };
 
 struct RegisterInfo {
   std::string name, hostname, boot_id, transport;  // transport: auto | shm | grpc
   int32_t pid = 0;
+  int32_t previous_worker_id = -1;  // re-registration (rejoin); -1 = new worker
 };
 
 struct Registration {
@@ -51,6 +101,7 @@ struct Registration {
   int32_t num_workers = 0;
   JobConfig job;
   int64_t start_step = 0;
+  int32_t data_world = 1;
   std::string data_position;
   std::string transport;                // shm | grpc
   std::string weight_segment, gradient_segment;
@@ -59,15 +110,16 @@ struct Registration {
 
 struct WorkerInfo {
   int32_t id = -1;
-  std::string name, transport, state;   // state: active | left
+  // active | lost (missed heartbeats) | left (Deregister) | rejoin (its step was
+  // abandoned by a rollback: it must re-register before it goes on)
+  std::string name, transport, state;
   int64_t step = 0;
   double last_loss = 0;
-  std::string data_position;
   std::chrono::steady_clock::time_point last_seen;
 };
 
 struct CoreStatus {
-  std::string state;                    // idle | waiting_workers | running | stopping
+  std::string state;  // idle | waiting_workers | running | paused | stopping | finished
   std::string job_id;
   int64_t step = 0, total_steps = 0, num_params = 0;
   std::vector<int64_t> layer_version;
@@ -75,6 +127,14 @@ struct CoreStatus {
   PipelineStats pipeline;
   size_t state_bytes = 0, shm_bytes = 0, host_budget = 0;
   std::vector<WorkerInfo> workers;
+  int32_t members = 0;                  // workers the current step waits for
+  std::string last_checkpoint;
+};
+
+struct CheckpointResult {
+  std::string dir;
+  int64_t step = 0;
+  int64_t bytes = 0;
 };
 
 class EpsCore {
@@ -86,10 +146,13 @@ class EpsCore {
   // fp32 buffer per layer), published at start_step. FAILED_PRECONDITION if one exists.
   Status CreateJob(const JobConfig& job, const std::vector<std::vector<float>>* initial = nullptr,
                    int64_t start_step = 0);
+  Status CreateJob(const JobConfig& job, const JobStart& start);
   bool has_job() const;
 
   Result<Registration> Register(const RegisterInfo& info);
-  Status Heartbeat(int32_t worker_id, int64_t step, bool* stop);
+  // *rejoin: the worker must re-register (its step was abandoned).
+  Status Heartbeat(int32_t worker_id, int64_t step, bool* stop, bool* paused = nullptr,
+                   bool* rejoin = nullptr);
   // Copies layer `layer` at version >= min_version into *out (bytes of the published
   // dtype) under the store's pin; returns the version.
   Result<int64_t> CopyLayer(int32_t worker_id, int64_t layer, int64_t min_version,
@@ -102,6 +165,29 @@ class EpsCore {
                   const std::string& data_position, bool* stop);
   Status Deregister(int32_t worker_id);
 
+  // Operator pause: no layer update starts until Resume. Resume also ends a pause
+  // caused by a lost worker (on_worker_loss=pause): the job then continues without it.
+  Status Pause();
+  Status Resume();
+
+  // Checkpoint at the next step boundary (now when no step is in flight). dir "" =
+  // <checkpoint root>/step-<N> (and `latest` is updated); otherwise a path confined like
+  // ResolveUserPath. Returns once durable.
+  Result<CheckpointResult> Checkpoint(const std::string& dir);
+  // Writes the fp32 master (dtype kF32, or kBF16) as HF GPT-2 safetensors at `path`
+  // (confined like ResolveUserPath), at a step boundary. Returns bytes written.
+  Result<int64_t> Export(const std::string& path, DType dtype);
+  // Resolves an rpc-given output path: relative paths live under state_dir (no ".."
+  // components, no symlink leading out: PERMISSION_DENIED); absolute paths only inside
+  // state_dir unless allow_absolute_paths.
+  Result<std::string> ResolveUserPath(const std::string& path) const;
+
+  // Shutdown: finishes the step in flight (waits up to `finish_timeout`; abort_step:
+  // does not wait) and writes a final checkpoint into the checkpoint root unless
+  // skip_checkpoint. A checkpoint is skipped (with an error log, the previous one
+  // stands) when the step could not be finished and was partially applied.
+  Status PrepareShutdown(bool abort_step, bool skip_checkpoint, std::chrono::milliseconds finish_timeout);
+
   // Wakes all waiters (ABORTED), stops shm consumers, removes segments. Idempotent.
   void Stop();
   bool stopped() const { return stopped_.load(); }
@@ -110,26 +196,62 @@ class EpsCore {
   ParamStore* store() { return store_.get(); }
   UpdatePipeline* pipeline() { return pipeline_.get(); }
   const JobConfig& job() const { return job_; }
+  std::string checkpoint_root() const;
 
  private:
   struct ShmWorker;
+  struct Worker;  // WorkerInfo + positions and bookkeeping
   Status CheckWorker(int32_t worker_id) const;  // REQUIRES: mu_ held
   void ConsumeLoop(ShmWorker* w);
+  Status CreateShmWorker(int32_t id, Registration* r);  // REQUIRES: recovery_mu_
+  void TearDownShmWorker(int32_t id);                   // REQUIRES: recovery_mu_, frozen
+  // Rejoin of worker `id` in two halves around the registration: Prepare freezes the
+  // pipeline, retires its old shm segment and returns its start step; Finish releases.
+  Result<int64_t> PrepareRejoin(int32_t id);            // REQUIRES: recovery_mu_
+  void FinishRejoin(int32_t id, bool ok);               // REQUIRES: recovery_mu_
+  void UpdatePausedLocked();                            // REQUIRES: recovery_mu_
+  // Closes the gate at a step boundary: now when the step in progress has applied no
+  // layer, else when it completes (up to timeout). Returns the step; release with
+  // pipeline_->Release(). DEADLINE_EXCEEDED leaves the gate open.
+  Result<int64_t> HoldAtBoundary(std::chrono::milliseconds timeout);
+  void LivenessLoop();
+  void CheckpointLoop();
+  void HandleLoss(int32_t id, const std::string& new_state);  // REQUIRES: recovery_mu_
+  Status Rollback(int32_t lost_id);                           // REQUIRES: recovery_mu_, frozen
+  Result<CheckpointResult> WriteCheckpointLocked(int64_t step, const std::string& dir, bool latest);
+  std::string PositionAt(int32_t id, int64_t step) const;     // REQUIRES: mu_
+  int64_t checkpoint_every() const;
 
   const CoreOptions opts_;
   std::atomic<bool> stopped_{false};
+  std::mutex recovery_mu_;
   mutable std::mutex mu_;
+  std::condition_variable cv_;                      // StepDone / state changes
   JobConfig job_;                                   // GUARDED_BY(mu_) once set
   bool has_job_ = false;
-  int64_t start_step_ = 0;
+  JobStart start_;                                  // the restore point's origin
   std::unique_ptr<ParamStore> store_;
   std::unique_ptr<UpdatePipeline> pipeline_;
-  std::vector<WorkerInfo> workers_;                 // GUARDED_BY(mu_), index = id
+  std::vector<std::unique_ptr<Worker>> workers_;    // GUARDED_BY(mu_), index = id
   std::vector<std::unique_ptr<ShmWorker>> shm_workers_;  // GUARDED_BY(mu_)
+  // Segments of lost workers: unlinked, but mapped until Stop (the pipeline may still
+  // hold gradients in them).
+  std::vector<std::unique_ptr<ShmWorker>> retired_;      // GUARDED_BY(mu_)
+  int shm_generation_ = 0;
+  bool paused_by_operator_ = false, paused_by_loss_ = false;  // GUARDED_BY(recovery_mu_)
+  std::atomic<bool> paused_{false};
+  // Restore point for rollbacks: the newest checkpoint written/resumed ("" = job start).
+  std::string restore_dir_;                         // GUARDED_BY(mu_)
+  int64_t restore_step_ = 0;                        // GUARDED_BY(mu_)
+  std::string last_checkpoint_;                     // GUARDED_BY(mu_)
   double last_loss_sum_ = 0;
-  int64_t last_tokens_ = 0, reported_in_step_ = 0;
+  int64_t last_tokens_ = 0;
+  std::map<int64_t, int> reported_;                 // step -> StepDone count
   double last_loss_ = 0, tokens_per_s_ = 0;
   std::chrono::steady_clock::time_point step_start_ = std::chrono::steady_clock::now();
+  std::thread liveness_, checkpointer_;
+  std::mutex bg_mu_;
+  std::condition_variable bg_cv_;
 };
 
 }  // namespace l2l::eps

@@ -1,8 +1,12 @@
 // l2l-eps: the eager param-server daemon. Parses the daemon config (--config) and CLI
-// overrides, creates the job from --job (or later from the CreateJob rpc), serves gRPC
-// until a Shutdown rpc or SIGTERM/SIGINT, then stops the job, removes its shared-memory
+// overrides, creates the job from --job, from a checkpoint (--resume DIR: a checkpoint
+// directory, or a checkpoint root whose `latest` names one), or later from the
+// CreateJob rpc; serves gRPC until a Shutdown rpc or SIGTERM/SIGINT, then finishes the
+// step in flight, writes a final checkpoint, stops the job, removes its shared-memory
 // segments and exits 0. Prints "l2l-eps listening on HOST:PORT" and writes the port to
 // <state_dir>/eps.port. Tells systemd READY/STATUS/STOPPING (no-op without systemd).
+// A bad config or an unreadable/corrupt checkpoint exits 1 with a message naming the
+// file, before anything is written.
 #include <signal.h>
 #include <systemd/sd-daemon.h>
 
@@ -14,6 +18,7 @@
 
 #include "common/config.h"
 #include "common/logging.h"
+#include "eps_server/checkpoint.h"
 #include "eps_server/eps_config.h"
 #include "eps_server/eps_core.h"
 #include "eps_server/grpc_server.h"
@@ -30,12 +35,13 @@ int Fail(const l2l::Status& s) {
 int main(int argc, char** argv) {
   using namespace l2l;
   CLI::App app{"l2l-eps: eager param-server daemon"};
-  std::string config_path, job_path, listen, state_dir, transport, job_id, log_level = "info";
+  std::string config_path, job_path, resume, listen, state_dir, transport, job_id, log_level = "info";
   int workers = 0;
   int64_t host_bytes = -1;
   bool allow_remote = false;
   app.add_option("--config", config_path, "daemon config YAML (configs/eps.yaml)");
   app.add_option("--job", job_path, "job config YAML; without it, wait for the CreateJob rpc");
+  app.add_option("--resume", resume, "checkpoint directory, or checkpoint root (uses its `latest`)");
   app.add_option("--listen", listen, "host:port to listen on (default 127.0.0.1:0)");
   app.add_flag("--allow-remote", allow_remote, "allow binding a non-loopback address");
   app.add_option("--state-dir", state_dir, "state directory (eps.port is written there)");
@@ -61,6 +67,37 @@ int main(int argc, char** argv) {
   if (!transport.empty()) cfg.transport = transport;
   if (!job_id.empty()) cfg.job_id = job_id;
   if (Status s = cfg.Validate(); !s.ok()) return Fail(s);
+  if (!resume.empty() && !job_path.empty()) {
+    return Fail(InvalidArgument("--resume and --job are exclusive: a checkpoint carries its job config"));
+  }
+  // Resume: read and validate the manifest before anything else happens.
+  eps::JobStart start;
+  JobConfig job;
+  if (!resume.empty()) {
+    auto dir = eps::ResolveCheckpointDir(resume);
+    if (!dir.ok()) return Fail(dir.status());
+    auto m = eps::ReadCheckpointManifest(*dir);
+    if (!m.ok()) return Fail(m.status());
+    job = m->meta.job;
+    if (workers <= 0 && m->meta.expected_workers != cfg.expected_workers) {
+      L2L_LOG_INFO("resume: {} expected worker(s) as in the checkpoint", m->meta.expected_workers);
+      cfg.expected_workers = m->meta.expected_workers;
+    }
+    start.step = m->meta.step;
+    start.checkpoint_dir = *dir;
+    start.description = "checkpoint " + *dir;
+    for (const auto& w : m->meta.workers) {
+      if (w.id < 0) continue;
+      if (start.data_positions.size() <= static_cast<size_t>(w.id)) start.data_positions.resize(w.id + 1);
+      start.data_positions[w.id] = w.data_position;
+    }
+    auto manifest = std::make_shared<eps::CheckpointManifest>(*m);
+    start.load = [manifest](eps::ParamStore* store) { return eps::LoadCheckpointState(*manifest, store); };
+  } else if (!job_path.empty()) {
+    auto j = LoadJobConfig(job_path);
+    if (!j.ok()) return Fail(j.status());
+    job = *j;
+  }
 
   // SIGTERM/SIGINT are handled by a thread (sigwait), never asynchronously.
   sigset_t sigs;
@@ -75,12 +112,16 @@ int main(int argc, char** argv) {
   co.host_bytes = static_cast<size_t>(cfg.host_bytes);
   co.page_bytes = static_cast<size_t>(cfg.page_bytes);
   co.transport = cfg.transport;
+  co.state_dir = cfg.state_dir;
+  co.checkpoint_dir = cfg.checkpoint_dir;
+  co.checkpoint_every = cfg.checkpoint_every;
+  co.allow_absolute_paths = cfg.allow_absolute_paths;
+  co.heartbeat_timeout_ms = cfg.heartbeat_timeout_ms;
+  co.on_worker_loss = cfg.on_worker_loss;
   eps::EpsCore core(co);
-  if (!job_path.empty()) {
-    auto job = LoadJobConfig(job_path);
-    if (!job.ok()) return Fail(job.status());
-    if (!cfg.publish_dtype.empty()) job->publish_dtype = *ParseDType(cfg.publish_dtype);
-    if (Status s = core.CreateJob(*job); !s.ok()) return Fail(s);
+  if (!job_path.empty() || !resume.empty()) {
+    if (!cfg.publish_dtype.empty()) job.publish_dtype = *ParseDType(cfg.publish_dtype);
+    if (Status s = core.CreateJob(job, start); !s.ok()) return Fail(s);
   }
   eps::ServerOptions so;
   so.listen = cfg.listen;
@@ -110,6 +151,12 @@ int main(int argc, char** argv) {
   });
   srv->WaitForShutdownRequest();
   sd_notify(0, "STOPPING=1\nSTATUS=stopping");
+  // Finish (or abort) the step in flight and write the final checkpoint while the
+  // workers can still reach us.
+  const auto finish = std::chrono::milliseconds(cfg.heartbeat_timeout_ms > 0 ? cfg.heartbeat_timeout_ms : 30000);
+  if (Status s = core.PrepareShutdown(srv->abort_step(), srv->skip_checkpoint(), finish); !s.ok()) {
+    L2L_LOG_ERROR("final checkpoint failed: {}", s.ToString());
+  }
   srv->Shutdown();
   core.Stop();
   L2L_LOG_INFO("stopped; shared-memory segments removed");

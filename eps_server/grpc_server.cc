@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "common/logging.h"
+#include "common/model_io.h"
 #include "proto/control.grpc.pb.h"
 #include "proto/data.grpc.pb.h"
 
@@ -57,6 +58,7 @@ class DataService final : public data::Data::Service {
     info.boot_id = req->boot_id();
     info.transport = req->transport();
     info.pid = req->pid();
+    info.previous_worker_id = req->previous_worker_id();
     auto r = core_->Register(info);
     if (!r.ok()) return ToGrpc(r.status());
     rep->set_worker_id(r->worker_id);
@@ -73,7 +75,7 @@ class DataService final : public data::Data::Service {
     m->set_tied_embeddings(s.tied_embeddings);
     rep->set_start_step(r->start_step);
     rep->set_data_rank(r->worker_id);
-    rep->set_data_world(r->num_workers);
+    rep->set_data_world(r->data_world);
     rep->set_data_position(r->data_position);
     rep->set_transport(r->transport);
     rep->set_weight_segment(r->weight_segment);
@@ -85,9 +87,11 @@ class DataService final : public data::Data::Service {
 
   grpc::Status Heartbeat(grpc::ServerContext*, const data::HeartbeatRequest* req,
                          data::HeartbeatReply* rep) override {
-    bool stop = false;
-    Status s = core_->Heartbeat(req->worker_id(), req->step(), &stop);
+    bool stop = false, paused = false, rejoin = false;
+    Status s = core_->Heartbeat(req->worker_id(), req->step(), &stop, &paused, &rejoin);
     rep->set_stop(stop);
+    rep->set_paused(paused);
+    rep->set_rejoin(rejoin);
     return ToGrpc(s);
   }
 
@@ -233,17 +237,38 @@ class ControlService final : public control::Control::Service {
     rep->set_num_params(s.num_params);
     rep->set_update_busy_s(s.pipeline.last_step_busy_s);
     rep->set_update_exposed_s(s.pipeline.last_step_exposed_s);
+    rep->set_last_checkpoint(s.last_checkpoint);
+    rep->set_step_workers(s.members);
     return grpc::Status::OK;
   }
 
   grpc::Status CreateJob(grpc::ServerContext*, const control::CreateJobRequest* req,
                          control::CreateJobReply* rep) override {
-    if (!req->init_safetensors().empty()) {
-      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "CreateJob: init_safetensors is not supported yet");
-    }
     auto job = ParseJobConfig(req->config_yaml(), "<rpc CreateJob>");
     if (!job.ok()) return ToGrpc(job.status());
-    Status s = core_->CreateJob(*job);
+    JobStart start;
+    if (!req->init_safetensors().empty()) {
+      auto path = core_->ResolveUserPath(req->init_safetensors());
+      if (!path.ok()) return ToGrpc(path.status().WithContext("CreateJob init_safetensors"));
+      auto loaded = LoadModel(*path, job->model);  // checks every tensor's shape
+      if (!loaded.ok()) return ToGrpc(loaded.status().WithContext("CreateJob init_safetensors " + *path));
+      // Rollbacks to the initial state re-read the file.
+      const std::string file = *path;
+      const ModelSpec spec = job->model;
+      start.description = file;
+      start.load = [file, spec](ParamStore* store) -> Status {
+        L2L_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(file, spec));
+        std::vector<float> zeros;
+        for (int64_t l = 0; l < store->num_layers(); ++l) {
+          store->WriteState(l, 0, m.layers[l].data());
+          zeros.assign(m.layers[l].size(), 0.0f);
+          store->WriteState(l, 1, zeros.data());
+          store->WriteState(l, 2, zeros.data());
+        }
+        return Status::Ok();
+      };
+    }
+    Status s = core_->CreateJob(*job, start);
     if (!s.ok()) return ToGrpc(s);
     const CoreStatus st = core_->GetStatus();
     rep->set_job_id(st.job_id);
@@ -253,38 +278,39 @@ class ControlService final : public control::Control::Service {
   }
 
   grpc::Status Pause(grpc::ServerContext*, const control::PauseRequest*, control::PauseReply*) override {
-    if (!core_->has_job()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no job to pause");
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!paused_) core_->pipeline()->Hold();
-    paused_ = true;
-    return grpc::Status::OK;
+    return ToGrpc(core_->Pause());
   }
 
   grpc::Status Resume(grpc::ServerContext*, const control::ResumeRequest*, control::ResumeReply*) override {
-    if (!core_->has_job()) return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "no job to resume");
-    std::lock_guard<std::mutex> lock(mu_);
-    if (paused_) core_->pipeline()->Release();
-    paused_ = false;
-    return grpc::Status::OK;
+    return ToGrpc(core_->Resume());
   }
 
   grpc::Status Checkpoint(grpc::ServerContext*, const control::CheckpointRequest* req,
                           control::CheckpointReply* rep) override {
-    if (!opts_.checkpoint) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "checkpoints are not configured");
-    auto bytes = opts_.checkpoint(req->dir());
-    if (!bytes.ok()) return ToGrpc(bytes.status());
-    rep->set_dir(req->dir());
-    rep->set_bytes(*bytes);
-    rep->set_step(core_->GetStatus().step);
+    auto r = core_->Checkpoint(req->dir());
+    if (!r.ok()) return ToGrpc(r.status().WithContext("Checkpoint"));
+    rep->set_dir(r->dir);
+    rep->set_bytes(r->bytes);
+    rep->set_step(r->step);
     return grpc::Status::OK;
   }
 
   grpc::Status Export(grpc::ServerContext*, const control::ExportRequest* req,
                       control::ExportReply* rep) override {
-    if (!opts_.export_weights) return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "export is not available");
-    auto bytes = opts_.export_weights(req->path());
-    if (!bytes.ok()) return ToGrpc(bytes.status());
-    rep->set_path(req->path());
+    DType dt = DType::kF32;
+    if (!req->dtype().empty()) {
+      auto d = ParseDType(req->dtype());
+      if (!d.ok() || (*d != DType::kF32 && *d != DType::kBF16)) {
+        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "Export: dtype '" + req->dtype() + "' must be f32 or bf16");
+      }
+      dt = *d;
+    }
+    auto path = core_->ResolveUserPath(req->path());
+    if (!path.ok()) return ToGrpc(path.status().WithContext("Export"));
+    auto bytes = core_->Export(req->path(), dt);
+    if (!bytes.ok()) return ToGrpc(bytes.status().WithContext("Export"));
+    rep->set_path(*path);
     rep->set_bytes(*bytes);
     return grpc::Status::OK;
   }
@@ -300,8 +326,6 @@ class ControlService final : public control::Control::Service {
   EpsGrpcServer* server_;
   ServerOptions opts_;
   std::chrono::steady_clock::time_point start_;
-  std::mutex mu_;
-  bool paused_ = false;
 };
 
 bool IsLoopback(const std::string& listen) {
@@ -348,6 +372,7 @@ void EpsGrpcServer::RequestShutdown(bool abort_step, bool skip_checkpoint) {
   std::lock_guard<std::mutex> lock(mu_);
   shutdown_requested_ = true;
   skip_checkpoint_ = skip_checkpoint;
+  abort_step_ = abort_step;
   cv_.notify_all();
 }
 

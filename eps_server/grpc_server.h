@@ -29,9 +29,6 @@ inline constexpr size_t kMaxChunkBytes = size_t{4} << 20;  // data bytes per str
 struct ServerOptions {
   std::string listen = "127.0.0.1:0";  // host:port; port 0 = any free port
   bool allow_remote = false;           // needed to bind anything but loopback
-  // Called by the Control service for Checkpoint/Export (dir or path -> bytes written);
-  // unset: UNIMPLEMENTED.
-  std::function<Result<int64_t>(const std::string&)> checkpoint, export_weights;
 };
 
 class EpsGrpcServer {
@@ -44,6 +41,7 @@ class EpsGrpcServer {
   void WaitForShutdownRequest();
   void RequestShutdown(bool abort_step, bool skip_checkpoint);
   bool skip_checkpoint() const { return skip_checkpoint_; }
+  bool abort_step() const { return abort_step_; }
   // Stops accepting calls and finishes running ones (bounded by a deadline).
   void Shutdown();
 
@@ -56,6 +54,7 @@ class EpsGrpcServer {
   std::condition_variable cv_;
   bool shutdown_requested_ = false;  // GUARDED_BY(mu_)
   bool skip_checkpoint_ = false;
+  bool abort_step_ = false;
   bool shut_down_ = false;
 };
 

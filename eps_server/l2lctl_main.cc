@@ -7,6 +7,7 @@
 //                                    live progress (bar + ETA on a TTY, plain lines otherwise)
 //     checkpoint [--dir DIR]         durable checkpoint now (or at the step boundary)
 //     export --format safetensors PATH   fp32 weights, Hugging Face GPT-2 names
+//   (checkpoint/export paths are the daemon's: relative ones land in its state dir)
 //     pause | resume                 hold / release publishing of new layer versions
 //     stop [--abort-step] [--skip-checkpoint] [--no-wait]
 //
@@ -20,11 +21,11 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -246,20 +247,23 @@ int CmdWatch(const Globals& g, const WatchFlags& w) {
       if (s->step != last_printed || done) {
         Json j = {{"step", s->step},       {"total_steps", s->total_steps}, {"state", s->state},
                   {"loss", s->last_loss},  {"tokens_per_s", s->tokens_per_s}, {"step_time_s", s->step_time_s},
-                  {"eta_s", eta},          {"done", done}};
+                  {"eta_s", eta},          {"target_steps", target}, {"done", done}};
         std::printf("%s\n", j.dump().c_str());
       }
     } else if (tty) {
+      // The bar measures progress to the target: the job's end, or --steps N from here.
       const int width = 30;
-      const double frac = target > 0 ? std::min(1.0, double(s->step) / target) : 0;
+      const int64_t from = w.steps > 0 ? first_step : 0;
+      const double frac =
+          target > from ? std::clamp(double(s->step - from) / double(target - from), 0.0, 1.0) : 1.0;
       const int fill = static_cast<int>(frac * width);
       std::printf("\r[%s%s] %5.1f%% step %lld/%lld loss %.4f tok/s %.0f %s ETA %s\x1b[K",
                   std::string(fill, '#').c_str(), std::string(width - fill, '-').c_str(), frac * 100,
-                  (long long)s->step, (long long)target, s->last_loss, s->tokens_per_s, s->state.c_str(),
+                  (long long)s->step, (long long)s->total_steps, s->last_loss, s->tokens_per_s, s->state.c_str(),
                   Duration(eta).c_str());
     } else if (s->step != last_printed || done) {
       std::printf("step %lld/%lld loss %.4f tok/s %.0f step_s %.3f state %s eta %s\n", (long long)s->step,
-                  (long long)target, s->last_loss, s->tokens_per_s, s->step_time_s, s->state.c_str(),
+                  (long long)s->total_steps, s->last_loss, s->tokens_per_s, s->step_time_s, s->state.c_str(),
                   Duration(eta).c_str());
     }
     std::fflush(stdout);
@@ -286,11 +290,10 @@ int CmdWritten(const Globals& g, const std::string& what, const std::string& pat
   Target t;
   auto c = Dial(g, &t);
   if (!c.ok()) return EmitError(g, c.status(), t.address, kExitUnreachable);
-  // The daemon resolves paths on its own host with its own cwd (/ under systemd): send
-  // absolute paths so "l2lctl export out.safetensors" means what the operator meant.
-  std::string abs = path;
-  if (!path.empty()) abs = std::filesystem::absolute(path).lexically_normal().string();
-  auto r = what == "checkpoint" ? (*c)->Checkpoint(abs) : (*c)->Export(abs);
+  // Paths go to the daemon verbatim: it writes on its own host, resolves a relative path
+  // under its state dir and confines absolute ones to it unless its config has
+  // allow_absolute_paths (EpsCore::ResolveUserPath).
+  auto r = what == "checkpoint" ? (*c)->Checkpoint(path) : (*c)->Export(path);
   if (!r.ok()) return EmitRpcError(g, r.status(), t.address);
   if (g.json) {
     Json j = {{"ok", true}, {"address", t.address}, {"path", r->path}, {"bytes", r->bytes}};
@@ -374,11 +377,12 @@ int main(int argc, char** argv) {
   watch->add_option("--interval", wf.interval_s, "seconds between polls")->check(CLI::Range(0.05, 3600.0));
   std::string ckpt_dir;
   auto* ckpt = app.add_subcommand("checkpoint", "write a durable checkpoint now");
-  ckpt->add_option("--dir", ckpt_dir, "directory (default: <checkpoint.dir>/step-N on the daemon)");
+  ckpt->add_option("--dir", ckpt_dir,
+                   "directory on the daemon's host, relative to its state dir (default: <checkpoint root>/step-N)");
   std::string format = "safetensors", export_path;
   auto* exp = app.add_subcommand("export", "write the fp32 weights (Hugging Face GPT-2 names)");
   exp->add_option("--format", format, "output format")->check(CLI::IsMember({"safetensors"}));
-  exp->add_option("path", export_path, "output file on the daemon's host")->required();
+  exp->add_option("path", export_path, "output file on the daemon's host, relative to its state dir")->required();
   auto* pause = app.add_subcommand("pause", "stop publishing new layer versions (workers wait)");
   auto* resume = app.add_subcommand("resume", "resume after pause");
   StopFlags sf;

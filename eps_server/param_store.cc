@@ -242,8 +242,19 @@ void ParamStore::ReadPin::Release() {
   data_ = nullptr;
 }
 
+uint32_t ParamStore::epoch() const {
+  return static_cast<const WeightSegmentHeader*>(weights_base_)->epoch.load(std::memory_order_acquire);
+}
+
+void ParamStore::BumpEpoch() {
+  auto* hdr = static_cast<WeightSegmentHeader*>(weights_base_);
+  hdr->epoch.fetch_add(1, std::memory_order_acq_rel);
+  hdr->wake_seq.fetch_add(1, std::memory_order_release);
+  FutexWake(&hdr->wake_seq);
+}
+
 Result<ParamStore::ReadPin> ParamStore::Acquire(int64_t layer, int64_t min_version,
-                                               std::chrono::milliseconds timeout) {
+                                               std::chrono::milliseconds timeout, int64_t epoch) {
   if (layer < 0 || layer >= num_layers()) {
     return NotFound("layer " + std::to_string(layer) + " does not exist (model has " +
                     std::to_string(num_layers()) + " layers)");
@@ -254,6 +265,10 @@ Result<ParamStore::ReadPin> ParamStore::Acquire(int64_t layer, int64_t min_versi
   for (;;) {
     const uint32_t wake = hdr->wake_seq.load(std::memory_order_acquire);
     if (hdr->stopped.load(std::memory_order_acquire)) return Aborted("job stopped");
+    if (epoch >= 0 && hdr->epoch.load(std::memory_order_acquire) != static_cast<uint32_t>(epoch)) {
+      return FailedPrecondition("the EPS rolled the state back while waiting for layer " + std::to_string(layer) +
+                                " version " + std::to_string(min_version) + "; re-register to redo the step");
+    }
     const uint32_t s = e.current.load(std::memory_order_acquire);
     const uint32_t q = e.seq[s].load(std::memory_order_acquire);
     const int64_t v = e.version[s].load(std::memory_order_acquire);

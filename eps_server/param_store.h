@@ -122,8 +122,14 @@ class ParamStore {
     size_t bytes_ = 0;
   };
   // DEADLINE_EXCEEDED after timeout; ABORTED once Stop() was called; NOT_FOUND for a
-  // bad layer.
-  Result<ReadPin> Acquire(int64_t layer, int64_t min_version, std::chrono::milliseconds timeout);
+  // bad layer; FAILED_PRECONDITION when epoch >= 0 and the store's epoch differs (a
+  // rollback happened: the caller's step was abandoned).
+  Result<ReadPin> Acquire(int64_t layer, int64_t min_version, std::chrono::milliseconds timeout,
+                          int64_t epoch = -1);
+
+  // Rollback epoch (common/shm.h WeightSegmentHeader::epoch). BumpEpoch wakes waiters.
+  uint32_t epoch() const;
+  void BumpEpoch();
 
   // Worker pins (from a gradient segment, see common/shm.h GradPins): the writer honours
   // them until RemovePinSource. pin_seq is the futex word the worker bumps on unpin.

@@ -6,6 +6,7 @@
 #include <oneapi/tbb/parallel_for.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "common/adamw.h"
@@ -31,7 +32,7 @@ struct UpdatePipeline::Impl {
 UpdatePipeline::UpdatePipeline(ParamStore* store, const JobConfig& job, int num_workers,
                                int64_t start_step)
     : store_(store), job_(job), impl_(std::make_unique<Impl>()) {
-  for (int i = 0; i < num_workers; ++i) workers_.push_back(i);
+  for (int i = 0; i < num_workers; ++i) members_[i] = Range{0, INT64_MAX};
   layers_.resize(store->num_layers());
   for (auto& l : layers_) l.step = start_step;
   completed_step_ = start_step;
@@ -106,10 +107,11 @@ Status UpdatePipeline::Submit(int64_t layer, int64_t step, GradientRef ref) {
                                   std::to_string(ref.micro_batches) + " must be >= 1"));
   }
   std::lock_guard<std::mutex> lock(mu_);
-  if (std::find(workers_.begin(), workers_.end(), ref.worker_id) == workers_.end()) {
-    return reject(NotFound("worker " + std::to_string(ref.worker_id) + " is not a member of the step"));
-  }
   LayerState& ls = layers_[layer];
+  if (!IsMemberLocked(ref.worker_id, step)) {
+    return reject(NotFound("worker " + std::to_string(ref.worker_id) + " is not a member of step " +
+                           std::to_string(step)));
+  }
   if (step != ls.step) {
     return reject(FailedPrecondition("gradient for layer " + std::to_string(layer) + " step " +
                                      std::to_string(step) + ": the layer expects step " +
@@ -128,9 +130,9 @@ Status UpdatePipeline::Submit(int64_t layer, int64_t step, GradientRef ref) {
 
 void UpdatePipeline::MaybeScheduleLocked(int64_t layer) {
   LayerState& ls = layers_[layer];
-  if (ls.scheduled || workers_.empty()) return;
-  for (int32_t w : workers_) {
-    if (ls.arrived.count(w) == 0) return;
+  if (ls.scheduled || !AnyMemberLocked(ls.step)) return;
+  for (const auto& [w, r] : members_) {
+    if (r.first <= ls.step && ls.step <= r.last && ls.arrived.count(w) == 0) return;
   }
   ls.scheduled = true;
   if (job_.train.clip == "global" && job_.optim.grad_clip > 0) {
@@ -233,6 +235,14 @@ void UpdatePipeline::FinishUpdateLocked(int64_t layer, double seconds) {
     stats_.last_step_wall_s = std::chrono::duration<double>(now - last_complete_).count();
     last_complete_ = now;
     busy_s_ = 0;
+    for (auto at = hold_at_.begin(); at != hold_at_.end();) {
+      if (*at == completed_step_) {
+        at = hold_at_.erase(at);
+        ++holds_;
+      } else {
+        ++at;
+      }
+    }
     if (holds_ > 0) gate_closed_ = true;
   }
   cv_.notify_all();
@@ -240,19 +250,119 @@ void UpdatePipeline::FinishUpdateLocked(int64_t layer, double seconds) {
 
 void UpdatePipeline::SetWorkers(std::vector<int32_t> worker_ids) {
   std::lock_guard<std::mutex> lock(mu_);
-  workers_ = std::move(worker_ids);
+  members_.clear();
+  for (int32_t id : worker_ids) members_[id] = Range{0, INT64_MAX};
   for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) MaybeScheduleLocked(l);
 }
 
-void UpdatePipeline::DropWorker(int32_t worker_id) {
+void UpdatePipeline::SetMember(int32_t id, int64_t first, int64_t last) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& l : layers_) {
-    if (l.scheduled) continue;
-    auto it = l.arrived.find(worker_id);
-    if (it == l.arrived.end()) continue;
-    if (it->second.release) it->second.release();
-    l.arrived.erase(it);
+  members_[id] = Range{first, last};
+  for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) MaybeScheduleLocked(l);
+}
+
+void UpdatePipeline::RemoveMember(int32_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  members_.erase(id);
+  for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) MaybeScheduleLocked(l);
+}
+
+bool UpdatePipeline::IsMemberLocked(int32_t id, int64_t step) const {
+  auto it = members_.find(id);
+  return it != members_.end() && it->second.first <= step && step <= it->second.last;
+}
+
+bool UpdatePipeline::AnyMemberLocked(int64_t step) const {
+  for (const auto& [w, r] : members_) {
+    if (r.first <= step && step <= r.last) return true;
   }
+  return false;
+}
+
+void UpdatePipeline::DropWorker(int32_t worker_id, int64_t min_step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  L2L_CHECK(running_ == 0) << "DropWorker while updates run (freeze the pipeline first)";
+  // Nothing runs, so every scheduled layer sits in deferred_ (or waits for the global
+  // norms): un-schedule all; SetWorkers/Release re-check which layers are complete.
+  deferred_.clear();
+  norms_in_step_ = 0;
+  for (auto& l : layers_) {
+    l.scheduled = false;
+    l.norm2 = -1;
+    for (auto it = l.arrived.begin(); it != l.arrived.end();) {
+      if ((worker_id >= 0 && it->first != worker_id) || l.step < min_step) {
+        ++it;
+        continue;
+      }
+      if (it->second.release) it->second.release();
+      it = l.arrived.erase(it);
+    }
+  }
+  for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) MaybeScheduleLocked(l);
+}
+
+void UpdatePipeline::ResetToStep(int64_t step) {
+  DropWorker(-1);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& l : layers_) l.step = step;
+  completed_step_ = step;
+  stats_.completed_step = step;
+  layers_done_in_step_ = 0;
+  cv_.notify_all();
+}
+
+std::vector<int32_t> UpdatePipeline::workers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<int32_t> ids;
+  for (const auto& [w, r] : members_) {
+    if (r.last >= completed_step_) ids.push_back(w);
+  }
+  return ids;
+}
+
+bool UpdatePipeline::HoldAt(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (completed_step_ > step || (completed_step_ == step && (layers_done_in_step_ > 0 || running_ > 0))) {
+    return false;
+  }
+  if (completed_step_ == step) {  // already at that boundary, nothing started: close now
+    ++holds_;
+    gate_closed_ = true;
+    return true;
+  }
+  hold_at_.push_back(step);
+  return true;
+}
+
+bool UpdatePipeline::WaitHeld(int64_t step, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, timeout, [&] {
+    return completed_step_ >= step && gate_closed_ && running_ == 0 &&
+           std::find(hold_at_.begin(), hold_at_.end(), step) == hold_at_.end();
+  });
+}
+
+void UpdatePipeline::CancelHoldAt(int64_t step) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto at = std::find(hold_at_.begin(), hold_at_.end(), step);
+    if (at != hold_at_.end()) {
+      hold_at_.erase(at);
+      return;
+    }
+  }
+  Release();
+}
+
+UpdatePipeline::Frozen UpdatePipeline::Freeze() {
+  std::unique_lock<std::mutex> lock(mu_);
+  ++holds_;
+  gate_closed_ = true;
+  cv_.wait(lock, [&] { return running_ == 0; });
+  Frozen f;
+  f.step = completed_step_;
+  f.at_boundary = layers_done_in_step_ == 0;
+  return f;
 }
 
 bool UpdatePipeline::WaitForStep(int64_t step, std::chrono::milliseconds timeout) {

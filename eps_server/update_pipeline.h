@@ -24,6 +24,7 @@
 #pragma once
 
 #include <chrono>
+#include <climits>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -70,6 +71,12 @@ class UpdatePipeline {
   // Workers whose gradients each update waits for. Changing it mid-step re-checks the
   // layers that were waiting (used when a worker is lost and on_worker_loss=continue).
   void SetWorkers(std::vector<int32_t> worker_ids);
+  // Membership over steps: worker `id` contributes to steps first..last (inclusive) of
+  // every layer. A worker joining later (first > current step) or leaving after its
+  // last complete step (last = that step) never makes a step wait for it or take a
+  // partial set. Re-checks waiting layers.
+  void SetMember(int32_t id, int64_t first, int64_t last);
+  void RemoveMember(int32_t id);
 
   // Blocks until completed_step >= step or timeout. Returns whether it got there.
   bool WaitForStep(int64_t step, std::chrono::milliseconds timeout);
@@ -79,9 +86,35 @@ class UpdatePipeline {
   int64_t Hold();
   void Release();
 
+  // Like Hold(), but at the step boundary `step`: the gate closes (as one hold) right
+  // when completed_step reaches `step`, before any update of step `step` starts, so a
+  // checkpoint of exactly that step can be taken. Returns false when completed_step is
+  // already past `step`. Pair a successful HoldAt with WaitHeld and then Release().
+  bool HoldAt(int64_t step);
+  // Waits (up to timeout) until the gate closed by HoldAt(step) is closed and idle.
+  bool WaitHeld(int64_t step, std::chrono::milliseconds timeout);
+  // Gives back a HoldAt(step): drops it while pending, else releases the closed gate.
+  void CancelHoldAt(int64_t step);
+
+  // Closes the gate NOW (one hold; release with Release()): updates already running
+  // finish, no other starts. Returns the completed step and whether the state is at
+  // that step's boundary (no layer of the step in progress updated yet).
+  struct Frozen {
+    int64_t step = 0;
+    bool at_boundary = true;
+  };
+  Frozen Freeze();
+
   PipelineStats stats() const;
-  // Drops gradients waiting for `worker_id` (a lost worker), releasing them.
-  void DropWorker(int32_t worker_id);
+  // Drops (releases) the gradients of `worker_id` (every worker's when -1) that wait
+  // for the step in progress, and un-schedules updates that were held by the gate.
+  // REQUIRES: the pipeline is frozen (Freeze/Hold) so no update of them runs.
+  // Only layers collecting a step >= min_step are touched.
+  void DropWorker(int32_t worker_id, int64_t min_step = INT64_MIN);
+  // After a rollback restored the store at `step`: every layer collects `step` again,
+  // waiting gradients are released. REQUIRES: frozen.
+  void ResetToStep(int64_t step);
+  std::vector<int32_t> workers() const;
 
  private:
   struct LayerState {
@@ -103,12 +136,18 @@ class UpdatePipeline {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<int32_t> workers_;              // GUARDED_BY(mu_)
+  struct Range {
+    int64_t first, last;
+  };
+  std::map<int32_t, Range> members_;          // GUARDED_BY(mu_): id -> steps it contributes to
+  bool IsMemberLocked(int32_t id, int64_t step) const;
+  bool AnyMemberLocked(int64_t step) const;
   std::vector<LayerState> layers_;            // GUARDED_BY(mu_)
   int64_t completed_step_ = 0;                // GUARDED_BY(mu_)
   int64_t layers_done_in_step_ = 0;           // GUARDED_BY(mu_)
   int running_ = 0;                           // updates queued or running; GUARDED_BY(mu_)
   int holds_ = 0;                             // GUARDED_BY(mu_)
+  std::vector<int64_t> hold_at_;              // GUARDED_BY(mu_): HoldAt steps pending
   bool gate_closed_ = false;                  // GUARDED_BY(mu_)
   std::vector<std::pair<int64_t, float>> deferred_;  // (layer, coef) held by the gate
   int64_t norms_in_step_ = 0;                 // global clip: layers with norm ready

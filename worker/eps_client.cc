@@ -7,6 +7,13 @@
 
 namespace l2l::worker {
 
+bool NeedsRejoin(const Status& s) {
+  // The EPS's messages carry this phrase (eps_server/eps_core_internal.h kRejoinHint).
+  return s.code() == StatusCode::kFailedPrecondition &&
+         (s.message().find("re-register to rejoin") != std::string::npos ||
+          s.message().find("re-register to redo") != std::string::npos);
+}
+
 Result<std::unique_ptr<EpsClient>> ConnectEps(const std::string& address, const ClientOptions& options) {
   if (options.transport != "auto" && options.transport != "shm" && options.transport != "grpc") {
     return InvalidArgument("transport '" + options.transport + "' must be auto, shm or grpc");

@@ -83,7 +83,19 @@ class EpsClient {
                               const float* grad, size_t numel) = 0;
 
   virtual Status StepDone(const StepReport& report) = 0;
+
+  // Worker loss and rollback (see eps_server/eps_core.h): when the EPS abandons this
+  // worker's step (a rollback after another worker was lost) or declared this worker
+  // lost, data calls fail with FAILED_PRECONDITION that NeedsRejoin() recognises and
+  // rejoin_requested() turns true. The worker then releases every layer, calls
+  // Rejoin(), and restarts at registration().start_step from
+  // registration().data_position (both updated by Rejoin).
+  virtual Status Rejoin() { return Unimplemented("this EPS client cannot rejoin"); }
+  virtual bool rejoin_requested() const { return false; }
 };
+
+// True for the errors after which the worker must Rejoin() (see above).
+bool NeedsRejoin(const Status& s);
 
 // Registers with the EPS at `address` ("127.0.0.1:PORT") and returns a connected client.
 // Retries until options.connect_timeout, then fails with UNAVAILABLE naming the address.

@@ -57,13 +57,20 @@ Result<GrpcEpsClient::ImplPtr> GrpcEpsClient::Connect(const std::string& address
   args.SetMaxSendMessageSize(static_cast<int>(2 * kChunkBytes + 4096));
   impl->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   impl->stub = data::Data::NewStub(impl->channel);
+  L2L_RETURN_IF_ERROR(Register(impl.get(), options, -1, reg, shm));
+  return impl;
+}
+
+Status GrpcEpsClient::Register(Impl* impl, const ClientOptions& options, int32_t previous_worker_id,
+                               WorkerRegistration* reg, ShmInfo* shm) {
+  const std::string& address = impl->address;
   data::RegisterRequest req;
   req.set_worker_name(options.worker_name);
   req.set_hostname(HostName());
   req.set_boot_id(BootId());
   req.set_transport(options.transport);
   req.set_pid(static_cast<int32_t>(getpid()));
-  req.set_previous_worker_id(-1);
+  req.set_previous_worker_id(previous_worker_id);
   const auto deadline = std::chrono::system_clock::now() + options.connect_timeout;
   data::RegisterReply rep;
   grpc::Status st;
@@ -87,7 +94,7 @@ Result<GrpcEpsClient::ImplPtr> GrpcEpsClient::Connect(const std::string& address
   }
   auto job = ParseJobConfig(rep.job_yaml(), "<Register reply from " + address + ">");
   if (!job.ok()) return job.status();
-  reg->worker_id = rep.worker_id();
+  if (previous_worker_id < 0) reg->worker_id = rep.worker_id();  // a rejoin keeps its id
   reg->num_workers = rep.num_workers();
   reg->job = *job;
   reg->start_step = rep.start_step();
@@ -98,13 +105,30 @@ Result<GrpcEpsClient::ImplPtr> GrpcEpsClient::Connect(const std::string& address
   shm->weight_segment = rep.weight_segment();
   shm->gradient_segment = rep.gradient_segment();
   shm->layer_numel.assign(rep.layer_numel().begin(), rep.layer_numel().end());
-  return impl;
+  return Status::Ok();
+}
+
+Status GrpcEpsClient::RegisterAgain(ShmInfo* shm) {
+  std::lock_guard<std::mutex> lock(mu_);
+  held_.clear();
+  ClientOptions o = options_;
+  o.transport = reg_.transport;  // keep the transport the worker runs with
+  L2L_RETURN_IF_ERROR(Register(impl_.get(), o, reg_.worker_id, &reg_, shm));
+  current_step_ = reg_.start_step;
+  rejoin_requested_ = false;
+  L2L_LOG_INFO("worker {} rejoined: restart at step {}", reg_.worker_id, reg_.start_step);
+  return Status::Ok();
+}
+
+Status GrpcEpsClient::Rejoin() {
+  ShmInfo shm;
+  return RegisterAgain(&shm);
 }
 
 void GrpcEpsClient::ImplDeleter::operator()(Impl* p) const { delete p; }
 
 GrpcEpsClient::GrpcEpsClient(ImplPtr impl, WorkerRegistration reg, const ClientOptions& options)
-    : impl_(std::move(impl)), reg_(std::move(reg)) {
+    : impl_(std::move(impl)), reg_(std::move(reg)), options_(options) {
   current_step_ = reg_.start_step;
   heartbeat_ = std::thread([this, iv = options.heartbeat_interval] { HeartbeatLoop(iv); });
 }
@@ -129,7 +153,12 @@ void GrpcEpsClient::HeartbeatLoop(std::chrono::milliseconds interval) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + interval * 2);
     grpc::Status st = impl_->stub->Heartbeat(&ctx, req, &rep);
-    if (!st.ok()) L2L_LOG_DEBUG("heartbeat to {} failed: {}", impl_->address, st.error_message());
+    if (!st.ok()) {
+      L2L_LOG_DEBUG("heartbeat to {} failed: {}", impl_->address, st.error_message());
+      if (NeedsRejoin(FromGrpc(st, "Heartbeat"))) rejoin_requested_ = true;
+    } else if (rep.rejoin()) {
+      rejoin_requested_ = true;
+    }
   }
 }
 

@@ -39,6 +39,9 @@ class GrpcEpsClient : public EpsClient {
   };
   static Result<ImplPtr> Connect(const std::string& address, const ClientOptions& options,
                                                WorkerRegistration* reg, ShmInfo* shm);
+  // Register rpc on an existing channel (previous_worker_id -1: a new worker).
+  static Status Register(Impl* impl, const ClientOptions& options, int32_t previous_worker_id,
+                         WorkerRegistration* reg, ShmInfo* shm);
 
   GrpcEpsClient(ImplPtr impl, WorkerRegistration reg, const ClientOptions& options);
   ~GrpcEpsClient() override;
@@ -52,10 +55,16 @@ class GrpcEpsClient : public EpsClient {
   Status StepDone(const StepReport& report) override;
   // Tells the EPS this worker leaves (also done by the destructor, best effort).
   Status Deregister();
+  Status Rejoin() override;
+  bool rejoin_requested() const override { return rejoin_requested_.load(); }
 
  protected:
   ImplPtr impl_;
   WorkerRegistration reg_;
+  const ClientOptions options_;
+  std::atomic<bool> rejoin_requested_{false};
+  // Re-registers and updates reg_; *shm gets the (new) segment names.
+  Status RegisterAgain(ShmInfo* shm);
 
  private:
   void HeartbeatLoop(std::chrono::milliseconds interval);

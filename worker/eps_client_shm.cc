@@ -17,20 +17,34 @@ WeightLayerEntry& Entry(const ShmSegment& seg, int64_t layer) {
 Result<std::unique_ptr<ShmEpsClient>> ShmEpsClient::Create(ImplPtr impl, WorkerRegistration reg,
                                                            const ClientOptions& options, const ShmInfo& shm) {
   std::unique_ptr<ShmEpsClient> c(new ShmEpsClient(std::move(impl), std::move(reg), options));
-  L2L_ASSIGN_OR_RETURN(c->weights_, ShmSegment::Open(shm.weight_segment, /*writable=*/false));
-  L2L_ASSIGN_OR_RETURN(c->grads_, ShmSegment::Open(shm.gradient_segment, /*writable=*/true));
-  const auto* wh = static_cast<const WeightSegmentHeader*>(c->weights_.data());
-  const auto* gh = static_cast<const GradSegmentHeader*>(c->grads_.data());
+  L2L_RETURN_IF_ERROR(c->MapSegments(shm));
+  return c;
+}
+
+Status ShmEpsClient::MapSegments(const ShmInfo& shm) {
+  L2L_ASSIGN_OR_RETURN(weights_, ShmSegment::Open(shm.weight_segment, /*writable=*/false));
+  L2L_ASSIGN_OR_RETURN(grads_, ShmSegment::Open(shm.gradient_segment, /*writable=*/true));
+  const auto* wh = static_cast<const WeightSegmentHeader*>(weights_.data());
+  const auto* gh = static_cast<const GradSegmentHeader*>(grads_.data());
   if (wh->magic != kWeightMagic || wh->layout_version != kShmLayoutVersion ||
-      wh->num_layers != shm.layer_numel.size() || wh->total_bytes > c->weights_.size()) {
+      wh->num_layers != shm.layer_numel.size() || wh->total_bytes > weights_.size()) {
     return DataLoss("shm segment " + shm.weight_segment + " does not hold the expected weight layout");
   }
   if (gh->magic != kGradMagic || gh->layout_version != kShmLayoutVersion ||
       gh->num_layers != shm.layer_numel.size() || gh->num_slots > kMaxGradSlots) {
     return DataLoss("shm segment " + shm.gradient_segment + " does not hold the expected gradient layout");
   }
-  c->layer_numel_ = shm.layer_numel;
-  return c;
+  layer_numel_ = shm.layer_numel;
+  epoch_ = wh->epoch.load(std::memory_order_acquire);
+  return Status::Ok();
+}
+
+Status ShmEpsClient::Rejoin() {
+  std::lock_guard<std::mutex> lock(push_mu_);
+  ShmInfo shm;
+  L2L_RETURN_IF_ERROR(RegisterAgain(&shm));
+  if (reg_.transport != "shm") return Internal("rejoin: the EPS moved this worker off shared memory");
+  return MapSegments(shm);
 }
 
 Result<LayerWeights> ShmEpsClient::AcquireLayer(int64_t layer, int64_t min_version,
@@ -48,6 +62,11 @@ Result<LayerWeights> ShmEpsClient::AcquireLayer(int64_t layer, int64_t min_versi
   for (;;) {
     const uint32_t wake = hdr->wake_seq.load(std::memory_order_acquire);
     if (hdr->stopped.load(std::memory_order_acquire)) return Aborted("the EPS stopped the job");
+    if (hdr->epoch.load(std::memory_order_acquire) != epoch_) {
+      rejoin_requested_ = true;
+      return FailedPrecondition("the EPS rolled the state back (a worker was lost mid-step); "
+                                "re-register to rejoin");
+    }
     const uint32_t s = e.current.load(std::memory_order_acquire);
     const uint32_t q = e.seq[s].load(std::memory_order_acquire);
     const int64_t v = e.version[s].load(std::memory_order_acquire);

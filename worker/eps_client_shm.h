@@ -34,6 +34,8 @@ class ShmEpsClient : public GrpcEpsClient {
   Status PushGradient(int64_t layer, int64_t step, int64_t micro_batches, const float* grad,
                       size_t numel) override;
   Status StepDone(const StepReport& report) override;
+  // Re-registers and maps the (new) gradient segment.
+  Status Rejoin() override;
 
   // Waits until the EPS consumed every pushed slot; returns the first error it found.
   Status Drain(std::chrono::milliseconds timeout);
@@ -43,12 +45,14 @@ class ShmEpsClient : public GrpcEpsClient {
   ShmEpsClient(ImplPtr impl, WorkerRegistration reg, const ClientOptions& options)
       : GrpcEpsClient(std::move(impl), std::move(reg), options) {}
   Status SlotError() const;
+  Status MapSegments(const ShmInfo& shm);
 
   ShmSegment weights_;  // read-only
   ShmSegment grads_;    // read-write
   std::vector<int64_t> layer_numel_;
   std::mutex push_mu_;  // one pusher at a time claims slots
   uint64_t push_seq_ = 0;
+  uint32_t epoch_ = 0;  // weight segment epoch at (re)registration
 };
 
 }  // namespace l2l::worker

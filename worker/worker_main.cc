@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -186,6 +187,9 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error");
   CLI11_PARSE(app, argc, argv);
 
+  // oneDNN's OpenMP threads spin between the many small GEMMs and starve the TBB threads
+  // of the other ops (docs/performance.md); wait passively unless the user chose.
+  setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
   if (Status st = l2l::InitLogging(f.log_level, "", "worker"); !st.ok()) {
     std::fprintf(stderr, "l2l-worker: %s\n", st.ToString().c_str());
     return 1;

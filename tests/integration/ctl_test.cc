@@ -165,9 +165,9 @@ TEST_CASE("l2lctl status, pause, checkpoint, export and stop drive a real l2l-ep
   CHECK(w.err.find("timed out") != std::string::npos);
   CHECK(w.out.find("step 0/3") != std::string::npos);  // not a TTY: plain lines
 
-  // checkpoint to an explicit directory.
-  const std::string ckpt = dir->File("ckpt-manual");
-  const CtlRun c = Ctl(*dir, {"--eps", addr, "checkpoint", "--dir", ckpt, "--json"});
+  // checkpoint to an explicit directory: relative paths land in the daemon's state dir.
+  const std::string ckpt = state_dir + "/ckpt-manual";
+  const CtlRun c = Ctl(*dir, {"--eps", addr, "checkpoint", "--dir", "ckpt-manual", "--json"});
   INFO(c.out << c.err);
   CHECK(c.code == 0);
   if (c.code == 0) {
@@ -179,11 +179,12 @@ TEST_CASE("l2lctl status, pause, checkpoint, export and stop drive a real l2l-ep
   }
 
   // export: a valid safetensors file holding the initial weights (no step has run).
-  const std::string out = dir->File("model.safetensors");
+  const std::string out = state_dir + "/exports/model.safetensors";
+  fs::create_directories(state_dir + "/exports");
   const CtlRun e = Ctl(*dir, {"--eps", addr, "export", "--format", "safetensors", out});
   INFO(e.out << e.err);
   REQUIRE(e.code == 0);
-  CHECK(e.out.find(out) != std::string::npos);
+  CHECK(e.out.find("model.safetensors") != std::string::npos);
   auto reader = SafeTensorsReader::Open(out);
   INFO(reader.status().ToString());
   REQUIRE(reader.ok());
@@ -205,8 +206,13 @@ TEST_CASE("l2lctl status, pause, checkpoint, export and stop drive a real l2l-ep
   CHECK(compared == reader->tensors().size());
   CHECK(compared >= 4 + 12 * static_cast<size_t>(job.model.n_layer));
 
-  // Bad usage is refused before any rpc.
+  // Bad usage is refused before any rpc; a path the daemon refuses (outside its state
+  // dir, the default policy) is exit status 1 with the daemon's reason on stderr.
   CHECK(Ctl(*dir, {"--eps", addr, "export", "--format", "onnx", out}).code == 64);
+  const CtlRun refused = Ctl(*dir, {"--eps", addr, "export", dir->File("outside.safetensors")});
+  CHECK(refused.code == 1);
+  CHECK(refused.err.find("outside.safetensors") != std::string::npos);
+  CHECK(!fs::exists(dir->File("outside.safetensors")));
 
   // stop: the daemon exits 0 and l2lctl waited for it.
   const CtlRun s = Ctl(*dir, {"--eps", addr, "stop", "--skip-checkpoint", "--json"});

@@ -1,0 +1,42 @@
+// Private parts of EpsCore shared by eps_core.cc and eps_core_recovery.cc: the worker
+// table entry and the shm worker. Not for other includes.
+//
+// Thread-safety: fields are guarded by EpsCore::mu_ unless noted.
+#pragma once
+
+#include <atomic>
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/shm.h"
+#include "eps_server/eps_core.h"
+
+namespace l2l::eps {
+
+// Appended to FAILED_PRECONDITION messages that ask a worker to re-register; clients
+// recognise it (worker/eps_client.h NeedsRejoin).
+inline constexpr char kRejoinHint[] = "re-register to rejoin";
+
+struct EpsCore::Worker {
+  WorkerInfo info;
+  int64_t next_step = 0;                    // first step it has not finished (StepDone)
+  std::map<int64_t, std::string> position;  // step -> data position at the start of it
+  int64_t epoch = 0;                        // store epoch at (re)registration
+  std::string rejoin_reason;                // why state is "rejoin"
+  int64_t member_first = 0;                 // steps it contributes to (mirrors the
+  int64_t member_last = INT64_MAX;          // pipeline's membership)
+};
+
+struct EpsCore::ShmWorker {
+  int32_t id = -1;
+  ShmSegment seg;
+  std::vector<uint64_t> slot_offset;
+  std::thread consumer;
+  std::atomic<bool> stop{false};  // ends ConsumeLoop (lost worker)
+};
+
+}  // namespace l2l::eps

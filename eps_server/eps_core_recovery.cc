@@ -1,0 +1,433 @@
+// EpsCore: worker liveness, loss handling and rollback, rejoin, pause, checkpoints,
+// export and shutdown. See eps_core.h for the rules.
+#include <algorithm>
+#include <climits>
+#include <filesystem>
+
+#include "common/logging.h"
+#include "common/model_io.h"
+#include "eps_server/checkpoint.h"
+#include "eps_server/eps_core.h"
+#include "eps_server/eps_core_internal.h"
+
+namespace l2l::eps {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+// True when `p` is `root` or below it (both canonical).
+bool Inside(const fs::path& p, const fs::path& root) {
+  auto r = root.begin(), q = p.begin();
+  for (; r != root.end(); ++r, ++q) {
+    if (r->empty()) continue;  // trailing separator
+    if (q == p.end() || *q != *r) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int64_t EpsCore::checkpoint_every() const {
+  return opts_.checkpoint_every > 0 ? opts_.checkpoint_every : job_.train.checkpoint_every;
+}
+
+std::string EpsCore::checkpoint_root() const {
+  if (!opts_.checkpoint_dir.empty()) return opts_.checkpoint_dir;
+  return (opts_.state_dir.empty() ? std::string(".") : opts_.state_dir) + "/checkpoints";
+}
+
+Result<std::string> EpsCore::ResolveUserPath(const std::string& path) const {
+  if (path.empty()) return InvalidArgument("empty path");
+  std::error_code ec;
+  const fs::path state = fs::weakly_canonical(fs::absolute(opts_.state_dir.empty() ? "." : opts_.state_dir), ec);
+  if (ec) return InvalidArgument("state_dir " + opts_.state_dir + ": " + ec.message());
+  fs::path p(path);
+  if (p.is_relative()) {
+    for (const auto& part : p) {
+      if (part == "..") {
+        return PermissionDenied("path '" + path + "' has a '..' component; paths are confined to the state dir " +
+                                state.string());
+      }
+    }
+    p = state / p;
+  }
+  // Resolves symlinks of every existing prefix, so a link pointing out is seen.
+  const fs::path real = fs::weakly_canonical(p, ec);
+  if (ec) return InvalidArgument("path '" + path + "': " + ec.message());
+  if (!Inside(real, state)) {
+    if (fs::path(path).is_absolute() && opts_.allow_absolute_paths) return real.string();
+    return PermissionDenied("path '" + path + "' resolves to " + real.string() + ", outside the state dir " +
+                            state.string() +
+                            (fs::path(path).is_absolute() ? " (set allow_absolute_paths: true in the daemon config "
+                                                            "to write elsewhere)"
+                                                          : " (a symlink leads out)"));
+  }
+  return real.string();
+}
+
+Result<int64_t> EpsCore::HoldAtBoundary(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (stopped_) return Aborted("the daemon is stopping");
+    const UpdatePipeline::Frozen f = pipeline_->Freeze();
+    if (f.at_boundary) return f.step;
+    pipeline_->Release();
+    // Close the gate when the step in progress completes.
+    if (!pipeline_->HoldAt(f.step + 1)) continue;
+    while (!pipeline_->WaitHeld(f.step + 1, 100ms)) {
+      if (stopped_ || std::chrono::steady_clock::now() >= deadline) {
+        // Give the hold back: it is either pending or (racing) just closed.
+        pipeline_->CancelHoldAt(f.step + 1);
+        return Status(StatusCode::kDeadlineExceeded,
+                      "step " + std::to_string(f.step) + " did not complete within " +
+                          std::to_string(timeout.count()) + " ms (are all workers running?)");
+      }
+    }
+    return f.step + 1;
+  }
+}
+
+Result<CheckpointResult> EpsCore::WriteCheckpointLocked(int64_t step, const std::string& dir, bool latest) {
+  CheckpointMeta meta;
+  meta.step = step;
+  meta.job = job_;
+  meta.expected_workers = opts_.expected_workers;
+  {
+    // Each member's position at the start of `step` comes with its StepDone(step-1),
+    // which may trail the step's last gradient by a moment.
+    std::unique_lock<std::mutex> lock(mu_);
+    const bool ok = cv_.wait_for(lock, 60s, [&] {
+      for (const auto& w : workers_) {
+        if (w->info.state == "active" && w->member_last >= step && w->next_step < step) return false;
+      }
+      return true;
+    });
+    if (!ok) return Status(StatusCode::kDeadlineExceeded, "a worker did not report StepDone(" +
+                                                              std::to_string(step - 1) + ") within 60 s");
+    for (const auto& w : workers_) {
+      meta.workers.push_back({w->info.id, w->info.name, PositionAt(w->info.id, step)});
+    }
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  L2L_ASSIGN_OR_RETURN(int64_t bytes, WriteCheckpoint(*store_, meta, dir, latest));
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  L2L_LOG_INFO("checkpoint of step {} written to {} ({} bytes, {:.2f} s)", step, dir, bytes, secs);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    restore_dir_ = dir;
+    restore_step_ = step;
+    last_checkpoint_ = dir;
+    // Positions before the restore point are no longer needed.
+    for (auto& w : workers_) {
+      auto& pos = w->position;
+      auto keep = pos.upper_bound(step);
+      if (keep != pos.begin()) pos.erase(pos.begin(), std::prev(keep));
+    }
+  }
+  return CheckpointResult{dir, step, bytes};
+}
+
+Result<CheckpointResult> EpsCore::Checkpoint(const std::string& dir_arg) {
+  if (!has_job()) return FailedPrecondition("no job to checkpoint (CreateJob first)");
+  std::string dir;
+  if (!dir_arg.empty()) {
+    L2L_ASSIGN_OR_RETURN(dir, ResolveUserPath(dir_arg));
+  }
+  std::lock_guard<std::mutex> rlock(recovery_mu_);
+  L2L_ASSIGN_OR_RETURN(int64_t step, HoldAtBoundary(std::chrono::minutes(10)));
+  const bool default_dir = dir.empty();
+  if (default_dir) dir = checkpoint_root() + "/" + CheckpointDirName(step);
+  auto r = WriteCheckpointLocked(step, dir, default_dir);
+  pipeline_->Release();
+  return r;
+}
+
+Result<int64_t> EpsCore::Export(const std::string& path_arg, DType dtype) {
+  if (!has_job()) return FailedPrecondition("no job to export (CreateJob first)");
+  if (dtype != DType::kF32 && dtype != DType::kBF16) {
+    return InvalidArgument(std::string("export dtype ") + DTypeName(dtype) + " is not supported (f32 or bf16)");
+  }
+  L2L_ASSIGN_OR_RETURN(std::string path, ResolveUserPath(path_arg));
+  std::lock_guard<std::mutex> rlock(recovery_mu_);
+  L2L_ASSIGN_OR_RETURN(int64_t step, HoldAtBoundary(std::chrono::minutes(10)));
+  // model_io writes a whole model from per-layer buffers: one fp32 copy of the master.
+  std::vector<std::vector<float>> layers(store_->num_layers());
+  for (int64_t l = 0; l < store_->num_layers(); ++l) {
+    layers[l].resize(store_->layout(l).numel);
+    store_->ReadState(l, 0, layers[l].data());
+  }
+  pipeline_->Release();
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  L2L_RETURN_IF_ERROR(SaveModel(path, job_.model, layers, dtype, {{"l2l.step", std::to_string(step)}}));
+  const auto bytes = fs::file_size(path, ec);
+  L2L_LOG_INFO("exported step {} as {} safetensors to {}", step, DTypeName(dtype), path);
+  return ec ? int64_t{0} : static_cast<int64_t>(bytes);
+}
+
+Status EpsCore::Pause() {
+  if (!has_job()) return FailedPrecondition("no job to pause");
+  std::lock_guard<std::mutex> rlock(recovery_mu_);
+  if (!paused_by_operator_) pipeline_->Freeze();
+  paused_by_operator_ = true;
+  UpdatePausedLocked();
+  return Status::Ok();
+}
+
+Status EpsCore::Resume() {
+  if (!has_job()) return FailedPrecondition("no job to resume");
+  std::lock_guard<std::mutex> rlock(recovery_mu_);
+  if (paused_by_operator_) pipeline_->Release();
+  paused_by_operator_ = false;
+  if (paused_by_loss_) {
+    // Continue without the lost workers: each contributed up to its last finished step.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& w : workers_) {
+      if ((w->info.state == "lost" || w->info.state == "left") && w->member_last == INT64_MAX) {
+        w->member_last = w->next_step - 1;
+        pipeline_->SetMember(w->info.id, w->member_first, w->member_last);
+        L2L_LOG_WARN("resume: continuing without worker {} (it contributed up to step {})", w->info.id,
+                     w->member_last);
+      }
+    }
+    paused_by_loss_ = false;
+  }
+  UpdatePausedLocked();
+  return Status::Ok();
+}
+
+void EpsCore::UpdatePausedLocked() {
+  if (paused_by_loss_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    bool waiting = false;
+    for (const auto& w : workers_) {
+      waiting |= (w->info.state == "lost" || w->info.state == "left") && w->member_last == INT64_MAX;
+    }
+    paused_by_loss_ = waiting;
+  }
+  paused_ = paused_by_operator_ || paused_by_loss_;
+}
+
+void EpsCore::TearDownShmWorker(int32_t id) {
+  std::unique_ptr<ShmWorker> w;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = shm_workers_.begin(); it != shm_workers_.end(); ++it) {
+      if ((*it)->id == id) {
+        w = std::move(*it);
+        shm_workers_.erase(it);
+        break;
+      }
+    }
+  }
+  if (!w) return;
+  auto* h = static_cast<GradSegmentHeader*>(w->seg.data());
+  w->stop = true;
+  h->closed.store(1);
+  h->ready_seq.fetch_add(1);
+  FutexWake(&h->ready_seq);
+  h->free_seq.fetch_add(1);
+  FutexWake(&h->free_seq);
+  if (w->consumer.joinable()) w->consumer.join();
+  // A dead worker's pins must not block publishing.
+  store_->RemovePinSource(id);
+  if (Status s = w->seg.Unlink(); !s.ok()) L2L_LOG_WARN("{}", s.ToString());
+  std::lock_guard<std::mutex> lock(mu_);
+  retired_.push_back(std::move(w));
+}
+
+void EpsCore::HandleLoss(int32_t id, const std::string& new_state) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Worker& w = *workers_[id];
+    if (w.info.state != "active" && w.info.state != "rejoin") return;
+    w.info.state = new_state;
+  }
+  const UpdatePipeline::Frozen f = pipeline_->Freeze();
+  TearDownShmWorker(id);
+  const bool cont = new_state == "left" || opts_.on_worker_loss == "continue";
+  int64_t next = 0, first = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    next = workers_[id]->next_step;
+    first = workers_[id]->member_first;
+  }
+  std::string what;
+  if (next > f.step) {
+    // It finished step t: its gradients of t are all in; drop only later ones.
+    pipeline_->DropWorker(id, f.step + 1);
+    what = "it had finished step " + std::to_string(f.step) + ", nothing abandoned";
+  } else if (f.at_boundary) {
+    pipeline_->DropWorker(id, f.step);
+    what = "its gradients of step " + std::to_string(f.step) + " were dropped (no layer had applied the step)";
+  } else {
+    Status s = Rollback(id);
+    if (!s.ok()) {
+      L2L_LOG_ERROR("rollback after losing worker {} failed: {}; stopping the job", id, s.ToString());
+      pipeline_->Release();
+      store_->Stop();
+      return;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    next = workers_[id]->next_step;
+    what = "step " + std::to_string(f.step) + " was partially applied: rolled back to step " +
+           std::to_string(next) + ", every worker must re-register and redo from there";
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Worker& w = *workers_[id];
+    if (cont) {
+      w.member_last = next - 1;
+      if (w.member_last < first) {
+        pipeline_->RemoveMember(id);
+      } else {
+        pipeline_->SetMember(id, first, w.member_last);
+      }
+    } else {
+      paused_by_loss_ = true;
+    }
+  }
+  L2L_LOG_WARN("worker {} {} at step {}: {}; {}", id, new_state == "left" ? "left" : "lost", f.step, what,
+               cont ? "continuing with the other workers" : "job paused until it rejoins (or Resume)");
+  pipeline_->Release();
+  UpdatePausedLocked();
+}
+
+Status EpsCore::Rollback(int32_t lost_id) {
+  std::string dir;
+  int64_t step = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    dir = restore_dir_;
+    step = restore_step_;
+    for (auto& w : workers_) {
+      if (w->info.state == "active") {
+        w->info.state = "rejoin";
+        w->rejoin_reason = "step abandoned after worker " + std::to_string(lost_id) +
+                           " was lost; the state was rolled back to step " + std::to_string(step);
+      }
+    }
+  }
+  store_->BumpEpoch();  // wakes shm readers and in-process waiters with an error
+  pipeline_->ResetToStep(step);
+  if (!dir.empty()) {
+    L2L_ASSIGN_OR_RETURN(CheckpointManifest m, ReadCheckpointManifest(dir));
+    L2L_RETURN_IF_ERROR(LoadCheckpointState(m, store_.get()));
+  } else if (start_.load) {
+    L2L_RETURN_IF_ERROR(start_.load(store_.get()));
+  } else {
+    store_->InitFromSeed(job_.train.seed);
+  }
+  for (int64_t l = 0; l < store_->num_layers(); ++l) store_->PublishMaster(l, step);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& w : workers_) {
+    w->next_step = std::min(w->next_step, step);
+    w->position.erase(w->position.upper_bound(step), w->position.end());
+    w->info.step = w->next_step;
+  }
+  reported_.clear();
+  L2L_LOG_WARN("rolled back to step {} ({})", step, dir.empty() ? start_.description : dir);
+  return Status::Ok();
+}
+
+Result<int64_t> EpsCore::PrepareRejoin(int32_t id) {
+  const UpdatePipeline::Frozen f = pipeline_->Freeze();
+  TearDownShmWorker(id);
+  std::lock_guard<std::mutex> lock(mu_);
+  Worker& w = *workers_[id];
+  int64_t start = 0;
+  if (w.member_last == INT64_MAX) {
+    start = w.next_step;  // still a member: the job waits for it there (or it redoes)
+  } else {
+    // Join at the step in progress if no layer applied it yet, else at the next one.
+    start = f.at_boundary ? f.step : f.step + 1;
+    w.member_first = start;
+    w.member_last = INT64_MAX;
+    pipeline_->SetMember(id, start, INT64_MAX);
+  }
+  w.epoch = store_->epoch();
+  return start;
+}
+
+void EpsCore::FinishRejoin(int32_t id, bool ok) {
+  pipeline_->Release();
+  if (ok) UpdatePausedLocked();
+}
+
+void EpsCore::LivenessLoop() {
+  const auto timeout = std::chrono::milliseconds(opts_.heartbeat_timeout_ms);
+  const auto tick = std::clamp<std::chrono::milliseconds>(timeout / 4, 10ms, 200ms);
+  while (!stopped_) {
+    {
+      std::unique_lock<std::mutex> lock(bg_mu_);
+      bg_cv_.wait_for(lock, tick, [&] { return stopped_.load(); });
+    }
+    if (stopped_) break;
+    std::vector<int32_t> lost;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto now = std::chrono::steady_clock::now();
+      for (const auto& w : workers_) {
+        if ((w->info.state == "active" || w->info.state == "rejoin") && now - w->info.last_seen > timeout) {
+          lost.push_back(w->info.id);
+        }
+      }
+    }
+    for (int32_t id : lost) {
+      std::lock_guard<std::mutex> rlock(recovery_mu_);
+      {
+        // It may have come back while we waited for the lock.
+        std::lock_guard<std::mutex> lock(mu_);
+        if (std::chrono::steady_clock::now() - workers_[id]->info.last_seen <= timeout) continue;
+      }
+      L2L_LOG_WARN("worker {} missed heartbeats for {} ms: declared lost", id, opts_.heartbeat_timeout_ms);
+      HandleLoss(id, "lost");
+    }
+  }
+}
+
+void EpsCore::CheckpointLoop() {
+  const int64_t every = checkpoint_every();
+  while (!stopped_) {
+    const int64_t done = pipeline_->stats().completed_step;
+    const int64_t next = (done / every + 1) * every;
+    if (!pipeline_->HoldAt(next)) continue;
+    while (!stopped_ && !pipeline_->WaitHeld(next, 200ms)) {
+    }
+    if (stopped_) break;
+    {
+      std::lock_guard<std::mutex> rlock(recovery_mu_);
+      auto r = WriteCheckpointLocked(next, checkpoint_root() + "/" + CheckpointDirName(next), true);
+      if (!r.ok()) L2L_LOG_ERROR("periodic checkpoint of step {} failed: {}", next, r.status().ToString());
+    }
+    pipeline_->Release();
+    if (next >= job_.train.steps) break;
+  }
+}
+
+Status EpsCore::PrepareShutdown(bool abort_step, bool skip_checkpoint, std::chrono::milliseconds finish_timeout) {
+  if (!has_job()) return Status::Ok();
+  std::lock_guard<std::mutex> rlock(recovery_mu_);
+  Result<int64_t> step = HoldAtBoundary(abort_step ? 0ms : finish_timeout);
+  if (!step.ok()) {
+    // Not at a boundary and not finishing: the state mixes two steps. Keep the gate
+    // shut and leave the newest checkpoint as it is.
+    pipeline_->Freeze();
+    std::lock_guard<std::mutex> lock(mu_);
+    L2L_LOG_ERROR("shutdown: {}; the step in flight was partially applied, so no final checkpoint is written "
+                  "(the newest one stands: {})",
+                  step.status().message(), last_checkpoint_.empty() ? "none" : last_checkpoint_);
+    return Status::Ok();
+  }
+  if (skip_checkpoint) return Status::Ok();
+  const std::string dir = checkpoint_root() + "/" + CheckpointDirName(*step);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (restore_dir_ == dir && restore_step_ == *step) return Status::Ok();  // already written
+  }
+  auto r = WriteCheckpointLocked(*step, dir, true);
+  return r.status();
+}
+
+}  // namespace l2l::eps

@@ -1,0 +1,376 @@
+// Worker liveness on a real EPS (EpsCore + gRPC server on 127.0.0.1:0, in this
+// process) with two scripted fake workers that talk the raw Data protocol, so the test
+// decides exactly when each one pushes and when it stops heartbeating. Checks: a
+// silent worker is declared lost and shown in GetStatus; no layer is ever updated from
+// a partial set of a step's gradients (every layer's fp32 master always equals the
+// test's own AdamW reference of some whole step); on_worker_loss pause waits for the
+// worker and continue goes on without it; a restarted worker takes its id back; a step
+// already partially applied is rolled back to the last checkpoint and redone.
+#include <catch2/catch.hpp>
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "eps_server/eps_core.h"
+#include "eps_server/grpc_server.h"
+#include "proto/control.grpc.pb.h"
+#include "proto/data.grpc.pb.h"
+#include "tests/integration/eps_test_util.h"
+#include "tests/integration/harness.h"
+#include "worker/eps_client.h"
+
+namespace l2l {
+namespace {
+
+namespace data = ::l2l::data::v1;
+namespace ctl = ::l2l::control::v1;
+using namespace std::chrono_literals;
+using epstest::Grad;
+using epstest::Reference;
+using epstest::TinyJob;
+
+constexpr int64_t kHeartbeatTimeoutMs = 400;
+
+struct Daemon {
+  Daemon(const std::string& on_loss, const std::string& state_dir) : core(Opts(on_loss, state_dir)) {
+    L2L_CHECK(core.CreateJob(TinyJob(DType::kF32, 6)).ok());
+    auto s = eps::EpsGrpcServer::Start(&core, eps::ServerOptions{});
+    L2L_CHECK(s.ok()) << s.status().ToString();
+    server = std::move(s).value();
+    address = "127.0.0.1:" + std::to_string(server->port());
+    control = ctl::Control::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  }
+  ~Daemon() {
+    server->Shutdown();
+    core.Stop();
+  }
+  static eps::CoreOptions Opts(const std::string& on_loss, const std::string& state_dir) {
+    static int n = 0;
+    eps::CoreOptions o;
+    o.job_id = "loss" + std::to_string(getpid()) + "x" + std::to_string(n++);
+    o.expected_workers = 2;
+    o.transport = "grpc";
+    o.heartbeat_timeout_ms = kHeartbeatTimeoutMs;
+    o.on_worker_loss = on_loss;
+    o.state_dir = state_dir;
+    return o;
+  }
+  ctl::GetStatusReply Status() {
+    grpc::ClientContext c;
+    ctl::GetStatusReply rep;
+    L2L_CHECK(control->GetStatus(&c, ctl::GetStatusRequest(), &rep).ok());
+    return rep;
+  }
+  std::string WorkerState(int id) {
+    for (const auto& w : Status().workers()) {
+      if (w.worker_id() == id) return w.state();
+    }
+    return "?";
+  }
+  // Waits until worker `id` shows `state`.
+  bool WaitState(int id, const std::string& state) {
+    for (int i = 0; i < 300; ++i) {
+      if (WorkerState(id) == state) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  }
+  eps::EpsCore core;
+  std::unique_ptr<eps::EpsGrpcServer> server;
+  std::string address;
+  std::unique_ptr<ctl::Control::Stub> control;
+};
+
+// A fake worker on the raw Data protocol with a heartbeat thread the test can stop.
+class RawWorker {
+ public:
+  RawWorker(const std::string& address, int32_t previous_id = -1) {
+    stub_ = data::Data::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    Register(previous_id);
+    beat_ = std::thread([this] {
+      while (!quit_) {
+        if (beating_) {
+          grpc::ClientContext c;
+          data::HeartbeatRequest req;
+          req.set_worker_id(id_);
+          data::HeartbeatReply rep;
+          if (stub_->Heartbeat(&c, req, &rep).ok() && rep.rejoin()) rejoin_ = true;
+        }
+        std::this_thread::sleep_for(50ms);
+      }
+    });
+  }
+  ~RawWorker() {
+    quit_ = true;
+    beat_.join();
+  }
+  grpc::Status Register(int32_t previous_id) {
+    grpc::ClientContext c;
+    data::RegisterRequest req;
+    req.set_worker_name("fake");
+    req.set_transport("grpc");
+    req.set_previous_worker_id(previous_id);
+    grpc::Status s = stub_->Register(&c, req, &reg_);
+    L2L_CHECK(s.ok()) << s.error_message();
+    id_ = reg_.worker_id();
+    rejoin_ = false;
+    return s;
+  }
+  void StopHeartbeats() { beating_ = false; }
+  int id() const { return id_; }
+  const data::RegisterReply& reg() const { return reg_; }
+  bool rejoin() const { return rejoin_; }
+
+  grpc::Status Push(int64_t layer, int64_t step, int64_t mb = 1) {
+    const auto layouts = BuildLayout(TinyJob().model);
+    auto g = Grad(step, id_, layer, layouts[layer].numel);
+    grpc::ClientContext c;
+    data::PushGradientReply rep;
+    auto w = stub_->PushGradient(&c, &rep);
+    data::GradientChunk chunk;
+    chunk.set_worker_id(id_);
+    chunk.set_layer(layer);
+    chunk.set_step(step);
+    chunk.set_micro_batches(mb);
+    chunk.set_numel(static_cast<int64_t>(g.size()));
+    chunk.set_data(g.data(), g.size() * sizeof(float));
+    w->Write(chunk);
+    w->WritesDone();
+    return w->Finish();
+  }
+  grpc::Status PushAll(int64_t step) {
+    for (int64_t l = TinyJob().model.NumLayers() - 1; l >= 0; --l) {
+      grpc::Status s = Push(l, step);
+      if (!s.ok()) return s;
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status StepDone(int64_t step) {
+    grpc::ClientContext c;
+    data::StepDoneRequest req;
+    req.set_worker_id(id_);
+    req.set_step(step);
+    req.set_loss(1.0);
+    req.set_data_position("w" + std::to_string(id_) + "-after-" + std::to_string(step));
+    data::StepDoneReply rep;
+    return stub_->StepDone(&c, req, &rep);
+  }
+  grpc::Status FullStep(int64_t step) {
+    grpc::Status s = PushAll(step);
+    return s.ok() ? StepDone(step) : s;
+  }
+
+ private:
+  std::unique_ptr<data::Data::Stub> stub_;
+  data::RegisterReply reg_;
+  int32_t id_ = -1;
+  std::atomic<bool> beating_{true}, quit_{false}, rejoin_{false};
+  std::thread beat_;
+};
+
+// The EPS's fp32 master of every layer.
+std::vector<std::vector<float>> Master(eps::EpsCore& core) {
+  std::vector<std::vector<float>> out;
+  for (int64_t l = 0; l < core.store()->num_layers(); ++l) {
+    out.emplace_back(core.store()->layout(l).numel);
+    core.store()->ReadState(l, 0, out.back().data());
+  }
+  return out;
+}
+
+bool WaitStep(Daemon& d, int64_t step) { return d.core.pipeline()->WaitForStep(step, 10s); }
+
+}  // namespace
+
+TEST_CASE("EPS pause: a silent worker is lost, nothing is applied without it, a restart takes its id back",
+          "[integration][eps][worker_loss]") {
+  Daemon d("pause", "");
+  RawWorker a(d.address), b(d.address);
+  REQUIRE(a.id() == 0);
+  REQUIRE(b.id() == 1);
+  Reference ref(TinyJob(DType::kF32, 6));
+  std::thread ta([&] { CHECK(a.FullStep(0).ok()); });
+  CHECK(b.FullStep(0).ok());
+  ta.join();
+  REQUIRE(WaitStep(d, 1));
+  ref.Step(0, {0, 1}, {1, 1});
+  CHECK(Master(d.core) == ref.p);
+
+  // Step 1: b pushes everything, a pushes nothing and falls silent.
+  REQUIRE(b.FullStep(1).ok());
+  a.StopHeartbeats();
+  REQUIRE(d.WaitState(0, "lost"));
+  const auto st = d.Status();
+  CHECK(st.state() == "paused");
+  CHECK(st.workers(1).state() == "active");
+  CHECK(st.step() == 1);
+  for (int64_t v : st.layer_version()) CHECK(v == 1);  // no partial update
+  std::this_thread::sleep_for(200ms);
+  CHECK(Master(d.core) == ref.p);
+  // The silent worker's calls are refused with a rejoin hint.
+  grpc::Status refused = a.Push(3, 1);
+  CHECK(refused.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(refused.error_message().find("re-register to rejoin") != std::string::npos);
+
+  // A restarted process registers fresh and takes over id 0 at step 1 with its data.
+  RawWorker a2(d.address);
+  CHECK(a2.id() == 0);
+  CHECK(a2.reg().start_step() == 1);
+  CHECK(a2.reg().data_position() == "w0-after-0");
+  CHECK(a2.reg().data_rank() == 0);
+  CHECK(a2.reg().data_world() == 2);
+  CHECK(d.Status().state() == "running");
+  REQUIRE(a2.FullStep(1).ok());
+  REQUIRE(WaitStep(d, 2));
+  ref.Step(1, {0, 1}, {1, 1});  // both workers' gradients of step 1
+  CHECK(Master(d.core) == ref.p);
+}
+
+TEST_CASE("EPS continue: a lost worker's unapplied gradients are dropped and the step completes without it",
+          "[integration][eps][worker_loss]") {
+  Daemon d("continue", "");
+  RawWorker a(d.address), b(d.address);
+  Reference ref(TinyJob(DType::kF32, 6));
+  std::thread ta([&] { CHECK(a.FullStep(0).ok()); });
+  CHECK(b.FullStep(0).ok());
+  ta.join();
+  REQUIRE(WaitStep(d, 1));
+  ref.Step(0, {0, 1}, {1, 1});
+
+  // Step 1: a pushes only layer 1 (which b has not pushed yet) and falls silent.
+  REQUIRE(a.Push(1, 1).ok());
+  a.StopHeartbeats();
+  REQUIRE(d.WaitState(0, "lost"));
+  CHECK(d.Status().step_workers() == 1);
+  CHECK(d.Status().state() == "running");
+  // b finishes step 1 alone: the update uses b's gradients only (a's layer 1 dropped).
+  REQUIRE(b.FullStep(1).ok());
+  REQUIRE(WaitStep(d, 2));
+  ref.Step(1, {1}, {1});
+  CHECK(Master(d.core) == ref.p);
+
+  // a comes back (previous id): it starts at the next boundary, step 2, with its data.
+  RawWorker a2(d.address, /*previous_id=*/0);
+  CHECK(a2.id() == 0);
+  CHECK(a2.reg().start_step() == 2);
+  CHECK(a2.reg().data_position() == "w0-after-0");
+  CHECK(d.Status().step_workers() == 2);
+  std::thread t2([&] { CHECK(a2.FullStep(2).ok()); });
+  CHECK(b.FullStep(2).ok());
+  t2.join();
+  REQUIRE(WaitStep(d, 3));
+  ref.Step(2, {0, 1}, {1, 1});
+  CHECK(Master(d.core) == ref.p);
+}
+
+TEST_CASE("EPS rolls a partially applied step back to the last checkpoint when a worker is lost",
+          "[integration][eps][worker_loss]") {
+  const std::string mode = GENERATE(std::string("pause"), std::string("continue"));
+  auto tmp = itest::TempDir::Create("eps-loss");
+  REQUIRE(tmp.ok());
+  Daemon d(mode, (*tmp)->path());
+  auto a = std::make_unique<RawWorker>(d.address);
+  RawWorker b(d.address);
+  Reference ref(TinyJob(DType::kF32, 6));
+  std::thread ta([&] { CHECK(a->FullStep(0).ok()); });
+  CHECK(b.FullStep(0).ok());
+  ta.join();
+  REQUIRE(WaitStep(d, 1));
+  ref.Step(0, {0, 1}, {1, 1});
+  auto ck = d.core.Checkpoint("");
+  REQUIRE(ck.ok());
+  CHECK(ck->step == 1);
+  const auto at1 = ref.p;
+
+  // Step 1: both push the top layer (it is applied at once), then a falls silent.
+  const int64_t top = TinyJob().model.NumLayers() - 1;
+  REQUIRE(a->Push(top, 1).ok());
+  REQUIRE(b.Push(top, 1).ok());
+  for (int i = 0; i < 200 && d.core.store()->published_version(top) != 2; ++i) std::this_thread::sleep_for(10ms);
+  REQUIRE(d.core.store()->published_version(top) == 2);
+  a->StopHeartbeats();
+  REQUIRE(d.WaitState(0, "lost"));
+  // Rolled back: every layer at version 1 with the checkpoint's state again.
+  const auto st = d.Status();
+  for (int64_t v : st.layer_version()) CHECK(v == 1);
+  CHECK(Master(d.core) == at1);
+  CHECK(st.workers(1).state() == "rejoin");
+  // b's pushes are refused until it re-registers.
+  grpc::Status refused = b.PushAll(1);
+  CHECK(refused.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(refused.error_message().find("re-register") != std::string::npos);
+  for (int i = 0; i < 100 && !b.rejoin(); ++i) std::this_thread::sleep_for(10ms);
+  CHECK(b.rejoin());
+  REQUIRE(b.Register(1).ok());
+  CHECK(b.reg().start_step() == 1);
+  CHECK(b.reg().data_position() == "w1-after-0");
+  if (mode == "continue") {
+    CHECK(d.Status().step_workers() == 1);
+    REQUIRE(b.FullStep(1).ok());
+    REQUIRE(WaitStep(d, 2));
+    ref.Step(1, {1}, {1});
+  } else {
+    CHECK(d.Status().state() == "paused");
+    REQUIRE(b.FullStep(1).ok());
+    std::this_thread::sleep_for(200ms);
+    CHECK(Master(d.core) == at1);  // waits for worker 0
+    a = std::make_unique<RawWorker>(d.address, 0);
+    CHECK(a->reg().start_step() == 1);
+    CHECK(a->reg().data_position() == "w0-after-0");
+    REQUIRE(a->FullStep(1).ok());
+    REQUIRE(WaitStep(d, 2));
+    ref.Step(1, {0, 1}, {1, 1});
+  }
+  CHECK(Master(d.core) == ref.p);
+}
+
+TEST_CASE("EpsClient rejoins after a rollback and redoes the step", "[integration][eps][worker_loss]") {
+  auto tmp = itest::TempDir::Create("eps-rejoin");
+  REQUIRE(tmp.ok());
+  Daemon d("continue", (*tmp)->path());
+  worker::ClientOptions o;
+  o.transport = "shm";
+  o.heartbeat_interval = 50ms;
+  auto c = worker::ConnectEps(d.address, o);
+  REQUIRE(c.ok());
+  auto& client = **c;
+  RawWorker lost(d.address);
+  const int64_t top = TinyJob().model.NumLayers() - 1;
+  const auto layouts = BuildLayout(TinyJob().model);
+  auto g = Grad(0, client.registration().worker_id, top, layouts[top].numel);
+  REQUIRE(client.PushGradient(top, 0, 1, g.data(), g.size()).ok());
+  REQUIRE(lost.Push(top, 0).ok());
+  for (int i = 0; i < 200 && d.core.store()->published_version(top) != 1; ++i) std::this_thread::sleep_for(10ms);
+  REQUIRE(d.core.store()->published_version(top) == 1);
+  lost.StopHeartbeats();
+  REQUIRE(d.WaitState(1, "lost"));
+  // No checkpoint yet: rolled back to the initial state (step 0).
+  auto w = client.AcquireLayer(top, 1, 2s);
+  CHECK(w.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(worker::NeedsRejoin(w.status()));
+  CHECK(client.rejoin_requested());
+  REQUIRE(client.Rejoin().ok());
+  CHECK(!client.rejoin_requested());
+  CHECK(client.registration().start_step == 0);
+  auto w0 = client.AcquireLayer(top, 0, 2s);
+  REQUIRE(w0.ok());
+  CHECK(w0->version == 0);
+  client.ReleaseLayer(top);
+  Reference ref(TinyJob(DType::kF32, 6));
+  for (int64_t l = top; l >= 0; --l) {
+    auto gl = Grad(0, client.registration().worker_id, l, layouts[l].numel);
+    REQUIRE(client.PushGradient(l, 0, 1, gl.data(), gl.size()).ok());
+  }
+  worker::StepReport r;
+  r.step = 0;
+  REQUIRE(client.StepDone(r).ok());
+  REQUIRE(WaitStep(d, 1));
+  ref.Step(0, {client.registration().worker_id}, {1});
+  CHECK(Master(d.core) == ref.p);
+}
+
+}  // namespace l2l
