@@ -25,6 +25,9 @@
 //   * otherwise, if no layer has applied step t yet: its gradients of step t are
 //     dropped; step t completes from the other workers' gradients alone (continue), or
 //     waits until it rejoins and redoes step t (pause). The others do not redo anything.
+//     (Exception, global clip: layers whose gradients were already summed into one
+//     buffer cannot drop one worker's share, so the whole step is abandoned as below,
+//     but without restoring any state: every worker re-registers and redoes step t.)
 //   * otherwise (some layers already applied step t with its gradients, others lack
 //     them): step t is abandoned and the state ROLLED BACK to the restore point -- the
 //     newest checkpoint this daemon wrote or resumed from, else the job's initial state
@@ -217,7 +220,9 @@ class EpsCore {
   void LivenessLoop();
   void CheckpointLoop();
   void HandleLoss(int32_t id, const std::string& new_state);  // REQUIRES: recovery_mu_
-  Status Rollback(int32_t lost_id);                           // REQUIRES: recovery_mu_, frozen
+  // Abandons the step in progress: every worker must re-register; restore: the state is
+  // reloaded from the restore point, else it stays (the step applied nothing).
+  Status Rollback(int32_t lost_id, bool restore);             // REQUIRES: recovery_mu_, frozen
   Result<CheckpointResult> WriteCheckpointLocked(int64_t step, const std::string& dir, bool latest);
   std::string PositionAt(int32_t id, int64_t step) const;     // REQUIRES: mu_
   int64_t checkpoint_every() const;

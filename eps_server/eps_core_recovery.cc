@@ -258,11 +258,12 @@ void EpsCore::HandleLoss(int32_t id, const std::string& new_state) {
     // It finished step t: its gradients of t are all in; drop only later ones.
     pipeline_->DropWorker(id, f.step + 1);
     what = "it had finished step " + std::to_string(f.step) + ", nothing abandoned";
-  } else if (f.at_boundary) {
-    pipeline_->DropWorker(id, f.step);
+  } else if (f.at_boundary && pipeline_->DropWorker(id, f.step)) {
     what = "its gradients of step " + std::to_string(f.step) + " were dropped (no layer had applied the step)";
   } else {
-    Status s = Rollback(id);
+    // Partially applied, or (global clip) its gradients are already summed into the
+    // step's reductions: abandon the step. At the boundary the state needs no restore.
+    Status s = Rollback(id, /*restore=*/!f.at_boundary);
     if (!s.ok()) {
       L2L_LOG_ERROR("rollback after losing worker {} failed: {}; stopping the job", id, s.ToString());
       pipeline_->Release();
@@ -271,8 +272,8 @@ void EpsCore::HandleLoss(int32_t id, const std::string& new_state) {
     }
     std::lock_guard<std::mutex> lock(mu_);
     next = workers_[id]->next_step;
-    what = "step " + std::to_string(f.step) + " was partially applied: rolled back to step " +
-           std::to_string(next) + ", every worker must re-register and redo from there";
+    what = "step " + std::to_string(f.step) + (f.at_boundary ? " was abandoned" : " was partially applied: rolled back") +
+           " to step " + std::to_string(next) + ", every worker must re-register and redo from there";
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -294,24 +295,26 @@ void EpsCore::HandleLoss(int32_t id, const std::string& new_state) {
   UpdatePausedLocked();
 }
 
-Status EpsCore::Rollback(int32_t lost_id) {
+Status EpsCore::Rollback(int32_t lost_id, bool restore) {
   std::string dir;
   int64_t step = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     dir = restore_dir_;
-    step = restore_step_;
+    step = restore ? restore_step_ : pipeline_->stats().completed_step;
     for (auto& w : workers_) {
       if (w->info.state == "active") {
         w->info.state = "rejoin";
         w->rejoin_reason = "step abandoned after worker " + std::to_string(lost_id) +
-                           " was lost; the state was rolled back to step " + std::to_string(step);
+                           " was lost; every worker restarts at step " + std::to_string(step);
       }
     }
   }
   store_->BumpEpoch();  // wakes shm readers and in-process waiters with an error
   pipeline_->ResetToStep(step);
-  if (!dir.empty()) {
+  if (!restore) {
+    // Nothing was applied: only the step's gradients go.
+  } else if (!dir.empty()) {
     L2L_ASSIGN_OR_RETURN(CheckpointManifest m, ReadCheckpointManifest(dir));
     L2L_RETURN_IF_ERROR(LoadCheckpointState(m, store_.get()));
   } else if (start_.load) {
@@ -319,7 +322,9 @@ Status EpsCore::Rollback(int32_t lost_id) {
   } else {
     store_->InitFromSeed(job_.train.seed);
   }
-  for (int64_t l = 0; l < store_->num_layers(); ++l) store_->PublishMaster(l, step);
+  if (restore) {
+    for (int64_t l = 0; l < store_->num_layers(); ++l) store_->PublishMaster(l, step);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& w : workers_) {
     w->next_step = std::min(w->next_step, step);
@@ -327,7 +332,7 @@ Status EpsCore::Rollback(int32_t lost_id) {
     w->info.step = w->next_step;
   }
   reported_.clear();
-  L2L_LOG_WARN("rolled back to step {} ({})", step, dir.empty() ? start_.description : dir);
+  if (restore) L2L_LOG_WARN("rolled back to step {} ({})", step, dir.empty() ? start_.description : dir);
   return Status::Ok();
 }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstring>
 
 #include "common/adamw.h"
 #include "common/logging.h"
@@ -44,7 +45,11 @@ UpdatePipeline::UpdatePipeline(ParamStore* store, const JobConfig& job, int num_
           RunUpdate(t.layer, t.coef);
           return tbb::flow::continue_msg();
         }
-        // Norm of the reduced gradient (global clip).
+        // Global clip: reduce the workers' gradients into one buffer (summed in worker-id
+        // order, exactly as AdamWUpdate sums them, so the result is bit-identical) and
+        // take its norm; the workers' buffers (shm slots) are released right away, since
+        // the step's updates must wait for the last layer's norm and a worker with fewer
+        // gradient slots than layers would otherwise never get a free slot.
         std::vector<const float*> grads;
         int64_t mb = 0;
         {
@@ -55,21 +60,29 @@ UpdatePipeline::UpdatePipeline(ParamStore* store, const JobConfig& job, int num_
           }
         }
         const float scale = 1.0f / static_cast<float>(mb);
+        std::vector<float> reduced(store_->layout(t.layer).numel);  // (numel)
         double n2 = 0;
         for (const StateSpan& s : store_->spans(t.layer)) {
-          std::vector<const float*> off(grads.size());
-          for (size_t i = 0; i < grads.size(); ++i) off[i] = grads[i] + s.begin;
-          n2 += ReducedSumSquares(off.data(), static_cast<int>(off.size()), s.n, scale);
+          float* dst = reduced.data() + s.begin;
+          std::memcpy(dst, grads[0] + s.begin, s.n * sizeof(float));
+          for (size_t w = 1; w < grads.size(); ++w) {
+            const float* src = grads[w] + s.begin;
+            for (size_t i = 0; i < s.n; ++i) dst[i] = dst[i] + src[i];
+          }
+          const float* one = dst;
+          n2 += ReducedSumSquares(&one, 1, s.n, scale);
         }
         std::lock_guard<std::mutex> lock(mu_);
-        layers_[t.layer].norm2 = n2;
-        if (++norms_in_step_ == static_cast<int64_t>(layers_.size())) {
-          double total = 0;
-          for (auto& l : layers_) total += l.norm2;  // layer order: deterministic
-          const float coef = ClipCoefficient(std::sqrt(total), job_.optim.grad_clip);
-          norms_in_step_ = 0;
-          for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) LaunchLocked(l, coef);
+        LayerState& ls = layers_[t.layer];
+        for (auto& [w, g] : ls.arrived) {  // entries stay: they still catch duplicates
+          if (g.release) g.release();
+          g.release = nullptr;
+          g.data = nullptr;
         }
+        ls.reduced = std::move(reduced);
+        ls.reduced_mb = mb;
+        layers_[t.layer].norm2 = n2;
+        if (++norms_in_step_ == static_cast<int64_t>(layers_.size())) LaunchAllGlobalLocked();
         --running_;
         cv_.notify_all();
         return tbb::flow::continue_msg();
@@ -160,10 +173,16 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
   int64_t step = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    step = layers_[layer].step;
-    for (auto& [w, g] : layers_[layer].arrived) {
-      grads.push_back(g.data);
-      mb += g.micro_batches;
+    const LayerState& ls = layers_[layer];
+    step = ls.step;
+    if (!ls.reduced.empty()) {  // global clip: reduced by the norm task
+      grads.push_back(ls.reduced.data());
+      mb = ls.reduced_mb;
+    } else {
+      for (auto& [w, g] : ls.arrived) {
+        grads.push_back(g.data);
+        mb += g.micro_batches;
+      }
     }
   }
   const int ng = static_cast<int>(grads.size());
@@ -220,6 +239,7 @@ void UpdatePipeline::FinishUpdateLocked(int64_t layer, double seconds) {
     if (g.release) g.release();
   }
   ls.arrived.clear();
+  std::vector<float>().swap(ls.reduced);
   ls.scheduled = false;
   ls.norm2 = -1;
   ++ls.step;
@@ -279,18 +299,33 @@ bool UpdatePipeline::AnyMemberLocked(int64_t step) const {
   return false;
 }
 
-void UpdatePipeline::DropWorker(int32_t worker_id, int64_t min_step) {
+bool UpdatePipeline::DropWorker(int32_t worker_id, int64_t min_step) {
   std::lock_guard<std::mutex> lock(mu_);
   L2L_CHECK(running_ == 0) << "DropWorker while updates run (freeze the pipeline first)";
+  if (worker_id >= 0) {
+    // A layer already reduced (global clip) mixes this worker's gradient into the sum.
+    for (const auto& l : layers_) {
+      if (l.step >= min_step && !l.reduced.empty() && l.arrived.count(worker_id) != 0) return false;
+    }
+  }
   // Nothing runs, so every scheduled layer sits in deferred_ (or waits for the global
-  // norms): un-schedule all; SetWorkers/Release re-check which layers are complete.
+  // norms): un-schedule all, then re-check which layers are complete. Layers already
+  // reduced (global clip) keep their sum and norm.
   deferred_.clear();
   norms_in_step_ = 0;
   for (auto& l : layers_) {
-    l.scheduled = false;
-    l.norm2 = -1;
+    const bool touch = l.step >= min_step;
+    if (touch && worker_id < 0) std::vector<float>().swap(l.reduced);
+    if (!l.reduced.empty()) {
+      l.scheduled = true;
+      ++norms_in_step_;
+    } else {
+      l.scheduled = false;
+      l.norm2 = -1;
+    }
+    if (!touch) continue;
     for (auto it = l.arrived.begin(); it != l.arrived.end();) {
-      if ((worker_id >= 0 && it->first != worker_id) || l.step < min_step) {
+      if (worker_id >= 0 && it->first != worker_id) {
         ++it;
         continue;
       }
@@ -298,7 +333,20 @@ void UpdatePipeline::DropWorker(int32_t worker_id, int64_t min_step) {
       it = l.arrived.erase(it);
     }
   }
-  for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) MaybeScheduleLocked(l);
+  if (norms_in_step_ == static_cast<int64_t>(layers_.size())) {
+    LaunchAllGlobalLocked();
+  } else {
+    for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) MaybeScheduleLocked(l);
+  }
+  return true;
+}
+
+void UpdatePipeline::LaunchAllGlobalLocked() {
+  double total = 0;
+  for (auto& l : layers_) total += l.norm2;  // layer order: deterministic
+  const float coef = ClipCoefficient(std::sqrt(total), job_.optim.grad_clip);
+  norms_in_step_ = 0;
+  for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) LaunchLocked(l, coef);
 }
 
 void UpdatePipeline::ResetToStep(int64_t step) {

@@ -109,8 +109,10 @@ class UpdatePipeline {
   // Drops (releases) the gradients of `worker_id` (every worker's when -1) that wait
   // for the step in progress, and un-schedules updates that were held by the gate.
   // REQUIRES: the pipeline is frozen (Freeze/Hold) so no update of them runs.
-  // Only layers collecting a step >= min_step are touched.
-  void DropWorker(int32_t worker_id, int64_t min_step = INT64_MIN);
+  // Only layers collecting a step >= min_step are touched. Returns false (and drops
+  // nothing) when a layer's gradients were already reduced into one sum that includes
+  // this worker's (global clip): the caller must then drop the whole step (-1).
+  bool DropWorker(int32_t worker_id, int64_t min_step = INT64_MIN);
   // After a rollback restored the store at `step`: every layer collects `step` again,
   // waiting gradients are released. REQUIRES: frozen.
   void ResetToStep(int64_t step);
@@ -122,6 +124,8 @@ class UpdatePipeline {
     std::map<int32_t, GradientRef> arrived;   // worker id -> gradient (sorted: reduce order)
     bool scheduled = false;                   // update of `step` queued or running
     double norm2 = -1;                        // reduced gradient's squared norm (clip)
+    std::vector<float> reduced;               // global clip: sum over workers (numel)
+    int64_t reduced_mb = 0;                   // micro-batches in `reduced`
   };
   struct Impl;
 
@@ -129,6 +133,7 @@ class UpdatePipeline {
   void RunUpdate(int64_t layer, float clip_coef);
   void FinishUpdateLocked(int64_t layer, double seconds);
   void LaunchLocked(int64_t layer, float clip_coef);
+  void LaunchAllGlobalLocked();  // every layer's norm is in: launch all updates
 
   ParamStore* const store_;
   const JobConfig job_;

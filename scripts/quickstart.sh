@@ -4,8 +4,8 @@
 # with configs/quickstart.yaml, ending with a generated sample. About 3-5 minutes on 2
 # CPU cores after the build.
 #
-# Today the training runs in one process (l2l-train-ref, the reference trainer); the
-# run_training function below is the one place to swap in the daemon + workers.
+# Training runs the real system: the l2l-eps daemon and one l2l-worker (CPU), watched
+# with l2lctl; QUICKSTART_REFERENCE=1 uses the single-process reference trainer instead.
 #
 # Environment: L2L_BUILD_DIR (default build), QUICKSTART_STEPS (default: the config's),
 # QUICKSTART_THREADS (default: all cores), L2L_SKIP_SETUP=1 to skip scripts/setup.sh.
@@ -36,13 +36,60 @@ echo "quickstart: corpus $DATA_DIR/corpus.txt ($(wc -c < "$DATA_DIR/corpus.txt")
 "$BUILD_DIR/bin/l2l-tokenize" "$DATA_DIR/corpus.txt" "$DATA_DIR/train.bin" \
   --val-fraction 0.1 --val-output "$DATA_DIR/val.bin"
 
-# ---- training ----
+# ---- training: the real system (l2l-eps daemon + one l2l-worker on the CPU) ----
+# The daemon holds the weights and AdamW state; the worker relays the model through its
+# device one layer at a time. Progress comes from `l2lctl watch`; at the end the daemon
+# checkpoints, exports safetensors and stops. QUICKSTART_REFERENCE=1 trains with the
+# single-process reference trainer (l2l-train-ref) instead.
 run_training() {
-  local args=(--config "$CONFIG" --out "$OUT_DIR" --prompt "The ")
-  if [ -n "${QUICKSTART_STEPS:-}" ]; then args+=(--steps "$QUICKSTART_STEPS"); fi
-  if [ -n "${QUICKSTART_THREADS:-}" ]; then args+=(--threads "$QUICKSTART_THREADS"); fi
-  "$BUILD_DIR/bin/l2l-train-ref" "${args[@]}"
+  if [ "${QUICKSTART_REFERENCE:-0}" = 1 ]; then
+    local args=(--config "$CONFIG" --out "$OUT_DIR" --prompt "The ")
+    if [ -n "${QUICKSTART_STEPS:-}" ]; then args+=(--steps "$QUICKSTART_STEPS"); fi
+    if [ -n "${QUICKSTART_THREADS:-}" ]; then args+=(--threads "$QUICKSTART_THREADS"); fi
+    "$BUILD_DIR/bin/l2l-train-ref" "${args[@]}"
+    return
+  fi
+  local state="$PWD/$OUT_DIR/eps-state" job_id="quickstart-$$"
+  rm -rf "$state"
+  mkdir -p "$state"
+  "$BUILD_DIR/bin/l2l-eps" --job "$CONFIG" --state-dir "$state" --job-id "$job_id" --workers 1 \
+    > "$OUT_DIR/eps.log" 2>&1 &
+  local eps_pid=$! worker_pid=""
+  # Stop whatever is still running if anything below fails.
+  trap 'kill ${worker_pid:-} $eps_pid 2>/dev/null || true' EXIT
+  for _ in $(seq 300); do [ -s "$state/eps.port" ] && break; sleep 0.1; done
+  if [ ! -s "$state/eps.port" ]; then
+    echo "quickstart: l2l-eps did not start; see $OUT_DIR/eps.log" >&2
+    cat "$OUT_DIR/eps.log" >&2
+    return 1
+  fi
+  local eps_addr="127.0.0.1:$(cat "$state/eps.port")"
+  echo "quickstart: l2l-eps listening on $eps_addr (log $OUT_DIR/eps.log)"
+  local wargs=(--eps "$eps_addr" --name quickstart-worker)
+  if [ -n "${QUICKSTART_STEPS:-}" ]; then wargs+=(--steps "$QUICKSTART_STEPS"); fi
+  if [ -n "${QUICKSTART_THREADS:-}" ]; then wargs+=(--threads "$QUICKSTART_THREADS"); fi
+  "$BUILD_DIR/bin/l2l-worker" "${wargs[@]}" > "$OUT_DIR/worker.log" 2>&1 &
+  worker_pid=$!
+  echo "quickstart: l2l-worker started (log $OUT_DIR/worker.log)"
+  local ctl=("$BUILD_DIR/bin/l2lctl" --eps "$eps_addr")
+  local wopts=()
+  if [ -n "${QUICKSTART_STEPS:-}" ]; then wopts+=(--steps "$QUICKSTART_STEPS"); fi
+  "${ctl[@]}" watch "${wopts[@]}" || true
+  if ! wait "$worker_pid"; then
+    echo "quickstart: l2l-worker failed; its log:" >&2
+    tail -20 "$OUT_DIR/worker.log" >&2
+    return 1
+  fi
+  worker_pid=""
+  tail -1 "$OUT_DIR/worker.log"
+  "${ctl[@]}" checkpoint
+  "${ctl[@]}" export --format safetensors "$PWD/$OUT_DIR/model.safetensors"
+  "${ctl[@]}" stop --skip-checkpoint
+  wait "$eps_pid" || true
+  trap - EXIT
+  echo "quickstart: checkpoints in $state/checkpoints, logs in $OUT_DIR/{eps,worker}.log"
 }
+mkdir -p "$OUT_DIR"
 start=$(date +%s)
 run_training
 echo "quickstart: done in $(( $(date +%s) - start )) s; model in $OUT_DIR/model.safetensors"

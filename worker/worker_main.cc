@@ -14,7 +14,8 @@
 // and, at exit, one summary line the integration tests parse:
 //   l2l-worker: done steps=N peak_rss_kb=K device_bytes=D stash_host_bytes=H max_lag=A min_lag=B
 // Exit status: 0 when the job's steps are done, the EPS stopped the job or a signal asked
-// to stop; 2 when the EPS is unreachable after the bounded retry; 1 on any other error.
+// to stop (and the step in progress finished within 15 s; else 143); 2 when the EPS is
+// unreachable after the bounded retry; 1 on any other error.
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -26,6 +27,7 @@
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include <CLI/CLI.hpp>
 
@@ -45,6 +47,25 @@ namespace w = l2l::worker;
 
 std::atomic<bool> g_stop{false};
 void OnSignal(int) { g_stop.store(true); }
+
+// After SIGINT/SIGTERM the worker finishes its step; if the step cannot finish (the EPS
+// is gone or stuck), it leaves anyway after this grace period.
+constexpr std::chrono::seconds kStopGrace{15};
+
+// Waits for g_stop, then for kStopGrace, then exits the process (status 128+SIGTERM).
+void StopWatchdog(const std::atomic<bool>* done) {
+  while (!g_stop.load() && !done->load()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  if (done->load()) return;
+  const auto deadline = std::chrono::steady_clock::now() + kStopGrace;
+  while (!done->load() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  if (done->load()) return;
+  std::fprintf(stderr, "l2l-worker: the step in progress did not finish within %lld s of the stop "
+               "signal; exiting without it\n", static_cast<long long>(kStopGrace.count()));
+  l2l::FlushLogs();
+  std::_Exit(128 + SIGTERM);
+}
 
 struct Flags {
   std::string eps;
@@ -199,8 +220,12 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
+  std::atomic<bool> done{false};
+  std::thread watchdog(StopWatchdog, &done);
   int exit_code = 1;
   Status st = Run(f, &exit_code);
+  done.store(true);
+  watchdog.join();
   if (!st.ok()) {
     std::fprintf(stderr, "l2l-worker: error: %s\n", st.ToString().c_str());
     l2l::FlushLogs();

@@ -1,7 +1,7 @@
 // Helpers for the EPS integration tests (eps_*_test.cc): a tiny job, deterministic
 // per-(step, worker, layer) gradients, and the test's own reference trainer -- AdamW
 // from common/adamw.h over plain vectors with the EPS's reduction rule (sum over
-// workers in id order, divided by the total micro-batches, global clip) -- so expected
+// workers in id order, divided by the total micro-batches, global clip or none) -- so expected
 // weights never come from the code under test.
 //
 // Thread-safety: values; one thread per object.
@@ -70,7 +70,7 @@ struct Reference {
       n2 += SumSquares(avg.data(), avg.size());
       sum.push_back(std::move(s));
     }
-    const float coef = ClipCoefficient(std::sqrt(n2), job.optim.grad_clip);
+    const float coef = job.train.clip == "global" ? ClipCoefficient(std::sqrt(n2), job.optim.grad_clip) : 1.0f;
     for (size_t l = 0; l < layouts.size(); ++l) {
       for (const ParamInfo& pi : layouts[l].params) {
         AdamWStep(p[l].data() + pi.offset, sum[l].data() + pi.offset, m[l].data() + pi.offset,

@@ -36,8 +36,11 @@ using epstest::TinyJob;
 constexpr int64_t kHeartbeatTimeoutMs = 400;
 
 struct Daemon {
-  Daemon(const std::string& on_loss, const std::string& state_dir) : core(Opts(on_loss, state_dir)) {
-    L2L_CHECK(core.CreateJob(TinyJob(DType::kF32, 6)).ok());
+  // clip "none": every layer updates as soon as its gradients are in (with "global"
+  // all updates of a step wait for the last gradient, so no step is ever partial).
+  Daemon(const std::string& on_loss, const std::string& state_dir, const std::string& transport = "grpc")
+      : core(Opts(on_loss, state_dir, transport)) {
+    L2L_CHECK(core.CreateJob(Job()).ok());
     auto s = eps::EpsGrpcServer::Start(&core, eps::ServerOptions{});
     L2L_CHECK(s.ok()) << s.status().ToString();
     server = std::move(s).value();
@@ -48,12 +51,17 @@ struct Daemon {
     server->Shutdown();
     core.Stop();
   }
-  static eps::CoreOptions Opts(const std::string& on_loss, const std::string& state_dir) {
+  static JobConfig Job() {
+    JobConfig j = TinyJob(DType::kF32, 6);
+    j.train.clip = "none";
+    return j;
+  }
+  static eps::CoreOptions Opts(const std::string& on_loss, const std::string& state_dir, const std::string& transport) {
     static int n = 0;
     eps::CoreOptions o;
     o.job_id = "loss" + std::to_string(getpid()) + "x" + std::to_string(n++);
     o.expected_workers = 2;
-    o.transport = "grpc";
+    o.transport = transport;
     o.heartbeat_timeout_ms = kHeartbeatTimeoutMs;
     o.on_worker_loss = on_loss;
     o.state_dir = state_dir;
@@ -66,7 +74,8 @@ struct Daemon {
     return rep;
   }
   std::string WorkerState(int id) {
-    for (const auto& w : Status().workers()) {
+    const ctl::GetStatusReply st = Status();
+    for (const auto& w : st.workers()) {
       if (w.worker_id() == id) return w.state();
     }
     return "?";
@@ -192,7 +201,7 @@ TEST_CASE("EPS pause: a silent worker is lost, nothing is applied without it, a 
   RawWorker a(d.address), b(d.address);
   REQUIRE(a.id() == 0);
   REQUIRE(b.id() == 1);
-  Reference ref(TinyJob(DType::kF32, 6));
+  Reference ref(Daemon::Job());
   std::thread ta([&] { CHECK(a.FullStep(0).ok()); });
   CHECK(b.FullStep(0).ok());
   ta.join();
@@ -234,7 +243,7 @@ TEST_CASE("EPS continue: a lost worker's unapplied gradients are dropped and the
           "[integration][eps][worker_loss]") {
   Daemon d("continue", "");
   RawWorker a(d.address), b(d.address);
-  Reference ref(TinyJob(DType::kF32, 6));
+  Reference ref(Daemon::Job());
   std::thread ta([&] { CHECK(a.FullStep(0).ok()); });
   CHECK(b.FullStep(0).ok());
   ta.join();
@@ -275,7 +284,7 @@ TEST_CASE("EPS rolls a partially applied step back to the last checkpoint when a
   Daemon d(mode, (*tmp)->path());
   auto a = std::make_unique<RawWorker>(d.address);
   RawWorker b(d.address);
-  Reference ref(TinyJob(DType::kF32, 6));
+  Reference ref(Daemon::Job());
   std::thread ta([&] { CHECK(a->FullStep(0).ok()); });
   CHECK(b.FullStep(0).ok());
   ta.join();
@@ -331,7 +340,7 @@ TEST_CASE("EPS rolls a partially applied step back to the last checkpoint when a
 TEST_CASE("EpsClient rejoins after a rollback and redoes the step", "[integration][eps][worker_loss]") {
   auto tmp = itest::TempDir::Create("eps-rejoin");
   REQUIRE(tmp.ok());
-  Daemon d("continue", (*tmp)->path());
+  Daemon d("continue", (*tmp)->path(), "auto");
   worker::ClientOptions o;
   o.transport = "shm";
   o.heartbeat_interval = 50ms;
@@ -360,7 +369,7 @@ TEST_CASE("EpsClient rejoins after a rollback and redoes the step", "[integratio
   REQUIRE(w0.ok());
   CHECK(w0->version == 0);
   client.ReleaseLayer(top);
-  Reference ref(TinyJob(DType::kF32, 6));
+  Reference ref(Daemon::Job());
   for (int64_t l = top; l >= 0; --l) {
     auto gl = Grad(0, client.registration().worker_id, l, layouts[l].numel);
     REQUIRE(client.PushGradient(l, 0, 1, gl.data(), gl.size()).ok());

@@ -1,0 +1,286 @@
+// l2l-bench-eps: EPS micro-benchmarks, each printed as a ratio against a peer or a
+// physical limit measured in the same run (docs/performance.md "EPS"):
+//   1. AdamW update rate (eps_server/adamw_vec.h, the pipeline's kernel, 1 worker
+//      gradient, bf16 publish) vs the memory-bandwidth bound: bytes the update touches
+//      per parameter / the bandwidth of a large memcpy at the same thread count; and vs
+//      torch.optim.AdamW (foreach=True) at the same thread count (/usr/bin/python3).
+//   2. A layer fetch through shared memory (the worker's protocol from common/shm.h:
+//      seqlock + pin, then copy out of the mapped slot) vs a memcpy of the same bytes.
+//   3. The same layer through gRPC on loopback (FetchLayer stream, 4 MiB chunks) vs a
+//      raw TCP socket transfer of the same bytes over loopback.
+//
+//   l2l-bench-eps [--threads N] [--params N] [--iters N] [--no-torch]
+//
+// Not a test: never fails on speed. Ownership/threads: everything is local to main.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/parallel_for.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <grpcpp/grpcpp.h>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "common/logging.h"
+#include "eps_server/adamw_vec.h"
+#include "eps_server/eps_core.h"
+#include "eps_server/grpc_server.h"
+#include "proto/data.grpc.pb.h"
+
+namespace {
+
+using namespace l2l;
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Best of `iters` runs of f (seconds).
+template <typename F>
+double Best(int iters, F&& f) {
+  double best = 1e30;
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = Clock::now();
+    f();
+    best = std::min(best, Seconds(t0));
+  }
+  return best;
+}
+
+void ParallelCopy(char* dst, const char* src, size_t n) {
+  const size_t chunk = size_t{1} << 20;
+  tbb::parallel_for(size_t{0}, (n + chunk - 1) / chunk, [&](size_t i) {
+    const size_t off = i * chunk;
+    std::memcpy(dst + off, src + off, std::min(chunk, n - off));
+  });
+}
+
+// Runs torch.optim.AdamW(foreach=True) on n params with `threads` threads; params/s or -1.
+double TorchAdamW(size_t n, int threads, int iters) {
+  const std::string script = "/tmp/l2l_bench_eps_torch_" + std::to_string(getpid()) + ".py";
+  std::ofstream(script) << "import time, torch\n"
+                        << "torch.set_num_threads(" << threads << ")\n"
+                        << "p = torch.nn.Parameter(torch.randn(" << n << "))\n"
+                        << "p.grad = torch.randn(" << n << ") * 0.01\n"
+                        << "opt = torch.optim.AdamW([p], lr=1e-3, weight_decay=0.1, foreach=True)\n"
+                        << "opt.step()\n"
+                        << "best = 1e30\n"
+                        << "for _ in range(" << iters << "):\n"
+                        << "    t = time.perf_counter(); opt.step(); best = min(best, time.perf_counter() - t)\n"
+                        << "print(" << n << " / best)\n";
+  FILE* f = popen(("/usr/bin/python3 " + script + " 2>&1").c_str(), "r");
+  if (f == nullptr) return -1;
+  char buf[4096];
+  std::string out;
+  while (fgets(buf, sizeof(buf), f) != nullptr) out += buf;
+  pclose(f);
+  std::remove(script.c_str());
+  try {
+    return std::stod(out.substr(out.find_last_of('\n', out.size() - 2) == std::string::npos
+                                    ? 0
+                                    : out.find_last_of('\n', out.size() - 2) + 1));
+  } catch (...) {
+    std::fprintf(stderr, "torch run failed: %s\n", out.c_str());
+    return -1;
+  }
+}
+
+void BenchAdamW(size_t n, int threads, int iters, bool torch) {
+  std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f), g(n);
+  std::vector<uint16_t> out(n);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> d(0, 1);
+  for (size_t i = 0; i < n; ++i) {
+    p[i] = d(rng);
+    g[i] = 0.01f * d(rng);
+  }
+  eps::AdamWArgs a;
+  a.lr = 1e-3f;
+  a.weight_decay = 0.1f;
+  const size_t chunk = 1 << 16;
+  int64_t t = 0;
+  auto update = [&] {
+    a.t = ++t;
+    tbb::parallel_for(size_t{0}, (n + chunk - 1) / chunk, [&](size_t c) {
+      const size_t off = c * chunk, len = std::min(chunk, n - off);
+      const float* gs[1] = {g.data() + off};
+      eps::AdamWUpdate(a, p.data() + off, m.data() + off, v.data() + off, gs, 1, len, DType::kBF16,
+                       out.data() + off);
+    });
+  };
+  update();
+  const double t_upd = Best(iters, update);
+  const double rate = static_cast<double>(n) / t_upd;
+  // Memory bandwidth: memcpy of 4 arrays' worth (read + write counted).
+  std::vector<char> src(n * 16, 1), dst(n * 16, 0);
+  ParallelCopy(dst.data(), src.data(), src.size());
+  const double t_cpy = Best(iters, [&] { ParallelCopy(dst.data(), src.data(), src.size()); });
+  const double bw = 2.0 * static_cast<double>(src.size()) / t_cpy;  // bytes/s read+write
+  // Per parameter: read p, m, v, g (16 B), write p, m, v (12 B) and the bf16 copy (2 B).
+  const double bytes_per_param = 30;
+  const double bound = bw / bytes_per_param;
+  std::printf("adamw: %zu params, %d threads, %s: %.3g params/s (%.2f GB/s effective)\n", n, threads,
+              eps::SimdLevelName(eps::DetectSimdLevel()), rate, rate * bytes_per_param / 1e9);
+  std::printf("adamw: memcpy bandwidth %.2f GB/s (read+write) -> bound %.3g params/s at %.0f B/param\n",
+              bw / 1e9, bound, bytes_per_param);
+  std::printf("RATIO adamw / memory-bandwidth bound = %.2f\n", rate / bound);
+  if (torch) {
+    const double tr = TorchAdamW(n, threads, iters);
+    if (tr > 0) {
+      std::printf("adamw: torch.optim.AdamW(foreach=True) %.3g params/s at %d threads\n", tr, threads);
+      std::printf("RATIO adamw / torch AdamW = %.2f\n", rate / tr);
+    }
+  }
+}
+
+// Layer fetch through the shm weight segment vs memcpy, and through gRPC vs raw TCP.
+void BenchTransport(int iters) {
+  JobConfig job;
+  job.model.vocab_size = 4096;
+  job.model.seq_len = 256;
+  job.model.d_model = 1024;
+  job.model.n_layer = 1;
+  job.model.n_head = 16;
+  job.model.d_ff = 4096;
+  job.publish_dtype = DType::kBF16;
+  eps::CoreOptions co;
+  co.job_id = "bench" + std::to_string(getpid());
+  co.expected_workers = 1;
+  eps::EpsCore core(co);
+  if (Status s = core.CreateJob(job); !s.ok()) {
+    std::fprintf(stderr, "CreateJob: %s\n", s.ToString().c_str());
+    return;
+  }
+  const int64_t layer = 1;  // the block
+  const size_t bytes = core.store()->layout(layer).numel * DTypeSize(job.publish_dtype);
+  std::vector<char> buf(bytes), other(bytes, 1);
+
+  // shm: a second, read-only mapping (as a worker process has) + the reader protocol.
+  auto seg = ShmSegment::Open(core.store()->shm_name(), false);
+  if (!seg.ok()) return;
+  auto* hdr = static_cast<WeightSegmentHeader*>(seg->data());
+  WeightLayerEntry& e = WeightLayers(seg->data())[layer];
+  std::atomic<int64_t> pin{-1};
+  auto shm_fetch = [&] {
+    for (;;) {
+      const uint32_t s = e.current.load(std::memory_order_acquire);
+      const uint32_t q = e.seq[s].load(std::memory_order_acquire);
+      const int64_t ver = e.version[s].load(std::memory_order_acquire);
+      if (q & 1) continue;
+      pin.store((ver << 1) | s, std::memory_order_seq_cst);
+      if (e.seq[s].load(std::memory_order_seq_cst) != q) continue;
+      std::memcpy(buf.data(), static_cast<char*>(seg->data()) + e.slot_offset[s], bytes);
+      pin.store(-1, std::memory_order_release);
+      return;
+    }
+  };
+  (void)hdr;
+  shm_fetch();
+  const double t_shm = Best(iters, shm_fetch);
+  const double t_mem = Best(iters, [&] { std::memcpy(buf.data(), other.data(), bytes); });
+  std::printf("fetch: layer of %zu bytes (bf16): shm %.2f GB/s, memcpy %.2f GB/s (1 thread)\n", bytes,
+              bytes / t_shm / 1e9, bytes / t_mem / 1e9);
+  std::printf("RATIO shm fetch / memcpy = %.2f\n", t_mem / t_shm);
+
+  // gRPC FetchLayer on loopback.
+  auto server = eps::EpsGrpcServer::Start(&core, eps::ServerOptions{});
+  if (!server.ok()) return;
+  const std::string addr = "127.0.0.1:" + std::to_string((*server)->port());
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(16 << 20);
+  auto stub = data::v1::Data::NewStub(grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args));
+  data::v1::RegisterRequest rreq;
+  rreq.set_transport("grpc");
+  data::v1::RegisterReply rrep;
+  {
+    grpc::ClientContext c;
+    if (!stub->Register(&c, rreq, &rrep).ok()) return;
+  }
+  auto grpc_fetch = [&] {
+    grpc::ClientContext c;
+    data::v1::FetchLayerRequest req;
+    req.set_worker_id(rrep.worker_id());
+    req.set_layer(layer);
+    auto r = stub->FetchLayer(&c, req);
+    data::v1::LayerChunk chunk;
+    while (r->Read(&chunk)) std::memcpy(buf.data() + chunk.offset(), chunk.data().data(), chunk.data().size());
+    (void)r->Finish();
+  };
+  grpc_fetch();
+  const double t_grpc = Best(iters, grpc_fetch);
+
+  // Raw TCP on loopback: a sender thread writes `bytes` per request, the reader reads.
+  const int ls = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(ls, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  socklen_t len = sizeof(sa);
+  getsockname(ls, reinterpret_cast<sockaddr*>(&sa), &len);
+  listen(ls, 1);
+  std::thread sender([&] {
+    const int fd = accept(ls, nullptr, nullptr);
+    char req;
+    while (read(fd, &req, 1) == 1) {
+      size_t off = 0;
+      while (off < bytes) {
+        const ssize_t w = write(fd, other.data() + off, std::min<size_t>(bytes - off, 4 << 20));
+        if (w <= 0) break;
+        off += static_cast<size_t>(w);
+      }
+    }
+    close(fd);
+  });
+  const int cs = socket(AF_INET, SOCK_STREAM, 0);
+  connect(cs, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
+  auto tcp_fetch = [&] {
+    char req = 'x';
+    if (write(cs, &req, 1) != 1) return;
+    size_t off = 0;
+    while (off < bytes) {
+      const ssize_t r = read(cs, buf.data() + off, bytes - off);
+      if (r <= 0) break;
+      off += static_cast<size_t>(r);
+    }
+  };
+  tcp_fetch();
+  const double t_tcp = Best(iters, tcp_fetch);
+  shutdown(cs, SHUT_WR);
+  close(cs);
+  sender.join();
+  close(ls);
+  std::printf("fetch: gRPC loopback %.2f GB/s, raw TCP loopback %.2f GB/s\n", bytes / t_grpc / 1e9,
+              bytes / t_tcp / 1e9);
+  std::printf("RATIO gRPC fetch / raw TCP = %.2f\n", t_tcp / t_grpc);
+  (*server)->Shutdown();
+  core.Stop();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"l2l-bench-eps: EPS update and transport benchmarks"};
+  int threads = static_cast<int>(std::thread::hardware_concurrency());
+  size_t params = size_t{16} << 20;
+  int iters = 5;
+  bool no_torch = false;
+  app.add_option("--threads", threads, "threads for AdamW, memcpy and torch");
+  app.add_option("--params", params, "parameters in the AdamW benchmark");
+  app.add_option("--iters", iters, "timed repetitions (best is reported)");
+  app.add_flag("--no-torch", no_torch, "skip the torch.optim.AdamW comparison");
+  CLI11_PARSE(app, argc, argv);
+  l2l::InitLogging("warn", "", "bench").IgnoreError();
+  tbb::global_control gc(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(threads));
+  BenchAdamW(params, threads, iters, !no_torch);
+  BenchTransport(iters);
+  return 0;
+}
