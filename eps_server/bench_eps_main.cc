@@ -112,7 +112,7 @@ void BenchAdamW(size_t n, int threads, int iters, bool torch) {
     a.t = ++t;
     tbb::parallel_for(size_t{0}, (n + chunk - 1) / chunk, [&](size_t c) {
       const size_t off = c * chunk, len = std::min(chunk, n - off);
-      const float* gs[1] = {g.data() + off};
+      const float* gs[1] = {g.data() + off};  // one worker's gradient
       eps::AdamWUpdate(a, p.data() + off, m.data() + off, v.data() + off, gs, 1, len, DType::kBF16,
                        out.data() + off);
     });
@@ -120,17 +120,61 @@ void BenchAdamW(size_t n, int threads, int iters, bool torch) {
   update();
   const double t_upd = Best(iters, update);
   const double rate = static_cast<double>(n) / t_upd;
-  // Memory bandwidth: memcpy of 4 arrays' worth (read + write counted).
-  std::vector<char> src(n * 16, 1), dst(n * 16, 0);
-  ParallelCopy(dst.data(), src.data(), src.size());
-  const double t_cpy = Best(iters, [&] { ParallelCopy(dst.data(), src.data(), src.size()); });
-  const double bw = 2.0 * static_cast<double>(src.size()) / t_cpy;  // bytes/s read+write
+  // Memory bandwidth, the better of two streams at the same thread count: memcpy of 4
+  // arrays' worth (read + write counted) and a STREAM-like triad a = b + s*c over the
+  // AdamW arrays (8 B read + 4 B written per element).
+  double bw = 0;
+  {
+    std::vector<char> src(n * 16, 1), dst(n * 16, 0);
+    ParallelCopy(dst.data(), src.data(), src.size());
+    const double t_cpy = Best(iters, [&] { ParallelCopy(dst.data(), src.data(), src.size()); });
+    bw = 2.0 * static_cast<double>(src.size()) / t_cpy;
+  }
+  auto triad = [&] {
+    tbb::parallel_for(size_t{0}, (n + chunk - 1) / chunk, [&](size_t c) {
+      const size_t off = c * chunk, end = std::min(n, off + chunk);
+      float* a = m.data();
+      const float* b = v.data();
+      const float* cc = g.data();
+      for (size_t i = off; i < end; ++i) a[i] = b[i] + 0.5f * cc[i];
+    });
+  };
+  triad();
+  const double t_triad = Best(iters, triad);
+  const double bw_triad = 12.0 * static_cast<double>(n) / t_triad;
+  // The same access pattern as the update without its arithmetic: read p, m, v, g,
+  // write p, m, v and a 2-byte copy (30 B per parameter).
+  auto stream4 = [&] {
+    tbb::parallel_for(size_t{0}, (n + chunk - 1) / chunk, [&](size_t c) {
+      const size_t off = c * chunk, end = std::min(n, off + chunk);
+      float* pp = p.data();
+      float* mm = m.data();
+      float* vv = v.data();
+      const float* gg = g.data();
+      uint16_t* oo = out.data();
+      for (size_t i = off; i < end; ++i) {
+        const float x = pp[i] + gg[i];
+        pp[i] = x;
+        mm[i] = mm[i] + gg[i];
+        vv[i] = vv[i] + gg[i];
+        uint32_t bits;
+        std::memcpy(&bits, &x, 4);
+        oo[i] = static_cast<uint16_t>(bits >> 16);
+      }
+    });
+  };
+  stream4();
+  const double t_s4 = Best(iters, stream4);
+  const double bw_s4 = 30.0 * static_cast<double>(n) / t_s4;
+  std::printf("bandwidth: memcpy %.2f GB/s, triad %.2f GB/s, update-shaped stream %.2f GB/s (read+write bytes)\n",
+              bw / 1e9, bw_triad / 1e9, bw_s4 / 1e9);
+  bw = std::max({bw, bw_triad, bw_s4});
   // Per parameter: read p, m, v, g (16 B), write p, m, v (12 B) and the bf16 copy (2 B).
   const double bytes_per_param = 30;
   const double bound = bw / bytes_per_param;
   std::printf("adamw: %zu params, %d threads, %s: %.3g params/s (%.2f GB/s effective)\n", n, threads,
               eps::SimdLevelName(eps::DetectSimdLevel()), rate, rate * bytes_per_param / 1e9);
-  std::printf("adamw: memcpy bandwidth %.2f GB/s (read+write) -> bound %.3g params/s at %.0f B/param\n",
+  std::printf("adamw: bandwidth %.2f GB/s -> bound %.3g params/s at %.0f B/param\n",
               bw / 1e9, bound, bytes_per_param);
   std::printf("RATIO adamw / memory-bandwidth bound = %.2f\n", rate / bound);
   if (torch) {
@@ -166,7 +210,10 @@ void BenchTransport(int iters) {
 
   // shm: a second, read-only mapping (as a worker process has) + the reader protocol.
   auto seg = ShmSegment::Open(core.store()->shm_name(), false);
-  if (!seg.ok()) return;
+  if (!seg.ok()) {
+    std::fprintf(stderr, "shm: %s\n", seg.status().ToString().c_str());
+    return;
+  }
   auto* hdr = static_cast<WeightSegmentHeader*>(seg->data());
   WeightLayerEntry& e = WeightLayers(seg->data())[layer];
   std::atomic<int64_t> pin{-1};
@@ -193,7 +240,10 @@ void BenchTransport(int iters) {
 
   // gRPC FetchLayer on loopback.
   auto server = eps::EpsGrpcServer::Start(&core, eps::ServerOptions{});
-  if (!server.ok()) return;
+  if (!server.ok()) {
+    std::fprintf(stderr, "server: %s\n", server.status().ToString().c_str());
+    return;
+  }
   const std::string addr = "127.0.0.1:" + std::to_string((*server)->port());
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
@@ -203,7 +253,11 @@ void BenchTransport(int iters) {
   data::v1::RegisterReply rrep;
   {
     grpc::ClientContext c;
-    if (!stub->Register(&c, rreq, &rrep).ok()) return;
+    grpc::Status st = stub->Register(&c, rreq, &rrep);
+    if (!st.ok()) {
+      std::fprintf(stderr, "Register: %s\n", st.error_message().c_str());
+      return;
+    }
   }
   auto grpc_fetch = [&] {
     grpc::ClientContext c;

@@ -22,6 +22,7 @@
 #include "eps_server/eps_config.h"
 #include "eps_server/eps_core.h"
 #include "eps_server/grpc_server.h"
+#include "eps_server/watchdog.h"
 
 namespace {
 
@@ -140,6 +141,8 @@ int main(int argc, char** argv) {
   std::printf("l2l-eps listening on %s:%d\n", host.c_str(), (*server)->port());
   std::fflush(stdout);
   sd_notifyf(0, "READY=1\nSTATUS=listening on %s:%d", host.c_str(), (*server)->port());
+  // systemd's WatchdogSec= (eps_server/watchdog.h): no thread without systemd.
+  auto watchdog = eps::Watchdog::StartIfEnabled([&core] { return !core.stopped(); });
 
   eps::EpsGrpcServer* srv = server->get();
   std::thread signals([srv, sigs] {

@@ -58,7 +58,7 @@ class DataService final : public data::Data::Service {
     info.boot_id = req->boot_id();
     info.transport = req->transport();
     info.pid = req->pid();
-    info.previous_worker_id = req->previous_worker_id();
+    info.previous_worker_id = req->has_previous_worker_id() ? req->previous_worker_id() : -1;
     auto r = core_->Register(info);
     if (!r.ok()) return ToGrpc(r.status());
     rep->set_worker_id(r->worker_id);

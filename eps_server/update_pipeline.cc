@@ -227,9 +227,11 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
     AdamWUpdate(ai, it.s->master + k, it.s->m + k, it.s->v + k, g.data(), ng, it.hi - it.lo, dt,
                 out + it.lo * DTypeSize(dt));
   });
-  store_->EndPublish(layer, step + 1);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // Publish under mu_: a worker that sees version step+1 and pushes its step+1 gradient
+  // at once must find the layer already collecting step+1 (Submit takes mu_).
   std::lock_guard<std::mutex> lock(mu_);
+  store_->EndPublish(layer, step + 1);
   FinishUpdateLocked(layer, secs);
 }
 

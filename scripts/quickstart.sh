@@ -83,7 +83,8 @@ run_training() {
   worker_pid=""
   tail -1 "$OUT_DIR/worker.log"
   "${ctl[@]}" checkpoint
-  "${ctl[@]}" export --format safetensors "$PWD/$OUT_DIR/model.safetensors"
+  "${ctl[@]}" export --format safetensors model.safetensors  # lands in the state dir
+  mv "$state/model.safetensors" "$OUT_DIR/model.safetensors"
   "${ctl[@]}" stop --skip-checkpoint
   wait "$eps_pid" || true
   trap - EXIT

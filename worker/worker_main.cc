@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -107,6 +108,25 @@ Status ApplyLocalConfig(const std::string& path, l2l::JobConfig* job) {
   return Status::Ok();
 }
 
+// Opens this worker's shard of the tokens file at the position the EPS handed out.
+Status OpenData(const l2l::JobConfig& job, const w::WorkerRegistration& reg,
+                std::optional<w::DataLoader>* out) {
+  w::DataLoaderOptions dopts;
+  dopts.B = job.train.micro_batch_size;
+  dopts.T = job.seq_len();
+  dopts.seed = job.train.seed;
+  dopts.rank = reg.data_rank;
+  dopts.world = reg.data_world;
+  dopts.vocab_size = job.model.vocab_size;
+  L2L_ASSIGN_OR_RETURN(w::DataLoader loader, w::DataLoader::Open(job.data.train_path, dopts));
+  out->emplace(std::move(loader));
+  if (!reg.data_position.empty()) {
+    L2L_ASSIGN_OR_RETURN(w::DataPosition pos, w::DataPosition::Parse(reg.data_position));
+    L2L_RETURN_IF_ERROR((*out)->Seek(pos).WithContext("resuming data at " + reg.data_position));
+  }
+  return Status::Ok();
+}
+
 Status Run(const Flags& f, int* exit_code) {
   w::ClientOptions copts;
   copts.transport = f.transport;
@@ -135,40 +155,52 @@ Status Run(const Flags& f, int* exit_code) {
   if (job.data.train_path.empty()) {
     return l2l::InvalidArgument("the job has no data.train_path; set it in the job config");
   }
-  w::DataLoaderOptions dopts;
-  dopts.B = job.train.micro_batch_size;
-  dopts.T = job.seq_len();
-  dopts.seed = job.train.seed;
-  dopts.rank = reg.data_rank;
-  dopts.world = reg.data_world;
-  dopts.vocab_size = job.model.vocab_size;
-  L2L_ASSIGN_OR_RETURN(w::DataLoader loader, w::DataLoader::Open(job.data.train_path, dopts));
-  if (!reg.data_position.empty()) {
-    L2L_ASSIGN_OR_RETURN(w::DataPosition pos, w::DataPosition::Parse(reg.data_position));
-    L2L_RETURN_IF_ERROR(loader.Seek(pos).WithContext("resuming data at " + reg.data_position));
-  }
+  std::optional<w::DataLoader> loader;
+  L2L_RETURN_IF_ERROR(OpenData(job, reg, &loader));
   L2L_LOG_INFO("backend {}, stash {}, mode {} (staleness {}), device bytes {}", backend->name(),
                w::StashPlacementName(ropts.stash), job.train.mode, ropts.staleness,
                relay->device_bytes());
 
   const auto t_start = std::chrono::steady_clock::now();
   int64_t done = 0;
+  int rejoins = 0;
+  // After a worker loss the EPS may abandon this worker's step (or declare it lost): the
+  // worker re-registers and restarts at the step and data position the EPS hands back.
+  auto rejoin = [&](const Status& why, int64_t* step) -> Status {
+    if (!(w::NeedsRejoin(why) || client->rejoin_requested()) || ++rejoins > 100) return why;
+    L2L_LOG_WARN("rejoining the EPS: {}", why.message());
+    L2L_RETURN_IF_ERROR(client->Rejoin().WithContext("rejoining after: " + why.message()));
+    L2L_RETURN_IF_ERROR(OpenData(job, client->registration(), &loader));
+    *step = client->registration().start_step;
+    L2L_LOG_INFO("rejoined as worker {} of {}, restarting at step {} (data {})",
+                 client->registration().worker_id, client->registration().num_workers, *step,
+                 client->registration().data_position);
+    return Status::Ok();
+  };
   for (int64_t step = reg.start_step; step < total_steps && !g_stop.load(); ++step) {
-    std::vector<w::MicroBatch> batches = loader.NextMany(job.train.micro_batches);
+    std::vector<w::MicroBatch> batches = loader->NextMany(job.train.micro_batches);
     Result<w::StepReport> report = relay->RunStep(step, batches);
     if (!report.ok() && report.status().code() == l2l::StatusCode::kAborted) {
       L2L_LOG_INFO("the EPS stopped the job at step {}: {}", step, report.status().message());
       break;
     }
-    L2L_RETURN_IF_ERROR(report.status());
-    report->data_position = loader.position().ToString();
+    if (!report.ok()) {
+      L2L_RETURN_IF_ERROR(rejoin(report.status(), &step));
+      --step;  // the loop's ++step lands on the restart step
+      continue;
+    }
+    report->data_position = loader->position().ToString();
     Status st = client->StepDone(*report);
     if (st.code() == l2l::StatusCode::kAborted) {
       L2L_LOG_INFO("the EPS stopped the job after step {}: {}", step, st.message());
       ++done;
       break;
     }
-    L2L_RETURN_IF_ERROR(st.WithContext("reporting step " + std::to_string(step)));
+    if (!st.ok()) {
+      L2L_RETURN_IF_ERROR(rejoin(st.WithContext("reporting step " + std::to_string(step)), &step));
+      --step;
+      continue;
+    }
     ++done;
     if (job.train.log_every > 0 && (step % job.train.log_every == 0 || step + 1 == total_steps)) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();

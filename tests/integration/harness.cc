@@ -145,6 +145,7 @@ Result<std::unique_ptr<EpsDaemon>> EpsDaemon::Start(const JobConfig& job, const 
   std::unique_ptr<EpsDaemon> d(new EpsDaemon());
   d->job_id_ = "itest" + std::to_string(getpid()) + "x" + std::to_string(counter++);
   const std::string state_dir = dir.File("eps-state-" + d->job_id_);
+  d->state_dir_ = state_dir;
   {
     std::ofstream f(dir.File(d->job_id_ + "-job.yaml"));
     f << JobConfigToYaml(job);

@@ -99,6 +99,8 @@ class EpsDaemon {
 
   const std::string& address() const { return address_; }  // "127.0.0.1:PORT"
   const std::string& job_id() const { return job_id_; }
+  // The daemon's state dir (eps.port, checkpoints; Export paths must lie inside it).
+  const std::string& state_dir() const { return state_dir_; }
   Process& process() { return *proc_; }
 
   Result<DaemonStatus> GetStatus();
@@ -114,7 +116,7 @@ class EpsDaemon {
   EpsDaemon();
   std::unique_ptr<Process> proc_;
   std::unique_ptr<Stub> stub_;
-  std::string address_, job_id_;
+  std::string address_, job_id_, state_dir_;
 };
 
 // l2l-worker --eps ADDRESS --threads 1 --name NAME <extra...>, logging to log_path.
