@@ -73,6 +73,10 @@ Result<int64_t> EpsCore::HoldAtBoundary(std::chrono::milliseconds timeout) {
     const UpdatePipeline::Frozen f = pipeline_->Freeze();
     if (f.at_boundary) return f.step;
     pipeline_->Release();
+    if (paused_.load()) {
+      return FailedPrecondition("the job is paused in the middle of step " + std::to_string(f.step) +
+                                "; Resume it (or let the lost worker rejoin) so the step can complete");
+    }
     // Close the gate when the step in progress completes.
     if (!pipeline_->HoldAt(f.step + 1)) continue;
     while (!pipeline_->WaitHeld(f.step + 1, 100ms)) {

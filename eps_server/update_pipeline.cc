@@ -41,6 +41,7 @@ UpdatePipeline::UpdatePipeline(ParamStore* store, const JobConfig& job, int num_
   last_complete_ = std::chrono::steady_clock::now();
   impl_->node = std::make_unique<tbb::flow::function_node<Task>>(
       impl_->graph, tbb::flow::unlimited, [this](const Task& t) {
+        constructed_.load(std::memory_order_acquire);
         if (t.kind == TaskKind::kUpdate) {
           RunUpdate(t.layer, t.coef);
           return tbb::flow::continue_msg();
@@ -87,6 +88,7 @@ UpdatePipeline::UpdatePipeline(ParamStore* store, const JobConfig& job, int num_
         cv_.notify_all();
         return tbb::flow::continue_msg();
       });
+  constructed_.store(true, std::memory_order_release);
 }
 
 UpdatePipeline::~UpdatePipeline() {

@@ -23,6 +23,7 @@
 // Thread-safety: all public methods are thread-safe.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <condition_variable>
@@ -135,6 +136,10 @@ class UpdatePipeline {
   void LaunchLocked(int64_t layer, float clip_coef);
   void LaunchAllGlobalLocked();  // every layer's norm is in: launch all updates
 
+  // Set (release) at the end of the constructor, read (acquire) first thing in every
+  // task: TBB orders construction before the tasks inside uninstrumented libtbb; this
+  // makes the same order visible to ThreadSanitizer (scripts/tsan.sh).
+  std::atomic<bool> constructed_{false};
   ParamStore* const store_;
   const JobConfig job_;
   std::unique_ptr<Impl> impl_;  // the TBB graph

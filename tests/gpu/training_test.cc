@@ -2,6 +2,8 @@
 // on the CUDA backend against the CPU backend: same weights, same data.
 // Label gpu: fails (never skips) without a GPU.
 //
+// Also: 10 relay steps (worker/relay.h against an in-process EPS) on cuda vs cpu, with
+// the stash on the device and on the host, same losses tolerance.
 // Tolerances: one layer, fp32 on both sides: atol 1e-4, rtol 1e-3 on outputs and
 // gradients (summation order only). Ten AdamW steps of a small model: every step's loss
 // within 1e-4 + 2e-3 * |loss| of the CPU's (early steps agree to ~1e-6; AdamW's
@@ -18,7 +20,9 @@
 #include "kernels/layers/layers.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "worker/data_loader.h"
+#include "worker/fake_eps_client.h"
 #include "worker/reference_trainer.h"
+#include "worker/relay.h"
 
 namespace l2l::gpu_test {
 namespace {
@@ -201,6 +205,43 @@ TEST_CASE("reference trainer on cuda with tf32 GEMMs tracks the cpu losses", "[g
     gpu = TrainLosses(cfg, "cuda:0", 10);
   }
   ExpectLossesTrack(gpu, cpu, 2e-2);
+}
+
+// The layer-to-layer relay against an in-process EPS (worker/fake_eps_client.h), one
+// worker, on `backend`; the same batches as TrainLosses.
+std::vector<float> RelayLosses(const JobConfig& job, Backend* backend, int steps) {
+  auto eps = worker::FakeEps::Create(job, {});
+  INFO(eps.status().ToString());
+  REQUIRE(eps.ok());
+  auto client = (*eps)->Connect(0);
+  REQUIRE(client.ok());
+  auto opts = worker::RelayOptions::FromJob(job);
+  REQUIRE(opts.ok());
+  auto relay = worker::Relay::Create(client->get(), backend, job, *opts);
+  INFO(backend->name() << ": " << relay.status().ToString());
+  REQUIRE(relay.ok());
+  std::mt19937 rng(7);
+  std::vector<float> losses;
+  for (int s = 0; s < steps; ++s) {
+    auto report = (*relay)->RunStep(s, MakeBatches(rng, job.train.micro_batches,
+                                                    job.train.micro_batch_size, job.seq_len(),
+                                                    static_cast<int32_t>(job.model.vocab_size)));
+    INFO(backend->name() << " relay step " << s << ": " << report.status().ToString());
+    REQUIRE(report.ok());
+    losses.push_back(report->loss);
+  }
+  return losses;
+}
+
+TEST_CASE("relay on cuda tracks the cpu relay for 10 steps", "[gpu]") {
+  Backends& b = Both();
+  JobConfig job = SmallJob();
+  job.train.stash = GENERATE(std::string("device"), std::string("host"));
+  CAPTURE(job.train.stash);
+  REQUIRE(job.Validate().ok());
+  auto cpu = RelayLosses(job, b.cpu.get(), 10);
+  auto gpu = RelayLosses(job, b.gpu.get(), 10);
+  ExpectLossesTrack(gpu, cpu, 2e-3);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "common/dtype.h"
 #include "common/file_util.h"
 #include "common/model_io.h"
+#include "eps_server/checkpoint.h"
 #include "eps_server/eps_core.h"
 #include "eps_server/grpc_server.h"
 #include "proto/control.grpc.pb.h"
@@ -468,6 +469,103 @@ TEST_CASE("EPS Export writes HF-named safetensors inside the state dir; CreateJo
     CHECK(missing.error_message().find("missing.safetensors") != std::string::npos);
     CHECK(!e.core.has_job());
   }
+}
+
+}  // namespace l2l
+
+namespace l2l {
+
+TEST_CASE("EPS checkpoints every N steps and at shutdown, but never a half-applied step",
+          "[integration][eps][checkpoint]") {
+  auto tmp = itest::TempDir::Create("eps-every");
+  REQUIRE(tmp.ok());
+  JobConfig job = TinyJob(DType::kF32, 4);
+  job.train.clip = "none";
+  eps::CoreOptions o;
+  o.job_id = "every" + std::to_string(getpid());
+  o.expected_workers = 2;
+  o.state_dir = (*tmp)->path();
+  o.checkpoint_every = 2;
+  eps::EpsCore core(o);
+  REQUIRE(core.CreateJob(job).ok());
+  auto server = eps::EpsGrpcServer::Start(&core, eps::ServerOptions{});
+  REQUIRE(server.ok());
+  const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
+  const auto expect = Expected(job);
+  auto a = Connect(address, "shm");
+  auto b = Connect(address, "grpc");
+  RunBoth(a.get(), b.get(), 0, 3, expect);
+  const std::string root = core.checkpoint_root();
+  // Step 2 was checkpointed (at its boundary, before any step-2 update), step 1 was not.
+  for (int i = 0; i < 500 && !fs::exists(root + "/step-00000002/manifest.json"); ++i) std::this_thread::sleep_for(10ms);
+  REQUIRE(fs::exists(root + "/step-00000002/manifest.json"));
+  CHECK(!fs::exists(root + "/step-00000001"));
+  CHECK(ReadAll(root + "/latest") == "step-00000002\n");
+  {
+    auto m = eps::ReadCheckpointManifest(root + "/step-00000002");
+    REQUIRE(m.ok());
+    CHECK(m->meta.step == 2);
+    REQUIRE(m->meta.workers.size() == 2);
+    for (const auto& w : m->meta.workers) CHECK(w.data_position == Position(w.id, 2));
+    // Its master is the reference after two steps.
+    auto store = eps::ParamStore::Create(job.model, eps::ParamStoreOptions{});
+    REQUIRE(store.ok());
+    REQUIRE(eps::LoadCheckpointState(*m, store->get()).ok());
+    for (int64_t l = 0; l < job.model.NumLayers(); ++l) {
+      std::vector<float> master((*store)->layout(l).numel);
+      (*store)->ReadState(l, 0, master.data());
+      CHECK(master == expect[2][l]);
+    }
+  }
+  // Step 3 half applied (both pushed the top layer), then an aborting shutdown: no
+  // checkpoint of a mixed state; `latest` stays at step 2.
+  const auto layouts = BuildLayout(job.model);
+  const int64_t top = static_cast<int64_t>(layouts.size()) - 1;
+  for (auto* c : {a.get(), b.get()}) {
+    auto g = Grad(3, c->registration().worker_id, top, layouts[top].numel);
+    REQUIRE(c->PushGradient(top, 3, 1, g.data(), g.size()).ok());
+  }
+  for (int i = 0; i < 500 && core.store()->published_version(top) != 4; ++i) std::this_thread::sleep_for(10ms);
+  REQUIRE(core.store()->published_version(top) == 4);
+  CHECK(core.PrepareShutdown(/*abort_step=*/true, /*skip_checkpoint=*/false, 1s).ok());
+  CHECK(!fs::exists(root + "/step-00000003"));
+  CHECK(!fs::exists(root + "/step-00000004"));
+  CHECK(ReadAll(root + "/latest") == "step-00000002\n");
+  (*server)->Shutdown();
+  core.Stop();
+}
+
+TEST_CASE("EPS shutdown at a step boundary writes the final checkpoint", "[integration][eps][checkpoint]") {
+  auto tmp = itest::TempDir::Create("eps-final");
+  REQUIRE(tmp.ok());
+  const JobConfig job = TinyJob(DType::kF32, 4);
+  eps::CoreOptions o;
+  o.job_id = "final" + std::to_string(getpid());
+  o.expected_workers = 2;
+  o.state_dir = (*tmp)->path();
+  o.transport = "grpc";
+  eps::EpsCore core(o);
+  REQUIRE(core.CreateJob(job).ok());
+  auto server = eps::EpsGrpcServer::Start(&core, eps::ServerOptions{});
+  REQUIRE(server.ok());
+  const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
+  const auto expect = Expected(job);
+  auto a = Connect(address, "grpc");
+  auto b = Connect(address, "grpc");
+  RunBoth(a.get(), b.get(), 0, 1, expect);
+  // Gradients of step 1 that arrived but were applied nowhere (global clip) do not
+  // stop the final checkpoint of step 1.
+  const auto layouts = BuildLayout(job.model);
+  auto g = Grad(1, 0, 3, layouts[3].numel);
+  REQUIRE(a->PushGradient(3, 1, 1, g.data(), g.size()).ok());
+  REQUIRE(core.PrepareShutdown(/*abort_step=*/true, false, 1s).ok());
+  const std::string dir = core.checkpoint_root() + "/step-00000001";
+  auto m = eps::ReadCheckpointManifest(dir);
+  REQUIRE(m.ok());
+  CHECK(m->meta.step == 1);
+  CHECK(ReadAll(core.checkpoint_root() + "/latest") == "step-00000001\n");
+  (*server)->Shutdown();
+  core.Stop();
 }
 
 }  // namespace l2l

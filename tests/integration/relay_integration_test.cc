@@ -284,7 +284,7 @@ TEST_CASE("Two lock-free workers train and never use a version older than the bo
   RunLockFree(2);
 }
 
-TEST_CASE("Killing one of two workers leaves the EPS up; a restarted worker rejoins",
+TEST_CASE("Killing one of two workers leaves the EPS up and a restarted worker rejoins",
           "[integration][fault]") {
   Run r = Prepare("fault");
   r.job.train.steps = 40;
