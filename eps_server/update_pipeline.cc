@@ -99,6 +99,12 @@ UpdatePipeline::~UpdatePipeline() {
       if (g.release) g.release();
     }
     l.arrived.clear();
+    for (auto& [st, at] : l.ahead) {
+      for (auto& [w, g] : at) {
+        if (g.release) g.release();
+      }
+    }
+    l.ahead.clear();
   }
 }
 
@@ -126,6 +132,19 @@ Status UpdatePipeline::Submit(int64_t layer, int64_t step, GradientRef ref) {
   if (!IsMemberLocked(ref.worker_id, step)) {
     return reject(NotFound("worker " + std::to_string(ref.worker_id) + " is not a member of step " +
                            std::to_string(step)));
+  }
+  // Lock-free mode: a worker may be up to `staleness` steps ahead of this layer's
+  // update; its gradient waits for the layer's step (in step order, never mixed in).
+  const int64_t ahead_limit = job_.train.mode == "lockfree" ? std::max<int64_t>(1, job_.train.staleness) : 0;
+  if (step > ls.step && step - ls.step <= ahead_limit) {
+    auto& at = ls.ahead[step];
+    if (at.count(ref.worker_id) != 0) {
+      return reject(AlreadyExists("worker " + std::to_string(ref.worker_id) + " already pushed layer " +
+                                  std::to_string(layer) + " step " + std::to_string(step)));
+    }
+    const int32_t w = ref.worker_id;
+    at.emplace(w, std::move(ref));
+    return Status::Ok();
   }
   if (step != ls.step) {
     return reject(FailedPrecondition("gradient for layer " + std::to_string(layer) + " step " +
@@ -249,10 +268,24 @@ void UpdatePipeline::FinishUpdateLocked(int64_t layer, double seconds) {
   ++ls.step;
   busy_s_ += seconds;
   --running_;
-  if (++layers_done_in_step_ == static_cast<int64_t>(layers_.size())) {
+  // Lock-free mode: gradients that arrived ahead for the new step join now.
+  if (auto it = ls.ahead.find(ls.step); it != ls.ahead.end()) {
+    ls.arrived = std::move(it->second);
+    ls.ahead.erase(it);
+  }
+  // A step is complete when every layer has applied it (layers may run ahead in
+  // lock-free mode, so count layers past completed_step_ rather than updates).
+  int64_t min_step = INT64_MAX, past = 0;
+  for (const auto& l : layers_) min_step = std::min(min_step, l.step);
+  if (min_step == completed_step_) {
+    for (const auto& l : layers_) past += l.step > completed_step_ ? 1 : 0;
+    layers_done_in_step_ = past;
+  }
+  while (completed_step_ < min_step) {
     const auto now = std::chrono::steady_clock::now();
-    layers_done_in_step_ = 0;
     ++completed_step_;
+    layers_done_in_step_ = 0;
+    for (const auto& l : layers_) layers_done_in_step_ += l.step > completed_step_ ? 1 : 0;
     stats_.completed_step = completed_step_;
     stats_.last_step_busy_s = busy_s_;
     stats_.last_step_exposed_s = std::chrono::duration<double>(now - last_arrival_).count();
@@ -269,6 +302,7 @@ void UpdatePipeline::FinishUpdateLocked(int64_t layer, double seconds) {
     }
     if (holds_ > 0) gate_closed_ = true;
   }
+  if (!ls.arrived.empty()) MaybeScheduleLocked(layer);
   cv_.notify_all();
 }
 
@@ -326,6 +360,16 @@ bool UpdatePipeline::DropWorker(int32_t worker_id, int64_t min_step) {
     } else {
       l.scheduled = false;
       l.norm2 = -1;
+    }
+    for (auto& [st, at] : l.ahead) {
+      for (auto it = at.begin(); it != at.end();) {
+        if (st < min_step || (worker_id >= 0 && it->first != worker_id)) {
+          ++it;
+          continue;
+        }
+        if (it->second.release) it->second.release();
+        it = at.erase(it);
+      }
     }
     if (!touch) continue;
     for (auto it = l.arrived.begin(); it != l.arrived.end();) {

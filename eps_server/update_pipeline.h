@@ -65,8 +65,9 @@ class UpdatePipeline {
 
   // Accepts a gradient. Errors (the ref is released before returning):
   //   NOT_FOUND layer out of range; INVALID_ARGUMENT numel mismatch or micro_batches < 1;
-  //   FAILED_PRECONDITION step is not the layer's current step; ALREADY_EXISTS this
-  //   worker already pushed (layer, step).
+  //   FAILED_PRECONDITION step is not the layer's current step (in lock-free mode:
+  //   not within current .. current + staleness; later steps wait their turn);
+  //   ALREADY_EXISTS this worker already pushed (layer, step).
   Status Submit(int64_t layer, int64_t step, GradientRef ref);
 
   // Workers whose gradients each update waits for. Changing it mid-step re-checks the
@@ -123,6 +124,8 @@ class UpdatePipeline {
   struct LayerState {
     int64_t step = 0;                         // step whose gradients it now collects
     std::map<int32_t, GradientRef> arrived;   // worker id -> gradient (sorted: reduce order)
+    // Lock-free mode: gradients for later steps (<= step + staleness), step -> worker -> ref.
+    std::map<int64_t, std::map<int32_t, GradientRef>> ahead;
     bool scheduled = false;                   // update of `step` queued or running
     double norm2 = -1;                        // reduced gradient's squared norm (clip)
     std::vector<float> reduced;               // global clip: sum over workers (numel)

@@ -213,3 +213,48 @@ TEST_CASE("UpdatePipeline Hold stops updates at a step boundary until Release", 
 }
 
 }  // namespace l2l::eps
+
+namespace l2l::eps {
+
+TEST_CASE("UpdatePipeline in lock-free mode holds a gradient pushed ahead of the layer's step",
+          "[eps][pipeline]") {
+  JobConfig job = SmallJob("none");
+  job.train.mode = "lockfree";
+  job.train.staleness = 1;
+  auto probe = MakeStore(job);
+  const Grads g = MakeGrads(*probe, 2, 2);
+  const std::vector<int64_t> mbs = {1, 1};
+  const auto want = Reference(job, *probe, g, mbs);
+  auto ps = MakeStore(job);
+  const int64_t L = ps->num_layers();
+  {
+    UpdatePipeline pipe(ps.get(), job, 2, 0);
+    auto push = [&](int w, int64_t step, int64_t l) {
+      GradientRef r;
+      r.worker_id = w;
+      const auto& src = g[std::min<int64_t>(step, 1)][w][l];  // step 2: any bytes (rejected)
+      r.data = src.data();
+      r.numel = src.size();
+      r.micro_batches = 1;
+      return pipe.Submit(l, step, std::move(r));
+    };
+    // Worker 0 runs a whole step ahead: its step-1 gradients wait for step 0.
+    for (int64_t l = L - 1; l >= 0; --l) REQUIRE(push(0, 0, l).ok());
+    for (int64_t l = L - 1; l >= 0; --l) REQUIRE(push(0, 1, l).ok());
+    CHECK(push(0, 1, 2).code() == StatusCode::kAlreadyExists);
+    CHECK(push(0, 2, 2).code() == StatusCode::kFailedPrecondition);  // beyond staleness 1
+    CHECK(pipe.stats().completed_step == 0);
+    for (int64_t l = L - 1; l >= 0; --l) REQUIRE(push(1, 0, l).ok());
+    REQUIRE(pipe.WaitForStep(1, std::chrono::seconds(30)));
+    for (int64_t l = 0; l < L; ++l) CHECK(ps->published_version(l) == 1);  // step 1 still needs worker 1
+    for (int64_t l = L - 1; l >= 0; --l) REQUIRE(push(1, 1, l).ok());
+    REQUIRE(pipe.WaitForStep(2, std::chrono::seconds(30)));
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    std::vector<float> master(ps->layout(l).numel);
+    ps->ReadState(l, 0, master.data());
+    CHECK(std::memcmp(master.data(), want[l].data(), master.size() * 4) == 0);
+  }
+}
+
+}  // namespace l2l::eps
