@@ -365,7 +365,7 @@ Status EpsCore::SubmitGradient(int32_t worker_id, int64_t layer, int64_t step, i
 }
 
 Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t tokens,
-                         const std::string& data_position, bool* stop) {
+                         const std::string& data_position, bool* stop, const StepTimes& times) {
   std::lock_guard<std::mutex> lock(mu_);
   L2L_RETURN_IF_ERROR(CheckWorker(worker_id));
   Worker& w = *workers_[worker_id];
@@ -380,6 +380,11 @@ Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t t
   w.info.last_seen = std::chrono::steady_clock::now();
   last_loss_sum_ += loss;
   last_tokens_ += tokens;
+  times_sum_.forward_s += times.forward_s;
+  times_sum_.backward_s += times.backward_s;
+  times_sum_.recompute_s += times.recompute_s;
+  times_sum_.wait_layer_s += times.wait_layer_s;
+  times_sum_.wait_push_s += times.wait_push_s;
   int active = 0;
   for (const auto& x : workers_) active += x->info.state == "active" ? 1 : 0;
   if (++reported_[step] >= active) {
@@ -388,6 +393,19 @@ Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t t
     last_loss_ = last_loss_sum_ / static_cast<double>(reported_[step]);
     tokens_per_s_ = secs > 0 ? static_cast<double>(last_tokens_) / secs : 0;
     L2L_LOG_INFO("step {} loss {:.4f} {:.0f} tokens/s", step, last_loss_, tokens_per_s_);
+    if (opts_.on_step) {
+      const double n = static_cast<double>(reported_[step]);
+      StepSummary sum;
+      sum.step = step + 1;
+      sum.workers = reported_[step];
+      sum.loss = last_loss_;
+      sum.tokens_per_s = tokens_per_s_;
+      sum.wall_s = secs;
+      sum.times = {times_sum_.forward_s / n, times_sum_.backward_s / n, times_sum_.recompute_s / n,
+                   times_sum_.wait_layer_s / n, times_sum_.wait_push_s / n};
+      opts_.on_step(sum);
+    }
+    times_sum_ = StepTimes();
     last_loss_sum_ = 0;
     last_tokens_ = 0;
     reported_.erase(reported_.begin(), reported_.upper_bound(step));

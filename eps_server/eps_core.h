@@ -68,6 +68,20 @@
 
 namespace l2l::eps {
 
+// Seconds one worker spent in each phase of a step (seed 002 Fig. 6), from StepDone.
+struct StepTimes {
+  double forward_s = 0, backward_s = 0, recompute_s = 0, wait_layer_s = 0, wait_push_s = 0;
+};
+
+// One completed step, as every active worker reported it (loss and phase times averaged
+// over the workers; tokens_per_s over all of them and the step's wall time).
+struct StepSummary {
+  int64_t step = 0;          // steps completed (the step reported + 1)
+  int32_t workers = 0;
+  double loss = 0, tokens_per_s = 0, wall_s = 0;
+  StepTimes times;           // averages over workers
+};
+
 struct CoreOptions {
   std::string job_id = "job";        // names the shm segments: /l2l-<job_id>-...
   int32_t expected_workers = 1;      // workers every update waits for
@@ -81,6 +95,10 @@ struct CoreOptions {
   bool allow_absolute_paths = false; // rpc paths outside state_dir allowed
   int64_t heartbeat_timeout_ms = 0;  // 0 = no liveness checking
   std::string on_worker_loss = "pause";  // pause | continue
+  // Called once per completed step (every active worker reported StepDone), with the
+  // core's lock held: it must be quick and must not call back into the EpsCore. Used by
+  // l2l-eps for the run log and metrics. Null: nothing is called.
+  std::function<void(const StepSummary&)> on_step;
 };
 
 // How CreateJob initialises the state.
@@ -165,7 +183,7 @@ class EpsCore {
   Status SubmitGradient(int32_t worker_id, int64_t layer, int64_t step, int64_t micro_batches,
                         std::vector<float> grad);
   Status StepDone(int32_t worker_id, int64_t step, double loss, int64_t tokens,
-                  const std::string& data_position, bool* stop);
+                  const std::string& data_position, bool* stop, const StepTimes& times = {});
   Status Deregister(int32_t worker_id);
 
   // Operator pause: no layer update starts until Resume. Resume also ends a pause
@@ -251,6 +269,7 @@ class EpsCore {
   std::string last_checkpoint_;                     // GUARDED_BY(mu_)
   double last_loss_sum_ = 0;
   int64_t last_tokens_ = 0;
+  StepTimes times_sum_;  // phase seconds of the step being reported, summed over workers
   std::map<int64_t, int> reported_;                 // step -> StepDone count
   double last_loss_ = 0, tokens_per_s_ = 0;
   std::chrono::steady_clock::time_point step_start_ = std::chrono::steady_clock::now();

@@ -16,12 +16,15 @@
 #include <fstream>
 #include <thread>
 
+#include "common/adamw.h"
 #include "common/config.h"
 #include "common/logging.h"
 #include "eps_server/checkpoint.h"
 #include "eps_server/eps_config.h"
 #include "eps_server/eps_core.h"
 #include "eps_server/grpc_server.h"
+#include "eps_server/metrics.h"
+#include "eps_server/run_log.h"
 #include "eps_server/watchdog.h"
 
 namespace {
@@ -51,6 +54,9 @@ int main(int argc, char** argv) {
   app.add_option("--transport", transport, "auto | grpc");
   app.add_option("--job-id", job_id, "names the shared-memory segments");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  std::string metrics_listen;
+  app.add_option("--metrics-listen", metrics_listen,
+                 "host:port to serve Prometheus GET /metrics on (default off; port 0 = any free port)");
   CLI11_PARSE(app, argc, argv);
   InitLogging(log_level, "", "eps").IgnoreError();
 
@@ -119,7 +125,44 @@ int main(int argc, char** argv) {
   co.allow_absolute_paths = cfg.allow_absolute_paths;
   co.heartbeat_timeout_ms = cfg.heartbeat_timeout_ms;
   co.on_worker_loss = cfg.on_worker_loss;
+  // Run log (<state_dir>/run.jsonl, one line per step; a resume drops lines past its step)
+  // and metrics, both fed by the core once per completed step.
+  std::error_code mk_ec;
+  std::filesystem::create_directories(cfg.state_dir, mk_ec);
+  auto run_log = eps::RunLog::Open(cfg.state_dir, resume.empty() ? -1 : start.step);
+  if (!run_log.ok()) return Fail(run_log.status());
+  eps::MetricsRegistry metrics;
+  const OptimizerConfig optim = job.optim;
+  co.on_step = [&run_log, &metrics, optim](const eps::StepSummary& s) {
+    eps::StepRecord r;
+    r.step = s.step;
+    r.loss = s.loss;
+    r.tokens_per_s = s.tokens_per_s;
+    r.lr = LearningRate(optim, s.step - 1);
+    r.forward_s = s.times.forward_s;
+    r.recompute_s = s.times.recompute_s;
+    r.backward_s = s.times.backward_s;
+    r.wait_layer_s = s.times.wait_layer_s;
+    r.wait_push_s = s.times.wait_push_s;
+    if (Status st = (*run_log)->Append(r); !st.ok()) L2L_LOG_WARN("run log: {}", st.ToString());
+    eps::ObserveStepSeconds(&metrics, s.wall_s);
+  };
   eps::EpsCore core(co);
+  metrics.AddCollectHook([&core, &metrics] {
+    const eps::CoreStatus st = core.GetStatus();
+    eps::EpsSnapshot snap;
+    snap.step = st.step;
+    snap.total_steps = st.total_steps;
+    snap.loss = st.last_loss;
+    snap.tokens_per_s = st.tokens_per_s;
+    snap.update_busy_s = st.pipeline.last_step_busy_s;
+    snap.update_exposed_s = st.pipeline.last_step_exposed_s;
+    snap.layer_version = st.layer_version;
+    snap.memory = {{"ram", static_cast<int64_t>(st.state_bytes), static_cast<int64_t>(st.host_budget)},
+                   {"shm", static_cast<int64_t>(st.shm_bytes), 0}};
+    for (const auto& w : st.workers) ++snap.workers_by_state[w.state];
+    eps::UpdateEpsMetrics(&metrics, snap);
+  });
   if (!job_path.empty() || !resume.empty()) {
     if (!cfg.publish_dtype.empty()) job.publish_dtype = *ParseDType(cfg.publish_dtype);
     if (Status s = core.CreateJob(job, start); !s.ok()) return Fail(s);
@@ -143,6 +186,15 @@ int main(int argc, char** argv) {
   sd_notifyf(0, "READY=1\nSTATUS=listening on %s:%d", host.c_str(), (*server)->port());
   // systemd's WatchdogSec= (eps_server/watchdog.h): no thread without systemd.
   auto watchdog = eps::Watchdog::StartIfEnabled([&core] { return !core.stopped(); });
+  std::unique_ptr<eps::MetricsHttpServer> metrics_http;
+  if (!metrics_listen.empty()) {
+    auto m = eps::MetricsHttpServer::Start(&metrics, {metrics_listen, cfg.allow_remote});
+    if (!m.ok()) return Fail(m.status());
+    metrics_http = std::move(*m);
+    std::printf("l2l-eps metrics on http://%s:%d/metrics\n",
+                metrics_listen.substr(0, metrics_listen.rfind(':')).c_str(), metrics_http->port());
+    std::fflush(stdout);
+  }
 
   eps::EpsGrpcServer* srv = server->get();
   std::thread signals([srv, sigs] {
@@ -161,6 +213,7 @@ int main(int argc, char** argv) {
     L2L_LOG_ERROR("final checkpoint failed: {}", s.ToString());
   }
   srv->Shutdown();
+  metrics_http.reset();
   core.Stop();
   L2L_LOG_INFO("stopped; shared-memory segments removed");
   // The signal thread may still wait in sigwait: wake it.

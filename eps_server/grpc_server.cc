@@ -176,8 +176,10 @@ class DataService final : public data::Data::Service {
   grpc::Status StepDone(grpc::ServerContext*, const data::StepDoneRequest* req,
                         data::StepDoneReply* rep) override {
     bool stop = false;
+    eps::StepTimes times{req->forward_s(), req->backward_s(), req->recompute_s(),
+                         req->wait_layer_s(), req->wait_push_s()};
     Status s = core_->StepDone(req->worker_id(), req->step(), req->loss(), req->tokens(),
-                               req->data_position(), &stop);
+                               req->data_position(), &stop, times);
     rep->set_stop(stop);
     return ToGrpc(s);
   }

@@ -93,4 +93,16 @@ run_training() {
 mkdir -p "$OUT_DIR"
 start=$(date +%s)
 run_training
-echo "quickstart: done in $(( $(date +%s) - start )) s; model in $OUT_DIR/model.safetensors"
+echo "quickstart: trained in $(( $(date +%s) - start )) s"
+
+# ---- what the model learned: a sample, and the run's plot ----
+"$BUILD_DIR/bin/l2l-sample" "$OUT_DIR/model.safetensors" --prompt "The " --tokens 300
+RUN_LOG="$OUT_DIR/eps-state/run.jsonl"
+if [ -s "$RUN_LOG" ]; then
+  /usr/bin/python3 scripts/plot_run.py "$RUN_LOG" "$OUT_DIR/run.png"
+fi
+echo "quickstart: outputs"
+echo "  model (safetensors, Hugging Face GPT-2 names): $OUT_DIR/model.safetensors"
+[ -d "$OUT_DIR/eps-state/checkpoints" ] && echo "  checkpoints (resume with l2l-eps --resume DIR):  $OUT_DIR/eps-state/checkpoints"
+[ -s "$RUN_LOG" ] && echo "  run log: $RUN_LOG    plot: $OUT_DIR/run.png"
+echo "  logs: $OUT_DIR/eps.log $OUT_DIR/worker.log"

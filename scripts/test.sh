@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # The test command: installs dependencies, configures, builds, runs every test that
-# needs no GPU. Usage: scripts/test.sh [ctest args...]
+# needs no GPU (ctest -LE gpu: labels unit, oracle, integration).
+# In CI (CI=true) or with L2L_TSAN=1 it first builds the EPS concurrency tests with
+# ThreadSanitizer and runs them (scripts/tsan.sh, a separate build-tsan; ~5 min on 2
+# cores without ccache). Usage: scripts/test.sh [ctest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 start=$(date +%s)
 bash scripts/setup.sh
 bash scripts/build.sh
+tsan_default=0
+if [ "${CI:-}" = "true" ]; then tsan_default=1; fi
+if [ "${L2L_TSAN:-$tsan_default}" = "1" ]; then bash "$root/scripts/tsan.sh"; fi
 cd "${L2L_BUILD_DIR:-build}"
 ctest -LE gpu --output-on-failure --no-tests=error -j "$(nproc)" "$@"
-# ThreadSanitizer build of the EPS concurrency tests (separate build-tsan; slow).
-if [ "${L2L_TSAN:-0}" = "1" ]; then bash "$OLDPWD/scripts/tsan.sh"; fi
 echo "test.sh: done in $(( $(date +%s) - start )) s"

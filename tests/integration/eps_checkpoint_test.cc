@@ -395,7 +395,7 @@ std::vector<std::vector<float>> Master(eps::EpsCore* core) {
 
 }  // namespace
 
-TEST_CASE("EPS Export writes HF-named safetensors inside the state dir; CreateJob loads them",
+TEST_CASE("EPS Export writes HF-named safetensors inside the state dir and CreateJob loads them",
           "[integration][eps][export]") {
   auto tmp = itest::TempDir::Create("eps-export");
   REQUIRE(tmp.ok());

@@ -274,13 +274,10 @@ TEST_CASE("A lock-free worker trains and never uses a version older than the bou
   RunLockFree(1);
 }
 
-// Known EPS defect (2026-11-22): with two lock-free workers one can push its step t+1
-// gradient of a layer before the EPS applied step t to it, and the EPS rejects it ("the
-// layer expects step t") instead of holding it; about half the runs fail. Tagged
-// [!mayfail] so the failure is reported without failing CI; drop the tag once the EPS
-// accepts gradients up to `staleness` steps ahead.
+// With two lock-free workers one can push its step t+1 gradient of a layer before the EPS
+// applied step t to it: the EPS holds gradients up to `staleness` steps ahead.
 TEST_CASE("Two lock-free workers train and never use a version older than the bound",
-          "[integration][lockfree][!mayfail]") {
+          "[integration][lockfree]") {
   RunLockFree(2);
 }
 
