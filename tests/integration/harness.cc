@@ -159,10 +159,10 @@ Result<std::unique_ptr<EpsDaemon>> EpsDaemon::Start(const JobConfig& job, const 
       << "transport: " << o.transport << "\n";
     if (!f || !e) return ErrnoError("write", dir.path(), errno);
   }
-  L2L_ASSIGN_OR_RETURN(d->proc_,
-                       Process::Spawn({BinaryPath("l2l-eps"), "--config", dir.File(d->job_id_ + "-eps.yaml"),
-                                       "--job", dir.File(d->job_id_ + "-job.yaml")},
-                                      dir.File(d->job_id_ + "-eps.log")));
+  std::vector<std::string> argv = {BinaryPath("l2l-eps"), "--config", dir.File(d->job_id_ + "-eps.yaml"),
+                                   "--job", dir.File(d->job_id_ + "-job.yaml")};
+  argv.insert(argv.end(), o.extra_args.begin(), o.extra_args.end());
+  L2L_ASSIGN_OR_RETURN(d->proc_, Process::Spawn(argv, dir.File(d->job_id_ + "-eps.log")));
   // The daemon writes the port it bound to <state_dir>/eps.port (atomically, by rename).
   const std::string port_file = state_dir + "/eps.port";
   const auto deadline = Clock::now() + 30s;

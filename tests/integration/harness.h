@@ -75,6 +75,7 @@ struct DaemonOptions {
   std::string transport = "auto";       // auto (shm for local workers) | grpc
   std::string on_worker_loss = "pause"; // pause | continue
   int64_t heartbeat_timeout_ms = 10000;
+  std::vector<std::string> extra_args;  // appended to l2l-eps's command line
 };
 
 // What the Control service reports (the subset the tests use).

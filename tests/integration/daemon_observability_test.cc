@@ -1,0 +1,107 @@
+// l2l-eps as operators observe it: a real daemon and worker train a tiny job; the daemon
+// must write one run.jsonl line per completed step (with the workers' phase times) and
+// serve the Prometheus text format on --metrics-listen.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <thread>
+
+#include "tests/integration/harness.h"
+
+namespace l2l::itest {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  REQUIRE(write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
+}
+
+// The value of an unlabelled sample `name` in a Prometheus text body; NaN if absent.
+double Sample(const std::string& body, const std::string& name) {
+  std::smatch m;
+  if (std::regex_search(body, m, std::regex("\n" + name + " ([^\n]+)\n"))) return std::stod(m[1]);
+  return std::nan("");
+}
+
+TEST_CASE("l2l-eps logs every step to run.jsonl and serves Prometheus metrics", "[integration][ops]") {
+  auto dir = TempDir::Create("l2l-observe");
+  REQUIRE(dir.ok());
+  JobConfig job;
+  job.model.vocab_size = 64;
+  job.model.seq_len = 8;
+  job.model.d_model = 16;
+  job.model.n_layer = 2;
+  job.model.n_head = 2;
+  job.model.d_ff = 32;
+  job.train.micro_batch_size = 2;
+  job.train.micro_batches = 2;
+  job.train.steps = 5;
+  job.data.train_path = (*dir)->File("train.bin");
+  std::vector<int32_t> tokens(4096);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 5 + i / 11) % 64);
+  REQUIRE(WriteTokens(job.data.train_path, tokens).ok());
+
+  DaemonOptions o;
+  o.extra_args = {"--metrics-listen", "127.0.0.1:0"};
+  auto eps = EpsDaemon::Start(job, o, **dir);
+  REQUIRE(eps.ok());
+  auto worker = StartWorker((*eps)->address(), "w0", (*dir)->File("worker.log"));
+  REQUIRE(worker.ok());
+  auto wc = (*worker)->Wait(120s);
+  INFO("worker log:\n" << (*worker)->LogTail() << "\neps log:\n" << (*eps)->process().LogTail());
+  REQUIRE(wc.ok());
+  REQUIRE(*wc == 0);
+
+  // run.jsonl: steps 1..5 in order, each with a finite loss and the workers' phase times.
+  std::ifstream f((*eps)->state_dir() + "/run.jsonl");
+  REQUIRE(f.good());
+  std::string line;
+  int64_t expect = 1;
+  while (std::getline(f, line)) {
+    const auto j = nlohmann::json::parse(line);
+    CHECK(j.at("step").get<int64_t>() == expect);
+    CHECK(std::isfinite(j.at("loss").get<double>()));
+    CHECK(j.at("loss").get<double>() > 0);
+    CHECK(j.at("tokens_per_s").get<double>() > 0);
+    CHECK(j.at("forward_s").get<double>() > 0);
+    // backward_s excludes the recompute estimate, which can take all of it on tiny layers.
+    CHECK(j.at("backward_s").get<double>() + j.at("recompute_s").get<double>() > 0);
+    ++expect;
+  }
+  CHECK(expect == job.train.steps + 1);
+
+  // /metrics: the port is printed on the daemon's stdout.
+  std::smatch m;
+  const std::string log = (*eps)->process().Log();
+  REQUIRE(std::regex_search(log, m, std::regex("metrics on http://127\\.0\\.0\\.1:([0-9]+)/metrics")));
+  const std::string resp = HttpGet(std::stoi(m[1]), "/metrics");
+  REQUIRE(resp.rfind("HTTP/1.1 200", 0) == 0);
+  CHECK(Sample(resp, "l2l_step") == 5);
+  CHECK(Sample(resp, "l2l_step_seconds_count") == 5);
+  REQUIRE((*eps)->Shutdown().ok());
+}
+
+}  // namespace
+}  // namespace l2l::itest
