@@ -19,6 +19,7 @@
 #include "eps_server/eps_core.h"
 #include "eps_server/grpc_server.h"
 #include "proto/data.grpc.pb.h"
+#include "tests/integration/eps_test_util.h"
 #include "worker/eps_client.h"
 
 namespace l2l {
@@ -26,22 +27,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-JobConfig TinyJob(DType dt) {
-  JobConfig j;
-  j.model.vocab_size = 64;
-  j.model.seq_len = 16;
-  j.model.d_model = 32;
-  j.model.n_layer = 2;
-  j.model.n_head = 4;
-  j.model.d_ff = 128;
-  j.optim.lr = 1e-2f;
-  j.optim.grad_clip = 0.05f;
-  j.train.clip = "global";
-  j.train.steps = 3;
-  j.train.seed = 77;
-  j.publish_dtype = dt;
-  return j;
-}
+JobConfig TinyJob(DType dt) { return epstest::TinyJob(dt, 3); }
 
 struct Daemon {
   explicit Daemon(const JobConfig& job, int workers, const std::string& transport = "auto")
@@ -80,55 +66,17 @@ std::unique_ptr<worker::EpsClient> Connect(const std::string& address, const std
   return std::move(c).value();
 }
 
-// Deterministic gradient of (step, worker, layer).
-std::vector<float> Grad(int64_t step, int worker, int64_t layer, size_t n) {
-  std::mt19937 rng(static_cast<uint32_t>(step * 1000 + worker * 100 + layer));
-  std::normal_distribution<float> d(0.0f, 0.1f);
-  std::vector<float> g(n);
-  for (auto& x : g) x = d(rng);
-  return g;
-}
+using epstest::Grad;
 
-// The reference trainer of this test: AdamW from common/adamw.h over plain vectors.
-struct Reference {
-  Reference(const JobConfig& job) : job(job), layouts(BuildLayout(job.model)) {
-    for (const auto& l : layouts) {
-      p.emplace_back(l.numel);
-      InitLayerParams(job.model, l, job.train.seed, p.back().data());
-      m.emplace_back(l.numel, 0.0f);
-      v.emplace_back(l.numel, 0.0f);
-    }
-  }
+// The test's own reference (AdamW over plain vectors): workers 0..n-1 with these
+// micro-batch counts.
+struct Reference : epstest::Reference {
+  using epstest::Reference::Reference;
   void Step(int64_t step, const std::vector<int64_t>& mbs) {
-    int64_t total = 0;
-    for (auto x : mbs) total += x;
-    const float inv = 1.0f / static_cast<float>(total);
-    std::vector<std::vector<float>> sum;
-    double n2 = 0;
-    for (size_t l = 0; l < layouts.size(); ++l) {
-      std::vector<float> s = Grad(step, 0, l, layouts[l].numel);
-      for (size_t w = 1; w < mbs.size(); ++w) {
-        auto g = Grad(step, static_cast<int>(w), l, layouts[l].numel);
-        for (size_t i = 0; i < s.size(); ++i) s[i] = s[i] + g[i];
-      }
-      std::vector<float> avg(s.size());
-      for (size_t i = 0; i < s.size(); ++i) avg[i] = s[i] * inv;
-      n2 += SumSquares(avg.data(), avg.size());
-      sum.push_back(std::move(s));
-    }
-    const float coef = ClipCoefficient(std::sqrt(n2), job.optim.grad_clip);
-    for (size_t l = 0; l < layouts.size(); ++l) {
-      for (const ParamInfo& pi : layouts[l].params) {
-        AdamWStep(p[l].data() + pi.offset, sum[l].data() + pi.offset, m[l].data() + pi.offset,
-                  v[l].data() + pi.offset, pi.numel, LearningRate(job.optim, step), job.optim.beta1,
-                  job.optim.beta2, job.optim.eps, pi.decay ? job.optim.weight_decay : 0.0f, step + 1,
-                  inv * coef);
-      }
-    }
+    std::vector<int> ids(mbs.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>(i);
+    epstest::Reference::Step(step, ids, mbs);
   }
-  JobConfig job;
-  std::vector<LayerLayout> layouts;
-  std::vector<std::vector<float>> p, m, v;
 };
 
 std::vector<float> ToFloat(const worker::LayerWeights& w) {
