@@ -25,6 +25,8 @@ std::string DirName(const std::string& path) {
   return path.substr(0, slash);
 }
 
+}  // namespace
+
 Status FsyncDir(const std::string& dir) {
   const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("open", dir, errno);
@@ -34,8 +36,6 @@ Status FsyncDir(const std::string& dir) {
   if (rc != 0) return ErrnoError("fsync", dir, err);
   return Status::Ok();
 }
-
-}  // namespace
 
 Result<AtomicFileWriter> AtomicFileWriter::Create(const std::string& path) {
   if (path.empty()) return InvalidArgument("AtomicFileWriter: empty path");

@@ -71,4 +71,7 @@ class MappedFile {
 
 Result<std::string> ReadFileToString(const std::string& path);
 
+// fsync(2) of a directory, so renames and creations inside it survive a crash.
+Status FsyncDir(const std::string& dir);
+
 }  // namespace l2l

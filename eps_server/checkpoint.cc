@@ -48,15 +48,6 @@ std::string LayerFileName(int64_t layer) {
 const float* SpanArray(const StateSpan& s, int which) { return which == 0 ? s.master : which == 1 ? s.m : s.v; }
 float* SpanArray(StateSpan& s, int which) { return which == 0 ? s.master : which == 1 ? s.m : s.v; }
 
-Status FsyncDir(const std::string& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("open", dir, errno);
-  const int rc = ::fsync(fd);
-  const int err = errno;
-  ::close(fd);
-  return rc == 0 ? Status::Ok() : ErrnoError("fsync", dir, err);
-}
-
 // Streams one layer: header, then master, m, v page by page. Returns the file's crc32.
 Result<uint32_t> WriteLayerFile(const ParamStore& store, int64_t layer, const std::string& path,
                                 uint64_t* bytes) {

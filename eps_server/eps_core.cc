@@ -442,15 +442,7 @@ void EpsCore::Stop() {
     for (auto& r : retired_) shm.push_back(std::move(r));
     retired_.clear();
   }
-  for (auto& w : shm) {
-    auto* h = static_cast<GradSegmentHeader*>(w->seg.data());
-    h->closed.store(1);
-    h->ready_seq.fetch_add(1);
-    FutexWake(&h->ready_seq);
-    h->free_seq.fetch_add(1);
-    FutexWake(&h->free_seq);
-    if (w->consumer.joinable()) w->consumer.join();
-  }
+  for (auto& w : shm) w->CloseAndJoin();
   // The pipeline releases slots into the segments: destroy it while they still exist.
   pipeline_.reset();
   for (auto& w : shm) {

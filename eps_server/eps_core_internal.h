@@ -37,6 +37,19 @@ struct EpsCore::ShmWorker {
   std::vector<uint64_t> slot_offset;
   std::thread consumer;
   std::atomic<bool> stop{false};  // ends ConsumeLoop (lost worker)
+
+  // Marks the gradient segment closed, wakes both sides' futexes (the consumer and a
+  // worker blocked on a free slot) and joins the consumer thread.
+  void CloseAndJoin() {
+    auto* h = static_cast<GradSegmentHeader*>(seg.data());
+    stop = true;
+    h->closed.store(1);
+    h->ready_seq.fetch_add(1);
+    FutexWake(&h->ready_seq);
+    h->free_seq.fetch_add(1);
+    FutexWake(&h->free_seq);
+    if (consumer.joinable()) consumer.join();
+  }
 };
 
 }  // namespace l2l::eps

@@ -226,14 +226,7 @@ void EpsCore::TearDownShmWorker(int32_t id) {
     }
   }
   if (!w) return;
-  auto* h = static_cast<GradSegmentHeader*>(w->seg.data());
-  w->stop = true;
-  h->closed.store(1);
-  h->ready_seq.fetch_add(1);
-  FutexWake(&h->ready_seq);
-  h->free_seq.fetch_add(1);
-  FutexWake(&h->free_seq);
-  if (w->consumer.joinable()) w->consumer.join();
+  w->CloseAndJoin();
   // A dead worker's pins must not block publishing.
   store_->RemovePinSource(id);
   if (Status s = w->seg.Unlink(); !s.ok()) L2L_LOG_WARN("{}", s.ToString());

@@ -6,20 +6,10 @@
 #include <cstdio>
 #include <utility>
 
+#include "common/rng.h"
 #include "common/tokens_file.h"
 
 namespace l2l::worker {
-namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 std::string DataPosition::ToString() const {
   return "epoch=" + std::to_string(epoch) + ",batch=" + std::to_string(batch);
 }

@@ -26,6 +26,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/rng.h"
 #include "common/config.h"
 #include "common/model_io.h"
 #include "common/safetensors.h"
@@ -38,12 +39,7 @@ using l2l::Result;
 using l2l::Status;
 namespace w = l2l::worker;
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using ::l2l::SplitMix64;
 
 // Uniform in [-1, 1) for draw i of stream key.
 double Sym(uint64_t key, uint64_t i) {

@@ -25,28 +25,22 @@ struct Flags {
 
 l2l::Status Run(const Flags& f) {
   L2L_ASSIGN_OR_RETURN(l2l::LoadedModel m, l2l::LoadModel(f.model));
-  if (m.spec.vocab_size != l2l::kByteVocabSize) {
-    return l2l::InvalidArgument(f.model + ": vocab_size " + std::to_string(m.spec.vocab_size) +
-                                " is not the byte-level 256 this tool decodes");
-  }
   l2l::JobConfig cfg;
   cfg.model = m.spec;
   cfg.train.micro_batch_size = 1;
   cfg.train.micro_batches = 1;
   L2L_ASSIGN_OR_RETURN(std::unique_ptr<w::ReferenceTrainer> model,
                        w::ReferenceTrainer::Create(cfg, std::move(m.layers)));
-  const std::vector<uint16_t> p16 = l2l::ByteTokenize(f.prompt.empty() ? std::string("\n") : f.prompt);
   w::SamplerOptions so;
   so.max_new_tokens = f.tokens;
   so.temperature = f.temperature;
   so.top_k = f.top_k;
   so.seed = f.seed;
   so.context_len = cfg.model.seq_len;
-  L2L_ASSIGN_OR_RETURN(std::vector<int32_t> out,
-                       w::Generate(w::TrainerProbs(model.get()), std::vector<int32_t>(p16.begin(), p16.end()), so));
-  L2L_ASSIGN_OR_RETURN(std::string text, l2l::ByteDetokenize(std::vector<uint16_t>(out.begin(), out.end())));
+  l2l::Result<std::string> text = w::SampleText(model.get(), f.prompt, so);
+  if (!text.ok()) return text.status().WithContext(f.model);
   std::printf("---- sample (temperature %.2f, top-k %lld) ----\n%s\n---- end of sample ----\n", so.temperature,
-              static_cast<long long>(so.top_k), text.c_str());
+              static_cast<long long>(so.top_k), text->c_str());
   return l2l::Status::Ok();
 }
 

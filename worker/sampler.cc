@@ -5,20 +5,11 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/rng.h"
+#include "common/tokens_file.h"
 #include "worker/reference_trainer.h"
 
 namespace l2l::worker {
-namespace {
-
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-}  // namespace
-
 double SamplerUniform(uint64_t seed, uint64_t i) {
   return static_cast<double>(SplitMix64(SplitMix64(seed) ^ SplitMix64(i + 0x5851F42D4C957F2Dull)) >> 11) * 0x1.0p-53;
 }
@@ -79,6 +70,19 @@ NextTokenProbs TrainerProbs(ReferenceTrainer* trainer) {
     L2L_RETURN_IF_ERROR(trainer->Probs(tokens.data(), 1, T, probs.data()));
     return std::vector<float>(probs.begin() + (n - 1) * V, probs.begin() + n * V);
   };
+}
+
+Result<std::string> SampleText(ReferenceTrainer* trainer, const std::string& prompt,
+                               const SamplerOptions& opts) {
+  const int64_t vocab = trainer->config().model.vocab_size;
+  if (vocab != kByteVocabSize) {
+    return InvalidArgument("sampling text needs the byte-level vocabulary of 256; the model has " +
+                           std::to_string(vocab));
+  }
+  const std::vector<uint16_t> p16 = ByteTokenize(prompt.empty() ? std::string("\n") : prompt);
+  L2L_ASSIGN_OR_RETURN(std::vector<int32_t> out,
+                       Generate(TrainerProbs(trainer), std::vector<int32_t>(p16.begin(), p16.end()), opts));
+  return ByteDetokenize(std::vector<uint16_t>(out.begin(), out.end()));
 }
 
 }  // namespace l2l::worker

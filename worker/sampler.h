@@ -45,4 +45,10 @@ Result<std::vector<int32_t>> Generate(const NextTokenProbs& next, const std::vec
 // every call runs one fixed (1, seq_len) shape.
 NextTokenProbs TrainerProbs(ReferenceTrainer* trainer);
 
+// Byte-level text generation from a trainer's weights: tokenizes `prompt` (a newline when
+// empty), generates, decodes. InvalidArgument unless the model's vocabulary is the
+// byte-level 256.
+Result<std::string> SampleText(ReferenceTrainer* trainer, const std::string& prompt,
+                               const SamplerOptions& opts);
+
 }  // namespace l2l::worker

@@ -138,14 +138,11 @@ Status Run(const Flags& f) {
                   static_cast<long long>(cfg.model.vocab_size));
       return Status::Ok();
     }
-    const std::vector<uint16_t> p16 = l2l::ByteTokenize(f.prompt.empty() ? std::string("\n") : f.prompt);
     w::SamplerOptions so;
     so.max_new_tokens = f.sample_tokens;
     so.seed = cfg.train.seed;
     so.context_len = cfg.model.seq_len;
-    L2L_ASSIGN_OR_RETURN(std::vector<int32_t> out,
-                         w::Generate(w::TrainerProbs(trainer.get()), std::vector<int32_t>(p16.begin(), p16.end()), so));
-    L2L_ASSIGN_OR_RETURN(std::string text, l2l::ByteDetokenize(std::vector<uint16_t>(out.begin(), out.end())));
+    L2L_ASSIGN_OR_RETURN(std::string text, w::SampleText(trainer.get(), f.prompt, so));
     std::printf("---- sample (temperature %.2f, top-k %lld) ----\n%s\n---- end of sample ----\n", so.temperature,
                 static_cast<long long>(so.top_k), text.c_str());
   }
