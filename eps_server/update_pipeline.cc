@@ -457,7 +457,12 @@ UpdatePipeline::Frozen UpdatePipeline::Freeze() {
   cv_.wait(lock, [&] { return running_ == 0; });
   Frozen f;
   f.step = completed_step_;
-  f.at_boundary = layers_done_in_step_ == 0;
+  // A layer whose update of this step is queued (held by the gate) or reduced (global
+  // clip) will complete the step with the current members: a worker joining now must
+  // start at the next step, or it would wait for a version that is already past.
+  bool any_scheduled = false;
+  for (const LayerState& l : layers_) any_scheduled = any_scheduled || l.scheduled;
+  f.at_boundary = layers_done_in_step_ == 0 && !any_scheduled;
   return f;
 }
 

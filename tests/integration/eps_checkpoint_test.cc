@@ -557,7 +557,9 @@ TEST_CASE("EPS shutdown at a step boundary writes the final checkpoint", "[integ
   // stop the final checkpoint of step 1.
   const auto layouts = BuildLayout(job.model);
   auto g = Grad(1, 0, 3, layouts[3].numel);
-  REQUIRE(a->PushGradient(3, 1, 1, g.data(), g.size()).ok());
+  const Status pushed = a->PushGradient(3, 1, 1, g.data(), g.size());
+  INFO(pushed.ToString());
+  REQUIRE(pushed.ok());
   REQUIRE(core.PrepareShutdown(/*abort_step=*/true, false, 1s).ok());
   const std::string dir = core.checkpoint_root() + "/step-00000001";
   auto m = eps::ReadCheckpointManifest(dir);
