@@ -51,6 +51,8 @@ float* SpanArray(StateSpan& s, int which) { return which == 0 ? s.master : which
 // Streams one layer: header, then master, m, v page by page. Returns the file's crc32.
 Result<uint32_t> WriteLayerFile(const ParamStore& store, int64_t layer, const std::string& path,
                                 uint64_t* bytes) {
+  // Spilled pages are read through the SSD tier's staging buffers, one layer at a time.
+  L2L_ASSIGN_OR_RETURN(ParamStore::StateLease lease, store.Lease(layer, LeaseMode::kRead));
   L2L_ASSIGN_OR_RETURN(AtomicFileWriter w, AtomicFileWriter::Create(path));
   LayerFileHeader h{};
   h.magic = kLayerMagic;
@@ -61,7 +63,7 @@ Result<uint32_t> WriteLayerFile(const ParamStore& store, int64_t layer, const st
   crc = crc32(crc, reinterpret_cast<const Bytef*>(&h), sizeof(h));
   L2L_RETURN_IF_ERROR(w.Append(&h, sizeof(h)));
   for (int which = 0; which < 3; ++which) {
-    for (const StateSpan& s : store.spans(layer)) {
+    for (const StateSpan& s : lease.spans()) {
       const float* p = SpanArray(s, which);
       crc = crc32(crc, reinterpret_cast<const Bytef*>(p), static_cast<uInt>(s.n * sizeof(float)));
       L2L_RETURN_IF_ERROR(w.Append(p, s.n * sizeof(float)));
@@ -118,6 +120,8 @@ std::string CheckpointDirName(int64_t step) {
 Result<int64_t> WriteCheckpoint(const ParamStore& store, const CheckpointMeta& meta,
                                 const std::string& dir_in, bool update_latest) {
   if (dir_in.empty()) return InvalidArgument("checkpoint directory is empty");
+  // A spill write fault leaves the SSD copy untrustworthy: never checkpoint from it.
+  L2L_RETURN_IF_ERROR(store.health().WithContext("checkpoint " + dir_in));
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   const fs::path p(dir);
@@ -280,8 +284,11 @@ Status LoadCheckpointState(const CheckpointManifest& m, ParamStore* store) {
     }
     uLong crc = crc32(0L, Z_NULL, 0);
     crc = crc32(crc, reinterpret_cast<const Bytef*>(&h), sizeof(h));
+    // Overwrite lease: spilled pages are filled in staging buffers and written back to
+    // the spill file when the lease ends (no whole-model buffer).
+    L2L_ASSIGN_OR_RETURN(ParamStore::StateLease lease, store->Lease(l, LeaseMode::kOverwrite));
     for (int which = 0; which < 3; ++which) {
-      for (StateSpan s : store->spans(l)) {
+      for (StateSpan s : lease.spans()) {
         float* p = SpanArray(s, which);
         L2L_RETURN_IF_ERROR(read_all(p, s.n * sizeof(float)));
         crc = crc32(crc, reinterpret_cast<const Bytef*>(p), static_cast<uInt>(s.n * sizeof(float)));
@@ -292,6 +299,9 @@ Status LoadCheckpointState(const CheckpointManifest& m, ParamStore* store) {
                       ", the manifest says " + std::to_string(f.crc32));
     }
   }
+  // The loaded pages reach the spill file behind the leases: wait for them, so a
+  // resume that returns OK has its whole state durable in its tier.
+  if (SpillTier* t = store->tier(); t != nullptr) L2L_RETURN_IF_ERROR(t->Flush().WithContext("resume " + m.dir));
   return Status::Ok();
 }
 

@@ -18,7 +18,10 @@
 // point leaves the previous checkpoint and `latest` intact.
 //
 // Streaming: layer files are written from and read into the ParamStore's pages
-// directly (page by page); no buffer of a whole layer or model is allocated.
+// directly (page by page) through one ParamStore::StateLease per layer: pages on SSD
+// (eps_server/spill_tier.h) pass through the tier's bounded staging pool, so neither a
+// whole model nor, beyond that pool, a whole layer is ever held in RAM. A resume
+// rebuilds the tiering: loaded pages of spilled arrays are written to the spill file.
 // Loading verifies sizes, headers and crc32 of every file and names the file in every
 // error (DATA_LOSS for corrupt/truncated, NOT_FOUND for missing).
 //

@@ -27,7 +27,7 @@ Status ApplyMap(const YAML::Node& root, const std::string& origin, const std::st
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string key = prefix + it->first.as<std::string>();
     const YAML::Node v = it->second;  // a copy: *it is a temporary
-    if (key == "memory" || key == "checkpoint") {
+    if (key == "memory" || key == "checkpoint" || key == "tls" || key == "auth" || key == "spill") {
       if (!v.IsMap()) return InvalidArgument(At(origin, v) + ": " + key + " must be a mapping");
       L2L_RETURN_IF_ERROR(ApplyMap(v, origin, key + ".", c));
     } else if (key == "listen") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->listen));
@@ -44,6 +44,16 @@ Status ApplyMap(const YAML::Node& root, const std::string& origin, const std::st
     } else if (key == "checkpoint.dir") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->checkpoint_dir));
     } else if (key == "checkpoint.every") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->checkpoint_every));
     } else if (key == "allow_absolute_paths") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->allow_absolute_paths));
+    } else if (key == "tls.cert") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->tls_cert));
+    } else if (key == "tls.key") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->tls_key));
+    } else if (key == "auth.token_file") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->auth_token_file));
+    } else if (key == "insecure") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->insecure));
+    } else if (key == "spill.dir") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->spill_dir));
+    } else if (key == "spill.queue_depth") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->spill_queue_depth));
+    } else if (key == "spill.block_bytes") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->spill_block_bytes));
+    } else if (key == "spill.prefetch_layers") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->spill_prefetch_layers));
+    } else if (key == "spill.pool_bytes") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->spill_pool_bytes));
+    } else if (key == "spill.direct") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->spill_direct));
     } else {
       return InvalidArgument(At(origin, YAML::Node(it->first)) + ": unknown key '" + key + "'");
     }
@@ -68,6 +78,22 @@ Status EpsConfig::Validate() const {
   if (!publish_dtype.empty() && publish_dtype != "f32" && publish_dtype != "bf16") {
     return InvalidArgument("publish_dtype='" + publish_dtype + "' must be f32 or bf16");
   }
+  if ((tls_cert.empty()) != (tls_key.empty())) {
+    return InvalidArgument("tls.cert and tls.key must be given together (got " +
+                           std::string(tls_cert.empty() ? "tls.key only" : "tls.cert only") + ")");
+  }
+  if (spill_queue_depth < 1 || spill_queue_depth > 4096) {
+    return InvalidArgument("spill.queue_depth=" + std::to_string(spill_queue_depth) + " must be in 1..4096");
+  }
+  if (spill_block_bytes <= 0 || spill_block_bytes % 4096 != 0) {
+    return InvalidArgument("spill.block_bytes=" + std::to_string(spill_block_bytes) + " must be a positive multiple of 4096");
+  }
+  if (spill_block_bytes > page_bytes || page_bytes % spill_block_bytes != 0) {
+    return InvalidArgument("spill.block_bytes=" + std::to_string(spill_block_bytes) +
+                           " must divide memory.page_bytes=" + std::to_string(page_bytes));
+  }
+  if (spill_prefetch_layers < 0) return InvalidArgument("spill.prefetch_layers must be >= 0");
+  if (spill_pool_bytes < 0) return InvalidArgument("spill.pool_bytes must be >= 0 (0 = auto)");
   if (job_id.empty() || job_id.find('/') != std::string::npos) return InvalidArgument("job_id must be non-empty without '/'");
   return Status::Ok();
 }

@@ -31,6 +31,26 @@ struct EpsConfig {
   // Export/Checkpoint/CreateJob rpc paths may be absolute paths outside state_dir.
   bool allow_absolute_paths = false;
 
+  // Security (both gRPC services). Binding beyond loopback needs TLS (cert + key) or a
+  // shared token, else the daemon refuses to start unless `insecure` is set.
+  std::string tls_cert;                 // tls.cert: PEM server certificate chain file
+  std::string tls_key;                  // tls.key: PEM private key file (mode 0600)
+  std::string auth_token_file;          // auth.token_file: file holding the shared token;
+                                        // clients send it as "authorization: Bearer <t>"
+  bool insecure = false;                // permit non-loopback binding without TLS/token
+
+  // SSD tier (spill.*): pages of master/m/v beyond memory.host_bytes live in files in
+  // spill.dir (eps_server/spill_tier.h). Empty dir = no spilling (the daemon refuses to
+  // start when the state does not fit memory.host_bytes).
+  std::string spill_dir;                // spill.dir
+  int64_t spill_queue_depth = 32;       // spill.queue_depth: io_uring requests in flight
+  int64_t spill_block_bytes = 1 << 20;  // spill.block_bytes: bytes per request (mult. of 4096)
+  int64_t spill_prefetch_layers = 2;    // spill.prefetch_layers: layers read ahead in update order
+  int64_t spill_pool_bytes = 0;         // spill.pool_bytes: staging buffer pool; 0 = auto
+                                        // ((prefetch_layers + 1) x the largest spilled layer)
+  bool spill_direct = true;             // spill.direct: O_DIRECT (falls back with a warning
+                                        // where the filesystem refuses it, e.g. tmpfs)
+
   Status Validate() const;
 };
 

@@ -42,10 +42,8 @@ Status EpsCore::CreateJob(const JobConfig& job, const std::vector<std::vector<fl
                                  std::to_string((*copy)[l].size()) + " floats, expected " +
                                  std::to_string(store->layout(l).numel));
         }
-        store->WriteState(l, 0, (*copy)[l].data());
         zeros.assign((*copy)[l].size(), 0.0f);
-        store->WriteState(l, 1, zeros.data());
-        store->WriteState(l, 2, zeros.data());
+        L2L_RETURN_IF_ERROR(store->WriteLayer(l, (*copy)[l].data(), zeros.data(), zeros.data()));
       }
       return Status::Ok();
     };
@@ -74,15 +72,18 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   po.page_bytes = opts_.page_bytes;
   po.host_bytes = opts_.host_bytes;
   po.publish_dtype = job.publish_dtype;
+  po.spill = opts_.spill;
+  po.spill.job_id = opts_.job_id;
   if (opts_.transport != "grpc") po.shm_name = "/" + prefix + "w";
   L2L_ASSIGN_OR_RETURN(auto store, ParamStore::Create(job.model, po));
   if (start.load) {
     L2L_RETURN_IF_ERROR(start.load(store.get()));
   } else {
-    store->InitFromSeed(job.train.seed);
+    L2L_RETURN_IF_ERROR(store->InitFromSeed(job.train.seed));
   }
   for (int64_t l = 0; l < store->num_layers(); ++l) store->PublishMaster(l, start.step);
   auto pipeline = std::make_unique<UpdatePipeline>(store.get(), job, opts_.expected_workers, start.step);
+  pipeline->set_on_failure([this](const Status& s) { OnPipelineFailure(s); });
   {
     std::lock_guard<std::mutex> lock(mu_);
     store_ = std::move(store);
@@ -452,6 +453,19 @@ void EpsCore::Stop() {
   store_.reset();  // unlinks the weight segment
 }
 
+void EpsCore::OnPipelineFailure(const Status& s) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!fatal_.ok()) return;
+    fatal_ = s;
+  }
+  L2L_LOG_ERROR("the job failed and stops without a final checkpoint (the last good one stays): {}",
+                s.ToString());
+  if (store_) store_->Stop();  // workers waiting for layers get ABORTED
+  cv_.notify_all();
+  if (opts_.on_fatal) opts_.on_fatal(s);
+}
+
 CoreStatus EpsCore::GetStatus() const {
   std::lock_guard<std::mutex> lock(mu_);
   CoreStatus s;
@@ -467,8 +481,23 @@ CoreStatus EpsCore::GetStatus() const {
     s.state_bytes = store_->state_bytes();
     s.shm_bytes = store_->weight_segment_bytes();
     s.members = static_cast<int32_t>(pipeline_->workers().size());
+    if (const SpillTier* t = store_->tier(); t != nullptr) {
+      s.spill = true;
+      s.tier = t->stats();
+    }
+    if (job_.train.mode == "lockfree") {
+      s.staleness_bound = job_.train.staleness;
+      int64_t newest = s.step;
+      for (const auto& w : workers_) {
+        if (w->info.state == "active") newest = std::max(newest, w->info.step);
+      }
+      for (int64_t v : s.layer_version) s.max_version_lag = std::max(s.max_version_lag, newest - v);
+    }
   }
-  if (stopped_) {
+  if (!fatal_.ok()) {
+    s.state = "failed";
+    s.error = fatal_.ToString();
+  } else if (stopped_) {
     s.state = "stopping";
   } else if (!has_job_) {
     s.state = "idle";

@@ -95,6 +95,12 @@ struct CoreOptions {
   bool allow_absolute_paths = false; // rpc paths outside state_dir allowed
   int64_t heartbeat_timeout_ms = 0;  // 0 = no liveness checking
   std::string on_worker_loss = "pause";  // pause | continue
+  // SSD tier (eps_server/spill_tier.h); spill.dir "" = none. job_id is filled in.
+  SpillOptions spill;
+  // Called once, from an update thread, when the job hits a fatal error (an SSD-tier I/O
+  // fault): the state can no longer be trusted to advance, so the daemon should stop
+  // without a final checkpoint (the last good one stays). Must not block.
+  std::function<void(const Status&)> on_fatal;
   // Called once per completed step (every active worker reported StepDone), with the
   // core's lock held: it must be quick and must not call back into the EpsCore. Used by
   // l2l-eps for the run log and metrics. Null: nothing is called.
@@ -140,13 +146,20 @@ struct WorkerInfo {
 };
 
 struct CoreStatus {
-  std::string state;  // idle | waiting_workers | running | paused | stopping | finished
+  std::string state;  // idle | waiting_workers | running | paused | stopping | finished | failed
+  std::string error;  // state failed: what failed (an SSD-tier fault names file and op)
   std::string job_id;
   int64_t step = 0, total_steps = 0, num_params = 0;
   std::vector<int64_t> layer_version;
   double last_loss = 0, tokens_per_s = 0;
   PipelineStats pipeline;
   size_t state_bytes = 0, shm_bytes = 0, host_budget = 0;
+  // SSD tier (zeros without one): spilled bytes, staging pool, I/O and exposed waits.
+  bool spill = false;
+  TierStats tier;
+  // Lock-free mode: the staleness bound s, and the largest lag seen now between the
+  // newest step any worker is on and a layer's published version (<= s + 1 by design).
+  int64_t staleness_bound = 0, max_version_lag = 0;
   std::vector<WorkerInfo> workers;
   int32_t members = 0;                  // workers the current step waits for
   std::string last_checkpoint;
@@ -247,6 +260,8 @@ class EpsCore {
 
   const CoreOptions opts_;
   std::atomic<bool> stopped_{false};
+  Status fatal_;                                    // GUARDED_BY(mu_): pipeline failure
+  void OnPipelineFailure(const Status& s);
   std::mutex recovery_mu_;
   mutable std::mutex mu_;
   std::condition_variable cv_;                      // StepDone / state changes

@@ -70,6 +70,9 @@ Result<int64_t> EpsCore::HoldAtBoundary(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     if (stopped_) return Aborted("the daemon is stopping");
+    if (Status f = pipeline_->failure(); !f.ok()) {
+      return FailedPrecondition("the job failed (" + f.ToString() + "); its state is not checkpointed");
+    }
     const UpdatePipeline::Frozen f = pipeline_->Freeze();
     if (f.at_boundary) return f.step;
     pipeline_->Release();
@@ -80,7 +83,7 @@ Result<int64_t> EpsCore::HoldAtBoundary(std::chrono::milliseconds timeout) {
     // Close the gate when the step in progress completes.
     if (!pipeline_->HoldAt(f.step + 1)) continue;
     while (!pipeline_->WaitHeld(f.step + 1, 100ms)) {
-      if (stopped_ || std::chrono::steady_clock::now() >= deadline) {
+      if (stopped_ || !pipeline_->failure().ok() || std::chrono::steady_clock::now() >= deadline) {
         // Give the hold back: it is either pending or (racing) just closed.
         pipeline_->CancelHoldAt(f.step + 1);
         return Status(StatusCode::kDeadlineExceeded,
@@ -159,7 +162,10 @@ Result<int64_t> EpsCore::Export(const std::string& path_arg, DType dtype) {
   std::vector<std::vector<float>> layers(store_->num_layers());
   for (int64_t l = 0; l < store_->num_layers(); ++l) {
     layers[l].resize(store_->layout(l).numel);
-    store_->ReadState(l, 0, layers[l].data());
+    if (Status s = store_->ReadState(l, 0, layers[l].data()); !s.ok()) {
+      pipeline_->Release();
+      return s.WithContext("export");
+    }
   }
   pipeline_->Release();
   std::error_code ec;
@@ -317,7 +323,7 @@ Status EpsCore::Rollback(int32_t lost_id, bool restore) {
   } else if (start_.load) {
     L2L_RETURN_IF_ERROR(start_.load(store_.get()));
   } else {
-    store_->InitFromSeed(job_.train.seed);
+    L2L_RETURN_IF_ERROR(store_->InitFromSeed(job_.train.seed));
   }
   if (restore) {
     for (int64_t l = 0; l < store_->num_layers(); ++l) store_->PublishMaster(l, step);

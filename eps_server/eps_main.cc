@@ -11,6 +11,8 @@
 #include <systemd/sd-daemon.h>
 
 #include <CLI/CLI.hpp>
+#include <atomic>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -54,6 +56,9 @@ int main(int argc, char** argv) {
   app.add_option("--transport", transport, "auto | grpc");
   app.add_option("--job-id", job_id, "names the shared-memory segments");
   app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
+  std::string spill_dir;
+  app.add_option("--spill-dir", spill_dir,
+                 "SSD tier: directory for state pages beyond --host-bytes (spill.dir)");
   std::string metrics_listen;
   app.add_option("--metrics-listen", metrics_listen,
                  "host:port to serve Prometheus GET /metrics on (default off; port 0 = any free port)");
@@ -73,6 +78,7 @@ int main(int argc, char** argv) {
   if (host_bytes >= 0) cfg.host_bytes = host_bytes;
   if (!transport.empty()) cfg.transport = transport;
   if (!job_id.empty()) cfg.job_id = job_id;
+  if (!spill_dir.empty()) cfg.spill_dir = spill_dir;
   if (Status s = cfg.Validate(); !s.ok()) return Fail(s);
   if (!resume.empty() && !job_path.empty()) {
     return Fail(InvalidArgument("--resume and --job are exclusive: a checkpoint carries its job config"));
@@ -125,6 +131,23 @@ int main(int argc, char** argv) {
   co.allow_absolute_paths = cfg.allow_absolute_paths;
   co.heartbeat_timeout_ms = cfg.heartbeat_timeout_ms;
   co.on_worker_loss = cfg.on_worker_loss;
+  co.spill.dir = cfg.spill_dir;
+  co.spill.queue_depth = static_cast<int>(cfg.spill_queue_depth);
+  co.spill.block_bytes = static_cast<size_t>(cfg.spill_block_bytes);
+  co.spill.prefetch_layers = static_cast<int>(cfg.spill_prefetch_layers);
+  co.spill.pool_bytes = static_cast<size_t>(cfg.spill_pool_bytes);
+  co.spill.direct = cfg.spill_direct;
+  // Injected SSD faults, for tests and failure drills (eps_server/spill_io.h FaultPlan).
+  if (const char* f = std::getenv("L2L_SPILL_FAULTS"); f != nullptr && *f != '\0') {
+    L2L_LOG_WARN("L2L_SPILL_FAULTS='{}': injecting SSD-tier faults", f);
+    co.spill.faults = f;
+  }
+  // A fatal job error (SSD-tier fault) stops the daemon without a final checkpoint; it
+  // then exits 1 (systemd's Restart=on-failure resumes from the last good checkpoint).
+  std::atomic<eps::EpsGrpcServer*> fatal_srv{nullptr};
+  co.on_fatal = [&fatal_srv](const Status&) {
+    if (eps::EpsGrpcServer* s = fatal_srv.load(); s != nullptr) s->RequestShutdown(true, true);
+  };
   // Run log (<state_dir>/run.jsonl, one line per step; a resume drops lines past its step)
   // and metrics, both fed by the core once per completed step.
   std::error_code mk_ec;
@@ -160,6 +183,10 @@ int main(int argc, char** argv) {
     snap.layer_version = st.layer_version;
     snap.memory = {{"ram", static_cast<int64_t>(st.state_bytes), static_cast<int64_t>(st.host_budget)},
                    {"shm", static_cast<int64_t>(st.shm_bytes), 0}};
+    if (st.spill) {
+      snap.memory.push_back({"pool", st.tier.pool_bytes, 0});
+      snap.memory.push_back({"ssd", st.tier.ssd_bytes, 0});
+    }
     for (const auto& w : st.workers) ++snap.workers_by_state[w.state];
     eps::UpdateEpsMetrics(&metrics, snap);
   });
@@ -197,6 +224,8 @@ int main(int argc, char** argv) {
   }
 
   eps::EpsGrpcServer* srv = server->get();
+  fatal_srv.store(srv);
+  if (!core.GetStatus().error.empty()) srv->RequestShutdown(true, true);  // failed before we listened
   std::thread signals([srv, sigs] {
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -215,9 +244,14 @@ int main(int argc, char** argv) {
   srv->Shutdown();
   metrics_http.reset();
   core.Stop();
+  const std::string fatal = core.GetStatus().error;
   L2L_LOG_INFO("stopped; shared-memory segments removed");
   // The signal thread may still wait in sigwait: wake it.
   pthread_kill(signals.native_handle(), SIGTERM);
   signals.join();
+  if (!fatal.empty()) {
+    std::fprintf(stderr, "l2l-eps: the job failed: %s\n", fatal.c_str());
+    return 1;
+  }
   return 0;
 }

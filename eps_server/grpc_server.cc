@@ -224,6 +224,27 @@ class ControlService final : public control::Control::Service {
     auto* shm = rep->add_memory();
     shm->set_tier("shm");
     shm->set_used_bytes(static_cast<int64_t>(s.shm_bytes));
+    if (s.spill) {
+      auto* pool = rep->add_memory();
+      pool->set_tier("pool");
+      pool->set_used_bytes(s.tier.pool_bytes);
+      auto* ssd = rep->add_memory();
+      ssd->set_tier("ssd");
+      ssd->set_used_bytes(s.tier.ssd_bytes);
+      auto* sp = rep->mutable_spill();
+      sp->set_ssd_bytes(s.tier.ssd_bytes);
+      sp->set_pool_bytes(s.tier.pool_bytes);
+      sp->set_bytes_read(static_cast<int64_t>(s.tier.io.bytes_read));
+      sp->set_bytes_written(static_cast<int64_t>(s.tier.io.bytes_written));
+      sp->set_lease_hits(s.tier.lease_hits);
+      sp->set_lease_misses(s.tier.lease_misses);
+      sp->set_lease_wait_s(s.tier.lease_wait_s);
+      sp->set_read_busy_s(s.tier.io.read_busy_s);
+      sp->set_write_busy_s(s.tier.io.write_busy_s);
+    }
+    rep->set_error(s.error);
+    rep->set_staleness_bound(s.staleness_bound);
+    rep->set_max_version_lag(s.max_version_lag);
     const auto now = std::chrono::steady_clock::now();
     for (const WorkerInfo& w : s.workers) {
       auto* ws = rep->add_workers();
@@ -262,10 +283,8 @@ class ControlService final : public control::Control::Service {
         L2L_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(file, spec));
         std::vector<float> zeros;
         for (int64_t l = 0; l < store->num_layers(); ++l) {
-          store->WriteState(l, 0, m.layers[l].data());
           zeros.assign(m.layers[l].size(), 0.0f);
-          store->WriteState(l, 1, zeros.data());
-          store->WriteState(l, 2, zeros.data());
+          L2L_RETURN_IF_ERROR(store->WriteLayer(l, m.layers[l].data(), zeros.data(), zeros.data()));
         }
         return Status::Ok();
       };
@@ -330,28 +349,19 @@ class ControlService final : public control::Control::Service {
   std::chrono::steady_clock::time_point start_;
 };
 
-bool IsLoopback(const std::string& listen) {
-  return listen.rfind("127.", 0) == 0 || listen.rfind("localhost:", 0) == 0 || listen.rfind("[::1]:", 0) == 0;
-}
-
 }  // namespace
 
 Result<std::unique_ptr<EpsGrpcServer>> EpsGrpcServer::Start(EpsCore* core, const ServerOptions& opts) {
-  if (!IsLoopback(opts.listen)) {
-    if (!opts.allow_remote) {
-      return PermissionDenied("listen address " + opts.listen +
-                              " is not loopback; pass --allow-remote to bind beyond this host");
-    }
-    L2L_LOG_WARN("listening on non-loopback address {}: the data and control APIs are unauthenticated",
-                 opts.listen);
-  }
+  // Refuses an unprotected non-loopback address (l2l-eps checked already, before binding
+  // anything; this guards other callers).
+  L2L_RETURN_IF_ERROR(CheckExposure(ExposedApi::kGrpc, opts.listen, opts.security));
   std::unique_ptr<EpsGrpcServer> s(new EpsGrpcServer());
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   s->data_ = std::make_unique<DataService>(core);
   s->control_ = std::make_unique<ControlService>(core, s.get(), opts);
   grpc::ServerBuilder b;
-  b.AddListeningPort(opts.listen, grpc::InsecureServerCredentials(), &s->port_);
+  b.AddListeningPort(opts.listen, MakeServerCredentials(opts.security), &s->port_);
   b.RegisterService(s->data_.get());
   b.RegisterService(s->control_.get());
   // A 4 MiB chunk plus its header fields exceeds gRPC's default 4 MiB message limit;
@@ -359,7 +369,10 @@ Result<std::unique_ptr<EpsGrpcServer>> EpsGrpcServer::Start(EpsCore* core, const
   b.SetMaxReceiveMessageSize(static_cast<int>(2 * kMaxChunkBytes + 4096));
   b.SetMaxSendMessageSize(static_cast<int>(2 * kMaxChunkBytes + 4096));
   s->server_ = b.BuildAndStart();
-  if (!s->server_ || s->port_ == 0) return Unavailable("could not listen on " + opts.listen);
+  if (!s->server_ || s->port_ == 0) {
+    return Unavailable("could not listen on " + opts.listen +
+                       (opts.security.tls() ? " (TLS: check that --tls-key is the key of --tls-cert)" : ""));
+  }
   return s;
 }
 

@@ -16,6 +16,7 @@
 
 #include "common/status.h"
 #include "eps_server/eps_core.h"
+#include "eps_server/server_security.h"
 
 namespace grpc {
 class Server;
@@ -28,7 +29,9 @@ inline constexpr size_t kMaxChunkBytes = size_t{4} << 20;  // data bytes per str
 
 struct ServerOptions {
   std::string listen = "127.0.0.1:0";  // host:port; port 0 = any free port
-  bool allow_remote = false;           // needed to bind anything but loopback
+  // TLS and/or the bearer token (eps_server/server_security.h). A non-loopback `listen`
+  // without either is refused unless security.insecure.
+  ServerSecurity security;
 };
 
 class EpsGrpcServer {

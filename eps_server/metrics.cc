@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -16,7 +17,9 @@
 #include <cstring>
 #include <sstream>
 
+#include "common/auth_token.h"
 #include "common/logging.h"
+#include "eps_server/server_security.h"
 
 namespace l2l::eps {
 namespace {
@@ -70,6 +73,24 @@ void AtomicAdd(std::atomic<double>* a, double v) {
 }
 
 Status SocketError(const std::string& op, const std::string& where) { return ErrnoError(op, where, errno); }
+
+// The value of the first header `lower_name` (matched case-insensitively) in an HTTP
+// request head, or "" when absent.
+std::string HeaderValue(const std::string& head, const std::string& lower_name) {
+  std::istringstream in(head);
+  std::string line;
+  std::getline(in, line);  // the request line
+  while (std::getline(in, line) && line != "\r" && !line.empty()) {
+    const size_t colon = line.find(':');
+    if (colon != lower_name.size()) continue;
+    bool same = true;
+    for (size_t i = 0; i < colon && same; ++i) {
+      same = static_cast<char>(std::tolower(static_cast<unsigned char>(line[i]))) == lower_name[i];
+    }
+    if (same) return line.substr(colon + 1);  // BearerMatches trims spaces and '\r'
+  }
+  return "";
+}
 
 }  // namespace
 
@@ -267,9 +288,11 @@ Result<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(const Metric
        (ntohl(reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr.s_addr) >> 24) == 127) ||
       (res->ai_family == AF_INET6 &&
        IN6_IS_ADDR_LOOPBACK(&reinterpret_cast<sockaddr_in6*>(res->ai_addr)->sin6_addr));
-  if (!loopback && !options.allow_remote) {
-    return PermissionDenied("metrics address " + options.listen +
-                            " is not loopback; pass --allow-remote to expose metrics beyond this host");
+  if (!loopback) {
+    ServerSecurity sec;
+    sec.token = options.token;
+    sec.insecure = options.insecure;
+    L2L_RETURN_IF_ERROR(CheckExposure(ExposedApi::kMetrics, options.listen, sec));
   }
 
   std::unique_ptr<MetricsHttpServer> s(new MetricsHttpServer(registry, options));
@@ -351,7 +374,10 @@ void MetricsHttpServer::Serve(int fd) {
   const std::string path = target.substr(0, target.find('?'));
   int code = 200;
   std::string reason = "OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
-  if (method != "GET" && method != "HEAD") {
+  if (!opts_.token.empty() && !BearerMatches(HeaderValue(req, "authorization"), opts_.token)) {
+    code = 401, reason = "Unauthorized", type = "text/plain",
+    body = "this l2l-eps requires 'Authorization: Bearer <token>' (the token in its --token-file)\n";
+  } else if (method != "GET" && method != "HEAD") {
     code = 405, reason = "Method Not Allowed", type = "text/plain", body = "only GET is served\n";
   } else if (path == "/metrics") {
     body = registry_->Render();
@@ -362,7 +388,8 @@ void MetricsHttpServer::Serve(int fd) {
   }
   std::string resp = "HTTP/1.1 " + std::to_string(code) + " " + reason + "\r\nContent-Type: " + type +
                      "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n" +
-                     (code == 405 ? "Allow: GET, HEAD\r\n" : "") + "\r\n";
+                     (code == 405 ? "Allow: GET, HEAD\r\n" : "") +
+                     (code == 401 ? "WWW-Authenticate: Bearer realm=\"l2l-eps\"\r\n" : "") + "\r\n";
   if (method != "HEAD") resp += body;
   size_t off = 0;
   while (off < resp.size()) {

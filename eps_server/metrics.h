@@ -19,7 +19,9 @@
 // Thread-safety: metric updates (Increment/Set/Observe) are lock-free or take a
 // per-metric mutex and may be called from any thread; Get*/Render take the registry
 // mutex. Collect hooks run on the scraping thread before each render.
-// Security: the server binds loopback unless allow_remote is set (as l2l-eps' gRPC port).
+// Security (eps_server/server_security.h): a non-loopback address needs a token (the
+// daemon's --token-file) or `insecure`, else Start refuses; with a token every request
+// must carry "Authorization: Bearer <token>" (401 otherwise).
 #pragma once
 
 #include <atomic>
@@ -142,12 +144,14 @@ std::string FormatMetricValue(double v);
 
 struct MetricsServerOptions {
   std::string listen = "127.0.0.1:0";  // host:port; port 0 picks a free port
-  bool allow_remote = false;           // required for a non-loopback address
+  bool insecure = false;               // allows a non-loopback address without a token
   int io_timeout_ms = 2000;            // a client that sends no full request is dropped
+  std::string token;                   // "" = open; else requests need "Authorization: Bearer <token>"
 };
 
 // Serves GET /metrics (200, text/plain; version=0.0.4), GET / (a pointer to /metrics),
-// 404 for other paths, 405 for other methods; one connection at a time, then closes it
+// 404 for other paths, 405 for other methods, 401 for any request without the token
+// when one is set; one connection at a time, then closes it
 // (scrapes are small and rare). Start returns once the socket listens.
 class MetricsHttpServer {
  public:

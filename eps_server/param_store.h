@@ -41,6 +41,8 @@
 #include "common/shm.h"
 #include "common/status.h"
 #include "eps_server/page_allocator.h"
+#include "eps_server/spill_tier.h"
+#include "eps_server/state_span.h"
 
 namespace l2l::eps {
 
@@ -49,16 +51,18 @@ struct ParamStoreOptions {
   size_t host_bytes = 0;                  // budget for pages + published copies; 0 = unlimited
   DType publish_dtype = DType::kBF16;     // kF32 or kBF16
   std::string shm_name;                   // weight segment name ("/l2l-<job>-w"); "" = private
+  // SSD tier: with spill.dir set, state pages that do not fit host_bytes live on SSD
+  // (eps_server/spill_tier.h) instead of Create refusing.
+  SpillOptions spill;
 };
 
-// One page-sized piece of a layer's state: elements [begin, begin+n) of the layer.
-struct StateSpan {
-  float* master;  // (n)
-  float* m;       // (n)
-  float* v;       // (n)
-  size_t begin;
-  size_t n;
+// How a lease will use the layer's state.
+enum class LeaseMode {
+  kRead,       // read only (checkpoint, export): nothing is written back
+  kUpdate,     // read and modify (AdamW): spilled pages are written back when it ends
+  kOverwrite,  // every element will be written (init, resume): no reads, written back
 };
+
 
 class ParamStore {
  public:
@@ -79,16 +83,49 @@ class ParamStore {
   DType publish_dtype() const { return opts_.publish_dtype; }
   const std::string& shm_name() const { return opts_.shm_name; }
   size_t weight_segment_bytes() const { return weights_size_; }
-  size_t state_bytes() const;  // pages in use * page size
+  size_t state_bytes() const;  // state pages in RAM (pages in use * page size)
+  size_t ssd_bytes() const;    // state pages on SSD (0 without a tier)
 
-  // Master/moment state of a layer in page-sized spans (in element order).
+  // Page geometry of a layer's state (in element order). The master/m/v pointers are
+  // null for arrays that live on SSD: use Lease() to touch the values.
   const std::vector<StateSpan>& spans(int64_t layer) const { return spans_[layer]; }
-  // Copies between the paged state and contiguous (numel) buffers. which: 0 master,
-  // 1 m, 2 v.
-  void ReadState(int64_t layer, int which, float* out) const;
-  void WriteState(int64_t layer, int which, const float* in);
+
+  // Access to a layer's state values. While held, spans() has every array valid (RAM
+  // pages, or staging buffers of the SSD tier). Ending a kUpdate/kOverwrite lease writes
+  // spilled pages back behind. One lease per layer at a time (a second one waits). For
+  // layers wholly in RAM a lease costs nothing. Errors: spill I/O faults (the message
+  // names the file, the operation and the offset); the caller must not use the state.
+  class StateLease {
+   public:
+    StateLease() = default;
+    StateLease(StateLease&& o) noexcept { *this = std::move(o); }
+    StateLease& operator=(StateLease&& o) noexcept;
+    ~StateLease() { Release(); }
+    const std::vector<StateSpan>& spans() const { return spans_; }
+    void Release();
+
+   private:
+    friend class ParamStore;
+    SpillTier* tier_ = nullptr;  // null: RAM-only layer (nothing to give back)
+    int64_t layer_ = -1;
+    bool dirty_ = false;
+    std::vector<StateSpan> spans_;
+  };
+  Result<StateLease> Lease(int64_t layer, LeaseMode mode) const;
+
+  // Copies between the state and contiguous (numel) buffers, through leases. which:
+  // 0 master, 1 m, 2 v.
+  Status ReadState(int64_t layer, int which, float* out) const;
+  Status WriteState(int64_t layer, int which, const float* in);
+  // Writes all three arrays of a layer at once (one lease; resume, CreateJob).
+  Status WriteLayer(int64_t layer, const float* master, const float* m, const float* v);
   // Fills every layer's master with InitLayerParams(seed), zero moments.
-  void InitFromSeed(uint64_t seed);
+  Status InitFromSeed(uint64_t seed);
+
+  // The SSD tier, or null when nothing is spilled.
+  SpillTier* tier() const { return tier_.get(); }
+  // OK, or the SSD tier's first write fault (the state on SSD is then not trustworthy).
+  Status health() const;
 
   // Publishes the layer's current master as `version` (casts into the free slot).
   void PublishMaster(int64_t layer, int64_t version);
@@ -160,7 +197,8 @@ class ParamStore {
   const ParamStoreOptions opts_;
   std::vector<LayerLayout> layouts_;
   PageAllocator pages_;
-  std::vector<std::vector<StateSpan>> spans_;  // [layer][page]
+  std::vector<std::vector<StateSpan>> spans_;  // [layer][page]; null arrays: on SSD
+  std::unique_ptr<SpillTier> tier_;            // null when nothing is spilled
   ShmSegment shm_;                             // when opts_.shm_name is set
   void* anon_ = nullptr;                       // otherwise: mmap'd private memory
   void* weights_base_ = nullptr;

@@ -128,6 +128,7 @@ Status UpdatePipeline::Submit(int64_t layer, int64_t step, GradientRef ref) {
                                   std::to_string(ref.micro_batches) + " must be >= 1"));
   }
   std::lock_guard<std::mutex> lock(mu_);
+  if (!failure_.ok()) return reject(failure_);
   LayerState& ls = layers_[layer];
   if (!IsMemberLocked(ref.worker_id, step)) {
     return reject(NotFound("worker " + std::to_string(ref.worker_id) + " is not a member of step " +
@@ -208,7 +209,15 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
   }
   const int ng = static_cast<int>(grads.size());
   const float inv_mb = 1.0f / static_cast<float>(mb);
-  const auto& spans = store_->spans(layer);
+  // The layer's state: RAM pages, or the SSD tier's staging buffers (reads of spilled
+  // pages are waited for here; written back behind when the lease ends).
+  auto lease = store_->Lease(layer, LeaseMode::kUpdate);
+  if (!lease.ok()) {
+    FailUpdate(layer, lease.status().WithContext("update of layer " + std::to_string(layer) + " step " +
+                                                 std::to_string(step)));
+    return;
+  }
+  const auto& spans = lease->spans();
   auto offset = [&](const StateSpan& s) {
     std::vector<const float*> off(grads.size());
     for (size_t i = 0; i < grads.size(); ++i) off[i] = grads[i] + s.begin;
@@ -248,12 +257,41 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
     AdamWUpdate(ai, it.s->master + k, it.s->m + k, it.s->v + k, g.data(), ng, it.hi - it.lo, dt,
                 out + it.lo * DTypeSize(dt));
   });
+  lease->Release();  // starts the write-behind of spilled pages
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Publish under mu_: a worker that sees version step+1 and pushes its step+1 gradient
   // at once must find the layer already collecting step+1 (Submit takes mu_).
   std::lock_guard<std::mutex> lock(mu_);
   store_->EndPublish(layer, step + 1);
   FinishUpdateLocked(layer, secs);
+}
+
+void UpdatePipeline::FailUpdate(int64_t layer, Status s) {
+  std::function<void(const Status&)> cb;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    L2L_LOG_ERROR("update pipeline failed: {}", s.ToString());
+    if (failure_.ok()) {
+      failure_ = s;
+      cb = on_failure_;
+    }
+    // The layer stays scheduled (nothing re-schedules it) and its gradients stay held:
+    // no state moves after a fault.
+    (void)layer;
+    --running_;
+    cv_.notify_all();
+  }
+  if (cb) cb(s);
+}
+
+Status UpdatePipeline::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+void UpdatePipeline::set_on_failure(std::function<void(const Status&)> f) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_failure_ = std::move(f);
 }
 
 void UpdatePipeline::FinishUpdateLocked(int64_t layer, double seconds) {
@@ -468,7 +506,8 @@ UpdatePipeline::Frozen UpdatePipeline::Freeze() {
 
 bool UpdatePipeline::WaitForStep(int64_t step, std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return completed_step_ >= step; });
+  return cv_.wait_for(lock, timeout, [&] { return completed_step_ >= step || !failure_.ok(); }) &&
+         completed_step_ >= step;
 }
 
 int64_t UpdatePipeline::Hold() {
@@ -477,7 +516,8 @@ int64_t UpdatePipeline::Hold() {
   // No update of the next step has started: close now. Otherwise the step's last
   // update closes the gate (FinishUpdateLocked).
   if (layers_done_in_step_ == 0 && running_ == 0) gate_closed_ = true;
-  cv_.wait(lock, [&] { return gate_closed_ && running_ == 0; });
+  // A failed pipeline never reaches a boundary: return at once (callers check failure()).
+  cv_.wait(lock, [&] { return (gate_closed_ && running_ == 0) || (!failure_.ok() && running_ == 0); });
   return completed_step_;
 }
 

@@ -108,6 +108,13 @@ class UpdatePipeline {
   Frozen Freeze();
 
   PipelineStats stats() const;
+
+  // Fatal errors: an update that cannot reach its layer's state (an SSD-tier I/O fault,
+  // eps_server/spill_tier.h) publishes nothing and makes the pipeline failed: no update
+  // starts after it, Submit returns the error, WaitForStep returns false, and
+  // on_failure (set before gradients flow) is called once from the failing thread.
+  Status failure() const;
+  void set_on_failure(std::function<void(const Status&)> f);
   // Drops (releases) the gradients of `worker_id` (every worker's when -1) that wait
   // for the step in progress, and un-schedules updates that were held by the gate.
   // REQUIRES: the pipeline is frozen (Freeze/Hold) so no update of them runs.
@@ -167,6 +174,9 @@ class UpdatePipeline {
   std::chrono::steady_clock::time_point last_arrival_, last_complete_;
   double busy_s_ = 0;
   PipelineStats stats_;                       // GUARDED_BY(mu_)
+  Status failure_;                            // GUARDED_BY(mu_): first fatal error
+  std::function<void(const Status&)> on_failure_;  // GUARDED_BY(mu_)
+  void FailUpdate(int64_t layer, Status s);   // REQUIRES: mu_ not held
 };
 
 }  // namespace l2l::eps

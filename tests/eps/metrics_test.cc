@@ -49,8 +49,10 @@ struct Response {
   std::string body;
 };
 
-Response Get(int port, const std::string& path, const std::string& method = "GET") {
-  const std::string raw = HttpExchange(port, method + " " + path + " HTTP/1.1\r\nHost: x\r\n\r\n");
+Response Get(int port, const std::string& path, const std::string& method = "GET",
+             const std::string& extra_headers = "") {
+  const std::string raw =
+      HttpExchange(port, method + " " + path + " HTTP/1.1\r\nHost: x\r\n" + extra_headers + "\r\n");
   Response r;
   const size_t head_end = raw.find("\r\n\r\n");
   REQUIRE(head_end != std::string::npos);
@@ -239,15 +241,40 @@ TEST_CASE("Metrics HTTP server answers 404, 405, runs collect hooks and stops cl
   close(fd);
 }
 
-TEST_CASE("Metrics server refuses a non-loopback address without allow_remote", "[eps][metrics]") {
+TEST_CASE("Metrics server refuses a non-loopback address without a token or --insecure", "[eps][metrics]") {
   MetricsRegistry reg;
+  // Refused before binding: nothing listens on 0.0.0.0 afterwards (Start returns early).
   auto s = MetricsHttpServer::Start(&reg, {"0.0.0.0:0", false, 1000});
   REQUIRE(!s.ok());
   CHECK(s.status().code() == StatusCode::kPermissionDenied);
-  CHECK(s.status().message().find("--allow-remote") != std::string::npos);
+  CHECK(s.status().message().find("0.0.0.0:0") != std::string::npos);
+  CHECK(s.status().message().find("--token-file") != std::string::npos);
+  CHECK(s.status().message().find("--insecure") != std::string::npos);
   auto bad = MetricsHttpServer::Start(&reg, {"no-port-here", false, 1000});
   REQUIRE(!bad.ok());
   CHECK(bad.status().message().find("no-port-here") != std::string::npos);
+}
+
+TEST_CASE("Metrics server with a token answers 401 unless the request carries it", "[eps][metrics]") {
+  MetricsRegistry reg;
+  reg.GetGauge("l2l_guarded", "x")->Set(7);
+  MetricsServerOptions o;
+  o.token = "s3cret-token";
+  auto server = MetricsHttpServer::Start(&reg, o);
+  REQUIRE(server.ok());
+  const int port = (*server)->port();
+  const Response none = Get(port, "/metrics");
+  CHECK(none.code == 401);
+  CHECK(none.headers["WWW-Authenticate"].find("Bearer") == 0);
+  CHECK(none.body.find("l2l_guarded") == std::string::npos);
+  CHECK(Get(port, "/metrics", "GET", "Authorization: Bearer wrong-token\r\n").code == 401);
+  CHECK(Get(port, "/metrics", "GET", "Authorization: Bearer s3cret-tokenX\r\n").code == 401);
+  CHECK(Get(port, "/metrics", "GET", "Authorization: Basic s3cret-token\r\n").code == 401);
+  CHECK(Get(port, "/", "GET", "X-Other: Bearer s3cret-token\r\n").code == 401);
+  const Response ok = Get(port, "/metrics", "GET", "authorization: bearer s3cret-token\r\n");
+  CHECK(ok.code == 200);
+  CHECK(Parse(ok.body).samples.at("l2l_guarded") == 7);
+  CHECK(Get(port, "/metrics", "GET", "Accept: */*\r\nAuthorization:  Bearer s3cret-token \r\n").code == 200);
 }
 
 TEST_CASE("FormatMetricValue writes Prometheus' special values and round-trips", "[eps][metrics]") {

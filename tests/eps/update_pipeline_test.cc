@@ -40,7 +40,7 @@ std::unique_ptr<ParamStore> MakeStore(const JobConfig& job) {
   o.publish_dtype = DType::kF32;
   auto s = ParamStore::Create(job.model, o);
   L2L_CHECK(s.ok()) << s.status().ToString();
-  (*s)->InitFromSeed(11);
+  REQUIRE((*s)->InitFromSeed(11).ok());
   for (int64_t l = 0; l < (*s)->num_layers(); ++l) (*s)->PublishMaster(l, 0);
   return std::move(s).value();
 }
@@ -141,7 +141,7 @@ std::vector<std::vector<float>> RunPipeline(const JobConfig& job, const Grads& g
     out[l].resize(ps->layout(l).numel);
     std::memcpy(out[l].data(), pin->data(), out[l].size() * 4);
     std::vector<float> master(out[l].size());
-    ps->ReadState(l, 0, master.data());
+    REQUIRE(ps->ReadState(l, 0, master.data()).ok());
     CHECK(master == out[l]);
   }
   return out;
@@ -252,7 +252,7 @@ TEST_CASE("UpdatePipeline in lock-free mode holds a gradient pushed ahead of the
   }
   for (int64_t l = 0; l < L; ++l) {
     std::vector<float> master(ps->layout(l).numel);
-    ps->ReadState(l, 0, master.data());
+    REQUIRE(ps->ReadState(l, 0, master.data()).ok());
     CHECK(std::memcmp(master.data(), want[l].data(), master.size() * 4) == 0);
   }
 }

@@ -166,7 +166,7 @@ TEST_CASE("EPS with a shm worker and a gRPC worker publishes AdamW of their grad
       }
     }
     std::vector<float> master(ref.p[l].size());
-    d.core.store()->ReadState(l, 0, master.data());
+    REQUIRE(d.core.store()->ReadState(l, 0, master.data()).ok());
     CHECK(master == ref.p[l]);
   }
   CHECK(d.core.GetStatus().step == job.train.steps);

@@ -186,7 +186,7 @@ std::vector<std::vector<float>> Master(eps::EpsCore& core) {
   std::vector<std::vector<float>> out;
   for (int64_t l = 0; l < core.store()->num_layers(); ++l) {
     out.emplace_back(core.store()->layout(l).numel);
-    core.store()->ReadState(l, 0, out.back().data());
+    REQUIRE(core.store()->ReadState(l, 0, out.back().data()).ok());
   }
   return out;
 }

@@ -143,7 +143,7 @@ Result<std::unique_ptr<EpsDaemon>> EpsDaemon::Start(const JobConfig& job, const 
                                                     const TempDir& dir) {
   static std::atomic<int> counter{0};
   std::unique_ptr<EpsDaemon> d(new EpsDaemon());
-  d->job_id_ = "itest" + std::to_string(getpid()) + "x" + std::to_string(counter++);
+  d->job_id_ = o.job_id.empty() ? "itest" + std::to_string(getpid()) + "x" + std::to_string(counter++) : o.job_id;
   const std::string state_dir = dir.File("eps-state-" + d->job_id_);
   d->state_dir_ = state_dir;
   {
@@ -156,13 +156,22 @@ Result<std::unique_ptr<EpsDaemon>> EpsDaemon::Start(const JobConfig& job, const 
       << "expected_workers: " << o.workers << "\n"
       << "heartbeat_timeout_ms: " << o.heartbeat_timeout_ms << "\n"
       << "on_worker_loss: " << o.on_worker_loss << "\n"
-      << "transport: " << o.transport << "\n";
+      << "transport: " << o.transport << "\n"
+      << o.extra_yaml << "\n";
     if (!f || !e) return ErrnoError("write", dir.path(), errno);
   }
-  std::vector<std::string> argv = {BinaryPath("l2l-eps"), "--config", dir.File(d->job_id_ + "-eps.yaml"),
-                                   "--job", dir.File(d->job_id_ + "-job.yaml")};
+  std::vector<std::string> argv = {BinaryPath("l2l-eps"), "--config", dir.File(d->job_id_ + "-eps.yaml")};
+  if (o.resume.empty()) {
+    argv.insert(argv.end(), {"--job", dir.File(d->job_id_ + "-job.yaml")});
+  } else {
+    argv.insert(argv.end(), {"--resume", o.resume});
+    // A restart: the previous run's port file must not be mistaken for this one's.
+    std::error_code rm_ec;
+    fs::remove(state_dir + "/eps.port", rm_ec);
+  }
   argv.insert(argv.end(), o.extra_args.begin(), o.extra_args.end());
   L2L_ASSIGN_OR_RETURN(d->proc_, Process::Spawn(argv, dir.File(d->job_id_ + "-eps.log")));
+  if (!o.wait_ready) return d;
   // The daemon writes the port it bound to <state_dir>/eps.port (atomically, by rename).
   const std::string port_file = state_dir + "/eps.port";
   const auto deadline = Clock::now() + 30s;
@@ -225,6 +234,17 @@ Result<DaemonStatus> EpsDaemon::GetStatus() {
   s.layer_version.assign(rep.layer_version().begin(), rep.layer_version().end());
   s.last_loss = rep.last_loss();
   for (const auto& w : rep.workers()) s.workers.push_back({w.worker_id(), w.name(), w.state(), w.step()});
+  s.error = rep.error();
+  if (rep.has_spill()) {
+    s.ssd_bytes = rep.spill().ssd_bytes();
+    s.pool_bytes = rep.spill().pool_bytes();
+    s.bytes_read = rep.spill().bytes_read();
+    s.bytes_written = rep.spill().bytes_written();
+    s.lease_hits = rep.spill().lease_hits();
+    s.lease_misses = rep.spill().lease_misses();
+  }
+  s.staleness_bound = rep.staleness_bound();
+  s.max_version_lag = rep.max_version_lag();
   return s;
 }
 
@@ -237,7 +257,21 @@ Status EpsDaemon::Export(const std::string& path) {
   return FromGrpc(stub_->control->Export(&ctx, req, &rep), "Export");
 }
 
+Result<std::string> EpsDaemon::Checkpoint(const std::string& dir) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+  l2l::control::v1::CheckpointRequest req;
+  req.set_dir(dir);
+  l2l::control::v1::CheckpointReply rep;
+  L2L_RETURN_IF_ERROR(FromGrpc(stub_->control->Checkpoint(&ctx, req, &rep), "Checkpoint"));
+  return rep.dir();
+}
+
 Status EpsDaemon::Shutdown() {
+  if (!stub_->control) {  // started with wait_ready=false: no channel yet
+    proc_->Stop();
+    return Status::Ok();
+  }
   {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 10s);

@@ -76,6 +76,12 @@ struct DaemonOptions {
   std::string on_worker_loss = "pause"; // pause | continue
   int64_t heartbeat_timeout_ms = 10000;
   std::vector<std::string> extra_args;  // appended to l2l-eps's command line
+  std::string extra_yaml;               // appended to the daemon config file
+  std::string job_id;                   // "" = a fresh one; the same id = the same state
+                                        // dir and spill file (a restart)
+  std::string resume;                   // --resume DIR instead of --job
+  bool wait_ready = true;               // false: Start returns once spawned (the daemon
+                                        // may refuse to start; use process().Wait)
 };
 
 // What the Control service reports (the subset the tests use).
@@ -90,6 +96,11 @@ struct DaemonStatus {
     int64_t step;
   };
   std::vector<Worker> workers;
+  std::string error;                    // state "failed": what failed
+  // SSD tier (zeros without one) and lock-free staleness.
+  int64_t ssd_bytes = 0, pool_bytes = 0, bytes_read = 0, bytes_written = 0;
+  int64_t lease_hits = 0, lease_misses = 0;
+  int64_t staleness_bound = 0, max_version_lag = 0;
 };
 
 class EpsDaemon {
@@ -107,6 +118,8 @@ class EpsDaemon {
   Result<DaemonStatus> GetStatus();
   // Writes the fp32 master weights as safetensors at `path` (Export rpc).
   Status Export(const std::string& path);
+  // Checkpoint rpc ("" = the default root, updating `latest`); returns the directory.
+  Result<std::string> Checkpoint(const std::string& dir = "");
   // Shutdown rpc (no checkpoint), then waits for the process to exit 0.
   Status Shutdown();
   // Names of /dev/shm entries that belong to this daemon's job.
