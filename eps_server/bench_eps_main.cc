@@ -7,15 +7,22 @@
 //      torch.optim.AdamW (foreach=True) at the same thread count (/usr/bin/python3).
 //   2. A layer fetch through shared memory (the worker's protocol from common/shm.h:
 //      seqlock + pin, then copy out of the mapped slot) vs a memcpy of the same bytes.
-//   3. The same layer through gRPC on loopback (FetchLayer stream, 4 MiB chunks) vs a
-//      raw TCP socket transfer of the same bytes over loopback.
+//   3. The same layer through gRPC on loopback (FetchLayer stream, ~4 MiB chunks) vs a
+//      raw TCP socket transfer of the same bytes over loopback (one connection,
+//      TCP_NODELAY as gRPC's sockets, reused buffers, read straight into the destination).
+//      Two gRPC clients: the worker's read path (raw messages, the data field copied
+//      once into the destination, as worker/eps_client_grpc.cc) and a generic protobuf
+//      client (the generated stub: parse, then copy out). The three transfers are
+//      interleaved, so load changes on a shared machine hit them alike; wall time and
+//      the process's CPU time (both ends are threads of this process) per transfer.
 //
-//   l2l-bench-eps [--threads N] [--params N] [--iters N] [--no-torch]
+//   l2l-bench-eps [--threads N] [--params N] [--iters N] [--no-torch] [--transport-only]
 //
 // Not a test: never fails on speed. Ownership/threads: everything is local to main.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -23,11 +30,14 @@
 #include <oneapi/tbb/parallel_for.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <google/protobuf/io/coded_stream.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 #include <random>
 #include <thread>
 #include <vector>
@@ -44,6 +54,14 @@ using namespace l2l;
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// CPU seconds (user + system) used so far by all threads of this process.
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
 
 // Best of `iters` runs of f (seconds).
 template <typename F>
@@ -223,7 +241,8 @@ void BenchTransport(int iters) {
   const std::string addr = "127.0.0.1:" + std::to_string((*server)->port());
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
-  auto stub = data::v1::Data::NewStub(grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args));
+  auto channel = grpc::CreateCustomChannel(addr, grpc::InsecureChannelCredentials(), args);
+  auto stub = data::v1::Data::NewStub(channel);
   data::v1::RegisterRequest rreq;
   rreq.set_transport("grpc");
   data::v1::RegisterReply rrep;
@@ -235,18 +254,52 @@ void BenchTransport(int iters) {
       return;
     }
   }
-  auto grpc_fetch = [&] {
+  data::v1::FetchLayerRequest freq;
+  freq.set_worker_id(rrep.worker_id());
+  freq.set_layer(layer);
+  size_t got = 0;
+  // A generic protobuf client (generated stub): parse each LayerChunk, copy its data.
+  auto grpc_fetch_proto = [&] {
     grpc::ClientContext c;
-    data::v1::FetchLayerRequest req;
-    req.set_worker_id(rrep.worker_id());
-    req.set_layer(layer);
-    auto r = stub->FetchLayer(&c, req);
+    auto r = stub->FetchLayer(&c, freq);
     data::v1::LayerChunk chunk;
-    while (r->Read(&chunk)) std::memcpy(buf.data() + chunk.offset(), chunk.data().data(), chunk.data().size());
+    got = 0;
+    while (r->Read(&chunk)) {
+      std::memcpy(buf.data() + chunk.offset(), chunk.data().data(), chunk.data().size());
+      got += chunk.data().size();
+    }
     (void)r->Finish();
   };
-  grpc_fetch();
-  const double t_grpc = Best(iters, grpc_fetch);
+  // The worker's read path (worker/eps_client_grpc.cc ReadLayerChunk's fast path): raw
+  // messages, header fields parsed in place, the data field (last, as the EPS writes it)
+  // copied once, straight into the destination.
+  const grpc::internal::RpcMethod fetch_method("/l2l.data.v1.Data/FetchLayer",
+                                               grpc::internal::RpcMethod::SERVER_STREAMING, channel);
+  auto grpc_fetch_raw = [&] {
+    grpc::ClientContext c;
+    std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> r(
+        grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(channel.get(), fetch_method, &c, freq));
+    grpc::ByteBuffer bb;
+    got = 0;
+    while (r->Read(&bb)) {
+      grpc::ProtoBufferReader pr(&bb);
+      google::protobuf::io::CodedInputStream in(&pr);
+      uint64_t offset = 0;
+      for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
+        uint64_t v = 0;
+        if (tag == ((6 << 3) | 2)) {
+          uint32_t n = 0;
+          if (!in.ReadVarint32(&n) || offset + n > buf.size()) break;
+          if (!in.ReadRaw(buf.data() + offset, static_cast<int>(n))) break;
+          got += n;
+        } else {
+          in.ReadVarint64(&v);
+          if (tag == (5 << 3)) offset = v;
+        }
+      }
+    }
+    (void)r->Finish();
+  };
 
   // Raw TCP on loopback: a sender thread writes `bytes` per request, the reader reads.
   const int ls = socket(AF_INET, SOCK_STREAM, 0);
@@ -259,6 +312,8 @@ void BenchTransport(int iters) {
   listen(ls, 1);
   std::thread sender([&] {
     const int fd = accept(ls, nullptr, nullptr);
+    const int one = 1;  // as gRPC sets on its sockets: no Nagle delay on a stream's tail
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     char req;
     while (read(fd, &req, 1) == 1) {
       size_t off = 0;
@@ -271,6 +326,10 @@ void BenchTransport(int iters) {
     close(fd);
   });
   const int cs = socket(AF_INET, SOCK_STREAM, 0);
+  {
+    const int one = 1;
+    setsockopt(cs, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  }
   connect(cs, reinterpret_cast<sockaddr*>(&sa), sizeof(sa));
   auto tcp_fetch = [&] {
     char req = 'x';
@@ -282,15 +341,58 @@ void BenchTransport(int iters) {
       off += static_cast<size_t>(r);
     }
   };
+  // Interleaved: each repetition times all three back to back, so load changes on this
+  // shared machine hit them alike; best of each, and the median of per-repetition ratios.
   tcp_fetch();
-  const double t_tcp = Best(iters, tcp_fetch);
+  grpc_fetch_raw();
+  grpc_fetch_proto();
+  // Wall seconds and process CPU seconds (both ends are threads of this process).
+  struct Timing {
+    double wall = 1e30, cpu = 1e30;
+    std::vector<double> walls;
+  };
+  auto timed = [&](Timing* t, auto&& f, const char* what) {
+    // Let the previous transfer's background work (gRPC's threads) finish first.
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const double c0 = ProcessCpuSeconds();
+    const auto t0 = Clock::now();
+    f();
+    const double w = Seconds(t0), c = ProcessCpuSeconds() - c0;
+    t->wall = std::min(t->wall, w);
+    t->cpu = std::min(t->cpu, c);
+    t->walls.push_back(w);
+    if (what != nullptr && got != bytes) std::fprintf(stderr, "%s fetch got %zu of %zu bytes\n", what, got, bytes);
+  };
+  Timing tcp, raw, proto;
+  for (int i = 0; i < iters; ++i) {  // the order rotates, so none always follows another
+    for (int k = 0; k < 3; ++k) {
+      switch ((i + k) % 3) {
+        case 0: timed(&tcp, tcp_fetch, nullptr); break;
+        case 1: timed(&raw, grpc_fetch_raw, "gRPC (worker read path)"); break;
+        default: timed(&proto, grpc_fetch_proto, "gRPC (protobuf client)"); break;
+      }
+    }
+  }
+  auto median_ratio = [&](const Timing& t) {
+    std::vector<double> r;
+    for (size_t i = 0; i < t.walls.size(); ++i) r.push_back(tcp.walls[i] / t.walls[i]);
+    std::sort(r.begin(), r.end());
+    return r[r.size() / 2];
+  };
   shutdown(cs, SHUT_WR);
   close(cs);
   sender.join();
   close(ls);
-  std::printf("fetch: gRPC loopback %.2f GB/s, raw TCP loopback %.2f GB/s\n", bytes / t_grpc / 1e9,
-              bytes / t_tcp / 1e9);
-  std::printf("RATIO gRPC fetch / raw TCP = %.2f\n", t_tcp / t_grpc);
+  std::printf("fetch: raw TCP loopback %.2f GB/s (%.2f CPU-s/GB); gRPC loopback: worker read path "
+              "%.2f GB/s (%.2f CPU-s/GB), generic protobuf client %.2f GB/s (%.2f CPU-s/GB); best of %d "
+              "interleaved\n",
+              bytes / tcp.wall / 1e9, tcp.cpu / bytes * 1e9, bytes / raw.wall / 1e9, raw.cpu / bytes * 1e9,
+              bytes / proto.wall / 1e9, proto.cpu / bytes * 1e9, iters);
+  std::printf("RATIO gRPC fetch (worker read path) / raw TCP = %.2f (median of per-repetition ratios %.2f; "
+              "CPU cost ratio %.2f)\n",
+              tcp.wall / raw.wall, median_ratio(raw), tcp.cpu / raw.cpu);
+  std::printf("RATIO gRPC fetch (generic protobuf client) / raw TCP = %.2f (median %.2f; CPU cost ratio %.2f)\n",
+              tcp.wall / proto.wall, median_ratio(proto), tcp.cpu / proto.cpu);
   (*server)->Shutdown();
   core.Stop();
 }
@@ -303,14 +405,16 @@ int main(int argc, char** argv) {
   size_t params = size_t{16} << 20;
   int iters = 5;
   bool no_torch = false;
+  bool transport_only = false;
   app.add_option("--threads", threads, "threads for AdamW, memcpy and torch");
   app.add_option("--params", params, "parameters in the AdamW benchmark");
   app.add_option("--iters", iters, "timed repetitions (best is reported)");
   app.add_flag("--no-torch", no_torch, "skip the torch.optim.AdamW comparison");
+  app.add_flag("--transport-only", transport_only, "only the layer-fetch benchmarks (shm, gRPC, TCP)");
   CLI11_PARSE(app, argc, argv);
   l2l::InitLogging("warn", "", "bench").IgnoreError();
   tbb::global_control gc(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(threads));
-  BenchAdamW(params, threads, iters, !no_torch);
+  if (!transport_only) BenchAdamW(params, threads, iters, !no_torch);
   BenchTransport(iters);
   return 0;
 }

@@ -54,7 +54,7 @@ Result<RunResult> RunSteps(const JobConfig& job, const ParamStoreOptions& po, in
                            double bwd_ms) {
   L2L_ASSIGN_OR_RETURN(auto store, ParamStore::Create(job.model, po));
   L2L_RETURN_IF_ERROR(store->InitFromSeed(job.train.seed));
-  for (int64_t l = 0; l < store->num_layers(); ++l) store->PublishMaster(l, 0);
+  for (int64_t l = 0; l < store->num_layers(); ++l) L2L_RETURN_IF_ERROR(store->PublishMaster(l, 0));
   UpdatePipeline pipe(store.get(), job, 1, 0);
   const int64_t L = store->num_layers();
   std::vector<std::vector<float>> grads(L);

@@ -2,6 +2,7 @@
 #include "eps_server/ctl_client.h"
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/client_interceptor.h>
 
 #include "proto/control.grpc.pb.h"
 
@@ -25,10 +26,41 @@ Status FromGrpc(const grpc::Status& s, const std::string& rpc, const std::string
     case grpc::StatusCode::UNIMPLEMENTED: return Unimplemented(msg);
     case grpc::StatusCode::ABORTED: return Aborted(msg);
     case grpc::StatusCode::PERMISSION_DENIED: return PermissionDenied(msg);
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return PermissionDenied("the daemon at " + address +
+                              " requires a token: pass --token-file FILE (or set $L2L_TOKEN_FILE) holding the "
+                              "token of its --token-file (" + msg + ")");
     case grpc::StatusCode::DEADLINE_EXCEEDED: return Status(StatusCode::kDeadlineExceeded, msg);
     default: return Internal(msg);
   }
 }
+
+// Adds "authorization: Bearer <token>" to every call of the channel. (A twin lives in
+// worker/eps_client_grpc.cc: the worker cannot link eps_server, and common has no gRPC.)
+class BearerInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerInterceptor(const std::string& value) : value_(value) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
+    if (m->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      m->GetSendInitialMetadata()->insert({"authorization", value_});
+    }
+    m->Proceed();
+  }
+
+ private:
+  const std::string value_;
+};
+
+class BearerInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerInterceptorFactory(const std::string& token) : value_("Bearer " + token) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
+    return new BearerInterceptor(value_);
+  }
+
+ private:
+  const std::string value_;
+};
 
 }  // namespace
 
@@ -52,10 +84,20 @@ Result<std::unique_ptr<CtlClient>> CtlClient::Connect(const std::string& address
   // Fail fast instead of backing off for a minute while the daemon is down.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  impl->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!options.tls_ca_pem.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_ca_pem;
+    creds = grpc::SslCredentials(ssl);
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (!options.token.empty()) interceptors.push_back(std::make_unique<BearerInterceptorFactory>(options.token));
+  impl->channel = grpc::experimental::CreateCustomChannelWithInterceptors(address, creds, args, std::move(interceptors));
   if (!impl->channel->WaitForConnected(std::chrono::system_clock::now() + options.connect_timeout)) {
     return Unavailable("cannot reach l2l-eps at " + address + " within " +
-                       std::to_string(options.connect_timeout.count()) + " ms");
+                       std::to_string(options.connect_timeout.count()) + " ms" +
+                       (options.tls_ca_pem.empty() ? "" : " (TLS: is the daemon's certificate signed by --tls-ca "
+                                                          "and valid for this host?)"));
   }
   impl->stub = pb::Control::NewStub(impl->channel);
   return std::unique_ptr<CtlClient>(new CtlClient(address, options, std::move(impl)));
@@ -96,6 +138,15 @@ Result<CtlStatus> CtlClient::GetStatus() {
   s.update_exposed_s = rep.update_exposed_s();
   s.last_checkpoint = rep.last_checkpoint();
   for (const auto& m : rep.memory()) s.memory.push_back({m.tier(), m.used_bytes(), m.budget_bytes()});
+  s.error = rep.error();
+  s.has_spill = rep.has_spill();
+  s.spill_bytes_read = rep.spill().bytes_read();
+  s.spill_bytes_written = rep.spill().bytes_written();
+  s.lease_hits = rep.spill().lease_hits();
+  s.lease_misses = rep.spill().lease_misses();
+  s.lease_wait_s = rep.spill().lease_wait_s();
+  s.staleness_bound = rep.staleness_bound();
+  s.max_version_lag = rep.max_version_lag();
   for (const auto& w : rep.workers()) {
     s.workers.push_back({w.worker_id(), w.name(), w.transport(), w.state(), w.step(),
                          w.last_heartbeat_ms_ago(), w.last_loss()});

@@ -4,7 +4,9 @@
 //
 // Every call has a deadline (CtlClientOptions::rpc_timeout, longer for checkpoint and
 // export, which write files). An unreachable daemon fails Connect within
-// connect_timeout with UNAVAILABLE naming the address.
+// connect_timeout with UNAVAILABLE naming the address (also what a plaintext client of
+// a TLS daemon, or a client whose CA does not verify it, sees). A daemon that wants a
+// token and got none or a wrong one: PERMISSION_DENIED saying to pass --token-file.
 //
 // Ownership: owns its channel and stub. Thread-safety: calls may run concurrently
 // (gRPC stubs are thread-safe).
@@ -24,6 +26,12 @@ struct CtlClientOptions {
   std::chrono::milliseconds connect_timeout{3000};  // Connect() gives up after this
   std::chrono::milliseconds rpc_timeout{10000};     // status, pause, resume, stop
   std::chrono::milliseconds write_timeout{600000};  // checkpoint, export (files)
+  // Security (docs/operations.md "Security"): sent as "authorization: Bearer <token>" on
+  // every call when not empty (common/auth_token.h ReadTokenFile reads it).
+  std::string token;
+  // PEM CA certificate(s): when not empty the channel uses TLS and verifies the daemon's
+  // certificate against them (its name must match the address's host).
+  std::string tls_ca_pem;
 };
 
 struct CtlMemoryTier {
@@ -50,6 +58,12 @@ struct CtlStatus {
   std::vector<CtlMemoryTier> memory;
   std::vector<CtlWorker> workers;
   std::string last_checkpoint;
+  std::string error;                   // state failed: what failed
+  // SSD tier (has_spill false when nothing is spilled); see proto SpillStatus.
+  bool has_spill = false;
+  int64_t spill_bytes_read = 0, spill_bytes_written = 0, lease_hits = 0, lease_misses = 0;
+  double lease_wait_s = 0;
+  int64_t staleness_bound = 0, max_version_lag = 0;  // lock-free mode
 };
 
 struct CtlHealth {

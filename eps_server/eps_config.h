@@ -15,7 +15,8 @@ namespace l2l::eps {
 
 struct EpsConfig {
   std::string listen = "127.0.0.1:0";   // host:port; port 0 picks a free port
-  bool allow_remote = false;            // required to bind a non-loopback address
+  bool allow_remote = false;            // deprecated, no effect (was: needed for non-loopback);
+                                        // see the security fields below
   std::string state_dir = "/tmp/l2l-eps";  // eps.port is written here
   std::string job_id = "default";       // names shm segments /l2l-<job_id>-*
   int64_t host_bytes = 0;               // memory.host_bytes: budget, 0 = unlimited

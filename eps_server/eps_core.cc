@@ -81,7 +81,7 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   } else {
     L2L_RETURN_IF_ERROR(store->InitFromSeed(job.train.seed));
   }
-  for (int64_t l = 0; l < store->num_layers(); ++l) store->PublishMaster(l, start.step);
+  for (int64_t l = 0; l < store->num_layers(); ++l) L2L_RETURN_IF_ERROR(store->PublishMaster(l, start.step));
   auto pipeline = std::make_unique<UpdatePipeline>(store.get(), job, opts_.expected_workers, start.step);
   pipeline->set_on_failure([this](const Status& s) { OnPipelineFailure(s); });
   {
@@ -332,9 +332,8 @@ Status EpsCore::Heartbeat(int32_t worker_id, int64_t step, bool* stop, bool* pau
   return Status::Ok();
 }
 
-Result<int64_t> EpsCore::CopyLayer(int32_t worker_id, int64_t layer, int64_t min_version,
-                                   std::chrono::milliseconds timeout, std::vector<char>* out,
-                                   DType* dtype) {
+Result<ParamStore::ReadPin> EpsCore::PinLayer(int32_t worker_id, int64_t layer, int64_t min_version,
+                                              std::chrono::milliseconds timeout, DType* dtype) {
   int64_t epoch = -1;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -342,11 +341,13 @@ Result<int64_t> EpsCore::CopyLayer(int32_t worker_id, int64_t layer, int64_t min
     epoch = workers_[worker_id]->epoch;
   }
   if (min_version < 0) return InvalidArgument("min_version=" + std::to_string(min_version) + " must be >= 0");
-  L2L_ASSIGN_OR_RETURN(auto pin, store_->Acquire(layer, min_version, timeout, epoch));
-  out->resize(pin.bytes());
-  std::memcpy(out->data(), pin.data(), pin.bytes());
   *dtype = store_->publish_dtype();
-  return pin.version();
+  return store_->Acquire(layer, min_version, timeout, epoch);
+}
+
+Status EpsCore::CheckActive(int32_t worker_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return CheckWorker(worker_id);
 }
 
 Status EpsCore::SubmitGradient(int32_t worker_id, int64_t layer, int64_t step, int64_t micro_batches,

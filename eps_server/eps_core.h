@@ -187,11 +187,16 @@ class EpsCore {
   // *rejoin: the worker must re-register (its step was abandoned).
   Status Heartbeat(int32_t worker_id, int64_t step, bool* stop, bool* paused = nullptr,
                    bool* rejoin = nullptr);
-  // Copies layer `layer` at version >= min_version into *out (bytes of the published
-  // dtype) under the store's pin; returns the version.
-  Result<int64_t> CopyLayer(int32_t worker_id, int64_t layer, int64_t min_version,
-                            std::chrono::milliseconds timeout, std::vector<char>* out,
-                            DType* dtype);
+  // Pins layer `layer`'s published copy at version >= min_version (bytes of the published
+  // dtype, *dtype) for a sender that reads it in place: the pin holds back only the
+  // publish of version+2 of that layer, so hold it while the bytes are in flight and no
+  // longer (grpc_server.cc cancels the sends of workers that stop being active). Fails
+  // like the worker's other data calls (unknown / inactive worker) and as
+  // ParamStore::Acquire (timeout, stop, rollback).
+  Result<ParamStore::ReadPin> PinLayer(int32_t worker_id, int64_t layer, int64_t min_version,
+                                       std::chrono::milliseconds timeout, DType* dtype);
+  // OK while `worker_id` is an active member; otherwise the reason, as its calls get it.
+  Status CheckActive(int32_t worker_id) const;
   // Takes ownership of a received gradient buffer.
   Status SubmitGradient(int32_t worker_id, int64_t layer, int64_t step, int64_t micro_batches,
                         std::vector<float> grad);

@@ -326,7 +326,7 @@ Status EpsCore::Rollback(int32_t lost_id, bool restore) {
     L2L_RETURN_IF_ERROR(store_->InitFromSeed(job_.train.seed));
   }
   if (restore) {
-    for (int64_t l = 0; l < store_->num_layers(); ++l) store_->PublishMaster(l, step);
+    for (int64_t l = 0; l < store_->num_layers(); ++l) L2L_RETURN_IF_ERROR(store_->PublishMaster(l, step));
   }
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& w : workers_) {

@@ -6,7 +6,9 @@
 // segments and exits 0. Prints "l2l-eps listening on HOST:PORT" and writes the port to
 // <state_dir>/eps.port. Tells systemd READY/STATUS/STOPPING (no-op without systemd).
 // A bad config or an unreadable/corrupt checkpoint exits 1 with a message naming the
-// file, before anything is written.
+// file, before anything is written; so does a non-loopback --listen/--metrics-listen
+// without TLS or a token (unless --insecure), before anything is bound
+// (eps_server/server_security.h).
 #include <signal.h>
 #include <systemd/sd-daemon.h>
 
@@ -27,6 +29,7 @@
 #include "eps_server/grpc_server.h"
 #include "eps_server/metrics.h"
 #include "eps_server/run_log.h"
+#include "eps_server/server_security.h"
 #include "eps_server/watchdog.h"
 
 namespace {
@@ -49,7 +52,16 @@ int main(int argc, char** argv) {
   app.add_option("--job", job_path, "job config YAML; without it, wait for the CreateJob rpc");
   app.add_option("--resume", resume, "checkpoint directory, or checkpoint root (uses its `latest`)");
   app.add_option("--listen", listen, "host:port to listen on (default 127.0.0.1:0)");
-  app.add_flag("--allow-remote", allow_remote, "allow binding a non-loopback address");
+  app.add_flag("--allow-remote", allow_remote,
+               "deprecated, no effect: a non-loopback --listen needs TLS, --token-file or --insecure");
+  std::string tls_cert, tls_key, token_file;
+  bool insecure = false;
+  app.add_option("--tls-cert", tls_cert, "PEM certificate chain: serve gRPC over TLS (tls.cert; with --tls-key)");
+  app.add_option("--tls-key", tls_key, "PEM private key of --tls-cert, not readable by others (tls.key)");
+  app.add_option("--token-file", token_file,
+                 "file (mode 0600) with a shared token every client must send as 'authorization: Bearer "
+                 "<token>' on gRPC and metrics (auth.token_file)");
+  app.add_flag("--insecure", insecure, "allow a non-loopback --listen / --metrics-listen without TLS or token");
   app.add_option("--state-dir", state_dir, "state directory (eps.port is written there)");
   app.add_option("--workers", workers, "expected workers");
   app.add_option("--host-bytes", host_bytes, "memory budget for model + optimizer state");
@@ -73,6 +85,10 @@ int main(int argc, char** argv) {
   }
   if (!listen.empty()) cfg.listen = listen;
   if (allow_remote) cfg.allow_remote = true;
+  if (!tls_cert.empty()) cfg.tls_cert = tls_cert;
+  if (!tls_key.empty()) cfg.tls_key = tls_key;
+  if (!token_file.empty()) cfg.auth_token_file = token_file;
+  if (insecure) cfg.insecure = true;
   if (!state_dir.empty()) cfg.state_dir = state_dir;
   if (workers > 0) cfg.expected_workers = workers;
   if (host_bytes >= 0) cfg.host_bytes = host_bytes;
@@ -80,6 +96,14 @@ int main(int argc, char** argv) {
   if (!job_id.empty()) cfg.job_id = job_id;
   if (!spill_dir.empty()) cfg.spill_dir = spill_dir;
   if (Status s = cfg.Validate(); !s.ok()) return Fail(s);
+  // Security first, before anything is bound or written (eps_server/server_security.h).
+  auto security = eps::LoadServerSecurity(cfg);
+  if (!security.ok()) return Fail(security.status());
+  if (Status s = eps::CheckStartupExposure(cfg.listen, metrics_listen, *security); !s.ok()) return Fail(s);
+  if (cfg.allow_remote) {
+    L2L_LOG_WARN("--allow-remote / allow_remote is deprecated and has no effect: a non-loopback address "
+                 "needs TLS or a token (or --insecure)");
+  }
   if (!resume.empty() && !job_path.empty()) {
     return Fail(InvalidArgument("--resume and --job are exclusive: a checkpoint carries its job config"));
   }
@@ -196,7 +220,7 @@ int main(int argc, char** argv) {
   }
   eps::ServerOptions so;
   so.listen = cfg.listen;
-  so.allow_remote = cfg.allow_remote;
+  so.security = *security;
   auto server = eps::EpsGrpcServer::Start(&core, so);
   if (!server.ok()) return Fail(server.status());
   const std::string host = cfg.listen.substr(0, cfg.listen.rfind(':'));
@@ -215,7 +239,11 @@ int main(int argc, char** argv) {
   auto watchdog = eps::Watchdog::StartIfEnabled([&core] { return !core.stopped(); });
   std::unique_ptr<eps::MetricsHttpServer> metrics_http;
   if (!metrics_listen.empty()) {
-    auto m = eps::MetricsHttpServer::Start(&metrics, {metrics_listen, cfg.allow_remote});
+    eps::MetricsServerOptions mo;
+    mo.listen = metrics_listen;
+    mo.insecure = security->insecure;
+    mo.token = security->token;
+    auto m = eps::MetricsHttpServer::Start(&metrics, mo);
     if (!m.ok()) return Fail(m.status());
     metrics_http = std::move(*m);
     std::printf("l2l-eps metrics on http://%s:%d/metrics\n",

@@ -1,12 +1,17 @@
 // gRPC adapters for the Data and Control services. See grpc_server.h.
 #include "eps_server/grpc_server.h"
 
+#include <google/protobuf/io/coded_stream.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <map>
+#include <thread>
 
 #include "common/logging.h"
 #include "common/model_io.h"
@@ -46,9 +51,87 @@ grpc::Status ToGrpc(const Status& s) {
 
 data::DType ToProto(DType d) { return d == DType::kBF16 ? data::DTYPE_BF16 : data::DTYPE_F32; }
 
+// FetchLayer's data bytes per message: the whole message (data + <= 64 bytes of header
+// fields) stays within gRPC's default 4 MiB receive limit, so clients with default
+// settings (grpcurl, a plain generated stub) can read every chunk.
+constexpr size_t kFetchChunkBytes = kMaxChunkBytes - 64;
+
+// The protobuf encoding of `header` (a LayerChunk without data) followed by data = `bytes`,
+// as one message of two slices: fields 1-5 plus the data field's tag and length, then the
+// bytes themselves, referenced, not copied. This is what protobuf writes (fields in
+// number order, data = 6 last), so any gRPC client reads it as a LayerChunk.
+grpc::ByteBuffer FrameLayerChunk(const data::LayerChunk& header, grpc::Slice bytes) {
+  uint8_t head[128];  // 5 varint fields (<= 11 bytes each) + tag + 5-byte length
+  const size_t n = header.ByteSizeLong();
+  L2L_CHECK(n + 6 <= sizeof(head)) << "LayerChunk header of " << n << " bytes";
+  uint8_t* p = header.SerializeWithCachedSizesToArray(head);
+  *p++ = (data::LayerChunk::kDataFieldNumber << 3) | 2;  // wire type 2: length-delimited
+  p = google::protobuf::io::CodedOutputStream::WriteVarint32ToArray(static_cast<uint32_t>(bytes.size()), p);
+  grpc::Slice parts[2] = {grpc::Slice(head, static_cast<size_t>(p - head)), std::move(bytes)};
+  return grpc::ByteBuffer(parts, 2);
+}
+
+// A published slot pinned while gRPC still references its bytes (zero-copy FetchLayer):
+// one reference per data slice handed to gRPC plus one for the handler; the last one
+// unpins. `live` counts the holders not yet released (EpsGrpcServer::Shutdown waits for 0).
+class PinnedSlot {
+ public:
+  PinnedSlot(ParamStore::ReadPin pin, std::atomic<int>* live) : pin_(std::move(pin)), live_(live) {
+    live_->fetch_add(1);
+  }
+  const char* data() const { return static_cast<const char*>(pin_.data()); }
+  size_t bytes() const { return pin_.bytes(); }
+  int64_t version() const { return pin_.version(); }
+  // A slice of [off, off+n) that keeps the slot pinned until gRPC drops it.
+  grpc::Slice SliceOf(size_t off, size_t n) {
+    refs_.fetch_add(1);
+    return grpc::Slice(const_cast<char*>(data() + off), n, &PinnedSlot::Unref, this);
+  }
+  static void Unref(void* p) {
+    auto* s = static_cast<PinnedSlot*>(p);
+    if (s->refs_.fetch_sub(1) == 1) {
+      std::atomic<int>* live = s->live_;
+      delete s;  // unpins
+      live->fetch_sub(1);
+    }
+  }
+
+ private:
+  ~PinnedSlot() = default;
+  ParamStore::ReadPin pin_;
+  std::atomic<int>* live_;
+  std::atomic<int> refs_{1};
+};
+
 class DataService final : public data::Data::Service {
  public:
-  explicit DataService(EpsCore* core) : core_(core) {}
+  explicit DataService(EpsCore* core) : core_(core), reaper_([this] { ReapFetches(); }) {
+    // FetchLayer answers with pre-framed messages (grpc::ByteBuffer) instead of LayerChunk
+    // objects, so the layer's bytes go from the pinned slot to the socket without a copy.
+    // The generated WithSplitStreamingMethod_FetchLayer swaps the handler the same way.
+    const int index = data::FetchLayerRequest::descriptor()->file()->FindServiceByName("Data")
+                          ->FindMethodByName("FetchLayer")->index();
+    MarkMethodStreamed(index, new grpc::internal::SplitServerStreamingHandler<data::FetchLayerRequest, grpc::ByteBuffer>(
+                                  [this](grpc::ServerContext* ctx, FetchStream* stream) { return FetchLayerRaw(ctx, stream); }));
+  }
+
+  ~DataService() override {
+    {
+      std::lock_guard<std::mutex> lock(fetch_mu_);
+      stopping_ = true;
+    }
+    fetch_cv_.notify_all();
+    reaper_.join();
+  }
+
+  // Blocks until gRPC released every pinned slot (after the server shut down: its calls
+  // are cancelled, so this is prompt), before the EPS may free the weight segment.
+  void WaitForPinsReleased() {
+    for (int i = 1; pinned_.load() != 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      if (i % 5000 == 0) L2L_LOG_WARN("shutdown: gRPC still holds {} pinned layer(s)", pinned_.load());
+    }
+  }
 
   grpc::Status Register(grpc::ServerContext*, const data::RegisterRequest* req,
                         data::RegisterReply* rep) override {
@@ -95,30 +178,61 @@ class DataService final : public data::Data::Service {
     return ToGrpc(s);
   }
 
-  grpc::Status FetchLayer(grpc::ServerContext* ctx, const data::FetchLayerRequest* req,
-                          grpc::ServerWriter<data::LayerChunk>* writer) override {
-    const int64_t timeout_ms = req->timeout_ms() > 0 ? req->timeout_ms() : 60000;
-    std::vector<char> bytes;
+  // FetchLayer: LayerChunk messages whose data slices point into the pinned published
+  // slot (FrameLayerChunk, PinnedSlot); gRPC drops them once the bytes are in the socket
+  // or the call ended. A client that stops reading keeps the slot pinned, which would
+  // hold back the layer's publish of version+2 until the call's deadline, so ReapFetches
+  // cancels the fetches of workers that are no longer active (the EPS drops silent
+  // workers), as the EPS drops a lost shm worker's pins.
+  using FetchStream = grpc::ServerSplitStreamer<data::FetchLayerRequest, grpc::ByteBuffer>;
+  grpc::Status FetchLayerRaw(grpc::ServerContext* ctx, FetchStream* stream) {
+    data::FetchLayerRequest req;
+    if (!stream->Read(&req)) return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "FetchLayer: no request");
+    const int64_t timeout_ms = req.timeout_ms() > 0 ? req.timeout_ms() : 60000;
     DType dt = DType::kF32;
-    auto v = core_->CopyLayer(req->worker_id(), req->layer(), req->min_version(),
-                              std::chrono::milliseconds(timeout_ms), &bytes, &dt);
-    if (!v.ok()) return ToGrpc(v.status());
-    data::LayerChunk chunk;
-    chunk.set_layer(req->layer());
-    chunk.set_version(*v);
-    chunk.set_dtype(ToProto(dt));
-    chunk.set_numel(static_cast<int64_t>(bytes.size() / DTypeSize(dt)));
+    auto pin = core_->PinLayer(req.worker_id(), req.layer(), req.min_version(),
+                               std::chrono::milliseconds(timeout_ms), &dt);
+    if (!pin.ok()) return ToGrpc(pin.status());
+    auto* slot = new PinnedSlot(std::move(*pin), &pinned_);
+    {
+      std::lock_guard<std::mutex> lock(fetch_mu_);
+      fetches_[ctx] = req.worker_id();
+    }
+    data::LayerChunk header;
+    header.set_layer(req.layer());
+    header.set_version(slot->version());
+    header.set_dtype(ToProto(dt));
+    header.set_numel(static_cast<int64_t>(slot->bytes() / DTypeSize(dt)));
+    grpc::Status result = grpc::Status::OK;
     size_t off = 0;
     do {
-      const size_t n = std::min(kMaxChunkBytes, bytes.size() - off);
-      chunk.set_offset(static_cast<int64_t>(off));
-      chunk.set_data(bytes.data() + off, n);
-      if (ctx->IsCancelled() || !writer->Write(chunk)) {
-        return grpc::Status(grpc::StatusCode::CANCELLED, "client went away during FetchLayer");
+      const size_t n = std::min(kFetchChunkBytes, slot->bytes() - off);
+      header.set_offset(static_cast<int64_t>(off));
+      if (ctx->IsCancelled() || !stream->Write(FrameLayerChunk(header, slot->SliceOf(off, n)))) {
+        result = grpc::Status(grpc::StatusCode::CANCELLED, "client went away during FetchLayer");
+        break;
       }
       off += n;
-    } while (off < bytes.size());
-    return grpc::Status::OK;
+    } while (off < slot->bytes());
+    {
+      std::lock_guard<std::mutex> lock(fetch_mu_);
+      fetches_.erase(ctx);
+    }
+    PinnedSlot::Unref(slot);
+    return result;
+  }
+
+  // Once a second: cancels the fetches in flight of workers that are no longer active.
+  void ReapFetches() {
+    std::unique_lock<std::mutex> lock(fetch_mu_);
+    while (!fetch_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stopping_; })) {
+      for (const auto& [ctx, worker] : fetches_) {
+        if (Status s = core_->CheckActive(worker); !s.ok()) {
+          L2L_LOG_WARN("cancelling FetchLayer of worker {}: {}", worker, s.ToString());
+          ctx->TryCancel();
+        }
+      }
+    }
   }
 
   grpc::Status PushGradient(grpc::ServerContext*, grpc::ServerReader<data::GradientChunk>* reader,
@@ -191,6 +305,12 @@ class DataService final : public data::Data::Service {
 
  private:
   EpsCore* core_;
+  std::atomic<int> pinned_{0};  // PinnedSlots alive
+  std::mutex fetch_mu_;
+  std::condition_variable fetch_cv_;
+  std::map<grpc::ServerContext*, int32_t> fetches_;  // GUARDED_BY(fetch_mu_): in flight -> worker
+  bool stopping_ = false;                            // GUARDED_BY(fetch_mu_)
+  std::thread reaper_;                               // ReapFetches; last: starts in the constructor
 };
 
 class ControlService final : public control::Control::Service {
@@ -395,6 +515,8 @@ void EpsGrpcServer::Shutdown() {
   if (shut_down_ || !server_) return;
   shut_down_ = true;
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // Zero-copy fetches point into the weight segment: none may outlive the server.
+  static_cast<DataService*>(data_.get())->WaitForPinsReleased();
 }
 
 }  // namespace l2l::eps

@@ -1,7 +1,8 @@
 // l2lctl: the operator's command line for a running l2l-eps daemon (Control service,
 // proto/control.proto, through eps_server/ctl_client.h).
 //
-//   l2lctl [--eps HOST:PORT] [--state-dir DIR] [--json] [--connect-timeout-ms MS] COMMAND
+//   l2lctl [--eps HOST:PORT] [--state-dir DIR] [--json] [--connect-timeout-ms MS]
+//          [--token-file FILE] [--tls-ca CA.pem] COMMAND
 //     status                         one screen: step, loss, tokens/s, layers, workers, memory
 //     watch [--steps N] [--timeout S] [--interval S]
 //                                    live progress (bar + ETA on a TTY, plain lines otherwise)
@@ -14,10 +15,14 @@
 // The daemon's address: --eps, else 127.0.0.1:<port> from eps.port in --state-dir, else
 // $L2L_EPS, else eps.port in $L2L_STATE_DIR, /var/lib/l2l, /tmp/l2l-eps (the first found).
 // --json prints one JSON object (watch: one per line) on stdout, errors included.
+// Security (docs/operations.md "Security"): --token-file (default $L2L_TOKEN_FILE) sends
+// the daemon's shared token; --tls-ca makes the connection TLS, verified against CA.pem.
 //
-// Exit status: 0 ok; 1 the daemon refused or failed the command; 2 the daemon cannot be
-// reached (within --connect-timeout-ms, default 3000) or no address is known;
-// 3 watch timed out before the job (or --steps) finished; 64 bad usage.
+// Exit status: 0 ok; 1 the daemon refused or failed the command (also: it wants a token
+// and got none or a wrong one); 2 the daemon cannot be reached (within
+// --connect-timeout-ms, default 3000; also a plaintext client of a TLS daemon) or no
+// address is known; 3 watch timed out before the job (or --steps) finished; 64 bad usage
+// (also an unreadable or group/world-readable token file, an unreadable CA file).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -32,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/auth_token.h"
 #include "common/status.h"
 #include "eps_server/ctl_client.h"
 
@@ -51,7 +57,25 @@ struct Globals {
   std::string eps, state_dir;
   bool json = false;
   int connect_timeout_ms = 3000;
+  std::string token_file, tls_ca;   // flags
+  std::string token, tls_ca_pem;    // what they hold (LoadSecrets)
 };
+
+// Reads --token-file (else $L2L_TOKEN_FILE) and --tls-ca.
+Status LoadSecrets(Globals* g) {
+  const std::string token_file = l2l::TokenFileFromFlagOrEnv(g->token_file);
+  if (!token_file.empty()) {
+    auto t = l2l::ReadTokenFile(token_file);
+    if (!t.ok()) return t.status().WithContext(g->token_file.empty() ? "$L2L_TOKEN_FILE" : "--token-file");
+    g->token = *t;
+  }
+  if (!g->tls_ca.empty()) {
+    auto ca = l2l::ReadPemFile(g->tls_ca, "--tls-ca", /*private_key=*/false);
+    if (!ca.ok()) return ca.status();
+    g->tls_ca_pem = *ca;
+  }
+  return Status::Ok();
+}
 
 struct Target {
   std::string address;
@@ -103,13 +127,18 @@ Result<std::unique_ptr<CtlClient>> Dial(const Globals& g, Target* target) {
   L2L_ASSIGN_OR_RETURN(*target, ResolveAddress(g));
   l2l::eps::CtlClientOptions o;
   o.connect_timeout = std::chrono::milliseconds(g.connect_timeout_ms);
+  o.token = g.token;
+  o.tls_ca_pem = g.tls_ca_pem;
   auto c = CtlClient::Connect(target->address, o);
   if (!c.ok()) {
     return l2l::Unavailable(
         "cannot reach l2l-eps at " + target->address + " (address from " + target->origin + ") within " +
         std::to_string(g.connect_timeout_ms) + " ms.\n  Check: is l2l-eps running (systemctl status l2l-eps, "
         "pgrep -a l2l-eps)? Is the port in its state dir's eps.port current (a crashed daemon leaves a stale "
-        "one)? Override with --eps HOST:PORT or --state-dir DIR.");
+        "one)? Override with --eps HOST:PORT or --state-dir DIR." +
+        (g.tls_ca_pem.empty() ? "\n  If the daemon serves TLS (--tls-cert), pass --tls-ca CA.pem."
+                              : "\n  TLS: is the daemon's certificate signed by --tls-ca and valid for " +
+                                    target->address + "? Does the daemon serve TLS at all?"));
   }
   return c;
 }
@@ -155,7 +184,12 @@ Json StatusJson(const CtlStatus& s, const std::string& address) {
             {"num_params", s.num_params}, {"layer_version", s.layer_version},
             {"last_loss", s.last_loss},   {"tokens_per_s", s.tokens_per_s},
             {"step_time_s", s.step_time_s}, {"update_busy_s", s.update_busy_s},
-            {"update_exposed_s", s.update_exposed_s}, {"last_checkpoint", s.last_checkpoint}};
+            {"update_exposed_s", s.update_exposed_s}, {"last_checkpoint", s.last_checkpoint},
+            {"error", s.error}, {"staleness_bound", s.staleness_bound}, {"max_version_lag", s.max_version_lag}};
+  if (s.has_spill) {
+    j["spill"] = {{"bytes_read", s.spill_bytes_read}, {"bytes_written", s.spill_bytes_written},
+                  {"lease_hits", s.lease_hits}, {"lease_misses", s.lease_misses}, {"lease_wait_s", s.lease_wait_s}};
+  }
   j["memory"] = Json::array();
   for (const auto& m : s.memory) {
     j["memory"].push_back({{"tier", m.tier}, {"used_bytes", m.used_bytes}, {"budget_bytes", m.budget_bytes}});
@@ -176,6 +210,7 @@ void PrintStatus(const CtlStatus& s, const std::string& address) {
   std::printf("step %lld/%lld (%.1f%%)  loss %.4f  tokens/s %.0f  step %.3f s  update busy %.3f s exposed %.3f s\n",
               (long long)s.step, (long long)s.total_steps, pct, s.last_loss, s.tokens_per_s, s.step_time_s,
               s.update_busy_s, s.update_exposed_s);
+  if (!s.error.empty()) std::printf("ERROR %s\n", s.error.c_str());
   std::printf("params %.3f M  last checkpoint %s\n", s.num_params / 1e6,
               s.last_checkpoint.empty() ? "(none)" : s.last_checkpoint.c_str());
   std::printf("layers (%zu) layer:version  %s\n", s.layer_version.size(), Versions(s.layer_version).c_str());
@@ -192,6 +227,15 @@ void PrintStatus(const CtlStatus& s, const std::string& address) {
   for (const auto& m : s.memory) {
     std::printf("  %-4s %12s%s\n", m.tier.c_str(), Bytes(m.used_bytes).c_str(),
                 m.budget_bytes > 0 ? (" / " + Bytes(m.budget_bytes)).c_str() : "");
+  }
+  if (s.has_spill) {
+    std::printf("ssd tier  read %s  written %s  prefetched %lld of %lld updates  waited %.3f s for reads\n",
+                Bytes(s.spill_bytes_read).c_str(), Bytes(s.spill_bytes_written).c_str(), (long long)s.lease_hits,
+                (long long)(s.lease_hits + s.lease_misses), s.lease_wait_s);
+  }
+  if (s.staleness_bound > 0) {
+    std::printf("lock-free  staleness bound %lld  current max lag %lld\n", (long long)s.staleness_bound,
+                (long long)s.max_version_lag);
   }
 }
 
@@ -368,6 +412,9 @@ int main(int argc, char** argv) {
   app.add_flag("--json", g.json, "machine-readable JSON on stdout");
   app.add_option("--connect-timeout-ms", g.connect_timeout_ms, "give up reaching the daemon after this")
       ->check(CLI::Range(1, 600000));
+  app.add_option("--token-file", g.token_file,
+                 "file (mode 0600) with the daemon's shared token (default: $L2L_TOKEN_FILE)");
+  app.add_option("--tls-ca", g.tls_ca, "PEM CA certificate: connect with TLS and verify the daemon against it");
 
   auto* status = app.add_subcommand("status", "step, loss, tokens/s, layer versions, workers, memory");
   WatchFlags wf;
@@ -398,6 +445,7 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 64;
   }
+  if (Status s = LoadSecrets(&g); !s.ok()) return EmitError(g, s, "", 64);
   if (status->parsed()) return CmdStatus(g);
   if (watch->parsed()) return CmdWatch(g, wf);
   if (ckpt->parsed()) return CmdWritten(g, "checkpoint", ckpt_dir);

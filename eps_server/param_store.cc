@@ -1,5 +1,8 @@
 // ParamStore: paged fp32 state and the double-buffered published copies. See
-// param_store.h for the publishing protocol.
+// param_store.h for the publishing protocol. With spill.dir set and a state that does
+// not fit memory.host_bytes, TierPlan::Make picks the pages that live on SSD: their
+// spans_ arrays stay null and every access goes through Lease() to the SpillTier
+// (eps_server/spill_tier.h); layers wholly in RAM never touch the tier.
 #include "eps_server/param_store.h"
 
 #include <sys/mman.h>
@@ -49,13 +52,14 @@ Result<std::unique_ptr<ParamStore>> ParamStore::Create(const ModelSpec& spec,
                            " is not supported (f32 or bf16)");
   }
   const size_t need = RequiredHostBytes(spec, opts);
-  if (opts.host_bytes > 0 && need > opts.host_bytes) {
+  if (opts.host_bytes > 0 && need > opts.host_bytes && opts.spill.dir.empty()) {
     return ResourceExhausted(
         "model of " + std::to_string(spec.NumParams()) + " parameters needs " +
         std::to_string(need) + " host bytes (fp32 master + AdamW m + v in " +
         std::to_string(opts.page_bytes) + "-byte pages, plus two published " +
         DTypeName(opts.publish_dtype) + " copies) but memory.host_bytes is " +
-        std::to_string(opts.host_bytes) + "; raise memory.host_bytes or use a smaller model");
+        std::to_string(opts.host_bytes) +
+        "; raise memory.host_bytes, set spill.dir to keep part of the state on SSD, or use a smaller model");
   }
   std::unique_ptr<ParamStore> store(new ParamStore(spec, opts));
   L2L_RETURN_IF_ERROR(store->Allocate());
@@ -64,6 +68,15 @@ Result<std::unique_ptr<ParamStore>> ParamStore::Create(const ModelSpec& spec,
 
 Status ParamStore::Allocate() {
   const size_t page_floats = opts_.page_bytes / sizeof(float);
+  if (!opts_.spill.dir.empty()) {
+    // Placement first (the SSD tier is the likelier failure: a bad dir, a full disk).
+    L2L_ASSIGN_OR_RETURN(TierPlan plan,
+                         TierPlan::Make(layouts_, opts_.page_bytes, opts_.host_bytes,
+                                        WeightSegmentBytes(layouts_, opts_.publish_dtype), opts_.spill));
+    if (plan.any()) {
+      L2L_ASSIGN_OR_RETURN(tier_, SpillTier::Create(layouts_, opts_.page_bytes, std::move(plan), opts_.spill));
+    }
+  }
   spans_.resize(layouts_.size());
   for (size_t l = 0; l < layouts_.size(); ++l) {
     const size_t numel = layouts_[l].numel;
@@ -72,9 +85,10 @@ Status ParamStore::Allocate() {
       s.begin = p * page_floats;
       s.n = std::min(page_floats, numel - s.begin);
       float** targets[3] = {&s.master, &s.m, &s.v};
-      for (float** t : targets) {
+      for (int kind = 0; kind < 3; ++kind) {
+        if (tier_ != nullptr && tier_->plan().slot[l][p][kind] >= 0) continue;  // on SSD: null
         L2L_ASSIGN_OR_RETURN(void* page, pages_.Allocate());
-        *t = static_cast<float*>(page);
+        *targets[kind] = static_cast<float*>(page);
       }
       spans_[l].push_back(s);
     }
@@ -116,6 +130,7 @@ Status ParamStore::Allocate() {
 
 ParamStore::~ParamStore() {
   Stop();
+  tier_.reset();  // flushes write-behind; its staging buffers are not pages_
   for (auto& layer : spans_) {
     for (auto& s : layer) {
       pages_.Free(s.master);
@@ -134,29 +149,85 @@ size_t ParamStore::max_layer_numel() const {
 
 size_t ParamStore::state_bytes() const { return pages_.pages_in_use() * pages_.page_bytes(); }
 
-void ParamStore::ReadState(int64_t layer, int which, float* out) const {
-  for (const StateSpan& s : spans_[layer]) {
-    const float* src = which == 0 ? s.master : which == 1 ? s.m : s.v;
-    std::memcpy(out + s.begin, src, s.n * sizeof(float));
-  }
+size_t ParamStore::ssd_bytes() const {
+  return tier_ == nullptr ? 0 : static_cast<size_t>(tier_->plan().slots) * opts_.page_bytes;
 }
 
-void ParamStore::WriteState(int64_t layer, int which, const float* in) {
-  for (StateSpan& s : spans_[layer]) {
-    float* dst = which == 0 ? s.master : which == 1 ? s.m : s.v;
-    std::memcpy(dst, in + s.begin, s.n * sizeof(float));
+Status ParamStore::health() const { return tier_ == nullptr ? Status::Ok() : tier_->health(); }
+
+ParamStore::StateLease& ParamStore::StateLease::operator=(StateLease&& o) noexcept {
+  if (this != &o) {
+    Release();
+    tier_ = o.tier_;
+    layer_ = o.layer_;
+    dirty_ = o.dirty_;
+    spans_ = std::move(o.spans_);
+    o.tier_ = nullptr;
+    o.layer_ = -1;
+    o.spans_.clear();
   }
+  return *this;
 }
 
-void ParamStore::InitFromSeed(uint64_t seed) {
+void ParamStore::StateLease::Release() {
+  if (tier_ != nullptr) tier_->Unlease(layer_, dirty_);
+  tier_ = nullptr;
+  layer_ = -1;
+  spans_.clear();
+}
+
+Result<ParamStore::StateLease> ParamStore::Lease(int64_t layer, LeaseMode mode) const {
+  if (layer < 0 || layer >= num_layers()) {
+    return NotFound("layer " + std::to_string(layer) + " does not exist (model has " +
+                    std::to_string(num_layers()) + " layers)");
+  }
+  StateLease lease;
+  lease.layer_ = layer;
+  if (tier_ == nullptr || !tier_->plan().layer_spilled(layer)) {
+    lease.spans_ = spans_[layer];  // wholly in RAM: nothing to bring in or give back
+    return lease;
+  }
+  L2L_RETURN_IF_ERROR(tier_->Lease(layer, spans_[layer], mode != LeaseMode::kOverwrite, &lease.spans_));
+  lease.tier_ = tier_.get();
+  lease.dirty_ = mode != LeaseMode::kRead;
+  return lease;
+}
+
+namespace {
+float* KindOf(const StateSpan& s, int which) { return which == 0 ? s.master : which == 1 ? s.m : s.v; }
+}  // namespace
+
+Status ParamStore::ReadState(int64_t layer, int which, float* out) const {
+  L2L_ASSIGN_OR_RETURN(StateLease lease, Lease(layer, LeaseMode::kRead));
+  for (const StateSpan& s : lease.spans()) std::memcpy(out + s.begin, KindOf(s, which), s.n * sizeof(float));
+  return Status::Ok();
+}
+
+Status ParamStore::WriteState(int64_t layer, int which, const float* in) {
+  // kUpdate, not kOverwrite: the other two arrays keep their values.
+  L2L_ASSIGN_OR_RETURN(StateLease lease, Lease(layer, LeaseMode::kUpdate));
+  for (const StateSpan& s : lease.spans()) std::memcpy(KindOf(s, which), in + s.begin, s.n * sizeof(float));
+  return Status::Ok();
+}
+
+Status ParamStore::WriteLayer(int64_t layer, const float* master, const float* m, const float* v) {
+  L2L_ASSIGN_OR_RETURN(StateLease lease, Lease(layer, LeaseMode::kOverwrite));
+  for (const StateSpan& s : lease.spans()) {
+    std::memcpy(s.master, master + s.begin, s.n * sizeof(float));
+    std::memcpy(s.m, m + s.begin, s.n * sizeof(float));
+    std::memcpy(s.v, v + s.begin, s.n * sizeof(float));
+  }
+  return Status::Ok();
+}
+
+Status ParamStore::InitFromSeed(uint64_t seed) {
+  std::vector<float> master(max_layer_numel());
+  const std::vector<float> zeros(max_layer_numel(), 0.0f);
   for (int64_t l = 0; l < num_layers(); ++l) {
-    std::vector<float> buf(layouts_[l].numel);
-    InitLayerParams(spec_, layouts_[l], seed, buf.data());
-    WriteState(l, 0, buf.data());
-    std::fill(buf.begin(), buf.end(), 0.0f);
-    WriteState(l, 1, buf.data());
-    WriteState(l, 2, buf.data());
+    InitLayerParams(spec_, layouts_[l], seed, master.data());
+    L2L_RETURN_IF_ERROR(WriteLayer(l, master.data(), zeros.data(), zeros.data()));
   }
+  return Status::Ok();
 }
 
 void* ParamStore::SlotData(int64_t layer, uint32_t slot) const {
@@ -202,9 +273,17 @@ void ParamStore::EndPublish(int64_t layer, int64_t version) {
   FutexWake(&hdr->wake_seq);
 }
 
-void ParamStore::PublishMaster(int64_t layer, int64_t version) {
+Status ParamStore::PublishMaster(int64_t layer, int64_t version) {
+  // Spilled master pages are read through a lease (REQUIRES: the caller holds no lease
+  // of this layer). On a spill read fault nothing is published: readers keep the old
+  // version, and the caller gets the error.
+  auto lease = Lease(layer, LeaseMode::kRead);
+  if (!lease.ok()) {
+    return lease.status().WithContext("publishing layer " + std::to_string(layer) + " version " +
+                                      std::to_string(version));
+  }
   void* dst = BeginPublish(layer);
-  for (const StateSpan& s : spans_[layer]) {
+  for (const StateSpan& s : lease->spans()) {
     if (opts_.publish_dtype == DType::kBF16) {
       FloatToBf16(s.master, static_cast<uint16_t*>(dst) + s.begin, s.n);
     } else {
@@ -212,6 +291,7 @@ void ParamStore::PublishMaster(int64_t layer, int64_t version) {
     }
   }
   EndPublish(layer, version);
+  return Status::Ok();
 }
 
 int64_t ParamStore::published_version(int64_t layer) const {

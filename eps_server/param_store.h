@@ -128,7 +128,8 @@ class ParamStore {
   Status health() const;
 
   // Publishes the layer's current master as `version` (casts into the free slot).
-  void PublishMaster(int64_t layer, int64_t version);
+  // Errors: the SSD tier could not read the layer (nothing is published then).
+  Status PublishMaster(int64_t layer, int64_t version);
   // Two-phase publish for the update pipeline, which writes the copy during AdamW:
   // BeginPublish returns the free slot's memory (numel elements of publish_dtype) after
   // waiting for readers to leave it; EndPublish makes it current as `version`.

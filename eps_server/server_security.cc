@@ -7,8 +7,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <string_view>
+#include <utility>
 
 #include "common/auth_token.h"
 #include "common/logging.h"
@@ -50,10 +52,9 @@ void ProcessAuthMetadata(void* state, grpc_auth_context*, const grpc_metadata* m
   }
   const char* why =
       !has_auth
-          ? "this l2l-eps requires a token: send metadata 'authorization: Bearer <token>' (l2lctl and "
-            "l2l-worker: --token-file FILE or $L2L_TOKEN_FILE; grpcurl: -H 'authorization: Bearer ...')"
-          : "the token in 'authorization: Bearer <token>' does not match this l2l-eps's token "
-            "(its --token-file / auth.token_file)";
+          ? "no 'authorization: Bearer <token>' metadata, and this l2l-eps requires its token "
+            "(l2lctl, l2l-worker: --token-file; grpcurl: -H 'authorization: Bearer ...')"
+          : "the bearer token does not match this l2l-eps's token (its --token-file)";
   const int64_t n = checker->rejected.fetch_add(1) + 1;
   const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                              std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -158,6 +159,21 @@ std::string ExposureWarning(ExposedApi api, const std::string& listen, const Ser
            " check a token but carry it in clear text; use TLS (--tls-cert/--tls-key) on untrusted networks";
   }
   return "";
+}
+
+Status CheckStartupExposure(const std::string& listen, const std::string& metrics_listen, const ServerSecurity& s) {
+  L2L_RETURN_IF_ERROR(CheckExposure(ExposedApi::kGrpc, listen, s));
+  if (!metrics_listen.empty()) L2L_RETURN_IF_ERROR(CheckExposure(ExposedApi::kMetrics, metrics_listen, s));
+  for (const auto& [api, addr] : {std::pair{ExposedApi::kGrpc, listen}, std::pair{ExposedApi::kMetrics, metrics_listen}}) {
+    if (addr.empty()) continue;
+    const std::string w = ExposureWarning(api, addr, s);
+    if (w.rfind("INSECURE", 0) == 0) {
+      std::fprintf(stderr, "l2l-eps: WARNING: %s\n", w.c_str());
+    } else if (!w.empty()) {
+      L2L_LOG_WARN("{}", w);
+    }
+  }
+  return Status::Ok();
 }
 
 std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const ServerSecurity& s) {

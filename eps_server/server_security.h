@@ -64,6 +64,11 @@ Status CheckExposure(ExposedApi api, const std::string& listen, const ServerSecu
 // about): unauthenticated access under --insecure, or a token sent in clear text.
 std::string ExposureWarning(ExposedApi api, const std::string& listen, const ServerSecurity& s);
 
+// l2l-eps's start-up check, before it binds anything: CheckExposure for the gRPC address
+// and (when not empty) the metrics address, then the ExposureWarnings (an --insecure
+// exposure goes to stderr whatever the log level, others to the log).
+Status CheckStartupExposure(const std::string& listen, const std::string& metrics_listen, const ServerSecurity& s);
+
 // The listening port's credentials: plaintext or TLS, with the token check when a token
 // is set.
 std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const ServerSecurity& s);

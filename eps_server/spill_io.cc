@@ -246,7 +246,7 @@ Status Preallocate(int fd, const std::string& path, uint64_t bytes, FaultPlan* f
   std::string msg = "fallocate(" + path + ", " + std::to_string(bytes) + " bytes): " + std::strerror(err);
   if (err == ENOSPC || err == EDQUOT) {
     msg += ": the spill file needs " + std::to_string(bytes) + " bytes, the filesystem has " +
-           std::to_string(FreeBytes(path)) + " bytes free (statvfs); free space or lower spill needs";
+           std::to_string(FreeBytes(path)) + " bytes free (statvfs); free space or point spill.dir at a larger filesystem";
   }
   if (fault != FaultPlan::Kind::kNone) msg += kInjected;
   return FromErrno(err, msg);
@@ -369,7 +369,8 @@ struct Transfer {
   std::function<void(Status)> done;
   std::vector<Block> blocks;  // sized once: Block addresses stay valid
   size_t blocks_left = 0;
-  Status status;              // first error
+  Status status;              // the error of the lowest-offset failing block
+  uint64_t err_off = UINT64_MAX;
   Clock::time_point start;
 };
 
@@ -441,7 +442,10 @@ void IoEngine::Impl::Pump() {
 
 void IoEngine::Impl::FinishBlock(Block* b, Status st, std::vector<std::unique_ptr<Transfer>>* ready) {
   Transfer* t = b->t;
-  if (!st.ok() && t->status.ok()) t->status = std::move(st);
+  if (!st.ok() && (t->status.ok() || b->file_off < t->err_off)) {
+    t->status = std::move(st);
+    t->err_off = b->file_off;
+  }
   if (--t->blocks_left > 0) return;
   if (t->status.ok() && !t->nop) {
     const double dt = std::chrono::duration<double>(Clock::now() - t->start).count();
@@ -642,7 +646,9 @@ void IoEngine::Submit(const SpillFile& file, IoOp op, void* buf, size_t len, uin
     bad = OutOfRange(what + " at offset " + std::to_string(offset) + " (" + std::to_string(len) +
                      " bytes) runs past the end of the file (" + std::to_string(file.size()) + " bytes)");
   }
-  const FaultPlan::Kind fault = bad.ok() ? NextFault(im.faults, op) : FaultPlan::Kind::kNone;
+  // Only transfers that reach the disk count as occurrences for the fault plan.
+  const FaultPlan::Kind fault =
+      bad.ok() && (op == IoOp::kFsync || len > 0) ? NextFault(im.faults, op) : FaultPlan::Kind::kNone;
 
   if (!bad.ok() || (op != IoOp::kFsync && len == 0)) {
     t->nop = true;

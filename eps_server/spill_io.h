@@ -142,7 +142,8 @@ class IoEngine {
 
   // Asynchronous transfer of `len` bytes between `buf` and `file` at `offset` (all
   // aligned to file.align()). `done` runs exactly once on the reaper thread, with OK or
-  // an error naming file path, op, offset and what happened. `done` must not block on
+  // an error naming file path, op, offset and what happened (when several blocks fail,
+  // the one at the lowest offset). `done` must not block on
   // another transfer of this engine, nor destroy the engine. Errors Submit finds itself
   // (misalignment: INVALID_ARGUMENT; past the file's end: OUT_OF_RANGE) also arrive
   // through `done`. len 0 completes OK at once; op kFsync ignores buf, len and offset.

@@ -12,6 +12,7 @@
 #include "eps_server/spill_tier.h"
 
 #include <sys/file.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -150,17 +151,26 @@ Result<TierPlan> TierPlan::Make(const std::vector<LayerLayout>& layouts, size_t 
         " bytes); " + why + "; raise memory.host_bytes");
   };
 
-  int64_t spill = 0;
+  // The fewest spilled pages whose pool fits beside the pages left in RAM. The pool
+  // depends on the spill (through max_layer_slots), so scan up from the bound a pool of
+  // 0 gives; the scan ends within pool_for(min_pool) steps, where that pool fits.
+  int64_t spill = -1;
   int64_t pool = 0;
-  const int64_t pool_ub = pool_for(min_pool);  // max_layer_slots <= min_pool
-  spill = state_pages + pool_ub - avail;       // >= 1: the state alone does not fit
-  if (spill > state_pages) {
-    // Even with every page on SSD the pool estimate does not fit. With a given pool that
-    // is final; otherwise shrink the pool (less prefetch) down to one layer's pages.
+  for (int64_t s = std::max<int64_t>(1, state_pages - avail); s <= state_pages; ++s) {
+    const int64_t p = pool_for(MaxLayerSlots(g, KindCounts(s, g.total)));
+    if ((state_pages - s) + p <= avail) {
+      spill = s;
+      pool = p;
+      break;
+    }
+  }
+  if (spill < 0) {
+    // Even with every page on SSD the pool does not fit. A given pool is final;
+    // otherwise shrink it (less prefetch) down to the largest layer's pages.
     if (pool_given) {
       return refuse("with every state page on SSD it would still need spill.pool_bytes=" +
-                    std::to_string(opts.pool_bytes) + " (" + Num(pool_ub) + " staging pages) beside them, " +
-                    Num(pool_ub * page + static_cast<int64_t>(fixed_bytes)) + " bytes in all");
+                    std::to_string(opts.pool_bytes) + " (" + Num(pool_for(0)) + " staging pages) beside them, " +
+                    Num(pool_for(0) * page + static_cast<int64_t>(fixed_bytes)) + " bytes in all");
     }
     if (avail < min_pool) {
       return refuse("with every state page on SSD it would still need a staging pool of at least " +
@@ -170,16 +180,6 @@ Result<TierPlan> TierPlan::Make(const std::vector<LayerLayout>& layouts, size_t 
     }
     spill = state_pages;
     pool = avail;
-  } else {
-    // Refine once: the pool for the real max_layer_slots is smaller than the estimate,
-    // so fewer pages need to go; keep the refinement only if its own pool still fits.
-    const int64_t pool1 = pool_for(MaxLayerSlots(g, KindCounts(spill, g.total)));
-    const int64_t spill1 = std::max<int64_t>(1, state_pages + pool1 - avail);
-    if (spill1 < spill &&
-        (state_pages - spill1) + pool_for(MaxLayerSlots(g, KindCounts(spill1, g.total))) <= avail) {
-      spill = spill1;
-    }
-    pool = pool_for(MaxLayerSlots(g, KindCounts(spill, g.total)));
   }
 
   const std::array<int64_t, 3> k = KindCounts(spill, g.total);
@@ -457,7 +457,8 @@ Result<std::unique_ptr<SpillTier>> SpillTier::Create(const std::vector<LayerLayo
     }
   }
 
-  // The header, through the engine (an aligned staging buffer; O_DIRECT-safe).
+  // The header: written directly (an aligned staging buffer, O_DIRECT-safe), not through
+  // the engine, so FaultPlan's read/write counts are page transfers only.
   std::vector<void*> hb = I.pool->TryAcquire(1);
   L2L_CHECK(hb.size() == 1) << "fresh pool has no free buffer";
   std::memset(hb[0], 0, kHeaderBytes);
@@ -471,9 +472,20 @@ Result<std::unique_ptr<SpillTier>> SpillTier::Create(const std::vector<LayerLayo
   h.fingerprint = fp;
   std::strncpy(h.job_id, opts.job_id.c_str(), sizeof(h.job_id) - 1);
   std::memcpy(hb[0], &h, sizeof(h));
-  Status ws = I.engine->Write(I.file, hb[0], kHeaderBytes, 0);
+  size_t done = 0;
+  int err = 0;
+  while (done < kHeaderBytes) {
+    const ssize_t w = pwrite(I.file.fd(), static_cast<char*>(hb[0]) + done, kHeaderBytes - done,
+                             static_cast<off_t>(done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      err = w < 0 ? errno : EIO;
+      break;
+    }
+    done += static_cast<size_t>(w);
+  }
   I.pool->Release(hb);
-  L2L_RETURN_IF_ERROR(ws.WithContext("writing the spill file header"));
+  if (err != 0) return ErrnoError("pwrite (spill file header, offset " + std::to_string(done) + ")", path, err);
   L2L_LOG_INFO("spill tier: {} ({} slots of {} bytes = {} bytes; {} of {} v, {} of {} m, {} of {} master pages "
                "spilled; {} state pages in RAM; pool of {} pages{}; {})",
                path, p.slots, page_bytes, bytes, p.spilled[2], p.total[2], p.spilled[1], p.total[1], p.spilled[0],
@@ -527,6 +539,7 @@ Status SpillTier::Lease(int64_t layer, const std::vector<StateSpan>& ram, bool r
   }
   const auto t0 = std::chrono::steady_clock::now();
   bool started = false;  // this Lease took the buffers (a miss)
+  bool warned = false;
   Status result;
   std::unique_lock<std::mutex> lock(I.mu);
   ++ly.waiters;
@@ -549,7 +562,16 @@ Status SpillTier::Lease(int64_t layer, const std::vector<StateSpan>& ram, bool r
       }
     }
     if (!I.TakeBuffers(layer, nullptr)) {
-      I.cv.wait(lock);
+      // Every buffer is leased or in flight. Leases end, so this waits; but a thread that
+      // holds leases while asking for more than the pool can spare waits for ever: say so.
+      if (I.cv.wait_for(lock, std::chrono::seconds(10)) == std::cv_status::timeout && !warned) {
+        warned = true;
+        int64_t leased = 0;
+        for (const auto& y : I.layers) leased += y.st == Impl::St::kLeased;
+        L2L_LOG_WARN("spill tier: lease of layer {} has waited 10 s for {} staging pages ({} of {} free, {} layers "
+                     "leased); holding more leases at once than the pool holds layers cannot progress",
+                     layer, ly.arrays.size(), I.pool->free_count(), I.pool->capacity(), leased);
+      }
       continue;
     }
     started = true;

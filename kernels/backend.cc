@@ -1,8 +1,12 @@
-// Backend registry (CreateBackend: "cpu" | "cuda:N") and DeviceBuffer, the RAII owner of
-// one Backend::Alloc. The one place that knows which backends this build has.
+// Backend registry (CreateBackend: "cpu" | "cuda:N"), DeviceBuffer (the RAII owner of one
+// Backend::Alloc) and the defaults of the optional asynchronous-transfer hooks (what a
+// backend without copy engines answers). The one place that knows which backends this
+// build has.
 #include "kernels/backend.h"
 
+#include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <utility>
 
 #ifdef L2L_HAVE_CUDA
@@ -32,6 +36,42 @@ Result<std::unique_ptr<Backend>> CreateBackend(const std::string& device) {
 #endif
   }
   return InvalidArgument("unknown device \"" + device + "\": expected \"cpu\" or \"cuda:N\"");
+}
+
+// ---- asynchronous transfers: defaults for backends without them (the CPU backend) -------
+
+Result<std::unique_ptr<CopyQueue>> Backend::CreateCopyQueue() {
+  return Unimplemented(name() + " has no copy queues (its device memory is host memory)");
+}
+
+Result<std::unique_ptr<Event>> Backend::CreateEvent() {
+  return Unimplemented(name() + " has no events (its ops complete before they return)");
+}
+
+void Backend::RecordEvent(Event*) {
+  L2L_CHECK(false) << name() << ": RecordEvent on a backend without events";
+}
+
+void Backend::WaitEvent(Event*) {
+  L2L_CHECK(false) << name() << ": WaitEvent on a backend without events";
+}
+
+namespace {
+void FreeAligned(void* p) { std::free(p); }
+}  // namespace
+
+Result<HostBuffer> Backend::AllocHost(size_t bytes) {
+  const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;  // aligned_alloc needs a multiple
+  void* p = std::aligned_alloc(64, rounded);
+  if (p == nullptr) {
+    return ResourceExhausted(name() + ": cannot allocate " + std::to_string(bytes) +
+                             " bytes of host memory");
+  }
+  return HostBuffer(p, bytes, &FreeAligned);
+}
+
+Result<std::unique_ptr<HostPin>> Backend::PinHostRange(void*, size_t, bool) {
+  return Unimplemented(name() + " does not page-lock host memory (it copies with the CPU)");
 }
 
 // ---- DeviceBuffer ----------------------------------------------------------------------

@@ -14,7 +14,18 @@
 //    Exceptions are named in the op's comment.
 //  * Forward ops overwrite their outputs.
 //
-// Thread-safety: a Backend is used by one thread at a time.
+// Optional asynchronous transfers (below the ops): a backend whose copy engines work apart
+// from its compute units (CUDA) hands out CopyQueues (one more in-order queue each: a CUDA
+// stream) and Events that order the queues against the compute stream without host waits,
+// plus page-locked host memory. The CPU backend has none of these (its "device" memory IS
+// host memory, the worker reads and writes it in place): CreateCopyQueue/CreateEvent/
+// PinHostRange return UNIMPLEMENTED there and callers keep their synchronous path, so the
+// CPU path is unchanged.
+//
+// Thread-safety: a Backend is used by one thread at a time (its "compute thread"). A
+// CopyQueue is used by one thread at a time, which may be another thread; an Event may be
+// recorded, waited for and queried from any thread (callers order Record before the
+// waits they mean, e.g. with a mutex).
 #pragma once
 
 #include <cstddef>
@@ -22,11 +33,87 @@
 #include <memory>
 #include <string>
 
+#include "common/dtype.h"
 #include "common/status.h"
 
 namespace l2l::kernels {
 
 enum class DeviceKind { kCpu, kCuda };
+
+// A point in one queue's work (a CUDA event). Recording it on a queue (CopyQueue::Record,
+// Backend::RecordEvent) marks everything queued there so far; waiting on it waits for the
+// work of its LATEST record at the time of the wait. Never recorded: already complete.
+class Event {
+ public:
+  virtual ~Event() = default;
+  // Blocks the calling thread until the work of the latest record is done. Fails (never
+  // aborts) when the device reported an error for that work.
+  virtual Status Wait() = 0;
+};
+
+// An in-order queue of copies beside the compute stream (a second CUDA stream).
+// Asynchronous: each call queues work and returns; sources must stay valid and unchanged,
+// destinations unread, until an Event recorded after the copy is complete. Host memory
+// should be page-locked (AllocHost, or PinHostRange) so the copy is a DMA the queue runs
+// on its own; pageable host memory works but the driver stages it (slower, may block).
+class CopyQueue {
+ public:
+  virtual ~CopyQueue() = default;  // waits for the queue's work
+  virtual void CopyToDevice(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
+  // dst (n) fp32 = exact widening of src (n) of `dtype` (f32: a copy; bf16), both device
+  // memory of this backend. UNIMPLEMENTED for a dtype the backend cannot widen.
+  virtual Status WidenToF32(float* dst, const void* src, DType dtype, int64_t n) = 0;
+  virtual void Record(Event* e) = 0;
+  // Work queued on this queue after this call starts after `e`'s latest record is done
+  // (no host wait).
+  virtual void WaitFor(Event* e) = 0;
+};
+
+// Host memory owned through a release function (page-locked on a GPU backend). Move-only.
+class HostBuffer {
+ public:
+  HostBuffer() = default;
+  HostBuffer(void* p, size_t bytes, void (*release)(void*)) : p_(p), bytes_(bytes), release_(release) {}
+  ~HostBuffer() { Reset(); }
+  HostBuffer(HostBuffer&& o) noexcept : p_(o.p_), bytes_(o.bytes_), release_(o.release_) {
+    o.p_ = nullptr;
+    o.bytes_ = 0;
+  }
+  HostBuffer& operator=(HostBuffer&& o) noexcept {
+    if (this != &o) {
+      Reset();
+      p_ = o.p_;
+      bytes_ = o.bytes_;
+      release_ = o.release_;
+      o.p_ = nullptr;
+      o.bytes_ = 0;
+    }
+    return *this;
+  }
+  HostBuffer(const HostBuffer&) = delete;
+  HostBuffer& operator=(const HostBuffer&) = delete;
+  void* data() const { return p_; }
+  float* f32() const { return static_cast<float*>(p_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void Reset() {
+    if (p_ != nullptr && release_ != nullptr) release_(p_);
+    p_ = nullptr;
+    bytes_ = 0;
+  }
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+  void (*release_)(void*) = nullptr;
+};
+
+// A page-locked range of memory someone else owns (cudaHostRegister); destroying it
+// unlocks the range. It must be destroyed before the memory is unmapped or freed.
+class HostPin {
+ public:
+  virtual ~HostPin() = default;
+};
 
 class Backend {
  public:
@@ -104,6 +191,25 @@ class Backend {
   // probs). scale is d(loss)/d(per-token loss), e.g. 1/(N * micro_batches).
   virtual void CrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
                                     float scale, int64_t N, int64_t V) = 0;
+
+  // ---- asynchronous transfers (optional; see the header comment) ----------------------
+  // True when CreateCopyQueue/CreateEvent work (and PinHostRange may).
+  virtual bool HasAsyncTransfers() const { return false; }
+  // A new copy queue (a stream of its own) / event. UNIMPLEMENTED: the backend has none.
+  virtual Result<std::unique_ptr<CopyQueue>> CreateCopyQueue();
+  virtual Result<std::unique_ptr<Event>> CreateEvent();
+  // Records `e` on the compute stream / makes later compute ops wait for `e` (no host
+  // wait). REQUIRES: `e` came from this backend's CreateEvent.
+  virtual void RecordEvent(Event* e);
+  virtual void WaitEvent(Event* e);
+  // Host memory for asynchronous copies: page-locked on a GPU (cudaMallocHost), 64-byte
+  // aligned heap memory on the CPU backend. RESOURCE_EXHAUSTED names the size.
+  virtual Result<HostBuffer> AllocHost(size_t bytes);
+  // Page-locks [p, p+bytes), memory the caller owns and keeps mapped longer than the pin
+  // (an EPS shared-memory segment), so copies DMA straight out of / into it. read_only:
+  // the range is mapped PROT_READ. UNIMPLEMENTED on the CPU backend (nothing to pin);
+  // other failures say why (no support on this device, memlock limits, ...).
+  virtual Result<std::unique_ptr<HostPin>> PinHostRange(void* p, size_t bytes, bool read_only);
 };
 
 // The CPU backend (always available; the reference). num_threads <= 0: all cores.

@@ -10,7 +10,7 @@ PACKAGES=(
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   liburing-dev libsystemd-dev zlib1g-dev
   python3 python3-torch python3-numpy python3-matplotlib
-  fortunes-min fio
+  fortunes-min fio openssl
 )
 
 missing=()

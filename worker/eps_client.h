@@ -3,7 +3,9 @@
 // worker on the EPS's host (weights read straight out of the EPS's published segment,
 // gradients written into this worker's own segment, futex wake-ups), and chunked gRPC
 // streams for a worker on another host. Registration, heartbeats and control always go
-// over gRPC. The relay (worker/relay.h) speaks only this interface.
+// over gRPC. The relay (worker/relay.h) speaks only this interface. Two optional extras
+// serve a GPU worker (the shm transport has them): the shared regions to page-lock
+// (HostRegionObserver) and zero-copy gradient slots (ClaimGradientSlot/Publish).
 //
 // Versions: a layer's version is the number of optimizer steps applied to it. Step t
 // (0-based) in synchronous mode uses every layer at exactly version t; the EPS publishes
@@ -55,11 +57,45 @@ struct StepReport {
   double forward_s = 0, backward_s = 0, recompute_s = 0, wait_layer_s = 0, wait_push_s = 0;
 };
 
+// Host memory a transport shares with the EPS (the shm client's segments). A GPU worker
+// page-locks it (kernels::Backend::PinHostRange) so copies run by DMA straight out of
+// the weight segment and into the gradient segment, with no staging copy.
+struct HostRegion {
+  void* data = nullptr;
+  size_t bytes = 0;
+  bool read_only = false;  // mapped PROT_READ (the weight segment)
+  std::string name;        // the segment's name, for messages
+};
+
+// Told when a transport maps or is about to unmap a shared region (at SetHostRegionObserver
+// for those mapped already, and around Rejoin, which maps new segments). Called from the
+// thread that calls SetHostRegionObserver / Rejoin / the client's destructor.
+class HostRegionObserver {
+ public:
+  virtual ~HostRegionObserver() = default;
+  virtual void Mapped(const HostRegion& region) = 0;     // right after mapping
+  virtual void Unmapping(const HostRegion& region) = 0;  // right before unmapping
+};
+
+// A gradient slot claimed for a zero-copy push: `data` is host memory the EPS reads
+// (capacity bytes), filled by the caller (e.g. a device-to-host DMA) before
+// PublishGradientSlot.
+struct GradientSlot {
+  void* data = nullptr;
+  size_t capacity = 0;
+  int32_t index = -1;
+};
+
 struct ClientOptions {
   std::string transport = "auto";   // auto (shm when the EPS is on this host) | shm | grpc
   std::chrono::milliseconds connect_timeout{10000};  // bounded retry when the EPS is unreachable
   std::chrono::milliseconds heartbeat_interval{500};
   std::string worker_name;          // for status displays; default hostname:pid
+  // Security (docs/operations.md "Security"): the EPS's shared token, sent as
+  // "authorization: Bearer <token>" on every call ("" = none), and PEM CA certificate(s)
+  // to verify a TLS EPS ("" = plaintext).
+  std::string token;
+  std::string tls_ca_pem;
 };
 
 class EpsClient {
@@ -83,6 +119,27 @@ class EpsClient {
                               const float* grad, size_t numel) = 0;
 
   virtual Status StepDone(const StepReport& report) = 0;
+
+  // ---- shared host memory (optional; the shm transport has it) -------------------------
+  // Sets the observer (nullptr: none) and calls observer->Mapped for every region mapped
+  // now. The caller keeps the observer alive until it sets another one; setting nullptr
+  // does not call Unmapping (the observer lets go of what it holds by itself).
+  virtual void SetHostRegionObserver(HostRegionObserver* observer) {}
+
+  // Zero-copy gradient push: ClaimGradientSlot blocks until a slot for `numel` floats of
+  // `layer` is free and returns it; the caller fills slot.data and then either publishes
+  // it (the same meaning as PushGradient with those bytes) or abandons it (the slot is
+  // freed unread). Every claimed slot must be published or abandoned. Transports without
+  // slots return UNIMPLEMENTED (HasGradientSlots() false): use PushGradient.
+  virtual bool HasGradientSlots() const { return false; }
+  virtual Result<GradientSlot> ClaimGradientSlot(int64_t layer, size_t numel) {
+    return Unimplemented("this EPS transport has no gradient slots; use PushGradient");
+  }
+  virtual Status PublishGradientSlot(const GradientSlot& slot, int64_t layer, int64_t step,
+                                     int64_t micro_batches, size_t numel) {
+    return Unimplemented("this EPS transport has no gradient slots; use PushGradient");
+  }
+  virtual void AbandonGradientSlot(const GradientSlot& slot) {}
 
   // Worker loss and rollback (see eps_server/eps_core.h): when the EPS abandons this
   // worker's step (a rollback after another worker was lost) or declared this worker

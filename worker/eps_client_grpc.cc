@@ -1,7 +1,10 @@
 // EpsClient over gRPC. See eps_client_grpc.h.
 #include "worker/eps_client_grpc.h"
 
+#include <google/protobuf/io/coded_stream.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/proto_buffer_reader.h>
+#include <grpcpp/support/client_interceptor.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -15,6 +18,54 @@ namespace {
 
 namespace data = ::l2l::data::v1;
 constexpr size_t kChunkBytes = size_t{4} << 20;
+constexpr size_t kSpareBuffers = 4;  // released layer buffers kept for reuse
+
+// Reads one LayerChunk message without protobuf's copies: the header fields (1-5) are
+// parsed in place and data (6) is copied once, to place(header, data_bytes) (nullptr:
+// reject). That fast path needs protobuf's canonical order (fields by number, data last),
+// which the EPS and every protobuf serializer write; other orders (or unknown fields) go
+// through the generated parser. false: malformed or rejected (*bad_offset: its offset).
+template <typename Place>
+bool ReadLayerChunk(grpc::ByteBuffer* msg, Place&& place, int64_t* bad_offset) {
+  enum { kOk, kBad, kGeneric };
+  auto fast = [&]() {
+    grpc::ProtoBufferReader stream(msg);
+    google::protobuf::io::CodedInputStream in(&stream);
+    data::LayerChunk header;
+    for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
+      const uint32_t field = tag >> 3, wire = tag & 7;
+      if (field == data::LayerChunk::kDataFieldNumber && wire == 2) {
+        uint32_t n = 0;
+        if (!in.ReadVarint32(&n)) return kBad;
+        if (static_cast<size_t>(in.CurrentPosition()) + n != msg->Length()) return kGeneric;  // not last
+        *bad_offset = header.offset();
+        char* dst = place(header, n);
+        return dst != nullptr && in.ReadRaw(dst, static_cast<int>(n)) ? kOk : kBad;
+      }
+      uint64_t v = 0;
+      if (wire != 0) return kGeneric;  // an unknown field: let protobuf handle it
+      if (!in.ReadVarint64(&v)) return kBad;
+      switch (field) {
+        case data::LayerChunk::kLayerFieldNumber: header.set_layer(static_cast<int64_t>(v)); break;
+        case data::LayerChunk::kVersionFieldNumber: header.set_version(static_cast<int64_t>(v)); break;
+        case data::LayerChunk::kDtypeFieldNumber: header.set_dtype(static_cast<data::DType>(v)); break;
+        case data::LayerChunk::kNumelFieldNumber: header.set_numel(static_cast<int64_t>(v)); break;
+        case data::LayerChunk::kOffsetFieldNumber: header.set_offset(static_cast<int64_t>(v)); break;
+        default: return kGeneric;
+      }
+    }
+    return kGeneric;  // no data field (an empty chunk) or a read error: the parser decides
+  };
+  if (const int r = fast(); r != kGeneric) return r == kOk;
+  data::LayerChunk c;
+  grpc::ProtoBufferReader stream(msg);
+  if (!c.ParseFromZeroCopyStream(&stream)) return false;
+  *bad_offset = c.offset();
+  char* dst = place(c, c.data().size());
+  if (dst == nullptr) return false;
+  std::memcpy(dst, c.data().data(), c.data().size());
+  return true;
+}
 
 // The one place grpc::Status becomes l2l::Status.
 Status FromGrpc(const grpc::Status& s, const std::string& what) {
@@ -34,10 +85,38 @@ Status FromGrpc(const grpc::Status& s, const std::string& what) {
     case grpc::StatusCode::CANCELLED: c = StatusCode::kAborted; break;
     case grpc::StatusCode::DEADLINE_EXCEEDED: c = StatusCode::kDeadlineExceeded; break;
     case grpc::StatusCode::PERMISSION_DENIED: c = StatusCode::kPermissionDenied; break;
+    case grpc::StatusCode::UNAUTHENTICATED: c = StatusCode::kPermissionDenied; break;
     default: break;
   }
   return Status(c, what + ": " + s.error_message());
 }
+
+// Adds "authorization: Bearer <token>" to every call of the channel. (Twin of the one in
+// eps_server/ctl_client.cc: the worker cannot link eps_server, and common has no gRPC.)
+class BearerInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerInterceptor(const std::string& value) : value_(value) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
+    if (m->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      m->GetSendInitialMetadata()->insert({"authorization", value_});
+    }
+    m->Proceed();
+  }
+
+ private:
+  const std::string value_;
+};
+
+class BearerInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerInterceptorFactory(const std::string& token) : value_("Bearer " + token) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
+    return new BearerInterceptor(value_);
+  }
+
+ private:
+  const std::string value_;
+};
 
 }  // namespace
 
@@ -55,7 +134,15 @@ Result<GrpcEpsClient::ImplPtr> GrpcEpsClient::Connect(const std::string& address
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(2 * kChunkBytes + 4096));
   args.SetMaxSendMessageSize(static_cast<int>(2 * kChunkBytes + 4096));
-  impl->channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!options.tls_ca_pem.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_ca_pem;
+    creds = grpc::SslCredentials(ssl);
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (!options.token.empty()) interceptors.push_back(std::make_unique<BearerInterceptorFactory>(options.token));
+  impl->channel = grpc::experimental::CreateCustomChannelWithInterceptors(address, creds, args, std::move(interceptors));
   impl->stub = data::Data::NewStub(impl->channel);
   L2L_RETURN_IF_ERROR(Register(impl.get(), options, -1, reg, shm));
   return impl;
@@ -88,7 +175,13 @@ Status GrpcEpsClient::Register(Impl* impl, const ClientOptions& options, int32_t
   if (!st.ok()) {
     if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || st.error_code() == grpc::StatusCode::UNAVAILABLE) {
       return Unavailable("EPS at " + address + " unreachable for " +
-                         std::to_string(options.connect_timeout.count()) + " ms: " + st.error_message());
+                         std::to_string(options.connect_timeout.count()) + " ms: " + st.error_message() +
+                         (options.tls_ca_pem.empty() ? " (if the EPS serves TLS, pass --tls-ca CA.pem)" : ""));
+    }
+    if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
+      return PermissionDenied("the daemon at " + address +
+                              " requires a token: pass --token-file FILE (or set $L2L_TOKEN_FILE) holding the "
+                              "token of its --token-file (" + st.error_message() + ")");
     }
     return FromGrpc(st, "Register with EPS at " + address);
   }
@@ -171,29 +264,52 @@ Result<LayerWeights> GrpcEpsClient::AcquireLayer(int64_t layer, int64_t min_vers
   req.set_timeout_ms(std::max<int64_t>(1, timeout.count()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + timeout + std::chrono::seconds(30));
-  auto reader = impl_->stub->FetchLayer(&ctx, req);
-  data::LayerChunk c;
+  // The stream is read as raw messages (ReadLayerChunk: one copy, into buf) rather than
+  // through the generated stub's LayerChunk (two: parse, then copy out).
+  static const std::string method = std::string("/") + data::Data::service_full_name() + "/FetchLayer";
+  const grpc::internal::RpcMethod rpc(method.c_str(), grpc::internal::RpcMethod::SERVER_STREAMING);
+  std::unique_ptr<grpc::ClientReader<grpc::ByteBuffer>> reader(
+      grpc::internal::ClientReaderFactory<grpc::ByteBuffer>::Create(impl_->channel.get(), rpc, &ctx, req));
   std::vector<char> buf;
-  LayerWeights w;
-  size_t total = 0;
-  while (reader->Read(&c)) {
-    if (buf.empty()) {
-      w.dtype = c.dtype() == data::DTYPE_BF16 ? DType::kBF16 : DType::kF32;
-      w.numel = static_cast<size_t>(c.numel());
-      w.version = c.version();
-      total = w.numel * DTypeSize(w.dtype);
-      buf.resize(total);
+  {
+    std::lock_guard<std::mutex> lock(mu_);  // a released buffer, if any
+    if (!spare_.empty()) {
+      buf = std::move(spare_.back());
+      spare_.pop_back();
     }
-    if (c.version() != w.version || c.offset() < 0 ||
-        static_cast<size_t>(c.offset()) + c.data().size() > total) {
+  }
+  LayerWeights w;
+  size_t total = 0, received = 0;
+  bool first = true;
+  int64_t bad_offset = -1;
+  grpc::ByteBuffer msg;
+  while (reader->Read(&msg)) {
+    auto place = [&](const data::LayerChunk& c, size_t n) -> char* {
+      if (first) {
+        first = false;
+        w.dtype = c.dtype() == data::DTYPE_BF16 ? DType::kBF16 : DType::kF32;
+        w.numel = static_cast<size_t>(c.numel());
+        w.version = c.version();
+        if (c.numel() < 0 || c.numel() > (int64_t{1} << 36)) return nullptr;
+        total = w.numel * DTypeSize(w.dtype);
+        buf.resize(total);  // a reused buffer: no zero-fill, no page faults
+      }
+      if (c.version() != w.version || c.offset() < 0 || static_cast<size_t>(c.offset()) + n > total) return nullptr;
+      received += n;
+      return buf.data() + c.offset();
+    };
+    if (!ReadLayerChunk(&msg, place, &bad_offset)) {
       ctx.TryCancel();
       reader->Finish().IgnoreError();
-      return DataLoss("FetchLayer(layer " + std::to_string(layer) + "): inconsistent chunk at offset " +
-                      std::to_string(c.offset()));
+      return DataLoss("FetchLayer(layer " + std::to_string(layer) + "): inconsistent or malformed chunk at offset " +
+                      std::to_string(bad_offset));
     }
-    std::memcpy(buf.data() + c.offset(), c.data().data(), c.data().size());
   }
   L2L_RETURN_IF_ERROR(FromGrpc(reader->Finish(), "FetchLayer(layer " + std::to_string(layer) + ")"));
+  if (received != total) {
+    return DataLoss("FetchLayer(layer " + std::to_string(layer) + "): the chunks held " + std::to_string(received) +
+                    " bytes, the layer has " + std::to_string(total));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   auto& slot = held_[layer];
   slot = std::move(buf);
@@ -203,7 +319,10 @@ Result<LayerWeights> GrpcEpsClient::AcquireLayer(int64_t layer, int64_t min_vers
 
 void GrpcEpsClient::ReleaseLayer(int64_t layer) {
   std::lock_guard<std::mutex> lock(mu_);
-  held_.erase(layer);
+  auto it = held_.find(layer);
+  if (it == held_.end()) return;
+  if (spare_.size() < kSpareBuffers) spare_.push_back(std::move(it->second));
+  held_.erase(it);
 }
 
 Status GrpcEpsClient::PushGradient(int64_t layer, int64_t step, int64_t micro_batches, const float* grad,

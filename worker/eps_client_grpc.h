@@ -73,6 +73,7 @@ class GrpcEpsClient : public EpsClient {
   std::thread heartbeat_;
   std::mutex mu_;
   std::map<int64_t, std::vector<char>> held_;  // GUARDED_BY(mu_): layer -> fetched bytes
+  std::vector<std::vector<char>> spare_;       // GUARDED_BY(mu_): released buffers, reused
   bool deregistered_ = false;
 };
 

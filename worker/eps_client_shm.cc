@@ -22,21 +22,58 @@ Result<std::unique_ptr<ShmEpsClient>> ShmEpsClient::Create(ImplPtr impl, WorkerR
 }
 
 Status ShmEpsClient::MapSegments(const ShmInfo& shm) {
-  L2L_ASSIGN_OR_RETURN(weights_, ShmSegment::Open(shm.weight_segment, /*writable=*/false));
-  L2L_ASSIGN_OR_RETURN(grads_, ShmSegment::Open(shm.gradient_segment, /*writable=*/true));
-  const auto* wh = static_cast<const WeightSegmentHeader*>(weights_.data());
-  const auto* gh = static_cast<const GradSegmentHeader*>(grads_.data());
+  L2L_ASSIGN_OR_RETURN(ShmSegment weights, ShmSegment::Open(shm.weight_segment, /*writable=*/false));
+  L2L_ASSIGN_OR_RETURN(ShmSegment grads, ShmSegment::Open(shm.gradient_segment, /*writable=*/true));
+  const auto* wh = static_cast<const WeightSegmentHeader*>(weights.data());
+  const auto* gh = static_cast<const GradSegmentHeader*>(grads.data());
   if (wh->magic != kWeightMagic || wh->layout_version != kShmLayoutVersion ||
-      wh->num_layers != shm.layer_numel.size() || wh->total_bytes > weights_.size()) {
+      wh->num_layers != shm.layer_numel.size() || wh->total_bytes > weights.size()) {
     return DataLoss("shm segment " + shm.weight_segment + " does not hold the expected weight layout");
   }
   if (gh->magic != kGradMagic || gh->layout_version != kShmLayoutVersion ||
       gh->num_layers != shm.layer_numel.size() || gh->num_slots > kMaxGradSlots) {
     return DataLoss("shm segment " + shm.gradient_segment + " does not hold the expected gradient layout");
   }
+  std::lock_guard<std::mutex> lock(observer_mu_);
+  // A page-locked range must be unlocked before it is unmapped (the old mappings go when
+  // the new ones are moved in).
+  if (observer_ != nullptr) {
+    for (const HostRegion& r : Regions()) observer_->Unmapping(r);
+  }
+  weights_ = std::move(weights);
+  grads_ = std::move(grads);
   layer_numel_ = shm.layer_numel;
   epoch_ = wh->epoch.load(std::memory_order_acquire);
+  if (observer_ != nullptr) {
+    for (const HostRegion& r : Regions()) observer_->Mapped(r);
+  }
   return Status::Ok();
+}
+
+std::vector<HostRegion> ShmEpsClient::Regions() const {
+  std::vector<HostRegion> out;
+  if (weights_.data() != nullptr) {
+    out.push_back(HostRegion{weights_.data(), weights_.size(), /*read_only=*/true, weights_.name()});
+  }
+  if (grads_.data() != nullptr) {
+    out.push_back(HostRegion{grads_.data(), grads_.size(), /*read_only=*/false, grads_.name()});
+  }
+  return out;
+}
+
+ShmEpsClient::~ShmEpsClient() {
+  std::lock_guard<std::mutex> lock(observer_mu_);
+  if (observer_ != nullptr) {
+    for (const HostRegion& r : Regions()) observer_->Unmapping(r);
+  }
+}
+
+void ShmEpsClient::SetHostRegionObserver(HostRegionObserver* observer) {
+  std::lock_guard<std::mutex> lock(observer_mu_);
+  observer_ = observer;
+  if (observer_ != nullptr) {
+    for (const HostRegion& r : Regions()) observer_->Mapped(r);
+  }
 }
 
 Status ShmEpsClient::Rejoin() {
@@ -114,8 +151,7 @@ Status ShmEpsClient::SlotError() const {
                     std::string(gh->error_message, strnlen(gh->error_message, sizeof(gh->error_message))));
 }
 
-Status ShmEpsClient::PushGradient(int64_t layer, int64_t step, int64_t micro_batches, const float* grad,
-                                  size_t numel) {
+Result<GradientSlot> ShmEpsClient::ClaimGradientSlot(int64_t layer, size_t numel) {
   std::lock_guard<std::mutex> lock(push_mu_);
   L2L_RETURN_IF_ERROR(SlotError());
   auto* gh = static_cast<GradSegmentHeader*>(grads_.data());
@@ -131,19 +167,60 @@ Status ShmEpsClient::PushGradient(int64_t layer, int64_t step, int64_t micro_bat
       GradSlotHeader& slot = gh->slots[s];
       if (slot.state.load(std::memory_order_acquire) != kSlotFree) continue;
       slot.state.store(kSlotFilling, std::memory_order_relaxed);
-      std::memcpy(static_cast<char*>(grads_.data()) + slot.data_offset, grad, numel * sizeof(float));
-      slot.layer = layer;
-      slot.step = step;
-      slot.micro_batches = micro_batches;
-      slot.numel = static_cast<int64_t>(numel);
-      slot.push_seq = ++push_seq_;
-      slot.state.store(kSlotReady, std::memory_order_release);
-      gh->ready_seq.fetch_add(1, std::memory_order_release);
-      FutexWake(&gh->ready_seq);
-      return Status::Ok();
+      GradientSlot out;
+      out.data = static_cast<char*>(grads_.data()) + slot.data_offset;
+      out.capacity = gh->slot_bytes;
+      out.index = static_cast<int32_t>(s);
+      return out;
     }
     FutexWait(&gh->free_seq, seen, std::chrono::milliseconds(200));
   }
+}
+
+Status ShmEpsClient::PublishGradientSlot(const GradientSlot& claimed, int64_t layer, int64_t step,
+                                         int64_t micro_batches, size_t numel) {
+  std::lock_guard<std::mutex> lock(push_mu_);
+  auto* gh = static_cast<GradSegmentHeader*>(grads_.data());
+  if (claimed.index < 0 || static_cast<uint32_t>(claimed.index) >= gh->num_slots ||
+      gh->slots[claimed.index].state.load(std::memory_order_acquire) != kSlotFilling) {
+    return FailedPrecondition("publishing gradient slot " + std::to_string(claimed.index) +
+                              " of layer " + std::to_string(layer) + ", which was not claimed");
+  }
+  if (numel * sizeof(float) > claimed.capacity) {
+    return InvalidArgument("gradient of layer " + std::to_string(layer) + " has " + std::to_string(numel) +
+                           " floats, more than its slot holds (" + std::to_string(claimed.capacity / 4) + ")");
+  }
+  GradSlotHeader& slot = gh->slots[claimed.index];
+  slot.layer = layer;
+  slot.step = step;
+  slot.micro_batches = micro_batches;
+  slot.numel = static_cast<int64_t>(numel);
+  slot.push_seq = ++push_seq_;
+  // Release: the slot's bytes (written by memcpy or by a DMA the caller waited for) and
+  // the fields above are visible to the EPS once it sees kReady.
+  slot.state.store(kSlotReady, std::memory_order_release);
+  gh->ready_seq.fetch_add(1, std::memory_order_release);
+  FutexWake(&gh->ready_seq);
+  return Status::Ok();
+}
+
+void ShmEpsClient::AbandonGradientSlot(const GradientSlot& claimed) {
+  std::lock_guard<std::mutex> lock(push_mu_);
+  auto* gh = static_cast<GradSegmentHeader*>(grads_.data());
+  if (claimed.index < 0 || static_cast<uint32_t>(claimed.index) >= gh->num_slots) return;
+  GradSlotHeader& slot = gh->slots[claimed.index];
+  uint32_t filling = kSlotFilling;
+  if (slot.state.compare_exchange_strong(filling, kSlotFree, std::memory_order_release)) {
+    gh->free_seq.fetch_add(1, std::memory_order_release);  // wakes our own waiting claimers
+    FutexWake(&gh->free_seq);
+  }
+}
+
+Status ShmEpsClient::PushGradient(int64_t layer, int64_t step, int64_t micro_batches, const float* grad,
+                                  size_t numel) {
+  L2L_ASSIGN_OR_RETURN(GradientSlot slot, ClaimGradientSlot(layer, numel));
+  std::memcpy(slot.data, grad, numel * sizeof(float));
+  return PublishGradientSlot(slot, layer, step, micro_batches, numel);
 }
 
 Status ShmEpsClient::Drain(std::chrono::milliseconds timeout) {

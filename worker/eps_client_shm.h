@@ -9,8 +9,14 @@
 // reported by the next PushGradient or by StepDone, which first waits until the EPS
 // consumed every slot.
 //
+// A GPU worker page-locks both mappings through SetHostRegionObserver (the weight segment
+// as a read-only region) and pushes gradients zero-copy: ClaimGradientSlot hands out a
+// slot of the gradient segment, the worker DMAs the gradient into it, then
+// PublishGradientSlot marks it ready and wakes the EPS (PushGradient is claim + memcpy +
+// publish).
+//
 // Ownership: owns both mappings (never unlinks: the EPS owns the segments).
-// Thread-safety: as EpsClient; slot claiming is serialised internally.
+// Thread-safety: as EpsClient; slot claiming and publishing are serialised internally.
 #pragma once
 
 #include <memory>
@@ -36,6 +42,14 @@ class ShmEpsClient : public GrpcEpsClient {
   Status StepDone(const StepReport& report) override;
   // Re-registers and maps the (new) gradient segment.
   Status Rejoin() override;
+  ~ShmEpsClient() override;
+
+  void SetHostRegionObserver(HostRegionObserver* observer) override;
+  bool HasGradientSlots() const override { return true; }
+  Result<GradientSlot> ClaimGradientSlot(int64_t layer, size_t numel) override;
+  Status PublishGradientSlot(const GradientSlot& slot, int64_t layer, int64_t step,
+                             int64_t micro_batches, size_t numel) override;
+  void AbandonGradientSlot(const GradientSlot& slot) override;
 
   // Waits until the EPS consumed every pushed slot; returns the first error it found.
   Status Drain(std::chrono::milliseconds timeout);
@@ -46,7 +60,10 @@ class ShmEpsClient : public GrpcEpsClient {
       : GrpcEpsClient(std::move(impl), std::move(reg), options) {}
   Status SlotError() const;
   Status MapSegments(const ShmInfo& shm);
+  std::vector<HostRegion> Regions() const;  // REQUIRES: observer_mu_ held
 
+  std::mutex observer_mu_;  // guards the mappings' replacement against observer calls
+  HostRegionObserver* observer_ = nullptr;  // GUARDED_BY(observer_mu_)
   ShmSegment weights_;  // read-only
   ShmSegment grads_;    // read-write
   std::vector<int64_t> layer_numel_;

@@ -16,18 +16,38 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+// The mode a backend gets: direct on the CPU, async when it has copy queues, else staged.
+CopyMode ModeFor(const kernels::Backend& backend) {
+  if (backend.kind() == kernels::DeviceKind::kCpu && !backend.HasAsyncTransfers()) {
+    return CopyMode::kDirect;
+  }
+  return backend.HasAsyncTransfers() ? CopyMode::kAsync : CopyMode::kStaged;
+}
+
 }  // namespace
+
+const char* CopyModeName(CopyMode m) {
+  switch (m) {
+    case CopyMode::kDirect: return "direct";
+    case CopyMode::kAsync: return "async";
+    case CopyMode::kStaged: return "staged";
+  }
+  return "?";
+}
 
 // ---- LayerPrefetcher ------------------------------------------------------------------
 
 Result<std::unique_ptr<LayerPrefetcher>> LayerPrefetcher::Create(EpsClient* client,
                                                                  kernels::Backend* backend,
                                                                  std::vector<size_t> layer_numel,
-                                                                 int ring_slots) {
+                                                                 int ring_slots, DType fetch_dtype,
+                                                                 const HostRegionPinner* pinner) {
   if (layer_numel.size() < 2) return InvalidArgument("prefetcher needs at least 2 layers");
   if (ring_slots < 1) return InvalidArgument("prefetcher needs at least 1 ring slot");
-  std::unique_ptr<LayerPrefetcher> p(new LayerPrefetcher(client, backend, std::move(layer_numel)));
-  p->direct_ = backend->kind() == kernels::DeviceKind::kCpu;
+  std::unique_ptr<LayerPrefetcher> p(
+      new LayerPrefetcher(client, backend, std::move(layer_numel), fetch_dtype, pinner));
+  p->mode_ = ModeFor(*backend);
+  p->direct_ = p->mode_ == CopyMode::kDirect;
   const size_t ring_capacity =
       *std::max_element(p->layer_numel_.begin() + 1, p->layer_numel_.end());
   p->slots_.resize(static_cast<size_t>(ring_slots) + 1);
@@ -36,7 +56,20 @@ Result<std::unique_ptr<LayerPrefetcher>> LayerPrefetcher::Create(EpsClient* clie
     slot.capacity = s == 0 ? p->layer_numel_[0] : ring_capacity;
     L2L_ASSIGN_OR_RETURN(slot.device,
                          kernels::DeviceBuffer::Create(backend, slot.capacity * sizeof(float)));
-    if (!p->direct_) slot.staging.resize(slot.capacity);
+    if (p->mode_ == CopyMode::kStaged) slot.staging.resize(slot.capacity);
+    if (p->mode_ == CopyMode::kAsync) {
+      if (DTypeSize(fetch_dtype) < sizeof(float)) {
+        L2L_ASSIGN_OR_RETURN(slot.narrow, kernels::DeviceBuffer::Create(
+                                              backend, slot.capacity * DTypeSize(fetch_dtype)));
+      }
+      L2L_ASSIGN_OR_RETURN(slot.ready, backend->CreateEvent());
+      L2L_ASSIGN_OR_RETURN(slot.freed, backend->CreateEvent());
+    }
+  }
+  if (p->mode_ == CopyMode::kAsync) {
+    const size_t largest = std::max(ring_capacity, p->layer_numel_[0]);
+    L2L_ASSIGN_OR_RETURN(p->bounce_, backend->AllocHost(largest * sizeof(float)));
+    L2L_ASSIGN_OR_RETURN(p->copy_, backend->CreateCopyQueue());
   }
   p->thread_ = std::thread([raw = p.get()] { raw->Loop(); });
   return p;
@@ -53,7 +86,7 @@ LayerPrefetcher::~LayerPrefetcher() {
 
 size_t LayerPrefetcher::device_bytes() const {
   size_t b = 0;
-  for (const Slot& s : slots_) b += s.device.bytes();
+  for (const Slot& s : slots_) b += s.device.bytes() + s.narrow.bytes();
   return b;
 }
 
@@ -127,9 +160,58 @@ Result<int64_t> LayerPrefetcher::Fetch(int64_t layer, int64_t min_version,
                     " elements, the model spec says " + std::to_string(want));
   }
   Slot& s = slots_[static_cast<size_t>(slot)];  // this slot is ours until the item is released
+  if (mode_ == CopyMode::kAsync) {
+    L2L_RETURN_IF_ERROR(FetchAsync(layer, w, s));  // releases the layer
+    return w.version;
+  }
   ConvertToFloat(w.data, w.dtype, direct_ ? s.device.f32() : s.staging.data(), want);
   client_->ReleaseLayer(layer);
   return w.version;
+}
+
+Status LayerPrefetcher::FetchAsync(int64_t layer, const LayerWeights& w, Slot& s) {
+  const size_t n = w.numel;
+  const size_t bytes = n * DTypeSize(w.dtype);
+  // Widen on the device when the slot has a buffer for this dtype (the publish dtype);
+  // an unexpected narrow dtype is widened on the host into the bounce buffer instead.
+  const bool device_widen = w.dtype != DType::kF32 && w.dtype == fetch_dtype_ &&
+                            s.narrow.data() != nullptr;
+  const bool pinned = (w.dtype == DType::kF32 || device_widen) && pinner_ != nullptr &&
+                      pinner_->Covers(w.data, bytes);
+  // The compute stream may still read this slot's previous layer: copies into it start
+  // after the compute work queued before its Release().
+  copy_->WaitFor(s.freed.get());
+  const void* src = w.data;
+  bool held = true;  // the EPS's view is still read by a queued copy
+  if (!pinned) {
+    // Bounce: one host copy into pinned memory, then the DMA reads that; the EPS's view
+    // can go at once. The previous fetch's DMA out of the bounce buffer was waited for.
+    if (device_widen) {
+      std::memcpy(bounce_.data(), w.data, bytes);
+    } else {
+      ConvertToFloat(w.data, w.dtype, bounce_.f32(), n);
+    }
+    client_->ReleaseLayer(layer);
+    held = false;
+    src = bounce_.data();
+    bounced_fetches_.fetch_add(1);
+  } else {
+    pinned_fetches_.fetch_add(1);
+  }
+  Status st;
+  if (device_widen) {
+    copy_->CopyToDevice(s.narrow.data(), src, bytes);
+    st = copy_->WidenToF32(s.device.f32(), s.narrow.data(), w.dtype, static_cast<int64_t>(n));
+  } else {
+    copy_->CopyToDevice(s.device.data(), src, n * sizeof(float));
+  }
+  copy_->Record(s.ready.get());
+  // Wait here, on the prefetch thread, so the EPS's view (or the bounce buffer) is free
+  // again before the next fetch; the compute thread never blocks on a copy.
+  Status done = s.ready->Wait();
+  if (held) client_->ReleaseLayer(layer);
+  L2L_RETURN_IF_ERROR(st.WithContext("widening layer " + std::to_string(layer) + " on the device"));
+  return done.WithContext("copying layer " + std::to_string(layer) + " to the device");
 }
 
 Result<ResidentLayer> LayerPrefetcher::Next(double* waited_s) {
@@ -156,7 +238,13 @@ Result<ResidentLayer> LayerPrefetcher::Next(double* waited_s) {
   r.params = s.device.f32();
   lk.unlock();
   if (waited_s) *waited_s += Seconds(t0, Clock::now());
-  if (!direct_) backend_->CopyToDevice(s.device.data(), s.staging.data(), r.numel * sizeof(float));
+  if (mode_ == CopyMode::kStaged) {
+    backend_->CopyToDevice(s.device.data(), s.staging.data(), r.numel * sizeof(float));
+  } else if (mode_ == CopyMode::kAsync) {
+    // The fill is complete (the prefetch thread waited for it); the stream wait keeps the
+    // order explicit on the device as well and costs nothing.
+    backend_->WaitEvent(s.ready.get());
+  }
   return r;
 }
 
@@ -165,6 +253,10 @@ void LayerPrefetcher::Release(const ResidentLayer& r) {
     std::lock_guard<std::mutex> lk(mu_);
     L2L_CHECK(r.slot >= 0 && r.slot < static_cast<int>(slots_.size()) && !slots_[r.slot].free)
         << "Release of slot " << r.slot << " that is not held";
+    // Async: the next copy into this slot waits for the compute work queued so far (the
+    // last kernels reading it). Recorded before the slot is marked free, under mu_, so the
+    // prefetch thread's WaitFor sees this record.
+    if (mode_ == CopyMode::kAsync) backend_->RecordEvent(slots_[r.slot].freed.get());
     slots_[r.slot].free = true;
   }
   cv_.notify_all();
@@ -175,7 +267,12 @@ void LayerPrefetcher::Cancel() {
   fetch_idx_ = items_.size();
   cv_.wait(lk, [&] { return !in_flight_; });
   take_idx_ = items_.size();
-  for (Slot& s : slots_) s.free = true;
+  for (Slot& s : slots_) {
+    // A slot the relay still held may be read by queued compute work: later copies into
+    // it wait for everything queued so far.
+    if (mode_ == CopyMode::kAsync && !s.free) backend_->RecordEvent(s.freed.get());
+    s.free = true;
+  }
   cv_.notify_all();
 }
 
@@ -183,10 +280,17 @@ void LayerPrefetcher::Cancel() {
 
 Result<std::unique_ptr<GradientPusher>> GradientPusher::Create(EpsClient* client,
                                                                kernels::Backend* backend,
-                                                               size_t max_numel) {
-  std::unique_ptr<GradientPusher> p(new GradientPusher(client, backend));
-  p->direct_ = backend->kind() == kernels::DeviceKind::kCpu;
-  if (!p->direct_) p->staging_.assign(2, std::vector<float>(max_numel));
+                                                               size_t max_numel,
+                                                               const HostRegionPinner* pinner) {
+  std::unique_ptr<GradientPusher> p(new GradientPusher(client, backend, pinner));
+  p->mode_ = ModeFor(*backend);
+  p->direct_ = p->mode_ == CopyMode::kDirect;
+  if (p->mode_ == CopyMode::kStaged) p->staging_.assign(2, std::vector<float>(max_numel));
+  if (p->mode_ == CopyMode::kAsync) {
+    L2L_ASSIGN_OR_RETURN(p->pinned_staging_, backend->AllocHost(max_numel * sizeof(float)));
+    L2L_ASSIGN_OR_RETURN(p->copied_, backend->CreateEvent());
+    L2L_ASSIGN_OR_RETURN(p->copy_, backend->CreateCopyQueue());
+  }
   p->thread_ = std::thread([raw = p.get()] { raw->Loop(); });
   return p;
 }
@@ -208,11 +312,15 @@ void GradientPusher::Loop() {
     Job job = queue_.front();
     const bool skip = !first_error_.ok();
     lk.unlock();
-    Status st = skip ? Status::Ok()
-                     : client_->PushGradient(job.layer, job.step, job.micro_batches, job.host_grad,
-                                             job.numel);
+    Status st;
+    if (!skip) {
+      st = mode_ == CopyMode::kAsync
+               ? PushAsync(job)
+               : client_->PushGradient(job.layer, job.step, job.micro_batches, job.grad, job.numel);
+    }
     lk.lock();
     queue_.pop_front();
+    if (job.ready != nullptr) free_events_.push_back(job.ready);
     if (!st.ok() && first_error_.ok()) {
       first_error_ = st.WithContext("pushing the gradient of layer " + std::to_string(job.layer) +
                                     " for step " + std::to_string(job.step));
@@ -222,15 +330,58 @@ void GradientPusher::Loop() {
   }
 }
 
+Status GradientPusher::PushAsync(const Job& job) {
+  const size_t bytes = job.numel * sizeof(float);
+  GradientSlot slot;
+  if (client_->HasGradientSlots()) {
+    L2L_ASSIGN_OR_RETURN(slot, client_->ClaimGradientSlot(job.layer, job.numel));
+  }
+  // Straight into the shm slot when it is page-locked; else into pinned staging.
+  const bool into_slot = slot.data != nullptr && pinner_ != nullptr && pinner_->Covers(slot.data, bytes);
+  void* dst = into_slot ? slot.data : pinned_staging_.data();  // Submit checked the size
+  copy_->WaitFor(job.ready);  // the compute work that wrote the gradient
+  copy_->CopyToHost(dst, job.grad, bytes);
+  copy_->Record(copied_.get());
+  // The completion wait: the EPS is told only after the bytes landed.
+  Status st = copied_->Wait();
+  if (!st.ok()) {
+    if (slot.data != nullptr) client_->AbandonGradientSlot(slot);
+    return st.WithContext("copying the gradient of layer " + std::to_string(job.layer) + " to the host");
+  }
+  if (slot.data != nullptr) {
+    if (!into_slot) std::memcpy(slot.data, dst, bytes);
+    (into_slot ? slot_pushes_ : staged_pushes_).fetch_add(1);
+    return client_->PublishGradientSlot(slot, job.layer, job.step, job.micro_batches, job.numel);
+  }
+  staged_pushes_.fetch_add(1);
+  return client_->PushGradient(job.layer, job.step, job.micro_batches,
+                               static_cast<const float*>(dst), job.numel);
+}
+
 Result<int64_t> GradientPusher::Submit(int64_t layer, int64_t step, int64_t micro_batches,
                                        const float* grad, size_t numel, double* waited_s) {
   int64_t ticket;
+  kernels::Event* ready = nullptr;
   {
     std::lock_guard<std::mutex> lk(mu_);
     ticket = next_ticket_++;
+    if (mode_ == CopyMode::kAsync && !free_events_.empty()) {
+      ready = free_events_.back();
+      free_events_.pop_back();
+    }
   }
   const float* host = grad;
-  if (!direct_) {
+  if (mode_ == CopyMode::kAsync) {
+    L2L_CHECK(numel * sizeof(float) <= pinned_staging_.bytes())
+        << "gradient of " << numel << " floats > pinned staging " << pinned_staging_.bytes() << " bytes";
+    if (ready == nullptr) {  // all in use: one more (a handful per relay at most)
+      Result<std::unique_ptr<kernels::Event>> e = backend_->CreateEvent();
+      if (!e.ok()) return e.status().WithContext("gradient pusher");
+      events_.push_back(std::move(e).value());
+      ready = events_.back().get();
+    }
+    backend_->RecordEvent(ready);  // after the compute work that writes `grad`
+  } else if (!direct_) {
     // Staging buffer ticket%2 was last used by ticket-2: wait for that push to finish.
     if (ticket >= 2) {
       Status st = Wait(ticket - 2, waited_s);
@@ -243,7 +394,7 @@ Result<int64_t> GradientPusher::Submit(int64_t layer, int64_t step, int64_t micr
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
-    queue_.push_back(Job{ticket, layer, step, micro_batches, host, numel});
+    queue_.push_back(Job{ticket, layer, step, micro_batches, host, numel, ready});
   }
   cv_.notify_all();
   return ticket;

@@ -7,22 +7,38 @@
 //  * GradientPusher sends layer gradients OUT: the relay hands over layer l's accumulated
 //    gradient and goes on with layer l-1 while a background thread pushes it to the EPS.
 //
-// Both are structured as the CUDA backend will drive them: the background thread plays the
-// copy stream, "slot ready" / "push done" play CUDA events the compute stream waits on.
-// On the CPU backend device memory is host memory, so the prefetch thread writes the slot
-// directly and the pusher reads the gradient buffer directly (zero staging copies). On any
-// other backend the thread stages in host memory and the compute thread issues the
-// host<->device copy (the Backend is single-threaded; a copy-stream API replaces this when
-// the CUDA backend lands).
+// Three ways to move the bytes, chosen from the backend at Create:
+//  * direct (the CPU backend: device memory is host memory): the prefetch thread converts
+//    straight into the slot, the pusher reads the gradient buffer in place (no copies).
+//  * async (a backend with copy queues, kernels/backend.h: CUDA): each engine owns a copy
+//    queue (a CUDA stream beside the compute stream). The prefetch thread copies the layer
+//    AS PUBLISHED (bf16 or fp32) host-to-device into the slot, widens bf16 to fp32 on the
+//    device, records the slot's "ready" event and waits for it, then releases the EPS's
+//    view; Next() makes the compute stream wait on "ready" and Release() records the
+//    slot's "free" event on the compute stream, which the next copy into that slot waits
+//    for (no compute kernel can still be reading a slot that is overwritten). The source
+//    is the EPS's shared memory itself when a HostRegionPinner page-locked it (DMA
+//    straight out of the published segment); otherwise (gRPC buffers, a failed pin) the
+//    thread first copies it into a pinned bounce buffer. The pusher records a "gradient
+//    ready" event on the compute stream at Submit; its thread makes the copy queue wait on
+//    it, copies the fp32 gradient device-to-host straight into a claimed gradient slot of
+//    the shm segment (EpsClient::ClaimGradientSlot, when the segment is page-locked) or
+//    into a pinned staging buffer, waits for that copy's event, and only then publishes
+//    the slot / pushes (the completion wait is on the pusher's own thread: no CUDA call
+//    runs inside a stream callback).
+//  * staged (a backend without copy queues that is not the CPU): host staging buffers and
+//    synchronous Backend copies issued by the compute thread.
 //
 // Slots: slot 0 holds layer 0 (the embedding, usually the largest layer, which the head
 // also reads when embeddings are tied); `ring_slots` slots sized for the largest other
 // layer are shared by every other layer.
 //
 // Thread-safety: Begin/Next/Release/Cancel (and Submit/Wait/WaitAll) are called by one
-// thread, the relay's compute thread; each class owns one internal background thread.
+// thread, the relay's compute thread (the only one using the Backend); each class owns
+// one internal background thread, which uses only its copy queue and events.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -32,9 +48,11 @@
 #include <thread>
 #include <vector>
 
+#include "common/dtype.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "worker/eps_client.h"
+#include "worker/host_pinner.h"
 
 namespace l2l::worker {
 
@@ -47,13 +65,22 @@ struct ResidentLayer {
   int slot = -1;
 };
 
+// How an engine moves bytes (see the header comment).
+enum class CopyMode { kDirect, kAsync, kStaged };
+const char* CopyModeName(CopyMode m);
+
 class LayerPrefetcher {
  public:
   // layer_numel[l]: floats in layer l's flat buffer. ring_slots >= 2 for overlap.
+  // fetch_dtype: the dtype the EPS publishes (job.publish_dtype); the async mode keeps a
+  // device buffer per slot for it when it is narrower than fp32 (another dtype still
+  // works, widened on the host). pinner (may be null): which host memory is page-locked.
   static Result<std::unique_ptr<LayerPrefetcher>> Create(EpsClient* client,
                                                          kernels::Backend* backend,
                                                          std::vector<size_t> layer_numel,
-                                                         int ring_slots = 2);
+                                                         int ring_slots = 2,
+                                                         DType fetch_dtype = DType::kF32,
+                                                         const HostRegionPinner* pinner = nullptr);
   ~LayerPrefetcher();
   LayerPrefetcher(const LayerPrefetcher&) = delete;
   LayerPrefetcher& operator=(const LayerPrefetcher&) = delete;
@@ -73,6 +100,11 @@ class LayerPrefetcher {
   void Cancel();
 
   size_t device_bytes() const;
+  CopyMode mode() const { return mode_; }
+  // Async mode: layers copied straight from page-locked EPS memory / through the bounce
+  // buffer since creation.
+  int64_t pinned_fetches() const { return pinned_fetches_.load(); }
+  int64_t bounced_fetches() const { return bounced_fetches_.load(); }
 
  private:
   enum class ItemState { kPending, kReady, kFailed };
@@ -85,23 +117,37 @@ class LayerPrefetcher {
   };
   struct Slot {
     kernels::DeviceBuffer device;  // (capacity) fp32
-    std::vector<float> staging;    // host copy for non-CPU backends
+    std::vector<float> staging;    // staged mode: host copy
+    kernels::DeviceBuffer narrow;  // async mode, fetch_dtype narrower than fp32: (capacity) of it
+    std::unique_ptr<kernels::Event> ready;  // async: recorded on the copy queue after the fill
+    std::unique_ptr<kernels::Event> freed;  // async: recorded on the compute stream at Release
     size_t capacity = 0;
     bool free = true;
   };
 
-  LayerPrefetcher(EpsClient* client, kernels::Backend* backend, std::vector<size_t> layer_numel)
-      : client_(client), backend_(backend), layer_numel_(std::move(layer_numel)) {}
+  LayerPrefetcher(EpsClient* client, kernels::Backend* backend, std::vector<size_t> layer_numel,
+                  DType fetch_dtype, const HostRegionPinner* pinner)
+      : client_(client), backend_(backend), layer_numel_(std::move(layer_numel)),
+        fetch_dtype_(fetch_dtype), pinner_(pinner) {}
   void Loop();
   int FreeSlotFor(int64_t layer) const;  // REQUIRES: mu_ held; -1 when none
   // Acquires `layer`, converts it into slot `slot`, releases it. Returns the version.
   Result<int64_t> Fetch(int64_t layer, int64_t min_version, std::chrono::milliseconds timeout,
                         int slot);
+  // Async mode's part of Fetch: queues the copy (and widening) of `w` into `s`, waits for
+  // it. Releases the EPS's view itself (as soon as the bytes are no longer read).
+  Status FetchAsync(int64_t layer, const LayerWeights& w, Slot& s);
 
   EpsClient* client_;
   kernels::Backend* backend_;
   const std::vector<size_t> layer_numel_;
+  const DType fetch_dtype_;
+  const HostRegionPinner* pinner_;
+  CopyMode mode_ = CopyMode::kStaged;
   bool direct_ = false;  // backend memory is host memory: write slots from the thread
+  // Async mode (used only by the prefetch thread, fixed after Create):
+  kernels::HostBuffer bounce_;  // pinned, largest layer x 4 bytes
+  std::atomic<int64_t> pinned_fetches_{0}, bounced_fetches_{0};
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -113,42 +159,64 @@ class LayerPrefetcher {
   std::chrono::milliseconds timeout_{0};  // GUARDED_BY(mu_)
   bool in_flight_ = false;       // GUARDED_BY(mu_)
   bool stop_ = false;            // GUARDED_BY(mu_)
+  // Declared after the slots: destroyed first, waiting for copies into them.
+  std::unique_ptr<kernels::CopyQueue> copy_;
   std::thread thread_;
 };
 
 class GradientPusher {
  public:
-  // max_numel: the largest gradient that will be submitted.
+  // max_numel: the largest gradient that will be submitted. pinner (may be null): which
+  // host memory is page-locked (the shm gradient segment).
   static Result<std::unique_ptr<GradientPusher>> Create(EpsClient* client, kernels::Backend* backend,
-                                                        size_t max_numel);
+                                                        size_t max_numel,
+                                                        const HostRegionPinner* pinner = nullptr);
   ~GradientPusher();
   GradientPusher(const GradientPusher&) = delete;
   GradientPusher& operator=(const GradientPusher&) = delete;
 
   // Queues the push of `grad` (backend memory, numel floats) as layer `layer`'s gradient
-  // for `step`, summed over `micro_batches`. Returns a ticket for Wait().
-  // On the CPU backend the thread reads `grad` itself: do not modify it before
-  // Wait(ticket). Elsewhere it is copied to a host staging buffer first (may block until
-  // an earlier push frees one, the time counted in *waited_s) and may be reused at once.
+  // for `step`, summed over `micro_batches`, once the compute work queued so far (which
+  // writes it) is done. Returns a ticket for Wait().
+  // Direct and async modes read `grad` later, from the pusher's thread or copy queue: do
+  // not modify it before Wait(ticket). Staged mode copies it to a host staging buffer
+  // first (may block until an earlier push frees one, the time counted in *waited_s).
   Result<int64_t> Submit(int64_t layer, int64_t step, int64_t micro_batches, const float* grad,
                          size_t numel, double* waited_s);
   // Blocks until push `ticket` has been handed to the EPS. Returns the first push error.
   Status Wait(int64_t ticket, double* waited_s);
   Status WaitAll(double* waited_s);
 
+  CopyMode mode() const { return mode_; }
+  // Async mode: gradients DMA'd straight into a page-locked shm slot / through staging.
+  int64_t slot_pushes() const { return slot_pushes_.load(); }
+  int64_t staged_pushes() const { return staged_pushes_.load(); }
+
  private:
   struct Job {
     int64_t ticket, layer, step, micro_batches;
-    const float* host_grad;
+    const float* grad;     // host memory (direct, staged) or device memory (async)
     size_t numel;
+    kernels::Event* ready;  // async: recorded on the compute stream at Submit
   };
-  GradientPusher(EpsClient* client, kernels::Backend* backend) : client_(client), backend_(backend) {}
+  GradientPusher(EpsClient* client, kernels::Backend* backend, const HostRegionPinner* pinner)
+      : client_(client), backend_(backend), pinner_(pinner) {}
   void Loop();
+  Status PushAsync(const Job& job);  // async mode, on the pusher's thread
 
   EpsClient* client_;
   kernels::Backend* backend_;
+  const HostRegionPinner* pinner_;
+  CopyMode mode_ = CopyMode::kStaged;
   bool direct_ = false;
-  std::vector<std::vector<float>> staging_;  // non-CPU backends: 2 host buffers
+  std::vector<std::vector<float>> staging_;  // staged mode: 2 host buffers
+  // Async mode: the pusher thread's pinned staging buffer and copy-done event; the
+  // compute thread's pool of "gradient ready" events (reused once their job finished).
+  kernels::HostBuffer pinned_staging_;
+  std::unique_ptr<kernels::Event> copied_;
+  std::vector<std::unique_ptr<kernels::Event>> events_;  // compute thread only
+  std::vector<kernels::Event*> free_events_;              // GUARDED_BY(mu_)
+  std::atomic<int64_t> slot_pushes_{0}, staged_pushes_{0};
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -157,6 +225,7 @@ class GradientPusher {
   int64_t done_ = 0;            // GUARDED_BY(mu_) tickets < done_ are finished
   Status first_error_;          // GUARDED_BY(mu_)
   bool stop_ = false;           // GUARDED_BY(mu_)
+  std::unique_ptr<kernels::CopyQueue> copy_;  // async mode
   std::thread thread_;
 };
 

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <utility>
 
+#include "common/logging.h"
+
 namespace l2l::worker {
 namespace {
 
@@ -54,6 +56,9 @@ Relay::~Relay() {
     double ignored = 0;
     pusher_->WaitAll(&ignored).IgnoreError();
   }
+  // Nothing copies from or into the shared regions any more: the client forgets the
+  // pinner, whose destructor (after the prefetcher's and pusher's) unpins them.
+  if (pinner_) client_->SetHostRegionObserver(nullptr);
 }
 
 Result<std::unique_ptr<Relay>> Relay::Create(EpsClient* client, kernels::Backend* backend,
@@ -74,16 +79,23 @@ Result<std::unique_ptr<Relay>> Relay::Create(EpsClient* client, kernels::Backend
 Status Relay::Init() {
   const int64_t L = spec_.n_layer, C = spec_.d_model;
   const size_t N = static_cast<size_t>(B_ * T_);
+  if (be_->HasAsyncTransfers()) {
+    // Page-lock the transport's shared memory now (SetHostRegionObserver pins the regions
+    // mapped already), so the copy queues DMA straight out of / into it.
+    pinner_ = std::make_unique<HostRegionPinner>(be_);
+    client_->SetHostRegionObserver(pinner_.get());
+  }
   L2L_ASSIGN_OR_RETURN(layers::LayerWorkspace ws, layers::LayerWorkspace::Create(be_, spec_, B_, T_));
   ws_ = std::make_unique<layers::LayerWorkspace>(std::move(ws));
   L2L_ASSIGN_OR_RETURN(stash_, Stash::Create(be_, opt_.stash, L + 1, M_, N * static_cast<size_t>(C)));
 
   std::vector<size_t> numel;
   for (const LayerLayout& l : layouts_) numel.push_back(l.numel);
-  L2L_ASSIGN_OR_RETURN(prefetcher_, LayerPrefetcher::Create(client_, be_, numel, opt_.ring_slots));
+  L2L_ASSIGN_OR_RETURN(prefetcher_, LayerPrefetcher::Create(client_, be_, numel, opt_.ring_slots,
+                                                            job_.publish_dtype, pinner_.get()));
   const size_t max_numel = *std::max_element(numel.begin(), numel.end());
   const size_t ring_numel = *std::max_element(numel.begin() + 1, numel.end());
-  L2L_ASSIGN_OR_RETURN(pusher_, GradientPusher::Create(client_, be_, max_numel));
+  L2L_ASSIGN_OR_RETURN(pusher_, GradientPusher::Create(client_, be_, max_numel, pinner_.get()));
 
   L2L_ASSIGN_OR_RETURN(tokens_, kernels::DeviceBuffer::Create(
                                     be_, static_cast<size_t>(M_) * 2 * N * sizeof(int32_t)));
@@ -94,6 +106,14 @@ Status Relay::Init() {
   L2L_ASSIGN_OR_RETURN(emb_grad_, kernels::DeviceBuffer::Create(be_, numel[0] * sizeof(float)));
   for (auto& g : ring_grad_) {
     L2L_ASSIGN_OR_RETURN(g, kernels::DeviceBuffer::Create(be_, ring_numel * sizeof(float)));
+  }
+  if (pinner_) {
+    L2L_LOG_INFO("relay on {}: layers in and gradients out on copy streams (layers copied as "
+                 "published, {}{}), stash {}{}",
+                 be_->name(), DTypeName(job_.publish_dtype),
+                 job_.publish_dtype == DType::kF32 ? "" : ", widened to f32 on the device",
+                 StashPlacementName(opt_.stash),
+                 stash_->async() ? " (offloaded on its own copy stream)" : "");
   }
   return Status::Ok();
 }

@@ -15,10 +15,20 @@
 // lock-free mode (train.mode=lockfree, staleness s) asks for any version >= t - s and
 // never waits for a newer one. Every acquired version is counted in VersionStats.
 //
+// On a backend with copy queues (CUDA; kernels/backend.h) the relay first page-locks the
+// transport's shared memory (HostRegionPinner as the client's HostRegionObserver: the
+// shm weight segment read-only, the gradient segment), so the prefetcher DMAs layers
+// straight out of the EPS's published weights on its copy stream into the slot the next
+// layer will use while the current one computes, and the pusher DMAs each fp32 gradient
+// straight into a gradient slot before waking the EPS; the stash's host placement
+// offloads over its own copy stream (worker/prefetch.h, worker/stash.h). The compute
+// thread still synchronises the compute stream at the end of each layer (the step
+// timings); it never waits for a copy it did not need.
+//
 // Ownership: the Relay borrows the EpsClient and Backend (they must outlive it) and owns
 // every device buffer it computes in: one LayerWorkspace, the stash, two gradient buffers
 // for blocks/head plus one for the embedding, M+1 activation-gradient tensors, the
-// prefetcher's weight slots.
+// prefetcher's weight slots; and the pinner, detached from the client in the destructor.
 // Thread-safety: RunStep from one thread; the prefetcher and pusher run their own threads.
 #pragma once
 
@@ -35,6 +45,7 @@
 #include "kernels/layers/layers.h"
 #include "worker/data_loader.h"  // MicroBatch
 #include "worker/eps_client.h"
+#include "worker/host_pinner.h"
 #include "worker/prefetch.h"
 #include "worker/stash.h"
 
@@ -94,6 +105,10 @@ class Relay {
   size_t device_bytes() const;
   size_t stash_host_bytes() const { return stash_->host_bytes(); }
   const Stash& stash() const { return *stash_; }
+  const LayerPrefetcher& prefetcher() const { return *prefetcher_; }
+  const GradientPusher& pusher() const { return *pusher_; }
+  // Null unless the backend has copy queues.
+  const HostRegionPinner* pinner() const { return pinner_.get(); }
 
  private:
   Relay(EpsClient* client, kernels::Backend* backend, const JobConfig& job, const RelayOptions& o);
@@ -116,6 +131,8 @@ class Relay {
   const std::vector<LayerLayout> layouts_;
   const int64_t B_, T_, M_;
 
+  // Declared before the prefetcher and pusher: destroyed after them (they check it).
+  std::unique_ptr<HostRegionPinner> pinner_;
   std::unique_ptr<layers::LayerWorkspace> ws_;
   std::unique_ptr<Stash> stash_;
   std::unique_ptr<LayerPrefetcher> prefetcher_;

@@ -1,13 +1,11 @@
-// Stash of layer outputs, on the device or offloaded to host memory. See stash.h.
-//
-// Host placement allocates with std::aligned_alloc. On a GPU worker this must become
-// pinned memory (cudaHostAlloc) so the offload/reload copies run at PCIe speed; the
-// Backend interface grows an AllocPinned() with the CUDA backend, and only Create()
-// changes.
+// Stash of layer outputs, on the device or offloaded to host memory (page-locked on a
+// GPU, with asynchronous copies on a copy queue of its own). See stash.h.
 #include "worker/stash.h"
 
 #include <cstdlib>
 #include <cstring>
+
+#include "common/logging.h"
 
 namespace l2l::worker {
 
@@ -20,8 +18,6 @@ Result<StashPlacement> ParseStashPlacement(const std::string& s) {
 const char* StashPlacementName(StashPlacement p) {
   return p == StashPlacement::kDevice ? "device" : "host";
 }
-
-void Stash::HostFree::operator()(float* p) const { std::free(p); }
 
 Result<std::unique_ptr<Stash>> Stash::Create(kernels::Backend* backend, StashPlacement placement,
                                              int64_t slots, int64_t micro_batches, size_t floats) {
@@ -37,20 +33,43 @@ Result<std::unique_ptr<Stash>> Stash::Create(kernels::Backend* backend, StashPla
     L2L_ASSIGN_OR_RETURN(s->device_, kernels::DeviceBuffer::Create(backend, total_bytes));
     return s;
   }
-  L2L_ASSIGN_OR_RETURN(s->staging_in_, kernels::DeviceBuffer::Create(backend, floats * sizeof(float)));
-  L2L_ASSIGN_OR_RETURN(s->staging_out_, kernels::DeviceBuffer::Create(backend, floats * sizeof(float)));
-  const size_t rounded = (total_bytes + 63) / 64 * 64;  // aligned_alloc needs a multiple
-  float* host = static_cast<float*>(std::aligned_alloc(64, rounded));
-  if (host == nullptr) {
-    return ResourceExhausted("stash: cannot allocate " + std::to_string(total_bytes) +
-                             " bytes of host memory for " + std::to_string(slots) + " layers x " +
-                             std::to_string(micro_batches) + " micro-batches");
+  const bool async = backend->HasAsyncTransfers();
+  const int n = async ? 2 : 1;
+  for (int k = 0; k < n; ++k) {
+    L2L_ASSIGN_OR_RETURN(s->staging_in_[k], kernels::DeviceBuffer::Create(backend, floats * sizeof(float)));
+    L2L_ASSIGN_OR_RETURN(s->staging_out_[k], kernels::DeviceBuffer::Create(backend, floats * sizeof(float)));
   }
-  s->host_.reset(host);
+  Result<kernels::HostBuffer> host = backend->AllocHost(total_bytes);
+  if (!host.ok() && async) {
+    // Page-locked memory can run out (or be capped) long before host RAM does: fall back
+    // to plain host memory (the base class's AllocHost). The copies stay correct; the
+    // driver stages them, which is slower and may block the compute thread.
+    L2L_LOG_WARN("stash: no page-locked host memory for {} MiB ({}); using pageable memory, "
+                 "offload and reload copies will be slower",
+                 total_bytes >> 20, host.status().ToString());
+    host = backend->kernels::Backend::AllocHost(total_bytes);
+  }
+  if (!host.ok()) {
+    return host.status().WithContext("stash: host memory for " + std::to_string(slots) + " layers x " +
+                                     std::to_string(micro_batches) + " micro-batches");
+  }
+  s->host_ = std::move(host).value();
+  if (async) {
+    for (int k = 0; k < 2; ++k) {
+      for (auto* e : {&s->in_ready_[k], &s->in_free_[k], &s->out_ready_[k], &s->out_free_[k]}) {
+        L2L_ASSIGN_OR_RETURN(*e, backend->CreateEvent());
+      }
+    }
+    L2L_ASSIGN_OR_RETURN(s->copy_, backend->CreateCopyQueue());
+  }
   return s;
 }
 
-Stash::~Stash() = default;
+Stash::~Stash() {
+  // copy_ is destroyed first (declared last) and waits for its queued copies; make that
+  // explicit here too, before any buffer goes.
+  copy_.reset();
+}
 
 size_t Stash::Index(int64_t slot, int64_t u) const {
   L2L_CHECK(slot >= 0 && slot < slots_ && u >= 0 && u < micro_batches_)
@@ -61,26 +80,62 @@ size_t Stash::Index(int64_t slot, int64_t u) const {
 
 float* Stash::OutputBuffer(int64_t slot, int64_t u) {
   const size_t i = Index(slot, u);
-  return placement_ == StashPlacement::kDevice ? device_.f32() + i : staging_out_.f32();
+  if (placement_ == StashPlacement::kDevice) return device_.f32() + i;
+  if (!async()) return staging_out_[0].f32();
+  if (!out_open_) {
+    // A fresh tensor: the other one may still be offloading the previous commit. The
+    // compute work writing this one starts after this tensor's last offload finished.
+    out_cur_ ^= 1;
+    backend_->WaitEvent(out_free_[out_cur_].get());
+    out_open_ = true;
+  }
+  return staging_out_[out_cur_].f32();
 }
 
 void Stash::Commit(int64_t slot, int64_t u) {
   const size_t i = Index(slot, u);
   if (placement_ == StashPlacement::kDevice) return;
-  backend_->CopyToHost(host_.get() + i, staging_out_.data(), floats_ * sizeof(float));
-  bytes_offloaded_ += floats_ * sizeof(float);
+  const size_t bytes = floats_ * sizeof(float);
+  if (!async()) {
+    backend_->CopyToHost(Host(i), staging_out_[0].data(), bytes);
+  } else {
+    L2L_CHECK(out_open_) << "stash Commit(" << slot << ", " << u << ") without OutputBuffer()";
+    const int k = out_cur_;
+    backend_->RecordEvent(out_ready_[k].get());  // the layer's writes into staging_out_[k]
+    copy_->WaitFor(out_ready_[k].get());
+    copy_->CopyToHost(Host(i), staging_out_[k].data(), bytes);
+    copy_->Record(out_free_[k].get());
+    out_open_ = false;
+  }
+  bytes_offloaded_ += bytes;
 }
 
 const float* Stash::Load(int64_t slot, int64_t u) {
   const size_t i = Index(slot, u);
   if (placement_ == StashPlacement::kDevice) return device_.f32() + i;
-  backend_->CopyToDevice(staging_in_.data(), host_.get() + i, floats_ * sizeof(float));
-  bytes_reloaded_ += floats_ * sizeof(float);
-  return staging_in_.f32();
+  const size_t bytes = floats_ * sizeof(float);
+  bytes_reloaded_ += bytes;
+  if (!async()) {
+    backend_->CopyToDevice(staging_in_[0].data(), Host(i), bytes);
+    return staging_in_[0].f32();
+  }
+  const int k = in_next_;
+  in_next_ ^= 1;
+  // This call invalidates the previous Load's pointer (tensor k^1): every compute op
+  // reading it is queued, so its "free" point is now. Tensor k was last handed out two
+  // Loads ago; its "free" point was recorded at the previous Load.
+  backend_->RecordEvent(in_free_[k ^ 1].get());
+  copy_->WaitFor(in_free_[k].get());
+  // Same queue as the offloads: a Load of what a Commit offloaded runs after that copy.
+  copy_->CopyToDevice(staging_in_[k].data(), Host(i), bytes);
+  copy_->Record(in_ready_[k].get());
+  backend_->WaitEvent(in_ready_[k].get());
+  return staging_in_[k].f32();
 }
 
 size_t Stash::device_bytes() const {
-  return device_.bytes() + staging_in_.bytes() + staging_out_.bytes();
+  return device_.bytes() + staging_in_[0].bytes() + staging_in_[1].bytes() + staging_out_[0].bytes() +
+         staging_out_[1].bytes();
 }
 
 size_t Stash::host_bytes() const {

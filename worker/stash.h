@@ -7,19 +7,29 @@
 //  * kDevice: the outputs live in backend memory; the layer writes straight into the
 //    stash and the backward reads straight from it (no copies). Device memory grows with
 //    depth: slots x micro_batches x B*T*C floats.
-//  * kHost: the outputs live in host memory (pinned on a GPU worker; plain aligned host
-//    memory on the CPU backend, where "device" memory is host memory too). The layer
-//    writes into one of two device staging tensors, Commit() offloads it, Load() brings it
-//    back. Device memory is two (B,T,C) tensors whatever the depth.
+//  * kHost: the outputs live in host memory (Backend::AllocHost: page-locked on a GPU
+//    worker, or pageable with a warning when page-locked memory runs out; plain aligned
+//    host memory on the CPU backend, where "device" memory is host memory too). The layer writes into a device staging tensor, Commit() offloads it,
+//    Load() brings it back. Device memory is a few (B,T,C) tensors whatever the depth.
+//    On a backend with copy queues (CUDA) the copies are asynchronous, on a copy queue of
+//    the stash's own, with two staging tensors each way: Commit() records an event on the
+//    compute stream and queues the device-to-host copy after it; the next OutputBuffer()
+//    on that tensor makes the compute stream wait until that copy is done. Load() queues
+//    the host-to-device copy (after the compute work that read that staging tensor two
+//    Loads ago) and makes the compute stream wait for it. Nothing blocks the host; the
+//    copy of one micro-batch overlaps the compute of its neighbour. Without copy queues
+//    (the CPU) the copies are the Backend's synchronous ones, as before.
 //
 // Usage per (layer, micro-batch) in the forward:
 //   const float* in = stash.Load(l-1, u);  float* out = stash.OutputBuffer(l, u);
 //   ...compute out from in...;  stash.Commit(l, u);
 // Load() and OutputBuffer() use different staging tensors, so one of each may be live at
-// once; a second Load() invalidates the pointer from the first (host placement).
+// once; a second Load() invalidates the pointer from the first (host placement), and a
+// second OutputBuffer() the one from the first once it was committed.
 //
 // Ownership: the Stash owns all its buffers; returned pointers stay valid until the next
-// Load()/OutputBuffer() call (host) or the Stash's destruction (device).
+// Load()/OutputBuffer() call (host) or the Stash's destruction (device). The destructor
+// waits for queued copies.
 // Thread-safety: one thread (the relay's compute thread), like the Backend it uses.
 #pragma once
 
@@ -57,6 +67,7 @@ class Stash {
   const float* Load(int64_t slot, int64_t u);
 
   StashPlacement placement() const { return placement_; }
+  bool async() const { return copy_ != nullptr; }  // host placement on copy queues
   size_t device_bytes() const;  // backend memory held
   size_t host_bytes() const;    // host memory held (kHost only)
   // Bytes moved between host and device since creation (kHost only).
@@ -64,24 +75,29 @@ class Stash {
   size_t bytes_reloaded() const { return bytes_reloaded_; }
 
  private:
-  struct HostFree {
-    void operator()(float* p) const;
-  };
   Stash(kernels::Backend* backend, StashPlacement placement, int64_t slots, int64_t micro_batches,
         size_t floats)
       : backend_(backend), placement_(placement), slots_(slots), micro_batches_(micro_batches),
         floats_(floats) {}
   size_t Index(int64_t slot, int64_t u) const;
+  float* Host(size_t i) const { return host_.f32() + i; }
 
   kernels::Backend* backend_;
   StashPlacement placement_;
   int64_t slots_, micro_batches_;
   size_t floats_;
-  kernels::DeviceBuffer device_;      // kDevice: slots*micro_batches*floats
-  kernels::DeviceBuffer staging_in_;  // kHost: (B,T,C) for Load()
-  kernels::DeviceBuffer staging_out_; // kHost: (B,T,C) for OutputBuffer()
-  std::unique_ptr<float, HostFree> host_;  // kHost: slots*micro_batches*floats
+  kernels::DeviceBuffer device_;         // kDevice: slots*micro_batches*floats
+  kernels::DeviceBuffer staging_in_[2];  // kHost: (B,T,C) for Load() ([1]: async only)
+  kernels::DeviceBuffer staging_out_[2]; // kHost: (B,T,C) for OutputBuffer() ([1]: async only)
+  kernels::HostBuffer host_;             // kHost: slots*micro_batches*floats
   size_t bytes_offloaded_ = 0, bytes_reloaded_ = 0;
+  // Async (host placement on a backend with copy queues):
+  int in_next_ = 0;                 // staging_in_ the next Load() fills
+  int out_cur_ = 0;                 // staging_out_ OutputBuffer() hands out
+  bool out_open_ = false;           // OutputBuffer() handed out out_cur_, not yet committed
+  std::unique_ptr<kernels::Event> in_ready_[2], in_free_[2], out_ready_[2], out_free_[2];
+  // Declared last: destroyed first, waiting for its copies before the buffers go.
+  std::unique_ptr<kernels::CopyQueue> copy_;
 };
 
 }  // namespace l2l::worker

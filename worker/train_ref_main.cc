@@ -3,15 +3,22 @@
 // saving Hugging Face GPT-2 safetensors and printing a generated sample.
 //
 //   l2l-train-ref --config configs/quickstart.yaml [--steps N] [--set key=value]...
-//                 [--out DIR] [--threads N] [--prompt TEXT] [--sample-tokens N]
+//                 [--out DIR] [--device cpu|cuda|cuda:N] [--threads N] [--prompt TEXT]
+//                 [--sample-tokens N]
 //
-// Exit status 0 on success; 1 with a message on stderr for a bad config, missing or bad
-// data, or a failed write.
+// --device picks the backend the trainer computes on (default cpu; cuda = cuda:0): the
+// GPU conformance run trains with the same oracle on the CUDA backend. The backend is
+// created before any data is read, so a build without CUDA or a host without a usable
+// GPU fails at once, saying which.
+//
+// Exit status 0 on success; 1 with a message on stderr for a bad config, an unusable
+// --device, missing or bad data, or a failed write.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -36,6 +43,7 @@ struct Flags {
   int64_t steps = -1;
   std::vector<std::string> sets;
   std::string out = "out/train-ref";
+  std::string device = "cpu";
   int threads = 0;
   std::string prompt = "The ";
   int64_t sample_tokens = 300;
@@ -59,6 +67,14 @@ Status Run(const Flags& f) {
   }
   const int64_t B = cfg.train.micro_batch_size, T = cfg.seq_len(), M = cfg.train.micro_batches;
 
+  // The backend first: an unusable --device fails before any data is read.
+  w::ReferenceTrainerOptions topt;
+  topt.num_threads = f.threads;
+  topt.device = f.device == "cuda" ? "cuda:0" : f.device;
+  Result<std::unique_ptr<w::ReferenceTrainer>> created = w::ReferenceTrainer::Create(cfg, topt);
+  if (!created.ok()) return created.status().WithContext("--device " + f.device);
+  std::unique_ptr<w::ReferenceTrainer> trainer = std::move(created).value();
+
   w::DataLoaderOptions dopt;
   dopt.B = B;
   dopt.T = T;
@@ -71,9 +87,6 @@ Status Run(const Flags& f) {
     L2L_ASSIGN_OR_RETURN(val, w::DataLoader::Open(cfg.data.val_path, dopt));
   }
 
-  w::ReferenceTrainerOptions topt;
-  topt.num_threads = f.threads;
-  L2L_ASSIGN_OR_RETURN(auto trainer, w::ReferenceTrainer::Create(cfg, topt));
   std::printf("l2l-train-ref: model %lld params (V=%lld T=%lld C=%lld L=%lld H=%lld F=%lld, %s), backend %s\n",
               static_cast<long long>(cfg.model.NumParams()), static_cast<long long>(cfg.model.vocab_size),
               static_cast<long long>(cfg.model.seq_len), static_cast<long long>(cfg.model.d_model),
@@ -158,6 +171,7 @@ int main(int argc, char** argv) {
   app.add_option("--steps", f.steps, "optimizer steps (overrides train.steps)");
   app.add_option("--set", f.sets, "override a config field, e.g. --set optim.lr=1e-3 (repeatable)");
   app.add_option("--out", f.out, "output directory for model.safetensors")->capture_default_str();
+  app.add_option("--device", f.device, "backend: cpu, cuda (= cuda:0) or cuda:N")->capture_default_str();
   app.add_option("--threads", f.threads, "CPU threads (0: all cores)")->capture_default_str();
   app.add_option("--prompt", f.prompt, "text the sample starts from")->capture_default_str();
   app.add_option("--sample-tokens", f.sample_tokens, "tokens to generate at the end (0: none)")->capture_default_str();

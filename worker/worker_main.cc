@@ -5,7 +5,7 @@
 //
 //   l2l-worker --eps 127.0.0.1:PORT [--device cpu|cuda:N] [--config FILE] [--threads N]
 //              [--transport auto|shm|grpc] [--name NAME] [--connect-timeout-ms MS]
-//              [--steps N] [--log-level info]
+//              [--steps N] [--log-level info] [--token-file FILE] [--tls-ca CA.pem]
 //
 // --config FILE: a job YAML on this host; its data.train_path replaces the EPS's (the
 // tokens file may live elsewhere on another host) and its model must equal the EPS's.
@@ -13,9 +13,13 @@
 //   step 12/100 loss 4.1234 tok/s 5321 step_s 0.77 wait_layer 0.01 wait_push 0.00 lag 0 eta 68s
 // and, at exit, one summary line the integration tests parse:
 //   l2l-worker: done steps=N peak_rss_kb=K device_bytes=D stash_host_bytes=H max_lag=A min_lag=B
+// --token-file (default $L2L_TOKEN_FILE): the EPS's shared token, sent on every call;
+// --tls-ca: connect with TLS and verify the EPS against CA.pem (docs/operations.md
+// "Security").
 // Exit status: 0 when the job's steps are done, the EPS stopped the job or a signal asked
 // to stop (and the step in progress finished within 15 s; else 143); 2 when the EPS is
-// unreachable after the bounded retry; 1 on any other error.
+// unreachable after the bounded retry; 1 on any other error (a missing or wrong token
+// included).
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -32,6 +36,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/auth_token.h"
 #include "common/config.h"
 #include "common/logging.h"
 #include "common/status.h"
@@ -78,6 +83,7 @@ struct Flags {
   int64_t connect_timeout_ms = 10000;
   int64_t steps = -1;
   std::string log_level = "info";
+  std::string token_file, tls_ca;
 };
 
 // Peak resident set size of this process in KiB (VmHWM; ru_maxrss as a fallback).
@@ -132,9 +138,15 @@ Status Run(const Flags& f, int* exit_code) {
   copts.transport = f.transport;
   copts.connect_timeout = std::chrono::milliseconds(f.connect_timeout_ms);
   copts.worker_name = f.name;
+  if (const std::string tf = l2l::TokenFileFromFlagOrEnv(f.token_file); !tf.empty()) {
+    L2L_ASSIGN_OR_RETURN(copts.token, l2l::ReadTokenFile(tf));
+  }
+  if (!f.tls_ca.empty()) {
+    L2L_ASSIGN_OR_RETURN(copts.tls_ca_pem, l2l::ReadPemFile(f.tls_ca, "--tls-ca", false));
+  }
   Result<std::unique_ptr<w::EpsClient>> connected = w::ConnectEps(f.eps, copts);
   if (!connected.ok()) {
-    *exit_code = 2;
+    *exit_code = connected.status().code() == l2l::StatusCode::kPermissionDenied ? 1 : 2;
     return connected.status().WithContext("cannot register with the EPS at " + f.eps + " (retried for " +
                                           std::to_string(f.connect_timeout_ms) + " ms)");
   }
@@ -238,6 +250,9 @@ int main(int argc, char** argv) {
   app.add_option("--connect-timeout-ms", f.connect_timeout_ms, "how long to retry registering");
   app.add_option("--steps", f.steps, "stop after this step count (default: the job's)");
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error");
+  app.add_option("--token-file", f.token_file,
+                 "file (mode 0600) with the EPS's shared token (default: $L2L_TOKEN_FILE)");
+  app.add_option("--tls-ca", f.tls_ca, "PEM CA certificate: connect with TLS and verify the EPS against it");
   CLI11_PARSE(app, argc, argv);
 
   // oneDNN's OpenMP threads spin between the many small GEMMs and starve the TBB threads

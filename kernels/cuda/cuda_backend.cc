@@ -12,6 +12,7 @@
 #include <unordered_map>
 
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/copy_queue.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_resources.h"
 #include "kernels/cuda/gemm.h"
@@ -227,6 +228,30 @@ class CudaBackend final : public Backend {
                             float scale, int64_t N, int64_t V) override {
     MakeCurrent();
     LaunchCrossEntropyBackward(dlogits, probs, targets, scale, N, V, stream());
+  }
+
+  // ---- asynchronous transfers (kernels/backend.h; the worker's copy streams) ----------
+  bool HasAsyncTransfers() const override { return true; }
+  Result<std::unique_ptr<CopyQueue>> CreateCopyQueue() override {
+    L2L_ASSIGN_OR_RETURN(auto q, CudaCopyQueue::Create(device_));
+    return std::unique_ptr<CopyQueue>(std::move(q));
+  }
+  Result<std::unique_ptr<Event>> CreateEvent() override {
+    L2L_ASSIGN_OR_RETURN(auto e, CudaEventImpl::Create(device_));
+    return std::unique_ptr<Event>(std::move(e));
+  }
+  void RecordEvent(Event* e) override {
+    MakeCurrent();
+    L2L_CUDA_CHECK(cudaEventRecord(NativeEvent(e, "Backend::RecordEvent"), stream()));
+  }
+  void WaitEvent(Event* e) override {
+    MakeCurrent();
+    L2L_CUDA_CHECK(cudaStreamWaitEvent(stream(), NativeEvent(e, "Backend::WaitEvent"), 0));
+  }
+  Result<HostBuffer> AllocHost(size_t bytes) override { return AllocPinnedHost(device_, bytes); }
+  Result<std::unique_ptr<HostPin>> PinHostRange(void* p, size_t bytes, bool read_only) override {
+    L2L_ASSIGN_OR_RETURN(auto pin, CudaHostPin::Create(device_, p, bytes, read_only));
+    return std::unique_ptr<HostPin>(std::move(pin));
   }
 
   // ---- for the bf16 entry points in cuda_backend.h -----------------------------------

@@ -4,10 +4,17 @@
 // backends) and the GPU tests include it from plain C++; everything CUDA stays in
 // kernels/cuda/. Built only when CMake finds nvcc (L2L_HAVE_CUDA).
 //
+// It implements the Backend's optional asynchronous transfers (kernels/backend.h) with
+// kernels/cuda/copy_queue.h: CreateCopyQueue gives a stream of its own, CreateEvent a
+// cudaEvent (timing disabled), RecordEvent/WaitEvent order the compute stream against
+// them, AllocHost is cudaMallocHost and PinHostRange cudaHostRegister (read-only ranges
+// with cudaHostRegisterReadOnly). The worker moves layers, gradients and the host stash
+// through these (worker/prefetch.h, worker/stash.h).
+//
 // Ownership: the returned Backend owns its device context use, a non-blocking compute
 // stream, a cuBLASLt handle with its workspace, and a scratch buffer some ops use
 // (column-sum partials, the embedding-backward sort). Memory from Alloc() is the
-// caller's to Free().
+// caller's to Free(); copy queues, events, host buffers and pins are the caller's too.
 // Thread-safety: as kernels::Backend, one thread at a time; the backend makes its device
 // current at the start of each call, so several backends may live in one process.
 #pragma once

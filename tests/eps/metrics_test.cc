@@ -265,7 +265,7 @@ TEST_CASE("Metrics server with a token answers 401 unless the request carries it
   const int port = (*server)->port();
   const Response none = Get(port, "/metrics");
   CHECK(none.code == 401);
-  CHECK(none.headers["WWW-Authenticate"].find("Bearer") == 0);
+  CHECK(none.headers.at("WWW-Authenticate").find("Bearer") == 0);
   CHECK(none.body.find("l2l_guarded") == std::string::npos);
   CHECK(Get(port, "/metrics", "GET", "Authorization: Bearer wrong-token\r\n").code == 401);
   CHECK(Get(port, "/metrics", "GET", "Authorization: Bearer s3cret-tokenX\r\n").code == 401);

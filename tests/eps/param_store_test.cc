@@ -54,8 +54,8 @@ TEST_CASE("ParamStore state round-trips through its pages", "[eps][param_store]"
     for (int which = 0; which < 3; ++which) {
       std::vector<float> in(n), out(n);
       for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(l * 100000 + which * 7 + i);
-      ps.WriteState(l, which, in.data());
-      ps.ReadState(l, which, out.data());
+      REQUIRE(ps.WriteState(l, which, in.data()).ok());
+      REQUIRE(ps.ReadState(l, which, out.data()).ok());
       CHECK(in == out);
     }
   }
@@ -66,16 +66,16 @@ TEST_CASE("ParamStore returns the bytes it published, in both dtypes", "[eps][pa
   auto store = ParamStore::Create(SmallSpec(), SmallPages(dt));
   REQUIRE(store.ok());
   auto& ps = **store;
-  ps.InitFromSeed(7);
+  REQUIRE(ps.InitFromSeed(7).ok());
   const int64_t l = 1;
   const size_t n = ps.layout(l).numel;
   std::vector<float> master(n);
-  ps.ReadState(l, 0, master.data());
+  REQUIRE(ps.ReadState(l, 0, master.data()).ok());
   std::vector<float> expect(n);
   InitLayerParams(ps.spec(), ps.layout(l), 7, expect.data());
   CHECK(master == expect);
   CHECK(ps.published_version(l) == -1);
-  ps.PublishMaster(l, 0);
+  REQUIRE(ps.PublishMaster(l, 0).ok());
   CHECK(ps.published_version(l) == 0);
   auto pin = ps.Acquire(l, 0, std::chrono::milliseconds(100));
   REQUIRE(pin.ok());
@@ -93,14 +93,14 @@ TEST_CASE("ParamStore Acquire waits for the version, times out, and aborts on St
   auto store = ParamStore::Create(SmallSpec(), SmallPages(DType::kF32));
   REQUIRE(store.ok());
   auto& ps = **store;
-  for (int64_t l = 0; l < ps.num_layers(); ++l) ps.PublishMaster(l, 0);
+  for (int64_t l = 0; l < ps.num_layers(); ++l) REQUIRE(ps.PublishMaster(l, 0).ok());
   auto late = ps.Acquire(0, 1, std::chrono::milliseconds(20));
   REQUIRE_FALSE(late.ok());
   CHECK(late.status().code() == StatusCode::kDeadlineExceeded);
   CHECK(ps.Acquire(99, 0, std::chrono::milliseconds(1)).status().code() == StatusCode::kNotFound);
   std::thread publisher([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    ps.PublishMaster(0, 1);
+    L2L_CHECK(ps.PublishMaster(0, 1).ok());  // not REQUIRE: another thread
   });
   auto got = ps.Acquire(0, 1, std::chrono::milliseconds(5000));
   publisher.join();
@@ -139,8 +139,8 @@ TEST_CASE("ParamStore readers never see a torn layer while versions are publishe
   std::vector<float> buf(n);
   auto publish = [&](int64_t version) {
     std::fill(buf.begin(), buf.end(), static_cast<float>(version));
-    ps.WriteState(layer, 0, buf.data());
-    ps.PublishMaster(layer, version);
+    REQUIRE(ps.WriteState(layer, 0, buf.data()).ok());
+    REQUIRE(ps.PublishMaster(layer, version).ok());
   };
   publish(0);
   const int64_t kVersions = 300;
@@ -184,8 +184,8 @@ TEST_CASE("ParamStore puts the published copies in a 0600 shared-memory segment"
   {
     auto store = ParamStore::Create(SmallSpec(), opts);
     REQUIRE(store.ok());
-    (*store)->InitFromSeed(3);
-    (*store)->PublishMaster(0, 0);
+    REQUIRE((*store)->InitFromSeed(3).ok());
+    REQUIRE((*store)->PublishMaster(0, 0).ok());
     auto seg = ShmSegment::Open(opts.shm_name, /*writable=*/false);
     REQUIRE(seg.ok());
     const auto* hdr = static_cast<const WeightSegmentHeader*>(seg->data());
@@ -196,7 +196,7 @@ TEST_CASE("ParamStore puts the published copies in a 0600 shared-memory segment"
     CHECK(e.slot_offset[0] % 4096 == 0);
     CHECK(e.slot_offset[1] % 4096 == 0);
     std::vector<float> master((*store)->layout(0).numel);
-    (*store)->ReadState(0, 0, master.data());
+    REQUIRE((*store)->ReadState(0, 0, master.data()).ok());
     const auto* bf = reinterpret_cast<const uint16_t*>(static_cast<const char*>(seg->data()) +
                                                        e.slot_offset[e.current.load()]);
     for (size_t i = 0; i < master.size(); i += 97) CHECK(bf[i] == FloatToBf16(master[i]));

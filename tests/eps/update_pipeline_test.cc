@@ -41,7 +41,7 @@ std::unique_ptr<ParamStore> MakeStore(const JobConfig& job) {
   auto s = ParamStore::Create(job.model, o);
   L2L_CHECK(s.ok()) << s.status().ToString();
   REQUIRE((*s)->InitFromSeed(11).ok());
-  for (int64_t l = 0; l < (*s)->num_layers(); ++l) (*s)->PublishMaster(l, 0);
+  for (int64_t l = 0; l < (*s)->num_layers(); ++l) REQUIRE((*s)->PublishMaster(l, 0).ok());
   return std::move(s).value();
 }
 

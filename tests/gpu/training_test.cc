@@ -3,7 +3,9 @@
 // Label gpu: fails (never skips) without a GPU.
 //
 // Also: 10 relay steps (worker/relay.h against an in-process EPS) on cuda vs cpu, with
-// the stash on the device and on the host, same losses tolerance.
+// the stash on the device and on the host, same losses tolerance. On cuda the relay takes
+// its copy-stream path (worker/prefetch.h); FakeEps shares no memory, so layers go through
+// the pinned bounce buffer (cuda_worker_test.cc covers the shm zero-copy path).
 // Tolerances: one layer, fp32 on both sides: atol 1e-4, rtol 1e-3 on outputs and
 // gradients (summation order only). Ten AdamW steps of a small model: every step's loss
 // within 1e-4 + 2e-3 * |loss| of the CPU's (early steps agree to ~1e-6; AdamW's

@@ -554,8 +554,17 @@ TEST_CASE("EPS shutdown at a step boundary writes the final checkpoint", "[integ
   auto b = Connect(address, "grpc");
   RunBoth(a.get(), b.get(), 0, 1, expect);
   // Gradients of step 1 that arrived but were applied nowhere (global clip) do not
-  // stop the final checkpoint of step 1.
+  // stop the final checkpoint of step 1. Worker a pushes one as a worker does: after the
+  // forward pass of step 1 fetched version 1 of every layer. (StepDone(0) does not wait
+  // for step 0's updates; pushing before they published version 1 is refused, "the layer
+  // expects step 0", and a step-0 update still running is no step boundary.)
   const auto layouts = BuildLayout(job.model);
+  for (int64_t l = 0; l < static_cast<int64_t>(layouts.size()); ++l) {
+    auto w = a->AcquireLayer(l, 1, 20s);
+    REQUIRE(w.ok());
+    CHECK(w->version == 1);
+    a->ReleaseLayer(l);
+  }
   auto g = Grad(1, 0, 3, layouts[3].numel);
   const Status pushed = a->PushGradient(3, 1, 1, g.data(), g.size());
   INFO(pushed.ToString());

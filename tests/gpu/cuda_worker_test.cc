@@ -1,0 +1,300 @@
+// The CUDA worker path (issue 5 part 2): the backend's copy queues, events and host pins
+// (kernels/cuda/copy_queue.h) and the relay driving them against a real EPS over shared
+// memory (worker/relay.h, worker/prefetch.h, worker/stash.h).
+// Label gpu: fails (never skips) without a GPU, like every test in tests/gpu.
+//
+//  * Registered-segment fetch: bytes copied host-to-device on a copy queue straight out of
+//    a page-locked READ-ONLY shm mapping (cudaHostRegisterReadOnly) equal the source and
+//    what a plain Backend::CopyToDevice gives (exact); bf16 widened on the device equals
+//    the host's exact widening; a device-to-host copy into a page-locked writable segment
+//    lands exactly; a copy queued after WaitFor(event) sees the compute stream's result.
+//  * Relay over shm for 10 steps, cuda vs cpu, same job and data, stash device and host:
+//      publish f32:  |loss_gpu - loss_cpu| <= 1e-4 + 2e-3 |loss_cpu| per step (the
+//                    tolerance training_test.cc uses: fp32 on both sides, summation order
+//                    only; AdamW's m/sqrt(v) amplifies the tiny gradient differences of
+//                    near-zero gradients, so later steps drift slowly).
+//      publish bf16: 1e-4 + 5e-3 |loss_cpu|. Both sides compute in fp32 from the same
+//                    bf16-published weights, but the EPS rounds each new fp32 master to
+//                    bf16: where the CPU's and the GPU's masters differ by a hair across
+//                    a rounding boundary, the published weights differ by a whole bf16 ulp
+//                    (2^-8 relative), so the drift grows faster than in f32. Measured
+//                    proxy on the CPU (this job, 10 FakeEps relay steps, 1 vs 2 CPU
+//                    threads, i.e. summation order alone): worst relative loss
+//                    difference 1.5e-6 with f32 publishing, 5.2e-6 with bf16 (3.5x). So
+//                    2.5x the f32 bound keeps a margin of ~1000x over that proxy, as
+//                    the f32 bound does. Not yet measured on a GPU (see docs/gpu.md).
+//    and the zero-copy path was really taken: every layer copied from the page-locked
+//    weight segment, every gradient copied into a page-locked gradient slot.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "common/shm.h"
+#include "eps_server/eps_core.h"
+#include "eps_server/grpc_server.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "worker/eps_client.h"
+#include "worker/relay.h"
+
+namespace l2l::gpu_test {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string SegmentName(const char* what) {
+  static int counter = 0;
+  return "/l2l-gputest-" + std::to_string(getpid()) + "-" + what + std::to_string(counter++);
+}
+
+std::vector<uint8_t> Bytes(const Backends& b, const DeviceBuffer& buf, size_t n) {
+  std::vector<uint8_t> out(n);
+  b.gpu->CopyToHost(out.data(), buf.data(), n);
+  return out;
+}
+
+TEST_CASE("cuda copy queue: a fetch from a page-locked read-only shm segment gives the plain copy's bytes",
+          "[gpu][worker]") {
+  Backends& b = Both();
+  const size_t seg_bytes = size_t{8} << 20;
+  const std::string name = SegmentName("w");
+  auto owner = ShmSegment::Create(name, seg_bytes);  // the "EPS" side, writable
+  INFO(owner.status().ToString());
+  REQUIRE(owner.ok());
+  std::mt19937 rng(5);
+  auto* src = static_cast<uint8_t*>(owner->data());
+  for (size_t i = 0; i < seg_bytes; ++i) src[i] = static_cast<uint8_t>(rng());
+  auto ro = ShmSegment::Open(name, /*writable=*/false);  // the worker's read-only view
+  REQUIRE(ro.ok());
+
+  auto pin = b.gpu->PinHostRange(ro->data(), ro->size(), /*read_only=*/true);
+  INFO("cudaHostRegister(ReadOnly) of the shm mapping: " << pin.status().ToString());
+  REQUIRE(pin.ok());
+  auto queue = b.gpu->CreateCopyQueue();
+  REQUIRE(queue.ok());
+  auto done = b.gpu->CreateEvent();
+  REQUIRE(done.ok());
+
+  // A page-aligned slot and an odd, unaligned range (as a DMA out of any layer slot).
+  for (auto [offset, n] : {std::pair<size_t, size_t>{4096 * 3, size_t{3} << 20},
+                           std::pair<size_t, size_t>{4096 * 7 + 4, (size_t{1} << 20) + 6}}) {
+    CAPTURE(offset, n);
+    auto dma = DeviceBuffer::Create(b.gpu.get(), n);
+    auto plain = DeviceBuffer::Create(b.gpu.get(), n);
+    REQUIRE(dma.ok());
+    REQUIRE(plain.ok());
+    const uint8_t* from = static_cast<const uint8_t*>(ro->data()) + offset;
+    (*queue)->CopyToDevice(dma->data(), from, n);
+    (*queue)->Record(done->get());
+    REQUIRE((*done)->Wait().ok());
+    b.gpu->CopyToDevice(plain->data(), src + offset, n);  // the writable (unregistered) view
+    const std::vector<uint8_t> got = Bytes(b, *dma, n), want = Bytes(b, *plain, n);
+    CHECK(std::memcmp(got.data(), src + offset, n) == 0);
+    CHECK(got == want);
+  }
+
+  // bf16 as published, widened on the device: exactly the host's widening.
+  const size_t count = size_t{1} << 19;
+  auto narrow = DeviceBuffer::Create(b.gpu.get(), count * 2);
+  auto wide = DeviceBuffer::Create(b.gpu.get(), count * 4);
+  REQUIRE(narrow.ok());
+  REQUIRE(wide.ok());
+  (*queue)->CopyToDevice(narrow->data(), ro->data(), count * 2);
+  REQUIRE((*queue)->WidenToF32(wide->f32(), narrow->data(), DType::kBF16, static_cast<int64_t>(count)).ok());
+  (*queue)->Record(done->get());
+  REQUIRE((*done)->Wait().ok());
+  std::vector<float> host_wide(count), dev_wide(count);
+  ConvertToFloat(ro->data(), DType::kBF16, host_wide.data(), count);
+  b.gpu->CopyToHost(dev_wide.data(), wide->data(), count * 4);
+  CHECK(std::memcmp(host_wide.data(), dev_wide.data(), count * 4) == 0);
+
+  pin->reset();  // unpin before the mapping goes
+}
+
+TEST_CASE("cuda copy queue: device-to-host into a page-locked shm segment is ordered after compute",
+          "[gpu][worker]") {
+  Backends& b = Both();
+  const size_t n = size_t{1} << 20;  // floats
+  const std::string name = SegmentName("g");
+  auto seg = ShmSegment::Create(name, n * sizeof(float) + 4096);
+  REQUIRE(seg.ok());
+  auto pin = b.gpu->PinHostRange(seg->data(), seg->size(), /*read_only=*/false);
+  INFO(pin.status().ToString());
+  REQUIRE(pin.ok());
+  auto queue = b.gpu->CreateCopyQueue();
+  auto ready = b.gpu->CreateEvent();
+  auto copied = b.gpu->CreateEvent();
+  REQUIRE(queue.ok());
+  REQUIRE(ready.ok());
+  REQUIRE(copied.ok());
+
+  std::mt19937 rng(9);
+  std::vector<float> x = RandomVec(rng, n);
+  auto dev = DeviceBuffer::Create(b.gpu.get(), n * sizeof(float));
+  REQUIRE(dev.ok());
+  b.gpu->CopyToDevice(dev->data(), x.data(), n * sizeof(float));
+  // Compute stream: x *= 2, many times over so the copy queue would overtake it without
+  // the event; then the copy queue waits for the compute stream's event and copies out.
+  for (int i = 0; i < 20; ++i) b.gpu->Scale(dev->f32(), i == 0 ? 2.0f : 1.0f, static_cast<int64_t>(n));
+  b.gpu->RecordEvent(ready->get());
+  (*queue)->WaitFor(ready->get());
+  auto* out = reinterpret_cast<float*>(static_cast<char*>(seg->data()) + 4096);
+  (*queue)->CopyToHost(out, dev->data(), n * sizeof(float));
+  (*queue)->Record(copied->get());
+  REQUIRE((*copied)->Wait().ok());
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) bad += out[i] != 2.0f * x[i] ? 1 : 0;
+  CHECK(bad == 0);
+  pin->reset();
+}
+
+// ---- the relay over shared memory, cuda vs cpu ----------------------------------------
+
+struct InProcessEps {
+  explicit InProcessEps(const JobConfig& job) : core(MakeOpts()) {
+    Status st = core.CreateJob(job);
+    L2L_CHECK(st.ok()) << st.ToString();
+    auto s = eps::EpsGrpcServer::Start(&core, eps::ServerOptions{});
+    L2L_CHECK(s.ok()) << s.status().ToString();
+    server = std::move(s).value();
+    address = "127.0.0.1:" + std::to_string(server->port());
+  }
+  ~InProcessEps() {
+    server->Shutdown();
+    core.Stop();
+  }
+  static eps::CoreOptions MakeOpts() {
+    eps::CoreOptions o;
+    static int counter = 0;
+    o.job_id = "gpurelay" + std::to_string(getpid()) + "x" + std::to_string(counter++);
+    o.expected_workers = 1;
+    o.transport = "auto";
+    return o;
+  }
+  eps::EpsCore core;
+  std::unique_ptr<eps::EpsGrpcServer> server;
+  std::string address;
+};
+
+JobConfig RelayJob(DType dt, const std::string& stash) {
+  JobConfig job;
+  job.model.vocab_size = 512;
+  job.model.seq_len = 64;
+  job.model.d_model = 128;
+  job.model.n_layer = 2;
+  job.model.n_head = 4;
+  job.model.d_ff = 512;
+  job.model.tied_embeddings = true;
+  job.train.micro_batch_size = 4;
+  job.train.micro_batches = 2;
+  job.train.seq_len = 64;
+  job.train.seed = 1234;
+  job.train.steps = 10;
+  job.train.stash = stash;
+  job.optim.lr = 3e-3f;
+  job.publish_dtype = dt;
+  return job;
+}
+
+// Learnable data (x[t+1] = 5 x[t] + 3 mod V from a random start), the same for both runs.
+std::vector<worker::MicroBatch> LearnableBatches(std::mt19937& rng, const JobConfig& job) {
+  const int32_t V = static_cast<int32_t>(job.model.vocab_size);
+  std::vector<worker::MicroBatch> out;
+  for (int64_t m = 0; m < job.train.micro_batches; ++m) {
+    worker::MicroBatch mb;
+    mb.B = job.train.micro_batch_size;
+    mb.T = job.seq_len();
+    for (int64_t s = 0; s < mb.B; ++s) {
+      int32_t x = std::uniform_int_distribution<int32_t>(0, V - 1)(rng);
+      for (int64_t t = 0; t < mb.T; ++t) {
+        mb.inputs.push_back(x);
+        x = (5 * x + 3) % V;
+        mb.targets.push_back(x);
+      }
+    }
+    out.push_back(std::move(mb));
+  }
+  return out;
+}
+
+struct ShmRun {
+  std::vector<float> losses;
+  int64_t pinned_fetches = 0, bounced_fetches = 0, slot_pushes = 0, staged_pushes = 0;
+};
+
+ShmRun RelayOverShm(const JobConfig& job, Backend* backend, int steps) {
+  InProcessEps eps(job);
+  worker::ClientOptions co;
+  co.transport = "shm";
+  co.connect_timeout = 10000ms;
+  auto client = worker::ConnectEps(eps.address, co);
+  INFO(client.status().ToString());
+  REQUIRE(client.ok());
+  REQUIRE((*client)->registration().transport == "shm");
+  auto opts = worker::RelayOptions::FromJob(job);
+  REQUIRE(opts.ok());
+  auto relay = worker::Relay::Create(client->get(), backend, job, *opts);
+  INFO(backend->name() << ": " << relay.status().ToString());
+  REQUIRE(relay.ok());
+  std::mt19937 rng(7);
+  ShmRun run;
+  for (int s = 0; s < steps; ++s) {
+    auto report = (*relay)->RunStep(s, LearnableBatches(rng, job));
+    INFO(backend->name() << " step " << s << ": " << report.status().ToString());
+    REQUIRE(report.ok());
+    run.losses.push_back(static_cast<float>(report->loss));
+    REQUIRE((*client)->StepDone(*report).ok());
+  }
+  run.pinned_fetches = (*relay)->prefetcher().pinned_fetches();
+  run.bounced_fetches = (*relay)->prefetcher().bounced_fetches();
+  run.slot_pushes = (*relay)->pusher().slot_pushes();
+  run.staged_pushes = (*relay)->pusher().staged_pushes();
+  if ((*relay)->pinner() != nullptr) {
+    for (const auto& a : (*relay)->pinner()->attempts()) {
+      INFO("pin " << a.name << ": " << (a.pinned ? "ok" : a.error));
+      CHECK(a.pinned);
+    }
+  }
+  relay->reset();
+  return run;
+}
+
+TEST_CASE("relay on cuda over shm (copy streams and pinned segments) tracks the cpu relay for 10 steps",
+          "[gpu][worker]") {
+  Backends& b = Both();
+  const DType dt = GENERATE(DType::kF32, DType::kBF16);
+  const std::string stash = GENERATE(std::string("device"), std::string("host"));
+  CAPTURE(DTypeName(dt), stash);
+  const JobConfig job = RelayJob(dt, stash);
+  REQUIRE(job.Validate().ok());
+  const int steps = 10;
+  ShmRun cpu = RelayOverShm(job, b.cpu.get(), steps);
+  ShmRun gpu = RelayOverShm(job, b.gpu.get(), steps);
+
+  const double rtol = dt == DType::kF32 ? 2e-3 : 5e-3;
+  for (int s = 0; s < steps; ++s) {
+    INFO("step " << s << ": gpu loss " << gpu.losses[s] << ", cpu loss " << cpu.losses[s]);
+    CHECK(std::isfinite(gpu.losses[s]));
+    CHECK(std::abs(gpu.losses[s] - cpu.losses[s]) <= 1e-4 + rtol * std::abs(cpu.losses[s]));
+  }
+  CHECK(gpu.losses.back() < 0.9f * gpu.losses.front());  // it trains
+  // The zero-copy path: every layer DMA'd out of the page-locked weight segment, every
+  // gradient DMA'd into a page-locked gradient slot.
+  const int64_t fetches = steps * (2 * job.model.n_layer + 2);
+  const int64_t pushes = steps * (job.model.n_layer + 2);
+  CHECK(gpu.pinned_fetches == fetches);
+  CHECK(gpu.bounced_fetches == 0);
+  CHECK(gpu.slot_pushes == pushes);
+  CHECK(gpu.staged_pushes == 0);
+}
+
+}  // namespace
+}  // namespace l2l::gpu_test

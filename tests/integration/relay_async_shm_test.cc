@@ -1,0 +1,185 @@
+// The relay's asynchronous copy path against a real EPS (EpsCore + its gRPC server in
+// this process) over the shared-memory transport: the relay page-locks the weight segment
+// (read-only) and its gradient segment through the backend's PinHostRange, the prefetcher
+// copies layers straight out of the published weight slots, and the pusher copies each
+// gradient straight into a claimed gradient slot before publishing it. Run on the CPU
+// through EmulatedAsyncBackend (tests/worker/emulated_async_backend.h: copies poison
+// their destination and land late), once with pinning working and once with pinning
+// failing (the bounce-buffer / staging fallback).
+//
+// Oracle: the plain CPU relay (direct path, PushGradient) against a fresh EPS with the
+// same job: the per-step losses must be bit-identical (the copies move bytes exactly;
+// step t's loss depends on every gradient of steps < t through the EPS's updates).
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "eps_server/eps_core.h"
+#include "eps_server/grpc_server.h"
+#include "tests/integration/eps_test_util.h"
+#include "tests/worker/emulated_async_backend.h"
+#include "worker/eps_client.h"
+#include "worker/relay.h"
+
+namespace l2l {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct InProcessEps {
+  explicit InProcessEps(const JobConfig& job) : core(MakeOpts()) {
+    L2L_CHECK(core.CreateJob(job).ok());
+    auto s = eps::EpsGrpcServer::Start(&core, eps::ServerOptions{});
+    L2L_CHECK(s.ok()) << s.status().ToString();
+    server = std::move(s).value();
+    address = "127.0.0.1:" + std::to_string(server->port());
+  }
+  ~InProcessEps() {
+    server->Shutdown();
+    core.Stop();
+  }
+  static eps::CoreOptions MakeOpts() {
+    eps::CoreOptions o;
+    static int counter = 0;
+    o.job_id = "asyncshm" + std::to_string(getpid()) + "x" + std::to_string(counter++);
+    o.expected_workers = 1;
+    o.page_bytes = 8192;
+    o.transport = "auto";
+    return o;
+  }
+  eps::EpsCore core;
+  std::unique_ptr<eps::EpsGrpcServer> server;
+  std::string address;
+};
+
+JobConfig Job(DType dt, const std::string& stash) {
+  JobConfig job = epstest::TinyJob(dt, 3);
+  job.train.micro_batch_size = 2;
+  job.train.micro_batches = 2;
+  job.train.seq_len = 16;
+  job.train.stash = stash;
+  job.optim.grad_clip = 1.0f;
+  job.optim.lr = 3e-3f;
+  return job;
+}
+
+std::vector<worker::MicroBatch> Batches(const JobConfig& job, int64_t step) {
+  std::vector<worker::MicroBatch> out;
+  uint64_t x = 99 + static_cast<uint64_t>(step) * 104729;
+  for (int64_t u = 0; u < job.train.micro_batches; ++u) {
+    worker::MicroBatch mb;
+    mb.B = job.train.micro_batch_size;
+    mb.T = job.seq_len();
+    for (int64_t i = 0; i < mb.B * mb.T; ++i) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      const int32_t a = static_cast<int32_t>((x >> 33) % job.model.vocab_size);
+      mb.inputs.push_back(a);
+      mb.targets.push_back((a * 3 + 1) % static_cast<int32_t>(job.model.vocab_size));
+    }
+    out.push_back(std::move(mb));
+  }
+  return out;
+}
+
+struct Run {
+  std::vector<double> losses;
+  std::string transport;
+  int64_t pinned = 0, bounced = 0, slot_pushes = 0, staged_pushes = 0;
+  std::vector<worker::HostRegionPinner::Attempt> pin_attempts;
+};
+
+Run Train(const JobConfig& job, kernels::Backend* backend, int steps) {
+  InProcessEps eps(job);
+  worker::ClientOptions co;
+  co.transport = "shm";
+  co.connect_timeout = 5000ms;
+  auto client = worker::ConnectEps(eps.address, co);
+  INFO(client.status().ToString());
+  REQUIRE(client.ok());
+  Run run;
+  run.transport = (*client)->registration().transport;
+  auto opts = worker::RelayOptions::FromJob(job);
+  REQUIRE(opts.ok());
+  auto relay = worker::Relay::Create(client->get(), backend, job, *opts);
+  INFO(relay.status().ToString());
+  REQUIRE(relay.ok());
+  for (int s = 0; s < steps; ++s) {
+    auto report = (*relay)->RunStep(s, Batches(job, s));
+    INFO("step " << s << ": " << report.status().ToString());
+    REQUIRE(report.ok());
+    run.losses.push_back(report->loss);
+    Status st = (*client)->StepDone(*report);
+    INFO(st.ToString());
+    REQUIRE(st.ok());
+  }
+  run.pinned = (*relay)->prefetcher().pinned_fetches();
+  run.bounced = (*relay)->prefetcher().bounced_fetches();
+  run.slot_pushes = (*relay)->pusher().slot_pushes();
+  run.staged_pushes = (*relay)->pusher().staged_pushes();
+  if ((*relay)->pinner() != nullptr) run.pin_attempts = (*relay)->pinner()->attempts();
+  relay->reset();  // detaches the pinner from the client before the client goes
+  return run;
+}
+
+TEST_CASE("Relay with copy queues over shm DMAs from the pinned weight segment into gradient slots",
+          "[integration][relay][async]") {
+  const DType dt = GENERATE(DType::kF32, DType::kBF16);
+  const std::string stash = GENERATE(std::string("device"), std::string("host"));
+  CAPTURE(DTypeName(dt), stash);
+  const JobConfig job = Job(dt, stash);
+  REQUIRE(job.Validate().ok());
+  const int steps = 3;
+  const int64_t fetches = steps * (2 * job.model.n_layer + 2);
+  const int64_t pushes = steps * (job.model.n_layer + 2);
+
+  auto cpu = kernels::CreateCpuBackend(1);
+  Run plain = Train(job, cpu.get(), steps);
+  REQUIRE(plain.transport == "shm");
+  CHECK(plain.pin_attempts.empty());  // the direct path pins nothing
+
+  SECTION("segments page-locked: zero-copy both ways") {
+    testing::EmulatedAsyncBackend emu(1, {});
+    Run async = Train(job, &emu, steps);
+    REQUIRE(async.transport == "shm");
+    CHECK(async.losses == plain.losses);
+    CHECK(async.pinned == fetches);
+    CHECK(async.bounced == 0);
+    CHECK(async.slot_pushes == pushes);
+    CHECK(async.staged_pushes == 0);
+    // Two regions pinned (the weight segment read-only, the gradient segment writable),
+    // both unpinned again when the relay went.
+    REQUIRE(async.pin_attempts.size() == 2);
+    std::lock_guard<std::mutex> lk(emu.stats().mu);
+    REQUIRE(emu.stats().pins.size() == 2);
+    int read_only = 0;
+    for (const auto& p : emu.stats().pins) {
+      read_only += p.read_only ? 1 : 0;
+      CHECK_FALSE(p.active);
+    }
+    CHECK(read_only == 1);
+  }
+  SECTION("pinning fails: bounce buffer in, pinned staging out") {
+    testing::EmulatedAsyncBackend::Options o;
+    o.fail_pins = true;
+    testing::EmulatedAsyncBackend emu(1, o);
+    Run async = Train(job, &emu, steps);
+    CHECK(async.losses == plain.losses);
+    CHECK(async.pinned == 0);
+    CHECK(async.bounced == fetches);
+    CHECK(async.slot_pushes == 0);
+    CHECK(async.staged_pushes == pushes);
+    REQUIRE(async.pin_attempts.size() == 2);
+    for (const auto& a : async.pin_attempts) {
+      CHECK_FALSE(a.pinned);
+      CHECK(a.error.find("cannot page-lock") != std::string::npos);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace l2l
