@@ -221,6 +221,7 @@ int main(int argc, char** argv) {
   size_t max_layer = 0;
   for (const auto& l : BuildLayout(job.model)) max_layer = std::max(max_layer, 3 * ((l.numel * 4 + page_bytes - 1) / page_bytes));
   const size_t pool = 3 * max_layer * static_cast<size_t>(page_bytes);
+  spill.spill.pool_bytes = pool;  // fixed, so the budget below spills exactly `fraction`
   spill.host_bytes = all - static_cast<size_t>(fraction * static_cast<double>(state)) + pool;
 
   std::printf("model: %lld blocks x d_model %lld, %.1f M params, fp32 state %.0f MiB; compute/layer fwd %.0f ms bwd %.0f ms\n",

@@ -494,7 +494,7 @@ TEST_CASE("Leasing layer l prefetches layer l-1", "[eps][spill_tier]") {
   }
 }
 
-TEST_CASE("An injected read fault fails that lease, naming the file; other leases go on", "[eps][spill_tier][fault]") {
+TEST_CASE("An injected read fault fails that lease, naming the file, other leases go on", "[eps][spill_tier][fault]") {
   testing::TempDir dir;
   const ModelSpec spec = TierSpec();
   auto store = ParamStore::Create(spec, SpillOpts(spec, dir.path(), TestSpill(spec), 1, 0, "read:3:EIO"));
@@ -548,7 +548,7 @@ TEST_CASE("An injected write fault makes the tier unhealthy and every later leas
   CHECK_FALSE(ps.ReadState(0, 0, out.data()).ok());
 }
 
-TEST_CASE("A spill file of the wrong size is refused with DATA_LOSS naming it; a right-sized one is reused",
+TEST_CASE("A spill file of the wrong size is refused with DATA_LOSS naming it, a right-sized one is reused",
           "[eps][spill_tier][fault]") {
   testing::TempDir dir;
   const ModelSpec spec = TierSpec();

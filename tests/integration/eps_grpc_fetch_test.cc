@@ -11,6 +11,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "common/dtype.h"
@@ -129,3 +130,54 @@ TEST_CASE("gRPC FetchLayer: the worker client and a generated protobuf stub get 
 }
 
 }  // namespace l2l
+
+TEST_CASE("gRPC FetchLayer: a client that stops reading is cancelled once the EPS declares its worker lost",
+          "[integration][eps][grpc]") {
+  // The fetch pins the layer's published slot until its bytes are in the socket; a
+  // client that stops reading must not keep it pinned (that would stall the layer's
+  // publish of version+2) for longer than the EPS takes to drop the worker.
+  JobConfig job = WideJob(DType::kF32);
+  job.model.d_model = 1024;  // a 50 MB block: more than gRPC and the sockets buffer
+  job.model.n_head = 16;
+  job.model.d_ff = 4096;
+  eps::CoreOptions o;
+  o.job_id = "stall" + std::to_string(getpid());
+  o.expected_workers = 1;
+  o.transport = "grpc";
+  o.heartbeat_timeout_ms = 300;
+  eps::EpsCore core(o);
+  REQUIRE(core.CreateJob(job).ok());
+  auto server = eps::EpsGrpcServer::Start(&core, eps::ServerOptions{});
+  REQUIRE(server.ok());
+  const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(8 << 20);
+  auto stub = data::v1::Data::NewStub(grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  data::v1::RegisterReply reg;
+  {
+    grpc::ClientContext ctx;
+    data::v1::RegisterRequest req;
+    req.set_transport("grpc");
+    REQUIRE(stub->Register(&ctx, req, &reg).ok());  // and no heartbeats from here on
+  }
+  const size_t total = BuildLayout(job.model)[1].numel * sizeof(float);
+  const auto t0 = std::chrono::steady_clock::now();
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 60s);
+  data::v1::FetchLayerRequest req;
+  req.set_worker_id(reg.worker_id());
+  req.set_layer(1);
+  auto r = stub->FetchLayer(&ctx, req);
+  data::v1::LayerChunk chunk;
+  REQUIRE(r->Read(&chunk));  // the fetch started (and pinned the slot)
+  size_t got = chunk.data().size();
+  std::this_thread::sleep_for(3s);  // lost after 0.3 s; the server checks every second
+  while (r->Read(&chunk)) got += chunk.data().size();
+  const grpc::Status st = r->Finish();
+  INFO("received " << got << " of " << total << " bytes; " << st.error_message());
+  CHECK(st.error_code() == grpc::StatusCode::CANCELLED);
+  CHECK(got < total);
+  CHECK(std::chrono::steady_clock::now() - t0 < 30s);
+  (*server)->Shutdown();
+  core.Stop();
+}

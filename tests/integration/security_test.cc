@@ -251,7 +251,7 @@ TEST_CASE("l2l-eps refuses a non-loopback metrics address without a token, befor
   CHECK(!fs::exists(state));
 }
 
-TEST_CASE("--insecure, TLS or a token let a non-loopback address past the check (no bind)",
+TEST_CASE("The flags --insecure, TLS or a token let a non-loopback address past the check (no bind)",
           "[integration][security]") {
   using eps::CheckExposure;
   using eps::ExposedApi;
@@ -391,7 +391,7 @@ TEST_CASE("With a token, Control and Data calls without it or with a wrong one a
   StopDaemon(d);
 }
 
-TEST_CASE("l2lctl and l2l-worker without the token fail clearly; with it they work",
+TEST_CASE("l2lctl and l2l-worker without the token fail clearly, with it they work",
           "[integration][security]") {
   auto dir = MakeDir("token-cli");
   const JobConfig job = TinyJob(dir->File("train.bin"), 2);
@@ -439,7 +439,7 @@ TEST_CASE("l2lctl and l2l-worker without the token fail clearly; with it they wo
   StopDaemon(d);
 }
 
-TEST_CASE("TLS: l2lctl with --tls-ca works, plaintext or another CA fails; a worker trains over TLS + token",
+TEST_CASE("TLS: l2lctl with --tls-ca works, plaintext or another CA fails, a worker trains over TLS + token",
           "[integration][security]") {
   auto dir = MakeDir("tls");
   const auto [cert, key] = MakeCert(*dir, "server");

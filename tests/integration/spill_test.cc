@@ -206,7 +206,7 @@ TEST_CASE("Spilled state: checkpoint, kill -9, resume gives the same state byte 
   REQUIRE((*eps2)->Shutdown().ok());
 }
 
-TEST_CASE("A spill write fault stops the daemon with the file and operation named; the last checkpoint stays good",
+TEST_CASE("A spill write fault stops the daemon with the file and operation named and the last checkpoint stays good",
           "[integration][spill][fault]") {
   Run r = Prepare("spill-wfault");
   r.job.train.steps = 6;
@@ -318,7 +318,7 @@ TEST_CASE("A full disk at start-up refuses to start, naming the spill file", "[i
   CHECK(log.find("space") != std::string::npos);
 }
 
-TEST_CASE("Resume with a truncated spill file is refused with its path; a missing one is rebuilt",
+TEST_CASE("Resume with a truncated spill file is refused with its path, a missing one is rebuilt",
           "[integration][spill][fault]") {
   Run r = Prepare("spill-trunc");
   r.job.train.steps = 2;
