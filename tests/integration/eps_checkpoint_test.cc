@@ -522,6 +522,13 @@ TEST_CASE("EPS checkpoints every N steps and at shutdown, but never a half-appli
   const auto layouts = BuildLayout(job.model);
   const int64_t top = static_cast<int64_t>(layouts.size()) - 1;
   for (auto* c : {a.get(), b.get()}) {
+    // As a worker does, the step-3 forward first (version 3 of every layer: step 2's
+    // updates, which StepDone(2) does not wait for, are done), then the gradient.
+    for (int64_t l = 0; l <= top; ++l) {
+      auto w = c->AcquireLayer(l, 3, 20s);
+      REQUIRE(w.ok());
+      c->ReleaseLayer(l);
+    }
     auto g = Grad(3, c->registration().worker_id, top, layouts[top].numel);
     REQUIRE(c->PushGradient(top, 3, 1, g.data(), g.size()).ok());
   }

@@ -5,7 +5,8 @@
 // layer bit for bit, from chunks of at most 4 MiB that fit gRPC's default 4 MiB message
 // limit (a client with default settings reads them). The oracle is the test's own copy of
 // the initial weights (InitLayerParams, the seed's definition), cast to the publish
-// dtype by common/dtype.h.
+// dtype by common/dtype.h. And a client that stops reading mid-layer (its fetch keeps
+// the slot pinned) is cancelled once the EPS declares its worker lost.
 #include <catch2/catch.hpp>
 
 #include <grpcpp/grpcpp.h>
@@ -129,8 +130,6 @@ TEST_CASE("gRPC FetchLayer: the worker client and a generated protobuf stub get 
   core.Stop();
 }
 
-}  // namespace l2l
-
 TEST_CASE("gRPC FetchLayer: a client that stops reading is cancelled once the EPS declares its worker lost",
           "[integration][eps][grpc]") {
   // The fetch pins the layer's published slot until its bytes are in the socket; a
@@ -181,3 +180,5 @@ TEST_CASE("gRPC FetchLayer: a client that stops reading is cancelled once the EP
   (*server)->Shutdown();
   core.Stop();
 }
+
+}  // namespace l2l
