@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the EPS unit tests with ThreadSanitizer (build-tsan, CPU only) and runs the
 # concurrency tests: ParamStore publish/read with concurrent readers, the update
-# pipeline. Usage: scripts/tsan.sh   (scripts/test.sh runs it when L2L_TSAN=1)
+# pipeline, the SSD tier (io_uring engine reaper thread, leases from several threads).
+# Usage: scripts/tsan.sh   (scripts/test.sh runs it when L2L_TSAN=1)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${L2L_TSAN_BUILD_DIR:-build-tsan}"
@@ -11,5 +12,5 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DL2L_CUDA
 cmake --build "$BUILD_DIR" --target l2l_eps_tests -j "${L2L_JOBS:-2}"
 # halt_on_error: a race fails the run instead of only printing a report.
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/scripts/tsan.supp" \
-  "$BUILD_DIR/tests/l2l_eps_tests" "[param_store],[pipeline]"
+  "$BUILD_DIR/tests/l2l_eps_tests" "[param_store],[pipeline],[spill_io],[spill_tier]"
 echo "tsan.sh: done in $(( $(date +%s) - start )) s"
