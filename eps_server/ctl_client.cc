@@ -2,8 +2,8 @@
 #include "eps_server/ctl_client.h"
 
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/support/client_interceptor.h>
 
+#include "proto/client_channel.h"
 #include "proto/control.grpc.pb.h"
 
 namespace l2l::eps {
@@ -35,33 +35,6 @@ Status FromGrpc(const grpc::Status& s, const std::string& rpc, const std::string
   }
 }
 
-// Adds "authorization: Bearer <token>" to every call of the channel. (A twin lives in
-// worker/eps_client_grpc.cc: the worker cannot link eps_server, and common has no gRPC.)
-class BearerInterceptor final : public grpc::experimental::Interceptor {
- public:
-  explicit BearerInterceptor(const std::string& value) : value_(value) {}
-  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
-    if (m->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
-      m->GetSendInitialMetadata()->insert({"authorization", value_});
-    }
-    m->Proceed();
-  }
-
- private:
-  const std::string value_;
-};
-
-class BearerInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
- public:
-  explicit BearerInterceptorFactory(const std::string& token) : value_("Bearer " + token) {}
-  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
-    return new BearerInterceptor(value_);
-  }
-
- private:
-  const std::string value_;
-};
-
 }  // namespace
 
 struct CtlClient::Impl {
@@ -84,15 +57,7 @@ Result<std::unique_ptr<CtlClient>> CtlClient::Connect(const std::string& address
   // Fail fast instead of backing off for a minute while the daemon is down.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
-  if (!options.tls_ca_pem.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = options.tls_ca_pem;
-    creds = grpc::SslCredentials(ssl);
-  }
-  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
-  if (!options.token.empty()) interceptors.push_back(std::make_unique<BearerInterceptorFactory>(options.token));
-  impl->channel = grpc::experimental::CreateCustomChannelWithInterceptors(address, creds, args, std::move(interceptors));
+  impl->channel = MakeEpsChannel(address, options.tls_ca_pem, options.token, args);  // proto/client_channel.h
   if (!impl->channel->WaitForConnected(std::chrono::system_clock::now() + options.connect_timeout)) {
     return Unavailable("cannot reach l2l-eps at " + address + " within " +
                        std::to_string(options.connect_timeout.count()) + " ms" +

@@ -4,13 +4,13 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/support/proto_buffer_reader.h>
-#include <grpcpp/support/client_interceptor.h>
 #include <unistd.h>
 
 #include <cstring>
 
 #include "common/logging.h"
 #include "common/shm.h"
+#include "proto/client_channel.h"
 #include "proto/data.grpc.pb.h"
 
 namespace l2l::worker {
@@ -91,33 +91,6 @@ Status FromGrpc(const grpc::Status& s, const std::string& what) {
   return Status(c, what + ": " + s.error_message());
 }
 
-// Adds "authorization: Bearer <token>" to every call of the channel. (Twin of the one in
-// eps_server/ctl_client.cc: the worker cannot link eps_server, and common has no gRPC.)
-class BearerInterceptor final : public grpc::experimental::Interceptor {
- public:
-  explicit BearerInterceptor(const std::string& value) : value_(value) {}
-  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
-    if (m->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
-      m->GetSendInitialMetadata()->insert({"authorization", value_});
-    }
-    m->Proceed();
-  }
-
- private:
-  const std::string value_;
-};
-
-class BearerInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
- public:
-  explicit BearerInterceptorFactory(const std::string& token) : value_("Bearer " + token) {}
-  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
-    return new BearerInterceptor(value_);
-  }
-
- private:
-  const std::string value_;
-};
-
 }  // namespace
 
 struct GrpcEpsClient::Impl {
@@ -134,15 +107,7 @@ Result<GrpcEpsClient::ImplPtr> GrpcEpsClient::Connect(const std::string& address
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(2 * kChunkBytes + 4096));
   args.SetMaxSendMessageSize(static_cast<int>(2 * kChunkBytes + 4096));
-  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
-  if (!options.tls_ca_pem.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = options.tls_ca_pem;
-    creds = grpc::SslCredentials(ssl);
-  }
-  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
-  if (!options.token.empty()) interceptors.push_back(std::make_unique<BearerInterceptorFactory>(options.token));
-  impl->channel = grpc::experimental::CreateCustomChannelWithInterceptors(address, creds, args, std::move(interceptors));
+  impl->channel = MakeEpsChannel(address, options.tls_ca_pem, options.token, args);  // proto/client_channel.h
   impl->stub = data::Data::NewStub(impl->channel);
   L2L_RETURN_IF_ERROR(Register(impl.get(), options, -1, reg, shm));
   return impl;

@@ -1,0 +1,52 @@
+// Client channels to l2l-eps. See client_channel.h.
+#include "proto/client_channel.h"
+
+#include <grpcpp/support/client_interceptor.h>
+
+#include <vector>
+
+namespace l2l {
+namespace {
+
+// Adds "authorization: Bearer <token>" to every call of the channel.
+class BearerInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerInterceptor(const std::string& value) : value_(value) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* m) override {
+    if (m->QueryInterceptionHookPoint(grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      m->GetSendInitialMetadata()->insert({"authorization", value_});
+    }
+    m->Proceed();
+  }
+
+ private:
+  const std::string value_;
+};
+
+class BearerInterceptorFactory final : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerInterceptorFactory(const std::string& token) : value_("Bearer " + token) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(grpc::experimental::ClientRpcInfo*) override {
+    return new BearerInterceptor(value_);
+  }
+
+ private:
+  const std::string value_;
+};
+
+}  // namespace
+
+std::shared_ptr<grpc::Channel> MakeEpsChannel(const std::string& address, const std::string& tls_ca_pem,
+                                              const std::string& token, const grpc::ChannelArguments& args) {
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (!tls_ca_pem.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = tls_ca_pem;
+    creds = grpc::SslCredentials(ssl);
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
+  if (!token.empty()) interceptors.push_back(std::make_unique<BearerInterceptorFactory>(token));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(address, creds, args, std::move(interceptors));
+}
+
+}  // namespace l2l
