@@ -154,15 +154,47 @@ Status SaveModel(const std::string& path, const ModelSpec& spec, const std::vect
     return InvalidArgument("SaveModel(" + path + "): " + std::to_string(layers.size()) + " layer buffers for a model of " +
                            std::to_string(layout.size()) + " layers");
   }
-  std::vector<TensorToWrite> tensors;
   for (size_t i = 0; i < layout.size(); ++i) {
     if (layers[i].size() != layout[i].numel) {
       return InvalidArgument("SaveModel(" + path + "): layer " + std::to_string(i) + " (" +
                              LayerKindName(layout[i].kind) + ") has " + std::to_string(layers[i].size()) +
                              " floats, its layout " + std::to_string(layout[i].numel));
     }
+  }
+  return SaveModelStreamed(
+      path, spec,
+      [&layers](int64_t l, float* out) {
+        std::copy(layers[l].begin(), layers[l].end(), out);
+        return Status::Ok();
+      },
+      dtype, extra_metadata);
+}
+
+Status SaveModelStreamed(const std::string& path, const ModelSpec& spec,
+                         const std::function<Status(int64_t layer, float* out)>& read_layer, DType dtype,
+                         const std::map<std::string, std::string>& extra_metadata) {
+  L2L_RETURN_IF_ERROR(spec.Validate());
+  const std::vector<LayerLayout> layout = BuildLayout(spec);
+  // Tensors are written in model order, so one layer buffer serves them all: each
+  // layer's first tensor loads it.
+  std::vector<float> cur;
+  int64_t cur_layer = -1;
+  std::vector<TensorToWrite> tensors;
+  for (size_t i = 0; i < layout.size(); ++i) {
     for (const ParamInfo& p : layout[i].params) {
-      tensors.push_back({p.name, p.shape, dtype, layers[i].data() + p.offset, nullptr});
+      TensorToWrite t{p.name, p.shape, dtype, nullptr, nullptr, nullptr};
+      const int64_t l = static_cast<int64_t>(i);
+      const size_t numel = layout[i].numel, offset = p.offset;
+      t.f32_source = [&cur, &cur_layer, &read_layer, &path, l, numel, offset]() -> Result<const float*> {
+        if (cur_layer != l) {
+          cur.assign(numel, 0.0f);
+          L2L_RETURN_IF_ERROR(read_layer(l, cur.data()).WithContext("SaveModel(" + path + ") layer " +
+                                                                     std::to_string(l)));
+          cur_layer = l;
+        }
+        return static_cast<const float*>(cur.data() + offset);
+      };
+      tensors.push_back(std::move(t));
     }
   }
   std::map<std::string, std::string> meta = extra_metadata;

@@ -28,6 +28,7 @@
 // Thread-safety: pure functions over caller-owned data.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -47,6 +48,12 @@ Result<ModelSpec> ModelSpecFromJson(const std::string& text);
 // layers[i] holds BuildLayout(spec)[i].numel floats. dtype: F32, BF16 or F16 in the file.
 Status SaveModel(const std::string& path, const ModelSpec& spec, const std::vector<std::vector<float>>& layers,
                  DType dtype = DType::kF32, const std::map<std::string, std::string>& extra_metadata = {});
+// The same file, streamed: read_layer(l, out) fills layer l's numel fp32 values; it is
+// called once per layer, in model order, and only one layer is held in memory (the
+// daemon's Export of a model larger than RAM). Its errors abort the write (no file).
+Status SaveModelStreamed(const std::string& path, const ModelSpec& spec,
+                         const std::function<Status(int64_t layer, float* out)>& read_layer,
+                         DType dtype = DType::kF32, const std::map<std::string, std::string>& extra_metadata = {});
 
 struct LoadedModel {
   ModelSpec spec;

@@ -230,7 +230,9 @@ Status WriteSafeTensors(const std::string& path, const std::vector<TensorToWrite
     const std::string where = path + ": tensor '" + t.name + "'";
     if (t.name.empty() || t.name == "__metadata__") return InvalidArgument(path + ": invalid tensor name '" + t.name + "'");
     if (!names.insert(t.name).second) return InvalidArgument(where + " given twice");
-    if ((t.f32 == nullptr) == (t.raw == nullptr)) return InvalidArgument(where + ": set exactly one of f32 and raw");
+    if ((t.f32 != nullptr) + (t.raw != nullptr) + (t.f32_source != nullptr) != 1) {
+      return InvalidArgument(where + ": set exactly one of f32, raw and f32_source");
+    }
     size_t nbytes;
     if (!ByteSize(t.shape, DTypeSize(t.dtype), &nbytes)) {
       return InvalidArgument(where + ": bad shape " + ShapeText(t.shape));
@@ -256,16 +258,20 @@ Status WriteSafeTensors(const std::string& path, const std::vector<TensorToWrite
   for (const TensorToWrite& t : tensors) {
     size_t numel = 1;
     for (int64_t d : t.shape) numel *= static_cast<size_t>(d);
+    const float* f32 = t.f32;
+    if (t.f32_source) {
+      L2L_ASSIGN_OR_RETURN(f32, t.f32_source());
+    }
     if (t.raw != nullptr) {
       L2L_RETURN_IF_ERROR(w.Append(t.raw, numel * DTypeSize(t.dtype)));
     } else if (t.dtype == DType::kF32) {
-      L2L_RETURN_IF_ERROR(w.Append(t.f32, numel * sizeof(float)));
+      L2L_RETURN_IF_ERROR(w.Append(f32, numel * sizeof(float)));
     } else {
       const size_t esz = DTypeSize(t.dtype);
       chunk.resize(std::min(numel, kConvertChunk) * esz);
       for (size_t i = 0; i < numel; i += kConvertChunk) {
         const size_t m = std::min(kConvertChunk, numel - i);
-        ConvertFromFloat(t.f32 + i, t.dtype, chunk.data(), m);
+        ConvertFromFloat(f32 + i, t.dtype, chunk.data(), m);
         L2L_RETURN_IF_ERROR(w.Append(chunk.data(), m * esz));
       }
     }

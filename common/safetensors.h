@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -85,6 +86,9 @@ struct TensorToWrite {
   DType dtype = DType::kF32;    // how it is stored in the file
   const float* f32 = nullptr;   // either fp32 values, converted to dtype on write (RNE) ...
   const void* raw = nullptr;    // ... or numel * DTypeSize(dtype) bytes already encoded
+  // ... or fp32 values produced on demand: called once, in file order, right before the
+  // tensor is written (streaming writers keep one piece of the model in memory at a time).
+  std::function<Result<const float*>()> f32_source;
 };
 
 // Writes `tensors` (unique, non-empty names other than "__metadata__") and `metadata`.

@@ -158,19 +158,15 @@ Result<int64_t> EpsCore::Export(const std::string& path_arg, DType dtype) {
   L2L_ASSIGN_OR_RETURN(std::string path, ResolveUserPath(path_arg));
   std::lock_guard<std::mutex> rlock(recovery_mu_);
   L2L_ASSIGN_OR_RETURN(int64_t step, HoldAtBoundary(std::chrono::minutes(10)));
-  // model_io writes a whole model from per-layer buffers: one fp32 copy of the master.
-  std::vector<std::vector<float>> layers(store_->num_layers());
-  for (int64_t l = 0; l < store_->num_layers(); ++l) {
-    layers[l].resize(store_->layout(l).numel);
-    if (Status s = store_->ReadState(l, 0, layers[l].data()); !s.ok()) {
-      pipeline_->Release();
-      return s.WithContext("export");
-    }
-  }
-  pipeline_->Release();
+  // Streamed one layer at a time with the gate closed (like a checkpoint), so a model
+  // larger than RAM (SSD tier) exports too; updates wait meanwhile.
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path(), ec);
-  L2L_RETURN_IF_ERROR(SaveModel(path, job_.model, layers, dtype, {{"l2l.step", std::to_string(step)}}));
+  Status saved = SaveModelStreamed(
+      path, job_.model, [this](int64_t l, float* out) { return store_->ReadState(l, 0, out); }, dtype,
+      {{"l2l.step", std::to_string(step)}});
+  pipeline_->Release();
+  L2L_RETURN_IF_ERROR(saved.WithContext("export"));
   const auto bytes = fs::file_size(path, ec);
   L2L_LOG_INFO("exported step {} as {} safetensors to {}", step, DTypeName(dtype), path);
   return ec ? int64_t{0} : static_cast<int64_t>(bytes);

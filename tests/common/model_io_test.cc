@@ -2,6 +2,7 @@
 // as rounded by common/dtype.h), tensors carry Hugging Face GPT-2 names and shapes, and
 // files that do not match the model (missing tensor, wrong shape, stray tensor, another
 // spec) are rejected naming the tensor and the shapes.
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,37 @@ TEST_CASE("A model survives SaveModel -> LoadModel with HF GPT-2 names and shape
   CHECK(r.Find("ln_f.bias")->shape == std::vector<int64_t>{C});
   CHECK(r.Find("lm_head.weight") == nullptr);  // tied: not stored, as HF does
   CHECK(r.tensors().size() == 2 + 2 * 12 + 2);
+}
+
+TEST_CASE("SaveModelStreamed reads each layer once, in model order, and a read error leaves no file",
+          "[model_io]") {
+  TempDir dir;
+  const auto layers = InitModel(kTiny, 9);
+  std::vector<int64_t> calls;
+  const std::string path = dir.File("s.safetensors");
+  auto read = [&](int64_t l, float* out) {
+    calls.push_back(l);
+    std::copy(layers[l].begin(), layers[l].end(), out);
+    return Status::Ok();
+  };
+  REQUIRE(SaveModelStreamed(path, kTiny, read).ok());
+  std::vector<int64_t> order(layers.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+  CHECK(calls == order);
+  Result<LoadedModel> m = LoadModel(path);
+  REQUIRE(m.ok());
+  CHECK(m->layers == layers);  // the values the callback handed over, in place
+
+  const std::string bad = dir.File("bad.safetensors");
+  Status s = SaveModelStreamed(bad, kTiny, [&](int64_t l, float* out) {
+    if (l == 2) return DataLoss("spill read failed");
+    std::copy(layers[l].begin(), layers[l].end(), out);
+    return Status::Ok();
+  });
+  REQUIRE_FALSE(s.ok());
+  CHECK(s.message().find("spill read failed") != std::string::npos);
+  CHECK(s.message().find("layer 2") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(bad));
 }
 
 TEST_CASE("BF16 export stores rounded weights and untied models store lm_head", "[model_io]") {
