@@ -94,6 +94,41 @@ std::pair<int, std::string> WaitExit(Process& p, std::chrono::seconds timeout = 
   return {*code, p.Log()};
 }
 
+// What a clean start of this daemon config does to the tier: its spilled slots, and the
+// reads made before training (publishing the initial weights), so that a fault can be
+// aimed at a training update.
+struct TierCounts {
+  int64_t slots = 0, startup_reads = 0;
+};
+TierCounts ProbeTier(const Run& r, const DaemonOptions& o) {
+  auto probe = EpsDaemon::Start(r.job, o, *r.dir);
+  REQUIRE(probe.ok());
+  auto st = (*probe)->GetStatus();
+  REQUIRE(st.ok());
+  REQUIRE((*probe)->Shutdown().ok());
+  return {st->ssd_bytes / kPage, st->bytes_read / kPage};
+}
+
+// Starts the daemon with $L2L_SPILL_FAULTS = `faults` and one worker, and checks that the
+// daemon exits 1 naming the spill file, the operation `op` and the failed job. Returns
+// the daemon and the worker (still to be waited for).
+std::pair<std::unique_ptr<EpsDaemon>, std::unique_ptr<Process>> RunFaulted(const Run& r, const DaemonOptions& o,
+                                                                           const std::string& faults,
+                                                                           const std::string& op) {
+  ScopedEnv env("L2L_SPILL_FAULTS", faults);
+  auto eps = EpsDaemon::Start(r.job, o, *r.dir);
+  INFO(eps.status().ToString());
+  REQUIRE(eps.ok());
+  auto w = StartWorker((*eps)->address(), "w0", r.dir->File(op + "-fault-worker.log"));
+  REQUIRE(w.ok());
+  auto [code, log] = WaitExit((*eps)->process());
+  CHECK(code == 1);
+  CHECK(log.find(".spill") != std::string::npos);
+  CHECK(log.find(op) != std::string::npos);
+  CHECK(log.find("the job failed") != std::string::npos);
+  return {std::move(eps).value(), std::move(w).value()};
+}
+
 }  // namespace
 
 TEST_CASE("With >= 70% of the moments on SSD, l2l-eps + l2l-worker train like the reference trainer",
@@ -218,33 +253,15 @@ TEST_CASE("A spill write fault stops the daemon with the file and operation name
   o.workers = 1;
   o.extra_yaml = SpillYaml(b, spill_dir);
   // Spilled pages written by the initial fill: learn them from a clean start.
-  int64_t slots = 0;
-  {
-    auto probe = EpsDaemon::Start(r.job, o, *r.dir);
-    REQUIRE(probe.ok());
-    auto st = (*probe)->GetStatus();
-    REQUIRE(st.ok());
-    slots = st->ssd_bytes / kPage;
-    REQUIRE((*probe)->Shutdown().ok());
-  }
+  const int64_t slots = ProbeTier(r, o).slots;
   REQUIRE(slots > 0);
   const std::string kind = GENERATE(std::string("ENOSPC"), std::string("EIO"), std::string("short"));
   INFO("fault " << kind);
   // The fault hits write-behind after two full steps (each step writes every slot back).
-  ScopedEnv env("L2L_SPILL_FAULTS", "write:" + std::to_string(3 * slots + 1) + "+:" + kind);
-  auto eps = EpsDaemon::Start(r.job, o, *r.dir);
-  INFO(eps.status().ToString());
-  REQUIRE(eps.ok());
-  auto w = StartWorker((*eps)->address(), "w0", r.dir->File("wfault-worker.log"));
-  REQUIRE(w.ok());
-  auto [code, log] = WaitExit((*eps)->process());
-  CHECK(code == 1);
-  CHECK(log.find(".spill") != std::string::npos);
-  CHECK(log.find("write") != std::string::npos);
-  CHECK(log.find("the job failed") != std::string::npos);
-  (void)(*w)->Wait(30s);
+  auto [eps, w] = RunFaulted(r, o, "write:" + std::to_string(3 * slots + 1) + "+:" + kind, "write");
+  (void)w->Wait(30s);
   // The newest checkpoint (step < 6) loads and verifies (sizes, headers, crc32).
-  const std::string root = (*eps)->state_dir() + "/checkpoints";
+  const std::string root = eps->state_dir() + "/checkpoints";
   const std::string latest = ReadFile(root + "/latest");
   REQUIRE(!latest.empty());
   auto m = eps::ReadCheckpointManifest(root + "/" + latest.substr(0, latest.find('\n')));
@@ -270,35 +287,18 @@ TEST_CASE("A spill read fault fails the update instead of publishing from a half
   DaemonOptions o;
   o.workers = 1;
   o.extra_yaml = SpillYaml(SpillBudget(r.job), spill_dir);
-  // Reads made before training (publishing the initial weights): learn their count from
-  // a clean start, so the fault lands in a training update.
-  int64_t startup_reads = 0;
-  {
-    auto probe = EpsDaemon::Start(r.job, o, *r.dir);
-    REQUIRE(probe.ok());
-    auto st = (*probe)->GetStatus();
-    REQUIRE(st.ok());
-    startup_reads = st->bytes_read / kPage;
-    REQUIRE((*probe)->Shutdown().ok());
-  }
+  // Reads before training vary by up to a pool's worth (prefetch timing), so aim the
+  // fault a pool past the probe's count: inside the first training steps, which read
+  // about every spilled page each.
+  const int64_t aim = ProbeTier(r, o).startup_reads + SpillBudget(r.job).pool_bytes / kPage + 3;
   const std::string kind = GENERATE(std::string("EIO"), std::string("short"));
   INFO("fault " << kind);
-  ScopedEnv env("L2L_SPILL_FAULTS", "read:" + std::to_string(startup_reads + 3) + ":" + kind);
-  auto eps = EpsDaemon::Start(r.job, o, *r.dir);
-  INFO(eps.status().ToString());
-  REQUIRE(eps.ok());
-  auto w = StartWorker((*eps)->address(), "w0", r.dir->File("rfault-worker.log"));
-  REQUIRE(w.ok());
-  auto [code, log] = WaitExit((*eps)->process());
-  CHECK(code == 1);
-  CHECK(log.find(".spill") != std::string::npos);
-  CHECK(log.find("read") != std::string::npos);
-  CHECK(log.find("the job failed") != std::string::npos);
+  auto [eps, w] = RunFaulted(r, o, "read:" + std::to_string(aim) + ":" + kind, "read");
   // The step the fault hit never completed: the worker was stopped before finishing.
-  auto wcode = (*w)->Wait(30s);
+  auto wcode = w->Wait(30s);
   REQUIRE(wcode.ok());
-  const auto progress = ParseProgress((*w)->Log());
-  INFO((*w)->LogTail());
+  const auto progress = ParseProgress(w->Log());
+  INFO(w->LogTail());
   CHECK(progress.size() < static_cast<size_t>(r.job.train.steps));
 }
 
