@@ -214,7 +214,7 @@ TEST_CASE("Metrics HTTP server answers 404, 405, runs collect hooks and stops cl
   int hook_runs = 0;
   Gauge* g = reg.GetGauge("l2l_hooked", "set by a hook");
   reg.AddCollectHook([&] { g->Set(++hook_runs); });
-  auto server = MetricsHttpServer::Start(&reg, {"127.0.0.1:0", false, 500});
+  auto server = MetricsHttpServer::Start(&reg, {"127.0.0.1:0", false, 500, ""});
   REQUIRE(server.ok());
   const int port = (*server)->port();
   CHECK(Get(port, "/nope").code == 404);
@@ -244,13 +244,13 @@ TEST_CASE("Metrics HTTP server answers 404, 405, runs collect hooks and stops cl
 TEST_CASE("Metrics server refuses a non-loopback address without a token or --insecure", "[eps][metrics]") {
   MetricsRegistry reg;
   // Refused before binding: nothing listens on 0.0.0.0 afterwards (Start returns early).
-  auto s = MetricsHttpServer::Start(&reg, {"0.0.0.0:0", false, 1000});
+  auto s = MetricsHttpServer::Start(&reg, {"0.0.0.0:0", false, 1000, ""});
   REQUIRE(!s.ok());
   CHECK(s.status().code() == StatusCode::kPermissionDenied);
   CHECK(s.status().message().find("0.0.0.0:0") != std::string::npos);
   CHECK(s.status().message().find("--token-file") != std::string::npos);
   CHECK(s.status().message().find("--insecure") != std::string::npos);
-  auto bad = MetricsHttpServer::Start(&reg, {"no-port-here", false, 1000});
+  auto bad = MetricsHttpServer::Start(&reg, {"no-port-here", false, 1000, ""});
   REQUIRE(!bad.ok());
   CHECK(bad.status().message().find("no-port-here") != std::string::npos);
 }
