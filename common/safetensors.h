@@ -88,7 +88,7 @@ struct TensorToWrite {
   const void* raw = nullptr;    // ... or numel * DTypeSize(dtype) bytes already encoded
   // ... or fp32 values produced on demand: called once, in file order, right before the
   // tensor is written (streaming writers keep one piece of the model in memory at a time).
-  std::function<Result<const float*>()> f32_source;
+  std::function<Result<const float*>()> f32_source = nullptr;
 };
 
 // Writes `tensors` (unique, non-empty names other than "__metadata__") and `metadata`.
