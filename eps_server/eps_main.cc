@@ -252,8 +252,7 @@ int main(int argc, char** argv) {
   }
 
   eps::EpsGrpcServer* srv = server->get();
-  fatal_srv.store(srv);
-  if (!core.GetStatus().error.empty()) srv->RequestShutdown(true, true);  // failed before we listened
+  fatal_srv.store(srv);  // no update (so no job failure) can run before workers reach us
   std::thread signals([srv, sigs] {
     int sig = 0;
     sigwait(&sigs, &sig);

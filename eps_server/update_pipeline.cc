@@ -213,7 +213,7 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
   // pages are waited for here; written back behind when the lease ends).
   auto lease = store_->Lease(layer, LeaseMode::kUpdate);
   if (!lease.ok()) {
-    FailUpdate(layer, lease.status().WithContext("update of layer " + std::to_string(layer) + " step " +
+    FailUpdate(lease.status().WithContext("update of layer " + std::to_string(layer) + " step " +
                                                  std::to_string(step)));
     return;
   }
@@ -266,7 +266,7 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
   FinishUpdateLocked(layer, secs);
 }
 
-void UpdatePipeline::FailUpdate(int64_t layer, Status s) {
+void UpdatePipeline::FailUpdate(Status s) {
   std::function<void(const Status&)> cb;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -277,7 +277,6 @@ void UpdatePipeline::FailUpdate(int64_t layer, Status s) {
     }
     // The layer stays scheduled (nothing re-schedules it) and its gradients stay held:
     // no state moves after a fault.
-    (void)layer;
     --running_;
     cv_.notify_all();
   }

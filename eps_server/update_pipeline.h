@@ -176,7 +176,7 @@ class UpdatePipeline {
   PipelineStats stats_;                       // GUARDED_BY(mu_)
   Status failure_;                            // GUARDED_BY(mu_): first fatal error
   std::function<void(const Status&)> on_failure_;  // GUARDED_BY(mu_)
-  void FailUpdate(int64_t layer, Status s);   // REQUIRES: mu_ not held
+  void FailUpdate(Status s);                  // REQUIRES: mu_ not held
 };
 
 }  // namespace l2l::eps

@@ -64,6 +64,17 @@ std::string SpillYaml(const Budget& b, const std::string& spill_dir, int64_t pre
          std::to_string(prefetch) + "\n  pool_bytes: " + std::to_string(b.pool_bytes) + "\n";
 }
 
+// A spilling run's daemon options: `workers` workers, the budget above, and the spill
+// dir SpillDir(r) (created) inside the run's temp dir.
+std::string SpillDir(const Run& r) { return r.dir->File("spill"); }
+DaemonOptions SpillDaemon(const Run& r, int workers) {
+  fs::create_directories(SpillDir(r));
+  DaemonOptions o;
+  o.workers = workers;
+  o.extra_yaml = SpillYaml(SpillBudget(r.job), SpillDir(r));
+  return o;
+}
+
 // Sets an environment variable for the daemons this scope starts (children inherit it).
 struct ScopedEnv {
   std::string name;
@@ -134,12 +145,8 @@ std::pair<std::unique_ptr<EpsDaemon>, std::unique_ptr<Process>> RunFaulted(const
 TEST_CASE("With >= 70% of the moments on SSD, l2l-eps + l2l-worker train like the reference trainer",
           "[integration][spill]") {
   Run r = Prepare("spill-equiv");
-  const std::string spill_dir = r.dir->File("spill");
-  fs::create_directories(spill_dir);
   const Budget b = SpillBudget(r.job);
-  DaemonOptions o;
-  o.workers = 1;
-  o.extra_yaml = SpillYaml(b, spill_dir);
+  DaemonOptions o = SpillDaemon(r, 1);
   auto eps = EpsDaemon::Start(r.job, o, *r.dir);
   INFO(eps.status().ToString());
   REQUIRE(eps.ok());
@@ -156,7 +163,7 @@ TEST_CASE("With >= 70% of the moments on SSD, l2l-eps + l2l-worker train like th
   CHECK(st->lease_hits + st->lease_misses > 0);
   for (int64_t v : st->layer_version) CHECK(v == r.job.train.steps);
   // The spill file has the stable name the operator docs give.
-  CHECK(fs::exists(spill_dir + "/l2l-" + (*eps)->job_id() + ".spill"));
+  CHECK(fs::exists(SpillDir(r) + "/l2l-" + (*eps)->job_id() + ".spill"));
   RequireClose(r.job, Exported(**eps, r.job.model), Reference(r.job, 1));
   REQUIRE((*eps)->Shutdown().ok());
 }
@@ -167,11 +174,7 @@ TEST_CASE("Lock-free mode with spilled state keeps the staleness bound and repor
   r.job.train.mode = "lockfree";
   r.job.train.staleness = 1;
   r.job.train.steps = 4;
-  const std::string spill_dir = r.dir->File("spill");
-  fs::create_directories(spill_dir);
-  DaemonOptions o;
-  o.workers = 2;
-  o.extra_yaml = SpillYaml(SpillBudget(r.job), spill_dir);
+  DaemonOptions o = SpillDaemon(r, 2);
   auto eps = EpsDaemon::Start(r.job, o, *r.dir);
   INFO(eps.status().ToString());
   REQUIRE(eps.ok());
@@ -194,13 +197,9 @@ TEST_CASE("Spilled state: checkpoint, kill -9, resume gives the same state byte 
           "[integration][spill]") {
   Run r = Prepare("spill-resume");
   r.job.train.steps = 4;
-  const std::string spill_dir = r.dir->File("spill");
-  fs::create_directories(spill_dir);
   const Budget b = SpillBudget(r.job);
-  DaemonOptions o;
-  o.workers = 1;
+  DaemonOptions o = SpillDaemon(r, 1);
   o.job_id = "spillresume" + std::to_string(getpid());
-  o.extra_yaml = SpillYaml(b, spill_dir);
   std::string ckpt;
   {
     // A 2-step job, checkpointed at its end, then the daemon is killed.
@@ -246,12 +245,7 @@ TEST_CASE("A spill write fault stops the daemon with the file and operation name
   Run r = Prepare("spill-wfault");
   r.job.train.steps = 6;
   r.job.train.checkpoint_every = 1;
-  const std::string spill_dir = r.dir->File("spill");
-  fs::create_directories(spill_dir);
-  const Budget b = SpillBudget(r.job);
-  DaemonOptions o;
-  o.workers = 1;
-  o.extra_yaml = SpillYaml(b, spill_dir);
+  DaemonOptions o = SpillDaemon(r, 1);
   // Spilled pages written by the initial fill: learn them from a clean start.
   const int64_t slots = ProbeTier(r, o).slots;
   REQUIRE(slots > 0);
@@ -282,11 +276,7 @@ TEST_CASE("A spill read fault fails the update instead of publishing from a half
           "[integration][spill][fault]") {
   Run r = Prepare("spill-rfault");
   r.job.train.steps = 4;
-  const std::string spill_dir = r.dir->File("spill");
-  fs::create_directories(spill_dir);
-  DaemonOptions o;
-  o.workers = 1;
-  o.extra_yaml = SpillYaml(SpillBudget(r.job), spill_dir);
+  DaemonOptions o = SpillDaemon(r, 1);
   // Reads before training vary by up to a pool's worth (prefetch timing), so aim the
   // fault a pool past the probe's count: inside the first training steps, which read
   // about every spilled page each.
@@ -304,10 +294,7 @@ TEST_CASE("A spill read fault fails the update instead of publishing from a half
 
 TEST_CASE("A full disk at start-up refuses to start, naming the spill file", "[integration][spill][fault]") {
   Run r = Prepare("spill-full");
-  const std::string spill_dir = r.dir->File("spill");
-  fs::create_directories(spill_dir);
-  DaemonOptions o;
-  o.extra_yaml = SpillYaml(SpillBudget(r.job), spill_dir);
+  DaemonOptions o = SpillDaemon(r, 1);
   o.wait_ready = false;
   ScopedEnv env("L2L_SPILL_FAULTS", "fallocate:1:ENOSPC");
   auto eps = EpsDaemon::Start(r.job, o, *r.dir);
@@ -322,12 +309,8 @@ TEST_CASE("Resume with a truncated spill file is refused with its path, a missin
           "[integration][spill][fault]") {
   Run r = Prepare("spill-trunc");
   r.job.train.steps = 2;
-  const std::string spill_dir = r.dir->File("spill");
-  fs::create_directories(spill_dir);
-  DaemonOptions o;
-  o.workers = 1;
+  DaemonOptions o = SpillDaemon(r, 1);
   o.job_id = "spilltrunc" + std::to_string(getpid());
-  o.extra_yaml = SpillYaml(SpillBudget(r.job), spill_dir);
   std::string ckpt;
   {
     auto eps = EpsDaemon::Start(r.job, o, *r.dir);
@@ -339,7 +322,7 @@ TEST_CASE("Resume with a truncated spill file is refused with its path, a missin
     (*eps)->process().Signal(SIGKILL);
     (void)(*eps)->process().Wait(10s);
   }
-  const std::string file = spill_dir + "/l2l-" + o.job_id + ".spill";
+  const std::string file = SpillDir(r) + "/l2l-" + o.job_id + ".spill";
   REQUIRE(fs::exists(file));
   const auto before = CheckpointFiles(ckpt);
   REQUIRE(::truncate(file.c_str(), static_cast<off_t>(fs::file_size(file) / 2)) == 0);
