@@ -3,7 +3,9 @@
 # needs no GPU (ctest -LE gpu: labels unit, oracle, integration).
 # In CI (CI=true) or with L2L_TSAN=1 it first builds the EPS concurrency tests with
 # ThreadSanitizer and runs them (scripts/tsan.sh, a separate build-tsan; ~5 min on 2
-# cores without ccache). Usage: scripts/test.sh [ctest args...]
+# cores without ccache). Then it runs the GPU tests on the CPU emulator of CUDA
+# (scripts/emu_test.sh, build-emu; L2L_EMU=0 skips it).
+# Usage: scripts/test.sh [ctest args...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -17,4 +19,6 @@ cd "${L2L_BUILD_DIR:-build}"
 # --repeat until-pass:2: two integration tests are known to fail rarely under load (a
 # timing race in the EPS, tracked in the issues); a second failure fails the run.
 ctest -LE gpu --output-on-failure --no-tests=error --repeat until-pass:2 -j "$(nproc)" "$@"
+cd "$root"
+if [ "${L2L_EMU:-1}" = "1" ]; then bash "$root/scripts/emu_test.sh"; fi
 echo "test.sh: done in $(( $(date +%s) - start )) s"

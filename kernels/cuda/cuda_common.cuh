@@ -8,6 +8,17 @@
 
 namespace l2l::kernels::cuda {
 
+// Kernel launch: L2L_LAUNCH(kernel, grid, block, smem, stream)(args...) is
+// kernel<<<grid, block, smem, stream>>>(args...). Written as a macro so the same .cu
+// files also build with g++ against the CPU emulator (tests/cuda_emu, -DL2L_CUDA=EMU),
+// which runs the kernel's threads as fibers.
+#ifdef L2L_CUDA_EMULATOR
+#define L2L_LAUNCH(kernel, grid, block, smem, stream) \
+  ::l2l_cuda_emu::Launch(kernel, #kernel, grid, block, smem, stream)
+#else
+#define L2L_LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
+#endif
+
 inline constexpr int kThreads = 256;  // default block size for elementwise kernels
 
 // Blocks for a grid-stride loop over n items: enough to fill an H100 (132 SMs x 16

@@ -88,45 +88,45 @@ __global__ void CastBf16ToF32Kernel(float* dst, const __nv_bfloat16* src, int64_
 
 void LaunchAdd(float* out, const float* a, const float* b, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
-  AddKernel<<<GridFor(n), kThreads, 0, s>>>(out, a, b, n);
+  L2L_LAUNCH(AddKernel, GridFor(n), kThreads, 0, s)(out, a, b, n);
   L2L_CUDA_CHECK_LAUNCH();
 }
 
 void LaunchAxpy(float* dst, const float* src, float alpha, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
-  AxpyKernel<<<GridFor(n), kThreads, 0, s>>>(dst, src, alpha, n);
+  L2L_LAUNCH(AxpyKernel, GridFor(n), kThreads, 0, s)(dst, src, alpha, n);
   L2L_CUDA_CHECK_LAUNCH();
 }
 
 void LaunchScale(float* x, float alpha, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
-  ScaleKernel<<<GridFor(n), kThreads, 0, s>>>(x, alpha, n);
+  L2L_LAUNCH(ScaleKernel, GridFor(n), kThreads, 0, s)(x, alpha, n);
   L2L_CUDA_CHECK_LAUNCH();
 }
 
 void LaunchScaleMatrix(float* c, float alpha, int64_t rows, int64_t cols, int64_t ld,
                        cudaStream_t s) {
   if (rows <= 0 || cols <= 0) return;
-  ScaleMatrixKernel<<<GridFor(rows * cols), kThreads, 0, s>>>(c, alpha, rows, cols, ld);
+  L2L_LAUNCH(ScaleMatrixKernel, GridFor(rows * cols), kThreads, 0, s)(c, alpha, rows, cols, ld);
   L2L_CUDA_CHECK_LAUNCH();
 }
 
 void LaunchGeluForward(float* out, const float* inp, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
-  GeluForwardKernel<<<GridFor(n), kThreads, 0, s>>>(out, inp, n);
+  L2L_LAUNCH(GeluForwardKernel, GridFor(n), kThreads, 0, s)(out, inp, n);
   L2L_CUDA_CHECK_LAUNCH();
 }
 
 void LaunchGeluBackward(float* dinp, const float* inp, const float* dout, int64_t n,
                         cudaStream_t s) {
   if (n <= 0) return;
-  GeluBackwardKernel<<<GridFor(n), kThreads, 0, s>>>(dinp, inp, dout, n);
+  L2L_LAUNCH(GeluBackwardKernel, GridFor(n), kThreads, 0, s)(dinp, inp, dout, n);
   L2L_CUDA_CHECK_LAUNCH();
 }
 
 void LaunchAddBias(float* out, const float* bias, int64_t N, int64_t OC, cudaStream_t s) {
   if (N <= 0 || OC <= 0) return;
-  AddBiasKernel<<<GridFor(N * OC), kThreads, 0, s>>>(out, bias, N, OC);
+  L2L_LAUNCH(AddBiasKernel, GridFor(N * OC), kThreads, 0, s)(out, bias, N, OC);
   L2L_CUDA_CHECK_LAUNCH();
 }
 
@@ -134,28 +134,29 @@ void LaunchEmbeddingForward(float* out, const int32_t* tokens, const float* wte,
                             const float* wpe, int64_t B, int64_t T, int64_t C, cudaStream_t s) {
   int64_t total = B * T * C;
   if (total <= 0) return;
-  EmbeddingForwardKernel<<<GridFor(total), kThreads, 0, s>>>(out, tokens, wte, wpe, T, C, total);
+  L2L_LAUNCH(EmbeddingForwardKernel, GridFor(total), kThreads, 0, s)(
+      out, tokens, wte, wpe, T, C, total);
   L2L_CUDA_CHECK_LAUNCH();
 }
 
 void LaunchCrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
                                 float scale, int64_t N, int64_t V, cudaStream_t s) {
   if (N <= 0 || V <= 0) return;
-  CrossEntropyBackwardKernel<<<GridFor(N * V), kThreads, 0, s>>>(dlogits, probs, targets, scale,
-                                                                N, V);
+  L2L_LAUNCH(CrossEntropyBackwardKernel, GridFor(N * V), kThreads, 0, s)(
+      dlogits, probs, targets, scale, N, V);
   L2L_CUDA_CHECK_LAUNCH();
 }
 
 void LaunchCastF32ToBf16(uint16_t* dst, const float* src, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
-  CastF32ToBf16Kernel<<<GridFor(n), kThreads, 0, s>>>(reinterpret_cast<__nv_bfloat16*>(dst), src,
-                                                     n);
+  L2L_LAUNCH(CastF32ToBf16Kernel, GridFor(n), kThreads, 0, s)(
+      reinterpret_cast<__nv_bfloat16*>(dst), src, n);
   L2L_CUDA_CHECK_LAUNCH();
 }
 
 void LaunchCastBf16ToF32(float* dst, const uint16_t* src, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
-  CastBf16ToF32Kernel<<<GridFor(n), kThreads, 0, s>>>(
+  L2L_LAUNCH(CastBf16ToF32Kernel, GridFor(n), kThreads, 0, s)(
       dst, reinterpret_cast<const __nv_bfloat16*>(src), n);
   L2L_CUDA_CHECK_LAUNCH();
 }

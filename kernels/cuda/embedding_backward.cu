@@ -76,7 +76,7 @@ void LaunchEmbeddingBackward(float* dwte, float* dwpe, const float* dout, const 
                              cudaStream_t s) {
   const int64_t N = B * T;
   if (N <= 0 || C <= 0) return;
-  EmbeddingPositionBackwardKernel<<<GridFor(T * C), kThreads, 0, s>>>(dwpe, dout, B, T, C);
+  L2L_LAUNCH(EmbeddingPositionBackwardKernel, GridFor(T * C), kThreads, 0, s)(dwpe, dout, B, T, C);
   L2L_CUDA_CHECK_LAUNCH();
 
   const size_t ints = AlignUp(static_cast<size_t>(N) * sizeof(int32_t));
@@ -90,14 +90,15 @@ void LaunchEmbeddingBackward(float* dwte, float* dwpe, const float* dout, const 
     GpuCheckFailed("LaunchEmbeddingBackward scratch", "scratch smaller than "
                    "EmbeddingBackwardScratchBytes(B*T)", __FILE__, __LINE__);
   }
-  IotaKernel<<<GridFor(N), kThreads, 0, s>>>(pos, N);
+  L2L_LAUNCH(IotaKernel, GridFor(N), kThreads, 0, s)(pos, N);
   L2L_CUDA_CHECK_LAUNCH();
   // Stable LSD radix sort on all 32 key bits: equal tokens keep ascending positions.
   L2L_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, tokens, sorted_tokens, pos,
                                                  sorted_pos, static_cast<int>(N), 0, 32, s));
   const int64_t warps_per_block = kThreads / 32;
-  EmbeddingTokenBackwardKernel<<<static_cast<unsigned>((N + warps_per_block - 1) / warps_per_block),
-                                 kThreads, 0, s>>>(dwte, dout, sorted_tokens, sorted_pos, N, C);
+  const auto blocks = static_cast<unsigned>((N + warps_per_block - 1) / warps_per_block);
+  L2L_LAUNCH(EmbeddingTokenBackwardKernel, blocks, kThreads, 0, s)(
+      dwte, dout, sorted_tokens, sorted_pos, N, C);
   L2L_CUDA_CHECK_LAUNCH();
 }
 

@@ -152,14 +152,14 @@ void LaunchColumnPartial(const float* dout, int64_t N, int64_t cols, float* scra
                          int64_t groups, cudaStream_t s) {
   const int64_t rows_per_group = (N + groups - 1) / groups;
   dim3 grid(static_cast<unsigned>((cols + kColTile - 1) / kColTile), static_cast<unsigned>(groups));
-  ColumnSumPartialKernel<<<grid, dim3(kColTile, kRowLanes), 0, s>>>(scratch, dout, N, cols,
-                                                                   rows_per_group);
+  L2L_LAUNCH(ColumnSumPartialKernel, grid, dim3(kColTile, kRowLanes), 0, s)(
+      scratch, dout, N, cols, rows_per_group);
   L2L_CUDA_CHECK_LAUNCH();
 }
 
 void LaunchColumnFinal(float* dst, const float* partial, int64_t groups, int64_t cols,
                        cudaStream_t s) {
-  ColumnSumFinalKernel<<<GridFor(cols), kThreads, 0, s>>>(dst, partial, groups, cols);
+  L2L_LAUNCH(ColumnSumFinalKernel, GridFor(cols), kThreads, 0, s)(dst, partial, groups, cols);
   L2L_CUDA_CHECK_LAUNCH();
 }
 
@@ -184,8 +184,9 @@ void LaunchLayerNormForward(float* out, float* mean, float* rstd, const float* i
                             cudaStream_t s) {
   if (N <= 0 || C <= 0) return;
   const int rows_per_block = kThreads / 32;
-  LayerNormForwardKernel<<<static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block),
-                           kThreads, 0, s>>>(out, mean, rstd, inp, weight, bias, N, C);
+  const auto blocks = static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block);
+  L2L_LAUNCH(LayerNormForwardKernel, blocks, kThreads, 0, s)(
+      out, mean, rstd, inp, weight, bias, N, C);
   L2L_CUDA_CHECK_LAUNCH();
 }
 
@@ -195,12 +196,13 @@ void LaunchLayerNormBackward(float* dinp, float* dweight, float* dbias, const fl
                              int64_t groups, cudaStream_t s) {
   if (N <= 0 || C <= 0) return;
   const int rows_per_block = kThreads / 32;
-  LayerNormBackwardInputKernel<<<static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block),
-                                 kThreads, 0, s>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+  const auto blocks = static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block);
+  L2L_LAUNCH(LayerNormBackwardInputKernel, blocks, kThreads, 0, s)(
+      dinp, dout, inp, weight, mean, rstd, N, C);
   L2L_CUDA_CHECK_LAUNCH();
   const int64_t rows_per_group = (N + groups - 1) / groups;
   dim3 grid(static_cast<unsigned>((C + kColTile - 1) / kColTile), static_cast<unsigned>(groups));
-  LayerNormParamGradPartialKernel<<<grid, dim3(kColTile, kRowLanes), 0, s>>>(
+  L2L_LAUNCH(LayerNormParamGradPartialKernel, grid, dim3(kColTile, kRowLanes), 0, s)(
       scratch, dout, inp, mean, rstd, N, C, rows_per_group);
   L2L_CUDA_CHECK_LAUNCH();
   LaunchColumnFinal(dweight, scratch, groups, C, s);
@@ -209,9 +211,9 @@ void LaunchLayerNormBackward(float* dinp, float* dweight, float* dbias, const fl
 
 void LaunchSumSquares(double* result, const float* x, int64_t n, double* scratch,
                       cudaStream_t s) {
-  SumSquaresPartialKernel<<<kSumSquaresBlocks, kThreads, 0, s>>>(scratch, x, n);
+  L2L_LAUNCH(SumSquaresPartialKernel, kSumSquaresBlocks, kThreads, 0, s)(scratch, x, n);
   L2L_CUDA_CHECK_LAUNCH();
-  SumSquaresFinalKernel<<<1, kThreads, 0, s>>>(result, scratch, kSumSquaresBlocks);
+  L2L_LAUNCH(SumSquaresFinalKernel, 1, kThreads, 0, s)(result, scratch, kSumSquaresBlocks);
   L2L_CUDA_CHECK_LAUNCH();
 }
 

@@ -72,23 +72,23 @@ unsigned WarpRowBlocks(int64_t rows) {
 
 void LaunchCausalSoftmaxForward(float* att, int64_t rows, int64_t T, cudaStream_t s) {
   if (rows <= 0 || T <= 0) return;
-  CausalSoftmaxForwardKernel<<<WarpRowBlocks(rows * T), kThreads, 0, s>>>(att, rows * T, T);
+  L2L_LAUNCH(CausalSoftmaxForwardKernel, WarpRowBlocks(rows * T), kThreads, 0, s)(att, rows * T, T);
   L2L_CUDA_CHECK_LAUNCH();
 }
 
 void LaunchCausalSoftmaxBackward(float* datt, const float* att, int64_t rows, int64_t T,
                                  float scale, cudaStream_t s) {
   if (rows <= 0 || T <= 0) return;
-  CausalSoftmaxBackwardKernel<<<WarpRowBlocks(rows * T), kThreads, 0, s>>>(datt, att, rows * T,
-                                                                          T, scale);
+  L2L_LAUNCH(CausalSoftmaxBackwardKernel, WarpRowBlocks(rows * T), kThreads, 0, s)(
+      datt, att, rows * T, T, scale);
   L2L_CUDA_CHECK_LAUNCH();
 }
 
 void LaunchCrossEntropyForward(float* losses, float* probs, const float* logits,
                                const int32_t* targets, int64_t N, int64_t V, cudaStream_t s) {
   if (N <= 0 || V <= 0) return;
-  CrossEntropyForwardKernel<<<static_cast<unsigned>(N), 512, 0, s>>>(losses, probs, logits,
-                                                                    targets, V);
+  L2L_LAUNCH(CrossEntropyForwardKernel, static_cast<unsigned>(N), 512, 0, s)(
+      losses, probs, logits, targets, V);
   L2L_CUDA_CHECK_LAUNCH();
 }
 

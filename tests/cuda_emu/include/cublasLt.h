@@ -1,0 +1,191 @@
+// Emulated cublasLt.h (tests/cuda_emu): the subset of cuBLASLt that kernels/cuda/gemm.cc
+// uses — handle, matmul descriptor, matrix layouts, preferences, the heuristic query and
+// cublasLtMatmul — implemented on the CPU in tests/cuda_emu/cublaslt.cc. Names,
+// signatures and enum values as in CUDA 12's cublasLt.h.
+//
+// What it emulates (column-major, D = epilogue(alpha * op(A) op(B) + beta * C)):
+//   A/B/C/D fp32, compute 32F (fp32 products and sums) or 32F_FAST_TF32 (A and B rounded
+//   to TF32, nearest-even, before multiplying); A/B bf16 with C/D bf16 or fp32, compute
+//   32F; scale type fp32, host pointer mode; epilogues DEFAULT, RELU, BIAS, RELU_BIAS,
+//   GELU (tanh form), GELU_BIAS for unbatched problems; strided batches (interleaved
+//   inputs allowed). Anything else is CUBLAS_STATUS_NOT_SUPPORTED with a line on stderr.
+// Stricter than the library on purpose: every operand's extent must lie in one
+// cudaMalloc allocation, pointers must meet the alignment the algorithm was chosen for,
+// and each failure says what was wrong on stderr (INVALID_VALUE).
+//
+// Ownership: every Create has its Destroy; descriptors are plain heap objects owned by
+// the caller. Thread-safety: as the real library — a handle or descriptor is used by one
+// thread at a time; distinct ones are independent. cublasLtMatmul queues its work on the
+// stream (l2l_cuda_emu::Enqueue) and returns; the GEMM itself runs on the stream thread,
+// parallelised with oneTBB.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cublas_api.h"
+#include "l2l_cuda_emu.h"
+#include "library_types.h"
+
+struct cublasLtContext;
+typedef struct cublasLtContext* cublasLtHandle_t;
+struct cublasLtMatmulDescOpaque_t;
+typedef struct cublasLtMatmulDescOpaque_t* cublasLtMatmulDesc_t;
+struct cublasLtMatrixLayoutOpaque_t;
+typedef struct cublasLtMatrixLayoutOpaque_t* cublasLtMatrixLayout_t;
+struct cublasLtMatmulPreferenceOpaque_t;
+typedef struct cublasLtMatmulPreferenceOpaque_t* cublasLtMatmulPreference_t;
+
+// Opaque to callers; the emulator records in it the problem and the pointer alignments
+// the heuristic chose it for (see cublaslt.cc).
+typedef struct {
+  uint64_t data[8];
+} cublasLtMatmulAlgo_t;
+
+typedef struct {
+  cublasLtMatmulAlgo_t algo;
+  size_t workspaceSize;
+  cublasStatus_t state;
+  float wavesCount;
+  int reserved[4];
+} cublasLtMatmulHeuristicResult_t;
+
+typedef enum {
+  CUBLASLT_POINTER_MODE_HOST = 0,
+  CUBLASLT_POINTER_MODE_DEVICE = 1,
+  CUBLASLT_POINTER_MODE_DEVICE_VECTOR = 2,
+  CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO = 3,
+  CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST = 4,
+} cublasLtPointerMode_t;
+
+typedef enum {
+  CUBLASLT_ORDER_COL = 0,
+  CUBLASLT_ORDER_ROW = 1,
+  CUBLASLT_ORDER_COL32 = 2,
+  CUBLASLT_ORDER_COL4_4R2_8C = 3,
+  CUBLASLT_ORDER_COL32_2R_4R4 = 4,
+} cublasLtOrder_t;
+
+typedef enum {
+  CUBLASLT_EPILOGUE_DEFAULT = 1,
+  CUBLASLT_EPILOGUE_RELU = 2,
+  CUBLASLT_EPILOGUE_RELU_AUX = 130,
+  CUBLASLT_EPILOGUE_BIAS = 4,
+  CUBLASLT_EPILOGUE_RELU_BIAS = 6,
+  CUBLASLT_EPILOGUE_RELU_AUX_BIAS = 134,
+  CUBLASLT_EPILOGUE_DRELU = 136,
+  CUBLASLT_EPILOGUE_DRELU_BGRAD = 152,
+  CUBLASLT_EPILOGUE_GELU = 32,
+  CUBLASLT_EPILOGUE_GELU_AUX = 160,
+  CUBLASLT_EPILOGUE_GELU_BIAS = 36,
+  CUBLASLT_EPILOGUE_GELU_AUX_BIAS = 164,
+  CUBLASLT_EPILOGUE_DGELU = 192,
+  CUBLASLT_EPILOGUE_DGELU_BGRAD = 208,
+  CUBLASLT_EPILOGUE_BGRADA = 256,
+  CUBLASLT_EPILOGUE_BGRADB = 512,
+} cublasLtEpilogue_t;
+
+typedef enum {
+  CUBLASLT_MATMUL_DESC_COMPUTE_TYPE = 0,
+  CUBLASLT_MATMUL_DESC_SCALE_TYPE = 1,
+  CUBLASLT_MATMUL_DESC_POINTER_MODE = 2,
+  CUBLASLT_MATMUL_DESC_TRANSA = 3,
+  CUBLASLT_MATMUL_DESC_TRANSB = 4,
+  CUBLASLT_MATMUL_DESC_TRANSC = 5,
+  CUBLASLT_MATMUL_DESC_FILL_MODE = 6,
+  CUBLASLT_MATMUL_DESC_EPILOGUE = 7,
+  CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
+  CUBLASLT_MATMUL_DESC_BIAS_BATCH_STRIDE = 10,
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER = 11,
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD = 12,
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_BATCH_STRIDE = 13,
+  CUBLASLT_MATMUL_DESC_ALPHA_VECTOR_BATCH_STRIDE = 14,
+  CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET = 15,
+  CUBLASLT_MATMUL_DESC_A_SCALE_POINTER = 17,
+  CUBLASLT_MATMUL_DESC_B_SCALE_POINTER = 18,
+  CUBLASLT_MATMUL_DESC_C_SCALE_POINTER = 19,
+  CUBLASLT_MATMUL_DESC_D_SCALE_POINTER = 20,
+  CUBLASLT_MATMUL_DESC_AMAX_D_POINTER = 21,
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE = 22,
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_SCALE_POINTER = 23,
+  CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_AMAX_POINTER = 24,
+  CUBLASLT_MATMUL_DESC_FAST_ACCUM = 25,
+  CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26,
+} cublasLtMatmulDescAttributes_t;
+
+typedef enum {
+  CUBLASLT_MATRIX_LAYOUT_TYPE = 0,
+  CUBLASLT_MATRIX_LAYOUT_ORDER = 1,
+  CUBLASLT_MATRIX_LAYOUT_ROWS = 2,
+  CUBLASLT_MATRIX_LAYOUT_COLS = 3,
+  CUBLASLT_MATRIX_LAYOUT_LD = 4,
+  CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT = 5,
+  CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET = 6,
+  CUBLASLT_MATRIX_LAYOUT_PLANE_OFFSET = 7,
+} cublasLtMatrixLayoutAttribute_t;
+
+typedef enum {
+  CUBLASLT_MATMUL_PREF_SEARCH_MODE = 0,
+  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+  CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK = 3,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,
+  CUBLASLT_MATMUL_PREF_MAX_WAVES_COUNT = 9,
+  CUBLASLT_MATMUL_PREF_IMPL_MASK = 12,
+} cublasLtMatmulPreferenceAttributes_t;
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle);
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle);
+const char* cublasLtGetStatusName(cublasStatus_t status);
+const char* cublasLtGetStatusString(cublasStatus_t status);
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* matmulDesc,
+                                        cublasComputeType_t computeType, cudaDataType_t scaleType);
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t matmulDesc);
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc,
+                                              cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              size_t sizeInBytes);
+cublasStatus_t cublasLtMatmulDescGetAttribute(cublasLtMatmulDesc_t matmulDesc,
+                                              cublasLtMatmulDescAttributes_t attr, void* buf,
+                                              size_t sizeInBytes, size_t* sizeWritten);
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* matLayout, cudaDataType type,
+                                          uint64_t rows, uint64_t cols, int64_t ld);
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t matLayout);
+cublasStatus_t cublasLtMatrixLayoutSetAttribute(cublasLtMatrixLayout_t matLayout,
+                                                cublasLtMatrixLayoutAttribute_t attr,
+                                                const void* buf, size_t sizeInBytes);
+cublasStatus_t cublasLtMatrixLayoutGetAttribute(cublasLtMatrixLayout_t matLayout,
+                                                cublasLtMatrixLayoutAttribute_t attr, void* buf,
+                                                size_t sizeInBytes, size_t* sizeWritten);
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref);
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref);
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, size_t sizeInBytes);
+cublasStatus_t cublasLtMatmulPreferenceGetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    void* buf, size_t sizeInBytes,
+                                                    size_t* sizeWritten);
+
+// Validates the problem exactly as cublasLtMatmul will (less the pointers) and returns
+// at most one algorithm, recording the MIN_ALIGNMENT_*_BYTES preferences (default 256)
+// it was chosen for. An unsupported or invalid problem: that status, *returnAlgoCount = 0.
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
+    cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t operationDesc, cublasLtMatrixLayout_t Adesc,
+    cublasLtMatrixLayout_t Bdesc, cublasLtMatrixLayout_t Cdesc, cublasLtMatrixLayout_t Ddesc,
+    cublasLtMatmulPreference_t preference, int requestedAlgoCount,
+    cublasLtMatmulHeuristicResult_t heuristicResultsArray[], int* returnAlgoCount);
+
+// Queues D = epilogue(alpha * op(A) op(B) + beta * C) on `stream`. alpha and beta are
+// host pointers read before the call returns. algo == nullptr: an implicit heuristic
+// query (natural element alignment only).
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc,
+                              const void* alpha, const void* A, cublasLtMatrixLayout_t Adesc,
+                              const void* B, cublasLtMatrixLayout_t Bdesc, const void* beta,
+                              const void* C, cublasLtMatrixLayout_t Cdesc, void* D,
+                              cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t* algo,
+                              void* workspace, size_t workspaceSizeInBytes, cudaStream_t stream);
