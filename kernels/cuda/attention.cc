@@ -1,4 +1,5 @@
-// Causal attention as batched GEMMs + fused causal softmax. See attention.h.
+// Causal attention as batched GEMMs + fused causal softmax, in fp32 or with bf16
+// operands (bf16 mode). See attention.h.
 #include "kernels/cuda/attention.h"
 
 #include <cmath>
@@ -9,6 +10,8 @@
 namespace l2l::kernels::cuda {
 namespace {
 
+size_t ElemBytes(cudaDataType_t t) { return t == CUDA_R_16BF ? 2 : 4; }
+
 // One product for all NH heads of one batch element: matrix h of each operand starts at
 // base + h*stride. Falls back to NH single GEMMs when cuBLASLt has no algorithm for the
 // interleaved batch.
@@ -16,12 +19,13 @@ void HeadsGemm(LtGemm& gemm, LtGemmArgs a, int64_t NH, cudaStream_t s) {
   a.batch = static_cast<int>(NH);
   Status st = gemm.Run(a, s);
   if (st.code() == StatusCode::kNotFound && NH > 1) {
+    const size_t ab = ElemBytes(a.ab_type), cb = ElemBytes(a.c_type);
     LtGemmArgs one = a;
     one.batch = 1;
     for (int64_t h = 0; h < NH; ++h) {
-      one.A = static_cast<const float*>(a.A) + h * a.stride_a;
-      one.B = static_cast<const float*>(a.B) + h * a.stride_b;
-      one.C = static_cast<float*>(a.C) + h * a.stride_c;
+      one.A = static_cast<const char*>(a.A) + h * a.stride_a * ab;
+      one.B = static_cast<const char*>(a.B) + h * a.stride_b * ab;
+      one.C = static_cast<char*>(a.C) + h * a.stride_c * cb;
       st = gemm.Run(one, s);
       if (!st.ok()) break;
     }
@@ -29,9 +33,37 @@ void HeadsGemm(LtGemm& gemm, LtGemmArgs a, int64_t NH, cudaStream_t s) {
   L2L_CHECK(st.ok()) << "attention gemm: " << st.ToString();
 }
 
-LtGemmArgs Args(cublasComputeType_t compute, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                float alpha, const float* A, int64_t lda, int64_t sa, const float* B,
-                int64_t ldb, int64_t sb, float beta, float* C, int64_t ldc, int64_t sc) {
+// A GEMM operand tensor: the fp32 original, or (bf16 mode) its bf16 copy, addressed by
+// the element offsets of the original.
+class Operand {
+ public:
+  explicit Operand(const float* f32) : f32_(f32) {}
+  explicit Operand(const uint16_t* bf16) : bf16_(bf16) {}
+  const void* At(int64_t offset) const {
+    return bf16_ != nullptr ? static_cast<const void*>(bf16_ + offset)
+                            : static_cast<const void*>(f32_ + offset);
+  }
+
+ private:
+  const float* f32_ = nullptr;
+  const uint16_t* bf16_ = nullptr;
+};
+
+// `src` (n) as an operand: itself in fp32 mode; in bf16 mode cast into `dst` (n bf16).
+Operand Stage(const float* src, uint16_t* dst, int64_t n, cudaStream_t s) {
+  if (dst == nullptr) return Operand(src);
+  LaunchCastF32ToBf16(dst, src, n, s);
+  return Operand(dst);
+}
+
+// bf16 scratch for `elems` in `slot`, or nullptr in fp32 mode.
+uint16_t* Scratch(const AttentionGemmMode& mode, int slot, int64_t elems) {
+  return mode.bf16_scratch ? mode.bf16_scratch(slot, elems) : nullptr;
+}
+
+LtGemmArgs Args(const AttentionGemmMode& mode, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                float alpha, const void* A, int64_t lda, int64_t sa, const void* B, int64_t ldb,
+                int64_t sb, float beta, float* C, int64_t ldc, int64_t sc) {
   LtGemmArgs a;
   a.trans_a = ta;
   a.trans_b = tb;
@@ -49,70 +81,76 @@ LtGemmArgs Args(cublasComputeType_t compute, bool ta, bool tb, int64_t M, int64_
   a.C = C;
   a.ldc = ldc;
   a.stride_c = sc;
-  a.compute = compute;
+  const bool bf16 = static_cast<bool>(mode.bf16_scratch);
+  a.ab_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
+  a.compute = bf16 ? CUBLAS_COMPUTE_32F : mode.compute;  // bf16 inputs, fp32 accumulate
   return a;
 }
 
 }  // namespace
 
-void AttentionForward(LtGemm& gemm, cublasComputeType_t compute, float* out, float* att,
+void AttentionForward(LtGemm& gemm, const AttentionGemmMode& mode, float* out, float* att,
                       const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
                       cudaStream_t s) {
   L2L_CHECK(NH > 0 && C % NH == 0) << "attention: NH=" << NH << " does not divide C=" << C;
   const int64_t hs = C / NH, C3 = 3 * C, TT = T * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const Operand qkv_op = Stage(qkv, Scratch(mode, 0, B * T * C3), B * T * C3, s);
   for (int64_t b = 0; b < B; ++b) {
-    const float* q = qkv + b * T * C3;
-    const float* k = q + C;
-    float* att_b = att + b * NH * TT;
+    const int64_t q = b * T * C3, k = q + C;
     // S_h (T,T) = scale * Q_h (T,hs) @ K_h^T.
-    HeadsGemm(gemm, Args(compute, false, true, T, T, hs, scale, q, C3, hs, k, C3, hs, 0.0f, att_b,
-                         T, TT),
+    HeadsGemm(gemm, Args(mode, false, true, T, T, hs, scale, qkv_op.At(q), C3, hs, qkv_op.At(k), C3,
+                         hs, 0.0f, att + b * NH * TT, T, TT),
               NH, s);
   }
   LaunchCausalSoftmaxForward(att, B * NH, T, s);
   for (int64_t b = 0; b < B; ++b) {
-    const float* v = qkv + b * T * C3 + 2 * C;
+    const int64_t v = b * T * C3 + 2 * C;
+    const Operand p = Stage(att + b * NH * TT, Scratch(mode, 1, NH * TT), NH * TT, s);
     // out_h (T,hs) = P_h (T,T) @ V_h (T,hs); heads land side by side in out (B,T,C).
-    HeadsGemm(gemm, Args(compute, false, false, T, hs, T, 1.0f, att + b * NH * TT, T, TT, v, C3,
-                         hs, 0.0f, out + b * T * C, C, hs),
+    HeadsGemm(gemm, Args(mode, false, false, T, hs, T, 1.0f, p.At(0), T, TT, qkv_op.At(v), C3, hs,
+                         0.0f, out + b * T * C, C, hs),
               NH, s);
   }
 }
 
-void AttentionBackward(LtGemm& gemm, cublasComputeType_t compute, float* dqkv, float* scratch,
+void AttentionBackward(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv, float* scratch,
                        const float* dout, const float* qkv, const float* att, int64_t B,
                        int64_t T, int64_t C, int64_t NH, cudaStream_t s) {
   L2L_CHECK(NH > 0 && C % NH == 0) << "attention: NH=" << NH << " does not divide C=" << C;
   const int64_t hs = C / NH, C3 = 3 * C, TT = T * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  // bf16 mode: qkv and dout share slot 0 (dout 256-byte aligned after qkv), leaving slot 1
+  // for the per-batch-element (NH,T,T) operands.
+  const int64_t n_qkv = B * T * C3, n_dout = B * T * C;
+  const int64_t dout_at = (n_qkv + 127) / 128 * 128;
+  uint16_t* s0 = Scratch(mode, 0, dout_at + n_dout);
+  const Operand qkv_op = Stage(qkv, s0, n_qkv, s);
+  const Operand dout_op = Stage(dout, s0 != nullptr ? s0 + dout_at : nullptr, n_dout, s);
   for (int64_t b = 0; b < B; ++b) {
-    const float* v = qkv + b * T * C3 + 2 * C;
-    const float* dout_b = dout + b * T * C;
-    const float* att_b = att + b * NH * TT;
+    const int64_t v = b * T * C3 + 2 * C, d = b * T * C;
+    const Operand p = Stage(att + b * NH * TT, Scratch(mode, 1, NH * TT), NH * TT, s);
     // dP_h (T,T) = dout_h (T,hs) @ V_h^T.
-    HeadsGemm(gemm, Args(compute, false, true, T, T, hs, 1.0f, dout_b, C, hs, v, C3, hs, 0.0f,
-                         scratch + b * NH * TT, T, TT),
+    HeadsGemm(gemm, Args(mode, false, true, T, T, hs, 1.0f, dout_op.At(d), C, hs, qkv_op.At(v), C3,
+                         hs, 0.0f, scratch + b * NH * TT, T, TT),
               NH, s);
     // dV_h (T,hs) += P_h^T @ dout_h.
-    HeadsGemm(gemm, Args(compute, true, false, T, hs, T, 1.0f, att_b, T, TT, dout_b, C, hs, 1.0f,
-                         dqkv + b * T * C3 + 2 * C, C3, hs),
+    HeadsGemm(gemm, Args(mode, true, false, T, hs, T, 1.0f, p.At(0), T, TT, dout_op.At(d), C, hs,
+                         1.0f, dqkv + v, C3, hs),
               NH, s);
   }
   // dS = scale * P * (dP - rowsum(P * dP)): the gradient w.r.t. the unscaled Q K^T.
   LaunchCausalSoftmaxBackward(scratch, att, B * NH, T, scale, s);
   for (int64_t b = 0; b < B; ++b) {
-    const float* q = qkv + b * T * C3;
-    const float* k = q + C;
-    const float* ds_b = scratch + b * NH * TT;
-    float* dq = dqkv + b * T * C3;
+    const int64_t q = b * T * C3, k = q + C;
+    const Operand ds = Stage(scratch + b * NH * TT, Scratch(mode, 1, NH * TT), NH * TT, s);
     // dQ_h (T,hs) += dS_h (T,T) @ K_h (T,hs).
-    HeadsGemm(gemm, Args(compute, false, false, T, hs, T, 1.0f, ds_b, T, TT, k, C3, hs, 1.0f, dq,
-                         C3, hs),
+    HeadsGemm(gemm, Args(mode, false, false, T, hs, T, 1.0f, ds.At(0), T, TT, qkv_op.At(k), C3, hs,
+                         1.0f, dqkv + q, C3, hs),
               NH, s);
     // dK_h (T,hs) += dS_h^T @ Q_h.
-    HeadsGemm(gemm, Args(compute, true, false, T, hs, T, 1.0f, ds_b, T, TT, q, C3, hs, 1.0f,
-                         dq + C, C3, hs),
+    HeadsGemm(gemm, Args(mode, true, false, T, hs, T, 1.0f, ds.At(0), T, TT, qkv_op.At(q), C3, hs,
+                         1.0f, dqkv + k, C3, hs),
               NH, s);
   }
 }

@@ -14,6 +14,14 @@
 // heads of one batch element form a strided batch (stride hs, interleaved); we loop
 // over b. If cuBLASLt rejects an interleaved batch we fall back to one GEMM per head.
 //
+// bf16 mode (the backend's CudaGemmPrecision::kBf16, PyTorch-autocast numerics): every
+// operand tensor is cast to bf16 (round to nearest even) once, whole, into backend
+// scratch, and the products read the copy at the same element offsets (so the
+// interleaved head layout is unchanged) with fp32 accumulation into the fp32 outputs.
+// qkv (and dout in the backward) are cast once per call for all B; the (NH,T,T)
+// probabilities / softmax gradients once per batch element (keeps the scratch at
+// NH*T*T bf16 instead of B*NH*T*T). The softmax itself stays fp32.
+//
 // Internal to kernels/cuda. Thread-safety: as the LtGemm it uses.
 #pragma once
 
@@ -21,17 +29,28 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <functional>
 
 #include "kernels/cuda/gemm.h"
 
 namespace l2l::kernels::cuda {
 
+// How the attention products compute (the backend's fp32-GEMM mode).
+struct AttentionGemmMode {
+  // fp32 mode: the cuBLASLt compute type (CUBLAS_COMPUTE_32F or _32F_FAST_TF32).
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  // Set: bf16 mode. Returns device scratch for `elems` bf16 values in slot 0 or 1 (two
+  // distinct buffers), valid until the next request for the same slot; a request may
+  // wait for the stream (when the slot grows), never for the other slot's contents.
+  std::function<uint16_t*(int slot, int64_t elems)> bf16_scratch;
+};
+
 // out (B,T,C), att (B,NH,T,T) probabilities, from qkv (B,T,3C).
-void AttentionForward(LtGemm& gemm, cublasComputeType_t compute, float* out, float* att,
+void AttentionForward(LtGemm& gemm, const AttentionGemmMode& mode, float* out, float* att,
                       const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
                       cudaStream_t s);
 // dqkv (B,T,3C) += gradient from dout (B,T,C); scratch (B,NH,T,T) overwritten.
-void AttentionBackward(LtGemm& gemm, cublasComputeType_t compute, float* dqkv, float* scratch,
+void AttentionBackward(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv, float* scratch,
                        const float* dout, const float* qkv, const float* att, int64_t B,
                        int64_t T, int64_t C, int64_t NH, cudaStream_t s);
 

@@ -128,6 +128,15 @@ class CudaBackend final : public Backend {
     a.C = C;
     a.ldc = ldc;
     a.compute = compute_;
+    if (precision_ == CudaGemmPrecision::kBf16) {
+      // Autocast: each operand's covered extent (first to last element, ld padding
+      // included) cast to bf16 at the same offsets; fp32 accumulation into fp32 C. An
+      // ld smaller than the row stages nothing and Run() rejects it below.
+      a.A = StageBf16(0, A, trans_a ? K : M, trans_a ? M : K, lda);
+      a.B = StageBf16(1, B, trans_b ? N : K, trans_b ? K : N, ldb);
+      a.ab_type = CUDA_R_16BF;
+      a.compute = CUBLAS_COMPUTE_32F;
+    }
     Status st = gemm_.Run(a, stream());
     L2L_CHECK(st.ok()) << name_ << " Gemm: " << st.ToString();
   }
@@ -210,13 +219,13 @@ class CudaBackend final : public Backend {
                         int64_t C, int64_t NH) override {
     if (B <= 0 || T <= 0) return;
     MakeCurrent();
-    cuda::AttentionForward(gemm_, compute_, out, att, qkv, B, T, C, NH, stream());
+    cuda::AttentionForward(gemm_, attention_mode_, out, att, qkv, B, T, C, NH, stream());
   }
   void AttentionBackward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                          const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) override {
     if (B <= 0 || T <= 0) return;
     MakeCurrent();
-    cuda::AttentionBackward(gemm_, compute_, dqkv, scratch, dout, qkv, att, B, T, C, NH,
+    cuda::AttentionBackward(gemm_, attention_mode_, dqkv, scratch, dout, qkv, att, B, T, C, NH,
                             stream());
   }
   void CrossEntropyForward(float* losses, float* probs, const float* logits,
@@ -261,7 +270,8 @@ class CudaBackend final : public Backend {
     CudaMemoryStats m;
     m.allocated = allocated_;
     m.peak_allocated = peak_allocated_;
-    m.internal = scratch_.bytes() + gemm_.workspace_bytes();
+    m.internal = scratch_.bytes() + gemm_.workspace_bytes() + bf16_scratch_[0].bytes() +
+                 bf16_scratch_[1].bytes();
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
       m.device_used = total_b - free_b;
@@ -295,12 +305,45 @@ class CudaBackend final : public Backend {
     return scratch_.data();
   }
 
+  // bf16 mode: device scratch for `elems` bf16 operand values in slot 0 or 1 (a GEMM's
+  // two operands), valid until the next request for that slot. Allocated on first use
+  // and grown as Scratch() grows it (waiting for queued work that may read the old one).
+  uint16_t* Bf16Scratch(int slot, int64_t elems) {
+    L2L_CHECK(slot == 0 || slot == 1) << name_ << ": bf16 scratch slot " << slot;
+    CudaBuffer& buf = bf16_scratch_[slot];
+    const size_t bytes = sizeof(uint16_t) * static_cast<size_t>(std::max<int64_t>(elems, 1));
+    if (bytes > buf.bytes()) {
+      L2L_CUDA_CHECK(cudaStreamSynchronize(stream()));
+      size_t grown = std::max(bytes, 2 * buf.bytes());
+      spdlog::info("{}: growing bf16 operand scratch {} to {:.1f} MiB", name_, slot,
+                   static_cast<double>(grown) / (1 << 20));
+      buf = CudaBuffer();
+      auto created = CudaBuffer::Create(grown);
+      L2L_CHECK(created.ok()) << name_ << " bf16 scratch: " << created.status().ToString();
+      buf = std::move(created).value();
+    }
+    return static_cast<uint16_t*>(buf.data());
+  }
+
+  // The bf16 copy of the stored (rows, cols) matrix `src` with leading dimension ld, in
+  // slot `slot`: elements [0, (rows-1)*ld + cols) cast, so element i of src is element i
+  // of the copy.
+  const uint16_t* StageBf16(int slot, const float* src, int64_t rows, int64_t cols, int64_t ld) {
+    const int64_t n = (rows > 0 && cols > 0 && ld >= cols) ? (rows - 1) * ld + cols : 0;
+    uint16_t* dst = Bf16Scratch(slot, n);
+    if (n > 0) LaunchCastF32ToBf16(dst, src, n, stream());
+    return dst;
+  }
+
   int device_ = 0;
   std::string name_;
+  CudaGemmPrecision precision_ = CudaGemmPrecision::kFp32;
   cublasComputeType_t compute_ = CUBLAS_COMPUTE_32F;
+  AttentionGemmMode attention_mode_;
   CudaStream stream_;
   LtGemm gemm_;
   CudaBuffer scratch_;
+  CudaBuffer bf16_scratch_[2];  // bf16 mode's operand copies (empty until first used)
   PinnedBuffer result_host_;  // 8 bytes for SumSquares' result
   std::unordered_map<void*, size_t> sizes_;  // live Alloc()ations
   size_t allocated_ = 0, peak_allocated_ = 0;
@@ -333,16 +376,28 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
       precision = CudaGemmPrecision::kTf32;
     } else if (v == "fp32") {
       precision = CudaGemmPrecision::kFp32;
+    } else if (v == "bf16") {
+      precision = CudaGemmPrecision::kBf16;
     } else {
-      return InvalidArgument("environment L2L_CUDA_GEMM=" + v + " is not one of fp32, tf32");
+      return InvalidArgument("environment L2L_CUDA_GEMM=" + v + " is not one of fp32, tf32, bf16");
     }
   }
+  be->precision_ = precision;
   be->compute_ = precision == CudaGemmPrecision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                        : CUBLAS_COMPUTE_32F;
+  be->attention_mode_.compute = be->compute_;
+  if (precision == CudaGemmPrecision::kBf16) {
+    CudaBackend* raw = be.get();  // the mode lives in *be and dies with it
+    be->attention_mode_.bf16_scratch = [raw](int slot, int64_t elems) {
+      return raw->Bf16Scratch(slot, elems);
+    };
+  }
+  const char* gemm_name = precision == CudaGemmPrecision::kTf32   ? "tf32"
+                          : precision == CudaGemmPrecision::kBf16 ? "bf16"
+                                                                  : "fp32";
   be->name_ = "cuda:" + std::to_string(device) + " (" + prop.name + ", sm_" +
               std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
-              std::to_string(prop.totalGlobalMem >> 30) + " GiB, gemm " +
-              (precision == CudaGemmPrecision::kTf32 ? "tf32" : "fp32") + ")";
+              std::to_string(prop.totalGlobalMem >> 30) + " GiB, gemm " + gemm_name + ")";
   L2L_ASSIGN_OR_RETURN(be->stream_, CudaStream::Create());
   L2L_ASSIGN_OR_RETURN(be->gemm_, LtGemm::Create(opt.gemm_workspace_bytes));
   L2L_ASSIGN_OR_RETURN(be->scratch_, CudaBuffer::Create(std::max<size_t>(opt.scratch_bytes, 4096)));

@@ -12,9 +12,11 @@
 // through these (worker/prefetch.h, worker/stash.h).
 //
 // Ownership: the returned Backend owns its device context use, a non-blocking compute
-// stream, a cuBLASLt handle with its workspace, and a scratch buffer some ops use
-// (column-sum partials, the embedding-backward sort). Memory from Alloc() is the
-// caller's to Free(); copy queues, events, host buffers and pins are the caller's too.
+// stream, a cuBLASLt handle with its workspace, a scratch buffer some ops use
+// (column-sum partials, the embedding-backward sort) and, in kBf16 mode, two scratch
+// buffers for the bf16 copies of GEMM operands (grown on demand, counted as internal).
+// Memory from Alloc() is the caller's to Free(); copy queues, events, host buffers and
+// pins are the caller's too.
 // Thread-safety: as kernels::Backend, one thread at a time; the backend makes its device
 // current at the start of each call, so several backends may live in one process.
 #pragma once
@@ -27,11 +29,16 @@
 
 namespace l2l::kernels {
 
-// How the fp32 Backend::Gemm computes. kFp32: CUBLAS_COMPUTE_32F (IEEE fp32, the
-// default; what the conformance test compares at fp32 tolerances). kTf32: inputs rounded
-// to TF32 (10-bit mantissa) on the tensor cores, fp32 accumulation; ~relative 1e-3
-// per product. Environment override: L2L_CUDA_GEMM=fp32|tf32.
-enum class CudaGemmPrecision { kFp32, kTf32 };
+// How the fp32 GEMMs of the backend (Backend::Gemm and the attention products) compute.
+// kFp32: CUBLAS_COMPUTE_32F (IEEE fp32, the default; what the conformance test compares
+// at fp32 tolerances). kTf32: inputs rounded to TF32 (10-bit mantissa) on the tensor
+// cores, fp32 accumulation; ~relative 1e-3 per product. kBf16: PyTorch bf16-autocast
+// numerics for matmul: both operands are cast to bf16 (round to nearest even) into
+// backend-owned scratch, then a bf16 tensor-core GEMM accumulates in fp32; unlike
+// autocast the output stays fp32 (C, alpha and beta as in fp32 mode). Each operand
+// moves by at most 2^-8 relative (bf16's unit roundoff), a product by at most ~2^-7. Environment override (wins over the options):
+// L2L_CUDA_GEMM=fp32|tf32|bf16.
+enum class CudaGemmPrecision { kFp32, kTf32, kBf16 };
 
 struct CudaBackendOptions {
   CudaGemmPrecision gemm = CudaGemmPrecision::kFp32;
