@@ -787,6 +787,36 @@ const PinnedRange* OverlappingPinned(uintptr_t p, size_t bytes) {
   return nullptr;
 }
 
+// Whether every page of [p, p + bytes) is mapped, and whether all are writable, from
+// /proc/self/maps. CUDA refuses to register read-only pages without
+// cudaHostRegisterReadOnly (on hosts whose device does not use the host page tables,
+// like the H100 machines), and unmapped memory outright.
+struct RangeProt {
+  bool mapped = false;
+  bool writable = false;
+};
+RangeProt ProtOf(uintptr_t p, size_t bytes) {
+  RangeProt r;
+  FILE* f = std::fopen("/proc/self/maps", "r");
+  if (f == nullptr) return RangeProt{true, true};  // cannot tell: assume the caller is right
+  uintptr_t covered = p;
+  const uintptr_t end = p + bytes;
+  bool writable = true;
+  char line[512];
+  while (covered < end && std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long lo = 0, hi = 0;
+    char perms[8] = {};
+    if (std::sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3) continue;
+    if (hi <= covered || lo > covered) continue;  // maps are sorted: gaps show as lo > covered
+    if (perms[1] != 'w') writable = false;
+    covered = hi;
+  }
+  std::fclose(f);
+  r.mapped = covered >= end;
+  r.writable = r.mapped && writable;
+  return r;
+}
+
 cudaError_t AllocPinned(const char* api, void** ptr, size_t bytes) {
   if (ptr == nullptr) return Fail(cudaErrorInvalidValue, "%s(nullptr, %zu)", api, bytes);
   *ptr = nullptr;
@@ -844,6 +874,16 @@ cudaError_t cudaHostRegister(void* ptr, size_t bytes, unsigned int flags) {
                 flags);
   }
   const auto p = reinterpret_cast<uintptr_t>(ptr);
+  const RangeProt prot = ProtOf(p, bytes);
+  if (!prot.mapped) {
+    return Fail(cudaErrorInvalidValue, "cudaHostRegister(%p, %zu): the range is not all mapped",
+                ptr, bytes);
+  }
+  if (!prot.writable && !(flags & cudaHostRegisterReadOnly)) {
+    return Fail(cudaErrorInvalidValue,
+                "cudaHostRegister(%p, %zu, 0x%x): read-only pages need cudaHostRegisterReadOnly",
+                ptr, bytes, flags);
+  }
   std::lock_guard<std::mutex> lock(g_mem_mu);
   if (const PinnedRange* r = OverlappingPinned(p, bytes)) {
     return Fail(cudaErrorHostMemoryAlreadyRegistered,

@@ -5,6 +5,7 @@
 // child); memory limits; sticky errors; and the speed of the fiber scheduler.
 // Thread-safety: test-only; tests that set environment variables restore them.
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -533,6 +534,20 @@ TEST_CASE("host registration: overlap, unregister and read-only errors", "[cuda_
   REQUIRE_CUDA(cudaHostUnregister(p));
   REQUIRE_CUDA(cudaPointerGetAttributes(&attr, d.p));
   CHECK(attr.type == cudaMemoryTypeDevice);
+  (void)cudaGetLastError();
+}
+
+TEST_CASE("host registration of a read-only mapping needs cudaHostRegisterReadOnly", "[cuda_emu]") {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  void* m = mmap(nullptr, 2 * page, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(m != MAP_FAILED);
+  CHECK(cudaHostRegister(m, 2 * page, cudaHostRegisterDefault) == cudaErrorInvalidValue);
+  REQUIRE_CUDA(cudaHostRegister(m, 2 * page, cudaHostRegisterReadOnly));
+  REQUIRE_CUDA(cudaHostUnregister(m));
+  // A range running past the mapping is refused, whatever the flags.
+  REQUIRE(munmap(static_cast<char*>(m) + page, page) == 0);
+  CHECK(cudaHostRegister(m, 2 * page, cudaHostRegisterReadOnly) == cudaErrorInvalidValue);
+  REQUIRE(munmap(m, page) == 0);
   (void)cudaGetLastError();
 }
 
