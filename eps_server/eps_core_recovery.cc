@@ -246,14 +246,20 @@ void EpsCore::HandleLoss(int32_t id, const std::string& new_state) {
   const UpdatePipeline::Frozen f = pipeline_->Freeze();
   TearDownShmWorker(id);
   const bool cont = new_state == "left" || opts_.on_worker_loss == "continue";
-  int64_t next = 0, first = 0;
+  int64_t next = 0, first = 0, steps = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     next = workers_[id]->next_step;
     first = workers_[id]->member_first;
+    steps = job_.train.steps;
   }
   std::string what;
-  if (next > f.step) {
+  // The job is complete: a worker leaving now is the normal end, not a loss.
+  const bool job_done = new_state == "left" && f.at_boundary && f.step >= steps;
+  if (job_done) {
+    pipeline_->DropWorker(id, f.step);
+    what = "the job's last step was done";
+  } else if (next > f.step) {
     // It finished step t: its gradients of t are all in; drop only later ones.
     pipeline_->DropWorker(id, f.step + 1);
     what = "it had finished step " + std::to_string(f.step) + ", nothing abandoned";
@@ -288,8 +294,12 @@ void EpsCore::HandleLoss(int32_t id, const std::string& new_state) {
       paused_by_loss_ = true;
     }
   }
-  L2L_LOG_WARN("worker {} {} at step {}: {}; {}", id, new_state == "left" ? "left" : "lost", f.step, what,
-               cont ? "continuing with the other workers" : "job paused until it rejoins (or Resume)");
+  if (job_done) {
+    L2L_LOG_INFO("worker {} left at step {}: {}", id, f.step, what);
+  } else {
+    L2L_LOG_WARN("worker {} {} at step {}: {}; {}", id, new_state == "left" ? "left" : "lost", f.step, what,
+                 cont ? "continuing with the other workers" : "job paused until it rejoins (or Resume)");
+  }
   pipeline_->Release();
   UpdatePausedLocked();
 }
