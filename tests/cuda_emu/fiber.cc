@@ -1,12 +1,12 @@
 // Kernel execution for the CUDA emulator: each CUDA thread of a block is a fiber on the
 // OS thread running the launch (a stream's worker, or the caller for the legacy stream).
 // Blocks run one after another in x, y, z order. Within a block, threads start in order
-// and run until they return or block at a barrier (__syncthreads, __syncwarp, a
-// shuffle); a thread that returns without blocking hands its stack to the next one, so a
+// (reverse order in odd blocks) and run until they return or block at a barrier
+// (__syncthreads, __syncwarp, a shuffle); a thread that returns without blocking hands its stack to the next one, so a
 // barrier-free kernel uses one stack. When every live thread is blocked, the barriers
 // that can complete are released (a warp barrier when every lane of its mask has
 // arrived, __syncthreads when every live thread of the block has) and the released
-// threads run again in order. If nothing can be released (a deadlock, divergent warp
+// threads run again in that order. If nothing can be released (a deadlock, divergent warp
 // collectives) or a warp collective names a lane that has already returned, the launch
 // is abandoned with a message naming the kernel and block.
 //
@@ -385,9 +385,12 @@ bool RunBlock(BlockRun& run, uint3 block_idx) {
   }
   unsigned live = run.nthreads;
   bool ok = true;
+  // Odd blocks run their threads in reverse order, so a missing barrier between a write
+  // and a read of shared memory shows whichever thread index writes.
+  const bool reverse = ((block_idx.x + block_idx.y + block_idx.z) & 1u) != 0;
   while (ok) {
-    for (unsigned i = 0; i < run.nthreads; ++i) {
-      Fiber& f = run.fibers[i];
+    for (unsigned k = 0; k < run.nthreads; ++k) {
+      Fiber& f = run.fibers[reverse ? run.nthreads - 1 - k : k];
       if (f.state == State::kNew) {
         PrepareFiber(f, t_pool.Acquire());
         f.state = State::kReady;

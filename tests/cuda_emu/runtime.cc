@@ -325,12 +325,23 @@ bool Classify(const void* ptr, size_t bytes, Range* out, std::string* why) {
 }
 
 // ---- Copies -------------------------------------------------------------------------------
-// Copies run as stream work: poison the destination, wait, copy. A reader on another
-// stream that did not wait for the copy sees 0xFF bytes.
+// Copies run as stream work: read the source, poison the destination, wait, write. A
+// reader on another stream that did not wait for the copy sees 0xFF bytes; a writer
+// that overwrote the source while the copy ran (it did not wait for the copy either) is
+// caught by comparing the source with what the copy read, and fails the stream.
 void PoisonedCopy(void* dst, const void* src, size_t bytes, unsigned delay_us) {
+  std::vector<char> read(static_cast<const char*>(src), static_cast<const char*>(src) + bytes);
   std::memset(dst, 0xFF, bytes);
   if (delay_us) std::this_thread::sleep_for(std::chrono::microseconds(delay_us));
-  std::memcpy(dst, src, bytes);
+  std::memcpy(dst, read.data(), bytes);
+  if (std::memcmp(src, read.data(), bytes) != 0) {
+    char what[256];
+    std::snprintf(what, sizeof what,
+                  "cudaMemcpyAsync(dst=%p, src=%p, %zu bytes): the source changed while the copy "
+                  "ran (something wrote it without waiting for the copy)",
+                  dst, src, bytes);
+    l2l_cuda_emu::ReportAsyncError(cudaErrorLaunchFailure, what);
+  }
 }
 
 cudaError_t Copy(const char* api, void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,

@@ -485,6 +485,38 @@ TEST_CASE(
   for (float v : dst.Read()) REQUIRE(v == 2.0f);
 }
 
+TEST_CASE("overwriting a copy's source before the copy completed fails the stream",
+          "[cuda_emu]") {
+  const int64_t n = 256;
+  DevBuf<float> src(n), dst(n);
+  Stream a, b;
+  LAUNCH(FillKernel, 1, 256, 0, a.s)(src.p, 2.0f, n);
+  REQUIRE_CUDA(cudaStreamSynchronize(a.s));
+  // Waiting for the copy before writing its source: fine.
+  REQUIRE_CUDA(cudaMemcpyAsync(dst.p, src.p, n * 4, cudaMemcpyDeviceToDevice, a.s));
+  cudaEvent_t copied;
+  REQUIRE_CUDA(cudaEventCreateWithFlags(&copied, cudaEventDisableTiming));
+  REQUIRE_CUDA(cudaEventRecord(copied, a.s));
+  REQUIRE_CUDA(cudaStreamWaitEvent(b.s, copied, 0));
+  LAUNCH(FillKernel, 1, 256, 0, b.s)(src.p, 3.0f, n);
+  REQUIRE_CUDA(cudaStreamSynchronize(b.s));
+  REQUIRE_CUDA(cudaStreamSynchronize(a.s));
+  for (float v : dst.Read()) REQUIRE(v == 2.0f);
+  if (kDeliberateRaces) {
+    // Without the wait, stream b overwrites the source while the (slow) copy runs.
+    StickyGuard guard;
+    setenv("L2L_CUDA_EMU_COPY_DELAY_US", "150000", 1);
+    REQUIRE_CUDA(cudaMemcpyAsync(dst.p, src.p, n * 4, cudaMemcpyDeviceToDevice, a.s));
+    unsetenv("L2L_CUDA_EMU_COPY_DELAY_US");
+    std::this_thread::sleep_for(std::chrono::milliseconds(40));
+    LAUNCH(FillKernel, 1, 256, 0, b.s)(src.p, 4.0f, n);
+    CHECK(cudaStreamSynchronize(a.s) == cudaErrorLaunchFailure);
+  } else {
+    WARN("ThreadSanitizer build: the deliberately racing write of this test is not run");
+  }
+  REQUIRE_CUDA(cudaEventDestroy(copied));
+}
+
 TEST_CASE("copy kinds are checked against the pointers", "[cuda_emu]") {
   DevBuf<float> d(64), d2(64);
   std::vector<float> h(64, 1.0f), h2(64);
