@@ -15,7 +15,12 @@
 #      torch.matmul on 8192^2 bf16 matrices, and peak device memory (the backend's own
 #      high-water mark and nvidia-smi's, polled).
 # Environment: L2L_BENCH_STEPS/B/M/T/MODEL (see tests/gpu/gpt2_bench_test.cc),
-# L2L_CUDA_GEMM=tf32 for TF32 GEMMs, PYTHON (default python3), L2L_CUBLAS_DIR.
+# L2L_CUDA_GEMM=tf32 for TF32 GEMMs, PYTHON (default python3), L2L_CUBLAS_DIR,
+# L2L_GPU_TEST_TIMEOUT (seconds per ctest case, 120), L2L_GPU_BENCH_TIMEOUT (seconds for
+# the [.gpt2bench] run, 300). When torch cannot measure the bf16 peak (no torch, no GPU
+# for it) the check goes on: MFU prints "n/a".
+# The cuBLASLt lookup and the ldd check are shared with bench_gpu.sh: gpu_env.sh (the
+# bundle's src/scripts/gpu_env.sh, else the one beside this script).
 # Exit status: non-zero when any step fails (the summary says which).
 # L2L_GPU_CHECK_SMOKE=1: a smoke run of this script itself, e.g. on a bundle of a CUDA
 # emulator build (-DL2L_CUDA=EMU, docs/gpu.md): skips the nvidia-smi queries and memory
@@ -42,6 +47,17 @@ fi
 log "bundle $DIR (commit $(cat "$DIR/COMMIT" 2>/dev/null || echo ?), needs $(cat "$DIR/GLIBC_REQUIRED" 2>/dev/null || echo ?))"
 PYTHON=${PYTHON:-python3}
 SMOKE=${L2L_GPU_CHECK_SMOKE:-0}
+TEST_TIMEOUT=${L2L_GPU_TEST_TIMEOUT:-120}
+BENCH_TIMEOUT=${L2L_GPU_BENCH_TIMEOUT:-300}
+[[ "$TEST_TIMEOUT" =~ ^[1-9][0-9]*$ && "$BENCH_TIMEOUT" =~ ^[1-9][0-9]*$ ]] ||
+  die "L2L_GPU_TEST_TIMEOUT ('$TEST_TIMEOUT') and L2L_GPU_BENCH_TIMEOUT ('$BENCH_TIMEOUT') must be positive integers (seconds)"
+ENV_SH=""
+for e in "$DIR/src/scripts/gpu_env.sh" "$(cd "$(dirname "$0")" && pwd)/gpu_env.sh"; do
+  [[ -f "$e" ]] && { ENV_SH=$e; break; }
+done
+[[ -n "$ENV_SH" ]] || die "gpu_env.sh not found (looked in $DIR/src/scripts and beside $0)"
+# shellcheck source=scripts/gpu_env.sh
+source "$ENV_SH"
 [[ "$SMOKE" != 1 ]] || log "SMOKE mode: nvidia-smi, the cuBLASLt lookup and the torch bf16 peak are SKIPPED"
 
 # ---- 1. GPU and libraries ------------------------------------------------------------
@@ -53,40 +69,17 @@ else
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 | head -1)
 fi
 
-find_cublaslt() {
-  local d
-  for d in ${L2L_CUBLAS_DIR:-} /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
-           /usr/local/cuda-13*/lib64 /usr/lib/x86_64-linux-gnu; do
-    [[ -n "$d" && -e "$d/libcublasLt.so.13" ]] && { echo "$d"; return 0; }
-  done
-  # PyTorch's pip wheels: site-packages/nvidia/{cublas,cu13}/lib
-  "$PYTHON" - <<'PY' 2>/dev/null
-import glob, os, site, sys
-roots = site.getsitepackages() + [site.getusersitepackages()]
-for r in roots:
-    for pat in ("nvidia/cublas/lib", "nvidia/cu13/lib", "nvidia/*/lib", "torch/lib"):
-        for d in glob.glob(os.path.join(r, pat)):
-            if os.path.exists(os.path.join(d, "libcublasLt.so.13")):
-                print(d); sys.exit(0)
-sys.exit(1)
-PY
-}
 if [[ "$SMOKE" == 1 ]]; then
   CUBLAS_DIR="(not looked up: smoke mode)"
   export LD_LIBRARY_PATH="$DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
-  CUBLAS_DIR=$(find_cublaslt) || die "libcublasLt.so.13 not found (set L2L_CUBLAS_DIR to the folder holding it)"
+  CUBLAS_DIR=$(find_cublaslt) || die "libcublasLt.so.13 not found; looked in $(find_cublaslt_where) (set L2L_CUBLAS_DIR to the folder holding it)"
   export LD_LIBRARY_PATH="$DIR/lib:$CUBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 log "GPU 0: $GPU_NAME; libcublasLt.so.13 from $CUBLAS_DIR"
 
-unresolved=""
-for f in "$DIR"/bin/* "$DIR"/tests/l2l_*_tests; do
-  [[ -x "$f" ]] || continue
-  nf=$(ldd "$f" | grep "not found" || true)
-  [[ -z "$nf" ]] || unresolved+="$(basename "$f"): $nf"$'\n'
-done
-[[ -z "$unresolved" ]] || die "unresolved libraries:"$'\n'"$unresolved"
+unresolved=$(ldd_unresolved "$DIR"/bin/* "$DIR"/tests/l2l_*_tests) ||
+  die "unresolved libraries (LD_LIBRARY_PATH=$LD_LIBRARY_PATH):"$'\n'"$unresolved"
 
 # ---- 2. conformance tests (label gpu) -----------------------------------------------
 CT="$DIR/ctest"
@@ -101,7 +94,7 @@ mapfile -t names < <("$DIR/tests/l2l_gpu_tests" --list-test-names-only | sed '/^
   for n in "${names[@]}"; do
     spec=$(sed 's/\([],[]\)/\\\1/g' <<<"$n")
     echo "add_test([==[$n]==] \"$DIR/tests/l2l_gpu_tests\" [==[$spec]==] --warn NoTests --durations yes)"
-    echo "set_tests_properties([==[$n]==] PROPERTIES LABELS gpu TIMEOUT 600 WORKING_DIRECTORY \"$CT\")"
+    echo "set_tests_properties([==[$n]==] PROPERTIES LABELS gpu TIMEOUT $TEST_TIMEOUT WORKING_DIRECTORY \"$CT\")"
   done
 } > "$CT/CTestTestfile.cmake"
 test_rc=0
@@ -111,7 +104,7 @@ if [[ "$SMOKE" == 1 ]]; then
   log "ctest -L gpu -R '$SMOKE_TESTS' --no-tests=error (smoke mode: a subset of the ${#names[@]} tests)"
   (cd "$CT" && ctest -L gpu -R "$SMOKE_TESTS" --no-tests=error --output-on-failure) || test_rc=$?
 elif command -v ctest >/dev/null; then
-  log "ctest -L gpu --no-tests=error (${#names[@]} tests)"
+  log "ctest -L gpu --no-tests=error (${#names[@]} tests, at most ${TEST_TIMEOUT} s each: L2L_GPU_TEST_TIMEOUT)"
   (cd "$CT" && ctest -L gpu --no-tests=error --output-on-failure) || test_rc=$?
 else
   log "no ctest on PATH: running l2l_gpu_tests directly (${#names[@]} test cases)"
@@ -141,8 +134,13 @@ torch.cuda.synchronize()
 dt = time.perf_counter() - t0
 print(f"{2 * n**3 * iters / dt / 1e12:.1f}")
 PY
-) || die "could not measure the bf16 peak with $PYTHON + torch"
-log "bf16 GEMM peak on $GPU_NAME: $PEAK_TFLOPS TFLOP/s (measured)"
+) || PEAK_TFLOPS=""
+if [[ "$PEAK_TFLOPS" =~ ^[0-9]+(\.[0-9]+)?$ ]]; then
+  log "bf16 GEMM peak on $GPU_NAME: $PEAK_TFLOPS TFLOP/s (measured)"
+else
+  log "WARNING: could not measure the bf16 peak with $PYTHON + torch (output above); MFU will print n/a"
+  PEAK_TFLOPS=0
+fi
 fi
 
 SMI_LOG="$CT/smi_memory.txt"
@@ -156,7 +154,14 @@ if [[ "$SMOKE" != 1 ]]; then
   BASE_MIB=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 | head -1)
 fi
 bench_rc=0
-bench_out=$("$DIR/tests/l2l_gpu_tests" "[.gpt2bench]" --warn NoTests 2>&1) || bench_rc=$?
+if command -v timeout >/dev/null; then
+  bench_out=$(timeout --kill-after=15 "$BENCH_TIMEOUT" "$DIR/tests/l2l_gpu_tests" "[.gpt2bench]" --warn NoTests 2>&1) || bench_rc=$?
+  if ((bench_rc == 124 || bench_rc == 137)); then
+    bench_out+=$'\n'"gpu_check.sh: the [.gpt2bench] run TIMED OUT after ${BENCH_TIMEOUT} s (L2L_GPU_BENCH_TIMEOUT)"
+  fi
+else
+  bench_out=$("$DIR/tests/l2l_gpu_tests" "[.gpt2bench]" --warn NoTests 2>&1) || bench_rc=$?
+fi
 [[ -z "$SMI_PID" ]] || kill $SMI_PID 2>/dev/null || true
 echo "$bench_out" | grep -E "gpt2bench:|FAILED|error" || true
 line=$(echo "$bench_out" | grep "^gpt2bench:" | tail -1 || true)
