@@ -464,6 +464,21 @@ void ClearStickyErrorForTesting() {
 
 namespace detail {
 
+bool CheckKernelPointer(cudaStream_t s, const char* kernel, int index, const void* p) {
+  if (p == nullptr) return true;
+  Range r;
+  std::string why;
+  if (Classify(p, 1, &r, &why) && (r.device || r.pinned)) return true;
+  char what[256];
+  std::snprintf(what, sizeof what,
+                "kernel %s: argument %d (%p) is neither device memory nor page-locked host "
+                "memory%s%s: a GPU would fault on it",
+                kernel, index, p, why.empty() ? "" : "; it ", why.c_str());
+  const std::string msg = what;
+  (void)l2l_cuda_emu::Enqueue(s, [msg] { ReportAsyncError(cudaErrorIllegalAddress, msg); });
+  return false;
+}
+
 bool CheckLaunchConfig(const char* name, dim3 grid, dim3 block, size_t smem_bytes) {
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   const char* why = nullptr;

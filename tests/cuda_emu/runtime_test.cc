@@ -682,6 +682,29 @@ TEST_CASE("an asynchronous error is sticky and stops later work", "[cuda_emu]") 
   for (float v : d.Read()) CHECK(IsPoison(v));
 }
 
+TEST_CASE("a kernel given pageable host memory faults; device and page-locked memory work",
+          "[cuda_emu]") {
+  const int64_t n = 64;
+  Stream s;
+  DevBuf<float> d(n);
+  LAUNCH(FillKernel, 1, 64, 0, s.s)(d.p, 1.0f, n);
+  REQUIRE_CUDA(cudaGetLastError());
+  REQUIRE_CUDA(cudaStreamSynchronize(s.s));
+  float* pinned = nullptr;
+  REQUIRE_CUDA(cudaMallocHost(reinterpret_cast<void**>(&pinned), n * sizeof(float)));
+  LAUNCH(FillKernel, 1, 64, 0, s.s)(pinned, 2.0f, n);
+  REQUIRE_CUDA(cudaStreamSynchronize(s.s));
+  CHECK(pinned[n - 1] == 2.0f);
+  REQUIRE_CUDA(cudaFreeHost(pinned));
+  {
+    StickyGuard guard;
+    std::vector<float> pageable(n, 0.0f);
+    LAUNCH(FillKernel, 1, 64, 0, s.s)(pageable.data(), 3.0f, n);
+    CHECK(cudaStreamSynchronize(s.s) == cudaErrorIllegalAddress);
+    CHECK(pageable[0] == 0.0f);  // the kernel did not run
+  }
+}
+
 TEST_CASE("devices: count, selection and properties", "[cuda_emu]") {
   int n = 0, cur = -1;
   REQUIRE_CUDA(cudaGetDeviceCount(&n));

@@ -128,6 +128,21 @@ bool CheckLaunchConfig(const char* name, dim3 grid, dim3 block, size_t smem_byte
 // stream.
 void EnqueueGrid(cudaStream_t s, GridWork work);
 
+// Whether a kernel may dereference p: inside a device allocation or a page-locked host
+// range (cudaMallocHost / cudaHostRegister, mapped on a UVA system). Null is fine (the
+// kernel may not use it). Otherwise the launch fails on its stream with
+// cudaErrorIllegalAddress, as the GPU would fault, naming the kernel and the argument.
+bool CheckKernelPointer(cudaStream_t s, const char* kernel, int index, const void* p);
+
+template <class T>
+bool CheckKernelArg(cudaStream_t s, const char* kernel, int index, const T& v) {
+  if constexpr (std::is_pointer_v<T>) {
+    return CheckKernelPointer(s, kernel, index, static_cast<const void*>(v));
+  } else {
+    return true;
+  }
+}
+
 // Converts a launch argument to the kernel's parameter type as a call would (implicit
 // conversions only).
 template <class T>
@@ -153,6 +168,15 @@ class KernelLaunch {
     if (!detail::CheckLaunchConfig(name_, grid_, block_, smem_)) return;
     auto closure = std::make_shared<Closure>(
         kernel_, std::tuple<P...>(detail::KernelArg<P>(std::forward<A>(args))...));
+    const bool pointers_ok = std::apply(
+        [this](const P&... v) {
+          int i = 0;
+          bool ok = true;  // a comma fold: left to right, every argument checked
+          ((ok = detail::CheckKernelArg(stream_, name_, i++, v) && ok), ...);
+          return ok;
+        },
+        closure->second);
+    if (!pointers_ok) return;
     detail::EnqueueGrid(stream_, detail::GridWork{&Run, std::move(closure), name_, grid_, block_});
   }
 
