@@ -57,7 +57,8 @@ Result<std::unique_ptr<CtlClient>> CtlClient::Connect(const std::string& address
   // Fail fast instead of backing off for a minute while the daemon is down.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  impl->channel = MakeEpsChannel(address, options.tls_ca_pem, options.token, args);  // proto/client_channel.h
+  impl->channel = MakeEpsChannel(address, options.tls_ca_pem, options.token, args,  // proto/client_channel.h
+                                 options.tls_server_name);
   if (!impl->channel->WaitForConnected(std::chrono::system_clock::now() + options.connect_timeout)) {
     return Unavailable("cannot reach l2l-eps at " + address + " within " +
                        std::to_string(options.connect_timeout.count()) + " ms" +

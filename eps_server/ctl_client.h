@@ -30,8 +30,10 @@ struct CtlClientOptions {
   // every call when not empty (common/auth_token.h ReadTokenFile reads it).
   std::string token;
   // PEM CA certificate(s): when not empty the channel uses TLS and verifies the daemon's
-  // certificate against them (its name must match the address's host).
+  // certificate against them (its name must match the address's host, or
+  // tls_server_name when that is set: proto/client_channel.h).
   std::string tls_ca_pem;
+  std::string tls_server_name;
 };
 
 struct CtlMemoryTier {

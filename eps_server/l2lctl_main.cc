@@ -2,7 +2,7 @@
 // proto/control.proto, through eps_server/ctl_client.h).
 //
 //   l2lctl [--eps HOST:PORT] [--state-dir DIR] [--json] [--connect-timeout-ms MS]
-//          [--token-file FILE] [--tls-ca CA.pem] COMMAND
+//          [--token-file FILE] [--tls-ca CA.pem [--tls-server-name NAME]] COMMAND
 //     status                         one screen: step, loss, tokens/s, layers, workers, memory
 //     watch [--steps N] [--timeout S] [--interval S]
 //                                    live progress (bar + ETA on a TTY, plain lines otherwise)
@@ -16,13 +16,16 @@
 // $L2L_EPS, else eps.port in $L2L_STATE_DIR, /var/lib/l2l, /tmp/l2l-eps (the first found).
 // --json prints one JSON object (watch: one per line) on stdout, errors included.
 // Security (docs/operations.md "Security"): --token-file (default $L2L_TOKEN_FILE) sends
-// the daemon's shared token; --tls-ca makes the connection TLS, verified against CA.pem.
+// the daemon's shared token; --tls-ca makes the connection TLS, verified against CA.pem;
+// --tls-server-name NAME: the name the daemon's certificate must hold when it is not the
+// host dialled (e.g. --eps 10.0.0.5:PORT, certificate for eps.internal).
 //
 // Exit status: 0 ok; 1 the daemon refused or failed the command (also: it wants a token
 // and got none or a wrong one); 2 the daemon cannot be reached (within
 // --connect-timeout-ms, default 3000; also a plaintext client of a TLS daemon) or no
 // address is known; 3 watch timed out before the job (or --steps) finished; 64 bad usage
-// (also an unreadable or group/world-readable token file, an unreadable CA file).
+// (also an unreadable or group/world-readable token file, an unreadable CA file,
+// --tls-server-name without --tls-ca).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -57,12 +60,17 @@ struct Globals {
   std::string eps, state_dir;
   bool json = false;
   int connect_timeout_ms = 3000;
-  std::string token_file, tls_ca;   // flags
+  std::string token_file, tls_ca, tls_server_name;  // flags
   std::string token, tls_ca_pem;    // what they hold (LoadSecrets)
 };
 
-// Reads --token-file (else $L2L_TOKEN_FILE) and --tls-ca.
+// Reads --token-file (else $L2L_TOKEN_FILE) and --tls-ca; checks --tls-server-name has one.
 Status LoadSecrets(Globals* g) {
+  if (!g->tls_server_name.empty() && g->tls_ca.empty()) {
+    return l2l::InvalidArgument("--tls-server-name " + g->tls_server_name +
+                                " needs --tls-ca CA.pem: it names the host the daemon's TLS certificate must "
+                                "hold, and without --tls-ca the connection is plaintext");
+  }
   const std::string token_file = l2l::TokenFileFromFlagOrEnv(g->token_file);
   if (!token_file.empty()) {
     auto t = l2l::ReadTokenFile(token_file);
@@ -129,6 +137,7 @@ Result<std::unique_ptr<CtlClient>> Dial(const Globals& g, Target* target) {
   o.connect_timeout = std::chrono::milliseconds(g.connect_timeout_ms);
   o.token = g.token;
   o.tls_ca_pem = g.tls_ca_pem;
+  o.tls_server_name = g.tls_server_name;
   auto c = CtlClient::Connect(target->address, o);
   if (!c.ok()) {
     return l2l::Unavailable(
@@ -138,7 +147,11 @@ Result<std::unique_ptr<CtlClient>> Dial(const Globals& g, Target* target) {
         "one)? Override with --eps HOST:PORT or --state-dir DIR." +
         (g.tls_ca_pem.empty() ? "\n  If the daemon serves TLS (--tls-cert), pass --tls-ca CA.pem."
                               : "\n  TLS: is the daemon's certificate signed by --tls-ca and valid for " +
-                                    target->address + "? Does the daemon serve TLS at all?"));
+                                    (g.tls_server_name.empty()
+                                         ? target->address + "? (If it names another host, pass "
+                                                             "--tls-server-name NAME.)"
+                                         : "--tls-server-name " + g.tls_server_name + "?") +
+                                    " Does the daemon serve TLS at all?"));
   }
   return c;
 }
@@ -415,6 +428,8 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", g.token_file,
                  "file (mode 0600) with the daemon's shared token (default: $L2L_TOKEN_FILE)");
   app.add_option("--tls-ca", g.tls_ca, "PEM CA certificate: connect with TLS and verify the daemon against it");
+  app.add_option("--tls-server-name", g.tls_server_name,
+                 "with --tls-ca: the name the daemon's certificate must hold (default: the host dialled)");
 
   auto* status = app.add_subcommand("status", "step, loss, tokens/s, layer versions, workers, memory");
   WatchFlags wf;

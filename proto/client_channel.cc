@@ -37,16 +37,22 @@ class BearerInterceptorFactory final : public grpc::experimental::ClientIntercep
 }  // namespace
 
 std::shared_ptr<grpc::Channel> MakeEpsChannel(const std::string& address, const std::string& tls_ca_pem,
-                                              const std::string& token, const grpc::ChannelArguments& args) {
+                                              const std::string& token, const grpc::ChannelArguments& args,
+                                              const std::string& tls_server_name) {
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  grpc::ChannelArguments channel_args = args;
   if (!tls_ca_pem.empty()) {
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = tls_ca_pem;
     creds = grpc::SslCredentials(ssl);
+    // Verify the certificate against this name instead of the dialled host (also the SNI
+    // name sent).
+    if (!tls_server_name.empty()) channel_args.SetSslTargetNameOverride(tls_server_name);
   }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> interceptors;
   if (!token.empty()) interceptors.push_back(std::make_unique<BearerInterceptorFactory>(token));
-  return grpc::experimental::CreateCustomChannelWithInterceptors(address, creds, args, std::move(interceptors));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(address, creds, channel_args,
+                                                                 std::move(interceptors));
 }
 
 }  // namespace l2l

@@ -15,7 +15,13 @@ namespace l2l {
 
 // tls_ca_pem "" = plaintext; otherwise the PEM CA the server's certificate must chain to.
 // token "" = no authorization metadata.
+// tls_server_name "" = the certificate must name the host of `address`; otherwise the
+// name it must hold instead (gRPC's "grpc.ssl_target_name_override"), for a daemon dialled
+// by IP or another alias than its certificate names. Only meaningful with TLS: callers
+// reject it without a CA (l2lctl / l2l-worker --tls-server-name without --tls-ca); here it
+// is ignored for plaintext.
 std::shared_ptr<grpc::Channel> MakeEpsChannel(const std::string& address, const std::string& tls_ca_pem,
-                                              const std::string& token, const grpc::ChannelArguments& args);
+                                              const std::string& token, const grpc::ChannelArguments& args,
+                                              const std::string& tls_server_name = {});
 
 }  // namespace l2l

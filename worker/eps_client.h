@@ -93,9 +93,11 @@ struct ClientOptions {
   std::string worker_name;          // for status displays; default hostname:pid
   // Security (docs/operations.md "Security"): the EPS's shared token, sent as
   // "authorization: Bearer <token>" on every call ("" = none), and PEM CA certificate(s)
-  // to verify a TLS EPS ("" = plaintext).
+  // to verify a TLS EPS ("" = plaintext); tls_server_name: the name the EPS's certificate
+  // must hold when it is not the address's host ("" = that host; proto/client_channel.h).
   std::string token;
   std::string tls_ca_pem;
+  std::string tls_server_name;
 };
 
 class EpsClient {

@@ -1,17 +1,14 @@
 // EpsClient over gRPC. See eps_client_grpc.h.
 #include "worker/eps_client_grpc.h"
 
-#include <google/protobuf/io/coded_stream.h>
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/support/proto_buffer_reader.h>
 #include <unistd.h>
-
-#include <cstring>
 
 #include "common/logging.h"
 #include "common/shm.h"
 #include "proto/client_channel.h"
 #include "proto/data.grpc.pb.h"
+#include "worker/layer_chunk_reader.h"
 
 namespace l2l::worker {
 namespace {
@@ -19,53 +16,6 @@ namespace {
 namespace data = ::l2l::data::v1;
 constexpr size_t kChunkBytes = size_t{4} << 20;
 constexpr size_t kSpareBuffers = 4;  // released layer buffers kept for reuse
-
-// Reads one LayerChunk message without protobuf's copies: the header fields (1-5) are
-// parsed in place and data (6) is copied once, to place(header, data_bytes) (nullptr:
-// reject). That fast path needs protobuf's canonical order (fields by number, data last),
-// which the EPS and every protobuf serializer write; other orders (or unknown fields) go
-// through the generated parser. false: malformed or rejected (*bad_offset: its offset).
-template <typename Place>
-bool ReadLayerChunk(grpc::ByteBuffer* msg, Place&& place, int64_t* bad_offset) {
-  enum { kOk, kBad, kGeneric };
-  auto fast = [&]() {
-    grpc::ProtoBufferReader stream(msg);
-    google::protobuf::io::CodedInputStream in(&stream);
-    data::LayerChunk header;
-    for (uint32_t tag; (tag = in.ReadTag()) != 0;) {
-      const uint32_t field = tag >> 3, wire = tag & 7;
-      if (field == data::LayerChunk::kDataFieldNumber && wire == 2) {
-        uint32_t n = 0;
-        if (!in.ReadVarint32(&n)) return kBad;
-        if (static_cast<size_t>(in.CurrentPosition()) + n != msg->Length()) return kGeneric;  // not last
-        *bad_offset = header.offset();
-        char* dst = place(header, n);
-        return dst != nullptr && in.ReadRaw(dst, static_cast<int>(n)) ? kOk : kBad;
-      }
-      uint64_t v = 0;
-      if (wire != 0) return kGeneric;  // an unknown field: let protobuf handle it
-      if (!in.ReadVarint64(&v)) return kBad;
-      switch (field) {
-        case data::LayerChunk::kLayerFieldNumber: header.set_layer(static_cast<int64_t>(v)); break;
-        case data::LayerChunk::kVersionFieldNumber: header.set_version(static_cast<int64_t>(v)); break;
-        case data::LayerChunk::kDtypeFieldNumber: header.set_dtype(static_cast<data::DType>(v)); break;
-        case data::LayerChunk::kNumelFieldNumber: header.set_numel(static_cast<int64_t>(v)); break;
-        case data::LayerChunk::kOffsetFieldNumber: header.set_offset(static_cast<int64_t>(v)); break;
-        default: return kGeneric;
-      }
-    }
-    return kGeneric;  // no data field (an empty chunk) or a read error: the parser decides
-  };
-  if (const int r = fast(); r != kGeneric) return r == kOk;
-  data::LayerChunk c;
-  grpc::ProtoBufferReader stream(msg);
-  if (!c.ParseFromZeroCopyStream(&stream)) return false;
-  *bad_offset = c.offset();
-  char* dst = place(c, c.data().size());
-  if (dst == nullptr) return false;
-  std::memcpy(dst, c.data().data(), c.data().size());
-  return true;
-}
 
 // The one place grpc::Status becomes l2l::Status.
 Status FromGrpc(const grpc::Status& s, const std::string& what) {
@@ -107,7 +57,8 @@ Result<GrpcEpsClient::ImplPtr> GrpcEpsClient::Connect(const std::string& address
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(2 * kChunkBytes + 4096));
   args.SetMaxSendMessageSize(static_cast<int>(2 * kChunkBytes + 4096));
-  impl->channel = MakeEpsChannel(address, options.tls_ca_pem, options.token, args);  // proto/client_channel.h
+  impl->channel = MakeEpsChannel(address, options.tls_ca_pem, options.token, args,  // proto/client_channel.h
+                                 options.tls_server_name);
   impl->stub = data::Data::NewStub(impl->channel);
   L2L_RETURN_IF_ERROR(Register(impl.get(), options, -1, reg, shm));
   return impl;

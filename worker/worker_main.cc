@@ -6,6 +6,7 @@
 //   l2l-worker --eps 127.0.0.1:PORT [--device cpu|cuda:N] [--config FILE] [--threads N]
 //              [--transport auto|shm|grpc] [--name NAME] [--connect-timeout-ms MS]
 //              [--steps N] [--log-level info] [--token-file FILE] [--tls-ca CA.pem]
+//              [--tls-server-name NAME]
 //
 // --config FILE: a job YAML on this host; its data.train_path replaces the EPS's (the
 // tokens file may live elsewhere on another host) and its model must equal the EPS's.
@@ -15,7 +16,8 @@
 //   l2l-worker: done steps=N peak_rss_kb=K device_bytes=D stash_host_bytes=H max_lag=A min_lag=B
 // --token-file (default $L2L_TOKEN_FILE): the EPS's shared token, sent on every call;
 // --tls-ca: connect with TLS and verify the EPS against CA.pem (docs/operations.md
-// "Security").
+// "Security"); --tls-server-name NAME: the name the EPS's certificate must hold when it is
+// not the host of --eps (needs --tls-ca).
 // Exit status: 0 when the job's steps are done, the EPS stopped the job or a signal asked
 // to stop (and the step in progress finished within 15 s; else 143); 2 when the EPS is
 // unreachable after the bounded retry; 1 on any other error (a missing or wrong token
@@ -83,7 +85,7 @@ struct Flags {
   int64_t connect_timeout_ms = 10000;
   int64_t steps = -1;
   std::string log_level = "info";
-  std::string token_file, tls_ca;
+  std::string token_file, tls_ca, tls_server_name;
 };
 
 // Peak resident set size of this process in KiB (VmHWM; ru_maxrss as a fallback).
@@ -144,6 +146,12 @@ Status Run(const Flags& f, int* exit_code) {
   if (!f.tls_ca.empty()) {
     L2L_ASSIGN_OR_RETURN(copts.tls_ca_pem, l2l::ReadPemFile(f.tls_ca, "--tls-ca", false));
   }
+  if (!f.tls_server_name.empty() && f.tls_ca.empty()) {
+    return l2l::InvalidArgument("--tls-server-name " + f.tls_server_name +
+                                " needs --tls-ca CA.pem: it names the host the EPS's TLS certificate must hold, "
+                                "and without --tls-ca the connection is plaintext");
+  }
+  copts.tls_server_name = f.tls_server_name;
   Result<std::unique_ptr<w::EpsClient>> connected = w::ConnectEps(f.eps, copts);
   if (!connected.ok()) {
     *exit_code = connected.status().code() == l2l::StatusCode::kPermissionDenied ? 1 : 2;
@@ -253,6 +261,8 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", f.token_file,
                  "file (mode 0600) with the EPS's shared token (default: $L2L_TOKEN_FILE)");
   app.add_option("--tls-ca", f.tls_ca, "PEM CA certificate: connect with TLS and verify the EPS against it");
+  app.add_option("--tls-server-name", f.tls_server_name,
+                 "with --tls-ca: the name the EPS's certificate must hold (default: the host of --eps)");
   CLI11_PARSE(app, argc, argv);
 
   // oneDNN's OpenMP threads spin between the many small GEMMs and starve the TBB threads

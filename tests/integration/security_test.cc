@@ -10,7 +10,9 @@
 //    l2l-worker without the token exit non-zero with "requires a token", with it they work
 //    (the worker trains two steps);
 //  * TLS (a self-signed certificate made here with the openssl CLI): l2lctl with --tls-ca
-//    works, plaintext or a wrong CA fails; a worker over TLS + token trains;
+//    works, plaintext or a wrong CA fails; a worker over TLS + token trains; a certificate
+//    naming only eps.test verifies from 127.0.0.1 with --tls-server-name eps.test (l2lctl
+//    and a training worker), not without it or with another name; the flag needs --tls-ca;
 //  * checkpoint paths escaping the state dir ('..', a symlink) are refused;
 //  * shared-memory segments (published weights, a worker's gradients) are mode 0600.
 #include <catch2/catch.hpp>
@@ -560,6 +562,86 @@ TEST_CASE("Shared-memory segments (weights and a worker's gradients) are mode 06
   (*w)->Signal(SIGKILL);
   (*w)->Wait(10s).status().IgnoreError();
   REQUIRE(d.Shutdown().ok());
+}
+
+namespace {
+
+// A self-signed certificate whose only name is DNS:`dns_name` (no IP SAN, so a client
+// dialling 127.0.0.1 cannot verify it without --tls-server-name).
+std::pair<std::string, std::string> MakeNamedCert(const TempDir& dir, const std::string& dns_name) {
+  const std::string cert = dir.File(dns_name + "-cert.pem"), key = dir.File(dns_name + "-key.pem");
+  const std::string cmd = "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 "
+                          "-subj /CN=" + dns_name + " -addext 'subjectAltName=DNS:" + dns_name + "' -keyout '" +
+                          key + "' -out '" + cert + "' >'" + dir.File(dns_name + "-openssl.log") + "' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  INFO("openssl (scripts/setup.sh installs it) failed: " << Slurp(dir.File(dns_name + "-openssl.log")));
+  REQUIRE(rc == 0);
+  fs::permissions(key, k600, fs::perm_options::replace);
+  return {cert, key};
+}
+
+}  // namespace
+
+TEST_CASE("TLS: --tls-server-name verifies a certificate that names another host than the one dialled",
+          "[integration][security]") {
+  auto dir = MakeDir("tls-name");
+  const auto [cert, key] = MakeNamedCert(*dir, "eps.test");
+  const JobConfig job = TinyJob(dir->File("train.bin"), 2);
+  DaemonOptions o;
+  o.transport = "grpc";  // the worker's layers and gradients go over the TLS channel too
+  o.extra_args = {"--tls-cert", cert, "--tls-key", key};
+  auto eps = EpsDaemon::Start(job, o, *dir);
+  INFO(eps.status().ToString());
+  REQUIRE(eps.ok());
+  EpsDaemon& d = **eps;
+  const std::string addr = d.address();  // 127.0.0.1:PORT: not a name of the certificate
+
+  // The right CA but no override: the name check fails (exit 2), with a hint.
+  const Run no_name = Exec(*dir, "l2lctl", {"--eps", addr, "--connect-timeout-ms", "700", "--tls-ca", cert, "status"});
+  INFO(no_name.out << no_name.err);
+  CHECK(no_name.code == 2);
+  CHECK(Has(no_name.err, "--tls-server-name"));
+  // The name the certificate holds: it works.
+  const Run ok = Exec(*dir, "l2lctl",
+                      {"--eps", addr, "--tls-ca", cert, "--tls-server-name", "eps.test", "status", "--json"});
+  INFO(ok.out << ok.err);
+  CHECK(ok.code == 0);
+  CHECK(Has(ok.out, "\"job_id\":\"" + d.job_id() + "\""));
+  // Another name: verification fails again.
+  const Run wrong = Exec(*dir, "l2lctl", {"--eps", addr, "--connect-timeout-ms", "700", "--tls-ca", cert,
+                                          "--tls-server-name", "other.test", "status"});
+  INFO(wrong.out << wrong.err);
+  CHECK(wrong.code == 2);
+  CHECK(Has(wrong.err, "--tls-server-name other.test"));
+  // Without --tls-ca it is a usage error, before any connection.
+  const Run no_ca = Exec(*dir, "l2lctl", {"--eps", addr, "--tls-server-name", "eps.test", "status"});
+  INFO(no_ca.out << no_ca.err);
+  CHECK(no_ca.code == 64);
+  CHECK(Has(no_ca.err, "--tls-server-name eps.test needs --tls-ca"));
+
+  // l2l-worker: refused without --tls-ca; unverifiable without the name; trains with it.
+  auto w_no_ca = StartWorker(addr, "name-no-ca", dir->File("w0.log"), {"--tls-server-name", "eps.test"});
+  REQUIRE(w_no_ca.ok());
+  auto c0 = (*w_no_ca)->Wait(30s);
+  REQUIRE(c0.ok());
+  INFO((*w_no_ca)->Log());
+  CHECK(*c0 == 1);
+  CHECK(Has((*w_no_ca)->Log(), "--tls-server-name eps.test needs --tls-ca"));
+  auto w_no_name =
+      StartWorker(addr, "no-name", dir->File("w1.log"), {"--tls-ca", cert, "--connect-timeout-ms", "1500"});
+  REQUIRE(w_no_name.ok());
+  auto c1 = (*w_no_name)->Wait(30s);
+  REQUIRE(c1.ok());
+  INFO((*w_no_name)->Log());
+  CHECK(*c1 == 2);
+  auto w = StartWorker(addr, "named", dir->File("w2.log"), {"--tls-ca", cert, "--tls-server-name", "eps.test"});
+  REQUIRE(w.ok());
+  auto c = (*w)->Wait(60s);
+  REQUIRE(c.ok());
+  INFO((*w)->LogTail());
+  CHECK(*c == 0);
+  CHECK(ParseSummary((*w)->Log()).at("steps") == 2);
+  StopDaemon(d);
 }
 
 }  // namespace l2l::itest
