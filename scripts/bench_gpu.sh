@@ -62,6 +62,9 @@ BIN="$ROOT/bin"
 [[ -x "$BIN/l2l-eps" && -x "$BIN/l2l-worker" && -x "$BIN/l2lctl" ]] || die "$BIN lacks l2l-eps, l2l-worker or l2lctl"
 command -v timeout >/dev/null || die "no 'timeout' on PATH (coreutils): every run is time-limited"
 PYTHON=${PYTHON:-python3}
+# l2l's GEMMs in bf16 with fp32 accumulation (docs/gpu.md, "bf16 GEMM mode"), the
+# closest to PyTorch's bf16 autocast; set L2L_CUDA_GEMM=fp32|tf32 to compare.
+export L2L_CUDA_GEMM=${L2L_CUDA_GEMM:-bf16}
 SMOKE=${BENCH_SMOKE:-0}
 if [[ "$SMOKE" == 1 ]]; then
   B=${BENCH_B:-2}; M=${BENCH_M:-2}; T=${BENCH_T:-64}
@@ -112,6 +115,7 @@ log "$CUBLAS_NOTE"
 unresolved=$(ldd_unresolved "$BIN"/*) ||
   die "unresolved libraries in $BIN (nothing has run yet; LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}):"$'\n'"$unresolved"$'\n'"($CUBLAS_NOTE)"
 log "ldd: every binary in $BIN resolves its libraries"
+log "l2l GEMMs: L2L_CUDA_GEMM=$L2L_CUDA_GEMM"
 
 WORK=$(mktemp -d /tmp/l2l-bench-gpu.XXXXXX)
 pids=()       # background processes of ours still to be stopped on exit
