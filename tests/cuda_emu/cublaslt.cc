@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <new>
@@ -620,6 +621,17 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   Problem p;
   cublasStatus_t st = ValidateProblem(api, operationDesc, Adesc, Bdesc, Cdesc, Ddesc, &p);
   if (st != CUBLAS_STATUS_SUCCESS) return st;
+  // Real cuBLASLt may have no algorithm for a strided batch (an interleaved one, odd
+  // alignments); $L2L_CUDA_EMU_LT_NO_BATCHED=1 answers so for every batch, so callers'
+  // fallbacks (kernels/cuda/attention.cc's one GEMM per head) can be tested.
+  if (p.batch > 1) {
+    const char* no_batched = std::getenv("L2L_CUDA_EMU_LT_NO_BATCHED");
+    if (no_batched != nullptr && std::strcmp(no_batched, "1") == 0) {
+      return Fail(CUBLAS_STATUS_NOT_SUPPORTED, api,
+                  "no algorithm for a batch of " + std::to_string(p.batch) +
+                      " (L2L_CUDA_EMU_LT_NO_BATCHED=1)");
+    }
+  }
   const size_t elem[4] = {TypeBytes(p.ab_type), TypeBytes(p.ab_type), TypeBytes(p.cd_type),
                           TypeBytes(p.cd_type)};
   const char* names[4] = {"A", "B", "C", "D"};

@@ -15,6 +15,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <string>
@@ -275,6 +276,47 @@ TEST_CASE("cuda causal attention forward and backward match the cpu", "[gpu]") {
   b.cpu->AttentionBackward(dqkv.c(), scratch.c(), dout.c(), qkv.c(), att.c(), B, T, C, NH);
   b.gpu->AttentionBackward(dqkv.g(), scratch.g(), dout.g(), qkv.g(), att.g(), B, T, C, NH);
   ExpectTwinClose(b, dqkv, 4 * kGemmAtol, 4 * kGemmRtol, "attention dqkv");
+}
+
+// When cuBLASLt offers no algorithm for the heads' strided batch, attention runs one GEMM
+// per head (kernels/cuda/attention.cc). On the emulator, L2L_CUDA_EMU_LT_NO_BATCHED=1
+// forces that path (a fresh backend, so no batched plan is cached); on a GPU the variable
+// does nothing and this repeats the batched check. fp32 and bf16 GEMM modes.
+TEST_CASE("cuda attention matches the cpu through the one-GEMM-per-head fallback", "[gpu]") {
+  Backends& b = Both();
+  const bool bf16 = GENERATE(false, true);
+  CAPTURE(bf16);
+  struct EnvGuard {
+    EnvGuard() { setenv("L2L_CUDA_EMU_LT_NO_BATCHED", "1", 1); }
+    ~EnvGuard() { unsetenv("L2L_CUDA_EMU_LT_NO_BATCHED"); }
+  } env;
+  kernels::CudaBackendOptions opt;
+  opt.gemm = bf16 ? kernels::CudaGemmPrecision::kBf16 : kernels::CudaGemmPrecision::kFp32;
+  auto fresh = kernels::CreateCudaBackend(0, opt);
+  REQUIRE(fresh.ok());
+  Backends fb;
+  fb.cpu = kernels::CreateCpuBackend(0);
+  fb.gpu = std::move(fresh).value();
+  const int64_t B = 2, T = 37, C = 96, NH = 4;
+  std::mt19937 rng(11);
+  // bf16 inputs: compare with the CPU on the same rounded values would need the rounding
+  // bounds of bf16_gemm_test.cc; here only the path matters, so bf16 uses loose bounds.
+  const double atol = bf16 ? 2e-2 : kGemmAtol, rtol = bf16 ? 2e-2 : kGemmRtol;
+  Twin qkv = Twin::Of(fb, RandomVec(rng, B * T * 3 * C, -1.0f, 1.0f));
+  Twin out = Twin::Of(fb, RandomVec(rng, B * T * C));
+  Twin att = Twin::Of(fb, RandomVec(rng, B * NH * T * T));
+  fb.cpu->AttentionForward(out.c(), att.c(), qkv.c(), B, T, C, NH);
+  fb.gpu->AttentionForward(out.g(), att.g(), qkv.g(), B, T, C, NH);
+  ExpectTwinClose(fb, att, bf16 ? 2e-2 : kElemAtol, bf16 ? 2e-2 : kElemRtol, "probabilities");
+  ExpectTwinClose(fb, out, atol, rtol, "attention out");
+  fb.gpu->CopyToDevice(att.g(), att.FromCpu(fb).data(), att.bytes);
+  Twin dout = Twin::Of(fb, RandomVec(rng, B * T * C));
+  Twin dqkv = Twin::Of(fb, RandomVec(rng, B * T * 3 * C));
+  Twin scratch = Twin::Of(fb, RandomVec(rng, B * NH * T * T));
+  fb.cpu->AttentionBackward(dqkv.c(), scratch.c(), dout.c(), qkv.c(), att.c(), B, T, C, NH);
+  fb.gpu->AttentionBackward(dqkv.g(), scratch.g(), dout.g(), qkv.g(), att.g(), B, T, C, NH);
+  ExpectTwinClose(fb, dqkv, 4 * atol, 4 * rtol, "attention dqkv");
+  (void)b;
 }
 
 TEST_CASE("cuda cross entropy forward and backward match the cpu", "[gpu]") {
