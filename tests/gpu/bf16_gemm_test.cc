@@ -36,6 +36,7 @@
 #include "common/config.h"
 #include "common/model_spec.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/train_util.h"
 #include "worker/reference_trainer.h"
 
 namespace l2l::gpu_test {
@@ -303,56 +304,10 @@ TEST_CASE("bf16 attention matches the cpu on bf16-rounded inputs within P and dS
   ExpectWithin(g_dqkv.Host(bf), c_dqkv.Host(*b.cpu), bounds.dqkv, 4e-4, 4e-4, "dqkv");
 }
 
-// As training_test.cc: learnable data x[t+1] = (5 x[t] + 3) mod V.
-std::vector<worker::MicroBatch> MakeBatches(std::mt19937& rng, int64_t M, int64_t B, int64_t T,
-                                            int32_t V) {
-  std::vector<worker::MicroBatch> out;
-  for (int64_t m = 0; m < M; ++m) {
-    worker::MicroBatch mb;
-    mb.B = B;
-    mb.T = T;
-    for (int64_t s = 0; s < B; ++s) {
-      int32_t x = std::uniform_int_distribution<int32_t>(0, V - 1)(rng);
-      for (int64_t t = 0; t < T; ++t) {
-        mb.inputs.push_back(x);
-        x = (5 * x + 3) % V;
-        mb.targets.push_back(x);
-      }
-    }
-    out.push_back(std::move(mb));
-  }
-  return out;
-}
-
-std::vector<float> TrainLosses(const JobConfig& cfg, const std::string& device, int steps) {
-  worker::ReferenceTrainerOptions opts;
-  opts.device = device;
-  auto trainer = worker::ReferenceTrainer::Create(cfg, opts);
-  INFO(device << ": " << trainer.status().ToString());
-  REQUIRE(trainer.ok());
-  std::mt19937 rng(7);
-  std::vector<float> losses;
-  for (int s = 0; s < steps; ++s) {
-    auto loss = (*trainer)->Step(MakeBatches(rng, cfg.train.micro_batches,
-                                             cfg.train.micro_batch_size, cfg.seq_len(),
-                                             static_cast<int32_t>(cfg.model.vocab_size)));
-    INFO(device << " step " << s << ": " << loss.status().ToString());
-    REQUIRE(loss.ok());
-    losses.push_back(*loss);
-  }
-  return losses;
-}
-
-// Sets L2L_CUDA_GEMM for its lifetime (unset again even when a REQUIRE throws).
-struct ScopedGemmEnv {
-  explicit ScopedGemmEnv(const char* v) { REQUIRE(setenv("L2L_CUDA_GEMM", v, 1) == 0); }
-  ~ScopedGemmEnv() { unsetenv("L2L_CUDA_GEMM"); }
-};
-
 TEST_CASE("L2L_CUDA_GEMM=bf16 reaches backends made by name, as l2l-train-ref and the worker make them",
           "[gpu]") {
   Both();
-  ScopedGemmEnv env("bf16");
+  ScopedEnv env("L2L_CUDA_GEMM", "bf16");
   auto be = kernels::CreateBackend("cuda:0");
   INFO(be.status().ToString());
   REQUIRE(be.ok());
@@ -369,24 +324,11 @@ TEST_CASE("L2L_CUDA_GEMM=bf16 reaches backends made by name, as l2l-train-ref an
 // 2e-2 leaves 2.7x for a GPU's different accumulation order. Not yet run on a GPU.
 TEST_CASE("reference trainer on cuda with bf16 GEMMs tracks the cpu losses", "[gpu]") {
   Both();
-  JobConfig cfg;
-  cfg.model.vocab_size = 512;
-  cfg.model.seq_len = 64;
-  cfg.model.d_model = 128;
-  cfg.model.n_layer = 2;
-  cfg.model.n_head = 4;
-  cfg.model.d_ff = 512;
-  cfg.model.tied_embeddings = true;
-  cfg.train.micro_batch_size = 4;
-  cfg.train.micro_batches = 2;
-  cfg.train.seq_len = 64;
-  cfg.train.seed = 1234;
-  cfg.optim.lr = 3e-3f;
-  REQUIRE(cfg.model.Validate().ok());
+  const JobConfig cfg = SmallJob();
   const auto cpu = TrainLosses(cfg, "cpu", 10);
   std::vector<float> gpu;
   {
-    ScopedGemmEnv env("bf16");
+    ScopedEnv env("L2L_CUDA_GEMM", "bf16");
     gpu = TrainLosses(cfg, "cuda:0", 10);
   }
   REQUIRE(gpu.size() == cpu.size());

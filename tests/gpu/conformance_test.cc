@@ -15,7 +15,6 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <random>
 #include <string>
@@ -23,6 +22,7 @@
 
 #include "common/dtype.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/train_util.h"
 
 namespace l2l::gpu_test {
 namespace {
@@ -286,10 +286,7 @@ TEST_CASE("cuda attention matches the cpu through the one-GEMM-per-head fallback
   Backends& b = Both();
   const bool bf16 = GENERATE(false, true);
   CAPTURE(bf16);
-  struct EnvGuard {
-    EnvGuard() { setenv("L2L_CUDA_EMU_LT_NO_BATCHED", "1", 1); }
-    ~EnvGuard() { unsetenv("L2L_CUDA_EMU_LT_NO_BATCHED"); }
-  } env;
+  ScopedEnv env("L2L_CUDA_EMU_LT_NO_BATCHED", "1");
   kernels::CudaBackendOptions opt;
   opt.gemm = bf16 ? kernels::CudaGemmPrecision::kBf16 : kernels::CudaGemmPrecision::kFp32;
   auto fresh = kernels::CreateCudaBackend(0, opt);

@@ -42,6 +42,7 @@
 #include "eps_server/eps_core.h"
 #include "eps_server/grpc_server.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/train_util.h"
 #include "worker/eps_client.h"
 #include "worker/relay.h"
 
@@ -185,44 +186,11 @@ struct InProcessEps {
 };
 
 JobConfig RelayJob(DType dt, const std::string& stash) {
-  JobConfig job;
-  job.model.vocab_size = 512;
-  job.model.seq_len = 64;
-  job.model.d_model = 128;
-  job.model.n_layer = 2;
-  job.model.n_head = 4;
-  job.model.d_ff = 512;
-  job.model.tied_embeddings = true;
-  job.train.micro_batch_size = 4;
-  job.train.micro_batches = 2;
-  job.train.seq_len = 64;
-  job.train.seed = 1234;
+  JobConfig job = SmallJob();
   job.train.steps = 10;
   job.train.stash = stash;
-  job.optim.lr = 3e-3f;
   job.publish_dtype = dt;
   return job;
-}
-
-// Learnable data (x[t+1] = 5 x[t] + 3 mod V from a random start), the same for both runs.
-std::vector<worker::MicroBatch> LearnableBatches(std::mt19937& rng, const JobConfig& job) {
-  const int32_t V = static_cast<int32_t>(job.model.vocab_size);
-  std::vector<worker::MicroBatch> out;
-  for (int64_t m = 0; m < job.train.micro_batches; ++m) {
-    worker::MicroBatch mb;
-    mb.B = job.train.micro_batch_size;
-    mb.T = job.seq_len();
-    for (int64_t s = 0; s < mb.B; ++s) {
-      int32_t x = std::uniform_int_distribution<int32_t>(0, V - 1)(rng);
-      for (int64_t t = 0; t < mb.T; ++t) {
-        mb.inputs.push_back(x);
-        x = (5 * x + 3) % V;
-        mb.targets.push_back(x);
-      }
-    }
-    out.push_back(std::move(mb));
-  }
-  return out;
 }
 
 struct ShmRun {

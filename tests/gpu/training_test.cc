@@ -13,7 +13,6 @@
 // steps drift slowly). With L2L_CUDA_GEMM=tf32: 2e-2 relative.
 #include <catch2/catch.hpp>
 
-#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -21,6 +20,7 @@
 #include "common/model_spec.h"
 #include "kernels/layers/layers.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/train_util.h"
 #include "worker/data_loader.h"
 #include "worker/fake_eps_client.h"
 #include "worker/reference_trainer.h"
@@ -28,19 +28,6 @@
 
 namespace l2l::gpu_test {
 namespace {
-
-ModelSpec SmallSpec() {
-  ModelSpec s;
-  s.vocab_size = 512;
-  s.seq_len = 64;
-  s.d_model = 128;
-  s.n_layer = 2;
-  s.n_head = 4;
-  s.d_ff = 512;
-  s.tied_embeddings = true;
-  REQUIRE(s.Validate().ok());
-  return s;
-}
 
 struct Workspaces {
   std::unique_ptr<layers::LayerWorkspace> cpu, gpu;
@@ -123,58 +110,6 @@ TEST_CASE("cuda embedding and tied head losses and gradients match the cpu", "[g
   ExpectTwinClose(b, demb, 1e-6, 1e-3, "embedding dparams (tied wte: head + embedding)");
 }
 
-// Learnable data: each sequence follows x[t+1] = (5 x[t] + 3) mod V from a random start,
-// so the loss falls quickly and a broken backward shows as a loss that does not.
-std::vector<worker::MicroBatch> MakeBatches(std::mt19937& rng, int64_t M, int64_t B, int64_t T,
-                                            int32_t V) {
-  std::vector<worker::MicroBatch> out;
-  for (int64_t m = 0; m < M; ++m) {
-    worker::MicroBatch mb;
-    mb.B = B;
-    mb.T = T;
-    for (int64_t s = 0; s < B; ++s) {
-      int32_t x = std::uniform_int_distribution<int32_t>(0, V - 1)(rng);
-      for (int64_t t = 0; t < T; ++t) {
-        mb.inputs.push_back(x);
-        x = (5 * x + 3) % V;
-        mb.targets.push_back(x);
-      }
-    }
-    out.push_back(std::move(mb));
-  }
-  return out;
-}
-
-std::vector<float> TrainLosses(const JobConfig& cfg, const std::string& device, int steps) {
-  worker::ReferenceTrainerOptions opts;
-  opts.device = device;
-  auto trainer = worker::ReferenceTrainer::Create(cfg, opts);
-  INFO(device << ": " << trainer.status().ToString());
-  REQUIRE(trainer.ok());
-  std::mt19937 rng(7);  // the same batches for every device
-  std::vector<float> losses;
-  for (int s = 0; s < steps; ++s) {
-    auto loss = (*trainer)->Step(MakeBatches(rng, cfg.train.micro_batches,
-                                             cfg.train.micro_batch_size, cfg.seq_len(),
-                                             static_cast<int32_t>(cfg.model.vocab_size)));
-    INFO(device << " step " << s << ": " << loss.status().ToString());
-    REQUIRE(loss.ok());
-    losses.push_back(*loss);
-  }
-  return losses;
-}
-
-JobConfig SmallJob() {
-  JobConfig cfg;
-  cfg.model = SmallSpec();
-  cfg.train.micro_batch_size = 4;
-  cfg.train.micro_batches = 2;
-  cfg.train.seq_len = 64;
-  cfg.train.seed = 1234;
-  cfg.optim.lr = 3e-3f;
-  return cfg;
-}
-
 void ExpectLossesTrack(const std::vector<float>& gpu, const std::vector<float>& cpu, double rtol) {
   REQUIRE(gpu.size() == cpu.size());
   for (size_t s = 0; s < cpu.size(); ++s) {
@@ -197,13 +132,9 @@ TEST_CASE("reference trainer on cuda with tf32 GEMMs tracks the cpu losses", "[g
   Both();
   const JobConfig cfg = SmallJob();
   auto cpu = TrainLosses(cfg, "cpu", 10);
-  REQUIRE(setenv("L2L_CUDA_GEMM", "tf32", 1) == 0);
   std::vector<float> gpu;
   {
-    // unsetenv even when TrainLosses fails a REQUIRE (it throws out of this scope).
-    struct Unset {
-      ~Unset() { unsetenv("L2L_CUDA_GEMM"); }
-    } unset;
+    ScopedEnv env("L2L_CUDA_GEMM", "tf32");
     gpu = TrainLosses(cfg, "cuda:0", 10);
   }
   ExpectLossesTrack(gpu, cpu, 2e-2);
@@ -225,9 +156,7 @@ std::vector<float> RelayLosses(const JobConfig& job, Backend* backend, int steps
   std::mt19937 rng(7);
   std::vector<float> losses;
   for (int s = 0; s < steps; ++s) {
-    auto report = (*relay)->RunStep(s, MakeBatches(rng, job.train.micro_batches,
-                                                    job.train.micro_batch_size, job.seq_len(),
-                                                    static_cast<int32_t>(job.model.vocab_size)));
+    auto report = (*relay)->RunStep(s, LearnableBatches(rng, job));
     INFO(backend->name() << " relay step " << s << ": " << report.status().ToString());
     REQUIRE(report.ok());
     losses.push_back(report->loss);

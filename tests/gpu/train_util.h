@@ -1,0 +1,103 @@
+// Shared by the GPU training tests (training_test, bf16_gemm_test, cuda_worker_test): the
+// small GPT they train, learnable batches, the reference trainer's losses on a device,
+// and a scoped environment variable (the CUDA backend reads L2L_CUDA_GEMM, the emulator
+// its L2L_CUDA_EMU_* switches). Thread-safety: test-only, single-threaded.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/config.h"
+#include "common/model_spec.h"
+#include "worker/data_loader.h"
+#include "worker/reference_trainer.h"
+
+namespace l2l::gpu_test {
+
+// GPT: V 512, T 64, d_model 128, 2 layers, 4 heads, d_ff 512, tied embeddings.
+inline ModelSpec SmallSpec() {
+  ModelSpec s;
+  s.vocab_size = 512;
+  s.seq_len = 64;
+  s.d_model = 128;
+  s.n_layer = 2;
+  s.n_head = 4;
+  s.d_ff = 512;
+  s.tied_embeddings = true;
+  REQUIRE(s.Validate().ok());
+  return s;
+}
+
+// SmallSpec, 2 micro-batches of 4 x 64 tokens, AdamW lr 3e-3.
+inline JobConfig SmallJob() {
+  JobConfig cfg;
+  cfg.model = SmallSpec();
+  cfg.train.micro_batch_size = 4;
+  cfg.train.micro_batches = 2;
+  cfg.train.seq_len = 64;
+  cfg.train.seed = 1234;
+  cfg.optim.lr = 3e-3f;
+  return cfg;
+}
+
+// Learnable data: each sequence follows x[t+1] = (5 x[t] + 3) mod V from a random start,
+// so the loss falls quickly and a broken backward shows as a loss that does not.
+inline std::vector<worker::MicroBatch> LearnableBatches(std::mt19937& rng, const JobConfig& cfg) {
+  const int32_t V = static_cast<int32_t>(cfg.model.vocab_size);
+  std::vector<worker::MicroBatch> out;
+  for (int64_t m = 0; m < cfg.train.micro_batches; ++m) {
+    worker::MicroBatch mb;
+    mb.B = cfg.train.micro_batch_size;
+    mb.T = cfg.seq_len();
+    for (int64_t s = 0; s < mb.B; ++s) {
+      int32_t x = std::uniform_int_distribution<int32_t>(0, V - 1)(rng);
+      for (int64_t t = 0; t < mb.T; ++t) {
+        mb.inputs.push_back(x);
+        x = (5 * x + 3) % V;
+        mb.targets.push_back(x);
+      }
+    }
+    out.push_back(std::move(mb));
+  }
+  return out;
+}
+
+// The reference trainer's loss for each of `steps` steps on `device`; the batches come
+// from a fixed seed, so every device sees the same data.
+inline std::vector<float> TrainLosses(const JobConfig& cfg, const std::string& device, int steps) {
+  worker::ReferenceTrainerOptions opts;
+  opts.device = device;
+  auto trainer = worker::ReferenceTrainer::Create(cfg, opts);
+  INFO(device << ": " << trainer.status().ToString());
+  REQUIRE(trainer.ok());
+  std::mt19937 rng(7);
+  std::vector<float> losses;
+  for (int s = 0; s < steps; ++s) {
+    auto loss = (*trainer)->Step(LearnableBatches(rng, cfg));
+    INFO(device << " step " << s << ": " << loss.status().ToString());
+    REQUIRE(loss.ok());
+    losses.push_back(*loss);
+  }
+  return losses;
+}
+
+// Sets an environment variable for its lifetime (unset again even when a REQUIRE throws).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    REQUIRE(setenv(name, value, 1) == 0);
+  }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
+}  // namespace l2l::gpu_test
