@@ -19,36 +19,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "tests/cuda_emu/emu_test_util.h"
+
 namespace {
 
-struct DevMem {
-  void* p = nullptr;
-  explicit DevMem(size_t bytes) { REQUIRE(cudaMalloc(&p, bytes) == cudaSuccess); }
-  ~DevMem() { (void)cudaFree(p); }
-  DevMem(const DevMem&) = delete;
-  DevMem& operator=(const DevMem&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
-
-template <class T>
-void Put(void* dst, const std::vector<T>& h) {
-  REQUIRE(cudaMemcpy(dst, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
-}
-template <class T>
-std::vector<T> Get(const void* src, size_t n) {
-  std::vector<T> h(n);
-  REQUIRE(cudaMemcpy(h.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
-  return h;
-}
-
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { REQUIRE(cudaStreamCreate(&s) == cudaSuccess); }
-  ~Stream() { (void)cudaStreamDestroy(s); }
-};
+using emu_test::DevMem;
+using emu_test::Get;
+using emu_test::Put;
+using emu_test::Stream;
 
 // Sorts (keys, values) on the device with SortPairs over bits [begin, end) and returns
 // the sorted pairs.

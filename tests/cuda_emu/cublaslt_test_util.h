@@ -20,45 +20,19 @@
 #include <utility>
 #include <vector>
 
+#include "tests/cuda_emu/emu_test_util.h"
+
 namespace cublaslt_test {
 
 inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 inline constexpr float kSentinel = 1152.0f;  // marks padding; exact in bf16
 inline constexpr double kPi = 3.14159265358979323846;
 
-// ---- Device memory and streams ---------------------------------------------------------
-
-struct DevMem {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DevMem(size_t b) : bytes(b) { REQUIRE(cudaMalloc(&p, b) == cudaSuccess); }
-  ~DevMem() { (void)cudaFree(p); }
-  DevMem(const DevMem&) = delete;
-  DevMem& operator=(const DevMem&) = delete;
-  template <class T>
-  T* as() const {
-    return static_cast<T*>(p);
-  }
-};
-
-template <class T>
-inline void Put(void* dst, const std::vector<T>& h) {
-  REQUIRE(cudaMemcpy(dst, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
-}
-
-template <class T>
-std::vector<T> Get(const void* src, size_t n) {
-  std::vector<T> h(n);
-  REQUIRE(cudaMemcpy(h.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
-  return h;
-}
-
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { REQUIRE(cudaStreamCreate(&s) == cudaSuccess); }
-  ~Stream() { (void)cudaStreamDestroy(s); }
-  void Sync() const { REQUIRE(cudaStreamSynchronize(s) == cudaSuccess); }
-};
+// ---- Device memory and streams (emu_test_util.h) ---------------------------------------
+using emu_test::DevMem;
+using emu_test::Get;
+using emu_test::Put;
+using emu_test::Stream;
 
 // ---- Independent number formats (written here, not taken from the emulator) ------------
 
