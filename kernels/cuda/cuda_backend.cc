@@ -292,37 +292,31 @@ class CudaBackend final : public Backend {
 
   // Device scratch of at least `bytes`, valid until the next Scratch() call. Growing it
   // waits for queued work that may still read the old buffer (rare: sized at creation).
-  void* Scratch(size_t bytes) {
-    if (bytes > scratch_.bytes()) {
-      L2L_CUDA_CHECK(cudaStreamSynchronize(stream()));
-      size_t grown = std::max(bytes, 2 * scratch_.bytes());
-      spdlog::info("{}: growing op scratch to {} MiB", name_, grown >> 20);
-      scratch_ = CudaBuffer();
-      auto buf = CudaBuffer::Create(grown);
-      L2L_CHECK(buf.ok()) << name_ << " scratch: " << buf.status().ToString();
-      scratch_ = std::move(buf).value();
-    }
-    return scratch_.data();
-  }
+  void* Scratch(size_t bytes) { return Grow(scratch_, bytes, "op scratch"); }
 
   // bf16 mode: device scratch for `elems` bf16 operand values in slot 0 or 1 (a GEMM's
-  // two operands), valid until the next request for that slot. Allocated on first use
-  // and grown as Scratch() grows it (waiting for queued work that may read the old one).
+  // two operands), valid until the next request for that slot; empty until first used.
   uint16_t* Bf16Scratch(int slot, int64_t elems) {
     L2L_CHECK(slot == 0 || slot == 1) << name_ << ": bf16 scratch slot " << slot;
-    CudaBuffer& buf = bf16_scratch_[slot];
     const size_t bytes = sizeof(uint16_t) * static_cast<size_t>(std::max<int64_t>(elems, 1));
+    const char* what = slot == 0 ? "bf16 operand scratch 0" : "bf16 operand scratch 1";
+    return static_cast<uint16_t*>(Grow(bf16_scratch_[slot], bytes, what));
+  }
+
+  // `buf` with at least `bytes`: grown to max(bytes, 2x) after waiting for the queued work
+  // that may still read the old buffer. Steady state allocates nothing.
+  void* Grow(CudaBuffer& buf, size_t bytes, const char* what) {
     if (bytes > buf.bytes()) {
       L2L_CUDA_CHECK(cudaStreamSynchronize(stream()));
-      size_t grown = std::max(bytes, 2 * buf.bytes());
-      spdlog::info("{}: growing bf16 operand scratch {} to {:.1f} MiB", name_, slot,
+      const size_t grown = std::max(bytes, 2 * buf.bytes());
+      spdlog::info("{}: growing {} to {:.1f} MiB", name_, what,
                    static_cast<double>(grown) / (1 << 20));
       buf = CudaBuffer();
       auto created = CudaBuffer::Create(grown);
-      L2L_CHECK(created.ok()) << name_ << " bf16 scratch: " << created.status().ToString();
+      L2L_CHECK(created.ok()) << name_ << " " << what << ": " << created.status().ToString();
       buf = std::move(created).value();
     }
-    return static_cast<uint16_t*>(buf.data());
+    return buf.data();
   }
 
   // The bf16 copy of the stored (rows, cols) matrix `src` with leading dimension ld, in
