@@ -379,7 +379,7 @@ class GPT(nn.Module):
         for blk in self.h:
             x = blk(x)
         logits = self.ln_f(x) @ self.wte.weight.T  # tied head
-        return F.cross_entropy(logits.float().view(-1, V), targets.view(-1))
+        return F.cross_entropy(logits.float().view(-1, V), targets.reshape(-1))
 
 torch.manual_seed(0)
 model = GPT().cuda()
