@@ -67,12 +67,8 @@ class HfDirReader final : public ModelReader {
 
  private:
   Status AddChecked(const SafeTensorInfo& t, size_t shard) {
-    if (!t.dtype.has_value()) {
-      return InvalidArgument(shards_[shard].path() + ": tensor '" + t.name + "' has dtype " + t.dtype_name +
-                             "; only F32, BF16 and F16 convert to fp32");
-    }
     shard_of_[t.name] = shard;
-    AddTensor({t.name, t.shape, t.dtype_name});
+    AddTensor({t.name, t.shape, t.dtype_name, t.dtype.has_value()});
     return Status::Ok();
   }
 
@@ -139,10 +135,6 @@ class GgufModelReader final : public ModelReader {
     const bool unpermute = o.gguf_hf_names && config_.model_type == "llama";
     for (const GgufTensorInfo& t : g_.tensors()) {
       const auto tr = GgmlTraits(t.type);
-      if (!tr->to_f32) {
-        return Unimplemented(path_ + ": tensor '" + t.name + "' has type " + tr->name +
-                             ", which l2l cannot convert to fp32 (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)");
-      }
       std::string name = t.name;
       if (o.gguf_hf_names) {
         if (auto hf = LlamaGgufToHfName(t.name)) name = *hf;
@@ -166,7 +158,7 @@ class GgufModelReader final : public ModelReader {
         }
       }
       source_[name] = s;
-      AddTensor({name, t.shape, tr->name});
+      AddTensor({name, t.shape, tr->name, tr->to_f32});
     }
     return Status::Ok();
   }
@@ -231,6 +223,10 @@ Status ModelReader::CheckShape(const std::string& name, const std::vector<int64_
   if (t->shape != shape) {
     return InvalidArgument(FileOf(name) + ": tensor '" + name + "' has shape " + ShapeText(t->shape) + ", expected " +
                            ShapeText(shape));
+  }
+  if (!t->to_f32) {
+    return Unimplemented(FileOf(name) + ": tensor '" + name + "' has dtype " + t->dtype + ", which l2l cannot convert to fp32 (" +
+                         (format_ == ModelFormat::kGguf ? "GGUF: F32, F16, BF16, Q8_0, Q4_0, Q4_1" : "safetensors: F32, BF16, F16") + ")");
   }
   return Status::Ok();
 }

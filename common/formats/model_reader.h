@@ -12,9 +12,12 @@
 // Open validates everything it can before returning, so an importer can fail before
 // writing any state: config.json types, the index (every shard present and holding the
 // tensors the index assigns it, no shard tensor missing from the index, shard names
-// without '/'), every safetensors header and GGUF header (lengths, offsets, sizes), and
-// every tensor's dtype convertible to fp32 (else an error naming the tensor, its dtype and
-// the file). Errors name the file (the shard for a tensor) and the tensor or key.
+// without '/'), every safetensors header and GGUF header (lengths, offsets, sizes).
+// Tensors of dtypes l2l does not convert (I64 buffers such as BERT's position_ids, GGUF
+// K-quants) are listed with to_f32 = false; CheckShape() rejects them, so an importer that
+// calls CheckShape on every tensor it needs before writing anything fails early, naming
+// the tensor, its dtype and the file. Errors name the file (the shard for a tensor) and
+// the tensor or key.
 //
 // GGUF names: by default tensors keep their GGUF names (token_embd.weight, blk.N.attn_q.weight)
 // and values are as stored. With ModelOpenOptions::gguf_hf_names, tensors that
@@ -47,7 +50,8 @@ const char* ModelFormatName(ModelFormat f);  // "hf" | "gguf"
 struct ModelTensorInfo {
   std::string name;
   std::vector<int64_t> shape;  // row-major
-  std::string dtype;           // "F32", "BF16", "F16", "Q8_0", "Q4_0", "Q4_1"
+  std::string dtype;           // as the file names it: "F32", "BF16", "Q4_1", "I64", "Q6_K", ...
+  bool to_f32 = true;          // ReadF32 converts it (else it fails naming the dtype)
   int64_t numel() const;
 };
 
@@ -68,8 +72,9 @@ class ModelReader {
   const ModelTensorInfo* Find(const std::string& name) const;
   // The file holding `name` (a shard for sharded HF dirs); "" for an unknown name.
   virtual std::string FileOf(const std::string& name) const = 0;
-  // OK when `name` exists with exactly `shape`; otherwise NotFound / InvalidArgument naming
-  // the file, the tensor, the expected and the found shape.
+  // OK when `name` exists with exactly `shape` and converts to fp32; otherwise NotFound /
+  // InvalidArgument / Unimplemented naming the file, the tensor, the expected and the found
+  // shape or the dtype.
   Status CheckShape(const std::string& name, const std::vector<int64_t>& shape) const;
   // Converts `name` into out[0..n), row-major; n must equal its numel.
   virtual Status ReadF32(const std::string& name, float* out, size_t n) const = 0;

@@ -8,6 +8,8 @@ Run with the oracle venv's python (scripts/oracle_venv.sh).
   gguf_oracle.py real_config GGUF      metadata of a real file as gguf reads it (JSON)
   gguf_oracle.py real_tensors GGUF     compares tensors l2l streams on stdin with
                                        gguf.quants.dequantize, bit for bit
+  gguf_oracle.py real_hf_config DIR    config (transformers AutoConfig) + tensor shapes
+  gguf_oracle.py real_hf_tensors DIR   as real_tensors, against safetensors.numpy
 Exits non-zero with a message on the first failure.
 """
 import json
@@ -251,29 +253,56 @@ def real_config(path):
     print(json.dumps(out))
 
 
-def real_tensors(path):
-    """stdin: for each tensor of the file, in file order: its name, '\\n', numel fp32."""
-    r = gguf.GGUFReader(path)
+def compare_stream(want_fn, names, what):
+    """stdin: for each tensor, in any order: its name, '\\n', numel fp32 (l2l's values).
+    want_fn(name) gives the oracle's fp32 values; every name must come exactly once."""
     inp = sys.stdin.buffer
-    n = 0
-    for t in r.tensors:
-        name = inp.readline().decode().rstrip("\n")
-        if name != t.name:
-            fail(f"expected tensor {t.name}, l2l sent {name!r}")
-        want = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32).reshape(-1)
+    seen = set()
+    while True:
+        line = inp.readline()
+        if not line:
+            break
+        name = line.decode().rstrip("\n")
+        if name not in names:
+            fail(f"l2l sent tensor {name!r}, which {what} does not have")
+        if name in seen:
+            fail(f"l2l sent tensor {name!r} twice")
+        seen.add(name)
+        want = np.ascontiguousarray(want_fn(name), dtype=np.float32).reshape(-1)
         got = np.frombuffer(inp.read(want.size * 4), dtype=np.float32)
         if got.size != want.size:
-            fail(f"{t.name}: l2l sent {got.size} values, expected {want.size}")
+            fail(f"{name}: l2l sent {got.size} values, expected {want.size}")
         if not np.array_equal(got.view(np.uint32), want.view(np.uint32)):
             i = int(np.argmax(got.view(np.uint32) != want.view(np.uint32)))
-            fail(f"{t.name} ({t.tensor_type.name}): element {i}: l2l {got[i]!r}, gguf {want[i]!r}")
-        n += 1
-    if inp.read(1):
-        fail("l2l sent more data than the file has tensors")
-    print(f"ok: {n} tensors equal gguf.quants.dequantize bit for bit")
+            fail(f"{name}: element {i}: l2l {got[i]!r}, {what} {want[i]!r}")
+    if seen != set(names):
+        fail(f"l2l did not send {sorted(set(names) - seen)[:5]}")
+    print(f"ok: {len(seen)} tensors of {what} equal bit for bit")
+
+
+def real_tensors(path):
+    r = gguf.GGUFReader(path)
+    by = {t.name: t for t in r.tensors}
+    compare_stream(lambda n: gguf.quants.dequantize(by[n].data, by[n].tensor_type), by, "gguf.quants.dequantize")
+
+
+def real_hf_config(d):
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    import transformers
+    from safetensors import safe_open
+    c = transformers.AutoConfig.from_pretrained(d).to_dict()
+    with safe_open(os.path.join(d, "model.safetensors"), "np") as f:
+        c["l2l_tensors"] = {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    print(json.dumps(c))
+
+
+def real_hf_tensors(d):
+    from safetensors.numpy import load_file
+    sd = {k: v for k, v in load_file(os.path.join(d, "model.safetensors")).items() if v.dtype.kind == "f"}
+    compare_stream(lambda n: sd[n].astype(np.float32), sd, "safetensors.numpy")
 
 
 if __name__ == "__main__":
     cmd = sys.argv[1]
     {"fixtures": fixtures, "check_written": check_written, "real_config": real_config,
-     "real_tensors": real_tensors}[cmd](*sys.argv[2:])
+     "real_tensors": real_tensors, "real_hf_config": real_hf_config, "real_hf_tensors": real_hf_tensors}[cmd](*sys.argv[2:])
