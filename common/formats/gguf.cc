@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "common/dtype.h"
+#include "common/formats/mapped_pages.h"
 
 namespace l2l::formats {
 namespace {
@@ -473,6 +474,7 @@ Status GgufReader::ReadF32(const std::string& name, float* out, size_t n) const 
                            " elements (ne=" + NeText(t->ne) + "), the destination " + std::to_string(n));
   }
   Status s = DequantizeToF32(t->type, Raw(*t).data(), out, n);
+  ReleaseMappedPages(Raw(*t).data(), Raw(*t).size());
   if (!s.ok()) return s.WithContext(path() + ": tensor '" + name + "'");
   return s;
 }

@@ -141,7 +141,8 @@ class GgufReader {
   std::span<const uint8_t> Raw(const GgufTensorInfo& t) const {
     return {file_.data() + data_start_ + t.offset, static_cast<size_t>(t.nbytes)};
   }
-  // Dequantizes `name` to fp32 into out[0..n), row-major; n must equal its numel.
+  // Dequantizes `name` to fp32 into out[0..n), row-major; n must equal its numel. The
+  // tensor's file pages are dropped from the resident set afterwards (ReleaseMappedPages).
   Status ReadF32(const std::string& name, float* out, size_t n) const;
   Result<std::vector<float>> ReadF32(const std::string& name) const;
 

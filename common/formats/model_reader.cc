@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
+#include "common/formats/mapped_pages.h"
 #include "common/safetensors.h"
 
 namespace l2l::formats {
@@ -62,7 +63,11 @@ class HfDirReader final : public ModelReader {
   Status ReadF32(const std::string& name, float* out, size_t n) const override {
     auto it = shard_of_.find(name);
     if (it == shard_of_.end()) return NotFound(path_ + ": no tensor '" + name + "'");
-    return shards_[it->second].ReadAsFloat(name, out, n);
+    const SafeTensorsReader& shard = shards_[it->second];
+    Status s = shard.ReadAsFloat(name, out, n);
+    const auto raw = shard.Raw(*shard.Find(name));
+    ReleaseMappedPages(raw.data(), raw.size());
+    return s;
   }
 
  private:

@@ -7,7 +7,9 @@
 // or safetensors.numpy.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -64,7 +66,39 @@ void StreamAllTensors(const ModelReader& r, const std::string& cmd, const std::s
   UNSCOPED_INFO(testing::ReadAll(log));
 }
 
+// Resident set of this process in bytes (/proc/self/status VmRSS).
+int64_t RssBytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
 }  // namespace
+
+TEST_CASE("Reading every tensor of a real model keeps the resident set at about one tensor", "[formats][real]") {
+  for (const char* model : {"smollm2", "minilm"}) {
+    INFO(model);
+    const std::string path = Fetch(model);
+    Result<std::unique_ptr<ModelReader>> r = ModelReader::Open(path);
+    REQUIRE(r.ok());
+    int64_t largest = 0;
+    for (const ModelTensorInfo& t : (*r)->tensors()) largest = std::max(largest, t.numel());
+    std::vector<float> buf(static_cast<size_t>(largest), 1.0f);  // touched: resident from here
+    const int64_t start = RssBytes();
+    int64_t peak = start;
+    for (const ModelTensorInfo& t : (*r)->tensors()) {
+      if (!t.to_f32) continue;
+      REQUIRE((*r)->ReadF32(t.name, buf.data(), static_cast<size_t>(t.numel())).ok());
+      peak = std::max(peak, RssBytes());
+    }
+    // Without releasing the mapped pages, the whole file would become resident.
+    INFO("RSS grew by " << (peak - start) / 1024 << " KiB while reading; largest tensor " << largest * 4 / 1024 << " KiB");
+    CHECK(peak - start < (16 << 20));
+  }
+}
 
 TEST_CASE("SmolLM2-135M Q4_1 GGUF: config as the gguf package reads it, every tensor equal to gguf's dequantize",
           "[formats][gguf][real]") {
