@@ -233,6 +233,53 @@ Result<ModelConfig> ConfigFromGguf(const GgufReader& g) {
   return c;
 }
 
+Status AddConfigToGguf(const ModelConfig& c, GgufWriter* w) {
+  const std::string src = c.source.empty() ? "model config" : c.source;
+  if (c.model_type.empty()) return InvalidArgument(src + ": no model_type to write as general.architecture");
+  if (c.eos_token_ids.size() > 1) {
+    return InvalidArgument(src + ": GGUF holds one eos token id, the config has " + std::to_string(c.eos_token_ids.size()));
+  }
+  if (c.rope_scaling && c.rope_scaling->type != "linear" && c.rope_scaling->type != "yarn" && c.rope_scaling->type != "none") {
+    return InvalidArgument(src + ": rope_scaling type '" + c.rope_scaling->type + "' has no GGUF metadata form");
+  }
+  const std::string a = c.model_type + ".";
+  w->Set("general.architecture", GgufValue::String(c.model_type));
+  auto u32 = [&](const std::string& key, const std::optional<int64_t>& v) {
+    if (v) w->Set(key, GgufValue::U32(static_cast<uint32_t>(*v)));
+  };
+  auto f32 = [&](const std::string& key, const std::optional<double>& v) {
+    if (v) w->Set(key, GgufValue::F32(static_cast<float>(*v)));
+  };
+  u32(a + "vocab_size", c.vocab_size);
+  u32(a + "context_length", c.max_position_embeddings);
+  u32(a + "embedding_length", c.hidden_size);
+  u32(a + "block_count", c.num_hidden_layers);
+  u32(a + "feed_forward_length", c.intermediate_size);
+  u32(a + "attention.head_count", c.num_attention_heads);
+  u32(a + "attention.head_count_kv", c.num_key_value_heads);
+  std::optional<int64_t> rot = c.rope_dimension_count ? c.rope_dimension_count : c.head_dim;
+  if (!rot && c.hidden_size && c.num_attention_heads && *c.num_attention_heads > 0) {
+    rot = *c.hidden_size / *c.num_attention_heads;
+  }
+  u32(a + "rope.dimension_count", rot);
+  if (c.head_dim) {
+    u32(a + "attention.key_length", c.head_dim);
+    u32(a + "attention.value_length", c.head_dim);
+  }
+  u32(a + "attention.sliding_window", c.sliding_window);
+  f32(a + "rope.freq_base", c.rope_theta);
+  f32(a + "attention.layer_norm_rms_epsilon", c.rms_norm_eps);
+  f32(a + "attention.layer_norm_epsilon", c.layer_norm_epsilon);
+  if (c.rope_scaling && c.rope_scaling->type != "none") {
+    w->Set(a + "rope.scaling.type", GgufValue::String(c.rope_scaling->type));
+    f32(a + "rope.scaling.factor", c.rope_scaling->factor);
+    u32(a + "rope.scaling.original_context_length", c.rope_scaling->original_max_position_embeddings);
+  }
+  u32("tokenizer.ggml.bos_token_id", c.bos_token_id);
+  if (!c.eos_token_ids.empty()) u32("tokenizer.ggml.eos_token_id", c.eos_token_ids[0]);
+  return Status::Ok();
+}
+
 json HfConfigJson(const ModelConfig& c, const json& extra) {
   json j = c.raw_json.is_object() ? c.raw_json : json::object();
   if (!c.architecture.empty()) j["architectures"] = {c.architecture};

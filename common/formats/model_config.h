@@ -32,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/formats/gguf.h"
+#include "common/formats/gguf_writer.h"
 #include "common/status.h"
 
 namespace l2l::formats {
@@ -84,5 +85,15 @@ nlohmann::json HfConfigJson(const ModelConfig& c, const nlohmann::json& extra = 
 // Writes HfConfigJson(c, extra), indented, atomically.
 Status WriteHfConfig(const std::string& path, const ModelConfig& c,
                      const nlohmann::json& extra = nlohmann::json::object());
+
+// The inverse of ConfigFromGguf, for GGUF export: general.architecture = model_type and
+// the "<arch>.*" keys above for every field that is set (plus <arch>.vocab_size, and
+// rope.dimension_count = head_dim or hidden_size / num_attention_heads when not stated),
+// tokenizer.ggml.{bos,eos}_token_id when set, rope scaling of type linear / yarn as
+// rope.scaling.*. Llama-3 rope scaling has no GGUF metadata (llama.cpp stores a
+// rope_freqs.weight tensor instead): InvalidArgument, as are a missing model_type and
+// more than one eos id. Tokenizer arrays and general.name are the caller's (transformers'
+// GGUF loader requires general.name).
+Status AddConfigToGguf(const ModelConfig& c, GgufWriter* w);
 
 }  // namespace l2l::formats

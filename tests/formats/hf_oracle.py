@@ -5,8 +5,9 @@ converter does (gguf's TensorNameMap for names, the q/k permutation), and checks
 directories l2l wrote with transformers' from_pretrained. Run with the oracle venv's python.
 
   hf_oracle.py fixtures OUTDIR     model dirs + expected values + manifest.json
-  hf_oracle.py check_dir DIR       loads an l2l-written dir with LlamaForCausalLM and
-                                   compares every weight with DIR/../expected/*.f32
+  hf_oracle.py check_dir DIR EXP   loads an l2l-written dir with AutoModelForCausalLM and
+                                   compares every weight with EXP/<name>.f32
+  hf_oracle.py check_gguf_export GGUF EXP   the same through transformers' GGUF loader
 Exits non-zero with a message on the first failure.
 """
 import json
@@ -209,10 +210,42 @@ def check_dir(d, expected_dir):
     print(f"ok: {type(m).__name__} loaded {n} tensors, no missing/unexpected keys; config {cfg.model_type}")
 
 
+def check_gguf_export(path, expected_dir):
+    """A GGUF l2l exported, loaded by transformers' own GGUF loader (which dequantizes and
+    undoes the Llama q/k permutation itself); values equal HF's, Q8_0 ones equal gguf's
+    quantize -> dequantize of HF's."""
+    # from_pretrained(gguf_file=...) needs accelerate (not in the oracle venv); this is the
+    # same path without it: the config from the GGUF metadata, then transformers' own GGUF
+    # tensor conversion, loaded strictly (missing or unexpected keys raise).
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    cfg = transformers.AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    m = transformers.AutoModelForCausalLM.from_config(cfg)
+    tensors = load_gguf_checkpoint(path, return_tensors=True)["tensors"]
+    res = m.load_state_dict(tensors, strict=False)
+    missing = [k for k in res.missing_keys if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if missing or res.unexpected_keys:
+        fail(f"{path}: missing {missing}, unexpected {res.unexpected_keys}")
+    n = 0
+    for k, v in m.state_dict().items():
+        p = os.path.join(expected_dir, k + ".f32")
+        if not os.path.exists(p):
+            fail(f"transformers has {k}, l2l exported no such tensor")
+        want = np.fromfile(p, dtype=np.float32).reshape(tuple(v.shape))
+        if open(os.path.join(expected_dir, k + ".dtype")).read().strip() == "q8_0":
+            want = gguf.quants.dequantize(gguf.quants.quantize(want, gguf.GGMLQuantizationType.Q8_0),
+                                          gguf.GGMLQuantizationType.Q8_0)
+        if not np.array_equal(v.numpy(), want):
+            fail(f"{k}: transformers' GGUF loader gives other values (max diff {np.abs(v.numpy() - want).max()})")
+        n += 1
+    print(f"ok: transformers loaded {n} tensors from the l2l GGUF, config {m.config.model_type}")
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "fixtures":
         fixtures(sys.argv[2])
+    elif cmd == "check_gguf_export":
+        check_gguf_export(sys.argv[2], sys.argv[3])
     elif cmd == "check_dir":
         check_dir(sys.argv[2], sys.argv[3])
     else:

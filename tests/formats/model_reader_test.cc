@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/formats/gguf_writer.h"
 #include "common/formats/hf_writer.h"
 #include "common/formats/model_config.h"
 #include "common/formats/model_reader.h"
@@ -314,6 +315,71 @@ TEST_CASE("HF dirs l2l writes (sharded or not, f32 and bf16) load in transformer
   REQUIRE(back.ok());
   REQUIRE((*back)->tensors().size() == ts.size());
   CHECK(SameBits(*(*back)->ReadF32(ts[0].name), values[0]));
+}
+
+}  // namespace l2l::formats
+
+namespace l2l::formats {
+
+TEST_CASE("A Llama GGUF l2l exports (GGUF names, q/k permuted, F32 + Q8_0) loads in transformers' GGUF loader",
+          "[formats][gguf][hf]") {
+  TempDir dir;
+  Fixtures(dir);
+  Result<std::unique_ptr<ModelReader>> r = ModelReader::Open(dir.File("llama"));
+  REQUIRE(r.ok());
+  const ModelReader& src = **r;
+  ModelConfig cfg = src.config();
+  GgufWriter scratch;
+  ExpectError(AddConfigToGguf(cfg, &scratch), {"config.json", "eos", "2"});
+  cfg.eos_token_ids = {2};
+  ExpectError(AddConfigToGguf(cfg, &scratch), {"config.json", "llama3"});
+  cfg.rope_scaling.reset();  // llama3 scaling has no GGUF metadata form
+  GgufWriter w;
+  REQUIRE(AddConfigToGguf(cfg, &w).ok());
+  w.Set("general.name", GgufValue::String("l2l export test"));
+  const std::string expected = dir.File("gguf.expected");
+  std::filesystem::create_directories(expected);
+  std::vector<std::vector<float>> store;
+  store.reserve(src.tensors().size());
+  for (const ModelTensorInfo& t : src.tensors()) {
+    std::vector<float> v = *src.ReadF32(t.name);
+    testing::WriteF32File(expected + "/" + t.name + ".f32", v);
+    const bool q = t.name.find("q_proj.weight") != std::string::npos, k = t.name.find("k_proj.weight") != std::string::npos;
+    if (q || k) {
+      std::vector<float> p(v.size());
+      REQUIRE(PermuteLlamaRows(v.data(), p.data(), t.shape[0], t.shape[1],
+                               q ? *cfg.num_attention_heads : *cfg.num_key_value_heads).ok());
+      v.swap(p);
+    }
+    store.push_back(std::move(v));
+    const bool quant = t.shape.size() == 2 && t.shape[1] % 32 == 0 && t.name.find("embed") == std::string::npos;
+    testing::WriteFileForTest(expected + "/" + t.name + ".dtype", quant ? "q8_0" : "f32");
+    const std::optional<std::string> gname = LlamaHfToGgufName(t.name);
+    REQUIRE(gname.has_value());
+    REQUIRE(w.AddTensor({*gname, t.shape, quant ? GgmlType::kQ8_0 : GgmlType::kF32, store.back().data(), nullptr}).ok());
+  }
+  const std::string path = dir.File("export/model.gguf");
+  std::filesystem::create_directories(dir.File("export"));
+  REQUIRE(w.Write(path).ok());
+  RunOracle("hf_oracle.py", {"check_gguf_export", path, expected});
+
+  // Our reader: the same config, and HF values back under HF names.
+  Result<std::unique_ptr<ModelReader>> back = ModelReader::Open(path, {.gguf_hf_names = true});
+  REQUIRE(back.ok());
+  const ModelConfig& c = (*back)->config();
+  CHECK(*c.hidden_size == *cfg.hidden_size);
+  CHECK(*c.num_key_value_heads == *cfg.num_key_value_heads);
+  CHECK(*c.rope_theta == static_cast<double>(static_cast<float>(*cfg.rope_theta)));
+  CHECK(*c.vocab_size == *cfg.vocab_size);
+  CHECK(*c.tie_word_embeddings == false);
+  for (size_t i = 0; i < src.tensors().size(); ++i) {
+    const ModelTensorInfo& t = src.tensors()[i];
+    INFO(t.name);
+    REQUIRE((*back)->CheckShape(t.name, t.shape).ok());
+    if (testing::ReadAll(expected + "/" + t.name + ".dtype") == "f32") {
+      CHECK(SameBits(*(*back)->ReadF32(t.name), ReadF32File(expected + "/" + t.name + ".f32")));
+    }
+  }
 }
 
 }  // namespace l2l::formats
