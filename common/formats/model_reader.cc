@@ -254,6 +254,13 @@ Result<std::unique_ptr<ModelReader>> ModelReader::Open(const std::string& path, 
     L2L_RETURN_IF_ERROR(r->Init());
     return std::unique_ptr<ModelReader>(std::move(r));
   }
+  auto ends_with = [&](const std::string& s) {
+    return path.size() >= s.size() && path.compare(path.size() - s.size(), s.size(), s) == 0;
+  };
+  if (ends_with(".safetensors") || ends_with(".json")) {
+    return InvalidArgument(path + ": a Hugging Face model is read from its directory (config.json + model.safetensors "
+                           "or model.safetensors.index.json); pass the directory, or a .gguf file");
+  }
   L2L_ASSIGN_OR_RETURN(GgufReader g, GgufReader::Open(path));
   auto r = std::make_unique<GgufModelReader>(path, std::move(g));
   L2L_RETURN_IF_ERROR(r->Init(options));

@@ -182,6 +182,30 @@ def fixtures(out):
     save_expected(os.path.join(out, "tiny_llama.expected"), sd)
     manifest["tiny_llama"] = {"gguf_names": gguf_names, "n_head": nh, "n_kv": nkv,
                               "shapes": {k: list(v.shape) for k, v in sd.items()}}
+
+    # 6. A tiny Qwen2 GGUF: llama.cpp's converter does not permute Qwen2's q/k, and Qwen2
+    #    has q/k/v biases.
+    qc = transformers.Qwen2Config(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+                                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(3)
+    qsd = {k: torch.randn(v.shape) for k, v in transformers.Qwen2ForCausalLM(qc).state_dict().items()
+           if k != "lm_head.weight"}
+    w = gguf.GGUFWriter(os.path.join(out, "tiny_qwen2.gguf"), "qwen2")
+    w.add_block_count(1)
+    w.add_embedding_length(32)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_rope_freq_base(1e6)
+    w.add_vocab_size(40)
+    qmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN2, 1)
+    for k, v in qsd.items():
+        w.add_tensor(qmap.get_name(k, try_suffixes=(".weight", ".bias")), v.numpy().astype(np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    save_expected(os.path.join(out, "tiny_qwen2.expected"), qsd)
+    manifest["tiny_qwen2"] = {"names": sorted(qsd)}
     with open(os.path.join(out, "manifest.json"), "w") as f:
         json.dump(manifest, f)
 

@@ -192,6 +192,8 @@ TEST_CASE("Broken model directories fail naming the file and the tensor or key",
       {"truncated", {"model.safetensors", "truncated"}},
       {"no_weights", {"no_weights", "model.safetensors"}},
       {"does_not_exist", {"does_not_exist"}},
+      {"llama/model.safetensors", {"pass the directory"}},
+      {"llama/config.json", {"pass the directory"}},
   };
   for (const Case& c : cases) {
     INFO(c.dir);
@@ -268,6 +270,29 @@ TEST_CASE("A Llama GGUF as llama.cpp's converter writes it reads back under HF n
     if (name.find("q_proj") != std::string::npos) {  // stored permuted: the raw view differs
       CHECK_FALSE(SameBits(*v, *(*raw)->ReadF32(*LlamaHfToGgufName(name))));
     }
+  }
+}
+
+TEST_CASE("A Qwen2 GGUF reads under HF names with q/k as stored (its converter does not permute them)",
+          "[formats][gguf][hf]") {
+  TempDir dir;
+  Fixtures(dir);
+  const json names = json::parse(testing::ReadAll(dir.File("manifest.json")))["tiny_qwen2"]["names"];
+  Result<std::unique_ptr<ModelReader>> r = ModelReader::Open(dir.File("tiny_qwen2.gguf"), {.gguf_hf_names = true});
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  const ModelConfig& c = (*r)->config();
+  CHECK(c.model_type == "qwen2");
+  CHECK(*c.attention_bias);
+  CHECK(*c.tie_word_embeddings);
+  CHECK(*c.vocab_size == 40);  // qwen2.vocab_size: this file has no token list
+  CHECK(*c.rope_theta == 1e6);
+  REQUIRE((*r)->tensors().size() == names.size());
+  for (const json& n : names) {
+    INFO(n.get<std::string>());
+    Result<std::vector<float>> v = (*r)->ReadF32(n.get<std::string>());
+    REQUIRE(v.ok());
+    CHECK(SameBits(*v, ReadF32File(dir.File("tiny_qwen2.expected/" + n.get<std::string>() + ".f32"))));
   }
 }
 
