@@ -93,6 +93,9 @@ minilm() {
 }
 
 mkdir -p "$CACHE"
+# A lock: tests run in parallel and may ask for the same model at once.
+exec 9>"$CACHE/.fetch.lock"
+flock 9
 case "$WHAT" in
   smollm2) smollm2 ;;
   minilm) minilm ;;
