@@ -1,0 +1,265 @@
+// Tests for common/formats/gguf.h and gguf_writer.h against the `gguf` python package
+// (tests/formats/gguf_oracle.py): files written by GGUFWriter read with every metadata
+// type, dequantized values equal to gguf.quants.dequantize bit for bit, llama.cpp's q/k
+// permutation undone, files we write read back by GGUFReader with gguf's own quantizer's
+// bytes, and every malformed file rejected with a message naming the file and the tensor.
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/formats/gguf.h"
+#include "common/formats/gguf_writer.h"
+#include "tests/common/temp_dir.h"
+#include "tests/formats/oracle_util.h"
+
+namespace l2l::formats {
+namespace {
+
+using testing::ReadF32File;
+using testing::RunOracle;
+using testing::SameBits;
+using testing::TempDir;
+
+void ExpectError(const Status& s, std::initializer_list<std::string> needles) {
+  REQUIRE_FALSE(s.ok());
+  INFO("message: " << s.ToString());
+  for (const std::string& n : needles) CHECK(s.message().find(n) != std::string::npos);
+}
+
+nlohmann::json Manifest(const TempDir& dir) {
+  return nlohmann::json::parse(testing::ReadAll(dir.File("manifest.json")));
+}
+
+}  // namespace
+
+TEST_CASE("GGUF files written by the gguf package read back: metadata of every type", "[formats][gguf]") {
+  TempDir dir;
+  RunOracle("gguf_oracle.py", {"fixtures", dir.path()});
+  Result<GgufReader> r = GgufReader::Open(dir.File("mixed.gguf"));
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  CHECK(r->version() == 3);
+  CHECK(r->alignment() == 32);
+  CHECK(*r->GetString("general.architecture") == "llama");
+  CHECK(*r->GetUInt("t.u8") == 200);
+  CHECK(*r->GetInt("t.i8") == -100);
+  CHECK(*r->GetUInt("t.u16") == 60000);
+  CHECK(*r->GetInt("t.i16") == -30000);
+  CHECK(*r->GetUInt("t.u32") == 4000000000u);
+  CHECK(*r->GetInt("t.i32") == -2000000000);
+  CHECK(*r->GetFloat("t.f32") == static_cast<double>(0.1f));
+  CHECK(r->Get("t.f32")->type == GgufValueType::kF32);
+  CHECK(*r->GetBool("t.bool") == true);
+  CHECK(*r->GetString("t.str") == "h\u00e9llo w\u00f6rld");
+  CHECK(*r->GetUInt("t.u64") == (1ull << 40) + 3);
+  CHECK(*r->GetInt("t.i64") == -(1ll << 40) - 5);
+  CHECK(*r->GetFloat("t.f64") == 3.141592653589793);
+  CHECK(*r->GetStringArray("t.arr_str") == std::vector<std::string>{"a", "", "\u0120the", "<|im_start|>"});
+  CHECK(*r->GetIntArray("t.arr_int") == std::vector<int64_t>{1, -2, 3});
+  CHECK(*r->GetFloatArray("t.arr_f32") == std::vector<double>{0.5, -1.25});
+  CHECK(*r->GetIntArray("t.arr_bool") == std::vector<int64_t>{1, 0, 1});
+  const GgufValue* nested = r->Get("t.arr_nested");
+  REQUIRE(nested != nullptr);
+  REQUIRE(nested->arrays.size() == 2);
+  CHECK(nested->arrays[0].ints == std::vector<int64_t>{1, 2});
+  CHECK(nested->arrays[1].ints == std::vector<int64_t>{3});
+  CHECK(*r->GetUInt("llama.block_count") == 2);
+
+  // Typed getters name the file, key and both types.
+  ExpectError(r->GetString("t.u32").status(), {dir.File("mixed.gguf"), "t.u32", "UINT32", "STRING"});
+  ExpectError(r->GetUInt("t.i8").status(), {"t.i8", "non-negative"});
+  ExpectError(r->GetStringArray("t.arr_int").status(), {"t.arr_int", "ARRAY of INT32"});
+  ExpectError(r->GetUInt("no.such.key").status(), {"no.such.key", dir.File("mixed.gguf")});
+}
+
+TEST_CASE("GGUF tensors dequantize exactly as gguf.quants.dequantize (F32 F16 BF16 Q8_0 Q4_0 Q4_1)",
+          "[formats][gguf]") {
+  TempDir dir;
+  RunOracle("gguf_oracle.py", {"fixtures", dir.path()});
+  const nlohmann::json m = Manifest(dir);
+  for (const char* file : {"mixed", "align64"}) {
+    Result<GgufReader> r = GgufReader::Open(dir.File(std::string(file) + ".gguf"));
+    INFO(file << ": " << r.status().ToString());
+    REQUIRE(r.ok());
+    REQUIRE(r->tensors().size() == m[file].size());
+    if (std::string(file) == "align64") CHECK(r->alignment() == 64);
+    for (const auto& [name, spec] : m[file].items()) {
+      INFO("tensor " << name);
+      const GgufTensorInfo* t = r->Find(name);
+      REQUIRE(t != nullptr);
+      CHECK(t->shape == spec["shape"].get<std::vector<int64_t>>());
+      CHECK(t->type == spec["type"].get<uint32_t>());
+      CHECK(t->offset % r->alignment() == 0);
+      Result<std::vector<float>> got = r->ReadF32(name);
+      REQUIRE(got.ok());
+      CHECK(SameBits(*got, ReadF32File(dir.File(name + ".f32"))));
+    }
+  }
+}
+
+TEST_CASE("UnpermuteLlamaRows undoes llama.cpp's q/k permutation; PermuteLlamaRows redoes it", "[formats][gguf]") {
+  TempDir dir;
+  RunOracle("gguf_oracle.py", {"fixtures", dir.path()});
+  const nlohmann::json p = Manifest(dir)["perm"];
+  const int64_t n_head = p["n_head"], n_kv = p["n_kv"], hd = p["head_dim"], hid = p["hidden"];
+  Result<GgufReader> r = GgufReader::Open(dir.File("perm.gguf"));
+  REQUIRE(r.ok());
+  struct Case {
+    const char* name;
+    const char* hf_file;
+    int64_t heads, cols;
+  };
+  for (const Case& c : {Case{"blk.0.attn_q.weight", "hf.q.f32", n_head, hid}, Case{"blk.0.attn_k.weight", "hf.k.f32", n_kv, hid},
+                        Case{"blk.0.attn_q.bias", "hf.qb.f32", n_head, 1}}) {
+    INFO(c.name);
+    std::vector<float> stored = *r->ReadF32(c.name), hf(stored.size()), again(stored.size());
+    const int64_t rows = c.heads * hd;
+    REQUIRE(UnpermuteLlamaRows(stored.data(), hf.data(), rows, c.cols, c.heads).ok());
+    CHECK(SameBits(hf, ReadF32File(dir.File(c.hf_file))));
+    CHECK_FALSE(SameBits(hf, stored));
+    REQUIRE(PermuteLlamaRows(hf.data(), again.data(), rows, c.cols, c.heads).ok());
+    CHECK(SameBits(again, stored));
+  }
+  std::vector<float> a(6 * 4), b(a.size());
+  ExpectError(UnpermuteLlamaRows(a.data(), b.data(), 6, 4, 4), {"n_head=4"});
+  ExpectError(UnpermuteLlamaRows(a.data(), b.data(), 6, 4, 2), {"even head_dim"});
+}
+
+TEST_CASE("Malformed GGUF files fail with an error naming the file and the tensor", "[formats][gguf]") {
+  TempDir dir;
+  RunOracle("gguf_oracle.py", {"fixtures", dir.path()});
+  struct Case {
+    const char* file;
+    std::vector<std::string> needles;
+  };
+  const std::vector<Case> cases = {
+      {"bad_magic", {"bad magic", "GGUF"}},
+      {"version2", {"version 2", "only version 3"}},
+      {"unknown_type", {"tensor 'w.unknown'", "unknown ggml tensor type 99"}},
+      {"offset_out", {"tensor 'w.far'", "runs past the end", "offset 4096"}},
+      {"misaligned", {"tensor 'w.mis'", "not a multiple of the alignment 32"}},
+      {"bad_row", {"tensor 'w.row33'", "not a multiple of the Q8_0 block size 32"}},
+      {"dup_tensor", {"tensor 'w.dup'", "twice"}},
+      {"bad_kv_type", {"metadata 'k.bad'", "unknown value type 13"}},
+      {"huge_string", {"metadata 'k.str'", "runs past the end"}},
+      {"bad_alignment", {"general.alignment", "24", "power of two"}},
+      {"truncated_data", {"tensor 'w.ok'", "runs past the end", "truncated"}},
+      {"truncated_header", {"truncated", "tensor"}},
+  };
+  for (const Case& c : cases) {
+    const std::string path = dir.File(std::string(c.file) + ".gguf");
+    INFO(c.file);
+    Result<GgufReader> r = GgufReader::Open(path);
+    std::vector<std::string> needles = c.needles;
+    needles.push_back(path);
+    REQUIRE_FALSE(r.ok());
+    INFO("message: " << r.status().ToString());
+    for (const std::string& n : needles) CHECK(r.status().message().find(n) != std::string::npos);
+  }
+  ExpectError(GgufReader::Open(dir.File("missing.gguf")).status(), {dir.File("missing.gguf")});
+
+  // Reading: a destination of the wrong size, an unknown name, a type we do not convert.
+  Result<GgufReader> r = GgufReader::Open(dir.File("mixed.gguf"));
+  REQUIRE(r.ok());
+  std::vector<float> small(10);
+  ExpectError(r->ReadF32("q8_0.w", small.data(), small.size()), {dir.File("mixed.gguf"), "q8_0.w", "512", "10"});
+  ExpectError(r->ReadF32("nope").status(), {dir.File("mixed.gguf"), "nope"});
+  std::vector<uint8_t> q6(210);
+  ExpectError(DequantizeToF32(static_cast<uint32_t>(GgmlType::kQ6_K), q6.data(), small.data(), 256), {"Q6_K"});
+}
+
+TEST_CASE("GGUF files l2l writes are read by gguf.GGUFReader with gguf's own quantized bytes", "[formats][gguf]") {
+  TempDir dir;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  struct T {
+    std::string name;
+    std::vector<int64_t> shape;
+    GgmlType type;
+    std::vector<float> v;
+  };
+  std::vector<T> ts = {{"tok.f32", {5, 64}, GgmlType::kF32, {}},   {"w.bf16", {3, 40}, GgmlType::kBF16, {}},
+                       {"w.f16", {7, 33}, GgmlType::kF16, {}},     {"w.q8", {6, 96}, GgmlType::kQ8_0, {}},
+                       {"w3.q8", {2, 2, 32}, GgmlType::kQ8_0, {}}, {"norm", {64}, GgmlType::kF32, {}}};
+  for (T& t : ts) {
+    size_t n = 1;
+    for (int64_t d : t.shape) n *= static_cast<size_t>(d);
+    t.v.resize(n);
+    for (float& x : t.v) x = nd(rng) * 3.0f;
+  }
+  // Quantizer edge cases: an all-zero block, equal values, and exact ties at .5 steps.
+  for (int j = 0; j < 32; ++j) ts[3].v[j] = 0.0f;
+  for (int j = 32; j < 64; ++j) ts[3].v[j] = 2.5f;
+  for (int j = 64; j < 96; ++j) ts[3].v[j] = static_cast<float>(j - 80) * 0.5f;  // d = 1: x.5 are ties
+  ts[3].v[95] = 127.0f;
+
+  for (uint32_t alignment : {32u, 64u}) {
+    INFO("alignment " << alignment);
+    GgufWriter w(alignment);
+    w.Set("general.architecture", GgufValue::String("llama"));
+    w.Set("llama.block_count", GgufValue::U32(3));
+    w.Set("t.i32", GgufValue::I32(-7));
+    w.Set("t.u64", GgufValue::U64(1ull << 35));
+    w.Set("t.f32", GgufValue::F32(0.25f));
+    w.Set("t.bool", GgufValue::Bool(true));
+    w.Set("tokenizer.ggml.tokens", GgufValue::StringArray({"<s>", "\u0120hello", "\u00e9"}));
+    w.Set("t.ints", GgufValue::IntArray(GgufValueType::kI32, {3, -1, 9}));
+    w.Set("t.floats", GgufValue::FloatArray(GgufValueType::kF32, {0.5, -2.0}));
+    w.Set("llama.block_count", GgufValue::U32(4));  // replaces the first value
+    nlohmann::json spec;
+    spec["path"] = dir.File("ours.gguf");
+    spec["alignment"] = alignment;
+    spec["metadata"] = {{"general.architecture", "llama"}, {"llama.block_count", 4}, {"t.i32", -7},
+                        {"t.u64", 1ull << 35}, {"t.f32", 0.25}, {"t.bool", true},
+                        {"tokenizer.ggml.tokens", {"<s>", "\u0120hello", "\u00e9"}},
+                        {"t.ints", {3, -1, 9}}, {"t.floats", {0.5, -2.0}}};
+    spec["types"] = {{"general.architecture", {8}}, {"llama.block_count", {4}}, {"t.i32", {5}}, {"t.u64", {10}},
+                     {"t.f32", {6}}, {"t.bool", {7}}, {"tokenizer.ggml.tokens", {9, 8}}, {"t.ints", {9, 5}},
+                     {"t.floats", {9, 6}}};
+    if (alignment != 32) {
+      spec["metadata"]["general.alignment"] = alignment;
+      spec["types"]["general.alignment"] = {4};
+    }
+    spec["tensors"] = nlohmann::json::array();
+    for (const T& t : ts) {
+      const std::string src = dir.File(t.name + ".src.f32");
+      testing::WriteF32File(src, t.v);
+      spec["tensors"].push_back({{"name", t.name}, {"shape", t.shape}, {"type", static_cast<uint32_t>(t.type)},
+                                 {"source", src}});
+      if (t.name == "norm") {
+        const float* p = t.v.data();
+        REQUIRE(w.AddTensor({t.name, t.shape, t.type, nullptr, [p]() -> Result<const float*> { return p; }}).ok());
+      } else {
+        REQUIRE(w.AddTensor({t.name, t.shape, t.type, t.v.data(), nullptr}).ok());
+      }
+    }
+    REQUIRE(w.Write(dir.File("ours.gguf")).ok());
+    testing::WriteFileForTest(dir.File("spec.json"), spec.dump());
+    RunOracle("gguf_oracle.py", {"check_written", dir.File("spec.json")});
+
+    // Our reader agrees with our writer: Q8_0 within half a quantization step per block.
+    Result<GgufReader> r = GgufReader::Open(dir.File("ours.gguf"));
+    REQUIRE(r.ok());
+    CHECK(r->alignment() == alignment);
+    std::vector<float> q = *r->ReadF32("w.q8");
+    for (size_t b = 0; b < q.size() / 32; ++b) {
+      float amax = 0;
+      for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(ts[3].v[b * 32 + j]));
+      for (int j = 0; j < 32; ++j) CHECK(std::fabs(q[b * 32 + j] - ts[3].v[b * 32 + j]) <= amax / 127 * 0.51f + 1e-6f);
+    }
+    CHECK(SameBits(*r->ReadF32("tok.f32"), ts[0].v));
+  }
+
+  GgufWriter w;
+  std::vector<float> x(33);
+  ExpectError(w.AddTensor({"odd.q8", {33}, GgmlType::kQ8_0, x.data(), nullptr}), {"odd.q8", "multiple of 32"});
+  ExpectError(w.AddTensor({"q4", {32}, GgmlType::kQ4_0, x.data(), nullptr}), {"q4", "Q4_0"});
+  REQUIRE(w.AddTensor({"a", {32}, GgmlType::kF32, x.data(), nullptr}).ok());
+  ExpectError(w.AddTensor({"a", {32}, GgmlType::kF32, x.data(), nullptr}), {"'a'", "twice"});
+}
+
+}  // namespace l2l::formats

