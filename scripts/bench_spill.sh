@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SSD tier benchmark: the spill I/O path (io_uring, O_DIRECT, page-sized transfers split
 # into blocks) against fio on the same directory, block size and queue depth, in the
-# same run (eps_server/bench_spill_main.cc; docs/performance.md "SSD tier: spill I/O vs
+# same run (bench/bench_spill_main.cc; docs/performance.md "SSD tier: spill I/O vs
 # fio"). Not a test: prints GB/s and ratios; fails only when it cannot measure (no fio,
 # an I/O error).
 #

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the GPU tests (tests/gpu: CUDA-vs-CPU conformance of every op, the worker's CUDA
 # transfer path, 10-step relay and trainer runs) on the CPU emulator of CUDA
-# (tests/cuda_emu), so the CUDA code paths are exercised on machines without a GPU.
+# (cuda_emu), so the CUDA code paths are exercised on machines without a GPU.
 # Builds build-emu with -DL2L_CUDA=EMU (the .cu files compiled by g++ against the
 # emulator's headers), then `ctest -L emu`. What this shows: indexing, reductions,
 # stream/event ordering, cuBLASLt layouts and API use are right. What it cannot show:

@@ -10,7 +10,7 @@ namespace l2l::kernels::cuda {
 
 // Kernel launch: L2L_LAUNCH(kernel, grid, block, smem, stream)(args...) is
 // kernel<<<grid, block, smem, stream>>>(args...). Written as a macro so the same .cu
-// files also build with g++ against the CPU emulator (tests/cuda_emu, -DL2L_CUDA=EMU),
+// files also build with g++ against the CPU emulator (cuda_emu, -DL2L_CUDA=EMU),
 // which runs the kernel's threads as fibers.
 #ifdef L2L_CUDA_EMULATOR
 #define L2L_LAUNCH(kernel, grid, block, smem, stream) \

@@ -1,4 +1,4 @@
-// Tests of the emulated cuBLASLt's validation (tests/cuda_emu/cublaslt.cc): every
+// Tests of the emulated cuBLASLt's validation (cuda_emu/cublaslt.cc): every
 // refusal of cublasLtMatmul and cublasLtMatmulAlgoGetHeuristic — null or destroyed
 // objects, attribute sizes, inconsistent shapes, short leading dimensions, batch counts,
 // overlapping outputs, unsupported types and epilogues, operands outside device memory,

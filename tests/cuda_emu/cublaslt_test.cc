@@ -1,4 +1,4 @@
-// Tests of the emulated cuBLASLt arithmetic (tests/cuda_emu/cublaslt.cc,
+// Tests of the emulated cuBLASLt arithmetic (cuda_emu/cublaslt.cc,
 // cublaslt_gemm.cc). Every product is checked against the double-precision reference of
 // cublaslt_test_util.h (never against the emulator's own output): the four transpose
 // combinations with padded leading dimensions, interleaved strided batches laid out as

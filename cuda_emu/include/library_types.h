@@ -1,4 +1,4 @@
-// Emulated library_types.h (tests/cuda_emu): the data-type tags cuBLASLt takes. Values as
+// Emulated library_types.h (cuda_emu): the data-type tags cuBLASLt takes. Values as
 // in CUDA's own header.
 #pragma once
 

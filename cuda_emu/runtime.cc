@@ -1,4 +1,4 @@
-// The CUDA runtime of the emulator (tests/cuda_emu): errors, devices, streams, events,
+// The CUDA runtime of the emulator (cuda_emu): errors, devices, streams, events,
 // device and pinned host memory, copies, and the queueing half of kernel launches (the
 // execution half is fiber.cc). Semantics are listed in include/cuda_runtime.h.
 //

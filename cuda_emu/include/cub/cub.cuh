@@ -1,4 +1,4 @@
-// Emulated cub/cub.cuh (tests/cuda_emu): forwards to the one CUB algorithm the emulator
+// Emulated cub/cub.cuh (cuda_emu): forwards to the one CUB algorithm the emulator
 // provides, cub::DeviceRadixSort (cub/device/device_radix_sort.cuh). Declarations only.
 #pragma once
 

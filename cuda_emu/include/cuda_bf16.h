@@ -1,4 +1,4 @@
-// Emulated cuda_bf16.h (tests/cuda_emu): the bfloat16 storage type and the conversions
+// Emulated cuda_bf16.h (cuda_emu): the bfloat16 storage type and the conversions
 // kernels/cuda uses. Stands alone (no other emulator header). Conversions follow the
 // real header: float -> bf16 rounds to nearest, ties to even (a NaN stays a quiet NaN
 // with its sign; +-inf stay exact; values past the largest finite bf16 round to inf);

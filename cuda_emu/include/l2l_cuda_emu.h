@@ -1,4 +1,4 @@
-// The contract between the pieces of the CUDA emulator (tests/cuda_emu): the error and
+// The contract between the pieces of the CUDA emulator (cuda_emu): the error and
 // handle types every emulated header shares, and the few runtime services cuBLASLt and
 // CUB need from the emulated runtime (queueing work on a stream, recognising device
 // memory, reporting an asynchronous failure).

@@ -1,4 +1,4 @@
-// Emulated cub/device/device_radix_sort.cuh (tests/cuda_emu): cub::DeviceRadixSort
+// Emulated cub/device/device_radix_sort.cuh (cuda_emu): cub::DeviceRadixSort
 // SortPairs / SortKeys on the CPU, with CUB's calling convention and ordering.
 //
 // Contract (as CUB's): a call with d_temp_storage == nullptr only sets

@@ -1,4 +1,4 @@
-// Emulated cublas_api.h (tests/cuda_emu): the cuBLAS enums cuBLASLt shares — status,
+// Emulated cublas_api.h (cuda_emu): the cuBLAS enums cuBLASLt shares — status,
 // operation, compute type. Values as in CUDA 12's own header, so logs and messages read
 // the same as on a GPU. Declarations only; no state, so thread-safe.
 #pragma once

@@ -22,7 +22,7 @@
 #include <unordered_set>
 
 #include "l2l_cuda_emu.h"
-#include "tests/cuda_emu/cublaslt_gemm.h"
+#include "cuda_emu/cublaslt_gemm.h"
 
 struct cublasLtContext {
   int unused = 0;
@@ -229,7 +229,7 @@ cublasStatus_t SetAttr(const char* api, const void* obj, AttrSlot slot, int attr
     return Fail(CUBLAS_STATUS_INVALID_VALUE, api, "unknown attribute " + std::to_string(attr));
   if (slot.data == nullptr) {
     return Fail(CUBLAS_STATUS_NOT_SUPPORTED, api,
-                "attribute " + std::to_string(attr) + " is not emulated (tests/cuda_emu)");
+                "attribute " + std::to_string(attr) + " is not emulated (cuda_emu)");
   }
   if (buf == nullptr || size != slot.size) {
     return Fail(CUBLAS_STATUS_INVALID_VALUE, api,
@@ -250,7 +250,7 @@ cublasStatus_t GetAttr(const char* api, const void* obj, AttrSlot slot, int attr
     return Fail(CUBLAS_STATUS_INVALID_VALUE, api, "unknown attribute " + std::to_string(attr));
   if (slot.data == nullptr) {
     return Fail(CUBLAS_STATUS_NOT_SUPPORTED, api,
-                "attribute " + std::to_string(attr) + " is not emulated (tests/cuda_emu)");
+                "attribute " + std::to_string(attr) + " is not emulated (cuda_emu)");
   }
   if (size == 0 && written != nullptr) {
     *written = slot.size;

@@ -1,5 +1,5 @@
 // The CPU GEMM of the emulated cuBLASLt: see cublaslt_gemm.h.
-#include "tests/cuda_emu/cublaslt_gemm.h"
+#include "cuda_emu/cublaslt_gemm.h"
 
 #include <cuda_bf16.h>
 #include <tbb/blocked_range.h>

@@ -1,6 +1,6 @@
-// Emulated cublasLt.h (tests/cuda_emu): the subset of cuBLASLt that kernels/cuda/gemm.cc
+// Emulated cublasLt.h (cuda_emu): the subset of cuBLASLt that kernels/cuda/gemm.cc
 // uses — handle, matmul descriptor, matrix layouts, preferences, the heuristic query and
-// cublasLtMatmul — implemented on the CPU in tests/cuda_emu/cublaslt.cc. Names,
+// cublasLtMatmul — implemented on the CPU in cuda_emu/cublaslt.cc. Names,
 // signatures and enum values as in CUDA 12's cublasLt.h.
 //
 // What it emulates (column-major, D = epilogue(alpha * op(A) op(B) + beta * C)):

@@ -1,4 +1,4 @@
-// Internal to tests/cuda_emu: the CPU GEMM behind the emulated cublasLtMatmul
+// Internal to cuda_emu: the CPU GEMM behind the emulated cublasLtMatmul
 // (cublaslt.cc validates and queues; cublaslt_gemm.cc computes). A MatmulWork holds a
 // validated problem and raw pointers, copied out of the caller's descriptors, so it can
 // run later on a stream thread.

@@ -1,4 +1,4 @@
-// Emulated cuda_runtime.h (tests/cuda_emu): the subset of the CUDA runtime API that
+// Emulated cuda_runtime.h (cuda_emu): the subset of the CUDA runtime API that
 // kernels/cuda, worker and tests/gpu use, implemented on the CPU by runtime.cc; plus the
 // device side (l2l_cuda_emu_device.h). Enum values and flags are those of the real
 // driver_types.h. Semantics are CUDA's, made strict where a GPU would be silent:

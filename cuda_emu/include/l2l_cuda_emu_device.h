@@ -1,4 +1,4 @@
-// Device side of the CUDA emulator (tests/cuda_emu): what a .cu file sees when it is
+// Device side of the CUDA emulator (cuda_emu): what a .cu file sees when it is
 // compiled as C++ with g++ against the emulator (L2L_CUDA_EMULATOR): the vector types
 // (dim3, uint3), the CUDA keywords as macros (__global__, __shared__, ...), the built-in
 // variables (threadIdx, blockIdx, blockDim, gridDim, warpSize), barriers and warp
