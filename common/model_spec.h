@@ -62,7 +62,6 @@ struct RopeScaling {
 };
 
 struct ModelSpec {
-  ModelFamily family = ModelFamily::kGpt2;
   int64_t vocab_size = 256;  // V: token ids are in [0, V)
   int64_t seq_len = 64;      // T: maximum context length (GPT-2: rows of wpe)
   int64_t d_model = 64;      // C
@@ -70,6 +69,8 @@ struct ModelSpec {
   int64_t n_head = 4;        // attention (query) heads; must divide d_model
   int64_t d_ff = 256;        // F: MLP hidden width (GPT-2 uses 4*C; Llama's intermediate_size)
   bool tied_embeddings = true;  // LM head reads the embedding matrix instead of its own
+  // After the GPT-2 shape fields so that ModelSpec{V, T, C, L, NH, F, tied} stays GPT-2.
+  ModelFamily family = ModelFamily::kGpt2;
 
   // Llama family only (GPT-2 requires the defaults).
   int64_t n_kv_heads = 0;       // key/value heads (grouped-query attention); 0 = n_head
