@@ -139,6 +139,21 @@ TEST_CASE("Family fields survive YAML and JSON round trips; bad ones are named",
               {"kind"});
 }
 
+TEST_CASE("The Llama presets load; SmolLM2-135M has transformers' parameter count",
+          "[model_spec][config][llama]") {
+  const std::string models = std::string(L2L_SOURCE_DIR) + "/configs/models/";
+  auto smol = LoadJobConfig(models + "smollm2-135m.yaml");
+  INFO(smol.status().ToString());
+  REQUIRE(smol.ok());
+  CHECK(smol->model.family == ModelFamily::kLlama);
+  // sum(p.numel() for p in LlamaForCausalLM(config).parameters()), transformers 4.46.3.
+  CHECK(smol->model.NumParams() == 134515008);
+  auto tiny = LoadJobConfig(models + "llama-tiny.yaml");
+  INFO(tiny.status().ToString());
+  REQUIRE(tiny.ok());
+  CHECK(tiny->model.kv_heads() == 2);
+}
+
 TEST_CASE("Hugging Face config.json maps to a spec and back; sliding windows are refused",
           "[model_spec][llama]") {
   const ModelSpec s = SmallLlama();
