@@ -39,6 +39,12 @@ std::string FloatText(float v) {
   return std::string(buf, ec == std::errc() ? ptr : buf);
 }
 
+std::string DoubleText(double v) {
+  char buf[64];
+  const auto [ptr, ec] = std::to_chars(buf, buf + sizeof(buf), v);  // shortest round-trip form
+  return std::string(buf, ec == std::errc() ? ptr : buf);
+}
+
 bool ValidPresetName(const std::string& name) {
   if (name.empty() || name[0] == '.') return false;
   for (char c : name) {
@@ -91,6 +97,33 @@ Status ReadModelFields(YamlMap* m, ModelSpec* spec) {
   L2L_RETURN_IF_ERROR(m->Get("n_head", &spec->n_head, kPositive));
   L2L_RETURN_IF_ERROR(m->Get("d_ff", &spec->d_ff, kPositive));
   L2L_RETURN_IF_ERROR(m->Get("tied_embeddings", &spec->tied_embeddings));
+  if (m->Has("family")) {
+    std::string family;
+    L2L_RETURN_IF_ERROR(m->Get("family", &family));
+    Result<ModelFamily> f = ParseModelFamily(family);
+    if (!f.ok()) return m->Error("family", f.status().message());
+    spec->family = *f;
+  }
+  L2L_RETURN_IF_ERROR(m->Get("n_kv_heads", &spec->n_kv_heads, kNonNegative));
+  L2L_RETURN_IF_ERROR(m->Get("rope_theta", &spec->rope_theta, FloatRange{.min = 0, .min_exclusive = true}));
+  L2L_RETURN_IF_ERROR(m->Get("rms_norm_eps", &spec->rms_norm_eps, FloatRange{.min = 0, .min_exclusive = true}));
+  L2L_RETURN_IF_ERROR(m->Get("qkv_bias", &spec->qkv_bias));
+  if (m->Has("rope_scaling")) {
+    L2L_ASSIGN_OR_RETURN(YamlMap r, m->Map("rope_scaling"));
+    RopeScaling& rs = spec->rope_scaling;
+    if (r.Has("type")) {
+      std::string type;
+      L2L_RETURN_IF_ERROR(r.Get("type", &type));
+      Result<RopeScalingType> t = ParseRopeScalingType(type);
+      if (!t.ok()) return r.Error("type", t.status().message());
+      rs.type = *t;
+    }
+    L2L_RETURN_IF_ERROR(r.Get("factor", &rs.factor, FloatRange{.min = 1}));
+    L2L_RETURN_IF_ERROR(r.Get("low_freq_factor", &rs.low_freq_factor, FloatRange{.min = 0, .min_exclusive = true}));
+    L2L_RETURN_IF_ERROR(r.Get("high_freq_factor", &rs.high_freq_factor, FloatRange{.min = 0, .min_exclusive = true}));
+    L2L_RETURN_IF_ERROR(r.Get("original_max_position_embeddings", &rs.original_max_position_embeddings, kPositive));
+    L2L_RETURN_IF_ERROR(r.Finish());
+  }
   return Status::Ok();
 }
 
@@ -283,7 +316,21 @@ std::string JobConfigToYaml(const JobConfig& cfg) {
      << "  n_layer: " << m.n_layer << "\n"
      << "  n_head: " << m.n_head << "\n"
      << "  d_ff: " << m.d_ff << "\n"
-     << "  tied_embeddings: " << (m.tied_embeddings ? "true" : "false") << "\n";
+     << "  tied_embeddings: " << (m.tied_embeddings ? "true" : "false") << "\n"
+     << "  family: " << ToString(m.family) << "\n";
+  if (m.family != ModelFamily::kGpt2) {
+    const RopeScaling& rs = m.rope_scaling;
+    os << "  n_kv_heads: " << m.n_kv_heads << "\n"
+       << "  rope_theta: " << DoubleText(m.rope_theta) << "\n"
+       << "  rms_norm_eps: " << DoubleText(m.rms_norm_eps) << "\n"
+       << "  qkv_bias: " << (m.qkv_bias ? "true" : "false") << "\n"
+       << "  rope_scaling:\n"
+       << "    type: " << ToString(rs.type) << "\n"
+       << "    factor: " << DoubleText(rs.factor) << "\n"
+       << "    low_freq_factor: " << DoubleText(rs.low_freq_factor) << "\n"
+       << "    high_freq_factor: " << DoubleText(rs.high_freq_factor) << "\n"
+       << "    original_max_position_embeddings: " << rs.original_max_position_embeddings << "\n";
+  }
   const OptimizerConfig& o = cfg.optim;
   os << "optim:\n"
      << "  lr: " << FloatText(o.lr) << "\n"

@@ -1,4 +1,4 @@
-// Model export/import in Hugging Face GPT-2 safetensors form. See common/model_io.h.
+// Model export/import in Hugging Face safetensors form (the family's tensor names). See common/model_io.h.
 //
 // Thread-safety: pure functions.
 #include "common/model_io.h"
@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/models/registry.h"
 #include "common/safetensors.h"
 
 namespace l2l {
@@ -41,9 +42,11 @@ bool IsIgnoredBuffer(const std::string& name) {
   return std::regex_match(name, kBuffer);
 }
 
-std::string Canonical(const std::string& name) {
-  static const std::string kPrefix = "transformer.";
-  return name.rfind(kPrefix, 0) == 0 ? name.substr(kPrefix.size()) : name;
+// Our name of a tensor stored under `name`: without the base model's state_dict prefix
+// ("transformer." for GPT-2, "model." for Llama).
+std::string Canonical(const ModelSpec& spec, const std::string& name) {
+  const std::string prefix = models::Family(spec.family).hf_base_prefix;
+  return name.rfind(prefix, 0) == 0 ? name.substr(prefix.size()) : name;
 }
 
 Result<ModelSpec> SpecFromMetadata(const SafeTensorsReader& r) {
@@ -63,9 +66,10 @@ Result<LoadedModel> LoadFrom(const SafeTensorsReader& r, const ModelSpec& spec) 
   // Canonical name -> name in the file.
   std::map<std::string, std::string> in_file;
   for (const SafeTensorInfo& t : r.tensors()) {
-    const std::string c = Canonical(t.name);
+    const std::string c = Canonical(spec, t.name);
     if (!in_file.emplace(c, t.name).second) {
-      return InvalidArgument(r.path() + ": tensor '" + c + "' is stored twice (with and without 'transformer.')");
+      return InvalidArgument(r.path() + ": tensor '" + c + "' is stored twice (with and without '" +
+                             models::Family(spec.family).hf_base_prefix + "')");
     }
   }
   LoadedModel m;
@@ -92,9 +96,9 @@ Result<LoadedModel> LoadFrom(const SafeTensorsReader& r, const ModelSpec& spec) 
   for (const auto& [canonical, name] : in_file) {
     if (used.count(canonical) != 0 || IsIgnoredBuffer(canonical)) continue;
     if (canonical == "lm_head.weight" && spec.tied_embeddings) {
-      // Accept only a copy of wte (HF may store the tied matrix twice).
+      // Accept only a copy of the embedding (HF may store the tied matrix twice).
       const SafeTensorInfo* t = r.Find(name);
-      const ParamInfo* wte = layout[0].Find("wte.weight");
+      const ParamInfo* wte = &EmbeddingTable(spec, layout[0]);
       if (t->shape == wte->shape) {
         std::vector<float> head(t->numel());
         L2L_RETURN_IF_ERROR(r.ReadAsFloat(name, head.data(), head.size()));
@@ -104,9 +108,28 @@ Result<LoadedModel> LoadFrom(const SafeTensorsReader& r, const ModelSpec& spec) 
                              "model spec ties embeddings; load it with tied_embeddings: false");
     }
     return InvalidArgument(r.path() + ": unexpected tensor '" + name +
-                           "' (not part of this GPT-2 model: " + ModelSpecToJson(spec) + ")");
+                           "' (not part of this model: " + ModelSpecToJson(spec) + ")");
   }
   return m;
+}
+
+Status RopeScalingFromJson(const json& v, RopeScaling* rs) {
+  if (!v.is_object()) return InvalidArgument("model spec rope_scaling=" + v.dump() + " is not an object");
+  for (const auto& [k, x] : v.items()) {
+    if (k == "type") {
+      if (!x.is_string()) return InvalidArgument("model spec rope_scaling.type=" + x.dump() + " is not a string");
+      L2L_ASSIGN_OR_RETURN(rs->type, ParseRopeScalingType(x.get<std::string>()));
+    } else if (k == "original_max_position_embeddings") {
+      if (!x.is_number_integer()) return InvalidArgument("model spec rope_scaling." + k + "=" + x.dump() + " is not an integer");
+      rs->original_max_position_embeddings = x.get<int64_t>();
+    } else if (k == "factor" || k == "low_freq_factor" || k == "high_freq_factor") {
+      if (!x.is_number()) return InvalidArgument("model spec rope_scaling." + k + "=" + x.dump() + " is not a number");
+      (k == "factor" ? rs->factor : k == "low_freq_factor" ? rs->low_freq_factor : rs->high_freq_factor) = x.get<double>();
+    } else {
+      return InvalidArgument("model spec rope_scaling has unknown field '" + k + "'");
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -115,6 +138,21 @@ std::string ModelSpecToJson(const ModelSpec& spec) {
   json j = {{"vocab_size", spec.vocab_size}, {"seq_len", spec.seq_len}, {"d_model", spec.d_model},
             {"n_layer", spec.n_layer},       {"n_head", spec.n_head},   {"d_ff", spec.d_ff},
             {"tied_embeddings", spec.tied_embeddings}};
+  // GPT-2 specs keep their original form (files written before families existed read
+  // the same); other families name themselves and their fields.
+  if (spec.family != ModelFamily::kGpt2) {
+    const RopeScaling& rs = spec.rope_scaling;
+    j["family"] = ToString(spec.family);
+    j["n_kv_heads"] = spec.n_kv_heads;
+    j["rope_theta"] = spec.rope_theta;
+    j["rms_norm_eps"] = spec.rms_norm_eps;
+    j["qkv_bias"] = spec.qkv_bias;
+    j["rope_scaling"] = {{"type", ToString(rs.type)},
+                         {"factor", rs.factor},
+                         {"low_freq_factor", rs.low_freq_factor},
+                         {"high_freq_factor", rs.high_freq_factor},
+                         {"original_max_position_embeddings", rs.original_max_position_embeddings}};
+  }
   return j.dump();
 }
 
@@ -128,9 +166,20 @@ Result<ModelSpec> ModelSpecFromJson(const std::string& text) {
   if (!j.is_object()) return InvalidArgument("model spec is not a JSON object: " + text);
   ModelSpec spec;
   for (const auto& [k, v] : j.items()) {
-    if (k == "tied_embeddings") {
-      if (!v.is_boolean()) return InvalidArgument("model spec tied_embeddings=" + v.dump() + " is not a boolean");
-      spec.tied_embeddings = v.get<bool>();
+    if (k == "tied_embeddings" || k == "qkv_bias") {
+      if (!v.is_boolean()) return InvalidArgument("model spec " + k + "=" + v.dump() + " is not a boolean");
+      (k == "qkv_bias" ? spec.qkv_bias : spec.tied_embeddings) = v.get<bool>();
+    } else if (k == "family") {
+      if (!v.is_string()) return InvalidArgument("model spec family=" + v.dump() + " is not a string");
+      L2L_ASSIGN_OR_RETURN(spec.family, ParseModelFamily(v.get<std::string>()));
+    } else if (k == "n_kv_heads") {
+      if (!v.is_number_integer()) return InvalidArgument("model spec n_kv_heads=" + v.dump() + " is not an integer");
+      spec.n_kv_heads = v.get<int64_t>();
+    } else if (k == "rope_theta" || k == "rms_norm_eps") {
+      if (!v.is_number()) return InvalidArgument("model spec " + k + "=" + v.dump() + " is not a number");
+      (k == "rope_theta" ? spec.rope_theta : spec.rms_norm_eps) = v.get<double>();
+    } else if (k == "rope_scaling") {
+      L2L_RETURN_IF_ERROR(RopeScalingFromJson(v, &spec.rope_scaling));
     } else if (int64_t* f = SpecField(&spec, k)) {
       if (!v.is_number_integer()) return InvalidArgument("model spec " + k + "=" + v.dump() + " is not an integer");
       *f = v.get<int64_t>();
@@ -182,7 +231,7 @@ Status SaveModelStreamed(const std::string& path, const ModelSpec& spec,
   std::vector<TensorToWrite> tensors;
   for (size_t i = 0; i < layout.size(); ++i) {
     for (const ParamInfo& p : layout[i].params) {
-      TensorToWrite t{p.name, p.shape, dtype, nullptr, nullptr, nullptr};
+      TensorToWrite t{HfTensorName(spec, p), p.shape, dtype, nullptr, nullptr, nullptr};
       const int64_t l = static_cast<int64_t>(i);
       const size_t numel = layout[i].numel, offset = p.offset;
       t.f32_source = [&cur, &cur_layer, &read_layer, &path, l, numel, offset]() -> Result<const float*> {

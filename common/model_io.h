@@ -1,5 +1,6 @@
-// Whole-model import/export as safetensors with Hugging Face GPT-2 tensor names and
-// layouts, so a model trained by l2l loads in transformers (GPT2LMHeadModel) and a GPT-2
+// Whole-model import/export as safetensors with the family's Hugging Face tensor names
+// (HfTensorName, common/model_spec.h) and layouts, so a model trained by l2l loads in
+// transformers (GPT2LMHeadModel, LlamaForCausalLM, ...) and a GPT-2
 // checkpoint from the hub loads into l2l.
 //
 // In memory a model is one flat fp32 buffer per layer, in model order (embedding,
@@ -16,7 +17,10 @@
 //   * every tensor of the layout must be present with exactly its shape; the error
 //     names the tensor, the expected and the found shape;
 //   * F32, BF16 and F16 are converted to fp32;
-//   * names may carry HF's "transformer." prefix (GPT2LMHeadModel.state_dict());
+//   * names may carry the base model's prefix ("transformer." for GPT-2, as
+//     GPT2LMHeadModel.state_dict(); "model." for Llama) or not;
+//   * GPT-2 is described below; other families name their tensors as their HF class
+//     does (common/models/<family>.cc) and store them under HfTensorName.
 //   * HF's non-parameter buffers "h.{i}.attn.bias" and "h.{i}.attn.masked_bias" (causal
 //     masks in older checkpoints) are ignored;
 //   * with tied embeddings a stored "lm_head.weight" is accepted only if it equals

@@ -1,16 +1,19 @@
-// ModelSpec: the shape of a GPT-style decoder, and the parameter layout of each of its
-// layers. Pure metadata (no compute): the EPS uses it to size its page store and name
-// tensors on export, the worker and the reference trainer use it to find views inside a
-// layer's flat fp32 parameter buffer.
+// ModelSpec: the shape of a decoder-only transformer of one FAMILY (GPT-2, Llama), and
+// the parameter layout of each of its layers. Pure metadata (no compute): the EPS uses it
+// to size its page store and name tensors on export, the worker and the reference trainer
+// use it to find views inside a layer's flat fp32 parameter buffer.
 //
-// A model is a list of layers, indexed 0..NumLayers()-1:
-//   0              Embedding   wte (V, C), wpe (T, C)
-//   1..n_layer     Block i-1   ln_1, attn.c_attn (C, 3C), attn.c_proj (C, C), ln_2,
-//                              mlp.c_fc (C, F), mlp.c_proj (F, C)  (Hugging Face Conv1D
-//                              layout: y = x @ W + b, W stored (in, out))
-//   n_layer+1      Head        ln_f; lm_head (V, C) only when embeddings are untied.
-// With tied embeddings the head reads wte from layer 0: one tensor, two readers, the
-// gradients summed into layer 0's gradient.
+// A model is a list of layers, indexed 0..NumLayers()-1, each of a LayerKind:
+//   0              kEmbedding   token (and, for GPT-2, position) embeddings
+//   1..n_layer     kBlock       transformer block i-1
+//   n_layer+1      kHead        final norm; lm_head (V, C) only when embeddings are untied
+// With tied embeddings the head reads the embedding matrix from layer 0: one tensor, two
+// readers, the gradients summed into layer 0's gradient.
+//
+// What a family's layers hold, their Hugging Face names, their initialisation and FLOP
+// counts live in the family registry (common/models/registry.h, one file per family under
+// common/models/); the functions below dispatch to it. Nothing else switches on the
+// family.
 //
 // Thread-safety: immutable values.
 #pragma once
@@ -18,39 +21,89 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
 
 namespace l2l {
 
+// The role of a layer in the relay; a family gives each kind its parameters and kernels.
+enum class LayerKind { kEmbedding, kBlock, kHead };
+const char* LayerKindName(LayerKind kind);
+
+// A model family: one entry of the registry (common/models/registry.h).
+enum class ModelFamily {
+  kGpt2,   // GPT2LMHeadModel: learned positions, LayerNorm, GELU MLP, biases everywhere
+  kLlama,  // LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM: RoPE, RMSNorm,
+           // grouped-query attention, SwiGLU MLP, no biases but optional q/k/v biases
+};
+const char* ToString(ModelFamily family);  // "gpt2" | "llama"
+// "gpt2" | "llama"; anything else is INVALID_ARGUMENT listing the known families.
+Result<ModelFamily> ParseModelFamily(std::string_view text);
+
+// Rotary-embedding frequency scaling, as Hugging Face's config.json `rope_scaling`
+// (transformers/modeling_rope_utils.py).
+enum class RopeScalingType {
+  kNone,    // plain RoPE
+  kLinear,  // every inverse frequency divided by factor
+  kLlama3,  // Llama 3.1: long wavelengths / factor, short kept, a smooth band between
+};
+const char* ToString(RopeScalingType type);  // "none" | "linear" | "llama3"
+Result<RopeScalingType> ParseRopeScalingType(std::string_view text);
+
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;
+  double factor = 1.0;                             // linear and llama3
+  double low_freq_factor = 1.0;                    // llama3
+  double high_freq_factor = 4.0;                   // llama3
+  int64_t original_max_position_embeddings = 8192; // llama3
+  bool operator==(const RopeScaling&) const = default;
+};
+
 struct ModelSpec {
   int64_t vocab_size = 256;  // V: token ids are in [0, V)
-  int64_t seq_len = 64;      // T: maximum context length (rows of wpe)
+  int64_t seq_len = 64;      // T: maximum context length (GPT-2: rows of wpe)
   int64_t d_model = 64;      // C
   int64_t n_layer = 2;       // transformer blocks
-  int64_t n_head = 4;        // attention heads; must divide d_model
-  int64_t d_ff = 256;        // F: MLP hidden width (GPT-2 uses 4*C)
-  bool tied_embeddings = true;  // LM head reads wte (GPT-2) instead of its own matrix
+  int64_t n_head = 4;        // attention (query) heads; must divide d_model
+  int64_t d_ff = 256;        // F: MLP hidden width (GPT-2 uses 4*C; Llama's intermediate_size)
+  bool tied_embeddings = true;  // LM head reads the embedding matrix instead of its own
+  // After the GPT-2 shape fields so that ModelSpec{V, T, C, L, NH, F, tied} stays GPT-2.
+  ModelFamily family = ModelFamily::kGpt2;
+
+  // Llama family only (GPT-2 requires the defaults).
+  int64_t n_kv_heads = 0;       // key/value heads (grouped-query attention); 0 = n_head
+  double rope_theta = 10000.0;  // RoPE base
+  RopeScaling rope_scaling;
+  double rms_norm_eps = 1e-6;   // RMSNorm epsilon
+  bool qkv_bias = false;        // q/k/v projections have biases (Qwen2)
 
   // Checks every field; the message names the offending field and value.
   Status Validate() const;
   int64_t NumLayers() const { return n_layer + 2; }
+  // The kind of layer `index` (0..NumLayers()-1), and all of them in model order.
+  LayerKind KindOf(int64_t index) const;
+  std::vector<LayerKind> LayerKinds() const;
   int64_t head_dim() const { return d_model / n_head; }
-  // Total trainable parameters (a tied wte counted once).
+  int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_head; }
+  // Total trainable parameters (a tied embedding counted once).
   int64_t NumParams() const;
+  // Training FLOPs per token of a forward + backward pass over sequences of `T` tokens
+  // (matrix products only, 2 FLOPs a multiply-add, causal attention counted in full).
+  double TrainFlopsPerToken(int64_t T) const;
   bool operator==(const ModelSpec&) const = default;
 };
 
-enum class LayerKind { kEmbedding, kBlock, kHead };
-const char* LayerKindName(LayerKind kind);
 
 struct ParamInfo {
-  std::string name;             // Hugging Face GPT-2 name, e.g. "h.3.attn.c_attn.weight"
+  std::string name;             // our name: the Hugging Face name without the base model's
+                                // prefix, e.g. "h.3.attn.c_attn.weight" (GPT-2),
+                                // "layers.3.self_attn.q_proj.weight" (Llama)
   std::vector<int64_t> shape;   // row-major
   size_t offset = 0;            // in floats, inside the layer's flat buffer
   size_t numel = 0;
-  bool decay = false;           // AdamW weight decay applies (2-D weights only, as GPT-2)
+  bool decay = false;           // AdamW weight decay applies (2-D weights only)
 };
 
 struct LayerLayout {
@@ -61,16 +114,27 @@ struct LayerLayout {
   size_t numel = 0;         // floats in the flat buffer (sum of params' numel)
 
   // The view named `suffix` (e.g. "ln_1.weight" or "wte.weight"); nullptr if absent.
+  // Block tensors also answer to the name after their "<blocks>.N." prefix
+  // ("attn.c_proj.weight"; a bare "c_proj.weight" is ambiguous and matches nothing).
   const ParamInfo* Find(const std::string& suffix) const;
 };
 
-// One layout per layer, in model order. REQUIRES: spec.Validate().ok().
+// One layout per layer, in model order (the family's). REQUIRES: spec.Validate().ok().
 std::vector<LayerLayout> BuildLayout(const ModelSpec& spec);
 
-// Deterministic GPT-2 initialisation of one layer's flat buffer (out has layout.numel
-// floats): weights ~ N(0, 0.02), residual projections (c_proj) scaled by 1/sqrt(2*n_layer),
-// biases 0, LayerNorm weights 1. Depends only on (seed, layer index), so any process can
-// initialise any layer on its own and get the same bytes.
+// The embedding matrix (V, C) inside layer 0's layout: the tensor a tied head reads and
+// whose gradient it adds to ("wte.weight", "embed_tokens.weight").
+const ParamInfo& EmbeddingTable(const ModelSpec& spec, const LayerLayout& embedding);
+
+// The tensor's name in a Hugging Face checkpoint of the family's architecture
+// ("h.0.ln_1.weight" for GPT-2 as the hub stores it, "model.layers.0.mlp.up_proj.weight").
+std::string HfTensorName(const ModelSpec& spec, const ParamInfo& param);
+
+// Deterministic initialisation of one layer's flat buffer (out has layout.numel floats),
+// as the family's Hugging Face class initialises (GPT-2: N(0, 0.02) weights, residual
+// projections scaled by 1/sqrt(2*n_layer); Llama: N(0, 0.02) weights; both: norm weights 1,
+// biases 0). Depends only on (seed, layer index), so any process can initialise any layer
+// on its own and get the same bytes.
 void InitLayerParams(const ModelSpec& spec, const LayerLayout& layout, uint64_t seed, float* out);
 
 }  // namespace l2l

@@ -74,6 +74,56 @@ Result<std::unique_ptr<HostPin>> Backend::PinHostRange(void*, size_t, bool) {
   return Unimplemented(name() + " does not page-lock host memory (it copies with the CPU)");
 }
 
+// ---- Llama-family ops: defaults for backends that do not implement them yet ---------------
+
+namespace {
+[[noreturn]] void NotImplemented(const Backend& be, const char* op) {
+  L2L_CHECK(false) << be.name() << ": " << op
+                   << " is not implemented on this backend (UNIMPLEMENTED); Llama-family "
+                      "models need it (see kernels/backend.h for the contract)";
+  std::abort();
+}
+}  // namespace
+
+void Backend::TokenEmbeddingForward(float*, const int32_t*, const float*, int64_t, int64_t) {
+  NotImplemented(*this, "TokenEmbeddingForward");
+}
+void Backend::TokenEmbeddingBackward(float*, const float*, const int32_t*, int64_t, int64_t) {
+  NotImplemented(*this, "TokenEmbeddingBackward");
+}
+void Backend::RMSNormForward(float*, float*, const float*, const float*, int64_t, int64_t, float) {
+  NotImplemented(*this, "RMSNormForward");
+}
+void Backend::RMSNormBackward(float*, float*, const float*, const float*, const float*,
+                              const float*, int64_t, int64_t) {
+  NotImplemented(*this, "RMSNormBackward");
+}
+void Backend::RopeForward(float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t,
+                          int64_t) {
+  NotImplemented(*this, "RopeForward");
+}
+void Backend::RopeBackward(float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t,
+                           int64_t) {
+  NotImplemented(*this, "RopeBackward");
+}
+void Backend::SwiGLUForward(float*, const float*, int64_t, int64_t) {
+  NotImplemented(*this, "SwiGLUForward");
+}
+void Backend::SwiGLUBackward(float*, const float*, const float*, int64_t, int64_t) {
+  NotImplemented(*this, "SwiGLUBackward");
+}
+void Backend::AttentionForwardGqa(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                                  int64_t NH, int64_t NKV, int64_t hs) {
+  if (NKV != NH) NotImplemented(*this, "AttentionForwardGqa with n_kv_heads < n_heads");
+  AttentionForward(out, att, qkv, B, T, NH * hs, NH);
+}
+void Backend::AttentionBackwardGqa(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                                   const float* att, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                   int64_t hs) {
+  if (NKV != NH) NotImplemented(*this, "AttentionBackwardGqa with n_kv_heads < n_heads");
+  AttentionBackward(dqkv, scratch, dout, qkv, att, B, T, NH * hs, NH);
+}
+
 // ---- DeviceBuffer ----------------------------------------------------------------------
 
 Result<DeviceBuffer> DeviceBuffer::Create(Backend* backend, size_t bytes) {

@@ -192,6 +192,67 @@ class Backend {
   virtual void CrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
                                     float scale, int64_t N, int64_t V) = 0;
 
+  // ---- Llama-family ops ---------------------------------------------------------------
+  // Not pure: backends that lack them inherit defaults (backend.cc) that abort naming the
+  // op and the backend, so a backend builds before it implements them. Shapes add NKV
+  // key/value heads (NH % NKV == 0), hs head size, F MLP width, and W = (NH + 2*NKV)*hs
+  // the width of a packed q|k|v row.
+  //
+  // out (N,C) = wte[tokens[n]] (no position table). tokens (N) int32 in [0,V); wte (V,C).
+  virtual void TokenEmbeddingForward(float* out, const int32_t* tokens, const float* wte, int64_t N,
+                                     int64_t C);
+  // dwte (V,C) += scatter of dout (N,C) rows by token. Deterministic: the same inputs give
+  // the same bits (rows sharing a token add in a fixed order).
+  virtual void TokenEmbeddingBackward(float* dwte, const float* dout, const int32_t* tokens,
+                                      int64_t N, int64_t C);
+  // RMSNorm (no mean, no bias): rstd[n] = 1/sqrt(mean_c(inp[n,c]^2) + eps), out (N,C) =
+  // inp * rstd * weight (C). Saves rstd (N) for the backward. The mean of squares is
+  // accumulated in at least fp32 (the CPU uses double).
+  virtual void RMSNormForward(float* out, float* rstd, const float* inp, const float* weight,
+                              int64_t N, int64_t C, float eps);
+  // With norm = inp * rstd (the forward's rstd):
+  //   dinp (N,C) += rstd * (weight*dout - norm * mean_c(weight*dout*norm))
+  //   dweight (C) += sum_n dout * norm   (deterministic: rows summed in a fixed order)
+  virtual void RMSNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                               const float* weight, const float* rstd, int64_t N, int64_t C);
+  // Rotary position embedding, IN PLACE, Hugging Face's "rotate_half" convention. x holds
+  // N = B*T rows, row n starting at x + n*row_stride, position t = n % T; each row has
+  // n_heads heads of hs (even) contiguous floats from its start. For head element
+  // i < hs/2, with c = cos[t, i], s = sin[t, i] (tables (>=T, hs/2), row t for position t):
+  //   x'[i]        = x[i] * c - x[i + hs/2] * s
+  //   x'[i + hs/2] = x[i + hs/2] * c + x[i] * s
+  // Callers rotate q and k of a packed q|k|v row in one call (n_heads = NH + NKV,
+  // row_stride = W).
+  virtual void RopeForward(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
+                           int64_t row_stride, int64_t n_heads, int64_t hs);
+  // The inverse (transposed) rotation, IN PLACE (an exception to "backward accumulates"):
+  // turns the gradient w.r.t. the rotated x' into the gradient w.r.t. x. Same layout:
+  //   dx[i]        = dx'[i] * c + dx'[i + hs/2] * s
+  //   dx[i + hs/2] = dx'[i + hs/2] * c - dx'[i] * s
+  virtual void RopeBackward(float* dx, const float* cos, const float* sin, int64_t B, int64_t T,
+                            int64_t row_stride, int64_t n_heads, int64_t hs);
+  // SwiGLU: gate_up (N,2F) holds gate | up per row; out (N,F) = silu(gate) * up with
+  // silu(g) = g * sigmoid(g) = g / (1 + exp(-g)).
+  virtual void SwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F);
+  // dgate_up (N,2F) += [dout * up * silu'(gate) | dout * silu(gate)], with
+  // silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g))).
+  virtual void SwiGLUBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
+                              int64_t F);
+  // Causal grouped-query attention. qkv (B,T,W) holds per row q (NH heads of hs), then k
+  // (NKV heads), then v (NKV heads). Query head h attends with key/value head
+  // h / (NH/NKV) (Hugging Face's repeat_kv). out (B,T,NH*hs) = softmax(q k^T / sqrt(hs),
+  // causal) v per head, heads concatenated; att (B,NH,T,T) the probabilities (row t zero
+  // past t). NKV == NH is ordinary multi-head attention with the same layout as
+  // AttentionForward (C = NH*hs): the default delegates to it then and aborts otherwise.
+  virtual void AttentionForwardGqa(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                                   int64_t NH, int64_t NKV, int64_t hs);
+  // dqkv (B,T,W) += gradient through AttentionForwardGqa from dout (B,T,NH*hs) and the
+  // forward's qkv and att; a key/value head's gradient sums over its NH/NKV query heads.
+  // scratch: (B,NH,T,T) floats the op may overwrite. Default: as the forward's.
+  virtual void AttentionBackwardGqa(float* dqkv, float* scratch, const float* dout,
+                                    const float* qkv, const float* att, int64_t B, int64_t T,
+                                    int64_t NH, int64_t NKV, int64_t hs);
+
   // ---- asynchronous transfers (optional; see the header comment) ----------------------
   // True when CreateCopyQueue/CreateEvent work (and PinHostRange may).
   virtual bool HasAsyncTransfers() const { return false; }

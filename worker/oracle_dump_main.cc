@@ -12,7 +12,14 @@
 //   OUT/<variant>/meta.json                spec, shapes, our loss, hyperparameters,
 //                                          gradient norm and clip coefficient
 //
-//   l2l-oracle-dump --out DIR [--seed N]
+//   l2l-oracle-dump --out DIR [--seed N] [--hf]
+//
+// With --hf it writes instead the variants tests/oracle/hf_oracle.py checks against the
+// Hugging Face transformers classes themselves (tensor names as HfTensorName, meta.json
+// naming the architecture): GPT2LMHeadModel tied and untied, LlamaForCausalLM with
+// grouped-query attention (tied), multi-query attention with llama3 rope scaling
+// (untied) and linear rope scaling, Qwen2ForCausalLM (q/k/v biases) and
+// MistralForCausalLM (no sliding window).
 //
 // The weights are GPT-2's initialisation made larger and non-trivial (matrices x5, every
 // bias and LayerNorm parameter perturbed) so that every path of the backward matters.
@@ -118,11 +125,62 @@ nlohmann::json OptimJson(const l2l::JobConfig& c, float lr) {
           {"clip", c.train.clip}};
 }
 
-Status DumpVariant(const std::string& dir, bool tied, uint64_t seed) {
+// A small Llama-family job: C=32 in 4 heads of 8, F=40, T=11 of 16 positions.
+l2l::JobConfig LlamaJob(bool tied, int64_t n_kv_heads, uint64_t seed) {
+  l2l::JobConfig c = OracleJob(tied, seed);
+  c.model.family = l2l::ModelFamily::kLlama;
+  c.model.d_model = 32;
+  c.model.n_head = 4;
+  c.model.n_kv_heads = n_kv_heads;
+  c.model.rope_theta = 500.0;
+  return c;
+}
+
+struct HfVariant {
+  std::string name;
+  std::string architecture;  // the transformers class that must reproduce it
+  l2l::JobConfig job;
+};
+
+std::vector<HfVariant> HfVariants(uint64_t seed) {
+  std::vector<HfVariant> v;
+  v.push_back({"gpt2_tied", "GPT2LMHeadModel", OracleJob(true, seed)});
+  v.push_back({"gpt2_untied", "GPT2LMHeadModel", OracleJob(false, seed)});
+  v.push_back({"llama_gqa_tied", "LlamaForCausalLM", LlamaJob(true, 2, seed)});
+  {
+    // Multi-query attention, untied head, llama3 scaling whose three frequency bands are
+    // all populated (hs=8, theta=100: wavelengths 6.3, 19.9, 62.8, 199 against
+    // 32/4 and 32/1).
+    l2l::JobConfig c = LlamaJob(false, 1, seed);
+    c.model.rope_theta = 100.0;
+    c.model.rms_norm_eps = 1e-5;
+    c.model.rope_scaling = {l2l::RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 32};
+    c.model.seq_len = 64;  // transformers wants original_max_position_embeddings below it
+    v.push_back({"llama_mqa_untied_llama3", "LlamaForCausalLM", c});
+  }
+  {
+    l2l::JobConfig c = LlamaJob(true, 4, seed);
+    c.model.rope_scaling.type = l2l::RopeScalingType::kLinear;
+    c.model.rope_scaling.factor = 2.5;
+    v.push_back({"llama_mha_linear", "LlamaForCausalLM", c});
+  }
+  {
+    l2l::JobConfig c = LlamaJob(false, 2, seed);
+    c.model.qkv_bias = true;
+    c.model.rope_theta = 1e6;
+    v.push_back({"qwen2_bias_untied", "Qwen2ForCausalLM", c});
+  }
+  v.push_back({"mistral_gqa", "MistralForCausalLM", LlamaJob(false, 2, seed)});
+  return v;
+}
+
+Status DumpVariant(const std::string& dir, const l2l::JobConfig& job, uint64_t seed,
+                   const std::string& hf_architecture = "") {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return l2l::ErrnoError("mkdir -p", dir, ec.value());
-  l2l::JobConfig cfg = OracleJob(tied, seed);
+  l2l::JobConfig cfg = job;
+  const bool tied = cfg.model.tied_embeddings;
   const l2l::ModelSpec& spec = cfg.model;
   const std::vector<std::vector<float>> weights = OracleWeights(spec, seed);
   const std::vector<w::MicroBatch> mbs = OracleBatches(cfg, seed);
@@ -151,6 +209,15 @@ Status DumpVariant(const std::string& dir, bool tied, uint64_t seed) {
   meta["T"] = T;
   meta["M"] = M;
   meta["loss"] = loss;
+  if (!hf_architecture.empty()) {
+    meta["hf_architecture"] = hf_architecture;
+    meta["num_params"] = spec.NumParams();
+    nlohmann::json names = nlohmann::json::object();  // our name -> the HF file's name
+    for (const l2l::LayerLayout& l : l2l::BuildLayout(spec)) {
+      for (const l2l::ParamInfo& p : l.params) names[p.name] = l2l::HfTensorName(spec, p);
+    }
+    meta["hf_names"] = names;
+  }
   // Step 0 of each case, from the same initial weights.
   for (const char* which : {"noclip", "clip"}) {
     l2l::JobConfig c = cfg;
@@ -181,10 +248,22 @@ int main(int argc, char** argv) {
   std::string out;
   uint64_t seed = 2024;
   app.add_option("--out", out, "output directory")->required();
+  bool hf = false;
   app.add_option("--seed", seed, "weights and tokens seed")->capture_default_str();
+  app.add_flag("--hf", hf, "write the Hugging Face transformers oracle's variants instead");
   CLI11_PARSE(app, argc, argv);
+  if (hf) {
+    for (const HfVariant& v : HfVariants(seed)) {
+      const Status st = DumpVariant(out + "/" + v.name, v.job, seed, v.architecture);
+      if (!st.ok()) {
+        std::fprintf(stderr, "l2l-oracle-dump: %s: %s\n", v.name.c_str(), st.ToString().c_str());
+        return 1;
+      }
+    }
+    return 0;
+  }
   for (bool tied : {true, false}) {
-    const Status st = DumpVariant(out + (tied ? "/tied" : "/untied"), tied, seed);
+    const Status st = DumpVariant(out + (tied ? "/tied" : "/untied"), OracleJob(tied, seed), seed);
     if (!st.ok()) {
       std::fprintf(stderr, "l2l-oracle-dump: %s\n", st.ToString().c_str());
       return 1;

@@ -164,8 +164,8 @@ float ReferenceTrainer::RunMicroBatch(const MicroBatch& mb, float loss_scale, bo
                          T, *ws_);
   }
   const LayerLayout& head = layouts_.back();
-  const float* wte = d_params_[0].f32() + layouts_[0].Find("wte.weight")->offset;
-  float* dwte = spec.tied_embeddings ? d_grads_[0].f32() + layouts_[0].Find("wte.weight")->offset : nullptr;
+  const float* wte = d_params_[0].f32() + EmbeddingTable(spec, layouts_[0]).offset;
+  float* dwte = spec.tied_embeddings ? d_grads_[0].f32() + EmbeddingTable(spec, layouts_[0]).offset : nullptr;
   float* dcur = backward ? d_dact_a_.f32() : nullptr;
   const float loss =
       layers::HeadForwardBackward(be, spec, head, d_params_.back().f32(), wte, acts_[L].f32(), d_targets_.i32(),
@@ -275,7 +275,7 @@ Status ReferenceTrainer::Probs(const int32_t* tokens, int64_t B, int64_t T, floa
     layers::BlockForward(be, spec, layouts_[1 + i], d_params_[1 + i].f32(), acts_[i].f32(), acts_[i + 1].f32(), B,
                          T, *ws_);
   }
-  const float* wte = d_params_[0].f32() + layouts_[0].Find("wte.weight")->offset;
+  const float* wte = d_params_[0].f32() + EmbeddingTable(spec, layouts_[0]).offset;
   const size_t probs_bytes = static_cast<size_t>(B * T * spec.vocab_size) * sizeof(float);
   L2L_ASSIGN_OR_RETURN(DeviceBuffer d_probs, Buffer(backend_.get(), probs_bytes));  // (B,T,V)
   layers::HeadProbs(be, spec, layouts_.back(), d_params_.back().f32(), wte, acts_[spec.n_layer].f32(), d_probs.f32(),

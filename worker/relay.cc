@@ -282,8 +282,7 @@ Status Relay::Push(int64_t layer, int64_t step, const float* grad, size_t numel,
 Status Relay::HeadAndBackward(int64_t step, ResidentLayer* emb, double* loss_sum) {
   const int64_t L = spec_.n_layer;
   const LayerLayout& head = layouts_[L + 1];
-  const ParamInfo* wte = layouts_[0].Find("wte.weight");
-  L2L_CHECK(wte != nullptr) << "embedding layout has no wte.weight";
+  const ParamInfo* wte = &EmbeddingTable(spec_, layouts_[0]);  // the table a tied head reads
 
   // ---- head: loss and input-gradient per micro-batch --------------------------------
   L2L_ASSIGN_OR_RETURN(ResidentLayer h, NextLayer(step, L + 1));

@@ -75,6 +75,28 @@ class CpuBackend final : public Backend {
   void CrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
                             float scale, int64_t N, int64_t V) override;
 
+  // Llama-family ops (cpu_llama_ops.cc).
+  void TokenEmbeddingForward(float* out, const int32_t* tokens, const float* wte, int64_t N,
+                             int64_t C) override;
+  void TokenEmbeddingBackward(float* dwte, const float* dout, const int32_t* tokens, int64_t N,
+                              int64_t C) override;
+  void RMSNormForward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                      int64_t C, float eps) override;
+  void RMSNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                       const float* weight, const float* rstd, int64_t N, int64_t C) override;
+  void RopeForward(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
+                   int64_t row_stride, int64_t n_heads, int64_t hs) override;
+  void RopeBackward(float* dx, const float* cos, const float* sin, int64_t B, int64_t T,
+                    int64_t row_stride, int64_t n_heads, int64_t hs) override;
+  void SwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F) override;
+  void SwiGLUBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
+                      int64_t F) override;
+  void AttentionForwardGqa(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                           int64_t NH, int64_t NKV, int64_t hs) override;
+  void AttentionBackwardGqa(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                            const float* att, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                            int64_t hs) override;
+
   // The oneDNN implementation chosen for a plain Gemm of this shape ("brg:avx2", "ref",
   // ...); for benchmarks and diagnostics.
   std::string GemmImplName(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K);

@@ -1,8 +1,9 @@
-// The three layer types of a GPT-2 model as the relay sees them: each is a function of
-// (its flat fp32 parameter buffer, its input) -> output, and a backward that RECOMPUTES
-// its internals from the stashed input (so nothing but layer outputs is kept between
-// forward and backward; seed 002 Algorithm 3). Views inside the flat buffer come from
-// common/model_spec.h's LayerLayout.
+// The three layer kinds of a model (embedding, block, head) as the relay sees them: each
+// is a function of (its flat fp32 parameter buffer, its input) -> output, and a backward
+// that RECOMPUTES its internals from the stashed input (so nothing but layer outputs is
+// kept between forward and backward). Views inside the flat buffer come from
+// common/model_spec.h's LayerLayout. The functions below dispatch on spec.family to the
+// family's kernels (kernels/layers/registry.h; one file per family: gpt2.cc, llama.cc).
 //
 // Ownership: callers own every buffer (Backend device memory); a LayerWorkspace holds the
 // per-micro-batch scratch and is reused across layers and micro-batches.
@@ -21,11 +22,17 @@ namespace l2l::layers {
 
 // Scratch for one micro-batch of shape (B, T) through any layer of `spec`.
 // Sized for the largest need: block internals (ln, qkv, attention probabilities, MLP)
-// and the head's logits/probabilities (B,T,V).
+// and the head's logits/probabilities (B,T,V). The family allocates the regions it uses
+// (shapes below are GPT-2's; Llama's are in kernels/layers/llama.cc); the rest stay empty.
 class LayerWorkspace {
  public:
   static Result<LayerWorkspace> Create(kernels::Backend* backend, const ModelSpec& spec, int64_t B,
                                        int64_t T);
+  // Sets the micro-batch shape (for the families' workspace allocators).
+  void SetShape(int64_t B, int64_t T) {
+    B_ = B;
+    T_ = T;
+  }
   int64_t B() const { return B_; }
   int64_t T() const { return T_; }
   size_t bytes() const;  // device bytes held
@@ -43,21 +50,23 @@ class LayerWorkspace {
   kernels::DeviceBuffer logits;                    // (N,V) logits, then probs, then dlogits
   kernels::DeviceBuffer losses;                    // (N)
   kernels::DeviceBuffer g0, g1, g2, g3;            // (N, max(3C,F)) gradient scratch
+  kernels::DeviceBuffer rope_cos, rope_sin;        // (T, hs/2) rotary tables (Llama)
 
  private:
   int64_t B_ = 0, T_ = 0;
 };
 
 // ---- Embedding (layer 0): tokens -> hidden --------------------------------------
-// out (B,T,C) = wte[tokens] + wpe[0..T). tokens (B,T) int32 device memory.
+// out (B,T,C) = wte[tokens] (+ wpe[0..T) for GPT-2). tokens (B,T) int32 device memory.
 void EmbeddingForward(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
                       const float* params, const int32_t* tokens, float* out, int64_t B, int64_t T);
-// dparams (layout.numel) += gradient of wte and wpe from dout (B,T,C).
+// dparams (layout.numel) += gradient of the embedding's tensors from dout (B,T,C).
 void EmbeddingBackward(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
                        const int32_t* tokens, const float* dout, float* dparams, int64_t B, int64_t T);
 
 // ---- Transformer block: hidden -> hidden --------------------------------------------
-// x1 = x + attn_proj(attention(c_attn(ln_1(x)))); out = x1 + c_proj(gelu(c_fc(ln_2(x1)))).
+// GPT-2: x1 = x + attn_proj(attention(c_attn(ln_1(x)))); out = x1 + c_proj(gelu(c_fc(ln_2(x1)))).
+// Llama: x1 = x + o_proj(gqa(rope(qkv(rms_1(x))))); out = x1 + down(silu(gate(rms_2(x1))) * up(..)).
 void BlockForward(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
                   const float* params, const float* in, float* out, int64_t B, int64_t T,
                   LayerWorkspace& ws);
@@ -68,8 +77,9 @@ void BlockBackward(kernels::Backend& be, const ModelSpec& spec, const LayerLayou
                    float* dparams, int64_t B, int64_t T, LayerWorkspace& ws);
 
 // ---- Head (last layer): hidden -> loss ----------------------------------------------
-// logits = ln_f(in) @ W^T with W = wte (tied; `wte` points at layer 0's wte view) or the
-// head's own lm_head.weight (untied; `wte` ignored). targets (B,T) int32 device memory.
+// logits = norm(in) @ W^T with W = the embedding table (tied; `wte` points at layer 0's
+// EmbeddingTable view) or the head's own lm_head.weight (untied; `wte` ignored). norm is
+// ln_f (GPT-2) or the final RMSNorm (Llama). targets (B,T) int32 device memory.
 // Returns the mean cross-entropy over the B*T tokens (synchronises to read it).
 // When din != nullptr also computes the backward of loss * loss_scale:
 //   din (B,T,C) overwritten; dparams (head layout.numel) +=; dwte (V,C) += (tied only).

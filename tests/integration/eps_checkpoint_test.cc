@@ -178,10 +178,19 @@ TEST_CASE("EPS checkpoint survives kill -9: resume is byte-identical and trainin
   const auto& dir = **tmp;
   JobConfig job = TinyJob(DType::kF32, 4);
   job.train.clip = "none";  // layers update as their gradients arrive (see the half step)
+  // The EPS sees flat layer buffers only: a Llama-family job checkpoints the same way.
+  const bool llama = GENERATE(false, true);
+  if (llama) {
+    job.model.family = ModelFamily::kLlama;
+    job.model.n_kv_heads = 2;
+    job.model.tied_embeddings = false;
+    job.model.rope_scaling = {RopeScalingType::kLinear, 2.0, 1.0, 4.0, 8192};
+  }
+  INFO("family " << ToString(job.model.family));
   {
     std::ofstream(dir.File("job.yaml")) << JobConfigToYaml(job);
   }
-  const std::string job_id = "ckpt" + std::to_string(getpid());
+  const std::string job_id = "ckpt" + std::string(llama ? "llama" : "") + std::to_string(getpid());
   const auto expect = Expected(job);
   std::string ckpt;
   {

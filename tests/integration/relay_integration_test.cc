@@ -51,6 +51,36 @@ TEST_CASE("l2l-eps + l2l-worker processes train like the reference trainer",
   CHECK((*eps)->ShmSegments().empty());
 }
 
+TEST_CASE("l2l-eps + l2l-worker processes train a Llama-family model like the reference trainer",
+          "[integration][relay][llama]") {
+  Run r = Prepare("equiv-llama");
+  // Grouped-query attention, llama3 rope scaling, q/k/v biases, an untied head.
+  r.job.model.family = ModelFamily::kLlama;
+  r.job.model.n_kv_heads = 2;
+  r.job.model.qkv_bias = true;
+  r.job.model.tied_embeddings = false;
+  r.job.model.rope_scaling = {RopeScalingType::kLlama3, 4.0, 1.0, 4.0, 16};
+  REQUIRE(r.job.model.Validate().ok());
+  // "auto" puts local workers on shared memory.
+  std::string transport = GENERATE(std::string("auto"), std::string("grpc"));
+  int workers = GENERATE(1, 2);
+  INFO("transport " << transport << ", " << workers << " worker(s)");
+  DaemonOptions o;
+  o.workers = workers;
+  o.transport = transport;
+  auto eps = EpsDaemon::Start(r.job, o, *r.dir);
+  INFO(eps.status().ToString());
+  REQUIRE(eps.ok());
+  const std::vector<std::string> logs = RunWorkers(**eps, *r.dir, workers);
+  for (const std::string& log : logs) {
+    REQUIRE(ParseProgress(log).size() == static_cast<size_t>(r.job.train.steps));
+    CHECK(ParseSummary(log).at("max_lag") == 0);
+  }
+  RequireClose(r.job, Exported(**eps, r.job.model), Reference(r.job, workers));
+  REQUIRE((*eps)->Shutdown().ok());
+  CHECK((*eps)->ShmSegments().empty());
+}
+
 TEST_CASE("Worker peak memory grows with depth only by the stash", "[integration][memory]") {
   // Narrow layers, many tokens: the stash (L+1 x M x B*T*C floats) dominates what depth
   // adds. gRPC transport, so layer bytes are the worker's own short-lived buffers (with

@@ -9,3 +9,14 @@ add_test(NAME oracle.torch_reference
          COMMAND bash -c
                  "set -e; rm -rf '${_oracle_dir}'; '$<TARGET_FILE:l2l-oracle-dump>' --out '${_oracle_dir}'; /usr/bin/python3 '${CMAKE_CURRENT_SOURCE_DIR}/oracle/torch_oracle.py' '${_oracle_dir}'")
 set_tests_properties(oracle.torch_reference PROPERTIES LABELS "unit;oracle" TIMEOUT 300)
+
+# Hugging Face transformers oracle (label "unit;oracle"): l2l-oracle-dump --hf writes
+# GPT-2, Llama (GQA/MQA/MHA, tied and untied, llama3 and linear rope scaling), Qwen2
+# (q/k/v biases) and Mistral variants; tests/oracle/hf_oracle.py loads each into the
+# transformers class with from_pretrained and compares loss, every gradient and one AdamW
+# step. The interpreter comes from scripts/oracle_venv.sh: a missing venv fails the test.
+set(_hf_oracle_dir ${CMAKE_CURRENT_BINARY_DIR}/hf_oracle_dump)
+add_test(NAME oracle.hf_transformers
+         COMMAND bash -c
+                 "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); rm -rf '${_hf_oracle_dir}'; '$<TARGET_FILE:l2l-oracle-dump>' --hf --out '${_hf_oracle_dir}'; HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/oracle/hf_oracle.py' '${_hf_oracle_dir}'")
+set_tests_properties(oracle.hf_transformers PROPERTIES LABELS "unit;oracle" TIMEOUT 600)

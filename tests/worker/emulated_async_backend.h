@@ -272,6 +272,39 @@ class EmulatedAsyncBackend final : public kernels::Backend {
                          int64_t B, int64_t T, int64_t C, int64_t NH) override {
     cpu_->AttentionBackward(dqkv, s, d, qkv, att, B, T, C, NH);
   }
+  void TokenEmbeddingForward(float* o, const int32_t* t, const float* wte, int64_t N, int64_t C) override {
+    cpu_->TokenEmbeddingForward(o, t, wte, N, C);
+  }
+  void TokenEmbeddingBackward(float* dwte, const float* d, const int32_t* t, int64_t N, int64_t C) override {
+    cpu_->TokenEmbeddingBackward(dwte, d, t, N, C);
+  }
+  void RMSNormForward(float* o, float* r, const float* i, const float* w, int64_t N, int64_t C, float eps) override {
+    cpu_->RMSNormForward(o, r, i, w, N, C, eps);
+  }
+  void RMSNormBackward(float* di, float* dw, const float* d, const float* i, const float* w, const float* r,
+                       int64_t N, int64_t C) override {
+    cpu_->RMSNormBackward(di, dw, d, i, w, r, N, C);
+  }
+  void RopeForward(float* x, const float* c, const float* s, int64_t B, int64_t T, int64_t stride, int64_t nh,
+                   int64_t hs) override {
+    cpu_->RopeForward(x, c, s, B, T, stride, nh, hs);
+  }
+  void RopeBackward(float* dx, const float* c, const float* s, int64_t B, int64_t T, int64_t stride, int64_t nh,
+                    int64_t hs) override {
+    cpu_->RopeBackward(dx, c, s, B, T, stride, nh, hs);
+  }
+  void SwiGLUForward(float* o, const float* gu, int64_t N, int64_t F) override { cpu_->SwiGLUForward(o, gu, N, F); }
+  void SwiGLUBackward(float* dgu, const float* d, const float* gu, int64_t N, int64_t F) override {
+    cpu_->SwiGLUBackward(dgu, d, gu, N, F);
+  }
+  void AttentionForwardGqa(float* o, float* att, const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                           int64_t hs) override {
+    cpu_->AttentionForwardGqa(o, att, qkv, B, T, NH, NKV, hs);
+  }
+  void AttentionBackwardGqa(float* dqkv, float* s, const float* d, const float* qkv, const float* att, int64_t B,
+                            int64_t T, int64_t NH, int64_t NKV, int64_t hs) override {
+    cpu_->AttentionBackwardGqa(dqkv, s, d, qkv, att, B, T, NH, NKV, hs);
+  }
   void CrossEntropyForward(float* l, float* p, const float* lg, const int32_t* t, int64_t N,
                            int64_t V) override {
     cpu_->CrossEntropyForward(l, p, lg, t, N, V);

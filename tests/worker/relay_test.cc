@@ -63,6 +63,18 @@ JobConfig TinyJob() {
   return job;
 }
 
+// TinyJob as a Llama-family model: grouped-query attention (4 query heads on 2 key/value
+// heads), RoPE with llama3 scaling, RMSNorm, SwiGLU.
+JobConfig TinyLlamaJob() {
+  JobConfig job = TinyJob();
+  job.model.family = ModelFamily::kLlama;
+  job.model.n_kv_heads = 2;
+  job.model.d_ff = 80;
+  job.model.rope_theta = 1000.0;
+  job.model.rope_scaling = {RopeScalingType::kLlama3, 4.0, 1.0, 4.0, 16};
+  return job;
+}
+
 // A token stream with some structure (so gradients are not pure noise): a noisy walk.
 std::vector<int32_t> MakeTokens(int64_t n, int64_t vocab, uint64_t seed) {
   std::vector<int32_t> t(static_cast<size_t>(n));
@@ -284,8 +296,31 @@ TEST_CASE("Relay with one worker trains exactly like the reference trainer", "[w
   CHECK(relay.versions[0].acquires == steps * (2 * job.model.n_layer + 2));
 }
 
+TEST_CASE("Relay trains a Llama-family model exactly like the reference trainer",
+          "[worker][relay][llama]") {
+  JobConfig job = TinyLlamaJob();
+  const int workers = GENERATE(1, 2);
+  SECTION("tied embeddings, global clipping") {}
+  SECTION("untied embeddings, q/k/v biases, per-layer clipping") {
+    job.model.tied_embeddings = false;
+    job.model.qkv_bias = true;
+    job.train.clip = "per_layer";
+  }
+  INFO(workers << " worker(s)");
+  const int steps = 3;
+  RelayRun relay = RunRelays(job, workers, steps);
+  RequireAllOk(relay);
+  RefRun ref = RunReference(job, workers, steps);
+  RequireMatches(job, relay, ref);
+  for (int s = 0; s < steps; ++s) {
+    double mean = 0;
+    for (int w = 0; w < workers; ++w) mean += relay.losses[w][s] / workers;
+    CHECK(mean == Approx(ref.losses[s]).epsilon(1e-5));
+  }
+}
+
 TEST_CASE("Relay pushes the reference trainer's mini-batch gradient", "[worker][relay]") {
-  JobConfig job = TinyJob();
+  JobConfig job = GENERATE(TinyJob(), TinyLlamaJob());
   const int workers = GENERATE(1, 2);
   const int steps = GENERATE(1, 3);  // the gradient of step 0 and of step 2
   INFO(workers << " worker(s), gradient of step " << steps - 1);

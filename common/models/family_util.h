@@ -1,0 +1,91 @@
+// Helpers the family files share: appending named tensors to a layout and the
+// deterministic normal fill every family's initialisation uses.
+//
+// Initialisation uses a counter-based generator (splitmix64 of (seed, layer, element))
+// and Box-Muller, never std::normal_distribution (whose output is implementation
+// defined), so every process and every platform produces the same bytes for a layer.
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/model_spec.h"
+#include "common/rng.h"
+
+namespace l2l::models {
+
+// Appends one named tensor to the layout.
+inline void AddParam(LayerLayout* layout, std::string name, std::vector<int64_t> shape, bool decay) {
+  ParamInfo p;
+  p.name = std::move(name);
+  p.shape = std::move(shape);
+  p.numel = 1;
+  for (int64_t d : p.shape) p.numel *= static_cast<size_t>(d);
+  p.offset = layout->numel;
+  p.decay = decay;
+  layout->numel += p.numel;
+  layout->params.push_back(std::move(p));
+}
+
+// Uniform in (0, 1], from the top 53 bits.
+inline double Uniform01(uint64_t bits) { return (static_cast<double>(bits >> 11) + 1.0) * 0x1.0p-53; }
+
+// Fills out[0..n) with N(0, std) drawn from stream `key`; element i depends only on
+// (key, i), so the result does not depend on how the buffer is split or ordered.
+inline void FillNormal(uint64_t key, float std, float* out, size_t n) {
+  constexpr double kTwoPi = 6.283185307179586476925286766559;
+  for (size_t i = 0; i < n; i += 2) {
+    const uint64_t pair = i / 2;
+    const double u1 = Uniform01(SplitMix64(key ^ SplitMix64(2 * pair)));
+    const double u2 = Uniform01(SplitMix64(key ^ SplitMix64(2 * pair + 1)));
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    out[i] = static_cast<float>(std * r * std::cos(kTwoPi * u2));
+    if (i + 1 < n) out[i + 1] = static_cast<float>(std * r * std::sin(kTwoPi * u2));
+  }
+}
+
+// The key of layer `index`'s stream under `seed`.
+inline uint64_t LayerKey(uint64_t seed, int64_t index) {
+  return SplitMix64(SplitMix64(seed) ^ (0xA5A5A5A5ull + static_cast<uint64_t>(index)));
+}
+
+// The key of the k-th tensor of a layer.
+inline uint64_t TensorKey(uint64_t layer_key, size_t k) { return SplitMix64(layer_key + 0x1000193ull * (k + 1)); }
+
+inline bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+inline std::string Field(const char* name, int64_t v) { return std::string("model.") + name + "=" + std::to_string(v); }
+
+// Reads config[key] into *out when present (`required`: absent is an error); the error
+// names the file and the key.
+template <typename T>
+Status HfField(const nlohmann::json& config, const std::string& origin, const char* key, T* out,
+               bool required) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) {
+    return required ? InvalidArgument(origin + ": config.json lacks \"" + std::string(key) + "\"") : Status::Ok();
+  }
+  try {
+    if constexpr (std::is_same_v<T, bool>) {
+      if (!it->is_boolean()) throw std::runtime_error("not a boolean");
+    } else if constexpr (std::is_integral_v<T>) {
+      if (!it->is_number_integer()) throw std::runtime_error("not an integer");
+    } else if constexpr (std::is_floating_point_v<T>) {
+      if (!it->is_number()) throw std::runtime_error("not a number");
+    }
+    *out = it->get<T>();
+  } catch (const std::exception& e) {
+    return InvalidArgument(origin + ": config.json \"" + std::string(key) + "\"=" + it->dump() + ": " + e.what());
+  }
+  return Status::Ok();
+}
+
+}  // namespace l2l::models

@@ -1,0 +1,275 @@
+// The Llama family (Hugging Face LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM
+// without sliding window): metadata for the registry. Linear weights keep nn.Linear's
+// layout, W (out, in), y = x @ W^T; the names are the Hugging Face ones without "model.".
+//
+//   0              Embedding   embed_tokens (V, C)  (no position table: RoPE)
+//   1..n_layer     Block i-1   layers.i.input_layernorm (C),
+//                              self_attn.{q,k,v}_proj.weight (NH*hs | NKV*hs | NKV*hs, C)
+//                              [adjacent: one (W, C) matrix, W = (NH + 2 NKV) hs],
+//                              self_attn.{q,k,v}_proj.bias (only with qkv_bias; adjacent),
+//                              self_attn.o_proj (C, C), post_attention_layernorm (C),
+//                              mlp.gate_proj (F, C), mlp.up_proj (F, C) [adjacent: (2F, C)],
+//                              mlp.down_proj (C, F)
+//   n_layer+1      Head        norm (C); lm_head (V, C) only when embeddings are untied.
+// The adjacency lets the kernels run q|k|v and gate|up as one product each.
+//
+// Thread-safety: pure functions and an immutable table entry.
+#include <cmath>
+
+#include "common/models/family_util.h"
+#include "common/models/registry.h"
+
+namespace l2l::models {
+namespace {
+
+Status Validate(const ModelSpec& s) {
+  const int64_t kv = s.kv_heads();
+  if (s.n_kv_heads < 0 || s.n_head % kv != 0) {
+    return InvalidArgument(Field("n_kv_heads", s.n_kv_heads) + " must divide " + Field("n_head", s.n_head) +
+                           " (0 means n_head)");
+  }
+  if (s.head_dim() % 2 != 0) {
+    return InvalidArgument("model.d_model/n_head=" + std::to_string(s.head_dim()) +
+                           " (the head size) must be even for rotary embeddings");
+  }
+  if (!(s.rope_theta > 0) || !std::isfinite(s.rope_theta)) {
+    return InvalidArgument("model.rope_theta=" + std::to_string(s.rope_theta) + " must be a number > 0");
+  }
+  if (!(s.rms_norm_eps > 0) || !std::isfinite(s.rms_norm_eps)) {
+    return InvalidArgument("model.rms_norm_eps=" + std::to_string(s.rms_norm_eps) + " must be a number > 0");
+  }
+  const RopeScaling& r = s.rope_scaling;
+  if (r.type != RopeScalingType::kNone && (!(r.factor >= 1.0) || !std::isfinite(r.factor))) {
+    return InvalidArgument("model.rope_scaling.factor=" + std::to_string(r.factor) + " must be >= 1");
+  }
+  if (r.type == RopeScalingType::kLlama3) {
+    if (!(r.low_freq_factor > 0) || !(r.high_freq_factor > r.low_freq_factor)) {
+      return InvalidArgument("model.rope_scaling: low_freq_factor=" + std::to_string(r.low_freq_factor) +
+                             " and high_freq_factor=" + std::to_string(r.high_freq_factor) +
+                             " must satisfy 0 < low_freq_factor < high_freq_factor");
+    }
+    if (r.original_max_position_embeddings <= 0) {
+      return InvalidArgument(Field("rope_scaling.original_max_position_embeddings", r.original_max_position_embeddings) +
+                             " must be positive");
+    }
+  }
+  const double C = double(s.d_model), W = double(s.n_head + 2 * kv) * s.head_dim();
+  const double total = double(s.vocab_size) * C * 2 + double(s.n_layer) * (W * C + C * C + 3.0 * C * s.d_ff);
+  if (total > 1e15) {
+    return InvalidArgument("model is too large (" + std::to_string(total) + " parameters); check model.d_model / n_layer");
+  }
+  return Status::Ok();
+}
+
+int64_t NumParams(const ModelSpec& s) {
+  const int64_t C = s.d_model, F = s.d_ff, hs = s.head_dim(), kv = s.kv_heads();
+  const int64_t W = (s.n_head + 2 * kv) * hs;
+  const int64_t block = C + W * C + (s.qkv_bias ? W : 0) + C * C + C + 3 * C * F;
+  return s.vocab_size * C + s.n_layer * block + C + (s.tied_embeddings ? 0 : s.vocab_size * C);
+}
+
+double TrainFlopsPerToken(const ModelSpec& s, int64_t T) {
+  const double C = double(s.d_model), F = double(s.d_ff), L = double(s.n_layer);
+  const double W = double(s.n_head + 2 * s.kv_heads()) * double(s.head_dim());
+  const double matmul_params = L * (W * C + C * C + 3.0 * C * F) + double(s.vocab_size) * C;
+  return 6.0 * matmul_params + 12.0 * L * double(T) * C;
+}
+
+std::vector<LayerLayout> BuildLayout(const ModelSpec& spec) {
+  const int64_t V = spec.vocab_size, C = spec.d_model, F = spec.d_ff, hs = spec.head_dim();
+  const int64_t q = spec.n_head * hs, kv = spec.kv_heads() * hs;
+  std::vector<LayerLayout> layers;
+  layers.reserve(static_cast<size_t>(spec.NumLayers()));
+
+  LayerLayout emb;
+  emb.kind = LayerKind::kEmbedding;
+  emb.index = 0;
+  AddParam(&emb, "embed_tokens.weight", {V, C}, true);
+  layers.push_back(std::move(emb));
+
+  for (int64_t i = 0; i < spec.n_layer; ++i) {
+    LayerLayout b;
+    b.kind = LayerKind::kBlock;
+    b.index = i + 1;
+    b.block = i;
+    const std::string h = "layers." + std::to_string(i) + ".";
+    AddParam(&b, h + "input_layernorm.weight", {C}, false);
+    AddParam(&b, h + "self_attn.q_proj.weight", {q, C}, true);
+    AddParam(&b, h + "self_attn.k_proj.weight", {kv, C}, true);
+    AddParam(&b, h + "self_attn.v_proj.weight", {kv, C}, true);
+    if (spec.qkv_bias) {
+      AddParam(&b, h + "self_attn.q_proj.bias", {q}, false);
+      AddParam(&b, h + "self_attn.k_proj.bias", {kv}, false);
+      AddParam(&b, h + "self_attn.v_proj.bias", {kv}, false);
+    }
+    AddParam(&b, h + "self_attn.o_proj.weight", {C, q}, true);
+    AddParam(&b, h + "post_attention_layernorm.weight", {C}, false);
+    AddParam(&b, h + "mlp.gate_proj.weight", {F, C}, true);
+    AddParam(&b, h + "mlp.up_proj.weight", {F, C}, true);
+    AddParam(&b, h + "mlp.down_proj.weight", {C, F}, true);
+    layers.push_back(std::move(b));
+  }
+
+  LayerLayout head;
+  head.kind = LayerKind::kHead;
+  head.index = spec.n_layer + 1;
+  AddParam(&head, "norm.weight", {C}, false);
+  if (!spec.tied_embeddings) AddParam(&head, "lm_head.weight", {V, C}, true);
+  layers.push_back(std::move(head));
+  return layers;
+}
+
+void InitLayer(const ModelSpec&, const LayerLayout& layout, uint64_t seed, float* out) {
+  const uint64_t layer_key = LayerKey(seed, layout.index);
+  for (size_t k = 0; k < layout.params.size(); ++k) {
+    const ParamInfo& p = layout.params[k];
+    float* dst = out + p.offset;
+    if (EndsWith(p.name, "norm.weight")) {
+      for (size_t i = 0; i < p.numel; ++i) dst[i] = 1.0f;
+    } else if (p.shape.size() == 1) {  // q/k/v biases
+      for (size_t i = 0; i < p.numel; ++i) dst[i] = 0.0f;
+    } else {
+      FillNormal(TensorKey(layer_key, k), 0.02f, dst, p.numel);
+    }
+  }
+}
+
+Result<ModelSpec> FromHfConfig(const nlohmann::json& c, const std::string& origin) {
+  const std::string arch = c["architectures"][0].get<std::string>();
+  ModelSpec s;
+  s.family = ModelFamily::kLlama;
+  s.tied_embeddings = false;  // the default of LlamaConfig, Qwen2Config and MistralConfig
+  L2L_RETURN_IF_ERROR(HfField(c, origin, "vocab_size", &s.vocab_size, true));
+  L2L_RETURN_IF_ERROR(HfField(c, origin, "max_position_embeddings", &s.seq_len, true));
+  L2L_RETURN_IF_ERROR(HfField(c, origin, "hidden_size", &s.d_model, true));
+  L2L_RETURN_IF_ERROR(HfField(c, origin, "num_hidden_layers", &s.n_layer, true));
+  L2L_RETURN_IF_ERROR(HfField(c, origin, "num_attention_heads", &s.n_head, true));
+  L2L_RETURN_IF_ERROR(HfField(c, origin, "intermediate_size", &s.d_ff, true));
+  L2L_RETURN_IF_ERROR(HfField(c, origin, "num_key_value_heads", &s.n_kv_heads, false));
+  L2L_RETURN_IF_ERROR(HfField(c, origin, "rope_theta", &s.rope_theta, false));
+  L2L_RETURN_IF_ERROR(HfField(c, origin, "rms_norm_eps", &s.rms_norm_eps, false));
+  L2L_RETURN_IF_ERROR(HfField(c, origin, "tie_word_embeddings", &s.tied_embeddings, false));
+  std::string act = "silu";
+  L2L_RETURN_IF_ERROR(HfField(c, origin, "hidden_act", &act, false));
+  if (act != "silu") return InvalidArgument(origin + ": hidden_act=" + act + " is not supported (SwiGLU needs silu)");
+  if (s.n_head > 0 && s.d_model % s.n_head == 0) {
+    int64_t head_dim = s.d_model / s.n_head;
+    L2L_RETURN_IF_ERROR(HfField(c, origin, "head_dim", &head_dim, false));
+    if (head_dim != s.d_model / s.n_head) {
+      return InvalidArgument(origin + ": head_dim=" + std::to_string(head_dim) + " differs from hidden_size/num_attention_heads=" +
+                             std::to_string(s.d_model / s.n_head) + ", which l2l requires");
+    }
+  }
+  if (arch == "Qwen2ForCausalLM") {
+    s.qkv_bias = true;  // Qwen2's q/k/v projections always have biases
+    bool window = false;
+    L2L_RETURN_IF_ERROR(HfField(c, origin, "use_sliding_window", &window, false));
+    if (window) {
+      return InvalidArgument(origin + ": use_sliding_window=true: sliding-window attention is not supported");
+    }
+  } else {
+    for (const char* key : {"attention_bias", "mlp_bias"}) {
+      bool bias = false;
+      L2L_RETURN_IF_ERROR(HfField(c, origin, key, &bias, false));
+      if (bias) return InvalidArgument(origin + ": " + key + "=true is not supported (Llama layers have no such biases)");
+    }
+  }
+  if (arch == "MistralForCausalLM") {
+    int64_t window = 0;
+    L2L_RETURN_IF_ERROR(HfField(c, origin, "sliding_window", &window, false));
+    if (window > 0 && window < s.seq_len) {
+      return InvalidArgument(origin + ": sliding_window=" + std::to_string(window) + " < max_position_embeddings=" +
+                             std::to_string(s.seq_len) + ": sliding-window attention is not supported");
+    }
+  }
+  const auto rs = c.find("rope_scaling");
+  if (rs != c.end() && !rs->is_null()) {
+    if (!rs->is_object()) return InvalidArgument(origin + ": rope_scaling=" + rs->dump() + " is not an object");
+    std::string type;
+    L2L_RETURN_IF_ERROR(HfField(*rs, origin + " rope_scaling", "type", &type, false));
+    L2L_RETURN_IF_ERROR(HfField(*rs, origin + " rope_scaling", "rope_type", &type, false));
+    if (type != "default") {
+      Result<RopeScalingType> t = ParseRopeScalingType(type);
+      if (!t.ok() || *t == RopeScalingType::kNone) {
+        return InvalidArgument(origin + ": rope_scaling type '" + type + "' is not supported (linear, llama3)");
+      }
+      RopeScaling& r = s.rope_scaling;
+      r.type = *t;
+      L2L_RETURN_IF_ERROR(HfField(*rs, origin + " rope_scaling", "factor", &r.factor, true));
+      if (r.type == RopeScalingType::kLlama3) {
+        L2L_RETURN_IF_ERROR(HfField(*rs, origin + " rope_scaling", "low_freq_factor", &r.low_freq_factor, true));
+        L2L_RETURN_IF_ERROR(HfField(*rs, origin + " rope_scaling", "high_freq_factor", &r.high_freq_factor, true));
+        L2L_RETURN_IF_ERROR(HfField(*rs, origin + " rope_scaling", "original_max_position_embeddings",
+                                    &r.original_max_position_embeddings, true));
+      }
+    }
+  }
+  if (Status st = s.Validate(); !st.ok()) return st.WithContext(origin);
+  return s;
+}
+
+nlohmann::json ToHfConfig(const ModelSpec& s) {
+  const char* arch = s.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+  nlohmann::json c = {{"architectures", {arch}},
+                      {"model_type", s.qkv_bias ? "qwen2" : "llama"},
+                      {"vocab_size", s.vocab_size},
+                      {"max_position_embeddings", s.seq_len},
+                      {"hidden_size", s.d_model},
+                      {"intermediate_size", s.d_ff},
+                      {"num_hidden_layers", s.n_layer},
+                      {"num_attention_heads", s.n_head},
+                      {"num_key_value_heads", s.kv_heads()},
+                      {"head_dim", s.head_dim()},
+                      {"hidden_act", "silu"},
+                      {"rms_norm_eps", s.rms_norm_eps},
+                      {"rope_theta", s.rope_theta},
+                      {"attention_dropout", 0.0},
+                      {"tie_word_embeddings", s.tied_embeddings},
+                      {"torch_dtype", "float32"}};
+  if (s.qkv_bias) {
+    c["use_sliding_window"] = false;
+  } else {
+    c["attention_bias"] = false;
+    c["mlp_bias"] = false;
+  }
+  const RopeScaling& r = s.rope_scaling;
+  switch (r.type) {
+    case RopeScalingType::kNone:
+      c["rope_scaling"] = nullptr;
+      break;
+    case RopeScalingType::kLinear:
+      c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", r.factor}};
+      break;
+    case RopeScalingType::kLlama3:
+      c["rope_scaling"] = {{"rope_type", "llama3"},
+                           {"factor", r.factor},
+                           {"low_freq_factor", r.low_freq_factor},
+                           {"high_freq_factor", r.high_freq_factor},
+                           {"original_max_position_embeddings", r.original_max_position_embeddings}};
+      break;
+  }
+  return c;
+}
+
+}  // namespace
+
+const FamilyInfo& LlamaFamily() {
+  static const FamilyInfo kInfo{
+      .family = ModelFamily::kLlama,
+      .name = "llama",
+      .hf_architectures = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"},
+      .hf_base_prefix = "model.",
+      .hf_file_prefix = "model.",
+      .embedding_table = "embed_tokens.weight",
+      .validate = &Validate,
+      .num_params = &NumParams,
+      .train_flops_per_token = &TrainFlopsPerToken,
+      .build_layout = &BuildLayout,
+      .init_layer = &InitLayer,
+      .from_hf_config = &FromHfConfig,
+      .to_hf_config = &ToHfConfig,
+  };
+  return kInfo;
+}
+
+}  // namespace l2l::models

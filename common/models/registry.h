@@ -1,0 +1,61 @@
+// The model-family registry: everything l2l knows about a family's metadata, in one table
+// entry per family (one file per family beside this one: gpt2.cc, llama.cc). ModelSpec's
+// functions (common/model_spec.h) dispatch here; the family's kernels are registered the
+// same way in kernels/layers/registry.h.
+//
+// Adding a family: a new ModelFamily value, a new <family>.cc here defining its
+// FamilyInfo, one line in registry.cc's table, and kernels/layers/<family>.cc.
+//
+// Thread-safety: the entries are immutable statics.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/model_spec.h"
+#include "common/status.h"
+
+namespace l2l::models {
+
+struct FamilyInfo {
+  ModelFamily family;
+  const char* name;                         // ToString(family): "gpt2", "llama"
+  std::vector<std::string> hf_architectures;  // config.json "architectures" it covers
+  // Prefix of the base model's tensors in a Hugging Face state_dict ("transformer.",
+  // "model."); lm_head.weight has none.
+  const char* hf_base_prefix;
+  // Prefix as the family's hub checkpoints store them: "" for GPT-2 (the hub's gpt2 files
+  // hold "h.0.ln_1.weight"), "model." for Llama.
+  const char* hf_file_prefix;
+  const char* embedding_table;              // our name of the (V, C) token embedding
+  // Family-specific checks, after ModelSpec::Validate's common ones.
+  Status (*validate)(const ModelSpec&);
+  int64_t (*num_params)(const ModelSpec&);
+  double (*train_flops_per_token)(const ModelSpec&, int64_t T);
+  std::vector<LayerLayout> (*build_layout)(const ModelSpec&);
+  void (*init_layer)(const ModelSpec&, const LayerLayout&, uint64_t seed, float* out);
+  // The spec of a Hugging Face config.json of one of hf_architectures (`origin` names the
+  // file in errors); refuses what the family cannot compute (e.g. sliding windows).
+  Result<ModelSpec> (*from_hf_config)(const nlohmann::json& config, const std::string& origin);
+  // The config.json transformers needs to build the model of `spec` (its architecture
+  // chosen by the spec, e.g. Qwen2ForCausalLM for a Llama spec with q/k/v biases).
+  nlohmann::json (*to_hf_config)(const ModelSpec& spec);
+};
+
+// The entry of `family`; every ModelFamily value has one.
+const FamilyInfo& Family(ModelFamily family);
+// The spec of a Hugging Face config.json: the family is the one whose hf_architectures
+// holds config["architectures"][0]; an unknown architecture is an error naming it and the
+// known ones.
+Result<ModelSpec> SpecFromHfConfig(const nlohmann::json& config, const std::string& origin);
+// Every registered family, in ModelFamily order.
+const std::vector<const FamilyInfo*>& AllFamilies();
+
+// The families' entries, defined in their own files.
+const FamilyInfo& Gpt2Family();
+const FamilyInfo& LlamaFamily();
+
+}  // namespace l2l::models

@@ -1,0 +1,278 @@
+// CpuBackend's Llama-family ops: token embedding without positions, RMSNorm, rotary
+// position embeddings, SwiGLU and grouped-query attention. See kernels/backend.h for the
+// contracts. Reductions that cross rows (token embedding and RMSNorm weight gradients)
+// walk rows in order inside column slices, so their bits do not depend on the thread
+// count. Thread-safety: as every Backend, one thread at a time.
+#include <cmath>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_math.h"
+#include "kernels/cpu/cpu_matmul.h"
+#include "kernels/cpu/cpu_parallel.h"
+
+namespace l2l::kernels {
+namespace {
+
+// Columns per task in the column-parallel reductions (as in cpu_backend.cc).
+constexpr int64_t kColumnChunk = 64;
+
+inline float Sigmoid(float g) { return 1.0f / (1.0f + std::exp(-g)); }
+
+}  // namespace
+
+// ---- token embedding -------------------------------------------------------------------
+
+void CpuBackend::TokenEmbeddingForward(float* out, const int32_t* tokens, const float* wte,
+                                       int64_t N, int64_t C) {
+  InArena([&] {
+    ParallelFor(N, RowGrain(C), [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const int32_t tok = tokens[n];
+        L2L_CHECK(tok >= 0) << "TokenEmbeddingForward: token " << tok << " at row " << n << " is negative";
+        const float* e = wte + int64_t(tok) * C;
+        float* o = out + n * C;
+        for (int64_t c = 0; c < C; ++c) o[c] = e[c];
+      }
+    });
+  });
+}
+
+void CpuBackend::TokenEmbeddingBackward(float* dwte, const float* dout, const int32_t* tokens,
+                                        int64_t N, int64_t C) {
+  InArena([&] {
+    ForColumnChunks(C, kColumnChunk, [&](int64_t c0, int64_t c1) {
+      for (int64_t n = 0; n < N; ++n) {
+        float* dw = dwte + int64_t(tokens[n]) * C;
+        const float* d = dout + n * C;
+        for (int64_t c = c0; c < c1; ++c) dw[c] += d[c];
+      }
+    });
+  });
+}
+
+// ---- RMSNorm ---------------------------------------------------------------------------
+
+void CpuBackend::RMSNormForward(float* out, float* rstd, const float* inp, const float* weight,
+                                int64_t N, int64_t C, float eps) {
+  InArena([&] {
+    ParallelFor(N, RowGrain(C), [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* x = inp + n * C;
+        double ss = 0.0;
+        for (int64_t c = 0; c < C; ++c) ss += double(x[c]) * double(x[c]);
+        const float rs = float(1.0 / std::sqrt(ss / double(C) + double(eps)));
+        float* o = out + n * C;
+        for (int64_t c = 0; c < C; ++c) o[c] = (x[c] * rs) * weight[c];
+        rstd[n] = rs;
+      }
+    });
+  });
+}
+
+void CpuBackend::RMSNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                                 const float* weight, const float* rstd, int64_t N, int64_t C) {
+  InArena([&] {
+    ParallelFor(N, RowGrain(C), [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* x = inp + n * C;
+        const float* d = dout + n * C;
+        const float rs = rstd[n];
+        double dot = 0.0;  // sum_c weight*dout*norm
+        for (int64_t c = 0; c < C; ++c) dot += double(weight[c] * d[c]) * double(x[c] * rs);
+        const float mean_dot = float(dot / double(C));
+        float* di = dinp + n * C;
+        for (int64_t c = 0; c < C; ++c) {
+          di[c] += rs * (weight[c] * d[c] - (x[c] * rs) * mean_dot);
+        }
+      }
+    });
+    ForColumnChunks(C, kColumnChunk, [&](int64_t c0, int64_t c1) {
+      float dw[kColumnChunk];
+      for (int64_t c = c0; c < c1; ++c) dw[c - c0] = 0.0f;
+      for (int64_t n = 0; n < N; ++n) {
+        const float* x = inp + n * C;
+        const float* d = dout + n * C;
+        const float rs = rstd[n];
+        for (int64_t c = c0; c < c1; ++c) dw[c - c0] += (x[c] * rs) * d[c];
+      }
+      for (int64_t c = c0; c < c1; ++c) dweight[c] += dw[c - c0];
+    });
+  });
+}
+
+// ---- rotary position embedding ---------------------------------------------------------
+
+namespace {
+
+// Rotates every head of rows [n0, n1) by +angle (sign = 1, forward) or -angle (sign = -1,
+// the backward's transposed rotation).
+void RotateRows(float* x, const float* cos, const float* sin, int64_t n0, int64_t n1, int64_t T,
+                int64_t row_stride, int64_t n_heads, int64_t hs, float sign) {
+  const int64_t half = hs / 2;
+  for (int64_t n = n0; n < n1; ++n) {
+    const int64_t t = n % T;
+    const float* c = cos + t * half;
+    const float* s = sin + t * half;
+    float* row = x + n * row_stride;
+    for (int64_t h = 0; h < n_heads; ++h) {
+      float* a = row + h * hs;
+      float* b = a + half;
+      for (int64_t i = 0; i < half; ++i) {
+        const float xa = a[i], xb = b[i], si = sign * s[i];
+        a[i] = xa * c[i] - xb * si;
+        b[i] = xb * c[i] + xa * si;
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::RopeForward(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
+                             int64_t row_stride, int64_t n_heads, int64_t hs) {
+  L2L_CHECK(hs % 2 == 0) << "RopeForward: head size " << hs << " is odd";
+  InArena([&] {
+    ParallelFor(B * T, RowGrain(n_heads * hs), [&](int64_t n0, int64_t n1) {
+      RotateRows(x, cos, sin, n0, n1, T, row_stride, n_heads, hs, 1.0f);
+    });
+  });
+}
+
+void CpuBackend::RopeBackward(float* dx, const float* cos, const float* sin, int64_t B, int64_t T,
+                              int64_t row_stride, int64_t n_heads, int64_t hs) {
+  L2L_CHECK(hs % 2 == 0) << "RopeBackward: head size " << hs << " is odd";
+  InArena([&] {
+    ParallelFor(B * T, RowGrain(n_heads * hs), [&](int64_t n0, int64_t n1) {
+      RotateRows(dx, cos, sin, n0, n1, T, row_stride, n_heads, hs, -1.0f);
+    });
+  });
+}
+
+// ---- SwiGLU ----------------------------------------------------------------------------
+
+void CpuBackend::SwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F) {
+  InArena([&] {
+    ParallelFor(N, RowGrain(F), [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* g = gate_up + n * 2 * F;
+        const float* u = g + F;
+        float* o = out + n * F;
+        for (int64_t i = 0; i < F; ++i) o[i] = g[i] * Sigmoid(g[i]) * u[i];
+      }
+    });
+  });
+}
+
+void CpuBackend::SwiGLUBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
+                                int64_t F) {
+  InArena([&] {
+    ParallelFor(N, RowGrain(F), [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* g = gate_up + n * 2 * F;
+        const float* u = g + F;
+        const float* d = dout + n * F;
+        float* dg = dgate_up + n * 2 * F;
+        float* du = dg + F;
+        for (int64_t i = 0; i < F; ++i) {
+          const float sg = Sigmoid(g[i]);
+          const float silu = g[i] * sg;
+          dg[i] += d[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
+          du[i] += d[i] * silu;
+        }
+      }
+    });
+  });
+}
+
+// ---- grouped-query attention -----------------------------------------------------------
+//
+// Query head h = g*rep + r (rep = NH/NKV) reads key/value head g. For each r, the heads
+// {g*rep + r : g < NKV} form a (B, NKV) batch of strided matrices, so the attention is
+// rep batched products per step instead of one per head.
+
+namespace {
+
+struct GqaViews {
+  MatStrides q, k, k_t;  // a head of q / k|v as (T,hs); k transposed (hs,T)
+  MatStrides out;        // (T,hs) slice of out (B,T,NH*hs)
+  MatStrides att, att_t; // (T,T) of att (B,NH,T,T) and its transpose
+};
+
+GqaViews MakeGqaViews(int64_t T, int64_t NH, int64_t NKV, int64_t hs) {
+  const int64_t W = (NH + 2 * NKV) * hs, C = NH * hs, rep = NH / NKV;
+  GqaViews v;
+  v.q = MatStrides{T * W, rep * hs, W, 1};
+  v.k = MatStrides{T * W, hs, W, 1};
+  v.k_t = MatStrides{T * W, hs, 1, W};
+  v.out = MatStrides{T * C, rep * hs, C, 1};
+  v.att = MatStrides{NH * T * T, rep * T * T, T, 1};
+  v.att_t = MatStrides{NH * T * T, rep * T * T, 1, T};
+  return v;
+}
+
+}  // namespace
+
+void CpuBackend::AttentionForwardGqa(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                                     int64_t NH, int64_t NKV, int64_t hs) {
+  L2L_CHECK(NKV > 0 && NH % NKV == 0) << "AttentionForwardGqa: NKV=" << NKV << " does not divide NH=" << NH;
+  const int64_t rep = NH / NKV, C = NH * hs;
+  const float scale = 1.0f / std::sqrt(float(hs));
+  const GqaViews v = MakeGqaViews(T, NH, NKV, hs);
+  const float* k = qkv + C;
+  const float* val = qkv + C + NKV * hs;
+  for (int64_t r = 0; r < rep; ++r) {
+    matmul_->Run(B, NKV, T, T, hs, scale, qkv + r * hs, v.q, k, v.k_t, 0.0f, att + r * T * T, v.att);
+  }
+  InArena([&] {
+    ParallelFor(B * NH * T, RowGrain(T), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t t = r % T;
+        float* row = att + r * T;
+        const float mx = MaxSpan(row, t + 1);
+        const double sum = ExpShiftSumSpan(row, row, mx, t + 1);
+        ScaleSpan(row, float(1.0 / sum), t + 1);
+        for (int64_t j = t + 1; j < T; ++j) row[j] = 0.0f;
+      }
+    });
+  });
+  for (int64_t r = 0; r < rep; ++r) {
+    matmul_->Run(B, NKV, T, hs, T, 1.0f, att + r * T * T, v.att, val, v.k, 0.0f, out + r * hs, v.out);
+  }
+}
+
+void CpuBackend::AttentionBackwardGqa(float* dqkv, float* scratch, const float* dout,
+                                      const float* qkv, const float* att, int64_t B, int64_t T,
+                                      int64_t NH, int64_t NKV, int64_t hs) {
+  L2L_CHECK(NKV > 0 && NH % NKV == 0) << "AttentionBackwardGqa: NKV=" << NKV << " does not divide NH=" << NH;
+  const int64_t rep = NH / NKV, C = NH * hs;
+  const float scale = 1.0f / std::sqrt(float(hs));
+  const GqaViews v = MakeGqaViews(T, NH, NKV, hs);
+  const float* k = qkv + C;
+  const float* val = qkv + C + NKV * hs;
+  float* dk = dqkv + C;
+  float* dv = dqkv + C + NKV * hs;
+  for (int64_t r = 0; r < rep; ++r) {
+    // datt = dout @ v^T ; dv += att^T @ dout (summed over the group's query heads).
+    matmul_->Run(B, NKV, T, T, hs, 1.0f, dout + r * hs, v.out, val, v.k_t, 0.0f, scratch + r * T * T, v.att);
+    matmul_->Run(B, NKV, T, hs, T, 1.0f, att + r * T * T, v.att_t, dout + r * hs, v.out, 1.0f, dv, v.k);
+  }
+  InArena([&] {
+    ParallelFor(B * NH * T, RowGrain(T), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t t = r % T;
+        const float* a = att + r * T;
+        float* d = scratch + r * T;
+        const float dot = DotSpan(a, d, t + 1);
+        for (int64_t j = 0; j <= t; ++j) d[j] = a[j] * (d[j] - dot);
+        for (int64_t j = t + 1; j < T; ++j) d[j] = 0.0f;
+      }
+    });
+  });
+  for (int64_t r = 0; r < rep; ++r) {
+    // dq += scale * dpre @ k ; dk += scale * dpre^T @ q.
+    matmul_->Run(B, NKV, T, hs, T, scale, scratch + r * T * T, v.att, k, v.k, 1.0f, dqkv + r * hs, v.q);
+    matmul_->Run(B, NKV, T, hs, T, scale, scratch + r * T * T, v.att_t, qkv + r * hs, v.q, 1.0f, dk, v.k);
+  }
+}
+
+}  // namespace l2l::kernels

@@ -1,0 +1,169 @@
+// The GPT-2 family's layers (embedding with learned positions, pre-LN transformer block
+// with GELU MLP, LayerNorm before the head) as compositions of Backend ops. See
+// kernels/layers/layers.h for the contracts. Weights use the Hugging Face Conv1D layout,
+// W (in, out), so a linear layer is y (N,out) = x (N,in) @ W + b.
+#include <algorithm>
+#include <vector>
+
+#include "kernels/layers/registry.h"
+
+namespace l2l::layers {
+namespace {
+
+using kernels::Backend;
+using kernels::DeviceBuffer;
+
+// y (N,OC) = x (N,IC) @ W (IC,OC) + b (OC).
+void Linear(Backend& be, float* y, const float* x, const float* w, const float* b, int64_t N,
+            int64_t IC, int64_t OC) {
+  be.Gemm(false, false, N, OC, IC, 1.0f, x, IC, w, OC, 0.0f, y, OC);
+  be.AddBias(y, b, N, OC);
+}
+
+// Backward of Linear: dW (IC,OC) += x^T @ dy; db (OC) += colsum(dy); dx (N,IC) = dy @ W^T
+// (overwritten; skipped when dx is null).
+void LinearBackward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x,
+                    const float* w, int64_t N, int64_t IC, int64_t OC) {
+  be.Gemm(true, false, IC, OC, N, 1.0f, x, IC, dy, OC, 1.0f, dw, OC);
+  be.BiasBackward(db, dy, N, OC);
+  if (dx != nullptr) be.Gemm(false, true, N, IC, OC, 1.0f, dy, OC, w, OC, 0.0f, dx, IC);
+}
+
+// Views of a block's flat parameter (or gradient) buffer.
+struct BlockViews {
+  float *ln1_w, *ln1_b, *attn_w, *attn_b, *proj_w, *proj_b;
+  float *ln2_w, *ln2_b, *fc_w, *fc_b, *mproj_w, *mproj_b;
+};
+
+BlockViews Views(const LayerLayout& layout, const float* base) {
+  float* p = const_cast<float*>(base);
+  return BlockViews{p + Off(layout, "ln_1.weight"),        p + Off(layout, "ln_1.bias"),
+                    p + Off(layout, "attn.c_attn.weight"), p + Off(layout, "attn.c_attn.bias"),
+                    p + Off(layout, "attn.c_proj.weight"), p + Off(layout, "attn.c_proj.bias"),
+                    p + Off(layout, "ln_2.weight"),        p + Off(layout, "ln_2.bias"),
+                    p + Off(layout, "mlp.c_fc.weight"),    p + Off(layout, "mlp.c_fc.bias"),
+                    p + Off(layout, "mlp.c_proj.weight"),  p + Off(layout, "mlp.c_proj.bias")};
+}
+
+// Forward internals of a block up to (and including) fch_gelu, into ws.
+void BlockInternals(Backend& be, const ModelSpec& spec, const BlockViews& w, const float* in,
+                    int64_t B, int64_t T, LayerWorkspace& ws) {
+  const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
+  be.LayerNormForward(ws.ln1.f32(), ws.ln1_mean.f32(), ws.ln1_rstd.f32(), in, w.ln1_w, w.ln1_b, N,
+                      C);
+  Linear(be, ws.qkv.f32(), ws.ln1.f32(), w.attn_w, w.attn_b, N, C, 3 * C);  // (N,3C)
+  be.AttentionForward(ws.atty.f32(), ws.att.f32(), ws.qkv.f32(), B, T, C, spec.n_head);
+  Linear(be, ws.resid2.f32(), ws.atty.f32(), w.proj_w, w.proj_b, N, C, C);
+  be.Add(ws.resid2.f32(), ws.resid2.f32(), in, N * C);  // x1 = x + attn
+  be.LayerNormForward(ws.ln2.f32(), ws.ln2_mean.f32(), ws.ln2_rstd.f32(), ws.resid2.f32(),
+                      w.ln2_w, w.ln2_b, N, C);
+  Linear(be, ws.fch.f32(), ws.ln2.f32(), w.fc_w, w.fc_b, N, C, F);  // (N,F)
+  be.GeluForward(ws.fch_gelu.f32(), ws.fch.f32(), N * F);
+}
+
+Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_t T, LayerWorkspace* ws) {
+  const size_t f = sizeof(float);
+  const size_t N = static_cast<size_t>(B * T), C = spec.d_model, F = spec.d_ff;
+  const size_t NH = spec.n_head, V = spec.vocab_size, t = static_cast<size_t>(T);
+  const size_t g = N * std::max(3 * C, F) * f;
+  struct Want {
+    DeviceBuffer* buf;
+    size_t bytes;
+  };
+  const std::vector<Want> wants = {
+      {&ws->ln1, N * C * f},          {&ws->ln1_mean, N * f},         {&ws->ln1_rstd, N * f},
+      {&ws->qkv, N * 3 * C * f},      {&ws->att, B * NH * t * t * f}, {&ws->att_scratch, B * NH * t * t * f},
+      {&ws->atty, N * C * f},         {&ws->resid2, N * C * f},       {&ws->ln2, N * C * f},
+      {&ws->ln2_mean, N * f},         {&ws->ln2_rstd, N * f},         {&ws->fch, N * F * f},
+      {&ws->fch_gelu, N * F * f},     {&ws->logits, N * V * f},       {&ws->losses, N * f},
+      {&ws->g0, g},                   {&ws->g1, g},                   {&ws->g2, g},
+      {&ws->g3, g}};
+  for (const Want& w : wants) L2L_RETURN_IF_ERROR(AllocInto(backend, w.buf, w.bytes));
+  return Status::Ok();
+}
+
+void FamilyEmbeddingForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
+                      const int32_t* tokens, float* out, int64_t B, int64_t T) {
+  be.EmbeddingForward(out, tokens, params + Off(layout, "wte.weight"), params + Off(layout, "wpe.weight"), B, T,
+                      spec.d_model);
+}
+
+void FamilyEmbeddingBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const int32_t* tokens,
+                       const float* dout, float* dparams, int64_t B, int64_t T) {
+  be.EmbeddingBackward(dparams + Off(layout, "wte.weight"), dparams + Off(layout, "wpe.weight"), dout, tokens, B,
+                       T, spec.d_model);
+}
+
+void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
+                  const float* in, float* out, int64_t B, int64_t T, LayerWorkspace& ws) {
+  const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
+  const BlockViews w = Views(layout, params);
+  BlockInternals(be, spec, w, in, B, T, ws);
+  // out = x1 + mlp; `in` is no longer read, so out may alias it.
+  Linear(be, out, ws.fch_gelu.f32(), w.mproj_w, w.mproj_b, N, F, C);
+  be.Add(out, out, ws.resid2.f32(), N * C);
+}
+
+void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
+                   const float* in, const float* dout, float* din, float* dparams, int64_t B, int64_t T,
+                   LayerWorkspace& ws) {
+  const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
+  const BlockViews w = Views(layout, params);
+  const BlockViews d = Views(layout, dparams);
+  BlockInternals(be, spec, w, in, B, T, ws);
+
+  float* g0 = ws.g0.f32();
+  float* g1 = ws.g1.f32();
+  float* g2 = ws.g2.f32();
+  float* dres = ws.g3.f32();  // (N,C) gradient of the residual stream
+  // MLP: out = x1 + c_proj(gelu(c_fc(ln_2(x1)))).
+  LinearBackward(be, g0, d.mproj_w, d.mproj_b, dout, ws.fch_gelu.f32(), w.mproj_w, N, F, C);
+  be.Zero(g1, N * F * sizeof(float));
+  be.GeluBackward(g1, ws.fch.f32(), g0, N * F);                               // dfch (N,F)
+  LinearBackward(be, g2, d.fc_w, d.fc_b, g1, ws.ln2.f32(), w.fc_w, N, C, F);  // dln2 (N,C)
+  be.CopyDeviceToDevice(dres, dout, N * C * sizeof(float));
+  be.LayerNormBackward(dres, d.ln2_w, d.ln2_b, g2, ws.resid2.f32(), w.ln2_w, ws.ln2_mean.f32(),
+                       ws.ln2_rstd.f32(), N, C);  // dx1 (N,C)
+  // Attention: x1 = x + c_proj(attention(c_attn(ln_1(x)))).
+  LinearBackward(be, g0, d.proj_w, d.proj_b, dres, ws.atty.f32(), w.proj_w, N, C, C);  // datty
+  be.Zero(g1, N * 3 * C * sizeof(float));
+  be.AttentionBackward(g1, ws.att_scratch.f32(), g0, ws.qkv.f32(), ws.att.f32(), B, T, C,
+                       spec.n_head);                                                  // dqkv (N,3C)
+  LinearBackward(be, g2, d.attn_w, d.attn_b, g1, ws.ln1.f32(), w.attn_w, N, C, 3 * C);  // dln1
+  be.LayerNormBackward(dres, d.ln1_w, d.ln1_b, g2, in, w.ln1_w, ws.ln1_mean.f32(), ws.ln1_rstd.f32(), N, C);
+  // din may alias dout or in: both are fully consumed by now.
+  be.CopyDeviceToDevice(din, dres, N * C * sizeof(float));
+}
+
+// ln_f(in) into ws.ln1 (mean/rstd saved for the backward).
+const float* HeadNormForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
+                             const float* in, int64_t N, LayerWorkspace& ws) {
+  be.LayerNormForward(ws.ln1.f32(), ws.ln1_mean.f32(), ws.ln1_rstd.f32(), in, params + Off(layout, "ln_f.weight"),
+                      params + Off(layout, "ln_f.bias"), N, spec.d_model);
+  return ws.ln1.f32();
+}
+
+void HeadNormBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
+                      const float* in, const float* dnormed, float* din, float* dparams, int64_t N,
+                      LayerWorkspace& ws) {
+  be.LayerNormBackward(din, dparams + Off(layout, "ln_f.weight"), dparams + Off(layout, "ln_f.bias"), dnormed, in,
+                       params + Off(layout, "ln_f.weight"), ws.ln1_mean.f32(), ws.ln1_rstd.f32(), N, spec.d_model);
+}
+
+}  // namespace
+
+const FamilyLayers& Gpt2Layers() {
+  static const FamilyLayers kLayers{
+      .family = ModelFamily::kGpt2,
+      .alloc_workspace = &AllocWorkspace,
+      .embedding_forward = &FamilyEmbeddingForward,
+      .embedding_backward = &FamilyEmbeddingBackward,
+      .block_forward = &FamilyBlockForward,
+      .block_backward = &FamilyBlockBackward,
+      .head_norm_forward = &HeadNormForward,
+      .head_norm_backward = &HeadNormBackward,
+  };
+  return kLayers;
+}
+
+}  // namespace l2l::layers

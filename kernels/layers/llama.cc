@@ -1,0 +1,222 @@
+// The Llama family's layers (token embedding, pre-RMSNorm block with rotary embeddings,
+// grouped-query attention and a SwiGLU MLP, final RMSNorm before the head) as
+// compositions of Backend ops. See kernels/layers/layers.h for the contracts and
+// common/models/llama.cc for the layout. Weights keep nn.Linear's (out, in) layout, so a
+// linear layer is y (N,out) = x (N,in) @ W^T; q|k|v and gate|up are adjacent in the flat
+// buffer and run as one product each.
+//
+// Workspace regions (N = B*T, W = (NH + 2*NKV)*hs, hs = C/NH):
+//   ln1 (N,C) rms_1(x)        ln1_rstd (N)       qkv (N,W) rotated q|k|v
+//   att, att_scratch (B,NH,T,T)                   atty (N,C) attention output
+//   resid2 (N,C) x1           ln2 (N,C) rms_2(x1)  ln2_rstd (N)
+//   fch (N,2F) gate|up        fch_gelu (N,F) silu(gate)*up
+//   logits (N,V), losses (N)  g0..g3 (N, max(W, 2F)) gradient scratch
+//   rope_cos, rope_sin (T, hs/2) the rotary tables of positions 0..T-1
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "kernels/layers/registry.h"
+
+namespace l2l::layers {
+namespace {
+
+using kernels::Backend;
+using kernels::DeviceBuffer;
+
+int64_t QkvWidth(const ModelSpec& s) { return (s.n_head + 2 * s.kv_heads()) * s.head_dim(); }
+
+// The inverse frequencies (hs/2) of rotary embeddings with the spec's theta and scaling,
+// as transformers' modeling_rope_utils.py computes them (default, linear, llama3), in
+// double precision.
+std::vector<double> InverseFrequencies(const ModelSpec& s) {
+  const int64_t dim = s.head_dim();
+  std::vector<double> inv(static_cast<size_t>(dim / 2));
+  for (int64_t i = 0; i < dim / 2; ++i) {
+    inv[i] = 1.0 / std::pow(s.rope_theta, double(2 * i) / double(dim));
+  }
+  const RopeScaling& r = s.rope_scaling;
+  switch (r.type) {
+    case RopeScalingType::kNone:
+      break;
+    case RopeScalingType::kLinear:
+      for (double& f : inv) f /= r.factor;
+      break;
+    case RopeScalingType::kLlama3: {
+      const double old_len = double(r.original_max_position_embeddings);
+      const double low_wavelen = old_len / r.low_freq_factor;
+      const double high_wavelen = old_len / r.high_freq_factor;
+      constexpr double kPi = 3.14159265358979323846;
+      for (double& f : inv) {
+        const double wavelen = 2.0 * kPi / f;
+        const double scaled = wavelen > low_wavelen ? f / r.factor : f;
+        const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+        if (medium) {
+          const double smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+          f = (1.0 - smooth) * scaled / r.factor + smooth * scaled;
+        } else {
+          f = scaled;
+        }
+      }
+      break;
+    }
+  }
+  return inv;
+}
+
+Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_t T, LayerWorkspace* ws) {
+  const size_t f = sizeof(float);
+  const size_t N = static_cast<size_t>(B * T), C = spec.d_model, F = spec.d_ff;
+  const size_t NH = spec.n_head, V = spec.vocab_size, t = static_cast<size_t>(T);
+  const size_t W = static_cast<size_t>(QkvWidth(spec)), half = static_cast<size_t>(spec.head_dim() / 2);
+  const size_t g = N * std::max({W, 2 * F, C}) * f;
+  struct Want {
+    DeviceBuffer* buf;
+    size_t bytes;
+  };
+  const std::vector<Want> wants = {
+      {&ws->ln1, N * C * f},     {&ws->ln1_rstd, N * f},        {&ws->qkv, N * W * f},
+      {&ws->att, B * NH * t * t * f}, {&ws->att_scratch, B * NH * t * t * f},
+      {&ws->atty, N * C * f},    {&ws->resid2, N * C * f},      {&ws->ln2, N * C * f},
+      {&ws->ln2_rstd, N * f},    {&ws->fch, N * 2 * F * f},     {&ws->fch_gelu, N * F * f},
+      {&ws->logits, N * V * f},  {&ws->losses, N * f},          {&ws->g0, g},
+      {&ws->g1, g},              {&ws->g2, g},                  {&ws->g3, g},
+      {&ws->rope_cos, t * half * f}, {&ws->rope_sin, t * half * f}};
+  for (const Want& w : wants) L2L_RETURN_IF_ERROR(AllocInto(backend, w.buf, w.bytes));
+  const std::vector<double> inv = InverseFrequencies(spec);
+  std::vector<float> cos(t * half), sin(t * half);
+  for (size_t p = 0; p < t; ++p) {
+    for (size_t i = 0; i < half; ++i) {
+      const double angle = double(p) * inv[i];
+      cos[p * half + i] = static_cast<float>(std::cos(angle));
+      sin[p * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+  backend->CopyToDevice(ws->rope_cos.data(), cos.data(), cos.size() * f);
+  backend->CopyToDevice(ws->rope_sin.data(), sin.data(), sin.size() * f);
+  backend->Synchronize();
+  return Status::Ok();
+}
+
+// Views of a block's flat parameter (or gradient) buffer.
+struct BlockViews {
+  float *ln1, *qkv_w, *qkv_b, *o_w, *ln2, *gate_up_w, *down_w;
+};
+
+BlockViews Views(const ModelSpec& spec, const LayerLayout& layout, const float* base) {
+  float* p = const_cast<float*>(base);
+  return BlockViews{p + Off(layout, "input_layernorm.weight"),
+                    p + Off(layout, "self_attn.q_proj.weight"),  // q|k|v weights adjacent (W,C)
+                    spec.qkv_bias ? p + Off(layout, "self_attn.q_proj.bias") : nullptr,
+                    p + Off(layout, "self_attn.o_proj.weight"),
+                    p + Off(layout, "post_attention_layernorm.weight"),
+                    p + Off(layout, "mlp.gate_proj.weight"),  // gate|up adjacent (2F,C)
+                    p + Off(layout, "mlp.down_proj.weight")};
+}
+
+// Forward internals of a block up to (and including) fch_gelu, into ws.
+void BlockInternals(Backend& be, const ModelSpec& spec, const BlockViews& w, const float* in, int64_t B,
+                    int64_t T, LayerWorkspace& ws) {
+  const int64_t C = spec.d_model, F = spec.d_ff, N = B * T, W = QkvWidth(spec);
+  const int64_t NH = spec.n_head, NKV = spec.kv_heads(), hs = spec.head_dim();
+  const float eps = static_cast<float>(spec.rms_norm_eps);
+  be.RMSNormForward(ws.ln1.f32(), ws.ln1_rstd.f32(), in, w.ln1, N, C, eps);
+  be.Gemm(false, true, N, W, C, 1.0f, ws.ln1.f32(), C, w.qkv_w, C, 0.0f, ws.qkv.f32(), W);
+  if (w.qkv_b != nullptr) be.AddBias(ws.qkv.f32(), w.qkv_b, N, W);
+  be.RopeForward(ws.qkv.f32(), ws.rope_cos.f32(), ws.rope_sin.f32(), B, T, W, NH + NKV, hs);
+  be.AttentionForwardGqa(ws.atty.f32(), ws.att.f32(), ws.qkv.f32(), B, T, NH, NKV, hs);
+  be.Gemm(false, true, N, C, C, 1.0f, ws.atty.f32(), C, w.o_w, C, 0.0f, ws.resid2.f32(), C);
+  be.Add(ws.resid2.f32(), ws.resid2.f32(), in, N * C);  // x1 = x + attn
+  be.RMSNormForward(ws.ln2.f32(), ws.ln2_rstd.f32(), ws.resid2.f32(), w.ln2, N, C, eps);
+  be.Gemm(false, true, N, 2 * F, C, 1.0f, ws.ln2.f32(), C, w.gate_up_w, C, 0.0f, ws.fch.f32(), 2 * F);
+  be.SwiGLUForward(ws.fch_gelu.f32(), ws.fch.f32(), N, F);
+}
+
+void FamilyEmbeddingForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
+                      const int32_t* tokens, float* out, int64_t B, int64_t T) {
+  be.TokenEmbeddingForward(out, tokens, params + Off(layout, "embed_tokens.weight"), B * T, spec.d_model);
+}
+
+void FamilyEmbeddingBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const int32_t* tokens,
+                       const float* dout, float* dparams, int64_t B, int64_t T) {
+  be.TokenEmbeddingBackward(dparams + Off(layout, "embed_tokens.weight"), dout, tokens, B * T, spec.d_model);
+}
+
+void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
+                  const float* in, float* out, int64_t B, int64_t T, LayerWorkspace& ws) {
+  const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
+  const BlockViews w = Views(spec, layout, params);
+  BlockInternals(be, spec, w, in, B, T, ws);
+  // out = x1 + down(h); `in` is no longer read, so out may alias it.
+  be.Gemm(false, true, N, C, F, 1.0f, ws.fch_gelu.f32(), F, w.down_w, F, 0.0f, out, C);
+  be.Add(out, out, ws.resid2.f32(), N * C);
+}
+
+void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
+                   const float* in, const float* dout, float* din, float* dparams, int64_t B, int64_t T,
+                   LayerWorkspace& ws) {
+  const int64_t C = spec.d_model, F = spec.d_ff, N = B * T, W = QkvWidth(spec);
+  const int64_t NH = spec.n_head, NKV = spec.kv_heads(), hs = spec.head_dim();
+  const BlockViews w = Views(spec, layout, params);
+  const BlockViews d = Views(spec, layout, dparams);
+  BlockInternals(be, spec, w, in, B, T, ws);
+
+  float* g0 = ws.g0.f32();
+  float* g1 = ws.g1.f32();
+  float* g2 = ws.g2.f32();
+  float* dres = ws.g3.f32();  // (N,C) gradient of the residual stream
+  // MLP: out = x1 + down(silu(gate(rms_2(x1))) * up(rms_2(x1))).
+  be.Gemm(true, false, C, F, N, 1.0f, dout, C, ws.fch_gelu.f32(), F, 1.0f, d.down_w, F);  // dW_down (C,F) +=
+  be.Gemm(false, false, N, F, C, 1.0f, dout, C, w.down_w, F, 0.0f, g0, F);                // dh (N,F)
+  be.Zero(g1, N * 2 * F * sizeof(float));
+  be.SwiGLUBackward(g1, g0, ws.fch.f32(), N, F);                                          // dgate|dup (N,2F)
+  be.Gemm(true, false, 2 * F, C, N, 1.0f, g1, 2 * F, ws.ln2.f32(), C, 1.0f, d.gate_up_w, C);  // (2F,C) +=
+  be.Gemm(false, false, N, C, 2 * F, 1.0f, g1, 2 * F, w.gate_up_w, C, 0.0f, g2, C);         // dln2 (N,C)
+  be.CopyDeviceToDevice(dres, dout, N * C * sizeof(float));
+  be.RMSNormBackward(dres, d.ln2, g2, ws.resid2.f32(), w.ln2, ws.ln2_rstd.f32(), N, C);  // dx1
+  // Attention: x1 = x + o_proj(gqa(rope(qkv(rms_1(x))))).
+  be.Gemm(true, false, C, C, N, 1.0f, dres, C, ws.atty.f32(), C, 1.0f, d.o_w, C);  // dW_o (C,C) +=
+  be.Gemm(false, false, N, C, C, 1.0f, dres, C, w.o_w, C, 0.0f, g0, C);           // datty (N,C)
+  be.Zero(g1, N * W * sizeof(float));
+  be.AttentionBackwardGqa(g1, ws.att_scratch.f32(), g0, ws.qkv.f32(), ws.att.f32(), B, T, NH, NKV, hs);
+  be.RopeBackward(g1, ws.rope_cos.f32(), ws.rope_sin.f32(), B, T, W, NH + NKV, hs);  // dqkv before rotation
+  if (d.qkv_b != nullptr) be.BiasBackward(d.qkv_b, g1, N, W);
+  be.Gemm(true, false, W, C, N, 1.0f, g1, W, ws.ln1.f32(), C, 1.0f, d.qkv_w, C);  // dW_qkv (W,C) +=
+  be.Gemm(false, false, N, C, W, 1.0f, g1, W, w.qkv_w, C, 0.0f, g2, C);           // dln1 (N,C)
+  be.RMSNormBackward(dres, d.ln1, g2, in, w.ln1, ws.ln1_rstd.f32(), N, C);
+  // din may alias dout or in: both are fully consumed by now.
+  be.CopyDeviceToDevice(din, dres, N * C * sizeof(float));
+}
+
+// The final RMSNorm of in into ws.ln1 (rstd saved for the backward).
+const float* HeadNormForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
+                             const float* in, int64_t N, LayerWorkspace& ws) {
+  be.RMSNormForward(ws.ln1.f32(), ws.ln1_rstd.f32(), in, params + Off(layout, "norm.weight"), N, spec.d_model,
+                    static_cast<float>(spec.rms_norm_eps));
+  return ws.ln1.f32();
+}
+
+void HeadNormBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
+                      const float* in, const float* dnormed, float* din, float* dparams, int64_t N,
+                      LayerWorkspace& ws) {
+  be.RMSNormBackward(din, dparams + Off(layout, "norm.weight"), dnormed, in, params + Off(layout, "norm.weight"),
+                     ws.ln1_rstd.f32(), N, spec.d_model);
+}
+
+}  // namespace
+
+const FamilyLayers& LlamaLayers() {
+  static const FamilyLayers kLayers{
+      .family = ModelFamily::kLlama,
+      .alloc_workspace = &AllocWorkspace,
+      .embedding_forward = &FamilyEmbeddingForward,
+      .embedding_backward = &FamilyEmbeddingBackward,
+      .block_forward = &FamilyBlockForward,
+      .block_backward = &FamilyBlockBackward,
+      .head_norm_forward = &HeadNormForward,
+      .head_norm_backward = &HeadNormBackward,
+  };
+  return kLayers;
+}
+
+}  // namespace l2l::layers

@@ -1,0 +1,206 @@
+// The model-family registry (common/models/, common/model_spec.h): the Llama layout's
+// Hugging Face names, shapes and adjacency, parameter counts against the layout, YAML and
+// JSON round trips of the family fields, config.json mapping both ways, and the clear
+// refusals (sliding windows, unknown architectures, GPT-2 given Llama-only fields).
+#include <string>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "common/config.h"
+#include "common/model_io.h"
+#include "common/model_spec.h"
+#include "common/models/registry.h"
+
+namespace l2l {
+namespace {
+
+ModelSpec SmallLlama() {
+  ModelSpec s;
+  s.family = ModelFamily::kLlama;
+  s.vocab_size = 50;
+  s.seq_len = 32;
+  s.d_model = 24;
+  s.n_layer = 2;
+  s.n_head = 6;
+  s.n_kv_heads = 2;
+  s.d_ff = 40;
+  s.tied_embeddings = false;
+  s.qkv_bias = true;
+  s.rope_theta = 5e5;
+  s.rms_norm_eps = 1e-5;
+  s.rope_scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 8192};
+  return s;
+}
+
+void ExpectError(const Status& st, std::initializer_list<std::string> needles) {
+  REQUIRE_FALSE(st.ok());
+  INFO("message: " << st.message());
+  for (const std::string& n : needles) CHECK(st.message().find(n) != std::string::npos);
+}
+
+TEST_CASE("A Llama spec lays out Hugging Face names with q|k|v and gate|up adjacent",
+          "[model_spec][llama]") {
+  const ModelSpec s = SmallLlama();
+  REQUIRE(s.Validate().ok());
+  const auto layers = BuildLayout(s);
+  REQUIRE(layers.size() == 4);
+  CHECK(s.LayerKinds() == std::vector<LayerKind>{LayerKind::kEmbedding, LayerKind::kBlock, LayerKind::kBlock,
+                                                 LayerKind::kHead});
+  REQUIRE(layers[0].params.size() == 1);
+  CHECK(layers[0].params[0].name == "embed_tokens.weight");
+  CHECK(EmbeddingTable(s, layers[0]).shape == std::vector<int64_t>{50, 24});
+  CHECK(HfTensorName(s, layers[0].params[0]) == "model.embed_tokens.weight");
+  const LayerLayout& b = layers[2];
+  const auto* q = b.Find("self_attn.q_proj.weight");
+  const auto* k = b.Find("self_attn.k_proj.weight");
+  const auto* v = b.Find("self_attn.v_proj.weight");
+  REQUIRE((q && k && v));
+  CHECK(q->name == "layers.1.self_attn.q_proj.weight");
+  CHECK(q->shape == std::vector<int64_t>{24, 24});
+  CHECK(k->shape == std::vector<int64_t>{8, 24});  // 2 kv heads of 4
+  CHECK(k->offset == q->offset + q->numel);
+  CHECK(v->offset == k->offset + k->numel);
+  const auto* qb = b.Find("self_attn.q_proj.bias");
+  const auto* kb = b.Find("self_attn.k_proj.bias");
+  REQUIRE((qb && kb));
+  CHECK(kb->offset == qb->offset + qb->numel);
+  const auto* gate = b.Find("mlp.gate_proj.weight");
+  const auto* up = b.Find("mlp.up_proj.weight");
+  REQUIRE((gate && up));
+  CHECK(up->offset == gate->offset + gate->numel);
+  CHECK(b.Find("mlp.down_proj.weight")->shape == std::vector<int64_t>{24, 40});
+  CHECK(b.Find("self_attn.o_proj.weight")->decay);
+  CHECK_FALSE(b.Find("input_layernorm.weight")->decay);
+  CHECK(HfTensorName(s, *gate) == "model.layers.1.mlp.gate_proj.weight");
+  CHECK(layers[3].Find("norm.weight") != nullptr);
+  CHECK(HfTensorName(s, *layers[3].Find("lm_head.weight")) == "lm_head.weight");
+
+  for (bool tied : {true, false}) {
+    for (bool bias : {true, false}) {
+      ModelSpec t = s;
+      t.tied_embeddings = tied;
+      t.qkv_bias = bias;
+      int64_t total = 0;
+      for (const LayerLayout& l : BuildLayout(t)) total += static_cast<int64_t>(l.numel);
+      CHECK(t.NumParams() == total);
+    }
+  }
+  CHECK(s.TrainFlopsPerToken(32) > 6.0 * 2 * (24 * 40 * 3));
+}
+
+TEST_CASE("Llama init: norms 1, biases 0, weights N(0, 0.02), reproducible", "[model_spec][llama]") {
+  const ModelSpec s = SmallLlama();
+  const auto layers = BuildLayout(s);
+  std::vector<float> a(layers[1].numel), b(layers[1].numel);
+  InitLayerParams(s, layers[1], 5, a.data());
+  InitLayerParams(s, layers[1], 5, b.data());
+  CHECK(a == b);
+  const ParamInfo* n = layers[1].Find("input_layernorm.weight");
+  const ParamInfo* bias = layers[1].Find("self_attn.v_proj.bias");
+  const ParamInfo* w = layers[1].Find("mlp.up_proj.weight");
+  for (size_t i = 0; i < n->numel; ++i) CHECK(a[n->offset + i] == 1.0f);
+  for (size_t i = 0; i < bias->numel; ++i) CHECK(a[bias->offset + i] == 0.0f);
+  double ss = 0;
+  for (size_t i = 0; i < w->numel; ++i) ss += double(a[w->offset + i]) * a[w->offset + i];
+  CHECK(std::sqrt(ss / double(w->numel)) == Approx(0.02).epsilon(0.1));
+}
+
+TEST_CASE("Family fields survive YAML and JSON round trips; bad ones are named",
+          "[model_spec][config][llama]") {
+  JobConfig job;
+  job.model = SmallLlama();
+  auto back = ParseJobConfig(JobConfigToYaml(job), "<test>");
+  INFO(back.status().ToString());
+  REQUIRE(back.ok());
+  CHECK(back->model == job.model);
+  auto spec = ModelSpecFromJson(ModelSpecToJson(job.model));
+  REQUIRE(spec.ok());
+  CHECK(*spec == job.model);
+  // A GPT-2 spec's JSON has no family key (files from before families read the same).
+  CHECK(ModelSpecToJson(ModelSpec{}).find("family") == std::string::npos);
+
+  const std::string base = "model:\n  vocab_size: 50\n  d_model: 24\n  n_head: 6\n";
+  auto ok = ParseJobConfig(base + "  family: llama\n  n_kv_heads: 3\n  rope_scaling:\n    type: linear\n    factor: 2\n",
+                           "<yaml>");
+  INFO(ok.status().ToString());
+  REQUIRE(ok.ok());
+  CHECK(ok->model.family == ModelFamily::kLlama);
+  CHECK(ok->model.kv_heads() == 3);
+  CHECK(ok->model.rope_scaling.type == RopeScalingType::kLinear);
+  CHECK(ok->model.rope_scaling.factor == 2.0);
+  ExpectError(ParseJobConfig(base + "  family: bert2\n", "<yaml>").status(), {"model.family", "bert2", "gpt2, llama"});
+  ExpectError(ParseJobConfig(base + "  family: llama\n  n_kv_heads: 4\n", "<yaml>").status(),
+              {"n_kv_heads=4", "n_head=6"});
+  ExpectError(ParseJobConfig(base + "  n_kv_heads: 2\n", "<yaml>").status(), {"n_kv_heads", "family=llama"});
+  ExpectError(ParseJobConfig(base + "  family: llama\n  rope_scaling:\n    type: yarn\n", "<yaml>").status(),
+              {"rope_scaling.type", "yarn"});
+  ExpectError(ParseJobConfig(base + "  family: llama\n  rope_scaling:\n    kind: linear\n", "<yaml>").status(),
+              {"kind"});
+}
+
+TEST_CASE("The Llama presets load; SmolLM2-135M has transformers' parameter count",
+          "[model_spec][config][llama]") {
+  const std::string models = std::string(L2L_SOURCE_DIR) + "/configs/models/";
+  auto smol = LoadJobConfig(models + "smollm2-135m.yaml");
+  INFO(smol.status().ToString());
+  REQUIRE(smol.ok());
+  CHECK(smol->model.family == ModelFamily::kLlama);
+  // sum(p.numel() for p in LlamaForCausalLM(config).parameters()), transformers 4.46.3.
+  CHECK(smol->model.NumParams() == 134515008);
+  auto tiny = LoadJobConfig(models + "llama-tiny.yaml");
+  INFO(tiny.status().ToString());
+  REQUIRE(tiny.ok());
+  CHECK(tiny->model.kv_heads() == 2);
+}
+
+TEST_CASE("Hugging Face config.json maps to a spec and back; sliding windows are refused",
+          "[model_spec][llama]") {
+  const ModelSpec s = SmallLlama();
+  const nlohmann::json c = models::Family(s.family).to_hf_config(s);
+  CHECK(c["architectures"][0] == "Qwen2ForCausalLM");  // q/k/v biases
+  auto back = models::SpecFromHfConfig(c, "config.json");
+  INFO(back.status().ToString());
+  REQUIRE(back.ok());
+  CHECK(*back == s);
+  ModelSpec g;
+  auto gb = models::SpecFromHfConfig(models::Family(g.family).to_hf_config(g), "gpt2/config.json");
+  REQUIRE(gb.ok());
+  CHECK(*gb == g);
+
+  const nlohmann::json smol = nlohmann::json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 576, "intermediate_size": 1536,
+    "max_position_embeddings": 8192, "num_attention_heads": 9, "num_hidden_layers": 30,
+    "num_key_value_heads": 3, "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 100000,
+    "tie_word_embeddings": true, "vocab_size": 49152, "hidden_act": "silu"})");
+  auto sm = models::SpecFromHfConfig(smol, "smol/config.json");
+  REQUIRE(sm.ok());
+  CHECK(sm->kv_heads() == 3);
+  CHECK(sm->tied_embeddings);
+  CHECK(sm->rope_theta == 100000.0);
+
+  nlohmann::json mistral = smol;
+  mistral["architectures"] = {"MistralForCausalLM"};
+  mistral["sliding_window"] = 4096;
+  ExpectError(models::SpecFromHfConfig(mistral, "m/config.json").status(),
+              {"m/config.json", "sliding_window=4096", "not supported"});
+  mistral["sliding_window"] = nullptr;
+  CHECK(models::SpecFromHfConfig(mistral, "m/config.json").ok());
+  nlohmann::json qwen = smol;
+  qwen["architectures"] = {"Qwen2ForCausalLM"};
+  qwen["use_sliding_window"] = true;
+  ExpectError(models::SpecFromHfConfig(qwen, "q/config.json").status(), {"use_sliding_window", "not supported"});
+  qwen["use_sliding_window"] = false;
+  auto qs = models::SpecFromHfConfig(qwen, "q/config.json");
+  REQUIRE(qs.ok());
+  CHECK(qs->qkv_bias);
+  nlohmann::json bert = smol;
+  bert["architectures"] = {"BertForMaskedLM"};
+  ExpectError(models::SpecFromHfConfig(bert, "b/config.json").status(), {"BertForMaskedLM", "LlamaForCausalLM"});
+  nlohmann::json yarn = smol;
+  yarn["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  ExpectError(models::SpecFromHfConfig(yarn, "y/config.json").status(), {"yarn", "not supported"});
+}
+
+}  // namespace
+}  // namespace l2l

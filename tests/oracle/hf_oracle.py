@@ -1,0 +1,199 @@
+"""Hugging Face transformers oracle for l2l's model families.
+
+Reads what `l2l-oracle-dump --hf --out DIR` wrote (see worker/oracle_dump_main.cc): per
+variant, our initial weights under their Hugging Face names, random tokens, our loss,
+our gradients and our weights after one AdamW step. For each variant it builds the
+transformers class the dump names (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM,
+MistralForCausalLM) from a config.json made here from our spec, loads our
+model.safetensors with from_pretrained (no missing or unexpected keys allowed), runs it
+in float64 and checks:
+
+  loss       relative <= 1e-5
+  gradients  per tensor: max |ours - ref| <= 1e-4 * max |ref|   (every parameter)
+  AdamW      one torch.optim.AdamW step (decay on 2-D weights only) from the same fp32
+             weights and OUR gradients: |ours - torch| <= 1e-5 absolute
+
+Must run with the oracle venv's python (scripts/oracle_venv.sh); a missing package is a
+failure, never a skip. HF_HUB_OFFLINE=1: nothing is fetched.
+
+Usage: hf_oracle.py DIR
+"""
+import json
+import math
+import os
+import sys
+import tempfile
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+import transformers  # noqa: E402
+from safetensors.numpy import load_file, save_file  # noqa: E402
+
+
+def hf_config(arch, spec):
+    """The transformers config of our spec (the mapping an export must also use)."""
+    tied = spec["tied_embeddings"]
+    if arch == "GPT2LMHeadModel":
+        return transformers.GPT2Config(
+            vocab_size=spec["vocab_size"], n_positions=spec["seq_len"], n_embd=spec["d_model"],
+            n_layer=spec["n_layer"], n_head=spec["n_head"], n_inner=spec["d_ff"],
+            activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+            layer_norm_epsilon=1e-5, tie_word_embeddings=tied, architectures=[arch])
+    common = dict(
+        vocab_size=spec["vocab_size"], hidden_size=spec["d_model"], intermediate_size=spec["d_ff"],
+        num_hidden_layers=spec["n_layer"], num_attention_heads=spec["n_head"],
+        num_key_value_heads=spec["n_kv_heads"] or spec["n_head"],
+        max_position_embeddings=spec["seq_len"], rms_norm_eps=spec["rms_norm_eps"],
+        rope_theta=spec["rope_theta"], tie_word_embeddings=tied, hidden_act="silu",
+        attention_dropout=0.0, architectures=[arch])
+    rs = spec["rope_scaling"]
+    if rs["type"] == "linear":
+        common["rope_scaling"] = {"rope_type": "linear", "factor": rs["factor"]}
+    elif rs["type"] == "llama3":
+        common["rope_scaling"] = {
+            "rope_type": "llama3", "factor": rs["factor"], "low_freq_factor": rs["low_freq_factor"],
+            "high_freq_factor": rs["high_freq_factor"],
+            "original_max_position_embeddings": rs["original_max_position_embeddings"]}
+    if arch == "LlamaForCausalLM":
+        assert not spec["qkv_bias"], "Llama with q/k/v biases is Qwen2"
+        return transformers.LlamaConfig(attention_bias=False, mlp_bias=False, **common)
+    if arch == "Qwen2ForCausalLM":
+        assert spec["qkv_bias"], "Qwen2 always has q/k/v biases"
+        return transformers.Qwen2Config(use_sliding_window=False, **common)
+    if arch == "MistralForCausalLM":
+        assert not spec["qkv_bias"]
+        return transformers.MistralConfig(sliding_window=None, **common)
+    raise ValueError("unknown architecture " + arch)
+
+
+class Checker:
+    def __init__(self):
+        self.failures = []
+
+    def close(self, what, ours, ref, atol, rtol):
+        ours = np.asarray(ours, dtype=np.float64)
+        ref = np.asarray(ref, dtype=np.float64)
+        if ours.shape != ref.shape:
+            self.failures.append("%s: shape %s, reference %s" % (what, ours.shape, ref.shape))
+            print("  %-56s shape %s vs %s FAIL" % (what, ours.shape, ref.shape))
+            return
+        diff = np.abs(ours - ref)
+        bound = atol + rtol * np.abs(ref)
+        worst = float(np.max(diff / bound)) if diff.size else 0.0
+        status = "ok" if worst <= 1.0 else "FAIL"
+        print("  %-56s max|diff| %.3e  (%.3f of tolerance) %s" % (what, float(diff.max()), worst, status))
+        if worst > 1.0:
+            i = np.unravel_index(np.argmax(diff / bound), diff.shape)
+            self.failures.append("%s: at %s ours %.9g reference %.9g" % (what, i, ours[i], ref[i]))
+
+    def true(self, what, cond):
+        print("  %-56s %s" % (what, "ok" if cond else "FAIL"))
+        if not cond:
+            self.failures.append(what)
+
+
+def check_variant(d, chk):
+    meta = json.load(open(os.path.join(d, "meta.json")))
+    spec, arch = meta["spec"], meta["hf_architecture"]
+    print("%s: %s %s" % (d, arch, json.dumps(spec, sort_keys=True)))
+    weights = load_file(os.path.join(d, "model.safetensors"))
+    grads = load_file(os.path.join(d, "grads.safetensors"))
+    data = load_file(os.path.join(d, "data.safetensors"))
+
+    # ---- the HF model, loaded from our file by from_pretrained ----
+    cls = getattr(transformers, arch)
+    config = hf_config(arch, spec)
+    with tempfile.TemporaryDirectory() as tmp:
+        config.save_pretrained(tmp)
+        # Our names are the hub files' (GPT-2 without "transformer."). transformers loads a
+        # prefix-less file only when every key lacks the prefix, which an untied GPT-2's
+        # lm_head.weight breaks, so the file it loads carries the state_dict names.
+        expected = set(cls(config).state_dict())
+        prefix = cls.base_model_prefix + "."
+        renamed = {(n if n in expected else prefix + n): w for n, w in weights.items()}
+        save_file(renamed, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        model, info = cls.from_pretrained(tmp, torch_dtype=torch.float32, output_loading_info=True)
+    chk.true("from_pretrained: no missing keys %s" % info["missing_keys"], not info["missing_keys"])
+    chk.true("from_pretrained: no unexpected keys %s" % info["unexpected_keys"], not info["unexpected_keys"])
+    chk.true("from_pretrained: no mismatched keys", not info["mismatched_keys"])
+    n = sum(p.numel() for p in model.parameters())
+    chk.true("parameter count: ours %d, transformers %d" % (meta["num_params"], n), meta["num_params"] == n)
+    model = model.double()
+    model.train()  # every dropout probability is 0: train() only enables the grad paths
+    state = model.state_dict()
+
+    def key(name):
+        # GPT-2's hub files drop the base model's prefix ("transformer."); Llama's keep it.
+        return name if name in state else model.base_model_prefix + "." + name
+
+    for name, w in weights.items():
+        chk.true("weight %s loaded unchanged" % name,
+                 key(name) in state and torch.equal(state[key(name)], torch.tensor(w, dtype=torch.float64)))
+
+    # ---- loss and gradients in float64 ----
+    inputs = torch.tensor(data["inputs"], dtype=torch.int64)
+    targets = torch.tensor(data["targets"], dtype=torch.int64)
+    M = inputs.shape[0]
+    total = 0.0
+    for u in range(M):
+        logits = model(input_ids=inputs[u], use_cache=False).logits
+        total = total + F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets[u].reshape(-1)) / M
+    total.backward()
+    chk.close("loss", meta["loss"], total.item(), 0.0, 1e-5)
+    params = dict(model.named_parameters())
+    chk.true("gradients: one per HF parameter (%d)" % len(params), set(params) == set(key(g) for g in grads))
+    for name in sorted(grads):
+        if key(name) not in params:
+            continue
+        ref = params[key(name)].grad.numpy()
+        chk.close("grad " + name, grads[name], ref, 1e-4 * float(np.max(np.abs(ref))) + 1e-12, 0.0)
+
+    # ---- one AdamW step in float32 from the same weights and our gradients ----
+    o = meta["steps"]["noclip"]
+    after = load_file(os.path.join(d, "after_noclip.safetensors"))
+    ps = {k: torch.nn.Parameter(torch.tensor(v, dtype=torch.float32)) for k, v in weights.items()}
+    for k, p in ps.items():
+        p.grad = torch.tensor(grads[k], dtype=torch.float32)
+    decay = [p for p in ps.values() if p.dim() == 2]
+    no_decay = [p for p in ps.values() if p.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"], foreach=False)
+    opt.step()
+    moved = 0.0
+    for name in sorted(ps):
+        ref = ps[name].detach().numpy()
+        moved = max(moved, float(np.max(np.abs(ref - weights[name]))))
+        chk.close("AdamW " + name, after[name], ref, 1e-5, 0.0)
+    chk.true("the step moved the weights (max %.2e)" % moved, moved > 1e-3)
+
+
+def main():
+    if len(sys.argv) != 2:
+        print("usage: hf_oracle.py DIR (written by l2l-oracle-dump --hf --out DIR)", file=sys.stderr)
+        return 2
+    torch.set_num_threads(1)
+    chk = Checker()
+    root = sys.argv[1]
+    variants = sorted(v for v in os.listdir(root) if os.path.isfile(os.path.join(root, v, "meta.json")))
+    archs = set(json.load(open(os.path.join(root, v, "meta.json")))["hf_architecture"] for v in variants)
+    want = {"GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"}
+    chk.true("variants cover %s" % sorted(want), want <= archs)
+    for v in variants:
+        check_variant(os.path.join(root, v), chk)
+    if chk.failures:
+        print("\nFAILED (%d):" % len(chk.failures))
+        for f in chk.failures:
+            print("  " + f)
+        return 1
+    print("\nall %d variants match transformers %s (torch %s)" % (len(variants), transformers.__version__,
+                                                                  torch.__version__))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
