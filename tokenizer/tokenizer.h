@@ -119,7 +119,8 @@ class Tokenizer {
   // Validates `spec` (merge parts and results in the vocabulary, ids in range, regexes
   // compile, a ByteLevel step present). `what` names the source in errors.
   static Result<Tokenizer> Create(BpeSpec spec, const std::string& what = "tokenizer");
-  // Parses tokenizer.json (a file, or a directory holding tokenizer.json).
+  // Parses tokenizer.json (a file, or a model directory holding tokenizer.json; there a
+  // tokenizer_config.json, when present, gives eos_id / bos_id from eos_token / bos_token).
   static Result<Tokenizer> FromTokenizerJson(const std::string& path);
   static Result<Tokenizer> FromTokenizerJsonText(std::string_view json, const std::string& what);
   // From GGUF metadata: split rules from `vocab.pre` as llama.cpp maps them; control and

@@ -213,12 +213,53 @@ Result<Tokenizer> Tokenizer::FromTokenizerJsonText(std::string_view text, const 
 Result<Tokenizer> Tokenizer::FromTokenizerJson(const std::string& path) {
   std::error_code ec;
   std::string file = path;
+  std::string config_file;  // the model directory's tokenizer_config.json, when there is one
   if (std::filesystem::is_directory(path, ec)) {
     file = (std::filesystem::path(path) / "tokenizer.json").string();
     if (!std::filesystem::exists(file, ec)) return NotFound(path + ": a directory without tokenizer.json");
+    config_file = (std::filesystem::path(path) / "tokenizer_config.json").string();
+    if (!std::filesystem::exists(config_file, ec)) config_file.clear();
   }
   L2L_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
-  return FromTokenizerJsonText(text, file);
+  json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object()) return InvalidArgument(file + ": not a JSON object (tokenizer.json)");
+  Result<BpeSpec> spec = InvalidArgument("unset");
+  try {
+    spec = SpecFromJson(root, file);
+  } catch (const json::exception& e) {
+    return InvalidArgument(file + ": malformed tokenizer.json: " + e.what());
+  }
+  if (!spec.ok()) return spec.status();
+  if (!config_file.empty()) {
+    // tokenizer_config.json names the EOS (and BOS) tokens, which tokenizer.json lacks.
+    L2L_ASSIGN_OR_RETURN(std::string ctext, ReadFileToString(config_file));
+    const json config = json::parse(ctext, nullptr, /*allow_exceptions=*/false);
+    if (config.is_discarded() || !config.is_object()) return InvalidArgument(config_file + ": not a JSON object");
+    auto token_id = [&](const char* key) -> Result<int32_t> {
+      auto it = config.find(key);
+      if (it == config.end() || it->is_null()) return -1;
+      std::string content;
+      if (it->is_string()) {
+        content = it->get<std::string>();
+      } else if (it->is_object() && it->contains("content") && it->at("content").is_string()) {
+        content = it->at("content").get<std::string>();
+      } else {
+        return InvalidArgument(config_file + ": \"" + key + "\" is neither a string nor {\"content\": ...}");
+      }
+      for (const AddedToken& t : spec->added_tokens) {
+        if (t.content == content) return t.id;
+      }
+      for (size_t id = 0; id < spec->tokens.size(); ++id) {
+        if (spec->tokens[id] == content) return static_cast<int32_t>(id);
+      }
+      return InvalidArgument(config_file + ": " + key + " \"" + content + "\" is not a token of " + file);
+    };
+    L2L_ASSIGN_OR_RETURN(int32_t eos, token_id("eos_token"));
+    L2L_ASSIGN_OR_RETURN(int32_t bos, token_id("bos_token"));
+    if (eos >= 0) spec->eos_id = eos;
+    if (bos >= 0) spec->bos_id = bos;
+  }
+  return Create(std::move(spec).value(), file);
 }
 
 // ---- GGUF ----------------------------------------------------------------------------

@@ -17,7 +17,14 @@ in many scripts with emoji, whitespace runs, special tokens inside text): ids mu
 equal token for token and decode must round-trip. A mismatch prints the document, the
 first differing position and the tokens and text around it.
 
-usage: hf_oracle.py --tool BUILD/l2l_tokenizer_tool --work DIR [--only NAME] [--bench]
+With --tokenize BIN/l2l-tokenize (and --only sft) it checks `l2l-tokenize --jsonl`: the
+ChatML-formatted messages and prompt/completion pairs give exactly HF's ids of the same
+formatted strings, the loss mask (read back with numpy from the documented layout) marks
+exactly the assistant / completion tokens (computed here from HF's offsets), the
+byte-level default concatenates plainly, and bad lines / GGUF paths fail clearly.
+
+usage: hf_oracle.py --tool BUILD/l2l_tokenizer_tool --work DIR [--only NAME]
+                    [--tokenize BUILD/bin/l2l-tokenize]
 """
 import argparse
 import glob
@@ -376,11 +383,150 @@ def check(name, json_path, tool_args, docs, args, sizes):
     return True
 
 
+# ---- l2l-tokenize --jsonl -----------------------------------------------------------------
+
+SFT_LINES = [
+    {"messages": [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "What is 2+2?"},
+                  {"role": "assistant", "content": "4."}]},
+    {"messages": [{"role": "user", "content": "  leading spaces\nand\n\nnewlines \u00e9\u4e2d\U0001F600"},
+                  {"role": "assistant", "content": "\nStarts with a newline; ends with spaces  "},
+                  {"role": "user", "content": "Again: 1234567"},
+                  {"role": "assistant", "content": "Digits 89 and <|endoftext|> inside."}]},
+    {"prompt": "Translate to French: cat\n", "completion": " chat"},
+    {"messages": [{"role": "assistant", "content": ""}, {"role": "user", "content": "x"}]},
+]
+
+
+def read_tokens(path):
+    import numpy as np
+    hdr = np.fromfile(path, dtype="<i4", count=256)
+    assert hdr[0] == 20240520, hdr[:4]
+    width = {1: 2, 2: 4}[int(hdr[1])]
+    t = np.fromfile(path, dtype="<u2" if width == 2 else "<u4", offset=1024)
+    assert t.size == hdr[2], (t.size, hdr[2])
+    return [int(x) for x in t]
+
+
+def read_mask(path):
+    import numpy as np
+    hdr = np.fromfile(path, dtype="<i4", count=256)
+    assert hdr[0] == 20240522 and hdr[1] == 1, hdr[:3]
+    m = np.fromfile(path, dtype="u1", offset=1024)
+    assert m.size == hdr[2] and set(m.tolist()) <= {0, 1}
+    return [int(x) for x in m]
+
+
+def expected_sft(tok, line, eos_id):
+    """(ids, mask) from HF: the formatted string's encoding; mask from char offsets."""
+    parts = []
+    if "messages" in line:
+        chatml = tok is not None and tok.token_to_id("<|im_start|>") is not None
+        for m in line["messages"]:
+            if chatml:
+                parts += [("<|im_start|>" + m["role"] + "\n", False), (m["content"] + "<|im_end|>", m["role"] == "assistant"),
+                          ("\n", False)]
+            else:
+                parts.append((m["content"], m["role"] == "assistant"))
+    else:
+        parts = [(line["prompt"], False), (line["completion"], True)]
+    text, spans = "", []
+    for s, target in parts:
+        if target and s:
+            spans.append((len(text), len(text) + len(s)))
+        text += s
+    in_span = lambda c: any(b <= c < e for b, e in spans)
+    if tok is None:
+        data = text.encode()
+        # byte offsets -> the char each byte belongs to
+        char_of = [i for i, ch in enumerate(text) for _ in ch.encode()]
+        return list(data), [1 if in_span(char_of[i]) else 0 for i in range(len(data))]
+    enc = tok.encode(text)
+    ids = list(enc.ids)
+    mask = [0 if enc.special_tokens_mask[i] else (1 if in_span(enc.offsets[i][0]) else 0) for i in range(len(ids))]
+    if "messages" not in line and eos_id is not None:
+        ids.append(eos_id)
+        mask.append(1)
+    return ids, mask
+
+
+def check_sft(args, configs):
+    ok = True
+    src = os.path.join(args.work, "sft.jsonl")
+    with open(src, "w", encoding="utf-8") as f:
+        for i, line in enumerate(SFT_LINES):
+            f.write(json.dumps(line, ensure_ascii=bool(i % 2)) + "\n")
+            if i == 1:
+                f.write("\n")  # blank lines are skipped
+    # A model directory: tokenizer.json + tokenizer_config.json naming EOS (SmolLM2-Instruct's).
+    model_dir = os.path.join(args.work, "smollm2-dir")
+    os.makedirs(model_dir, exist_ok=True)
+    with open(configs["smollm2-json"][0], encoding="utf-8") as f:
+        tj = f.read()
+    with open(os.path.join(model_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
+        f.write(tj)
+    with open(os.path.join(model_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump({"eos_token": "<|im_end|>", "bos_token": "<|im_start|>"}, f)
+    cases = [("smollm2 dir (ChatML, EOS after completions)", model_dir, Tokenizer.from_file(configs["smollm2-json"][0]), "<|im_end|>"),
+             ("llama3 tokenizer.json (ChatML after BOS)", configs["llama3"][0], Tokenizer.from_file(configs["llama3"][0]), None),
+             ("byte level (plain concatenation)", None, None, None)]
+    for name, path, tok, eos in cases:
+        out = os.path.join(args.work, "sft.bin")
+        cmd = [args.tokenize, src, out, "--jsonl"] + (["--tokenizer", path] if path else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            print("sft %s: l2l-tokenize failed: %s" % (name, proc.stderr.strip()))
+            ok = False
+            continue
+        eos_id = tok.token_to_id(eos) if eos else None
+        want_ids, want_mask = [], []
+        for line in SFT_LINES:
+            i, m = expected_sft(tok, line, eos_id)
+            want_ids += i
+            want_mask += m
+        got_ids, got_mask = read_tokens(out), read_mask(out + ".mask")
+        if got_ids != want_ids:
+            k = next((k for k in range(min(len(got_ids), len(want_ids))) if got_ids[k] != want_ids[k]), None)
+            print("sft %s: ids differ from HF's (%d vs %d tokens), first at %s: %r vs %r"
+                  % (name, len(got_ids), len(want_ids), k, got_ids[k:k + 5] if k is not None else None,
+                     want_ids[k:k + 5] if k is not None else None))
+            ok = False
+        elif got_mask != want_mask:
+            k = next(k for k in range(len(got_mask)) if got_mask[k] != want_mask[k])
+            print("sft %s: mask differs at token %d (id %d): ours %d, expected %d" % (name, k, got_ids[k], got_mask[k], want_mask[k]))
+            ok = False
+        else:
+            print("sft %s: OK: %d tokens equal the expected ids (HF tokenizers on the formatted lines; bytes without a tokenizer), %d target tokens in the mask"
+                  % (name, len(got_ids), sum(got_mask)))
+    # Bad input: the error names the file and line; a GGUF tokenizer is refused clearly.
+    bad = os.path.join(args.work, "bad.jsonl")
+    with open(bad, "w") as f:
+        f.write(json.dumps(SFT_LINES[0]) + "\n\n" + '{"messages": [{"role": "user"}]}\n')
+    proc = subprocess.run([args.tokenize, bad, os.path.join(args.work, "bad.bin"), "--jsonl"], capture_output=True, text=True)
+    if proc.returncode == 0 or (bad + ":3") not in proc.stderr or "content" not in proc.stderr:
+        print("sft: a bad line 3 gave exit %d, stderr %r (want %s:3 and the missing field)" % (proc.returncode, proc.stderr, bad))
+        ok = False
+    else:
+        print("sft: bad line -> %s" % proc.stderr.strip())
+    with open(bad, "w") as f:
+        f.write('{"prompt": "a"}\n')
+    proc = subprocess.run([args.tokenize, bad, os.path.join(args.work, "bad.bin"), "--jsonl"], capture_output=True, text=True)
+    ok &= proc.returncode != 0 and (bad + ":1") in proc.stderr and "completion" in proc.stderr
+    fake = os.path.join(args.work, "model.gguf")
+    with open(fake, "wb") as f:
+        f.write(b"GGUF\x03\x00\x00\x00")
+    proc = subprocess.run([args.tokenize, src, os.path.join(args.work, "g.bin"), "--tokenizer", fake], capture_output=True, text=True)
+    if proc.returncode == 0 or "not yet supported" not in proc.stderr:
+        print("sft: a GGUF --tokenizer gave exit %d, stderr %r" % (proc.returncode, proc.stderr))
+        ok = False
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tool", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--only", default="")
+    ap.add_argument("--tokenize", default="")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     extra = ["<|rstrip|>", "<|lstrip|>", "foobar", "qux", "<|begin_of_text|>"]
@@ -392,6 +538,11 @@ def main():
     configs = trained_configs(args.work, train_docs[:150])
     configs.update(smollm_configs(args.work))
     ok = True
+    if args.only == "sft":
+        if not args.tokenize:
+            print("hf_oracle: --only sft needs --tokenize")
+            return 1
+        ok = check_sft(args, configs)
     for name, (json_path, tool_args, _) in configs.items():
         if args.only and name != args.only:
             continue

@@ -10,3 +10,9 @@ target_link_libraries(l2l_tokenizer_tool PRIVATE l2l_tokenizer)
 add_test(NAME tokenizer.hf_oracle
          COMMAND bash -c "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/hf_oracle.py' --tool '$<TARGET_FILE:l2l_tokenizer_tool>' --work '${CMAKE_CURRENT_BINARY_DIR}/tokenizer_oracle'")
 set_tests_properties(tokenizer.hf_oracle PROPERTIES LABELS "unit;oracle" TIMEOUT 900)
+# l2l-tokenize --jsonl: ChatML ids equal HF's encoding of the formatted strings, the loss
+# mask (read with numpy) marks exactly the assistant / completion tokens, bad lines name
+# file:line, a GGUF --tokenizer is refused clearly.
+add_test(NAME tokenizer.sft_oracle
+         COMMAND bash -c "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/hf_oracle.py' --only sft --tool '$<TARGET_FILE:l2l_tokenizer_tool>' --tokenize '$<TARGET_FILE:l2l-tokenize>' --work '${CMAKE_CURRENT_BINARY_DIR}/tokenizer_sft_oracle'")
+set_tests_properties(tokenizer.sft_oracle PROPERTIES LABELS "unit;oracle" TIMEOUT 900)
