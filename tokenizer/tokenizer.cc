@@ -10,6 +10,10 @@
 #include <mutex>
 #include <queue>
 
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
+#include <unicode/stringpiece.h>
+
 #include "tokenizer/regex_split.h"
 
 namespace l2l::tok {
@@ -203,6 +207,32 @@ struct CompiledStep {
 
 }  // namespace
 
+Result<Normalization> ParseNormalization(std::string_view name) {
+  if (name == "NFC") return Normalization::kNFC;
+  if (name == "NFD") return Normalization::kNFD;
+  if (name == "NFKC") return Normalization::kNFKC;
+  if (name == "NFKD") return Normalization::kNFKD;
+  return Unimplemented("normalizer \"" + std::string(name) + "\" is not supported (NFC, NFD, NFKC, NFKD and a Sequence of them are)");
+}
+
+namespace {
+
+// The ICU normalizer for `n` (process-wide singletons owned by ICU).
+Result<const icu::Normalizer2*> IcuNormalizer(Normalization n) {
+  UErrorCode err = U_ZERO_ERROR;
+  const icu::Normalizer2* out = nullptr;
+  switch (n) {
+    case Normalization::kNFC: out = icu::Normalizer2::getNFCInstance(err); break;
+    case Normalization::kNFD: out = icu::Normalizer2::getNFDInstance(err); break;
+    case Normalization::kNFKC: out = icu::Normalizer2::getNFKCInstance(err); break;
+    case Normalization::kNFKD: out = icu::Normalizer2::getNFKDInstance(err); break;
+  }
+  if (U_FAILURE(err) || out == nullptr) return Internal(std::string("ICU normalizer unavailable: ") + u_errorName(err));
+  return out;
+}
+
+}  // namespace
+
 Result<SplitBehavior> ParseSplitBehavior(std::string_view name) {
   if (name == "Isolated") return SplitBehavior::kIsolated;
   if (name == "Removed") return SplitBehavior::kRemoved;
@@ -269,6 +299,7 @@ struct Tokenizer::Impl {
   std::vector<AddedToken> added;
   AddedMatcher raw_matcher;         // normalized=false tokens
   AddedMatcher normalized_matcher;  // normalized=true tokens
+  std::vector<const icu::Normalizer2*> normalizers;
   std::vector<CompiledStep> steps;
   std::vector<int32_t> prefix_ids, suffix_ids;
   int32_t bos_id = -1, eos_id = -1;
@@ -280,6 +311,8 @@ struct Tokenizer::Impl {
 
   void BpeWord(std::string_view word, std::vector<int32_t>* out) const;
   void EncodeWord(std::string_view word, std::vector<int32_t>* out) const;
+  // `text` normalized; a view of `text` itself when it already is (the common case).
+  Result<std::string_view> Normalize(std::string_view text, std::deque<std::string>* arena) const;
   Status PreTokenize(std::string_view text, std::deque<std::string>* arena, std::vector<std::string_view>* words) const;
 };
 
@@ -357,6 +390,22 @@ void Tokenizer::Impl::EncodeWord(std::string_view word, std::vector<int32_t>* ou
   std::lock_guard<std::mutex> lock(cache_mu);
   if (cache.size() >= kCacheMaxEntries) cache.clear();
   cache.emplace(std::string(word), std::move(ids));
+}
+
+Result<std::string_view> Tokenizer::Impl::Normalize(std::string_view text, std::deque<std::string>* arena) const {
+  for (const icu::Normalizer2* n : normalizers) {
+    UErrorCode err = U_ZERO_ERROR;
+    const icu::StringPiece sp(text.data(), static_cast<int32_t>(text.size()));
+    if (n->isNormalizedUTF8(sp, err) && U_SUCCESS(err)) continue;
+    err = U_ZERO_ERROR;
+    std::string out;
+    icu::StringByteSink<std::string> sink(&out, static_cast<int32_t>(text.size()));
+    n->normalizeUTF8(0, sp, sink, nullptr, err);
+    if (U_FAILURE(err)) return Internal(std::string("Unicode normalization failed: ") + u_errorName(err));
+    arena->push_back(std::move(out));
+    text = arena->back();
+  }
+  return text;
 }
 
 Status Tokenizer::Impl::PreTokenize(std::string_view text, std::deque<std::string>* arena,
@@ -452,6 +501,11 @@ Result<Tokenizer> Tokenizer::Create(BpeSpec spec, const std::string& what) {
   m.raw_matcher.Finish();
   m.normalized_matcher.Finish();
 
+  for (Normalization n : spec.normalizers) {
+    auto icu_n = IcuNormalizer(n);
+    if (!icu_n.ok()) return icu_n.status().WithContext(what);
+    m.normalizers.push_back(*icu_n);
+  }
   bool byte_level = false;
   for (size_t i = 0; i < spec.pre_tokenizer.size(); ++i) {
     const PreTokenizerStep& s = spec.pre_tokenizer[i];
@@ -495,16 +549,17 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_s
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 4);
   if (add_special) out.insert(out.end(), m.prefix_ids.begin(), m.prefix_ids.end());
+  std::deque<std::string> arena;
   std::vector<Piece> raw_pieces, pieces;
   m.raw_matcher.Split(text, &raw_pieces);
   for (const Piece& p : raw_pieces) {
     if (p.added_id >= 0) {
       pieces.push_back(p);
     } else {
-      m.normalized_matcher.Split(p.text, &pieces);
+      L2L_ASSIGN_OR_RETURN(std::string_view normalized, m.Normalize(p.text, &arena));
+      m.normalized_matcher.Split(normalized, &pieces);
     }
   }
-  std::deque<std::string> arena;
   std::vector<std::string_view> words;
   for (const Piece& p : pieces) {
     if (p.added_id >= 0) {

