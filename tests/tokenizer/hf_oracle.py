@@ -506,19 +506,65 @@ def check_sft(args, configs):
             want_ids += i
             want_mask += m
         got_ids, got_mask = read_tokens(out), read_mask(out + ".mask")
+        case_ok = True
         if got_ids != want_ids:
             k = next((k for k in range(min(len(got_ids), len(want_ids))) if got_ids[k] != want_ids[k]), None)
             print("sft %s: ids differ from HF's (%d vs %d tokens), first at %s: %r vs %r"
                   % (name, len(got_ids), len(want_ids), k, got_ids[k:k + 5] if k is not None else None,
                      want_ids[k:k + 5] if k is not None else None))
-            ok = False
+            case_ok = False
         elif got_mask != want_mask:
             k = next(k for k in range(len(got_mask)) if got_mask[k] != want_mask[k])
             print("sft %s: mask differs at token %d (id %d): ours %d, expected %d" % (name, k, got_ids[k], got_mask[k], want_mask[k]))
-            ok = False
-        else:
+            case_ok = False
+        elif path == model_dir:
+            # A validation split cuts tokens and mask at the same place.
+            val = os.path.join(args.work, "sft-val.bin")
+            proc = subprocess.run(cmd + ["--val-fraction", "0.3", "--val-output", val], capture_output=True, text=True)
+            if (proc.returncode != 0 or read_tokens(out) + read_tokens(val) != want_ids
+                    or read_mask(out + ".mask") + read_mask(val + ".mask") != want_mask
+                    or len(read_mask(val + ".mask")) != int(len(want_ids) * 0.3)):
+                print("sft %s: the validation split does not cut tokens and mask alike: %s" % (name, proc.stderr.strip()))
+                case_ok = False
+        ok &= case_ok
+        if case_ok:
             print("sft %s: OK: %d tokens equal the expected ids (HF tokenizers on the formatted lines; bytes without a tokenizer), %d target tokens in the mask"
                   % (name, len(got_ids), sum(got_mask)))
+    # Plain text with a tokenizer: the whole file's ids (BOS first) equal HF's; a vocabulary
+    # above 65,536 ids gives a version-2 (uint32) file, validation split included.
+    with open(configs["llama3"][0], encoding="utf-8") as f:
+        big = json.load(f)
+    n = max(big["model"]["vocab"].values()) + 1
+    for i in range(n, 70000):
+        big["model"]["vocab"]["zzpad%d" % i] = i
+    big["added_tokens"].append({"id": 70000, "content": "<|big|>", "single_word": False, "lstrip": False,
+                                "rstrip": False, "normalized": False, "special": True})
+    big["model"]["vocab"]["<|big|>"] = 70000
+    big_path = os.path.join(args.work, "big-vocab.json")
+    with open(big_path, "w", encoding="utf-8") as f:
+        json.dump(big, f, ensure_ascii=False)
+    text = "Hello <|big|> world, caf\u00e9 123456 <|im_start|>x\n" * 50 + read_text("/usr/share/common-licenses/GPL-3")[:20000]
+    src_txt = os.path.join(args.work, "plain.txt")
+    with open(src_txt, "w", encoding="utf-8") as f:
+        f.write(text)
+    for name, path in (("llama3", configs["llama3"][0]), ("big-vocab", big_path)):
+        tok = Tokenizer.from_file(path)
+        want = tok.encode(text).ids
+        n_val = int(len(want) * 0.1)
+        out, val = os.path.join(args.work, "plain.bin"), os.path.join(args.work, "plain-val.bin")
+        proc = subprocess.run([args.tokenize, src_txt, out, "--tokenizer", path, "--val-fraction", "0.1",
+                               "--val-output", val], capture_output=True, text=True)
+        import numpy as np
+        version = int(np.fromfile(out, dtype="<i4", count=2)[1]) if proc.returncode == 0 else None
+        got = read_tokens(out) + read_tokens(val) if proc.returncode == 0 else None
+        want_version = 2 if tok.get_vocab_size() > 65536 else 1
+        if proc.returncode != 0 or got != want or version != want_version or len(read_tokens(val)) != n_val:
+            print("text %s: l2l-tokenize exit %d, version %s (want %d), ids equal %s: %s"
+                  % (name, proc.returncode, version, want_version, got == want, proc.stderr.strip()))
+            ok = False
+        else:
+            print("text %s: OK: %d tokens (train + val) equal HF's encoding of the file; tokens file version %d"
+                  % (name, len(got), version))
     # Bad input: the error names the file and line; a GGUF tokenizer is refused clearly.
     bad = os.path.join(args.work, "bad.jsonl")
     with open(bad, "w") as f:
