@@ -82,12 +82,89 @@ Result<Regex> Regex::Compile(const std::string& pattern, const std::string& what
   return Regex(pattern, std::move(c));
 }
 
-Status Regex::Split(std::string_view text, SplitBehavior behavior, bool invert,
-                    std::vector<std::string_view>* out) const {
+namespace {
+
+// Folds the stream of gap / match segments into pieces per an HF SplitDelimiterBehavior,
+// holding at most one pending piece.
+class PieceFolder {
+ public:
+  PieceFolder(std::string_view text, SplitBehavior behavior, const Regex::Emit& emit)
+      : text_(text), behavior_(behavior), emit_(emit) {}
+
+  Status Add(Segment g) {
+    switch (behavior_) {
+      case SplitBehavior::kIsolated:
+        return Emit(g);
+      case SplitBehavior::kRemoved:
+        return g.is_match ? Status::Ok() : Emit(g);
+      case SplitBehavior::kMergedWithPrevious:  // a match joins the gap before it
+        if (g.is_match && !previous_match_ && has_pending_) {
+          pending_.end = g.end;
+        } else {
+          L2L_RETURN_IF_ERROR(Flush());
+          Hold(g);
+        }
+        break;
+      case SplitBehavior::kMergedWithNext:  // a match joins the gap after it
+        if (has_pending_ && pending_.is_match && !g.is_match) {
+          pending_.end = g.end;
+          pending_.is_match = false;  // merged: complete
+          L2L_RETURN_IF_ERROR(Flush());
+        } else {
+          L2L_RETURN_IF_ERROR(Flush());
+          if (g.is_match) {
+            Hold(g);
+          } else {
+            L2L_RETURN_IF_ERROR(Emit(g));
+          }
+        }
+        break;
+      case SplitBehavior::kContiguous:  // runs of matches (and of gaps) join
+        if (has_pending_ && g.is_match == previous_match_) {
+          pending_.end = g.end;
+        } else {
+          L2L_RETURN_IF_ERROR(Flush());
+          Hold(g);
+        }
+        break;
+    }
+    previous_match_ = g.is_match;
+    return Status::Ok();
+  }
+
+  Status Finish() { return Flush(); }
+
+ private:
+  void Hold(Segment g) {
+    pending_ = g;
+    has_pending_ = true;
+  }
+  Status Flush() {
+    if (!has_pending_) return Status::Ok();
+    has_pending_ = false;
+    return Emit(pending_);
+  }
+  Status Emit(Segment g) {
+    if (g.end <= g.begin) return Status::Ok();
+    return emit_(text_.substr(g.begin, g.end - g.begin));
+  }
+
+  std::string_view text_;
+  SplitBehavior behavior_;
+  const Regex::Emit& emit_;
+  Segment pending_{0, 0, false};
+  bool has_pending_ = false;
+  bool previous_match_ = false;
+};
+
+}  // namespace
+
+Status Regex::Split(std::string_view text, SplitBehavior behavior, bool invert, const Emit& emit) const {
   if (text.empty()) return Status::Ok();
   ThreadScratch& s = Scratch();
-  // Matches and gaps, in order, covering the text (HF Pattern::find_matches).
-  std::vector<Segment> segs;
+  PieceFolder folder(text, behavior, emit);
+  // Matches and the gaps between them, in order, covering the text (HF find_matches).
+  auto add = [&](size_t b, size_t e, bool is_match) { return folder.Add({b, e, is_match != invert}); };
   size_t prev = 0, offset = 0;
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   while (offset <= text.size()) {
@@ -101,8 +178,8 @@ Status Regex::Split(std::string_view text, SplitBehavior behavior, bool invert,
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(s.md);
     const size_t b = ov[0], e = ov[1];
-    if (b != prev) segs.push_back({prev, b, false});
-    segs.push_back({b, e, true});
+    if (b != prev) L2L_RETURN_IF_ERROR(add(prev, b, false));
+    L2L_RETURN_IF_ERROR(add(b, e, true));
     prev = e;
     if (e == b) {  // an empty match: step over one character
       if (e >= text.size()) break;
@@ -111,64 +188,16 @@ Status Regex::Split(std::string_view text, SplitBehavior behavior, bool invert,
       offset = e;
     }
   }
-  if (prev != text.size()) segs.push_back({prev, text.size(), false});
-  if (invert) {
-    for (Segment& g : segs) g.is_match = !g.is_match;
-  }
+  if (prev != text.size()) L2L_RETURN_IF_ERROR(add(prev, text.size(), false));
+  return folder.Finish();
+}
 
-  std::vector<Segment> pieces;
-  switch (behavior) {
-    case SplitBehavior::kIsolated:
-      pieces = std::move(segs);
-      break;
-    case SplitBehavior::kRemoved:
-      for (const Segment& g : segs) {
-        if (!g.is_match) pieces.push_back(g);
-      }
-      break;
-    case SplitBehavior::kMergedWithPrevious: {
-      bool previous_match = false;
-      for (const Segment& g : segs) {
-        if (g.is_match && !previous_match && !pieces.empty()) {
-          pieces.back().end = g.end;
-        } else {
-          pieces.push_back(g);
-        }
-        previous_match = g.is_match;
-      }
-      break;
-    }
-    case SplitBehavior::kMergedWithNext: {
-      bool previous_match = false;
-      for (size_t i = segs.size(); i-- > 0;) {
-        const Segment& g = segs[i];
-        if (g.is_match && !previous_match && !pieces.empty()) {
-          pieces.back().begin = g.begin;
-        } else {
-          pieces.push_back(g);
-        }
-        previous_match = g.is_match;
-      }
-      std::reverse(pieces.begin(), pieces.end());
-      break;
-    }
-    case SplitBehavior::kContiguous: {
-      bool previous_match = false;
-      for (const Segment& g : segs) {
-        if (g.is_match == previous_match && !pieces.empty()) {
-          pieces.back().end = g.end;
-        } else {
-          pieces.push_back(g);
-        }
-        previous_match = g.is_match;
-      }
-      break;
-    }
-  }
-  for (const Segment& g : pieces) {
-    if (g.end > g.begin) out->push_back(text.substr(g.begin, g.end - g.begin));
-  }
-  return Status::Ok();
+Status Regex::Split(std::string_view text, SplitBehavior behavior, bool invert,
+                    std::vector<std::string_view>* out) const {
+  return Split(text, behavior, invert, [out](std::string_view p) {
+    out->push_back(p);
+    return Status::Ok();
+  });
 }
 
 bool Regex::FullMatch(std::string_view text) const {

@@ -9,6 +9,7 @@
 // at once (match data and the JIT stack are per thread).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -28,8 +29,13 @@ class Regex {
   Regex& operator=(Regex&&) noexcept;
   ~Regex();
 
-  // Appends to `out` the pieces of `text` per `behavior` (HF Split semantics: matches and
-  // the gaps between them, `invert` swapping the two; empty pieces dropped).
+  // Calls `emit` with the pieces of `text` in order, per `behavior` (HF Split semantics:
+  // matches and the gaps between them, `invert` swapping the two; empty pieces dropped).
+  // Streams: memory stays constant however long `text` is. A non-OK Status from `emit`
+  // stops the split and is returned.
+  using Emit = std::function<Status(std::string_view)>;
+  Status Split(std::string_view text, SplitBehavior behavior, bool invert, const Emit& emit) const;
+  // The same, collected.
   Status Split(std::string_view text, SplitBehavior behavior, bool invert,
                std::vector<std::string_view>* out) const;
 

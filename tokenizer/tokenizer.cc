@@ -313,7 +313,9 @@ struct Tokenizer::Impl {
   void EncodeWord(std::string_view word, std::vector<int32_t>* out) const;
   // `text` normalized; a view of `text` itself when it already is (the common case).
   Result<std::string_view> Normalize(std::string_view text, std::deque<std::string>* arena) const;
-  Status PreTokenize(std::string_view text, std::deque<std::string>* arena, std::vector<std::string_view>* words) const;
+  // Runs pre-tokenizer steps [step, end) on `text` depth first, BPE-encoding each final
+  // word into `out` as soon as it is cut (memory does not grow with the text).
+  Status PreTokenizeAndEncode(size_t step, std::string_view text, std::vector<int32_t>* out) const;
 };
 
 void Tokenizer::Impl::BpeWord(std::string_view word, std::vector<int32_t>* out) const {
@@ -408,27 +410,23 @@ Result<std::string_view> Tokenizer::Impl::Normalize(std::string_view text, std::
   return text;
 }
 
-Status Tokenizer::Impl::PreTokenize(std::string_view text, std::deque<std::string>* arena,
-                                    std::vector<std::string_view>* words) const {
-  std::vector<std::string_view> cur{text}, next;
-  for (const CompiledStep& cs : steps) {
-    next.clear();
-    for (std::string_view p : cur) {
-      if (cs.step.kind == PreTokenizerStep::Kind::kByteLevel && cs.step.add_prefix_space &&
-          (p.empty() || p[0] != ' ')) {
-        arena->push_back(" " + std::string(p));
-        p = arena->back();
-      }
-      if (cs.regex.has_value()) {
-        L2L_RETURN_IF_ERROR(cs.regex->Split(p, cs.step.behavior, cs.step.invert, &next));
-      } else if (!p.empty()) {
-        next.push_back(p);
-      }
-    }
-    cur.swap(next);
+Status Tokenizer::Impl::PreTokenizeAndEncode(size_t step, std::string_view text, std::vector<int32_t>* out) const {
+  if (text.empty()) return Status::Ok();
+  if (step == steps.size()) {
+    EncodeWord(text, out);
+    return Status::Ok();
   }
-  words->insert(words->end(), cur.begin(), cur.end());
-  return Status::Ok();
+  const CompiledStep& cs = steps[step];
+  std::string prefixed;  // lives while the later steps look at pieces of it
+  if (cs.step.kind == PreTokenizerStep::Kind::kByteLevel && cs.step.add_prefix_space && text[0] != ' ') {
+    prefixed.reserve(text.size() + 1);
+    prefixed.push_back(' ');
+    prefixed.append(text);
+    text = prefixed;
+  }
+  if (!cs.regex.has_value()) return PreTokenizeAndEncode(step + 1, text, out);
+  return cs.regex->Split(text, cs.step.behavior, cs.step.invert,
+                         [&](std::string_view piece) { return PreTokenizeAndEncode(step + 1, piece, out); });
 }
 
 // ---- Tokenizer -----------------------------------------------------------------------
@@ -560,15 +558,12 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_s
       m.normalized_matcher.Split(normalized, &pieces);
     }
   }
-  std::vector<std::string_view> words;
   for (const Piece& p : pieces) {
     if (p.added_id >= 0) {
       out.push_back(p.added_id);
-      continue;
+    } else {
+      L2L_RETURN_IF_ERROR(m.PreTokenizeAndEncode(0, p.text, &out));
     }
-    words.clear();
-    L2L_RETURN_IF_ERROR(m.PreTokenize(p.text, &arena, &words));
-    for (std::string_view w : words) m.EncodeWord(w, &out);
   }
   if (add_special) out.insert(out.end(), m.suffix_ids.begin(), m.suffix_ids.end());
   return out;

@@ -250,6 +250,20 @@ def trained_configs(work, train_docs):
     p = os.path.join(work, "qwen2-nfc.json")
     tok.save(p)
     out["qwen2-nfc"] = (p, ["--json", p, "--no-roundtrip"], [])
+
+    # Every Split behaviour, invert, a String pattern and Digits grouped, before ByteLevel
+    # (Removed drops text: no decode round trip).
+    tok = train(pre_tokenizers.Sequence([
+        pre_tokenizers.Split(" ", behavior="merged_with_next"),
+        pre_tokenizers.Split(Regex(r"[.,;:]"), behavior="merged_with_previous"),
+        pre_tokenizers.Digits(individual_digits=False),
+        pre_tokenizers.Split(Regex(r"\t+"), behavior="removed"),
+        pre_tokenizers.Split(Regex(r"\p{Lu}"), behavior="contiguous"),
+        pre_tokenizers.Split(Regex(r"[\p{L}\p{N}]+"), behavior="isolated", invert=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]), train_docs, 2500)
+    p = os.path.join(work, "split-behaviors.json")
+    tok.save(p)
+    out["split-behaviors"] = (p, ["--json", p, "--no-roundtrip"], [])
     return out
 
 
