@@ -4,6 +4,7 @@
 // are worked out by hand from the tiny vocabularies below (the HF oracle in hf_oracle.py
 // covers real tokenizers).
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -81,6 +82,28 @@ TEST_CASE("Bytes that are not UTF-8 and long whitespace runs encode and decode b
   CHECK(*t->Decode(wids) == ws);
   ExpectError(t->Decode(Ids{1, 261}).status(), StatusCode::kOutOfRange, {"token 1 is 261"});
   ExpectError(t->Decode(Ids{-1}).status(), StatusCode::kOutOfRange, {"token 0 is -1"});
+}
+
+TEST_CASE("Encode from several threads at once gives the single-thread ids", "[tokenizer][threads]") {
+  BpeSpec s = TinySpec();
+  s.pre_tokenizer = {PreTokenizerStep::Split(R"(\p{N})"), PreTokenizerStep::ByteLevel(false, true)};
+  auto t = Tokenizer::Create(s, "tiny");
+  REQUIRE(t.ok());
+  std::vector<std::string> texts;
+  for (int i = 0; i < 200; ++i) texts.push_back("abc " + std::to_string(i * 7919) + " bcab\tca ab" + std::string(i % 5, ' '));
+  std::vector<Ids> want;
+  for (const std::string& x : texts) want.push_back(*t->Encode(x));
+  std::vector<int> bad(4, 0);
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 4; ++k) {
+    threads.emplace_back([&, k] {
+      for (int rep = 0; rep < 20; ++rep) {
+        for (size_t i = 0; i < texts.size(); ++i) bad[k] += *t->Encode(texts[i]) != want[i];
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  CHECK(bad == std::vector<int>{0, 0, 0, 0});
 }
 
 TEST_CASE("Added tokens match leftmost-longest before pre-tokenization, with lstrip and rstrip", "[tokenizer]") {
