@@ -311,6 +311,10 @@ struct Tokenizer::Impl {
 
   void BpeWord(std::string_view word, std::vector<int32_t>* out) const;
   void EncodeWord(std::string_view word, std::vector<int32_t>* out) const;
+  // Create's two halves: ids, vocabulary, merges and added tokens; then normalizers,
+  // pre-tokenizer steps and the post-processor's ids.
+  Status InitVocab(const BpeSpec& spec, const std::string& what);
+  Status InitPipeline(const BpeSpec& spec, const std::string& what);
   // `text` normalized; a view of `text` itself when it already is (the common case).
   Result<std::string_view> Normalize(std::string_view text, std::deque<std::string>* arena) const;
   // Runs pre-tokenizer steps [step, end) on `text` depth first, BPE-encoding each final
@@ -436,9 +440,7 @@ Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
 Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
-Result<Tokenizer> Tokenizer::Create(BpeSpec spec, const std::string& what) {
-  auto impl = std::make_unique<Impl>();
-  Impl& m = *impl;
+Status Tokenizer::Impl::InitVocab(const BpeSpec& spec, const std::string& what) {
   int64_t n_ids = static_cast<int64_t>(spec.tokens.size());
   for (const AddedToken& t : spec.added_tokens) {
     if (t.id < 0) return InvalidArgument(what + ": added token \"" + t.content + "\" has negative id " + std::to_string(t.id));
@@ -446,33 +448,33 @@ Result<Tokenizer> Tokenizer::Create(BpeSpec spec, const std::string& what) {
     n_ids = std::max<int64_t>(n_ids, int64_t{t.id} + 1);
   }
   if (n_ids > (int64_t{1} << 31) - 1) return InvalidArgument(what + ": " + std::to_string(n_ids) + " ids exceed int32");
-  m.id_bytes.resize(static_cast<size_t>(n_ids));
-  m.id_known.assign(static_cast<size_t>(n_ids), 0);
-  m.id_added.assign(static_cast<size_t>(n_ids), 0);
-  std::fill(std::begin(m.byte_id), std::end(m.byte_id), -1);
+  id_bytes.resize(static_cast<size_t>(n_ids));
+  id_known.assign(static_cast<size_t>(n_ids), 0);
+  id_added.assign(static_cast<size_t>(n_ids), 0);
+  std::fill(std::begin(byte_id), std::end(byte_id), -1);
   for (size_t id = 0; id < spec.tokens.size(); ++id) {
     const std::string& t = spec.tokens[id];
     if (t.empty()) continue;
-    m.id_known[id] = 1;
+    id_known[id] = 1;
     std::optional<std::string> bytes = ByteLevelToBytes(t);
     if (!bytes.has_value()) {  // not in the byte-level alphabet: never produced by BPE
-      m.id_bytes[id] = t;
+      id_bytes[id] = t;
       continue;
     }
-    m.id_bytes[id] = *bytes;
-    auto [it, inserted] = m.vocab.emplace(*bytes, static_cast<int32_t>(id));
+    id_bytes[id] = *bytes;
+    auto [it, inserted] = vocab.emplace(*bytes, static_cast<int32_t>(id));
     if (!inserted) {
       return InvalidArgument(what + ": token \"" + t + "\" appears twice in the vocabulary (ids " +
                              std::to_string(it->second) + " and " + std::to_string(id) + ")");
     }
-    if (bytes->size() == 1) m.byte_id[static_cast<uint8_t>((*bytes)[0])] = static_cast<int32_t>(id);
+    if (bytes->size() == 1) byte_id[static_cast<uint8_t>((*bytes)[0])] = static_cast<int32_t>(id);
   }
   for (size_t r = 0; r < spec.merges.size(); ++r) {
     const auto& [a, b] = spec.merges[r];
     auto lookup = [&](const std::string& s) -> Result<int32_t> {
       std::optional<std::string> bytes = ByteLevelToBytes(s);
-      auto it = bytes.has_value() ? m.vocab.find(*bytes) : m.vocab.end();
-      if (it == m.vocab.end()) {
+      auto it = bytes.has_value() ? vocab.find(*bytes) : vocab.end();
+      if (it == vocab.end()) {
         return InvalidArgument(what + ": merge " + std::to_string(r) + " (\"" + a + "\" \"" + b + "\"): \"" + s +
                                "\" is not in the vocabulary");
       }
@@ -482,27 +484,30 @@ Result<Tokenizer> Tokenizer::Create(BpeSpec spec, const std::string& what) {
     L2L_ASSIGN_OR_RETURN(int32_t ib, lookup(b));
     L2L_ASSIGN_OR_RETURN(int32_t inew, lookup(a + b));
     // A repeated pair takes its last rank, as HF's merge map (collected in order) does.
-    m.merges[PairKey(ia, ib)] = {static_cast<int32_t>(r), inew};
+    merges[PairKey(ia, ib)] = {static_cast<int32_t>(r), inew};
   }
-  m.ignore_merges = spec.ignore_merges;
-  m.added = std::move(spec.added_tokens);
-  for (const AddedToken& t : m.added) {
-    m.id_known[t.id] = 1;
-    m.id_added[t.id] = 1;
+  ignore_merges = spec.ignore_merges;
+  added = spec.added_tokens;
+  for (const AddedToken& t : added) {
+    id_known[t.id] = 1;
+    id_added[t.id] = 1;
     // HF decodes an added token through the ByteLevel decoder, which falls back to the
     // raw text when a character is outside the byte alphabet.
     std::optional<std::string> bytes = ByteLevelToBytes(t.content);
-    m.id_bytes[t.id] = bytes.has_value() ? *bytes : t.content;
-    m.added_by_content[t.content] = t.id;
+    id_bytes[t.id] = bytes.has_value() ? *bytes : t.content;
+    added_by_content[t.content] = t.id;
   }
-  for (const AddedToken& t : m.added) (t.normalized ? m.normalized_matcher : m.raw_matcher).Add(&t);
-  m.raw_matcher.Finish();
-  m.normalized_matcher.Finish();
+  for (const AddedToken& t : added) (t.normalized ? normalized_matcher : raw_matcher).Add(&t);
+  raw_matcher.Finish();
+  normalized_matcher.Finish();
+  return Status::Ok();
+}
 
+Status Tokenizer::Impl::InitPipeline(const BpeSpec& spec, const std::string& what) {
   for (Normalization n : spec.normalizers) {
     auto icu_n = IcuNormalizer(n);
     if (!icu_n.ok()) return icu_n.status().WithContext(what);
-    m.normalizers.push_back(*icu_n);
+    normalizers.push_back(*icu_n);
   }
   bool byte_level = false;
   for (size_t i = 0; i < spec.pre_tokenizer.size(); ++i) {
@@ -524,21 +529,29 @@ Result<Tokenizer> Tokenizer::Create(BpeSpec spec, const std::string& what) {
       L2L_ASSIGN_OR_RETURN(Regex re, Regex::Compile(s.regex, what + ": pre-tokenizer step " + std::to_string(i)));
       cs.regex = std::move(re);
     }
-    m.steps.push_back(std::move(cs));
+    steps.push_back(std::move(cs));
   }
   if (!byte_level) {
     return InvalidArgument(what + ": no ByteLevel pre-tokenizer: only byte-level BPE tokenizers are supported");
   }
-  for (int32_t id : spec.prefix_ids) {
-    if (id < 0 || id >= n_ids || !m.id_known[id]) return InvalidArgument(what + ": post-processor id " + std::to_string(id) + " is not a token");
+  for (const auto* ids : {&spec.prefix_ids, &spec.suffix_ids}) {
+    for (int32_t id : *ids) {
+      if (id < 0 || static_cast<size_t>(id) >= id_known.size() || !id_known[id]) {
+        return InvalidArgument(what + ": post-processor id " + std::to_string(id) + " is not a token");
+      }
+    }
   }
-  for (int32_t id : spec.suffix_ids) {
-    if (id < 0 || id >= n_ids || !m.id_known[id]) return InvalidArgument(what + ": post-processor id " + std::to_string(id) + " is not a token");
-  }
-  m.prefix_ids = std::move(spec.prefix_ids);
-  m.suffix_ids = std::move(spec.suffix_ids);
-  m.bos_id = spec.bos_id;
-  m.eos_id = spec.eos_id;
+  prefix_ids = spec.prefix_ids;
+  suffix_ids = spec.suffix_ids;
+  bos_id = spec.bos_id;
+  eos_id = spec.eos_id;
+  return Status::Ok();
+}
+
+Result<Tokenizer> Tokenizer::Create(BpeSpec spec, const std::string& what) {
+  auto impl = std::make_unique<Impl>();
+  L2L_RETURN_IF_ERROR(impl->InitVocab(spec, what));
+  L2L_RETURN_IF_ERROR(impl->InitPipeline(spec, what));
   return Tokenizer(std::move(impl));
 }
 

@@ -214,7 +214,7 @@ def trained_configs(work, train_docs):
     p = os.path.join(work, "gpt2.json")
     tok.save(p)
     merges_as_strings(p)
-    out["gpt2"] = (p, ["--json", p], [])
+    out["gpt2"] = (p, ["--json", p])
 
     # Llama-3: Split regex + ByteLevel without regex, ignore_merges, BOS template, added
     # tokens with strip / single-word / normalized flags ([a, b] merges as saved).
@@ -230,7 +230,7 @@ def trained_configs(work, train_docs):
     p = os.path.join(work, "llama3.json")
     tok.save(p)
     # lstrip / rstrip tokens swallow whitespace: documents holding them do not round-trip.
-    out["llama3"] = (p, ["--json", p, "--roundtrip-skip", "<|lstrip|>", "--roundtrip-skip", "<|rstrip|>"], ["<|rstrip|>", "<|lstrip|>", "foobar", "qux", "<|begin_of_text|>"])
+    out["llama3"] = (p, ["--json", p, "--roundtrip-skip", "<|lstrip|>", "--roundtrip-skip", "<|rstrip|>"])
 
     # Qwen2 regex with a prefix space added to every split by ByteLevel.
     tok = train(pre_tokenizers.Sequence([
@@ -239,7 +239,7 @@ def trained_configs(work, train_docs):
     p = os.path.join(work, "qwen2.json")
     tok.save(p)
     # (A prefix space is text the input did not have: no decode round trip here.)
-    out["qwen2"] = (p, ["--json", p, "--no-roundtrip"], [])
+    out["qwen2"] = (p, ["--json", p, "--no-roundtrip"])
 
     # Qwen2 as its real tokenizer.json: NFC normalizer, Qwen2 regex, no prefix space
     # (NFC rewrites decomposed input: no decode round trip).
@@ -249,7 +249,7 @@ def trained_configs(work, train_docs):
         normalizer=normalizers.NFC())
     p = os.path.join(work, "qwen2-nfc.json")
     tok.save(p)
-    out["qwen2-nfc"] = (p, ["--json", p, "--no-roundtrip"], [])
+    out["qwen2-nfc"] = (p, ["--json", p, "--no-roundtrip"])
 
     # Every Split behaviour, invert, a String pattern and Digits grouped, before ByteLevel
     # (Removed drops text: no decode round trip).
@@ -263,7 +263,7 @@ def trained_configs(work, train_docs):
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)]), train_docs, 2500)
     p = os.path.join(work, "split-behaviors.json")
     tok.save(p)
-    out["split-behaviors"] = (p, ["--json", p, "--no-roundtrip"], [])
+    out["split-behaviors"] = (p, ["--json", p, "--no-roundtrip"])
     return out
 
 
@@ -366,8 +366,8 @@ def smollm_configs(work):
             json.dump(j, f, ensure_ascii=False)
         out[name] = p
     return {
-        "smollm2-json": (out["smollm2-json"], ["--json", out["smollm2-json"]], []),
-        "smollm2-gguf": (out["smollm2-llamacpp"], ["--gguf-meta", meta_path], []),
+        "smollm2-json": (out["smollm2-json"], ["--json", out["smollm2-json"]]),
+        "smollm2-gguf": (out["smollm2-llamacpp"], ["--gguf-meta", meta_path]),
     }
 
 
@@ -625,7 +625,7 @@ def main():
             print("hf_oracle: --only sft needs --tokenize")
             return 1
         ok = check_sft(args, configs)
-    for name, (json_path, tool_args, _) in configs.items():
+    for name, (json_path, tool_args) in configs.items():
         if args.only and name != args.only:
             continue
         ok &= check(name, json_path, tool_args, docs, args, sizes)
