@@ -124,7 +124,7 @@ TEST_CASE("The byte tokenizer maps every byte to its value and back", "[tokens]"
   ExpectError(ByteDetokenize(bad).status(), StatusCode::kOutOfRange, {"token 1 is 300"});
 }
 
-TEST_CASE("Vocabularies above 65536 ids write version-2 uint32 files; smaller ones stay llm.c's uint16", "[tokens]") {
+TEST_CASE("Vocabularies above 65536 ids write version-2 uint32 files, smaller ones stay llm.c's uint16", "[tokens]") {
   TempDir dir;
   std::mt19937 rng(5);
   std::vector<uint32_t> big(3000);

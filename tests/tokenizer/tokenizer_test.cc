@@ -211,7 +211,7 @@ TEST_CASE("tokenizer.json features we do not implement are refused, not approxim
   ExpectError(Tokenizer::FromTokenizerJson("/nonexistent/dir/tokenizer.json").status(), StatusCode::kNotFound, {"/nonexistent"});
 }
 
-TEST_CASE("SFT lines give ids and a mask over the completion; bad lines name where", "[tokenizer][sft]") {
+TEST_CASE("SFT lines give ids and a mask over the completion, and bad lines name where they are", "[tokenizer][sft]") {
   auto ex = EncodeSftLine(nullptr, R"({"prompt": "ab", "completion": "c"})", "f.jsonl:1");
   REQUIRE(ex.ok());
   CHECK(ex->ids == Ids{'a', 'b', 'c'});
