@@ -122,6 +122,12 @@ struct GgufPreRules {
 };
 Result<GgufPreRules> PreRulesForGgufPre(std::string_view pre);
 
+// `spec` as a Hugging Face tokenizer.json (model BPE, Split / ByteLevel pre-tokenizers,
+// normalizers, added tokens, a TemplateProcessing post-processor for prefix / suffix ids,
+// ByteLevel decoder) that `tokenizers` loads and encodes as Tokenizer::Create(spec) does:
+// what an export of a GGUF-imported model writes beside its weights.
+std::string BpeSpecToTokenizerJson(const BpeSpec& spec);
+
 class Tokenizer {
  public:
   // Validates `spec` (merge parts and results in the vocabulary, ids in range, regexes

@@ -276,6 +276,100 @@ Result<Tokenizer> Tokenizer::FromTokenizerJson(const std::string& path) {
   return Create(std::move(spec).value(), file);
 }
 
+// ---- export ----------------------------------------------------------------------------
+
+namespace {
+
+const char* BehaviorName(SplitBehavior b) {
+  switch (b) {
+    case SplitBehavior::kIsolated: return "Isolated";
+    case SplitBehavior::kRemoved: return "Removed";
+    case SplitBehavior::kMergedWithPrevious: return "MergedWithPrevious";
+    case SplitBehavior::kMergedWithNext: return "MergedWithNext";
+    case SplitBehavior::kContiguous: return "Contiguous";
+  }
+  return "Isolated";
+}
+
+const char* NormalizationName(Normalization n) {
+  switch (n) {
+    case Normalization::kNFC: return "NFC";
+    case Normalization::kNFD: return "NFD";
+    case Normalization::kNFKC: return "NFKC";
+    case Normalization::kNFKD: return "NFKD";
+  }
+  return "NFC";
+}
+
+}  // namespace
+
+std::string BpeSpecToTokenizerJson(const BpeSpec& spec) {
+  json added = json::array();
+  std::vector<std::string> content(spec.tokens);  // id -> token text, added tokens included
+  for (const AddedToken& t : spec.added_tokens) {
+    added.push_back({{"id", t.id}, {"content", t.content}, {"single_word", t.single_word}, {"lstrip", t.lstrip},
+                     {"rstrip", t.rstrip}, {"normalized", t.normalized}, {"special", t.special}});
+    if (static_cast<size_t>(t.id) >= content.size()) content.resize(static_cast<size_t>(t.id) + 1);
+    content[t.id] = t.content;
+  }
+  json normalizer = nullptr;
+  if (spec.normalizers.size() == 1) {
+    normalizer = {{"type", NormalizationName(spec.normalizers[0])}};
+  } else if (!spec.normalizers.empty()) {
+    json list = json::array();
+    for (Normalization n : spec.normalizers) list.push_back({{"type", NormalizationName(n)}});
+    normalizer = {{"type", "Sequence"}, {"normalizers", list}};
+  }
+  json steps = json::array();
+  for (const PreTokenizerStep& s : spec.pre_tokenizer) {
+    if (s.kind == PreTokenizerStep::Kind::kByteLevel) {
+      steps.push_back({{"type", "ByteLevel"}, {"add_prefix_space", s.add_prefix_space}, {"trim_offsets", true},
+                       {"use_regex", s.use_regex}});
+    } else {
+      steps.push_back({{"type", "Split"}, {"pattern", {{"Regex", s.regex}}}, {"behavior", BehaviorName(s.behavior)},
+                       {"invert", s.invert}});
+    }
+  }
+  json post = nullptr;
+  if (!spec.prefix_ids.empty() || !spec.suffix_ids.empty()) {
+    json single = json::array(), pair = json::array(), specials = json::object();
+    auto special = [&](int32_t id, int type_id) {
+      const std::string& name = content[id];
+      specials[name] = {{"id", name}, {"ids", {id}}, {"tokens", {name}}};
+      return json{{"SpecialToken", {{"id", name}, {"type_id", type_id}}}};
+    };
+    for (int32_t id : spec.prefix_ids) single.push_back(special(id, 0)), pair.push_back(special(id, 0));
+    single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+    pair.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+    for (int32_t id : spec.suffix_ids) single.push_back(special(id, 0)), pair.push_back(special(id, 0));
+    for (int32_t id : spec.prefix_ids) pair.push_back(special(id, 1));
+    pair.push_back({{"Sequence", {{"id", "B"}, {"type_id", 1}}}});
+    for (int32_t id : spec.suffix_ids) pair.push_back(special(id, 1));
+    post = {{"type", "TemplateProcessing"}, {"single", single}, {"pair", pair}, {"special_tokens", specials}};
+  }
+  json vocab = json::object();
+  for (size_t id = 0; id < spec.tokens.size(); ++id) {
+    if (!spec.tokens[id].empty()) vocab[spec.tokens[id]] = id;
+  }
+  json merges = json::array();
+  for (const auto& [a, b] : spec.merges) merges.push_back({a, b});
+  const json root = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added},
+      {"normalizer", normalizer},
+      {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", steps}}},
+      {"post_processor", post},
+      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"model",
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false},
+        {"ignore_merges", spec.ignore_merges}, {"vocab", vocab}, {"merges", merges}}},
+  };
+  return root.dump(1);
+}
+
 // ---- GGUF ----------------------------------------------------------------------------
 
 Result<GgufPreRules> PreRulesForGgufPre(std::string_view pre) {

@@ -630,6 +630,17 @@ def main():
         if args.only and name != args.only:
             continue
         ok &= check(name, json_path, tool_args, docs, args, sizes)
+    # The tokenizer.json we export from the GGUF spec encodes in HF as we do.
+    if not args.only or args.only == "smollm2-gguf":
+        exported = os.path.join(args.work, "smollm2-exported.json")
+        proc = subprocess.run([args.tool, "export-gguf", "--gguf-meta", os.path.join(args.work, "smollm2_gguf_meta.json"),
+                               "--out", exported], capture_output=True, text=True)
+        if proc.returncode != 0:
+            print("smollm2-exported: export failed: " + proc.stderr.strip())
+            ok = False
+        else:
+            ok &= check("smollm2-exported", exported, ["--gguf-meta", os.path.join(args.work, "smollm2_gguf_meta.json")],
+                        docs, args, sizes)
     # The two SmolLM2 forms agree with each other (llama.cpp's rules == SmolLM2's tokenizer.json).
     if not args.only:
         a = [e.ids for e in Tokenizer.from_file(configs["smollm2-json"][0]).encode_batch(docs)]

@@ -166,6 +166,13 @@ TEST_CASE("GGUF vocabularies take llama.cpp's split rules from tokenizer.ggml.pr
   auto llama = Tokenizer::FromGguf(v);
   REQUIRE(llama.ok());
   CHECK(Enc(*llama, "12") == Ids{257, 256});
+  // Exported as tokenizer.json, the same tokenizer comes back (BOS template included).
+  auto spec = Tokenizer::SpecFromGguf(v);
+  REQUIRE(spec.ok());
+  auto back = Tokenizer::FromTokenizerJsonText(BpeSpecToTokenizerJson(*spec), "exported");
+  REQUIRE(back.ok());
+  CHECK(Enc(*back, "12 <|im_end|>12") == Enc(*llama, "12 <|im_end|>12"));
+  CHECK(back->prefix_ids().size() == 1);
   v.add_bos = false;
   CHECK(Enc(*Tokenizer::FromGguf(v), "12") == Ids{256});
   v.pre = "qwen2";  // one digit per word

@@ -3,6 +3,8 @@
 // of tokenizer.ggml.*, through Tokenizer::FromGguf, the integrator's entry point),
 // encodes a JSON list of documents and writes the ids; checks Decode round-trips.
 //
+//   l2l_tokenizer_tool export-gguf --gguf-meta META.json --out TOKENIZER.json
+//       (BpeSpecToTokenizerJson of the GGUF spec, for HF to load)
 //   l2l_tokenizer_tool encode (--json TOKENIZER.json | --gguf-meta META.json)
 //       --docs DOCS.json --out IDS.json [--no-special] [--no-roundtrip]
 //       [--roundtrip-skip TEXT]... [--repeat N]
@@ -24,7 +26,7 @@ namespace {
 
 using json = nlohmann::json;
 
-l2l::Result<l2l::tok::Tokenizer> FromGgufMeta(const std::string& path) {
+l2l::Result<l2l::tok::GgufVocab> ReadGgufMeta(const std::string& path) {
   L2L_ASSIGN_OR_RETURN(std::string text, l2l::ReadFileToString(path));
   const json j = json::parse(text);
   l2l::tok::GgufVocab v;
@@ -36,7 +38,28 @@ l2l::Result<l2l::tok::Tokenizer> FromGgufMeta(const std::string& path) {
   v.eos_id = j.value("eos", int64_t{-1});
   if (j.contains("add_bos") && !j.at("add_bos").is_null()) v.add_bos = j.at("add_bos").get<bool>();
   if (j.contains("add_eos") && !j.at("add_eos").is_null()) v.add_eos = j.at("add_eos").get<bool>();
+  return v;
+}
+
+l2l::Result<l2l::tok::Tokenizer> FromGgufMeta(const std::string& path) {
+  L2L_ASSIGN_OR_RETURN(l2l::tok::GgufVocab v, ReadGgufMeta(path));
   return l2l::tok::Tokenizer::FromGguf(v, path);
+}
+
+int ExportGguf(const std::string& meta_path, const std::string& out_path) {
+  auto v = ReadGgufMeta(meta_path);
+  auto spec = v.ok() ? l2l::tok::Tokenizer::SpecFromGguf(*v, meta_path) : l2l::Result<l2l::tok::BpeSpec>(v.status());
+  if (!spec.ok()) {
+    std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
+    return 1;
+  }
+  const std::string s = l2l::tok::BpeSpecToTokenizerJson(*spec);
+  const l2l::Status st = l2l::WriteFileAtomic(out_path, s.data(), s.size());
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
 }
 
 int Run(int argc, char** argv) {
@@ -120,6 +143,15 @@ int Run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc == 6 && std::string(argv[1]) == "export-gguf" && std::string(argv[2]) == "--gguf-meta" &&
+      std::string(argv[4]) == "--out") {
+    try {
+      return ExportGguf(argv[3], argv[5]);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    }
+  }
   if (argc < 2 || std::string(argv[1]) != "encode") {
     std::fprintf(stderr, "usage: %s encode (--json F | --gguf-meta F) --docs DOCS.json --out IDS.json\n", argv[0]);
     return 2;
