@@ -40,6 +40,9 @@ namespace l2l::kernels {
 
 enum class DeviceKind { kCpu, kCuda };
 
+// A target id meaning "no target here": the cross-entropy ops give it loss 0 and gradient 0.
+inline constexpr int32_t kIgnoreTarget = -1;
+
 // A point in one queue's work (a CUDA event). Recording it on a queue (CopyQueue::Record,
 // Backend::RecordEvent) marks everything queued there so far; waiting on it waits for the
 // work of its LATEST record at the time of the wait. Never recorded: already complete.
@@ -182,13 +185,15 @@ class Backend {
   // qkv and att. scratch: (B,NH,T,T) floats the op may overwrite.
   virtual void AttentionBackward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                  const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
-  // Fused softmax + cross-entropy. logits (N,V); targets (N) int32 in [0,V).
+  // Fused softmax + cross-entropy. logits (N,V); targets (N) int32 in [0,V), or
+  // kIgnoreTarget (-1): a position that is not trained on (a loss-masked prompt token);
+  // its loss is 0 and its dlogits row 0.
   // probs (N,V) = softmax(logits) (overwritten; probs may alias logits, as
   // layers::HeadForwardBackward relies on); losses (N) = -log probs[target].
   virtual void CrossEntropyForward(float* losses, float* probs, const float* logits,
                                    const int32_t* targets, int64_t N, int64_t V) = 0;
-  // dlogits (N,V) = scale * (probs - onehot(targets)). OVERWRITES dlogits (it may alias
-  // probs). scale is d(loss)/d(per-token loss), e.g. 1/(N * micro_batches).
+  // dlogits (N,V) = scale * (probs - onehot(targets)); rows whose target is
+  // kIgnoreTarget are 0. OVERWRITES dlogits (it may alias probs). scale is d(loss)/d(per-token loss), e.g. 1/(N * micro_batches).
   virtual void CrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
                                     float scale, int64_t N, int64_t V) = 0;
 

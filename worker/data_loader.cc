@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <utility>
 
 #include "common/rng.h"
 #include "common/tokens_file.h"
+#include "kernels/backend.h"
 
 namespace l2l::worker {
 std::string DataPosition::ToString() const {
@@ -28,12 +30,28 @@ Result<DataPosition> DataPosition::Parse(const std::string& s) {
 }
 
 Result<DataLoader> DataLoader::Open(const std::string& path, const DataLoaderOptions& opts) {
-  L2L_ASSIGN_OR_RETURN(std::vector<uint16_t> raw, ReadTokensFile(path, opts.vocab_size));
-  return FromTokens(std::vector<int32_t>(raw.begin(), raw.end()), opts, path);
+  L2L_ASSIGN_OR_RETURN(std::vector<uint32_t> raw, ReadTokensFile32(path, opts.vocab_size));
+  std::vector<uint8_t> mask;
+  const std::string mask_path = LossMaskPath(path);
+  if (opts.loss_mask && std::filesystem::exists(mask_path)) {
+    L2L_ASSIGN_OR_RETURN(mask, ReadLossMaskFile(mask_path, static_cast<int64_t>(raw.size())));
+  }
+  return FromTokens(std::vector<int32_t>(raw.begin(), raw.end()), opts, path, std::move(mask));
+}
+
+double DataLoader::trained_fraction() const {
+  if (mask_.empty()) return 1.0;
+  int64_t ones = 0;
+  for (uint8_t m : mask_) ones += m;
+  return static_cast<double>(ones) / static_cast<double>(mask_.size());
 }
 
 Result<DataLoader> DataLoader::FromTokens(std::vector<int32_t> tokens, const DataLoaderOptions& opts,
-                                          const std::string& origin) {
+                                          const std::string& origin, std::vector<uint8_t> mask) {
+  if (!mask.empty() && mask.size() != tokens.size()) {
+    return InvalidArgument(origin + ": loss mask has " + std::to_string(mask.size()) + " entries for " +
+                           std::to_string(tokens.size()) + " tokens");
+  }
   if (opts.B <= 0 || opts.T <= 0) {
     return InvalidArgument(origin + ": micro-batch shape B=" + std::to_string(opts.B) + " T=" +
                            std::to_string(opts.T) + " must be positive");
@@ -53,6 +71,7 @@ Result<DataLoader> DataLoader::FromTokens(std::vector<int32_t> tokens, const Dat
   DataLoader d;
   d.opts_ = opts;
   d.tokens_ = std::move(tokens);
+  d.mask_ = std::move(mask);
   const int64_t n = static_cast<int64_t>(d.tokens_.size());
   d.num_windows_ = n > 0 ? (n - 1) / opts.T : 0;
   d.per_rank_ = d.num_windows_ / opts.world;
@@ -105,6 +124,12 @@ MicroBatch DataLoader::Next() {
     const int32_t* src = tokens_.data() + window * T;
     std::copy(src, src + T, mb.inputs.begin() + b * T);
     std::copy(src + 1, src + T + 1, mb.targets.begin() + b * T);
+    if (!mask_.empty()) {
+      const uint8_t* m = mask_.data() + window * T + 1;  // mask of each target token
+      for (int64_t t = 0; t < T; ++t) {
+        if (m[t] == 0) mb.targets[static_cast<size_t>(b * T + t)] = kernels::kIgnoreTarget;
+      }
+    }
   }
   ++pos_.batch;
   return mb;

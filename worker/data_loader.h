@@ -10,6 +10,11 @@
 // Position: (epoch, batch) of the next micro-batch; it round-trips through a string so
 // a checkpoint can resume exactly at the next batch.
 //
+// Loss mask: when a mask file (common/tokens_file.h's LossMaskPath: "<tokens>.mask",
+// written by `l2l-tokenize --jsonl`) lies beside the tokens file, Open reads it and every
+// target whose mask byte is 0 becomes kernels::kIgnoreTarget (-1): the head gives it no
+// loss and no gradient, so only completion / assistant tokens are trained on.
+//
 // Ownership: holds the whole token array in memory (int32). Thread-safety: one thread.
 #pragma once
 
@@ -26,7 +31,8 @@ struct MicroBatch {
   int64_t B = 0;                 // sequences
   int64_t T = 0;                 // tokens per sequence
   std::vector<int32_t> inputs;   // (B,T) token ids
-  std::vector<int32_t> targets;  // (B,T) the next token after each input
+  std::vector<int32_t> targets;  // (B,T) the next token after each input, or -1
+                                 // (kernels::kIgnoreTarget) where the loss mask is 0
 };
 
 struct DataPosition {
@@ -46,15 +52,18 @@ struct DataLoaderOptions {
   int64_t world = 1;      // number of shards
   int64_t vocab_size = 0; // > 0: every token must be < vocab_size (checked on load)
   bool shuffle = true;    // false: windows in file order (validation)
+  bool loss_mask = true;  // Open: use "<path>.mask" when it exists
 };
 
 class DataLoader {
  public:
   // Reads an llm.c tokens file (common/tokens_file.h); errors name the path.
   static Result<DataLoader> Open(const std::string& path, const DataLoaderOptions& opts);
-  // From tokens already in memory; `origin` names them in errors.
+  // From tokens already in memory; `origin` names them in errors. mask: empty (every
+  // target trained on) or one 0/1 byte per token.
   static Result<DataLoader> FromTokens(std::vector<int32_t> tokens, const DataLoaderOptions& opts,
-                                       const std::string& origin = "<tokens>");
+                                       const std::string& origin = "<tokens>",
+                                       std::vector<uint8_t> mask = {});
 
   // The next micro-batch; wraps to the next epoch (reshuffled) at the end of one.
   MicroBatch Next();
@@ -68,6 +77,9 @@ class DataLoader {
   int64_t num_windows() const { return num_windows_; }         // whole stream
   int64_t batches_per_epoch() const { return batches_per_epoch_; }  // this rank
   int64_t num_tokens() const { return static_cast<int64_t>(tokens_.size()); }
+  bool has_loss_mask() const { return !mask_.empty(); }
+  // Fraction of the tokens whose mask byte is 1 (1.0 without a mask).
+  double trained_fraction() const;
   const DataLoaderOptions& options() const { return opts_; }
 
  private:
@@ -76,6 +88,7 @@ class DataLoader {
 
   DataLoaderOptions opts_;
   std::vector<int32_t> tokens_;
+  std::vector<uint8_t> mask_;  // empty, or one byte per token
   int64_t num_windows_ = 0;
   int64_t per_rank_ = 0;
   int64_t batches_per_epoch_ = 0;

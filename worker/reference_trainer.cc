@@ -140,7 +140,8 @@ Status ReferenceTrainer::CheckBatch(const MicroBatch& mb, size_t index) const {
   }
   const int64_t V = cfg_.model.vocab_size;
   for (size_t i = 0; i < n; ++i) {
-    if (mb.inputs[i] < 0 || mb.inputs[i] >= V || mb.targets[i] < 0 || mb.targets[i] >= V) {
+    const bool target_ok = mb.targets[i] == kernels::kIgnoreTarget || (mb.targets[i] >= 0 && mb.targets[i] < V);
+    if (mb.inputs[i] < 0 || mb.inputs[i] >= V || !target_ok) {
       return OutOfRange(where + ": token at position " + std::to_string(i) + " (input " +
                         std::to_string(mb.inputs[i]) + ", target " + std::to_string(mb.targets[i]) +
                         ") is outside [0, model.vocab_size=" + std::to_string(V) + ")");

@@ -150,7 +150,8 @@ Status Relay::ValidateBatch(const std::vector<MicroBatch>& mbs) const {
                                std::to_string(n));
       }
       for (size_t i = 0; i < n; ++i) {
-        if ((*v)[i] < 0 || (*v)[i] >= spec_.vocab_size) {
+        const bool ignored = v == &mbs[u].targets && (*v)[i] == kernels::kIgnoreTarget;
+        if (!ignored && ((*v)[i] < 0 || (*v)[i] >= spec_.vocab_size)) {
           return OutOfRange("micro-batch " + std::to_string(u) + " " + what + "[" +
                             std::to_string(i) + "]=" + std::to_string((*v)[i]) +
                             " is outside the vocabulary [0, " + std::to_string(spec_.vocab_size) + ")");

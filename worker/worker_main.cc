@@ -127,6 +127,10 @@ Status OpenData(const l2l::JobConfig& job, const w::WorkerRegistration& reg,
   dopts.world = reg.data_world;
   dopts.vocab_size = job.model.vocab_size;
   L2L_ASSIGN_OR_RETURN(w::DataLoader loader, w::DataLoader::Open(job.data.train_path, dopts));
+  if (loader.has_loss_mask()) {
+    L2L_LOG(INFO) << "loss mask " << job.data.train_path << ".mask: " << 100.0 * loader.trained_fraction()
+                  << "% of the tokens are trained on";
+  }
   out->emplace(std::move(loader));
   if (!reg.data_position.empty()) {
     L2L_ASSIGN_OR_RETURN(w::DataPosition pos, w::DataPosition::Parse(reg.data_position));

@@ -290,16 +290,16 @@ void CpuBackend::CrossEntropyForward(float* losses, float* probs, const float* l
     ParallelFor(N, RowGrain(V), [&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) {
         const int32_t tgt = targets[n];
-        L2L_CHECK(tgt >= 0 && tgt < V)
+        L2L_CHECK(tgt == kIgnoreTarget || (tgt >= 0 && tgt < V))
             << "CrossEntropyForward: target " << tgt << " at row " << n << " not in [0," << V << ")";
         const float* x = logits + n * V;
         float* p = probs + n * V;  // may alias x: x[tgt] is read before p is written
-        const float x_tgt = x[tgt];
+        const float x_tgt = tgt == kIgnoreTarget ? 0.0f : x[tgt];
         const float mx = MaxSpan(x, V);
         const double sum = ExpShiftSumSpan(p, x, mx, V);
         ScaleSpan(p, float(1.0 / sum), V);
         // -log softmax[tgt] = log(sum) - (x[tgt] - max): exact even when the prob underflows.
-        losses[n] = float(std::log(sum) - double(x_tgt - mx));
+        losses[n] = tgt == kIgnoreTarget ? 0.0f : float(std::log(sum) - double(x_tgt - mx));
       }
     });
   });
@@ -312,6 +312,10 @@ void CpuBackend::CrossEntropyBackward(float* dlogits, const float* probs, const 
       for (int64_t n = n0; n < n1; ++n) {
         const float* p = probs + n * V;
         float* d = dlogits + n * V;
+        if (targets[n] == kIgnoreTarget) {
+          for (int64_t v = 0; v < V; ++v) d[v] = 0.0f;
+          continue;
+        }
         for (int64_t v = 0; v < V; ++v) d[v] = scale * p[v];
         d[targets[n]] -= scale;
       }

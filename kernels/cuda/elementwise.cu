@@ -71,8 +71,9 @@ __global__ void CrossEntropyBackwardKernel(float* dlogits, const float* probs,
                                            int64_t V) {
   L2L_GRID_STRIDE(i, N * V) {
     int64_t row = i / V, col = i % V;
-    float onehot = col == targets[row] ? 1.0f : 0.0f;
-    dlogits[i] = scale * (probs[i] - onehot);
+    const int32_t target = targets[row];
+    float onehot = col == target ? 1.0f : 0.0f;
+    dlogits[i] = target == -1 ? 0.0f : scale * (probs[i] - onehot);  // -1: kIgnoreTarget
   }
 }
 

@@ -60,7 +60,8 @@ __global__ void CrossEntropyForwardKernel(float* losses, float* probs, const flo
   const float inv = 1.0f / sum;
   float* p = probs + row * V;
   for (int64_t j = threadIdx.x; j < V; j += blockDim.x) p[j] = expf(x[j] - mx) * inv;
-  if (threadIdx.x == 0) losses[row] = valid ? logf(sum) - (xt - mx) : NAN;
+  // An ignored position (target kIgnoreTarget = -1) has loss 0; any other invalid target NaN.
+  if (threadIdx.x == 0) losses[row] = valid ? logf(sum) - (xt - mx) : (target == -1 ? 0.0f : NAN);
 }
 
 unsigned WarpRowBlocks(int64_t rows) {

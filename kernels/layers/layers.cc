@@ -3,6 +3,7 @@
 // family (only the final norm differs), so they live here.
 #include "kernels/layers/layers.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -136,15 +137,23 @@ float HeadForwardBackward(Backend& be, const ModelSpec& spec, const LayerLayout&
   be.CrossEntropyForward(ws.losses.f32(), logits, logits, targets, N, V);
   std::vector<float> losses(static_cast<size_t>(N));
   be.CopyToHost(losses.data(), ws.losses.data(), losses.size() * sizeof(float));
+  // Loss-masked positions (kIgnoreTarget) add nothing: the mean is over the trained
+  // targets of this micro-batch (all N without a mask), and a micro-batch with none
+  // contributes loss 0 and no gradient.
+  std::vector<int32_t> host_targets(static_cast<size_t>(N));
+  be.CopyToHost(host_targets.data(), targets, host_targets.size() * sizeof(int32_t));
+  int64_t trained = 0;
+  for (int32_t t : host_targets) trained += t != kernels::kIgnoreTarget;
   double sum = 0.0;
   for (float l : losses) sum += l;
-  const float mean_loss = static_cast<float>(sum / static_cast<double>(N));
+  const float mean_loss = trained > 0 ? static_cast<float>(sum / static_cast<double>(trained)) : 0.0f;
   if (din == nullptr) return mean_loss;
 
   L2L_CHECK(dparams != nullptr) << "HeadForwardBackward: din given without dparams";
   float* dw = spec.tied_embeddings ? dwte : dparams + Off(layout, "lm_head.weight");
   L2L_CHECK(dw != nullptr) << "HeadForwardBackward: a tied head needs dwte";
-  be.CrossEntropyBackward(logits, logits, targets, loss_scale / static_cast<float>(N), N, V);
+  be.CrossEntropyBackward(logits, logits, targets,
+                          loss_scale / static_cast<float>(std::max<int64_t>(trained, 1)), N, V);
   be.Gemm(true, false, V, C, N, 1.0f, logits, V, normed, C, 1.0f, dw, C);     // dW (V,C) +=
   float* dnormed = ws.g0.f32();
   be.Gemm(false, false, N, C, V, 1.0f, logits, V, w, C, 0.0f, dnormed, C);    // (N,C)
