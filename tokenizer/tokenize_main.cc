@@ -1,7 +1,7 @@
 // l2l-tokenize: turns a text file (or SFT JSONL) into a tokens file (docs/formats.md),
 // with the byte-level tokenizer (one token per byte, vocabulary 256; the default) or a
-// model's BPE tokenizer (--tokenizer: a model directory holding tokenizer.json, or the
-// tokenizer.json file), optionally splitting off the last fraction as a validation file.
+// model's BPE tokenizer (--tokenizer: a model directory holding tokenizer.json, the
+// tokenizer.json file, or a GGUF file's tokenizer.ggml.* metadata), optionally splitting off the last fraction as a validation file.
 //
 //   l2l-tokenize INPUT OUTPUT.bin [--tokenizer PATH] [--jsonl]
 //                [--val-fraction 0.1 --val-output VAL.bin]
@@ -22,6 +22,7 @@
 #include "common/file_util.h"
 #include "common/status.h"
 #include "common/tokens_file.h"
+#include "tokenizer/load.h"
 #include "tokenizer/sft.h"
 #include "tokenizer/tokenizer.h"
 
@@ -35,13 +36,7 @@ struct Options {
 
 l2l::Result<std::optional<l2l::tok::Tokenizer>> LoadTokenizer(const std::string& path) {
   if (path.empty()) return std::optional<l2l::tok::Tokenizer>();
-  std::ifstream f(path, std::ios::binary);
-  char magic[4] = {};
-  if (f && f.read(magic, 4) && std::string_view(magic, 4) == "GGUF") {
-    return l2l::Unimplemented(path + ": reading the tokenizer from a GGUF file is not yet supported by l2l-tokenize; "
-                              "pass the model's tokenizer.json (or its Hugging Face directory)");
-  }
-  L2L_ASSIGN_OR_RETURN(l2l::tok::Tokenizer tok, l2l::tok::Tokenizer::FromTokenizerJson(path));
+  L2L_ASSIGN_OR_RETURN(l2l::tok::Tokenizer tok, l2l::tok::LoadTokenizer(path));
   return std::optional<l2l::tok::Tokenizer>(std::move(tok));
 }
 

@@ -598,9 +598,24 @@ def check_sft(args, configs):
     with open(fake, "wb") as f:
         f.write(b"GGUF\x03\x00\x00\x00")
     proc = subprocess.run([args.tokenize, src, os.path.join(args.work, "g.bin"), "--tokenizer", fake], capture_output=True, text=True)
-    if proc.returncode == 0 or "not yet supported" not in proc.stderr:
-        print("sft: a GGUF --tokenizer gave exit %d, stderr %r" % (proc.returncode, proc.stderr))
+    if proc.returncode == 0 or fake not in proc.stderr:
+        print("sft: a truncated GGUF --tokenizer gave exit %d, stderr %r (want an error naming the file)" % (proc.returncode, proc.stderr))
         ok = False
+    # The real GGUF as --tokenizer: its tokenizer.ggml.* metadata gives HF's ids of the
+    # equivalent tokenizer.json (llama.cpp's rules for tokenizer.ggml.pre).
+    if "smollm2-gguf" in configs:
+        gguf_path = fetch_smollm_gguf()
+        hf = Tokenizer.from_file(configs["smollm2-gguf"][0])
+        text = open(src_txt, encoding="utf-8").read()
+        want = hf.encode(text).ids
+        out = os.path.join(args.work, "gguf-tok.bin")
+        proc = subprocess.run([args.tokenize, src_txt, out, "--tokenizer", gguf_path], capture_output=True, text=True)
+        got = read_tokens(out) if proc.returncode == 0 else None
+        if got != want:
+            print("sft: l2l-tokenize --tokenizer GGUF: exit %d, ids equal %s: %s" % (proc.returncode, got == want, proc.stderr.strip()))
+            ok = False
+        else:
+            print("sft: l2l-tokenize --tokenizer %s: OK, %d ids equal HF's" % (os.path.basename(gguf_path), len(got)))
     return ok
 
 

@@ -1,0 +1,60 @@
+// Loading a model's tokenizer from whatever holds it. See tokenizer/load.h.
+#include "tokenizer/load.h"
+
+#include <fstream>
+#include <string_view>
+
+namespace l2l::tok {
+
+Result<GgufVocab> GgufVocabFromReader(const formats::GgufReader& gguf) {
+  const std::string& file = gguf.path();
+  GgufVocab v;
+  auto model = gguf.GetString("tokenizer.ggml.model");
+  if (!model.ok()) return InvalidArgument(file + ": no tokenizer in its metadata (tokenizer.ggml.model: " + model.status().message() + ")");
+  v.model = *model;
+  L2L_ASSIGN_OR_RETURN(v.tokens, gguf.GetStringArray("tokenizer.ggml.tokens"));
+  if (gguf.Get("tokenizer.ggml.merges") != nullptr) {
+    L2L_ASSIGN_OR_RETURN(v.merges, gguf.GetStringArray("tokenizer.ggml.merges"));
+  }
+  if (gguf.Get("tokenizer.ggml.token_type") != nullptr) {
+    L2L_ASSIGN_OR_RETURN(std::vector<int64_t> types, gguf.GetIntArray("tokenizer.ggml.token_type"));
+    v.token_types.assign(types.begin(), types.end());
+  }
+  if (gguf.Get("tokenizer.ggml.pre") != nullptr) {
+    L2L_ASSIGN_OR_RETURN(v.pre, gguf.GetString("tokenizer.ggml.pre"));
+  }
+  if (gguf.Get("tokenizer.ggml.bos_token_id") != nullptr) {
+    L2L_ASSIGN_OR_RETURN(uint64_t id, gguf.GetUInt("tokenizer.ggml.bos_token_id"));
+    v.bos_id = static_cast<int64_t>(id);
+  }
+  if (gguf.Get("tokenizer.ggml.eos_token_id") != nullptr) {
+    L2L_ASSIGN_OR_RETURN(uint64_t id, gguf.GetUInt("tokenizer.ggml.eos_token_id"));
+    v.eos_id = static_cast<int64_t>(id);
+  }
+  if (gguf.Get("tokenizer.ggml.add_bos_token") != nullptr) {
+    L2L_ASSIGN_OR_RETURN(bool b, gguf.GetBool("tokenizer.ggml.add_bos_token"));
+    v.add_bos = b;
+  }
+  if (gguf.Get("tokenizer.ggml.add_eos_token") != nullptr) {
+    L2L_ASSIGN_OR_RETURN(bool b, gguf.GetBool("tokenizer.ggml.add_eos_token"));
+    v.add_eos = b;
+  }
+  return v;
+}
+
+bool IsGgufFile(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  char magic[4] = {};
+  return f && f.read(magic, 4) && std::string_view(magic, 4) == "GGUF";
+}
+
+Result<Tokenizer> LoadTokenizer(const std::string& path) {
+  if (IsGgufFile(path)) {
+    L2L_ASSIGN_OR_RETURN(formats::GgufReader gguf, formats::GgufReader::Open(path));
+    L2L_ASSIGN_OR_RETURN(GgufVocab v, GgufVocabFromReader(gguf));
+    return Tokenizer::FromGguf(v, path);
+  }
+  return Tokenizer::FromTokenizerJson(path);
+}
+
+}  // namespace l2l::tok
