@@ -2,6 +2,7 @@
 // Hugging Face names, shapes and adjacency, parameter counts against the layout, YAML and
 // JSON round trips of the family fields, config.json mapping both ways, and the clear
 // refusals (sliding windows, unknown architectures, GPT-2 given Llama-only fields).
+#include <algorithm>
 #include <string>
 
 #include <catch2/catch.hpp>
@@ -11,6 +12,8 @@
 #include "common/model_io.h"
 #include "common/model_spec.h"
 #include "common/models/registry.h"
+#include "common/safetensors.h"
+#include "tests/common/temp_dir.h"
 
 namespace l2l {
 namespace {
@@ -129,6 +132,13 @@ TEST_CASE("Family fields survive YAML and JSON round trips; bad ones are named",
   CHECK(ok->model.kv_heads() == 3);
   CHECK(ok->model.rope_scaling.type == RopeScalingType::kLinear);
   CHECK(ok->model.rope_scaling.factor == 2.0);
+  JobConfig over;
+  REQUIRE(ApplyOverride(&over, "model.family=llama").ok());
+  REQUIRE(ApplyOverride(&over, "model.rope_scaling={type: linear, factor: 3}").ok());
+  CHECK(over.model.family == ModelFamily::kLlama);
+  CHECK(over.model.rope_scaling.factor == 3.0);
+  ExpectError(ApplyOverride(&over, "model.family=gpt3"), {"gpt3"});
+  CHECK(over.model.family == ModelFamily::kLlama);
   ExpectError(ParseJobConfig(base + "  family: bert2\n", "<yaml>").status(), {"model.family", "bert2", "gpt2, llama"});
   ExpectError(ParseJobConfig(base + "  family: llama\n  n_kv_heads: 4\n", "<yaml>").status(),
               {"n_kv_heads=4", "n_head=6"});
@@ -200,6 +210,57 @@ TEST_CASE("Hugging Face config.json maps to a spec and back; sliding windows are
   nlohmann::json yarn = smol;
   yarn["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
   ExpectError(models::SpecFromHfConfig(yarn, "y/config.json").status(), {"yarn", "not supported"});
+}
+
+TEST_CASE("A Llama model saves under Hugging Face names and loads back, with or without the prefix",
+          "[model_spec][model_io][llama]") {
+  testing::TempDir dir;
+  const ModelSpec s = SmallLlama();
+  std::vector<std::vector<float>> layers;
+  for (const LayerLayout& l : BuildLayout(s)) {
+    layers.emplace_back(l.numel);
+    InitLayerParams(s, l, 3, layers.back().data());
+  }
+  const std::string path = dir.File("llama.safetensors");
+  REQUIRE(SaveModel(path, s, layers).ok());
+  auto r = SafeTensorsReader::Open(path);
+  REQUIRE(r.ok());
+  std::vector<std::string> names;
+  std::vector<TensorToWrite> bare;  // the same tensors without "model."
+  for (const SafeTensorInfo& t : r->tensors()) names.push_back(t.name);
+  CHECK(std::find(names.begin(), names.end(), "model.embed_tokens.weight") != names.end());
+  CHECK(std::find(names.begin(), names.end(), "model.layers.1.mlp.down_proj.weight") != names.end());
+  CHECK(std::find(names.begin(), names.end(), "lm_head.weight") != names.end());
+  auto m = LoadModel(path);
+  INFO(m.status().ToString());
+  REQUIRE(m.ok());
+  CHECK(m->spec == s);
+  CHECK(m->layers == layers);
+
+  // Our names without the prefix load too; a missing tensor is named.
+  std::vector<std::vector<float>> data;
+  for (const SafeTensorInfo& t : r->tensors()) {
+    data.emplace_back(t.numel());
+    REQUIRE(r->ReadAsFloat(t.name, data.back().data(), data.back().size()).ok());
+  }
+  for (size_t i = 0; i < r->tensors().size(); ++i) {
+    const SafeTensorInfo& t = r->tensors()[i];
+    const std::string n = t.name.rfind("model.", 0) == 0 ? t.name.substr(6) : t.name;
+    bare.push_back({n, t.shape, DType::kF32, data[i].data()});
+  }
+  const std::string bare_path = dir.File("bare.safetensors");
+  REQUIRE(WriteSafeTensors(bare_path, bare, {{"format", "pt"}}).ok());
+  auto loaded = LoadModel(bare_path, s);
+  INFO(loaded.status().ToString());
+  REQUIRE(loaded.ok());
+  CHECK(loaded->layers == layers);
+  bare.erase(std::remove_if(bare.begin(), bare.end(),
+                            [](const TensorToWrite& t) { return t.name == "layers.0.self_attn.k_proj.weight"; }),
+             bare.end());
+  REQUIRE(WriteSafeTensors(bare_path, bare, {{"format", "pt"}}).ok());
+  auto missing = LoadModel(bare_path, s);
+  REQUIRE_FALSE(missing.ok());
+  CHECK(missing.status().message().find("layers.0.self_attn.k_proj.weight") != std::string::npos);
 }
 
 }  // namespace
