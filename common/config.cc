@@ -129,7 +129,8 @@ Status ReadModelFields(YamlMap* m, ModelSpec* spec) {
 
 // Reads `model:` of `root` into *spec (a preset first, then the keys beside it) and
 // validates the result, reporting failures at the section's line.
-Status ReadModel(YamlMap* root, const std::string& base_dir, bool allow_preset, ModelSpec* spec) {
+Status ReadModel(YamlMap* root, const std::string& base_dir, bool allow_preset, ModelSpec* spec,
+                 JobConfig* import = nullptr) {
   if (!root->Has("model")) {
     root->Accept("model");
     return Status::Ok();
@@ -137,6 +138,20 @@ Status ReadModel(YamlMap* root, const std::string& base_dir, bool allow_preset, 
   L2L_ASSIGN_OR_RETURN(YamlMap m, root->Map("model"));
   std::string preset;
   L2L_RETURN_IF_ERROR(m.Get("preset", &preset));
+  std::string from;
+  if (allow_preset && import != nullptr) L2L_RETURN_IF_ERROR(m.Get("from", &from));
+  if (!from.empty()) {
+    if (!preset.empty()) return m.Error("from", "model.from and model.preset are exclusive (the file gives the model)");
+    import->model_from_written = from;
+    import->model_from = ResolvePath(from, base_dir);
+    import->model_keys_set.clear();
+    for (const char* key : {"vocab_size", "seq_len", "d_model", "n_layer", "n_head", "d_ff", "tied_embeddings", "family",
+                            "n_kv_heads", "rope_theta", "rms_norm_eps", "qkv_bias", "rope_scaling"}) {
+      if (m.Has(key)) import->model_keys_set.emplace_back(key, m.Where(key));
+    }
+    L2L_RETURN_IF_ERROR(ReadModelFields(&m, spec));
+    return m.Finish();  // validated against the file by ResolveModelFrom
+  }
   if (!preset.empty()) {
     if (!allow_preset) return m.Error("preset", "a preset file cannot name another preset");
     Result<std::string> path = FindPreset(preset, base_dir);
@@ -199,14 +214,16 @@ Status ReadData(YamlMap* root, const std::string& base_dir, DataConfig* d) {
 // Applies every section present in `doc` onto *cfg, then runs the cross-field checks.
 Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg) {
   L2L_ASSIGN_OR_RETURN(YamlMap root, YamlMap::Wrap(doc.root, doc.origin, ""));
-  L2L_RETURN_IF_ERROR(ReadModel(&root, base_dir, /*allow_preset=*/true, &cfg->model));
+  L2L_RETURN_IF_ERROR(ReadModel(&root, base_dir, /*allow_preset=*/true, &cfg->model, cfg));
   L2L_RETURN_IF_ERROR(ReadOptim(&root, &cfg->optim));
   L2L_RETURN_IF_ERROR(ReadTrain(&root, &cfg->train));
   L2L_RETURN_IF_ERROR(ReadData(&root, base_dir, &cfg->data));
   std::string dtype = DTypeName(cfg->publish_dtype);
   L2L_RETURN_IF_ERROR(root.GetChoice("publish_dtype", &dtype, {"f32", "bf16"}));
   cfg->publish_dtype = ParseDType(dtype).value();
+  L2L_RETURN_IF_ERROR(root.Get("imported_from", &cfg->imported_from));
   L2L_RETURN_IF_ERROR(root.Finish());
+  if (!cfg->model_from.empty()) return Status::Ok();  // the model comes with ResolveModelFrom
   if (cfg->train.seq_len > cfg->model.seq_len) {
     L2L_ASSIGN_OR_RETURN(YamlMap train, root.Map("train"));
     return train.Error("seq_len", "train.seq_len=" + std::to_string(cfg->train.seq_len) + " exceeds model.seq_len=" +
@@ -309,7 +326,8 @@ Status ApplyOverride(JobConfig* cfg, const std::string& assignment) {
 std::string JobConfigToYaml(const JobConfig& cfg) {
   std::ostringstream os;
   const ModelSpec& m = cfg.model;
-  os << "model:\n"
+  if (!cfg.model_from.empty()) os << "model:\n  from: " << YamlQuote(cfg.model_from) << "\n";
+  if (cfg.model_from.empty()) os << "model:\n"
      << "  vocab_size: " << m.vocab_size << "\n"
      << "  seq_len: " << m.seq_len << "\n"
      << "  d_model: " << m.d_model << "\n"
@@ -318,7 +336,7 @@ std::string JobConfigToYaml(const JobConfig& cfg) {
      << "  d_ff: " << m.d_ff << "\n"
      << "  tied_embeddings: " << (m.tied_embeddings ? "true" : "false") << "\n"
      << "  family: " << ToString(m.family) << "\n";
-  if (m.family != ModelFamily::kGpt2) {
+  if (m.family != ModelFamily::kGpt2 && cfg.model_from.empty()) {
     const RopeScaling& rs = m.rope_scaling;
     os << "  n_kv_heads: " << m.n_kv_heads << "\n"
        << "  rope_theta: " << DoubleText(m.rope_theta) << "\n"
@@ -359,6 +377,7 @@ std::string JobConfigToYaml(const JobConfig& cfg) {
      << "  train_path: " << YamlQuote(cfg.data.train_path) << "\n"
      << "  val_path: " << YamlQuote(cfg.data.val_path) << "\n";
   os << "publish_dtype: " << DTypeName(cfg.publish_dtype) << "\n";
+  if (!cfg.imported_from.empty()) os << "imported_from: " << YamlQuote(cfg.imported_from) << "\n";
   return os.str();
 }
 

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/adamw.h"
@@ -47,6 +48,20 @@ struct JobConfig {
   TrainingConfig train;
   DataConfig data;
   DType publish_dtype = DType::kF32;  // dtype of the copy workers fetch: f32 | bf16
+
+  // `model.from: PATH`: a pretrained model (Hugging Face dir or GGUF file) gives the
+  // architecture, the shapes and the initial weights. Parsing only records it (relative
+  // paths resolved against the config's directory; model_from_written keeps the text for
+  // a daemon that confines paths to its state dir) with the model keys set beside it and
+  // where; common/pretrained/pretrained.h ResolveModelFrom replaces `model` by the file's
+  // spec, checks those keys against it, and clears model_from. Until then the model and
+  // the checks that involve it are not validated.
+  std::string model_from;
+  std::string model_from_written;
+  std::vector<std::pair<std::string, std::string>> model_keys_set;  // (key, "file:line")
+  // The file the weights were imported from (set by ResolveModelFrom; serialised as
+  // top-level `imported_from`): export copies its tokenizer from there.
+  std::string imported_from;
 
   int64_t seq_len() const { return train.seq_len > 0 ? train.seq_len : model.seq_len; }
   Status Validate() const;  // cross-field checks (seq_len <= model.seq_len, ...)

@@ -146,11 +146,15 @@ Result<CtlWritten> CtlClient::Checkpoint(const std::string& dir) {
   return CtlWritten{rep.dir(), rep.step(), rep.bytes()};
 }
 
-Result<CtlWritten> CtlClient::Export(const std::string& path) {
+Result<CtlWritten> CtlClient::Export(const std::string& path) { return Export(path, "", ""); }
+
+Result<CtlWritten> CtlClient::Export(const std::string& path, const std::string& format, const std::string& dtype) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, opts_.write_timeout);
   pb::ExportRequest req;
   req.set_path(path);
+  req.set_format(format);
+  req.set_dtype(dtype);
   pb::ExportReply rep;
   L2L_RETURN_IF_ERROR(FromGrpc(impl_->stub->Export(&ctx, req, &rep), "Export", address_));
   return CtlWritten{rep.path(), 0, rep.bytes()};

@@ -94,6 +94,8 @@ class CtlClient {
   Status Resume();
   Result<CtlWritten> Checkpoint(const std::string& dir);  // "" = the daemon's default
   Result<CtlWritten> Export(const std::string& path);
+  // format: "safetensors" | "hf" | "gguf"; dtype "" = f32 (ExportRequest in control.proto).
+  Result<CtlWritten> Export(const std::string& path, const std::string& format, const std::string& dtype);
   Status Shutdown(bool abort_step, bool skip_checkpoint);
 
  private:

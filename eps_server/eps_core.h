@@ -216,6 +216,15 @@ class EpsCore {
   // Writes the fp32 master (dtype kF32, or kBF16) as HF GPT-2 safetensors at `path`
   // (confined like ResolveUserPath), at a step boundary. Returns bytes written.
   Result<int64_t> Export(const std::string& path, DType dtype);
+  // The same gate for other export formats: `write(resolved_path, step, read_layer)`
+  // runs at a step boundary with updates held, read_layer(l, out) giving layer l's fp32
+  // master; returns what `write` returns (bytes). The job's config (imported_from) is job().
+  Result<int64_t> ExportWith(
+      const std::string& path,
+      const std::function<Result<int64_t>(const std::string& path, int64_t step,
+                                          const std::function<Status(int64_t, float*)>& read_layer)>& write);
+  // The job's config (valid once CreateJob succeeded).
+  JobConfig job_config() const;
   // Resolves an rpc-given output path: relative paths live under state_dir (no ".."
   // components, no symlink leading out: PERMISSION_DENIED); absolute paths only inside
   // state_dir unless allow_absolute_paths.

@@ -172,6 +172,27 @@ Result<int64_t> EpsCore::Export(const std::string& path_arg, DType dtype) {
   return ec ? int64_t{0} : static_cast<int64_t>(bytes);
 }
 
+Result<int64_t> EpsCore::ExportWith(
+    const std::string& path_arg,
+    const std::function<Result<int64_t>(const std::string&, int64_t, const std::function<Status(int64_t, float*)>&)>& write) {
+  if (!has_job()) return FailedPrecondition("no job to export (CreateJob first)");
+  L2L_ASSIGN_OR_RETURN(std::string path, ResolveUserPath(path_arg));
+  std::lock_guard<std::mutex> rlock(recovery_mu_);
+  L2L_ASSIGN_OR_RETURN(int64_t step, HoldAtBoundary(std::chrono::minutes(10)));
+  std::error_code ec;
+  fs::create_directories(fs::path(path).parent_path(), ec);
+  Result<int64_t> r = write(path, step, [this](int64_t l, float* out) { return store_->ReadState(l, 0, out); });
+  pipeline_->Release();
+  if (!r.ok()) return r.status().WithContext("export");
+  L2L_LOG_INFO("exported step {} to {}", step, path);
+  return r;
+}
+
+JobConfig EpsCore::job_config() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return job_;
+}
+
 Status EpsCore::Pause() {
   if (!has_job()) return FailedPrecondition("no job to pause");
   std::lock_guard<std::mutex> rlock(recovery_mu_);

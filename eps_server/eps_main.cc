@@ -27,6 +27,7 @@
 #include "eps_server/eps_config.h"
 #include "eps_server/eps_core.h"
 #include "eps_server/grpc_server.h"
+#include "eps_server/import.h"
 #include "eps_server/metrics.h"
 #include "eps_server/run_log.h"
 #include "eps_server/server_security.h"
@@ -134,6 +135,12 @@ int main(int argc, char** argv) {
     auto j = LoadJobConfig(job_path);
     if (!j.ok()) return Fail(j.status());
     job = *j;
+    if (!job.model_from.empty()) {
+      // model.from: checked completely here, before anything is written to the state dir.
+      auto model = ResolveModelFrom(&job, job.model_from);
+      if (!model.ok()) return Fail(model.status().WithContext(job_path));
+      start = eps::ImportStart(*model);
+    }
   }
 
   // SIGTERM/SIGINT are handled by a thread (sigwait), never asynchronously.

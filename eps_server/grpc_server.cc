@@ -15,6 +15,8 @@
 
 #include "common/logging.h"
 #include "common/model_io.h"
+#include "common/pretrained/pretrained.h"
+#include "eps_server/import.h"
 #include "proto/control.grpc.pb.h"
 #include "proto/data.grpc.pb.h"
 
@@ -403,7 +405,17 @@ class ControlService final : public control::Control::Service {
     auto job = ParseJobConfig(req->config_yaml(), "<rpc CreateJob>");
     if (!job.ok()) return ToGrpc(job.status());
     JobStart start;
-    if (!req->init_safetensors().empty()) {
+    if (!job->model_from.empty()) {
+      // model.from: the file gives the model and its weights (confined like every path).
+      if (!req->init_safetensors().empty()) {
+        return ToGrpc(InvalidArgument("CreateJob: model.from and init_safetensors are exclusive"));
+      }
+      auto path = core_->ResolveUserPath(job->model_from_written);
+      if (!path.ok()) return ToGrpc(path.status().WithContext("CreateJob model.from"));
+      auto model = ResolveModelFrom(&*job, *path);
+      if (!model.ok()) return ToGrpc(model.status().WithContext("CreateJob model.from"));
+      start = ImportStart(*model);
+    } else if (!req->init_safetensors().empty()) {
       auto path = core_->ResolveUserPath(req->init_safetensors());
       if (!path.ok()) return ToGrpc(path.status().WithContext("CreateJob init_safetensors"));
       auto loaded = LoadModel(*path, job->model);  // checks every tensor's shape
@@ -451,6 +463,11 @@ class ControlService final : public control::Control::Service {
 
   grpc::Status Export(grpc::ServerContext*, const control::ExportRequest* req,
                       control::ExportReply* rep) override {
+    if (req->format() == "hf" || req->format() == "gguf") return ExportPretrained(req, rep);
+    if (!req->format().empty() && req->format() != "safetensors") {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "Export: format '" + req->format() + "' must be safetensors, hf or gguf");
+    }
     DType dt = DType::kF32;
     if (!req->dtype().empty()) {
       auto d = ParseDType(req->dtype());
@@ -463,6 +480,38 @@ class ControlService final : public control::Control::Service {
     auto path = core_->ResolveUserPath(req->path());
     if (!path.ok()) return ToGrpc(path.status().WithContext("Export"));
     auto bytes = core_->Export(req->path(), dt);
+    if (!bytes.ok()) return ToGrpc(bytes.status().WithContext("Export"));
+    rep->set_path(*path);
+    rep->set_bytes(*bytes);
+    return grpc::Status::OK;
+  }
+
+  // Export --format hf | gguf (common/pretrained/pretrained.h), streamed at a step boundary.
+  grpc::Status ExportPretrained(const control::ExportRequest* req, control::ExportReply* rep) {
+    const std::string d = req->dtype().empty() ? "f32" : req->dtype();
+    const bool hf = req->format() == "hf";
+    if (d != "f32" && d != "bf16" && (hf || d != "q8_0")) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Export: dtype '" + d + "' must be f32 or bf16" +
+                                                                  (hf ? std::string() : std::string(" or q8_0")));
+    }
+    auto path = core_->ResolveUserPath(req->path());
+    if (!path.ok()) return ToGrpc(path.status().WithContext("Export"));
+    if (!core_->has_job()) return ToGrpc(FailedPrecondition("Export: no job to export (CreateJob first)"));
+    const JobConfig job = core_->job_config();
+    auto bytes = core_->ExportWith(
+        req->path(), [&](const std::string& p, int64_t step, const LayerSource& read) -> Result<int64_t> {
+          if (hf) {
+            HfExportOptions o;
+            o.dtype = d == "bf16" ? DType::kBF16 : DType::kF32;
+            o.imported_from = job.imported_from;
+            return ExportHf(p, job.model, read, o);
+          }
+          GgufExportOptions o;
+          o.type = d == "q8_0" ? formats::GgmlType::kQ8_0 : d == "bf16" ? formats::GgmlType::kBF16 : formats::GgmlType::kF32;
+          o.imported_from = job.imported_from;
+          o.name = "l2l step " + std::to_string(step);
+          return ExportGguf(p, job.model, read, o);
+        });
     if (!bytes.ok()) return ToGrpc(bytes.status().WithContext("Export"));
     rep->set_path(*path);
     rep->set_bytes(*bytes);

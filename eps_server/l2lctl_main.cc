@@ -7,7 +7,9 @@
 //     watch [--steps N] [--timeout S] [--interval S]
 //                                    live progress (bar + ETA on a TTY, plain lines otherwise)
 //     checkpoint [--dir DIR]         durable checkpoint now (or at the step boundary)
-//     export --format safetensors PATH   fp32 weights, Hugging Face GPT-2 names
+//     export [--format safetensors|hf|gguf] [--dtype f32|bf16|q8_0] PATH
+//                                        weights: one safetensors file, a Hugging Face
+//                                        directory (from_pretrained) or a GGUF file
 //   (checkpoint/export paths are the daemon's: relative ones land in its state dir)
 //     pause | resume                 hold / release publishing of new layer versions
 //     stop [--abort-step] [--skip-checkpoint] [--no-wait]
@@ -343,14 +345,15 @@ int CmdWatch(const Globals& g, const WatchFlags& w) {
   }
 }
 
-int CmdWritten(const Globals& g, const std::string& what, const std::string& path) {
+int CmdWritten(const Globals& g, const std::string& what, const std::string& path, const std::string& format = "safetensors",
+               const std::string& dtype = "") {
   Target t;
   auto c = Dial(g, &t);
   if (!c.ok()) return EmitError(g, c.status(), t.address, kExitUnreachable);
   // Paths go to the daemon verbatim: it writes on its own host, resolves a relative path
   // under its state dir and confines absolute ones to it unless its config has
   // allow_absolute_paths (EpsCore::ResolveUserPath).
-  auto r = what == "checkpoint" ? (*c)->Checkpoint(path) : (*c)->Export(path);
+  auto r = what == "checkpoint" ? (*c)->Checkpoint(path) : (*c)->Export(path, format, dtype);
   if (!r.ok()) return EmitRpcError(g, r.status(), t.address);
   if (g.json) {
     Json j = {{"ok", true}, {"address", t.address}, {"path", r->path}, {"bytes", r->bytes}};
@@ -360,8 +363,10 @@ int CmdWritten(const Globals& g, const std::string& what, const std::string& pat
     std::printf("checkpoint of step %lld written to %s (%s)\n", (long long)r->step,
                 r->path.empty() ? "the daemon's checkpoint dir" : r->path.c_str(), Bytes(r->bytes).c_str());
   } else {
-    std::printf("exported %s (%s, safetensors, Hugging Face GPT-2 names)\n", r->path.c_str(),
-                Bytes(r->bytes).c_str());
+    const char* what_written = format == "hf"     ? "Hugging Face model directory"
+                               : format == "gguf" ? "GGUF"
+                                                  : "safetensors, Hugging Face tensor names";
+    std::printf("exported %s (%s, %s)\n", r->path.c_str(), Bytes(r->bytes).c_str(), what_written);
   }
   return 0;
 }
@@ -441,10 +446,15 @@ int main(int argc, char** argv) {
   auto* ckpt = app.add_subcommand("checkpoint", "write a durable checkpoint now");
   ckpt->add_option("--dir", ckpt_dir,
                    "directory on the daemon's host, relative to its state dir (default: <checkpoint root>/step-N)");
-  std::string format = "safetensors", export_path;
-  auto* exp = app.add_subcommand("export", "write the fp32 weights (Hugging Face GPT-2 names)");
-  exp->add_option("--format", format, "output format")->check(CLI::IsMember({"safetensors"}));
-  exp->add_option("path", export_path, "output file on the daemon's host, relative to its state dir")->required();
+  std::string format = "safetensors", export_path, export_dtype;
+  auto* exp = app.add_subcommand("export", "write the weights: safetensors file, Hugging Face dir or GGUF file");
+  exp->add_option("--format", format,
+                  "safetensors (one file, l2l metadata), hf (a from_pretrained directory) or gguf (Llama family)")
+      ->check(CLI::IsMember({"safetensors", "hf", "gguf"}));
+  exp->add_option("--dtype", export_dtype, "f32 (default) or bf16; gguf also q8_0")
+      ->check(CLI::IsMember({"f32", "bf16", "q8_0"}));
+  exp->add_option("path", export_path,
+                  "output file (directory for hf) on the daemon's host, relative to its state dir")->required();
   auto* pause = app.add_subcommand("pause", "stop publishing new layer versions (workers wait)");
   auto* resume = app.add_subcommand("resume", "resume after pause");
   StopFlags sf;
@@ -464,7 +474,7 @@ int main(int argc, char** argv) {
   if (status->parsed()) return CmdStatus(g);
   if (watch->parsed()) return CmdWatch(g, wf);
   if (ckpt->parsed()) return CmdWritten(g, "checkpoint", ckpt_dir);
-  if (exp->parsed()) return CmdWritten(g, "export", export_path);
+  if (exp->parsed()) return CmdWritten(g, "export", export_path, format, export_dtype);
   if (pause->parsed()) return CmdSimple(g, "pause");
   if (resume->parsed()) return CmdSimple(g, "resume");
   if (stop->parsed()) return CmdStop(g, sf);

@@ -1,0 +1,438 @@
+"""Oracle tests of model.from import and `l2lctl export --format hf|gguf`, through the
+real processes (l2l-eps + one CPU l2l-worker), against Hugging Face transformers.
+
+  import_oracle.py BIN_DIR WORK_DIR synthetic   (a) HF dirs (f32, sharded, bf16) of a
+        random LlamaForCausalLM and Qwen2ForCausalLM, (b) GGUF F32 / Q8_0 files written by
+        the gguf package, (c) export hf / gguf after training steps, (d) malformed inputs
+  import_oracle.py BIN_DIR WORK_DIR smollm2 GGUF  (e) the real SmolLM2-135M GGUF
+
+The loss l2l reports for step 1 (run.jsonl: the forward pass at the imported weights) is
+compared with transformers' loss on the same tokens: the tokens file holds exactly one
+micro-batch (B windows of T+1 tokens), so the data order cannot matter. Exits non-zero
+with a message on the first failure. Run with the oracle venv's python (HF_HUB_OFFLINE=1).
+"""
+import glob
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import time
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+import numpy as np
+import torch
+import gguf
+import transformers
+
+B, T = 2, 16
+
+
+def fail(msg):
+    print("FAIL: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+def write_tokens(path, toks):
+    hdr = np.zeros(256, dtype=np.int32)
+    hdr[0], hdr[1], hdr[2] = 20240520, 1, len(toks)
+    with open(path, "wb") as f:
+        f.write(hdr.tobytes())
+        f.write(np.asarray(toks, dtype=np.uint16).tobytes())
+
+
+def hf_loss(model, toks):
+    """Mean next-token cross entropy over the B windows of T+1 tokens (l2l's windows)."""
+    x = torch.tensor([toks[k * T:k * T + T] for k in range(B)])
+    y = torch.tensor([toks[k * T + 1:k * T + T + 1] for k in range(B)])
+    model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=x).logits.float()
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)).item()
+
+
+class Run:
+    """One l2l-eps (--job) + one l2l-worker; returns step losses; can export."""
+
+    def __init__(self, bin_dir, work, name, model_from, steps=1, lr=1e-3, extra_model=""):
+        self.bin, self.state = bin_dir, os.path.join(work, "state-" + name)
+        shutil.rmtree(self.state, ignore_errors=True)
+        os.makedirs(self.state)
+        self.job = os.path.join(work, name + ".yaml")
+        with open(self.job, "w") as f:
+            f.write(f"model:\n  from: {json.dumps(model_from)}\n{extra_model}"
+                    f"optim: {{lr: {lr}, warmup_steps: 0, weight_decay: 0.0}}\n"
+                    f"train: {{steps: {steps}, micro_batch_size: {B}, micro_batches: 1, seq_len: {T}, seed: 7, "
+                    f"clip: none}}\n"
+                    f"data: {{train_path: {json.dumps(os.path.join(work, 'tokens.bin'))}}}\n")
+        self.steps, self.name = steps, name
+
+    def start(self):
+        self.eps_log = open(os.path.join(self.state, "..", self.name + ".eps.log"), "w")
+        self.eps = subprocess.Popen([os.path.join(self.bin, "l2l-eps"), "--job", self.job, "--state-dir", self.state,
+                                     "--job-id", "imp-" + self.name + str(os.getpid()), "--workers", "1"],
+                                    stdout=self.eps_log, stderr=subprocess.STDOUT)
+        port = os.path.join(self.state, "eps.port")
+        for _ in range(600):
+            if os.path.exists(port) and open(port).read().strip():
+                break
+            if self.eps.poll() is not None:
+                fail(f"{self.name}: l2l-eps exited {self.eps.returncode}: " + open(self.eps_log.name).read()[-2000:])
+            time.sleep(0.1)
+        else:
+            fail(f"{self.name}: l2l-eps did not start")
+        self.addr = "127.0.0.1:" + open(port).read().strip()
+
+    def train(self):
+        w = subprocess.run([os.path.join(self.bin, "l2l-worker"), "--eps", self.addr, "--threads", "2",
+                            "--steps", str(self.steps)], capture_output=True, text=True, timeout=900)
+        if w.returncode != 0:
+            fail(f"{self.name}: l2l-worker failed: {w.stdout[-1500:]} {w.stderr[-1500:]}")
+        losses = {}
+        for _ in range(100):
+            p = os.path.join(self.state, "run.jsonl")
+            if os.path.exists(p):
+                for line in open(p):
+                    r = json.loads(line)
+                    if "loss" in r and "step" in r:
+                        losses[r["step"]] = r["loss"]
+            if len(losses) >= self.steps:
+                return losses
+            time.sleep(0.1)
+        fail(f"{self.name}: run.jsonl has {len(losses)} of {self.steps} steps")
+
+    def ctl(self, *args):
+        r = subprocess.run([os.path.join(self.bin, "l2lctl"), "--eps", self.addr] + list(args), capture_output=True,
+                           text=True, timeout=600)
+        if r.returncode != 0:
+            fail(f"{self.name}: l2lctl {' '.join(args)}: {r.stdout} {r.stderr}")
+        return r.stdout
+
+    def stop(self):
+        self.ctl("stop", "--skip-checkpoint")
+        self.eps.wait(timeout=60)
+        self.eps_log.close()
+
+
+def l2l_first_loss(bin_dir, work, name, model_from):
+    r = Run(bin_dir, work, name, model_from, steps=1)
+    r.start()
+    loss = r.train()[1]
+    r.stop()
+    return loss
+
+
+def check_close(what, ours, theirs, rel):
+    d = abs(ours - theirs) / max(abs(theirs), 1e-12)
+    if not d <= rel:
+        fail(f"{what}: l2l loss {ours:.8f} vs transformers {theirs:.8f} (rel {d:.2e} > {rel})")
+    print(f"ok: {what}: l2l {ours:.8f} transformers {theirs:.8f} rel {d:.1e}")
+
+
+# ---- models and files ---------------------------------------------------------------
+
+def tiny(arch):
+    common = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, bos_token_id=1, eos_token_id=2)
+    if arch == "llama":
+        cfg = transformers.LlamaConfig(rope_theta=10000.0, tie_word_embeddings=False, **common)
+        cls = transformers.LlamaForCausalLM
+    else:
+        cfg = transformers.Qwen2Config(rope_theta=100000.0, tie_word_embeddings=True, use_sliding_window=False, **common)
+        cls = transformers.Qwen2ForCausalLM
+    torch.manual_seed(11 if arch == "llama" else 12)
+    m = cls(cfg)
+    with torch.no_grad():
+        for n, p in m.named_parameters():
+            if "norm" in n:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape))
+            else:
+                p.copy_(0.2 * torch.randn(p.shape))
+    return m.float()
+
+
+def llama_permute(w, n_head):
+    """As convert_hf_to_gguf.py's LlamaModel.permute."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+GGUF_NAMES = {"embed_tokens": "token_embd", "norm": "output_norm", "lm_head": "output",
+              "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+              "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+              "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+              "mlp.down_proj": "ffn_down"}
+
+
+def gguf_name(hf):
+    stem, suf = hf.rsplit(".", 1)
+    stem = stem[len("model."):] if stem.startswith("model.") else stem
+    if stem.startswith("layers."):
+        _, i, rest = stem.split(".", 2)
+        return f"blk.{i}.{GGUF_NAMES[rest]}.{suf}"
+    return f"{GGUF_NAMES[stem]}.{suf}"
+
+
+def write_gguf(model, path, qtype):
+    """As llama.cpp's converter: llama.cpp names, q/k permuted for arch llama, 1-D in F32.
+    Returns the state dict transformers should see (Q8_0 quantize -> dequantize)."""
+    cfg = model.config
+    arch = "llama" if cfg.model_type == "llama" else "qwen2"
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name("tiny")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    seen = {}
+    for k, v in model.state_dict().items():
+        if k == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        a = v.float().numpy().copy()
+        name = gguf_name(k)
+        stored = a
+        if arch == "llama" and (".attn_q." in name or ".attn_k." in name):
+            stored = llama_permute(a, cfg.num_attention_heads if ".attn_q." in name else cfg.num_key_value_heads)
+        if qtype == "q8_0" and a.ndim == 2:
+            q = gguf.quants.quantize(stored, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(name, q, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            a = gguf.quants.dequantize(gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0),
+                                       gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(name, stored)
+        seen[k] = torch.from_numpy(np.ascontiguousarray(a))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return seen
+
+
+def hf_with(model, sd):
+    m = type(model)(model.config)
+    res = m.load_state_dict(sd, strict=False)
+    missing = [k for k in res.missing_keys if not (k == "lm_head.weight" and model.config.tie_word_embeddings)]
+    if missing or res.unexpected_keys:
+        fail(f"state dict: missing {missing}, unexpected {res.unexpected_keys}")
+    if model.config.tie_word_embeddings:
+        m.tie_weights()
+    return m.float()
+
+
+def load_exported_gguf(path):
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    cfg = transformers.AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    m = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
+    tensors = load_gguf_checkpoint(path, return_tensors=True)["tensors"]
+    res = m.load_state_dict(tensors, strict=False)
+    missing = [k for k in res.missing_keys if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
+    if missing or res.unexpected_keys:
+        fail(f"{path}: transformers' GGUF loader: missing {missing}, unexpected {res.unexpected_keys}")
+    if cfg.tie_word_embeddings:
+        m.tie_weights()
+    return m.float()
+
+
+# ---- (d) malformed inputs --------------------------------------------------------------
+
+def expect_refused(bin_dir, work, name, model_from, needles, extra_model=""):
+    r = Run(bin_dir, work, name, model_from, extra_model=extra_model)
+    p = subprocess.run([os.path.join(bin_dir, "l2l-eps"), "--job", r.job, "--state-dir", r.state, "--job-id",
+                        "bad" + str(os.getpid()), "--workers", "1"], capture_output=True, text=True, timeout=120)
+    if p.returncode == 0:
+        fail(f"{name}: l2l-eps accepted a bad model")
+    err = [l for l in p.stderr.strip().splitlines() if l.strip()]
+    last = err[-1] if err else ""
+    for n in needles:
+        if n not in last:
+            fail(f"{name}: the error does not name '{n}': {p.stderr.strip()}")
+    left = os.listdir(r.state)
+    if left:
+        fail(f"{name}: the refused import left files in the state dir: {left}")
+    print(f"ok: {name}: refused: {last}")
+
+
+def malformed(bin_dir, work, good_dir, model):
+    import safetensors.torch as st
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    def make(name, mutate):
+        d = os.path.join(work, name)
+        shutil.rmtree(d, ignore_errors=True)
+        shutil.copytree(good_dir, d)
+        mutate(d)
+        return d
+    # truncated: the safetensors file loses its last bytes
+    d = make("bad-truncated", lambda d: os.truncate(os.path.join(d, "model.safetensors"),
+                                                    os.path.getsize(os.path.join(d, "model.safetensors")) - 100))
+    expect_refused(bin_dir, work, "truncated", d, ["model.safetensors"])
+    def wrong_shape(d):
+        s = dict(sd)
+        s["model.layers.1.mlp.up_proj.weight"] = torch.zeros(63, 32)
+        st.save_file(s, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    d = make("bad-shape", wrong_shape)
+    expect_refused(bin_dir, work, "wrong shape", d, ["model.safetensors", "model.layers.1.mlp.up_proj.weight"])
+    def missing(d):
+        s = dict(sd)
+        del s["model.layers.0.self_attn.k_proj.weight"]
+        st.save_file(s, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    d = make("bad-missing", missing)
+    expect_refused(bin_dir, work, "missing tensor", d, ["bad-missing", "model.layers.0.self_attn.k_proj.weight"])
+    def extra(d):
+        s = dict(sd)
+        s["model.layers.0.extra.weight"] = torch.zeros(4)
+        st.save_file(s, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    d = make("bad-extra", extra)
+    expect_refused(bin_dir, work, "extra tensor", d, ["model.safetensors", "model.layers.0.extra.weight"])
+    # GGUF: bad magic; a tensor of a type id ggml does not define
+    good = os.path.join(work, "llama-f32.gguf")
+    data = bytearray(open(good, "rb").read())
+    p = os.path.join(work, "bad-magic.gguf")
+    open(p, "wb").write(b"GGUX" + bytes(data[4:]))
+    expect_refused(bin_dir, work, "bad magic", p, ["bad-magic.gguf", "magic"])
+    r = gguf.GGUFReader(good)
+    t = [x for x in r.tensors if x.name == "blk.0.ffn_up.weight"][0]
+    # The tensor info: name, n_dims, ne[], type (u32), offset. Find the type field's bytes.
+    name_b = t.name.encode()
+    pos = bytes(data).find(struct.pack("<Q", len(name_b)) + name_b)
+    type_pos = pos + 8 + len(name_b) + 4 + 8 * len(t.shape)
+    if struct.unpack_from("<I", data, type_pos)[0] != 0:
+        fail("could not locate the tensor type field in the fixture")
+    bad = bytearray(data)
+    struct.pack_into("<I", bad, type_pos, 99)
+    p = os.path.join(work, "bad-qtype.gguf")
+    open(p, "wb").write(bytes(bad))
+    expect_refused(bin_dir, work, "unknown quant type", p, ["bad-qtype.gguf", "blk.0.ffn_up.weight"])
+    # YAML contradicting the file
+    r2 = Run(bin_dir, work, "bad-yaml", good_dir, extra_model="  n_layer: 3\n")
+    p = subprocess.run([os.path.join(bin_dir, "l2l-eps"), "--job", r2.job, "--state-dir", r2.state], capture_output=True,
+                       text=True, timeout=60)
+    last = p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ""
+    if p.returncode == 0 or not all(n in last for n in ["n_layer=3", "n_layer=2", "bad-yaml.yaml", good_dir]):
+        fail(f"contradicting YAML: rc {p.returncode}: {p.stderr.strip()}")
+    if os.listdir(r2.state):
+        fail("contradicting YAML: files left in the state dir")
+    print(f"ok: contradicting YAML: refused: {last}")
+
+
+# ---- main ------------------------------------------------------------------------------
+
+def synthetic(bin_dir, work):
+    rng = np.random.default_rng(5)
+    toks = [int(x) for x in rng.integers(0, 96, size=B * T + 1)]
+    write_tokens(os.path.join(work, "tokens.bin"), toks)
+    for arch in ["llama", "qwen2"]:
+        m = tiny(arch)
+        want = hf_loss(m, toks)
+        d = os.path.join(work, arch + "-f32")
+        m.save_pretrained(d, safe_serialization=True)
+        check_close(f"{arch} HF dir f32", l2l_first_loss(bin_dir, work, arch + "-f32", d), want, 1e-5)
+        d = os.path.join(work, arch + "-sharded")
+        m.save_pretrained(d, safe_serialization=True, max_shard_size="20KB")
+        if not os.path.exists(os.path.join(d, "model.safetensors.index.json")):
+            fail(f"{d}: transformers did not shard")
+        check_close(f"{arch} HF dir sharded", l2l_first_loss(bin_dir, work, arch + "-sharded", d), want, 1e-5)
+        d = os.path.join(work, arch + "-bf16")
+        mb = tiny(arch).to(torch.bfloat16)
+        mb.save_pretrained(d, safe_serialization=True)
+        want_bf16 = hf_loss(mb.float(), toks)
+        check_close(f"{arch} HF dir bf16", l2l_first_loss(bin_dir, work, arch + "-bf16", d), want_bf16, 1e-5)
+        for q in ["f32", "q8_0"]:
+            p = os.path.join(work, f"{arch}-{q}.gguf")
+            sd = write_gguf(m, p, q)
+            want_q = hf_loss(hf_with(m, sd), toks)
+            check_close(f"{arch} GGUF {q}", l2l_first_loss(bin_dir, work, f"{arch}-gguf-{q}", p), want_q, 1e-5)
+            if q == "q8_0":
+                print(f"   (Q8_0 moves the loss by {abs(want_q - want) / want:.1e} relative to the f32 weights)")
+
+    # (c) export after training steps
+    src = os.path.join(work, "llama-f32")
+    r = Run(bin_dir, work, "train-llama", src, steps=3, lr=1e-2)
+    r.start()
+    losses = r.train()
+    print(f"   trained 3 steps: losses {[round(losses[s], 5) for s in sorted(losses)]}")
+    r.ctl("export", "--format", "hf", "exp-hf")
+    r.ctl("export", "--format", "hf", "--dtype", "bf16", "exp-hf-bf16")
+    r.ctl("export", "--format", "gguf", "exp.gguf")
+    r.ctl("export", "--format", "gguf", "--dtype", "q8_0", "exp-q8.gguf")
+    r.stop()
+    exp = os.path.join(r.state, "exp-hf")
+    for f in ["config.json", "generation_config.json", "model.safetensors"]:
+        if not os.path.exists(os.path.join(exp, f)):
+            fail(f"{exp}: no {f}")
+    hm, info = transformers.AutoModelForCausalLM.from_pretrained(exp, output_loading_info=True,
+                                                                  torch_dtype=torch.float32)
+    for k in ["missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"]:
+        if info[k]:
+            fail(f"from_pretrained({exp}): {k} = {info[k]}")
+    want = hf_loss(hm, toks)
+    check_close("export hf f32 (re-imported by l2l)", l2l_first_loss(bin_dir, work, "reimp-hf", exp), want, 1e-5)
+    hb = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(r.state, "exp-hf-bf16"),
+                                                           torch_dtype=torch.float32)
+    check_close("export hf bf16 (re-imported by l2l)",
+                l2l_first_loss(bin_dir, work, "reimp-hf-bf16", os.path.join(r.state, "exp-hf-bf16")),
+                hf_loss(hb, toks), 1e-5)
+    for f in ["exp.gguf", "exp-q8.gguf"]:
+        p = os.path.join(r.state, f)
+        gguf.GGUFReader(p)  # the gguf package reads it
+        gm = load_exported_gguf(p)
+        check_close(f"export gguf {f} (re-imported by l2l)", l2l_first_loss(bin_dir, work, "reimp-" + f, p),
+                    hf_loss(gm, toks), 1e-5)
+    # GPT-2 jobs export the same way (hf format)
+    g2 = os.path.join(work, "gpt2")
+    torch.manual_seed(3)
+    gm = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=96, n_positions=32, n_embd=32, n_layer=2,
+                                                               n_head=4, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0))
+    gm.save_pretrained(g2, safe_serialization=True)
+    check_close("gpt2 HF dir", l2l_first_loss(bin_dir, work, "gpt2", g2), hf_loss(gm, toks), 1e-5)
+    r = Run(bin_dir, work, "train-gpt2", g2, steps=2, lr=1e-2)
+    r.start()
+    r.train()
+    r.ctl("export", "--format", "hf", "exp-hf")
+    r.stop()
+    exp = os.path.join(r.state, "exp-hf")
+    hm, info = transformers.AutoModelForCausalLM.from_pretrained(exp, output_loading_info=True,
+                                                                  torch_dtype=torch.float32)
+    for k in ["missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"]:
+        if info[k]:
+            fail(f"from_pretrained({exp}): {k} = {info[k]}")
+    check_close("gpt2 export hf (re-imported by l2l)", l2l_first_loss(bin_dir, work, "reimp-gpt2", exp),
+                hf_loss(hm, toks), 1e-5)
+
+    malformed(bin_dir, work, os.path.join(work, "llama-f32"), tiny("llama"))
+    print("ok: all import/export oracle checks passed")
+
+
+def smollm2(bin_dir, work, path):
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+    global B, T
+    B, T = 1, 48
+    rng = np.random.default_rng(9)
+    # Tokens of ordinary text ids (any ids below the vocabulary are valid input).
+    toks = [int(x) for x in rng.integers(0, 49152, size=B * T + 1)]
+    write_tokens(os.path.join(work, "tokens.bin"), toks)
+    m = load_exported_gguf(path)
+    want = hf_loss(m, toks)
+    del m
+    ours = l2l_first_loss(bin_dir, work, "smollm2", path)
+    check_close("SmolLM2-135M GGUF (Q4_1)", ours, want, 1e-3)
+    print(f"   perplexity l2l {np.exp(ours):.3f} transformers {np.exp(want):.3f}")
+
+
+if __name__ == "__main__":
+    bin_dir, work, what = sys.argv[1], sys.argv[2], sys.argv[3]
+    os.makedirs(work, exist_ok=True)
+    torch.set_num_threads(2)
+    if what == "synthetic":
+        synthetic(bin_dir, work)
+    elif what == "smollm2":
+        smollm2(bin_dir, work, sys.argv[4])
+    else:
+        fail("unknown mode " + what)
