@@ -145,6 +145,13 @@ std::pair<std::unique_ptr<EpsDaemon>, std::unique_ptr<Process>> RunFaulted(const
 TEST_CASE("With >= 70% of the moments on SSD, l2l-eps + l2l-worker train like the reference trainer",
           "[integration][spill]") {
   Run r = Prepare("spill-equiv");
+  // The tier sees flat layer buffers only: a Llama-family job spills the same way.
+  if (GENERATE(false, true)) {
+    r.job.model.family = ModelFamily::kLlama;
+    r.job.model.n_kv_heads = 2;
+    r.job.model.tied_embeddings = false;
+  }
+  CAPTURE(ToString(r.job.model.family));
   const Budget b = SpillBudget(r.job);
   DaemonOptions o = SpillDaemon(r, 1);
   auto eps = EpsDaemon::Start(r.job, o, *r.dir);

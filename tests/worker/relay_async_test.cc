@@ -111,7 +111,13 @@ TEST_CASE("Relay on a backend with copy queues gives the bits of the plain CPU r
   JobConfig job = AsyncJob();
   job.train.stash = GENERATE(std::string("device"), std::string("host"));
   job.publish_dtype = GENERATE(DType::kF32, DType::kBF16);
-  CAPTURE(job.train.stash, DTypeName(job.publish_dtype));
+  // The async path is family-blind: a Llama model (GQA, untied) takes it the same way.
+  if (GENERATE(false, true)) {
+    job.model.family = ModelFamily::kLlama;
+    job.model.n_kv_heads = 2;
+    job.model.tied_embeddings = false;
+  }
+  CAPTURE(job.train.stash, DTypeName(job.publish_dtype), ToString(job.model.family));
   REQUIRE(job.Validate().ok());
   const int steps = 3;
 
