@@ -1,5 +1,5 @@
-// Causal attention as batched GEMMs + fused causal softmax, in fp32 or with bf16
-// operands (bf16 mode). See attention.h.
+// Causal (grouped-query) attention as batched GEMMs + fused causal softmax, in fp32 or
+// with bf16 operands (bf16 mode). See attention.h.
 #include "kernels/cuda/attention.h"
 
 #include <cmath>
@@ -89,70 +89,92 @@ LtGemmArgs Args(const AttentionGemmMode& mode, bool ta, bool tb, int64_t M, int6
 
 }  // namespace
 
+void AttentionForwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* out, float* att,
+                         const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                         int64_t hs, cudaStream_t s) {
+  L2L_CHECK(NKV > 0 && NH % NKV == 0) << "attention: NKV=" << NKV << " does not divide NH=" << NH;
+  const int64_t rep = NH / NKV, C = NH * hs, W = (NH + 2 * NKV) * hs, TT = T * T;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const Operand qkv_op = Stage(qkv, Scratch(mode, 0, B * T * W), B * T * W, s);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t q = b * T * W, k = q + C;
+    for (int64_t r = 0; r < rep; ++r) {
+      // S_h (T,T) = scale * Q_h (T,hs) @ K_g^T for the heads h = g*rep + r.
+      HeadsGemm(gemm, Args(mode, false, true, T, T, hs, scale, qkv_op.At(q + r * hs), W, rep * hs,
+                           qkv_op.At(k), W, hs, 0.0f, att + b * NH * TT + r * TT, T, rep * TT),
+                NKV, s);
+    }
+  }
+  LaunchCausalSoftmaxForward(att, B * NH, T, s);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t v = b * T * W + C + NKV * hs;
+    const Operand p = Stage(att + b * NH * TT, Scratch(mode, 1, NH * TT), NH * TT, s);
+    for (int64_t r = 0; r < rep; ++r) {
+      // out_h (T,hs) = P_h (T,T) @ V_g (T,hs); heads land side by side in out (B,T,C).
+      HeadsGemm(gemm, Args(mode, false, false, T, hs, T, 1.0f, p.At(r * TT), T, rep * TT,
+                           qkv_op.At(v), W, hs, 0.0f, out + b * T * C + r * hs, C, rep * hs),
+                NKV, s);
+    }
+  }
+}
+
+void AttentionBackwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv, float* scratch,
+                          const float* dout, const float* qkv, const float* att, int64_t B,
+                          int64_t T, int64_t NH, int64_t NKV, int64_t hs, cudaStream_t s) {
+  L2L_CHECK(NKV > 0 && NH % NKV == 0) << "attention: NKV=" << NKV << " does not divide NH=" << NH;
+  const int64_t rep = NH / NKV, C = NH * hs, W = (NH + 2 * NKV) * hs, TT = T * T;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  // bf16 mode: qkv and dout share slot 0 (dout 256-byte aligned after qkv), leaving slot 1
+  // for the per-batch-element (NH,T,T) operands.
+  const int64_t n_qkv = B * T * W, n_dout = B * T * C;
+  const int64_t dout_at = (n_qkv + 127) / 128 * 128;
+  uint16_t* s0 = Scratch(mode, 0, dout_at + n_dout);
+  const Operand qkv_op = Stage(qkv, s0, n_qkv, s);
+  const Operand dout_op = Stage(dout, s0 != nullptr ? s0 + dout_at : nullptr, n_dout, s);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t v = b * T * W + C + NKV * hs, d = b * T * C;
+    const Operand p = Stage(att + b * NH * TT, Scratch(mode, 1, NH * TT), NH * TT, s);
+    for (int64_t r = 0; r < rep; ++r) {
+      // dP_h (T,T) = dout_h (T,hs) @ V_g^T.
+      HeadsGemm(gemm, Args(mode, false, true, T, T, hs, 1.0f, dout_op.At(d + r * hs), C, rep * hs,
+                           qkv_op.At(v), W, hs, 0.0f, scratch + b * NH * TT + r * TT, T, rep * TT),
+                NKV, s);
+      // dV_g (T,hs) += P_h^T @ dout_h, summed over the group's heads (one r per pass).
+      HeadsGemm(gemm, Args(mode, true, false, T, hs, T, 1.0f, p.At(r * TT), T, rep * TT,
+                           dout_op.At(d + r * hs), C, rep * hs, 1.0f, dqkv + v, W, hs),
+                NKV, s);
+    }
+  }
+  // dS = scale * P * (dP - rowsum(P * dP)): the gradient w.r.t. the unscaled Q K^T.
+  LaunchCausalSoftmaxBackward(scratch, att, B * NH, T, scale, s);
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t q = b * T * W, k = q + C;
+    const Operand ds = Stage(scratch + b * NH * TT, Scratch(mode, 1, NH * TT), NH * TT, s);
+    for (int64_t r = 0; r < rep; ++r) {
+      // dQ_h (T,hs) += dS_h (T,T) @ K_g (T,hs).
+      HeadsGemm(gemm, Args(mode, false, false, T, hs, T, 1.0f, ds.At(r * TT), T, rep * TT,
+                           qkv_op.At(k), W, hs, 1.0f, dqkv + q + r * hs, W, rep * hs),
+                NKV, s);
+      // dK_g (T,hs) += dS_h^T @ Q_h, summed over the group's heads.
+      HeadsGemm(gemm, Args(mode, true, false, T, hs, T, 1.0f, ds.At(r * TT), T, rep * TT,
+                           qkv_op.At(q + r * hs), W, rep * hs, 1.0f, dqkv + k, W, hs),
+                NKV, s);
+    }
+  }
+}
+
 void AttentionForward(LtGemm& gemm, const AttentionGemmMode& mode, float* out, float* att,
                       const float* qkv, int64_t B, int64_t T, int64_t C, int64_t NH,
                       cudaStream_t s) {
   L2L_CHECK(NH > 0 && C % NH == 0) << "attention: NH=" << NH << " does not divide C=" << C;
-  const int64_t hs = C / NH, C3 = 3 * C, TT = T * T;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  const Operand qkv_op = Stage(qkv, Scratch(mode, 0, B * T * C3), B * T * C3, s);
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t q = b * T * C3, k = q + C;
-    // S_h (T,T) = scale * Q_h (T,hs) @ K_h^T.
-    HeadsGemm(gemm, Args(mode, false, true, T, T, hs, scale, qkv_op.At(q), C3, hs, qkv_op.At(k), C3,
-                         hs, 0.0f, att + b * NH * TT, T, TT),
-              NH, s);
-  }
-  LaunchCausalSoftmaxForward(att, B * NH, T, s);
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t v = b * T * C3 + 2 * C;
-    const Operand p = Stage(att + b * NH * TT, Scratch(mode, 1, NH * TT), NH * TT, s);
-    // out_h (T,hs) = P_h (T,T) @ V_h (T,hs); heads land side by side in out (B,T,C).
-    HeadsGemm(gemm, Args(mode, false, false, T, hs, T, 1.0f, p.At(0), T, TT, qkv_op.At(v), C3, hs,
-                         0.0f, out + b * T * C, C, hs),
-              NH, s);
-  }
+  AttentionForwardGqa(gemm, mode, out, att, qkv, B, T, NH, NH, C / NH, s);
 }
 
 void AttentionBackward(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv, float* scratch,
                        const float* dout, const float* qkv, const float* att, int64_t B,
                        int64_t T, int64_t C, int64_t NH, cudaStream_t s) {
   L2L_CHECK(NH > 0 && C % NH == 0) << "attention: NH=" << NH << " does not divide C=" << C;
-  const int64_t hs = C / NH, C3 = 3 * C, TT = T * T;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  // bf16 mode: qkv and dout share slot 0 (dout 256-byte aligned after qkv), leaving slot 1
-  // for the per-batch-element (NH,T,T) operands.
-  const int64_t n_qkv = B * T * C3, n_dout = B * T * C;
-  const int64_t dout_at = (n_qkv + 127) / 128 * 128;
-  uint16_t* s0 = Scratch(mode, 0, dout_at + n_dout);
-  const Operand qkv_op = Stage(qkv, s0, n_qkv, s);
-  const Operand dout_op = Stage(dout, s0 != nullptr ? s0 + dout_at : nullptr, n_dout, s);
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t v = b * T * C3 + 2 * C, d = b * T * C;
-    const Operand p = Stage(att + b * NH * TT, Scratch(mode, 1, NH * TT), NH * TT, s);
-    // dP_h (T,T) = dout_h (T,hs) @ V_h^T.
-    HeadsGemm(gemm, Args(mode, false, true, T, T, hs, 1.0f, dout_op.At(d), C, hs, qkv_op.At(v), C3,
-                         hs, 0.0f, scratch + b * NH * TT, T, TT),
-              NH, s);
-    // dV_h (T,hs) += P_h^T @ dout_h.
-    HeadsGemm(gemm, Args(mode, true, false, T, hs, T, 1.0f, p.At(0), T, TT, dout_op.At(d), C, hs,
-                         1.0f, dqkv + v, C3, hs),
-              NH, s);
-  }
-  // dS = scale * P * (dP - rowsum(P * dP)): the gradient w.r.t. the unscaled Q K^T.
-  LaunchCausalSoftmaxBackward(scratch, att, B * NH, T, scale, s);
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t q = b * T * C3, k = q + C;
-    const Operand ds = Stage(scratch + b * NH * TT, Scratch(mode, 1, NH * TT), NH * TT, s);
-    // dQ_h (T,hs) += dS_h (T,T) @ K_h (T,hs).
-    HeadsGemm(gemm, Args(mode, false, false, T, hs, T, 1.0f, ds.At(0), T, TT, qkv_op.At(k), C3, hs,
-                         1.0f, dqkv + q, C3, hs),
-              NH, s);
-    // dK_h (T,hs) += dS_h^T @ Q_h.
-    HeadsGemm(gemm, Args(mode, true, false, T, hs, T, 1.0f, ds.At(0), T, TT, qkv_op.At(q), C3, hs,
-                         1.0f, dqkv + k, C3, hs),
-              NH, s);
-  }
+  AttentionBackwardGqa(gemm, mode, dqkv, scratch, dout, qkv, att, B, T, NH, NH, C / NH, s);
 }
 
 }  // namespace l2l::kernels::cuda

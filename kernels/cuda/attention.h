@@ -14,6 +14,14 @@
 // heads of one batch element form a strided batch (stride hs, interleaved); we loop
 // over b. If cuBLASLt rejects an interleaved batch we fall back to one GEMM per head.
 //
+// Grouped-query attention (the Llama family): qkv rows hold q (NH heads), k and v (NKV
+// heads each), W = (NH + 2*NKV)*hs wide; query head h = g*rep + r (rep = NH/NKV) reads
+// key/value head g. For each r the heads {g*rep + r : g < NKV} form a strided batch of
+// NKV matrices (query stride rep*hs, key/value stride hs, probability stride rep*T*T),
+// so a product is rep batched GEMMs per batch element; the key/value gradients of a
+// group add up over the rep passes (beta 1, stream-ordered). Multi-head attention is
+// the case NKV == NH (rep 1: one batch of NH heads, the layout above).
+//
 // bf16 mode (the backend's CudaGemmPrecision::kBf16, PyTorch-autocast numerics): every
 // operand tensor is cast to bf16 (round to nearest even) once, whole, into backend
 // scratch, and the products read the copy at the same element offsets (so the
@@ -53,5 +61,15 @@ void AttentionForward(LtGemm& gemm, const AttentionGemmMode& mode, float* out, f
 void AttentionBackward(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv, float* scratch,
                        const float* dout, const float* qkv, const float* att, int64_t B,
                        int64_t T, int64_t C, int64_t NH, cudaStream_t s);
+
+// Grouped-query forms (kernels/backend.h AttentionForwardGqa / AttentionBackwardGqa):
+// qkv and dqkv (B,T,W), out and dout (B,T,NH*hs), att and scratch (B,NH,T,T).
+// REQUIRES NKV > 0, NH % NKV == 0.
+void AttentionForwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* out, float* att,
+                         const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                         int64_t hs, cudaStream_t s);
+void AttentionBackwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv, float* scratch,
+                          const float* dout, const float* qkv, const float* att, int64_t B,
+                          int64_t T, int64_t NH, int64_t NKV, int64_t hs, cudaStream_t s);
 
 }  // namespace l2l::kernels::cuda

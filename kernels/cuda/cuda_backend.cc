@@ -239,6 +239,74 @@ class CudaBackend final : public Backend {
     LaunchCrossEntropyBackward(dlogits, probs, targets, scale, N, V, stream());
   }
 
+  // ---- Llama-family ops (kernels/backend.h; kernels in llama_ops.cu, reduce.cu,
+  // embedding_backward.cu, attention.cc) -----------------------------------------------
+  void TokenEmbeddingForward(float* out, const int32_t* tokens, const float* wte, int64_t N,
+                             int64_t C) override {
+    MakeCurrent();
+    LaunchTokenEmbeddingForward(out, tokens, wte, N, C, stream());
+  }
+  void TokenEmbeddingBackward(float* dwte, const float* dout, const int32_t* tokens, int64_t N,
+                              int64_t C) override {
+    if (N <= 0 || C <= 0) return;
+    MakeCurrent();
+    const size_t bytes = EmbeddingBackwardScratchBytes(N);
+    void* scratch = Scratch(bytes);
+    LaunchTokenEmbeddingBackward(dwte, dout, tokens, N, C, scratch, bytes, stream());
+  }
+  void RMSNormForward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
+                      int64_t C, float eps) override {
+    MakeCurrent();
+    LaunchRMSNormForward(out, rstd, inp, weight, N, C, eps, stream());
+  }
+  void RMSNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                       const float* weight, const float* rstd, int64_t N, int64_t C) override {
+    if (N <= 0 || C <= 0) return;
+    MakeCurrent();
+    const int64_t groups = ColumnSumGroups(N);
+    float* scratch = static_cast<float*>(Scratch(sizeof(float) * groups * C));
+    LaunchRMSNormBackward(dinp, dweight, dout, inp, weight, rstd, N, C, scratch, groups, stream());
+  }
+  void RopeForward(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
+                   int64_t row_stride, int64_t n_heads, int64_t hs) override {
+    L2L_CHECK(hs % 2 == 0) << name_ << " RopeForward: head size " << hs << " is odd";
+    MakeCurrent();
+    LaunchRope(x, cos, sin, B, T, row_stride, n_heads, hs, 1.0f, stream());
+  }
+  void RopeBackward(float* dx, const float* cos, const float* sin, int64_t B, int64_t T,
+                    int64_t row_stride, int64_t n_heads, int64_t hs) override {
+    L2L_CHECK(hs % 2 == 0) << name_ << " RopeBackward: head size " << hs << " is odd";
+    MakeCurrent();
+    LaunchRope(dx, cos, sin, B, T, row_stride, n_heads, hs, -1.0f, stream());
+  }
+  void SwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F) override {
+    MakeCurrent();
+    LaunchSwiGLUForward(out, gate_up, N, F, stream());
+  }
+  void SwiGLUBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
+                      int64_t F) override {
+    MakeCurrent();
+    LaunchSwiGLUBackward(dgate_up, dout, gate_up, N, F, stream());
+  }
+  void AttentionForwardGqa(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                           int64_t NH, int64_t NKV, int64_t hs) override {
+    L2L_CHECK(NKV > 0 && NH % NKV == 0)
+        << name_ << " AttentionForwardGqa: NKV=" << NKV << " does not divide NH=" << NH;
+    if (B <= 0 || T <= 0) return;
+    MakeCurrent();
+    cuda::AttentionForwardGqa(gemm_, attention_mode_, out, att, qkv, B, T, NH, NKV, hs, stream());
+  }
+  void AttentionBackwardGqa(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                            const float* att, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                            int64_t hs) override {
+    L2L_CHECK(NKV > 0 && NH % NKV == 0)
+        << name_ << " AttentionBackwardGqa: NKV=" << NKV << " does not divide NH=" << NH;
+    if (B <= 0 || T <= 0) return;
+    MakeCurrent();
+    cuda::AttentionBackwardGqa(gemm_, attention_mode_, dqkv, scratch, dout, qkv, att, B, T, NH, NKV,
+                               hs, stream());
+  }
+
   // ---- asynchronous transfers (kernels/backend.h; the worker's copy streams) ----------
   bool HasAsyncTransfers() const override { return true; }
   Result<std::unique_ptr<CopyQueue>> CreateCopyQueue() override {

@@ -1,4 +1,5 @@
-// Deterministic embedding backward. dwpe is a plain sum over the batch (one thread per
+// Deterministic embedding backward (GPT-2's token + position tables, and the Llama
+// family's token table alone). dwpe is a plain sum over the batch (one thread per
 // (t, c), batch summed in order). dwte is a scatter-add by token id, which done with
 // atomics would sum repeated tokens in a different order each run; instead a stable
 // CUB radix sort of (token, position) pairs groups each token's positions in increasing
@@ -78,7 +79,12 @@ void LaunchEmbeddingBackward(float* dwte, float* dwpe, const float* dout, const 
   if (N <= 0 || C <= 0) return;
   L2L_LAUNCH(EmbeddingPositionBackwardKernel, GridFor(T * C), kThreads, 0, s)(dwpe, dout, B, T, C);
   L2L_CUDA_CHECK_LAUNCH();
+  LaunchTokenEmbeddingBackward(dwte, dout, tokens, N, C, scratch, scratch_bytes, s);
+}
 
+void LaunchTokenEmbeddingBackward(float* dwte, const float* dout, const int32_t* tokens, int64_t N,
+                                  int64_t C, void* scratch, size_t scratch_bytes, cudaStream_t s) {
+  if (N <= 0 || C <= 0) return;
   const size_t ints = AlignUp(static_cast<size_t>(N) * sizeof(int32_t));
   char* base = static_cast<char*>(scratch);
   auto* sorted_tokens = reinterpret_cast<int32_t*>(base);
@@ -87,8 +93,8 @@ void LaunchEmbeddingBackward(float* dwte, float* dwpe, const float* dout, const 
   void* temp = base + 3 * ints;
   size_t temp_bytes = CubSortBytes(N);
   if (scratch_bytes < 3 * ints + temp_bytes) {
-    GpuCheckFailed("LaunchEmbeddingBackward scratch", "scratch smaller than "
-                   "EmbeddingBackwardScratchBytes(B*T)", __FILE__, __LINE__);
+    GpuCheckFailed("LaunchTokenEmbeddingBackward scratch", "scratch smaller than "
+                   "EmbeddingBackwardScratchBytes(N)", __FILE__, __LINE__);
   }
   L2L_LAUNCH(IotaKernel, GridFor(N), kThreads, 0, s)(pos, N);
   L2L_CUDA_CHECK_LAUNCH();

@@ -1,5 +1,5 @@
 // Host launchers of our CUDA kernels (the __global__ kernels themselves are file-local in
-// elementwise.cu, reduce.cu, softmax.cu, embedding_backward.cu). Shapes follow
+// elementwise.cu, reduce.cu, softmax.cu, embedding_backward.cu, llama_ops.cu). Shapes follow
 // kernels/backend.h: N rows, C channels, V vocab, T time, B batch, NH heads.
 // Every launcher takes its stream, queues work on it and returns; a launch failure
 // aborts through L2L_CUDA_CHECK_LAUNCH (after each launch).
@@ -80,5 +80,30 @@ size_t EmbeddingBackwardScratchBytes(int64_t N);
 void LaunchEmbeddingBackward(float* dwte, float* dwpe, const float* dout, const int32_t* tokens,
                              int64_t B, int64_t T, int64_t C, void* scratch, size_t scratch_bytes,
                              cudaStream_t s);
+// dwte (V,C) += rows of dout (N,C) gathered by token, the same deterministic sort (no
+// position table). scratch: EmbeddingBackwardScratchBytes(N) bytes, 256-aligned.
+void LaunchTokenEmbeddingBackward(float* dwte, const float* dout, const int32_t* tokens, int64_t N,
+                                  int64_t C, void* scratch, size_t scratch_bytes, cudaStream_t s);
+
+// ---- llama_ops.cu (the Llama family's elementwise ops) -----------------------------
+// out (N,C) = wte[tokens[n]].
+void LaunchTokenEmbeddingForward(float* out, const int32_t* tokens, const float* wte, int64_t N,
+                                 int64_t C, cudaStream_t s);
+// Rotary embedding in place (kernels/backend.h RopeForward / RopeBackward): sign +1
+// rotates by +angle (forward), -1 by -angle (the backward's transposed rotation).
+void LaunchRope(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
+                int64_t row_stride, int64_t n_heads, int64_t hs, float sign, cudaStream_t s);
+// out (N,F) = silu(gate) * up from gate_up (N,2F).
+void LaunchSwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s);
+// dgate_up (N,2F) += [dout * up * silu'(gate) | dout * silu(gate)].
+void LaunchSwiGLUBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
+                          int64_t F, cudaStream_t s);
+// RMSNorm (reduce.cu): out (N,C) = inp * rstd * weight, rstd (N). One block per row.
+void LaunchRMSNormForward(float* out, float* rstd, const float* inp, const float* weight,
+                          int64_t N, int64_t C, float eps, cudaStream_t s);
+// dinp (N,C) +=, dweight (C) += (deterministic column sums). scratch: >= groups*C floats.
+void LaunchRMSNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                           const float* weight, const float* rstd, int64_t N, int64_t C,
+                           float* scratch, int64_t groups, cudaStream_t s);
 
 }  // namespace l2l::kernels::cuda

@@ -1,5 +1,6 @@
 // Reduction kernels: bias backward (column sums), LayerNorm forward/backward (one warp
-// per row; parameter gradients as column sums), sum of squares in double. Every
+// per row; parameter gradients as column sums), RMSNorm forward/backward (one block per
+// row; the weight gradient as column sums), sum of squares in double. Every
 // reduction runs in a fixed order (partials per block, then a fixed-order pass), so the
 // results are bitwise reproducible run to run; no atomics. Launchers in ops.h.
 #include "kernels/cuda/cuda_check.h"
@@ -128,6 +129,68 @@ __global__ void LayerNormParamGradPartialKernel(float* partial, const float* dou
   }
 }
 
+// Threads per block for the one-block-per-row RMSNorm kernels: about 4 columns a thread,
+// a multiple of 32 in [32, 256].
+int RowThreads(int64_t C) {
+  int64_t t = ((C + 3) / 4 + 31) / 32 * 32;
+  return static_cast<int>(t < 32 ? 32 : (t > 256 ? 256 : t));
+}
+
+// One block per row: rstd = 1/sqrt(mean(x^2) + eps), out = x * rstd * weight.
+__global__ void RMSNormForwardKernel(float* out, float* rstd, const float* inp,
+                                     const float* weight, int64_t C, float eps) {
+  __shared__ float smem[32];
+  const int64_t row = blockIdx.x;
+  const float* x = inp + row * C;
+  float ss = 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) ss += x[c] * x[c];
+  ss = BlockSum(ss, smem);
+  const float r = 1.0f / sqrtf(ss / static_cast<float>(C) + eps);
+  float* y = out + row * C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) y[c] = (x[c] * r) * weight[c];
+  if (threadIdx.x == 0) rstd[row] = r;
+}
+
+// One block per row: dinp += rstd * (weight*dout - norm * mean(weight*dout*norm)).
+__global__ void RMSNormBackwardInputKernel(float* dinp, const float* dout, const float* inp,
+                                           const float* weight, const float* rstd, int64_t C) {
+  __shared__ float smem[32];
+  const int64_t row = blockIdx.x;
+  const float* x = inp + row * C;
+  const float* dy = dout + row * C;
+  const float r = rstd[row];
+  float dot = 0.0f;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dot += (weight[c] * dy[c]) * (x[c] * r);
+  const float mean_dot = BlockSum(dot, smem) / static_cast<float>(C);
+  float* dx = dinp + row * C;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    dx[c] += r * (weight[c] * dy[c] - (x[c] * r) * mean_dot);
+  }
+}
+
+// partial (groups, C): sums over the group's rows of dout * x * rstd (the dweight terms).
+__global__ void RMSNormWeightGradPartialKernel(float* partial, const float* dout, const float* inp,
+                                               const float* rstd, int64_t N, int64_t C,
+                                               int64_t rows_per_group) {
+  __shared__ float sw[kRowLanes][kColTile + 1];
+  const int64_t c = blockIdx.x * int64_t{kColTile} + threadIdx.x;
+  const int64_t r0 = blockIdx.y * rows_per_group;
+  const int64_t r1 = min(N, r0 + rows_per_group);
+  float aw = 0.0f;
+  if (c < C) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
+      aw += (inp[r * C + c] * rstd[r]) * dout[r * C + c];
+    }
+  }
+  sw[threadIdx.y][threadIdx.x] = aw;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float w = 0.0f;
+    for (int i = 0; i < kRowLanes; ++i) w += sw[i][threadIdx.x];
+    partial[blockIdx.y * C + c] = w;
+  }
+}
+
 __global__ void SumSquaresPartialKernel(double* partial, const float* x, int64_t n) {
   __shared__ double smem[32];
   double acc = 0.0;
@@ -207,6 +270,29 @@ void LaunchLayerNormBackward(float* dinp, float* dweight, float* dbias, const fl
   L2L_CUDA_CHECK_LAUNCH();
   LaunchColumnFinal(dweight, scratch, groups, C, s);
   LaunchColumnFinal(dbias, scratch + groups * C, groups, C, s);
+}
+
+void LaunchRMSNormForward(float* out, float* rstd, const float* inp, const float* weight,
+                          int64_t N, int64_t C, float eps, cudaStream_t s) {
+  if (N <= 0 || C <= 0) return;
+  L2L_LAUNCH(RMSNormForwardKernel, static_cast<unsigned>(N), RowThreads(C), 0, s)(
+      out, rstd, inp, weight, C, eps);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchRMSNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
+                           const float* weight, const float* rstd, int64_t N, int64_t C,
+                           float* scratch, int64_t groups, cudaStream_t s) {
+  if (N <= 0 || C <= 0) return;
+  L2L_LAUNCH(RMSNormBackwardInputKernel, static_cast<unsigned>(N), RowThreads(C), 0, s)(
+      dinp, dout, inp, weight, rstd, C);
+  L2L_CUDA_CHECK_LAUNCH();
+  const int64_t rows_per_group = (N + groups - 1) / groups;
+  dim3 grid(static_cast<unsigned>((C + kColTile - 1) / kColTile), static_cast<unsigned>(groups));
+  L2L_LAUNCH(RMSNormWeightGradPartialKernel, grid, dim3(kColTile, kRowLanes), 0, s)(
+      scratch, dout, inp, rstd, N, C, rows_per_group);
+  L2L_CUDA_CHECK_LAUNCH();
+  LaunchColumnFinal(dweight, scratch, groups, C, s);
 }
 
 void LaunchSumSquares(double* result, const float* x, int64_t n, double* scratch,

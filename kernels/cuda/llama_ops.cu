@@ -1,0 +1,97 @@
+// The Llama family's elementwise CUDA kernels: token embedding gather (no position
+// table), rotary position embedding in place (forward and its transposed rotation) and
+// SwiGLU forward/backward. Grid-stride loops with int64 indices; every output element is
+// written by one thread, so results are deterministic. RMSNorm lives in reduce.cu (it
+// needs the column-sum passes) and the token-embedding backward in embedding_backward.cu
+// (the sort). Launchers are declared in ops.h; each takes its stream and checks the
+// launch. Thread-safety: stateless.
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace l2l::kernels::cuda {
+namespace {
+
+#define L2L_GRID_STRIDE(i, n) \
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < (n); \
+       i += int64_t{blockDim.x} * gridDim.x)
+
+__global__ void TokenEmbeddingForwardKernel(float* out, const int32_t* tokens, const float* wte,
+                                            int64_t N, int64_t C) {
+  L2L_GRID_STRIDE(i, N * C) {
+    const int64_t n = i / C, c = i - n * C;
+    out[i] = wte[int64_t{tokens[n]} * C + c];
+  }
+}
+
+// One thread per (row, head, i < hs/2) pair: reads x[i], x[i + hs/2], writes both.
+__global__ void RopeKernel(float* x, const float* cos, const float* sin, int64_t rows, int64_t T,
+                           int64_t row_stride, int64_t n_heads, int64_t hs, float sign) {
+  const int64_t half = hs / 2, per_row = n_heads * half;
+  L2L_GRID_STRIDE(idx, rows * per_row) {
+    const int64_t n = idx / per_row, rem = idx - n * per_row;
+    const int64_t h = rem / half, i = rem - h * half;
+    const int64_t t = n % T;
+    const float c = cos[t * half + i], s = sign * sin[t * half + i];
+    float* a = x + n * row_stride + h * hs + i;
+    float* b = a + half;
+    const float xa = *a, xb = *b;
+    *a = xa * c - xb * s;
+    *b = xb * c + xa * s;
+  }
+}
+
+__device__ __forceinline__ float Sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+__global__ void SwiGLUForwardKernel(float* out, const float* gate_up, int64_t N, int64_t F) {
+  L2L_GRID_STRIDE(i, N * F) {
+    const int64_t n = i / F, f = i - n * F;
+    const float g = gate_up[n * 2 * F + f], u = gate_up[n * 2 * F + F + f];
+    out[i] = g * Sigmoid(g) * u;
+  }
+}
+
+__global__ void SwiGLUBackwardKernel(float* dgate_up, const float* dout, const float* gate_up,
+                                     int64_t N, int64_t F) {
+  L2L_GRID_STRIDE(i, N * F) {
+    const int64_t n = i / F, f = i - n * F;
+    const int64_t gi = n * 2 * F + f, ui = gi + F;
+    const float g = gate_up[gi], u = gate_up[ui], d = dout[i];
+    const float sg = Sigmoid(g);
+    dgate_up[gi] += d * u * sg * (1.0f + g * (1.0f - sg));
+    dgate_up[ui] += d * (g * sg);
+  }
+}
+
+}  // namespace
+
+void LaunchTokenEmbeddingForward(float* out, const int32_t* tokens, const float* wte, int64_t N,
+                                 int64_t C, cudaStream_t s) {
+  if (N <= 0 || C <= 0) return;
+  L2L_LAUNCH(TokenEmbeddingForwardKernel, GridFor(N * C), kThreads, 0, s)(out, tokens, wte, N, C);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchRope(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
+                int64_t row_stride, int64_t n_heads, int64_t hs, float sign, cudaStream_t s) {
+  const int64_t work = B * T * n_heads * (hs / 2);
+  if (work <= 0) return;
+  L2L_LAUNCH(RopeKernel, GridFor(work), kThreads, 0, s)(x, cos, sin, B * T, T, row_stride, n_heads,
+                                                        hs, sign);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchSwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s) {
+  if (N <= 0 || F <= 0) return;
+  L2L_LAUNCH(SwiGLUForwardKernel, GridFor(N * F), kThreads, 0, s)(out, gate_up, N, F);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchSwiGLUBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
+                          int64_t F, cudaStream_t s) {
+  if (N <= 0 || F <= 0) return;
+  L2L_LAUNCH(SwiGLUBackwardKernel, GridFor(N * F), kThreads, 0, s)(dgate_up, dout, gate_up, N, F);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace l2l::kernels::cuda
