@@ -5,12 +5,42 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
 
+#include "common/adamw.h"
 #include "common/logging.h"
 #include "eps_server/eps_core_internal.h"
 
 namespace l2l::eps {
+namespace {
+
+// Refuses a state with a NaN or Inf anywhere (master, m or v): such a value would make
+// every later update of its layer non-finite. Names the layer, array and element.
+Status CheckFinite(const ParamStore& store, const std::string& origin) {
+  static const char* const kArrays[] = {"master weights", "AdamW m", "AdamW v"};
+  std::vector<float> buf;
+  for (int64_t l = 0; l < store.num_layers(); ++l) {
+    const LayerLayout& layout = store.layout(l);
+    buf.resize(layout.numel);
+    for (int which = 0; which < 3; ++which) {
+      L2L_RETURN_IF_ERROR(store.ReadState(l, which, buf.data()));
+      for (size_t i = 0; i < buf.size(); ++i) {
+        if (std::isfinite(buf[i])) continue;
+        std::string tensor = "?";
+        for (const ParamInfo& p : layout.params) {
+          if (p.offset <= i && i < p.offset + p.numel) tensor = p.name + "[" + std::to_string(i - p.offset) + "]";
+        }
+        return InvalidArgument("initial state from " + origin + " is not finite: layer " + std::to_string(l) + " " +
+                               kArrays[which] + " " + tensor + " = " + std::to_string(buf[i]) +
+                               "; refusing to train from it (fix or re-export the weights)");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 EpsCore::EpsCore(CoreOptions opts) : opts_(std::move(opts)) {}
 
@@ -81,9 +111,12 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   } else {
     L2L_RETURN_IF_ERROR(store->InitFromSeed(job.train.seed));
   }
+  L2L_RETURN_IF_ERROR(CheckFinite(*store, start.description));
   for (int64_t l = 0; l < store->num_layers(); ++l) L2L_RETURN_IF_ERROR(store->PublishMaster(l, start.step));
   auto pipeline = std::make_unique<UpdatePipeline>(store.get(), job, opts_.expected_workers, start.step);
   pipeline->set_on_failure([this](const Status& s) { OnPipelineFailure(s); });
+  pipeline->set_gate_on_losses(true);
+  if (opts_.on_skip) pipeline->set_on_skip(opts_.on_skip);
   {
     std::lock_guard<std::mutex> lock(mu_);
     store_ = std::move(store);
@@ -181,35 +214,52 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
   }
   int32_t id = -1;
   bool rejoin = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!has_job_) return FailedPrecondition("the daemon has no job yet (CreateJob first)");
-    if (stopped_) return Aborted("the daemon is stopping");
-    const int32_t n = static_cast<int32_t>(workers_.size());
-    if (info.previous_worker_id >= 0) {
-      if (info.previous_worker_id >= n) {
-        return NotFound("previous_worker_id " + std::to_string(info.previous_worker_id) + " was never registered (" +
-                        std::to_string(n) + " workers registered)");
-      }
-      if (workers_[info.previous_worker_id]->info.state == "active") {
-        return FailedPrecondition("worker " + std::to_string(info.previous_worker_id) +
-                                  " is active; a second process cannot take its id");
-      }
-      id = info.previous_worker_id;
-      rejoin = true;
-    } else if (n < opts_.expected_workers) {
-      id = n;
-    } else {
-      for (const char* st : {"lost", "left"}) {
-        for (int32_t i = 0; i < n && id < 0; ++i) {
-          if (workers_[i]->info.state == st) id = i;
+  for (int attempt = 0;; ++attempt) {
+    std::vector<int32_t> dead;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!has_job_) return FailedPrecondition("the daemon has no job yet (CreateJob first)");
+      if (stopped_) return Aborted("the daemon is stopping");
+      const int32_t n = static_cast<int32_t>(workers_.size());
+      if (info.previous_worker_id >= 0) {
+        if (info.previous_worker_id >= n) {
+          return NotFound("previous_worker_id " + std::to_string(info.previous_worker_id) + " was never registered (" +
+                          std::to_string(n) + " workers registered)");
         }
+        if (workers_[info.previous_worker_id]->info.state == "active") {
+          return FailedPrecondition("worker " + std::to_string(info.previous_worker_id) +
+                                    " is active; a second process cannot take its id");
+        }
+        id = info.previous_worker_id;
+        rejoin = true;
+      } else if (n < opts_.expected_workers) {
+        id = n;
+      } else {
+        for (const char* st : {"lost", "left"}) {
+          for (int32_t i = 0; i < n && id < 0; ++i) {
+            if (workers_[i]->info.state == st) id = i;
+          }
+        }
+        if (id < 0 && attempt == 0) {
+          // A worker on this host whose process is gone (killed) is lost now, without
+          // waiting for its heartbeats to time out.
+          for (int32_t i = 0; i < n; ++i) {
+            const Worker& w = *workers_[i];
+            if ((w.info.state == "active" || w.info.state == "rejoin") && ProcessGone(w.local_pid)) dead.push_back(i);
+          }
+        }
+        if (id < 0 && dead.empty()) {
+          return ResourceExhausted("the job already has its " + std::to_string(opts_.expected_workers) +
+                                   " worker(s), none of them lost or left");
+        }
+        rejoin = id >= 0;
       }
-      if (id < 0) {
-        return ResourceExhausted("the job already has its " + std::to_string(opts_.expected_workers) +
-                                 " worker(s), none of them lost or left");
-      }
-      rejoin = true;
+    }
+    if (dead.empty()) break;
+    for (int32_t d : dead) {
+      L2L_LOG_WARN("worker {}'s process (pid {}) on this host is gone: declared lost now", d,
+                   workers_[d]->local_pid);
+      HandleLoss(d, "lost");
     }
   }
   Registration r;
@@ -247,6 +297,7 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
     w.info.state = "active";
     w.info.step = r.start_step;
     w.info.last_seen = std::chrono::steady_clock::now();
+    w.local_pid = same_host ? info.pid : 0;
     w.next_step = r.start_step;
     r.data_position = PositionAt(id, r.start_step);
   }
@@ -316,7 +367,7 @@ void EpsCore::ConsumeLoop(ShmWorker* w) {
 Status EpsCore::Heartbeat(int32_t worker_id, int64_t step, bool* stop, bool* paused, bool* rejoin) {
   std::lock_guard<std::mutex> lock(mu_);
   *stop = stopped_.load();
-  if (paused != nullptr) *paused = paused_.load();
+  if (paused != nullptr) *paused = paused_.load() || (pipeline_ && pipeline_->stats().skip_paused);
   if (rejoin != nullptr) *rejoin = false;
   Status s = CheckWorker(worker_id);
   if (!s.ok() && s.code() == StatusCode::kFailedPrecondition && workers_[worker_id]->info.state == "rejoin") {
@@ -343,6 +394,25 @@ Result<ParamStore::ReadPin> EpsCore::PinLayer(int32_t worker_id, int64_t layer, 
   if (min_version < 0) return InvalidArgument("min_version=" + std::to_string(min_version) + " must be >= 0");
   *dtype = store_->publish_dtype();
   return store_->Acquire(layer, min_version, timeout, epoch);
+}
+
+Status EpsCore::ValidateGradient(int32_t worker_id, int64_t layer, int64_t micro_batches, int64_t numel) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  L2L_RETURN_IF_ERROR(CheckWorker(worker_id));  // no job, unknown or inactive worker
+  const int64_t L = store_->num_layers();
+  if (layer < 0 || layer >= L) {
+    return NotFound("layer " + std::to_string(layer) + " does not exist (the model has layers 0.." +
+                    std::to_string(L - 1) + ")");
+  }
+  const int64_t want = static_cast<int64_t>(store_->layout(layer).numel);
+  if (numel != want) {
+    return InvalidArgument("numel=" + std::to_string(numel) + " but layer " + std::to_string(layer) + " has " +
+                           std::to_string(want) + " parameters");
+  }
+  if (micro_batches < 1) {
+    return InvalidArgument("micro_batches=" + std::to_string(micro_batches) + " must be >= 1");
+  }
+  return Status::Ok();
 }
 
 Status EpsCore::CheckActive(int32_t worker_id) const {
@@ -375,6 +445,11 @@ Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t t
     return FailedPrecondition("StepDone(step " + std::to_string(step) + ") from worker " + std::to_string(worker_id) +
                               ": its next step is " + std::to_string(w.next_step));
   }
+  if (!std::isfinite(loss)) {
+    L2L_LOG_WARN("worker {} reported a non-finite loss ({}) for step {}: the step will be skipped", worker_id, loss,
+                 step);
+  }
+  pipeline_->ReportLoss(worker_id, step, loss);
   w.next_step = step + 1;
   w.position[step + 1] = data_position;
   w.info.step = step + 1;
@@ -403,6 +478,7 @@ Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t t
       sum.loss = last_loss_;
       sum.tokens_per_s = tokens_per_s_;
       sum.wall_s = secs;
+      sum.lr = LearningRate(job_.optim, step);
       sum.times = {times_sum_.forward_s / n, times_sum_.backward_s / n, times_sum_.recompute_s / n,
                    times_sum_.wait_layer_s / n, times_sum_.wait_push_s / n};
       opts_.on_step(sum);
@@ -502,8 +578,16 @@ CoreStatus EpsCore::GetStatus() const {
     s.state = "stopping";
   } else if (!has_job_) {
     s.state = "idle";
-  } else if (paused_.load()) {
+  } else if (paused_.load() || s.pipeline.skip_paused) {
     s.state = "paused";
+    if (s.pipeline.skip_paused) {
+      s.pause_reason = std::to_string(s.pipeline.consecutive_skips) + " steps in a row skipped (last: " +
+                       s.pipeline.last_skip_reason + "); fix the cause, then resume";
+    } else {
+      bool lost = false;
+      for (const auto& w : workers_) lost = lost || w->info.state == "lost" || w->info.state == "left";
+      s.pause_reason = lost ? "paused: a lost worker must rejoin (or resume to go on without it)" : "paused";
+    }
   } else if (s.step >= s.total_steps) {
     s.state = "finished";
   } else if (static_cast<int32_t>(workers_.size()) < opts_.expected_workers) {

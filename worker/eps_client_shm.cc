@@ -129,6 +129,7 @@ Result<LayerWeights> ShmEpsClient::AcquireLayer(int64_t layer, int64_t min_versi
                         " not published within " + std::to_string(timeout.count()) + " ms (newest " +
                         std::to_string(v) + ")");
     }
+    L2L_RETURN_IF_ERROR(DaemonGone());
     FutexWait(&hdr->wake_seq, wake,
               std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(100)));
   }
@@ -140,6 +141,14 @@ void ShmEpsClient::ReleaseLayer(int64_t layer) {
   GradPins(grads_.data())[layer].store(-1, std::memory_order_release);
   gh->pin_seq.fetch_add(1, std::memory_order_release);
   FutexWake(&gh->pin_seq);
+}
+
+Status ShmEpsClient::DaemonGone() const {
+  const auto* hdr = static_cast<const WeightSegmentHeader*>(weights_.data());
+  if (!ProcessGone(hdr->owner_pid)) return Status::Ok();
+  return Unavailable("the EPS daemon (pid " + std::to_string(hdr->owner_pid) +
+                     ") is gone (killed or crashed) while this worker waited on it; restart the daemon "
+                     "(l2l-eps --resume) and then the worker");
 }
 
 Status ShmEpsClient::SlotError() const {
@@ -173,6 +182,7 @@ Result<GradientSlot> ShmEpsClient::ClaimGradientSlot(int64_t layer, size_t numel
       out.index = static_cast<int32_t>(s);
       return out;
     }
+    L2L_RETURN_IF_ERROR(DaemonGone());
     FutexWait(&gh->free_seq, seen, std::chrono::milliseconds(200));
   }
 }
@@ -240,6 +250,7 @@ Status ShmEpsClient::Drain(std::chrono::milliseconds timeout) {
     if (gh->closed.load()) return Aborted("the EPS closed the gradient segment");
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return Status(StatusCode::kDeadlineExceeded, "EPS did not consume pushed gradients");
+    L2L_RETURN_IF_ERROR(DaemonGone());
     FutexWait(&gh->free_seq, seen, std::chrono::milliseconds(20));
   }
 }

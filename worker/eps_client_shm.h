@@ -59,6 +59,9 @@ class ShmEpsClient : public GrpcEpsClient {
   ShmEpsClient(ImplPtr impl, WorkerRegistration reg, const ClientOptions& options)
       : GrpcEpsClient(std::move(impl), std::move(reg), options) {}
   Status SlotError() const;
+  // UNAVAILABLE once the EPS process that owns the weight segment no longer exists
+  // (killed: it could not mark the segments closed). Checked in every wait loop.
+  Status DaemonGone() const;
   Status MapSegments(const ShmInfo& shm);
   std::vector<HostRegion> Regions() const;  // REQUIRES: observer_mu_ held
 
