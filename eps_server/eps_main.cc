@@ -260,12 +260,17 @@ int main(int argc, char** argv) {
 
   eps::EpsGrpcServer* srv = server->get();
   fatal_srv.store(srv);  // no update (so no job failure) can run before workers reach us
-  std::thread signals([srv, sigs] {
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    if (sig == 0) return;
-    L2L_LOG_INFO("signal {}: shutting down", sig);
-    srv->RequestShutdown(false, false);
+  // Every SIGTERM/SIGINT asks for a shutdown (a second one retries a final checkpoint
+  // that failed); `exiting` ends the thread when main wakes it at the end.
+  std::atomic<bool> exiting{false};
+  std::thread signals([srv, sigs, &exiting] {
+    for (;;) {
+      int sig = 0;
+      sigwait(&sigs, &sig);
+      if (sig == 0 || exiting.load()) return;
+      L2L_LOG_INFO("signal {}: shutting down", sig);
+      srv->RequestShutdown(false, false);
+    }
   });
   // Finish (or abort) the step in flight and write the final checkpoint while the
   // workers can still reach us. A failed final checkpoint does not stop the daemon: it
@@ -297,7 +302,8 @@ int main(int argc, char** argv) {
   core.Stop();
   const std::string fatal = core.GetStatus().error;
   L2L_LOG_INFO("stopped; shared-memory segments removed");
-  // The signal thread may still wait in sigwait: wake it.
+  // The signal thread waits in sigwait: wake it.
+  exiting.store(true);
   pthread_kill(signals.native_handle(), SIGTERM);
   signals.join();
   if (!fatal.empty()) {

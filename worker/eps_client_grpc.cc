@@ -82,7 +82,7 @@ Status GrpcEpsClient::Register(Impl* impl, const ClientOptions& options, int32_t
   req.set_previous_worker_id(previous_worker_id);
   const auto deadline = std::chrono::system_clock::now() + options.connect_timeout;
   data::RegisterReply rep;
-  grpc::Status st;
+  grpc::Status st, full;  // full: the last "job full" refusal, if any
   for (;;) {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline);
@@ -91,14 +91,17 @@ Status GrpcEpsClient::Register(Impl* impl, const ClientOptions& options, int32_t
     // UNAVAILABLE: the EPS is not up yet. RESOURCE_EXHAUSTED: the job has all its
     // workers; one may be declared lost (heartbeat timeout) or leave meanwhile, and then
     // this process takes its place. Both are retried until the connect timeout.
+    if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) full = st;
     const bool retry = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
                        st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
     if (st.ok() || !retry || std::chrono::system_clock::now() >= deadline) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(st.error_code() == grpc::StatusCode::UNAVAILABLE ? 100 : 250));
   }
-  if (!st.ok() && st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+  if (!st.ok() && !full.ok() &&
+      (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+       st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)) {
     return ResourceExhausted("the job at " + address + " stayed full for " +
-                             std::to_string(options.connect_timeout.count()) + " ms: " + st.error_message() +
+                             std::to_string(options.connect_timeout.count()) + " ms: " + full.error_message() +
                              " (a replacement for a killed worker gets its place once the daemon declares it "
                              "lost: raise --connect-timeout-ms above the daemon's heartbeat timeout)");
   }
