@@ -297,7 +297,8 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
     w.info.state = "active";
     w.info.step = r.start_step;
     w.info.last_seen = std::chrono::steady_clock::now();
-    w.local_pid = same_host ? info.pid : 0;
+    // A pid that is not visible here (another pid namespace) cannot be watched.
+    w.local_pid = same_host && !ProcessGone(info.pid) ? info.pid : 0;
     w.next_step = r.start_step;
     r.data_position = PositionAt(id, r.start_step);
   }

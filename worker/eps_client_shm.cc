@@ -44,6 +44,9 @@ Status ShmEpsClient::MapSegments(const ShmInfo& shm) {
   grads_ = std::move(grads);
   layer_numel_ = shm.layer_numel;
   epoch_ = wh->epoch.load(std::memory_order_acquire);
+  // The daemon just answered Register, so a pid that looks gone lives in another pid
+  // namespace: then its death is noticed through the gRPC connection only.
+  daemon_pid_ = ProcessGone(wh->owner_pid) ? 0 : wh->owner_pid;
   if (observer_ != nullptr) {
     for (const HostRegion& r : Regions()) observer_->Mapped(r);
   }
@@ -144,9 +147,8 @@ void ShmEpsClient::ReleaseLayer(int64_t layer) {
 }
 
 Status ShmEpsClient::DaemonGone() const {
-  const auto* hdr = static_cast<const WeightSegmentHeader*>(weights_.data());
-  if (!ProcessGone(hdr->owner_pid)) return Status::Ok();
-  return Unavailable("the EPS daemon (pid " + std::to_string(hdr->owner_pid) +
+  if (!ProcessGone(daemon_pid_)) return Status::Ok();
+  return Unavailable("the EPS daemon (pid " + std::to_string(daemon_pid_) +
                      ") is gone (killed or crashed) while this worker waited on it; restart the daemon "
                      "(l2l-eps --resume) and then the worker");
 }

@@ -73,6 +73,7 @@ class ShmEpsClient : public GrpcEpsClient {
   std::mutex push_mu_;  // one pusher at a time claims slots
   uint64_t push_seq_ = 0;
   uint32_t epoch_ = 0;  // weight segment epoch at (re)registration
+  int32_t daemon_pid_ = 0;  // the EPS's pid when visible from here (else 0: not watched)
 };
 
 }  // namespace l2l::worker

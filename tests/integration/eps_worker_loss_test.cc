@@ -352,14 +352,21 @@ TEST_CASE("EpsClient rejoins after a rollback and redoes the step", "[integratio
   RawWorker lost(d.address);
   const int64_t top = TinyJob().model.NumLayers() - 1;
   const auto layouts = BuildLayout(TinyJob().model);
+  std::vector<float> init(layouts[top].numel), now(layouts[top].numel);
+  REQUIRE(d.core.store()->ReadState(top, 0, init.data()).ok());
   auto g = Grad(0, client.registration().worker_id, top, layouts[top].numel);
   REQUIRE(client.PushGradient(top, 0, 1, g.data(), g.size()).ok());
   REQUIRE(lost.Push(top, 0).ok());
-  for (int i = 0; i < 200 && d.core.store()->published_version(top) != 1; ++i) std::this_thread::sleep_for(10ms);
-  REQUIRE(d.core.store()->published_version(top) == 1);
+  // The top layer is updated at once (published only with the whole step).
+  for (int i = 0; i < 200; ++i) {
+    REQUIRE(d.core.store()->ReadState(top, 0, now.data()).ok());
+    if (now != init) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(now != init);
   lost.StopHeartbeats();
   REQUIRE(d.WaitState(1, "lost"));
-  // No checkpoint yet: rolled back to the initial state (step 0).
+  // The step is abandoned: the top layer's update is undone (step 0 again).
   auto w = client.AcquireLayer(top, 1, 2s);
   CHECK(w.status().code() == StatusCode::kFailedPrecondition);
   CHECK(worker::NeedsRejoin(w.status()));
