@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Relay over the real daemon: one l2l-eps and one l2l-worker process (shared memory,
 # CPU backend) train the job for STEPS steps on random tokens; prints the worker's mean
-# step time and tokens/s over the steps after the first. With BASE_BUILD_DIR set (another build of
+# step time, tokens/s and time waiting for layers (the EPS's exposed update and commit)
+# over the steps after the first. With BASE_BUILD_DIR set (another build of
 # l2l, e.g. the commit before a change) the two builds run alternately ROUNDS times each
 # on the same machine and the script prints the ratio this / base. Not a test: prints
 # only. Results go to docs/performance.md.
@@ -46,9 +47,10 @@ run() {
   kill -TERM "$eps"; wait "$eps" || true
   python3 - "$dir/worker.log" "$tag" <<'PY'
 import json, re, sys
-steps = [tuple(map(float, m.groups())) for m in re.finditer(r"tok/s (\S+) step_s (\S+)", open(sys.argv[1]).read())][1:]
-tok = sum(s[0] for s in steps) / len(steps); step_s = sum(s[1] for s in steps) / len(steps)
-print(f"{sys.argv[2]} step_s {step_s:.4f} tok_s {tok:.0f} steps {len(steps)}")
+pat = r"tok/s (\S+) step_s (\S+) wait_layer (\S+)"
+steps = [tuple(map(float, m.groups())) for m in re.finditer(pat, open(sys.argv[1]).read())][1:]
+mean = lambda k: sum(s[k] for s in steps) / len(steps)
+print(f"{sys.argv[2]} step_s {mean(1):.4f} tok_s {mean(0):.0f} wait_layer_s {mean(2):.4f} steps {len(steps)}")
 PY
 }
 
@@ -62,9 +64,11 @@ import sys, collections
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     f = line.split()
-    rows[f[0]].append((float(f[2]), float(f[4])))
+    rows[f[0]].append((float(f[2]), float(f[4]), float(f[6])))
 for tag, v in rows.items():
-    print(f"{tag}: mean step_s {sum(x[0] for x in v)/len(v):.4f} tok/s {sum(x[1] for x in v)/len(v):.0f} over {len(v)} runs")
+    m = lambda k: sum(x[k] for x in v) / len(v)
+    print(f"{tag}: mean step_s {m(0):.4f} (min {min(x[0] for x in v):.4f}) tok/s {m(1):.0f} "
+          f"wait_layer_s {m(2):.4f} over {len(v)} runs")
 if "base" in rows:
     t = sum(x[1] for x in rows["this"]) / len(rows["this"]); b = sum(x[1] for x in rows["base"]) / len(rows["base"])
     print(f"ratio this / base tokens/s: {t / b:.3f}")
