@@ -15,8 +15,12 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
+#include "common/adamw.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/relay_util.h"
+#include "worker/eps_client.h"
 
 namespace l2l::itest {
 namespace {
@@ -221,6 +225,68 @@ TEST_CASE("A replacement for a killed same-host worker takes its place at once, 
   CHECK(secs < 30.0);
   CHECK((*eps)->process().Log().find("on this host is gone: declared lost now") != std::string::npos);
   (*second)->Stop();
+}
+
+TEST_CASE("l2l-eps skips a step whose loss is NaN: WARN in its log, counted by l2lctl and in run.jsonl",
+          "[integration][fault][nonfinite]") {
+  relay::Run r = relay::Prepare("nan-loss");
+  r.job.train.steps = 10;
+  auto eps = EpsDaemon::Start(r.job, DaemonOptions{}, *r.dir);
+  REQUIRE(eps.ok());
+  worker::ClientOptions co;
+  co.transport = "grpc";
+  co.connect_timeout = 10000ms;
+  auto c = worker::ConnectEps((*eps)->address(), co);
+  REQUIRE(c.ok());
+  const auto layouts = BuildLayout(r.job.model);
+  auto step = [&](int64_t s, double loss) {
+    for (int64_t l = 0; l < static_cast<int64_t>(layouts.size()); ++l) {
+      auto w = (*c)->AcquireLayer(l, s, 20s);
+      REQUIRE(w.ok());
+      (*c)->ReleaseLayer(l);
+    }
+    for (int64_t l = static_cast<int64_t>(layouts.size()) - 1; l >= 0; --l) {
+      std::vector<float> g(layouts[l].numel, 0.01f);
+      REQUIRE((*c)->PushGradient(l, s, 1, g.data(), g.size()).ok());
+    }
+    worker::StepReport rep;
+    rep.step = s;
+    rep.loss = loss;
+    rep.tokens = 100;
+    REQUIRE((*c)->StepDone(rep).ok());
+  };
+  step(0, 2.0);
+  step(1, std::nan(""));
+  step(2, 2.0);  // version 2 was published (with step 1's weights): the job goes on
+  const CtlRun st = Ctl(*r.dir, {"--eps", (*eps)->address(), "status", "--json"});
+  INFO(st.out << st.err);
+  REQUIRE(st.code == 0);
+  const auto j = nlohmann::json::parse(st.out);
+  CHECK(j.at("skipped_steps") == 1);
+  CHECK(j.at("step") == 3);
+  CHECK(j.at("last_skip_reason").get<std::string>().find("reported loss nan") != std::string::npos);
+  // The daemon warned, naming the worker and the step.
+  const std::string log = (*eps)->process().Log();
+  CHECK(log.find(" W ") != std::string::npos);
+  CHECK(log.find("reported a non-finite loss (nan) for step 1") != std::string::npos);
+  // run.jsonl: the step's line, then a line counting the skip; lr from the job.
+  std::ifstream f((*eps)->state_dir() + "/run.jsonl");
+  std::string line;
+  int skip_lines = 0;
+  while (std::getline(f, line)) {
+    const auto rec = nlohmann::json::parse(line);
+    if (rec.contains("skipped_steps")) {
+      ++skip_lines;
+      CHECK(rec.at("step") == 2);
+      CHECK(rec.at("skipped_steps") == 1);
+    } else {
+      const int64_t n = rec.at("step").get<int64_t>();
+      CHECK(rec.at("lr").get<double>() == Approx(LearningRate(r.job.optim, n - 1)));
+    }
+  }
+  CHECK(skip_lines == 1);
+  c->reset();
+  REQUIRE((*eps)->Shutdown().ok());
 }
 
 }  // namespace l2l::itest
