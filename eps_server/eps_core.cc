@@ -199,6 +199,28 @@ Status EpsCore::CreateShmWorker(int32_t id, Registration* r) {
   return Status::Ok();
 }
 
+void EpsCore::TakeOverDeadLocalWorkers() {
+  std::vector<int32_t> dead;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!has_job_ || static_cast<int32_t>(workers_.size()) < opts_.expected_workers) return;
+    for (const auto& w : workers_) {
+      if (w->info.state == "lost" || w->info.state == "left") return;  // a free id exists
+    }
+    for (const auto& w : workers_) {
+      if ((w->info.state == "active" || w->info.state == "rejoin") && ProcessGone(w->local_pid)) {
+        dead.push_back(w->info.id);
+      }
+    }
+  }
+  for (int32_t id : dead) {
+    L2L_LOG_WARN("worker {}'s process (pid {}) on this host is gone: declared lost now, not after the heartbeat "
+                 "timeout",
+                 id, workers_[id]->local_pid);
+    HandleLoss(id, "lost");
+  }
+}
+
 Result<Registration> EpsCore::Register(const RegisterInfo& info) {
   std::lock_guard<std::mutex> rlock(recovery_mu_);
   const std::string want = info.transport.empty() ? "auto" : info.transport;
@@ -212,54 +234,38 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
                               (same_host ? "the daemon is configured for grpc only"
                                          : "the worker is not on the daemon's host (boot id/hostname differ)"));
   }
+  if (info.previous_worker_id < 0) TakeOverDeadLocalWorkers();
   int32_t id = -1;
   bool rejoin = false;
-  for (int attempt = 0;; ++attempt) {
-    std::vector<int32_t> dead;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!has_job_) return FailedPrecondition("the daemon has no job yet (CreateJob first)");
-      if (stopped_) return Aborted("the daemon is stopping");
-      const int32_t n = static_cast<int32_t>(workers_.size());
-      if (info.previous_worker_id >= 0) {
-        if (info.previous_worker_id >= n) {
-          return NotFound("previous_worker_id " + std::to_string(info.previous_worker_id) + " was never registered (" +
-                          std::to_string(n) + " workers registered)");
-        }
-        if (workers_[info.previous_worker_id]->info.state == "active") {
-          return FailedPrecondition("worker " + std::to_string(info.previous_worker_id) +
-                                    " is active; a second process cannot take its id");
-        }
-        id = info.previous_worker_id;
-        rejoin = true;
-      } else if (n < opts_.expected_workers) {
-        id = n;
-      } else {
-        for (const char* st : {"lost", "left"}) {
-          for (int32_t i = 0; i < n && id < 0; ++i) {
-            if (workers_[i]->info.state == st) id = i;
-          }
-        }
-        if (id < 0 && attempt == 0) {
-          // A worker on this host whose process is gone (killed) is lost now, without
-          // waiting for its heartbeats to time out.
-          for (int32_t i = 0; i < n; ++i) {
-            const Worker& w = *workers_[i];
-            if ((w.info.state == "active" || w.info.state == "rejoin") && ProcessGone(w.local_pid)) dead.push_back(i);
-          }
-        }
-        if (id < 0 && dead.empty()) {
-          return ResourceExhausted("the job already has its " + std::to_string(opts_.expected_workers) +
-                                   " worker(s), none of them lost or left");
-        }
-        rejoin = id >= 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!has_job_) return FailedPrecondition("the daemon has no job yet (CreateJob first)");
+    if (stopped_) return Aborted("the daemon is stopping");
+    const int32_t n = static_cast<int32_t>(workers_.size());
+    if (info.previous_worker_id >= 0) {
+      if (info.previous_worker_id >= n) {
+        return NotFound("previous_worker_id " + std::to_string(info.previous_worker_id) + " was never registered (" +
+                        std::to_string(n) + " workers registered)");
       }
-    }
-    if (dead.empty()) break;
-    for (int32_t d : dead) {
-      L2L_LOG_WARN("worker {}'s process (pid {}) on this host is gone: declared lost now", d,
-                   workers_[d]->local_pid);
-      HandleLoss(d, "lost");
+      if (workers_[info.previous_worker_id]->info.state == "active") {
+        return FailedPrecondition("worker " + std::to_string(info.previous_worker_id) +
+                                  " is active; a second process cannot take its id");
+      }
+      id = info.previous_worker_id;
+      rejoin = true;
+    } else if (n < opts_.expected_workers) {
+      id = n;
+    } else {
+      for (const char* st : {"lost", "left"}) {
+        for (int32_t i = 0; i < n && id < 0; ++i) {
+          if (workers_[i]->info.state == st) id = i;
+        }
+      }
+      if (id < 0) {
+        return ResourceExhausted("the job already has its " + std::to_string(opts_.expected_workers) +
+                                 " worker(s), none of them lost or left");
+      }
+      rejoin = true;
     }
   }
   Registration r;

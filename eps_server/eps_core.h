@@ -258,6 +258,10 @@ class EpsCore {
   Result<int64_t> PrepareRejoin(int32_t id);            // REQUIRES: recovery_mu_
   void FinishRejoin(int32_t id, bool ok);               // REQUIRES: recovery_mu_
   void UpdatePausedLocked();                            // REQUIRES: recovery_mu_
+  // A registration that finds the job full first declares lost every worker on this
+  // host whose process is gone (killed), so its replacement need not wait for the
+  // heartbeat timeout.
+  void TakeOverDeadLocalWorkers();                      // REQUIRES: recovery_mu_
   // Closes the gate at a step boundary: now when the step in progress has applied no
   // layer, else when it completes (up to timeout). Returns the step; release with
   // pipeline_->Release(). DEADLINE_EXCEEDED leaves the gate open.
