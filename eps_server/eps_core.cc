@@ -111,7 +111,8 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   } else {
     L2L_RETURN_IF_ERROR(store->InitFromSeed(job.train.seed));
   }
-  L2L_RETURN_IF_ERROR(CheckFinite(*store, start.description));
+  // Loaded state (safetensors, checkpoint, buffers) is checked; the seed's init is finite.
+  if (start.load) L2L_RETURN_IF_ERROR(CheckFinite(*store, start.description));
   for (int64_t l = 0; l < store->num_layers(); ++l) L2L_RETURN_IF_ERROR(store->PublishMaster(l, start.step));
   auto pipeline = std::make_unique<UpdatePipeline>(store.get(), job, opts_.expected_workers, start.step);
   pipeline->set_on_failure([this](const Status& s) { OnPipelineFailure(s); });

@@ -93,7 +93,12 @@ TEST_CASE("A worker whose daemon is killed exits non-zero within seconds with on
   CHECK(secs < 15.0);
   const std::string log = (*worker)->Log();
   CHECK(log.find("l2l-worker: error:") != std::string::npos);
-  if (transport == "shm") CHECK(log.find("is gone (killed or crashed)") != std::string::npos);
+  // shm: a wait on the segment notices the dead pid; a gRPC call in flight (StepDone,
+  // a heartbeat) may notice the closed connection first.
+  if (transport == "shm") {
+    CHECK((log.find("is gone (killed or crashed)") != std::string::npos ||
+           log.find("UNAVAILABLE") != std::string::npos));
+  }
   // The dead daemon's segments are the next daemon's to remove; none of the worker's.
 }
 
