@@ -193,6 +193,7 @@ Status ReadTrain(YamlMap* root, TrainingConfig* t) {
   L2L_RETURN_IF_ERROR(m.Get("seq_len", &t->seq_len, kNonNegative));
   L2L_RETURN_IF_ERROR(m.Get("seed", &t->seed));
   L2L_RETURN_IF_ERROR(m.Get("log_every", &t->log_every, kPositive));
+  L2L_RETURN_IF_ERROR(m.Get("skip_pause_after", &t->skip_pause_after, kNonNegative));
   L2L_RETURN_IF_ERROR(m.Get("checkpoint_every", &t->checkpoint_every, kNonNegative));
   L2L_RETURN_IF_ERROR(m.GetChoice("mode", &t->mode, {"sync", "lockfree"}));
   L2L_RETURN_IF_ERROR(m.Get("staleness", &t->staleness, kNonNegative));
@@ -213,6 +214,12 @@ Status ReadData(YamlMap* root, const std::string& base_dir, DataConfig* d) {
 
 // Applies every section present in `doc` onto *cfg, then runs the cross-field checks.
 Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg) {
+  // An empty document (nothing, whitespace or comments only) is a mistake (a truncated
+  // or wrong file), not a request for every default.
+  if (!doc.root.IsDefined() || doc.root.IsNull()) {
+    return InvalidArgument(doc.origin + ": the job config is empty (no keys, only whitespace or comments); "
+                           "a job needs at least its model, e.g. configs/quickstart.yaml");
+  }
   L2L_ASSIGN_OR_RETURN(YamlMap root, YamlMap::Wrap(doc.root, doc.origin, ""));
   L2L_RETURN_IF_ERROR(ReadModel(&root, base_dir, /*allow_preset=*/true, &cfg->model, cfg));
   L2L_RETURN_IF_ERROR(ReadOptim(&root, &cfg->optim));
@@ -263,6 +270,9 @@ Status JobConfig::Validate() const {
     return bad("train.seq_len", std::to_string(t.seq_len), "at most model.seq_len=" + std::to_string(model.seq_len));
   }
   if (t.log_every < 1) return bad("train.log_every", std::to_string(t.log_every), "an integer >= 1");
+  if (t.skip_pause_after < 0) {
+    return bad("train.skip_pause_after", std::to_string(t.skip_pause_after), "an integer >= 0");
+  }
   if (t.checkpoint_every < 0) return bad("train.checkpoint_every", std::to_string(t.checkpoint_every), "an integer >= 0");
   if (t.mode != "sync" && t.mode != "lockfree") return bad("train.mode", t.mode, "sync or lockfree");
   if (t.staleness < 0) return bad("train.staleness", std::to_string(t.staleness), "an integer >= 0");
@@ -368,6 +378,7 @@ std::string JobConfigToYaml(const JobConfig& cfg) {
      << "  seq_len: " << t.seq_len << "\n"
      << "  seed: " << t.seed << "\n"
      << "  log_every: " << t.log_every << "\n"
+     << "  skip_pause_after: " << t.skip_pause_after << "\n"
      << "  checkpoint_every: " << t.checkpoint_every << "\n"
      << "  mode: " << t.mode << "\n"
      << "  staleness: " << t.staleness << "\n"

@@ -29,6 +29,8 @@ struct TrainingConfig {
   int64_t seq_len = 0;             // T per sequence; 0 = model.seq_len
   uint64_t seed = 1234;            // init and data order
   int64_t log_every = 1;           // steps between progress lines
+  int64_t skip_pause_after = 3;    // steps skipped in a row (non-finite gradient or loss)
+                                   // after which the EPS pauses training; 0 = never
   int64_t checkpoint_every = 0;    // steps between checkpoints; 0 = only on request/exit
   std::string mode = "sync";       // "sync" or "lockfree"
   int64_t staleness = 1;           // lock-free bound s: a layer version >= t - s is used

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -135,6 +136,11 @@ bool FutexWait(const std::atomic<uint32_t>* word, uint32_t expected,
 
 void FutexWake(const std::atomic<uint32_t>* word, int count) {
   syscall(SYS_futex, reinterpret_cast<const uint32_t*>(word), FUTEX_WAKE, count, nullptr, nullptr, 0);
+}
+
+bool ProcessGone(int32_t pid) {
+  if (pid <= 0) return false;
+  return kill(pid, 0) != 0 && errno == ESRCH;  // EPERM: alive, owned by another user
 }
 
 std::string BootId() {

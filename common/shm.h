@@ -80,6 +80,8 @@ void FutexWake(const std::atomic<uint32_t>* word, int count = 0x7fffffff);
 
 // Host identity used to decide "same host": contents of /proc/sys/kernel/random/boot_id
 // (empty when unreadable) and gethostname().
+// True when no process `pid` exists (kill(pid, 0) fails with ESRCH). pid <= 0: false.
+bool ProcessGone(int32_t pid);
 std::string BootId();
 std::string HostName();
 
@@ -101,6 +103,11 @@ struct WeightSegmentHeader {
   uint64_t total_bytes;
   std::atomic<uint32_t> stopped;   // 1: the job stopped; readers give up (ABORTED)
   std::atomic<uint32_t> wake_seq;  // futex word: bumped on every publish and on stop
+  // The EPS process that owns the segment (0 = unknown). A same-host reader that waits
+  // on a futex of this segment checks it is still alive (ProcessGone), so a daemon that
+  // was killed (no chance to set `stopped`) is noticed within one wait period.
+  int32_t owner_pid;
+  uint32_t reserved1;
 };
 
 struct alignas(64) WeightLayerEntry {

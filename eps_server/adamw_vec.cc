@@ -35,12 +35,15 @@ Consts MakeConsts(const AdamWArgs& a) {
 }
 
 // One element; the tail of the vector paths and the whole scalar path.
-inline void ScalarRange(const Consts& c, float* param, float* m, float* v, const float* const* grads,
+// Returns whether every scaled gradient element was finite.
+inline bool ScalarRange(const Consts& c, float* param, float* m, float* v, const float* const* grads,
                         int ng, size_t begin, size_t end, DType od, void* out) {
+  bool finite = true;
   for (size_t i = begin; i < end; ++i) {
     float gs = grads[0][i];
     for (int w = 1; w < ng; ++w) gs = gs + grads[w][i];
     const float g = gs * c.scale;
+    finite = finite && std::isfinite(g);
     float p = param[i] * c.decay_mul;
     const float mi = m[i] + c.one_minus_b1 * (g - m[i]);
     const float vi = v[i] * c.beta2 + c.one_minus_b2 * g * g;
@@ -57,9 +60,10 @@ inline void ScalarRange(const Consts& c, float* param, float* m, float* v, const
       }
     }
   }
+  return finite;
 }
 
-__attribute__((target("avx2"))) void Avx2Range(const Consts& c, float* param, float* m, float* v,
+__attribute__((target("avx2"))) bool Avx2Range(const Consts& c, float* param, float* m, float* v,
                                                const float* const* grads, int ng, size_t n,
                                                DType od, void* out) {
   const __m256 decay_mul = _mm256_set1_ps(c.decay_mul), omb1 = _mm256_set1_ps(c.one_minus_b1);
@@ -69,11 +73,15 @@ __attribute__((target("avx2"))) void Avx2Range(const Consts& c, float* param, fl
   const __m256i round_bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
   const __m256i quiet = _mm256_set1_epi32(0x40);
+  // g - g is NaN exactly when g is NaN or infinite: OR the unordered compares together.
+  __m256 nonfinite = _mm256_setzero_ps();
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 gs = _mm256_loadu_ps(grads[0] + i);
     for (int w = 1; w < ng; ++w) gs = _mm256_add_ps(gs, _mm256_loadu_ps(grads[w] + i));
     const __m256 g = _mm256_mul_ps(gs, scale);
+    const __m256 d = _mm256_sub_ps(g, g);
+    nonfinite = _mm256_or_ps(nonfinite, _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
     const __m256 m0 = _mm256_loadu_ps(m + i), v0 = _mm256_loadu_ps(v + i);
     __m256 p = _mm256_mul_ps(_mm256_loadu_ps(param + i), decay_mul);
     const __m256 mi = _mm256_add_ps(m0, _mm256_mul_ps(omb1, _mm256_sub_ps(g, m0)));
@@ -100,10 +108,11 @@ __attribute__((target("avx2"))) void Avx2Range(const Consts& c, float* param, fl
       _mm256_storeu_ps(static_cast<float*>(out) + i, p);
     }
   }
-  ScalarRange(c, param, m, v, grads, ng, i, n, od, out);
+  const bool tail = ScalarRange(c, param, m, v, grads, ng, i, n, od, out);
+  return tail && _mm256_movemask_ps(nonfinite) == 0;
 }
 
-__attribute__((target("avx512f"))) void Avx512Range(const Consts& c, float* param, float* m,
+__attribute__((target("avx512f"))) bool Avx512Range(const Consts& c, float* param, float* m,
                                                    float* v, const float* const* grads, int ng,
                                                    size_t n, DType od, void* out) {
   const __m512 decay_mul = _mm512_set1_ps(c.decay_mul), omb1 = _mm512_set1_ps(c.one_minus_b1);
@@ -113,11 +122,14 @@ __attribute__((target("avx512f"))) void Avx512Range(const Consts& c, float* para
   const __m512i round_bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
   const __m512i quiet = _mm512_set1_epi32(0x40);
+  __mmask16 nonfinite = 0;  // as in Avx2Range: g - g is NaN iff g is not finite
   size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m512 gs = _mm512_loadu_ps(grads[0] + i);
     for (int w = 1; w < ng; ++w) gs = _mm512_add_ps(gs, _mm512_loadu_ps(grads[w] + i));
     const __m512 g = _mm512_mul_ps(gs, scale);
+    const __m512 d = _mm512_sub_ps(g, g);
+    nonfinite = static_cast<__mmask16>(nonfinite | _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q));
     const __m512 m0 = _mm512_loadu_ps(m + i), v0 = _mm512_loadu_ps(v + i);
     __m512 p = _mm512_mul_ps(_mm512_loadu_ps(param + i), decay_mul);
     const __m512 mi = _mm512_add_ps(m0, _mm512_mul_ps(omb1, _mm512_sub_ps(g, m0)));
@@ -142,7 +154,8 @@ __attribute__((target("avx512f"))) void Avx512Range(const Consts& c, float* para
       _mm512_storeu_ps(static_cast<float*>(out) + i, p);
     }
   }
-  ScalarRange(c, param, m, v, grads, ng, i, n, od, out);
+  const bool tail = ScalarRange(c, param, m, v, grads, ng, i, n, od, out);
+  return tail && nonfinite == 0;
 }
 
 }  // namespace
@@ -166,7 +179,7 @@ SimdLevel DetectSimdLevel() {
   return level;
 }
 
-void AdamWUpdate(const AdamWArgs& a, float* param, float* m, float* v, const float* const* grads,
+bool AdamWUpdate(const AdamWArgs& a, float* param, float* m, float* v, const float* const* grads,
                  int num_grads, size_t n, DType out_dtype, void* out, SimdLevel level) {
   L2L_CHECK(num_grads >= 1) << "AdamWUpdate needs at least one gradient";
   L2L_CHECK(out == nullptr || out_dtype == DType::kF32 || out_dtype == DType::kBF16)
@@ -174,10 +187,11 @@ void AdamWUpdate(const AdamWArgs& a, float* param, float* m, float* v, const flo
   if (static_cast<int>(level) > static_cast<int>(DetectSimdLevel())) level = DetectSimdLevel();
   const Consts c = MakeConsts(a);
   switch (level) {
-    case SimdLevel::kAvx512: Avx512Range(c, param, m, v, grads, num_grads, n, out_dtype, out); return;
-    case SimdLevel::kAvx2: Avx2Range(c, param, m, v, grads, num_grads, n, out_dtype, out); return;
-    case SimdLevel::kScalar: ScalarRange(c, param, m, v, grads, num_grads, 0, n, out_dtype, out); return;
+    case SimdLevel::kAvx512: return Avx512Range(c, param, m, v, grads, num_grads, n, out_dtype, out);
+    case SimdLevel::kAvx2: return Avx2Range(c, param, m, v, grads, num_grads, n, out_dtype, out);
+    case SimdLevel::kScalar: return ScalarRange(c, param, m, v, grads, num_grads, 0, n, out_dtype, out);
   }
+  return false;
 }
 
 double ReducedSumSquares(const float* const* grads, int num_grads, size_t n, float scale) {

@@ -36,7 +36,11 @@ struct AdamWArgs {
 // index order then scaled. out: (n) elements of out_dtype (kF32 or kBF16) receiving the
 // new param, or nullptr. level: code path (kScalar..kAvx512); a level the CPU lacks
 // falls back to the best supported one.
-void AdamWUpdate(const AdamWArgs& a, float* param, float* m, float* v, const float* const* grads,
+// Returns whether every reduced, scaled gradient element was finite (the check is fused
+// into the same pass: one compare per vector). On false the state was still written
+// (with non-finite values): the caller must restore it (the update pipeline keeps an
+// undo copy, eps_server/update_pipeline.h).
+bool AdamWUpdate(const AdamWArgs& a, float* param, float* m, float* v, const float* const* grads,
                  int num_grads, size_t n, DType out_dtype, void* out,
                  SimdLevel level = DetectSimdLevel());
 

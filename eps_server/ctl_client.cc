@@ -113,6 +113,10 @@ Result<CtlStatus> CtlClient::GetStatus() {
   s.lease_wait_s = rep.spill().lease_wait_s();
   s.staleness_bound = rep.staleness_bound();
   s.max_version_lag = rep.max_version_lag();
+  s.skipped_steps = rep.skipped_steps();
+  s.consecutive_skips = rep.consecutive_skips();
+  s.last_skip_reason = rep.last_skip_reason();
+  s.pause_reason = rep.pause_reason();
   for (const auto& w : rep.workers()) {
     s.workers.push_back({w.worker_id(), w.name(), w.transport(), w.state(), w.step(),
                          w.last_heartbeat_ms_ago(), w.last_loss()});

@@ -66,6 +66,8 @@ struct CtlStatus {
   int64_t spill_bytes_read = 0, spill_bytes_written = 0, lease_hits = 0, lease_misses = 0;
   double lease_wait_s = 0;
   int64_t staleness_bound = 0, max_version_lag = 0;  // lock-free mode
+  int64_t skipped_steps = 0, consecutive_skips = 0;  // non-finite gradient or loss
+  std::string last_skip_reason, pause_reason;
 };
 
 struct CtlHealth {

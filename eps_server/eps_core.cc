@@ -5,12 +5,42 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
 
+#include "common/adamw.h"
 #include "common/logging.h"
 #include "eps_server/eps_core_internal.h"
 
 namespace l2l::eps {
+namespace {
+
+// Refuses a state with a NaN or Inf anywhere (master, m or v): such a value would make
+// every later update of its layer non-finite. Names the layer, array and element.
+Status CheckFinite(const ParamStore& store, const std::string& origin) {
+  static const char* const kArrays[] = {"master weights", "AdamW m", "AdamW v"};
+  std::vector<float> buf;
+  for (int64_t l = 0; l < store.num_layers(); ++l) {
+    const LayerLayout& layout = store.layout(l);
+    buf.resize(layout.numel);
+    for (int which = 0; which < 3; ++which) {
+      L2L_RETURN_IF_ERROR(store.ReadState(l, which, buf.data()));
+      for (size_t i = 0; i < buf.size(); ++i) {
+        if (std::isfinite(buf[i])) continue;
+        std::string tensor = "?";
+        for (const ParamInfo& p : layout.params) {
+          if (p.offset <= i && i < p.offset + p.numel) tensor = p.name + "[" + std::to_string(i - p.offset) + "]";
+        }
+        return InvalidArgument("initial state from " + origin + " is not finite: layer " + std::to_string(l) + " " +
+                               kArrays[which] + " " + tensor + " = " + std::to_string(buf[i]) +
+                               "; refusing to train from it (fix or re-export the weights)");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
 
 EpsCore::EpsCore(CoreOptions opts) : opts_(std::move(opts)) {}
 
@@ -81,9 +111,13 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   } else {
     L2L_RETURN_IF_ERROR(store->InitFromSeed(job.train.seed));
   }
+  // Loaded state (safetensors, checkpoint, buffers) is checked; the seed's init is finite.
+  if (start.load) L2L_RETURN_IF_ERROR(CheckFinite(*store, start.description));
   for (int64_t l = 0; l < store->num_layers(); ++l) L2L_RETURN_IF_ERROR(store->PublishMaster(l, start.step));
   auto pipeline = std::make_unique<UpdatePipeline>(store.get(), job, opts_.expected_workers, start.step);
   pipeline->set_on_failure([this](const Status& s) { OnPipelineFailure(s); });
+  pipeline->set_gate_on_losses(true);
+  if (opts_.on_skip) pipeline->set_on_skip(opts_.on_skip);
   {
     std::lock_guard<std::mutex> lock(mu_);
     store_ = std::move(store);
@@ -166,6 +200,28 @@ Status EpsCore::CreateShmWorker(int32_t id, Registration* r) {
   return Status::Ok();
 }
 
+void EpsCore::TakeOverDeadLocalWorkers() {
+  std::vector<int32_t> dead;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!has_job_ || static_cast<int32_t>(workers_.size()) < opts_.expected_workers) return;
+    for (const auto& w : workers_) {
+      if (w->info.state == "lost" || w->info.state == "left") return;  // a free id exists
+    }
+    for (const auto& w : workers_) {
+      if ((w->info.state == "active" || w->info.state == "rejoin") && ProcessGone(w->local_pid)) {
+        dead.push_back(w->info.id);
+      }
+    }
+  }
+  for (int32_t id : dead) {
+    L2L_LOG_WARN("worker {}'s process (pid {}) on this host is gone: declared lost now, not after the heartbeat "
+                 "timeout",
+                 id, workers_[id]->local_pid);
+    HandleLoss(id, "lost");
+  }
+}
+
 Result<Registration> EpsCore::Register(const RegisterInfo& info) {
   std::lock_guard<std::mutex> rlock(recovery_mu_);
   const std::string want = info.transport.empty() ? "auto" : info.transport;
@@ -179,6 +235,7 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
                               (same_host ? "the daemon is configured for grpc only"
                                          : "the worker is not on the daemon's host (boot id/hostname differ)"));
   }
+  if (info.previous_worker_id < 0) TakeOverDeadLocalWorkers();
   int32_t id = -1;
   bool rejoin = false;
   {
@@ -247,6 +304,8 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
     w.info.state = "active";
     w.info.step = r.start_step;
     w.info.last_seen = std::chrono::steady_clock::now();
+    // A pid that is not visible here (another pid namespace) cannot be watched.
+    w.local_pid = same_host && !ProcessGone(info.pid) ? info.pid : 0;
     w.next_step = r.start_step;
     r.data_position = PositionAt(id, r.start_step);
   }
@@ -316,7 +375,7 @@ void EpsCore::ConsumeLoop(ShmWorker* w) {
 Status EpsCore::Heartbeat(int32_t worker_id, int64_t step, bool* stop, bool* paused, bool* rejoin) {
   std::lock_guard<std::mutex> lock(mu_);
   *stop = stopped_.load();
-  if (paused != nullptr) *paused = paused_.load();
+  if (paused != nullptr) *paused = paused_.load() || (pipeline_ && pipeline_->stats().skip_paused);
   if (rejoin != nullptr) *rejoin = false;
   Status s = CheckWorker(worker_id);
   if (!s.ok() && s.code() == StatusCode::kFailedPrecondition && workers_[worker_id]->info.state == "rejoin") {
@@ -343,6 +402,25 @@ Result<ParamStore::ReadPin> EpsCore::PinLayer(int32_t worker_id, int64_t layer, 
   if (min_version < 0) return InvalidArgument("min_version=" + std::to_string(min_version) + " must be >= 0");
   *dtype = store_->publish_dtype();
   return store_->Acquire(layer, min_version, timeout, epoch);
+}
+
+Status EpsCore::ValidateGradient(int32_t worker_id, int64_t layer, int64_t micro_batches, int64_t numel) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  L2L_RETURN_IF_ERROR(CheckWorker(worker_id));  // no job, unknown or inactive worker
+  const int64_t L = store_->num_layers();
+  if (layer < 0 || layer >= L) {
+    return NotFound("layer " + std::to_string(layer) + " does not exist (the model has layers 0.." +
+                    std::to_string(L - 1) + ")");
+  }
+  const int64_t want = static_cast<int64_t>(store_->layout(layer).numel);
+  if (numel != want) {
+    return InvalidArgument("numel=" + std::to_string(numel) + " but layer " + std::to_string(layer) + " has " +
+                           std::to_string(want) + " parameters");
+  }
+  if (micro_batches < 1) {
+    return InvalidArgument("micro_batches=" + std::to_string(micro_batches) + " must be >= 1");
+  }
+  return Status::Ok();
 }
 
 Status EpsCore::CheckActive(int32_t worker_id) const {
@@ -375,6 +453,11 @@ Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t t
     return FailedPrecondition("StepDone(step " + std::to_string(step) + ") from worker " + std::to_string(worker_id) +
                               ": its next step is " + std::to_string(w.next_step));
   }
+  if (!std::isfinite(loss)) {
+    L2L_LOG_WARN("worker {} reported a non-finite loss ({}) for step {}: the step will be skipped", worker_id, loss,
+                 step);
+  }
+  pipeline_->ReportLoss(worker_id, step, loss);
   w.next_step = step + 1;
   w.position[step + 1] = data_position;
   w.info.step = step + 1;
@@ -403,6 +486,7 @@ Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t t
       sum.loss = last_loss_;
       sum.tokens_per_s = tokens_per_s_;
       sum.wall_s = secs;
+      sum.lr = LearningRate(job_.optim, step);
       sum.times = {times_sum_.forward_s / n, times_sum_.backward_s / n, times_sum_.recompute_s / n,
                    times_sum_.wait_layer_s / n, times_sum_.wait_push_s / n};
       opts_.on_step(sum);
@@ -502,8 +586,16 @@ CoreStatus EpsCore::GetStatus() const {
     s.state = "stopping";
   } else if (!has_job_) {
     s.state = "idle";
-  } else if (paused_.load()) {
+  } else if (paused_.load() || s.pipeline.skip_paused) {
     s.state = "paused";
+    if (s.pipeline.skip_paused) {
+      s.pause_reason = std::to_string(s.pipeline.consecutive_skips) + " steps in a row skipped (last: " +
+                       s.pipeline.last_skip_reason + "); fix the cause, then resume";
+    } else {
+      bool lost = false;
+      for (const auto& w : workers_) lost = lost || w->info.state == "lost" || w->info.state == "left";
+      s.pause_reason = lost ? "paused: a lost worker must rejoin (or resume to go on without it)" : "paused";
+    }
   } else if (s.step >= s.total_steps) {
     s.state = "finished";
   } else if (static_cast<int32_t>(workers_.size()) < opts_.expected_workers) {

@@ -79,6 +79,7 @@ struct StepSummary {
   int64_t step = 0;          // steps completed (the step reported + 1)
   int32_t workers = 0;
   double loss = 0, tokens_per_s = 0, wall_s = 0;
+  double lr = 0;             // learning rate of this step's update (the job's schedule)
   StepTimes times;           // averages over workers
 };
 
@@ -105,6 +106,9 @@ struct CoreOptions {
   // core's lock held: it must be quick and must not call back into the EpsCore. Used by
   // l2l-eps for the run log and metrics. Null: nothing is called.
   std::function<void(const StepSummary&)> on_step;
+  // Called once per skipped step (a non-finite gradient or loss; the state is left as
+  // it was), from an update or rpc thread with no core lock held; must be quick.
+  std::function<void(const SkipEvent&)> on_skip;
 };
 
 // How CreateJob initialises the state.
@@ -148,6 +152,7 @@ struct WorkerInfo {
 struct CoreStatus {
   std::string state;  // idle | waiting_workers | running | paused | stopping | finished | failed
   std::string error;  // state failed: what failed (an SSD-tier fault names file and op)
+  std::string pause_reason;  // state paused: why (operator, lost worker, skipped steps)
   std::string job_id;
   int64_t step = 0, total_steps = 0, num_params = 0;
   std::vector<int64_t> layer_version;
@@ -197,6 +202,10 @@ class EpsCore {
                                        std::chrono::milliseconds timeout, DType* dtype);
   // OK while `worker_id` is an active member; otherwise the reason, as its calls get it.
   Status CheckActive(int32_t worker_id) const;
+  // Checks a gradient's header before anything is allocated for its bytes: a job exists,
+  // the worker is an active member, the layer exists, numel is that layer's size and
+  // micro_batches >= 1. Each error names the field, the value and what was expected.
+  Status ValidateGradient(int32_t worker_id, int64_t layer, int64_t micro_batches, int64_t numel) const;
   // Takes ownership of a received gradient buffer.
   Status SubmitGradient(int32_t worker_id, int64_t layer, int64_t step, int64_t micro_batches,
                         std::vector<float> grad);
@@ -258,6 +267,10 @@ class EpsCore {
   Result<int64_t> PrepareRejoin(int32_t id);            // REQUIRES: recovery_mu_
   void FinishRejoin(int32_t id, bool ok);               // REQUIRES: recovery_mu_
   void UpdatePausedLocked();                            // REQUIRES: recovery_mu_
+  // A registration that finds the job full first declares lost every worker on this
+  // host whose process is gone (killed), so its replacement need not wait for the
+  // heartbeat timeout.
+  void TakeOverDeadLocalWorkers();                      // REQUIRES: recovery_mu_
   // Closes the gate at a step boundary: now when the step in progress has applied no
   // layer, else when it completes (up to timeout). Returns the step; release with
   // pipeline_->Release(). DEADLINE_EXCEEDED leaves the gate open.

@@ -29,6 +29,7 @@ struct EpsCore::Worker {
   std::string rejoin_reason;                // why state is "rejoin"
   int64_t member_first = 0;                 // steps it contributes to (mirrors the
   int64_t member_last = INT64_MAX;          // pipeline's membership)
+  int32_t local_pid = 0;                    // its process, when on this host (else 0)
 };
 
 struct EpsCore::ShmWorker {

@@ -207,6 +207,7 @@ Status EpsCore::Resume() {
   std::lock_guard<std::mutex> rlock(recovery_mu_);
   if (paused_by_operator_) pipeline_->Release();
   paused_by_operator_ = false;
+  pipeline_->ClearSkipPause();
   if (paused_by_loss_) {
     // Continue without the lost workers: each contributed up to its last finished step.
     std::lock_guard<std::mutex> lock(mu_);
@@ -289,7 +290,7 @@ void EpsCore::HandleLoss(int32_t id, const std::string& new_state) {
   } else {
     // Partially applied, or (global clip) its gradients are already summed into the
     // step's reductions: abandon the step. At the boundary the state needs no restore.
-    Status s = Rollback(id, /*restore=*/!f.at_boundary);
+    Status s = Rollback(id, /*restore=*/f.applied);
     if (!s.ok()) {
       L2L_LOG_ERROR("rollback after losing worker {} failed: {}; stopping the job", id, s.ToString());
       pipeline_->Release();
@@ -298,7 +299,7 @@ void EpsCore::HandleLoss(int32_t id, const std::string& new_state) {
     }
     std::lock_guard<std::mutex> lock(mu_);
     next = workers_[id]->next_step;
-    what = "step " + std::to_string(f.step) + (f.at_boundary ? " was abandoned" : " was partially applied: rolled back") +
+    what = "step " + std::to_string(f.step) + (!f.applied ? " was abandoned" : " was partially applied: rolled back") +
            " to step " + std::to_string(next) + ", every worker must re-register and redo from there";
   }
   {
@@ -462,7 +463,12 @@ Status EpsCore::PrepareShutdown(bool abort_step, bool skip_checkpoint, std::chro
     if (restore_dir_ == dir && restore_step_ == *step) return Status::Ok();  // already written
   }
   auto r = WriteCheckpointLocked(*step, dir, true);
-  return r.status();
+  if (!r.ok()) {
+    // Not stopping after all: the caller pauses the job; the state stays in memory.
+    pipeline_->Release();
+    return r.status().WithContext("final checkpoint of step " + std::to_string(*step) + " into " + dir);
+  }
+  return Status::Ok();
 }
 
 }  // namespace l2l::eps

@@ -186,13 +186,12 @@ int main(int argc, char** argv) {
   auto run_log = eps::RunLog::Open(cfg.state_dir, resume.empty() ? -1 : start.step);
   if (!run_log.ok()) return Fail(run_log.status());
   eps::MetricsRegistry metrics;
-  const OptimizerConfig optim = job.optim;
-  co.on_step = [&run_log, &metrics, optim](const eps::StepSummary& s) {
+  co.on_step = [&run_log, &metrics](const eps::StepSummary& s) {
     eps::StepRecord r;
     r.step = s.step;
     r.loss = s.loss;
     r.tokens_per_s = s.tokens_per_s;
-    r.lr = LearningRate(optim, s.step - 1);
+    r.lr = s.lr;  // the running job's schedule (a CreateJob rpc brings its own)
     r.forward_s = s.times.forward_s;
     r.recompute_s = s.times.recompute_s;
     r.backward_s = s.times.backward_s;
@@ -200,6 +199,12 @@ int main(int argc, char** argv) {
     r.wait_push_s = s.times.wait_push_s;
     if (Status st = (*run_log)->Append(r); !st.ok()) L2L_LOG_WARN("run log: {}", st.ToString());
     eps::ObserveStepSeconds(&metrics, s.wall_s);
+  };
+  co.on_skip = [&run_log](const eps::SkipEvent& e) {
+    eps::StepRecord r;
+    r.step = e.step + 1;
+    r.skipped_steps = static_cast<double>(e.total);
+    if (Status st = (*run_log)->Append(r); !st.ok()) L2L_LOG_WARN("run log: {}", st.ToString());
   };
   eps::EpsCore core(co);
   metrics.AddCollectHook([&core, &metrics] {
@@ -212,6 +217,8 @@ int main(int argc, char** argv) {
     snap.update_busy_s = st.pipeline.last_step_busy_s;
     snap.update_exposed_s = st.pipeline.last_step_exposed_s;
     snap.layer_version = st.layer_version;
+    snap.skipped_steps = st.pipeline.skipped_steps;
+    snap.consecutive_skips = st.pipeline.consecutive_skips;
     snap.memory = {{"ram", static_cast<int64_t>(st.state_bytes), static_cast<int64_t>(st.host_budget)},
                    {"shm", static_cast<int64_t>(st.shm_bytes), 0}};
     if (st.spill) {
@@ -260,27 +267,50 @@ int main(int argc, char** argv) {
 
   eps::EpsGrpcServer* srv = server->get();
   fatal_srv.store(srv);  // no update (so no job failure) can run before workers reach us
-  std::thread signals([srv, sigs] {
-    int sig = 0;
-    sigwait(&sigs, &sig);
-    if (sig == 0) return;
-    L2L_LOG_INFO("signal {}: shutting down", sig);
-    srv->RequestShutdown(false, false);
+  // Every SIGTERM/SIGINT asks for a shutdown (a second one retries a final checkpoint
+  // that failed); `exiting` ends the thread when main wakes it at the end.
+  std::atomic<bool> exiting{false};
+  std::thread signals([srv, sigs, &exiting] {
+    for (;;) {
+      int sig = 0;
+      sigwait(&sigs, &sig);
+      if (sig == 0 || exiting.load()) return;
+      L2L_LOG_INFO("signal {}: shutting down", sig);
+      srv->RequestShutdown(false, false);
+    }
   });
-  srv->WaitForShutdownRequest();
-  sd_notify(0, "STOPPING=1\nSTATUS=stopping");
   // Finish (or abort) the step in flight and write the final checkpoint while the
-  // workers can still reach us.
+  // workers can still reach us. A failed final checkpoint does not stop the daemon: it
+  // pauses the job and keeps serving with the state in memory, so the operator can
+  // free space and stop again, or checkpoint elsewhere (l2lctl checkpoint --dir).
   const auto finish = std::chrono::milliseconds(cfg.heartbeat_timeout_ms > 0 ? cfg.heartbeat_timeout_ms : 30000);
-  if (Status s = core.PrepareShutdown(srv->abort_step(), srv->skip_checkpoint(), finish); !s.ok()) {
-    L2L_LOG_ERROR("final checkpoint failed: {}", s.ToString());
+  srv->set_prepare_shutdown([&core, finish](bool abort_step, bool skip_checkpoint) {
+    Status s = core.PrepareShutdown(abort_step, skip_checkpoint, finish);
+    if (!s.ok()) {
+      L2L_LOG_ERROR("{}; NOT stopping: the job is paused and its state kept in memory. Free space (or fix the "
+                    "checkpoint dir) and stop again, or `l2lctl checkpoint --dir OTHER` then `l2lctl stop "
+                    "--skip-checkpoint`",
+                    s.ToString());
+      if (core.has_job()) core.Pause().IgnoreError();
+      sd_notify(0, "STATUS=final checkpoint failed: paused, state kept in memory (see the log)");
+    }
+    return s;
+  });
+  for (;;) {
+    srv->WaitForShutdownRequest();
+    sd_notify(0, "STOPPING=1\nSTATUS=stopping");
+    if (srv->prepared()) break;  // the Shutdown rpc wrote the final checkpoint
+    if (srv->prepare_shutdown()(srv->abort_step(), srv->skip_checkpoint()).ok()) break;
+    srv->ClearShutdownRequest();  // a signal asked, the checkpoint failed: keep serving
+    sd_notify(0, "READY=1");
   }
   srv->Shutdown();
   metrics_http.reset();
   core.Stop();
   const std::string fatal = core.GetStatus().error;
   L2L_LOG_INFO("stopped; shared-memory segments removed");
-  // The signal thread may still wait in sigwait: wake it.
+  // The signal thread waits in sigwait: wake it.
+  exiting.store(true);
   pthread_kill(signals.native_handle(), SIGTERM);
   signals.join();
   if (!fatal.empty()) {

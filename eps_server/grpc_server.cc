@@ -258,19 +258,9 @@ class DataService final : public data::Data::Service {
     const int64_t layer = c.layer(), step = c.step(), mb = c.micro_batches(), numel = c.numel();
     const std::string where = "PushGradient(worker " + std::to_string(worker) + ", layer " +
                               std::to_string(layer) + ", step " + std::to_string(step) + ")";
-    if (numel <= 0 || numel > (int64_t{1} << 34)) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, where + ": numel=" + std::to_string(numel) +
-                                                                 " must be positive");
-    }
-    // Validate what can be checked before taking numel*4 bytes of memory.
-    if (layer < 0 || (core_->store() != nullptr && layer >= core_->store()->num_layers())) {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND, where + ": no such layer");
-    }
-    if (core_->store() != nullptr && static_cast<size_t>(numel) != core_->store()->layout(layer).numel) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          where + ": numel=" + std::to_string(numel) + " but the layer has " +
-                              std::to_string(core_->store()->layout(layer).numel) + " parameters");
-    }
+    // Every header field is checked (job, worker, layer, numel against the layer's size,
+    // micro-batches) before numel*4 bytes are taken: a claimed 2^40 floats costs nothing.
+    if (Status v = core_->ValidateGradient(worker, layer, mb, numel); !v.ok()) return ToGrpc(v.WithContext(where));
     std::vector<float> grad(static_cast<size_t>(numel));
     const size_t want = static_cast<size_t>(numel) * sizeof(float);
     size_t got = 0;
@@ -380,6 +370,10 @@ class ControlService final : public control::Control::Service {
     rep->set_error(s.error);
     rep->set_staleness_bound(s.staleness_bound);
     rep->set_max_version_lag(s.max_version_lag);
+    rep->set_skipped_steps(s.pipeline.skipped_steps);
+    rep->set_consecutive_skips(s.pipeline.consecutive_skips);
+    rep->set_last_skip_reason(s.pipeline.last_skip_reason);
+    rep->set_pause_reason(s.pause_reason);
     const auto now = std::chrono::steady_clock::now();
     for (const WorkerInfo& w : s.workers) {
       auto* ws = rep->add_workers();
@@ -520,6 +514,18 @@ class ControlService final : public control::Control::Service {
 
   grpc::Status Shutdown(grpc::ServerContext*, const control::ShutdownRequest* req,
                         control::ShutdownReply*) override {
+    if (const auto& prepare = server_->prepare_shutdown(); prepare) {
+      // The final checkpoint runs before the reply, so a failure reaches the caller and
+      // the daemon keeps its state (paused) instead of exiting without it.
+      if (Status s = prepare(req->abort_step(), req->skip_checkpoint()); !s.ok()) {
+        return ToGrpc(s.WithContext("stop refused: the final checkpoint failed; the daemon keeps running, paused, "
+                                    "with its state in memory (free space or fix the checkpoint dir and stop "
+                                    "again, or `l2lctl checkpoint --dir OTHER` then `l2lctl stop "
+                                    "--skip-checkpoint`)"));
+      }
+      server_->RequestShutdown(req->abort_step(), req->skip_checkpoint(), /*prepared=*/true);
+      return grpc::Status::OK;
+    }
     server_->RequestShutdown(req->abort_step(), req->skip_checkpoint());
     return grpc::Status::OK;
   }
@@ -549,6 +555,10 @@ Result<std::unique_ptr<EpsGrpcServer>> EpsGrpcServer::Start(EpsCore* core, const
   // A 4 MiB chunk plus its header fields exceeds gRPC's default 4 MiB message limit;
   // chunks above kMaxChunkBytes are rejected by the service with a clear message.
   b.SetMaxReceiveMessageSize(static_cast<int>(2 * kMaxChunkBytes + 4096));
+  // Workers send keepalive pings (worker/eps_client_grpc.cc) so a dead peer on another
+  // host is noticed; accept them every 5 s even between calls.
+  b.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  b.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   b.SetMaxSendMessageSize(static_cast<int>(2 * kMaxChunkBytes + 4096));
   s->server_ = b.BuildAndStart();
   if (!s->server_ || s->port_ == 0) {
@@ -565,8 +575,15 @@ void EpsGrpcServer::WaitForShutdownRequest() {
   cv_.wait(lock, [&] { return shutdown_requested_; });
 }
 
-void EpsGrpcServer::RequestShutdown(bool abort_step, bool skip_checkpoint) {
+void EpsGrpcServer::ClearShutdownRequest() {
   std::lock_guard<std::mutex> lock(mu_);
+  shutdown_requested_ = false;
+  prepared_ = false;
+}
+
+void EpsGrpcServer::RequestShutdown(bool abort_step, bool skip_checkpoint, bool prepared) {
+  std::lock_guard<std::mutex> lock(mu_);
+  prepared_ = prepared;
   shutdown_requested_ = true;
   skip_checkpoint_ = skip_checkpoint;
   abort_step_ = abort_step;

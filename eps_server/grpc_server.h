@@ -42,9 +42,20 @@ class EpsGrpcServer {
   int port() const { return port_; }
   // Blocks until a Shutdown rpc arrived (or RequestShutdown was called).
   void WaitForShutdownRequest();
-  void RequestShutdown(bool abort_step, bool skip_checkpoint);
+  // prepared: the final checkpoint was already written (by the Shutdown rpc).
+  void RequestShutdown(bool abort_step, bool skip_checkpoint, bool prepared = false);
   bool skip_checkpoint() const { return skip_checkpoint_; }
   bool abort_step() const { return abort_step_; }
+  bool prepared() const { return prepared_; }
+  // After a failed final checkpoint the daemon keeps serving: forget the request.
+  void ClearShutdownRequest();
+  // Runs before a Shutdown rpc returns (the final checkpoint): an error goes back to the
+  // caller (l2lctl stop exits non-zero with it) and the daemon does not stop. Unset: the
+  // rpc only requests the shutdown. Set before clients can call.
+  void set_prepare_shutdown(std::function<Status(bool abort_step, bool skip_checkpoint)> f) {
+    prepare_shutdown_ = std::move(f);
+  }
+  const std::function<Status(bool, bool)>& prepare_shutdown() const { return prepare_shutdown_; }
   // Stops accepting calls and finishes running ones (bounded by a deadline).
   void Shutdown();
 
@@ -58,7 +69,9 @@ class EpsGrpcServer {
   bool shutdown_requested_ = false;  // GUARDED_BY(mu_)
   bool skip_checkpoint_ = false;
   bool abort_step_ = false;
+  bool prepared_ = false;
   bool shut_down_ = false;
+  std::function<Status(bool, bool)> prepare_shutdown_;
 };
 
 }  // namespace l2l::eps

@@ -200,7 +200,9 @@ Json StatusJson(const CtlStatus& s, const std::string& address) {
             {"last_loss", s.last_loss},   {"tokens_per_s", s.tokens_per_s},
             {"step_time_s", s.step_time_s}, {"update_busy_s", s.update_busy_s},
             {"update_exposed_s", s.update_exposed_s}, {"last_checkpoint", s.last_checkpoint},
-            {"error", s.error}, {"staleness_bound", s.staleness_bound}, {"max_version_lag", s.max_version_lag}};
+            {"error", s.error}, {"staleness_bound", s.staleness_bound}, {"max_version_lag", s.max_version_lag},
+            {"skipped_steps", s.skipped_steps}, {"consecutive_skips", s.consecutive_skips},
+            {"last_skip_reason", s.last_skip_reason}, {"pause_reason", s.pause_reason}};
   if (s.has_spill) {
     j["spill"] = {{"bytes_read", s.spill_bytes_read}, {"bytes_written", s.spill_bytes_written},
                   {"lease_hits", s.lease_hits}, {"lease_misses", s.lease_misses}, {"lease_wait_s", s.lease_wait_s}};
@@ -226,6 +228,11 @@ void PrintStatus(const CtlStatus& s, const std::string& address) {
               (long long)s.step, (long long)s.total_steps, pct, s.last_loss, s.tokens_per_s, s.step_time_s,
               s.update_busy_s, s.update_exposed_s);
   if (!s.error.empty()) std::printf("ERROR %s\n", s.error.c_str());
+  if (!s.pause_reason.empty()) std::printf("paused: %s\n", s.pause_reason.c_str());
+  if (s.skipped_steps > 0) {
+    std::printf("skipped steps %lld (%lld in a row; last: %s)\n", (long long)s.skipped_steps,
+                (long long)s.consecutive_skips, s.last_skip_reason.c_str());
+  }
   std::printf("params %.3f M  last checkpoint %s\n", s.num_params / 1e6,
               s.last_checkpoint.empty() ? "(none)" : s.last_checkpoint.c_str());
   std::printf("layers (%zu) layer:version  %s\n", s.layer_version.size(), Versions(s.layer_version).c_str());

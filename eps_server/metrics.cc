@@ -239,6 +239,10 @@ void UpdateEpsMetrics(MetricsRegistry* r, const EpsSnapshot& s) {
   r->GetGauge("l2l_update_busy_seconds", "EPS update pipeline busy time in the last step")->Set(s.update_busy_s);
   r->GetGauge("l2l_update_exposed_seconds", "EPS update time after the last gradient of the step arrived")
       ->Set(s.update_exposed_s);
+  r->GetGauge("l2l_skipped_steps_total", "Steps skipped for a non-finite gradient or loss (state unchanged)")
+      ->Set(static_cast<double>(s.skipped_steps));
+  r->GetGauge("l2l_consecutive_skipped_steps", "Steps skipped in a row up to the last completed step")
+      ->Set(static_cast<double>(s.consecutive_skips));
   for (size_t i = 0; i < s.layer_version.size(); ++i) {
     r->GetGauge("l2l_layer_version", "Published version per layer", {{"layer", std::to_string(i)}})
         ->Set(static_cast<double>(s.layer_version[i]));

@@ -133,6 +133,7 @@ struct EpsSnapshot {
   struct Tier { std::string tier; int64_t used_bytes = 0, budget_bytes = 0; };
   std::vector<Tier> memory;
   std::map<std::string, int> workers_by_state;        // "active" -> 2, ...
+  int64_t skipped_steps = 0, consecutive_skips = 0;   // non-finite gradient or loss
 };
 void UpdateEpsMetrics(MetricsRegistry* registry, const EpsSnapshot& s);
 // Call once per completed step (feeds the l2l_step_seconds histogram).

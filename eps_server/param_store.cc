@@ -6,6 +6,7 @@
 #include "eps_server/param_store.h"
 
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -111,6 +112,7 @@ Status ParamStore::Allocate() {
   hdr->num_layers = static_cast<uint32_t>(layouts_.size());
   hdr->dtype = static_cast<uint32_t>(opts_.publish_dtype);
   hdr->total_bytes = weights_size_;
+  hdr->owner_pid = static_cast<int32_t>(getpid());
   size_t off = WeightHeaderBytes(layouts_.size());
   WeightLayerEntry* entries = WeightLayers(weights_base_);
   for (size_t l = 0; l < layouts_.size(); ++l) {

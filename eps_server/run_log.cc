@@ -31,7 +31,7 @@ constexpr Field kFields[] = {
     {"lr", &StepRecord::lr},               {"forward_s", &StepRecord::forward_s},
     {"recompute_s", &StepRecord::recompute_s}, {"backward_s", &StepRecord::backward_s},
     {"wait_layer_s", &StepRecord::wait_layer_s}, {"wait_push_s", &StepRecord::wait_push_s},
-    {"update_s", &StepRecord::update_s},
+    {"update_s", &StepRecord::update_s},    {"skipped_steps", &StepRecord::skipped_steps},
 };
 
 double NowUnix() {

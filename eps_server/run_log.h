@@ -40,6 +40,9 @@ struct StepRecord {
   std::optional<double> lr;            // learning rate used by this step's update
   // Per-step seconds (worker phases averaged over workers; update_s = EPS busy time).
   std::optional<double> forward_s, recompute_s, backward_s, wait_layer_s, wait_push_s, update_s;
+  // Set on the extra line logged when a step was skipped (non-finite gradient or loss):
+  // skipped steps so far, this one included.
+  std::optional<double> skipped_steps;
 };
 
 // One line of JSON (no trailing newline) for `r`.

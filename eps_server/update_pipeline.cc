@@ -82,7 +82,8 @@ UpdatePipeline::UpdatePipeline(ParamStore* store, const JobConfig& job, int num_
         }
         ls.reduced = std::move(reduced);
         ls.reduced_mb = mb;
-        layers_[t.layer].norm2 = n2;
+        ls.norm2 = n2;
+        ls.nonfinite = !std::isfinite(n2);  // NaN or Inf anywhere in the reduced gradient
         if (++norms_in_step_ == static_cast<int64_t>(layers_.size())) LaunchAllGlobalLocked();
         --running_;
         cv_.notify_all();
@@ -190,12 +191,15 @@ void UpdatePipeline::LaunchLocked(int64_t layer, float coef) {
 
 void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
   const auto t0 = std::chrono::steady_clock::now();
+  const float coef_in = coef;
   std::vector<const float*> grads;
   int64_t mb = 0;
   int64_t step = 0;
+  float* undo = nullptr;
+  const size_t numel = store_->layout(layer).numel;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const LayerState& ls = layers_[layer];
+    LayerState& ls = layers_[layer];
     step = ls.step;
     if (!ls.reduced.empty()) {  // global clip: reduced by the norm task
       grads.push_back(ls.reduced.data());
@@ -206,6 +210,9 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
         mb += g.micro_batches;
       }
     }
+    // Allocated on the layer's first update and kept: no page faults per step.
+    if (!ls.undo) ls.undo.reset(new float[3 * numel]);
+    undo = ls.undo.get();
   }
   const int ng = static_cast<int>(grads.size());
   const float inv_mb = 1.0f / static_cast<float>(mb);
@@ -247,23 +254,203 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
       if (lo < hi) items.push_back({&s, lo, hi, p.decay});
     }
   }
+  std::atomic<bool> nonfinite{false};
   tbb::parallel_for(size_t{0}, items.size(), [&](size_t i) {
     const Item& it = items[i];
     const size_t k = it.lo - it.s->begin;  // offset inside the span
+    const size_t n = it.hi - it.lo;
+    // Undo copy of the range, taken just before the pass that overwrites it (cache-hot).
+    std::memcpy(undo + it.lo, it.s->master + k, n * sizeof(float));
+    std::memcpy(undo + numel + it.lo, it.s->m + k, n * sizeof(float));
+    std::memcpy(undo + 2 * numel + it.lo, it.s->v + k, n * sizeof(float));
     std::vector<const float*> g(grads.size());
     for (size_t w = 0; w < grads.size(); ++w) g[w] = grads[w] + it.lo;
     AdamWArgs ai = a;
     ai.weight_decay = it.decay ? job_.optim.weight_decay : 0.0f;
-    AdamWUpdate(ai, it.s->master + k, it.s->m + k, it.s->v + k, g.data(), ng, it.hi - it.lo, dt,
-                out + it.lo * DTypeSize(dt));
+    if (!AdamWUpdate(ai, it.s->master + k, it.s->m + k, it.s->v + k, g.data(), ng, n, dt,
+                     out + it.lo * DTypeSize(dt))) {
+      nonfinite.store(true, std::memory_order_relaxed);
+    }
   });
   lease->Release();  // starts the write-behind of spilled pages
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  // Publish under mu_: a worker that sees version step+1 and pushes its step+1 gradient
-  // at once must find the layer already collecting step+1 (Submit takes mu_).
+  // Applied, not published: the step commits (or is skipped) once every layer applied it
+  // and its losses are in (MaybeCommitLocked). Under mu_: a worker that sees version
+  // step+1 and pushes its step+1 gradient at once must find the layer collecting step+1.
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    LayerState& ls = layers_[layer];
+    // The workers' buffers (shm slots) go back now; the entries stay until the commit
+    // to catch duplicates. The undo copy, not the gradients, serves a rollback.
+    for (auto& [w, g] : ls.arrived) {
+      if (g.release) g.release();
+      g.release = nullptr;
+      g.data = nullptr;
+    }
+    ls.applied = true;
+    ls.nonfinite = ls.nonfinite || nonfinite.load();
+    ls.coef = coef_in;
+    ls.pending_out = out;
+    ls.busy_s = secs;
+    --running_;
+    MaybeCommitLocked();
+    cv_.notify_all();
+  }
+  NotifySkips();
+}
+
+void UpdatePipeline::MaybeCommitLocked() {
+  if (layers_.empty() || !failure_.ok()) return;
+  const int64_t step = layers_[0].step;
+  for (const LayerState& l : layers_) {
+    if (!l.applied || l.step != step) return;
+  }
+  std::string reason;
+  if (gate_on_losses_) {
+    const auto it = losses_.find(step);
+    for (const auto& [w, r] : members_) {
+      if (r.first > step || step > r.last) continue;
+      if (it == losses_.end() || it->second.count(w) == 0) return;  // a loss is still due
+    }
+    if (it != losses_.end()) {
+      for (const auto& [w, loss] : it->second) {
+        if (!std::isfinite(loss) && reason.empty()) {
+          reason = "worker " + std::to_string(w) + " reported loss " + std::to_string(loss);
+        }
+      }
+    }
+  }
+  for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()) && reason.empty(); ++l) {
+    if (layers_[l].nonfinite) reason = "non-finite gradient in layer " + std::to_string(l);
+  }
+  if (reason.empty()) {
+    for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) store_->EndPublish(l, step + 1);
+    stats_.consecutive_skips = 0;
+  } else {
+    for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) {
+      if (Status s = RestoreLayerLocked(l, step + 1); !s.ok()) {
+        // The state of layer l is not what it was: nothing more may move.
+        L2L_LOG_ERROR("update pipeline failed: {}", s.ToString());
+        if (failure_.ok()) failure_ = s;
+        cv_.notify_all();
+        return;
+      }
+    }
+    ++stats_.skipped_steps;
+    ++stats_.consecutive_skips;
+    stats_.last_skip_reason = reason;
+    SkipEvent e;
+    e.step = step;
+    e.reason = reason;
+    e.consecutive = stats_.consecutive_skips;
+    e.total = stats_.skipped_steps;
+    const int64_t k = job_.train.skip_pause_after;
+    if (k > 0 && stats_.consecutive_skips >= k && !stats_.skip_paused) {
+      // One hold: the gate closes as this step completes (FinishUpdateLocked).
+      stats_.skip_paused = true;
+      ++holds_;
+      e.paused = true;
+    }
+    skip_events_.push_back(e);
+  }
+  for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) {
+    LayerState& ls = layers_[l];
+    ls.applied = false;
+    ls.nonfinite = false;
+    ls.pending_out = nullptr;
+    FinishUpdateLocked(l, ls.busy_s);
+  }
+  losses_.erase(losses_.begin(), losses_.upper_bound(step));
+}
+
+Status UpdatePipeline::RestoreLayerLocked(int64_t l, int64_t version) {
+  LayerState& ls = layers_[l];
+  const size_t numel = store_->layout(l).numel;
+  auto lease = store_->Lease(l, LeaseMode::kUpdate);
+  if (!lease.ok()) {
+    return lease.status().WithContext("restoring layer " + std::to_string(l) + " after a skipped step");
+  }
+  const DType dt = store_->publish_dtype();
+  const float* undo = ls.undo.get();
+  for (const StateSpan& s : lease->spans()) {
+    std::memcpy(s.master, undo + s.begin, s.n * sizeof(float));
+    std::memcpy(s.m, undo + numel + s.begin, s.n * sizeof(float));
+    std::memcpy(s.v, undo + 2 * numel + s.begin, s.n * sizeof(float));
+    if (dt == DType::kBF16) {
+      FloatToBf16(s.master, static_cast<uint16_t*>(ls.pending_out) + s.begin, s.n);
+    } else {
+      std::memcpy(static_cast<float*>(ls.pending_out) + s.begin, s.master, s.n * sizeof(float));
+    }
+  }
+  lease->Release();
+  store_->EndPublish(l, version);
+  return Status::Ok();
+}
+
+void UpdatePipeline::UndoAppliedLocked() {
+  for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) {
+    LayerState& ls = layers_[l];
+    if (!ls.applied) continue;
+    // Republishes the version readers already have (same bytes) to end the begun publish.
+    if (Status s = RestoreLayerLocked(l, ls.step); !s.ok()) {
+      L2L_LOG_ERROR("update pipeline failed: {}", s.ToString());
+      if (failure_.ok()) failure_ = s;
+      continue;
+    }
+    ls.applied = false;
+    ls.nonfinite = false;
+    ls.pending_out = nullptr;
+    ls.scheduled = false;
+  }
+}
+
+void UpdatePipeline::NotifySkips() {
+  std::vector<SkipEvent> events;
+  std::function<void(const SkipEvent&)> cb;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    events.swap(skip_events_);
+    cb = on_skip_;
+  }
+  for (const SkipEvent& e : events) {
+    L2L_LOG_WARN("step {} skipped, state unchanged: {} ({} in a row, {} in all){}", e.step, e.reason,
+                 e.consecutive, e.total,
+                 e.paused ? "; training paused (training.skip_pause_after reached): fix the data or "
+                            "the learning rate, then resume"
+                          : "");
+    if (cb) cb(e);
+  }
+}
+
+void UpdatePipeline::set_gate_on_losses(bool on) {
   std::lock_guard<std::mutex> lock(mu_);
-  store_->EndPublish(layer, step + 1);
-  FinishUpdateLocked(layer, secs);
+  gate_on_losses_ = on;
+}
+
+void UpdatePipeline::ReportLoss(int32_t worker_id, int64_t step, double loss) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!layers_.empty() && step < layers_[0].step) return;  // that step is decided
+    losses_[step][worker_id] = loss;
+    MaybeCommitLocked();
+    cv_.notify_all();
+  }
+  NotifySkips();
+}
+
+void UpdatePipeline::set_on_skip(std::function<void(const SkipEvent&)> f) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_skip_ = std::move(f);
+}
+
+void UpdatePipeline::ClearSkipPause() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!stats_.skip_paused) return;
+    stats_.skip_paused = false;
+    stats_.consecutive_skips = 0;
+  }
+  Release();
 }
 
 void UpdatePipeline::FailUpdate(Status s) {
@@ -304,7 +491,6 @@ void UpdatePipeline::FinishUpdateLocked(int64_t layer, double seconds) {
   ls.norm2 = -1;
   ++ls.step;
   busy_s_ += seconds;
-  --running_;
   // Lock-free mode: gradients that arrived ahead for the new step join now.
   if (auto it = ls.ahead.find(ls.step); it != ls.ahead.end()) {
     ls.arrived = std::move(it->second);
@@ -348,18 +534,21 @@ void UpdatePipeline::SetWorkers(std::vector<int32_t> worker_ids) {
   members_.clear();
   for (int32_t id : worker_ids) members_[id] = Range{0, INT64_MAX};
   for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) MaybeScheduleLocked(l);
+  MaybeCommitLocked();
 }
 
 void UpdatePipeline::SetMember(int32_t id, int64_t first, int64_t last) {
   std::lock_guard<std::mutex> lock(mu_);
   members_[id] = Range{first, last};
   for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) MaybeScheduleLocked(l);
+  MaybeCommitLocked();
 }
 
 void UpdatePipeline::RemoveMember(int32_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   members_.erase(id);
   for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) MaybeScheduleLocked(l);
+  MaybeCommitLocked();
 }
 
 bool UpdatePipeline::IsMemberLocked(int32_t id, int64_t step) const {
@@ -390,6 +579,13 @@ bool UpdatePipeline::DropWorker(int32_t worker_id, int64_t min_step) {
   norms_in_step_ = 0;
   for (auto& l : layers_) {
     const bool touch = l.step >= min_step;
+    if (l.applied) {
+      // Applied, waiting for the step's commit: its gradients are consumed already.
+      // (REQUIRES: not touched; ResetToStep undoes applied layers before dropping all.)
+      L2L_CHECK(!touch) << "DropWorker on a layer applied ahead of its step's commit";
+      if (!l.reduced.empty()) ++norms_in_step_;
+      continue;
+    }
     if (touch && worker_id < 0) std::vector<float>().swap(l.reduced);
     if (!l.reduced.empty()) {
       l.scheduled = true;
@@ -431,13 +627,23 @@ void UpdatePipeline::LaunchAllGlobalLocked() {
   for (auto& l : layers_) total += l.norm2;  // layer order: deterministic
   const float coef = ClipCoefficient(std::sqrt(total), job_.optim.grad_clip);
   norms_in_step_ = 0;
-  for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) LaunchLocked(l, coef);
+  for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) {
+    if (!layers_[l].applied) LaunchLocked(l, coef);
+  }
 }
 
 void UpdatePipeline::ResetToStep(int64_t step) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    UndoAppliedLocked();  // layers applied ahead of the abandoned step's commit
+  }
   DropWorker(-1);
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& l : layers_) l.step = step;
+  for (auto& l : layers_) {
+    l.step = step;
+    l.nonfinite = false;
+  }
+  losses_.clear();
   completed_step_ = step;
   stats_.completed_step = step;
   layers_done_in_step_ = 0;
@@ -494,6 +700,7 @@ UpdatePipeline::Frozen UpdatePipeline::Freeze() {
   cv_.wait(lock, [&] { return running_ == 0; });
   Frozen f;
   f.step = completed_step_;
+  f.applied = layers_done_in_step_ > 0;
   // A layer whose update of this step is queued (held by the gate) or reduced (global
   // clip) will complete the step with the current members: a worker joining now must
   // start at the next step, or it would wait for a version that is already past.
@@ -514,7 +721,9 @@ int64_t UpdatePipeline::Hold() {
   ++holds_;
   // No update of the next step has started: close now. Otherwise the step's last
   // update closes the gate (FinishUpdateLocked).
-  if (layers_done_in_step_ == 0 && running_ == 0) gate_closed_ = true;
+  bool applied = false;
+  for (const LayerState& l : layers_) applied = applied || l.applied;
+  if (layers_done_in_step_ == 0 && running_ == 0 && !applied) gate_closed_ = true;
   // A failed pipeline never reaches a boundary: return at once (callers check failure()).
   cv_.wait(lock, [&] { return (gate_closed_ && running_ == 0) || (!failure_.ok() && running_ == 0); });
   return completed_step_;

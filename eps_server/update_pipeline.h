@@ -14,6 +14,23 @@
 // the last gradient (layer 0) and run after it: the update is fully exposed. Cost:
 // about one AdamW pass over the whole model per step on the critical path.)
 //
+// Non-finite values never reach the state (speculative update with rollback): every
+// layer's AdamW pass checks the reduced gradient for finiteness in the same loop and
+// first copies the layer's master/m/v into an undo buffer (12 B per parameter, kept per
+// layer and reused). The new published copy is written but NOT made current: a step
+// commits only when every layer has applied it and (set_gate_on_losses) every member
+// reported a loss for it (ReportLoss). Commit: all layers publish version t+1 at once.
+// Skip (any non-finite gradient, global-clip norm or loss): every layer's master/m/v
+// is restored from its undo copy and version t+1 is published with the old weights, so
+// workers go on while the state is bit-identical to before the step. After
+// training.skip_pause_after skips in a row the gate closes at that boundary (a pause
+// with a reason in stats(); ClearSkipPause() resumes). A layer's gradient buffers are
+// released as soon as it is applied (a worker's shm slots are few). Applied layers
+// make Freeze report at_boundary=false until the commit; ResetToStep undoes them.
+// Workers never see a speculative version; in synchronous mode the layer whose
+// gradient comes last (the embedding) is the one the next forward needs first, so
+// holding the publishes back costs nothing (docs/architecture.md has the figures).
+//
 // Gate: Hold() stops new updates from starting at the next step boundary (for
 // checkpoints and Pause); gradients keep being accepted and wait. Release() resumes.
 //
@@ -32,6 +49,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "common/config.h"
@@ -55,6 +73,18 @@ struct PipelineStats {
   double last_step_busy_s = 0;    // update work of the last completed step, summed over layers
   double last_step_exposed_s = 0; // last gradient arrival -> step complete
   double last_step_wall_s = 0;    // previous step complete -> this step complete
+  int64_t skipped_steps = 0;      // steps skipped for a non-finite gradient or loss
+  int64_t consecutive_skips = 0;  // skips in a row up to the last completed step
+  std::string last_skip_reason;   // why the last skipped step was skipped ("" = none)
+  bool skip_paused = false;       // the gate is closed after skip_pause_after skips
+};
+
+// A skipped step, for the daemon's logs, run.jsonl and metrics.
+struct SkipEvent {
+  int64_t step = 0;               // the step that was skipped (0-based)
+  std::string reason;
+  int64_t consecutive = 0, total = 0;
+  bool paused = false;            // this skip closed the gate (skip_pause_after reached)
 };
 
 class UpdatePipeline {
@@ -104,10 +134,22 @@ class UpdatePipeline {
   struct Frozen {
     int64_t step = 0;
     bool at_boundary = true;
+    bool applied = false;  // some layer's state already holds the step in progress
   };
   Frozen Freeze();
 
   PipelineStats stats() const;
+
+  // Step facts beyond the gradients: with the gate on, a step commits only once every
+  // member of it reported its loss (a non-finite loss skips the step). The EPS core
+  // turns it on; without it (unit tests) gradients alone decide.
+  void set_gate_on_losses(bool on);
+  void ReportLoss(int32_t worker_id, int64_t step, double loss);
+  // Called for every skipped step, from the thread that decided it, with no pipeline
+  // lock held (must not block for long).
+  void set_on_skip(std::function<void(const SkipEvent&)> f);
+  // Ends a pause caused by skip_pause_after skips in a row (no-op otherwise).
+  void ClearSkipPause();
 
   // Fatal errors: an update that cannot reach its layer's state (an SSD-tier I/O fault,
   // eps_server/spill_tier.h) publishes nothing and makes the pipeline failed: no update
@@ -122,8 +164,10 @@ class UpdatePipeline {
   // nothing) when a layer's gradients were already reduced into one sum that includes
   // this worker's (global clip): the caller must then drop the whole step (-1).
   bool DropWorker(int32_t worker_id, int64_t min_step = INT64_MIN);
-  // After a rollback restored the store at `step`: every layer collects `step` again,
-  // waiting gradients are released. REQUIRES: frozen.
+  // Abandons the step in progress: layers applied ahead of its commit are restored from
+  // their undo copies (bit for bit), then every layer collects `step` again (after a
+  // rollback restored the store at `step`, or the current step), waiting gradients are
+  // released. REQUIRES: frozen.
   void ResetToStep(int64_t step);
   std::vector<int32_t> workers() const;
 
@@ -137,6 +181,13 @@ class UpdatePipeline {
     double norm2 = -1;                        // reduced gradient's squared norm (clip)
     std::vector<float> reduced;               // global clip: sum over workers (numel)
     int64_t reduced_mb = 0;                   // micro-batches in `reduced`
+    // Speculative update: `step` applied to master/m/v, waiting for the step's commit.
+    bool applied = false;
+    bool nonfinite = false;                   // a non-finite reduced gradient was seen
+    float coef = 1.0f;                        // clip coefficient of the update (re-run)
+    void* pending_out = nullptr;              // begun publish slot (BeginPublish)
+    double busy_s = 0;                        // seconds of the applied update
+    std::unique_ptr<float[]> undo;            // (3*numel) master, m, v before the update
   };
   struct Impl;
 
@@ -145,6 +196,14 @@ class UpdatePipeline {
   void FinishUpdateLocked(int64_t layer, double seconds);
   void LaunchLocked(int64_t layer, float clip_coef);
   void LaunchAllGlobalLocked();  // every layer's norm is in: launch all updates
+  // Commits (or skips) the step when every layer applied it and its losses are in.
+  void MaybeCommitLocked();                   // REQUIRES: mu_ held
+  // Restores layer `l`'s master/m/v from its undo copy and publishes `version` with the
+  // restored weights into the begun slot. REQUIRES: mu_ held, nothing runs on `l`.
+  Status RestoreLayerLocked(int64_t l, int64_t version);
+  // Undoes every applied, uncommitted layer (ResetToStep: the step is abandoned).
+  void UndoAppliedLocked();                   // REQUIRES: mu_ held, running_ == 0
+  void NotifySkips();                         // REQUIRES: mu_ not held
 
   // Set (release) at the end of the constructor, read (acquire) first thing in every
   // task: TBB orders construction before the tasks inside uninstrumented libtbb; this
@@ -174,6 +233,10 @@ class UpdatePipeline {
   std::chrono::steady_clock::time_point last_arrival_, last_complete_;
   double busy_s_ = 0;
   PipelineStats stats_;                       // GUARDED_BY(mu_)
+  bool gate_on_losses_ = false;               // GUARDED_BY(mu_)
+  std::map<int64_t, std::map<int32_t, double>> losses_;  // GUARDED_BY(mu_): step -> worker -> loss
+  std::vector<SkipEvent> skip_events_;        // GUARDED_BY(mu_): to hand to on_skip_
+  std::function<void(const SkipEvent&)> on_skip_;  // GUARDED_BY(mu_)
   Status failure_;                            // GUARDED_BY(mu_): first fatal error
   std::function<void(const Status&)> on_failure_;  // GUARDED_BY(mu_)
   void FailUpdate(Status s);                  // REQUIRES: mu_ not held

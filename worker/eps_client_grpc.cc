@@ -57,6 +57,12 @@ Result<GrpcEpsClient::ImplPtr> GrpcEpsClient::Connect(const std::string& address
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(2 * kChunkBytes + 4096));
   args.SetMaxSendMessageSize(static_cast<int>(2 * kChunkBytes + 4096));
+  // Keepalive: a daemon on another host that vanishes without closing the connection
+  // (power loss, cut link) fails every call in flight within ~20 s instead of never.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   impl->channel = MakeEpsChannel(address, options.tls_ca_pem, options.token, args,  // proto/client_channel.h
                                  options.tls_server_name);
   impl->stub = data::Data::NewStub(impl->channel);
@@ -76,17 +82,28 @@ Status GrpcEpsClient::Register(Impl* impl, const ClientOptions& options, int32_t
   req.set_previous_worker_id(previous_worker_id);
   const auto deadline = std::chrono::system_clock::now() + options.connect_timeout;
   data::RegisterReply rep;
-  grpc::Status st;
+  grpc::Status st, full;  // full: the last "job full" refusal, if any
   for (;;) {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline);
     ctx.set_wait_for_ready(true);  // bounded retry while the EPS is not up yet
     st = impl->stub->Register(&ctx, req, &rep);
-    if (st.ok() || st.error_code() != grpc::StatusCode::UNAVAILABLE ||
-        std::chrono::system_clock::now() >= deadline) {
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    // UNAVAILABLE: the EPS is not up yet. RESOURCE_EXHAUSTED: the job has all its
+    // workers; one may be declared lost (heartbeat timeout) or leave meanwhile, and then
+    // this process takes its place. Both are retried until the connect timeout.
+    if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) full = st;
+    const bool retry = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                       st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    if (st.ok() || !retry || std::chrono::system_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(st.error_code() == grpc::StatusCode::UNAVAILABLE ? 100 : 250));
+  }
+  if (!st.ok() && !full.ok() &&
+      (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+       st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)) {
+    return ResourceExhausted("the job at " + address + " stayed full for " +
+                             std::to_string(options.connect_timeout.count()) + " ms: " + full.error_message() +
+                             " (a replacement for a killed worker gets its place once the daemon declares it "
+                             "lost: raise --connect-timeout-ms above the daemon's heartbeat timeout)");
   }
   if (!st.ok()) {
     if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || st.error_code() == grpc::StatusCode::UNAVAILABLE) {
@@ -151,6 +168,7 @@ GrpcEpsClient::~GrpcEpsClient() {
 void GrpcEpsClient::HeartbeatLoop(std::chrono::milliseconds interval) {
   const auto tick = std::chrono::milliseconds(20);
   auto next = std::chrono::steady_clock::now() + interval;
+  int64_t failures = 0;
   while (!stop_.load()) {
     std::this_thread::sleep_for(tick);
     if (std::chrono::steady_clock::now() < next) continue;
@@ -163,10 +181,15 @@ void GrpcEpsClient::HeartbeatLoop(std::chrono::milliseconds interval) {
     ctx.set_deadline(std::chrono::system_clock::now() + interval * 2);
     grpc::Status st = impl_->stub->Heartbeat(&ctx, req, &rep);
     if (!st.ok()) {
-      L2L_LOG_DEBUG("heartbeat to {} failed: {}", impl_->address, st.error_message());
+      // Warn on the first failure of a run of them and every 10th after (not per tick).
+      if (++failures == 1 || failures % 10 == 0) {
+        L2L_LOG_WARN("heartbeat to {} failed ({} in a row): {}", impl_->address, failures, st.error_message());
+      }
       if (NeedsRejoin(FromGrpc(st, "Heartbeat"))) rejoin_requested_ = true;
-    } else if (rep.rejoin()) {
-      rejoin_requested_ = true;
+    } else {
+      if (failures > 0) L2L_LOG_INFO("heartbeat to {} works again after {} failures", impl_->address, failures);
+      failures = 0;
+      if (rep.rejoin()) rejoin_requested_ = true;
     }
   }
 }

@@ -44,6 +44,9 @@ Status ShmEpsClient::MapSegments(const ShmInfo& shm) {
   grads_ = std::move(grads);
   layer_numel_ = shm.layer_numel;
   epoch_ = wh->epoch.load(std::memory_order_acquire);
+  // The daemon just answered Register, so a pid that looks gone lives in another pid
+  // namespace: then its death is noticed through the gRPC connection only.
+  daemon_pid_ = ProcessGone(wh->owner_pid) ? 0 : wh->owner_pid;
   if (observer_ != nullptr) {
     for (const HostRegion& r : Regions()) observer_->Mapped(r);
   }
@@ -129,6 +132,7 @@ Result<LayerWeights> ShmEpsClient::AcquireLayer(int64_t layer, int64_t min_versi
                         " not published within " + std::to_string(timeout.count()) + " ms (newest " +
                         std::to_string(v) + ")");
     }
+    L2L_RETURN_IF_ERROR(DaemonGone());
     FutexWait(&hdr->wake_seq, wake,
               std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(100)));
   }
@@ -140,6 +144,13 @@ void ShmEpsClient::ReleaseLayer(int64_t layer) {
   GradPins(grads_.data())[layer].store(-1, std::memory_order_release);
   gh->pin_seq.fetch_add(1, std::memory_order_release);
   FutexWake(&gh->pin_seq);
+}
+
+Status ShmEpsClient::DaemonGone() const {
+  if (!ProcessGone(daemon_pid_)) return Status::Ok();
+  return Unavailable("the EPS daemon (pid " + std::to_string(daemon_pid_) +
+                     ") is gone (killed or crashed) while this worker waited on it; restart the daemon "
+                     "(l2l-eps --resume) and then the worker");
 }
 
 Status ShmEpsClient::SlotError() const {
@@ -173,6 +184,7 @@ Result<GradientSlot> ShmEpsClient::ClaimGradientSlot(int64_t layer, size_t numel
       out.index = static_cast<int32_t>(s);
       return out;
     }
+    L2L_RETURN_IF_ERROR(DaemonGone());
     FutexWait(&gh->free_seq, seen, std::chrono::milliseconds(200));
   }
 }
@@ -240,6 +252,7 @@ Status ShmEpsClient::Drain(std::chrono::milliseconds timeout) {
     if (gh->closed.load()) return Aborted("the EPS closed the gradient segment");
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return Status(StatusCode::kDeadlineExceeded, "EPS did not consume pushed gradients");
+    L2L_RETURN_IF_ERROR(DaemonGone());
     FutexWait(&gh->free_seq, seen, std::chrono::milliseconds(20));
   }
 }

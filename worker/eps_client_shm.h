@@ -59,6 +59,9 @@ class ShmEpsClient : public GrpcEpsClient {
   ShmEpsClient(ImplPtr impl, WorkerRegistration reg, const ClientOptions& options)
       : GrpcEpsClient(std::move(impl), std::move(reg), options) {}
   Status SlotError() const;
+  // UNAVAILABLE once the EPS process that owns the weight segment no longer exists
+  // (killed: it could not mark the segments closed). Checked in every wait loop.
+  Status DaemonGone() const;
   Status MapSegments(const ShmInfo& shm);
   std::vector<HostRegion> Regions() const;  // REQUIRES: observer_mu_ held
 
@@ -70,6 +73,7 @@ class ShmEpsClient : public GrpcEpsClient {
   std::mutex push_mu_;  // one pusher at a time claims slots
   uint64_t push_seq_ = 0;
   uint32_t epoch_ = 0;  // weight segment epoch at (re)registration
+  int32_t daemon_pid_ = 0;  // the EPS's pid when visible from here (else 0: not watched)
 };
 
 }  // namespace l2l::worker

@@ -20,13 +20,15 @@
 // not the host of --eps (needs --tls-ca).
 // Exit status: 0 when the job's steps are done, the EPS stopped the job or a signal asked
 // to stop (and the step in progress finished within 15 s; else 143); 2 when the EPS is
-// unreachable after the bounded retry; 1 on any other error (a missing or wrong token
-// included).
+// unreachable after the bounded retry; 3 when the job stayed full (all its workers
+// active) for the whole connect timeout; 1 on any other error (a missing or wrong token,
+// or the daemon dying under the worker, included).
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <chrono>
 #include <cstdio>
@@ -158,7 +160,11 @@ Status Run(const Flags& f, int* exit_code) {
   copts.tls_server_name = f.tls_server_name;
   Result<std::unique_ptr<w::EpsClient>> connected = w::ConnectEps(f.eps, copts);
   if (!connected.ok()) {
-    *exit_code = connected.status().code() == l2l::StatusCode::kPermissionDenied ? 1 : 2;
+    switch (connected.status().code()) {
+      case l2l::StatusCode::kPermissionDenied: *exit_code = 1; break;
+      case l2l::StatusCode::kResourceExhausted: *exit_code = 3; break;  // the job stayed full
+      default: *exit_code = 2;
+    }
     return connected.status().WithContext("cannot register with the EPS at " + f.eps + " (retried for " +
                                           std::to_string(f.connect_timeout_ms) + " ms)");
   }
@@ -212,6 +218,10 @@ Status Run(const Flags& f, int* exit_code) {
       L2L_RETURN_IF_ERROR(rejoin(report.status(), &step));
       --step;  // the loop's ++step lands on the restart step
       continue;
+    }
+    if (!std::isfinite(report->loss)) {
+      L2L_LOG_WARN("step {}: the loss is {} (the EPS skips the step; check the data and the learning rate)", step,
+                   report->loss);
     }
     report->data_position = loader->position().ToString();
     Status st = client->StepDone(*report);

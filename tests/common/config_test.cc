@@ -139,6 +139,16 @@ TEST_CASE("Malformed YAML is rejected with the parser's file:line", "[config][er
   ExpectError(ParseJobConfig("a: b: c", "<text>"), {"<text>:1:", "malformed YAML"});
 }
 
+TEST_CASE("An empty, whitespace-only or comment-only job file is an error, not every default",
+          "[config][errors]") {
+  TempDir dir;
+  for (const char* text : {"", "   \n\t\n", "# just a comment\n# and another\n", "---\n"}) {
+    INFO("text: '" << text << "'");
+    ExpectError(ParseIn(dir, text), {dir.File("job.yaml"), "the job config is empty"});
+  }
+  ExpectError(ParseJobConfig("", "<CreateJob>"), {"<CreateJob>", "empty"});
+}
+
 TEST_CASE("Unknown keys are rejected naming the key path and line", "[config][errors]") {
   TempDir dir;
   ExpectError(ParseIn(dir, "train:\n  steps: 5\n  stpes: 6\n"),

@@ -99,4 +99,35 @@ TEST_CASE("AdamWUpdate's bf16 cast rounds to nearest even and keeps NaN and Inf"
   }
 }
 
+TEST_CASE("AdamWUpdate reports a non-finite reduced gradient on every code path, body or tail",
+          "[eps][adamw][nonfinite]") {
+  const size_t n = 37;  // two AVX-512 vectors (or four AVX2) and a scalar tail
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    const char* what;
+    size_t at;
+    float g0, g1;  // the two workers' values at `at`
+    bool finite;
+  };
+  const Case cases[] = {
+      {"all finite", 0, 0.5f, -0.25f, true},
+      {"NaN in the vector body", 5, nan, 0.0f, false},
+      {"Inf in the tail", 35, 0.0f, -inf, false},
+      {"the sum overflows", 20, 3e38f, 3e38f, false},
+  };
+  for (int lvl = 0; lvl <= static_cast<int>(DetectSimdLevel()); ++lvl) {
+    for (const Case& c : cases) {
+      INFO(c.what << " path=" << SimdLevelName(static_cast<SimdLevel>(lvl)));
+      std::vector<float> p(n, 1.0f), m(n, 0.0f), v(n, 0.0f), g0(n, 0.01f), g1(n, 0.02f);
+      g0[c.at] = c.g0;
+      g1[c.at] = c.g1;
+      const float* gp[2] = {g0.data(), g1.data()};
+      AdamWArgs a;
+      a.lr = 1e-3f;
+      CHECK(AdamWUpdate(a, p.data(), m.data(), v.data(), gp, 2, n, DType::kF32, nullptr,
+                        static_cast<SimdLevel>(lvl)) == c.finite);
+    }
+  }
+}
+
 }  // namespace l2l::eps

@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <mutex>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "common/adamw.h"
@@ -191,6 +194,19 @@ TEST_CASE("UpdatePipeline rejects bad gradients with codes and keeps going", "[e
   CHECK(pipe.Submit(3, 0, ref(0, g.size())).code() == StatusCode::kAlreadyExists);
   CHECK(ps->published_version(3) == 0);
   REQUIRE(pipe.Submit(3, 0, ref(1, g.size())).ok());
+  // A step is published when every layer has it: the other layers' gradients.
+  std::vector<std::vector<float>> others;
+  for (int64_t l = 0; l < ps->num_layers(); ++l) {
+    if (l == 3) continue;
+    others.emplace_back(ps->layout(l).numel, 0.01f);
+    for (int32_t w : {0, 1}) {
+      GradientRef r;
+      r.worker_id = w;
+      r.data = others.back().data();
+      r.numel = others.back().size();
+      REQUIRE(pipe.Submit(l, 0, std::move(r)).ok());
+    }
+  }
   auto pin = ps->Acquire(3, 1, std::chrono::seconds(10));
   REQUIRE(pin.ok());
   CHECK(pin->version() == 1);
@@ -202,11 +218,15 @@ TEST_CASE("UpdatePipeline Hold stops updates at a step boundary until Release", 
   UpdatePipeline pipe(ps.get(), job, 1, 0);
   std::vector<float> g(ps->layout(3).numel, 0.01f);
   CHECK(pipe.Hold() == 0);
-  GradientRef r;
-  r.worker_id = 0;
-  r.data = g.data();
-  r.numel = g.size();
-  REQUIRE(pipe.Submit(3, 0, std::move(r)).ok());
+  std::vector<std::vector<float>> grads;
+  for (int64_t l = 0; l < ps->num_layers(); ++l) {
+    grads.emplace_back(ps->layout(l).numel, 0.01f);
+    GradientRef r;
+    r.worker_id = 0;
+    r.data = grads.back().data();
+    r.numel = grads.back().size();
+    REQUIRE(pipe.Submit(l, 0, std::move(r)).ok());
+  }
   CHECK_FALSE(ps->Acquire(3, 1, std::chrono::milliseconds(50)).ok());
   pipe.Release();
   CHECK(ps->Acquire(3, 1, std::chrono::seconds(10)).ok());
@@ -251,6 +271,174 @@ TEST_CASE("UpdatePipeline in lock-free mode holds a gradient pushed ahead of the
     REQUIRE(pipe.WaitForStep(2, std::chrono::seconds(30)));
   }
   for (int64_t l = 0; l < L; ++l) {
+    std::vector<float> master(ps->layout(l).numel);
+    REQUIRE(ps->ReadState(l, 0, master.data()).ok());
+    CHECK(std::memcmp(master.data(), want[l].data(), master.size() * 4) == 0);
+  }
+}
+
+}  // namespace l2l::eps
+
+namespace l2l::eps {
+namespace {
+
+// Every layer's master, m and v, concatenated (for bit-exact comparisons).
+std::vector<float> State(const ParamStore& ps) {
+  std::vector<float> out;
+  for (int64_t l = 0; l < ps.num_layers(); ++l) {
+    std::vector<float> buf(ps.layout(l).numel);
+    for (int which = 0; which < 3; ++which) {
+      REQUIRE(ps.ReadState(l, which, buf.data()).ok());
+      out.insert(out.end(), buf.begin(), buf.end());
+    }
+  }
+  return out;
+}
+
+// The published copy of every layer at `version`, as floats (f32 store).
+std::vector<float> Published(ParamStore& ps, int64_t version) {
+  std::vector<float> out;
+  for (int64_t l = 0; l < ps.num_layers(); ++l) {
+    auto pin = ps.Acquire(l, version, std::chrono::seconds(10));
+    REQUIRE(pin.ok());
+    CHECK(pin->version() == version);
+    const float* p = static_cast<const float*>(pin->data());
+    out.insert(out.end(), p, p + ps.layout(l).numel);
+  }
+  return out;
+}
+
+// Submits worker w's gradients of `step` for every layer, in backward order.
+void PushStep(UpdatePipeline& pipe, const ParamStore& ps, const Grads& g, int64_t step, int w) {
+  for (int64_t l = ps.num_layers() - 1; l >= 0; --l) {
+    GradientRef r;
+    r.worker_id = w;
+    r.data = g[step][w][l].data();
+    r.numel = g[step][w][l].size();
+    r.micro_batches = 1;
+    REQUIRE(pipe.Submit(l, step, std::move(r)).ok());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("UpdatePipeline skips a step with a non-finite gradient in every layer, bit for bit",
+          "[eps][pipeline][nonfinite]") {
+  const std::string clip = GENERATE("none", "per_layer", "global");
+  const float bad = GENERATE(std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity());
+  INFO("clip=" << clip << " bad=" << bad);
+  JobConfig job = SmallJob(clip);
+  job.train.skip_pause_after = 0;
+  auto ps = MakeStore(job);
+  Grads g = MakeGrads(*ps, 3, 2);
+  // Step 1: worker 1's gradient of the middle layer holds one bad value; the top layers
+  // are updated before it arrives (eager), the bottom ones after.
+  g[1][1][ps->num_layers() / 2][17] = bad;
+  UpdatePipeline pipe(ps.get(), job, 2, 0);
+  std::mutex events_mu;
+  std::vector<SkipEvent> events;  // GUARDED_BY(events_mu): on_skip runs on an update thread
+  pipe.set_on_skip([&](const SkipEvent& e) {
+    std::lock_guard<std::mutex> lock(events_mu);
+    events.push_back(e);
+  });
+  for (int w : {0, 1}) PushStep(pipe, *ps, g, 0, w);
+  REQUIRE(pipe.WaitForStep(1, std::chrono::seconds(30)));
+  const auto before = State(*ps);
+  const auto published_before = Published(*ps, 1);
+  for (int w : {0, 1}) PushStep(pipe, *ps, g, 1, w);
+  REQUIRE(pipe.WaitForStep(2, std::chrono::seconds(30)));
+  // Version 2 is out (workers go on) with exactly the weights of version 1.
+  CHECK(State(*ps) == before);
+  CHECK(Published(*ps, 2) == published_before);
+  const PipelineStats st = pipe.stats();
+  CHECK(st.skipped_steps == 1);
+  CHECK(st.consecutive_skips == 1);
+  CHECK(st.last_skip_reason.find("layer " + std::to_string(ps->num_layers() / 2)) != std::string::npos);
+  // The callback runs just after the commit, outside the pipeline's lock.
+  auto skip_events = [&] {
+    std::lock_guard<std::mutex> lock(events_mu);
+    return events;
+  };
+  for (int i = 0; i < 200 && skip_events().empty(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  REQUIRE(skip_events().size() == 1);
+  CHECK(skip_events()[0].step == 1);
+  // The next good step applies normally and resets the run of skips.
+  for (int w : {0, 1}) PushStep(pipe, *ps, g, 2, w);
+  REQUIRE(pipe.WaitForStep(3, std::chrono::seconds(30)));
+  CHECK(State(*ps) != before);
+  CHECK(pipe.stats().consecutive_skips == 0);
+  for (float x : State(*ps)) REQUIRE(std::isfinite(x));
+}
+
+TEST_CASE("UpdatePipeline skips a step whose reported loss is NaN and pauses after K skips in a row",
+          "[eps][pipeline][nonfinite]") {
+  JobConfig job = SmallJob("per_layer");
+  job.train.skip_pause_after = 2;
+  auto ps = MakeStore(job);
+  const Grads g = MakeGrads(*ps, 4, 2);
+  UpdatePipeline pipe(ps.get(), job, 2, 0);
+  pipe.set_gate_on_losses(true);
+  auto step = [&](int64_t s, double loss1) {
+    for (int w : {0, 1}) PushStep(pipe, *ps, g, s, w);
+    pipe.ReportLoss(0, s, 2.5);
+    pipe.ReportLoss(1, s, loss1);
+  };
+  // All gradients in, but the step waits for its losses before it publishes.
+  for (int w : {0, 1}) PushStep(pipe, *ps, g, 0, w);
+  CHECK_FALSE(pipe.WaitForStep(1, std::chrono::milliseconds(200)));
+  CHECK(ps->published_version(0) == 0);
+  pipe.ReportLoss(0, 0, 2.5);
+  pipe.ReportLoss(1, 0, 2.4);
+  REQUIRE(pipe.WaitForStep(1, std::chrono::seconds(30)));
+  const auto s1 = State(*ps);
+  step(1, std::nan(""));
+  REQUIRE(pipe.WaitForStep(2, std::chrono::seconds(30)));
+  CHECK(State(*ps) == s1);
+  CHECK(pipe.stats().last_skip_reason.find("worker 1 reported loss") != std::string::npos);
+  CHECK_FALSE(pipe.stats().skip_paused);
+  step(2, std::numeric_limits<double>::infinity());
+  REQUIRE(pipe.WaitForStep(3, std::chrono::seconds(30)));
+  CHECK(State(*ps) == s1);
+  // Two in a row: the gate is closed; step 3's good gradients wait.
+  CHECK(pipe.stats().skip_paused);
+  CHECK(pipe.stats().skipped_steps == 2);
+  step(3, 2.3);
+  CHECK_FALSE(pipe.WaitForStep(4, std::chrono::milliseconds(300)));
+  CHECK(State(*ps) == s1);
+  pipe.ClearSkipPause();
+  REQUIRE(pipe.WaitForStep(4, std::chrono::seconds(30)));
+  CHECK(State(*ps) != s1);
+  CHECK_FALSE(pipe.stats().skip_paused);
+}
+
+TEST_CASE("UpdatePipeline ResetToStep undoes layers applied ahead of the step's commit, bit for bit",
+          "[eps][pipeline][nonfinite]") {
+  JobConfig job = SmallJob("none");
+  auto ps = MakeStore(job);
+  const Grads g = MakeGrads(*ps, 1, 1);
+  const auto want = Reference(job, *ps, g, {1});
+  UpdatePipeline pipe(ps.get(), job, 1, 0);
+  pipe.set_gate_on_losses(true);
+  PushStep(pipe, *ps, g, 0, 0);
+  // Every layer applied step 0 and waits for the loss: not a boundary.
+  const std::vector<float> init = [&] {
+    auto fresh = MakeStore(job);
+    return State(*fresh);
+  }();
+  for (int i = 0; i < 500 && State(*ps) == init; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const UpdatePipeline::Frozen f = pipe.Freeze();
+  CHECK(f.step == 0);
+  CHECK_FALSE(f.at_boundary);
+  CHECK(State(*ps) != init);
+  CHECK(ps->published_version(0) == 0);
+  // The step is abandoned (a worker was lost): the state is the boundary's again.
+  pipe.ResetToStep(0);
+  CHECK(State(*ps) == init);
+  pipe.Release();
+  PushStep(pipe, *ps, g, 0, 0);
+  pipe.ReportLoss(0, 0, 1.0);
+  REQUIRE(pipe.WaitForStep(1, std::chrono::seconds(30)));
+  for (int64_t l = 0; l < ps->num_layers(); ++l) {
     std::vector<float> master(ps->layout(l).numel);
     REQUIRE(ps->ReadState(l, 0, master.data()).ok());
     CHECK(std::memcmp(master.data(), want[l].data(), master.size() * 4) == 0);

@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <thread>
 #include <vector>
@@ -213,6 +214,11 @@ struct BadInputFixture {
         Status s = c->PushGradient(l, 0, 1, g.data(), g.size());
         if (!s.ok() && s.code() != StatusCode::kAlreadyExists) FAIL(s.ToString());
       }
+      worker::StepReport r;  // the step publishes once every worker's loss is in too
+      r.step = 0;
+      r.loss = 1.0;
+      Status s = c->StepDone(r);
+      if (!s.ok()) FAIL(s.ToString());
     };
     std::thread t1([&] { run(a.get()); });
     std::thread t2([&] { run(b.get()); });
@@ -314,6 +320,178 @@ TEST_CASE("EPS API: a shm gradient for the wrong step surfaces at StepDone", "[i
   Status s = a->StepDone(r);
   CHECK(s.code() == StatusCode::kFailedPrecondition);
   CHECK(s.message().find("expects step 0") != std::string::npos);
+}
+
+namespace {
+
+// Every layer's master, m and v as the daemon holds them.
+std::vector<float> StateOf(eps::EpsCore& core) {
+  std::vector<float> out;
+  for (int64_t l = 0; l < core.store()->num_layers(); ++l) {
+    std::vector<float> buf(core.store()->layout(l).numel);
+    for (int which = 0; which < 3; ++which) {
+      REQUIRE(core.store()->ReadState(l, which, buf.data()).ok());
+      out.insert(out.end(), buf.begin(), buf.end());
+    }
+  }
+  return out;
+}
+
+// One full step of worker c: fetch every layer at `step`, push gradients (`poison`:
+// one NaN in the middle layer's), StepDone with `loss`.
+void FakeStep(worker::EpsClient* c, int64_t step, bool poison, double loss) {
+  const auto& reg = c->registration();
+  const auto layouts = BuildLayout(reg.job.model);
+  const int64_t L = reg.job.model.NumLayers();
+  for (int64_t l = 0; l < L; ++l) {
+    auto w = c->AcquireLayer(l, step, 20s);
+    REQUIRE(w.ok());
+    CHECK(w->version == step);
+    c->ReleaseLayer(l);
+  }
+  for (int64_t l = L - 1; l >= 0; --l) {
+    auto g = Grad(step, reg.worker_id, l, layouts[l].numel);
+    if (poison && l == L / 2) g[g.size() / 3] = std::nanf("");
+    REQUIRE(c->PushGradient(l, step, 1, g.data(), g.size()).ok());
+  }
+  worker::StepReport r;
+  r.step = step;
+  r.loss = loss;
+  r.tokens = 10;
+  REQUIRE(c->StepDone(r).ok());
+}
+
+}  // namespace
+
+TEST_CASE("EPS skips a step with a NaN gradient or a NaN loss: masters bit-identical, counted, paused after K",
+          "[integration][eps][nonfinite]") {
+  const std::string transport = GENERATE(std::string("shm"), std::string("grpc"));
+  INFO("transport " << transport);
+  JobConfig job = TinyJob(DType::kF32);
+  job.train.steps = 10;
+  job.train.skip_pause_after = 2;
+  Daemon d(job, 2);
+  auto a = Connect(d.address, "grpc");
+  auto b = Connect(d.address, transport);
+  auto both = [&](int64_t step, bool poison_b, double loss_b) {
+    std::thread ta([&] { FakeStep(a.get(), step, false, 2.0); });
+    FakeStep(b.get(), step, poison_b, loss_b);
+    ta.join();
+  };
+  both(0, false, 2.0);
+  REQUIRE(d.core.pipeline()->WaitForStep(1, 10s));
+  const auto at1 = StateOf(d.core);
+  // A NaN gradient from worker b: the step is skipped for every layer.
+  both(1, true, 2.0);
+  REQUIRE(d.core.pipeline()->WaitForStep(2, 10s));
+  CHECK(StateOf(d.core) == at1);
+  auto st = d.core.GetStatus();
+  CHECK(st.pipeline.skipped_steps == 1);
+  CHECK(st.pipeline.consecutive_skips == 1);
+  CHECK(st.pipeline.last_skip_reason.find("non-finite gradient in layer") != std::string::npos);
+  CHECK(st.state == "running");
+  // A NaN loss (finite gradients): skipped too; two in a row pause the job.
+  both(2, false, std::nan(""));
+  REQUIRE(d.core.pipeline()->WaitForStep(3, 10s));
+  CHECK(StateOf(d.core) == at1);
+  st = d.core.GetStatus();
+  CHECK(st.pipeline.skipped_steps == 2);
+  CHECK(st.pipeline.last_skip_reason.find("reported loss nan") != std::string::npos);
+  CHECK(st.state == "paused");
+  CHECK(st.pause_reason.find("2 steps in a row skipped") != std::string::npos);
+  // Paused: a good step's gradients wait; resume applies it.
+  std::thread tb([&] { both(3, false, 2.0); });
+  CHECK_FALSE(d.core.pipeline()->WaitForStep(4, 500ms));
+  CHECK(StateOf(d.core) == at1);
+  REQUIRE(d.core.Resume().ok());
+  tb.join();
+  REQUIRE(d.core.pipeline()->WaitForStep(4, 10s));
+  CHECK(StateOf(d.core) != at1);
+  st = d.core.GetStatus();
+  CHECK(st.state == "running");
+  CHECK(st.pipeline.consecutive_skips == 0);
+  for (float x : StateOf(d.core)) REQUIRE(std::isfinite(x));
+}
+
+TEST_CASE("EPS refuses initial weights that are not finite, naming layer and tensor", "[integration][eps][nonfinite]") {
+  const JobConfig job = TinyJob(DType::kF32);
+  const auto layouts = BuildLayout(job.model);
+  std::vector<std::vector<float>> init;
+  for (const auto& lay : layouts) init.emplace_back(lay.numel, 0.02f);
+  init[1][5] = std::numeric_limits<float>::infinity();
+  eps::EpsCore core(Daemon::MakeOpts(1, "grpc"));
+  Status s = core.CreateJob(job, &init);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK(s.message().find("layer 1 master weights") != std::string::npos);
+  CHECK(s.message().find("not finite") != std::string::npos);
+  CHECK_FALSE(core.has_job());
+}
+
+TEST_CASE("EPS API: every gradient header field is validated before its bytes are allocated",
+          "[integration][eps][bad_input]") {
+  BadInputFixture f;
+  const int32_t a = f.a->registration().worker_id;
+  // 2^40 floats would be 4 TiB: refused for what it is, not as "must be positive".
+  auto huge = f.Push(a, 1, 0, int64_t{1} << 40, {8});
+  CHECK(huge.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(huge.error_message().find("numel=1099511627776 but layer 1 has " + std::to_string(f.numel(1))) !=
+        std::string::npos);
+  // An unknown worker claiming 2^34 floats: refused before any allocation.
+  auto stranger = f.Push(77, 1, 0, int64_t{1} << 34, {8});
+  CHECK(stranger.error_code() == grpc::StatusCode::NOT_FOUND);
+  CHECK(stranger.error_message().find("worker id 77") != std::string::npos);
+  auto negative = f.Push(a, 1, 0, -5, {8});
+  CHECK(negative.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(negative.error_message().find("numel=-5 but layer 1 has") != std::string::npos);
+  f.HealthyStepStillWorks();
+}
+
+TEST_CASE("EPS API: a gradient pushed before any job exists is refused before allocation",
+          "[integration][eps][bad_input]") {
+  eps::EpsCore core(Daemon::MakeOpts(1, "grpc"));
+  auto srv = eps::EpsGrpcServer::Start(&core, eps::ServerOptions{});
+  REQUIRE(srv.ok());
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string((*srv)->port()), grpc::InsecureChannelCredentials());
+  auto stub = data::v1::Data::NewStub(channel);
+  grpc::ClientContext ctx;
+  data::v1::PushGradientReply rep;
+  auto w = stub->PushGradient(&ctx, &rep);
+  data::v1::GradientChunk c;
+  c.set_worker_id(0);
+  c.set_layer(0);
+  c.set_numel(int64_t{1} << 34);
+  c.set_micro_batches(1);
+  c.set_data(std::string(8, '\0'));
+  w->Write(c);
+  w->WritesDone();
+  const grpc::Status s = w->Finish();
+  CHECK(s.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(s.error_message().find("no job") != std::string::npos);
+  (*srv)->Shutdown();
+  core.Stop();
+}
+
+TEST_CASE("EPS step summaries carry the learning rate of the job it runs", "[integration][eps]") {
+  JobConfig job = TinyJob(DType::kF32);
+  job.optim.lr = 0.0123f;
+  job.optim.warmup_steps = 0;
+  eps::CoreOptions o = Daemon::MakeOpts(1, "grpc");
+  std::vector<double> lrs;
+  o.on_step = [&lrs](const eps::StepSummary& s) { lrs.push_back(s.lr); };
+  eps::EpsCore core(o);
+  REQUIRE(core.CreateJob(job).ok());
+  auto srv = eps::EpsGrpcServer::Start(&core, eps::ServerOptions{});
+  REQUIRE(srv.ok());
+  auto c = Connect("127.0.0.1:" + std::to_string((*srv)->port()), "grpc");
+  FakeStep(c.get(), 0, false, 2.0);
+  FakeStep(c.get(), 1, false, 2.0);
+  REQUIRE(lrs.size() == 2);
+  CHECK(lrs[0] == Approx(LearningRate(job.optim, 0)));
+  CHECK(lrs[1] == Approx(LearningRate(job.optim, 1)));
+  CHECK(lrs[0] > 0.01);  // the job's 0.0123 schedule, not a default
+  c.reset();
+  (*srv)->Shutdown();
+  core.Stop();
 }
 
 }  // namespace l2l

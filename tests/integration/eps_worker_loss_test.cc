@@ -276,7 +276,7 @@ TEST_CASE("EPS continue: a lost worker's unapplied gradients are dropped and the
   CHECK(Master(d.core) == ref.p);
 }
 
-TEST_CASE("EPS rolls a partially applied step back to the last checkpoint when a worker is lost",
+TEST_CASE("EPS undoes a partially applied step when a worker is lost; every worker redoes it",
           "[integration][eps][worker_loss]") {
   const std::string mode = GENERATE(std::string("pause"), std::string("continue"));
   auto tmp = itest::TempDir::Create("eps-loss");
@@ -295,15 +295,17 @@ TEST_CASE("EPS rolls a partially applied step back to the last checkpoint when a
   CHECK(ck->step == 1);
   const auto at1 = ref.p;
 
-  // Step 1: both push the top layer (it is applied at once), then a falls silent.
+  // Step 1: both push the top layer (it is applied at once, published only with the
+  // whole step), then a falls silent.
   const int64_t top = TinyJob().model.NumLayers() - 1;
   REQUIRE(a->Push(top, 1).ok());
   REQUIRE(b.Push(top, 1).ok());
-  for (int i = 0; i < 200 && d.core.store()->published_version(top) != 2; ++i) std::this_thread::sleep_for(10ms);
-  REQUIRE(d.core.store()->published_version(top) == 2);
+  for (int i = 0; i < 200 && Master(d.core) == at1; ++i) std::this_thread::sleep_for(10ms);
+  REQUIRE(Master(d.core) != at1);
+  CHECK(d.core.store()->published_version(top) == 1);
   a->StopHeartbeats();
   REQUIRE(d.WaitState(0, "lost"));
-  // Rolled back: every layer at version 1 with the checkpoint's state again.
+  // Undone: every layer at version 1 with the state of step 1 again, bit for bit.
   const auto st = d.Status();
   for (int64_t v : st.layer_version()) CHECK(v == 1);
   CHECK(Master(d.core) == at1);
@@ -350,14 +352,21 @@ TEST_CASE("EpsClient rejoins after a rollback and redoes the step", "[integratio
   RawWorker lost(d.address);
   const int64_t top = TinyJob().model.NumLayers() - 1;
   const auto layouts = BuildLayout(TinyJob().model);
+  std::vector<float> init(layouts[top].numel), now(layouts[top].numel);
+  REQUIRE(d.core.store()->ReadState(top, 0, init.data()).ok());
   auto g = Grad(0, client.registration().worker_id, top, layouts[top].numel);
   REQUIRE(client.PushGradient(top, 0, 1, g.data(), g.size()).ok());
   REQUIRE(lost.Push(top, 0).ok());
-  for (int i = 0; i < 200 && d.core.store()->published_version(top) != 1; ++i) std::this_thread::sleep_for(10ms);
-  REQUIRE(d.core.store()->published_version(top) == 1);
+  // The top layer is updated at once (published only with the whole step).
+  for (int i = 0; i < 200; ++i) {
+    REQUIRE(d.core.store()->ReadState(top, 0, now.data()).ok());
+    if (now != init) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(now != init);
   lost.StopHeartbeats();
   REQUIRE(d.WaitState(1, "lost"));
-  // No checkpoint yet: rolled back to the initial state (step 0).
+  // The step is abandoned: the top layer's update is undone (step 0 again).
   auto w = client.AcquireLayer(top, 1, 2s);
   CHECK(w.status().code() == StatusCode::kFailedPrecondition);
   CHECK(worker::NeedsRejoin(w.status()));
