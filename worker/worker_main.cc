@@ -130,8 +130,8 @@ Status OpenData(const l2l::JobConfig& job, const w::WorkerRegistration& reg,
   dopts.vocab_size = job.model.vocab_size;
   L2L_ASSIGN_OR_RETURN(w::DataLoader loader, w::DataLoader::Open(job.data.train_path, dopts));
   if (loader.has_loss_mask()) {
-    L2L_LOG(INFO) << "loss mask " << job.data.train_path << ".mask: " << 100.0 * loader.trained_fraction()
-                  << "% of the tokens are trained on";
+    L2L_LOG_INFO("loss mask {}.mask: {:.1f}% of the tokens are trained on", job.data.train_path,
+                 100.0 * loader.trained_fraction());
   }
   out->emplace(std::move(loader));
   if (!reg.data_position.empty()) {
