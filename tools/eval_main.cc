@@ -80,7 +80,7 @@ l2l::Status Run(const Flags& f) {
                                 std::to_string(seq_len) + " (" + t::DescribeModel(m) + ")");
   }
   l2l::Result<std::vector<uint32_t>> read = l2l::ReadTokensFile32(f.data, V);
-  if (!read.ok()) return read.status().WithContext("--data (model vocabulary " + std::to_string(V) + ")");
+  if (!read.ok()) return read.status().WithContext("--data");
   std::vector<uint32_t> toks = std::move(*read);
   std::vector<uint8_t> mask;
   const std::string mask_path = l2l::LossMaskPath(f.data);

@@ -66,6 +66,12 @@ const char* ModelSourceKindName(ModelSourceKind k) {
 }
 
 Result<InferenceModel> LoadCheckpointModel(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return NotFound(path + ": no such checkpoint directory");
+  if (!fs::exists(fs::path(path) / eps::kCheckpointManifest) && !fs::exists(fs::path(path) / eps::kCheckpointLatest)) {
+    return NotFound(path + ": not a checkpoint (neither " + eps::kCheckpointManifest + " nor " +
+                    eps::kCheckpointLatest + " inside)");
+  }
   L2L_ASSIGN_OR_RETURN(std::string dir, eps::ResolveCheckpointDir(path));
   L2L_ASSIGN_OR_RETURN(eps::CheckpointManifest man, eps::ReadCheckpointManifest(dir));
   const std::string manifest_path = (fs::path(dir) / eps::kCheckpointManifest).string();
