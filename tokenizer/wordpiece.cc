@@ -603,6 +603,12 @@ Result<WordPieceEncoding> WordPieceTokenizer::EncodePair(std::string_view a, std
   return impl_->Apply(seqs, true, add_special);
 }
 
+WordPieceEncoding WordPieceTokenizer::PostProcess(const std::vector<int32_t>& a, const std::vector<int32_t>* b,
+                                                  bool add_special) const {
+  const std::vector<int32_t>* seqs[2] = {&a, b};
+  return impl_->Apply(seqs, b != nullptr, add_special);
+}
+
 Result<std::string> WordPieceTokenizer::Decode(std::span<const int32_t> ids, bool skip_special) const {
   std::string out;
   size_t n = 0;

@@ -66,6 +66,11 @@ class WordPieceTokenizer {
   // A sentence pair: [CLS] A [SEP] B [SEP] with type ids 0 for A's part and 1 for B's (as the
   // post-processor's pair template says).
   Result<WordPieceEncoding> EncodePair(std::string_view a, std::string_view b, bool add_special = true) const;
+  // The post-processor alone, on ids encoded without special tokens (b == nullptr: a single
+  // sequence): what Encode / EncodePair do after the model. For truncating parts before the
+  // special tokens are added.
+  WordPieceEncoding PostProcess(const std::vector<int32_t>& a, const std::vector<int32_t>* b,
+                                bool add_special = true) const;
   // Text of `ids` (HF decode): special tokens skipped when skip_special. An id out of range
   // is an OutOfRange error naming its index.
   Result<std::string> Decode(std::span<const int32_t> ids, bool skip_special = true) const;

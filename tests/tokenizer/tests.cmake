@@ -24,3 +24,10 @@ set_tests_properties(tokenizer.sft_oracle PROPERTIES LABELS "unit;oracle" TIMEOU
 add_test(NAME tokenizer.wordpiece_oracle
          COMMAND bash -c "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); MINILM=$(bash '${CMAKE_SOURCE_DIR}/scripts/fetch_models.sh' minilm); HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/wordpiece_oracle.py' --tool '$<TARGET_FILE:l2l_tokenizer_tool>' --minilm \"$MINILM\" --work '${CMAKE_CURRENT_BINARY_DIR}/tokenizer_wordpiece_oracle'")
 set_tests_properties(tokenizer.wordpiece_oracle PROPERTIES LABELS "unit;oracle" TIMEOUT 900)
+# l2l-tokenize --task classify with the MiniLM tokenizer: rows (ids, token types, attention
+# mask; read with numpy from the documented layout) equal HF's encode with longest_first
+# truncation and padding to --max-len, labels and the validation tail as given; bad lines
+# name file:line.
+add_test(NAME tokenizer.classify_oracle
+         COMMAND bash -c "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); MINILM=$(bash '${CMAKE_SOURCE_DIR}/scripts/fetch_models.sh' minilm); HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/wordpiece_oracle.py' --only classify --tool '$<TARGET_FILE:l2l_tokenizer_tool>' --tokenize '$<TARGET_FILE:l2l-tokenize>' --minilm \"$MINILM\" --work '${CMAKE_CURRENT_BINARY_DIR}/tokenizer_classify_oracle'")
+set_tests_properties(tokenizer.classify_oracle PROPERTIES LABELS "unit;oracle" TIMEOUT 900)

@@ -19,7 +19,15 @@ encodes every document as a single sequence (with and without special tokens) an
 consecutive pair of documents as a pair (with and without): ids AND token type ids must be
 equal token for token; HF's decode(ids) (special tokens skipped) must equal ours.
 
+With --tokenize BIN/l2l-tokenize (and --only classify) it checks `l2l-tokenize --task
+classify` on the MiniLM tokenizer: JSONL lines of single texts and pairs (short ones padded,
+long ones truncated) give rows, read back with numpy from the documented layout
+(docs/formats.md), equal to HF's encode with truncation longest_first to --max-len and
+padding to it (ids, token_type_ids, attention_mask), labels as given, the validation split
+the tail; bad lines fail naming file:line.
+
 usage: wordpiece_oracle.py --tool BUILD/l2l_tokenizer_tool --work DIR [--minilm DIR] [--only NAME]
+                           [--tokenize BUILD/bin/l2l-tokenize]
 """
 import argparse
 import json
@@ -174,16 +182,99 @@ def check(name, tok, json_path, docs, pairs, sizes, args):
     return ok
 
 
+def read_header_file(path, magic, dtype):
+    import numpy as np
+    hdr = np.fromfile(path, dtype="<i4", count=256)
+    assert hdr[0] == magic, (path, hdr[:6])
+    return hdr, np.fromfile(path, dtype=dtype, offset=1024)
+
+
+def check_classify(args, docs):
+    import numpy as np
+    rng = random.Random(7)
+    tok = Tokenizer.from_file(os.path.join(args.minilm, "tokenizer.json"))
+    L = 64
+    tok.enable_truncation(max_length=L, strategy="longest_first")
+    tok.enable_padding(length=L, pad_id=tok.token_to_id("[PAD]"), pad_token="[PAD]")
+    lines = []
+    for i in range(400):
+        d = docs[rng.randrange(len(docs))]
+        cut = lambda: d[(s0 := rng.randrange(max(1, len(d)))):s0 + rng.choice([0, 5, 20, 80, 300, 2000])]
+        if rng.random() < 0.5:
+            lines.append({"text": cut(), "label": rng.randrange(3)})
+        else:
+            lines.append({"text_a": cut(), "text_b": cut(), "label": rng.randrange(3), "idx": i})
+    data = os.path.join(args.work, "classify.jsonl")
+    with open(data, "w", encoding="utf-8") as f:
+        for k, ln in enumerate(lines):
+            f.write(json.dumps(ln, ensure_ascii=rng.random() < 0.5) + "\n")
+            if k % 50 == 0:
+                f.write("\n")
+    out, val = os.path.join(args.work, "cls_train.bin"), os.path.join(args.work, "cls_val.bin")
+    proc = subprocess.run([args.tokenize, data, out, "--task", "classify", "--tokenizer", args.minilm, "--max-len", str(L),
+                           "--val-fraction", "0.25", "--val-output", val], capture_output=True, text=True)
+    print(proc.stdout.strip())
+    if proc.returncode != 0:
+        print("classify: l2l-tokenize failed: %s" % proc.stderr.strip())
+        return False
+    encs = tok.encode_batch([ln["text"] if "text" in ln else (ln["text_a"], ln["text_b"]) for ln in lines])
+    n_val = int(len(lines) * 0.25)
+    ok = True
+    for path, first, n in ((out, 0, len(lines) - n_val), (val, len(lines) - n_val, n_val)):
+        hdr, ids = read_header_file(path, 20240520, "<u2")
+        _, types = read_header_file(path + ".types", 20240522, "u1")
+        _, attn = read_header_file(path + ".attn", 20240522, "u1")
+        lh, labels = read_header_file(path + ".labels", 20240525, "<i4")
+        if list(lh[1:5]) != [1, n, L, 3] or len(ids) != n * L or len(labels) != n:
+            print("classify: %s: header %s, %d ids, %d labels; want rows %d of %d" % (path, lh[:5], len(ids), len(labels), n, L))
+            return False
+        for r in range(n):
+            e = encs[first + r]
+            got = (ids[r * L:(r + 1) * L].tolist(), types[r * L:(r + 1) * L].tolist(), attn[r * L:(r + 1) * L].tolist())
+            want = (e.ids, e.type_ids, e.attention_mask)
+            if got != want or labels[r] != lines[first + r]["label"]:
+                print("classify: %s row %d (line %r) differs:\n  HF   %r label %d\n  ours %r label %d"
+                      % (path, r, lines[first + r], want, lines[first + r]["label"], got, labels[r]))
+                ok = False
+                break
+    if ok:
+        n_trunc = sum(1 for e in encs if e.attention_mask[-1] == 1)
+        print("classify: OK: %d rows of %d (%d truncated, %d pairs): ids, types, attention mask and labels equal HF's"
+              % (len(lines), L, n_trunc, sum("text_a" in ln for ln in lines)))
+    bad_cases = [('{"text": "a", "label": 1}\n{"text": "b"}\n', ":2", "label"),
+                 ('{"text": "a", "label": -1}\n', ":1", "label"),
+                 ('{"text_a": "a", "label": 0}\n', ":1", "text_b"),
+                 ('\n\n{"text": 3, "label": 0}\n', ":3", "text"),
+                 ('{"text": "a", "label": 0}\nnot json\n', ":2", "JSON")]
+    for k, (body, line_tag, word) in enumerate(bad_cases):
+        p = os.path.join(args.work, "bad%d.jsonl" % k)
+        with open(p, "w") as f:
+            f.write(body)
+        proc = subprocess.run([args.tokenize, p, os.path.join(args.work, "bad.bin"), "--task", "classify",
+                               "--tokenizer", args.minilm, "--max-len", "16"], capture_output=True, text=True)
+        if proc.returncode == 0 or (p + line_tag) not in proc.stderr or word not in proc.stderr:
+            print("classify: bad input %r: exit %d, stderr %r (want %s%s and %r)" % (body, proc.returncode, proc.stderr, p, line_tag, word))
+            ok = False
+    if ok:
+        print("classify: bad lines fail naming file:line")
+    return ok
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tool", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--minilm", default="", help="model dir of all-MiniLM-L6-v2 (scripts/fetch_models.sh minilm)")
     ap.add_argument("--only", default="")
+    ap.add_argument("--tokenize", default="")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     docs, sizes, pairs, train_docs = build_corpus()
     configs = []
+    if args.only == "classify":
+        ok = bool(args.minilm and args.tokenize) and check_classify(args, docs)
+        print("classify oracle: %s" % ("PASS" if ok else "FAIL"))
+        return 0 if ok else 1
     want = lambda n: not args.only or args.only == n
     if want("uncased"):
         configs.append(("uncased", train(train_docs, lowercase=True, strip_accents=None, bert_processing=False)))
