@@ -6,6 +6,9 @@
 //   l2l-tokenize INPUT OUTPUT.bin [--tokenizer PATH] [--jsonl]
 //                [--val-fraction 0.1 --val-output VAL.bin]
 //
+// With a WordPiece (BERT) tokenizer.json, plain text is encoded line by line: every
+// non-blank line becomes [CLS] LINE [SEP] and the lines are concatenated (MLM input).
+//
 // --task classify (encoder models) reads JSONL {"text","label"} or
 // {"text_a","text_b","label"} lines with a WordPiece --tokenizer and writes fixed-length
 // rows of --max-len L tokens: OUTPUT (ids), OUTPUT.types, OUTPUT.attn and OUTPUT.labels
@@ -111,8 +114,19 @@ l2l::Status Run(const Options& o) {
   if (o.task == "classify") return RunClassify(o);
   if (o.task != "lm") return l2l::InvalidArgument("--task \"" + o.task + "\" is not lm or classify");
   if (o.max_len != 0) return l2l::InvalidArgument("--max-len is for --task classify");
-  L2L_ASSIGN_OR_RETURN(std::optional<l2l::tok::Tokenizer> tok, LoadTokenizer(o.tokenizer));
-  const int64_t vocab = tok.has_value() ? tok->vocab_size() : l2l::kByteVocabSize;
+  // A WordPiece (BERT) tokenizer.json gives a stream of [CLS] LINE [SEP] sequences.
+  std::optional<l2l::tok::WordPieceTokenizer> wp;
+  if (!o.tokenizer.empty() && !l2l::tok::IsGgufFile(o.tokenizer)) {
+    auto type = l2l::tok::TokenizerJsonModelType(o.tokenizer);
+    if (type.ok() && *type == "WordPiece") {
+      if (o.jsonl) return l2l::InvalidArgument("--jsonl (SFT) needs a BPE tokenizer; " + o.tokenizer + " is WordPiece");
+      L2L_ASSIGN_OR_RETURN(l2l::tok::WordPieceTokenizer w, l2l::tok::WordPieceTokenizer::FromTokenizerJson(o.tokenizer));
+      wp.emplace(std::move(w));
+    }
+  }
+  L2L_ASSIGN_OR_RETURN(std::optional<l2l::tok::Tokenizer> tok,
+                       wp.has_value() ? l2l::Result<std::optional<l2l::tok::Tokenizer>>(std::nullopt) : LoadTokenizer(o.tokenizer));
+  const int64_t vocab = wp.has_value() ? wp->vocab_size() : tok.has_value() ? tok->vocab_size() : l2l::kByteVocabSize;
   L2L_ASSIGN_OR_RETURN(std::string text, l2l::ReadFileToString(o.input));
   if (text.empty()) return l2l::InvalidArgument(o.input + " is empty: nothing to tokenize");
 
@@ -134,6 +148,14 @@ l2l::Status Run(const Options& o) {
       mask.insert(mask.end(), ex.mask.begin(), ex.mask.end());
     }
     if (tokens.empty()) return l2l::InvalidArgument(o.input + " has no examples: nothing to tokenize");
+  } else if (wp.has_value()) {
+    L2L_RETURN_IF_ERROR(ForEachLine(text, o.input, [&](std::string_view line, const std::string& where) -> l2l::Status {
+      auto e = wp->Encode(line, /*add_special=*/true);
+      if (!e.ok()) return e.status().WithContext(where);
+      tokens.insert(tokens.end(), e->ids.begin(), e->ids.end());
+      return l2l::Status::Ok();
+    }));
+    if (tokens.empty()) return l2l::InvalidArgument(o.input + " has no non-blank lines: nothing to tokenize");
   } else if (tok.has_value()) {
     L2L_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->Encode(text, /*add_special=*/true));
     tokens.assign(ids.begin(), ids.end());

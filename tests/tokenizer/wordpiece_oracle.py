@@ -241,6 +241,24 @@ def check_classify(args, docs):
         n_trunc = sum(1 for e in encs if e.attention_mask[-1] == 1)
         print("classify: OK: %d rows of %d (%d truncated, %d pairs): ids, types, attention mask and labels equal HF's"
               % (len(lines), L, n_trunc, sum("text_a" in ln for ln in lines)))
+    # Plain text with a WordPiece tokenizer: [CLS] LINE [SEP] per non-blank line.
+    plain = Tokenizer.from_file(os.path.join(args.minilm, "tokenizer.json"))
+    plain.no_truncation()
+    plain.no_padding()
+    text = "\n".join(d[:3000] for d in docs[::7]) + "\n\n  \nlast line"
+    txt = os.path.join(args.work, "mlm.txt")
+    with open(txt, "w", encoding="utf-8") as f:
+        f.write(text)
+    proc = subprocess.run([args.tokenize, txt, os.path.join(args.work, "mlm.bin"), "--tokenizer", args.minilm],
+                          capture_output=True, text=True)
+    want = [i for ln in text.split("\n") if ln.strip(" \t\r") for i in plain.encode(ln).ids]
+    got = read_header_file(os.path.join(args.work, "mlm.bin"), 20240520, "<u2")[1].tolist() if proc.returncode == 0 else None
+    if got != want:
+        print("classify: plain-text WordPiece stream differs from HF (exit %d %s); first difference at %d"
+              % (proc.returncode, proc.stderr.strip(), first_diff(want, got or [])))
+        ok = False
+    else:
+        print("classify: plain text -> %d tokens, [CLS] line [SEP] per line, equal to HF's" % len(want))
     bad_cases = [('{"text": "a", "label": 1}\n{"text": "b"}\n', ":2", "label"),
                  ('{"text": "a", "label": -1}\n', ":1", "label"),
                  ('{"text_a": "a", "label": 0}\n', ":1", "text_b"),
