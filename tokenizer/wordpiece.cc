@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -159,6 +160,7 @@ struct WordPieceTokenizer::Impl {
   std::vector<std::string> tokens;                 // id -> text
   std::vector<uint8_t> special;                    // id -> special added token
   std::vector<AddedTok> added;                     // sorted by content length, longest first
+  std::unordered_set<UChar32> added_first;         // first code points of the added tokens
   int32_t unk = -1;
   std::string prefix = "##";
   int64_t max_chars = 100;
@@ -301,6 +303,7 @@ struct WordPieceTokenizer::Impl {
 
   // The longest added token (of the given `normalized` kind) starting at text[i].
   const AddedTok* MatchAt(const CodePoints& text, size_t i, bool normalized) const {
+    if (added_first.count(text[i]) == 0) return nullptr;
     const AddedTok* best = nullptr;
     for (const AddedTok& t : added) {  // longest first: the first match is the longest
       if (t.normalized != normalized) continue;
@@ -454,6 +457,12 @@ struct WordPieceTokenizer::Impl {
         tokens[t.id] = t.content;
         vocab[t.content] = t.id;
         special[t.id] = t.special;
+        {
+          CodePoints first;
+          DecodeUtf8(t.content, &first);
+          if (first.empty()) return InvalidArgument(at + ".content is not valid UTF-8");
+          added_first.insert(first[0]);
+        }
         added.push_back(std::move(t));
       }
       std::stable_sort(added.begin(), added.end(),
