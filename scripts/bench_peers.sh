@@ -16,13 +16,13 @@
 # Every comparison prints `ratio NAME = X` (X > 1: l2l is faster), from medians.
 # Environment: L2L_BUILD_DIR (default build; needs bin/l2l-bench-eps and
 # bin/l2l-bench-train), THREADS (2), ITERS (AdamW steps, 10), GPT_ITERS (7),
-# ADAMW_PARAMS (33554432), SHAPES ("S1 S2"). The venv: scripts/bench_peers_venv.sh
+# ADAMW_PARAMS (33554432), SHAPES ("S1 S2"; empty: none), ADAMW (1; 0 skips AdamW). The venv: scripts/bench_peers_venv.sh
 # (~/.cache/l2l/peers-venv, built on first use: a ~5 GB download).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${L2L_BUILD_DIR:-build}"
 THREADS="${THREADS:-2}" ITERS="${ITERS:-10}" GPT_ITERS="${GPT_ITERS:-7}"
-ADAMW_PARAMS="${ADAMW_PARAMS:-33554432}" SHAPES="${SHAPES:-S1 S2}"
+ADAMW_PARAMS="${ADAMW_PARAMS:-33554432}" SHAPES="${SHAPES-S1 S2}" ADAMW="${ADAMW:-1}"
 for b in l2l-bench-eps l2l-bench-train; do
   [[ -x "$BUILD_DIR/bin/$b" ]] || { echo "bench_peers.sh: $BUILD_DIR/bin/$b missing: build it first (cmake --build $BUILD_DIR --target $b)" >&2; exit 1; }
 done
@@ -48,6 +48,7 @@ ratio() {  # ratio NAME OURS THEIRS
   fi
 }
 
+if [[ "$ADAMW" == 1 ]]; then
 echo "---- AdamW: $ADAMW_PARAMS fp32 params ----"
 "$BUILD_DIR/bin/l2l-bench-eps" --threads "$THREADS" --iters "$ITERS" --params "$ADAMW_PARAMS" \
   --adamw-only --no-torch --no-publish | tee "$TMP/l2l-adamw"
@@ -64,6 +65,7 @@ for arith in exact fast; do
       'BEGIN { printf "fraction %s of the measured memory bound = %.2f\n", n, a / b }'
   fi
 done
+fi
 
 for shape in $SHAPES; do
   case "$shape" in

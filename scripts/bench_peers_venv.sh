@@ -9,7 +9,7 @@
 # Interpreter: $L2L_PEERS_PYTHON, default /usr/bin/python3 (DeepSpeedCPUAdam compiles its
 # op with ninja at first use and needs the interpreter's C headers: Python.h must exist).
 set -euo pipefail
-PINS="torch==2.9.1 deepspeed==0.18.2 ninja numpy"
+PINS="torch==2.9.1 deepspeed==0.18.2 ninja numpy (+ cpu_adam op)"
 VENV=${L2L_PEERS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/l2l/peers-venv}
 BASE=${L2L_PEERS_PYTHON:-/usr/bin/python3}
 PY="$VENV/bin/python3"
@@ -28,8 +28,12 @@ flock 9
   [[ -x "$PY" ]] || "$BASE" -m venv "$VENV"
   "$PY" -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
   # shellcheck disable=SC2086
-  "$PY" -m pip install -q --disable-pip-version-check $PINS
+  "$PY" -m pip install -q --disable-pip-version-check ${PINS%% (*}
   "$PY" -c 'import torch, deepspeed, ninja, numpy'
+  # Build DeepSpeedCPUAdam's op now (minutes), not inside the first timed run. A build
+  # killed half-way leaves torch's lock file behind and the next load waits on it forever:
+  # remove ~/.cache/torch_extensions/*/cpu_adam to start over.
+  DS_ACCELERATOR=cpu "$PY" -c 'from deepspeed.ops.op_builder.cpu import CPUAdamBuilder; CPUAdamBuilder().load(verbose=False)'
 } >&2 || { echo "bench_peers_venv.sh: could not make the peers venv at $VENV (pins: $PINS)" >&2; exit 1; }
 echo "$PINS" > "$STAMP"
 echo "$PY"
