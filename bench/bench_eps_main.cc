@@ -1,10 +1,10 @@
 // l2l-bench-eps: EPS micro-benchmarks, each printed as a ratio against a peer or a
 // physical limit measured in the same run (docs/performance.md "EPS"):
 //   1. AdamW update rate (eps_server/adamw_vec.h, the pipeline's kernel, 1 worker
-//      gradient, bf16 publish) vs the memory-bandwidth bound: the measured bandwidth
-//      (the better of a large memcpy and a STREAM triad at the same thread count) / the
-//      30 bytes the update touches per parameter; and vs
-//      torch.optim.AdamW (foreach=True) at the same thread count (/usr/bin/python3).
+//      gradient, bf16 publish; exact and fast arithmetic, each SIMD path) vs the bound
+//      measured by a STREAM-style kernel with the update's own traffic
+//      (bench/adamw_bench.h); and vs torch.optim.AdamW (foreach=True) at the same thread
+//      count (/usr/bin/python3; bench_peers.sh compares with an optimised PyTorch).
 //   2. A layer fetch through shared memory (the worker's protocol from common/shm.h:
 //      seqlock + pin, then copy out of the mapped slot) vs a memcpy of the same bytes.
 //   3. The same layer through gRPC on loopback (FetchLayer stream, ~4 MiB chunks) vs a
@@ -17,6 +17,7 @@
 //      the process's CPU time (both ends are threads of this process) per transfer.
 //
 //   l2l-bench-eps [--threads N] [--params N] [--iters N] [--no-torch] [--transport-only]
+//                 [--adamw-only] [--no-publish]
 //
 // Not a test: never fails on speed. Ownership/threads: everything is local to main.
 #include <arpa/inet.h>
@@ -43,6 +44,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "bench/adamw_bench.h"
 #include "eps_server/adamw_vec.h"
 #include "eps_server/eps_core.h"
 #include "eps_server/grpc_server.h"
@@ -75,14 +77,6 @@ double Best(int iters, F&& f) {
   return best;
 }
 
-void ParallelCopy(char* dst, const char* src, size_t n) {
-  const size_t chunk = size_t{1} << 20;
-  tbb::parallel_for(size_t{0}, (n + chunk - 1) / chunk, [&](size_t i) {
-    const size_t off = i * chunk;
-    std::memcpy(dst + off, src + off, std::min(chunk, n - off));
-  });
-}
-
 // Runs torch.optim.AdamW(foreach=True) on n params with `threads` threads; params/s or -1.
 double TorchAdamW(size_t n, int threads, int iters) {
   const std::string script = "/tmp/l2l_bench_eps_torch_" + std::to_string(getpid()) + ".py";
@@ -113,70 +107,16 @@ double TorchAdamW(size_t n, int threads, int iters) {
   }
 }
 
-void BenchAdamW(size_t n, int threads, int iters, bool torch) {
-  std::vector<float> p(n), m(n, 0.0f), v(n, 0.0f), g(n);
-  std::vector<uint16_t> out(n);
-  std::mt19937 rng(1);
-  std::normal_distribution<float> d(0, 1);
-  for (size_t i = 0; i < n; ++i) {
-    p[i] = d(rng);
-    g[i] = 0.01f * d(rng);
-  }
-  eps::AdamWArgs a;
-  a.lr = 1e-3f;
-  a.weight_decay = 0.1f;
-  const size_t chunk = 1 << 16;
-  int64_t t = 0;
-  auto update = [&] {
-    a.t = ++t;
-    tbb::parallel_for(size_t{0}, (n + chunk - 1) / chunk, [&](size_t c) {
-      const size_t off = c * chunk, len = std::min(chunk, n - off);
-      const float* gs[1] = {g.data() + off};  // one worker's gradient
-      eps::AdamWUpdate(a, p.data() + off, m.data() + off, v.data() + off, gs, 1, len, DType::kBF16,
-                       out.data() + off);
-    });
-  };
-  update();
-  const double t_upd = Best(iters, update);
-  const double rate = static_cast<double>(n) / t_upd;
-  // Memory bandwidth, the better of two streams at the same thread count: memcpy of 4
-  // arrays' worth (read + write counted) and a STREAM-like triad a = b + s*c over the
-  // AdamW arrays (8 B read + 4 B written per element).
-  double bw = 0;
-  {
-    std::vector<char> src(n * 16, 1), dst(n * 16, 0);
-    ParallelCopy(dst.data(), src.data(), src.size());
-    const double t_cpy = Best(iters, [&] { ParallelCopy(dst.data(), src.data(), src.size()); });
-    bw = 2.0 * static_cast<double>(src.size()) / t_cpy;
-  }
-  auto triad = [&] {
-    tbb::parallel_for(size_t{0}, (n + chunk - 1) / chunk, [&](size_t c) {
-      const size_t off = c * chunk, end = std::min(n, off + chunk);
-      float* a = m.data();
-      const float* b = v.data();
-      const float* cc = g.data();
-      for (size_t i = off; i < end; ++i) a[i] = b[i] + 0.5f * cc[i];
-    });
-  };
-  triad();
-  const double t_triad = Best(iters, triad);
-  const double bw_triad = 12.0 * static_cast<double>(n) / t_triad;
-  std::printf("bandwidth: memcpy %.2f GB/s, triad %.2f GB/s (read+write bytes)\n", bw / 1e9, bw_triad / 1e9);
-  bw = std::max(bw, bw_triad);
-  // Per parameter: read p, m, v, g (16 B), write p, m, v (12 B) and the bf16 copy (2 B).
-  const double bytes_per_param = 30;
-  const double bound = bw / bytes_per_param;
-  std::printf("adamw: %zu params, %d threads, %s: %.3g params/s (%.2f GB/s effective)\n", n, threads,
-              eps::SimdLevelName(eps::DetectSimdLevel()), rate, rate * bytes_per_param / 1e9);
-  std::printf("adamw: bandwidth %.2f GB/s -> bound %.3g params/s at %.0f B/param\n",
-              bw / 1e9, bound, bytes_per_param);
-  std::printf("RATIO adamw / memory-bandwidth bound = %.2f\n", rate / bound);
+void BenchAdamW(size_t n, int threads, int iters, bool torch, bool publish) {
+  bench::AdamWBenchOptions o;
+  o.params = n;
+  o.threads = threads;
+  o.iters = iters;
+  o.publish_bf16 = publish;
+  bench::RunAdamWBench(o);
   if (torch) {
     const double tr = TorchAdamW(n, threads, iters);
-    if (tr > 0) {
-      std::printf("adamw: torch.optim.AdamW(foreach=True) %.3g params/s at %d threads\n", tr, threads);
-      std::printf("RATIO adamw / torch AdamW = %.2f\n", rate / tr);
-    }
+    if (tr > 0) std::printf("adamw: torch.optim.AdamW(foreach=True, /usr/bin/python3) %.3g params/s (best)\n", tr);
   }
 }
 
@@ -406,15 +346,19 @@ int main(int argc, char** argv) {
   int iters = 5;
   bool no_torch = false;
   bool transport_only = false;
+  bool adamw_only = false;
+  bool no_publish = false;
   app.add_option("--threads", threads, "threads for AdamW, memcpy and torch");
   app.add_option("--params", params, "parameters in the AdamW benchmark");
-  app.add_option("--iters", iters, "timed repetitions (best is reported)");
+  app.add_option("--iters", iters, "timed repetitions (AdamW: median and best; transports: best)");
   app.add_flag("--no-torch", no_torch, "skip the torch.optim.AdamW comparison");
   app.add_flag("--transport-only", transport_only, "only the layer-fetch benchmarks (shm, gRPC, TCP)");
+  app.add_flag("--adamw-only", adamw_only, "only the AdamW benchmark");
+  app.add_flag("--no-publish", no_publish, "AdamW without the bf16 published copy");
   CLI11_PARSE(app, argc, argv);
   l2l::InitLogging("warn", "", "bench").IgnoreError();
   tbb::global_control gc(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(threads));
-  if (!transport_only) BenchAdamW(params, threads, iters, !no_torch);
-  BenchTransport(iters);
+  if (!transport_only) BenchAdamW(params, threads, iters, !no_torch, !no_publish);
+  if (!adamw_only) BenchTransport(iters);
   return 0;
 }

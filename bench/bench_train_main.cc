@@ -5,8 +5,10 @@
 //   l2l-bench-train --config configs/quickstart.yaml [--B 8] [--T 128] [--iters 10]
 //                   [--warmup 2] [--threads 2]
 //
-// Prints one line "l2l-bench-train: ... tok/s X" (X = B*T*iters / seconds of
-// ComputeGradients calls, each one micro-batch).
+// Prints one line "l2l-bench-train: ... median tok/s M, best tok/s B, tok/s X" (X =
+// B*T*iters / seconds of ComputeGradients calls, each one micro-batch; M and B from the
+// per-iteration times). OMP_WAIT_POLICY defaults to PASSIVE, as l2l-train-ref sets it.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -39,12 +41,21 @@ l2l::Status Run(const std::string& config, int64_t B, int64_t T, int iters, int 
     mb.targets.push_back(static_cast<int32_t>((x >> 20) % static_cast<uint64_t>(cfg.model.vocab_size)));
   }
   for (int i = 0; i < warmup; ++i) L2L_RETURN_IF_ERROR(t->ComputeGradients({mb}).status());
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < iters; ++i) L2L_RETURN_IF_ERROR(t->ComputeGradients({mb}).status());
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("l2l-bench-train: %lld params, B=%lld T=%lld, %d iters, backend %s: %.1f ms/iter, tok/s %.0f\n",
+  std::vector<double> ts;
+  for (int i = 0; i < iters; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    L2L_RETURN_IF_ERROR(t->ComputeGradients({mb}).status());
+    ts.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  double s = 0;
+  for (double x : ts) s += x;
+  std::sort(ts.begin(), ts.end());
+  const double med = ts.size() % 2 ? ts[ts.size() / 2] : 0.5 * (ts[ts.size() / 2 - 1] + ts[ts.size() / 2]);
+  const double tok = static_cast<double>(B * T);
+  std::printf("l2l-bench-train: %lld params, B=%lld T=%lld, %d iters, backend %s: %.1f ms/iter, "
+              "median tok/s %.0f, best tok/s %.0f, tok/s %.0f\n",
               static_cast<long long>(cfg.model.NumParams()), static_cast<long long>(B), static_cast<long long>(T),
-              iters, t->backend()->name().c_str(), 1e3 * s / iters, static_cast<double>(B * T) * iters / s);
+              iters, t->backend()->name().c_str(), 1e3 * s / iters, tok / med, tok / ts.front(), tok * iters / s);
   return l2l::Status::Ok();
 }
 
@@ -62,6 +73,8 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup, "untimed iterations first")->capture_default_str();
   app.add_option("--threads", threads, "CPU threads (0: all cores)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  // oneDNN's OpenMP threads spin between GEMMs and starve TBB's unless told to sleep.
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
   const l2l::Status st = Run(config, B, T, iters, warmup, threads);
   if (!st.ok()) {
     std::fprintf(stderr, "l2l-bench-train: %s\n", st.ToString().c_str());

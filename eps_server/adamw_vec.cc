@@ -1,6 +1,7 @@
-// Vectorised AdamW (scalar / AVX2 / AVX-512 paths). See adamw_vec.h. Compiled with
-// -ffp-contract=off (eps_server/CMakeLists.txt): contracting mul+add into FMA would
-// change rounding and break bit-equality with common/adamw.h.
+// Vectorised AdamW (scalar / AVX2 / AVX-512 paths, exact and fast arithmetic). See
+// adamw_vec.h. Compiled with -ffp-contract=off (eps_server/CMakeLists.txt): contracting
+// mul+add into FMA would change rounding and break the exact paths' bit-equality with
+// common/adamw.h; the fast paths ask for their fused multiply-adds explicitly.
 #include "eps_server/adamw_vec.h"
 
 // GCC 12's avx512fintrin.h trips -Wmaybe-uninitialized on its own _mm512_undefined_*.
@@ -14,8 +15,9 @@ namespace l2l::eps {
 namespace {
 
 // The per-step scalars, formed exactly as common/adamw.cc AdamWStep forms them.
+// inv_bc2_sqrt is used by the fast arithmetic only (a multiply instead of a divide).
 struct Consts {
-  float decay_mul, one_minus_b1, beta2, one_minus_b2, bc2_sqrt, eps, neg_step_size, scale;
+  float decay_mul, one_minus_b1, beta2, one_minus_b2, bc2_sqrt, inv_bc2_sqrt, eps, neg_step_size, scale;
 };
 
 Consts MakeConsts(const AdamWArgs& a) {
@@ -25,6 +27,7 @@ Consts MakeConsts(const AdamWArgs& a) {
   const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.t));
   const float step_size = static_cast<float>(static_cast<double>(a.lr) / bc1);
   c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  c.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
   c.one_minus_b1 = static_cast<float>(1.0 - static_cast<double>(a.beta1));
   c.one_minus_b2 = static_cast<float>(1.0 - static_cast<double>(a.beta2));
   c.beta2 = a.beta2;
@@ -34,8 +37,10 @@ Consts MakeConsts(const AdamWArgs& a) {
   return c;
 }
 
-// One element; the tail of the vector paths and the whole scalar path.
+// One element; the tail of the vector paths and the whole scalar path. kFast: the
+// arithmetic of AdamWUpdateFast (fused multiply-adds, a multiply by 1/sqrt(1-b2^t)).
 // Returns whether every scaled gradient element was finite.
+template <bool kFast>
 inline bool ScalarRange(const Consts& c, float* param, float* m, float* v, const float* const* grads,
                         int ng, size_t begin, size_t end, DType od, void* out) {
   bool finite = true;
@@ -44,11 +49,19 @@ inline bool ScalarRange(const Consts& c, float* param, float* m, float* v, const
     for (int w = 1; w < ng; ++w) gs = gs + grads[w][i];
     const float g = gs * c.scale;
     finite = finite && std::isfinite(g);
-    float p = param[i] * c.decay_mul;
-    const float mi = m[i] + c.one_minus_b1 * (g - m[i]);
-    const float vi = v[i] * c.beta2 + c.one_minus_b2 * g * g;
-    const float denom = std::sqrt(vi) / c.bc2_sqrt + c.eps;
-    p = p + c.neg_step_size * mi / denom;
+    float mi, vi, p;
+    if constexpr (kFast) {
+      mi = std::fma(c.one_minus_b1, g - m[i], m[i]);
+      vi = std::fma(v[i], c.beta2, c.one_minus_b2 * g * g);
+      const float denom = std::fma(std::sqrt(vi), c.inv_bc2_sqrt, c.eps);
+      p = std::fma(param[i], c.decay_mul, c.neg_step_size * mi / denom);
+    } else {
+      p = param[i] * c.decay_mul;
+      mi = m[i] + c.one_minus_b1 * (g - m[i]);
+      vi = v[i] * c.beta2 + c.one_minus_b2 * g * g;
+      const float denom = std::sqrt(vi) / c.bc2_sqrt + c.eps;
+      p = p + c.neg_step_size * mi / denom;
+    }
     m[i] = mi;
     v[i] = vi;
     param[i] = p;
@@ -63,12 +76,14 @@ inline bool ScalarRange(const Consts& c, float* param, float* m, float* v, const
   return finite;
 }
 
-__attribute__((target("avx2"))) bool Avx2Range(const Consts& c, float* param, float* m, float* v,
+template <bool kFast>
+__attribute__((target("avx2,fma"))) bool Avx2Range(const Consts& c, float* param, float* m, float* v,
                                                const float* const* grads, int ng, size_t n,
                                                DType od, void* out) {
   const __m256 decay_mul = _mm256_set1_ps(c.decay_mul), omb1 = _mm256_set1_ps(c.one_minus_b1);
   const __m256 b2 = _mm256_set1_ps(c.beta2), omb2 = _mm256_set1_ps(c.one_minus_b2);
   const __m256 bc2s = _mm256_set1_ps(c.bc2_sqrt), eps = _mm256_set1_ps(c.eps);
+  const __m256 inv_bc2s = _mm256_set1_ps(c.inv_bc2_sqrt);
   const __m256 nss = _mm256_set1_ps(c.neg_step_size), scale = _mm256_set1_ps(c.scale);
   const __m256i round_bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
@@ -83,11 +98,20 @@ __attribute__((target("avx2"))) bool Avx2Range(const Consts& c, float* param, fl
     const __m256 d = _mm256_sub_ps(g, g);
     nonfinite = _mm256_or_ps(nonfinite, _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
     const __m256 m0 = _mm256_loadu_ps(m + i), v0 = _mm256_loadu_ps(v + i);
-    __m256 p = _mm256_mul_ps(_mm256_loadu_ps(param + i), decay_mul);
-    const __m256 mi = _mm256_add_ps(m0, _mm256_mul_ps(omb1, _mm256_sub_ps(g, m0)));
-    const __m256 vi = _mm256_add_ps(_mm256_mul_ps(v0, b2), _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
-    const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2s), eps);
-    p = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(nss, mi), denom));
+    __m256 p, mi, vi;
+    if constexpr (kFast) {
+      mi = _mm256_fmadd_ps(omb1, _mm256_sub_ps(g, m0), m0);
+      vi = _mm256_fmadd_ps(v0, b2, _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
+      const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vi), inv_bc2s, eps);
+      p = _mm256_fmadd_ps(_mm256_loadu_ps(param + i), decay_mul,
+                          _mm256_div_ps(_mm256_mul_ps(nss, mi), denom));
+    } else {
+      p = _mm256_mul_ps(_mm256_loadu_ps(param + i), decay_mul);
+      mi = _mm256_add_ps(m0, _mm256_mul_ps(omb1, _mm256_sub_ps(g, m0)));
+      vi = _mm256_add_ps(_mm256_mul_ps(v0, b2), _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
+      const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2s), eps);
+      p = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(nss, mi), denom));
+    }
     _mm256_storeu_ps(m + i, mi);
     _mm256_storeu_ps(v + i, vi);
     _mm256_storeu_ps(param + i, p);
@@ -108,16 +132,18 @@ __attribute__((target("avx2"))) bool Avx2Range(const Consts& c, float* param, fl
       _mm256_storeu_ps(static_cast<float*>(out) + i, p);
     }
   }
-  const bool tail = ScalarRange(c, param, m, v, grads, ng, i, n, od, out);
+  const bool tail = ScalarRange<kFast>(c, param, m, v, grads, ng, i, n, od, out);
   return tail && _mm256_movemask_ps(nonfinite) == 0;
 }
 
+template <bool kFast>
 __attribute__((target("avx512f"))) bool Avx512Range(const Consts& c, float* param, float* m,
                                                    float* v, const float* const* grads, int ng,
                                                    size_t n, DType od, void* out) {
   const __m512 decay_mul = _mm512_set1_ps(c.decay_mul), omb1 = _mm512_set1_ps(c.one_minus_b1);
   const __m512 b2 = _mm512_set1_ps(c.beta2), omb2 = _mm512_set1_ps(c.one_minus_b2);
   const __m512 bc2s = _mm512_set1_ps(c.bc2_sqrt), eps = _mm512_set1_ps(c.eps);
+  const __m512 inv_bc2s = _mm512_set1_ps(c.inv_bc2_sqrt);
   const __m512 nss = _mm512_set1_ps(c.neg_step_size), scale = _mm512_set1_ps(c.scale);
   const __m512i round_bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
@@ -131,11 +157,20 @@ __attribute__((target("avx512f"))) bool Avx512Range(const Consts& c, float* para
     const __m512 d = _mm512_sub_ps(g, g);
     nonfinite = static_cast<__mmask16>(nonfinite | _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q));
     const __m512 m0 = _mm512_loadu_ps(m + i), v0 = _mm512_loadu_ps(v + i);
-    __m512 p = _mm512_mul_ps(_mm512_loadu_ps(param + i), decay_mul);
-    const __m512 mi = _mm512_add_ps(m0, _mm512_mul_ps(omb1, _mm512_sub_ps(g, m0)));
-    const __m512 vi = _mm512_add_ps(_mm512_mul_ps(v0, b2), _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
-    const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2s), eps);
-    p = _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(nss, mi), denom));
+    __m512 p, mi, vi;
+    if constexpr (kFast) {
+      mi = _mm512_fmadd_ps(omb1, _mm512_sub_ps(g, m0), m0);
+      vi = _mm512_fmadd_ps(v0, b2, _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
+      const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vi), inv_bc2s, eps);
+      p = _mm512_fmadd_ps(_mm512_loadu_ps(param + i), decay_mul,
+                          _mm512_div_ps(_mm512_mul_ps(nss, mi), denom));
+    } else {
+      p = _mm512_mul_ps(_mm512_loadu_ps(param + i), decay_mul);
+      mi = _mm512_add_ps(m0, _mm512_mul_ps(omb1, _mm512_sub_ps(g, m0)));
+      vi = _mm512_add_ps(_mm512_mul_ps(v0, b2), _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
+      const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2s), eps);
+      p = _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(nss, mi), denom));
+    }
     _mm512_storeu_ps(m + i, mi);
     _mm512_storeu_ps(v + i, vi);
     _mm512_storeu_ps(param + i, p);
@@ -154,7 +189,7 @@ __attribute__((target("avx512f"))) bool Avx512Range(const Consts& c, float* para
       _mm512_storeu_ps(static_cast<float*>(out) + i, p);
     }
   }
-  const bool tail = ScalarRange(c, param, m, v, grads, ng, i, n, od, out);
+  const bool tail = ScalarRange<kFast>(c, param, m, v, grads, ng, i, n, od, out);
   return tail && nonfinite == 0;
 }
 
@@ -173,25 +208,45 @@ SimdLevel DetectSimdLevel() {
   static const SimdLevel level = [] {
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) return SimdLevel::kAvx512;
-    if (__builtin_cpu_supports("avx2")) return SimdLevel::kAvx2;
+    // The AVX2 paths are compiled with FMA too (the fast arithmetic uses it).
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return SimdLevel::kAvx2;
     return SimdLevel::kScalar;
   }();
   return level;
 }
 
-bool AdamWUpdate(const AdamWArgs& a, float* param, float* m, float* v, const float* const* grads,
-                 int num_grads, size_t n, DType out_dtype, void* out, SimdLevel level) {
+SimdLevel ResolveSimdLevel(SimdLevel requested) {
+  const SimdLevel best = DetectSimdLevel();
+  return static_cast<int>(requested) > static_cast<int>(best) ? best : requested;
+}
+
+namespace {
+
+template <bool kFast>
+bool Dispatch(const AdamWArgs& a, float* param, float* m, float* v, const float* const* grads,
+              int num_grads, size_t n, DType out_dtype, void* out, SimdLevel level) {
   L2L_CHECK(num_grads >= 1) << "AdamWUpdate needs at least one gradient";
   L2L_CHECK(out == nullptr || out_dtype == DType::kF32 || out_dtype == DType::kBF16)
       << "published dtype " << DTypeName(out_dtype) << " not supported";
-  if (static_cast<int>(level) > static_cast<int>(DetectSimdLevel())) level = DetectSimdLevel();
   const Consts c = MakeConsts(a);
-  switch (level) {
-    case SimdLevel::kAvx512: return Avx512Range(c, param, m, v, grads, num_grads, n, out_dtype, out);
-    case SimdLevel::kAvx2: return Avx2Range(c, param, m, v, grads, num_grads, n, out_dtype, out);
-    case SimdLevel::kScalar: return ScalarRange(c, param, m, v, grads, num_grads, 0, n, out_dtype, out);
+  switch (ResolveSimdLevel(level)) {
+    case SimdLevel::kAvx512: return Avx512Range<kFast>(c, param, m, v, grads, num_grads, n, out_dtype, out);
+    case SimdLevel::kAvx2: return Avx2Range<kFast>(c, param, m, v, grads, num_grads, n, out_dtype, out);
+    case SimdLevel::kScalar: return ScalarRange<kFast>(c, param, m, v, grads, num_grads, 0, n, out_dtype, out);
   }
   return false;
+}
+
+}  // namespace
+
+bool AdamWUpdate(const AdamWArgs& a, float* param, float* m, float* v, const float* const* grads,
+                 int num_grads, size_t n, DType out_dtype, void* out, SimdLevel level) {
+  return Dispatch<false>(a, param, m, v, grads, num_grads, n, out_dtype, out, level);
+}
+
+bool AdamWUpdateFast(const AdamWArgs& a, float* param, float* m, float* v, const float* const* grads,
+                     int num_grads, size_t n, DType out_dtype, void* out, SimdLevel level) {
+  return Dispatch<true>(a, param, m, v, grads, num_grads, n, out_dtype, out, level);
 }
 
 double ReducedSumSquares(const float* const* grads, int num_grads, size_t n, float scale) {

@@ -9,6 +9,13 @@
 // -ffp-contract=off so no FMA is formed), so all code paths agree bit for bit; the
 // unit test checks exact equality on every path the CPU supports.
 //
+// AdamWUpdateFast: the same update with fewer, cheaper operations (fused multiply-adds,
+// a multiply by 1/sqrt(1-b2^t) instead of a divide: one sqrt and one divide per element,
+// as torch's fused CPU AdamW and DeepSpeedCPUAdam do). It differs from the exact update by
+// a few fp32 rounding steps per element (tested against a double-precision reference);
+// its paths agree with each other bit for bit (fma, sqrt and divide are correctly rounded
+// on every path, the scalar one included). The pipeline uses the exact update.
+//
 // Thread-safety: pure function over caller-owned buffers; callers split large arrays
 // across threads (different ranges never alias).
 #pragma once
@@ -22,7 +29,9 @@ namespace l2l::eps {
 
 enum class SimdLevel { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 const char* SimdLevelName(SimdLevel s);
-SimdLevel DetectSimdLevel();  // best level this CPU supports
+SimdLevel DetectSimdLevel();  // best level this CPU supports (AVX2 means AVX2 + FMA)
+// The path a request runs on: `requested`, or the best supported level below it.
+SimdLevel ResolveSimdLevel(SimdLevel requested);
 
 struct AdamWArgs {
   float lr = 0;             // learning rate of this step
@@ -43,6 +52,12 @@ struct AdamWArgs {
 bool AdamWUpdate(const AdamWArgs& a, float* param, float* m, float* v, const float* const* grads,
                  int num_grads, size_t n, DType out_dtype, void* out,
                  SimdLevel level = DetectSimdLevel());
+
+// As AdamWUpdate (the same finiteness result), with the fast arithmetic described at the
+// top of this file.
+bool AdamWUpdateFast(const AdamWArgs& a, float* param, float* m, float* v, const float* const* grads,
+                     int num_grads, size_t n, DType out_dtype, void* out,
+                     SimdLevel level = DetectSimdLevel());
 
 // sum_i ((sum_w grads[w][i]) * scale)^2 in double: the squared norm of the reduced
 // gradient (clipping).

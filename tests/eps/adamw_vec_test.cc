@@ -1,9 +1,14 @@
 // Vectorised AdamW (eps_server/adamw_vec.h) against the scalar reference
 // common/adamw.h AdamWStep: bit-identical on every code path this CPU supports, for
-// several sizes (tails), worker counts, weight decay and the bf16 copy.
+// several sizes (tails), unaligned starts, worker counts, weight decay and the bf16 copy.
+// The fast arithmetic (AdamWUpdateFast): every path equal to its scalar path, and within
+// a few fp32 roundings of the update computed in double precision. The dispatcher: the
+// level it detects is one the CPU has.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -74,6 +79,121 @@ TEST_CASE("AdamWUpdate equals the scalar AdamWStep bit for bit", "[eps][adamw]")
       CHECK(SameBits(vm, rm));
       CHECK(SameBits(vv, rv));
     }
+  }
+}
+
+TEST_CASE("AdamWUpdate is bit-identical to AdamWStep from unaligned starts", "[eps][adamw]") {
+  // Arrays starting 1..3 floats past a 64-byte boundary, so every vector load is
+  // unaligned and the tails have odd lengths.
+  const size_t offset = GENERATE(1, 2, 3);
+  const size_t n = GENERATE(33, 101, 1029);
+  for (int lvl = 0; lvl <= static_cast<int>(DetectSimdLevel()); ++lvl) {
+    const auto level = static_cast<SimdLevel>(lvl);
+    INFO("n=" << n << " offset=" << offset << " path=" << SimdLevelName(level));
+    auto g = Random(n + offset, 7, 0.3f), p = Random(n + offset, 8, 0.02f), m = Random(n + offset, 9, 0.01f);
+    auto v = Random(n + offset, 10, 0.01f);
+    for (auto& x : v) x = x * x;
+    auto rp = p, rm = m, rv = v;
+    AdamWStep(rp.data() + offset, g.data() + offset, rm.data() + offset, rv.data() + offset, n, 1e-3f, 0.9f,
+              0.95f, 1e-8f, 0.1f, 3, 0.5f);
+    AdamWArgs a;
+    a.lr = 1e-3f;
+    a.weight_decay = 0.1f;
+    a.t = 3;
+    a.grad_scale = 0.5f;
+    const float* gp = g.data() + offset;
+    std::vector<uint16_t> bf(n + offset);
+    AdamWUpdate(a, p.data() + offset, m.data() + offset, v.data() + offset, &gp, 1, n, DType::kBF16,
+                bf.data() + offset, level);
+    CHECK(SameBits(p, rp));
+    CHECK(SameBits(m, rm));
+    CHECK(SameBits(v, rv));
+  }
+}
+
+TEST_CASE("AdamWUpdateFast: every path equals the scalar one and the update within rounding",
+          "[eps][adamw]") {
+  const size_t n = GENERATE(1, 15, 17, 37, 1001);
+  const size_t offset = GENERATE(0, 3);
+  const int workers = GENERATE(1, 3);
+  const int64_t t = GENERATE(1, 7);
+  AdamWArgs a;
+  a.lr = 3e-3f;
+  a.weight_decay = 0.1f;
+  a.t = t;
+  a.grad_scale = 0.25f;
+  std::vector<std::vector<float>> grads;
+  for (int w = 0; w < workers; ++w) grads.push_back(Random(n + offset, 200 + w, 0.5f));
+  std::vector<const float*> gp;
+  for (auto& g : grads) gp.push_back(g.data() + offset);
+  const auto p0 = Random(n + offset, 11, 0.02f), m0 = Random(n + offset, 12, 0.01f);
+  auto v0 = Random(n + offset, 13, 0.03f);
+  for (auto& x : v0) x = x * x;
+
+  // Scalar fast path: the reference the vector paths must equal bit for bit.
+  auto sp = p0, sm = m0, sv = v0;
+  std::vector<uint16_t> sbf(n + offset);
+  AdamWUpdateFast(a, sp.data() + offset, sm.data() + offset, sv.data() + offset, gp.data(), workers, n,
+                  DType::kBF16, sbf.data() + offset, SimdLevel::kScalar);
+
+  // The update in double precision (torch.optim.AdamW's formula, no intermediate rounding
+  // beyond the fp32 inputs); the fast update must be within a few fp32 ulps of each term.
+  const double b1 = 0.9, b2 = 0.95, eps = 1e-8, lr = a.lr, wd = a.weight_decay;
+  const double bc1 = 1 - std::pow(b1, static_cast<double>(t)), bc2 = 1 - std::pow(b2, static_cast<double>(t));
+  const double ulp = std::numeric_limits<float>::epsilon();
+  for (size_t i = offset; i < n + offset; ++i) {
+    INFO("i=" << i << " n=" << n << " workers=" << workers << " t=" << t);
+    float gs = grads[0][i];
+    for (int w = 1; w < workers; ++w) gs = gs + grads[w][i];
+    const double g = static_cast<double>(gs) * a.grad_scale;
+    const double m = b1 * m0[i] + (1 - b1) * g;
+    const double v = b2 * v0[i] + (1 - b2) * g * g;
+    const double step = lr / bc1 * m / (std::sqrt(v) / std::sqrt(bc2) + eps);
+    const double p = p0[i] * (1 - lr * wd) - step;
+    // Error bounds: a few roundings of each operand, propagated through the step
+    // (m / denom amplifies an absolute error of m, and a relative error of v halves
+    // through the square root).
+    const double em = 4 * ulp * (std::abs(m0[i]) + std::abs(g));
+    const double ev = 4 * ulp * (v0[i] + g * g);
+    const double d = std::sqrt(v) / std::sqrt(bc2) + eps;
+    const double ed = (v > 0 ? ev / (2 * v) : 0) * std::sqrt(v) / std::sqrt(bc2) + 4 * ulp * d;
+    const double estep = lr / bc1 * (em / d + std::abs(m) * ed / (d * d)) + 4 * ulp * std::abs(step);
+    CHECK(std::abs(sm[i] - m) <= em);
+    CHECK(std::abs(sv[i] - v) <= ev);
+    CHECK(std::abs(sp[i] - p) <= 4 * ulp * std::abs(p0[i]) + estep);
+  }
+
+  for (int lvl = 1; lvl <= static_cast<int>(DetectSimdLevel()); ++lvl) {
+    const auto level = static_cast<SimdLevel>(lvl);
+    INFO("n=" << n << " offset=" << offset << " workers=" << workers << " path=" << SimdLevelName(level));
+    auto vp = p0, vm = m0, vv = v0;
+    std::vector<uint16_t> vbf(n + offset);
+    AdamWUpdateFast(a, vp.data() + offset, vm.data() + offset, vv.data() + offset, gp.data(), workers, n,
+                    DType::kBF16, vbf.data() + offset, level);
+    CHECK(SameBits(vp, sp));
+    CHECK(SameBits(vm, sm));
+    CHECK(SameBits(vv, sv));
+    CHECK(vbf == sbf);
+  }
+}
+
+TEST_CASE("The AdamW dispatcher picks a path this CPU supports", "[eps][adamw]") {
+  __builtin_cpu_init();
+  const SimdLevel best = DetectSimdLevel();
+  INFO("detected " << SimdLevelName(best));
+  if (best == SimdLevel::kAvx512) CHECK(__builtin_cpu_supports("avx512f"));
+  if (best == SimdLevel::kAvx2) {
+    CHECK(__builtin_cpu_supports("avx2"));
+    CHECK(__builtin_cpu_supports("fma"));
+  }
+  // The best level is detected, not merely allowed: a CPU with AVX-512F gets that path.
+  if (__builtin_cpu_supports("avx512f")) CHECK(best == SimdLevel::kAvx512);
+  for (int lvl = 0; lvl <= static_cast<int>(SimdLevel::kAvx512); ++lvl) {
+    const auto req = static_cast<SimdLevel>(lvl);
+    const SimdLevel got = ResolveSimdLevel(req);
+    CHECK(static_cast<int>(got) <= static_cast<int>(best));
+    CHECK(static_cast<int>(got) <= lvl);
+    if (lvl <= static_cast<int>(best)) CHECK(got == req);
   }
 }
 

@@ -1,0 +1,118 @@
+"""PyTorch / DeepSpeed side of scripts/bench_peers.sh: the peers l2l is compared with.
+
+  peers_torch.py adamw N ITERS            torch AdamW (fused, foreach), DeepSpeedCPUAdam
+  peers_torch.py gpt V L C H T B ITERS    GPT forward+backward, torch eager and torch.compile
+
+Prints `RESULT name = value` lines (params/s or tokens/s: median and best of ITERS timed
+steps after warm-up). Threads: OMP_NUM_THREADS (torch.set_num_threads follows it).
+The GPT is l2l's: pre-LayerNorm blocks, causal attention, tanh GELU, tied embedding head,
+fp32. CPU only; bench only, never a test.
+"""
+import math
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+
+
+def timed(step, iters, warmup=2):
+    for _ in range(warmup):
+        step()
+    ts = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        step()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts), min(ts)
+
+
+def report(name, work, med, best):
+    print(f"RESULT {name}_median = {work / med:.6g}")
+    print(f"RESULT {name}_best = {work / best:.6g}", flush=True)
+
+
+def adamw(n, iters):
+    def make():
+        p = torch.nn.Parameter(torch.randn(n) * 0.02)
+        p.grad = torch.randn(n) * 0.01
+        return p
+    for name, kw in (("torch_adamw_fused", {"fused": True}), ("torch_adamw_foreach", {"foreach": True})):
+        p = make()
+        opt = torch.optim.AdamW([p], lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, **kw)
+        med, best = timed(opt.step, iters)
+        report(name, n, med, best)
+        del opt, p
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    p = make()
+    opt = DeepSpeedCPUAdam([p], lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                           adamw_mode=True, fp32_optimizer_states=True)
+    med, best = timed(opt.step, iters)
+    report("deepspeed_cpu_adam", n, med, best)
+
+
+class Block(nn.Module):
+    def __init__(s, C, H):
+        super().__init__()
+        s.C, s.H = C, H
+        s.ln1, s.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        s.attn, s.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        s.fc, s.fcp = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+
+    def forward(s, x):
+        B, T, C = x.shape
+        q, k, v = s.attn(s.ln1(x)).split(C, dim=2)
+        q, k, v = [t.view(B, T, s.H, C // s.H).transpose(1, 2) for t in (q, k, v)]
+        # The fused attention kernel a PyTorch user gets (causal, skips the masked half).
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + s.proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + s.fcp(F.gelu(s.fc(s.ln2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(s, V, L, C, H, T):
+        super().__init__()
+        s.V = V
+        s.wte, s.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+        s.blocks = nn.ModuleList(Block(C, H) for _ in range(L))
+        s.lnf = nn.LayerNorm(C)
+
+    def forward(s, idx, tgt):
+        x = s.wte(idx) + s.wpe(torch.arange(idx.shape[1]))
+        for b in s.blocks:
+            x = b(x)
+        logits = s.lnf(x) @ s.wte.weight.t()
+        return F.cross_entropy(logits.view(-1, s.V), tgt.view(-1))
+
+
+def gpt(V, L, C, H, T, B, iters):
+    torch.manual_seed(0)
+    model = GPT(V, L, C, H, T)
+    idx = torch.randint(0, V, (B, T))
+    tgt = torch.randint(0, V, (B, T))
+    for name, m in (("torch_eager", model), ("torch_compile", torch.compile(model))):
+        def step():
+            for p in model.parameters():
+                p.grad = None
+            m(idx, tgt).backward()
+        med, best = timed(step, iters, warmup=3)
+        report(name, B * T, med, best)
+
+
+if __name__ == "__main__":
+    print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"mkldnn {torch.backends.mkldnn.is_available()}, capability {torch.backends.cpu.get_cpu_capability()}",
+          flush=True)
+    a = sys.argv[1:]
+    if a[0] == "adamw":
+        adamw(int(a[1]), int(a[2]))
+    elif a[0] == "gpt":
+        gpt(*(int(x) for x in a[1:8]))
+    else:
+        sys.exit(f"peers_torch.py: unknown benchmark {a[0]!r} (adamw or gpt)")

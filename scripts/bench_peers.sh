@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Honest CPU peers, one command: l2l against the PyTorch (2.x, from PyPI: MKL + oneDNN
+# inside) and DeepSpeed a user installs, measured in one run on the same threads. Bench
+# only, never CI: prints measurements and ratios, never fails on speed.
+#
+#   1. AdamW, fp32 params/grads/moments, N params, no published copy: l2l-eps's update
+#      (l2l-bench-eps: exact arithmetic as the pipeline runs it, and the fast arithmetic)
+#      vs torch.optim.AdamW(fused=True), (foreach=True) and DeepSpeedCPUAdam; and l2l's
+#      fraction of the memory bound measured with the update's own traffic.
+#   2. The worker's compute step (l2l-bench-train: the reference trainer's forward +
+#      backward of one micro-batch, the worker's kernels without the relay) vs torch eager
+#      and torch.compile, on GPT-2-like shapes:
+#        S1: V=50257 L=4 C=384 H=6 T=256 B=4 (the LM head dominates)
+#        S2: V=256   L=6 C=384 H=6 T=256 B=8 (the blocks dominate)
+#
+# Every comparison prints `ratio NAME = X` (X > 1: l2l is faster), from medians.
+# Environment: L2L_BUILD_DIR (default build; needs bin/l2l-bench-eps and
+# bin/l2l-bench-train), THREADS (2), ITERS (AdamW steps, 10), GPT_ITERS (7),
+# ADAMW_PARAMS (33554432), SHAPES ("S1 S2"; empty: none), ADAMW (1; 0 skips AdamW). The venv: scripts/bench_peers_venv.sh
+# (~/.cache/l2l/peers-venv, built on first use: a ~5 GB download).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR="${L2L_BUILD_DIR:-build}"
+THREADS="${THREADS:-2}" ITERS="${ITERS:-10}" GPT_ITERS="${GPT_ITERS:-7}"
+ADAMW_PARAMS="${ADAMW_PARAMS:-33554432}" SHAPES="${SHAPES-S1 S2}" ADAMW="${ADAMW:-1}"
+for b in l2l-bench-eps l2l-bench-train; do
+  [[ -x "$BUILD_DIR/bin/$b" ]] || { echo "bench_peers.sh: $BUILD_DIR/bin/$b missing: build it first (cmake --build $BUILD_DIR --target $b)" >&2; exit 1; }
+done
+PY=$(bash scripts/bench_peers_venv.sh)
+# Both sides: the same thread count, OpenMP threads that sleep when idle (l2l's binaries
+# default to it; torch gets it explicitly), DeepSpeed's CPU op builder.
+export OMP_NUM_THREADS="$THREADS" OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}" DS_ACCELERATOR=cpu
+export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$(dirname "$PY")/../inductor-cache}"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores), $THREADS threads, load: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "command: THREADS=$THREADS ITERS=$ITERS GPT_ITERS=$GPT_ITERS ADAMW_PARAMS=$ADAMW_PARAMS SHAPES=\"$SHAPES\" bash scripts/bench_peers.sh"
+
+# RESULT lines -> value of one name.
+val() { sed -n "s/^RESULT $2 = //p" "$1" | tail -1; }
+ratio() {  # ratio NAME OURS THEIRS
+  if [[ -n "$2" && -n "$3" ]]; then
+    awk -v n="$1" -v a="$2" -v b="$3" 'BEGIN { printf "ratio %s = %.2f\n", n, a / b }'
+  else
+    echo "ratio $1 = n/a (a side failed; see above)"
+  fi
+}
+
+if [[ "$ADAMW" == 1 ]]; then
+echo "---- AdamW: $ADAMW_PARAMS fp32 params ----"
+"$BUILD_DIR/bin/l2l-bench-eps" --threads "$THREADS" --iters "$ITERS" --params "$ADAMW_PARAMS" \
+  --adamw-only --no-torch --no-publish | tee "$TMP/l2l-adamw"
+"$PY" bench/peers_torch.py adamw "$ADAMW_PARAMS" "$ITERS" 2>"$TMP/py-adamw.err" | tee "$TMP/py-adamw" \
+  || { echo "torch/DeepSpeed AdamW failed:"; tail -20 "$TMP/py-adamw.err"; }
+for arith in exact fast; do
+  ours=$(val "$TMP/l2l-adamw" "adamw_${arith}_median_params_per_s")
+  ratio "adamw_${arith}/torch_fused" "$ours" "$(val "$TMP/py-adamw" torch_adamw_fused_median)"
+  ratio "adamw_${arith}/torch_foreach" "$ours" "$(val "$TMP/py-adamw" torch_adamw_foreach_median)"
+  ratio "adamw_${arith}/deepspeed_cpu_adam" "$ours" "$(val "$TMP/py-adamw" deepspeed_cpu_adam_median)"
+  bound=$(val "$TMP/l2l-adamw" adamw_bound_params_per_s)
+  if [[ -n "$ours" && -n "$bound" ]]; then
+    awk -v n="adamw_${arith}" -v a="$ours" -v b="$bound" \
+      'BEGIN { printf "fraction %s of the measured memory bound = %.2f\n", n, a / b }'
+  fi
+done
+fi
+
+for shape in $SHAPES; do
+  case "$shape" in
+    S1) V=50257 L=4 C=384 H=6 T=256 B=4 ;;
+    S2) V=256 L=6 C=384 H=6 T=256 B=8 ;;
+    *) echo "bench_peers.sh: unknown shape $shape (S1 or S2)" >&2; exit 1 ;;
+  esac
+  echo "---- worker step, $shape: V=$V L=$L C=$C H=$H T=$T B=$B ----"
+  cat > "$TMP/$shape.yaml" <<YAML
+model:
+  vocab_size: $V
+  seq_len: $T
+  d_model: $C
+  n_layer: $L
+  n_head: $H
+  d_ff: $((4 * C))
+  tied_embeddings: true
+YAML
+  "$BUILD_DIR/bin/l2l-bench-train" --config "$TMP/$shape.yaml" --B "$B" --T "$T" --iters "$GPT_ITERS" \
+    --warmup 2 --threads "$THREADS" | tee "$TMP/l2l-$shape"
+  ours=$(sed -n 's/.*median tok\/s \([0-9.]*\).*/\1/p' "$TMP/l2l-$shape")
+  "$PY" bench/peers_torch.py gpt "$V" "$L" "$C" "$H" "$T" "$B" "$GPT_ITERS" 2>"$TMP/py-$shape.err" \
+    | tee "$TMP/py-$shape" || { echo "torch GPT $shape failed:"; tail -20 "$TMP/py-$shape.err"; }
+  ratio "worker_$shape/torch_eager" "$ours" "$(val "$TMP/py-$shape" torch_eager_median)"
+  ratio "worker_$shape/torch_compile" "$ours" "$(val "$TMP/py-$shape" torch_compile_median)"
+done
