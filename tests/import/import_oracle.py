@@ -342,7 +342,9 @@ def synthetic(bin_dir, work):
         d = os.path.join(work, arch + "-bf16")
         mb = tiny(arch).to(torch.bfloat16)
         mb.save_pretrained(d, safe_serialization=True)
-        want_bf16 = hf_loss(mb.float(), toks)
+        # A fresh fp32 model of the stored bf16 weights (mb.float() would keep the rotary
+        # inv_freq buffer rounded to bf16).
+        want_bf16 = hf_loss(transformers.AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32), toks)
         check_close(f"{arch} HF dir bf16", l2l_first_loss(bin_dir, work, arch + "-bf16", d), want_bf16, 1e-5)
         for q in ["f32", "q8_0"]:
             p = os.path.join(work, f"{arch}-{q}.gguf")
