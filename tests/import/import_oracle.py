@@ -56,7 +56,8 @@ def hf_loss(model, toks):
 class Run:
     """One l2l-eps (--job) + one l2l-worker; returns step losses; can export."""
 
-    def __init__(self, bin_dir, work, name, model_from, steps=1, lr=1e-3, extra_model=""):
+    def __init__(self, bin_dir, work, name, model_from, steps=1, lr=1e-3, extra_model="", eps_args=()):
+        self.eps_args = list(eps_args)
         self.bin, self.state = bin_dir, os.path.join(work, "state-" + name)
         shutil.rmtree(self.state, ignore_errors=True)
         os.makedirs(self.state)
@@ -72,7 +73,8 @@ class Run:
     def start(self):
         self.eps_log = open(os.path.join(self.state, "..", self.name + ".eps.log"), "w")
         self.eps = subprocess.Popen([os.path.join(self.bin, "l2l-eps"), "--job", self.job, "--state-dir", self.state,
-                                     "--job-id", "imp-" + self.name + str(os.getpid()), "--workers", "1"],
+                                     "--job-id", "imp-" + self.name + str(os.getpid()), "--workers", "1"] +
+                                    self.eps_args,
                                     stdout=self.eps_log, stderr=subprocess.STDOUT)
         port = os.path.join(self.state, "eps.port")
         for _ in range(600):
@@ -357,6 +359,22 @@ def synthetic(bin_dir, work):
             check_close(f"{arch} GGUF {q}", l2l_first_loss(bin_dir, work, f"{arch}-gguf-{q}", p), want_q, 1e-5)
             if q == "q8_0":
                 print(f"   (Q8_0 moves the loss by {abs(want_q - want) / want:.1e} relative to the f32 weights)")
+
+    # Streaming into the SSD tier: a host budget that holds no state page in RAM.
+    sp = os.path.join(work, "spill")
+    os.makedirs(sp, exist_ok=True)
+    with open(os.path.join(work, "eps-spill.yaml"), "w") as f:
+        f.write(f"memory: {{host_bytes: 450000, page_bytes: 4096}}\nspill: {{dir: {json.dumps(sp)}, block_bytes: 4096}}\n")
+    r = Run(bin_dir, work, "spill", os.path.join(work, "llama-f32"),
+            eps_args=["--config", os.path.join(work, "eps-spill.yaml")])
+    r.start()
+    mem = {m["tier"]: m["used_bytes"] for m in json.loads(r.ctl("status", "--json"))["memory"]}
+    if not mem.get("ssd", 0) > 0 or mem.get("ram", 0) != 0:
+        fail(f"spill: the imported state is not on the SSD tier: {mem}")
+    loss = r.train()[1]
+    r.stop()
+    check_close(f"llama HF dir imported into the SSD tier ({mem['ssd']} bytes on SSD)", loss,
+                hf_loss(tiny("llama"), toks), 1e-5)
 
     # (c) export after training steps, from a copy of the HF dir with a tokenizer (the
     # copy is deleted before --resume: resuming must not read the imported file again)
