@@ -128,7 +128,9 @@ Status ReadModelFields(YamlMap* m, ModelSpec* spec) {
 }
 
 // Reads `model:` of `root` into *spec (a preset first, then the keys beside it) and
-// validates the result, reporting failures at the section's line.
+// validates the result, reporting failures at the section's line. With `from: PATH` (job
+// files only) it records the path and the keys set beside it in *import and leaves the
+// validation to ResolveModelFrom (common/pretrained/pretrained.h).
 Status ReadModel(YamlMap* root, const std::string& base_dir, bool allow_preset, ModelSpec* spec,
                  JobConfig* import = nullptr) {
   if (!root->Has("model")) {

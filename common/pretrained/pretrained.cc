@@ -155,9 +155,10 @@ Result<std::unique_ptr<Pretrained>> Pretrained::Open(const std::string& path) {
       }
       continue;
     }
-    return InvalidArgument(r.FileOf(t.name) + ": tensor '" + t.name + "' (shape " + std::to_string(t.shape.size()) +
-                           "-D, " + t.dtype + ") is not a parameter of the " + ToString(p->spec_.family) +
-                           " model its config describes");
+    std::string shape;
+    for (int64_t d : t.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+    return InvalidArgument(r.FileOf(t.name) + ": tensor '" + t.name + "' (shape [" + shape + "], " + t.dtype +
+                           ") is not a parameter of the " + ToString(p->spec_.family) + " model its config describes");
   }
   return p;
 }

@@ -56,7 +56,8 @@ def hf_loss(model, toks):
 class Run:
     """One l2l-eps (--job) + one l2l-worker; returns step losses; can export."""
 
-    def __init__(self, bin_dir, work, name, model_from, steps=1, lr=1e-3, extra_model=""):
+    def __init__(self, bin_dir, work, name, model_from, steps=1, lr=1e-3, extra_model="", eps_args=()):
+        self.eps_args = list(eps_args)
         self.bin, self.state = bin_dir, os.path.join(work, "state-" + name)
         shutil.rmtree(self.state, ignore_errors=True)
         os.makedirs(self.state)
@@ -72,7 +73,8 @@ class Run:
     def start(self):
         self.eps_log = open(os.path.join(self.state, "..", self.name + ".eps.log"), "w")
         self.eps = subprocess.Popen([os.path.join(self.bin, "l2l-eps"), "--job", self.job, "--state-dir", self.state,
-                                     "--job-id", "imp-" + self.name + str(os.getpid()), "--workers", "1"],
+                                     "--job-id", "imp-" + self.name + str(os.getpid()), "--workers", "1"] +
+                                    self.eps_args,
                                     stdout=self.eps_log, stderr=subprocess.STDOUT)
         port = os.path.join(self.state, "eps.port")
         for _ in range(600):
@@ -230,8 +232,12 @@ def hf_with(model, sd):
 def load_exported_gguf(path):
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     cfg = transformers.AutoConfig.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-    m = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
     tensors = load_gguf_checkpoint(path, return_tensors=True)["tensors"]
+    if "lm_head.weight" not in tensors:
+        # No output.weight: llama.cpp reads the token embedding as the head (tied);
+        # transformers 4.46's GGUF config mapping does not set that itself.
+        cfg.tie_word_embeddings = True
+    m = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32)
     res = m.load_state_dict(tensors, strict=False)
     missing = [k for k in res.missing_keys if not (k == "lm_head.weight" and cfg.tie_word_embeddings)]
     if missing or res.unexpected_keys:
@@ -278,25 +284,25 @@ def malformed(bin_dir, work, good_dir, model):
         s["model.layers.1.mlp.up_proj.weight"] = torch.zeros(63, 32)
         st.save_file(s, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
     d = make("bad-shape", wrong_shape)
-    expect_refused(bin_dir, work, "wrong shape", d, ["model.safetensors", "model.layers.1.mlp.up_proj.weight"])
+    expect_refused(bin_dir, work, "wrong-shape", d, ["model.safetensors", "model.layers.1.mlp.up_proj.weight"])
     def missing(d):
         s = dict(sd)
         del s["model.layers.0.self_attn.k_proj.weight"]
         st.save_file(s, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
     d = make("bad-missing", missing)
-    expect_refused(bin_dir, work, "missing tensor", d, ["bad-missing", "model.layers.0.self_attn.k_proj.weight"])
+    expect_refused(bin_dir, work, "missing-tensor", d, ["bad-missing", "model.layers.0.self_attn.k_proj.weight"])
     def extra(d):
         s = dict(sd)
         s["model.layers.0.extra.weight"] = torch.zeros(4)
         st.save_file(s, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
     d = make("bad-extra", extra)
-    expect_refused(bin_dir, work, "extra tensor", d, ["model.safetensors", "model.layers.0.extra.weight"])
+    expect_refused(bin_dir, work, "extra-tensor", d, ["model.safetensors", "model.layers.0.extra.weight"])
     # GGUF: bad magic; a tensor of a type id ggml does not define
     good = os.path.join(work, "llama-f32.gguf")
     data = bytearray(open(good, "rb").read())
     p = os.path.join(work, "bad-magic.gguf")
     open(p, "wb").write(b"GGUX" + bytes(data[4:]))
-    expect_refused(bin_dir, work, "bad magic", p, ["bad-magic.gguf", "magic"])
+    expect_refused(bin_dir, work, "bad-magic", p, ["bad-magic.gguf", "magic"])
     r = gguf.GGUFReader(good)
     t = [x for x in r.tensors if x.name == "blk.0.ffn_up.weight"][0]
     # The tensor info: name, n_dims, ne[], type (u32), offset. Find the type field's bytes.
@@ -309,7 +315,7 @@ def malformed(bin_dir, work, good_dir, model):
     struct.pack_into("<I", bad, type_pos, 99)
     p = os.path.join(work, "bad-qtype.gguf")
     open(p, "wb").write(bytes(bad))
-    expect_refused(bin_dir, work, "unknown quant type", p, ["bad-qtype.gguf", "blk.0.ffn_up.weight"])
+    expect_refused(bin_dir, work, "unknown-qtype", p, ["bad-qtype.gguf", "blk.0.ffn_up.weight"])
     # YAML contradicting the file
     r2 = Run(bin_dir, work, "bad-yaml", good_dir, extra_model="  n_layer: 3\n")
     p = subprocess.run([os.path.join(bin_dir, "l2l-eps"), "--job", r2.job, "--state-dir", r2.state], capture_output=True,
@@ -342,7 +348,9 @@ def synthetic(bin_dir, work):
         d = os.path.join(work, arch + "-bf16")
         mb = tiny(arch).to(torch.bfloat16)
         mb.save_pretrained(d, safe_serialization=True)
-        want_bf16 = hf_loss(mb.float(), toks)
+        # A fresh fp32 model of the stored bf16 weights (mb.float() would keep the rotary
+        # inv_freq buffer rounded to bf16).
+        want_bf16 = hf_loss(transformers.AutoModelForCausalLM.from_pretrained(d, torch_dtype=torch.float32), toks)
         check_close(f"{arch} HF dir bf16", l2l_first_loss(bin_dir, work, arch + "-bf16", d), want_bf16, 1e-5)
         for q in ["f32", "q8_0"]:
             p = os.path.join(work, f"{arch}-{q}.gguf")
@@ -352,12 +360,37 @@ def synthetic(bin_dir, work):
             if q == "q8_0":
                 print(f"   (Q8_0 moves the loss by {abs(want_q - want) / want:.1e} relative to the f32 weights)")
 
-    # (c) export after training steps
-    src = os.path.join(work, "llama-f32")
+    # Streaming into the SSD tier: a host budget that holds no state page in RAM.
+    sp = os.path.join(work, "spill")
+    os.makedirs(sp, exist_ok=True)
+    with open(os.path.join(work, "eps-spill.yaml"), "w") as f:
+        f.write(f"memory: {{host_bytes: 450000, page_bytes: 4096}}\nspill: {{dir: {json.dumps(sp)}, block_bytes: 4096}}\n")
+    r = Run(bin_dir, work, "spill", os.path.join(work, "llama-f32"),
+            eps_args=["--config", os.path.join(work, "eps-spill.yaml")])
+    r.start()
+    mem = {m["tier"]: m["used_bytes"] for m in json.loads(r.ctl("status", "--json"))["memory"]}
+    if not mem.get("ssd", 0) > 0 or mem.get("ram", 0) != 0:
+        fail(f"spill: the imported state is not on the SSD tier: {mem}")
+    loss = r.train()[1]
+    r.stop()
+    check_close(f"llama HF dir imported into the SSD tier ({mem['ssd']} bytes on SSD)", loss,
+                hf_loss(tiny("llama"), toks), 1e-5)
+
+    # (c) export after training steps, from a copy of the HF dir with a tokenizer (the
+    # copy is deleted before --resume: resuming must not read the imported file again)
+    src = os.path.join(work, "llama-copy")
+    shutil.copytree(os.path.join(work, "llama-f32"), src)
+    from tokenizers import Tokenizer, models as tmodels, pre_tokenizers
+    vocab = {f"w{i}": i for i in range(96)}
+    tk = Tokenizer(tmodels.WordLevel(vocab, unk_token="w0"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="w0", bos_token="w1", eos_token="w2")
+    fast.save_pretrained(src)
     r = Run(bin_dir, work, "train-llama", src, steps=3, lr=1e-2)
     r.start()
     losses = r.train()
     print(f"   trained 3 steps: losses {[round(losses[s], 5) for s in sorted(losses)]}")
+    r.ctl("checkpoint")
     r.ctl("export", "--format", "hf", "exp-hf")
     r.ctl("export", "--format", "hf", "--dtype", "bf16", "exp-hf-bf16")
     r.ctl("export", "--format", "gguf", "exp.gguf")
@@ -372,7 +405,36 @@ def synthetic(bin_dir, work):
     for k in ["missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"]:
         if info[k]:
             fail(f"from_pretrained({exp}): {k} = {info[k]}")
+    text = "w5 w17 w2 w95 w1"
+    if transformers.AutoTokenizer.from_pretrained(exp)(text)["input_ids"] != fast(text)["input_ids"]:
+        fail(f"{exp}: the exported tokenizer encodes differently from the imported one")
+    print("ok: export hf: from_pretrained loads with no missing/unexpected keys; AutoTokenizer loads the copied tokenizer")
     want = hf_loss(hm, toks)
+    # --resume: the checkpoint, not the (now deleted) imported dir; exports the same weights.
+    shutil.rmtree(src)
+    state2 = os.path.join(work, "state-resume")
+    shutil.rmtree(state2, ignore_errors=True)
+    os.makedirs(state2)
+    log2 = open(os.path.join(work, "resume.eps.log"), "w")
+    eps2 = subprocess.Popen([os.path.join(bin_dir, "l2l-eps"), "--resume", os.path.join(r.state, "checkpoints"),
+                             "--state-dir", state2, "--job-id", "imp-resume" + str(os.getpid()), "--workers", "1"],
+                            stdout=log2, stderr=subprocess.STDOUT)
+    for _ in range(600):
+        if os.path.exists(os.path.join(state2, "eps.port")) or eps2.poll() is not None:
+            break
+        time.sleep(0.1)
+    if eps2.poll() is not None:
+        fail("--resume of an imported job failed: " + open(log2.name).read()[-2000:])
+    r.addr = "127.0.0.1:" + open(os.path.join(state2, "eps.port")).read().strip()
+    r.ctl("export", "--format", "hf", "exp-hf")
+    r.ctl("stop", "--skip-checkpoint")
+    eps2.wait(timeout=60)
+    import safetensors.torch as st
+    a = st.load_file(os.path.join(exp, "model.safetensors"))
+    b = st.load_file(os.path.join(state2, "exp-hf", "model.safetensors"))
+    if a.keys() != b.keys() or any(not torch.equal(a[k], b[k]) for k in a):
+        fail("--resume of an imported job: the exported weights differ from before the restart")
+    print("ok: --resume of an imported job restores the trained weights without the imported file")
     check_close("export hf f32 (re-imported by l2l)", l2l_first_loss(bin_dir, work, "reimp-hf", exp), want, 1e-5)
     hb = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(r.state, "exp-hf-bf16"),
                                                            torch_dtype=torch.float32)
@@ -414,9 +476,15 @@ def smollm2(bin_dir, work, path):
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
     global B, T
     B, T = 1, 48
-    rng = np.random.default_rng(9)
-    # Tokens of ordinary text ids (any ids below the vocabulary are valid input).
-    toks = [int(x) for x in rng.integers(0, 49152, size=B * T + 1)]
+    # English text through the model's own tokenizer (transformers' conversion of the GGUF
+    # vocabulary; both sides get the same ids, so its exact splitting does not matter).
+    tok = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    text = ("The quick brown fox jumps over the lazy dog. Language models predict the next word from the words "
+            "before it, and a model that has read a great deal of text assigns a high probability to sentences "
+            "that people actually write. Fine-tuning continues that training on new text.")
+    toks = tok(text)["input_ids"][:B * T + 1]
+    if len(toks) < B * T + 1:
+        fail(f"the text has only {len(toks)} tokens")
     write_tokens(os.path.join(work, "tokens.bin"), toks)
     m = load_exported_gguf(path)
     want = hf_loss(m, toks)
