@@ -19,6 +19,7 @@
 #include "eps_server/import.h"
 #include "proto/control.grpc.pb.h"
 #include "proto/data.grpc.pb.h"
+#include "tokenizer/load.h"
 
 namespace l2l::eps {
 namespace {
@@ -498,7 +499,13 @@ class ControlService final : public control::Control::Service {
             HfExportOptions o;
             o.dtype = d == "bf16" ? DType::kBF16 : DType::kF32;
             o.imported_from = job.imported_from;
-            return ExportHf(p, job.model, read, o);
+            L2L_ASSIGN_OR_RETURN(int64_t written, ExportHf(p, job.model, read, o));
+            if (!job.imported_from.empty() && tok::IsGgufFile(job.imported_from)) {
+              // A GGUF import carries its tokenizer in metadata: write it as HF files.
+              L2L_RETURN_IF_ERROR(tok::WriteHfTokenizerFromGguf(job.imported_from, p).WithContext(
+                  "the tokenizer of " + job.imported_from));
+            }
+            return written;
           }
           GgufExportOptions o;
           o.type = d == "q8_0" ? formats::GgmlType::kQ8_0 : d == "bf16" ? formats::GgmlType::kBF16 : formats::GgmlType::kF32;

@@ -1,8 +1,13 @@
 // Loading a model's tokenizer from whatever holds it. See tokenizer/load.h.
 #include "tokenizer/load.h"
 
+#include <filesystem>
 #include <fstream>
 #include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "common/file_util.h"
 
 namespace l2l::tok {
 
@@ -55,6 +60,29 @@ Result<Tokenizer> LoadTokenizer(const std::string& path) {
     return Tokenizer::FromGguf(v, path);
   }
   return Tokenizer::FromTokenizerJson(path);
+}
+
+Status WriteHfTokenizerFromGguf(const std::string& gguf_path, const std::string& dir) {
+  L2L_ASSIGN_OR_RETURN(formats::GgufReader gguf, formats::GgufReader::Open(gguf_path));
+  L2L_ASSIGN_OR_RETURN(GgufVocab v, GgufVocabFromReader(gguf));
+  L2L_ASSIGN_OR_RETURN(BpeSpec spec, Tokenizer::SpecFromGguf(v, gguf_path));
+  nlohmann::json config = {{"tokenizer_class", "PreTrainedTokenizerFast"}, {"clean_up_tokenization_spaces", false}};
+  auto token = [&](int64_t id) { return id >= 0 && id < static_cast<int64_t>(v.tokens.size()) ? v.tokens[id] : ""; };
+  if (!token(v.bos_id).empty()) config["bos_token"] = token(v.bos_id);
+  if (!token(v.eos_id).empty()) config["eos_token"] = token(v.eos_id);
+  if (gguf.Get("tokenizer.chat_template") != nullptr) {
+    L2L_ASSIGN_OR_RETURN(std::string tmpl, gguf.GetString("tokenizer.chat_template"));
+    config["chat_template"] = tmpl;
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return InvalidArgument(dir + ": cannot create: " + ec.message());
+  const std::string json_path = (std::filesystem::path(dir) / "tokenizer.json").string();
+  const std::string config_path = (std::filesystem::path(dir) / "tokenizer_config.json").string();
+  const std::string tokenizer_json = BpeSpecToTokenizerJson(spec);
+  L2L_RETURN_IF_ERROR(WriteFileAtomic(json_path, tokenizer_json.data(), tokenizer_json.size()));
+  const std::string config_json = config.dump(2) + "\n";
+  return WriteFileAtomic(config_path, config_json.data(), config_json.size());
 }
 
 }  // namespace l2l::tok

@@ -25,4 +25,10 @@ bool IsGgufFile(const std::string& path);
 // The tokenizer of `path` (model dir, tokenizer.json or .gguf).
 Result<Tokenizer> LoadTokenizer(const std::string& path);
 
+// Writes the tokenizer of a GGUF file as Hugging Face files into `dir`: tokenizer.json
+// (the same split rules, vocabulary, merges and added tokens; BpeSpecToTokenizerJson) and
+// tokenizer_config.json (bos/eos tokens, the GGUF's chat template when it has one), so a
+// Hugging Face export of a GGUF import loads with AutoTokenizer and l2l's own tools.
+Status WriteHfTokenizerFromGguf(const std::string& gguf_path, const std::string& dir);
+
 }  // namespace l2l::tok
