@@ -17,6 +17,7 @@
 #include "common/adamw.h"
 #include "common/dtype.h"
 #include "common/model_spec.h"
+#include "common/modes.h"
 #include "common/status.h"
 
 namespace l2l {
@@ -29,10 +30,10 @@ struct TrainingConfig {
   uint64_t seed = 1234;            // init and data order
   int64_t log_every = 1;           // steps between progress lines
   int64_t checkpoint_every = 0;    // steps between checkpoints; 0 = only on request/exit
-  std::string mode = "sync";       // "sync" or "lockfree"
+  TrainMode mode = TrainMode::kSync;  // "sync" or "lockfree"
   int64_t staleness = 1;           // lock-free bound s: a layer version >= t - s is used
-  std::string clip = "global";     // "none", "per_layer", "global"
-  std::string stash = "device";    // "device" or "host" (pinned host memory on a GPU)
+  ClipMode clip = ClipMode::kGlobal;  // "none", "per_layer", "global"
+  StashPlacement stash = StashPlacement::kDevice;  // "device" or "host" (pinned host memory on a GPU)
 };
 
 struct DataConfig {
@@ -49,7 +50,10 @@ struct JobConfig {
   DType publish_dtype = DType::kF32;  // dtype of the copy workers fetch: f32 | bf16
 
   int64_t seq_len() const { return train.seq_len > 0 ? train.seq_len : model.seq_len; }
-  Status Validate() const;  // cross-field checks (seq_len <= model.seq_len, ...)
+  // The one validation of a job: every field's range and the cross-field checks
+  // (seq_len <= model.seq_len, ...). Loading runs it; so do the EPS (CreateJob) and the
+  // relay, for configs built in code.
+  Status Validate() const;
 };
 
 // Loads a job config from YAML. Relative data paths are resolved against the file's
