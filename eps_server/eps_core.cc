@@ -208,10 +208,10 @@ void EpsCore::TakeOverDeadLocalWorkers() {
     std::lock_guard<std::mutex> lock(mu_);
     if (!has_job_ || static_cast<int32_t>(workers_.size()) < opts_.expected_workers) return;
     for (const auto& w : workers_) {
-      if (w->info.state == "lost" || w->info.state == "left") return;  // a free id exists
+      if (w->info.state == WorkerState::kLost || w->info.state == WorkerState::kLeft) return;  // a free id exists
     }
     for (const auto& w : workers_) {
-      if ((w->info.state == "active" || w->info.state == "rejoin") && ProcessGone(w->local_pid)) {
+      if ((w->info.state == WorkerState::kActive || w->info.state == WorkerState::kRejoin) && ProcessGone(w->local_pid)) {
         dead.push_back(w->info.id);
       }
     }
@@ -220,7 +220,7 @@ void EpsCore::TakeOverDeadLocalWorkers() {
     L2L_LOG_WARN("worker {}'s process (pid {}) on this host is gone: declared lost now, not after the heartbeat "
                  "timeout",
                  id, workers_[id]->local_pid);
-    HandleLoss(id, "lost");
+    HandleLoss(id, WorkerState::kLost);
   }
 }
 
@@ -592,7 +592,7 @@ CoreStatus EpsCore::GetStatus() const {
                        s.pipeline.last_skip_reason + "); fix the cause, then resume";
     } else {
       bool lost = false;
-      for (const auto& w : workers_) lost = lost || w->info.state == "lost" || w->info.state == "left";
+      for (const auto& w : workers_) lost = lost || w->info.state == WorkerState::kLost || w->info.state == WorkerState::kLeft;
       s.pause_reason = lost ? "paused: a lost worker must rejoin (or resume to go on without it)" : "paused";
     }
   } else if (s.step >= s.total_steps) {

@@ -304,7 +304,7 @@ TEST_CASE("Relay trains a Llama-family model exactly like the reference trainer"
   SECTION("untied embeddings, q/k/v biases, per-layer clipping") {
     job.model.tied_embeddings = false;
     job.model.qkv_bias = true;
-    job.train.clip = "per_layer";
+    job.train.clip = ClipMode::kPerLayer;
   }
   INFO(workers << " worker(s)");
   const int steps = 3;
