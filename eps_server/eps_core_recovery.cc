@@ -183,11 +183,12 @@ Result<int64_t> EpsCore::ExportWith(
   if (!has_job()) return FailedPrecondition("no job to export (CreateJob first)");
   L2L_ASSIGN_OR_RETURN(std::string path, ResolveUserPath(path_arg));
   std::lock_guard<std::mutex> rlock(recovery_mu_);
-  L2L_ASSIGN_OR_RETURN(int64_t step, HoldAtBoundary(std::chrono::minutes(10)));
+  L2L_ASSIGN_OR_RETURN(UpdatePipeline::FreezeGuard gate, HoldAtBoundary(std::chrono::minutes(10)));
+  const int64_t step = gate.frozen().step;
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path(), ec);
   Result<int64_t> r = write(path, step, [this](int64_t l, float* out) { return store_->ReadState(l, 0, out); });
-  pipeline_->Release();
+  gate.Reset();
   if (!r.ok()) return r.status().WithContext("export");
   L2L_LOG_INFO("exported step {} to {}", step, path);
   return r;
