@@ -6,6 +6,16 @@
 //   l2l-tokenize INPUT OUTPUT.bin [--tokenizer PATH] [--jsonl]
 //                [--val-fraction 0.1 --val-output VAL.bin]
 //
+// With a WordPiece (BERT) tokenizer.json, plain text is encoded line by line: every
+// non-blank line becomes [CLS] LINE [SEP] and the lines are concatenated (MLM input).
+//
+// --task classify (encoder models) reads JSONL {"text","label"} or
+// {"text_a","text_b","label"} lines with a WordPiece --tokenizer and writes fixed-length
+// rows of --max-len L tokens: OUTPUT (ids), OUTPUT.types, OUTPUT.attn and OUTPUT.labels
+// (tokenizer/classify.h, docs/formats.md); --val-fraction splits off the last rows.
+//
+//   l2l-tokenize DATA.jsonl OUTPUT.bin --task classify --tokenizer MODEL_DIR --max-len 128
+//
 // --jsonl reads {"prompt","completion"} / {"messages":[...]} lines (tokenizer/sft.h) and
 // writes the loss mask beside each tokens file (OUTPUT.bin.mask). Vocabularies above
 // 65,536 ids give version-2 (uint32) tokens files. Exit status 0 on success; 1 with a
@@ -22,15 +32,18 @@
 #include "common/file_util.h"
 #include "common/status.h"
 #include "common/tokens_file.h"
+#include "tokenizer/classify.h"
 #include "tokenizer/load.h"
 #include "tokenizer/sft.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/wordpiece.h"
 
 namespace {
 
 struct Options {
-  std::string input, output, val_output, tokenizer;
+  std::string input, output, val_output, tokenizer, task = "lm";
   double val_fraction = 0.0;
+  int64_t max_len = 0;
   bool jsonl = false;
 };
 
@@ -40,14 +53,80 @@ l2l::Result<std::optional<l2l::tok::Tokenizer>> LoadTokenizer(const std::string&
   return std::optional<l2l::tok::Tokenizer>(std::move(tok));
 }
 
+// Calls fn(line, "file:N") for every non-blank line of `text`.
+template <typename Fn>
+l2l::Status ForEachLine(const std::string& text, const std::string& file, Fn fn) {
+  size_t line_no = 0, begin = 0;
+  while (begin < text.size()) {
+    size_t end = text.find('\n', begin);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view line(text.data() + begin, end - begin);
+    ++line_no;
+    begin = end + 1;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos) continue;
+    L2L_RETURN_IF_ERROR(fn(line, file + ":" + std::to_string(line_no)));
+  }
+  return l2l::Status::Ok();
+}
+
+l2l::Status RunClassify(const Options& o) {
+  if (o.jsonl) return l2l::InvalidArgument("--task classify reads JSONL already; drop --jsonl");
+  if (o.tokenizer.empty()) return l2l::InvalidArgument("--task classify needs --tokenizer (a WordPiece tokenizer.json or its model directory)");
+  if (o.max_len < 3 || o.max_len > (int64_t{1} << 20)) {
+    return l2l::InvalidArgument("--task classify needs --max-len L in [3, 2^20] (got " + std::to_string(o.max_len) + ")");
+  }
+  L2L_ASSIGN_OR_RETURN(std::string type, l2l::tok::TokenizerJsonModelType(o.tokenizer));
+  if (type != "WordPiece") {
+    return l2l::InvalidArgument(o.tokenizer + ": model.type \"" + type + "\"; --task classify needs a WordPiece (BERT) tokenizer");
+  }
+  L2L_ASSIGN_OR_RETURN(l2l::tok::WordPieceTokenizer tok, l2l::tok::WordPieceTokenizer::FromTokenizerJson(o.tokenizer));
+  L2L_ASSIGN_OR_RETURN(std::string text, l2l::ReadFileToString(o.input));
+  l2l::tok::ClassifyRows rows;
+  rows.max_len = o.max_len;
+  L2L_RETURN_IF_ERROR(ForEachLine(text, o.input, [&](std::string_view line, const std::string& where) {
+    return l2l::tok::AppendClassifyLine(tok, line, where, &rows);
+  }));
+  if (rows.rows() == 0) return l2l::InvalidArgument(o.input + " has no examples: nothing to tokenize");
+  const int64_t n_val = static_cast<int64_t>(static_cast<double>(rows.rows()) * o.val_fraction);
+  if (o.val_fraction > 0.0 && (n_val == 0 || n_val == rows.rows())) {
+    return l2l::InvalidArgument(o.input + " (" + std::to_string(rows.rows()) + " examples) is too small to split off " +
+                                std::to_string(o.val_fraction) + " for validation");
+  }
+  const int64_t n_train = rows.rows() - n_val;
+  auto write = [&](const std::string& path, int64_t first, int64_t n) -> l2l::Status {
+    L2L_RETURN_IF_ERROR(l2l::tok::WriteClassifyFiles(path, rows, first, n, tok.vocab_size()));
+    std::printf("l2l-tokenize: wrote %lld rows of %lld tokens (%lld classes) to %s{,.types,.attn,.labels}\n",
+                static_cast<long long>(n), static_cast<long long>(rows.max_len),
+                static_cast<long long>(rows.num_classes), path.c_str());
+    return l2l::Status::Ok();
+  };
+  L2L_RETURN_IF_ERROR(write(o.output, 0, n_train));
+  if (n_val > 0) L2L_RETURN_IF_ERROR(write(o.val_output, n_train, n_val));
+  return l2l::Status::Ok();
+}
+
 l2l::Status Run(const Options& o) {
   if (!(o.val_fraction >= 0.0 && o.val_fraction < 1.0)) {
     return l2l::InvalidArgument("--val-fraction " + std::to_string(o.val_fraction) + " must be in [0, 1)");
   }
   if (o.val_fraction > 0.0 && o.val_output.empty()) return l2l::InvalidArgument("--val-fraction needs --val-output VAL.bin");
   if (o.val_fraction == 0.0 && !o.val_output.empty()) return l2l::InvalidArgument("--val-output needs --val-fraction > 0");
-  L2L_ASSIGN_OR_RETURN(std::optional<l2l::tok::Tokenizer> tok, LoadTokenizer(o.tokenizer));
-  const int64_t vocab = tok.has_value() ? tok->vocab_size() : l2l::kByteVocabSize;
+  if (o.task == "classify") return RunClassify(o);
+  if (o.task != "lm") return l2l::InvalidArgument("--task \"" + o.task + "\" is not lm or classify");
+  if (o.max_len != 0) return l2l::InvalidArgument("--max-len is for --task classify");
+  // A WordPiece (BERT) tokenizer.json gives a stream of [CLS] LINE [SEP] sequences.
+  std::optional<l2l::tok::WordPieceTokenizer> wp;
+  if (!o.tokenizer.empty() && !l2l::tok::IsGgufFile(o.tokenizer)) {
+    auto type = l2l::tok::TokenizerJsonModelType(o.tokenizer);
+    if (type.ok() && *type == "WordPiece") {
+      if (o.jsonl) return l2l::InvalidArgument("--jsonl (SFT) needs a BPE tokenizer; " + o.tokenizer + " is WordPiece");
+      L2L_ASSIGN_OR_RETURN(l2l::tok::WordPieceTokenizer w, l2l::tok::WordPieceTokenizer::FromTokenizerJson(o.tokenizer));
+      wp.emplace(std::move(w));
+    }
+  }
+  L2L_ASSIGN_OR_RETURN(std::optional<l2l::tok::Tokenizer> tok,
+                       wp.has_value() ? l2l::Result<std::optional<l2l::tok::Tokenizer>>(std::nullopt) : LoadTokenizer(o.tokenizer));
+  const int64_t vocab = wp.has_value() ? wp->vocab_size() : tok.has_value() ? tok->vocab_size() : l2l::kByteVocabSize;
   L2L_ASSIGN_OR_RETURN(std::string text, l2l::ReadFileToString(o.input));
   if (text.empty()) return l2l::InvalidArgument(o.input + " is empty: nothing to tokenize");
 
@@ -69,6 +148,14 @@ l2l::Status Run(const Options& o) {
       mask.insert(mask.end(), ex.mask.begin(), ex.mask.end());
     }
     if (tokens.empty()) return l2l::InvalidArgument(o.input + " has no examples: nothing to tokenize");
+  } else if (wp.has_value()) {
+    L2L_RETURN_IF_ERROR(ForEachLine(text, o.input, [&](std::string_view line, const std::string& where) -> l2l::Status {
+      auto e = wp->Encode(line, /*add_special=*/true);
+      if (!e.ok()) return e.status().WithContext(where);
+      tokens.insert(tokens.end(), e->ids.begin(), e->ids.end());
+      return l2l::Status::Ok();
+    }));
+    if (tokens.empty()) return l2l::InvalidArgument(o.input + " has no non-blank lines: nothing to tokenize");
   } else if (tok.has_value()) {
     L2L_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tok->Encode(text, /*add_special=*/true));
     tokens.assign(ids.begin(), ids.end());
@@ -109,7 +196,9 @@ int main(int argc, char** argv) {
   app.add_option("OUTPUT", o.output, "tokens file to write (training split)")->required();
   app.add_option("--tokenizer", o.tokenizer, "model directory with tokenizer.json, or a tokenizer.json file");
   app.add_flag("--jsonl", o.jsonl, "INPUT is JSONL of {prompt,completion} or {messages}; also write OUTPUT.mask");
-  app.add_option("--val-fraction", o.val_fraction, "fraction of the tokens (their tail) written to --val-output");
+  app.add_option("--task", o.task, "lm (default: a token stream) or classify (JSONL {text|text_a,text_b, label} -> fixed-length rows)");
+  app.add_option("--max-len", o.max_len, "--task classify: tokens per row ([CLS]/[SEP] included; padded with [PAD])");
+  app.add_option("--val-fraction", o.val_fraction, "fraction of the tokens (classify: of the rows), their tail, written to --val-output");
   app.add_option("--val-output", o.val_output, "tokens file for the validation split");
   CLI11_PARSE(app, argc, argv);
   const l2l::Status st = Run(o);

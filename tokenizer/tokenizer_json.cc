@@ -149,7 +149,8 @@ Result<BpeSpec> SpecFromJson(const json& root, const std::string& what) {
   const json& model = root.at("model");
   const std::string mtype = Str(model, "type");
   if (!mtype.empty() && mtype != "BPE") {
-    return Unimplemented(what + ": model.type \"" + mtype + "\" is not supported (only BPE)");
+    return Unimplemented(what + ": model.type \"" + mtype + "\" is not supported (only BPE)" +
+                         (mtype == "WordPiece" ? "; a WordPiece (BERT) tokenizer loads with tok::WordPieceTokenizer" : ""));
   }
   if (Bool(model, "byte_fallback", false)) return Unimplemented(what + ": model.byte_fallback true is not supported");
   if (!Str(model, "continuing_subword_prefix").empty() || !Str(model, "end_of_word_suffix").empty()) {

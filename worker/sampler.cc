@@ -1,4 +1,4 @@
-// Sampler: temperature / top-k sampling. See worker/sampler.h.
+// Sampler: temperature / top-k / top-p sampling. See worker/sampler.h.
 #include "worker/sampler.h"
 
 #include <algorithm>
@@ -15,6 +15,10 @@ double SamplerUniform(uint64_t seed, uint64_t i) {
 }
 
 int32_t SampleToken(const std::vector<float>& probs, float temperature, int64_t top_k, double u) {
+  return SampleToken(probs, temperature, top_k, 1.0f, u);
+}
+
+int32_t SampleToken(const std::vector<float>& probs, float temperature, int64_t top_k, float top_p, double u) {
   const int64_t V = static_cast<int64_t>(probs.size());
   std::vector<int32_t> ids(static_cast<size_t>(V));
   std::iota(ids.begin(), ids.end(), 0);
@@ -33,13 +37,26 @@ int32_t SampleToken(const std::vector<float>& probs, float temperature, int64_t 
     w[i] = p > 0.0 ? std::exp(std::log(p / pmax) / temperature) : 0.0;
     total += w[i];
   }
+  if (top_p > 0.0f && top_p < 1.0f && total > 0.0) {
+    // ids are most likely first: keep the shortest prefix whose share reaches top_p.
+    double cum = 0.0, kept = 0.0;
+    size_t n = 0;
+    while (n < w.size()) {
+      cum += w[n];
+      kept = cum;
+      ++n;
+      if (cum / total >= static_cast<double>(top_p)) break;
+    }
+    w.resize(n);
+    total = kept;
+  }
   double acc = 0.0;
   const double target = u * total;
-  for (size_t i = 0; i < ids.size(); ++i) {
+  for (size_t i = 0; i < w.size(); ++i) {
     acc += w[i];
     if (target < acc) return ids[i];
   }
-  return ids.back();
+  return ids[w.size() - 1];
 }
 
 Result<std::vector<int32_t>> Generate(const NextTokenProbs& next, const std::vector<int32_t>& prompt,
@@ -51,7 +68,10 @@ Result<std::vector<int32_t>> Generate(const NextTokenProbs& next, const std::vec
     const size_t n = std::min(out.size(), static_cast<size_t>(opts.context_len));
     std::vector<int32_t> context(out.end() - static_cast<std::ptrdiff_t>(n), out.end());
     L2L_ASSIGN_OR_RETURN(std::vector<float> probs, next(context));
-    out.push_back(SampleToken(probs, opts.temperature, opts.top_k, SamplerUniform(opts.seed, static_cast<uint64_t>(i))));
+    const int32_t t = SampleToken(probs, opts.temperature, opts.top_k, opts.top_p,
+                                  SamplerUniform(opts.seed, static_cast<uint64_t>(i)));
+    out.push_back(t);
+    if (opts.eos_id >= 0 && t == opts.eos_id) break;
   }
   return out;
 }

@@ -1,5 +1,5 @@
 // Sampler: autoregressive text generation from a model's next-token probabilities, with
-// temperature and top-k, deterministic from a seed (counter-based RNG, no std::
+// temperature, top-k and top-p (nucleus), stopping at an end-of-sequence id, deterministic from a seed (counter-based RNG, no std::
 // distributions). Independent of where the model runs: it asks a NextTokenProbs
 // callback, so the reference trainer and the relay can both drive it.
 //
@@ -24,6 +24,8 @@ struct SamplerOptions {
   int64_t max_new_tokens = 200;
   float temperature = 0.8f;  // <= 0: greedy (argmax)
   int64_t top_k = 40;        // <= 0 or >= V: no top-k cut
+  float top_p = 1.0f;        // <= 0 or >= 1: no top-p cut
+  int32_t eos_id = -1;       // >= 0: generation stops after this token (which is kept)
   uint64_t seed = 1;
   int64_t context_len = 64;  // the model's seq_len: only the last context_len tokens are fed
 };
@@ -32,11 +34,16 @@ struct SamplerOptions {
 // lower id), reweighted by temperature (p^(1/temperature), i.e. softmax(logits/temperature)),
 // using uniform draw u in [0,1). Exposed for tests.
 int32_t SampleToken(const std::vector<float>& probs, float temperature, int64_t top_k, double u);
+// The same, then (as Hugging Face's TopPLogitsWarper, after temperature and top-k) kept to
+// the smallest set of most likely tokens whose renormalised probability reaches top_p
+// (at least one token).
+int32_t SampleToken(const std::vector<float>& probs, float temperature, int64_t top_k, float top_p, double u);
 
 // Uniform in [0,1) for draw `i` of stream `seed`.
 double SamplerUniform(uint64_t seed, uint64_t i);
 
-// prompt followed by max_new_tokens generated tokens. prompt must be non-empty.
+// prompt followed by max_new_tokens generated tokens, or fewer when opts.eos_id is
+// generated (the EOS id is the last token returned). prompt must be non-empty.
 Result<std::vector<int32_t>> Generate(const NextTokenProbs& next, const std::vector<int32_t>& prompt,
                                       const SamplerOptions& opts);
 

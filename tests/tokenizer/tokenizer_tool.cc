@@ -3,6 +3,10 @@
 // of tokenizer.ggml.*, through Tokenizer::FromGguf, the integrator's entry point),
 // encodes a JSON list of documents and writes the ids; checks Decode round-trips.
 //
+//   l2l_tokenizer_tool wordpiece --json TOKENIZER.json --docs DOCS.json --out OUT.json
+//       [--no-special]   (WordPieceTokenizer; DOCS.json: strings, or [a, b] pairs;
+//       OUT.json: {"ids":[[..]], "types":[[..]], "decoded":[..], "seconds": S}, decoded
+//       = Decode(ids, skip_special=true))
 //   l2l_tokenizer_tool export-gguf --gguf-meta META.json --out TOKENIZER.json
 //       (BpeSpecToTokenizerJson of the GGUF spec, for HF to load)
 //   l2l_tokenizer_tool encode (--json TOKENIZER.json | --gguf-meta META.json)
@@ -21,6 +25,7 @@
 
 #include "common/file_util.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/wordpiece.h"
 
 namespace {
 
@@ -54,6 +59,65 @@ int ExportGguf(const std::string& meta_path, const std::string& out_path) {
     return 1;
   }
   const std::string s = l2l::tok::BpeSpecToTokenizerJson(*spec);
+  const l2l::Status st = l2l::WriteFileAtomic(out_path, s.data(), s.size());
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s\n", st.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+int RunWordPiece(int argc, char** argv) {
+  std::string json_path, docs_path, out_path;
+  bool add_special = true;
+  for (int i = 2; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
+    if (a == "--json") json_path = next();
+    else if (a == "--docs") docs_path = next();
+    else if (a == "--out") out_path = next();
+    else if (a == "--no-special") add_special = false;
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+  auto tok = l2l::tok::WordPieceTokenizer::FromTokenizerJson(json_path);
+  if (!tok.ok()) {
+    std::fprintf(stderr, "%s\n", tok.status().ToString().c_str());
+    return 1;
+  }
+  auto docs_text = l2l::ReadFileToString(docs_path);
+  if (!docs_text.ok()) {
+    std::fprintf(stderr, "%s\n", docs_text.status().ToString().c_str());
+    return 1;
+  }
+  const json docs = json::parse(*docs_text);
+  json ids = json::array(), types = json::array(), decoded = json::array();
+  double seconds = 0;
+  size_t n_tokens = 0;
+  for (size_t d = 0; d < docs.size(); ++d) {
+    const auto t0 = std::chrono::steady_clock::now();
+    auto e = docs[d].is_string()
+                 ? tok->Encode(docs[d].get<std::string>(), add_special)
+                 : tok->EncodePair(docs[d].at(0).get<std::string>(), docs[d].at(1).get<std::string>(), add_special);
+    seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (!e.ok()) {
+      std::fprintf(stderr, "document %zu: %s\n", d, e.status().ToString().c_str());
+      return 1;
+    }
+    auto text = tok->Decode(e->ids, /*skip_special=*/true);
+    if (!text.ok()) {
+      std::fprintf(stderr, "document %zu: %s\n", d, text.status().ToString().c_str());
+      return 1;
+    }
+    n_tokens += e->ids.size();
+    ids.push_back(e->ids);
+    types.push_back(e->type_ids);
+    decoded.push_back(*text);
+  }
+  std::printf("encode seconds: %.6f tokens: %zu\n", seconds, n_tokens);
+  const std::string s = json{{"ids", ids}, {"types", types}, {"decoded", decoded}, {"seconds", seconds}}.dump();
   const l2l::Status st = l2l::WriteFileAtomic(out_path, s.data(), s.size());
   if (!st.ok()) {
     std::fprintf(stderr, "%s\n", st.ToString().c_str());
@@ -147,6 +211,14 @@ int main(int argc, char** argv) {
       std::string(argv[4]) == "--out") {
     try {
       return ExportGguf(argv[3], argv[5]);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "error: %s\n", e.what());
+      return 1;
+    }
+  }
+  if (argc >= 2 && std::string(argv[1]) == "wordpiece") {
+    try {
+      return RunWordPiece(argc, argv);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "error: %s\n", e.what());
       return 1;

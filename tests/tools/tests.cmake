@@ -1,0 +1,19 @@
+# l2l-eval and l2l-sample against Hugging Face transformers (label "unit;oracle"; included
+# from tests/CMakeLists.txt inside l2l_add_test_module, so CMAKE_CURRENT_SOURCE_DIR is
+# tests/). tools.hf_oracle: a random LlamaForCausalLM saved by transformers with a
+# byte-level BPE tokenizer trained here: eval loss (with and without a loss mask) rel <=
+# 1e-5, greedy ids for 32 tokens equal generate's, bad inputs refused in one line.
+# tools.smollm2: the real SmolLM2-135M GGUF (scripts/fetch_models.sh; a failed fetch fails
+# the test): perplexity on 512 tokens of GPL-3 vs transformers' GGUF loader rel <= 1e-3,
+# greedy ids for 16 tokens equal. The interpreter comes from scripts/oracle_venv.sh: a
+# missing venv fails.
+set(_tools_dir ${CMAKE_CURRENT_BINARY_DIR}/tools_oracle)
+add_test(NAME tools.hf_oracle
+         COMMAND bash -c
+                 "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); rm -rf '${_tools_dir}'; HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/tools/tools_oracle.py' '$<TARGET_FILE_DIR:l2l-eval>' '${_tools_dir}' synthetic")
+set_tests_properties(tools.hf_oracle PROPERTIES LABELS "unit;oracle" TIMEOUT 600)
+set(_tools_real ${CMAKE_CURRENT_BINARY_DIR}/tools_smollm2)
+add_test(NAME tools.smollm2
+         COMMAND bash -c
+                 "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); G=$('${CMAKE_SOURCE_DIR}/scripts/fetch_models.sh' smollm2); rm -rf '${_tools_real}'; HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/tools/tools_oracle.py' '$<TARGET_FILE_DIR:l2l-eval>' '${_tools_real}' smollm2 \"$G\"")
+set_tests_properties(tools.smollm2 PROPERTIES LABELS "integration;oracle" TIMEOUT 1200)

@@ -1,0 +1,157 @@
+// Sequence-classification rows and their files. See tokenizer/classify.h.
+#include "tokenizer/classify.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+#include "common/file_util.h"
+#include "common/tokens_file.h"
+
+namespace l2l::tok {
+namespace {
+
+using json = nlohmann::json;
+
+std::string LabelsPath(const std::string& path) { return path + ".labels"; }
+std::string TypesPath(const std::string& path) { return path + ".types"; }
+std::string AttnPath(const std::string& path) { return path + ".attn"; }
+
+Result<std::string> TextField(const json& j, const char* key, const std::string& where) {
+  auto it = j.find(key);
+  if (it == j.end()) return InvalidArgument(where + ": no \"" + key + "\"");
+  if (!it->is_string()) return InvalidArgument(where + ": \"" + key + "\" is not a string");
+  return it->get<std::string>();
+}
+
+// HF's LongestFirst truncation of a pair to `budget` tokens (special tokens excluded).
+void TruncatePair(std::vector<int32_t>* a, std::vector<int32_t>* b, size_t budget) {
+  if (a->size() + b->size() <= budget) return;
+  size_t n1 = a->size(), n2 = b->size();
+  const bool swap = n1 > n2;
+  if (swap) std::swap(n1, n2);  // n1: the shorter
+  if (n1 > budget) {
+    n2 = n1;
+  } else {
+    n2 = std::max(n1, budget - n1);
+  }
+  if (n1 + n2 > budget) {
+    n1 = budget / 2;
+    n2 = n1 + budget % 2;
+  }
+  if (swap) std::swap(n1, n2);
+  a->resize(std::min(a->size(), n1));
+  b->resize(std::min(b->size(), n2));
+}
+
+}  // namespace
+
+Status AppendClassifyLine(const WordPieceTokenizer& tok, std::string_view line, const std::string& where,
+                          ClassifyRows* rows) {
+  const json j = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument(where + ": not a JSON object");
+  auto lit = j.find("label");
+  if (lit == j.end()) return InvalidArgument(where + ": no \"label\"");
+  if (!lit->is_number_integer() || lit->get<int64_t>() < 0 || lit->get<int64_t>() > (int64_t{1} << 30)) {
+    return InvalidArgument(where + ": \"label\" " + lit->dump() + " is not a non-negative integer class index");
+  }
+  const int32_t label = static_cast<int32_t>(lit->get<int64_t>());
+  const bool pair = j.contains("text_a") || j.contains("text_b");
+  if (pair && j.contains("text")) return InvalidArgument(where + ": both \"text\" and \"text_a\"/\"text_b\"");
+  const size_t L = static_cast<size_t>(rows->max_len);
+  const size_t n_special = static_cast<size_t>(tok.num_special_tokens(pair));
+  if (L < n_special + 1) {
+    return InvalidArgument(where + ": --max-len " + std::to_string(L) + " leaves no room for text after " +
+                           std::to_string(n_special) + " special tokens");
+  }
+  const int32_t pad = tok.pad_id();
+  if (pad < 0) return InvalidArgument(where + ": the tokenizer has no [PAD] token");
+  WordPieceEncoding e;
+  if (pair) {
+    L2L_ASSIGN_OR_RETURN(std::string a, TextField(j, "text_a", where));
+    L2L_ASSIGN_OR_RETURN(std::string b, TextField(j, "text_b", where));
+    // Encode each side without specials, truncate, then let the template add them (ids of
+    // the parts do not depend on each other).
+    L2L_ASSIGN_OR_RETURN(WordPieceEncoding ea, tok.Encode(a, /*add_special=*/false));
+    L2L_ASSIGN_OR_RETURN(WordPieceEncoding eb, tok.Encode(b, /*add_special=*/false));
+    TruncatePair(&ea.ids, &eb.ids, L - n_special);
+    e = tok.PostProcess(ea.ids, &eb.ids);
+  } else {
+    L2L_ASSIGN_OR_RETURN(std::string a, TextField(j, "text", where));
+    L2L_ASSIGN_OR_RETURN(WordPieceEncoding ea, tok.Encode(a, /*add_special=*/false));
+    if (ea.ids.size() > L - n_special) ea.ids.resize(L - n_special);
+    e = tok.PostProcess(ea.ids, nullptr);
+  }
+  for (size_t i = 0; i < L; ++i) {
+    const bool real = i < e.ids.size();
+    if (real && (e.type_ids[i] < 0 || e.type_ids[i] > 1)) {
+      return InvalidArgument(where + ": token type id " + std::to_string(e.type_ids[i]) + " is not 0 or 1");
+    }
+    rows->ids.push_back(static_cast<uint32_t>(real ? e.ids[i] : pad));
+    rows->type_ids.push_back(static_cast<uint8_t>(real ? e.type_ids[i] : 0));
+    rows->attention.push_back(real ? 1 : 0);
+  }
+  rows->labels.push_back(label);
+  rows->num_classes = std::max<int64_t>(rows->num_classes, int64_t{label} + 1);
+  return Status::Ok();
+}
+
+Status WriteClassifyFiles(const std::string& path, const ClassifyRows& rows, int64_t first, int64_t n,
+                          int64_t vocab_size) {
+  if (first < 0 || n < 0 || first + n > rows.rows()) return InvalidArgument(path + ": rows out of range");
+  const size_t L = static_cast<size_t>(rows.max_len);
+  const size_t b = static_cast<size_t>(first) * L, e = static_cast<size_t>(first + n) * L;
+  L2L_RETURN_IF_ERROR(WriteTokensFileForVocab(path, std::span<const uint32_t>(rows.ids).subspan(b, e - b), vocab_size));
+  L2L_RETURN_IF_ERROR(WriteLossMaskFile(TypesPath(path), std::span<const uint8_t>(rows.type_ids).subspan(b, e - b)));
+  L2L_RETURN_IF_ERROR(WriteLossMaskFile(AttnPath(path), std::span<const uint8_t>(rows.attention).subspan(b, e - b)));
+  std::vector<int32_t> buf(kTokensHeaderInts + static_cast<size_t>(n), 0);
+  buf[0] = kLabelsMagic;
+  buf[1] = kLabelsVersion;
+  buf[2] = static_cast<int32_t>(n);
+  buf[3] = static_cast<int32_t>(rows.max_len);
+  buf[4] = static_cast<int32_t>(rows.num_classes);
+  std::copy(rows.labels.begin() + first, rows.labels.begin() + first + n, buf.begin() + kTokensHeaderInts);
+  return WriteFileAtomic(LabelsPath(path), buf.data(), buf.size() * sizeof(int32_t));
+}
+
+Result<ClassifyRows> ReadClassifyFiles(const std::string& path, int64_t vocab_size) {
+  const std::string lpath = LabelsPath(path);
+  L2L_ASSIGN_OR_RETURN(std::string lbytes, ReadFileToString(lpath));
+  if (lbytes.size() < kTokensHeaderBytes) return DataLoss(lpath + ": shorter than the 1024-byte header");
+  int32_t h[8];
+  std::memcpy(h, lbytes.data(), sizeof(h));
+  if (h[0] != kLabelsMagic) return InvalidArgument(lpath + ": bad magic " + std::to_string(h[0]) + " (a labels file has 20240525)");
+  if (h[1] != kLabelsVersion) return InvalidArgument(lpath + ": unsupported version " + std::to_string(h[1]));
+  if (h[2] < 0 || h[3] <= 0 || h[4] <= 0) {
+    return InvalidArgument(lpath + ": bad header (rows " + std::to_string(h[2]) + ", row length " + std::to_string(h[3]) +
+                           ", classes " + std::to_string(h[4]) + ")");
+  }
+  const size_t n = static_cast<size_t>(h[2]);
+  if (lbytes.size() != kTokensHeaderBytes + n * sizeof(int32_t)) {
+    return DataLoss(lpath + ": " + std::to_string(lbytes.size()) + " bytes, expected " +
+                    std::to_string(kTokensHeaderBytes + n * sizeof(int32_t)) + " for " + std::to_string(n) + " rows");
+  }
+  ClassifyRows rows;
+  rows.max_len = h[3];
+  rows.num_classes = h[4];
+  rows.labels.resize(n);
+  std::memcpy(rows.labels.data(), lbytes.data() + kTokensHeaderBytes, n * sizeof(int32_t));
+  for (size_t i = 0; i < n; ++i) {
+    if (rows.labels[i] < 0 || rows.labels[i] >= rows.num_classes) {
+      return InvalidArgument(lpath + ": label " + std::to_string(rows.labels[i]) + " of row " + std::to_string(i) +
+                             " is outside [0, " + std::to_string(rows.num_classes) + ")");
+    }
+  }
+  const int64_t count = static_cast<int64_t>(n) * rows.max_len;
+  L2L_ASSIGN_OR_RETURN(rows.ids, ReadTokensFile32(path, vocab_size));
+  if (static_cast<int64_t>(rows.ids.size()) != count) {
+    return InvalidArgument(path + ": " + std::to_string(rows.ids.size()) + " tokens, but " + lpath + " says " +
+                           std::to_string(n) + " rows of " + std::to_string(rows.max_len));
+  }
+  L2L_ASSIGN_OR_RETURN(rows.type_ids, ReadLossMaskFile(TypesPath(path), count));
+  L2L_ASSIGN_OR_RETURN(rows.attention, ReadLossMaskFile(AttnPath(path), count));
+  return rows;
+}
+
+}  // namespace l2l::tok
