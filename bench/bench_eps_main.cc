@@ -43,6 +43,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/logging.h"
 #include "bench/adamw_bench.h"
 #include "eps_server/adamw_vec.h"
@@ -55,7 +56,6 @@ namespace {
 using namespace l2l;
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // CPU seconds (user + system) used so far by all threads of this process.
 double ProcessCpuSeconds() {
@@ -72,7 +72,7 @@ double Best(int iters, F&& f) {
   for (int i = 0; i < iters; ++i) {
     const auto t0 = Clock::now();
     f();
-    best = std::min(best, Seconds(t0));
+    best = std::min(best, l2l::SecondsSince(t0));
   }
   return best;
 }
@@ -297,7 +297,7 @@ void BenchTransport(int iters) {
     const double c0 = ProcessCpuSeconds();
     const auto t0 = Clock::now();
     f();
-    const double w = Seconds(t0), c = ProcessCpuSeconds() - c0;
+    const double w = l2l::SecondsSince(t0), c = ProcessCpuSeconds() - c0;
     t->wall = std::min(t->wall, w);
     t->cpu = std::min(t->cpu, c);
     t->walls.push_back(w);

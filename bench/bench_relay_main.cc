@@ -1,5 +1,5 @@
 // l2l-bench-relay: how fast the layer-to-layer relay trains compared with ordinary
-// training on the same CPU threads, and where a relay step's time goes (seed 002 Fig. 6).
+// training on the same CPU threads, and where a relay step's time goes.
 //
 //   l2l-bench-relay [--config configs/quickstart.yaml] [--set key=value]... [--threads N]
 //                   [--steps 5] [--warmup 1] [--stash device|host]
@@ -25,6 +25,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/status.h"
 #include "kernels/backend.h"
@@ -74,13 +75,15 @@ Result<w::DataLoader> MakeLoader(const l2l::JobConfig& job) {
                                    "<synthetic>");
 }
 
-double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
 Status Run(const Flags& f) {
   L2L_ASSIGN_OR_RETURN(l2l::JobConfig job, l2l::LoadJobConfig(f.config));
   for (const std::string& s : f.sets) L2L_RETURN_IF_ERROR(l2l::ApplyOverride(&job, s).WithContext("--set " + s));
-  if (!f.stash.empty()) job.train.stash = f.stash;
-  job.train.mode = "sync";
+  if (!f.stash.empty()) {
+    Result<l2l::StashPlacement> stash = l2l::ParseStashPlacement(f.stash);
+    if (!stash.ok()) return stash.status().WithContext("--stash");
+    job.train.stash = *stash;
+  }
+  job.train.mode = l2l::TrainMode::kSync;
   job.publish_dtype = l2l::DType::kF32;
   L2L_RETURN_IF_ERROR(job.Validate());
   const int total = f.warmup + f.steps;
@@ -91,7 +94,7 @@ Status Run(const Flags& f) {
               (long long)job.model.vocab_size, (long long)job.seq_len(), (long long)job.model.d_model,
               (long long)job.model.n_layer, (long long)job.model.n_head, (long long)job.model.d_ff,
               job.model.NumParams() / 1e6, (long long)job.train.micro_batch_size, (long long)M, f.threads,
-              job.train.stash.c_str(), f.warmup, f.steps);
+              ToString(job.train.stash), f.warmup, f.steps);
 
   // ---- reference trainer ----------------------------------------------------------------
   w::ReferenceTrainerOptions ro;
@@ -103,7 +106,7 @@ Status Run(const Flags& f) {
     std::vector<w::MicroBatch> batches = ref_data.NextMany(M);
     const auto t0 = Clock::now();
     L2L_RETURN_IF_ERROR(ref->Step(batches).status());
-    if (s >= f.warmup) ref_s += Since(t0);
+    if (s >= f.warmup) ref_s += l2l::SecondsSince(t0);
   }
 
   // ---- relay + FakeEps ----------------------------------------------------------------
@@ -121,7 +124,7 @@ Status Run(const Flags& f) {
     const auto t0 = Clock::now();
     L2L_RETURN_IF_ERROR(relay->RunStep(s, batches).status());
     if (s < f.warmup) continue;
-    relay_s += Since(t0);
+    relay_s += l2l::SecondsSince(t0);
     const w::RelayTimes& t = relay->last_times();
     sum.upload += t.upload;
     sum.forward += t.forward;
@@ -174,7 +177,7 @@ Status Run(const Flags& f) {
                       {"recompute_s", sum.recompute / n}, {"backward_s", sum.backward / n},
                       {"wait_layer_s", sum.wait_layer / n}, {"wait_push_s", sum.wait_push / n},
                       {"optimizer_s", optimizer / n},  {"threads", f.threads},
-                      {"stash", job.train.stash},       {"max_weight_diff", max_diff}};
+                      {"stash", ToString(job.train.stash)},       {"max_weight_diff", max_diff}};
   std::printf("json: %s\n", j.dump().c_str());
   return Status::Ok();
 }

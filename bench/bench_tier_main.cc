@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/config.h"
 #include "common/logging.h"
 #include "eps_server/param_store.h"
@@ -41,7 +42,6 @@ using namespace l2l;
 using namespace l2l::eps;
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 struct RunResult {
   double step_s = 0;           // median step time after the first (warm-up) step
@@ -82,7 +82,7 @@ Result<RunResult> RunSteps(const JobConfig& job, const ParamStoreOptions& po, in
       r.numel = grads[l].size();
       L2L_RETURN_IF_ERROR(pipe.Submit(l, t, std::move(r)));
     }
-    if (t > 0) times.push_back(Seconds(t0));
+    if (t > 0) times.push_back(l2l::SecondsSince(t0));
   }
   if (!pipe.WaitForStep(steps, std::chrono::minutes(5))) {
     L2L_RETURN_IF_ERROR(pipe.failure());
@@ -154,7 +154,7 @@ Result<std::pair<double, double>> EngineBandwidth(const std::string& dir, size_t
       }
     }
     L2L_RETURN_IF_ERROR(first);
-    return static_cast<double>(n * page_bytes) / Seconds(t0) / 1e9;
+    return static_cast<double>(n * page_bytes) / l2l::SecondsSince(t0) / 1e9;
   };
   L2L_ASSIGN_OR_RETURN(double w, pass(IoOp::kWrite));
   L2L_ASSIGN_OR_RETURN(double r, pass(IoOp::kRead));
@@ -196,7 +196,7 @@ int main(int argc, char** argv) {
   job.model.n_layer = layers;
   job.model.n_head = 12;
   job.model.d_ff = 4 * d_model;
-  job.train.clip = "none";
+  job.train.clip = l2l::ClipMode::kNone;
   job.publish_dtype = DType::kBF16;
   if (Status s = job.model.Validate(); !s.ok()) {
     std::fprintf(stderr, "l2l-bench-tier: %s\n", s.ToString().c_str());

@@ -18,6 +18,7 @@
 #include "common/adamw.h"
 #include "common/dtype.h"
 #include "common/model_spec.h"
+#include "common/modes.h"
 #include "common/status.h"
 
 namespace l2l {
@@ -32,10 +33,10 @@ struct TrainingConfig {
   int64_t skip_pause_after = 3;    // steps skipped in a row (non-finite gradient or loss)
                                    // after which the EPS pauses training; 0 = never
   int64_t checkpoint_every = 0;    // steps between checkpoints; 0 = only on request/exit
-  std::string mode = "sync";       // "sync" or "lockfree"
+  TrainMode mode = TrainMode::kSync;  // "sync" or "lockfree"
   int64_t staleness = 1;           // lock-free bound s: a layer version >= t - s is used
-  std::string clip = "global";     // "none", "per_layer", "global"
-  std::string stash = "device";    // "device" or "host" (pinned host memory on a GPU)
+  ClipMode clip = ClipMode::kGlobal;  // "none", "per_layer", "global"
+  StashPlacement stash = StashPlacement::kDevice;  // "device" or "host" (pinned host memory on a GPU)
 };
 
 struct DataConfig {
@@ -66,7 +67,10 @@ struct JobConfig {
   std::string imported_from;
 
   int64_t seq_len() const { return train.seq_len > 0 ? train.seq_len : model.seq_len; }
-  Status Validate() const;  // cross-field checks (seq_len <= model.seq_len, ...)
+  // The one validation of a job: every field's range and the cross-field checks
+  // (seq_len <= model.seq_len, ...). Loading runs it; so do the EPS (CreateJob) and the
+  // relay, for configs built in code.
+  Status Validate() const;
 };
 
 // Loads a job config from YAML. Relative data paths are resolved against the file's

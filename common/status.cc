@@ -33,7 +33,30 @@ std::string Status::ToString() const {
 
 Status Status::WithContext(const std::string& context) const {
   if (ok()) return *this;
-  return Status(code_, context + ": " + msg_);
+  return Status(code_, context + ": " + msg_).WithRejoinReason(rejoin_);
+}
+
+const char* ToString(RejoinReason r) {
+  switch (r) {
+    case RejoinReason::kNone: return "none";
+    case RejoinReason::kStepAbandoned: return "step_abandoned";
+    case RejoinReason::kDeclaredLost: return "declared_lost";
+    case RejoinReason::kRolledBack: return "rolled_back";
+  }
+  return "?";
+}
+
+Result<RejoinReason> ParseRejoinReason(std::string_view s) {
+  for (RejoinReason r : {RejoinReason::kNone, RejoinReason::kStepAbandoned, RejoinReason::kDeclaredLost,
+                         RejoinReason::kRolledBack}) {
+    if (s == ToString(r)) return r;
+  }
+  return InvalidArgument("rejoin reason '" + std::string(s) +
+                         "' is not one of: none, step_abandoned, declared_lost, rolled_back");
+}
+
+Status RejoinRequired(RejoinReason why, std::string msg) {
+  return Status(StatusCode::kFailedPrecondition, std::move(msg)).WithRejoinReason(why);
 }
 
 Status InvalidArgument(std::string m) { return Status(StatusCode::kInvalidArgument, std::move(m)); }
@@ -50,7 +73,10 @@ Status Aborted(std::string m) { return Status(StatusCode::kAborted, std::move(m)
 Status PermissionDenied(std::string m) { return Status(StatusCode::kPermissionDenied, std::move(m)); }
 
 Status ErrnoError(const std::string& op, const std::string& path, int err) {
-  std::string msg = op + "(" + path + "): " + std::strerror(err);
+  return StatusFromErrno(err, op + "(" + path + "): " + std::strerror(err));
+}
+
+Status StatusFromErrno(int err, std::string msg) {
   switch (err) {
     case ENOENT: return NotFound(msg);
     case EEXIST: return AlreadyExists(msg);

@@ -12,6 +12,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
@@ -37,6 +38,20 @@ enum class StatusCode {
 
 const char* StatusCodeName(StatusCode code);
 
+// Why the EPS tells a worker to re-register (Register with previous_worker_id) and restart
+// at the step Register names. A FAILED_PRECONDITION Status that asks for this carries the
+// reason as a field, never as words in its message, so clients decide on the field
+// (worker/eps_client.h NeedsRejoin) and messages stay free to change. Over gRPC it travels
+// as the status detail data.v1.RejoinDetail (eps_server/grpc_server.cc ToGrpc); the
+// numbers are the proto enum's.
+enum class RejoinReason {
+  kNone = 0,           // not a rejoin request
+  kStepAbandoned = 1,  // another worker was lost mid-step; the step is redone without it
+  kDeclaredLost = 2,   // this worker missed its heartbeats and was declared lost
+  kRolledBack = 3,     // the state was rolled back while this worker waited for a layer
+};
+const char* ToString(RejoinReason r);  // "none" | "step_abandoned" | "declared_lost" | "rolled_back"
+
 class [[nodiscard]] Status {
  public:
   Status() = default;  // OK
@@ -51,10 +66,18 @@ class [[nodiscard]] Status {
   // Prepends context: "loading configs/x.yaml: <old message>".
   Status WithContext(const std::string& context) const;
   void IgnoreError() const {}
+  // kNone unless this error asks the worker to re-register (see RejoinReason).
+  RejoinReason rejoin_reason() const { return rejoin_; }
+  Status WithRejoinReason(RejoinReason r) const {
+    Status s = *this;
+    s.rejoin_ = r;
+    return s;
+  }
 
  private:
   StatusCode code_ = StatusCode::kOk;
   std::string msg_;
+  RejoinReason rejoin_ = RejoinReason::kNone;
 };
 
 Status InvalidArgument(std::string msg);
@@ -69,8 +92,12 @@ Status Internal(std::string msg);
 Status Unimplemented(std::string msg);
 Status Aborted(std::string msg);
 Status PermissionDenied(std::string msg);
+// FAILED_PRECONDITION asking the worker to re-register, for `why`.
+Status RejoinRequired(RejoinReason why, std::string msg);
 // Maps errno to a Status naming the operation and path: "open(/x/y): No such file".
 Status ErrnoError(const std::string& op, const std::string& path, int err);
+// The code errno `err` maps to, with `msg` as it is (it names the operation and path).
+Status StatusFromErrno(int err, std::string msg);
 
 // Either a value or a non-OK Status.
 template <typename T>
@@ -96,6 +123,8 @@ class [[nodiscard]] Result {
  private:
   std::variant<T, Status> v_;
 };
+
+Result<RejoinReason> ParseRejoinReason(std::string_view s);  // inverse of ToString
 
 namespace internal {
 [[noreturn]] void CheckFailed(const char* file, int line, const char* cond, const std::string& msg);

@@ -8,7 +8,7 @@
 //   L2L_ASSIGN_OR_RETURN(YamlMap root, YamlMap::Wrap(doc.root, doc.origin, ""));
 //   L2L_ASSIGN_OR_RETURN(YamlMap train, root.Map("train"));
 //   L2L_RETURN_IF_ERROR(train.Get("steps", &cfg.steps, IntRange{.min = 1}));
-//   L2L_RETURN_IF_ERROR(train.GetChoice("mode", &cfg.mode, {"sync", "lockfree"}));
+//   L2L_RETURN_IF_ERROR(train.GetEnum("mode", &cfg.mode, ParseTrainMode));
 //   L2L_RETURN_IF_ERROR(train.Finish());   // unknown keys are errors
 //   L2L_RETURN_IF_ERROR(root.Finish());
 //
@@ -24,6 +24,7 @@
 #include <limits>
 #include <set>
 #include <string>
+#include <string_view>
 
 #include <yaml-cpp/yaml.h>
 
@@ -73,6 +74,17 @@ class YamlMap {
   Status Get(const std::string& key, std::string* out);
   // A string that must be one of `choices`.
   Status GetChoice(const std::string& key, std::string* out, std::initializer_list<const char*> choices);
+  // An enum, read through its Parse function (common/modes.h): a bad name is an error
+  // naming the file, line, key and the accepted names. Absent: *out is unchanged.
+  template <typename E>
+  Status GetEnum(const std::string& key, E* out, Result<E> (*parse)(std::string_view)) {
+    std::string text;
+    if (Status st = Get(key, &text); !st.ok() || !Has(key)) return st;
+    Result<E> e = parse(text);
+    if (!e.ok()) return Error(key, e.status().message());
+    *out = *e;
+    return Status::Ok();
+  }
   // Marks a key as known without reading it (handled elsewhere).
   void Accept(const std::string& key) { known_.insert(key); }
 

@@ -23,6 +23,18 @@ Status Read(const YAML::Node& n, const std::string& origin, const std::string& k
   return Status::Ok();
 }
 
+// A mode name (common/modes.h), parsed here at the edge.
+template <typename E>
+Status ReadEnum(const YAML::Node& n, const std::string& origin, const std::string& key, E* out,
+                Result<E> (*parse)(std::string_view)) {
+  std::string text;
+  L2L_RETURN_IF_ERROR(Read(n, origin, key, &text));
+  Result<E> e = parse(text);
+  if (!e.ok()) return InvalidArgument(At(origin, n) + ": " + key + ": " + e.status().message());
+  *out = *e;
+  return Status::Ok();
+}
+
 Status ApplyMap(const YAML::Node& root, const std::string& origin, const std::string& prefix, EpsConfig* c) {
   for (auto it = root.begin(); it != root.end(); ++it) {
     const std::string key = prefix + it->first.as<std::string>();
@@ -36,11 +48,14 @@ Status ApplyMap(const YAML::Node& root, const std::string& origin, const std::st
     } else if (key == "job_id") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->job_id));
     } else if (key == "memory.host_bytes") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->host_bytes));
     } else if (key == "memory.page_bytes") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->page_bytes));
-    } else if (key == "publish_dtype") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->publish_dtype));
+    } else if (key == "publish_dtype") {
+      DType d = DType::kF32;
+      L2L_RETURN_IF_ERROR(ReadEnum(v, origin, key, &d, +[](std::string_view s) { return ParseDType(std::string(s)); }));
+      c->publish_dtype = d;
     } else if (key == "expected_workers") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->expected_workers));
     } else if (key == "heartbeat_timeout_ms") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->heartbeat_timeout_ms));
-    } else if (key == "on_worker_loss") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->on_worker_loss));
-    } else if (key == "transport") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->transport));
+    } else if (key == "on_worker_loss") { L2L_RETURN_IF_ERROR(ReadEnum(v, origin, key, &c->on_worker_loss, ParseOnWorkerLoss));
+    } else if (key == "transport") { L2L_RETURN_IF_ERROR(ReadEnum(v, origin, key, &c->transport, ParseTransport));
     } else if (key == "checkpoint.dir") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->checkpoint_dir));
     } else if (key == "checkpoint.every") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->checkpoint_every));
     } else if (key == "allow_absolute_paths") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->allow_absolute_paths));
@@ -71,12 +86,9 @@ Status EpsConfig::Validate() const {
   if (host_bytes < 0) return InvalidArgument("memory.host_bytes must be >= 0");
   if (checkpoint_every < 0) return InvalidArgument("checkpoint.every must be >= 0");
   if (heartbeat_timeout_ms < 0) return InvalidArgument("heartbeat_timeout_ms must be >= 0 (0 = no liveness check)");
-  if (on_worker_loss != "pause" && on_worker_loss != "continue") {
-    return InvalidArgument("on_worker_loss='" + on_worker_loss + "' must be pause or continue");
-  }
-  if (transport != "auto" && transport != "grpc") return InvalidArgument("transport='" + transport + "' must be auto or grpc");
-  if (!publish_dtype.empty() && publish_dtype != "f32" && publish_dtype != "bf16") {
-    return InvalidArgument("publish_dtype='" + publish_dtype + "' must be f32 or bf16");
+  if (transport == Transport::kShm) return InvalidArgument("transport=shm: expected auto or grpc");
+  if (publish_dtype && *publish_dtype != DType::kF32 && *publish_dtype != DType::kBF16) {
+    return InvalidArgument(std::string("publish_dtype=") + DTypeName(*publish_dtype) + ": expected f32 or bf16");
   }
   if ((tls_cert.empty()) != (tls_key.empty())) {
     return InvalidArgument("tls.cert and tls.key must be given together (got " +

@@ -7,8 +7,11 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
+#include "common/dtype.h"
+#include "common/modes.h"
 #include "common/status.h"
 
 namespace l2l::eps {
@@ -21,11 +24,11 @@ struct EpsConfig {
   std::string job_id = "default";       // names shm segments /l2l-<job_id>-*
   int64_t host_bytes = 0;               // memory.host_bytes: budget, 0 = unlimited
   int64_t page_bytes = 4 << 20;         // memory.page_bytes: state page size
-  std::string publish_dtype;            // "" = the job's; "f32" | "bf16" overrides
+  std::optional<DType> publish_dtype;   // none = the job's; f32 | bf16 overrides
   int32_t expected_workers = 1;         // workers every update waits for
   int64_t heartbeat_timeout_ms = 10000; // a silent worker counts as lost after this
-  std::string on_worker_loss = "pause"; // pause | continue
-  std::string transport = "auto";       // auto (shm for same-host workers) | grpc
+  OnWorkerLoss on_worker_loss = OnWorkerLoss::kPause;  // pause | continue
+  Transport transport = Transport::kAuto;  // auto (shm for same-host workers) | grpc
   std::string checkpoint_dir;           // "" = <state_dir>/checkpoints
   int64_t checkpoint_every = 0;         // steps; 0 = the job's training.checkpoint_every
                                         // (0 there too: only on request and at exit)

@@ -44,7 +44,11 @@ Status CheckFinite(const ParamStore& store, const std::string& origin) {
 
 EpsCore::EpsCore(CoreOptions opts) : opts_(std::move(opts)) {}
 
-EpsCore::~EpsCore() { Stop(); }
+EpsCore::~EpsCore() {
+  Stop();
+  // A job paused by the operator stays frozen while the pipeline is torn down.
+  operator_hold_.KeepForever();
+}
 
 bool EpsCore::has_job() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -88,10 +92,7 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
     if (has_job_) return FailedPrecondition("the daemon already runs job '" + opts_.job_id + "'");
     if (stopped_) return Aborted("the daemon is stopping");
   }
-  L2L_RETURN_IF_ERROR(job.model.Validate());
-  if (job.train.clip != "none" && job.train.clip != "per_layer" && job.train.clip != "global") {
-    return InvalidArgument("training.clip='" + job.train.clip + "' must be none, per_layer or global");
-  }
+  L2L_RETURN_IF_ERROR(job.Validate());
   if (start.step < 0) return InvalidArgument("start step " + std::to_string(start.step) + " must be >= 0");
   const std::string prefix = "l2l-" + opts_.job_id + "-";
   auto removed = RemoveSegmentsWithPrefix(prefix);
@@ -104,7 +105,7 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   po.publish_dtype = job.publish_dtype;
   po.spill = opts_.spill;
   po.spill.job_id = opts_.job_id;
-  if (opts_.transport != "grpc") po.shm_name = "/" + prefix + "w";
+  if (opts_.transport != Transport::kGrpc) po.shm_name = "/" + prefix + "w";
   L2L_ASSIGN_OR_RETURN(auto store, ParamStore::Create(job.model, po));
   if (start.load) {
     L2L_RETURN_IF_ERROR(start.load(store.get()));
@@ -146,17 +147,18 @@ Status EpsCore::CheckWorker(int32_t worker_id) const {
   }
   const Worker& w = *workers_[worker_id];
   const std::string id = std::to_string(worker_id);
-  if (w.info.state == "active") return Status::Ok();
-  if (w.info.state == "rejoin") {
-    return FailedPrecondition("worker " + id + ": " + w.rejoin_reason + "; " + kRejoinHint + " (previous_worker_id=" +
-                              id + ")");
+  if (w.info.state == WorkerState::kActive) return Status::Ok();
+  if (w.info.state == WorkerState::kRejoin) {
+    return RejoinRequired(RejoinReason::kStepAbandoned, "worker " + id + ": " + w.rejoin_message + "; " +
+                                                            kRejoinHint + " (previous_worker_id=" + id + ")");
   }
-  if (w.info.state == "lost") {
-    return FailedPrecondition("worker " + id + " was declared lost (no heartbeat for " +
+  if (w.info.state == WorkerState::kLost) {
+    return RejoinRequired(RejoinReason::kDeclaredLost,
+                          "worker " + id + " was declared lost (no heartbeat for " +
                               std::to_string(opts_.heartbeat_timeout_ms) + " ms); " + kRejoinHint +
                               " (previous_worker_id=" + id + ")");
   }
-  return FailedPrecondition("worker " + id + " is " + w.info.state);
+  return FailedPrecondition("worker " + id + " is " + ToString(w.info.state));
 }
 
 std::string EpsCore::PositionAt(int32_t id, int64_t step) const {
@@ -206,10 +208,10 @@ void EpsCore::TakeOverDeadLocalWorkers() {
     std::lock_guard<std::mutex> lock(mu_);
     if (!has_job_ || static_cast<int32_t>(workers_.size()) < opts_.expected_workers) return;
     for (const auto& w : workers_) {
-      if (w->info.state == "lost" || w->info.state == "left") return;  // a free id exists
+      if (w->info.state == WorkerState::kLost || w->info.state == WorkerState::kLeft) return;  // a free id exists
     }
     for (const auto& w : workers_) {
-      if ((w->info.state == "active" || w->info.state == "rejoin") && ProcessGone(w->local_pid)) {
+      if ((w->info.state == WorkerState::kActive || w->info.state == WorkerState::kRejoin) && ProcessGone(w->local_pid)) {
         dead.push_back(w->info.id);
       }
     }
@@ -218,19 +220,16 @@ void EpsCore::TakeOverDeadLocalWorkers() {
     L2L_LOG_WARN("worker {}'s process (pid {}) on this host is gone: declared lost now, not after the heartbeat "
                  "timeout",
                  id, workers_[id]->local_pid);
-    HandleLoss(id, "lost");
+    HandleLoss(id, WorkerState::kLost);
   }
 }
 
 Result<Registration> EpsCore::Register(const RegisterInfo& info) {
   std::lock_guard<std::mutex> rlock(recovery_mu_);
-  const std::string want = info.transport.empty() ? "auto" : info.transport;
-  if (want != "auto" && want != "shm" && want != "grpc") {
-    return InvalidArgument("transport '" + want + "' must be auto, shm or grpc");
-  }
+  const Transport want = info.transport;
   const bool same_host = !info.boot_id.empty() && info.boot_id == BootId() && info.hostname == HostName();
-  const bool shm_possible = same_host && opts_.transport != "grpc";
-  if (want == "shm" && !shm_possible) {
+  const bool shm_possible = same_host && opts_.transport != Transport::kGrpc;
+  if (want == Transport::kShm && !shm_possible) {
     return FailedPrecondition(std::string("transport shm requested but ") +
                               (same_host ? "the daemon is configured for grpc only"
                                          : "the worker is not on the daemon's host (boot id/hostname differ)"));
@@ -238,6 +237,7 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
   if (info.previous_worker_id < 0) TakeOverDeadLocalWorkers();
   int32_t id = -1;
   bool rejoin = false;
+  UpdatePipeline::FreezeGuard rejoin_gate;  // a rejoin freezes updates until the worker is in
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!has_job_) return FailedPrecondition("the daemon has no job yet (CreateJob first)");
@@ -248,7 +248,7 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
         return NotFound("previous_worker_id " + std::to_string(info.previous_worker_id) + " was never registered (" +
                         std::to_string(n) + " workers registered)");
       }
-      if (workers_[info.previous_worker_id]->info.state == "active") {
+      if (workers_[info.previous_worker_id]->info.state == WorkerState::kActive) {
         return FailedPrecondition("worker " + std::to_string(info.previous_worker_id) +
                                   " is active; a second process cannot take its id");
       }
@@ -257,7 +257,7 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
     } else if (n < opts_.expected_workers) {
       id = n;
     } else {
-      for (const char* st : {"lost", "left"}) {
+      for (WorkerState st : {WorkerState::kLost, WorkerState::kLeft}) {
         for (int32_t i = 0; i < n && id < 0; ++i) {
           if (workers_[i]->info.state == st) id = i;
         }
@@ -271,21 +271,17 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
   }
   Registration r;
   r.worker_id = id;
-  r.job = job_;
+  r.job = job();
   r.data_world = opts_.expected_workers;
-  r.transport = (want != "grpc" && shm_possible) ? "shm" : "grpc";
+  r.transport = (want != Transport::kGrpc && shm_possible) ? Transport::kShm : Transport::kGrpc;
   for (int64_t l = 0; l < store_->num_layers(); ++l) r.layer_numel.push_back(store_->layout(l).numel);
   if (rejoin) {
-    L2L_ASSIGN_OR_RETURN(r.start_step, PrepareRejoin(id));
+    L2L_ASSIGN_OR_RETURN(r.start_step, PrepareRejoin(id, &rejoin_gate));
   } else {
     r.start_step = pipeline_->stats().completed_step;
   }
-  if (r.transport == "shm") {
-    Status s = CreateShmWorker(id, &r);
-    if (!s.ok()) {
-      if (rejoin) FinishRejoin(id, false);
-      return s;
-    }
+  if (r.transport == Transport::kShm) {
+    L2L_RETURN_IF_ERROR(CreateShmWorker(id, &r));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -301,7 +297,7 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
     w.info.id = id;
     w.info.name = info.name.empty() ? info.hostname + ":" + std::to_string(info.pid) : info.name;
     w.info.transport = r.transport;
-    w.info.state = "active";
+    w.info.state = WorkerState::kActive;
     w.info.step = r.start_step;
     w.info.last_seen = std::chrono::steady_clock::now();
     // A pid that is not visible here (another pid namespace) cannot be watched.
@@ -309,11 +305,14 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
     w.next_step = r.start_step;
     r.data_position = PositionAt(id, r.start_step);
   }
-  if (rejoin) FinishRejoin(id, true);
+  if (rejoin) {
+    rejoin_gate.Reset();
+    UpdatePausedLocked();
+  }
   r.num_workers = static_cast<int32_t>(pipeline_->workers().size());
   if (r.num_workers == 0) r.num_workers = 1;
   L2L_LOG_INFO("worker {} '{}' {} ({}), starts at step {}", id, info.name, rejoin ? "rejoined" : "registered",
-               r.transport, r.start_step);
+               ToString(r.transport), r.start_step);
   return r;
 }
 
@@ -378,13 +377,13 @@ Status EpsCore::Heartbeat(int32_t worker_id, int64_t step, bool* stop, bool* pau
   if (paused != nullptr) *paused = paused_.load() || (pipeline_ && pipeline_->stats().skip_paused);
   if (rejoin != nullptr) *rejoin = false;
   Status s = CheckWorker(worker_id);
-  if (!s.ok() && s.code() == StatusCode::kFailedPrecondition && workers_[worker_id]->info.state == "rejoin") {
+  if (!s.ok() && workers_[worker_id]->info.state == WorkerState::kRejoin) {
     // Alive, but must re-register: keep it from being declared lost meanwhile.
     workers_[worker_id]->info.last_seen = std::chrono::steady_clock::now();
     if (rejoin != nullptr) *rejoin = true;
     return Status::Ok();
   }
-  if (!s.ok() && rejoin != nullptr && s.code() == StatusCode::kFailedPrecondition) *rejoin = true;
+  if (!s.ok() && rejoin != nullptr && s.rejoin_reason() != RejoinReason::kNone) *rejoin = true;
   L2L_RETURN_IF_ERROR(s);
   workers_[worker_id]->info.last_seen = std::chrono::steady_clock::now();
   workers_[worker_id]->info.step = step;
@@ -471,7 +470,7 @@ Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t t
   times_sum_.wait_layer_s += times.wait_layer_s;
   times_sum_.wait_push_s += times.wait_push_s;
   int active = 0;
-  for (const auto& x : workers_) active += x->info.state == "active" ? 1 : 0;
+  for (const auto& x : workers_) active += x->info.state == WorkerState::kActive ? 1 : 0;
   if (++reported_[step] >= active) {
     const auto now = std::chrono::steady_clock::now();
     const double secs = std::chrono::duration<double>(now - step_start_).count();
@@ -508,7 +507,7 @@ Status EpsCore::Deregister(int32_t worker_id) {
     L2L_RETURN_IF_ERROR(CheckWorker(worker_id));
   }
   std::lock_guard<std::mutex> rlock(recovery_mu_);
-  HandleLoss(worker_id, "left");
+  HandleLoss(worker_id, WorkerState::kLeft);
   return Status::Ok();
 }
 
@@ -570,11 +569,11 @@ CoreStatus EpsCore::GetStatus() const {
       s.spill = true;
       s.tier = t->stats();
     }
-    if (job_.train.mode == "lockfree") {
+    if (job_.train.mode == TrainMode::kLockfree) {
       s.staleness_bound = job_.train.staleness;
       int64_t newest = s.step;
       for (const auto& w : workers_) {
-        if (w->info.state == "active") newest = std::max(newest, w->info.step);
+        if (w->info.state == WorkerState::kActive) newest = std::max(newest, w->info.step);
       }
       for (int64_t v : s.layer_version) s.max_version_lag = std::max(s.max_version_lag, newest - v);
     }
@@ -593,7 +592,7 @@ CoreStatus EpsCore::GetStatus() const {
                        s.pipeline.last_skip_reason + "); fix the cause, then resume";
     } else {
       bool lost = false;
-      for (const auto& w : workers_) lost = lost || w->info.state == "lost" || w->info.state == "left";
+      for (const auto& w : workers_) lost = lost || w->info.state == WorkerState::kLost || w->info.state == WorkerState::kLeft;
       s.pause_reason = lost ? "paused: a lost worker must rejoin (or resume to go on without it)" : "paused";
     }
   } else if (s.step >= s.total_steps) {

@@ -60,7 +60,10 @@
 #include <thread>
 #include <vector>
 
+#include "common/thread_annotations.h"
 #include "common/config.h"
+#include "common/modes.h"
+#include "common/thread_annotations.h"
 #include "common/shm.h"
 #include "common/status.h"
 #include "eps_server/param_store.h"
@@ -68,7 +71,7 @@
 
 namespace l2l::eps {
 
-// Seconds one worker spent in each phase of a step (seed 002 Fig. 6), from StepDone.
+// Seconds one worker spent in each phase of a step (where its time goes), from StepDone.
 struct StepTimes {
   double forward_s = 0, backward_s = 0, recompute_s = 0, wait_layer_s = 0, wait_push_s = 0;
 };
@@ -88,14 +91,14 @@ struct CoreOptions {
   int32_t expected_workers = 1;      // workers every update waits for
   size_t host_bytes = 0;             // memory budget (0 = unlimited)
   size_t page_bytes = kDefaultPageBytes;
-  std::string transport = "auto";    // auto | grpc: "grpc" never offers shm
+  Transport transport = Transport::kAuto;  // auto | grpc: grpc never offers shm
   int grad_slots = 4;                // gradient ring slots per shm worker (<= kMaxGradSlots)
   std::string state_dir;             // Export/Checkpoint rpc paths are confined here; "" = cwd
   std::string checkpoint_dir;        // default checkpoint root; "" = <state_dir>/checkpoints
   int64_t checkpoint_every = 0;      // steps; 0 = the job's train.checkpoint_every
   bool allow_absolute_paths = false; // rpc paths outside state_dir allowed
   int64_t heartbeat_timeout_ms = 0;  // 0 = no liveness checking
-  std::string on_worker_loss = "pause";  // pause | continue
+  OnWorkerLoss on_worker_loss = OnWorkerLoss::kPause;
   // SSD tier (eps_server/spill_tier.h); spill.dir "" = none. job_id is filled in.
   SpillOptions spill;
   // Called once, from an update thread, when the job hits a fatal error (an SSD-tier I/O
@@ -122,7 +125,8 @@ struct JobStart {
 };
 
 struct RegisterInfo {
-  std::string name, hostname, boot_id, transport;  // transport: auto | shm | grpc
+  std::string name, hostname, boot_id;
+  Transport transport = Transport::kAuto;  // what the worker asks for
   int32_t pid = 0;
   int32_t previous_worker_id = -1;  // re-registration (rejoin); -1 = new worker
 };
@@ -134,16 +138,16 @@ struct Registration {
   int64_t start_step = 0;
   int32_t data_world = 1;
   std::string data_position;
-  std::string transport;                // shm | grpc
+  Transport transport = Transport::kGrpc;  // kShm | kGrpc
   std::string weight_segment, gradient_segment;
   std::vector<int64_t> layer_numel;
 };
 
 struct WorkerInfo {
   int32_t id = -1;
-  // active | lost (missed heartbeats) | left (Deregister) | rejoin (its step was
-  // abandoned by a rollback: it must re-register before it goes on)
-  std::string name, transport, state;
+  std::string name;
+  Transport transport = Transport::kGrpc;  // kShm | kGrpc
+  WorkerState state = WorkerState::kActive;  // see common/modes.h
   int64_t step = 0;
   double last_loss = 0;
   std::chrono::steady_clock::time_point last_seen;
@@ -252,63 +256,70 @@ class EpsCore {
   CoreStatus GetStatus() const;
   ParamStore* store() { return store_.get(); }
   UpdatePipeline* pipeline() { return pipeline_.get(); }
-  const JobConfig& job() const { return job_; }
+  // A copy of the job (CreateJob sets it under mu_).
+  JobConfig job() const EXCLUDES(mu_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return job_;
+  }
   std::string checkpoint_root() const;
 
  private:
   struct ShmWorker;
   struct Worker;  // WorkerInfo + positions and bookkeeping
-  Status CheckWorker(int32_t worker_id) const;  // REQUIRES: mu_ held
+  Status CheckWorker(int32_t worker_id) const REQUIRES(mu_);
   void ConsumeLoop(ShmWorker* w);
-  Status CreateShmWorker(int32_t id, Registration* r);  // REQUIRES: recovery_mu_
-  void TearDownShmWorker(int32_t id);                   // REQUIRES: recovery_mu_, frozen
+  Status CreateShmWorker(int32_t id, Registration* r) REQUIRES(recovery_mu_);
+  void TearDownShmWorker(int32_t id) REQUIRES(recovery_mu_);  // and the pipeline frozen
   // Rejoin of worker `id` in two halves around the registration: Prepare freezes the
-  // pipeline, retires its old shm segment and returns its start step; Finish releases.
-  Result<int64_t> PrepareRejoin(int32_t id);            // REQUIRES: recovery_mu_
-  void FinishRejoin(int32_t id, bool ok);               // REQUIRES: recovery_mu_
-  void UpdatePausedLocked();                            // REQUIRES: recovery_mu_
+  // pipeline (the hold goes into *gate: Register drops it when the worker is in),
+  // retires its old shm segment and returns its start step.
+  Result<int64_t> PrepareRejoin(int32_t id, UpdatePipeline::FreezeGuard* gate) REQUIRES(recovery_mu_);
+  void UpdatePausedLocked() REQUIRES(recovery_mu_);
   // A registration that finds the job full first declares lost every worker on this
   // host whose process is gone (killed), so its replacement need not wait for the
   // heartbeat timeout.
-  void TakeOverDeadLocalWorkers();                      // REQUIRES: recovery_mu_
+  void TakeOverDeadLocalWorkers() REQUIRES(recovery_mu_);
   // Closes the gate at a step boundary: now when the step in progress has applied no
-  // layer, else when it completes (up to timeout). Returns the step; release with
-  // pipeline_->Release(). DEADLINE_EXCEEDED leaves the gate open.
-  Result<int64_t> HoldAtBoundary(std::chrono::milliseconds timeout);
+  // layer, else when it completes (up to timeout). Returns the hold (its frozen().step
+  // is the step); dropping it reopens the gate. DEADLINE_EXCEEDED leaves the gate open.
+  Result<UpdatePipeline::FreezeGuard> HoldAtBoundary(std::chrono::milliseconds timeout) REQUIRES(recovery_mu_);
   void LivenessLoop();
   void CheckpointLoop();
-  void HandleLoss(int32_t id, const std::string& new_state);  // REQUIRES: recovery_mu_
+  void HandleLoss(int32_t id, WorkerState new_state) REQUIRES(recovery_mu_);
   // Abandons the step in progress: every worker must re-register; restore: the state is
   // reloaded from the restore point, else it stays (the step applied nothing).
-  Status Rollback(int32_t lost_id, bool restore);             // REQUIRES: recovery_mu_, frozen
-  Result<CheckpointResult> WriteCheckpointLocked(int64_t step, const std::string& dir, bool latest);
-  std::string PositionAt(int32_t id, int64_t step) const;     // REQUIRES: mu_
+  Status Rollback(int32_t lost_id, bool restore) REQUIRES(recovery_mu_);  // and frozen
+  Result<CheckpointResult> WriteCheckpointLocked(int64_t step, const std::string& dir, bool latest)
+      REQUIRES(recovery_mu_);
+  std::string PositionAt(int32_t id, int64_t step) const REQUIRES(mu_);
   int64_t checkpoint_every() const;
 
   const CoreOptions opts_;
   std::atomic<bool> stopped_{false};
-  Status fatal_;                                    // GUARDED_BY(mu_): pipeline failure
+  Status fatal_ GUARDED_BY(mu_);  // pipeline failure
   void OnPipelineFailure(const Status& s);
   std::mutex recovery_mu_;
   mutable std::mutex mu_;
   std::condition_variable cv_;                      // StepDone / state changes
-  JobConfig job_;                                   // GUARDED_BY(mu_) once set
+  JobConfig job_ GUARDED_BY(mu_);  // once set
   bool has_job_ = false;
   JobStart start_;                                  // the restore point's origin
   std::unique_ptr<ParamStore> store_;
   std::unique_ptr<UpdatePipeline> pipeline_;
-  std::vector<std::unique_ptr<Worker>> workers_;    // GUARDED_BY(mu_), index = id
-  std::vector<std::unique_ptr<ShmWorker>> shm_workers_;  // GUARDED_BY(mu_)
+  std::vector<std::unique_ptr<Worker>> workers_ GUARDED_BY(mu_);  // index = id
+  std::vector<std::unique_ptr<ShmWorker>> shm_workers_ GUARDED_BY(mu_);
   // Segments of lost workers: unlinked, but mapped until Stop (the pipeline may still
   // hold gradients in them).
-  std::vector<std::unique_ptr<ShmWorker>> retired_;      // GUARDED_BY(mu_)
+  std::vector<std::unique_ptr<ShmWorker>> retired_ GUARDED_BY(mu_);
   int shm_generation_ = 0;
-  bool paused_by_operator_ = false, paused_by_loss_ = false;  // GUARDED_BY(recovery_mu_)
+  bool paused_by_operator_ GUARDED_BY(recovery_mu_) = false;
+  bool paused_by_loss_ GUARDED_BY(recovery_mu_) = false;
+  UpdatePipeline::FreezeGuard operator_hold_ GUARDED_BY(recovery_mu_);  // Pause until Resume
   std::atomic<bool> paused_{false};
   // Restore point for rollbacks: the newest checkpoint written/resumed ("" = job start).
-  std::string restore_dir_;                         // GUARDED_BY(mu_)
-  int64_t restore_step_ = 0;                        // GUARDED_BY(mu_)
-  std::string last_checkpoint_;                     // GUARDED_BY(mu_)
+  std::string restore_dir_ GUARDED_BY(mu_);
+  int64_t restore_step_ GUARDED_BY(mu_) = 0;
+  std::string last_checkpoint_ GUARDED_BY(mu_);
   double last_loss_sum_ = 0;
   int64_t last_tokens_ = 0;
   StepTimes times_sum_;  // phase seconds of the step being reported, summed over workers

@@ -17,8 +17,8 @@
 
 namespace l2l::eps {
 
-// Appended to FAILED_PRECONDITION messages that ask a worker to re-register; clients
-// recognise it (worker/eps_client.h NeedsRejoin).
+// Appended to the messages of errors that ask a worker to re-register, for the person
+// reading the log. Clients decide on the Status's RejoinReason, never on this text.
 inline constexpr char kRejoinHint[] = "re-register to rejoin";
 
 struct EpsCore::Worker {
@@ -26,7 +26,7 @@ struct EpsCore::Worker {
   int64_t next_step = 0;                    // first step it has not finished (StepDone)
   std::map<int64_t, std::string> position;  // step -> data position at the start of it
   int64_t epoch = 0;                        // store epoch at (re)registration
-  std::string rejoin_reason;                // why state is "rejoin"
+  std::string rejoin_message;               // why state is kRejoin, for the error message
   int64_t member_first = 0;                 // steps it contributes to (mirrors the
   int64_t member_last = INT64_MAX;          // pipeline's membership)
   int32_t local_pid = 0;                    // its process, when on this host (else 0)

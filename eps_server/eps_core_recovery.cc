@@ -66,16 +66,17 @@ Result<std::string> EpsCore::ResolveUserPath(const std::string& path) const {
   return real.string();
 }
 
-Result<int64_t> EpsCore::HoldAtBoundary(std::chrono::milliseconds timeout) {
+Result<UpdatePipeline::FreezeGuard> EpsCore::HoldAtBoundary(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     if (stopped_) return Aborted("the daemon is stopping");
     if (Status f = pipeline_->failure(); !f.ok()) {
       return FailedPrecondition("the job failed (" + f.ToString() + "); its state is not checkpointed");
     }
-    const UpdatePipeline::Frozen f = pipeline_->Freeze();
-    if (f.at_boundary) return f.step;
-    pipeline_->Release();
+    UpdatePipeline::FreezeGuard gate = pipeline_->FreezeNow();
+    const UpdatePipeline::Frozen f = gate.frozen();
+    if (f.at_boundary) return gate;
+    gate.Reset();
     if (paused_.load()) {
       return FailedPrecondition("the job is paused in the middle of step " + std::to_string(f.step) +
                                 "; Resume it (or let the lost worker rejoin) so the step can complete");
@@ -91,30 +92,34 @@ Result<int64_t> EpsCore::HoldAtBoundary(std::chrono::milliseconds timeout) {
                           std::to_string(timeout.count()) + " ms (are all workers running?)");
       }
     }
-    return f.step + 1;
+    return pipeline_->AdoptHeld(f.step + 1);
   }
 }
 
 Result<CheckpointResult> EpsCore::WriteCheckpointLocked(int64_t step, const std::string& dir, bool latest) {
   CheckpointMeta meta;
   meta.step = step;
-  meta.job = job_;
+  meta.job = job();
   meta.expected_workers = opts_.expected_workers;
   {
     // Each member's position at the start of `step` comes with its StepDone(step-1),
     // which may trail the step's last gradient by a moment.
     std::unique_lock<std::mutex> lock(mu_);
     const bool ok = cv_.wait_for(lock, 60s, [&] {
+      ASSERT_HELD(mu_);
       for (const auto& w : workers_) {
-        if (w->info.state == "active" && w->member_last >= step && w->next_step < step) return false;
+        if (w->info.state == WorkerState::kActive && w->member_last >= step && w->next_step < step) return false;
       }
       return true;
     });
     if (!ok) return Status(StatusCode::kDeadlineExceeded, "a worker did not report StepDone(" +
                                                               std::to_string(step - 1) + ") within 60 s");
-    for (const auto& w : workers_) {
-      meta.workers.push_back({w->info.id, w->info.name, PositionAt(w->info.id, step)});
-    }
+    [&] {  // still under `lock`
+      ASSERT_HELD(mu_);
+      for (const auto& w : workers_) {
+        meta.workers.push_back({w->info.id, w->info.name, PositionAt(w->info.id, step)});
+      }
+    }();
   }
   const auto t0 = std::chrono::steady_clock::now();
   L2L_ASSIGN_OR_RETURN(int64_t bytes, WriteCheckpoint(*store_, meta, dir, latest));
@@ -142,12 +147,11 @@ Result<CheckpointResult> EpsCore::Checkpoint(const std::string& dir_arg) {
     L2L_ASSIGN_OR_RETURN(dir, ResolveUserPath(dir_arg));
   }
   std::lock_guard<std::mutex> rlock(recovery_mu_);
-  L2L_ASSIGN_OR_RETURN(int64_t step, HoldAtBoundary(std::chrono::minutes(10)));
+  L2L_ASSIGN_OR_RETURN(UpdatePipeline::FreezeGuard gate, HoldAtBoundary(std::chrono::minutes(10)));
+  const int64_t step = gate.frozen().step;
   const bool default_dir = dir.empty();
   if (default_dir) dir = checkpoint_root() + "/" + CheckpointDirName(step);
-  auto r = WriteCheckpointLocked(step, dir, default_dir);
-  pipeline_->Release();
-  return r;
+  return WriteCheckpointLocked(step, dir, default_dir);
 }
 
 Result<int64_t> EpsCore::Export(const std::string& path_arg, DType dtype) {
@@ -157,15 +161,16 @@ Result<int64_t> EpsCore::Export(const std::string& path_arg, DType dtype) {
   }
   L2L_ASSIGN_OR_RETURN(std::string path, ResolveUserPath(path_arg));
   std::lock_guard<std::mutex> rlock(recovery_mu_);
-  L2L_ASSIGN_OR_RETURN(int64_t step, HoldAtBoundary(std::chrono::minutes(10)));
+  L2L_ASSIGN_OR_RETURN(UpdatePipeline::FreezeGuard gate, HoldAtBoundary(std::chrono::minutes(10)));
+  const int64_t step = gate.frozen().step;
   // Streamed one layer at a time with the gate closed (like a checkpoint), so a model
   // larger than RAM (SSD tier) exports too; updates wait meanwhile.
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path(), ec);
   Status saved = SaveModelStreamed(
-      path, job_.model, [this](int64_t l, float* out) { return store_->ReadState(l, 0, out); }, dtype,
+      path, job().model, [this](int64_t l, float* out) { return store_->ReadState(l, 0, out); }, dtype,
       {{"l2l.step", std::to_string(step)}});
-  pipeline_->Release();
+  gate.Reset();
   L2L_RETURN_IF_ERROR(saved.WithContext("export"));
   const auto bytes = fs::file_size(path, ec);
   L2L_LOG_INFO("exported step {} as {} safetensors to {}", step, DTypeName(dtype), path);
@@ -178,11 +183,12 @@ Result<int64_t> EpsCore::ExportWith(
   if (!has_job()) return FailedPrecondition("no job to export (CreateJob first)");
   L2L_ASSIGN_OR_RETURN(std::string path, ResolveUserPath(path_arg));
   std::lock_guard<std::mutex> rlock(recovery_mu_);
-  L2L_ASSIGN_OR_RETURN(int64_t step, HoldAtBoundary(std::chrono::minutes(10)));
+  L2L_ASSIGN_OR_RETURN(UpdatePipeline::FreezeGuard gate, HoldAtBoundary(std::chrono::minutes(10)));
+  const int64_t step = gate.frozen().step;
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path(), ec);
   Result<int64_t> r = write(path, step, [this](int64_t l, float* out) { return store_->ReadState(l, 0, out); });
-  pipeline_->Release();
+  gate.Reset();
   if (!r.ok()) return r.status().WithContext("export");
   L2L_LOG_INFO("exported step {} to {}", step, path);
   return r;
@@ -196,7 +202,7 @@ JobConfig EpsCore::job_config() const {
 Status EpsCore::Pause() {
   if (!has_job()) return FailedPrecondition("no job to pause");
   std::lock_guard<std::mutex> rlock(recovery_mu_);
-  if (!paused_by_operator_) pipeline_->Freeze();
+  if (!paused_by_operator_) operator_hold_ = pipeline_->FreezeNow();
   paused_by_operator_ = true;
   UpdatePausedLocked();
   return Status::Ok();
@@ -205,14 +211,14 @@ Status EpsCore::Pause() {
 Status EpsCore::Resume() {
   if (!has_job()) return FailedPrecondition("no job to resume");
   std::lock_guard<std::mutex> rlock(recovery_mu_);
-  if (paused_by_operator_) pipeline_->Release();
+  operator_hold_.Reset();
   paused_by_operator_ = false;
   pipeline_->ClearSkipPause();
   if (paused_by_loss_) {
     // Continue without the lost workers: each contributed up to its last finished step.
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& w : workers_) {
-      if ((w->info.state == "lost" || w->info.state == "left") && w->member_last == INT64_MAX) {
+      if ((w->info.state == WorkerState::kLost || w->info.state == WorkerState::kLeft) && w->member_last == INT64_MAX) {
         w->member_last = w->next_step - 1;
         pipeline_->SetMember(w->info.id, w->member_first, w->member_last);
         L2L_LOG_WARN("resume: continuing without worker {} (it contributed up to step {})", w->info.id,
@@ -230,7 +236,7 @@ void EpsCore::UpdatePausedLocked() {
     std::lock_guard<std::mutex> lock(mu_);
     bool waiting = false;
     for (const auto& w : workers_) {
-      waiting |= (w->info.state == "lost" || w->info.state == "left") && w->member_last == INT64_MAX;
+      waiting |= (w->info.state == WorkerState::kLost || w->info.state == WorkerState::kLeft) && w->member_last == INT64_MAX;
     }
     paused_by_loss_ = waiting;
   }
@@ -258,16 +264,17 @@ void EpsCore::TearDownShmWorker(int32_t id) {
   retired_.push_back(std::move(w));
 }
 
-void EpsCore::HandleLoss(int32_t id, const std::string& new_state) {
+void EpsCore::HandleLoss(int32_t id, WorkerState new_state) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     Worker& w = *workers_[id];
-    if (w.info.state != "active" && w.info.state != "rejoin") return;
+    if (w.info.state != WorkerState::kActive && w.info.state != WorkerState::kRejoin) return;
     w.info.state = new_state;
   }
-  const UpdatePipeline::Frozen f = pipeline_->Freeze();
+  UpdatePipeline::FreezeGuard gate = pipeline_->FreezeNow();
+  const UpdatePipeline::Frozen f = gate.frozen();
   TearDownShmWorker(id);
-  const bool cont = new_state == "left" || opts_.on_worker_loss == "continue";
+  const bool cont = new_state == WorkerState::kLeft || opts_.on_worker_loss == OnWorkerLoss::kContinue;
   int64_t next = 0, first = 0, steps = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -277,7 +284,7 @@ void EpsCore::HandleLoss(int32_t id, const std::string& new_state) {
   }
   std::string what;
   // The job is complete: a worker leaving now is the normal end, not a loss.
-  const bool job_done = new_state == "left" && f.at_boundary && f.step >= steps;
+  const bool job_done = new_state == WorkerState::kLeft && f.at_boundary && f.step >= steps;
   if (job_done) {
     pipeline_->DropWorker(id, f.step);
     what = "the job's last step was done";
@@ -293,7 +300,7 @@ void EpsCore::HandleLoss(int32_t id, const std::string& new_state) {
     Status s = Rollback(id, /*restore=*/f.applied);
     if (!s.ok()) {
       L2L_LOG_ERROR("rollback after losing worker {} failed: {}; stopping the job", id, s.ToString());
-      pipeline_->Release();
+      gate.Reset();
       store_->Stop();
       return;
     }
@@ -319,10 +326,10 @@ void EpsCore::HandleLoss(int32_t id, const std::string& new_state) {
   if (job_done) {
     L2L_LOG_INFO("worker {} left at step {}: {}", id, f.step, what);
   } else {
-    L2L_LOG_WARN("worker {} {} at step {}: {}; {}", id, new_state == "left" ? "left" : "lost", f.step, what,
+    L2L_LOG_WARN("worker {} {} at step {}: {}; {}", id, ToString(new_state), f.step, what,
                  cont ? "continuing with the other workers" : "job paused until it rejoins (or Resume)");
   }
-  pipeline_->Release();
+  gate.Reset();
   UpdatePausedLocked();
 }
 
@@ -334,9 +341,9 @@ Status EpsCore::Rollback(int32_t lost_id, bool restore) {
     dir = restore_dir_;
     step = restore ? restore_step_ : pipeline_->stats().completed_step;
     for (auto& w : workers_) {
-      if (w->info.state == "active") {
-        w->info.state = "rejoin";
-        w->rejoin_reason = "step abandoned after worker " + std::to_string(lost_id) +
+      if (w->info.state == WorkerState::kActive) {
+        w->info.state = WorkerState::kRejoin;
+        w->rejoin_message = "step abandoned after worker " + std::to_string(lost_id) +
                            " was lost; every worker restarts at step " + std::to_string(step);
       }
     }
@@ -351,7 +358,7 @@ Status EpsCore::Rollback(int32_t lost_id, bool restore) {
   } else if (start_.load) {
     L2L_RETURN_IF_ERROR(start_.load(store_.get()));
   } else {
-    L2L_RETURN_IF_ERROR(store_->InitFromSeed(job_.train.seed));
+    L2L_RETURN_IF_ERROR(store_->InitFromSeed(job().train.seed));
   }
   if (restore) {
     for (int64_t l = 0; l < store_->num_layers(); ++l) L2L_RETURN_IF_ERROR(store_->PublishMaster(l, step));
@@ -367,8 +374,9 @@ Status EpsCore::Rollback(int32_t lost_id, bool restore) {
   return Status::Ok();
 }
 
-Result<int64_t> EpsCore::PrepareRejoin(int32_t id) {
-  const UpdatePipeline::Frozen f = pipeline_->Freeze();
+Result<int64_t> EpsCore::PrepareRejoin(int32_t id, UpdatePipeline::FreezeGuard* gate) {
+  *gate = pipeline_->FreezeNow();
+  const UpdatePipeline::Frozen f = gate->frozen();
   TearDownShmWorker(id);
   std::lock_guard<std::mutex> lock(mu_);
   Worker& w = *workers_[id];
@@ -386,11 +394,6 @@ Result<int64_t> EpsCore::PrepareRejoin(int32_t id) {
   return start;
 }
 
-void EpsCore::FinishRejoin(int32_t id, bool ok) {
-  pipeline_->Release();
-  if (ok) UpdatePausedLocked();
-}
-
 void EpsCore::LivenessLoop() {
   const auto timeout = std::chrono::milliseconds(opts_.heartbeat_timeout_ms);
   const auto tick = std::clamp<std::chrono::milliseconds>(timeout / 4, 10ms, 200ms);
@@ -405,7 +408,7 @@ void EpsCore::LivenessLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       const auto now = std::chrono::steady_clock::now();
       for (const auto& w : workers_) {
-        if ((w->info.state == "active" || w->info.state == "rejoin") && now - w->info.last_seen > timeout) {
+        if ((w->info.state == WorkerState::kActive || w->info.state == WorkerState::kRejoin) && now - w->info.last_seen > timeout) {
           lost.push_back(w->info.id);
         }
       }
@@ -418,7 +421,7 @@ void EpsCore::LivenessLoop() {
         if (std::chrono::steady_clock::now() - workers_[id]->info.last_seen <= timeout) continue;
       }
       L2L_LOG_WARN("worker {} missed heartbeats for {} ms: declared lost", id, opts_.heartbeat_timeout_ms);
-      HandleLoss(id, "lost");
+      HandleLoss(id, WorkerState::kLost);
     }
   }
 }
@@ -433,41 +436,50 @@ void EpsCore::CheckpointLoop() {
     }
     if (stopped_) break;
     {
+      UpdatePipeline::FreezeGuard gate = pipeline_->AdoptHeld(next);
       std::lock_guard<std::mutex> rlock(recovery_mu_);
       auto r = WriteCheckpointLocked(next, checkpoint_root() + "/" + CheckpointDirName(next), true);
       if (!r.ok()) L2L_LOG_ERROR("periodic checkpoint of step {} failed: {}", next, r.status().ToString());
     }
-    pipeline_->Release();
-    if (next >= job_.train.steps) break;
+    if (next >= job().train.steps) break;
   }
 }
 
 Status EpsCore::PrepareShutdown(bool abort_step, bool skip_checkpoint, std::chrono::milliseconds finish_timeout) {
   if (!has_job()) return Status::Ok();
   std::lock_guard<std::mutex> rlock(recovery_mu_);
-  Result<int64_t> step = HoldAtBoundary(abort_step ? 0ms : finish_timeout);
-  if (!step.ok()) {
+  Result<UpdatePipeline::FreezeGuard> held = HoldAtBoundary(abort_step ? 0ms : finish_timeout);
+  if (!held.ok()) {
     // Not at a boundary and not finishing: the state mixes two steps. Keep the gate
     // shut and leave the newest checkpoint as it is.
-    pipeline_->Freeze();
+    pipeline_->FreezeNow().KeepForever();
     std::lock_guard<std::mutex> lock(mu_);
     L2L_LOG_ERROR("shutdown: {}; the step in flight was partially applied, so no final checkpoint is written "
                   "(the newest one stands: {})",
-                  step.status().message(), last_checkpoint_.empty() ? "none" : last_checkpoint_);
+                  held.status().message(), last_checkpoint_.empty() ? "none" : last_checkpoint_);
     return Status::Ok();
   }
-  if (skip_checkpoint) return Status::Ok();
-  const std::string dir = checkpoint_root() + "/" + CheckpointDirName(*step);
+  // The daemon is going away: the state stays at this boundary (the gate stays shut)
+  // unless the final checkpoint fails, when the hold is dropped and the job goes on paused.
+  const int64_t step = held->frozen().step;
+  if (skip_checkpoint) {
+    held->KeepForever();
+    return Status::Ok();
+  }
+  const std::string dir = checkpoint_root() + "/" + CheckpointDirName(step);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (restore_dir_ == dir && restore_step_ == *step) return Status::Ok();  // already written
+    if (restore_dir_ == dir && restore_step_ == step) {  // already written
+      held->KeepForever();
+      return Status::Ok();
+    }
   }
-  auto r = WriteCheckpointLocked(*step, dir, true);
+  auto r = WriteCheckpointLocked(step, dir, true);
   if (!r.ok()) {
     // Not stopping after all: the caller pauses the job; the state stays in memory.
-    pipeline_->Release();
-    return r.status().WithContext("final checkpoint of step " + std::to_string(*step) + " into " + dir);
+    return r.status().WithContext("final checkpoint of step " + std::to_string(step) + " into " + dir);
   }
+  held->KeepForever();
   return Status::Ok();
 }
 

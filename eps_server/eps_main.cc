@@ -93,7 +93,11 @@ int main(int argc, char** argv) {
   if (!state_dir.empty()) cfg.state_dir = state_dir;
   if (workers > 0) cfg.expected_workers = workers;
   if (host_bytes >= 0) cfg.host_bytes = host_bytes;
-  if (!transport.empty()) cfg.transport = transport;
+  if (!transport.empty()) {
+    Result<Transport> t = ParseTransport(transport);
+    if (!t.ok()) return Fail(t.status().WithContext("--transport"));
+    cfg.transport = *t;
+  }
   if (!job_id.empty()) cfg.job_id = job_id;
   if (!spill_dir.empty()) cfg.spill_dir = spill_dir;
   if (Status s = cfg.Validate(); !s.ok()) return Fail(s);
@@ -225,11 +229,11 @@ int main(int argc, char** argv) {
       snap.memory.push_back({"pool", st.tier.pool_bytes, 0});
       snap.memory.push_back({"ssd", st.tier.ssd_bytes, 0});
     }
-    for (const auto& w : st.workers) ++snap.workers_by_state[w.state];
+    for (const auto& w : st.workers) ++snap.workers_by_state[ToString(w.state)];
     eps::UpdateEpsMetrics(&metrics, snap);
   });
   if (!job_path.empty() || !resume.empty()) {
-    if (!cfg.publish_dtype.empty()) job.publish_dtype = *ParseDType(cfg.publish_dtype);
+    if (cfg.publish_dtype) job.publish_dtype = *cfg.publish_dtype;
     if (Status s = core.CreateJob(job, start); !s.ok()) return Fail(s);
   }
   eps::ServerOptions so;

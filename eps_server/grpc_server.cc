@@ -27,6 +27,10 @@ namespace {
 namespace data = ::l2l::data::v1;
 namespace control = ::l2l::control::v1;
 
+static_assert(static_cast<int>(RejoinReason::kStepAbandoned) == data::REJOIN_REASON_STEP_ABANDONED &&
+              static_cast<int>(RejoinReason::kDeclaredLost) == data::REJOIN_REASON_DECLARED_LOST &&
+              static_cast<int>(RejoinReason::kRolledBack) == data::REJOIN_REASON_ROLLED_BACK);
+
 // The one place l2l::Status becomes grpc::Status.
 grpc::Status ToGrpc(const Status& s) {
   using grpc::StatusCode;
@@ -48,6 +52,11 @@ grpc::Status ToGrpc(const Status& s) {
     case l2l::StatusCode::kAborted: c = StatusCode::ABORTED; break;
     case l2l::StatusCode::kDeadlineExceeded: c = StatusCode::DEADLINE_EXCEEDED; break;
     case l2l::StatusCode::kPermissionDenied: c = StatusCode::PERMISSION_DENIED; break;
+  }
+  if (s.rejoin_reason() != RejoinReason::kNone) {
+    data::RejoinDetail detail;
+    detail.set_reason(static_cast<data::RejoinReason>(s.rejoin_reason()));
+    return grpc::Status(c, s.message(), detail.SerializeAsString());
   }
   return grpc::Status(c, s.message());
 }
@@ -142,7 +151,11 @@ class DataService final : public data::Data::Service {
     info.name = req->worker_name();
     info.hostname = req->hostname();
     info.boot_id = req->boot_id();
-    info.transport = req->transport();
+    if (!req->transport().empty()) {  // absent: auto
+      Result<Transport> t = ParseTransport(req->transport());
+      if (!t.ok()) return ToGrpc(t.status().WithContext("RegisterRequest.transport"));
+      info.transport = *t;
+    }
     info.pid = req->pid();
     info.previous_worker_id = req->has_previous_worker_id() ? req->previous_worker_id() : -1;
     auto r = core_->Register(info);
@@ -176,7 +189,7 @@ class DataService final : public data::Data::Service {
     rep->set_data_rank(r->worker_id);
     rep->set_data_world(r->data_world);
     rep->set_data_position(r->data_position);
-    rep->set_transport(r->transport);
+    rep->set_transport(ToString(r->transport));
     rep->set_weight_segment(r->weight_segment);
     rep->set_gradient_segment(r->gradient_segment);
     rep->set_publish_dtype(ToProto(r->job.publish_dtype));
@@ -315,7 +328,7 @@ class DataService final : public data::Data::Service {
   std::mutex fetch_mu_;
   std::condition_variable fetch_cv_;
   std::map<grpc::ServerContext*, int32_t> fetches_;  // GUARDED_BY(fetch_mu_): in flight -> worker
-  bool stopping_ = false;                            // GUARDED_BY(fetch_mu_)
+  bool stopping_ = false;  // GUARDED_BY(fetch_mu_)
   std::thread reaper_;                               // ReapFetches; last: starts in the constructor
 };
 
@@ -380,8 +393,8 @@ class ControlService final : public control::Control::Service {
       auto* ws = rep->add_workers();
       ws->set_worker_id(w.id);
       ws->set_name(w.name);
-      ws->set_transport(w.transport);
-      ws->set_state(w.state);
+      ws->set_transport(ToString(w.transport));
+      ws->set_state(ToString(w.state));
       ws->set_step(w.step);
       ws->set_last_heartbeat_ms_ago(
           std::chrono::duration_cast<std::chrono::milliseconds>(now - w.last_seen).count());

@@ -118,13 +118,6 @@ std::vector<double> Histogram::ExponentialBuckets(double start, double factor, i
   return b;
 }
 
-std::vector<double> Histogram::LinearBuckets(double start, double width, int count) {
-  L2L_CHECK(width > 0 && count >= 1) << "width=" << width << " count=" << count;
-  std::vector<double> b;
-  for (int i = 0; i < count; ++i) b.push_back(start + width * i);
-  return b;
-}
-
 Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {
   for (size_t i = 0; i < bounds_.size(); ++i) {
     L2L_CHECK(std::isfinite(bounds_[i])) << "histogram bound " << i << " is not finite";

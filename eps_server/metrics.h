@@ -64,7 +64,6 @@ class Histogram {
  public:
   // start, start*factor, ... (count bounds); REQUIRES start > 0, factor > 1, count >= 1.
   static std::vector<double> ExponentialBuckets(double start, double factor, int count);
-  static std::vector<double> LinearBuckets(double start, double width, int count);
 
   // `bounds`: strictly increasing finite upper bounds; +Inf is implicit.
   explicit Histogram(std::vector<double> bounds);
@@ -82,8 +81,8 @@ class Histogram {
  private:
   const std::vector<double> bounds_;
   mutable std::mutex mu_;
-  std::vector<uint64_t> counts_;  // per bucket, not cumulative; last = +Inf. GUARDED_BY(mu_)
-  double sum_ = 0;                // GUARDED_BY(mu_)
+  std::vector<uint64_t> counts_;  // GUARDED_BY(mu_): per bucket, not cumulative; last = +Inf.
+  double sum_ = 0;  // GUARDED_BY(mu_)
 };
 
 class MetricsRegistry {
@@ -118,8 +117,8 @@ class MetricsRegistry {
   Family* GetFamily(const std::string& name, const std::string& help, Type type);  // REQUIRES mu_
 
   mutable std::mutex mu_;
-  std::map<std::string, Family> families_;          // GUARDED_BY(mu_)
-  std::vector<std::function<void()>> hooks_;        // GUARDED_BY(mu_)
+  std::map<std::string, Family> families_;  // GUARDED_BY(mu_)
+  std::vector<std::function<void()>> hooks_;  // GUARDED_BY(mu_)
 };
 
 // The daemon's standard metrics (names in docs/operations.md), filled from plain values

@@ -1,5 +1,5 @@
 // PageAllocator: the EPS's fixed-size pages for fp32 master weights and AdamW moments
-// (seed 001 section 4.1: all optimizer state lives in equal pages, so the store can
+// (all optimizer state lives in equal pages, so the store can
 // move any page between RAM and SSD without fragmentation). Pages are page_bytes
 // (default 4 MiB, a multiple of 4096), 4096-aligned, zero-filled on allocation, taken
 // from the OS with mmap and reused through a free list. The allocator enforces a byte
@@ -42,9 +42,9 @@ class PageAllocator {
   const size_t page_bytes_;
   const size_t budget_bytes_;
   mutable std::mutex mu_;
-  std::vector<void*> free_;   // GUARDED_BY(mu_)
-  size_t in_use_ = 0;         // GUARDED_BY(mu_)
-  size_t mapped_ = 0;         // GUARDED_BY(mu_)
+  std::vector<void*> free_;  // GUARDED_BY(mu_)
+  size_t in_use_ = 0;  // GUARDED_BY(mu_)
+  size_t mapped_ = 0;  // GUARDED_BY(mu_)
 };
 
 }  // namespace l2l::eps

@@ -348,7 +348,7 @@ Result<ParamStore::ReadPin> ParamStore::Acquire(int64_t layer, int64_t min_versi
     const uint32_t wake = hdr->wake_seq.load(std::memory_order_acquire);
     if (hdr->stopped.load(std::memory_order_acquire)) return Aborted("job stopped");
     if (epoch >= 0 && hdr->epoch.load(std::memory_order_acquire) != static_cast<uint32_t>(epoch)) {
-      return FailedPrecondition("the EPS rolled the state back while waiting for layer " + std::to_string(layer) +
+      return RejoinRequired(RejoinReason::kRolledBack, "the EPS rolled the state back while waiting for layer " + std::to_string(layer) +
                                 " version " + std::to_string(min_version) + "; re-register to redo the step");
     }
     const uint32_t s = e.current.load(std::memory_order_acquire);

@@ -1,6 +1,6 @@
 // ParamStore: the EPS's model state. Per layer: fp32 master weights and AdamW moments
-// m and v, each split into fixed-size pages from a PageAllocator (seed 001 section
-// 4.1), and a published copy (bf16 or fp32) that workers read, double-buffered with a
+// m and v, each split into fixed-size pages from a PageAllocator (so any page can
+// move between RAM and SSD), and a published copy (bf16 or fp32) that workers read, double-buffered with a
 // version number per slot.
 //
 // The published copies live in a weight segment laid out as common/shm.h describes:
@@ -208,7 +208,7 @@ class ParamStore {
   std::unique_ptr<std::atomic<int32_t>[]> readers_;
   std::atomic<uint32_t> unpin_seq_{0};         // futex word: bumped on every in-process unpin
   mutable std::mutex pin_mu_;
-  std::vector<PinSource> pin_sources_;         // GUARDED_BY(pin_mu_)
+  std::vector<PinSource> pin_sources_;  // GUARDED_BY(pin_mu_)
 };
 
 }  // namespace l2l::eps

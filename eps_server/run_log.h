@@ -1,6 +1,6 @@
 // RunLog: the training run's step log, <state_dir>/run.jsonl, one JSON object per
 // optimizer step, appended as each step completes. scripts/plot_run.py turns it into a
-// PNG (loss, tokens/s, per-step time breakdown as in seed 002 Fig. 6); operators tail it
+// PNG (loss, tokens/s, per-step time breakdown); operators tail it
 // or load it with pandas (pd.read_json(path, lines=True)).
 //
 //   {"step":12,"time":1716200000.123,"loss":4.12,"tokens_per_s":5321.0,"lr":0.0003,
@@ -68,7 +68,7 @@ class RunLog {
   RunLog(std::string path, int fd, int64_t last_step) : path_(std::move(path)), fd_(fd), last_step_(last_step) {}
   const std::string path_;
   std::mutex mu_;
-  int fd_;             // GUARDED_BY(mu_)
+  int fd_;  // GUARDED_BY(mu_)
   int64_t last_step_;  // GUARDED_BY(mu_)
 };
 

@@ -47,19 +47,6 @@ std::string Lower(std::string s) {
   return s;
 }
 
-// An errno from an I/O path, as a Status with `msg` (which already names path and op).
-Status FromErrno(int err, const std::string& msg) {
-  switch (err) {
-    case ENOSPC:
-    case EDQUOT: return ResourceExhausted(msg);
-    case ENOENT: return NotFound(msg);
-    case EACCES:
-    case EPERM: return PermissionDenied(msg);
-    case EINVAL: return InvalidArgument(msg);
-    default: return Status(StatusCode::kIoError, msg);
-  }
-}
-
 int InjectedErrno(FaultPlan::Kind k) {
   switch (k) {
     case FaultPlan::Kind::kEnospc: return ENOSPC;
@@ -249,7 +236,7 @@ Status Preallocate(int fd, const std::string& path, uint64_t bytes, FaultPlan* f
            std::to_string(FreeBytes(path)) + " bytes free (statvfs); free space or point spill.dir at a larger filesystem";
   }
   if (fault != FaultPlan::Kind::kNone) msg += kInjected;
-  return FromErrno(err, msg);
+  return StatusFromErrno(err, msg);
 }
 
 }  // namespace
@@ -299,7 +286,7 @@ Result<SpillFile> SpillFile::Open(const std::string& path, uint64_t bytes, const
       return NotFound("spill file " + path + " does not exist (it must: must_exist)" + injected);
     }
     if (err == ENOENT) return NotFound("open(" + path + "): " + std::strerror(err) + ": does the directory exist?" + injected);
-    return FromErrno(err, "open(" + path + "): " + std::strerror(err) + injected);
+    return StatusFromErrno(err, "open(" + path + "): " + std::strerror(err) + injected);
   }
 
   bool dio_ok = true;
@@ -307,7 +294,7 @@ Result<SpillFile> SpillFile::Open(const std::string& path, uint64_t bytes, const
   if (direct && !dio_ok) {
     L2L_LOG_WARN("statx({}): the filesystem cannot do direct I/O on this file; using buffered I/O", path);
     int fd = ::open(path.c_str(), base);
-    if (fd < 0) return FromErrno(errno, "open(" + path + "): " + std::strerror(errno));
+    if (fd < 0) return StatusFromErrno(errno, "open(" + path + "): " + std::strerror(errno));
     ::close(g.fd);
     g.fd = fd;
     direct = false;
@@ -315,7 +302,7 @@ Result<SpillFile> SpillFile::Open(const std::string& path, uint64_t bytes, const
   const uint64_t want = RoundUp(bytes, align);
 
   struct stat st {};
-  if (::fstat(g.fd, &st) != 0) return FromErrno(errno, "fstat(" + path + "): " + std::strerror(errno));
+  if (::fstat(g.fd, &st) != 0) return StatusFromErrno(errno, "fstat(" + path + "): " + std::strerror(errno));
   if (!S_ISREG(st.st_mode)) return InvalidArgument("spill file " + path + " is not a regular file");
   const uint64_t have = static_cast<uint64_t>(st.st_size);
   if (!g.created && have != want) {
@@ -326,7 +313,7 @@ Result<SpillFile> SpillFile::Open(const std::string& path, uint64_t bytes, const
     }
     L2L_LOG_WARN("spill file {}: resizing from {} to {} bytes", path, have, want);
     if (::ftruncate(g.fd, static_cast<off_t>(want)) != 0) {
-      return FromErrno(errno, "ftruncate(" + path + ", " + std::to_string(want) + "): " + std::strerror(errno));
+      return StatusFromErrno(errno, "ftruncate(" + path + ", " + std::to_string(want) + "): " + std::strerror(errno));
     }
   }
   L2L_RETURN_IF_ERROR(Preallocate(g.fd, path, want, faults));
@@ -387,10 +374,10 @@ struct IoEngine::Impl {
 
   mutable std::mutex mu;
   std::condition_variable drained;  // signalled when `outstanding` drops to 0
-  std::deque<Block*> pending;       // GUARDED_BY(mu): FIFO of blocks waiting for a slot
-  int inflight = 0;                 // GUARDED_BY(mu): requests in the ring
-  int64_t outstanding = 0;          // GUARDED_BY(mu): transfers whose callback has not returned
-  IoStats stats;                    // GUARDED_BY(mu)
+  std::deque<Block*> pending;  // GUARDED_BY(mu): FIFO of blocks waiting for a slot
+  int inflight = 0;  // GUARDED_BY(mu): requests in the ring
+  int64_t outstanding = 0;  // GUARDED_BY(mu): transfers whose callback has not returned
+  IoStats stats;  // GUARDED_BY(mu)
 
   // Fills the ring from `pending` up to queue_depth and submits. REQUIRES: mu held.
   void Pump();
@@ -487,7 +474,7 @@ void IoEngine::Impl::Complete(Block* b, int res, std::vector<std::unique_ptr<Tra
   }
   const std::string tag = injected ? kInjected : "";
   if (t->op == IoOp::kFsync) {
-    if (res < 0) return FinishBlock(b, FromErrno(-res, "spill fsync of " + path + " failed: " + std::strerror(-res) + tag), ready);
+    if (res < 0) return FinishBlock(b, StatusFromErrno(-res, "spill fsync of " + path + " failed: " + std::strerror(-res) + tag), ready);
     return FinishBlock(b, Status::Ok(), ready);
   }
   if (res < 0) {
@@ -497,7 +484,7 @@ void IoEngine::Impl::Complete(Block* b, int res, std::vector<std::unique_ptr<Tra
                       " bytes) failed: " + std::strerror(err);
     if (err == EINVAL) msg += " (misaligned direct I/O?)";
     if (err == ENOSPC || err == EDQUOT) msg += ": the disk is full";
-    return FinishBlock(b, FromErrno(err, msg + tag), ready);
+    return FinishBlock(b, StatusFromErrno(err, msg + tag), ready);
   }
   const size_t end = b->issued + static_cast<size_t>(res);
   if (end > b->done) {
@@ -726,7 +713,7 @@ IoStats IoEngine::stats() const {
 struct AlignedBufferPool::Sync {
   std::mutex mu;
   std::condition_variable freed;
-  std::vector<bool> taken;  // GUARDED_BY(mu), per buffer index
+  std::vector<bool> taken;  // GUARDED_BY(mu): per buffer index
 };
 
 AlignedBufferPool::AlignedBufferPool(size_t buffer_bytes, size_t count)
@@ -744,7 +731,7 @@ Result<std::unique_ptr<AlignedBufferPool>> AlignedBufferPool::Create(size_t buff
   std::unique_ptr<AlignedBufferPool> p(new AlignedBufferPool(buffer_bytes, count));
   void* base = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (base == MAP_FAILED) {
-    return FromErrno(errno, "mmap of the spill staging pool (" + std::to_string(count) + " x " +
+    return StatusFromErrno(errno, "mmap of the spill staging pool (" + std::to_string(count) + " x " +
                                 std::to_string(buffer_bytes) + " bytes): " + std::strerror(errno));
   }
   p->base_ = base;

@@ -1,5 +1,5 @@
 // Spill I/O: the SSD tier's files, its io_uring engine, its bounded pool of aligned
-// staging buffers, and fault injection (seed 004 sections 5.1.1 and 6.3; issue 7).
+// staging buffers, and fault injection (so every I/O failure path can be tested).
 //
 //   SpillFile          one preallocated file in spill.dir, opened O_DIRECT (falls back to
 //                      buffered I/O with a warning where the filesystem refuses O_DIRECT,
@@ -75,7 +75,7 @@ class FaultPlan {
  private:
   mutable std::mutex mu_;
   std::vector<Rule> rules_;              // immutable after Parse
-  int64_t counts_[5] = {0, 0, 0, 0, 0};  // GUARDED_BY(mu_), indexed by IoOp
+  int64_t counts_[5] = {0, 0, 0, 0, 0};  // GUARDED_BY(mu_): indexed by IoOp
 };
 
 struct SpillFileOptions {
@@ -190,7 +190,7 @@ class AlignedBufferPool {
   bool pinned_ = false;
   struct Sync;
   std::unique_ptr<Sync> sync_;
-  std::vector<void*> free_;  // GUARDED_BY(sync_->mu)
+  std::vector<void*> free_;  // guarded by sync_->mu (Sync is defined in spill_io.cc)
 };
 
 }  // namespace l2l::eps

@@ -247,12 +247,12 @@ struct SpillTier::Impl {
 
   mutable std::mutex mu;
   std::condition_variable cv;
-  std::vector<Layer> layers;          // GUARDED_BY(mu)
-  Status health;                      // GUARDED_BY(mu)
-  uint64_t tick = 0;                  // GUARDED_BY(mu)
-  int64_t hits = 0;                   // GUARDED_BY(mu)
-  int64_t misses = 0;                 // GUARDED_BY(mu)
-  double wait_s = 0;                  // GUARDED_BY(mu)
+  std::vector<Layer> layers;  // GUARDED_BY(mu)
+  Status health;  // GUARDED_BY(mu)
+  uint64_t tick = 0;  // GUARDED_BY(mu)
+  int64_t hits = 0;  // GUARDED_BY(mu)
+  int64_t misses = 0;  // GUARDED_BY(mu)
+  double wait_s = 0;  // GUARDED_BY(mu)
 
   // REQUIRES: mu held. Gives `layer` its buffers, evicting clean unleased layers in LRU
   // order (never one in `protect`, one waited for, or one whose write failed), all or

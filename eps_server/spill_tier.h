@@ -1,5 +1,5 @@
-// SpillTier: the SSD tier of the ParamStore (issue 7; seed 004 sections 5.1.1, 6.2, 6.3;
-// seed 001 sections 4.1 and 4.3).
+// SpillTier: the SSD tier of the ParamStore: optimizer state beyond the RAM budget lives
+// in a file, read ahead in update order and written behind, so RAM need not hold it all.
 //
 // Placement (TierPlan::Make): given memory.host_bytes, the published copies (always in
 // RAM, they are the shm weight segment) and the staging pool, as many state pages as fit

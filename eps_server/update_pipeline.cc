@@ -137,7 +137,7 @@ Status UpdatePipeline::Submit(int64_t layer, int64_t step, GradientRef ref) {
   }
   // Lock-free mode: a worker may be up to `staleness` steps ahead of this layer's
   // update; its gradient waits for the layer's step (in step order, never mixed in).
-  const int64_t ahead_limit = job_.train.mode == "lockfree" ? std::max<int64_t>(1, job_.train.staleness) : 0;
+  const int64_t ahead_limit = job_.train.mode == TrainMode::kLockfree ? std::max<int64_t>(1, job_.train.staleness) : 0;
   if (step > ls.step && step - ls.step <= ahead_limit) {
     auto& at = ls.ahead[step];
     if (at.count(ref.worker_id) != 0) {
@@ -171,11 +171,11 @@ void UpdatePipeline::MaybeScheduleLocked(int64_t layer) {
     if (r.first <= ls.step && ls.step <= r.last && ls.arrived.count(w) == 0) return;
   }
   ls.scheduled = true;
-  if (job_.train.clip == "global" && job_.optim.grad_clip > 0) {
+  if (job_.train.clip == ClipMode::kGlobal && job_.optim.grad_clip > 0) {
     ++running_;
     impl_->node->try_put(Task{layer, TaskKind::kNorm, 0.0f});
   } else {
-    const bool per_layer = job_.train.clip == "per_layer" && job_.optim.grad_clip > 0;
+    const bool per_layer = job_.train.clip == ClipMode::kPerLayer && job_.optim.grad_clip > 0;
     LaunchLocked(layer, per_layer ? -1.0f : 1.0f);
   }
 }
@@ -527,14 +527,6 @@ void UpdatePipeline::FinishUpdateLocked(int64_t layer, double seconds) {
   }
   if (!ls.arrived.empty()) MaybeScheduleLocked(layer);
   cv_.notify_all();
-}
-
-void UpdatePipeline::SetWorkers(std::vector<int32_t> worker_ids) {
-  std::lock_guard<std::mutex> lock(mu_);
-  members_.clear();
-  for (int32_t id : worker_ids) members_[id] = Range{0, INT64_MAX};
-  for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) MaybeScheduleLocked(l);
-  MaybeCommitLocked();
 }
 
 void UpdatePipeline::SetMember(int32_t id, int64_t first, int64_t last) {

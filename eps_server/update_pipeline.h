@@ -1,4 +1,5 @@
-// UpdatePipeline: the eager reduce-and-update of L2L-p (seed 002 Fig. 2c). Gradients
+// UpdatePipeline: the EPS's eager reduce-and-update, layer by layer, overlapping the
+// workers' backward instead of waiting for the whole step. Gradients
 // arrive per (layer, step, worker) from either transport; as soon as every registered
 // worker's step-t gradient of a layer is in, a TBB flow graph runs, for that layer:
 //   reduce (sum over workers in worker-id order, so the result does not depend on
@@ -50,6 +51,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/config.h"
@@ -100,9 +102,6 @@ class UpdatePipeline {
   //   ALREADY_EXISTS this worker already pushed (layer, step).
   Status Submit(int64_t layer, int64_t step, GradientRef ref);
 
-  // Workers whose gradients each update waits for. Changing it mid-step re-checks the
-  // layers that were waiting (used when a worker is lost and on_worker_loss=continue).
-  void SetWorkers(std::vector<int32_t> worker_ids);
   // Membership over steps: worker `id` contributes to steps first..last (inclusive) of
   // every layer. A worker joining later (first > current step) or leaving after its
   // last complete step (last = that step) never makes a step wait for it or take a
@@ -137,6 +136,47 @@ class UpdatePipeline {
     bool applied = false;  // some layer's state already holds the step in progress
   };
   Frozen Freeze();
+
+  // One hold of the gate, given back (Release) when the guard goes out of scope or on
+  // Reset(). Every caller that stops updates for a while (checkpoint, export, a lost or
+  // rejoining worker, an operator's Pause) holds one, so no return path can leave the
+  // pipeline frozen. Move-only; an empty guard holds nothing.
+  class [[nodiscard]] FreezeGuard {
+   public:
+    FreezeGuard() = default;
+    FreezeGuard(FreezeGuard&& o) noexcept : p_(std::exchange(o.p_, nullptr)), frozen_(o.frozen_) {}
+    FreezeGuard& operator=(FreezeGuard&& o) noexcept {
+      if (this != &o) {
+        Reset();
+        p_ = std::exchange(o.p_, nullptr);
+        frozen_ = o.frozen_;
+      }
+      return *this;
+    }
+    FreezeGuard(const FreezeGuard&) = delete;
+    FreezeGuard& operator=(const FreezeGuard&) = delete;
+    ~FreezeGuard() { Reset(); }
+    // Gives the hold back now (no-op when empty).
+    void Reset() {
+      if (p_ != nullptr) std::exchange(p_, nullptr)->Release();
+    }
+    bool held() const { return p_ != nullptr; }
+    // Leaves the gate closed for the rest of the pipeline's life (shutdown: the state
+    // must not move after the final checkpoint or a mid-step stop).
+    void KeepForever() { p_ = nullptr; }
+    // What Freeze() saw (FreezeNow only).
+    const Frozen& frozen() const { return frozen_; }
+
+   private:
+    friend class UpdatePipeline;
+    FreezeGuard(UpdatePipeline* p, Frozen f) : p_(p), frozen_(f) {}
+    UpdatePipeline* p_ = nullptr;
+    Frozen frozen_;
+  };
+  // Freeze() as a guard.
+  FreezeGuard FreezeNow() { return FreezeGuard(this, Freeze()); }
+  // Takes ownership of the hold a successful HoldAt(step) + WaitHeld(step) closed.
+  FreezeGuard AdoptHeld(int64_t step) { return FreezeGuard(this, Frozen{step, true}); }
 
   PipelineStats stats() const;
 
@@ -218,16 +258,16 @@ class UpdatePipeline {
   struct Range {
     int64_t first, last;
   };
-  std::map<int32_t, Range> members_;          // GUARDED_BY(mu_): id -> steps it contributes to
+  std::map<int32_t, Range> members_;  // GUARDED_BY(mu_): id -> steps it contributes to
   bool IsMemberLocked(int32_t id, int64_t step) const;
   bool AnyMemberLocked(int64_t step) const;
-  std::vector<LayerState> layers_;            // GUARDED_BY(mu_)
-  int64_t completed_step_ = 0;                // GUARDED_BY(mu_)
-  int64_t layers_done_in_step_ = 0;           // GUARDED_BY(mu_)
-  int running_ = 0;                           // updates queued or running; GUARDED_BY(mu_)
-  int holds_ = 0;                             // GUARDED_BY(mu_)
-  std::vector<int64_t> hold_at_;              // GUARDED_BY(mu_): HoldAt steps pending
-  bool gate_closed_ = false;                  // GUARDED_BY(mu_)
+  std::vector<LayerState> layers_;  // GUARDED_BY(mu_)
+  int64_t completed_step_ = 0;  // GUARDED_BY(mu_)
+  int64_t layers_done_in_step_ = 0;  // GUARDED_BY(mu_)
+  int running_ = 0;  // GUARDED_BY(mu_): updates queued or running
+  int holds_ = 0;  // GUARDED_BY(mu_)
+  std::vector<int64_t> hold_at_;  // GUARDED_BY(mu_): HoldAt steps pending
+  bool gate_closed_ = false;  // GUARDED_BY(mu_)
   std::vector<std::pair<int64_t, float>> deferred_;  // (layer, coef) held by the gate
   int64_t norms_in_step_ = 0;                 // global clip: layers with norm ready
   std::chrono::steady_clock::time_point last_arrival_, last_complete_;

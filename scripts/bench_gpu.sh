@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU benchmark (issue 5): l2l with one worker on cuda:0 against PyTorch training the
+# GPU benchmark: l2l with one worker on cuda:0 against PyTorch training the
 # same model entirely on the same GPU (bf16 autocast, fused AdamW, scaled-dot-product
 # attention), GPT-2 XL shapes (1.56B parameters), same tokens per step. Prints:
 #   * tokens/s of each and the ratio l2l / PyTorch        (target >= 0.85 at >= 16k tokens/step)
@@ -472,7 +472,7 @@ else:
 PY
 if [[ "$XL_STATUS" == OK ]]; then
   log "l2l time breakdown per step (1x, stash device): $XL_BREAKDOWN"
-  log "note: exposed H2D/D2H are not separated until the CUDA relay reports them (issue 5 part 2)"
+  log "note: exposed H2D/D2H are not separated until the CUDA relay reports them"
 else
   log "l2l 1x: $XL_STATUS"
 fi

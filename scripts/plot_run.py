@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Turns an l2l run log (JSONL, one object per optimizer step, written by l2l-eps as
 <state_dir>/run.jsonl) into one PNG:
-loss curve, tokens/s, and the per-step time breakdown (as in the L2L paper, Fig. 6).
+loss curve, tokens/s, and the per-step time breakdown.
 
 Usage: scripts/plot_run.py RUN.jsonl OUT.png
 

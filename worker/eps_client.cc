@@ -7,21 +7,13 @@
 
 namespace l2l::worker {
 
-bool NeedsRejoin(const Status& s) {
-  // The EPS's messages carry this phrase (eps_server/eps_core_internal.h kRejoinHint).
-  return s.code() == StatusCode::kFailedPrecondition &&
-         (s.message().find("re-register to rejoin") != std::string::npos ||
-          s.message().find("re-register to redo") != std::string::npos);
-}
+bool NeedsRejoin(const Status& s) { return s.rejoin_reason() != RejoinReason::kNone; }
 
 Result<std::unique_ptr<EpsClient>> ConnectEps(const std::string& address, const ClientOptions& options) {
-  if (options.transport != "auto" && options.transport != "shm" && options.transport != "grpc") {
-    return InvalidArgument("transport '" + options.transport + "' must be auto, shm or grpc");
-  }
   WorkerRegistration reg;
   GrpcEpsClient::ShmInfo shm;
   L2L_ASSIGN_OR_RETURN(auto impl, GrpcEpsClient::Connect(address, options, &reg, &shm));
-  if (reg.transport == "shm") {
+  if (reg.transport == Transport::kShm) {
     L2L_ASSIGN_OR_RETURN(auto c, ShmEpsClient::Create(std::move(impl), reg, options, shm));
     return std::unique_ptr<EpsClient>(std::move(c));
   }

@@ -38,7 +38,7 @@ struct WorkerRegistration {
   int32_t data_rank = 0;        // this worker's data shard: rank of world
   int32_t data_world = 1;
   std::string data_position;    // opaque data-loader position to resume from ("" = start)
-  std::string transport;        // "shm" or "grpc": how layers and gradients travel
+  Transport transport = Transport::kGrpc;  // kShm or kGrpc: how layers and gradients travel
 };
 
 struct LayerWeights {
@@ -53,7 +53,7 @@ struct StepReport {
   double loss = 0;              // mean over this worker's micro-batches
   int64_t tokens = 0;           // tokens this worker processed in the step
   std::string data_position;    // loader position after the step (saved in checkpoints)
-  // Seconds spent, for the per-step breakdown (seed 002 Fig. 6).
+  // Seconds spent, for the per-step time breakdown.
   double forward_s = 0, backward_s = 0, recompute_s = 0, wait_layer_s = 0, wait_push_s = 0;
 };
 
@@ -87,7 +87,7 @@ struct GradientSlot {
 };
 
 struct ClientOptions {
-  std::string transport = "auto";   // auto (shm when the EPS is on this host) | shm | grpc
+  Transport transport = Transport::kAuto;  // auto (shm when the EPS is on this host) | shm | grpc
   std::chrono::milliseconds connect_timeout{10000};  // bounded retry when the EPS is unreachable
   std::chrono::milliseconds heartbeat_interval{500};
   std::string worker_name;          // for status displays; default hostname:pid

@@ -38,7 +38,13 @@ Status FromGrpc(const grpc::Status& s, const std::string& what) {
     case grpc::StatusCode::UNAUTHENTICATED: c = StatusCode::kPermissionDenied; break;
     default: break;
   }
-  return Status(c, what + ": " + s.error_message());
+  Status out(c, what + ": " + s.error_message());
+  data::RejoinDetail detail;
+  if (!s.error_details().empty() && detail.ParseFromString(s.error_details()) &&
+      detail.reason() != data::REJOIN_REASON_NONE) {
+    out = out.WithRejoinReason(static_cast<RejoinReason>(detail.reason()));
+  }
+  return out;
 }
 
 }  // namespace
@@ -77,7 +83,7 @@ Status GrpcEpsClient::Register(Impl* impl, const ClientOptions& options, int32_t
   req.set_worker_name(options.worker_name);
   req.set_hostname(HostName());
   req.set_boot_id(BootId());
-  req.set_transport(options.transport);
+  req.set_transport(ToString(options.transport));
   req.set_pid(static_cast<int32_t>(getpid()));
   req.set_previous_worker_id(previous_worker_id);
   const auto deadline = std::chrono::system_clock::now() + options.connect_timeout;
@@ -127,7 +133,11 @@ Status GrpcEpsClient::Register(Impl* impl, const ClientOptions& options, int32_t
   reg->data_rank = rep.data_rank();
   reg->data_world = rep.data_world();
   reg->data_position = rep.data_position();
-  reg->transport = rep.transport();
+  Result<Transport> transport = ParseTransport(rep.transport());
+  if (!transport.ok() || *transport == Transport::kAuto) {
+    return Internal("Register reply from " + address + ": transport '" + rep.transport() + "' is not shm or grpc");
+  }
+  reg->transport = *transport;
   shm->weight_segment = rep.weight_segment();
   shm->gradient_segment = rep.gradient_segment();
   shm->layer_numel.assign(rep.layer_numel().begin(), rep.layer_numel().end());

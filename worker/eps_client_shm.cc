@@ -83,7 +83,7 @@ Status ShmEpsClient::Rejoin() {
   std::lock_guard<std::mutex> lock(push_mu_);
   ShmInfo shm;
   L2L_RETURN_IF_ERROR(RegisterAgain(&shm));
-  if (reg_.transport != "shm") return Internal("rejoin: the EPS moved this worker off shared memory");
+  if (reg_.transport != Transport::kShm) return Internal("rejoin: the EPS moved this worker off shared memory");
   return MapSegments(shm);
 }
 
@@ -104,8 +104,8 @@ Result<LayerWeights> ShmEpsClient::AcquireLayer(int64_t layer, int64_t min_versi
     if (hdr->stopped.load(std::memory_order_acquire)) return Aborted("the EPS stopped the job");
     if (hdr->epoch.load(std::memory_order_acquire) != epoch_) {
       rejoin_requested_ = true;
-      return FailedPrecondition("the EPS rolled the state back (a worker was lost mid-step); "
-                                "re-register to rejoin");
+      return RejoinRequired(RejoinReason::kRolledBack,
+                            "the EPS rolled the state back (a worker was lost mid-step); re-register to rejoin");
     }
     const uint32_t s = e.current.load(std::memory_order_acquire);
     const uint32_t q = e.seq[s].load(std::memory_order_acquire);

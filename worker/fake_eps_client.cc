@@ -36,14 +36,11 @@ class FakeEpsClient : public EpsClient {
 };
 
 Result<std::unique_ptr<FakeEps>> FakeEps::Create(const JobConfig& job, const FakeEpsOptions& options) {
-  L2L_RETURN_IF_ERROR(job.model.Validate());
+  L2L_RETURN_IF_ERROR(job.Validate());
   if (options.num_workers <= 0) {
     return InvalidArgument("fake EPS: num_workers=" + std::to_string(options.num_workers) + " must be > 0");
   }
   if (job.publish_dtype == DType::kF16) return Unimplemented("fake EPS publishes f32 or bf16, not f16");
-  if (job.train.clip != "none" && job.train.clip != "per_layer" && job.train.clip != "global") {
-    return InvalidArgument("train.clip='" + job.train.clip + "' is not one of: none, per_layer, global");
-  }
   std::unique_ptr<FakeEps> eps(new FakeEps(job, options));
   std::lock_guard<std::mutex> lk(eps->mu_);
   eps->layers_.resize(eps->layouts_.size());
@@ -72,7 +69,7 @@ Result<std::unique_ptr<EpsClient>> FakeEps::Connect(int32_t worker_id) {
   reg.job = job_;
   reg.data_rank = worker_id;
   reg.data_world = opt_.num_workers;
-  reg.transport = "fake";
+  reg.transport = Transport::kGrpc;  // in-process: no shared segments, like gRPC
   return std::unique_ptr<EpsClient>(new FakeEpsClient(this, std::move(reg)));
 }
 
@@ -101,7 +98,7 @@ bool FakeEps::Complete(int64_t step, int64_t layer) const {
 }
 
 bool FakeEps::TryApply(int64_t step, int64_t layer) {
-  if (job_.train.clip == "global") {
+  if (job_.train.clip == ClipMode::kGlobal) {
     std::vector<int64_t> all;
     for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) {
       if (layers_[l].version != step || !Complete(step, l)) return false;
@@ -130,9 +127,9 @@ void FakeEps::Apply(int64_t step, const std::vector<int64_t>& which) {
     Layer& layer = layers_[l];
     const double scale = 1.0 / static_cast<double>(p.micro_batches);
     float coef = 1.0f;
-    if (job_.train.clip == "global") {
+    if (job_.train.clip == ClipMode::kGlobal) {
       coef = ClipCoefficient(std::sqrt(global_sq), o.grad_clip);
-    } else if (job_.train.clip == "per_layer") {
+    } else if (job_.train.clip == ClipMode::kPerLayer) {
       coef = ClipCoefficient(std::sqrt(SumSquares(p.sum.data(), p.sum.size())) * scale, o.grad_clip);
     }
     const float grad_scale = static_cast<float>(scale) * coef;

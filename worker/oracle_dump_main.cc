@@ -66,7 +66,7 @@ l2l::JobConfig OracleJob(bool tied, uint64_t seed) {
   c.train.micro_batches = 2;
   c.train.seq_len = 11;  // < model.seq_len: only the first T rows of wpe are used
   c.train.seed = seed;
-  c.train.clip = "none";
+  c.train.clip = l2l::ClipMode::kNone;
   c.optim.lr = 1e-2f;
   c.optim.warmup_steps = 0;
   c.optim.total_steps = 0;
@@ -222,7 +222,7 @@ Status DumpVariant(const std::string& dir, const l2l::JobConfig& job, uint64_t s
   for (const char* which : {"noclip", "clip"}) {
     l2l::JobConfig c = cfg;
     if (std::string(which) == "clip") {
-      c.train.clip = "global";
+      c.train.clip = l2l::ClipMode::kGlobal;
       c.optim.grad_clip = 0.5f;  // below the gradient norm: the clip is active
     }
     L2L_ASSIGN_OR_RETURN(auto s, w::ReferenceTrainer::Create(c, weights));

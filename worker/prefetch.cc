@@ -5,16 +5,13 @@
 #include <chrono>
 #include <cstring>
 
+#include "common/clock.h"
 #include "common/dtype.h"
 
 namespace l2l::worker {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
 
 // The mode a backend gets: direct on the CPU, async when it has copy queues, else staged.
 CopyMode ModeFor(const kernels::Backend& backend) {

@@ -55,11 +55,7 @@ Result<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(const JobConf
 
 Status ReferenceTrainer::Init(const JobConfig& cfg, std::vector<std::vector<float>> params,
                               const ReferenceTrainerOptions& opts) {
-  L2L_RETURN_IF_ERROR(cfg.model.Validate());
-  const std::string& clip = cfg.train.clip;
-  if (clip != "none" && clip != "per_layer" && clip != "global") {
-    return InvalidArgument("train.clip=" + clip + " must be one of none, per_layer, global");
-  }
+  L2L_RETURN_IF_ERROR(cfg.Validate());
   cfg_ = cfg;
   layouts_ = BuildLayout(cfg.model);
   if (params.size() != layouts_.size()) {
@@ -240,9 +236,9 @@ void ReferenceTrainer::ApplyUpdate() {
     total_sq += layer_sq[l];
   }
   last_norm_ = std::sqrt(total_sq);
-  if (cfg_.train.clip == "global") {
+  if (cfg_.train.clip == ClipMode::kGlobal) {
     std::fill(coef.begin(), coef.end(), ClipCoefficient(last_norm_, o.grad_clip));
-  } else if (cfg_.train.clip == "per_layer") {
+  } else if (cfg_.train.clip == ClipMode::kPerLayer) {
     for (size_t l = 0; l < layouts_.size(); ++l) coef[l] = ClipCoefficient(std::sqrt(layer_sq[l]), o.grad_clip);
   }
   last_clip_ = coef[0];

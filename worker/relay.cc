@@ -6,6 +6,7 @@
 #include <chrono>
 #include <utility>
 
+#include "common/clock.h"
 #include "common/logging.h"
 
 namespace l2l::worker {
@@ -13,26 +14,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
-}
-
 }  // namespace
 
 Result<RelayOptions> RelayOptions::FromJob(const JobConfig& job) {
+  L2L_RETURN_IF_ERROR(job.Validate());
   RelayOptions o;
-  L2L_ASSIGN_OR_RETURN(o.stash, ParseStashPlacement(job.train.stash));
-  if (job.train.mode == "sync") {
-    o.lockfree = false;
-  } else if (job.train.mode == "lockfree") {
-    o.lockfree = true;
-  } else {
-    return InvalidArgument("train.mode='" + job.train.mode + "' is not one of: sync, lockfree");
-  }
-  if (job.train.staleness < 0) {
-    return InvalidArgument("train.staleness=" + std::to_string(job.train.staleness) +
-                           " must be >= 0");
-  }
+  o.stash = job.train.stash;
+  o.lockfree = job.train.mode == TrainMode::kLockfree;
   o.staleness = job.train.staleness;
   return o;
 }
@@ -63,14 +51,7 @@ Relay::~Relay() {
 
 Result<std::unique_ptr<Relay>> Relay::Create(EpsClient* client, kernels::Backend* backend,
                                              const JobConfig& job, const RelayOptions& options) {
-  L2L_RETURN_IF_ERROR(job.model.Validate());
-  if (job.train.micro_batch_size <= 0 || job.train.micro_batches <= 0 || job.seq_len() <= 0 ||
-      job.seq_len() > job.model.seq_len) {
-    return InvalidArgument("relay: train.micro_batch_size=" + std::to_string(job.train.micro_batch_size) +
-                           ", train.micro_batches=" + std::to_string(job.train.micro_batches) +
-                           " must be > 0 and seq_len=" + std::to_string(job.seq_len()) +
-                           " in [1, model.seq_len=" + std::to_string(job.model.seq_len) + "]");
-  }
+  L2L_RETURN_IF_ERROR(job.Validate());
   std::unique_ptr<Relay> r(new Relay(client, backend, job, options));
   L2L_RETURN_IF_ERROR(r->Init());
   return r;
@@ -112,7 +93,7 @@ Status Relay::Init() {
                  "published, {}{}), stash {}{}",
                  be_->name(), DTypeName(job_.publish_dtype),
                  job_.publish_dtype == DType::kF32 ? "" : ", widened to f32 on the device",
-                 StashPlacementName(opt_.stash),
+                 ToString(opt_.stash),
                  stash_->async() ? " (offloaded on its own copy stream)" : "");
   }
   return Status::Ok();

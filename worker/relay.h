@@ -1,5 +1,5 @@
-// Relay: one worker's layer-to-layer execution of a training step against the EPS (seed
-// 002 Algorithm 3; ../shared/BRIEF.md "Step anatomy"). For step t with micro-batches
+// Relay: one worker's layer-to-layer execution of a training step against the EPS: only
+// one layer's weights need be on the device at a time. For step t with micro-batches
 // u1..uM:
 //   forward   for each layer l = 0..L (embedding, blocks): run u1..uM through it, stash
 //             each output (worker/stash.h); layer l+1 is prefetched meanwhile.
@@ -53,13 +53,13 @@ namespace l2l::worker {
 
 struct RelayOptions {
   StashPlacement stash = StashPlacement::kDevice;  // train.stash
-  bool lockfree = false;                           // train.mode == "lockfree"
+  bool lockfree = false;                           // train.mode is lockfree
   int64_t staleness = 1;                           // train.staleness (lock-free only)
   // Longest wait for one layer version before the step fails with DEADLINE_EXCEEDED.
   std::chrono::milliseconds layer_timeout{std::chrono::minutes(10)};
   int ring_slots = 2;  // weight slots for blocks/head (2 = current + prefetch)
 
-  // Reads train.stash / train.mode / train.staleness; errors name the key.
+  // Validates the job (JobConfig::Validate) and reads train.stash / mode / staleness.
   static Result<RelayOptions> FromJob(const JobConfig& job);
 };
 

@@ -9,16 +9,6 @@
 
 namespace l2l::worker {
 
-Result<StashPlacement> ParseStashPlacement(const std::string& s) {
-  if (s == "device") return StashPlacement::kDevice;
-  if (s == "host") return StashPlacement::kHost;
-  return InvalidArgument("train.stash='" + s + "' is not one of: device, host");
-}
-
-const char* StashPlacementName(StashPlacement p) {
-  return p == StashPlacement::kDevice ? "device" : "host";
-}
-
 Result<std::unique_ptr<Stash>> Stash::Create(kernels::Backend* backend, StashPlacement placement,
                                              int64_t slots, int64_t micro_batches, size_t floats) {
   if (slots <= 0 || micro_batches <= 0 || floats == 0) {

@@ -1,5 +1,5 @@
 // Stash: the layer outputs the relay keeps between its forward and backward passes
-// (seed 002 Algorithm 3: only each layer's output survives; the backward recomputes
+// (only each layer's output survives, to bound memory; the backward recomputes
 // everything else from it). Slot s holds the output of layer s (embedding = 0, block i =
 // i+1) for every micro-batch u, each (B,T,C) fp32.
 //
@@ -39,16 +39,11 @@
 #include <string>
 #include <vector>
 
+#include "common/modes.h"  // StashPlacement
 #include "common/status.h"
 #include "kernels/backend.h"
 
 namespace l2l::worker {
-
-enum class StashPlacement { kDevice, kHost };
-
-// "device" | "host"; anything else is INVALID_ARGUMENT naming train.stash.
-Result<StashPlacement> ParseStashPlacement(const std::string& s);
-const char* StashPlacementName(StashPlacement p);
 
 class Stash {
  public:

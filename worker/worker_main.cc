@@ -143,7 +143,9 @@ Status OpenData(const l2l::JobConfig& job, const w::WorkerRegistration& reg,
 
 Status Run(const Flags& f, int* exit_code) {
   w::ClientOptions copts;
-  copts.transport = f.transport;
+  const l2l::Result<l2l::Transport> transport = l2l::ParseTransport(f.transport);
+  if (!transport.ok()) return transport.status().WithContext("--transport");
+  copts.transport = *transport;
   copts.connect_timeout = std::chrono::milliseconds(f.connect_timeout_ms);
   copts.worker_name = f.name;
   if (const std::string tf = l2l::TokenFileFromFlagOrEnv(f.token_file); !tf.empty()) {
@@ -174,7 +176,7 @@ Status Run(const Flags& f, int* exit_code) {
   if (!f.config.empty()) L2L_RETURN_IF_ERROR(ApplyLocalConfig(f.config, &job));
   const int64_t total_steps = f.steps >= 0 ? f.steps : job.train.steps;
   L2L_LOG_INFO("registered as worker {} of {} (transport {}, data shard {}/{}, start step {})",
-               reg.worker_id, reg.num_workers, reg.transport, reg.data_rank, reg.data_world,
+               reg.worker_id, reg.num_workers, ToString(reg.transport), reg.data_rank, reg.data_world,
                reg.start_step);
 
   L2L_ASSIGN_OR_RETURN(std::unique_ptr<l2l::kernels::Backend> backend, MakeBackend(f));
@@ -188,7 +190,7 @@ Status Run(const Flags& f, int* exit_code) {
   std::optional<w::DataLoader> loader;
   L2L_RETURN_IF_ERROR(OpenData(job, reg, &loader));
   L2L_LOG_INFO("backend {}, stash {}, mode {} (staleness {}), device bytes {}", backend->name(),
-               w::StashPlacementName(ropts.stash), job.train.mode, ropts.staleness,
+               ToString(ropts.stash), ToString(job.train.mode), ropts.staleness,
                relay->device_bytes());
 
   const auto t_start = std::chrono::steady_clock::now();

@@ -72,11 +72,6 @@ CudaEvent& CudaEvent::operator=(CudaEvent&& o) noexcept {
   return *this;
 }
 
-void StreamWaitStream(cudaStream_t waiter, cudaStream_t producer, const CudaEvent& scratch) {
-  L2L_CUDA_CHECK(cudaEventRecord(scratch.get(), producer));
-  L2L_CUDA_CHECK(cudaStreamWaitEvent(waiter, scratch.get(), 0));
-}
-
 // ---- CublasLtHandle ----------------------------------------------------------------
 Result<CublasLtHandle> CublasLtHandle::Create() {
   CublasLtHandle h;

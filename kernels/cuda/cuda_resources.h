@@ -56,10 +56,6 @@ class CudaEvent {
   cudaEvent_t e_ = nullptr;
 };
 
-// Makes `waiter` wait for all work queued so far on `producer` (no host sync).
-// `scratch` is recorded on `producer`. nccl's ncclStreamWaitStream.
-void StreamWaitStream(cudaStream_t waiter, cudaStream_t producer, const CudaEvent& scratch);
-
 class CublasLtHandle {
  public:
   CublasLtHandle() = default;

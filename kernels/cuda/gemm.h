@@ -62,7 +62,6 @@ class LtGemm {
   // fall back to smaller problems); INTERNAL for a cuBLASLt failure.
   Status Run(const LtGemmArgs& args, cudaStream_t stream);
 
-  size_t cached_plans() const { return plans_.size(); }
   size_t workspace_bytes() const { return workspace_.bytes(); }
 
  private:

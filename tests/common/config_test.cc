@@ -248,8 +248,8 @@ TEST_CASE("JobConfig::Validate catches bad values set in code", "[config][errors
   cfg.train.micro_batches = 0;
   CHECK(cfg.Validate().message().find("train.micro_batches=0") != std::string::npos);
   cfg = JobConfig{};
-  cfg.train.mode = "fast";
-  CHECK(cfg.Validate().message().find("train.mode=fast") != std::string::npos);
+  cfg.train.staleness = -1;
+  CHECK(cfg.Validate().message().find("train.staleness=-1") != std::string::npos);
   cfg = JobConfig{};
   cfg.model.n_head = 3;
   CHECK(cfg.Validate().message().find("n_head") != std::string::npos);

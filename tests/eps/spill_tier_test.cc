@@ -1,4 +1,4 @@
-// Tests of eps_server/spill_tier.h and the ParamStore's SSD tier (issue 7): TierPlan
+// Tests of eps_server/spill_tier.h and the ParamStore's SSD tier: TierPlan
 // placement (budget to the byte, moments before master, even spread, refusals with the
 // numbers) against a brute-force reading of the rules; a store with 4096-byte pages
 // whose budget puts all moments and part of master on SSD, checked against the source

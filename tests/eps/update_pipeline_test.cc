@@ -28,7 +28,7 @@ JobConfig SmallJob(const std::string& clip) {
   j.model.n_layer = 2;
   j.model.n_head = 4;
   j.model.d_ff = 128;
-  j.train.clip = clip;
+  j.train.clip = ParseClipMode(clip).value();
   j.optim.lr = 1e-2f;
   j.optim.warmup_steps = 2;
   j.optim.total_steps = 10;
@@ -97,8 +97,8 @@ std::vector<std::vector<float>> Reference(const JobConfig& job, const ParamStore
     for (double x : n2) total += x;
     for (int64_t l = 0; l < L; ++l) {
       float coef = 1.0f;
-      if (job.train.clip == "global") coef = ClipCoefficient(std::sqrt(total), job.optim.grad_clip);
-      if (job.train.clip == "per_layer") coef = ClipCoefficient(std::sqrt(n2[l]), job.optim.grad_clip);
+      if (job.train.clip == l2l::ClipMode::kGlobal) coef = ClipCoefficient(std::sqrt(total), job.optim.grad_clip);
+      if (job.train.clip == l2l::ClipMode::kPerLayer) coef = ClipCoefficient(std::sqrt(n2[l]), job.optim.grad_clip);
       for (const ParamInfo& pi : ps.layout(l).params) {
         AdamWStep(p[l].data() + pi.offset, sum[l].data() + pi.offset, m[l].data() + pi.offset,
                   v[l].data() + pi.offset, pi.numel, LearningRate(job.optim, step), job.optim.beta1,
@@ -239,7 +239,7 @@ namespace l2l::eps {
 TEST_CASE("UpdatePipeline in lock-free mode holds a gradient pushed ahead of the layer's step",
           "[eps][pipeline]") {
   JobConfig job = SmallJob("none");
-  job.train.mode = "lockfree";
+  job.train.mode = l2l::TrainMode::kLockfree;
   job.train.staleness = 1;
   auto probe = MakeStore(job);
   const Grads g = MakeGrads(*probe, 2, 2);

@@ -1,4 +1,4 @@
-// The CUDA worker path (issue 5 part 2): the backend's copy queues, events and host pins
+// The CUDA worker path: the backend's copy queues, events and host pins
 // (kernels/cuda/copy_queue.h) and the relay driving them against a real EPS over shared
 // memory (worker/relay.h, worker/prefetch.h, worker/stash.h).
 // Label gpu: fails (never skips) without a GPU, like every test in tests/gpu.
@@ -177,7 +177,7 @@ struct InProcessEps {
     static int counter = 0;
     o.job_id = "gpurelay" + std::to_string(getpid()) + "x" + std::to_string(counter++);
     o.expected_workers = 1;
-    o.transport = "auto";
+    o.transport = l2l::Transport::kAuto;
     return o;
   }
   eps::EpsCore core;
@@ -188,7 +188,7 @@ struct InProcessEps {
 JobConfig RelayJob(DType dt, const std::string& stash) {
   JobConfig job = SmallJob();
   job.train.steps = 10;
-  job.train.stash = stash;
+  job.train.stash = ParseStashPlacement(stash).value();
   job.publish_dtype = dt;
   return job;
 }
@@ -201,12 +201,12 @@ struct ShmRun {
 ShmRun RelayOverShm(const JobConfig& job, Backend* backend, int steps) {
   InProcessEps eps(job);
   worker::ClientOptions co;
-  co.transport = "shm";
+  co.transport = l2l::Transport::kShm;
   co.connect_timeout = 10000ms;
   auto client = worker::ConnectEps(eps.address, co);
   INFO(client.status().ToString());
   REQUIRE(client.ok());
-  REQUIRE((*client)->registration().transport == "shm");
+  REQUIRE((*client)->registration().transport == l2l::Transport::kShm);
   auto opts = worker::RelayOptions::FromJob(job);
   REQUIRE(opts.ok());
   auto relay = worker::Relay::Create(client->get(), backend, job, *opts);

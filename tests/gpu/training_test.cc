@@ -167,8 +167,8 @@ std::vector<float> RelayLosses(const JobConfig& job, Backend* backend, int steps
 TEST_CASE("relay on cuda tracks the cpu relay for 10 steps", "[gpu]") {
   Backends& b = Both();
   JobConfig job = SmallJob();
-  job.train.stash = GENERATE(std::string("device"), std::string("host"));
-  CAPTURE(job.train.stash);
+  job.train.stash = GENERATE(StashPlacement::kDevice, StashPlacement::kHost);
+  CAPTURE(ToString(job.train.stash));
   REQUIRE(job.Validate().ok());
   auto cpu = RelayLosses(job, b.cpu.get(), 10);
   auto gpu = RelayLosses(job, b.gpu.get(), 10);

@@ -97,7 +97,7 @@ struct EpsProcess {
 
 std::unique_ptr<worker::EpsClient> Connect(const std::string& address, const std::string& transport) {
   worker::ClientOptions o;
-  o.transport = transport;
+  o.transport = ParseTransport(transport).value();
   o.connect_timeout = 5000ms;
   o.heartbeat_interval = 100ms;
   auto c = worker::ConnectEps(address, o);
@@ -177,7 +177,7 @@ TEST_CASE("EPS checkpoint survives kill -9: resume is byte-identical and trainin
   REQUIRE(tmp.ok());
   const auto& dir = **tmp;
   JobConfig job = TinyJob(DType::kF32, 4);
-  job.train.clip = "none";  // layers update as their gradients arrive (see the half step)
+  job.train.clip = l2l::ClipMode::kNone;  // layers update as their gradients arrive (see the half step)
   // The EPS sees flat layer buffers only: a Llama-family job checkpoints the same way.
   const bool llama = GENERATE(false, true);
   if (llama) {
@@ -288,7 +288,7 @@ TEST_CASE("EPS --resume of a bad checkpoint fails naming the file and changes no
     eps::CoreOptions o;
     o.job_id = "badckpt" + std::to_string(getpid());
     o.state_dir = dir.File("state");
-    o.transport = "grpc";
+    o.transport = l2l::Transport::kGrpc;
     eps::EpsCore core(o);
     REQUIRE(core.CreateJob(job).ok());
     auto r = core.Checkpoint("");
@@ -368,7 +368,7 @@ struct LocalDaemon {
     eps::CoreOptions o;
     o.job_id = "exp" + std::to_string(getpid()) + "x" + std::to_string(n++);
     o.state_dir = state_dir;
-    o.transport = "grpc";
+    o.transport = l2l::Transport::kGrpc;
     o.allow_absolute_paths = allow_abs;
     return o;
   }
@@ -488,7 +488,7 @@ TEST_CASE("EPS checkpoints every N steps and at shutdown, but never a half-appli
   auto tmp = itest::TempDir::Create("eps-every");
   REQUIRE(tmp.ok());
   JobConfig job = TinyJob(DType::kF32, 4);
-  job.train.clip = "none";
+  job.train.clip = l2l::ClipMode::kNone;
   eps::CoreOptions o;
   o.job_id = "every" + std::to_string(getpid());
   o.expected_workers = 2;
@@ -566,7 +566,7 @@ TEST_CASE("EPS shutdown at a step boundary writes the final checkpoint", "[integ
   o.job_id = "final" + std::to_string(getpid());
   o.expected_workers = 2;
   o.state_dir = (*tmp)->path();
-  o.transport = "grpc";
+  o.transport = l2l::Transport::kGrpc;
   eps::EpsCore core(o);
   REQUIRE(core.CreateJob(job).ok());
   auto server = eps::EpsGrpcServer::Start(&core, eps::ServerOptions{});

@@ -50,7 +50,7 @@ struct Daemon {
     o.job_id = "test" + std::to_string(getpid()) + "x" + std::to_string(counter++);
     o.expected_workers = workers;
     o.page_bytes = 8192;
-    o.transport = transport;
+    o.transport = ParseTransport(transport).value();
     return o;
   }
   eps::EpsCore core;
@@ -60,7 +60,7 @@ struct Daemon {
 
 std::unique_ptr<worker::EpsClient> Connect(const std::string& address, const std::string& transport) {
   worker::ClientOptions o;
-  o.transport = transport;
+  o.transport = ParseTransport(transport).value();
   o.connect_timeout = 5000ms;
   auto c = worker::ConnectEps(address, o);
   L2L_CHECK(c.ok()) << c.status().ToString();
@@ -132,8 +132,8 @@ TEST_CASE("EPS with a shm worker and a gRPC worker publishes AdamW of their grad
   Daemon d(job, 2);
   auto a = Connect(d.address, "auto");
   auto b = Connect(d.address, "grpc");
-  REQUIRE(a->registration().transport == "shm");
-  REQUIRE(b->registration().transport == "grpc");
+  REQUIRE(a->registration().transport == l2l::Transport::kShm);
+  REQUIRE(b->registration().transport == l2l::Transport::kGrpc);
   CHECK(a->registration().job.model == job.model);
   CHECK(a->registration().num_workers == 2);
   // Expected weights at every version, computed by the reference.
@@ -312,7 +312,7 @@ TEST_CASE("EPS API: calls from an unregistered worker are NOT_FOUND", "[integrat
 TEST_CASE("EPS API: a shm gradient for the wrong step surfaces at StepDone", "[integration][eps][bad_input]") {
   Daemon d(TinyJob(DType::kF32), 1);
   auto a = Connect(d.address, "shm");
-  REQUIRE(a->registration().transport == "shm");
+  REQUIRE(a->registration().transport == l2l::Transport::kShm);
   const size_t n = BuildLayout(a->registration().job.model)[1].numel;
   std::vector<float> g(n, 0.01f);
   REQUIRE(a->PushGradient(1, 4, 1, g.data(), n).ok());  // handed over; the EPS rejects it

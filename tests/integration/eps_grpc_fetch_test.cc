@@ -68,14 +68,14 @@ TEST_CASE("gRPC FetchLayer: the worker client and a generated protobuf stub get 
   eps::CoreOptions o;
   o.job_id = "fetch" + std::to_string(getpid()) + (dt == DType::kF32 ? "f" : "b");
   o.expected_workers = 1;
-  o.transport = "grpc";
+  o.transport = l2l::Transport::kGrpc;
   eps::EpsCore core(o);
   REQUIRE(core.CreateJob(job).ok());
   auto server = eps::EpsGrpcServer::Start(&core, eps::ServerOptions{});
   REQUIRE(server.ok());
   const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
   worker::ClientOptions co;
-  co.transport = "grpc";
+  co.transport = l2l::Transport::kGrpc;
   co.connect_timeout = 5000ms;
   auto client = worker::ConnectEps(address, co);
   REQUIRE(client.ok());
@@ -142,7 +142,7 @@ TEST_CASE("gRPC FetchLayer: a client that stops reading is cancelled once the EP
   eps::CoreOptions o;
   o.job_id = "stall" + std::to_string(getpid());
   o.expected_workers = 1;
-  o.transport = "grpc";
+  o.transport = l2l::Transport::kGrpc;
   o.heartbeat_timeout_ms = 300;
   eps::EpsCore core(o);
   REQUIRE(core.CreateJob(job).ok());

@@ -27,7 +27,7 @@ inline JobConfig TinyJob(DType dt = DType::kF32, int64_t steps = 4) {
   j.model.d_ff = 128;
   j.optim.lr = 1e-2f;
   j.optim.grad_clip = 0.05f;
-  j.train.clip = "global";
+  j.train.clip = l2l::ClipMode::kGlobal;
   j.train.steps = steps;
   j.train.seed = 77;
   j.publish_dtype = dt;
@@ -70,7 +70,7 @@ struct Reference {
       n2 += SumSquares(avg.data(), avg.size());
       sum.push_back(std::move(s));
     }
-    const float coef = job.train.clip == "global" ? ClipCoefficient(std::sqrt(n2), job.optim.grad_clip) : 1.0f;
+    const float coef = job.train.clip == l2l::ClipMode::kGlobal ? ClipCoefficient(std::sqrt(n2), job.optim.grad_clip) : 1.0f;
     for (size_t l = 0; l < layouts.size(); ++l) {
       for (const ParamInfo& pi : layouts[l].params) {
         AdamWStep(p[l].data() + pi.offset, sum[l].data() + pi.offset, m[l].data() + pi.offset,

@@ -53,7 +53,7 @@ struct Daemon {
   }
   static JobConfig Job() {
     JobConfig j = TinyJob(DType::kF32, 6);
-    j.train.clip = "none";
+    j.train.clip = l2l::ClipMode::kNone;
     return j;
   }
   static eps::CoreOptions Opts(const std::string& on_loss, const std::string& state_dir, const std::string& transport) {
@@ -61,9 +61,9 @@ struct Daemon {
     eps::CoreOptions o;
     o.job_id = "loss" + std::to_string(getpid()) + "x" + std::to_string(n++);
     o.expected_workers = 2;
-    o.transport = transport;
+    o.transport = ParseTransport(transport).value();
     o.heartbeat_timeout_ms = kHeartbeatTimeoutMs;
-    o.on_worker_loss = on_loss;
+    o.on_worker_loss = ParseOnWorkerLoss(on_loss).value();
     o.state_dir = state_dir;
     return o;
   }
@@ -220,10 +220,14 @@ TEST_CASE("EPS pause: a silent worker is lost, nothing is applied without it, a 
   for (int64_t v : st.layer_version()) CHECK(v == 1);  // no partial update
   std::this_thread::sleep_for(200ms);
   CHECK(Master(d.core) == ref.p);
-  // The silent worker's calls are refused with a rejoin hint.
+  // The silent worker's calls are refused with a typed rejoin reason (the status detail
+  // clients decide on) and a hint for people.
   grpc::Status refused = a.Push(3, 1);
   CHECK(refused.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
   CHECK(refused.error_message().find("re-register to rejoin") != std::string::npos);
+  ::l2l::data::v1::RejoinDetail detail;
+  REQUIRE(detail.ParseFromString(refused.error_details()));
+  CHECK(detail.reason() == ::l2l::data::v1::REJOIN_REASON_DECLARED_LOST);
 
   // A restarted process registers fresh and takes over id 0 at step 1 with its data.
   RawWorker a2(d.address);
@@ -344,7 +348,7 @@ TEST_CASE("EpsClient rejoins after a rollback and redoes the step", "[integratio
   REQUIRE(tmp.ok());
   Daemon d("continue", (*tmp)->path(), "auto");
   worker::ClientOptions o;
-  o.transport = "shm";
+  o.transport = l2l::Transport::kShm;
   o.heartbeat_interval = 50ms;
   auto c = worker::ConnectEps(d.address, o);
   REQUIRE(c.ok());

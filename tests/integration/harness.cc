@@ -155,8 +155,8 @@ Result<std::unique_ptr<EpsDaemon>> EpsDaemon::Start(const JobConfig& job, const 
       << "job_id: " << d->job_id_ << "\n"
       << "expected_workers: " << o.workers << "\n"
       << "heartbeat_timeout_ms: " << o.heartbeat_timeout_ms << "\n"
-      << "on_worker_loss: " << o.on_worker_loss << "\n"
-      << "transport: " << o.transport << "\n"
+      << "on_worker_loss: " << ToString(o.on_worker_loss) << "\n"
+      << "transport: " << ToString(o.transport) << "\n"
       << o.extra_yaml << "\n";
     if (!f || !e) return ErrnoError("write", dir.path(), errno);
   }

@@ -72,8 +72,8 @@ class Process {
 
 struct DaemonOptions {
   int workers = 1;                      // expected_workers
-  std::string transport = "auto";       // auto (shm for local workers) | grpc
-  std::string on_worker_loss = "pause"; // pause | continue
+  Transport transport = Transport::kAuto;  // auto (shm for local workers) | grpc
+  OnWorkerLoss on_worker_loss = OnWorkerLoss::kPause;
   int64_t heartbeat_timeout_ms = 10000;
   std::vector<std::string> extra_args;  // appended to l2l-eps's command line
   std::string extra_yaml;               // appended to the daemon config file

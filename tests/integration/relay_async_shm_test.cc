@@ -49,7 +49,7 @@ struct InProcessEps {
     o.job_id = "asyncshm" + std::to_string(getpid()) + "x" + std::to_string(counter++);
     o.expected_workers = 1;
     o.page_bytes = 8192;
-    o.transport = "auto";
+    o.transport = l2l::Transport::kAuto;
     return o;
   }
   eps::EpsCore core;
@@ -62,7 +62,7 @@ JobConfig Job(DType dt, const std::string& stash) {
   job.train.micro_batch_size = 2;
   job.train.micro_batches = 2;
   job.train.seq_len = 16;
-  job.train.stash = stash;
+  job.train.stash = ParseStashPlacement(stash).value();
   job.optim.grad_clip = 1.0f;
   job.optim.lr = 3e-3f;
   return job;
@@ -88,7 +88,7 @@ std::vector<worker::MicroBatch> Batches(const JobConfig& job, int64_t step) {
 
 struct Run {
   std::vector<double> losses;
-  std::string transport;
+  Transport transport = Transport::kAuto;
   int64_t pinned = 0, bounced = 0, slot_pushes = 0, staged_pushes = 0;
   std::vector<worker::HostRegionPinner::Attempt> pin_attempts;
 };
@@ -96,7 +96,7 @@ struct Run {
 Run Train(const JobConfig& job, kernels::Backend* backend, int steps) {
   InProcessEps eps(job);
   worker::ClientOptions co;
-  co.transport = "shm";
+  co.transport = l2l::Transport::kShm;
   co.connect_timeout = 5000ms;
   auto client = worker::ConnectEps(eps.address, co);
   INFO(client.status().ToString());
@@ -139,13 +139,13 @@ TEST_CASE("Relay with copy queues over shm DMAs from the pinned weight segment i
 
   auto cpu = kernels::CreateCpuBackend(1);
   Run plain = Train(job, cpu.get(), steps);
-  REQUIRE(plain.transport == "shm");
+  REQUIRE(plain.transport == l2l::Transport::kShm);
   CHECK(plain.pin_attempts.empty());  // the direct path pins nothing
 
   SECTION("segments page-locked: zero-copy both ways") {
     testing::EmulatedAsyncBackend emu(1, {});
     Run async = Train(job, &emu, steps);
-    REQUIRE(async.transport == "shm");
+    REQUIRE(async.transport == l2l::Transport::kShm);
     CHECK(async.losses == plain.losses);
     CHECK(async.pinned == fetches);
     CHECK(async.bounced == 0);

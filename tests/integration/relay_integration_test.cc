@@ -33,7 +33,7 @@ TEST_CASE("l2l-eps + l2l-worker processes train like the reference trainer",
   INFO("transport " << transport << ", " << workers << " worker(s)");
   DaemonOptions o;
   o.workers = workers;
-  o.transport = transport;
+  o.transport = ParseTransport(transport).value();
   auto eps = EpsDaemon::Start(r.job, o, *r.dir);
   INFO(eps.status().ToString());
   REQUIRE(eps.ok());
@@ -95,14 +95,14 @@ TEST_CASE("Worker peak memory grows with depth only by the stash", "[integration
   r.job.train.steps = 1;
   const int64_t per_layer = r.job.train.micro_batch_size * r.job.seq_len() * r.job.model.d_model *
                             r.job.train.micro_batches * int64_t{sizeof(float)};  // 512 KiB
-  std::map<std::string, std::map<int, std::map<std::string, int64_t>>> got;  // stash -> L -> summary
-  for (std::string stash : {"device", "host"}) {
+  std::map<StashPlacement, std::map<int, std::map<std::string, int64_t>>> got;  // stash -> L -> summary
+  for (StashPlacement stash : {StashPlacement::kDevice, StashPlacement::kHost}) {
     for (int layers : {4, 32}) {
       JobConfig job = r.job;
       job.model.n_layer = layers;
       job.train.stash = stash;
       DaemonOptions o;
-      o.transport = "grpc";
+      o.transport = l2l::Transport::kGrpc;
       auto eps = EpsDaemon::Start(job, o, *r.dir);
       REQUIRE(eps.ok());
       auto logs = RunWorkers(**eps, *r.dir, 1);
@@ -112,16 +112,16 @@ TEST_CASE("Worker peak memory grows with depth only by the stash", "[integration
     }
   }
   const int64_t stash_growth = 28 * per_layer;
-  for (std::string stash : {"device", "host"}) {
+  for (StashPlacement stash : {StashPlacement::kDevice, StashPlacement::kHost}) {
     const auto& a = got[stash][4];
     const auto& b = got[stash][32];
     const int64_t rss = (b.at("peak_rss_kb") - a.at("peak_rss_kb")) * 1024;
     const int64_t dev = b.at("device_bytes") - a.at("device_bytes");
-    WARN("stash " << stash << ": peak RSS 4 layers " << a.at("peak_rss_kb") << " KiB, 32 layers "
+    WARN("stash " << ToString(stash) << ": peak RSS 4 layers " << a.at("peak_rss_kb") << " KiB, 32 layers "
                   << b.at("peak_rss_kb") << " KiB (+" << rss / 1024 << " KiB); device bytes +" << dev
                   << "; stash of 28 layers = " << stash_growth / 1024 << " KiB");
     // Backend ("device") memory: grows by exactly the stash, or not at all when it is on the host.
-    CHECK(dev == (stash == "device" ? stash_growth : 0));
+    CHECK(dev == (stash == StashPlacement::kDevice ? stash_growth : 0));
     // Process memory: on the CPU backend both placements are host memory, so RSS grows by
     // the stash and by nothing else that scales with depth (margin: 4 MiB + 10%).
     CHECK(rss >= stash_growth * 9 / 10 - (4 << 20));
@@ -132,7 +132,7 @@ TEST_CASE("Worker peak memory grows with depth only by the stash", "[integration
 namespace {
 void RunLockFree(int workers) {
   Run r = Prepare("lockfree");
-  r.job.train.mode = "lockfree";
+  r.job.train.mode = l2l::TrainMode::kLockfree;
   r.job.train.staleness = 1;
   r.job.train.steps = 12;
   r.job.optim.lr = 1e-2f;
@@ -173,7 +173,7 @@ TEST_CASE("Killing one of two workers leaves the EPS up and a restarted worker r
   DaemonOptions o;
   o.workers = 2;
   o.heartbeat_timeout_ms = 1500;
-  o.on_worker_loss = "pause";
+  o.on_worker_loss = l2l::OnWorkerLoss::kPause;
   auto eps = EpsDaemon::Start(r.job, o, *r.dir);
   REQUIRE(eps.ok());
   auto w0 = StartWorker((*eps)->address(), "w0", r.dir->File("w0.log"));

@@ -359,7 +359,7 @@ TEST_CASE("With a token, Control and Data calls without it or with a wrong one a
   const JobConfig job = TinyJob(dir->File("train.bin"), 2);
   const std::string tok = WriteFile(dir->File("token"), "right-token-42\n", k600);
   DaemonOptions o;
-  o.transport = "grpc";
+  o.transport = l2l::Transport::kGrpc;
   o.extra_args = {"--token-file", tok};
   auto eps = EpsDaemon::Start(job, o, *dir);
   INFO(eps.status().ToString());
@@ -475,7 +475,7 @@ TEST_CASE("TLS: l2lctl with --tls-ca works, plaintext or another CA fails, a wor
     // TLS and a token together; the worker's layers and gradients go over gRPC (TLS).
     const std::string tok = WriteFile(dir->File("token"), "tls-token\n", k600);
     DaemonOptions o;
-    o.transport = "grpc";
+    o.transport = l2l::Transport::kGrpc;
     o.extra_args = {"--tls-cert", cert, "--tls-key", key, "--token-file", tok};
     auto eps = EpsDaemon::Start(job, o, *dir);
     INFO(eps.status().ToString());
@@ -588,7 +588,7 @@ TEST_CASE("TLS: --tls-server-name verifies a certificate that names another host
   const auto [cert, key] = MakeNamedCert(*dir, "eps.test");
   const JobConfig job = TinyJob(dir->File("train.bin"), 2);
   DaemonOptions o;
-  o.transport = "grpc";  // the worker's layers and gradients go over the TLS channel too
+  o.transport = l2l::Transport::kGrpc;  // the worker's layers and gradients go over the TLS channel too
   o.extra_args = {"--tls-cert", cert, "--tls-key", key};
   auto eps = EpsDaemon::Start(job, o, *dir);
   INFO(eps.status().ToString());

@@ -1,4 +1,4 @@
-// The SSD tier end to end (issue 7): l2l-eps with memory.host_bytes below the model's
+// The SSD tier end to end: l2l-eps with memory.host_bytes below the model's
 // state and spill.dir set, real l2l-worker processes, checked against the reference
 // trainer (tests/integration/relay_util.h); checkpoint + kill -9 + resume with spilled
 // state; and the daemon's behaviour on disk faults injected through $L2L_SPILL_FAULTS
@@ -178,7 +178,7 @@ TEST_CASE("With >= 70% of the moments on SSD, l2l-eps + l2l-worker train like th
 TEST_CASE("Lock-free mode with spilled state keeps the staleness bound and reports it",
           "[integration][spill]") {
   Run r = Prepare("spill-lockfree");
-  r.job.train.mode = "lockfree";
+  r.job.train.mode = l2l::TrainMode::kLockfree;
   r.job.train.staleness = 1;
   r.job.train.steps = 4;
   DaemonOptions o = SpillDaemon(r, 2);

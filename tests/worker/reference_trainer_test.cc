@@ -31,7 +31,7 @@ JobConfig TinyJob() {
   c.train.micro_batch_size = 4;
   c.train.micro_batches = 2;
   c.train.seed = 7;
-  c.train.clip = "global";
+  c.train.clip = l2l::ClipMode::kGlobal;
   c.optim.lr = 3e-3f;
   c.optim.warmup_steps = 5;
   c.optim.total_steps = 0;
@@ -249,10 +249,10 @@ TEST_CASE("Reference trainer rejects bad batches and configs with clear errors",
   CHECK(t->step() == 0);  // nothing was applied
 
   JobConfig bad = c;
-  bad.train.clip = "sometimes";
+  bad.train.micro_batch_size = 0;
   auto tb = ReferenceTrainer::Create(bad);
   REQUIRE_FALSE(tb.ok());
-  CHECK(tb.status().message().find("train.clip=sometimes") != std::string::npos);
+  CHECK(tb.status().message().find("train.micro_batch_size=0") != std::string::npos);
   bad = c;
   bad.model.n_head = 3;
   auto tm = ReferenceTrainer::Create(bad);

@@ -44,7 +44,7 @@ JobConfig AsyncJob() {
   job.optim.warmup_steps = 1;
   job.optim.weight_decay = 0.1f;
   job.optim.grad_clip = 1.0f;
-  job.train.clip = "global";
+  job.train.clip = l2l::ClipMode::kGlobal;
   return job;
 }
 
@@ -109,7 +109,7 @@ Run Train(const JobConfig& job, kernels::Backend* backend, int steps) {
 TEST_CASE("Relay on a backend with copy queues gives the bits of the plain CPU relay",
           "[worker][relay][async]") {
   JobConfig job = AsyncJob();
-  job.train.stash = GENERATE(std::string("device"), std::string("host"));
+  job.train.stash = GENERATE(StashPlacement::kDevice, StashPlacement::kHost);
   job.publish_dtype = GENERATE(DType::kF32, DType::kBF16);
   // The async path is family-blind: a Llama model (GQA, untied) takes it the same way.
   if (GENERATE(false, true)) {
@@ -117,7 +117,7 @@ TEST_CASE("Relay on a backend with copy queues gives the bits of the plain CPU r
     job.model.n_kv_heads = 2;
     job.model.tied_embeddings = false;
   }
-  CAPTURE(job.train.stash, DTypeName(job.publish_dtype), ToString(job.model.family));
+  CAPTURE(ToString(job.train.stash), DTypeName(job.publish_dtype), ToString(job.model.family));
   REQUIRE(job.Validate().ok());
   const int steps = 3;
 
@@ -129,7 +129,7 @@ TEST_CASE("Relay on a backend with copy queues gives the bits of the plain CPU r
   Run async = Train(job, &emu, steps);
   CHECK(async.prefetch_mode == CopyMode::kAsync);
   CHECK(async.push_mode == CopyMode::kAsync);
-  CHECK(async.stash_async == (job.train.stash == "host"));
+  CHECK(async.stash_async == (job.train.stash == l2l::StashPlacement::kHost));
   // FakeEps shares no memory: every layer went through the pinned bounce buffer and every
   // gradient through pinned staging + PushGradient.
   const int64_t fetches = steps * (2 * job.model.n_layer + 2);
@@ -164,7 +164,7 @@ TEST_CASE("Relay on copy queues with the host stash and one micro-batch keeps it
   // instead of micro-batches (Load of layer l's output right after its Commit).
   JobConfig job = AsyncJob();
   job.train.micro_batches = 1;
-  job.train.stash = "host";
+  job.train.stash = l2l::StashPlacement::kHost;
   job.model.tied_embeddings = false;
   REQUIRE(job.Validate().ok());
   auto cpu = kernels::CreateCpuBackend(1);

@@ -59,7 +59,7 @@ JobConfig TinyJob() {
   job.optim.weight_decay = 0.1f;
   job.optim.grad_clip = 1.0f;
   job.optim.eps = 1e-6f;  // see the file comment
-  job.train.clip = "global";
+  job.train.clip = l2l::ClipMode::kGlobal;
   return job;
 }
 
@@ -275,10 +275,10 @@ TEST_CASE("Relay with one worker trains exactly like the reference trainer", "[w
   SECTION("tied embeddings, global clipping") {}
   SECTION("untied embeddings, per-layer clipping") {
     job.model.tied_embeddings = false;
-    job.train.clip = "per_layer";
+    job.train.clip = l2l::ClipMode::kPerLayer;
   }
   SECTION("no clipping, one micro-batch") {
-    job.train.clip = "none";
+    job.train.clip = l2l::ClipMode::kNone;
     job.train.micro_batches = 1;
   }
   const int steps = 4;
@@ -304,7 +304,7 @@ TEST_CASE("Relay trains a Llama-family model exactly like the reference trainer"
   SECTION("untied embeddings, q/k/v biases, per-layer clipping") {
     job.model.tied_embeddings = false;
     job.model.qkv_bias = true;
-    job.train.clip = "per_layer";
+    job.train.clip = ClipMode::kPerLayer;
   }
   INFO(workers << " worker(s)");
   const int steps = 3;
@@ -411,7 +411,7 @@ TEST_CASE("Relay with the stash in host memory gives the same bits as the device
   const int steps = 3;
   RelayRun device = RunRelays(job, 1, steps);
   RequireAllOk(device);
-  job.train.stash = "host";
+  job.train.stash = l2l::StashPlacement::kHost;
   RelayRun host = RunRelays(job, 1, steps);
   RequireAllOk(host);
   for (size_t l = 0; l < device.params.size(); ++l) {
@@ -431,7 +431,7 @@ TEST_CASE("Relay with the stash in host memory gives the same bits as the device
 TEST_CASE("Lock-free relay never uses a layer older than the staleness bound",
           "[worker][relay][lockfree]") {
   JobConfig job = TinyJob();
-  job.train.mode = "lockfree";
+  job.train.mode = l2l::TrainMode::kLockfree;
   const int steps = 5;
   FakeEpsOptions lazy;
   lazy.lazy_updates = true;  // the EPS publishes a version only when forced to
@@ -550,11 +550,11 @@ TEST_CASE("Relay rejects bad batches and reports a stopped EPS", "[worker][relay
 
   auto bad_opts = RelayOptions::FromJob([&] {
     JobConfig j = job;
-    j.train.stash = "gpu";
+    j.train.staleness = -1;
     return j;
   }());
   REQUIRE_FALSE(bad_opts.ok());
-  CHECK_THAT(bad_opts.status().message(), Catch::Contains("train.stash"));
+  CHECK_THAT(bad_opts.status().message(), Catch::Contains("train.staleness=-1"));
 }
 
 }  // namespace l2l::worker

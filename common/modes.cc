@@ -1,0 +1,60 @@
+// The name tables of the mode enums: one table per enum, read by both its ToString and
+// its Parse, so the two cannot disagree. See modes.h.
+#include "common/modes.h"
+
+#include <string>
+#include <utility>
+
+namespace l2l {
+namespace {
+
+template <typename E, size_t N>
+const char* NameOf(const std::pair<E, const char*> (&table)[N], E value) {
+  for (const auto& [e, name] : table) {
+    if (e == value) return name;
+  }
+  return "?";
+}
+
+template <typename E, size_t N>
+Result<E> ParseName(const std::pair<E, const char*> (&table)[N], std::string_view s) {
+  std::string names;
+  for (const auto& [e, name] : table) {
+    if (s == name) return e;
+    names += names.empty() ? name : std::string(", ") + name;
+  }
+  return InvalidArgument("'" + std::string(s) + "' is not one of: " + names);
+}
+
+constexpr std::pair<TrainMode, const char*> kTrainModes[] = {
+    {TrainMode::kSync, "sync"}, {TrainMode::kLockfree, "lockfree"}};
+constexpr std::pair<ClipMode, const char*> kClipModes[] = {
+    {ClipMode::kNone, "none"}, {ClipMode::kPerLayer, "per_layer"}, {ClipMode::kGlobal, "global"}};
+constexpr std::pair<StashPlacement, const char*> kStashPlacements[] = {
+    {StashPlacement::kDevice, "device"}, {StashPlacement::kHost, "host"}};
+constexpr std::pair<Transport, const char*> kTransports[] = {
+    {Transport::kAuto, "auto"}, {Transport::kShm, "shm"}, {Transport::kGrpc, "grpc"}};
+constexpr std::pair<OnWorkerLoss, const char*> kOnWorkerLoss[] = {
+    {OnWorkerLoss::kPause, "pause"}, {OnWorkerLoss::kContinue, "continue"}};
+constexpr std::pair<WorkerState, const char*> kWorkerStates[] = {
+    {WorkerState::kActive, "active"},
+    {WorkerState::kLost, "lost"},
+    {WorkerState::kLeft, "left"},
+    {WorkerState::kRejoin, "rejoin"}};
+
+}  // namespace
+
+const char* ToString(TrainMode m) { return NameOf(kTrainModes, m); }
+Result<TrainMode> ParseTrainMode(std::string_view s) { return ParseName(kTrainModes, s); }
+const char* ToString(ClipMode m) { return NameOf(kClipModes, m); }
+Result<ClipMode> ParseClipMode(std::string_view s) { return ParseName(kClipModes, s); }
+const char* ToString(StashPlacement p) { return NameOf(kStashPlacements, p); }
+Result<StashPlacement> ParseStashPlacement(std::string_view s) { return ParseName(kStashPlacements, s); }
+const char* ToString(Transport t) { return NameOf(kTransports, t); }
+Result<Transport> ParseTransport(std::string_view s) { return ParseName(kTransports, s); }
+const char* ToString(OnWorkerLoss w) { return NameOf(kOnWorkerLoss, w); }
+Result<OnWorkerLoss> ParseOnWorkerLoss(std::string_view s) { return ParseName(kOnWorkerLoss, s); }
+const char* ToString(WorkerState s) { return NameOf(kWorkerStates, s); }
+Result<WorkerState> ParseWorkerState(std::string_view s) { return ParseName(kWorkerStates, s); }
+
+}  // namespace l2l

@@ -1,0 +1,58 @@
+// Modes: the closed sets of choices a job, the daemon and a worker are configured with
+// (training mode, gradient clipping, stash placement, transport, what to do when a
+// worker is lost, a worker's state), as enums. Each enum has one ToString / Parse pair
+// next to it. Text exists only at the edges: YAML, command-line flags and proto string
+// fields are parsed here once; everything behind them compares enums. (The publish
+// dtype is common/dtype.h's DType; a worker's rejoin reason is common/status.h's
+// RejoinReason, because it travels inside a Status.)
+//
+// Parse accepts exactly the names ToString produces and returns INVALID_ARGUMENT
+// "'<text>' is not one of: a, b, c" otherwise; callers add the key ("train.mode=...").
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <string_view>
+
+#include "common/status.h"
+
+namespace l2l {
+
+// train.mode: "sync" (every step uses every layer at exactly its version) or "lockfree"
+// (a layer's version may lag the step by up to train.staleness).
+enum class TrainMode { kSync, kLockfree };
+const char* ToString(TrainMode m);
+Result<TrainMode> ParseTrainMode(std::string_view s);
+
+// train.clip: "none", "per_layer" (each layer's gradient norm on its own) or "global"
+// (one norm over the whole model).
+enum class ClipMode { kNone, kPerLayer, kGlobal };
+const char* ToString(ClipMode m);
+Result<ClipMode> ParseClipMode(std::string_view s);
+
+// train.stash: where a worker keeps the layer outputs between forward and backward:
+// "device" (backend memory) or "host" (host memory; page-locked on a GPU).
+enum class StashPlacement { kDevice, kHost };
+const char* ToString(StashPlacement p);
+Result<StashPlacement> ParseStashPlacement(std::string_view s);
+
+// How a worker exchanges layers and gradients with the EPS: "shm" (shared memory, same
+// host) or "grpc"; "auto" is a request or policy only (shm where possible), never the
+// transport a registration settles on.
+enum class Transport { kAuto, kShm, kGrpc };
+const char* ToString(Transport t);
+Result<Transport> ParseTransport(std::string_view s);
+
+// The daemon's on_worker_loss: "pause" (the job waits for the lost worker to rejoin, or
+// for Resume) or "continue" (the other workers go on without it).
+enum class OnWorkerLoss { kPause, kContinue };
+const char* ToString(OnWorkerLoss w);
+Result<OnWorkerLoss> ParseOnWorkerLoss(std::string_view s);
+
+// A registered worker, as the EPS sees it: "active"; "lost" (missed heartbeats); "left"
+// (Deregister); "rejoin" (its step was abandoned: it must re-register).
+enum class WorkerState { kActive, kLost, kLeft, kRejoin };
+const char* ToString(WorkerState s);
+Result<WorkerState> ParseWorkerState(std::string_view s);
+
+}  // namespace l2l
