@@ -174,7 +174,7 @@ TEST_CASE("CreateJob rpc imports model.from (confined to the state dir) and Expo
   eps::CoreOptions o;
   o.job_id = "imp" + std::to_string(getpid());
   o.state_dir = state;
-  o.transport = "grpc";
+  o.transport = Transport::kGrpc;
   eps::EpsCore core(o);
   auto server = eps::EpsGrpcServer::Start(&core, eps::ServerOptions{});
   REQUIRE(server.ok());

@@ -75,7 +75,7 @@ TEST_CASE("A worker whose daemon is killed exits non-zero within seconds with on
   relay::Run r = relay::Prepare("daemon-kill-" + transport);
   r.job.train.steps = 100000;  // runs until the daemon dies
   DaemonOptions o;
-  o.transport = transport == "grpc" ? "grpc" : "auto";
+  o.transport = transport == "grpc" ? Transport::kGrpc : Transport::kAuto;
   auto eps = EpsDaemon::Start(r.job, o, *r.dir);
   INFO(eps.status().ToString());
   REQUIRE(eps.ok());
@@ -239,7 +239,7 @@ TEST_CASE("l2l-eps skips a step whose loss is NaN: WARN in its log, counted by l
   auto eps = EpsDaemon::Start(r.job, DaemonOptions{}, *r.dir);
   REQUIRE(eps.ok());
   worker::ClientOptions co;
-  co.transport = "grpc";
+  co.transport = Transport::kGrpc;
   co.connect_timeout = 10000ms;
   auto c = worker::ConnectEps((*eps)->address(), co);
   REQUIRE(c.ok());
