@@ -62,9 +62,9 @@ TEST_CASE("l2l-eps + l2l-worker processes train a Llama-family model like the re
   r.job.model.rope_scaling = {RopeScalingType::kLlama3, 4.0, 1.0, 4.0, 16};
   REQUIRE(r.job.model.Validate().ok());
   // "auto" puts local workers on shared memory.
-  std::string transport = GENERATE(std::string("auto"), std::string("grpc"));
+  const Transport transport = GENERATE(Transport::kAuto, Transport::kGrpc);
   int workers = GENERATE(1, 2);
-  INFO("transport " << transport << ", " << workers << " worker(s)");
+  INFO("transport " << ToString(transport) << ", " << workers << " worker(s)");
   DaemonOptions o;
   o.workers = workers;
   o.transport = transport;
