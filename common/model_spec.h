@@ -1,4 +1,4 @@
-// ModelSpec: the shape of a decoder-only transformer of one FAMILY (GPT-2, Llama), and
+// ModelSpec: the shape of a transformer of one FAMILY (GPT-2, Llama, BERT), and
 // the parameter layout of each of its layers. Pure metadata (no compute): the EPS uses it
 // to size its page store and name tensors on export, the worker and the reference trainer
 // use it to find views inside a layer's flat fp32 parameter buffer.

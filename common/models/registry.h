@@ -1,5 +1,5 @@
 // The model-family registry: everything l2l knows about a family's metadata, in one table
-// entry per family (one file per family beside this one: gpt2.cc, llama.cc). ModelSpec's
+// entry per family (one file per family beside this one: gpt2.cc, llama.cc, bert.cc). ModelSpec's
 // functions (common/model_spec.h) dispatch here; the family's kernels are registered the
 // same way in kernels/layers/registry.h.
 //

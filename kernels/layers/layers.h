@@ -3,7 +3,7 @@
 // that RECOMPUTES its internals from the stashed input (so nothing but layer outputs is
 // kept between forward and backward). Views inside the flat buffer come from
 // common/model_spec.h's LayerLayout. The functions below dispatch on spec.family to the
-// family's kernels (kernels/layers/registry.h; one file per family: gpt2.cc, llama.cc).
+// family's kernels (kernels/layers/registry.h; one file per family: gpt2.cc, llama.cc, bert.cc).
 //
 // Ownership: callers own every buffer (Backend device memory); a LayerWorkspace holds the
 // per-micro-batch scratch and is reused across layers and micro-batches.

@@ -407,6 +407,16 @@ TEST_CASE("Relay pushes the reference trainer's mini-batch gradient", "[worker][
         max_diff = std::max(max_diff, static_cast<double>(std::fabs(got[i] - want[l][i])));
       }
       INFO(p.name << ": max|ref| " << max_ref << ", max|relay-ref| " << max_diff);
+      const std::string suffix = "attention.self.key.bias";
+      if (p.name.size() > suffix.size() && p.name.compare(p.name.size() - suffix.size(), suffix.size(), suffix) == 0) {
+        // BERT's key bias shifts every score of a query equally, which the softmax
+        // ignores: its exact gradient is 0 and both sides hold roundoff. Compare it at the
+        // scale of the layer's whole gradient.
+        double layer_max = 0;
+        for (float g : want[l]) layer_max = std::max(layer_max, static_cast<double>(std::fabs(g)));
+        CHECK(max_diff <= 1e-5 * layer_max);
+        continue;
+      }
       CHECK(max_ref > 0);
       CHECK(max_diff <= 1e-5 * max_ref);
       worst = std::max(worst, max_diff / max_ref);
