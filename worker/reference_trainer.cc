@@ -329,6 +329,10 @@ void ReferenceTrainer::ApplyUpdate() {
 }
 
 Status ReferenceTrainer::Probs(const int32_t* tokens, int64_t B, int64_t T, float* probs) {
+  if (cfg_.model.family == ModelFamily::kBert && cfg_.model.num_labels > 0) {
+    return InvalidArgument("Probs: a classification model (num_labels=" + std::to_string(cfg_.model.num_labels) +
+                           ") has no per-token vocabulary distribution");
+  }
   MicroBatch mb;
   mb.B = B;
   mb.T = T;
