@@ -87,7 +87,9 @@ JobConfig TinyBertJob() {
 // function of their tokens (so the relay and the reference trainer see the same): sequence
 // b keeps T - (first token % 4) real tokens, the second half of them of token type 1; a real
 // token whose id is divisible by 3 becomes token 0 ("[MASK]") with its id as the target;
-// every other target is -1. Other families' batches pass unchanged.
+// every other target is -1. A classification model (num_labels > 0) instead takes the label
+// (first token % num_labels) at position 0 and -1 elsewhere. Other families' batches pass
+// unchanged.
 std::vector<MicroBatch> Encode(const JobConfig& job, std::vector<MicroBatch> mbs) {
   if (job.model.family != ModelFamily::kBert) return mbs;
   for (MicroBatch& mb : mbs) {
@@ -99,6 +101,10 @@ std::vector<MicroBatch> Encode(const JobConfig& job, std::vector<MicroBatch> mbs
         const size_t i = static_cast<size_t>(b * mb.T + t);
         mb.attention_mask[i] = t < real ? 1 : 0;
         mb.token_types[i] = t >= real / 2 ? 1 : 0;
+        if (job.model.num_labels > 0) {
+          mb.targets[i] = t == 0 ? mb.inputs[i] % static_cast<int32_t>(job.model.num_labels) : -1;
+          continue;
+        }
         const bool masked = t < real && mb.inputs[i] % 3 == 0;
         mb.targets[i] = masked ? mb.inputs[i] : -1;
         if (masked) mb.inputs[i] = 0;
@@ -352,10 +358,14 @@ TEST_CASE("Relay trains a Llama-family model exactly like the reference trainer"
   }
 }
 
-TEST_CASE("Relay trains a BERT masked-LM model with padding exactly like the reference trainer",
-          "[worker][relay][bert]") {
+TEST_CASE("Relay trains a padded BERT model exactly like the reference trainer", "[worker][relay][bert]") {
   JobConfig job = TinyBertJob();
   const int workers = GENERATE(1, 2);
+  SECTION("masked-LM head (tied decoder)") {}
+  SECTION("sequence-classification head (pooler, 3 labels)") {
+    job.model.num_labels = 3;
+    job.model.tied_embeddings = false;
+  }
   INFO(workers << " worker(s)");
   const int steps = 3;
   RelayRun relay = RunRelays(job, workers, steps);
