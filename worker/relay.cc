@@ -120,7 +120,7 @@ Status Relay::Init() {
 }
 
 size_t Relay::device_bytes() const {
-  return ws_->bytes() + stash_->device_bytes() + prefetcher_->device_bytes() + tokens_.bytes() +
+  return ws_->bytes() + stash_->device_bytes() + prefetcher_->device_bytes() + tokens_.bytes() + seq_buf_.bytes() +
          dact_buf_.bytes() + emb_grad_.bytes() + ring_grad_[0].bytes() + ring_grad_[1].bytes();
 }
 
