@@ -108,6 +108,9 @@ Status ReadModelFields(YamlMap* m, ModelSpec* spec) {
   L2L_RETURN_IF_ERROR(m->Get("rope_theta", &spec->rope_theta, FloatRange{.min = 0, .min_exclusive = true}));
   L2L_RETURN_IF_ERROR(m->Get("rms_norm_eps", &spec->rms_norm_eps, FloatRange{.min = 0, .min_exclusive = true}));
   L2L_RETURN_IF_ERROR(m->Get("qkv_bias", &spec->qkv_bias));
+  L2L_RETURN_IF_ERROR(m->Get("type_vocab_size", &spec->type_vocab_size, kPositive));
+  L2L_RETURN_IF_ERROR(m->Get("layer_norm_eps", &spec->layer_norm_eps, FloatRange{.min = 0, .min_exclusive = true}));
+  L2L_RETURN_IF_ERROR(m->Get("num_labels", &spec->num_labels, kNonNegative));
   if (m->Has("rope_scaling")) {
     L2L_ASSIGN_OR_RETURN(YamlMap r, m->Map("rope_scaling"));
     RopeScaling& rs = spec->rope_scaling;
@@ -148,7 +151,8 @@ Status ReadModel(YamlMap* root, const std::string& base_dir, bool allow_preset, 
     import->model_from = ResolvePath(from, base_dir);
     import->model_keys_set.clear();
     for (const char* key : {"vocab_size", "seq_len", "d_model", "n_layer", "n_head", "d_ff", "tied_embeddings", "family",
-                            "n_kv_heads", "rope_theta", "rms_norm_eps", "qkv_bias", "rope_scaling"}) {
+                            "n_kv_heads", "rope_theta", "rms_norm_eps", "qkv_bias", "rope_scaling",
+                            "type_vocab_size", "layer_norm_eps", "num_labels"}) {
       if (m.Has(key)) import->model_keys_set.emplace_back(key, m.Where(key));
     }
     L2L_RETURN_IF_ERROR(ReadModelFields(&m, spec));
@@ -361,6 +365,11 @@ std::string JobConfigToYaml(const JobConfig& cfg) {
        << "    low_freq_factor: " << DoubleText(rs.low_freq_factor) << "\n"
        << "    high_freq_factor: " << DoubleText(rs.high_freq_factor) << "\n"
        << "    original_max_position_embeddings: " << rs.original_max_position_embeddings << "\n";
+  }
+  if (m.family == ModelFamily::kBert && cfg.model_from.empty()) {
+    os << "  type_vocab_size: " << m.type_vocab_size << "\n"
+       << "  layer_norm_eps: " << DoubleText(m.layer_norm_eps) << "\n"
+       << "  num_labels: " << m.num_labels << "\n";
   }
   const OptimizerConfig& o = cfg.optim;
   os << "optim:\n"

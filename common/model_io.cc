@@ -153,6 +153,11 @@ std::string ModelSpecToJson(const ModelSpec& spec) {
                          {"high_freq_factor", rs.high_freq_factor},
                          {"original_max_position_embeddings", rs.original_max_position_embeddings}};
   }
+  if (spec.family == ModelFamily::kBert) {
+    j["type_vocab_size"] = spec.type_vocab_size;
+    j["layer_norm_eps"] = spec.layer_norm_eps;
+    j["num_labels"] = spec.num_labels;
+  }
   return j.dump();
 }
 
@@ -180,6 +185,12 @@ Result<ModelSpec> ModelSpecFromJson(const std::string& text) {
       (k == "rope_theta" ? spec.rope_theta : spec.rms_norm_eps) = v.get<double>();
     } else if (k == "rope_scaling") {
       L2L_RETURN_IF_ERROR(RopeScalingFromJson(v, &spec.rope_scaling));
+    } else if (k == "type_vocab_size" || k == "num_labels") {
+      if (!v.is_number_integer()) return InvalidArgument("model spec " + k + "=" + v.dump() + " is not an integer");
+      (k == "num_labels" ? spec.num_labels : spec.type_vocab_size) = v.get<int64_t>();
+    } else if (k == "layer_norm_eps") {
+      if (!v.is_number()) return InvalidArgument("model spec " + k + "=" + v.dump() + " is not a number");
+      spec.layer_norm_eps = v.get<double>();
     } else if (int64_t* f = SpecField(&spec, k)) {
       if (!v.is_number_integer()) return InvalidArgument("model spec " + k + "=" + v.dump() + " is not an integer");
       *f = v.get<int64_t>();

@@ -120,8 +120,10 @@ const ParamInfo& EmbeddingTable(const ModelSpec& spec, const LayerLayout& embedd
 }
 
 std::string HfTensorName(const ModelSpec& spec, const ParamInfo& param) {
+  const models::FamilyInfo& f = models::Family(spec.family);
+  if (f.hf_tensor_name != nullptr) return f.hf_tensor_name(spec, param);
   if (param.name == "lm_head.weight") return param.name;
-  return models::Family(spec.family).hf_file_prefix + param.name;
+  return f.hf_file_prefix + param.name;
 }
 
 void InitLayerParams(const ModelSpec& spec, const LayerLayout& layout, uint64_t seed, float* out) {

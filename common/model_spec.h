@@ -1,4 +1,4 @@
-// ModelSpec: the shape of a decoder-only transformer of one FAMILY (GPT-2, Llama), and
+// ModelSpec: the shape of a transformer of one FAMILY (GPT-2, Llama, BERT), and
 // the parameter layout of each of its layers. Pure metadata (no compute): the EPS uses it
 // to size its page store and name tensors on export, the worker and the reference trainer
 // use it to find views inside a layer's flat fp32 parameter buffer.
@@ -37,9 +37,11 @@ enum class ModelFamily {
   kGpt2,   // GPT2LMHeadModel: learned positions, LayerNorm, GELU MLP, biases everywhere
   kLlama,  // LlamaForCausalLM / Qwen2ForCausalLM / MistralForCausalLM: RoPE, RMSNorm,
            // grouped-query attention, SwiGLU MLP, no biases but optional q/k/v biases
+  kBert,   // BertForMaskedLM / BertForSequenceClassification: bidirectional post-LN
+           // encoder, learned positions + token types, erf GELU, padding mask
 };
-const char* ToString(ModelFamily family);  // "gpt2" | "llama"
-// "gpt2" | "llama"; anything else is INVALID_ARGUMENT listing the known families.
+const char* ToString(ModelFamily family);  // "gpt2" | "llama" | "bert"
+// "gpt2" | "llama" | "bert"; anything else is INVALID_ARGUMENT listing the known families.
 Result<ModelFamily> ParseModelFamily(std::string_view text);
 
 // Rotary-embedding frequency scaling, as Hugging Face's config.json `rope_scaling`
@@ -78,6 +80,15 @@ struct ModelSpec {
   RopeScaling rope_scaling;
   double rms_norm_eps = 1e-6;   // RMSNorm epsilon
   bool qkv_bias = false;        // q/k/v projections have biases (Qwen2)
+
+  // BERT family only (the others require the defaults).
+  int64_t type_vocab_size = 2;  // rows of the token-type (segment) embedding
+  double layer_norm_eps = 1e-12;  // every LayerNorm's epsilon
+  // The head: 0 = masked-LM head (decoder tied to the word embeddings; needs
+  // tied_embeddings), > 0 = sequence classification into num_labels classes (pooler on
+  // the first token, then a linear classifier; the label of sequence b is its target at
+  // position 0, every other target kIgnoreTarget).
+  int64_t num_labels = 0;
 
   // Checks every field; the message names the offending field and value.
   Status Validate() const;

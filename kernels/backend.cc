@@ -79,8 +79,8 @@ Result<std::unique_ptr<HostPin>> Backend::PinHostRange(void*, size_t, bool) {
 namespace {
 [[noreturn]] void NotImplemented(const Backend& be, const char* op) {
   L2L_CHECK(false) << be.name() << ": " << op
-                   << " is not implemented on this backend (UNIMPLEMENTED); Llama-family "
-                      "models need it (see kernels/backend.h for the contract)";
+                   << " is not implemented on this backend (UNIMPLEMENTED); the model "
+                      "family that uses it needs it (see kernels/backend.h for the contract)";
   std::abort();
 }
 }  // namespace
@@ -122,6 +122,31 @@ void Backend::AttentionBackwardGqa(float* dqkv, float* scratch, const float* dou
                                    int64_t hs) {
   if (NKV != NH) NotImplemented(*this, "AttentionBackwardGqa with n_kv_heads < n_heads");
   AttentionBackward(dqkv, scratch, dout, qkv, att, B, T, NH * hs, NH);
+}
+
+// ---- BERT-family ops: defaults for backends that do not implement them yet ----------------
+
+void Backend::LayerNormForwardEps(float* out, float* mean, float* rstd, const float* inp,
+                                  const float* weight, const float* bias, int64_t N, int64_t C,
+                                  float eps) {
+  if (eps != 1e-5f) NotImplemented(*this, "LayerNormForwardEps with eps != 1e-5");
+  LayerNormForward(out, mean, rstd, inp, weight, bias, N, C);
+}
+void Backend::GeluErfForward(float*, const float*, int64_t) { NotImplemented(*this, "GeluErfForward"); }
+void Backend::GeluErfBackward(float*, const float*, const float*, int64_t) {
+  NotImplemented(*this, "GeluErfBackward");
+}
+void Backend::TanhForward(float*, const float*, int64_t) { NotImplemented(*this, "TanhForward"); }
+void Backend::TanhBackward(float*, const float*, const float*, int64_t) {
+  NotImplemented(*this, "TanhBackward");
+}
+void Backend::AttentionForwardMasked(float*, float*, const float*, const int32_t*, int64_t, int64_t,
+                                     int64_t, int64_t) {
+  NotImplemented(*this, "AttentionForwardMasked");
+}
+void Backend::AttentionBackwardMasked(float*, float*, const float*, const float*, const float*,
+                                      int64_t, int64_t, int64_t, int64_t) {
+  NotImplemented(*this, "AttentionBackwardMasked");
 }
 
 // ---- DeviceBuffer ----------------------------------------------------------------------

@@ -258,6 +258,40 @@ class Backend {
                                     const float* qkv, const float* att, int64_t B, int64_t T,
                                     int64_t NH, int64_t NKV, int64_t hs);
 
+  // ---- BERT-family ops -------------------------------------------------------------------
+  // Not pure, as the Llama-family ops: a backend that lacks them inherits defaults
+  // (backend.cc) that abort naming the op and the backend.
+  //
+  // LayerNorm with a given epsilon: as LayerNormForward with eps in place of 1e-5
+  // (BERT uses 1e-12). LayerNormBackward serves it unchanged (it reads the saved rstd).
+  // Default: delegates to LayerNormForward when eps == 1e-5f, aborts otherwise.
+  virtual void LayerNormForwardEps(float* out, float* mean, float* rstd, const float* inp,
+                                   const float* weight, const float* bias, int64_t N, int64_t C,
+                                   float eps);
+  // GELU, exact (erf) form (BERT, torch's nn.GELU()): out = 0.5 x (1 + erf(x / sqrt(2))).
+  virtual void GeluErfForward(float* out, const float* inp, int64_t n);
+  // dinp += gelu'(inp) * dout with gelu'(x) = 0.5 (1 + erf(x/sqrt(2))) + x exp(-x^2/2)/sqrt(2 pi).
+  virtual void GeluErfBackward(float* dinp, const float* inp, const float* dout, int64_t n);
+  // out = tanh(inp) (n).
+  virtual void TanhForward(float* out, const float* inp, int64_t n);
+  // dinp += (1 - out^2) * dout, from the forward's OUTPUT out = tanh(inp).
+  virtual void TanhBackward(float* dinp, const float* out, const float* dout, int64_t n);
+  // Bidirectional (non-causal) multi-head self-attention with a key padding mask.
+  // qkv (B,T,3C) as AttentionForward's. key_mask (B,T) int32: 1 = a real token, 0 =
+  // padding; nullptr = every key is real. Query t of sequence b attends to every key j with
+  // key_mask[b,j] != 0 (a padded key's score is -inf before the softmax); a sequence needs
+  // at least one real key. out (B,T,C) = softmax(q k^T / sqrt(hs) + mask) v per head;
+  // att (B,NH,T,T) the probabilities (0 at padded keys).
+  virtual void AttentionForwardMasked(float* out, float* att, const float* qkv,
+                                      const int32_t* key_mask, int64_t B, int64_t T, int64_t C,
+                                      int64_t NH);
+  // dqkv (B,T,3C) += gradient through AttentionForwardMasked from dout (B,T,C) and the
+  // forward's qkv and att (the mask is in att's zeros). scratch: (B,NH,T,T) floats the op
+  // may overwrite.
+  virtual void AttentionBackwardMasked(float* dqkv, float* scratch, const float* dout,
+                                       const float* qkv, const float* att, int64_t B, int64_t T,
+                                       int64_t C, int64_t NH);
+
   // ---- asynchronous transfers (optional; see the header comment) ----------------------
   // True when CreateCopyQueue/CreateEvent work (and PinHostRange may).
   virtual bool HasAsyncTransfers() const { return false; }

@@ -33,6 +33,9 @@ struct MicroBatch {
   std::vector<int32_t> inputs;   // (B,T) token ids
   std::vector<int32_t> targets;  // (B,T) the next token after each input, or -1
                                  // (kernels::kIgnoreTarget) where the loss mask is 0
+  // Optional (empty = absent), read by encoder families (BERT) only:
+  std::vector<int32_t> token_types;     // (B,T) segment ids in [0, model.type_vocab_size)
+  std::vector<int32_t> attention_mask;  // (B,T) 1 = real token, 0 = padding (keys masked out)
 };
 
 struct DataPosition {

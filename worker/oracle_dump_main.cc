@@ -19,7 +19,10 @@
 // naming the architecture): GPT2LMHeadModel tied and untied, LlamaForCausalLM with
 // grouped-query attention (tied), multi-query attention with llama3 rope scaling
 // (untied) and linear rope scaling, Qwen2ForCausalLM (q/k/v biases) and
-// MistralForCausalLM (no sliding window).
+// MistralForCausalLM (no sliding window), BertForMaskedLM and
+// BertForSequenceClassification (token types and padded sequences: data.safetensors also
+// holds token_types and attention_mask; masked-LM targets are -1 except at ~1/3 of the
+// real tokens, a classification label sits at position 0).
 //
 // The weights are GPT-2's initialisation made larger and non-trivial (matrices x5, every
 // bias and LayerNorm parameter perturbed) so that every path of the backward matters.
@@ -136,6 +139,46 @@ l2l::JobConfig LlamaJob(bool tied, int64_t n_kv_heads, uint64_t seed) {
   return c;
 }
 
+// A small BERT job: C=24 in 3 heads, F=40, 3 token types, T=11 of 16 positions, eps
+// 1e-12; num_labels 0 = masked LM (tied decoder), > 0 = sequence classification.
+l2l::JobConfig BertJob(int64_t num_labels, uint64_t seed) {
+  l2l::JobConfig c = OracleJob(num_labels == 0, seed);
+  c.model.family = l2l::ModelFamily::kBert;
+  c.model.type_vocab_size = 3;
+  c.model.layer_norm_eps = 1e-12;
+  c.model.num_labels = num_labels;
+  c.train.micro_batch_size = 3;
+  return c;
+}
+
+// Token types, padding and encoder targets for a BERT job's micro-batches: sequence b of
+// micro-batch u keeps T - 3*((b + u) % 3) real tokens (the rest padding, mask 0); types are
+// 0 for the first half of the real tokens, then 1 or 2. Masked LM: a target at about a
+// third of the real tokens, -1 elsewhere; classification: label at position 0, -1 elsewhere.
+void MakeEncoderBatches(const l2l::JobConfig& c, uint64_t seed, std::vector<w::MicroBatch>* mbs) {
+  const uint64_t key = SplitMix64(seed ^ 0xBE27);
+  uint64_t draw = 0;
+  auto next = [&](uint64_t mod) { return static_cast<int32_t>(SplitMix64(key ^ SplitMix64(draw++)) % mod); };
+  for (size_t u = 0; u < mbs->size(); ++u) {
+    w::MicroBatch& mb = (*mbs)[u];
+    mb.token_types.assign(mb.inputs.size(), 0);
+    mb.attention_mask.assign(mb.inputs.size(), 0);
+    for (int64_t b = 0; b < mb.B; ++b) {
+      const int64_t real = mb.T - 3 * static_cast<int64_t>((static_cast<size_t>(b) + u) % 3);
+      for (int64_t t = 0; t < mb.T; ++t) {
+        const size_t i = static_cast<size_t>(b * mb.T + t);
+        mb.attention_mask[i] = t < real ? 1 : 0;
+        mb.token_types[i] = t < real / 2 ? 0 : 1 + static_cast<int32_t>(b % 2);
+        if (c.model.num_labels > 0) {
+          mb.targets[i] = t == 0 ? next(static_cast<uint64_t>(c.model.num_labels)) : l2l::kernels::kIgnoreTarget;
+        } else if (t >= real || next(3) != 0) {
+          mb.targets[i] = l2l::kernels::kIgnoreTarget;
+        }
+      }
+    }
+  }
+}
+
 struct HfVariant {
   std::string name;
   std::string architecture;  // the transformers class that must reproduce it
@@ -171,6 +214,8 @@ std::vector<HfVariant> HfVariants(uint64_t seed) {
     v.push_back({"qwen2_bias_untied", "Qwen2ForCausalLM", c});
   }
   v.push_back({"mistral_gqa", "MistralForCausalLM", LlamaJob(false, 2, seed)});
+  v.push_back({"bert_mlm", "BertForMaskedLM", BertJob(0, seed)});
+  v.push_back({"bert_classify", "BertForSequenceClassification", BertJob(3, seed)});
   return v;
 }
 
@@ -183,7 +228,9 @@ Status DumpVariant(const std::string& dir, const l2l::JobConfig& job, uint64_t s
   const bool tied = cfg.model.tied_embeddings;
   const l2l::ModelSpec& spec = cfg.model;
   const std::vector<std::vector<float>> weights = OracleWeights(spec, seed);
-  const std::vector<w::MicroBatch> mbs = OracleBatches(cfg, seed);
+  std::vector<w::MicroBatch> mbs = OracleBatches(cfg, seed);
+  const bool encoder = spec.family == l2l::ModelFamily::kBert;
+  if (encoder) MakeEncoderBatches(cfg, seed, &mbs);
   const int64_t M = cfg.train.micro_batches, B = cfg.train.micro_batch_size, T = cfg.seq_len();
   const int64_t V = spec.vocab_size;
 
@@ -192,16 +239,24 @@ Status DumpVariant(const std::string& dir, const l2l::JobConfig& job, uint64_t s
   L2L_ASSIGN_OR_RETURN(float loss, t->ComputeGradients(mbs));
   L2L_RETURN_IF_ERROR(l2l::SaveModel(dir + "/grads.safetensors", spec, t->grads()));
 
-  std::vector<float> inputs, targets, probs(static_cast<size_t>(M * B * T * V));
+  std::vector<float> inputs, targets, types, mask, probs(static_cast<size_t>(M * B * T * V));
   for (int64_t u = 0; u < M; ++u) {
     inputs.insert(inputs.end(), mbs[u].inputs.begin(), mbs[u].inputs.end());
     targets.insert(targets.end(), mbs[u].targets.begin(), mbs[u].targets.end());
-    L2L_RETURN_IF_ERROR(t->Probs(mbs[u].inputs.data(), B, T, probs.data() + u * B * T * V));
+    types.insert(types.end(), mbs[u].token_types.begin(), mbs[u].token_types.end());
+    mask.insert(mask.end(), mbs[u].attention_mask.begin(), mbs[u].attention_mask.end());
+    // Probabilities of the decoders only (the encoders' oracle checks loss and gradients).
+    if (!encoder) L2L_RETURN_IF_ERROR(t->Probs(mbs[u].inputs.data(), B, T, probs.data() + u * B * T * V));
   }
-  L2L_RETURN_IF_ERROR(l2l::WriteSafeTensors(dir + "/data.safetensors",
-                                            {{"inputs", {M, B, T}, l2l::DType::kF32, inputs.data()},
-                                             {"targets", {M, B, T}, l2l::DType::kF32, targets.data()},
-                                             {"probs", {M, B, T, V}, l2l::DType::kF32, probs.data()}}));
+  std::vector<l2l::TensorToWrite> data = {{"inputs", {M, B, T}, l2l::DType::kF32, inputs.data()},
+                                            {"targets", {M, B, T}, l2l::DType::kF32, targets.data()}};
+  if (encoder) {
+    data.push_back({"token_types", {M, B, T}, l2l::DType::kF32, types.data()});
+    data.push_back({"attention_mask", {M, B, T}, l2l::DType::kF32, mask.data()});
+  } else {
+    data.push_back({"probs", {M, B, T, V}, l2l::DType::kF32, probs.data()});
+  }
+  L2L_RETURN_IF_ERROR(l2l::WriteSafeTensors(dir + "/data.safetensors", data));
 
   nlohmann::json meta;
   meta["spec"] = nlohmann::json::parse(l2l::ModelSpecToJson(spec));

@@ -30,6 +30,8 @@ ReferenceTrainer::~ReferenceTrainer() {
   d_grads_.clear();
   d_tokens_ = DeviceBuffer();
   d_targets_ = DeviceBuffer();
+  d_types_ = DeviceBuffer();
+  d_mask_ = DeviceBuffer();
   d_dact_a_ = DeviceBuffer();
   d_dact_b_ = DeviceBuffer();
 }
@@ -94,6 +96,59 @@ void ReferenceTrainer::UploadParams() {
   }
 }
 
+Status CheckSequenceInputs(const ModelSpec& spec, const MicroBatch& mb, const std::string& where) {
+  const size_t n = static_cast<size_t>(mb.B * mb.T);
+  const bool encoder = spec.family == ModelFamily::kBert;
+  for (const auto& [name, v] : {std::pair<const char*, const std::vector<int32_t>*>{"token_types", &mb.token_types},
+                                {"attention_mask", &mb.attention_mask}}) {
+    if (v->empty()) continue;
+    if (!encoder) {
+      return InvalidArgument(where + ": " + name + " given, but model.family=" + ToString(spec.family) +
+                             " does not read it (only bert does)");
+    }
+    if (v->size() != n) {
+      return InvalidArgument(where + ": expected " + std::to_string(n) + " " + name + " (B*T), got " +
+                             std::to_string(v->size()));
+    }
+  }
+  for (size_t i = 0; i < mb.token_types.size(); ++i) {
+    if (mb.token_types[i] < 0 || mb.token_types[i] >= spec.type_vocab_size) {
+      return OutOfRange(where + ": token type " + std::to_string(mb.token_types[i]) + " at position " +
+                        std::to_string(i) + " is outside [0, model.type_vocab_size=" +
+                        std::to_string(spec.type_vocab_size) + ")");
+    }
+  }
+  if (!mb.attention_mask.empty()) {
+    for (int64_t b = 0; b < mb.B; ++b) {
+      bool any = false;
+      for (int64_t t = 0; t < mb.T; ++t) {
+        const int32_t m = mb.attention_mask[static_cast<size_t>(b * mb.T + t)];
+        if (m != 0 && m != 1) {
+          return InvalidArgument(where + ": attention_mask " + std::to_string(m) + " at position " +
+                                 std::to_string(b * mb.T + t) + " is neither 0 nor 1");
+        }
+        any |= m == 1;
+      }
+      if (!any) return InvalidArgument(where + ": sequence " + std::to_string(b) + " is all padding (attention_mask 0)");
+    }
+  }
+  if (encoder && spec.num_labels > 0) {
+    for (int64_t b = 0; b < mb.B; ++b) {
+      for (int64_t t = 0; t < mb.T; ++t) {
+        const int32_t y = mb.targets[static_cast<size_t>(b * mb.T + t)];
+        const bool ok = y == kernels::kIgnoreTarget || (t == 0 && y >= 0 && y < spec.num_labels);
+        if (!ok) {
+          return OutOfRange(where + ": sequence " + std::to_string(b) + " position " + std::to_string(t) +
+                            " has target " + std::to_string(y) + "; a classification model (num_labels=" +
+                            std::to_string(spec.num_labels) +
+                            ") takes the label at position 0 in [0, num_labels) and -1 elsewhere");
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 Status ReferenceTrainer::EnsureWorkspace(int64_t B, int64_t T) {
   if (ws_ && B == ws_B_ && T == ws_T_) return Status::Ok();
   if (B <= 0 || T <= 0) {
@@ -108,6 +163,8 @@ Status ReferenceTrainer::EnsureWorkspace(int64_t B, int64_t T) {
   ws_ = std::make_unique<layers::LayerWorkspace>(std::move(ws));
   L2L_ASSIGN_OR_RETURN(d_tokens_, Buffer(backend_.get(), n * sizeof(int32_t)));
   L2L_ASSIGN_OR_RETURN(d_targets_, Buffer(backend_.get(), n * sizeof(int32_t)));
+  L2L_ASSIGN_OR_RETURN(d_types_, Buffer(backend_.get(), n * sizeof(int32_t)));
+  L2L_ASSIGN_OR_RETURN(d_mask_, Buffer(backend_.get(), n * sizeof(int32_t)));
   L2L_ASSIGN_OR_RETURN(d_dact_a_, Buffer(backend_.get(), hidden));
   L2L_ASSIGN_OR_RETURN(d_dact_b_, Buffer(backend_.get(), hidden));
   for (int64_t i = 0; i <= cfg_.model.n_layer; ++i) {
@@ -143,7 +200,7 @@ Status ReferenceTrainer::CheckBatch(const MicroBatch& mb, size_t index) const {
                         ") is outside [0, model.vocab_size=" + std::to_string(V) + ")");
     }
   }
-  return Status::Ok();
+  return CheckSequenceInputs(cfg_.model, mb, where);
 }
 
 float ReferenceTrainer::RunMicroBatch(const MicroBatch& mb, float loss_scale, bool backward) {
@@ -153,12 +210,22 @@ float ReferenceTrainer::RunMicroBatch(const MicroBatch& mb, float loss_scale, bo
   const size_t n = static_cast<size_t>(B * T);
   be.CopyToDevice(d_tokens_.data(), mb.inputs.data(), n * sizeof(int32_t));
   be.CopyToDevice(d_targets_.data(), mb.targets.data(), n * sizeof(int32_t));
+  layers::SequenceInputs seq;
+  if (!mb.token_types.empty()) {
+    be.CopyToDevice(d_types_.data(), mb.token_types.data(), n * sizeof(int32_t));
+    seq.token_types = d_types_.i32();
+  }
+  if (!mb.attention_mask.empty()) {
+    be.CopyToDevice(d_mask_.data(), mb.attention_mask.data(), n * sizeof(int32_t));
+    seq.attention_mask = d_mask_.i32();
+  }
 
   // Forward: acts_[0] = embedding, acts_[i+1] = block i (acts_[i]).
-  layers::EmbeddingForward(be, spec, layouts_[0], d_params_[0].f32(), d_tokens_.i32(), acts_[0].f32(), B, T);
+  layers::EmbeddingForward(be, spec, layouts_[0], d_params_[0].f32(), d_tokens_.i32(), acts_[0].f32(), B, T, seq,
+                           ws_.get());
   for (int64_t i = 0; i < L; ++i) {
     layers::BlockForward(be, spec, layouts_[1 + i], d_params_[1 + i].f32(), acts_[i].f32(), acts_[i + 1].f32(), B,
-                         T, *ws_);
+                         T, *ws_, seq);
   }
   const LayerLayout& head = layouts_.back();
   const float* wte = d_params_[0].f32() + EmbeddingTable(spec, layouts_[0]).offset;
@@ -173,10 +240,11 @@ float ReferenceTrainer::RunMicroBatch(const MicroBatch& mb, float loss_scale, bo
   float* dnext = d_dact_b_.f32();
   for (int64_t i = L - 1; i >= 0; --i) {
     layers::BlockBackward(be, spec, layouts_[1 + i], d_params_[1 + i].f32(), acts_[i].f32(), dcur, dnext,
-                          d_grads_[1 + i].f32(), B, T, *ws_);
+                          d_grads_[1 + i].f32(), B, T, *ws_, seq);
     std::swap(dcur, dnext);
   }
-  layers::EmbeddingBackward(be, spec, layouts_[0], d_tokens_.i32(), dcur, d_grads_[0].f32(), B, T);
+  layers::EmbeddingBackward(be, spec, layouts_[0], d_tokens_.i32(), dcur, d_grads_[0].f32(), B, T, seq,
+                            d_params_[0].f32(), ws_.get());
   return loss;
 }
 
@@ -257,6 +325,10 @@ void ReferenceTrainer::ApplyUpdate() {
 }
 
 Status ReferenceTrainer::Probs(const int32_t* tokens, int64_t B, int64_t T, float* probs) {
+  if (cfg_.model.family == ModelFamily::kBert && cfg_.model.num_labels > 0) {
+    return InvalidArgument("Probs: a classification model (num_labels=" + std::to_string(cfg_.model.num_labels) +
+                           ") has no per-token vocabulary distribution");
+  }
   MicroBatch mb;
   mb.B = B;
   mb.T = T;
@@ -267,7 +339,8 @@ Status ReferenceTrainer::Probs(const int32_t* tokens, int64_t B, int64_t T, floa
   kernels::Backend& be = *backend_;
   const ModelSpec& spec = cfg_.model;
   be.CopyToDevice(d_tokens_.data(), mb.inputs.data(), mb.inputs.size() * sizeof(int32_t));
-  layers::EmbeddingForward(be, spec, layouts_[0], d_params_[0].f32(), d_tokens_.i32(), acts_[0].f32(), B, T);
+  layers::EmbeddingForward(be, spec, layouts_[0], d_params_[0].f32(), d_tokens_.i32(), acts_[0].f32(), B, T, {},
+                           ws_.get());
   for (int64_t i = 0; i < spec.n_layer; ++i) {
     layers::BlockForward(be, spec, layouts_[1 + i], d_params_[1 + i].f32(), acts_[i].f32(), acts_[i + 1].f32(), B,
                          T, *ws_);

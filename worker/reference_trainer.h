@@ -38,6 +38,11 @@ struct ReferenceTrainerOptions {
   int num_threads = 0;         // CPU backend threads; <= 0: all cores
 };
 
+// The checks of a micro-batch's optional token_types / attention_mask (and, for a
+// classification model, its targets: the label at position 0, -1 elsewhere); `where`
+// prefixes the error. Families other than bert refuse either array.
+Status CheckSequenceInputs(const ModelSpec& spec, const MicroBatch& mb, const std::string& where);
+
 class ReferenceTrainer {
  public:
   // Initialises every layer with InitLayerParams(model, layout, train.seed).
@@ -111,6 +116,7 @@ class ReferenceTrainer {
   int64_t ws_B_ = 0, ws_T_ = 0;
   std::unique_ptr<layers::LayerWorkspace> ws_;
   kernels::DeviceBuffer d_tokens_, d_targets_;  // (B,T) int32
+  kernels::DeviceBuffer d_types_, d_mask_;      // (B,T) int32, when a micro-batch has them
   std::vector<kernels::DeviceBuffer> acts_;     // n_layer+1 hidden states (B,T,C)
   kernels::DeviceBuffer d_dact_a_, d_dact_b_;   // (B,T,C) gradient ping-pong
 

@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "common/logging.h"
+#include "worker/reference_trainer.h"  // CheckSequenceInputs
 
 namespace l2l::worker {
 namespace {
@@ -100,7 +101,7 @@ Status Relay::Init() {
 }
 
 size_t Relay::device_bytes() const {
-  return ws_->bytes() + stash_->device_bytes() + prefetcher_->device_bytes() + tokens_.bytes() +
+  return ws_->bytes() + stash_->device_bytes() + prefetcher_->device_bytes() + tokens_.bytes() + seq_buf_.bytes() +
          dact_buf_.bytes() + emb_grad_.bytes() + ring_grad_[0].bytes() + ring_grad_[1].bytes();
 }
 
@@ -109,6 +110,15 @@ const int32_t* Relay::Inputs(int64_t u) const {
 }
 const int32_t* Relay::Targets(int64_t u) const {
   return tokens_.i32() + static_cast<size_t>(2 * u + 1) * static_cast<size_t>(B_ * T_);
+}
+
+layers::SequenceInputs Relay::Seq(int64_t u) const {
+  layers::SequenceInputs seq;
+  if (static_cast<size_t>(u) >= seq_present_.size()) return seq;
+  const int32_t* base = seq_buf_.i32() + static_cast<size_t>(2 * u) * static_cast<size_t>(B_ * T_);
+  if (seq_present_[u].first) seq.token_types = base;
+  if (seq_present_[u].second) seq.attention_mask = base + static_cast<size_t>(B_ * T_);
+  return seq;
 }
 
 Status Relay::ValidateBatch(const std::vector<MicroBatch>& mbs) const {
@@ -139,6 +149,7 @@ Status Relay::ValidateBatch(const std::vector<MicroBatch>& mbs) const {
         }
       }
     }
+    L2L_RETURN_IF_ERROR(CheckSequenceInputs(spec_, mbs[u], "micro-batch " + std::to_string(u)));
   }
   return Status::Ok();
 }
@@ -179,6 +190,9 @@ Status Relay::RunStepImpl(int64_t step, const std::vector<MicroBatch>& mbs, doub
   std::vector<int64_t> schedule;
   for (int64_t l = 0; l <= L + 1; ++l) schedule.push_back(l);
   for (int64_t l = L; l >= 1; --l) schedule.push_back(l);
+  // A family whose embedding backward recomputes from its parameters (BERT's LayerNorm)
+  // fetches layer 0 once more at the end.
+  if (layers::EmbeddingBackwardNeedsParams(spec_)) schedule.push_back(0);
   const int64_t min_version = opt_.lockfree ? std::max<int64_t>(0, step - opt_.staleness) : step;
   prefetcher_->Begin(std::move(schedule), min_version, opt_.layer_timeout);
 
@@ -187,6 +201,18 @@ Status Relay::RunStepImpl(int64_t step, const std::vector<MicroBatch>& mbs, doub
   for (int64_t u = 0; u < M_; ++u) {
     be_->CopyToDevice(const_cast<int32_t*>(Inputs(u)), mbs[u].inputs.data(), n * sizeof(int32_t));
     be_->CopyToDevice(const_cast<int32_t*>(Targets(u)), mbs[u].targets.data(), n * sizeof(int32_t));
+  }
+  seq_present_.assign(static_cast<size_t>(M_), {false, false});
+  for (int64_t u = 0; u < M_; ++u) {
+    const MicroBatch& mb = mbs[u];
+    if (mb.token_types.empty() && mb.attention_mask.empty()) continue;
+    if (seq_buf_.data() == nullptr) {
+      L2L_ASSIGN_OR_RETURN(seq_buf_, kernels::DeviceBuffer::Create(be_, static_cast<size_t>(M_) * 2 * n * sizeof(int32_t)));
+    }
+    int32_t* base = seq_buf_.i32() + static_cast<size_t>(2 * u) * n;
+    if (!mb.token_types.empty()) be_->CopyToDevice(base, mb.token_types.data(), n * sizeof(int32_t));
+    if (!mb.attention_mask.empty()) be_->CopyToDevice(base + n, mb.attention_mask.data(), n * sizeof(int32_t));
+    seq_present_[u] = {!mb.token_types.empty(), !mb.attention_mask.empty()};
   }
   be_->Zero(emb_grad_.data(), emb_grad_.bytes());
   be_->Synchronize();
@@ -229,7 +255,7 @@ Status Relay::Forward(int64_t step, ResidentLayer* emb) {
   auto t = Clock::now();
   for (int64_t u = 0; u < M_; ++u) {
     layers::EmbeddingForward(*be_, spec_, layouts_[0], emb->params, Inputs(u),
-                             stash_->OutputBuffer(0, u), B_, T_);  // (B,T,C)
+                             stash_->OutputBuffer(0, u), B_, T_, Seq(u), ws_.get());  // (B,T,C)
     stash_->Commit(0, u);
   }
   be_->Synchronize();
@@ -243,7 +269,7 @@ Status Relay::Forward(int64_t step, ResidentLayer* emb) {
     for (int64_t u = 0; u < M_; ++u) {
       const float* in = stash_->Load(l - 1, u);  // (B,T,C)
       float* out = stash_->OutputBuffer(l, u);   // (B,T,C)
-      layers::BlockForward(*be_, spec_, layouts_[l], p.params, in, out, B_, T_, *ws_);
+      layers::BlockForward(*be_, spec_, layouts_[l], p.params, in, out, B_, T_, *ws_, Seq(u));
       stash_->Commit(l, u);
     }
     be_->Synchronize();
@@ -294,7 +320,7 @@ Status Relay::HeadAndBackward(int64_t step, ResidentLayer* emb, double* loss_sum
     be_->Zero(grad, layouts_[l].numel * sizeof(float));
     for (int64_t u = 0; u < M_; ++u) {
       const float* in = stash_->Load(l - 1, u);  // (B,T,C)
-      layers::BlockBackward(*be_, spec_, layouts_[l], p.params, in, dact_[u], spare_, grad, B_, T_, *ws_);
+      layers::BlockBackward(*be_, spec_, layouts_[l], p.params, in, dact_[u], spare_, grad, B_, T_, *ws_, Seq(u));
       std::swap(dact_[u], spare_);  // dact_[u] is now dL/d(input of block l)
     }
     be_->Synchronize();
@@ -305,12 +331,19 @@ Status Relay::HeadAndBackward(int64_t step, ResidentLayer* emb, double* loss_sum
   }
 
   // ---- embedding ----------------------------------------------------------------------
+  const bool needs_params = layers::EmbeddingBackwardNeedsParams(spec_);
+  ResidentLayer e;
+  if (needs_params) {
+    L2L_ASSIGN_OR_RETURN(e, NextLayer(step, 0));
+  }
   t = Clock::now();
   for (int64_t u = 0; u < M_; ++u) {
-    layers::EmbeddingBackward(*be_, spec_, layouts_[0], Inputs(u), dact_[u], emb_grad_.f32(), B_, T_);
+    layers::EmbeddingBackward(*be_, spec_, layouts_[0], Inputs(u), dact_[u], emb_grad_.f32(), B_, T_, Seq(u),
+                              needs_params ? e.params : nullptr, ws_.get());
   }
   be_->Synchronize();
   times_.backward += Seconds(t, Clock::now());
+  if (needs_params) prefetcher_->Release(e);
   return Push(0, step, emb_grad_.f32(), layouts_[0].numel, nullptr);
 }
 

@@ -122,6 +122,8 @@ class Relay {
   Status Push(int64_t layer, int64_t step, const float* grad, size_t numel, int64_t* ticket);
   const int32_t* Inputs(int64_t u) const;   // (B,T) device
   const int32_t* Targets(int64_t u) const;  // (B,T) device
+  // Micro-batch u's token types / attention mask on the device (null where it has none).
+  layers::SequenceInputs Seq(int64_t u) const;
 
   EpsClient* client_;
   kernels::Backend* be_;
@@ -138,6 +140,10 @@ class Relay {
   std::unique_ptr<LayerPrefetcher> prefetcher_;
   std::unique_ptr<GradientPusher> pusher_;
   kernels::DeviceBuffer tokens_;    // (M, 2, B,T) int32: inputs then targets per micro-batch
+  // (M, 2, B,T) int32: token types then attention mask per micro-batch; allocated on the
+  // first step whose micro-batches carry them (encoder families).
+  kernels::DeviceBuffer seq_buf_;
+  std::vector<std::pair<bool, bool>> seq_present_;  // per micro-batch: types, mask given
   kernels::DeviceBuffer dact_buf_;  // (M+1, B,T,C) activation gradients
   std::vector<float*> dact_;        // M pointers into dact_buf_, plus spare_
   float* spare_ = nullptr;

@@ -64,6 +64,17 @@ inline bool EndsWith(const std::string& s, const std::string& suffix) {
 
 inline std::string Field(const char* name, int64_t v) { return std::string("model.") + name + "=" + std::to_string(v); }
 
+// The BERT-only fields must keep their defaults in the other families.
+inline Status RequireNoBertFields(const ModelSpec& s) {
+  const ModelSpec d;
+  if (s.type_vocab_size != d.type_vocab_size) return InvalidArgument(Field("type_vocab_size", s.type_vocab_size) + " needs model.family=bert");
+  if (s.num_labels != d.num_labels) return InvalidArgument(Field("num_labels", s.num_labels) + " needs model.family=bert");
+  if (s.layer_norm_eps != d.layer_norm_eps) {
+    return InvalidArgument("model.layer_norm_eps=" + std::to_string(s.layer_norm_eps) + " needs model.family=bert");
+  }
+  return Status::Ok();
+}
+
 // Reads config[key] into *out when present (`required`: absent is an error); the error
 // names the file and the key.
 template <typename T>

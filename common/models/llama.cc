@@ -53,6 +53,7 @@ Status Validate(const ModelSpec& s) {
                              " must be positive");
     }
   }
+  if (Status st = RequireNoBertFields(s); !st.ok()) return st;
   const double C = double(s.d_model), W = double(s.n_head + 2 * kv) * s.head_dim();
   const double total = double(s.vocab_size) * C * 2 + double(s.n_layer) * (W * C + C * C + 3.0 * C * s.d_ff);
   if (total > 1e15) {

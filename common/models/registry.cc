@@ -4,7 +4,7 @@
 namespace l2l::models {
 
 const std::vector<const FamilyInfo*>& AllFamilies() {
-  static const std::vector<const FamilyInfo*> kAll = {&Gpt2Family(), &LlamaFamily()};
+  static const std::vector<const FamilyInfo*> kAll = {&Gpt2Family(), &LlamaFamily(), &BertFamily()};
   return kAll;
 }
 

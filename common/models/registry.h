@@ -1,5 +1,5 @@
 // The model-family registry: everything l2l knows about a family's metadata, in one table
-// entry per family (one file per family beside this one: gpt2.cc, llama.cc). ModelSpec's
+// entry per family (one file per family beside this one: gpt2.cc, llama.cc, bert.cc). ModelSpec's
 // functions (common/model_spec.h) dispatch here; the family's kernels are registered the
 // same way in kernels/layers/registry.h.
 //
@@ -43,6 +43,10 @@ struct FamilyInfo {
   // The config.json transformers needs to build the model of `spec` (its architecture
   // chosen by the spec, e.g. Qwen2ForCausalLM for a Llama spec with q/k/v biases).
   nlohmann::json (*to_hf_config)(const ModelSpec& spec);
+  // The tensor's name in a Hugging Face checkpoint when it is not simply hf_file_prefix +
+  // our name (BERT: the heads' "cls."/"classifier." tensors carry no "bert."); nullptr:
+  // hf_file_prefix + name (lm_head.weight unprefixed).
+  std::string (*hf_tensor_name)(const ModelSpec& spec, const ParamInfo& param) = nullptr;
 };
 
 // The entry of `family`; every ModelFamily value has one.
@@ -57,5 +61,6 @@ const std::vector<const FamilyInfo*>& AllFamilies();
 // The families' entries, defined in their own files.
 const FamilyInfo& Gpt2Family();
 const FamilyInfo& LlamaFamily();
+const FamilyInfo& BertFamily();
 
 }  // namespace l2l::models

@@ -97,6 +97,20 @@ class CpuBackend final : public Backend {
                             const float* att, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                             int64_t hs) override;
 
+  // BERT-family ops (cpu_bert_ops.cc).
+  void LayerNormForwardEps(float* out, float* mean, float* rstd, const float* inp,
+                           const float* weight, const float* bias, int64_t N, int64_t C,
+                           float eps) override;
+  void GeluErfForward(float* out, const float* inp, int64_t n) override;
+  void GeluErfBackward(float* dinp, const float* inp, const float* dout, int64_t n) override;
+  void TanhForward(float* out, const float* inp, int64_t n) override;
+  void TanhBackward(float* dinp, const float* out, const float* dout, int64_t n) override;
+  void AttentionForwardMasked(float* out, float* att, const float* qkv, const int32_t* key_mask,
+                              int64_t B, int64_t T, int64_t C, int64_t NH) override;
+  void AttentionBackwardMasked(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                               const float* att, int64_t B, int64_t T, int64_t C,
+                               int64_t NH) override;
+
   // The oneDNN implementation chosen for a plain Gemm of this shape ("brg:avx2", "ref",
   // ...); for benchmarks and diagnostics.
   std::string GemmImplName(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K);

@@ -83,19 +83,21 @@ Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_
 }
 
 void FamilyEmbeddingForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
-                      const int32_t* tokens, float* out, int64_t B, int64_t T) {
+                      const int32_t* tokens, float* out, int64_t B, int64_t T, const SequenceInputs&,
+                      LayerWorkspace*) {
   be.EmbeddingForward(out, tokens, params + Off(layout, "wte.weight"), params + Off(layout, "wpe.weight"), B, T,
                       spec.d_model);
 }
 
-void FamilyEmbeddingBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const int32_t* tokens,
-                       const float* dout, float* dparams, int64_t B, int64_t T) {
+void FamilyEmbeddingBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float*,
+                       const int32_t* tokens, const float* dout, float* dparams, int64_t B, int64_t T,
+                       const SequenceInputs&, LayerWorkspace*) {
   be.EmbeddingBackward(dparams + Off(layout, "wte.weight"), dparams + Off(layout, "wpe.weight"), dout, tokens, B,
                        T, spec.d_model);
 }
 
 void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
-                  const float* in, float* out, int64_t B, int64_t T, LayerWorkspace& ws) {
+                  const float* in, float* out, int64_t B, int64_t T, LayerWorkspace& ws, const SequenceInputs&) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   const BlockViews w = Views(layout, params);
   BlockInternals(be, spec, w, in, B, T, ws);
@@ -106,7 +108,7 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
 
 void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
                    const float* in, const float* dout, float* din, float* dparams, int64_t B, int64_t T,
-                   LayerWorkspace& ws) {
+                   LayerWorkspace& ws, const SequenceInputs&) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   const BlockViews w = Views(layout, params);
   const BlockViews d = Views(layout, dparams);

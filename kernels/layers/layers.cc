@@ -71,33 +71,41 @@ size_t LayerWorkspace::bytes() const {
 // ---- Embedding and blocks: the family's kernels --------------------------------------------
 
 void EmbeddingForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout,
-                      const float* params, const int32_t* tokens, float* out, int64_t B, int64_t T) {
+                      const float* params, const int32_t* tokens, float* out, int64_t B, int64_t T,
+                      const SequenceInputs& seq, LayerWorkspace* ws) {
   CheckKind(layout, LayerKind::kEmbedding, "EmbeddingForward");
   L2L_CHECK(T <= spec.seq_len) << "EmbeddingForward: T=" << T << " > model.seq_len=" << spec.seq_len;
-  LayersFor(spec.family).embedding_forward(be, spec, layout, params, tokens, out, B, T);
+  if (ws != nullptr) CheckFits(*ws, B, T, "EmbeddingForward");
+  LayersFor(spec.family).embedding_forward(be, spec, layout, params, tokens, out, B, T, seq, ws);
 }
 
 void EmbeddingBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout,
-                       const int32_t* tokens, const float* dout, float* dparams, int64_t B, int64_t T) {
+                       const int32_t* tokens, const float* dout, float* dparams, int64_t B, int64_t T,
+                       const SequenceInputs& seq, const float* params, LayerWorkspace* ws) {
   CheckKind(layout, LayerKind::kEmbedding, "EmbeddingBackward");
   L2L_CHECK(T <= spec.seq_len) << "EmbeddingBackward: T=" << T << " > model.seq_len=" << spec.seq_len;
-  LayersFor(spec.family).embedding_backward(be, spec, layout, tokens, dout, dparams, B, T);
+  if (ws != nullptr) CheckFits(*ws, B, T, "EmbeddingBackward");
+  LayersFor(spec.family).embedding_backward(be, spec, layout, params, tokens, dout, dparams, B, T, seq, ws);
+}
+
+bool EmbeddingBackwardNeedsParams(const ModelSpec& spec) {
+  return LayersFor(spec.family).embedding_backward_needs_params;
 }
 
 void BlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout,
                   const float* params, const float* in, float* out, int64_t B, int64_t T,
-                  LayerWorkspace& ws) {
+                  LayerWorkspace& ws, const SequenceInputs& seq) {
   CheckKind(layout, LayerKind::kBlock, "BlockForward");
   CheckFits(ws, B, T, "BlockForward");
-  LayersFor(spec.family).block_forward(be, spec, layout, params, in, out, B, T, ws);
+  LayersFor(spec.family).block_forward(be, spec, layout, params, in, out, B, T, ws, seq);
 }
 
 void BlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout,
                    const float* params, const float* in, const float* dout, float* din,
-                   float* dparams, int64_t B, int64_t T, LayerWorkspace& ws) {
+                   float* dparams, int64_t B, int64_t T, LayerWorkspace& ws, const SequenceInputs& seq) {
   CheckKind(layout, LayerKind::kBlock, "BlockBackward");
   CheckFits(ws, B, T, "BlockBackward");
-  LayersFor(spec.family).block_backward(be, spec, layout, params, in, dout, din, dparams, B, T, ws);
+  LayersFor(spec.family).block_backward(be, spec, layout, params, in, dout, din, dparams, B, T, ws, seq);
 }
 
 // ---- Head ------------------------------------------------------------------------------
@@ -117,8 +125,10 @@ const float* HeadLogits(Backend& be, const ModelSpec& spec, const LayerLayout& l
                         const float* params, const float* w, const float* in, int64_t N,
                         LayerWorkspace& ws) {
   const int64_t C = spec.d_model, V = spec.vocab_size;
-  const float* normed = LayersFor(spec.family).head_norm_forward(be, spec, layout, params, in, N, ws);
+  const FamilyLayers& fam = LayersFor(spec.family);
+  const float* normed = fam.head_norm_forward(be, spec, layout, params, in, N, ws);
   be.Gemm(false, true, N, V, C, 1.0f, normed, C, w, C, 0.0f, ws.logits.f32(), V);
+  if (fam.head_logits_bias != nullptr) be.AddBias(ws.logits.f32(), params + Off(layout, fam.head_logits_bias), N, V);
   return normed;
 }
 
@@ -130,6 +140,11 @@ float HeadForwardBackward(Backend& be, const ModelSpec& spec, const LayerLayout&
                           float* dwte, int64_t B, int64_t T, LayerWorkspace& ws) {
   CheckKind(layout, LayerKind::kHead, "HeadForwardBackward");
   CheckFits(ws, B, T, "HeadForwardBackward");
+  const FamilyLayers& fam = LayersFor(spec.family);
+  if (fam.own_head != nullptr && fam.own_head(spec)) {
+    return fam.head_forward_backward(be, spec, layout, params, wte, in, targets, loss_scale, din, dparams, dwte, B,
+                                     T, ws);
+  }
   const int64_t C = spec.d_model, V = spec.vocab_size, N = B * T;
   const float* w = HeadMatrix(spec, layout, params, wte);
   const float* normed = HeadLogits(be, spec, layout, params, w, in, N, ws);
@@ -154,6 +169,7 @@ float HeadForwardBackward(Backend& be, const ModelSpec& spec, const LayerLayout&
   L2L_CHECK(dw != nullptr) << "HeadForwardBackward: a tied head needs dwte";
   be.CrossEntropyBackward(logits, logits, targets,
                           loss_scale / static_cast<float>(std::max<int64_t>(trained, 1)), N, V);
+  if (fam.head_logits_bias != nullptr) be.BiasBackward(dparams + Off(layout, fam.head_logits_bias), logits, N, V);
   be.Gemm(true, false, V, C, N, 1.0f, logits, V, normed, C, 1.0f, dw, C);     // dW (V,C) +=
   float* dnormed = ws.g0.f32();
   be.Gemm(false, false, N, C, V, 1.0f, logits, V, w, C, 0.0f, dnormed, C);    // (N,C)
@@ -169,6 +185,10 @@ void HeadProbs(Backend& be, const ModelSpec& spec, const LayerLayout& layout, co
                LayerWorkspace& ws) {
   CheckKind(layout, LayerKind::kHead, "HeadProbs");
   CheckFits(ws, B, T, "HeadProbs");
+  const FamilyLayers& fam = LayersFor(spec.family);
+  L2L_CHECK(fam.own_head == nullptr || !fam.own_head(spec))
+      << "HeadProbs: the " << ToString(spec.family) << " model's head (num_labels=" << spec.num_labels
+      << ") is not a language-model head";
   const int64_t N = B * T, V = spec.vocab_size;
   HeadLogits(be, spec, layout, params, HeadMatrix(spec, layout, params, wte), in, N, ws);
   // The backend's softmax is the cross-entropy op; all-zero bits are int32 targets 0,

@@ -3,7 +3,7 @@
 // that RECOMPUTES its internals from the stashed input (so nothing but layer outputs is
 // kept between forward and backward). Views inside the flat buffer come from
 // common/model_spec.h's LayerLayout. The functions below dispatch on spec.family to the
-// family's kernels (kernels/layers/registry.h; one file per family: gpt2.cc, llama.cc).
+// family's kernels (kernels/layers/registry.h; one file per family: gpt2.cc, llama.cc, bert.cc).
 //
 // Ownership: callers own every buffer (Backend device memory); a LayerWorkspace holds the
 // per-micro-batch scratch and is reused across layers and micro-batches.
@@ -56,30 +56,54 @@ class LayerWorkspace {
   int64_t B_ = 0, T_ = 0;
 };
 
+// Per-micro-batch inputs beside the token ids, read by the families that use them (BERT):
+// device pointers to (B,T) int32 arrays, valid during the call. GPT-2 and Llama ignore them.
+struct SequenceInputs {
+  const int32_t* token_types = nullptr;     // segment ids in [0, type_vocab_size); nullptr: all 0
+  const int32_t* attention_mask = nullptr;  // 1 = real token, 0 = padding; nullptr: all real
+};
+
 // ---- Embedding (layer 0): tokens -> hidden --------------------------------------
 // out (B,T,C) = wte[tokens] (+ wpe[0..T) for GPT-2). tokens (B,T) int32 device memory.
+// BERT: out = LayerNorm(word[tokens] + position[t] + token_type[seq.token_types]); it
+// needs `ws` (scratch for the sum and the norm's statistics).
 void EmbeddingForward(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
-                      const float* params, const int32_t* tokens, float* out, int64_t B, int64_t T);
-// dparams (layout.numel) += gradient of the embedding's tensors from dout (B,T,C).
+                      const float* params, const int32_t* tokens, float* out, int64_t B, int64_t T,
+                      const SequenceInputs& seq = {}, LayerWorkspace* ws = nullptr);
+// dparams (layout.numel) += gradient of the embedding's tensors from dout (B,T,C). BERT
+// recomputes its LayerNorm, so it also needs the layer's `params` and `ws`.
 void EmbeddingBackward(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
-                       const int32_t* tokens, const float* dout, float* dparams, int64_t B, int64_t T);
+                       const int32_t* tokens, const float* dout, float* dparams, int64_t B, int64_t T,
+                       const SequenceInputs& seq = {}, const float* params = nullptr,
+                       LayerWorkspace* ws = nullptr);
+
+// Whether EmbeddingBackward needs the layer's params (it recomputes from them: BERT); the
+// relay fetches layer 0 again for it then.
+bool EmbeddingBackwardNeedsParams(const ModelSpec& spec);
 
 // ---- Transformer block: hidden -> hidden --------------------------------------------
 // GPT-2: x1 = x + attn_proj(attention(c_attn(ln_1(x)))); out = x1 + c_proj(gelu(c_fc(ln_2(x1)))).
 // Llama: x1 = x + o_proj(gqa(rope(qkv(rms_1(x))))); out = x1 + down(silu(gate(rms_2(x1))) * up(..)).
+// BERT (post-LN, bidirectional, padded keys masked by seq.attention_mask):
+//   x1 = LN_1(x + dense(attention(qkv(x)))); out = LN_2(x1 + out_dense(gelu(inter_dense(x1)))).
 void BlockForward(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
                   const float* params, const float* in, float* out, int64_t B, int64_t T,
-                  LayerWorkspace& ws);
+                  LayerWorkspace& ws, const SequenceInputs& seq = {});
 // Recomputes the forward internals from `in`, then: din (B,T,C) = dL/din (overwritten),
 // dparams (layout.numel) += dL/dparams.
 void BlockBackward(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
                    const float* params, const float* in, const float* dout, float* din,
-                   float* dparams, int64_t B, int64_t T, LayerWorkspace& ws);
+                   float* dparams, int64_t B, int64_t T, LayerWorkspace& ws,
+                   const SequenceInputs& seq = {});
 
 // ---- Head (last layer): hidden -> loss ----------------------------------------------
 // logits = norm(in) @ W^T with W = the embedding table (tied; `wte` points at layer 0's
 // EmbeddingTable view) or the head's own lm_head.weight (untied; `wte` ignored). norm is
-// ln_f (GPT-2) or the final RMSNorm (Llama). targets (B,T) int32 device memory.
+// ln_f (GPT-2) or the final RMSNorm (Llama); BERT's masked-LM head uses its transform
+// (dense + GELU + LayerNorm) as the norm and adds the decoder bias to the logits. BERT's
+// classification head (num_labels > 0) instead classifies the pooled first token of each
+// sequence against its target at position 0 (the mean is over sequences).
+// targets (B,T) int32 device memory.
 // Returns the mean cross-entropy over the B*T tokens (synchronises to read it).
 // When din != nullptr also computes the backward of loss * loss_scale:
 //   din (B,T,C) overwritten; dparams (head layout.numel) +=; dwte (V,C) += (tied only).

@@ -133,17 +133,19 @@ void BlockInternals(Backend& be, const ModelSpec& spec, const BlockViews& w, con
 }
 
 void FamilyEmbeddingForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
-                      const int32_t* tokens, float* out, int64_t B, int64_t T) {
+                      const int32_t* tokens, float* out, int64_t B, int64_t T, const SequenceInputs&,
+                      LayerWorkspace*) {
   be.TokenEmbeddingForward(out, tokens, params + Off(layout, "embed_tokens.weight"), B * T, spec.d_model);
 }
 
-void FamilyEmbeddingBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const int32_t* tokens,
-                       const float* dout, float* dparams, int64_t B, int64_t T) {
+void FamilyEmbeddingBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float*,
+                       const int32_t* tokens, const float* dout, float* dparams, int64_t B, int64_t T,
+                       const SequenceInputs&, LayerWorkspace*) {
   be.TokenEmbeddingBackward(dparams + Off(layout, "embed_tokens.weight"), dout, tokens, B * T, spec.d_model);
 }
 
 void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
-                  const float* in, float* out, int64_t B, int64_t T, LayerWorkspace& ws) {
+                  const float* in, float* out, int64_t B, int64_t T, LayerWorkspace& ws, const SequenceInputs&) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   const BlockViews w = Views(spec, layout, params);
   BlockInternals(be, spec, w, in, B, T, ws);
@@ -154,7 +156,7 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
 
 void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
                    const float* in, const float* dout, float* din, float* dparams, int64_t B, int64_t T,
-                   LayerWorkspace& ws) {
+                   LayerWorkspace& ws, const SequenceInputs&) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T, W = QkvWidth(spec);
   const int64_t NH = spec.n_head, NKV = spec.kv_heads(), hs = spec.head_dim();
   const BlockViews w = Views(spec, layout, params);

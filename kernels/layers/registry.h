@@ -1,7 +1,7 @@
 // The kernel half of the model-family registry: each family's layer implementations
 // (composed of Backend ops) in one table entry, looked up by ModelFamily. The metadata
 // half (layouts, names, init) is common/models/registry.h. layers.h's functions dispatch
-// here; one file per family defines its entry (gpt2.cc, llama.cc), registry.cc lists them.
+// here; one file per family defines its entry (gpt2.cc, llama.cc, bert.cc), registry.cc lists them.
 //
 // Also the helpers the family files share (views, checks, linear layers, the head's
 // cross-entropy). Thread-safety: immutable statics and pure functions of their arguments.
@@ -21,18 +21,22 @@ struct FamilyLayers {
   // constant tables (B, T already validated against spec).
   Status (*alloc_workspace)(kernels::Backend* be, const ModelSpec& spec, int64_t B, int64_t T,
                             LayerWorkspace* ws);
+  // `seq` and `ws` as layers.h's EmbeddingForward/EmbeddingBackward pass them (params and
+  // ws may be null for the families that do not read them).
   void (*embedding_forward)(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
                             const float* params, const int32_t* tokens, float* out, int64_t B,
-                            int64_t T);
+                            int64_t T, const SequenceInputs& seq, LayerWorkspace* ws);
   void (*embedding_backward)(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
-                             const int32_t* tokens, const float* dout, float* dparams, int64_t B,
-                             int64_t T);
+                             const float* params, const int32_t* tokens, const float* dout,
+                             float* dparams, int64_t B, int64_t T, const SequenceInputs& seq,
+                             LayerWorkspace* ws);
   void (*block_forward)(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
                         const float* params, const float* in, float* out, int64_t B, int64_t T,
-                        LayerWorkspace& ws);
+                        LayerWorkspace& ws, const SequenceInputs& seq);
   void (*block_backward)(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
                          const float* params, const float* in, const float* dout, float* din,
-                         float* dparams, int64_t B, int64_t T, LayerWorkspace& ws);
+                         float* dparams, int64_t B, int64_t T, LayerWorkspace& ws,
+                         const SequenceInputs& seq);
   // normed (N,C) = the final norm of in (N,C), written into ws (its own region).
   const float* (*head_norm_forward)(kernels::Backend& be, const ModelSpec& spec,
                                     const LayerLayout& layout, const float* params,
@@ -43,12 +47,29 @@ struct FamilyLayers {
                              const LayerLayout& layout, const float* params, const float* in,
                              const float* dnormed, float* din, float* dparams, int64_t N,
                              LayerWorkspace& ws);
+  // embedding_backward reads `params` (and so the relay must hold layer 0 for it).
+  bool embedding_backward_needs_params = false;
+  // Optional (nullptr: none): the head's vector (V) added to every logits row (BERT's
+  // decoder bias, "cls.predictions.bias"); its gradient is the column sum of dlogits.
+  const char* head_logits_bias = nullptr;
+  // Optional (nullptr: never): whether `spec`'s head is the family's own
+  // head_forward_backward instead of the shared norm -> logits -> cross-entropy head.
+  bool (*own_head)(const ModelSpec& spec) = nullptr;
+  // The whole of HeadForwardBackward for a head that is not a language-model head (BERT's
+  // sequence classification), same contract; used when own_head(spec). HeadProbs refuses
+  // such a spec.
+  float (*head_forward_backward)(kernels::Backend& be, const ModelSpec& spec,
+                                 const LayerLayout& layout, const float* params, const float* wte,
+                                 const float* in, const int32_t* targets, float loss_scale,
+                                 float* din, float* dparams, float* dwte, int64_t B, int64_t T,
+                                 LayerWorkspace& ws) = nullptr;
 };
 
 // The entry of `family`.
 const FamilyLayers& LayersFor(ModelFamily family);
 const FamilyLayers& Gpt2Layers();
 const FamilyLayers& LlamaLayers();
+const FamilyLayers& BertLayers();
 
 // ---- helpers shared by the family files ----------------------------------------------------
 

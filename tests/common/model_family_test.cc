@@ -204,9 +204,10 @@ TEST_CASE("Hugging Face config.json maps to a spec and back; sliding windows are
   auto qs = models::SpecFromHfConfig(qwen, "q/config.json");
   REQUIRE(qs.ok());
   CHECK(qs->qkv_bias);
-  nlohmann::json bert = smol;
-  bert["architectures"] = {"BertForMaskedLM"};
-  ExpectError(models::SpecFromHfConfig(bert, "b/config.json").status(), {"BertForMaskedLM", "LlamaForCausalLM"});
+  nlohmann::json t5 = smol;
+  t5["architectures"] = {"T5ForConditionalGeneration"};
+  ExpectError(models::SpecFromHfConfig(t5, "t/config.json").status(),
+              {"T5ForConditionalGeneration", "LlamaForCausalLM", "BertForMaskedLM"});
   nlohmann::json yarn = smol;
   yarn["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
   ExpectError(models::SpecFromHfConfig(yarn, "y/config.json").status(), {"yarn", "not supported"});
