@@ -76,6 +76,10 @@ else
   CUBLAS_DIR=$(find_cublaslt) || die "libcublasLt.so.13 not found; looked in $(find_cublaslt_where) (set L2L_CUBLAS_DIR to the folder holding it)"
   export LD_LIBRARY_PATH="$DIR/lib:$CUBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
+# Tests that read configs/ find them in the bundle's src/ (not the build machine's tree).
+if [[ -d "$DIR/src/configs" ]]; then
+  export L2L_SOURCE_DIR="$DIR/src"
+fi
 log "GPU 0: $GPU_NAME; libcublasLt.so.13 from $CUBLAS_DIR"
 
 unresolved=$(ldd_unresolved "$DIR"/bin/* "$DIR"/tests/l2l_*_tests) ||

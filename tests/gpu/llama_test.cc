@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -501,7 +502,10 @@ TEST_CASE("cuda Llama embedding and head losses and gradients match the cpu", "[
 // the loss goes 5.540 -> 4.701 over the 8 steps (noisy with one micro-batch; 1e-2
 // diverges).
 JobConfig LlamaTinyJob() {
-  auto loaded = LoadJobConfig(std::string(L2L_SOURCE_DIR) + "/configs/models/llama-tiny.yaml");
+  // The source tree, or an unpacked GPU bundle's src/ (gpu_check.sh sets L2L_SOURCE_DIR).
+  const char* env_src = std::getenv("L2L_SOURCE_DIR");
+  const std::string src = env_src != nullptr && *env_src != '\0' ? env_src : L2L_SOURCE_DIR;
+  auto loaded = LoadJobConfig(src + "/configs/models/llama-tiny.yaml");
   INFO(loaded.status().ToString());
   REQUIRE(loaded.ok());
   JobConfig cfg = SmallJob();
