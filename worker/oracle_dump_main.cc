@@ -125,7 +125,7 @@ nlohmann::json OptimJson(const l2l::JobConfig& c, float lr) {
           {"eps", c.optim.eps},
           {"weight_decay", c.optim.weight_decay},
           {"grad_clip", c.optim.grad_clip},
-          {"clip", c.train.clip}};
+          {"clip", l2l::ToString(c.train.clip)}};
 }
 
 // A small Llama-family job: C=32 in 4 heads of 8, F=40, T=11 of 16 positions.
