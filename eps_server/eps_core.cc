@@ -203,7 +203,7 @@ Status EpsCore::CreateShmWorker(int32_t id, Registration* r) {
 }
 
 void EpsCore::TakeOverDeadLocalWorkers() {
-  std::vector<int32_t> dead;
+  std::vector<std::pair<int32_t, pid_t>> dead;  // (worker id, its gone pid), read under mu_
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!has_job_ || static_cast<int32_t>(workers_.size()) < opts_.expected_workers) return;
@@ -212,14 +212,14 @@ void EpsCore::TakeOverDeadLocalWorkers() {
     }
     for (const auto& w : workers_) {
       if ((w->info.state == WorkerState::kActive || w->info.state == WorkerState::kRejoin) && ProcessGone(w->local_pid)) {
-        dead.push_back(w->info.id);
+        dead.emplace_back(w->info.id, w->local_pid);
       }
     }
   }
-  for (int32_t id : dead) {
+  for (const auto& [id, pid] : dead) {
     L2L_LOG_WARN("worker {}'s process (pid {}) on this host is gone: declared lost now, not after the heartbeat "
                  "timeout",
-                 id, workers_[id]->local_pid);
+                 id, pid);
     HandleLoss(id, WorkerState::kLost);
   }
 }
