@@ -425,8 +425,15 @@ TEST_CASE("UpdatePipeline ResetToStep undoes layers applied ahead of the step's 
     auto fresh = MakeStore(job);
     return State(*fresh);
   }();
-  for (int i = 0; i < 500 && State(*ps) == init; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  const UpdatePipeline::Frozen f = pipe.Freeze();
+  // Poll through Freeze(), which waits for running updates: reading the state while the
+  // pipeline may write it would race.
+  UpdatePipeline::Frozen f = pipe.Freeze();
+  for (int i = 0; i < 500 && !f.applied; ++i) {
+    pipe.Release();
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    f = pipe.Freeze();
+  }
+  REQUIRE(f.applied);
   CHECK(f.step == 0);
   CHECK_FALSE(f.at_boundary);
   CHECK(State(*ps) != init);
