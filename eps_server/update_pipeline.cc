@@ -733,7 +733,9 @@ void UpdatePipeline::Release() {
 
 PipelineStats UpdatePipeline::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  PipelineStats s = stats_;
+  s.layers_applied_in_step = layers_done_in_step_;
+  return s;
 }
 
 }  // namespace l2l::eps
