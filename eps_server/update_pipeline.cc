@@ -733,9 +733,7 @@ void UpdatePipeline::Release() {
 
 PipelineStats UpdatePipeline::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  PipelineStats s = stats_;
-  s.layers_applied_in_step = layers_done_in_step_;
-  return s;
+  return stats_;
 }
 
 }  // namespace l2l::eps

@@ -79,7 +79,6 @@ struct PipelineStats {
   int64_t consecutive_skips = 0;  // skips in a row up to the last completed step
   std::string last_skip_reason;   // why the last skipped step was skipped ("" = none)
   bool skip_paused = false;       // the gate is closed after skip_pause_after skips
-  int64_t layers_applied_in_step = 0;  // layers whose state already holds the step in progress
 };
 
 // A skipped step, for the daemon's logs, run.jsonl and metrics.

@@ -425,13 +425,14 @@ TEST_CASE("UpdatePipeline ResetToStep undoes layers applied ahead of the step's 
     auto fresh = MakeStore(job);
     return State(*fresh);
   }();
-  // Wait on the pipeline's own count (read under its lock): reading the state while the
-  // pipeline may still write it would race.
-  for (int i = 0; i < 3000 && pipe.stats().layers_applied_in_step < ps->num_layers(); ++i) {
+  // Poll through Freeze(), which waits for running updates: reading the state while the
+  // pipeline may write it would race.
+  UpdatePipeline::Frozen f = pipe.Freeze();
+  for (int i = 0; i < 500 && !f.applied; ++i) {
+    pipe.Release();
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    f = pipe.Freeze();
   }
-  REQUIRE(pipe.stats().layers_applied_in_step == ps->num_layers());
-  const UpdatePipeline::Frozen f = pipe.Freeze();
   REQUIRE(f.applied);
   CHECK(f.step == 0);
   CHECK_FALSE(f.at_boundary);
