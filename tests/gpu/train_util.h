@@ -14,7 +14,10 @@
 
 #include "common/config.h"
 #include "common/model_spec.h"
+#include "kernels/backend.h"
 #include "worker/data_loader.h"
+#include "worker/fake_eps_client.h"
+#include "worker/relay.h"
 #include "worker/reference_trainer.h"
 
 namespace l2l::gpu_test {
@@ -99,5 +102,29 @@ class ScopedEnv {
  private:
   const char* name_;
 };
+
+// The layer-to-layer relay against an in-process EPS (worker/fake_eps_client.h), one
+// worker, on `backend`; the same batches as TrainLosses.
+inline std::vector<float> RelayLosses(const JobConfig& job, kernels::Backend* backend, int steps) {
+  auto eps = worker::FakeEps::Create(job, {});
+  INFO(eps.status().ToString());
+  REQUIRE(eps.ok());
+  auto client = (*eps)->Connect(0);
+  REQUIRE(client.ok());
+  auto opts = worker::RelayOptions::FromJob(job);
+  REQUIRE(opts.ok());
+  auto relay = worker::Relay::Create(client->get(), backend, job, *opts);
+  INFO(backend->name() << ": " << relay.status().ToString());
+  REQUIRE(relay.ok());
+  std::mt19937 rng(7);
+  std::vector<float> losses;
+  for (int s = 0; s < steps; ++s) {
+    auto report = (*relay)->RunStep(s, LearnableBatches(rng, job));
+    INFO(backend->name() << " relay step " << s << ": " << report.status().ToString());
+    REQUIRE(report.ok());
+    losses.push_back(report->loss);
+  }
+  return losses;
+}
 
 }  // namespace l2l::gpu_test

@@ -140,30 +140,6 @@ TEST_CASE("reference trainer on cuda with tf32 GEMMs tracks the cpu losses", "[g
   ExpectLossesTrack(gpu, cpu, 2e-2);
 }
 
-// The layer-to-layer relay against an in-process EPS (worker/fake_eps_client.h), one
-// worker, on `backend`; the same batches as TrainLosses.
-std::vector<float> RelayLosses(const JobConfig& job, Backend* backend, int steps) {
-  auto eps = worker::FakeEps::Create(job, {});
-  INFO(eps.status().ToString());
-  REQUIRE(eps.ok());
-  auto client = (*eps)->Connect(0);
-  REQUIRE(client.ok());
-  auto opts = worker::RelayOptions::FromJob(job);
-  REQUIRE(opts.ok());
-  auto relay = worker::Relay::Create(client->get(), backend, job, *opts);
-  INFO(backend->name() << ": " << relay.status().ToString());
-  REQUIRE(relay.ok());
-  std::mt19937 rng(7);
-  std::vector<float> losses;
-  for (int s = 0; s < steps; ++s) {
-    auto report = (*relay)->RunStep(s, LearnableBatches(rng, job));
-    INFO(backend->name() << " relay step " << s << ": " << report.status().ToString());
-    REQUIRE(report.ok());
-    losses.push_back(report->loss);
-  }
-  return losses;
-}
-
 TEST_CASE("relay on cuda tracks the cpu relay for 10 steps", "[gpu]") {
   Backends& b = Both();
   JobConfig job = SmallJob();
