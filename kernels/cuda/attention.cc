@@ -1,5 +1,6 @@
-// Causal (grouped-query) attention as batched GEMMs + fused causal softmax, in fp32 or
-// with bf16 operands (bf16 mode). See attention.h.
+// Causal (grouped-query) attention and bidirectional attention with a key padding mask as
+// batched GEMMs + a fused softmax, in fp32 or with bf16 operands (bf16 mode). See
+// attention.h.
 #include "kernels/cuda/attention.h"
 
 #include <cmath>
@@ -87,11 +88,16 @@ LtGemmArgs Args(const AttentionGemmMode& mode, bool ta, bool tb, int64_t M, int6
   return a;
 }
 
-}  // namespace
+// Which softmax sits between the products: causal (decoders) or bidirectional with an
+// optional key padding mask (encoders).
+struct SoftmaxKind {
+  bool causal = true;
+  const int32_t* key_mask = nullptr;  // (B,T), bidirectional only; nullptr: every key
+};
 
-void AttentionForwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* out, float* att,
-                         const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                         int64_t hs, cudaStream_t s) {
+void ForwardImpl(LtGemm& gemm, const AttentionGemmMode& mode, float* out, float* att,
+                 const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs,
+                 SoftmaxKind kind, cudaStream_t s) {
   L2L_CHECK(NKV > 0 && NH % NKV == 0) << "attention: NKV=" << NKV << " does not divide NH=" << NH;
   const int64_t rep = NH / NKV, C = NH * hs, W = (NH + 2 * NKV) * hs, TT = T * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -105,7 +111,11 @@ void AttentionForwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* out
                 NKV, s);
     }
   }
-  LaunchCausalSoftmaxForward(att, B * NH, T, s);
+  if (kind.causal) {
+    LaunchCausalSoftmaxForward(att, B * NH, T, s);
+  } else {
+    LaunchMaskedSoftmaxForward(att, kind.key_mask, B, NH, T, s);
+  }
   for (int64_t b = 0; b < B; ++b) {
     const int64_t v = b * T * W + C + NKV * hs;
     const Operand p = Stage(att + b * NH * TT, Scratch(mode, 1, NH * TT), NH * TT, s);
@@ -118,9 +128,12 @@ void AttentionForwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* out
   }
 }
 
-void AttentionBackwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv, float* scratch,
-                          const float* dout, const float* qkv, const float* att, int64_t B,
-                          int64_t T, int64_t NH, int64_t NKV, int64_t hs, cudaStream_t s) {
+// The gradient of either softmax kind: masked keys and (causal) future keys have
+// probability 0, so the full-row softmax backward gives them gradient 0; the causal form
+// only skips reading them.
+void BackwardImpl(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv, float* scratch,
+                  const float* dout, const float* qkv, const float* att, int64_t B, int64_t T,
+                  int64_t NH, int64_t NKV, int64_t hs, bool causal, cudaStream_t s) {
   L2L_CHECK(NKV > 0 && NH % NKV == 0) << "attention: NKV=" << NKV << " does not divide NH=" << NH;
   const int64_t rep = NH / NKV, C = NH * hs, W = (NH + 2 * NKV) * hs, TT = T * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -146,7 +159,11 @@ void AttentionBackwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* dq
     }
   }
   // dS = scale * P * (dP - rowsum(P * dP)): the gradient w.r.t. the unscaled Q K^T.
-  LaunchCausalSoftmaxBackward(scratch, att, B * NH, T, scale, s);
+  if (causal) {
+    LaunchCausalSoftmaxBackward(scratch, att, B * NH, T, scale, s);
+  } else {
+    LaunchSoftmaxBackward(scratch, att, B * NH, T, scale, s);
+  }
   for (int64_t b = 0; b < B; ++b) {
     const int64_t q = b * T * W, k = q + C;
     const Operand ds = Stage(scratch + b * NH * TT, Scratch(mode, 1, NH * TT), NH * TT, s);
@@ -161,6 +178,35 @@ void AttentionBackwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* dq
                 NKV, s);
     }
   }
+}
+
+}  // namespace
+
+void AttentionForwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* out, float* att,
+                         const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                         int64_t hs, cudaStream_t s) {
+  ForwardImpl(gemm, mode, out, att, qkv, B, T, NH, NKV, hs, SoftmaxKind{}, s);
+}
+
+void AttentionBackwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv, float* scratch,
+                          const float* dout, const float* qkv, const float* att, int64_t B,
+                          int64_t T, int64_t NH, int64_t NKV, int64_t hs, cudaStream_t s) {
+  BackwardImpl(gemm, mode, dqkv, scratch, dout, qkv, att, B, T, NH, NKV, hs, /*causal=*/true, s);
+}
+
+void AttentionForwardMasked(LtGemm& gemm, const AttentionGemmMode& mode, float* out, float* att,
+                            const float* qkv, const int32_t* key_mask, int64_t B, int64_t T,
+                            int64_t C, int64_t NH, cudaStream_t s) {
+  L2L_CHECK(NH > 0 && C % NH == 0) << "attention: NH=" << NH << " does not divide C=" << C;
+  ForwardImpl(gemm, mode, out, att, qkv, B, T, NH, NH, C / NH, SoftmaxKind{false, key_mask}, s);
+}
+
+void AttentionBackwardMasked(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv,
+                             float* scratch, const float* dout, const float* qkv, const float* att,
+                             int64_t B, int64_t T, int64_t C, int64_t NH, cudaStream_t s) {
+  L2L_CHECK(NH > 0 && C % NH == 0) << "attention: NH=" << NH << " does not divide C=" << C;
+  BackwardImpl(gemm, mode, dqkv, scratch, dout, qkv, att, B, T, NH, NH, C / NH, /*causal=*/false,
+               s);
 }
 
 void AttentionForward(LtGemm& gemm, const AttentionGemmMode& mode, float* out, float* att,

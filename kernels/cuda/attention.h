@@ -1,5 +1,6 @@
 // Causal multi-head attention on the GPU as batched cuBLASLt GEMMs around our fused
-// causal-softmax kernels (softmax.cu).
+// causal-softmax kernels (softmax.cu); the bidirectional key-masked form (encoders) swaps
+// in the masked softmax and is otherwise the same code.
 //
 // Why not a fused flash-attention kernel: Backend::AttentionForward must return the full
 // (B,NH,T,T) probability matrix (the backward contract reads it), so the memory saving
@@ -71,5 +72,18 @@ void AttentionForwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* out
 void AttentionBackwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv, float* scratch,
                           const float* dout, const float* qkv, const float* att, int64_t B,
                           int64_t T, int64_t NH, int64_t NKV, int64_t hs, cudaStream_t s);
+
+// Bidirectional multi-head attention with a key padding mask (kernels/backend.h
+// AttentionForwardMasked / AttentionBackwardMasked; the BERT family): the same products
+// as AttentionForward with the masked full-row softmax (softmax.cu) in place of the
+// causal one. qkv and dqkv (B,T,3C), out and dout (B,T,C), att and scratch (B,NH,T,T);
+// key_mask (B,T) int32 device memory or nullptr. The backward reads the mask from att's
+// zeros.
+void AttentionForwardMasked(LtGemm& gemm, const AttentionGemmMode& mode, float* out, float* att,
+                            const float* qkv, const int32_t* key_mask, int64_t B, int64_t T,
+                            int64_t C, int64_t NH, cudaStream_t s);
+void AttentionBackwardMasked(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv,
+                             float* scratch, const float* dout, const float* qkv, const float* att,
+                             int64_t B, int64_t T, int64_t C, int64_t NH, cudaStream_t s);
 
 }  // namespace l2l::kernels::cuda

@@ -203,7 +203,7 @@ class CudaBackend final : public Backend {
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
                         const float* weight, const float* bias, int64_t N, int64_t C) override {
     MakeCurrent();
-    LaunchLayerNormForward(out, mean, rstd, inp, weight, bias, N, C, stream());
+    LaunchLayerNormForward(out, mean, rstd, inp, weight, bias, N, C, 1e-5f, stream());
   }
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, const float* mean,
@@ -305,6 +305,49 @@ class CudaBackend final : public Backend {
     MakeCurrent();
     cuda::AttentionBackwardGqa(gemm_, attention_mode_, dqkv, scratch, dout, qkv, att, B, T, NH, NKV,
                                hs, stream());
+  }
+
+  // ---- BERT-family ops (kernels/backend.h; kernels in bert_ops.cu, reduce.cu,
+  // softmax.cu, attention.cc) -----------------------------------------------------------
+  void LayerNormForwardEps(float* out, float* mean, float* rstd, const float* inp,
+                           const float* weight, const float* bias, int64_t N, int64_t C,
+                           float eps) override {
+    MakeCurrent();
+    LaunchLayerNormForward(out, mean, rstd, inp, weight, bias, N, C, eps, stream());
+  }
+  void GeluErfForward(float* out, const float* inp, int64_t n) override {
+    MakeCurrent();
+    LaunchGeluErfForward(out, inp, n, stream());
+  }
+  void GeluErfBackward(float* dinp, const float* inp, const float* dout, int64_t n) override {
+    MakeCurrent();
+    LaunchGeluErfBackward(dinp, inp, dout, n, stream());
+  }
+  void TanhForward(float* out, const float* inp, int64_t n) override {
+    MakeCurrent();
+    LaunchTanhForward(out, inp, n, stream());
+  }
+  void TanhBackward(float* dinp, const float* out, const float* dout, int64_t n) override {
+    MakeCurrent();
+    LaunchTanhBackward(dinp, out, dout, n, stream());
+  }
+  // The "at least one real key" requirement is checked on the host where the mask is
+  // built (worker/reference_trainer.cc CheckSequenceInputs); checking device memory here
+  // would cost a host wait per call. A sequence without one gets zero probabilities.
+  void AttentionForwardMasked(float* out, float* att, const float* qkv, const int32_t* key_mask,
+                              int64_t B, int64_t T, int64_t C, int64_t NH) override {
+    if (B <= 0 || T <= 0) return;
+    MakeCurrent();
+    cuda::AttentionForwardMasked(gemm_, attention_mode_, out, att, qkv, key_mask, B, T, C, NH,
+                                 stream());
+  }
+  void AttentionBackwardMasked(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                               const float* att, int64_t B, int64_t T, int64_t C,
+                               int64_t NH) override {
+    if (B <= 0 || T <= 0) return;
+    MakeCurrent();
+    cuda::AttentionBackwardMasked(gemm_, attention_mode_, dqkv, scratch, dout, qkv, att, B, T, C,
+                                  NH, stream());
   }
 
   // ---- asynchronous transfers (kernels/backend.h; the worker's copy streams) ----------

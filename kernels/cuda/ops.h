@@ -45,10 +45,11 @@ int64_t ColumnSumGroups(int64_t N);
 // dbias (OC) += column sums of dout (N,OC). scratch: >= groups*OC floats.
 void LaunchBiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, float* scratch,
                         int64_t groups, cudaStream_t s);
-// out (N,C), mean (N), rstd (N); eps 1e-5.
+// out (N,C), mean (N), rstd (N); rstd = 1/sqrt(biased variance + eps) (1e-5 for
+// Backend::LayerNormForward, the model's layer_norm_eps for LayerNormForwardEps).
 void LaunchLayerNormForward(float* out, float* mean, float* rstd, const float* inp,
                             const float* weight, const float* bias, int64_t N, int64_t C,
-                            cudaStream_t s);
+                            float eps, cudaStream_t s);
 // dinp (N,C) +=, dweight (C) +=, dbias (C) +=. scratch: >= 2*groups*C floats.
 void LaunchLayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                              const float* inp, const float* weight, const float* mean,
@@ -70,6 +71,17 @@ void LaunchCausalSoftmaxBackward(float* datt, const float* att, int64_t rows, in
 // NaN loss (the kernel cannot return an error).
 void LaunchCrossEntropyForward(float* losses, float* probs, const float* logits,
                                const int32_t* targets, int64_t N, int64_t V, cudaStream_t s);
+
+// Bidirectional softmax with a key padding mask (the BERT family's attention), in place
+// on att (B*NH*T, T) scores (already scaled): row (b, h, t) keeps softmax over the keys j
+// with key_mask[b*T + j] != 0 (key_mask (B,T); nullptr: every key), zeros elsewhere. A
+// row with no real key becomes all zeros (callers reject such sequences on the host).
+void LaunchMaskedSoftmaxForward(float* att, const int32_t* key_mask, int64_t B, int64_t NH,
+                                int64_t T, cudaStream_t s);
+// datt (rows,T,T) in place: datt = scale * att * (datt - sum_j att*datt) over whole rows
+// (masked keys have att 0, so their gradient is 0).
+void LaunchSoftmaxBackward(float* datt, const float* att, int64_t rows, int64_t T, float scale,
+                           cudaStream_t s);
 
 // ---- embedding_backward.cu ---------------------------------------------------------
 // Scratch bytes the deterministic embedding backward needs for N = B*T tokens.
@@ -105,5 +117,17 @@ void LaunchRMSNormForward(float* out, float* rstd, const float* inp, const float
 void LaunchRMSNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                            const float* weight, const float* rstd, int64_t N, int64_t C,
                            float* scratch, int64_t groups, cudaStream_t s);
+
+// ---- bert_ops.cu (the BERT family's elementwise ops) ---------------------------------
+// out (n) = 0.5 x (1 + erf(x / sqrt(2))) (exact GELU).
+void LaunchGeluErfForward(float* out, const float* inp, int64_t n, cudaStream_t s);
+// dinp (n) += gelu'(inp) * dout.
+void LaunchGeluErfBackward(float* dinp, const float* inp, const float* dout, int64_t n,
+                           cudaStream_t s);
+// out (n) = tanh(inp).
+void LaunchTanhForward(float* out, const float* inp, int64_t n, cudaStream_t s);
+// dinp (n) += (1 - out^2) * dout, from the forward's output.
+void LaunchTanhBackward(float* dinp, const float* out, const float* dout, int64_t n,
+                        cudaStream_t s);
 
 }  // namespace l2l::kernels::cuda

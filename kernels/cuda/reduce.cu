@@ -12,7 +12,6 @@ namespace {
 
 constexpr int kColTile = 32;   // columns per block (one warp-wide coalesced row segment)
 constexpr int kRowLanes = 8;   // rows processed in parallel per block
-constexpr float kLnEps = 1e-5f;
 
 // partial (groups, cols): partial[g, c] = sum over rows of group g of dout[r, c].
 // grid (ceil(cols/32), groups), block (32, 8).
@@ -49,7 +48,7 @@ __global__ void ColumnSumFinalKernel(float* dst, const float* partial, int64_t g
 // One warp per row. block 256 = 8 rows.
 __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, const float* inp,
                                        const float* weight, const float* bias, int64_t N,
-                                       int64_t C) {
+                                       int64_t C, float eps) {
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t{blockDim.x / 32} + (threadIdx.x >> 5);
   if (row >= N) return;  // whole warp leaves together
@@ -62,7 +61,7 @@ __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, con
     float d = x[c] - m;
     v += d * d;
   }
-  const float r = 1.0f / sqrtf(WarpSum(v) / static_cast<float>(C) + kLnEps);
+  const float r = 1.0f / sqrtf(WarpSum(v) / static_cast<float>(C) + eps);
   float* y = out + row * C;
   for (int64_t c = lane; c < C; c += 32) y[c] = (x[c] - m) * r * weight[c] + bias[c];
   if (lane == 0) {
@@ -244,12 +243,12 @@ void LaunchBiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, 
 
 void LaunchLayerNormForward(float* out, float* mean, float* rstd, const float* inp,
                             const float* weight, const float* bias, int64_t N, int64_t C,
-                            cudaStream_t s) {
+                            float eps, cudaStream_t s) {
   if (N <= 0 || C <= 0) return;
   const int rows_per_block = kThreads / 32;
   const auto blocks = static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block);
   L2L_LAUNCH(LayerNormForwardKernel, blocks, kThreads, 0, s)(
-      out, mean, rstd, inp, weight, bias, N, C);
+      out, mean, rstd, inp, weight, bias, N, C, eps);
   L2L_CUDA_CHECK_LAUNCH();
 }
 

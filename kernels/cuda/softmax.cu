@@ -1,5 +1,6 @@
-// Softmax kernels: the causal softmax of attention (forward and backward, one warp per
-// row of the (B*NH*T, T) score matrix, in place) and the fused softmax + cross-entropy
+// Softmax kernels: the causal softmax of attention and the bidirectional one with a key
+// padding mask (forward and backward, one warp per row of the (B*NH*T, T) score matrix,
+// in place) and the fused softmax + cross-entropy
 // of the LM head (one block per row of V logits). Launchers in ops.h.
 #include <cmath>
 
@@ -39,6 +40,46 @@ __global__ void CausalSoftmaxBackwardKernel(float* datt, const float* att, int64
   for (int64_t j = lane; j <= t; j += 32) dot += p[j] * d[j];
   dot = WarpSum(dot);
   for (int64_t j = lane; j < T; j += 32) d[j] = j <= t ? scale * p[j] * (d[j] - dot) : 0.0f;
+}
+
+// att (B*NH*T, T): row r belongs to sequence b = r / (NH*T). Keys j with
+// key_mask[b*T + j] == 0 get probability 0; so does a whole row without a real key
+// (no NaN: the sum is 0 and nothing is divided by it).
+__global__ void MaskedSoftmaxForwardKernel(float* att, const int32_t* key_mask, int64_t total_rows,
+                                           int64_t rows_per_seq, int64_t T) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = blockIdx.x * int64_t{blockDim.x / 32} + (threadIdx.x >> 5);
+  if (r >= total_rows) return;  // whole warp leaves together
+  const int32_t* m = key_mask != nullptr ? key_mask + (r / rows_per_seq) * T : nullptr;
+  float* p = att + r * T;
+  float mx = -INFINITY;
+  for (int64_t j = lane; j < T; j += 32) {
+    if (m == nullptr || m[j] != 0) mx = fmaxf(mx, p[j]);
+  }
+  mx = WarpMax(mx);
+  float sum = 0.0f;
+  for (int64_t j = lane; j < T; j += 32) {
+    if (m == nullptr || m[j] != 0) sum += expf(p[j] - mx);
+  }
+  sum = WarpSum(sum);
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  for (int64_t j = lane; j < T; j += 32) {
+    p[j] = (m == nullptr || m[j] != 0) ? expf(p[j] - mx) * inv : 0.0f;
+  }
+}
+
+// datt = scale * att * (datt - <att, datt>) over the whole row. In place on datt.
+__global__ void SoftmaxBackwardKernel(float* datt, const float* att, int64_t total_rows, int64_t T,
+                                      float scale) {
+  const int lane = threadIdx.x & 31;
+  const int64_t r = blockIdx.x * int64_t{blockDim.x / 32} + (threadIdx.x >> 5);
+  if (r >= total_rows) return;
+  float* d = datt + r * T;
+  const float* p = att + r * T;
+  float dot = 0.0f;
+  for (int64_t j = lane; j < T; j += 32) dot += p[j] * d[j];
+  dot = WarpSum(dot);
+  for (int64_t j = lane; j < T; j += 32) d[j] = scale * p[j] * (d[j] - dot);
 }
 
 // One block per row. probs may alias logits: every read of the row happens before the
@@ -82,6 +123,23 @@ void LaunchCausalSoftmaxBackward(float* datt, const float* att, int64_t rows, in
   if (rows <= 0 || T <= 0) return;
   L2L_LAUNCH(CausalSoftmaxBackwardKernel, WarpRowBlocks(rows * T), kThreads, 0, s)(
       datt, att, rows * T, T, scale);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchMaskedSoftmaxForward(float* att, const int32_t* key_mask, int64_t B, int64_t NH,
+                                int64_t T, cudaStream_t s) {
+  if (B <= 0 || NH <= 0 || T <= 0) return;
+  const int64_t rows = B * NH * T;
+  L2L_LAUNCH(MaskedSoftmaxForwardKernel, WarpRowBlocks(rows), kThreads, 0, s)(att, key_mask, rows,
+                                                                             NH * T, T);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchSoftmaxBackward(float* datt, const float* att, int64_t rows, int64_t T, float scale,
+                           cudaStream_t s) {
+  if (rows <= 0 || T <= 0) return;
+  L2L_LAUNCH(SoftmaxBackwardKernel, WarpRowBlocks(rows * T), kThreads, 0, s)(datt, att, rows * T,
+                                                                            T, scale);
   L2L_CUDA_CHECK_LAUNCH();
 }
 
