@@ -14,7 +14,8 @@
 //    failure, returned by later synchronising calls and cudaGetLastError.
 // Environment: L2L_CUDA_EMU_DEVICES (default 1), L2L_CUDA_EMU_MEMORY_BYTES (per device,
 // default 80 GiB), L2L_CUDA_EMU_NO_HOST_REGISTER=1 (cudaHostRegister unsupported),
-// L2L_CUDA_EMU_COPY_DELAY_US.
+// L2L_CUDA_EMU_COPY_DELAY_US, L2L_CUDA_EMU_SKIP_COMPUTE=1 (kernels and matmuls queued but
+// not run: for allocation measurements only; see l2l_cuda_emu.h SkipCompute).
 //
 // Thread-safety: every function is thread-safe, as in CUDA.
 #pragma once

@@ -55,6 +55,13 @@ namespace l2l_cuda_emu {
 // for a destroyed or unknown stream.
 cudaError_t Enqueue(cudaStream_t s, std::function<void()> work);
 
+// True when $L2L_CUDA_EMU_SKIP_COMPUTE=1 (read once): kernel launches and cuBLASLt
+// matmuls are checked and queued as usual but do not run, so their outputs keep whatever
+// bytes they held. Allocations, copies, memsets, events and the CUB sort still run. For
+// measuring what a program allocates (the backend's own accounting) at shapes whose math
+// the CPU could not finish; every computed value is then meaningless.
+bool SkipCompute();
+
 // True when [p, p + bytes) lies inside one live cudaMalloc allocation.
 bool IsDeviceRange(const void* p, size_t bytes);
 
