@@ -440,10 +440,8 @@ cudaError_t Enqueue(cudaStream_t s, std::function<void()> work) {
   return cudaSuccess;
 }
 
-bool SkipCompute() {
-  static const bool skip = EnvU64("L2L_CUDA_EMU_SKIP_COMPUTE", 0) != 0;
-  return skip;
-}
+// Read at each launch, on the launching thread (never on a stream worker).
+bool SkipCompute() { return EnvU64("L2L_CUDA_EMU_SKIP_COMPUTE", 0) != 0; }
 
 bool IsDeviceRange(const void* p, size_t bytes) {
   Range r;
@@ -513,8 +511,8 @@ void EnqueueGrid(cudaStream_t s, GridWork work) {
          work.name, static_cast<void*>(s));
     return;
   }
-  Submit(st, [w = std::move(work)] {
-    if (SkipCompute()) return;
+  Submit(st, [w = std::move(work), skip = SkipCompute()] {
+    if (skip) return;
     std::string error;
     if (!RunGrid(w, &error)) ReportAsyncError(cudaErrorLaunchFailure, error);
   });

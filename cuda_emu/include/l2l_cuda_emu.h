@@ -55,7 +55,8 @@ namespace l2l_cuda_emu {
 // for a destroyed or unknown stream.
 cudaError_t Enqueue(cudaStream_t s, std::function<void()> work);
 
-// True when $L2L_CUDA_EMU_SKIP_COMPUTE=1 (read once): kernel launches and cuBLASLt
+// True when $L2L_CUDA_EMU_SKIP_COMPUTE=1 (read at each launch, on the launching
+// thread): kernel launches and cuBLASLt
 // matmuls are checked and queued as usual but do not run, so their outputs keep whatever
 // bytes they held. Allocations, copies, memsets, events and the CUB sort still run. For
 // measuring what a program allocates (the backend's own accounting) at shapes whose math

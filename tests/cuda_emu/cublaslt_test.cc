@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -351,6 +352,36 @@ TEST_CASE("cublasLt: GEMM speed, 512x768x768 fp32", "[.][benchmark][cuda_emu][cu
                   2.0 * s.m * s.n * s.k / sec / 1e9);
     }
   }
+}
+
+TEST_CASE("cublasLt: L2L_CUDA_EMU_SKIP_COMPUTE=1 checks and queues a matmul without computing it",
+          "[cuda_emu][cublaslt]") {
+  Spec s;
+  s.m = 8;
+  s.n = 6;
+  s.k = 5;
+  Operands o = MakeOperands(s, 7);
+  DevMem A(o.a.size() * 4), B(o.b.size() * 4), C(o.c.size() * 4), D(o.c.size() * 4);
+  PutAs(A.p, o.a, s.ab);
+  PutAs(B.p, o.b, s.ab);
+  PutAs(C.p, o.c, s.cd);
+  const std::vector<float> d_init(o.c.size(), kSentinel);
+  PutAs(D.p, d_init, s.cd);
+  Plan plan(s);
+  Plan::Heur hr = plan.Heuristic(AlignOf(A.p, 0, 1), AlignOf(B.p, 0, 1), AlignOf(C.p, 0, 1), AlignOf(D.p, 0, 1));
+  REQUIRE(hr.st == CUBLAS_STATUS_SUCCESS);
+  Stream stream;
+  setenv("L2L_CUDA_EMU_SKIP_COMPUTE", "1", 1);
+  const cublasStatus_t queued = plan.Matmul(s, A.p, B.p, C.p, D.p, &hr.algo, stream.s);
+  const cublasStatus_t bad = plan.Matmul(s, A.p, B.p, C.p, nullptr, &hr.algo, stream.s);  // still checked
+  unsetenv("L2L_CUDA_EMU_SKIP_COMPUTE");
+  CHECK(queued == CUBLAS_STATUS_SUCCESS);
+  CHECK(bad == CUBLAS_STATUS_INVALID_VALUE);
+  stream.Sync();
+  CHECK(GetAs(D.p, o.c.size(), s.cd) == d_init);  // D untouched
+  REQUIRE(plan.Matmul(s, A.p, B.p, C.p, D.p, &hr.algo, stream.s) == CUBLAS_STATUS_SUCCESS);
+  stream.Sync();
+  CHECK(GetAs(D.p, o.c.size(), s.cd) != d_init);  // computed once the switch is off
 }
 
 }  // namespace cublaslt_test

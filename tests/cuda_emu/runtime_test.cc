@@ -323,6 +323,29 @@ TEST_CASE("invalid launch configurations set cudaErrorInvalidConfiguration and r
   for (float v : out.Read()) CHECK(IsPoison(v));  // never written
 }
 
+TEST_CASE("L2L_CUDA_EMU_SKIP_COMPUTE=1 queues launches without running them; copies still run",
+          "[cuda_emu]") {
+  DevBuf<float> out(64);
+  Stream s;
+  const std::vector<float> ones(64, 1.0f);
+  setenv("L2L_CUDA_EMU_SKIP_COMPUTE", "1", 1);
+  LAUNCH(FillKernel, 2, 32, 0, s.s)(out.p, 3.0f, int64_t{64});
+  const cudaError_t launched = cudaGetLastError();
+  LAUNCH(FillKernel, 1, 2000, 0, s.s)(out.p, 3.0f, int64_t{64});  // still checked
+  const cudaError_t bad = cudaGetLastError();
+  unsetenv("L2L_CUDA_EMU_SKIP_COMPUTE");
+  CHECK(launched == cudaSuccess);
+  CHECK(bad == cudaErrorInvalidConfiguration);
+  REQUIRE_CUDA(cudaStreamSynchronize(s.s));
+  for (float v : out.Read()) CHECK(IsPoison(v));  // the kernel did not run
+  REQUIRE_CUDA(cudaMemcpy(out.p, ones.data(), 64 * sizeof(float), cudaMemcpyHostToDevice));
+  CHECK(out.Read() == ones);
+  // Read at the launch: unset again, the same launch runs.
+  LAUNCH(FillKernel, 2, 32, 0, s.s)(out.p, 3.0f, int64_t{64});
+  REQUIRE_CUDA(cudaStreamSynchronize(s.s));
+  for (float v : out.Read()) CHECK(v == 3.0f);
+}
+
 // ---- Streams and events ---------------------------------------------------------------------
 
 TEST_CASE(
