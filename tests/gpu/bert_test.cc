@@ -3,8 +3,8 @@
 // attention with a key padding mask) on fresh random inputs, in fp32 and (the attention)
 // in bf16 GEMM mode; the embedding with token types, the post-LN block forward and
 // recomputing backward with padded sequences, both heads' losses and gradients (masked-LM
-// with the tied decoder and its bias; classification through the pooler); and the
-// reference trainer and the relay training a padded BERT for a few steps with each head.
+// with the tied decoder and its bias; classification through the pooler). Training and
+// the depth-flat memory check are in bert_train_test.cc.
 // Label gpu (emu on the emulator): fails (never skips) without a GPU.
 //
 // Tolerances, |gpu - cpu| <= atol + rtol * |cpu| (both sides compute in fp32; the CPU's
@@ -18,8 +18,7 @@
 //   bf16 GEMM mode attention: the CPU on bf16-rounded q|k|v (and dout), plus the
 //     per-element bounds of rounding P and dS to bf16 (at most 2^-8 relative each), as
 //     bf16_gemm_test.cc and llama_test.cc, summed over every key (bidirectional).
-//   Training (fp32): every step's loss within 1e-5 + 1e-4 * |loss| of the CPU's; the
-//     measured differences are at the test.
+//   (training tolerances: bert_train_test.cc)
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -30,15 +29,11 @@
 #include <string>
 #include <vector>
 
-#include "common/config.h"
 #include "common/model_spec.h"
 #include "kernels/layers/layers.h"
+#include "tests/gpu/bert_util.h"
 #include "tests/gpu/gpu_test_util.h"
-#include "tests/gpu/train_util.h"
-#include "worker/data_loader.h"
-#include "worker/fake_eps_client.h"
-#include "worker/reference_trainer.h"
-#include "worker/relay.h"
+#include "tests/gpu/train_util.h"  // ScopedEnv
 
 namespace l2l::gpu_test {
 namespace {
@@ -347,25 +342,6 @@ TEST_CASE("bf16 masked attention matches the cpu on bf16-rounded inputs within P
 
 // ---- layers --------------------------------------------------------------------------------
 
-// A small BERT: V 96, T 32, C 48 in 4 heads, F 96, 2 blocks; num_labels 0 = the masked-LM
-// head (tied decoder), > 0 = classification.
-ModelSpec SmallBert(int64_t num_labels) {
-  ModelSpec s;
-  s.family = ModelFamily::kBert;
-  s.vocab_size = 96;
-  s.seq_len = 32;
-  s.d_model = 48;
-  s.n_layer = 2;
-  s.n_head = 4;
-  s.d_ff = 96;
-  s.type_vocab_size = 2;
-  s.layer_norm_eps = 1e-12;
-  s.num_labels = num_labels;
-  s.tied_embeddings = num_labels == 0;
-  INFO(s.Validate().ToString());
-  REQUIRE(s.Validate().ok());
-  return s;
-}
 
 struct Workspaces {
   std::unique_ptr<layers::LayerWorkspace> cpu, gpu;
@@ -584,213 +560,6 @@ TEST_CASE("cuda BERT classification head (pooler, tanh) loss and gradients match
   }
   CHECK(rest_zero);
   CHECK(first_nonzero);
-}
-
-// ---- training ------------------------------------------------------------------------------
-
-// SmallBert, 2 micro-batches of 2 x 32 tokens, AdamW lr 3e-3.
-JobConfig BertJob(int64_t num_labels) {
-  JobConfig cfg;
-  cfg.model = SmallBert(num_labels);
-  cfg.train.micro_batch_size = 2;
-  cfg.train.micro_batches = 2;
-  cfg.train.seq_len = 32;
-  cfg.train.seed = 1234;
-  cfg.optim.lr = 3e-3f;
-  INFO(cfg.Validate().ToString());
-  REQUIRE(cfg.Validate().ok());
-  return cfg;
-}
-
-// LearnableBatches made into padded encoder batches, a pure function of their tokens:
-// sequence b keeps T - 3 * (first token % 4) real tokens (padding in most batches), the
-// second half of them of token type 1. Masked LM: a real position t > 0 with
-// (t + first token) % 4 == 1 becomes token 0 ("[MASK]") with its id as the target (the
-// sequence rule makes it predictable from its neighbours), every other target -1.
-// Classification: the label (first token % num_labels) at position 0, -1 elsewhere.
-std::vector<worker::MicroBatch> BertBatches(std::mt19937& rng, const JobConfig& cfg) {
-  std::vector<worker::MicroBatch> mbs = LearnableBatches(rng, cfg);
-  const int64_t labels = cfg.model.num_labels;
-  for (worker::MicroBatch& mb : mbs) {
-    mb.token_types.assign(mb.inputs.size(), 0);
-    mb.attention_mask.assign(mb.inputs.size(), 0);
-    for (int64_t b = 0; b < mb.B; ++b) {
-      const int32_t first = mb.inputs[static_cast<size_t>(b * mb.T)];
-      const int64_t real = mb.T - 3 * (first % 4);
-      for (int64_t t = 0; t < mb.T; ++t) {
-        const size_t i = static_cast<size_t>(b * mb.T + t);
-        mb.attention_mask[i] = t < real ? 1 : 0;
-        mb.token_types[i] = t >= real / 2 && t < real ? 1 : 0;
-        if (labels > 0) {
-          mb.targets[i] = t == 0 ? first % static_cast<int32_t>(labels) : -1;
-          continue;
-        }
-        const bool masked = t > 0 && t < real && (t + first) % 4 == 1;
-        mb.targets[i] = masked ? mb.inputs[i] : -1;
-        if (masked) mb.inputs[i] = 0;
-      }
-    }
-  }
-  return mbs;
-}
-
-// The losses of `steps` steps: fresh batches each step for the masked-LM head; the
-// classification head fits one fixed mini-batch (4 labelled sequences per step are too
-// few for its held-out loss to fall within a few steps, so "it trains" is checked on the
-// batch it sees).
-std::vector<float> BertTrainLosses(const JobConfig& cfg, const std::string& device, int steps) {
-  worker::ReferenceTrainerOptions opts;
-  opts.device = device;
-  auto trainer = worker::ReferenceTrainer::Create(cfg, opts);
-  INFO(device << ": " << trainer.status().ToString());
-  REQUIRE(trainer.ok());
-  std::mt19937 rng(7);
-  std::vector<float> losses;
-  const auto fixed = BertBatches(rng, cfg);
-  for (int s = 0; s < steps; ++s) {
-    auto loss = (*trainer)->Step(cfg.model.num_labels > 0 ? fixed : BertBatches(rng, cfg));
-    INFO(device << " step " << s << ": " << loss.status().ToString());
-    REQUIRE(loss.ok());
-    losses.push_back(*loss);
-  }
-  return losses;
-}
-
-std::vector<float> BertRelayLosses(const JobConfig& job, kernels::Backend* backend, int steps) {
-  auto eps = worker::FakeEps::Create(job, {});
-  INFO(eps.status().ToString());
-  REQUIRE(eps.ok());
-  auto client = (*eps)->Connect(0);
-  REQUIRE(client.ok());
-  auto opts = worker::RelayOptions::FromJob(job);
-  REQUIRE(opts.ok());
-  auto relay = worker::Relay::Create(client->get(), backend, job, *opts);
-  INFO(backend->name() << ": " << relay.status().ToString());
-  REQUIRE(relay.ok());
-  std::mt19937 rng(7);
-  std::vector<float> losses;
-  const auto fixed = BertBatches(rng, job);
-  for (int s = 0; s < steps; ++s) {
-    auto report = (*relay)->RunStep(s, job.model.num_labels > 0 ? fixed : BertBatches(rng, job));
-    INFO(backend->name() << " relay step " << s << ": " << report.status().ToString());
-    REQUIRE(report.ok());
-    losses.push_back(report->loss);
-  }
-  return losses;
-}
-
-// fp32 on both sides: the losses differ by summation order only, amplified by AdamW (whose
-// first steps move every weight by ~lr whatever the gradient's size). Tolerance
-// 1e-5 + 1e-4 |loss| per step. Measured on the CUDA emulator over the 12 steps: at most
-// 2.2e-7 relative (reference trainer and relay, both heads, device and host stash);
-// not yet run on a GPU, whose cuBLASLt summation order differs more (the GPT-2 fp32
-// training test saw ~1e-6 there), so 1e-4 leaves ~100x.
-constexpr double kTrainRtol = 1e-4;
-constexpr int kTrainSteps = 12;
-
-void ExpectLossesEqual(const std::vector<float>& gpu, const std::vector<float>& cpu) {
-  REQUIRE(gpu.size() == cpu.size());
-  double worst = 0.0;
-  for (size_t s = 0; s < cpu.size(); ++s) {
-    INFO("step " << s << ": gpu loss " << gpu[s] << ", cpu loss " << cpu[s]);
-    CHECK(std::abs(gpu[s] - cpu[s]) <= 1e-5 + kTrainRtol * std::abs(cpu[s]));
-    worst = std::max(worst, std::abs(double(gpu[s]) - cpu[s]) / std::abs(double(cpu[s])));
-  }
-  WARN("worst relative loss difference gpu vs cpu: " << worst);
-  // It trains: the last loss is well below the first (the data is learnable).
-  CHECK(gpu.back() < 0.9f * gpu.front());
-}
-
-TEST_CASE("reference trainer on cuda equals the cpu on a padded BERT", "[gpu][bert]") {
-  Both();
-  const int64_t labels = GENERATE(0, 3);  // masked-LM head / classification head
-  CAPTURE(labels);
-  const JobConfig cfg = BertJob(labels);
-  const auto cpu = BertTrainLosses(cfg, "cpu", kTrainSteps);
-  const auto gpu = BertTrainLosses(cfg, "cuda:0", kTrainSteps);
-  ExpectLossesEqual(gpu, cpu);
-}
-
-TEST_CASE("relay on cuda equals the cpu relay on a padded BERT", "[gpu][bert]") {
-  Backends& b = Both();
-  const int64_t labels = GENERATE(0, 3);
-  CAPTURE(labels);
-  JobConfig job = BertJob(labels);
-  job.train.stash = GENERATE(StashPlacement::kDevice, StashPlacement::kHost);
-  CAPTURE(ToString(job.train.stash));
-  REQUIRE(job.Validate().ok());
-  const auto cpu = BertRelayLosses(job, b.cpu.get(), kTrainSteps);
-  const auto gpu = BertRelayLosses(job, b.gpu.get(), kTrainSteps);
-  ExpectLossesEqual(gpu, cpu);
-}
-
-
-// ---- depth-flat device memory ------------------------------------------------------------
-
-// The relay's peak device bytes, as the CUDA backend accounts them, after one padded BERT
-// step at `layers` blocks against the in-process EPS (a fresh backend, so the peak is this
-// run's). REQUIRES a CUDA backend.
-kernels::CudaMemoryStats RelayPeak(int64_t layers, StashPlacement stash) {
-  JobConfig job;
-  job.model = SmallBert(2);
-  job.model.vocab_size = 200;
-  job.model.seq_len = 64;
-  job.model.d_model = 128;
-  job.model.d_ff = 512;
-  job.model.n_layer = layers;
-  job.train.micro_batch_size = 2;
-  job.train.micro_batches = 2;
-  job.train.seq_len = 64;
-  job.train.stash = stash;
-  INFO(job.Validate().ToString());
-  REQUIRE(job.Validate().ok());
-  auto backend = kernels::CreateCudaBackend(0);
-  REQUIRE(backend.ok());
-  auto eps = worker::FakeEps::Create(job, {});
-  REQUIRE(eps.ok());
-  auto client = (*eps)->Connect(0);
-  REQUIRE(client.ok());
-  auto opts = worker::RelayOptions::FromJob(job);
-  REQUIRE(opts.ok());
-  {
-    auto relay = worker::Relay::Create(client->get(), backend->get(), job, *opts);
-    INFO(relay.status().ToString());
-    REQUIRE(relay.ok());
-    std::mt19937 rng(5);
-    auto report = (*relay)->RunStep(0, BertBatches(rng, job));
-    INFO(report.status().ToString());
-    REQUIRE(report.ok());
-    CHECK(std::isfinite(report->loss));
-    (*backend)->Synchronize();
-  }
-  auto stats = kernels::GetCudaMemoryStats(**backend);
-  REQUIRE(stats.ok());
-  return *stats;
-}
-
-// The relay's point (and the paper's 96-layer experiment, scripts/bert_memory.sh, at a
-// small shape with the math running): with the stash in host memory, device memory does
-// not grow with depth. Checked on the backend's own accounting of the relay's
-// allocations (peak_allocated, without the backend's fixed internal buffers, which would
-// make any 10% bound easy), from 2 to 8 blocks; with the stash on the device the same
-// accounting grows by exactly the stash's bytes (so it does see the relay's memory).
-TEST_CASE("relay device memory on cuda is flat in depth with the host stash (BERT, 2 to 8 layers)",
-          "[gpu][bert]") {
-  Both();
-  const double stash_per_layer = 2.0 * 2 * 64 * 128 * sizeof(float);  // M * B * T * C floats
-  std::vector<double> host_peak, device_peak;
-  for (int64_t L : {2, 4, 8}) {
-    host_peak.push_back(double(RelayPeak(L, StashPlacement::kHost).peak_allocated));
-    device_peak.push_back(double(RelayPeak(L, StashPlacement::kDevice).peak_allocated));
-  }
-  const double lo = *std::min_element(host_peak.begin(), host_peak.end());
-  const double hi = *std::max_element(host_peak.begin(), host_peak.end());
-  INFO("host stash: peak allocated bytes at 2/4/8 layers = " << host_peak[0] << " / " << host_peak[1] << " / "
-                                                            << host_peak[2]);
-  CHECK(hi <= 1.10 * lo);
-  INFO("device stash: " << device_peak[0] << " / " << device_peak[1] << " / " << device_peak[2]);
-  CHECK(device_peak[2] - device_peak[0] == Approx(6 * stash_per_layer).epsilon(0.01));
-  CHECK(device_peak[2] > 1.10 * host_peak[2]);
 }
 
 }  // namespace
