@@ -332,7 +332,9 @@ Status JobConfig::ValidateTask() const {
         return InvalidArgument("task=mlm: needs model.num_labels 0 (the MLM head), got " +
                                std::to_string(model.num_labels) + " (a classification head); use task: classify");
       }
-      if (mlm.mask_id >= model.vocab_size || mlm.first_word_id >= model.vocab_size) {
+      // The ids are checked here when the config names the task (a bert model built in code
+      // for a forward pass only need not set them); the data loader checks them again.
+      if (task.has_value() && (mlm.mask_id >= model.vocab_size || mlm.first_word_id >= model.vocab_size)) {
         return InvalidArgument("mlm.mask_id=" + std::to_string(mlm.mask_id) + " / mlm.first_word_id=" +
                                std::to_string(mlm.first_word_id) + ": expected ids below model.vocab_size=" +
                                std::to_string(model.vocab_size) + " (set them for this vocabulary)");

@@ -84,7 +84,7 @@ TEST_CASE("Tasks a model cannot run are refused with the reason", "[config][task
   ExpectError(Parse(std::string(kBert) + "  num_labels: 2\ntask: mlm\n"), {"task=mlm", "num_labels 0"});
   ExpectError(Parse(std::string(kBert) + "task: lm\n"), {"task=lm", "mlm", "classify"});
   ExpectError(Parse(std::string(kBert) + "task: regression\n"), {"task", "regression", "lm, mlm, classify"});
-  ExpectError(Parse(std::string(kBert) + "mlm: {mask_id: 5000}\n"), {"mlm.mask_id=5000", "vocab_size=1200"});
+  ExpectError(Parse(std::string(kBert) + "task: mlm\nmlm: {mask_id: 5000}\n"), {"mlm.mask_id=5000", "vocab_size=1200"});
   ExpectError(Parse(std::string(kBert) + "mlm: {probability: 0}\n"), {"probability"});
   ExpectError(Parse(std::string(kBert) + "mlm: {mask: 3}\n"), {"mask"});
 }
