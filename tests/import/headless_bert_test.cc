@@ -117,7 +117,8 @@ TEST_CASE("A headless BertModel imports with or without bert., the head chosen b
       const ParamInfo& wc = Param(head, "classifier.weight");
       CHECK(std::vector<float>(got.begin() + wc.offset, got.begin() + wc.offset + wc.numel) ==
             std::vector<float>(init.begin() + wc.offset, init.begin() + wc.offset + wc.numel));
-      const LayerLayout& head2 = BuildLayout(TinyBert(2)).back();
+      const std::vector<LayerLayout> layout2 = BuildLayout(TinyBert(2));
+      const LayerLayout& head2 = layout2.back();
       const ParamInfo& wp = Param(head, "pooler.dense.weight");
       const ParamInfo& wp2 = Param(head2, "pooler.dense.weight");
       CHECK(std::vector<float>(got.begin() + wp.offset, got.begin() + wp.offset + wp.numel) ==
