@@ -205,10 +205,12 @@ def check_mlm(bindir, work):
                                   intermediate_size=64, max_position_embeddings=40, type_vocab_size=2,
                                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     model = transformers.BertForMaskedLM(cfg).eval()
-    with torch.no_grad():  # a sharper distribution than the random init's: argmax is meaningful
+    with torch.no_grad():  # a sharper distribution than the random init's, favouring word 10:
         model.cls.predictions.transform.dense.weight.normal_(0.0, 0.5)
+        model.cls.predictions.bias[first_word] += 4.0
     n, L = 40, 32
-    ids, types, attn = random_rows(rng, n, L, V, first_word, cls=1, sep=2)
+    # Words from [10, 14): the favoured word is right about a quarter of the time.
+    ids, types, attn = random_rows(rng, n, L, first_word + 4, first_word, cls=1, sep=2)
     mdir = os.path.join(work, "mlm")
     model.save_pretrained(mdir, safe_serialization=True)
     rows = os.path.join(work, "mlm.bin")
@@ -239,6 +241,8 @@ def check_mlm(bindir, work):
         fail(f"mlm loss {got['loss']} vs HF {loss} (rel {rel(got['loss'], loss):.2e})")
     if abs(got["accuracy"] - acc) > 1.5 / count:  # at most one near tie
         fail(f"mlm accuracy {got['accuracy']} vs HF {acc}")
+    if not 0.0 < acc < 1.0:
+        fail(f"test data: mlm accuracy {acc} is degenerate")
 
 
 # ---- the real MiniLM checkpoint --------------------------------------------------------
