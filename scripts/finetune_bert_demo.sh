@@ -44,6 +44,7 @@ MODEL=$(bash scripts/fetch_models.sh minilm)
 PY=$(bash scripts/oracle_venv.sh)
 echo "bert-demo: model $MODEL"
 mkdir -p "$OUT_DIR"
+OUT_ABS=$(cd "$OUT_DIR" && pwd)
 
 # ---- the task: which licence a chunk of text comes from ----
 /usr/bin/python3 - "$OUT_DIR" "$CHUNK_LINES" "$MAX_PER_CLASS" "${LICENCES[@]}" <<'PY'
@@ -84,7 +85,7 @@ model:
 task: classify
 optim: {lr: 1.0e-4, min_lr_ratio: 0.1, warmup_steps: 4, total_steps: $STEPS, weight_decay: 0.01, grad_clip: 1.0}
 train: {steps: $STEPS, micro_batch_size: 16, micro_batches: 1, seq_len: $T, seed: $SEED, log_every: 5, checkpoint_every: 0}
-data: {train_path: $PWD/$OUT_DIR/train.bin}
+data: {train_path: $OUT_ABS/train.bin}
 YAML
 threads=()
 [ -n "${BERT_DEMO_THREADS:-}" ] && threads=(--threads "$BERT_DEMO_THREADS")
