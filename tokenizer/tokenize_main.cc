@@ -75,14 +75,14 @@ l2l::Status ForEachLine(const std::string& text, const std::string& file, Fn fn)
 }
 
 l2l::Status RunClassify(const Options& o) {
-  if (o.jsonl) return l2l::InvalidArgument("--task " + o.task + " reads JSONL already; drop --jsonl");
+  if (o.jsonl) return l2l::InvalidArgument("--task " + o.task + " takes no --jsonl (classify reads JSONL, mlm plain text)");
   if (o.tokenizer.empty()) return l2l::InvalidArgument("--task " + o.task + " needs --tokenizer (a WordPiece tokenizer.json or its model directory)");
   if (o.max_len < 3 || o.max_len > (int64_t{1} << 20)) {
     return l2l::InvalidArgument("--task " + o.task + " needs --max-len L in [3, 2^20] (got " + std::to_string(o.max_len) + ")");
   }
   L2L_ASSIGN_OR_RETURN(std::string type, l2l::tok::TokenizerJsonModelType(o.tokenizer));
   if (type != "WordPiece") {
-    return l2l::InvalidArgument(o.tokenizer + ": model.type \"" + type + "\"; --task classify needs a WordPiece (BERT) tokenizer");
+    return l2l::InvalidArgument(o.tokenizer + ": model.type \"" + type + "\"; --task " + o.task + " needs a WordPiece (BERT) tokenizer");
   }
   L2L_ASSIGN_OR_RETURN(l2l::tok::WordPieceTokenizer tok, l2l::tok::WordPieceTokenizer::FromTokenizerJson(o.tokenizer));
   L2L_ASSIGN_OR_RETURN(std::string text, l2l::ReadFileToString(o.input));
