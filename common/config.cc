@@ -218,6 +218,14 @@ Status ReadData(YamlMap* root, const std::string& base_dir, DataConfig* d) {
   return m.Finish();
 }
 
+Status ReadMlm(YamlMap* root, MlmConfig* mlm) {
+  L2L_ASSIGN_OR_RETURN(YamlMap m, root->Map("mlm"));
+  L2L_RETURN_IF_ERROR(m.Get("mask_id", &mlm->mask_id, kNonNegative));
+  L2L_RETURN_IF_ERROR(m.Get("first_word_id", &mlm->first_word_id, kNonNegative));
+  L2L_RETURN_IF_ERROR(m.Get("probability", &mlm->probability, FloatRange{.min = 0, .max = 1, .min_exclusive = true}));
+  return m.Finish();
+}
+
 // Applies every section present in `doc` onto *cfg, then runs the cross-field checks.
 Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg) {
   // An empty document (nothing, whitespace or comments only) is a mistake (a truncated
@@ -235,6 +243,12 @@ Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg)
   L2L_RETURN_IF_ERROR(root.GetChoice("publish_dtype", &dtype, {"f32", "bf16"}));
   cfg->publish_dtype = ParseDType(dtype).value();
   L2L_RETURN_IF_ERROR(root.Get("imported_from", &cfg->imported_from));
+  if (root.Has("task")) {
+    Task task = Task::kLm;
+    L2L_RETURN_IF_ERROR(root.GetEnum("task", &task, ParseTask));
+    cfg->task = task;
+  }
+  L2L_RETURN_IF_ERROR(ReadMlm(&root, &cfg->mlm));
   L2L_RETURN_IF_ERROR(root.Finish());
   if (!cfg->model_from.empty()) return Status::Ok();  // the model comes with ResolveModelFrom
   // The per-field reads above check what one value can; JobConfig::Validate is the one
@@ -253,6 +267,12 @@ Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg)
 }
 
 }  // namespace
+
+Task JobConfig::effective_task() const {
+  if (task.has_value()) return *task;
+  if (model.family != ModelFamily::kBert) return Task::kLm;
+  return model.num_labels > 0 ? Task::kClassify : Task::kMlm;
+}
 
 Status JobConfig::Validate() const {
   L2L_RETURN_IF_ERROR(model.Validate());
@@ -289,6 +309,50 @@ Status JobConfig::Validate() const {
   if (t.staleness < 0) return bad("train.staleness", std::to_string(t.staleness), "an integer >= 0");
   if (publish_dtype != DType::kF32 && publish_dtype != DType::kBF16) {
     return bad("publish_dtype", DTypeName(publish_dtype), "f32 or bf16");
+  }
+  return ValidateTask();
+}
+
+Status JobConfig::ValidateTask() const {
+  const Task t = effective_task();
+  const bool bert = model.family == ModelFamily::kBert;
+  const std::string family = ToString(model.family);
+  switch (t) {
+    case Task::kLm:
+      if (bert) {
+        return InvalidArgument("task=lm: a bert model (an encoder) has no next-token task; use task: mlm "
+                               "(model.num_labels: 0) or task: classify (model.num_labels > 0)");
+      }
+      break;
+    case Task::kMlm:
+      if (!bert) {
+        return InvalidArgument("task=mlm: needs model.family bert (the masked-language-model head), got " + family);
+      }
+      if (model.num_labels != 0) {
+        return InvalidArgument("task=mlm: needs model.num_labels 0 (the MLM head), got " +
+                               std::to_string(model.num_labels) + " (a classification head); use task: classify");
+      }
+      // The ids are checked here when the config names the task (a bert model built in code
+      // for a forward pass only need not set them); the data loader checks them again.
+      if (task.has_value() && (mlm.mask_id >= model.vocab_size || mlm.first_word_id >= model.vocab_size)) {
+        return InvalidArgument("mlm.mask_id=" + std::to_string(mlm.mask_id) + " / mlm.first_word_id=" +
+                               std::to_string(mlm.first_word_id) + ": expected ids below model.vocab_size=" +
+                               std::to_string(model.vocab_size) + " (set them for this vocabulary)");
+      }
+      if (!(mlm.probability > 0 && mlm.probability <= 1)) {
+        return InvalidArgument("mlm.probability=" + DoubleText(mlm.probability) + ": expected a number in (0, 1]");
+      }
+      break;
+    case Task::kClassify:
+      if (!bert) {
+        return InvalidArgument("task=classify: needs model.family bert (the sequence-classification head), got " +
+                               family);
+      }
+      if (model.num_labels <= 0) {
+        return InvalidArgument("task=classify: needs model.num_labels > 0 (the number of classes), got " +
+                               std::to_string(model.num_labels));
+      }
+      break;
   }
   return Status::Ok();
 }
@@ -400,6 +464,11 @@ std::string JobConfigToYaml(const JobConfig& cfg) {
      << "  train_path: " << YamlQuote(cfg.data.train_path) << "\n"
      << "  val_path: " << YamlQuote(cfg.data.val_path) << "\n";
   os << "publish_dtype: " << DTypeName(cfg.publish_dtype) << "\n";
+  if (cfg.task.has_value()) os << "task: " << ToString(*cfg.task) << "\n";
+  os << "mlm:\n"
+     << "  mask_id: " << cfg.mlm.mask_id << "\n"
+     << "  first_word_id: " << cfg.mlm.first_word_id << "\n"
+     << "  probability: " << DoubleText(cfg.mlm.probability) << "\n";
   if (!cfg.imported_from.empty()) os << "imported_from: " << YamlQuote(cfg.imported_from) << "\n";
   return os.str();
 }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -45,12 +46,26 @@ struct DataConfig {
   std::string val_path;            // optional (empty: no validation)
 };
 
+// `mlm:` (used when the job's task is mlm): how rows are masked. The defaults are the
+// ids of BERT's uncased WordPiece vocabulary (bert-base-uncased, all-MiniLM-L6-v2):
+// [PAD] 0, [unused*] 1..99 and 104..998, [UNK] 100, [CLS] 101, [SEP] 102, [MASK] 103.
+struct MlmConfig {
+  int64_t mask_id = 103;         // the [MASK] token id
+  int64_t first_word_id = 999;   // ids below it are special or unused: never chosen, never
+                                 // drawn as a random replacement
+  double probability = 0.15;     // fraction of a row's word tokens chosen for prediction
+};
+
 struct JobConfig {
   ModelSpec model;
   OptimizerConfig optim;
   TrainingConfig train;
   DataConfig data;
   DType publish_dtype = DType::kF32;  // dtype of the copy workers fetch: f32 | bf16
+  // `task: lm | mlm | classify` (common/modes.h); absent (nullopt) = the family's default:
+  // mlm for a bert model with num_labels 0, classify for one with num_labels > 0, lm otherwise.
+  std::optional<Task> task;
+  MlmConfig mlm;
 
   // `model.from: PATH`: a pretrained model (Hugging Face dir or GGUF file) gives the
   // architecture, the shapes and the initial weights. Parsing only records it (relative
@@ -67,10 +82,15 @@ struct JobConfig {
   std::string imported_from;
 
   int64_t seq_len() const { return train.seq_len > 0 ? train.seq_len : model.seq_len; }
+  // `task`, or the family's default when the config does not name one.
+  Task effective_task() const;
   // The one validation of a job: every field's range and the cross-field checks
   // (seq_len <= model.seq_len, ...). Loading runs it; so do the EPS (CreateJob) and the
   // relay, for configs built in code.
   Status Validate() const;
+  // The task's checks (part of Validate): mlm and classify need family bert with the
+  // matching head (num_labels 0 / > 0); bert has no lm task.
+  Status ValidateTask() const;
 };
 
 // Loads a job config from YAML. Relative data paths are resolved against the file's

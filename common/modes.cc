@@ -41,6 +41,8 @@ constexpr std::pair<WorkerState, const char*> kWorkerStates[] = {
     {WorkerState::kLost, "lost"},
     {WorkerState::kLeft, "left"},
     {WorkerState::kRejoin, "rejoin"}};
+constexpr std::pair<Task, const char*> kTasks[] = {
+    {Task::kLm, "lm"}, {Task::kMlm, "mlm"}, {Task::kClassify, "classify"}};
 
 }  // namespace
 
@@ -56,5 +58,7 @@ const char* ToString(OnWorkerLoss w) { return NameOf(kOnWorkerLoss, w); }
 Result<OnWorkerLoss> ParseOnWorkerLoss(std::string_view s) { return ParseName(kOnWorkerLoss, s); }
 const char* ToString(WorkerState s) { return NameOf(kWorkerStates, s); }
 Result<WorkerState> ParseWorkerState(std::string_view s) { return ParseName(kWorkerStates, s); }
+const char* ToString(Task t) { return NameOf(kTasks, t); }
+Result<Task> ParseTask(std::string_view s) { return ParseName(kTasks, s); }
 
 }  // namespace l2l

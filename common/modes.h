@@ -55,4 +55,13 @@ enum class WorkerState { kActive, kLost, kLeft, kRejoin };
 const char* ToString(WorkerState s);
 Result<WorkerState> ParseWorkerState(std::string_view s);
 
+// The job's `task`: what a training row is and what the head learns from it.
+//   "lm": next-token prediction on a token stream (decoders; the default);
+//   "mlm": masked-language modelling on rows (family bert, model.num_labels 0): a seeded
+//          15% of each row's word tokens are masked and predicted;
+//   "classify": sequence classification on labelled rows (family bert, num_labels > 0).
+enum class Task { kLm, kMlm, kClassify };
+const char* ToString(Task t);
+Result<Task> ParseTask(std::string_view s);
+
 }  // namespace l2l

@@ -14,7 +14,10 @@ relay_start() {
   local bin=$1 job=$2 out=$3
   shift 3
   RELAY_OUT=$out
-  RELAY_STATE="$PWD/$out/eps-state"
+  case $out in
+    /*) RELAY_STATE="$out/eps-state" ;;
+    *) RELAY_STATE="$PWD/$out/eps-state" ;;
+  esac
   rm -rf "$RELAY_STATE"
   mkdir -p "$RELAY_STATE"
   "$bin/l2l-eps" --job "$job" --state-dir "$RELAY_STATE" --job-id "quickstart-$$" --workers 1 \

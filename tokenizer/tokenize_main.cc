@@ -16,6 +16,10 @@
 //
 //   l2l-tokenize DATA.jsonl OUTPUT.bin --task classify --tokenizer MODEL_DIR --max-len 128
 //
+// --task mlm (masked-LM rows) reads plain text: every non-blank line becomes one row
+// [CLS] LINE [SEP] (truncated to --max-len, padded), written as classification rows with
+// label 0 (the masked-LM task ignores labels).
+//
 // --jsonl reads {"prompt","completion"} / {"messages":[...]} lines (tokenizer/sft.h) and
 // writes the loss mask beside each tokens file (OUTPUT.bin.mask). Vocabularies above
 // 65,536 ids give version-2 (uint32) tokens files. Exit status 0 on success; 1 with a
@@ -28,6 +32,7 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
 #include "common/status.h"
@@ -70,21 +75,25 @@ l2l::Status ForEachLine(const std::string& text, const std::string& file, Fn fn)
 }
 
 l2l::Status RunClassify(const Options& o) {
-  if (o.jsonl) return l2l::InvalidArgument("--task classify reads JSONL already; drop --jsonl");
-  if (o.tokenizer.empty()) return l2l::InvalidArgument("--task classify needs --tokenizer (a WordPiece tokenizer.json or its model directory)");
+  if (o.jsonl) return l2l::InvalidArgument("--task " + o.task + " takes no --jsonl (classify reads JSONL, mlm plain text)");
+  if (o.tokenizer.empty()) return l2l::InvalidArgument("--task " + o.task + " needs --tokenizer (a WordPiece tokenizer.json or its model directory)");
   if (o.max_len < 3 || o.max_len > (int64_t{1} << 20)) {
-    return l2l::InvalidArgument("--task classify needs --max-len L in [3, 2^20] (got " + std::to_string(o.max_len) + ")");
+    return l2l::InvalidArgument("--task " + o.task + " needs --max-len L in [3, 2^20] (got " + std::to_string(o.max_len) + ")");
   }
   L2L_ASSIGN_OR_RETURN(std::string type, l2l::tok::TokenizerJsonModelType(o.tokenizer));
   if (type != "WordPiece") {
-    return l2l::InvalidArgument(o.tokenizer + ": model.type \"" + type + "\"; --task classify needs a WordPiece (BERT) tokenizer");
+    return l2l::InvalidArgument(o.tokenizer + ": model.type \"" + type + "\"; --task " + o.task + " needs a WordPiece (BERT) tokenizer");
   }
   L2L_ASSIGN_OR_RETURN(l2l::tok::WordPieceTokenizer tok, l2l::tok::WordPieceTokenizer::FromTokenizerJson(o.tokenizer));
   L2L_ASSIGN_OR_RETURN(std::string text, l2l::ReadFileToString(o.input));
   l2l::tok::ClassifyRows rows;
   rows.max_len = o.max_len;
+  const bool mlm = o.task == "mlm";
   L2L_RETURN_IF_ERROR(ForEachLine(text, o.input, [&](std::string_view line, const std::string& where) {
-    return l2l::tok::AppendClassifyLine(tok, line, where, &rows);
+    if (!mlm) return l2l::tok::AppendClassifyLine(tok, line, where, &rows);
+    const nlohmann::json j = {{"text", std::string(line)}, {"label", 0}};
+    return l2l::tok::AppendClassifyLine(tok, j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), where,
+                                        &rows);
   }));
   if (rows.rows() == 0) return l2l::InvalidArgument(o.input + " has no examples: nothing to tokenize");
   const int64_t n_val = static_cast<int64_t>(static_cast<double>(rows.rows()) * o.val_fraction);
@@ -111,8 +120,8 @@ l2l::Status Run(const Options& o) {
   }
   if (o.val_fraction > 0.0 && o.val_output.empty()) return l2l::InvalidArgument("--val-fraction needs --val-output VAL.bin");
   if (o.val_fraction == 0.0 && !o.val_output.empty()) return l2l::InvalidArgument("--val-output needs --val-fraction > 0");
-  if (o.task == "classify") return RunClassify(o);
-  if (o.task != "lm") return l2l::InvalidArgument("--task \"" + o.task + "\" is not lm or classify");
+  if (o.task == "classify" || o.task == "mlm") return RunClassify(o);
+  if (o.task != "lm") return l2l::InvalidArgument("--task \"" + o.task + "\" is not lm, classify or mlm");
   if (o.max_len != 0) return l2l::InvalidArgument("--max-len is for --task classify");
   // A WordPiece (BERT) tokenizer.json gives a stream of [CLS] LINE [SEP] sequences.
   std::optional<l2l::tok::WordPieceTokenizer> wp;
@@ -196,8 +205,8 @@ int main(int argc, char** argv) {
   app.add_option("OUTPUT", o.output, "tokens file to write (training split)")->required();
   app.add_option("--tokenizer", o.tokenizer, "model directory with tokenizer.json, or a tokenizer.json file");
   app.add_flag("--jsonl", o.jsonl, "INPUT is JSONL of {prompt,completion} or {messages}; also write OUTPUT.mask");
-  app.add_option("--task", o.task, "lm (default: a token stream) or classify (JSONL {text|text_a,text_b, label} -> fixed-length rows)");
-  app.add_option("--max-len", o.max_len, "--task classify: tokens per row ([CLS]/[SEP] included; padded with [PAD])");
+  app.add_option("--task", o.task, "lm (default: a token stream), classify (JSONL {text|text_a,text_b, label} -> fixed-length rows) or mlm (text lines -> rows)");
+  app.add_option("--max-len", o.max_len, "--task classify | mlm: tokens per row ([CLS]/[SEP] included; padded with [PAD])");
   app.add_option("--val-fraction", o.val_fraction, "fraction of the tokens (classify: of the rows), their tail, written to --val-output");
   app.add_option("--val-output", o.val_output, "tokens file for the validation split");
   CLI11_PARSE(app, argc, argv);

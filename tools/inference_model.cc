@@ -38,8 +38,8 @@ Status PreadAll(int fd, float* out, uint64_t n, uint64_t offset, const std::stri
   return Status::Ok();
 }
 
-Result<InferenceModel> FromPretrained(const std::string& path, ModelSourceKind kind) {
-  L2L_ASSIGN_OR_RETURN(std::unique_ptr<Pretrained> p, Pretrained::Open(path));
+Result<InferenceModel> FromPretrained(const std::string& path, ModelSourceKind kind, const PretrainedOptions& o = {}) {
+  L2L_ASSIGN_OR_RETURN(std::unique_ptr<Pretrained> p, Pretrained::Open(path, o));
   InferenceModel m;
   m.spec = p->spec();
   m.kind = kind;
@@ -120,7 +120,7 @@ Result<InferenceModel> LoadCheckpointModel(const std::string& path) {
   return m;
 }
 
-Result<InferenceModel> LoadInferenceModel(const std::string& path) {
+Result<InferenceModel> LoadInferenceModel(const std::string& path, const PretrainedOptions& pretrained) {
   std::error_code ec;
   const fs::file_status st = fs::status(path, ec);
   if (ec || !fs::exists(st)) return NotFound(path + ": no such model file or directory");
@@ -128,7 +128,7 @@ Result<InferenceModel> LoadInferenceModel(const std::string& path) {
     if (fs::exists(fs::path(path) / eps::kCheckpointManifest) || fs::exists(fs::path(path) / eps::kCheckpointLatest)) {
       return LoadCheckpointModel(path);
     }
-    if (fs::exists(fs::path(path) / "config.json")) return FromPretrained(path, ModelSourceKind::kHfDir);
+    if (fs::exists(fs::path(path) / "config.json")) return FromPretrained(path, ModelSourceKind::kHfDir, pretrained);
     return InvalidArgument(path + ": a directory with neither config.json (Hugging Face model) nor " +
                            "manifest.json / latest (checkpoint)");
   }

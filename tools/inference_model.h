@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/model_spec.h"
+#include "common/pretrained/pretrained.h"
 #include "common/status.h"
 #include "worker/reference_trainer.h"
 
@@ -37,7 +38,9 @@ struct InferenceModel {
 
 // Detects the kind of `path` (directory with manifest.json or `latest`: checkpoint;
 // directory with config.json: Hugging Face; a GGUF file; otherwise safetensors) and loads it.
-Result<InferenceModel> LoadInferenceModel(const std::string& path);
+// `pretrained` applies to a headless base model (BertModel): the head to build and the
+// seed of its initialisation, as a job's model.num_labels and train.seed would.
+Result<InferenceModel> LoadInferenceModel(const std::string& path, const PretrainedOptions& pretrained = {});
 
 // A checkpoint directory or checkpoint root only.
 Result<InferenceModel> LoadCheckpointModel(const std::string& path);

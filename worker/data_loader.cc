@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/rng.h"
+#include "common/rows_file.h"
 #include "common/tokens_file.h"
 #include "kernels/backend.h"
 
@@ -37,6 +38,75 @@ Result<DataLoader> DataLoader::Open(const std::string& path, const DataLoaderOpt
     L2L_ASSIGN_OR_RETURN(mask, ReadLossMaskFile(mask_path, static_cast<int64_t>(raw.size())));
   }
   return FromTokens(std::vector<int32_t>(raw.begin(), raw.end()), opts, path, std::move(mask));
+}
+
+Result<DataLoader> DataLoader::OpenForTask(const std::string& path, const DataLoaderOptions& opts) {
+  return opts.task == Task::kLm ? Open(path, opts) : OpenRows(path, opts);
+}
+
+Result<DataLoader> DataLoader::OpenRows(const std::string& path, const DataLoaderOptions& opts) {
+  const std::string task = ToString(opts.task);
+  if (opts.task == Task::kLm) return InvalidArgument(path + ": task lm reads a token stream, not rows");
+  Result<ClassifyRows> read = ReadClassifyFiles(path, opts.vocab_size);
+  if (!read.ok()) {
+    return read.status().WithContext("task " + task + " reads rows files " + path +
+                                     "{,.types,.attn,.labels} (l2l-tokenize --task " + task + ")");
+  }
+  ClassifyRows rows = std::move(*read);
+  if (opts.task == Task::kMlm && !(opts.vocab_size > opts.mlm.first_word_id && opts.mlm.mask_id < opts.vocab_size)) {
+    return InvalidArgument(path + ": task mlm needs mlm.first_word_id=" + std::to_string(opts.mlm.first_word_id) +
+                           " and mlm.mask_id=" + std::to_string(opts.mlm.mask_id) + " below the vocabulary size " +
+                           std::to_string(opts.vocab_size));
+  }
+  if (rows.max_len != opts.T) {
+    return InvalidArgument(path + ": rows of L=" + std::to_string(rows.max_len) + " tokens, but the job's seq_len is " +
+                           std::to_string(opts.T) + "; set train.seq_len: " + std::to_string(rows.max_len) +
+                           " or re-tokenize with --max-len " + std::to_string(opts.T));
+  }
+  if (opts.task == Task::kClassify) {
+    for (size_t i = 0; i < rows.labels.size(); ++i) {
+      if (rows.labels[i] >= opts.num_labels) {
+        return OutOfRange(path + ".labels: row " + std::to_string(i) + " has label " + std::to_string(rows.labels[i]) +
+                          ", outside [0, model.num_labels=" + std::to_string(opts.num_labels) + ")");
+      }
+    }
+  }
+  std::vector<int32_t> ids(rows.ids.begin(), rows.ids.end());
+  // One "window" of T+1 tokens per row for FromTokens' counting; Next reads rows instead.
+  const int64_t n = rows.rows();
+  ids.resize(static_cast<size_t>(n * opts.T + 1), 0);
+  L2L_ASSIGN_OR_RETURN(DataLoader d, FromTokens(std::move(ids), opts, path));
+  d.tokens_.resize(static_cast<size_t>(n * opts.T));
+  d.rows_ = true;
+  d.types_ = std::move(rows.type_ids);
+  d.attn_ = std::move(rows.attention);
+  d.labels_ = std::move(rows.labels);
+  return d;
+}
+
+void MaskMlmRow(const MlmConfig& mlm, int64_t vocab_size, uint64_t seed, int64_t epoch, int64_t row,
+                const int32_t* ids, const uint8_t* attn, int64_t T, int32_t* inputs, int32_t* targets) {
+  const uint64_t key = SplitMix64(SplitMix64(SplitMix64(seed) ^ 0x6D6C6D5F6D61736Bull) + static_cast<uint64_t>(epoch));
+  const uint64_t row_key = SplitMix64(key ^ SplitMix64(static_cast<uint64_t>(row)));
+  // A uniform double in [0, 1) from 53 bits.
+  auto uniform = [](uint64_t r) { return static_cast<double>(r >> 11) * (1.0 / 9007199254740992.0); };
+  const uint64_t words = static_cast<uint64_t>(vocab_size - mlm.first_word_id);
+  for (int64_t t = 0; t < T; ++t) {
+    inputs[t] = ids[t];
+    targets[t] = kernels::kIgnoreTarget;
+    if (attn[t] == 0 || ids[t] < mlm.first_word_id) continue;
+    const uint64_t base = row_key + 3 * static_cast<uint64_t>(t);
+    if (!(uniform(SplitMix64(base)) < mlm.probability)) continue;
+    targets[t] = ids[t];
+    const double how = uniform(SplitMix64(base + 1));
+    if (how < 0.8) {
+      inputs[t] = static_cast<int32_t>(mlm.mask_id);
+    } else if (how < 0.9) {
+      const uint64_t r = SplitMix64(base + 2);
+      inputs[t] = static_cast<int32_t>(mlm.first_word_id +
+                                       static_cast<int64_t>((static_cast<unsigned __int128>(r) * words) >> 64));
+    }
+  }
 }
 
 double DataLoader::trained_fraction() const {
@@ -121,6 +191,10 @@ MicroBatch DataLoader::Next() {
     // This rank's i-th window of the epoch is order_[i * world + rank].
     const int64_t i = pos_.batch * B + b;
     const int64_t window = order_[static_cast<size_t>(i * opts_.world + opts_.rank)];
+    if (rows_) {
+      FillRow(window, b, &mb);
+      continue;
+    }
     const int32_t* src = tokens_.data() + window * T;
     std::copy(src, src + T, mb.inputs.begin() + b * T);
     std::copy(src + 1, src + T + 1, mb.targets.begin() + b * T);
@@ -133,6 +207,31 @@ MicroBatch DataLoader::Next() {
   }
   ++pos_.batch;
   return mb;
+}
+
+void DataLoader::FillRow(int64_t row, int64_t b, MicroBatch* mb) const {
+  const int64_t T = opts_.T;
+  const size_t at = static_cast<size_t>(row * T), out = static_cast<size_t>(b * T);
+  if (mb->token_types.empty()) {
+    mb->token_types.resize(mb->inputs.size());
+    mb->attention_mask.resize(mb->inputs.size());
+  }
+  std::copy(types_.begin() + at, types_.begin() + at + T, mb->token_types.begin() + out);
+  std::copy(attn_.begin() + at, attn_.begin() + at + T, mb->attention_mask.begin() + out);
+  switch (opts_.task) {
+    case Task::kClassify:
+      std::copy(tokens_.begin() + at, tokens_.begin() + at + T, mb->inputs.begin() + out);
+      std::fill(mb->targets.begin() + out, mb->targets.begin() + out + T, kernels::kIgnoreTarget);
+      mb->targets[out] = labels_[static_cast<size_t>(row)];
+      break;
+    case Task::kMlm:
+      MaskMlmRow(opts_.mlm, opts_.vocab_size, opts_.seed, pos_.epoch, row, tokens_.data() + at, attn_.data() + at, T,
+                 mb->inputs.data() + out, mb->targets.data() + out);
+      break;
+    case Task::kLm:
+      L2L_CHECK(false) << "rows mode with task lm";
+      break;
+  }
 }
 
 std::vector<MicroBatch> DataLoader::NextMany(int64_t m) {

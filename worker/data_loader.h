@@ -15,6 +15,14 @@
 // target whose mask byte is 0 becomes kernels::kIgnoreTarget (-1): the head gives it no
 // loss and no gradient, so only completion / assistant tokens are trained on.
 //
+// Rows (task classify | mlm, encoder models): the input is common/rows_file.h's rows files
+// (PATH, PATH.types, PATH.attn, PATH.labels; row length L = T). A "window" is then a row:
+// the shuffle, sharding and position above apply to rows unchanged. Each micro-batch
+// carries the rows' token types and attention mask. Targets:
+//   classify: the row's label at position 0, kIgnoreTarget elsewhere (the head reads
+//             position 0; rows' labels must be < num_labels);
+//   mlm:      MaskMlmRow below (the labels file is not read for anything else).
+//
 // Ownership: holds the whole token array in memory (int32). Thread-safety: one thread.
 #pragma once
 
@@ -22,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "common/config.h"
+#include "common/modes.h"
 #include "common/status.h"
 
 namespace l2l::worker {
@@ -56,7 +66,21 @@ struct DataLoaderOptions {
   int64_t vocab_size = 0; // > 0: every token must be < vocab_size (checked on load)
   bool shuffle = true;    // false: windows in file order (validation)
   bool loss_mask = true;  // Open: use "<path>.mask" when it exists
+  Task task = Task::kLm;  // kLm: a token stream; kClassify / kMlm: rows files (see above)
+  int64_t num_labels = 0; // kClassify: every label must be < num_labels (model.num_labels)
+  MlmConfig mlm;          // kMlm: mask id, first word id, probability
 };
+
+// Masked-language-model targets for one row of T tokens, the same for every worker, rank
+// count and resume: a position t is a candidate when attn[t] = 1 and ids[t] >=
+// mlm.first_word_id (never [PAD], [CLS], [SEP], [UNK], [MASK] or [unused*] in a BERT
+// vocabulary). Each candidate is chosen independently with probability mlm.probability;
+// a chosen position gets target ids[t] and input [MASK] (80%), a random word id in
+// [first_word_id, vocab_size) (10%) or ids[t] kept (10%); every other target is
+// kIgnoreTarget and its input ids[t]. The random bits are SplitMix64 of (seed, epoch, row,
+// t): `row` is the row's index in the file, so a row is masked afresh each epoch.
+void MaskMlmRow(const MlmConfig& mlm, int64_t vocab_size, uint64_t seed, int64_t epoch, int64_t row,
+                const int32_t* ids, const uint8_t* attn, int64_t T, int32_t* inputs, int32_t* targets);
 
 class DataLoader {
  public:
@@ -67,6 +91,12 @@ class DataLoader {
   static Result<DataLoader> FromTokens(std::vector<int32_t> tokens, const DataLoaderOptions& opts,
                                        const std::string& origin = "<tokens>",
                                        std::vector<uint8_t> mask = {});
+
+  // Reads rows files (common/rows_file.h) for opts.task classify | mlm; errors name the
+  // file (row length != T, labels >= num_labels, ids >= vocab_size, ...).
+  static Result<DataLoader> OpenRows(const std::string& path, const DataLoaderOptions& opts);
+  // Open or OpenRows by opts.task.
+  static Result<DataLoader> OpenForTask(const std::string& path, const DataLoaderOptions& opts);
 
   // The next micro-batch; wraps to the next epoch (reshuffled) at the end of one.
   MicroBatch Next();
@@ -88,10 +118,15 @@ class DataLoader {
  private:
   DataLoader() = default;
   void Shuffle(int64_t epoch);
+  // Rows mode: row `row` into sequence b of *mb (inputs, targets, types, attention).
+  void FillRow(int64_t row, int64_t b, MicroBatch* mb) const;
 
   DataLoaderOptions opts_;
   std::vector<int32_t> tokens_;
   std::vector<uint8_t> mask_;  // empty, or one byte per token
+  bool rows_ = false;           // rows mode: tokens_ holds num_windows_ rows of T ids
+  std::vector<uint8_t> types_, attn_;  // rows mode: (rows, T) token types, attention mask
+  std::vector<int32_t> labels_;        // rows mode: (rows) labels
   int64_t num_windows_ = 0;
   int64_t per_rank_ = 0;
   int64_t batches_per_epoch_ = 0;

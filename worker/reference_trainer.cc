@@ -324,27 +324,59 @@ void ReferenceTrainer::ApplyUpdate() {
   ++step_;
 }
 
-Status ReferenceTrainer::Probs(const int32_t* tokens, int64_t B, int64_t T, float* probs) {
-  if (cfg_.model.family == ModelFamily::kBert && cfg_.model.num_labels > 0) {
-    return InvalidArgument("Probs: a classification model (num_labels=" + std::to_string(cfg_.model.num_labels) +
-                           ") has no per-token vocabulary distribution");
+Status ReferenceTrainer::ForwardBlocks(const MicroBatch& mb_in) {
+  MicroBatch mb = mb_in;
+  mb.targets.assign(static_cast<size_t>(mb.B * mb.T), kernels::kIgnoreTarget);
+  L2L_RETURN_IF_ERROR(CheckBatch(mb, 0));
+  L2L_RETURN_IF_ERROR(EnsureWorkspace(mb.B, mb.T));
+  kernels::Backend& be = *backend_;
+  const ModelSpec& spec = cfg_.model;
+  const int64_t B = mb.B, T = mb.T;
+  const size_t n = static_cast<size_t>(B * T);
+  be.CopyToDevice(d_tokens_.data(), mb.inputs.data(), n * sizeof(int32_t));
+  layers::SequenceInputs seq;
+  if (!mb.token_types.empty()) {
+    be.CopyToDevice(d_types_.data(), mb.token_types.data(), n * sizeof(int32_t));
+    seq.token_types = d_types_.i32();
   }
+  if (!mb.attention_mask.empty()) {
+    be.CopyToDevice(d_mask_.data(), mb.attention_mask.data(), n * sizeof(int32_t));
+    seq.attention_mask = d_mask_.i32();
+  }
+  layers::EmbeddingForward(be, spec, layouts_[0], d_params_[0].f32(), d_tokens_.i32(), acts_[0].f32(), B, T, seq,
+                           ws_.get());
+  for (int64_t i = 0; i < spec.n_layer; ++i) {
+    layers::BlockForward(be, spec, layouts_[1 + i], d_params_[1 + i].f32(), acts_[i].f32(), acts_[i + 1].f32(), B,
+                         T, *ws_, seq);
+  }
+  return Status::Ok();
+}
+
+Status ReferenceTrainer::Hidden(const MicroBatch& mb, float* hidden) {
+  L2L_RETURN_IF_ERROR(ForwardBlocks(mb));
+  const size_t bytes = static_cast<size_t>(mb.B * mb.T * cfg_.model.d_model) * sizeof(float);
+  backend_->CopyToHost(hidden, acts_[cfg_.model.n_layer].data(), bytes);
+  backend_->Synchronize();
+  return Status::Ok();
+}
+
+Status ReferenceTrainer::Probs(const int32_t* tokens, int64_t B, int64_t T, float* probs) {
   MicroBatch mb;
   mb.B = B;
   mb.T = T;
   mb.inputs.assign(tokens, tokens + B * T);
-  mb.targets.assign(static_cast<size_t>(B * T), 0);
-  L2L_RETURN_IF_ERROR(CheckBatch(mb, 0));
-  L2L_RETURN_IF_ERROR(EnsureWorkspace(B, T));
+  return Probs(mb, probs);
+}
+
+Status ReferenceTrainer::Probs(const MicroBatch& mb, float* probs) {
+  if (cfg_.model.family == ModelFamily::kBert && cfg_.model.num_labels > 0) {
+    return InvalidArgument("Probs: a classification model (num_labels=" + std::to_string(cfg_.model.num_labels) +
+                           ") has no per-token vocabulary distribution");
+  }
+  L2L_RETURN_IF_ERROR(ForwardBlocks(mb));
   kernels::Backend& be = *backend_;
   const ModelSpec& spec = cfg_.model;
-  be.CopyToDevice(d_tokens_.data(), mb.inputs.data(), mb.inputs.size() * sizeof(int32_t));
-  layers::EmbeddingForward(be, spec, layouts_[0], d_params_[0].f32(), d_tokens_.i32(), acts_[0].f32(), B, T, {},
-                           ws_.get());
-  for (int64_t i = 0; i < spec.n_layer; ++i) {
-    layers::BlockForward(be, spec, layouts_[1 + i], d_params_[1 + i].f32(), acts_[i].f32(), acts_[i + 1].f32(), B,
-                         T, *ws_);
-  }
+  const int64_t B = mb.B, T = mb.T;
   const float* wte = d_params_[0].f32() + EmbeddingTable(spec, layouts_[0]).offset;
   const size_t probs_bytes = static_cast<size_t>(B * T * spec.vocab_size) * sizeof(float);
   L2L_ASSIGN_OR_RETURN(DeviceBuffer d_probs, Buffer(backend_.get(), probs_bytes));  // (B,T,V)

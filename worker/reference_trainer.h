@@ -70,6 +70,11 @@ class ReferenceTrainer {
 
   // probs (B,T,V) host memory: softmax of the logits for tokens (B,T).
   Status Probs(const int32_t* tokens, int64_t B, int64_t T, float* probs);
+  // The same for a micro-batch with token types / attention mask (its targets unused).
+  Status Probs(const MicroBatch& mb, float* probs);
+  // hidden (B,T,C) host memory: the last block's output (BERT: the last hidden state of
+  // BertModel) for the micro-batch's inputs, token types and attention mask.
+  Status Hidden(const MicroBatch& mb, float* hidden);
 
   // Host fp32 state, one flat buffer per layer (layout order). Valid until the next Step.
   const std::vector<std::vector<float>>& params() const { return params_; }
@@ -102,6 +107,8 @@ class ReferenceTrainer {
   float RunMicroBatch(const MicroBatch& mb, float loss_scale, bool backward);
   Result<float> ForwardBackward(const std::vector<MicroBatch>& batches, bool backward);
   void ApplyUpdate();
+  // Embedding and blocks of `mb` (checked; targets may be anything) into acts_.
+  Status ForwardBlocks(const MicroBatch& mb);
   void UploadParams();
 
   JobConfig cfg_;

@@ -80,11 +80,14 @@ Status Run(const Flags& f) {
   dopt.T = T;
   dopt.seed = cfg.train.seed;
   dopt.vocab_size = cfg.model.vocab_size;
-  L2L_ASSIGN_OR_RETURN(w::DataLoader train, w::DataLoader::Open(cfg.data.train_path, dopt));
+  dopt.task = cfg.effective_task();
+  dopt.num_labels = cfg.model.num_labels;
+  dopt.mlm = cfg.mlm;
+  L2L_ASSIGN_OR_RETURN(w::DataLoader train, w::DataLoader::OpenForTask(cfg.data.train_path, dopt));
   std::optional<w::DataLoader> val;
   if (!cfg.data.val_path.empty()) {
     dopt.shuffle = false;
-    L2L_ASSIGN_OR_RETURN(val, w::DataLoader::Open(cfg.data.val_path, dopt));
+    L2L_ASSIGN_OR_RETURN(val, w::DataLoader::OpenForTask(cfg.data.val_path, dopt));
   }
 
   std::printf("l2l-train-ref: model %lld params (V=%lld T=%lld C=%lld L=%lld H=%lld F=%lld, %s), backend %s\n",

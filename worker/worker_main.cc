@@ -128,7 +128,10 @@ Status OpenData(const l2l::JobConfig& job, const w::WorkerRegistration& reg,
   dopts.rank = reg.data_rank;
   dopts.world = reg.data_world;
   dopts.vocab_size = job.model.vocab_size;
-  L2L_ASSIGN_OR_RETURN(w::DataLoader loader, w::DataLoader::Open(job.data.train_path, dopts));
+  dopts.task = job.effective_task();
+  dopts.num_labels = job.model.num_labels;
+  dopts.mlm = job.mlm;
+  L2L_ASSIGN_OR_RETURN(w::DataLoader loader, w::DataLoader::OpenForTask(job.data.train_path, dopts));
   if (loader.has_loss_mask()) {
     L2L_LOG_INFO("loss mask {}.mask: {:.1f}% of the tokens are trained on", job.data.train_path,
                  100.0 * loader.trained_fraction());

@@ -15,7 +15,10 @@
 //                              (tied). num_labels > 0: pooler.dense (C, C), classifier
 //                              (num_labels, C).
 // In a Hugging Face checkpoint the base model's tensors (embeddings, encoder, pooler) carry
-// "bert."; cls.* and classifier.* do not.
+// "bert."; cls.* and classifier.* do not. A plain BertModel checkpoint (sentence encoders
+// such as all-MiniLM-L6-v2) has no head and stores its tensors with or without "bert.":
+// its spec has the masked-LM head unless the job's model.num_labels picks the
+// classification head (common/pretrained), and the head tensors it lacks are initialised.
 //
 // Thread-safety: pure functions and an immutable table entry.
 #include <cmath>
@@ -224,7 +227,7 @@ const FamilyInfo& BertFamily() {
   static const FamilyInfo kInfo{
       .family = ModelFamily::kBert,
       .name = "bert",
-      .hf_architectures = {"BertForMaskedLM", "BertForSequenceClassification"},
+      .hf_architectures = {"BertForMaskedLM", "BertForSequenceClassification", "BertModel"},
       .hf_base_prefix = "bert.",
       .hf_file_prefix = "bert.",
       .embedding_table = "embeddings.word_embeddings.weight",
@@ -236,6 +239,9 @@ const FamilyInfo& BertFamily() {
       .from_hf_config = &FromHfConfig,
       .to_hf_config = &ToHfConfig,
       .hf_tensor_name = &HfTensorName,
+      .hf_headless_architectures = {"BertModel"},
+      .hf_ignored_suffixes = {"embeddings.position_ids"},
+      .hf_unused_base_tensors = {"pooler.dense.weight", "pooler.dense.bias"},
   };
   return kInfo;
 }

@@ -47,6 +47,16 @@ struct FamilyInfo {
   // our name (BERT: the heads' "cls."/"classifier." tensors carry no "bert."); nullptr:
   // hf_file_prefix + name (lm_head.weight unprefixed).
   std::string (*hf_tensor_name)(const ModelSpec& spec, const ParamInfo& param) = nullptr;
+  // Architectures (also in hf_architectures) of a base model without a task head
+  // (BertModel): importing one, the job's model.num_labels picks the head, and the head
+  // tensors the file lacks are initialised with init_layer from the job's seed.
+  std::vector<std::string> hf_headless_architectures = {};
+  // Non-parameter buffers a Hugging Face checkpoint may hold (matched on the name's end,
+  // e.g. BERT's "embeddings.position_ids"): skipped on import.
+  std::vector<std::string> hf_ignored_suffixes = {};
+  // Tensors (our names) a headless checkpoint may hold that the chosen head does not use
+  // (BERT's pooler under a masked-LM head): skipped on import, as transformers does.
+  std::vector<std::string> hf_unused_base_tensors = {};
 };
 
 // The entry of `family`; every ModelFamily value has one.

@@ -4,6 +4,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -62,6 +63,9 @@ std::string KeyText(const ModelSpec& s, const std::string& key) {
   if (key == "rope_theta") return Fmt(s.rope_theta);
   if (key == "rms_norm_eps") return Fmt(s.rms_norm_eps);
   if (key == "qkv_bias") return s.qkv_bias ? "true" : "false";
+  if (key == "type_vocab_size") return std::to_string(s.type_vocab_size);
+  if (key == "layer_norm_eps") return Fmt(s.layer_norm_eps);
+  if (key == "num_labels") return std::to_string(s.num_labels);
   if (key == "rope_scaling") {
     const RopeScaling& r = s.rope_scaling;
     return std::string("{type: ") + ToString(r.type) + ", factor: " + Fmt(r.factor) + ", low_freq_factor: " +
@@ -87,13 +91,22 @@ bool IsDir(const std::string& p) {
 
 }  // namespace
 
-Result<std::unique_ptr<Pretrained>> Pretrained::Open(const std::string& path) {
+Result<std::unique_ptr<Pretrained>> Pretrained::Open(const std::string& path, const PretrainedOptions& options) {
   std::unique_ptr<Pretrained> p(new Pretrained());
   L2L_ASSIGN_OR_RETURN(p->reader_, ModelReader::Open(path, {.gguf_hf_names = true}));
   const ModelReader& r = *p->reader_;
   const formats::ModelConfig& c = r.config();
   if (r.format() == ModelFormat::kHfDir) {
     L2L_ASSIGN_OR_RETURN(p->spec_, models::SpecFromHfConfig(c.raw_json, c.source));
+    const models::FamilyInfo& f = models::Family(p->spec_.family);
+    const std::string arch = c.raw_json["architectures"][0].get<std::string>();
+    for (const std::string& a : f.hf_headless_architectures) p->headless_ = p->headless_ || a == arch;
+    if (p->headless_ && options.num_labels >= 0) {
+      p->spec_.num_labels = options.num_labels;
+      p->spec_.tied_embeddings = options.num_labels == 0;  // the masked-LM decoder is the embedding
+      if (Status st = p->spec_.Validate(); !st.ok()) return st.WithContext(c.source + " (headless " + arch + ")");
+    }
+    p->init_seed_ = options.init_seed;
   } else {
     L2L_ASSIGN_OR_RETURN(std::string arch, GgufArchitecture(c));
     formats::ModelConfig hc = c;
@@ -134,6 +147,11 @@ Result<std::unique_ptr<Pretrained>> Pretrained::Open(const std::string& path) {
           found = n;
         }
       }
+      if (found.empty() && p->headless_ && l + 1 == p->layout_.size()) {
+        p->file_names_[l].push_back("");  // the head a base model lacks: initialised by LoadLayer
+        p->initialised_.push_back(param.name);
+        continue;
+      }
       if (found.empty()) found = names[0];  // CheckShape names it as missing
       L2L_RETURN_IF_ERROR(r.CheckShape(found, param.shape));
       used.insert(found);
@@ -141,8 +159,22 @@ Result<std::unique_ptr<Pretrained>> Pretrained::Open(const std::string& path) {
     }
   }
   // Nothing left over.
+  auto ends_with = [](const std::string& s, const std::string& suffix) {
+    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  auto skipped = [&](const std::string& name) {
+    for (const std::string& suffix : fam.hf_ignored_suffixes) {
+      if (ends_with(name, suffix)) return true;
+    }
+    if (!p->headless_) return false;
+    for (const std::string& unused : fam.hf_unused_base_tensors) {
+      if (name == unused || name == base + unused) return true;
+    }
+    return false;
+  };
   for (const formats::ModelTensorInfo& t : r.tensors()) {
     if (used.count(t.name) || (fam.family == ModelFamily::kGpt2 && IsIgnoredBuffer(t.name))) continue;
+    if (skipped(t.name)) continue;
     if (t.name == "lm_head.weight" && p->spec_.tied_embeddings) {
       // Tied: a stored head must be the embedding itself, or trained weights would be dropped.
       const std::string emb = p->file_names_[0][0];
@@ -168,9 +200,14 @@ Status Pretrained::LoadLayer(int64_t l, float* out) const {
     return InvalidArgument(path() + ": layer " + std::to_string(l) + " out of range");
   }
   const LayerLayout& lay = layout_[static_cast<size_t>(l)];
+  const std::vector<std::string>& names = file_names_[static_cast<size_t>(l)];
+  if (std::find(names.begin(), names.end(), std::string()) != names.end()) {
+    InitLayerParams(spec_, lay, init_seed_, out);  // then the tensors the file has overwrite theirs
+  }
   for (size_t k = 0; k < lay.params.size(); ++k) {
     const ParamInfo& param = lay.params[k];
-    const std::string& name = file_names_[static_cast<size_t>(l)][k];
+    const std::string& name = names[k];
+    if (name.empty()) continue;
     float* dst = out + param.offset;
     L2L_RETURN_IF_ERROR(reader_->ReadF32(name, dst, param.numel));
     for (size_t i = 0; i < param.numel; ++i) {
@@ -184,9 +221,15 @@ Status Pretrained::LoadLayer(int64_t l, float* out) const {
 }
 
 Result<std::shared_ptr<const Pretrained>> ResolveModelFrom(JobConfig* cfg, const std::string& path) {
-  L2L_ASSIGN_OR_RETURN(std::unique_ptr<Pretrained> p, Pretrained::Open(path));
+  PretrainedOptions opts;
+  opts.init_seed = cfg->train.seed;
+  for (const auto& [key, where] : cfg->model_keys_set) {
+    if (key == "num_labels") opts.num_labels = cfg->model.num_labels;
+  }
+  L2L_ASSIGN_OR_RETURN(std::unique_ptr<Pretrained> p, Pretrained::Open(path, opts));
   const ModelSpec& file = p->spec();
   for (const auto& [key, where] : cfg->model_keys_set) {
+    if (p->headless() && key == "num_labels") continue;  // a headless base model's head is the job's choice
     if (!SameKey(cfg->model, file, key)) {
       return InvalidArgument(where + ": model." + key + "=" + KeyText(cfg->model, key) + " contradicts " + path +
                              ", which has " + key + "=" + KeyText(file, key) + " (drop the key: model.from gives the model)");

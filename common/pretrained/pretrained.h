@@ -45,9 +45,16 @@ namespace l2l {
 
 struct JobConfig;
 
+// How to open a base-model checkpoint without a task head (the family's
+// hf_headless_architectures, e.g. BertModel); ignored for a file with its head.
+struct PretrainedOptions {
+  int64_t num_labels = -1;  // >= 0: the head to build (BERT: 0 masked LM, > 0 classes); -1: the family's default
+  uint64_t init_seed = 0;   // seed of the head tensors the file lacks (InitLayerParams, as a new job's)
+};
+
 class Pretrained {
  public:
-  static Result<std::unique_ptr<Pretrained>> Open(const std::string& path);
+  static Result<std::unique_ptr<Pretrained>> Open(const std::string& path, const PretrainedOptions& options = {});
 
   const ModelSpec& spec() const { return spec_; }
   const std::string& path() const { return reader_->path(); }
@@ -55,13 +62,20 @@ class Pretrained {
   const std::vector<LayerLayout>& layout() const { return layout_; }
   // Fills layer l's layout()[l].numel floats.
   Status LoadLayer(int64_t l, float* out) const;
+  // A base model without its head (BertModel): the head's missing tensors are initialised.
+  bool headless() const { return headless_; }
+  // Our names of the tensors LoadLayer initialises instead of reading ("" joined by ", ").
+  const std::vector<std::string>& initialised() const { return initialised_; }
 
  private:
   Pretrained() = default;
   ModelSpec spec_;
   std::unique_ptr<formats::ModelReader> reader_;
   std::vector<LayerLayout> layout_;
-  std::vector<std::vector<std::string>> file_names_;  // [layer][param]: the tensor in the file
+  std::vector<std::vector<std::string>> file_names_;  // [layer][param]: the tensor in the file, "" = initialised
+  bool headless_ = false;
+  uint64_t init_seed_ = 0;
+  std::vector<std::string> initialised_;
 };
 
 inline Result<std::unique_ptr<Pretrained>> OpenPretrained(const std::string& path) { return Pretrained::Open(path); }
@@ -71,7 +85,9 @@ inline Result<std::unique_ptr<Pretrained>> OpenPretrained(const std::string& pat
 // state dir), replaces cfg->model by the file's spec after checking every model key the
 // YAML also set against it (an error naming the key, both values and both places), sets
 // cfg->imported_from = path, clears model_from and runs the config's cross-field checks.
-// Returns the opened model for the caller's loader.
+// Returns the opened model for the caller's loader. A headless base model (BertModel) is
+// opened with the head the YAML's model.num_labels picks (0: masked LM, the default) and
+// train.seed for the head tensors it lacks; model.num_labels is then a choice, not a check.
 Result<std::shared_ptr<const Pretrained>> ResolveModelFrom(JobConfig* cfg, const std::string& path);
 
 // Reads layer l's fp32 values (layout numel floats) into out.

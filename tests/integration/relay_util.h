@@ -73,7 +73,10 @@ inline std::vector<std::vector<float>> Reference(const JobConfig& job, int shard
     d.rank = r;
     d.world = shards;
     d.vocab_size = job.model.vocab_size;
-    auto l = worker::DataLoader::Open(job.data.train_path, d);
+    d.task = job.effective_task();
+    d.num_labels = job.model.num_labels;
+    d.mlm = job.mlm;
+    auto l = worker::DataLoader::OpenForTask(job.data.train_path, d);
     REQUIRE(l.ok());
     loaders.push_back(std::move(l).value());
   }
