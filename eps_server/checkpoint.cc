@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/fault_point.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/model_io.h"
@@ -154,6 +155,7 @@ Result<int64_t> WriteCheckpoint(const ParamStore& store, const CheckpointMeta& m
     L2L_ASSIGN_OR_RETURN(f.crc32, WriteLayerFile(store, l, tmp + "/" + f.file, &f.bytes));
     total += static_cast<int64_t>(f.bytes);
     files.push_back(f);
+    FaultPoint("eps.checkpoint");  // tests: die with some layer files written
   }
   const std::string manifest = ManifestJson(meta, files);
   L2L_RETURN_IF_ERROR(WriteFileAtomic(tmp + "/" + kCheckpointManifest, manifest.data(), manifest.size()));

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <thread>
 
+#include "common/fault_point.h"
+
 namespace l2l::worker {
 namespace {
 
@@ -231,7 +233,10 @@ void ShmEpsClient::AbandonGradientSlot(const GradientSlot& claimed) {
 Status ShmEpsClient::PushGradient(int64_t layer, int64_t step, int64_t micro_batches, const float* grad,
                                   size_t numel) {
   L2L_ASSIGN_OR_RETURN(GradientSlot slot, ClaimGradientSlot(layer, numel));
-  std::memcpy(slot.data, grad, numel * sizeof(float));
+  const size_t half = numel / 2;
+  std::memcpy(slot.data, grad, half * sizeof(float));
+  FaultPoint("worker.push");  // tests: die with the slot claimed and half written
+  std::memcpy(static_cast<float*>(slot.data) + half, grad + half, (numel - half) * sizeof(float));
   return PublishGradientSlot(slot, layer, step, micro_batches, numel);
 }
 
