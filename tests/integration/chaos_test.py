@@ -243,6 +243,8 @@ def main():
     ap.add_argument("--deadline-s", type=float, default=600)
     ap.add_argument("--keep", action="store_true", help="keep the work dir")
     a = ap.parse_args()
+    # ctest's timeout sends SIGTERM: run the cleanup below (kill and reap), then exit.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     t_start = time.monotonic()
     deadline = t_start + a.deadline_s
     rng = random.Random(a.seed)
