@@ -159,9 +159,14 @@ Status ShmEpsClient::SlotError() const {
   const auto* gh = static_cast<const GradSegmentHeader*>(grads_.data());
   const uint32_t code = gh->error_code.load(std::memory_order_acquire);
   if (code == 0) return Status::Ok();
-  return Status(static_cast<StatusCode>(code),
-                "EPS rejected a gradient pushed through shared memory: " +
-                    std::string(gh->error_message, strnlen(gh->error_message, sizeof(gh->error_message))));
+  const Status st(static_cast<StatusCode>(code),
+                  "EPS rejected a gradient pushed through shared memory: " +
+                      std::string(gh->error_message, strnlen(gh->error_message, sizeof(gh->error_message))));
+  // A step abandoned or rolled back after another worker's loss: re-register and redo,
+  // as over gRPC (the reason travels beside the message).
+  const uint32_t why = gh->error_rejoin;
+  return st.WithRejoinReason(why <= static_cast<uint32_t>(RejoinReason::kRolledBack) ? static_cast<RejoinReason>(why)
+                                                                                  : RejoinReason::kNone);
 }
 
 Result<GradientSlot> ShmEpsClient::ClaimGradientSlot(int64_t layer, size_t numel) {

@@ -5,6 +5,7 @@
 #    of kill -9 of l2l-eps and both workers of a synchronous job, with restarts; the
 #    final state must equal an uninterrupted run bit for bit. About 30-40 s each on an
 #    idle machine. Another seed: L2L_CHAOS_SEED=N ctest -L chaos (or run the script).
+#  * chaos_last_step (labels integration, chaos): last_step_test.py, a few seconds.
 #  * netns (labels integration, netns): netns_test.py, the daemon and a worker in two
 #    network namespaces over TLS + token, the link cut and restored. Needs root and
 #    `ip netns`; where namespaces cannot be made it exits 77 and ctest shows it skipped.
@@ -26,6 +27,11 @@ foreach(transport shm grpc)
                    ${L2L_CHAOS_PYTHON} ${l2l_chaos_dir}/chaos_test.py ${CMAKE_BINARY_DIR}/bin)
   set_tests_properties(chaos_${transport} PROPERTIES LABELS "integration;chaos" TIMEOUT 600)
 endforeach()
+# The chaos test's rarest case made deterministic with L2L_FAULT_AT: a worker killed in
+# the last step after the other one reported it (gRPC).
+add_test(NAME chaos_last_step
+         COMMAND ${L2L_CHAOS_PYTHON} ${l2l_chaos_dir}/last_step_test.py ${CMAKE_BINARY_DIR}/bin)
+set_tests_properties(chaos_last_step PROPERTIES LABELS "integration;chaos" TIMEOUT 300)
 if(EXISTS ${l2l_chaos_dir}/netns_test.py)
   add_test(NAME netns COMMAND ${L2L_CHAOS_PYTHON} ${l2l_chaos_dir}/netns_test.py ${CMAKE_BINARY_DIR}/bin)
   set_tests_properties(netns PROPERTIES LABELS "integration;netns" TIMEOUT 600 SKIP_RETURN_CODE 77)

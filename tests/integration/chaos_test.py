@@ -325,21 +325,32 @@ def main():
         for g, r in zip(got_ck, ref_ck):
             if l2l_procs.read_bytes(g) != l2l_procs.read_bytes(r):
                 raise Failure("checkpoint %s differs from the uninterrupted run's" % os.path.basename(g))
+        # Checkpoints cut short by a kill leave temporary directories; the next daemon start
+        # removes them, so none may be left (each would hold up to a checkpoint's bytes).
+        partial = [x for x in os.listdir(c.ckpt_root()) if ".tmp-" in x]
+        if partial:
+            raise Failure("partial checkpoints left in %s: %s" % (c.ckpt_root(), partial))
+        cleaned = 0
+        for p in procs.all:
+            for line in p.log().splitlines():
+                if "partial checkpoint(s) left in" in line:
+                    cleaned += int(line.split("removed ")[1].split()[0])
         n_bytes = sum(os.path.getsize(x) for x in got_ck)
         sites = {}
         for role, site in c.site_fired:
             sites[site] = sites.get(site, 0) + 1
         print("chaos: seed %d (%s): %d faults injected, %d survived (kill -9 from the test: daemon %d, workers %d; "
               "at fault sites: %s); restarts: daemon %d, workers %d; final weights and optimizer state "
-              "(%d bytes) equal the uninterrupted run bit for bit; %d scheduled faults not reached; %.1f s" % (
+              "(%d bytes) equal the uninterrupted run bit for bit; %d partial checkpoints removed at restarts, none left; "
+              "%d scheduled faults not reached; %.1f s" % (
                   a.seed, a.transport, injected, survived, kills["eps"], kills["w0"] + kills["w1"],
                   ", ".join("%s %d" % kv for kv in sorted(sites.items())) or "none",
-                  c.starts["eps"] - 1, c.starts["w0"] + c.starts["w1"] - 2, n_bytes,
+                  c.starts["eps"] - 1, c.starts["w0"] + c.starts["w1"] - 2, n_bytes, cleaned,
                   len(pending) + len(c.env_next) + sum(1 for v in c.env_now.values() if v),
                   time.monotonic() - t_start))
         ok = True
-    except Failure as e:
-        print("chaos: FAILED (seed %d, %s): %s" % (a.seed, a.transport, e))
+    except Exception as e:  # noqa: BLE001 (a bug in this script fails the test the same way)
+        print("chaos: FAILED (seed %d, %s): %s: %s" % (a.seed, a.transport, type(e).__name__, e))
         if c is not None:
             for p in [c.eps] + c.workers:
                 if p is not None:
@@ -356,9 +367,14 @@ def main():
             ok = False
         else:
             print("chaos: all %d processes started here are gone" % len(procs.spawned_pids))
-        if leftover:
+        if leftover and ok:
             print("chaos: FAILED: shared-memory segments left behind: %s" % leftover)
             ok = False
+        for seg in leftover:  # a failed run's daemon was killed: its segments are ours to remove
+            try:
+                os.unlink(seg)
+            except OSError:
+                pass
         if ok and not a.keep:
             shutil.rmtree(work, ignore_errors=True)
         else:
