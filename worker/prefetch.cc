@@ -399,6 +399,11 @@ Result<int64_t> GradientPusher::Submit(int64_t layer, int64_t step, int64_t micr
   return ticket;
 }
 
+void GradientPusher::ClearError() {
+  std::lock_guard<std::mutex> lk(mu_);
+  first_error_ = Status::Ok();
+}
+
 Status GradientPusher::Wait(int64_t ticket, double* waited_s) {
   const auto t0 = Clock::now();
   std::unique_lock<std::mutex> lk(mu_);
