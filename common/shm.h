@@ -157,10 +157,11 @@ struct GradSegmentHeader {
   std::atomic<uint32_t> free_seq;  // futex word: EPS bumps after freeing a slot
   std::atomic<uint32_t> pin_seq;   // futex word: worker bumps after unpinning a layer
   std::atomic<uint32_t> closed;    // 1: the EPS stopped serving this segment
-  // First error the EPS found in a pushed slot (0 = none); the message is written
-  // before error_code is stored (release).
+  // First error the EPS found in a pushed slot (0 = none); the message and the rejoin
+  // reason are written before error_code is stored (release).
   std::atomic<uint32_t> error_code;  // l2l::StatusCode
-  uint32_t reserved0;
+  uint32_t error_rejoin;             // l2l::RejoinReason of that error (0 = none): the
+                                     // worker re-registers instead of failing
   char error_message[256];
   GradSlotHeader slots[kMaxGradSlots];
 };

@@ -2,6 +2,7 @@
 #include "eps_server/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <linux/fs.h>
 #include <stdio.h>
 #include <sys/stat.h>
@@ -15,6 +16,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "common/fault_point.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/model_io.h"
@@ -154,6 +156,7 @@ Result<int64_t> WriteCheckpoint(const ParamStore& store, const CheckpointMeta& m
     L2L_ASSIGN_OR_RETURN(f.crc32, WriteLayerFile(store, l, tmp + "/" + f.file, &f.bytes));
     total += static_cast<int64_t>(f.bytes);
     files.push_back(f);
+    FaultPoint("eps.checkpoint");  // tests: die with some layer files written
   }
   const std::string manifest = ManifestJson(meta, files);
   L2L_RETURN_IF_ERROR(WriteFileAtomic(tmp + "/" + kCheckpointManifest, manifest.data(), manifest.size()));
@@ -167,6 +170,36 @@ Result<int64_t> WriteCheckpoint(const ParamStore& store, const CheckpointMeta& m
     L2L_RETURN_IF_ERROR(WriteFileAtomic(parent + "/" + kCheckpointLatest, latest.data(), latest.size()));
   }
   return total;
+}
+
+Result<int64_t> RemoveStaleCheckpointTemps(const std::string& root) {
+  std::error_code ec;
+  fs::directory_iterator it(root, ec);
+  if (ec == std::errc::no_such_file_or_directory) return int64_t{0};
+  if (ec) return Status(StatusCode::kIoError, "cannot list checkpoint root " + root + ": " + ec.message());
+  int64_t removed = 0;
+  for (const fs::directory_entry& e : it) {
+    // ".<name>.tmp-<pid>-<n>", as WriteCheckpoint names them.
+    const std::string name = e.path().filename().string();
+    const size_t tag = name.rfind(".tmp-");
+    if (name.size() < 2 || name[0] != '.' || tag == std::string::npos || tag == 0) continue;
+    long pid = 0, n = 0;
+    int used = 0;
+    if (std::sscanf(name.c_str() + tag, ".tmp-%ld-%ld%n", &pid, &n, &used) != 2 ||
+        static_cast<size_t>(used) != name.size() - tag || pid <= 0) {
+      continue;
+    }
+    // Another process that is alive, or exists but is not ours to signal (EPERM): keep
+    // it. This process's own pid counts as stale (a daemon restarted in a container may
+    // get its predecessor's pid); see the header.
+    if (pid != ::getpid() && (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH)) continue;
+    std::error_code rec;
+    fs::remove_all(e.path(), rec);
+    if (rec) return Status(StatusCode::kIoError, "cannot remove partial checkpoint " + e.path().string() + ": " +
+                                                     rec.message());
+    ++removed;
+  }
+  return removed;
 }
 
 Result<std::string> ResolveCheckpointDir(const std::string& path) {

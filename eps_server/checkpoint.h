@@ -76,6 +76,14 @@ std::string CheckpointDirName(int64_t step);
 Result<int64_t> WriteCheckpoint(const ParamStore& store, const CheckpointMeta& meta,
                                 const std::string& dir, bool update_latest);
 
+// Removes the temporary directories (".<name>.tmp-<pid>-<n>") that WriteCheckpoint left
+// in `root` when its process died mid-write (kill -9, OOM, power loss): those whose pid
+// is no longer a running process, and those named with this process's pid (call it
+// before this process writes checkpoints there). Another live pid's directory is kept (a
+// checkpoint in progress, or an unrelated process that reuses the pid: the conservative
+// side). Returns how many were removed; a root that does not exist holds none.
+Result<int64_t> RemoveStaleCheckpointTemps(const std::string& root);
+
 // `path` is a checkpoint directory (holds manifest.json) or a checkpoint root (holds
 // `latest`); returns the checkpoint directory. NOT_FOUND names what was looked for.
 Result<std::string> ResolveCheckpointDir(const std::string& path);

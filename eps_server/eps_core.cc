@@ -10,6 +10,7 @@
 
 #include "common/adamw.h"
 #include "common/logging.h"
+#include "eps_server/checkpoint.h"
 #include "eps_server/eps_core_internal.h"
 
 namespace l2l::eps {
@@ -98,6 +99,14 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   auto removed = RemoveSegmentsWithPrefix(prefix);
   if (removed.ok() && *removed > 0) {
     L2L_LOG_WARN("removed {} stale shared-memory segment(s) /{}* left by an earlier run", *removed, prefix);
+  }
+  // A daemon killed while writing a checkpoint leaves its temporary directory behind
+  // (as big as a checkpoint); the completed checkpoints and `latest` are untouched.
+  if (auto stale = RemoveStaleCheckpointTemps(checkpoint_root()); !stale.ok()) {
+    L2L_LOG_WARN("{}", stale.status().ToString());
+  } else if (*stale > 0) {
+    L2L_LOG_WARN("removed {} partial checkpoint(s) left in {} by a daemon killed while writing them", *stale,
+                 checkpoint_root());
   }
   ParamStoreOptions po;
   po.page_bytes = opts_.page_bytes;
@@ -206,10 +215,9 @@ void EpsCore::TakeOverDeadLocalWorkers() {
   std::vector<std::pair<int32_t, pid_t>> dead;  // (worker id, its gone pid), read under mu_
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // Even where a free id exists (a worker that left): a dead worker's unfinished step
+    // is what a newcomer must take over, and Register prefers a lost id to a left one.
     if (!has_job_ || static_cast<int32_t>(workers_.size()) < opts_.expected_workers) return;
-    for (const auto& w : workers_) {
-      if (w->info.state == WorkerState::kLost || w->info.state == WorkerState::kLeft) return;  // a free id exists
-    }
     for (const auto& w : workers_) {
       if ((w->info.state == WorkerState::kActive || w->info.state == WorkerState::kRejoin) && ProcessGone(w->local_pid)) {
         dead.emplace_back(w->info.id, w->local_pid);
@@ -362,6 +370,7 @@ void EpsCore::ConsumeLoop(ShmWorker* w) {
         L2L_LOG_WARN("worker {} shm gradient rejected: {}", w->id, st.ToString());
         if (h->error_code.load() == 0) {
           std::snprintf(h->error_message, sizeof(h->error_message), "%s", st.message().c_str());
+          h->error_rejoin = static_cast<uint32_t>(st.rejoin_reason());
           h->error_code.store(static_cast<uint32_t>(st.code()), std::memory_order_release);
         }
       }

@@ -368,6 +368,25 @@ Status EpsCore::Rollback(int32_t lost_id, bool restore) {
     w->next_step = std::min(w->next_step, step);
     w->position.erase(w->position.upper_bound(step), w->position.end());
     w->info.step = w->next_step;
+    // A worker that already left (or was lost under on_worker_loss: continue) after
+    // contributing to steps from `step` on: those gradients are gone with the reset.
+    // Pause: its share must be redone, so the job waits for a replacement to take its id
+    // (PrepareRejoin starts it at `step`). Continue: the steps go on without it.
+    const bool gone = w->info.state == WorkerState::kLeft || w->info.state == WorkerState::kLost;
+    if (gone && w->member_last != INT64_MAX && w->member_last >= step) {
+      if (opts_.on_worker_loss == OnWorkerLoss::kPause) {
+        w->member_last = INT64_MAX;
+        pipeline_->SetMember(w->info.id, w->member_first, INT64_MAX);
+        paused_by_loss_ = true;
+      } else {
+        w->member_last = step - 1;
+        if (w->member_last < w->member_first) {
+          pipeline_->RemoveMember(w->info.id);
+        } else {
+          pipeline_->SetMember(w->info.id, w->member_first, w->member_last);
+        }
+      }
+    }
   }
   reported_.clear();
   if (restore) L2L_LOG_WARN("rolled back to step {} ({})", step, dir.empty() ? start_.description : dir);
@@ -384,11 +403,18 @@ Result<int64_t> EpsCore::PrepareRejoin(int32_t id, UpdatePipeline::FreezeGuard* 
   if (w.member_last == INT64_MAX) {
     start = w.next_step;  // still a member: the job waits for it there (or it redoes)
   } else {
-    // Join at the step in progress if no layer applied it yet, else at the next one.
+    // Join at the step in progress if no layer applied it yet, else at the next one;
+    // but never at a step this id already contributed to: a worker that left (or was
+    // lost under on_worker_loss: continue) after finishing step member_last has its
+    // gradients of that step in, and a new process redoing it would push them twice.
     start = f.at_boundary ? f.step : f.step + 1;
-    w.member_first = start;
+    if (w.member_last >= w.member_first && w.member_last + 1 >= start) {
+      start = w.member_last + 1;  // the membership goes on without a gap
+    } else {
+      w.member_first = start;
+    }
     w.member_last = INT64_MAX;
-    pipeline_->SetMember(id, start, INT64_MAX);
+    pipeline_->SetMember(id, w.member_first, INT64_MAX);
   }
   w.epoch = store_->epoch();
   return start;

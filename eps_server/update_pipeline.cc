@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "common/adamw.h"
+#include "common/fault_point.h"
 #include "common/logging.h"
 #include "eps_server/adamw_vec.h"
 
@@ -273,6 +274,7 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
     }
   });
   lease->Release();  // starts the write-behind of spilled pages
+  FaultPoint("eps.update");  // tests: die with the layer applied, the step not committed
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // Applied, not published: the step commits (or is skipped) once every layer applied it
   // and its losses are in (MaybeCommitLocked). Under mu_: a worker that sees version

@@ -10,7 +10,7 @@ PACKAGES=(
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   liburing-dev libsystemd-dev zlib1g-dev libpcre2-dev libicu-dev
   python3 python3-venv python3-torch python3-numpy python3-matplotlib
-  fortunes-min fio openssl
+  fortunes-min fio openssl iproute2
   clang-14 libc++-14-dev libc++abi-14-dev
 )
 

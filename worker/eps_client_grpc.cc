@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include "common/fault_point.h"
 #include "common/logging.h"
 #include "common/shm.h"
 #include "proto/client_channel.h"
@@ -292,6 +293,7 @@ Status GrpcEpsClient::PushGradient(int64_t layer, int64_t step, int64_t micro_ba
     const size_t n = std::min(kChunkBytes, total - off);
     c.set_data(bytes + off, n);
     if (!writer->Write(c)) break;  // the server ended the call: Finish has the reason
+    FaultPoint("worker.push");  // tests: die with a chunk sent, the stream open
     off += n;
   } while (off < total);
   writer->WritesDone();

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <thread>
 
+#include "common/fault_point.h"
+
 namespace l2l::worker {
 namespace {
 
@@ -157,9 +159,14 @@ Status ShmEpsClient::SlotError() const {
   const auto* gh = static_cast<const GradSegmentHeader*>(grads_.data());
   const uint32_t code = gh->error_code.load(std::memory_order_acquire);
   if (code == 0) return Status::Ok();
-  return Status(static_cast<StatusCode>(code),
-                "EPS rejected a gradient pushed through shared memory: " +
-                    std::string(gh->error_message, strnlen(gh->error_message, sizeof(gh->error_message))));
+  const Status st(static_cast<StatusCode>(code),
+                  "EPS rejected a gradient pushed through shared memory: " +
+                      std::string(gh->error_message, strnlen(gh->error_message, sizeof(gh->error_message))));
+  // A step abandoned or rolled back after another worker's loss: re-register and redo,
+  // as over gRPC (the reason travels beside the message).
+  const uint32_t why = gh->error_rejoin;
+  return st.WithRejoinReason(why <= static_cast<uint32_t>(RejoinReason::kRolledBack) ? static_cast<RejoinReason>(why)
+                                                                                  : RejoinReason::kNone);
 }
 
 Result<GradientSlot> ShmEpsClient::ClaimGradientSlot(int64_t layer, size_t numel) {
@@ -231,7 +238,10 @@ void ShmEpsClient::AbandonGradientSlot(const GradientSlot& claimed) {
 Status ShmEpsClient::PushGradient(int64_t layer, int64_t step, int64_t micro_batches, const float* grad,
                                   size_t numel) {
   L2L_ASSIGN_OR_RETURN(GradientSlot slot, ClaimGradientSlot(layer, numel));
-  std::memcpy(slot.data, grad, numel * sizeof(float));
+  const size_t half = numel / 2;
+  std::memcpy(slot.data, grad, half * sizeof(float));
+  FaultPoint("worker.push");  // tests: die with the slot claimed and half written
+  std::memcpy(static_cast<float*>(slot.data) + half, grad + half, (numel - half) * sizeof(float));
   return PublishGradientSlot(slot, layer, step, micro_batches, numel);
 }
 

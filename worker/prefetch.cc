@@ -7,6 +7,7 @@
 
 #include "common/clock.h"
 #include "common/dtype.h"
+#include "common/fault_point.h"
 
 namespace l2l::worker {
 namespace {
@@ -150,6 +151,7 @@ void LayerPrefetcher::Loop() {
 Result<int64_t> LayerPrefetcher::Fetch(int64_t layer, int64_t min_version,
                                        std::chrono::milliseconds timeout, int slot) {
   L2L_ASSIGN_OR_RETURN(LayerWeights w, client_->AcquireLayer(layer, min_version, timeout));
+  FaultPoint("worker.fetch");  // tests: die holding the layer
   const size_t want = layer_numel_[static_cast<size_t>(layer)];
   if (w.numel != want || w.data == nullptr) {
     client_->ReleaseLayer(layer);
@@ -395,6 +397,11 @@ Result<int64_t> GradientPusher::Submit(int64_t layer, int64_t step, int64_t micr
   }
   cv_.notify_all();
   return ticket;
+}
+
+void GradientPusher::ClearError() {
+  std::lock_guard<std::mutex> lk(mu_);
+  first_error_ = Status::Ok();
 }
 
 Status GradientPusher::Wait(int64_t ticket, double* waited_s) {

@@ -186,6 +186,9 @@ class GradientPusher {
   // Blocks until push `ticket` has been handed to the EPS. Returns the first push error.
   Status Wait(int64_t ticket, double* waited_s);
   Status WaitAll(double* waited_s);
+  // After a failed step, once WaitAll returned: forgets the first push error, so the step
+  // redone after a rejoin pushes again (the error would otherwise skip every later push).
+  void ClearError();
 
   CopyMode mode() const { return mode_; }
   // Async mode: gradients DMA'd straight into a page-locked shm slot / through staging.

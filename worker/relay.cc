@@ -164,6 +164,7 @@ Result<StepReport> Relay::RunStep(int64_t step, const std::vector<MicroBatch>& m
     prefetcher_->Cancel();
     double ignored = 0;
     pusher_->WaitAll(&ignored).IgnoreError();
+    pusher_->ClearError();  // the step is redone (after a rejoin) or the worker exits
     ring_ticket_[0] = ring_ticket_[1] = -1;
     return st.WithContext("relay step " + std::to_string(step));
   }

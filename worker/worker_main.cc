@@ -212,46 +212,66 @@ Status Run(const Flags& f, int* exit_code) {
                  client->registration().data_position);
     return Status::Ok();
   };
-  for (int64_t step = reg.start_step; step < total_steps && !g_stop.load(); ++step) {
-    std::vector<w::MicroBatch> batches = loader->NextMany(job.train.micro_batches);
-    Result<w::StepReport> report = relay->RunStep(step, batches);
-    if (!report.ok() && report.status().code() == l2l::StatusCode::kAborted) {
-      L2L_LOG_INFO("the EPS stopped the job at step {}: {}", step, report.status().message());
-      break;
-    }
-    if (!report.ok()) {
-      L2L_RETURN_IF_ERROR(rejoin(report.status(), &step));
-      --step;  // the loop's ++step lands on the restart step
-      continue;
-    }
-    if (!std::isfinite(report->loss)) {
-      L2L_LOG_WARN("step {}: the loss is {} (the EPS skips the step; check the data and the learning rate)", step,
-                   report->loss);
-    }
-    report->data_position = loader->position().ToString();
-    Status st = client->StepDone(*report);
-    if (st.code() == l2l::StatusCode::kAborted) {
-      L2L_LOG_INFO("the EPS stopped the job after step {}: {}", step, st.message());
+  int64_t step = reg.start_step;
+  bool stopped_by_eps = false;
+  for (;;) {  // until the last step committed (or the EPS stopped the job)
+    for (; step < total_steps && !g_stop.load(); ++step) {
+      std::vector<w::MicroBatch> batches = loader->NextMany(job.train.micro_batches);
+      Result<w::StepReport> report = relay->RunStep(step, batches);
+      if (!report.ok() && report.status().code() == l2l::StatusCode::kAborted) {
+        L2L_LOG_INFO("the EPS stopped the job at step {}: {}", step, report.status().message());
+        stopped_by_eps = true;
+        break;
+      }
+      if (!report.ok()) {
+        L2L_RETURN_IF_ERROR(rejoin(report.status(), &step));
+        --step;  // the loop's ++step lands on the restart step
+        continue;
+      }
+      if (!std::isfinite(report->loss)) {
+        L2L_LOG_WARN("step {}: the loss is {} (the EPS skips the step; check the data and the learning rate)", step,
+                     report->loss);
+      }
+      report->data_position = loader->position().ToString();
+      Status st = client->StepDone(*report);
+      if (st.code() == l2l::StatusCode::kAborted) {
+        L2L_LOG_INFO("the EPS stopped the job after step {}: {}", step, st.message());
+        ++done;
+        stopped_by_eps = true;
+        break;
+      }
+      if (!st.ok()) {
+        L2L_RETURN_IF_ERROR(rejoin(st.WithContext("reporting step " + std::to_string(step)), &step));
+        --step;
+        continue;
+      }
       ++done;
+      if (job.train.log_every > 0 && (step % job.train.log_every == 0 || step + 1 == total_steps)) {
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+        const double per_step = elapsed / static_cast<double>(done);
+        const w::RelayTimes& t = relay->last_times();
+        std::printf("step %lld/%lld loss %.4f tok/s %.0f step_s %.3f wait_layer %.3f wait_push %.3f lag %lld eta %.0fs\n",
+                    static_cast<long long>(step + 1), static_cast<long long>(total_steps), report->loss,
+                    static_cast<double>(report->tokens) / t.total, t.total, t.wait_layer, t.wait_push,
+                    static_cast<long long>(relay->versions().max_lag),
+                    per_step * static_cast<double>(total_steps - step - 1));
+        std::fflush(stdout);
+      }
+    }
+    if (stopped_by_eps || g_stop.load() || step < total_steps) break;
+    // Reported is not done: until the last step commits, another worker's loss can still
+    // abandon it, and every worker must redo it (this one too: its gradients of the step
+    // are dropped). Exit only once layer 0 holds the last step's version.
+    Result<w::LayerWeights> last = client->AcquireLayer(0, total_steps, std::chrono::seconds(30));
+    if (last.ok()) {
+      client->ReleaseLayer(0);
       break;
     }
-    if (!st.ok()) {
-      L2L_RETURN_IF_ERROR(rejoin(st.WithContext("reporting step " + std::to_string(step)), &step));
-      --step;
-      continue;
-    }
-    ++done;
-    if (job.train.log_every > 0 && (step % job.train.log_every == 0 || step + 1 == total_steps)) {
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-      const double per_step = elapsed / static_cast<double>(done);
-      const w::RelayTimes& t = relay->last_times();
-      std::printf("step %lld/%lld loss %.4f tok/s %.0f step_s %.3f wait_layer %.3f wait_push %.3f lag %lld eta %.0fs\n",
-                  static_cast<long long>(step + 1), static_cast<long long>(total_steps), report->loss,
-                  static_cast<double>(report->tokens) / t.total, t.total, t.wait_layer, t.wait_push,
-                  static_cast<long long>(relay->versions().max_lag),
-                  per_step * static_cast<double>(total_steps - step - 1));
-      std::fflush(stdout);
-    }
+    if (last.status().code() == l2l::StatusCode::kAborted) break;  // the EPS stopped the job
+    if (last.status().code() == l2l::StatusCode::kDeadlineExceeded) continue;  // others still at it
+    L2L_RETURN_IF_ERROR(rejoin(last.status().WithContext("waiting for step " + std::to_string(total_steps - 1) +
+                                                         " to commit"),
+                               &step));
   }
   const w::VersionStats& v = relay->versions();
   std::printf("l2l-worker: done steps=%lld peak_rss_kb=%lld device_bytes=%zu stash_host_bytes=%zu "

@@ -395,4 +395,47 @@ TEST_CASE("EpsClient rejoins after a rollback and redoes the step", "[integratio
   CHECK(Master(d.core) == ref.p);
 }
 
+// Over shared memory a refused gradient surfaces at the worker's next claim or drain: the
+// refusal must still say "re-register" (its rejoin reason), or the worker exits instead.
+TEST_CASE("A gradient refused through shared memory after an abandoned step asks the worker to re-register",
+          "[integration][eps][worker_loss]") {
+  auto tmp = itest::TempDir::Create("eps-shm-refused");
+  REQUIRE(tmp.ok());
+  Daemon d("continue", (*tmp)->path(), "auto");
+  worker::ClientOptions o;
+  o.transport = l2l::Transport::kShm;
+  o.heartbeat_interval = 50ms;
+  auto c = worker::ConnectEps(d.address, o);
+  REQUIRE(c.ok());
+  auto& client = **c;
+  RawWorker lost(d.address);
+  const int64_t top = TinyJob().model.NumLayers() - 1;
+  const auto layouts = BuildLayout(TinyJob().model);
+  std::vector<float> init(layouts[top].numel), now(layouts[top].numel);
+  REQUIRE(d.core.store()->ReadState(top, 0, init.data()).ok());
+  auto g = Grad(0, client.registration().worker_id, top, layouts[top].numel);
+  REQUIRE(client.PushGradient(top, 0, 1, g.data(), g.size()).ok());
+  REQUIRE(lost.Push(top, 0).ok());
+  for (int i = 0; i < 200; ++i) {
+    REQUIRE(d.core.store()->ReadState(top, 0, now.data()).ok());
+    if (now != init) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  REQUIRE(now != init);
+  lost.StopHeartbeats();
+  REQUIRE(d.WaitState(1, "lost"));  // step 0 abandoned: the shm worker must redo it
+  // Its next gradient of step 0 goes into a slot; the daemon refuses it there.
+  auto g2 = Grad(0, client.registration().worker_id, top - 1, layouts[top - 1].numel);
+  REQUIRE(client.PushGradient(top - 1, 0, 1, g2.data(), g2.size()).ok());
+  worker::StepReport r;
+  r.step = 0;
+  const Status st = client.StepDone(r);  // drains the slots: the refusal comes back here
+  INFO(st.ToString());
+  REQUIRE(!st.ok());
+  CHECK(st.message().find("shared memory") != std::string::npos);
+  CHECK(worker::NeedsRejoin(st));
+  REQUIRE(client.Rejoin().ok());
+  CHECK(client.registration().start_step == 0);
+}
+
 }  // namespace l2l

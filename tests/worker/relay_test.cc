@@ -19,6 +19,7 @@
 //    gradients at the noise floor (~1e-9) stay far below eps (measured: <= 1.5e-6).
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -629,5 +630,53 @@ TEST_CASE("Relay rejects bad batches and reports a stopped EPS", "[worker][relay
   CHECK_THAT(bad_opts.status().message(), Catch::Contains("train.staleness=-1"));
 }
 
-}  // namespace l2l::worker
+// A client whose first push is refused with a rejoin request (as after another worker's
+// loss); everything else goes to a FakeEps client.
+class RefuseFirstPush : public EpsClient {
+ public:
+  explicit RefuseFirstPush(std::unique_ptr<EpsClient> inner) : inner_(std::move(inner)) {}
+  const WorkerRegistration& registration() const override { return inner_->registration(); }
+  Result<LayerWeights> AcquireLayer(int64_t layer, int64_t min_version, std::chrono::milliseconds timeout) override {
+    return inner_->AcquireLayer(layer, min_version, timeout);
+  }
+  void ReleaseLayer(int64_t layer) override { inner_->ReleaseLayer(layer); }
+  Status PushGradient(int64_t layer, int64_t step, int64_t micro_batches, const float* grad, size_t numel) override {
+    if (!refused_.exchange(true)) return RejoinRequired(RejoinReason::kStepAbandoned, "step abandoned (test)");
+    ++pushes_;
+    return inner_->PushGradient(layer, step, micro_batches, grad, numel);
+  }
+  Status StepDone(const StepReport& report) override { return inner_->StepDone(report); }
+  int pushes() const { return pushes_.load(); }
 
+ private:
+  std::unique_ptr<EpsClient> inner_;
+  std::atomic<bool> refused_{false};
+  std::atomic<int> pushes_{0};
+};
+
+TEST_CASE("A step redone after a refused push pushes every gradient again", "[worker][relay]") {
+  JobConfig job = TinyJob();
+  auto eps = FakeEps::Create(job, {});
+  REQUIRE(eps.ok());
+  auto inner = (*eps)->Connect(0);
+  REQUIRE(inner.ok());
+  RefuseFirstPush client(std::move(inner).value());
+  auto backend = kernels::CreateCpuBackend(1);
+  auto relay = Relay::Create(&client, backend.get(), job, *RelayOptions::FromJob(job));
+  REQUIRE(relay.ok());
+  DataLoader loader = MakeLoader(job, 0, 1);
+  const auto batches = loader.NextMany(job.train.micro_batches);
+  auto failed = (*relay)->RunStep(0, batches);
+  REQUIRE_FALSE(failed.ok());
+  CHECK(NeedsRejoin(failed.status()));
+  // The redo pushes all of its gradients and the step completes.
+  const int before = client.pushes();
+  auto redo = (*relay)->RunStep(0, batches);
+  INFO(redo.status().ToString());
+  REQUIRE(redo.ok());
+  CHECK(client.pushes() - before == static_cast<int>(job.model.NumLayers()));
+  (*eps)->Flush();
+  CHECK((*eps)->Version(0) == 1);
+}
+
+}  // namespace l2l::worker

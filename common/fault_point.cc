@@ -1,0 +1,68 @@
+// L2L_FAULT_AT parsing and the per-site hit counters (see fault_point.h).
+#include "common/fault_point.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace l2l {
+namespace {
+
+struct Site {
+  std::string name;
+  long long at = 0;
+  std::atomic<long long> hits{0};
+};
+
+// Parsed once, on the first FaultPoint call; never freed (sites may be hit at exit).
+std::vector<Site*>* ParseSites() {
+  auto* sites = new std::vector<Site*>();
+  const char* env = std::getenv("L2L_FAULT_AT");
+  if (env == nullptr || *env == '\0') return sites;
+  std::string s(env);
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    const size_t end = std::min(s.find(',', pos), s.size());
+    const std::string item = s.substr(pos, end - pos);
+    const size_t colon = item.rfind(':');
+    char* rest = nullptr;
+    const long long n = colon == std::string::npos ? 0 : std::strtoll(item.c_str() + colon + 1, &rest, 10);
+    if (colon == std::string::npos || colon == 0 || n <= 0 || rest == nullptr || *rest != '\0') {
+      std::fprintf(stderr, "L2L_FAULT_AT: ignoring '%s' (expected <site>:<n>, n >= 1)\n", item.c_str());
+    } else {
+      auto* site = new Site();
+      site->name = item.substr(0, colon);
+      site->at = n;
+      sites->push_back(site);
+    }
+    pos = end + 1;
+  }
+  return sites;
+}
+
+}  // namespace
+
+void FaultPoint(const char* site) {
+  static const std::vector<Site*>* sites = ParseSites();
+  if (sites->empty()) return;
+  for (Site* s : *sites) {
+    if (s->name != site) continue;
+    if (s->hits.fetch_add(1, std::memory_order_relaxed) + 1 == s->at) {
+      static const char kMsg[] = "L2L_FAULT_AT: injected SIGKILL at ";
+      // write(2) only: the process may be in any state.
+      (void)!::write(2, kMsg, sizeof(kMsg) - 1);
+      (void)!::write(2, site, std::strlen(site));
+      (void)!::write(2, "\n", 1);
+      ::kill(::getpid(), SIGKILL);
+      ::_exit(137);  // not reached
+    }
+  }
+}
+
+}  // namespace l2l

@@ -1,0 +1,21 @@
+// Test-only fault injection at named sites, for the chaos tests (tests/integration/
+// chaos_test.py, docs/operations.md "Failure modes").
+//
+//   L2L_FAULT_AT=<site>:<n>[,<site>:<n>...]
+//
+// makes the process kill itself with SIGKILL (as `kill -9` would: no handlers, no
+// cleanup, exit status 137) the n-th time (1-based) it reaches FaultPoint("<site>").
+// Sites: eps.checkpoint (a checkpoint with some layer files written, no manifest yet),
+// eps.update (a layer's AdamW applied, the step not committed), worker.fetch (a layer
+// acquired, not yet copied out or released), worker.push (a gradient half written to its
+// shm slot / its first gRPC chunk sent). Without the variable a site costs a check of an
+// empty list. A malformed value is reported on stderr once and ignored.
+//
+// Thread-safety: FaultPoint may be called from any thread; the counts are atomic.
+#pragma once
+
+namespace l2l {
+
+void FaultPoint(const char* site);
+
+}  // namespace l2l
