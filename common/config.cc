@@ -23,6 +23,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "common/tokens_file.h"
 #include "common/yaml_util.h"
 
 namespace l2l {
@@ -218,6 +219,20 @@ Status ReadData(YamlMap* root, const std::string& base_dir, DataConfig* d) {
   return m.Finish();
 }
 
+// `eval: {data: PATH, every: N, tokens: M}`.
+Status ReadEval(YamlMap* root, const std::string& base_dir, EvalConfig* e) {
+  L2L_ASSIGN_OR_RETURN(YamlMap m, root->Map("eval"));
+  std::string data = e->data_path;
+  L2L_RETURN_IF_ERROR(m.Get("data", &data));
+  if (m.Has("data")) {
+    if (data.empty()) return m.Error("data", "eval.data is empty; name a tokens file (or drop the eval section)");
+    e->data_path = ResolvePath(data, base_dir);
+  }
+  L2L_RETURN_IF_ERROR(m.Get("every", &e->every, kPositive));
+  L2L_RETURN_IF_ERROR(m.Get("tokens", &e->tokens, kPositive));
+  return m.Finish();
+}
+
 // Applies every section present in `doc` onto *cfg, then runs the cross-field checks.
 Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg) {
   // An empty document (nothing, whitespace or comments only) is a mistake (a truncated
@@ -231,6 +246,7 @@ Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg)
   L2L_RETURN_IF_ERROR(ReadOptim(&root, &cfg->optim));
   L2L_RETURN_IF_ERROR(ReadTrain(&root, &cfg->train));
   L2L_RETURN_IF_ERROR(ReadData(&root, base_dir, &cfg->data));
+  L2L_RETURN_IF_ERROR(ReadEval(&root, base_dir, &cfg->eval));
   std::string dtype = DTypeName(cfg->publish_dtype);
   L2L_RETURN_IF_ERROR(root.GetChoice("publish_dtype", &dtype, {"f32", "bf16"}));
   cfg->publish_dtype = ParseDType(dtype).value();
@@ -239,16 +255,18 @@ Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg)
   if (!cfg->model_from.empty()) return Status::Ok();  // the model comes with ResolveModelFrom
   // The per-field reads above check what one value can; JobConfig::Validate is the one
   // place for the rest. Its message starts "section.key=value"; point at that key's line.
-  if (Status st = cfg->Validate(); !st.ok()) {
+  auto located = [&](const Status& st) -> Status {
     std::string where = doc.origin;
     const std::string key = st.message().substr(0, st.message().find('='));
     const size_t dot = key.find('.');
     if (dot != std::string::npos && key.find(' ') == std::string::npos && root.Has(key.substr(0, dot))) {
       L2L_ASSIGN_OR_RETURN(YamlMap section, root.Map(key.substr(0, dot)));
-      where = section.Where(key.substr(dot + 1));
+      if (section.Has(key.substr(dot + 1))) where = section.Where(key.substr(dot + 1));
     }
     return InvalidArgument(where + ": " + st.message());
-  }
+  };
+  if (Status st = cfg->Validate(); !st.ok()) return located(st);
+  if (Status st = CheckEvalData(*cfg); !st.ok()) return located(st);
   return Status::Ok();
 }
 
@@ -289,6 +307,52 @@ Status JobConfig::Validate() const {
   if (t.staleness < 0) return bad("train.staleness", std::to_string(t.staleness), "an integer >= 0");
   if (publish_dtype != DType::kF32 && publish_dtype != DType::kBF16) {
     return bad("publish_dtype", DTypeName(publish_dtype), "f32 or bf16");
+  }
+  const EvalConfig& e = eval;
+  if (!e.enabled()) {
+    if (e.every != 0 || e.tokens != 0) {
+      return bad("eval.data", "\"\"", "a tokens file (eval.every / eval.tokens are set without it)");
+    }
+    return Status::Ok();
+  }
+  if (e.every < 1) return bad("eval.every", std::to_string(e.every), "an integer >= 1 (steps between evaluations)");
+  const int64_t B = t.micro_batch_size, T = seq_len();
+  if (e.tokens < B * T + 1) {
+    return bad("eval.tokens", std::to_string(e.tokens),
+               "at least one micro-batch of windows, micro_batch_size*seq_len+1 = " + std::to_string(B) + "*" +
+                   std::to_string(T) + "+1 = " + std::to_string(B * T + 1));
+  }
+  if (model.family == ModelFamily::kBert) {
+    return bad("eval.data", e.data_path, "no eval section: in-job validation scores next-token prediction, which "
+                                         "the bert family does not train (use l2l-eval)");
+  }
+  return Status::Ok();
+}
+
+Status CheckEvalData(const JobConfig& job) {
+  const EvalConfig& e = job.eval;
+  if (!e.enabled()) return Status::Ok();
+  const std::string key = "eval.data=" + e.data_path + ": ";
+  std::error_code ec;
+  if (!fs::is_regular_file(e.data_path, ec)) return NotFound(key + "no such file (a tokens file from l2l-tokenize)");
+  Result<TokensFile> f = TokensFile::Open(e.data_path);
+  if (!f.ok()) return InvalidArgument(key + f.status().message());
+  if (static_cast<int64_t>(f->size()) < e.tokens) {
+    return InvalidArgument(key + "holds " + std::to_string(f->size()) + " tokens, fewer than eval.tokens=" +
+                           std::to_string(e.tokens));
+  }
+  const int64_t V = job.model.vocab_size;
+  for (int64_t i = 0; i < e.tokens; ++i) {
+    if (static_cast<int64_t>(f->token(static_cast<size_t>(i))) >= V) {
+      return OutOfRange(key + "token " + std::to_string(i) + " is id " + std::to_string(f->token(static_cast<size_t>(i))) +
+                        ", outside the model's vocabulary [0, " + std::to_string(V) +
+                        ") (tokenized with another tokenizer?)");
+    }
+  }
+  const std::string mask = LossMaskPath(e.data_path);
+  if (fs::exists(mask, ec)) {
+    Result<std::vector<uint8_t>> m = ReadLossMaskFile(mask, static_cast<int64_t>(f->size()));
+    if (!m.ok()) return InvalidArgument(key + "its loss mask: " + m.status().message());
   }
   return Status::Ok();
 }
@@ -399,6 +463,12 @@ std::string JobConfigToYaml(const JobConfig& cfg) {
   os << "data:\n"
      << "  train_path: " << YamlQuote(cfg.data.train_path) << "\n"
      << "  val_path: " << YamlQuote(cfg.data.val_path) << "\n";
+  if (cfg.eval.enabled()) {
+    os << "eval:\n"
+       << "  data: " << YamlQuote(cfg.eval.data_path) << "\n"
+       << "  every: " << cfg.eval.every << "\n"
+       << "  tokens: " << cfg.eval.tokens << "\n";
+  }
   os << "publish_dtype: " << DTypeName(cfg.publish_dtype) << "\n";
   if (!cfg.imported_from.empty()) os << "imported_from: " << YamlQuote(cfg.imported_from) << "\n";
   return os.str();

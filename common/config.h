@@ -45,11 +45,30 @@ struct DataConfig {
   std::string val_path;            // optional (empty: no validation)
 };
 
+// In-job validation (`eval: {data, every, tokens}`): every `every` steps and at the
+// last step the workers score the first `tokens` tokens of `data_path`, cut into
+// windows of seq_len+1 tokens as l2l-eval cuts them, with the weights that step's training
+// loss is computed at; the daemon logs val_loss / val_ppl (docs/finetune.md "Validation
+// during training"). Disabled while data_path is empty.
+struct EvalConfig {
+  std::string data_path;   // tokens file (a "<data>.mask" beside it is honoured); relative
+                           // paths in a config file are resolved against its directory
+  int64_t every = 0;       // steps between evaluations (>= 1 when data_path is set)
+  int64_t tokens = 0;      // leading tokens scored: >= micro_batch_size * seq_len + 1 (one
+                           // micro-batch of windows), at most the file's length
+  bool enabled() const { return !data_path.empty(); }
+  // Windows of seq_len+1 tokens (starting at multiples of T) that the first `tokens`
+  // tokens give, and micro-batches of B of them (the last one may be partial).
+  int64_t windows(int64_t T) const { return T > 0 ? (tokens - 1) / T : 0; }
+  int64_t micro_batches(int64_t B, int64_t T) const { return B > 0 ? (windows(T) + B - 1) / B : 0; }
+};
+
 struct JobConfig {
   ModelSpec model;
   OptimizerConfig optim;
   TrainingConfig train;
   DataConfig data;
+  EvalConfig eval;
   DType publish_dtype = DType::kF32;  // dtype of the copy workers fetch: f32 | bf16
 
   // `model.from: PATH`: a pretrained model (Hugging Face dir or GGUF file) gives the
@@ -71,7 +90,19 @@ struct JobConfig {
   // (seq_len <= model.seq_len, ...). Loading runs it; so do the EPS (CreateJob) and the
   // relay, for configs built in code.
   Status Validate() const;
+  // Whether worker step `step` (0-based; the run log's step step+1) evaluates: its
+  // 1-based number is a multiple of eval.every, or it is the job's last step.
+  bool EvalAt(int64_t step) const {
+    return eval.enabled() && eval.every > 0 && ((step + 1) % eval.every == 0 || step + 1 == train.steps);
+  }
 };
+
+// Checks eval.data_path against the model: the file exists and is a tokens file (its
+// "<data>.mask" too, when present), holds at least eval.tokens tokens, and its first
+// eval.tokens ids are below model.vocab_size. Errors name eval.data (and eval.tokens).
+// Run by loading (when the model is known) and by the EPS's CreateJob (after model.from
+// is resolved); OK when eval is disabled.
+Status CheckEvalData(const JobConfig& job);
 
 // Loads a job config from YAML. Relative data paths are resolved against the file's
 // directory. A missing section keeps its defaults; `preset: NAME` inside `model:` starts
