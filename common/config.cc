@@ -233,8 +233,10 @@ Status ReadEval(YamlMap* root, const std::string& base_dir, EvalConfig* e) {
   return m.Finish();
 }
 
-// Applies every section present in `doc` onto *cfg, then runs the cross-field checks.
-Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg) {
+// Applies every section present in `doc` onto *cfg, then runs the cross-field checks;
+// with check_files also CheckEvalData (a job file a user loads on this host; not a job
+// text from the daemon, a checkpoint manifest or an rpc, whose files may live elsewhere).
+Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg, bool check_files) {
   // An empty document (nothing, whitespace or comments only) is a mistake (a truncated
   // or wrong file), not a request for every default.
   if (!doc.root.IsDefined() || doc.root.IsNull()) {
@@ -266,7 +268,9 @@ Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg)
     return InvalidArgument(where + ": " + st.message());
   };
   if (Status st = cfg->Validate(); !st.ok()) return located(st);
-  if (Status st = CheckEvalData(*cfg); !st.ok()) return located(st);
+  if (check_files) {
+    if (Status st = CheckEvalData(*cfg); !st.ok()) return located(st);
+  }
   return Status::Ok();
 }
 
@@ -360,7 +364,7 @@ Status CheckEvalData(const JobConfig& job) {
 Result<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::string& origin, const std::string& base_dir) {
   L2L_ASSIGN_OR_RETURN(YamlDoc doc, ParseYaml(yaml_text, origin));
   JobConfig cfg;
-  L2L_RETURN_IF_ERROR(ApplyDoc(doc, base_dir, &cfg));
+  L2L_RETURN_IF_ERROR(ApplyDoc(doc, base_dir, &cfg, /*check_files=*/false));
   return cfg;
 }
 
@@ -368,7 +372,7 @@ Result<JobConfig> LoadJobConfig(const std::string& path) {
   L2L_ASSIGN_OR_RETURN(YamlDoc doc, LoadYamlFile(path));
   JobConfig cfg;
   const std::string dir = fs::path(path).parent_path().string();
-  L2L_RETURN_IF_ERROR(ApplyDoc(doc, dir.empty() ? "." : dir, &cfg));
+  L2L_RETURN_IF_ERROR(ApplyDoc(doc, dir.empty() ? "." : dir, &cfg, /*check_files=*/true));
   return cfg;
 }
 
@@ -399,7 +403,7 @@ Status ApplyOverride(JobConfig* cfg, const std::string& assignment) {
     return InvalidArgument(origin + ": " + e.what());
   }
   JobConfig updated = *cfg;
-  L2L_RETURN_IF_ERROR(ApplyDoc(doc, ".", &updated));
+  L2L_RETURN_IF_ERROR(ApplyDoc(doc, ".", &updated, /*check_files=*/false));
   *cfg = std::move(updated);
   return Status::Ok();
 }

@@ -100,8 +100,11 @@ struct JobConfig {
 // Checks eval.data_path against the model: the file exists and is a tokens file (its
 // "<data>.mask" too, when present), holds at least eval.tokens tokens, and its first
 // eval.tokens ids are below model.vocab_size. Errors name eval.data (and eval.tokens).
-// Run by loading (when the model is known) and by the EPS's CreateJob (after model.from
-// is resolved); OK when eval is disabled.
+// Run by LoadJobConfig (a job file on this host, when the model is known), by the EPS's
+// CreateJob (after model.from is resolved) and by the worker before it reads the file;
+// not by ParseJobConfig (job text from the daemon, a checkpoint or an rpc: the file may
+// live elsewhere or be gone, which must not stop l2l-eval reading a checkpoint). OK when
+// eval is disabled.
 Status CheckEvalData(const JobConfig& job);
 
 // Loads a job config from YAML. Relative data paths are resolved against the file's

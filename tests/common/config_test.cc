@@ -366,8 +366,19 @@ TEST_CASE("Bad eval sections are rejected naming the eval key, the value and the
     REQUIRE(cfg.ok());
     ExpectError(Status(ApplyOverride(&*cfg, "eval.every=0")), {"eval.every", "'0'"});
     CHECK(cfg->eval.every == 2);
+    ExpectError(Status(ApplyOverride(&*cfg, "eval.tokens=9")), {"eval.tokens=9", "2*8+1 = 17"});
     REQUIRE(ApplyOverride(&*cfg, "eval.tokens=33").ok());
     CHECK(cfg->eval.tokens == 33);
+  }
+  SECTION("job text from the daemon or a checkpoint is not checked against files here") {
+    // A worker on another host, or l2l-eval reading a checkpoint whose eval file is gone:
+    // ParseJobConfig keeps the section; the worker and the daemon check the file.
+    Result<JobConfig> cfg = ParseJobConfig(EvalJob("eval: {data: /nonexistent/val.bin, every: 2, tokens: 17}\n"),
+                                           "<register reply>");
+    INFO(cfg.status().ToString());
+    REQUIRE(cfg.ok());
+    CHECK(cfg->eval.data_path == "/nonexistent/val.bin");
+    ExpectError(CheckEvalData(*cfg), {"eval.data=/nonexistent/val.bin", "no such file"});
   }
   SECTION("Validate catches values set in code") {
     Result<JobConfig> cfg = ParseIn(dir, EvalJob("eval: {data: val.bin, every: 2, tokens: 17}\n"));
