@@ -23,6 +23,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "common/tokens_file.h"
 #include "common/yaml_util.h"
 
 namespace l2l {
@@ -226,8 +227,24 @@ Status ReadMlm(YamlMap* root, MlmConfig* mlm) {
   return m.Finish();
 }
 
-// Applies every section present in `doc` onto *cfg, then runs the cross-field checks.
-Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg) {
+// `eval: {data: PATH, every: N, tokens: M}`.
+Status ReadEval(YamlMap* root, const std::string& base_dir, EvalConfig* e) {
+  L2L_ASSIGN_OR_RETURN(YamlMap m, root->Map("eval"));
+  std::string data = e->data_path;
+  L2L_RETURN_IF_ERROR(m.Get("data", &data));
+  if (m.Has("data")) {
+    if (data.empty()) return m.Error("data", "eval.data is empty; name a tokens file (or drop the eval section)");
+    e->data_path = ResolvePath(data, base_dir);
+  }
+  L2L_RETURN_IF_ERROR(m.Get("every", &e->every, kPositive));
+  L2L_RETURN_IF_ERROR(m.Get("tokens", &e->tokens, kPositive));
+  return m.Finish();
+}
+
+// Applies every section present in `doc` onto *cfg, then runs the cross-field checks;
+// with check_files also CheckEvalData (a job file a user loads on this host; not a job
+// text from the daemon, a checkpoint manifest or an rpc, whose files may live elsewhere).
+Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg, bool check_files) {
   // An empty document (nothing, whitespace or comments only) is a mistake (a truncated
   // or wrong file), not a request for every default.
   if (!doc.root.IsDefined() || doc.root.IsNull()) {
@@ -239,6 +256,7 @@ Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg)
   L2L_RETURN_IF_ERROR(ReadOptim(&root, &cfg->optim));
   L2L_RETURN_IF_ERROR(ReadTrain(&root, &cfg->train));
   L2L_RETURN_IF_ERROR(ReadData(&root, base_dir, &cfg->data));
+  L2L_RETURN_IF_ERROR(ReadEval(&root, base_dir, &cfg->eval));
   std::string dtype = DTypeName(cfg->publish_dtype);
   L2L_RETURN_IF_ERROR(root.GetChoice("publish_dtype", &dtype, {"f32", "bf16"}));
   cfg->publish_dtype = ParseDType(dtype).value();
@@ -253,15 +271,19 @@ Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg)
   if (!cfg->model_from.empty()) return Status::Ok();  // the model comes with ResolveModelFrom
   // The per-field reads above check what one value can; JobConfig::Validate is the one
   // place for the rest. Its message starts "section.key=value"; point at that key's line.
-  if (Status st = cfg->Validate(); !st.ok()) {
+  auto located = [&](const Status& st) -> Status {
     std::string where = doc.origin;
     const std::string key = st.message().substr(0, st.message().find('='));
     const size_t dot = key.find('.');
     if (dot != std::string::npos && key.find(' ') == std::string::npos && root.Has(key.substr(0, dot))) {
       L2L_ASSIGN_OR_RETURN(YamlMap section, root.Map(key.substr(0, dot)));
-      where = section.Where(key.substr(dot + 1));
+      if (section.Has(key.substr(dot + 1))) where = section.Where(key.substr(dot + 1));
     }
     return InvalidArgument(where + ": " + st.message());
+  };
+  if (Status st = cfg->Validate(); !st.ok()) return located(st);
+  if (check_files) {
+    if (Status st = CheckEvalData(*cfg); !st.ok()) return located(st);
   }
   return Status::Ok();
 }
@@ -310,6 +332,24 @@ Status JobConfig::Validate() const {
   if (publish_dtype != DType::kF32 && publish_dtype != DType::kBF16) {
     return bad("publish_dtype", DTypeName(publish_dtype), "f32 or bf16");
   }
+  const EvalConfig& e = eval;
+  if (!e.enabled()) {
+    if (e.every != 0 || e.tokens != 0) {
+      return bad("eval.data", "\"\"", "a tokens file (eval.every / eval.tokens are set without it)");
+    }
+  } else {
+    if (e.every < 1) return bad("eval.every", std::to_string(e.every), "an integer >= 1 (steps between evaluations)");
+    const int64_t B = t.micro_batch_size, T = seq_len();
+    if (e.tokens < B * T + 1) {
+      return bad("eval.tokens", std::to_string(e.tokens),
+                 "at least one micro-batch of windows, micro_batch_size*seq_len+1 = " + std::to_string(B) + "*" +
+                     std::to_string(T) + "+1 = " + std::to_string(B * T + 1));
+    }
+    if (model.family == ModelFamily::kBert) {
+      return bad("eval.data", e.data_path, "no eval section: in-job validation scores next-token prediction, which "
+                                           "the bert family does not train (use l2l-eval)");
+    }
+  }
   return ValidateTask();
 }
 
@@ -357,10 +397,38 @@ Status JobConfig::ValidateTask() const {
   return Status::Ok();
 }
 
+Status CheckEvalData(const JobConfig& job) {
+  const EvalConfig& e = job.eval;
+  if (!e.enabled()) return Status::Ok();
+  const std::string key = "eval.data=" + e.data_path + ": ";
+  std::error_code ec;
+  if (!fs::is_regular_file(e.data_path, ec)) return NotFound(key + "no such file (a tokens file from l2l-tokenize)");
+  Result<TokensFile> f = TokensFile::Open(e.data_path);
+  if (!f.ok()) return InvalidArgument(key + f.status().message());
+  if (static_cast<int64_t>(f->size()) < e.tokens) {
+    return InvalidArgument(key + "holds " + std::to_string(f->size()) + " tokens, fewer than eval.tokens=" +
+                           std::to_string(e.tokens));
+  }
+  const int64_t V = job.model.vocab_size;
+  for (int64_t i = 0; i < e.tokens; ++i) {
+    if (static_cast<int64_t>(f->token(static_cast<size_t>(i))) >= V) {
+      return OutOfRange(key + "token " + std::to_string(i) + " is id " + std::to_string(f->token(static_cast<size_t>(i))) +
+                        ", outside the model's vocabulary [0, " + std::to_string(V) +
+                        ") (tokenized with another tokenizer?)");
+    }
+  }
+  const std::string mask = LossMaskPath(e.data_path);
+  if (fs::exists(mask, ec)) {
+    Result<std::vector<uint8_t>> m = ReadLossMaskFile(mask, static_cast<int64_t>(f->size()));
+    if (!m.ok()) return InvalidArgument(key + "its loss mask: " + m.status().message());
+  }
+  return Status::Ok();
+}
+
 Result<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::string& origin, const std::string& base_dir) {
   L2L_ASSIGN_OR_RETURN(YamlDoc doc, ParseYaml(yaml_text, origin));
   JobConfig cfg;
-  L2L_RETURN_IF_ERROR(ApplyDoc(doc, base_dir, &cfg));
+  L2L_RETURN_IF_ERROR(ApplyDoc(doc, base_dir, &cfg, /*check_files=*/false));
   return cfg;
 }
 
@@ -368,7 +436,7 @@ Result<JobConfig> LoadJobConfig(const std::string& path) {
   L2L_ASSIGN_OR_RETURN(YamlDoc doc, LoadYamlFile(path));
   JobConfig cfg;
   const std::string dir = fs::path(path).parent_path().string();
-  L2L_RETURN_IF_ERROR(ApplyDoc(doc, dir.empty() ? "." : dir, &cfg));
+  L2L_RETURN_IF_ERROR(ApplyDoc(doc, dir.empty() ? "." : dir, &cfg, /*check_files=*/true));
   return cfg;
 }
 
@@ -399,7 +467,7 @@ Status ApplyOverride(JobConfig* cfg, const std::string& assignment) {
     return InvalidArgument(origin + ": " + e.what());
   }
   JobConfig updated = *cfg;
-  L2L_RETURN_IF_ERROR(ApplyDoc(doc, ".", &updated));
+  L2L_RETURN_IF_ERROR(ApplyDoc(doc, ".", &updated, /*check_files=*/false));
   *cfg = std::move(updated);
   return Status::Ok();
 }
@@ -463,6 +531,12 @@ std::string JobConfigToYaml(const JobConfig& cfg) {
   os << "data:\n"
      << "  train_path: " << YamlQuote(cfg.data.train_path) << "\n"
      << "  val_path: " << YamlQuote(cfg.data.val_path) << "\n";
+  if (cfg.eval.enabled()) {
+    os << "eval:\n"
+       << "  data: " << YamlQuote(cfg.eval.data_path) << "\n"
+       << "  every: " << cfg.eval.every << "\n"
+       << "  tokens: " << cfg.eval.tokens << "\n";
+  }
   os << "publish_dtype: " << DTypeName(cfg.publish_dtype) << "\n";
   if (cfg.task.has_value()) os << "task: " << ToString(*cfg.task) << "\n";
   os << "mlm:\n"

@@ -56,11 +56,30 @@ struct MlmConfig {
   double probability = 0.15;     // fraction of a row's word tokens chosen for prediction
 };
 
+// In-job validation (`eval: {data, every, tokens}`): every `every` steps and at the
+// last step the workers score the first `tokens` tokens of `data_path`, cut into
+// windows of seq_len+1 tokens as l2l-eval cuts them, with the weights that step's training
+// loss is computed at; the daemon logs val_loss / val_ppl (docs/finetune.md "Validation
+// during training"). Disabled while data_path is empty.
+struct EvalConfig {
+  std::string data_path;   // tokens file (a "<data>.mask" beside it is honoured); relative
+                           // paths in a config file are resolved against its directory
+  int64_t every = 0;       // steps between evaluations (>= 1 when data_path is set)
+  int64_t tokens = 0;      // leading tokens scored: >= micro_batch_size * seq_len + 1 (one
+                           // micro-batch of windows), at most the file's length
+  bool enabled() const { return !data_path.empty(); }
+  // Windows of seq_len+1 tokens (starting at multiples of T) that the first `tokens`
+  // tokens give, and micro-batches of B of them (the last one may be partial).
+  int64_t windows(int64_t T) const { return T > 0 ? (tokens - 1) / T : 0; }
+  int64_t micro_batches(int64_t B, int64_t T) const { return B > 0 ? (windows(T) + B - 1) / B : 0; }
+};
+
 struct JobConfig {
   ModelSpec model;
   OptimizerConfig optim;
   TrainingConfig train;
   DataConfig data;
+  EvalConfig eval;
   DType publish_dtype = DType::kF32;  // dtype of the copy workers fetch: f32 | bf16
   // `task: lm | mlm | classify` (common/modes.h); absent (nullopt) = the family's default:
   // mlm for a bert model with num_labels 0, classify for one with num_labels > 0, lm otherwise.
@@ -91,7 +110,23 @@ struct JobConfig {
   // The task's checks (part of Validate): mlm and classify need family bert with the
   // matching head (num_labels 0 / > 0); bert has no lm task.
   Status ValidateTask() const;
+
+  // Whether worker step `step` (0-based; the run log's step step+1) evaluates: its
+  // 1-based number is a multiple of eval.every, or it is the job's last step.
+  bool EvalAt(int64_t step) const {
+    return eval.enabled() && eval.every > 0 && ((step + 1) % eval.every == 0 || step + 1 == train.steps);
+  }
 };
+
+// Checks eval.data_path against the model: the file exists and is a tokens file (its
+// "<data>.mask" too, when present), holds at least eval.tokens tokens, and its first
+// eval.tokens ids are below model.vocab_size. Errors name eval.data (and eval.tokens).
+// Run by LoadJobConfig (a job file on this host, when the model is known), by the EPS's
+// CreateJob (after model.from is resolved) and by the worker before it reads the file;
+// not by ParseJobConfig (job text from the daemon, a checkpoint or an rpc: the file may
+// live elsewhere or be gone, which must not stop l2l-eval reading a checkpoint). OK when
+// eval is disabled.
+Status CheckEvalData(const JobConfig& job);
 
 // Loads a job config from YAML. Relative data paths are resolved against the file's
 // directory. A missing section keeps its defaults; `preset: NAME` inside `model:` starts

@@ -98,6 +98,8 @@ Result<CtlStatus> CtlClient::GetStatus() {
   s.num_params = rep.num_params();
   s.layer_version.assign(rep.layer_version().begin(), rep.layer_version().end());
   s.last_loss = rep.last_loss();
+  s.val_loss = rep.val_loss();
+  s.val_step = rep.val_step();
   s.tokens_per_s = rep.tokens_per_s();
   s.step_time_s = rep.step_time_s();
   s.update_busy_s = rep.update_busy_s();

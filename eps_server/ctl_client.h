@@ -56,6 +56,8 @@ struct CtlStatus {
   int64_t step = 0, total_steps = 0, num_params = 0;
   std::vector<int64_t> layer_version;  // per layer, model order
   double last_loss = 0, tokens_per_s = 0, step_time_s = 0;
+  double val_loss = 0;   // last in-job validation loss (job eval:)
+  int64_t val_step = 0;  // its step; 0 = none yet
   double update_busy_s = 0, update_exposed_s = 0;
   std::vector<CtlMemoryTier> memory;
   std::vector<CtlWorker> workers;

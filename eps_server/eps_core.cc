@@ -94,6 +94,7 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
     if (stopped_) return Aborted("the daemon is stopping");
   }
   L2L_RETURN_IF_ERROR(job.Validate());
+  L2L_RETURN_IF_ERROR(CheckEvalData(job));
   if (start.step < 0) return InvalidArgument("start step " + std::to_string(start.step) + " must be >= 0");
   const std::string prefix = "l2l-" + opts_.job_id + "-";
   auto removed = RemoveSegmentsWithPrefix(prefix);
@@ -453,7 +454,8 @@ Status EpsCore::SubmitGradient(int32_t worker_id, int64_t layer, int64_t step, i
 }
 
 Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t tokens,
-                         const std::string& data_position, bool* stop, const StepTimes& times) {
+                         const std::string& data_position, bool* stop, const StepTimes& times,
+                         const StepEval& eval) {
   std::lock_guard<std::mutex> lock(mu_);
   L2L_RETURN_IF_ERROR(CheckWorker(worker_id));
   Worker& w = *workers_[worker_id];
@@ -478,6 +480,10 @@ Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t t
   times_sum_.recompute_s += times.recompute_s;
   times_sum_.wait_layer_s += times.wait_layer_s;
   times_sum_.wait_push_s += times.wait_push_s;
+  if (eval.tokens > 0) {
+    val_loss_sum_ += eval.loss * static_cast<double>(eval.tokens);
+    val_tokens_ += eval.tokens;
+  }
   int active = 0;
   for (const auto& x : workers_) active += x->info.state == WorkerState::kActive ? 1 : 0;
   if (++reported_[step] >= active) {
@@ -486,6 +492,15 @@ Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t t
     last_loss_ = last_loss_sum_ / static_cast<double>(reported_[step]);
     tokens_per_s_ = secs > 0 ? static_cast<double>(last_tokens_) / secs : 0;
     L2L_LOG_INFO("step {} loss {:.4f} {:.0f} tokens/s", step, last_loss_, tokens_per_s_);
+    const int64_t val_tokens = val_tokens_;
+    if (val_tokens > 0) {
+      val_loss_ = val_loss_sum_ / static_cast<double>(val_tokens);
+      val_step_ = step + 1;
+      L2L_LOG_INFO("step {} val_loss {:.4f} val_ppl {:.3f} ({} tokens)", step + 1, val_loss_, std::exp(val_loss_),
+                   val_tokens);
+    }
+    val_loss_sum_ = 0;
+    val_tokens_ = 0;
     if (opts_.on_step) {
       const double n = static_cast<double>(reported_[step]);
       StepSummary sum;
@@ -497,6 +512,7 @@ Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t t
       sum.lr = LearningRate(job_.optim, step);
       sum.times = {times_sum_.forward_s / n, times_sum_.backward_s / n, times_sum_.recompute_s / n,
                    times_sum_.wait_layer_s / n, times_sum_.wait_push_s / n};
+      if (val_tokens > 0) sum.val_loss = val_loss_, sum.val_tokens = val_tokens;
       opts_.on_step(sum);
     }
     times_sum_ = StepTimes();
@@ -614,6 +630,8 @@ CoreStatus EpsCore::GetStatus() const {
   s.host_budget = opts_.host_bytes;
   s.last_loss = last_loss_;
   s.tokens_per_s = tokens_per_s_;
+  s.val_loss = val_loss_;
+  s.val_step = val_step_;
   return s;
 }
 

@@ -76,6 +76,13 @@ struct StepTimes {
   double forward_s = 0, backward_s = 0, recompute_s = 0, wait_layer_s = 0, wait_push_s = 0;
 };
 
+// One worker's in-job validation result for a step (job `eval:`): the mean loss over the
+// targets it scored and how many (0: it scored none this step).
+struct StepEval {
+  double loss = 0;
+  int64_t tokens = 0;
+};
+
 // One completed step, as every active worker reported it (loss and phase times averaged
 // over the workers; tokens_per_s over all of them and the step's wall time).
 struct StepSummary {
@@ -84,6 +91,10 @@ struct StepSummary {
   double loss = 0, tokens_per_s = 0, wall_s = 0;
   double lr = 0;             // learning rate of this step's update (the job's schedule)
   StepTimes times;           // averages over workers
+  // In-job validation, on the steps it ran: the loss over every worker's eval targets
+  // (weighted by their counts) and the count; val_tokens 0 = no validation this step.
+  double val_loss = 0;
+  int64_t val_tokens = 0;
 };
 
 struct CoreOptions {
@@ -161,6 +172,8 @@ struct CoreStatus {
   int64_t step = 0, total_steps = 0, num_params = 0;
   std::vector<int64_t> layer_version;
   double last_loss = 0, tokens_per_s = 0;
+  double val_loss = 0;   // the last in-job validation loss
+  int64_t val_step = 0;  // the (1-based) step it was logged at; 0 = none yet
   PipelineStats pipeline;
   size_t state_bytes = 0, shm_bytes = 0, host_budget = 0;
   // SSD tier (zeros without one): spilled bytes, staging pool, I/O and exposed waits.
@@ -214,7 +227,8 @@ class EpsCore {
   Status SubmitGradient(int32_t worker_id, int64_t layer, int64_t step, int64_t micro_batches,
                         std::vector<float> grad);
   Status StepDone(int32_t worker_id, int64_t step, double loss, int64_t tokens,
-                  const std::string& data_position, bool* stop, const StepTimes& times = {});
+                  const std::string& data_position, bool* stop, const StepTimes& times = {},
+                  const StepEval& eval = {});
   Status Deregister(int32_t worker_id);
 
   // Operator pause: no layer update starts until Resume. Resume also ends a pause
@@ -323,6 +337,10 @@ class EpsCore {
   double last_loss_sum_ = 0;
   int64_t last_tokens_ = 0;
   StepTimes times_sum_;  // phase seconds of the step being reported, summed over workers
+  double val_loss_sum_ = 0;   // eval loss * eval tokens of the step being reported
+  int64_t val_tokens_ = 0;    // eval tokens of the step being reported
+  double val_loss_ = 0;       // last validation loss and its 1-based step (0 = none)
+  int64_t val_step_ = 0;
   std::map<int64_t, int> reported_;                 // step -> StepDone count
   double last_loss_ = 0, tokens_per_s_ = 0;
   std::chrono::steady_clock::time_point step_start_ = std::chrono::steady_clock::now();

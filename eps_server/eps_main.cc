@@ -14,6 +14,7 @@
 
 #include <CLI/CLI.hpp>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstdio>
 #include <filesystem>
@@ -201,6 +202,7 @@ int main(int argc, char** argv) {
     r.backward_s = s.times.backward_s;
     r.wait_layer_s = s.times.wait_layer_s;
     r.wait_push_s = s.times.wait_push_s;
+    if (s.val_tokens > 0) r.val_loss = s.val_loss, r.val_ppl = std::exp(s.val_loss);
     if (Status st = (*run_log)->Append(r); !st.ok()) L2L_LOG_WARN("run log: {}", st.ToString());
     eps::ObserveStepSeconds(&metrics, s.wall_s);
   };
@@ -217,6 +219,8 @@ int main(int argc, char** argv) {
     snap.step = st.step;
     snap.total_steps = st.total_steps;
     snap.loss = st.last_loss;
+    snap.val_loss = st.val_loss;
+    snap.val_step = st.val_step;
     snap.tokens_per_s = st.tokens_per_s;
     snap.update_busy_s = st.pipeline.last_step_busy_s;
     snap.update_exposed_s = st.pipeline.last_step_exposed_s;

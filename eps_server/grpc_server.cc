@@ -10,6 +10,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <map>
 #include <thread>
 
@@ -312,7 +313,7 @@ class DataService final : public data::Data::Service {
     eps::StepTimes times{req->forward_s(), req->backward_s(), req->recompute_s(),
                          req->wait_layer_s(), req->wait_push_s()};
     Status s = core_->StepDone(req->worker_id(), req->step(), req->loss(), req->tokens(),
-                               req->data_position(), &stop, times);
+                               req->data_position(), &stop, times, eps::StepEval{req->eval_loss(), req->eval_tokens()});
     rep->set_stop(stop);
     return ToGrpc(s);
   }
@@ -354,6 +355,8 @@ class ControlService final : public control::Control::Service {
     rep->set_total_steps(s.total_steps);
     for (int64_t v : s.layer_version) rep->add_layer_version(v);
     rep->set_last_loss(s.last_loss);
+    rep->set_val_loss(s.val_loss);
+    rep->set_val_step(s.val_step);
     rep->set_tokens_per_s(s.tokens_per_s);
     rep->set_step_time_s(s.pipeline.last_step_wall_s);
     auto* ram = rep->add_memory();
@@ -506,6 +509,20 @@ class ControlService final : public control::Control::Service {
     if (!path.ok()) return ToGrpc(path.status().WithContext("Export"));
     if (!core_->has_job()) return ToGrpc(FailedPrecondition("Export: no job to export (CreateJob first)"));
     const JobConfig job = core_->job_config();
+    tok::GgufMetadata tokenizer_md;
+    if (!hf && !job.imported_from.empty() && std::filesystem::is_directory(job.imported_from)) {
+      // An HF import's tokenizer goes into the GGUF's metadata, so llama.cpp-based tools
+      // tokenize as the model was trained. One GGUF cannot hold (not byte-level BPE, ...)
+      // leaves the file without a tokenizer, said in the daemon's log.
+      auto md = tok::GgufTokenizerMetadataFromHf(job.imported_from, job.model.vocab_size);
+      if (md.ok()) {
+        tokenizer_md = std::move(*md);
+      } else if (md.status().code() == l2l::StatusCode::kUnimplemented) {
+        L2L_LOG_WARN("GGUF export {}: written without tokenizer metadata: {}", *path, md.status().ToString());
+      } else {
+        return ToGrpc(md.status().WithContext("Export: the tokenizer of " + job.imported_from));
+      }
+    }
     auto bytes = core_->ExportWith(
         req->path(), [&](const std::string& p, int64_t step, const LayerSource& read) -> Result<int64_t> {
           if (hf) {
@@ -524,6 +541,7 @@ class ControlService final : public control::Control::Service {
           o.type = d == "q8_0" ? formats::GgmlType::kQ8_0 : d == "bf16" ? formats::GgmlType::kBF16 : formats::GgmlType::kF32;
           o.imported_from = job.imported_from;
           o.name = "l2l step " + std::to_string(step);
+          o.metadata = tokenizer_md;
           return ExportGguf(p, job.model, read, o);
         });
     if (!bytes.ok()) return ToGrpc(bytes.status().WithContext("Export"));

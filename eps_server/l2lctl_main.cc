@@ -198,6 +198,7 @@ Json StatusJson(const CtlStatus& s, const std::string& address) {
             {"job_id", s.job_id},  {"step", s.step},              {"total_steps", s.total_steps},
             {"num_params", s.num_params}, {"layer_version", s.layer_version},
             {"last_loss", s.last_loss},   {"tokens_per_s", s.tokens_per_s},
+            {"val_loss", s.val_step > 0 ? Json(s.val_loss) : Json()}, {"val_step", s.val_step},
             {"step_time_s", s.step_time_s}, {"update_busy_s", s.update_busy_s},
             {"update_exposed_s", s.update_exposed_s}, {"last_checkpoint", s.last_checkpoint},
             {"error", s.error}, {"staleness_bound", s.staleness_bound}, {"max_version_lag", s.max_version_lag},
@@ -227,6 +228,9 @@ void PrintStatus(const CtlStatus& s, const std::string& address) {
   std::printf("step %lld/%lld (%.1f%%)  loss %.4f  tokens/s %.0f  step %.3f s  update busy %.3f s exposed %.3f s\n",
               (long long)s.step, (long long)s.total_steps, pct, s.last_loss, s.tokens_per_s, s.step_time_s,
               s.update_busy_s, s.update_exposed_s);
+  if (s.val_step > 0) {
+    std::printf("val_loss %.4f  val_ppl %.3f  (step %lld)\n", s.val_loss, std::exp(s.val_loss), (long long)s.val_step);
+  }
   if (!s.error.empty()) std::printf("ERROR %s\n", s.error.c_str());
   if (!s.pause_reason.empty()) std::printf("paused: %s\n", s.pause_reason.c_str());
   if (s.skipped_steps > 0) {
@@ -284,6 +288,15 @@ bool Finished(const CtlStatus& s) {
   return s.state == "finished" || (s.total_steps > 0 && s.step >= s.total_steps);
 }
 
+// " val_loss X val_ppl Y (step N)" once the job has logged a validation loss; "" before.
+std::string ValText(const CtlStatus& s) {
+  if (s.val_step <= 0) return "";
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), " val_loss %.4f val_ppl %.3f (step %lld)", s.val_loss, std::exp(s.val_loss),
+                (long long)s.val_step);
+  return buf;
+}
+
 int CmdWatch(const Globals& g, const WatchFlags& w) {
   Target t;
   auto c = Dial(g, &t);
@@ -314,6 +327,11 @@ int CmdWatch(const Globals& g, const WatchFlags& w) {
         Json j = {{"step", s->step},       {"total_steps", s->total_steps}, {"state", s->state},
                   {"loss", s->last_loss},  {"tokens_per_s", s->tokens_per_s}, {"step_time_s", s->step_time_s},
                   {"eta_s", eta},          {"target_steps", target}, {"done", done}};
+        if (s->val_step > 0) {
+          j["val_loss"] = s->val_loss;
+          j["val_ppl"] = std::exp(s->val_loss);
+          j["val_step"] = s->val_step;
+        }
         std::printf("%s\n", j.dump().c_str());
       }
     } else if (tty) {
@@ -323,14 +341,14 @@ int CmdWatch(const Globals& g, const WatchFlags& w) {
       const double frac =
           target > from ? std::clamp(double(s->step - from) / double(target - from), 0.0, 1.0) : 1.0;
       const int fill = static_cast<int>(frac * width);
-      std::printf("\r[%s%s] %5.1f%% step %lld/%lld loss %.4f tok/s %.0f %s ETA %s\x1b[K",
+      std::printf("\r[%s%s] %5.1f%% step %lld/%lld loss %.4f%s tok/s %.0f %s ETA %s\x1b[K",
                   std::string(fill, '#').c_str(), std::string(width - fill, '-').c_str(), frac * 100,
-                  (long long)s->step, (long long)s->total_steps, s->last_loss, s->tokens_per_s, s->state.c_str(),
-                  Duration(eta).c_str());
+                  (long long)s->step, (long long)s->total_steps, s->last_loss, ValText(*s).c_str(), s->tokens_per_s,
+                  s->state.c_str(), Duration(eta).c_str());
     } else if (s->step != last_printed || done) {
-      std::printf("step %lld/%lld loss %.4f tok/s %.0f step_s %.3f state %s eta %s\n", (long long)s->step,
-                  (long long)s->total_steps, s->last_loss, s->tokens_per_s, s->step_time_s, s->state.c_str(),
-                  Duration(eta).c_str());
+      std::printf("step %lld/%lld loss %.4f%s tok/s %.0f step_s %.3f state %s eta %s\n", (long long)s->step,
+                  (long long)s->total_steps, s->last_loss, ValText(*s).c_str(), s->tokens_per_s, s->step_time_s,
+                  s->state.c_str(), Duration(eta).c_str());
     }
     std::fflush(stdout);
     last_printed = s->step;

@@ -228,6 +228,11 @@ void UpdateEpsMetrics(MetricsRegistry* r, const EpsSnapshot& s) {
   r->GetGauge("l2l_step", "Optimizer steps completed")->Set(static_cast<double>(s.step));
   r->GetGauge("l2l_total_steps", "Optimizer steps the job runs")->Set(static_cast<double>(s.total_steps));
   r->GetGauge("l2l_loss", "Mean training loss of the last step, all workers")->Set(s.loss);
+  if (s.val_step > 0) {
+    r->GetGauge("l2l_val_loss", "Validation loss (job eval:) at l2l_val_step, mean over the eval tokens")
+        ->Set(s.val_loss);
+    r->GetGauge("l2l_val_step", "Step of the last validation loss")->Set(static_cast<double>(s.val_step));
+  }
   r->GetGauge("l2l_tokens_per_second", "Tokens per second over the last step, all workers")->Set(s.tokens_per_s);
   r->GetGauge("l2l_update_busy_seconds", "EPS update pipeline busy time in the last step")->Set(s.update_busy_s);
   r->GetGauge("l2l_update_exposed_seconds", "EPS update time after the last gradient of the step arrived")

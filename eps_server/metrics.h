@@ -133,6 +133,10 @@ struct EpsSnapshot {
   std::vector<Tier> memory;
   std::map<std::string, int> workers_by_state;        // "active" -> 2, ...
   int64_t skipped_steps = 0, consecutive_skips = 0;   // non-finite gradient or loss
+  // In-job validation: the last val loss and its step; val_step 0 = none yet (the
+  // l2l_val_loss / l2l_val_step gauges appear with the first one).
+  double val_loss = 0;
+  int64_t val_step = 0;
 };
 void UpdateEpsMetrics(MetricsRegistry* registry, const EpsSnapshot& s);
 // Call once per completed step (feeds the l2l_step_seconds histogram).

@@ -32,6 +32,7 @@ constexpr Field kFields[] = {
     {"recompute_s", &StepRecord::recompute_s}, {"backward_s", &StepRecord::backward_s},
     {"wait_layer_s", &StepRecord::wait_layer_s}, {"wait_push_s", &StepRecord::wait_push_s},
     {"update_s", &StepRecord::update_s},    {"skipped_steps", &StepRecord::skipped_steps},
+    {"val_loss", &StepRecord::val_loss},    {"val_ppl", &StepRecord::val_ppl},
 };
 
 double NowUnix() {

@@ -5,7 +5,7 @@
 //
 //   {"step":12,"time":1716200000.123,"loss":4.12,"tokens_per_s":5321.0,"lr":0.0003,
 //    "forward_s":0.21,"recompute_s":0.18,"backward_s":0.33,"wait_layer_s":0.01,
-//    "wait_push_s":0.0,"update_s":0.02}
+//    "wait_push_s":0.0,"update_s":0.02,"val_loss":4.31,"val_ppl":74.4}
 //
 // step is the 1-based count of optimizer steps completed; time is Unix seconds (wall
 // clock); the *_s fields are seconds. A field that is unknown (std::nullopt) or not
@@ -43,6 +43,9 @@ struct StepRecord {
   // Set on the extra line logged when a step was skipped (non-finite gradient or loss):
   // skipped steps so far, this one included.
   std::optional<double> skipped_steps;
+  // In-job validation (job `eval:`), on the steps it ran: mean loss over the eval tokens
+  // with the weights this step's `loss` is computed at, and exp(val_loss).
+  std::optional<double> val_loss, val_ppl;
 };
 
 // One line of JSON (no trailing newline) for `r`.

@@ -7,7 +7,9 @@ Usage: scripts/plot_run.py RUN.jsonl OUT.png
 
 Fields read per line (missing ones are skipped in the plot):
   step (int), loss (float), tokens_per_s (float),
-  forward_s, recompute_s, backward_s, wait_layer_s, wait_push_s, update_s (seconds).
+  forward_s, recompute_s, backward_s, wait_layer_s, wait_push_s, update_s (seconds),
+  val_loss (float; the job's in-job validation, on the steps it ran: drawn as points
+  over the training loss).
 """
 import json
 import sys
@@ -46,10 +48,14 @@ def main():
     steps = [r["step"] for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     ax = axes[0]
-    ax.plot(steps, [r.get("loss", float("nan")) for r in rows], lw=1.2)
+    ax.plot(steps, [r.get("loss", float("nan")) for r in rows], lw=1.2, label="training")
+    val = [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r]
+    if val:
+        ax.plot([s for s, _ in val], [v for _, v in val], "o-", lw=1.2, ms=4, color="tab:red", label="validation")
+        ax.legend(fontsize=8)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
-    ax.set_title("training loss")
+    ax.set_title("training and validation loss" if val else "training loss")
     ax.grid(alpha=0.3)
 
     ax = axes[1]
@@ -75,7 +81,8 @@ def main():
 
     fig.tight_layout()
     fig.savefig(dst, dpi=100)
-    print(f"plot_run: wrote {dst} ({len(rows)} steps)")
+    extra = f", val_loss {val[0][1]:.4f} at step {val[0][0]} -> {val[-1][1]:.4f} at step {val[-1][0]}" if val else ""
+    print(f"plot_run: wrote {dst} ({len(rows)} steps{extra})")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@
 #   4. prints the held-out perplexity and a greedy sample BEFORE fine-tuning;
 #   5. fine-tunes with the relay: the l2l-eps daemon imports the GGUF (model.from,
 #      dequantized to fp32 masters) and one l2l-worker on the CPU trains it;
+#      The job's eval: section reports held-out loss every 10 steps while it trains
+#      (run.jsonl val_loss, l2lctl watch, metrics);
 #   6. exports a Hugging Face directory (l2lctl export --format hf) and prints the held-out
 #      perplexity and the greedy sample AFTER, the peak RSS of daemon and worker, and plots
 #      the run.
@@ -64,6 +66,8 @@ model:
 optim: {lr: 1.0e-4, min_lr_ratio: 0.1, warmup_steps: 3, total_steps: $STEPS, weight_decay: 0.0, grad_clip: 1.0}
 train: {steps: $STEPS, micro_batch_size: 4, micro_batches: 1, seq_len: $T, seed: 1234, log_every: 1, checkpoint_every: 0}
 data: {train_path: $PWD/$DATA_DIR/train.bin}
+# In-job validation: one micro-batch of held-out windows (4 x 256 tokens) every 10 steps.
+eval: {data: $PWD/$DATA_DIR/val.bin, every: 10, tokens: $((4 * T + 1))}
 YAML
 start=$(date +%s)
 relay_start "$BIN" "$JOB" "$OUT_DIR" "${threads[@]}"
@@ -83,7 +87,17 @@ echo "  $after"
 ppl() { sed -n 's/.*perplexity \([0-9.]*\).*/\1/p' <<<"$1"; }
 echo "quickstart: held-out perplexity $(ppl "$before") -> $(ppl "$after")"
 RUN_LOG="$RELAY_STATE/run.jsonl"
-[ -s "$RUN_LOG" ] && /usr/bin/python3 scripts/plot_run.py "$RUN_LOG" "$OUT_DIR/run.png"
+if [ -s "$RUN_LOG" ]; then
+  echo "quickstart: validation during the job (run.jsonl; step s = the weights after s-1 updates):"
+  /usr/bin/python3 - "$RUN_LOG" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "val_loss" in r:
+        print(f"  step {r['step']}: val_loss {r['val_loss']:.4f} val_ppl {r['val_ppl']:.3f}")
+PY
+  /usr/bin/python3 scripts/plot_run.py "$RUN_LOG" "$OUT_DIR/run.png"
+fi
 echo "quickstart: outputs"
 echo "  fine-tuned model (Hugging Face directory): $OUT_DIR/model-hf"
 echo "    python: AutoModelForCausalLM.from_pretrained('$OUT_DIR/model-hf')"

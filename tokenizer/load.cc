@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string_view>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -83,6 +84,147 @@ Status WriteHfTokenizerFromGguf(const std::string& gguf_path, const std::string&
   L2L_RETURN_IF_ERROR(WriteFileAtomic(json_path, tokenizer_json.data(), tokenizer_json.size()));
   const std::string config_json = config.dump(2) + "\n";
   return WriteFileAtomic(config_path, config_json.data(), config_json.size());
+}
+
+namespace {
+
+using json = nlohmann::json;
+
+bool IsSplit(const PreTokenizerStep& s, std::string_view regex) {
+  return s.kind == PreTokenizerStep::Kind::kSplit && s.regex == regex && s.behavior == SplitBehavior::kIsolated &&
+         !s.invert;
+}
+bool IsByteLevel(const PreTokenizerStep& s, bool use_regex) {
+  return s.kind == PreTokenizerStep::Kind::kByteLevel && !s.add_prefix_space && s.use_regex == use_regex;
+}
+
+// The llama.cpp tokenizer.ggml.pre name whose split rules equal `steps` (as tokenizer.json
+// writes them for GPT-2, Llama-3, Qwen2 and SmolLM), or "" when none does.
+std::string GgufPreName(const std::vector<PreTokenizerStep>& steps) {
+  if (steps.size() == 1 && IsByteLevel(steps[0], true)) return "gpt-2";
+  if (steps.size() != 2 || !IsByteLevel(steps[1], steps[0].regex == R"(\p{N})")) return "";
+  if (IsSplit(steps[0], kLlama3Regex)) return "llama-bpe";
+  if (IsSplit(steps[0], kQwen2Regex)) return "qwen2";
+  if (IsSplit(steps[0], R"(\p{N})")) return "smollm";  // Digits(individual_digits) + ByteLevel
+  return "";
+}
+
+// A JSON file of the model directory as an object; null when the file does not exist.
+Result<json> ReadJsonObject(const std::string& path) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return json();
+  L2L_ASSIGN_OR_RETURN(std::string text, ReadFileToString(path));
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument(path + ": not a JSON object");
+  return j;
+}
+
+}  // namespace
+
+Result<GgufMetadata> GgufTokenizerMetadataFromHf(const std::string& dir, int64_t vocab_size) {
+  using formats::GgufValue;
+  namespace fs = std::filesystem;
+  const std::string json_path = (fs::path(dir) / "tokenizer.json").string();
+  std::error_code ec;
+  if (!fs::exists(json_path, ec)) return GgufMetadata{};
+  L2L_ASSIGN_OR_RETURN(BpeSpec spec, Tokenizer::SpecFromTokenizerJson(dir));
+  const std::string what = json_path + " as GGUF tokenizer metadata";
+  if (!spec.normalizers.empty()) return Unimplemented(what + ": llama.cpp's gpt2 tokenizer has no normalizer");
+  const std::string pre = GgufPreName(spec.pre_tokenizer);
+  if (pre.empty()) {
+    return Unimplemented(what + ": the pre-tokenizer is none of llama.cpp's gpt-2, llama-bpe, qwen2 or smollm");
+  }
+  L2L_ASSIGN_OR_RETURN(GgufPreRules rules, PreRulesForGgufPre(pre));
+  if (rules.ignore_merges != spec.ignore_merges) {
+    return Unimplemented(what + ": model.ignore_merges is " + (spec.ignore_merges ? "true" : "false") +
+                         " but llama.cpp's \"" + pre + "\" tokenizer has it " + (rules.ignore_merges ? "on" : "off"));
+  }
+  // id -> token text and type, as llama.cpp's convert_hf_to_gguf.py lays them out.
+  std::vector<std::string> tokens = spec.tokens;
+  std::vector<int64_t> types(tokens.size(), 1);
+  for (const AddedToken& t : spec.added_tokens) {
+    if (static_cast<size_t>(t.id) >= tokens.size()) tokens.resize(static_cast<size_t>(t.id) + 1), types.resize(tokens.size(), 1);
+    tokens[t.id] = t.content;
+    types[t.id] = t.special ? 3 : 4;
+  }
+  if (static_cast<int64_t>(tokens.size()) > vocab_size) {
+    return InvalidArgument(what + ": the tokenizer has " + std::to_string(tokens.size()) +
+                           " ids but the model's vocab_size is " + std::to_string(vocab_size));
+  }
+  tokens.resize(static_cast<size_t>(vocab_size));
+  types.resize(static_cast<size_t>(vocab_size), 5);
+  for (size_t id = 0; id < tokens.size(); ++id) {
+    if (tokens[id].empty()) tokens[id] = "[PAD" + std::to_string(id) + "]", types[id] = 5;
+  }
+  std::vector<std::string> merges;
+  merges.reserve(spec.merges.size());
+  for (const auto& [a, b] : spec.merges) merges.push_back(a + " " + b);
+
+  L2L_ASSIGN_OR_RETURN(json config, ReadJsonObject((fs::path(dir) / "config.json").string()));
+  L2L_ASSIGN_OR_RETURN(json tconfig, ReadJsonObject((fs::path(dir) / "tokenizer_config.json").string()));
+  // config.json's id for `key` (an int, or the first of a list); -1 when absent.
+  auto config_id = [&](const char* key) -> int64_t {
+    if (!config.is_object() || !config.contains(key)) return -1;
+    const json& v = config.at(key);
+    if (v.is_number_integer()) return v.get<int64_t>();
+    if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<int64_t>();
+    return -1;
+  };
+  // tokenizer_config.json's pad_token as an id; -1 when absent.
+  auto pad_from_tconfig = [&]() -> int64_t {
+    if (!tconfig.is_object() || !tconfig.contains("pad_token")) return -1;
+    const json& v = tconfig.at("pad_token");
+    const std::string content = v.is_string() ? v.get<std::string>()
+                                : v.is_object() && v.contains("content") && v.at("content").is_string()
+                                    ? v.at("content").get<std::string>()
+                                    : std::string();
+    for (size_t id = 0; !content.empty() && id < tokens.size(); ++id) {
+      if (tokens[id] == content) return static_cast<int64_t>(id);
+    }
+    return -1;
+  };
+  const int64_t bos = spec.bos_id >= 0 ? spec.bos_id : config_id("bos_token_id");
+  const int64_t eos = spec.eos_id >= 0 ? spec.eos_id : config_id("eos_token_id");
+  const int64_t pad = pad_from_tconfig() >= 0 ? pad_from_tconfig() : config_id("pad_token_id");
+  const bool add_bos = spec.prefix_ids.size() == 1 && spec.prefix_ids[0] == bos;
+  const bool add_eos = spec.suffix_ids.size() == 1 && spec.suffix_ids[0] == eos;
+  if ((!spec.prefix_ids.empty() && !add_bos) || (!spec.suffix_ids.empty() && !add_eos)) {
+    return Unimplemented(what + ": the post-processor adds ids other than BOS before / EOS after the text");
+  }
+
+  GgufMetadata md;
+  md.emplace_back("tokenizer.ggml.model", GgufValue::String("gpt2"));
+  md.emplace_back("tokenizer.ggml.pre", GgufValue::String(pre));
+  md.emplace_back("tokenizer.ggml.tokens", GgufValue::StringArray(std::move(tokens)));
+  md.emplace_back("tokenizer.ggml.token_type", GgufValue::IntArray(formats::GgufValueType::kI32, std::move(types)));
+  md.emplace_back("tokenizer.ggml.merges", GgufValue::StringArray(std::move(merges)));
+  auto id = [&](const char* key, int64_t v) {
+    if (v >= 0 && v < vocab_size) md.emplace_back(key, GgufValue::U32(static_cast<uint32_t>(v)));
+  };
+  id("tokenizer.ggml.bos_token_id", bos);
+  id("tokenizer.ggml.eos_token_id", eos);
+  id("tokenizer.ggml.padding_token_id", pad);
+  md.emplace_back("tokenizer.ggml.add_bos_token", GgufValue::Bool(add_bos));
+  md.emplace_back("tokenizer.ggml.add_eos_token", GgufValue::Bool(add_eos));
+  if (tconfig.is_object() && tconfig.contains("chat_template")) {
+    const json& t = tconfig.at("chat_template");
+    if (t.is_string()) {
+      md.emplace_back("tokenizer.chat_template", GgufValue::String(t.get<std::string>()));
+    } else if (t.is_array()) {
+      // Named templates, as llama.cpp's converter stores them: "default" as the template,
+      // the others as tokenizer.chat_template.<name>.
+      for (const json& e : t) {
+        if (!e.is_object() || !e.contains("name") || !e.contains("template") || !e.at("name").is_string() ||
+            !e.at("template").is_string()) {
+          return InvalidArgument(dir + "/tokenizer_config.json: chat_template entries must be {name, template}");
+        }
+        const std::string name = e.at("name").get<std::string>();
+        md.emplace_back(name == "default" ? "tokenizer.chat_template" : "tokenizer.chat_template." + name,
+                        GgufValue::String(e.at("template").get<std::string>()));
+      }
+    }
+  }
+  return md;
 }
 
 }  // namespace l2l::tok

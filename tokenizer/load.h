@@ -8,6 +8,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "common/formats/gguf.h"
 #include "common/status.h"
@@ -30,5 +32,24 @@ Result<Tokenizer> LoadTokenizer(const std::string& path);
 // tokenizer_config.json (bos/eos tokens, the GGUF's chat template when it has one), so a
 // Hugging Face export of a GGUF import loads with AutoTokenizer and l2l's own tools.
 Status WriteHfTokenizerFromGguf(const std::string& gguf_path, const std::string& dir);
+
+// The reverse: the tokenizer of a Hugging Face model directory (tokenizer.json,
+// tokenizer_config.json, config.json) as GGUF metadata, keys in the order llama.cpp's
+// converter writes them: tokenizer.ggml.model "gpt2", .pre (the llama.cpp name of the
+// pre-tokenizer: "gpt-2", "llama-bpe", "qwen2" or "smollm", chosen by comparing the
+// tokenizer.json steps with the rules PreRulesForGgufPre gives each name), .tokens (byte-level
+// vocabulary with added tokens' text in their ids; ids up to `vocab_size` the tokenizer does
+// not use become "[PAD<id>]"), .token_type (1 normal, 3 control = special added token, 4
+// user defined = other added token, 5 unused pad), .merges ("a b"), .bos/.eos/.padding
+// token ids (tokenizer_config.json's tokens, else config.json's ids), .add_bos_token /
+// .add_eos_token (from the post-processor), and tokenizer.chat_template when
+// tokenizer_config.json has one. LoadTokenizer of a GGUF holding these keys encodes as the
+// tokenizer.json does.
+// An empty list when `dir` has no tokenizer.json; Unimplemented, naming what, when the
+// tokenizer has no GGUF form (not byte-level BPE, a normalizer, a pre-tokenizer none of the
+// names above runs, ignore_merges unlike that name's, prefix/suffix ids other than BOS/EOS);
+// InvalidArgument when it holds more ids than `vocab_size`.
+using GgufMetadata = std::vector<std::pair<std::string, formats::GgufValue>>;
+Result<GgufMetadata> GgufTokenizerMetadataFromHf(const std::string& dir, int64_t vocab_size);
 
 }  // namespace l2l::tok

@@ -136,6 +136,8 @@ class Tokenizer {
   // Parses tokenizer.json (a file, or a model directory holding tokenizer.json; there a
   // tokenizer_config.json, when present, gives eos_id / bos_id from eos_token / bos_token).
   static Result<Tokenizer> FromTokenizerJson(const std::string& path);
+  // The BpeSpec that FromTokenizerJson builds (exposed for GGUF export).
+  static Result<BpeSpec> SpecFromTokenizerJson(const std::string& path);
   static Result<Tokenizer> FromTokenizerJsonText(std::string_view json, const std::string& what);
   // From GGUF metadata: split rules from `vocab.pre` as llama.cpp maps them; control and
   // user-defined tokens become added tokens; BOS/EOS added per add_bos/add_eos.

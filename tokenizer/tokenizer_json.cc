@@ -226,6 +226,14 @@ Result<Tokenizer> Tokenizer::FromTokenizerJsonText(std::string_view text, const 
 }
 
 Result<Tokenizer> Tokenizer::FromTokenizerJson(const std::string& path) {
+  L2L_ASSIGN_OR_RETURN(BpeSpec spec, SpecFromTokenizerJson(path));
+  std::error_code ec;
+  const std::string what =
+      std::filesystem::is_directory(path, ec) ? (std::filesystem::path(path) / "tokenizer.json").string() : path;
+  return Create(std::move(spec), what);
+}
+
+Result<BpeSpec> Tokenizer::SpecFromTokenizerJson(const std::string& path) {
   std::error_code ec;
   std::string file = path;
   std::string config_file;  // the model directory's tokenizer_config.json, when there is one
@@ -274,7 +282,7 @@ Result<Tokenizer> Tokenizer::FromTokenizerJson(const std::string& path) {
     if (eos >= 0) spec->eos_id = eos;
     if (bos >= 0) spec->bos_id = bos;
   }
-  return Create(std::move(spec).value(), file);
+  return spec;
 }
 
 // ---- export ----------------------------------------------------------------------------

@@ -55,6 +55,10 @@ struct StepReport {
   std::string data_position;    // loader position after the step (saved in checkpoints)
   // Seconds spent, for the per-step time breakdown.
   double forward_s = 0, backward_s = 0, recompute_s = 0, wait_layer_s = 0, wait_push_s = 0;
+  // In-job validation on this step (job `eval:`): mean loss over the eval targets this
+  // worker scored, and their count (0: none this step).
+  double eval_loss = 0;
+  int64_t eval_tokens = 0;
 };
 
 // Host memory a transport shares with the EPS (the shm client's segments). A GPU worker

@@ -313,6 +313,8 @@ Status GrpcEpsClient::StepDone(const StepReport& r) {
   req.set_recompute_s(r.recompute_s);
   req.set_wait_layer_s(r.wait_layer_s);
   req.set_wait_push_s(r.wait_push_s);
+  req.set_eval_loss(r.eval_loss);
+  req.set_eval_tokens(r.eval_tokens);
   data::StepDoneReply rep;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));

@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "common/logging.h"
+#include "worker/eval_set.h"  // ScoredTargets
 #include "worker/reference_trainer.h"  // CheckSequenceInputs
 
 namespace l2l::worker {
@@ -102,6 +103,7 @@ Status Relay::Init() {
 
 size_t Relay::device_bytes() const {
   return ws_->bytes() + stash_->device_bytes() + prefetcher_->device_bytes() + tokens_.bytes() + seq_buf_.bytes() +
+         eval_tokens_.bytes() + eval_buf_.bytes() +
          dact_buf_.bytes() + emb_grad_.bytes() + ring_grad_[0].bytes() + ring_grad_[1].bytes();
 }
 
@@ -121,45 +123,49 @@ layers::SequenceInputs Relay::Seq(int64_t u) const {
   return seq;
 }
 
-Status Relay::ValidateBatch(const std::vector<MicroBatch>& mbs) const {
-  if (static_cast<int64_t>(mbs.size()) != M_) {
+Status Relay::ValidateBatch(const std::vector<MicroBatch>& mbs, int64_t expected, const char* what) const {
+  if (expected >= 0 && static_cast<int64_t>(mbs.size()) != expected) {
     return InvalidArgument("relay step got " + std::to_string(mbs.size()) +
                            " micro-batches, train.micro_batches=" + std::to_string(M_));
   }
+  const std::string kind = what;
   const size_t n = static_cast<size_t>(B_ * T_);
   for (size_t u = 0; u < mbs.size(); ++u) {
     if (mbs[u].B != B_ || mbs[u].T != T_) {
-      return InvalidArgument("micro-batch " + std::to_string(u) + " is (B=" + std::to_string(mbs[u].B) +
+      return InvalidArgument(kind + " " + std::to_string(u) + " is (B=" + std::to_string(mbs[u].B) +
                              ", T=" + std::to_string(mbs[u].T) + "), the job wants (B=" +
                              std::to_string(B_) + ", T=" + std::to_string(T_) + ")");
     }
     for (const auto* v : {&mbs[u].inputs, &mbs[u].targets}) {
-      const char* what = v == &mbs[u].inputs ? "inputs" : "targets";
+      const char* name = v == &mbs[u].inputs ? "inputs" : "targets";
       if (v->size() != n) {
-        return InvalidArgument("micro-batch " + std::to_string(u) + " " + what + " has " +
+        return InvalidArgument(kind + " " + std::to_string(u) + " " + name + " has " +
                                std::to_string(v->size()) + " tokens, expected B*T=" +
                                std::to_string(n));
       }
       for (size_t i = 0; i < n; ++i) {
         const bool ignored = v == &mbs[u].targets && (*v)[i] == kernels::kIgnoreTarget;
         if (!ignored && ((*v)[i] < 0 || (*v)[i] >= spec_.vocab_size)) {
-          return OutOfRange("micro-batch " + std::to_string(u) + " " + what + "[" +
+          return OutOfRange(kind + " " + std::to_string(u) + " " + name + "[" +
                             std::to_string(i) + "]=" + std::to_string((*v)[i]) +
                             " is outside the vocabulary [0, " + std::to_string(spec_.vocab_size) + ")");
         }
       }
     }
-    L2L_RETURN_IF_ERROR(CheckSequenceInputs(spec_, mbs[u], "micro-batch " + std::to_string(u)));
+    L2L_RETURN_IF_ERROR(CheckSequenceInputs(spec_, mbs[u], kind + " " + std::to_string(u)));
   }
   return Status::Ok();
 }
 
-Result<StepReport> Relay::RunStep(int64_t step, const std::vector<MicroBatch>& mbs) {
-  L2L_RETURN_IF_ERROR(ValidateBatch(mbs));
+Result<StepReport> Relay::RunStep(int64_t step, const std::vector<MicroBatch>& mbs,
+                                  const std::vector<MicroBatch>& eval) {
+  L2L_RETURN_IF_ERROR(ValidateBatch(mbs, M_, "micro-batch"));
+  L2L_RETURN_IF_ERROR(ValidateBatch(eval, -1, "eval micro-batch"));
   times_ = RelayTimes{};
   const auto t0 = Clock::now();
   double loss_sum = 0;
-  Status st = RunStepImpl(step, mbs, &loss_sum);
+  Status st = UploadEval(eval);
+  if (st.ok()) st = RunStepImpl(step, mbs, &loss_sum);
   if (!st.ok()) {
     prefetcher_->Cancel();
     double ignored = 0;
@@ -181,7 +187,37 @@ Result<StepReport> Relay::RunStep(int64_t step, const std::vector<MicroBatch>& m
   r.recompute_s = times_.recompute;
   r.wait_layer_s = times_.wait_layer;
   r.wait_push_s = times_.wait_push;
+  for (int64_t j = 0; j < eval_n_; ++j) r.eval_tokens += eval_scored_[j];
+  if (r.eval_tokens > 0) r.eval_loss = eval_weighted_ / static_cast<double>(r.eval_tokens);
   return r;
+}
+
+Status Relay::UploadEval(const std::vector<MicroBatch>& eval) {
+  eval_n_ = static_cast<int64_t>(eval.size());
+  eval_weighted_ = 0;
+  eval_scored_.clear();
+  for (const MicroBatch& mb : eval) eval_scored_.push_back(ScoredTargets(mb));
+  if (eval_n_ == 0) return Status::Ok();
+  const size_t n = static_cast<size_t>(B_ * T_), C = static_cast<size_t>(spec_.d_model);
+  if (eval_n_ > eval_capacity_) {
+    eval_act_.clear();
+    eval_tokens_ = kernels::DeviceBuffer();
+    eval_buf_ = kernels::DeviceBuffer();
+    L2L_ASSIGN_OR_RETURN(eval_tokens_, kernels::DeviceBuffer::Create(
+                                           be_, static_cast<size_t>(eval_n_) * 2 * n * sizeof(int32_t)));
+    L2L_ASSIGN_OR_RETURN(eval_buf_, kernels::DeviceBuffer::Create(
+                                        be_, static_cast<size_t>(eval_n_ + 1) * n * C * sizeof(float)));
+    eval_capacity_ = eval_n_;
+  }
+  eval_act_.clear();
+  for (int64_t j = 0; j < eval_n_; ++j) eval_act_.push_back(eval_buf_.f32() + static_cast<size_t>(j) * n * C);
+  eval_spare_ = eval_buf_.f32() + static_cast<size_t>(eval_n_) * n * C;
+  for (int64_t j = 0; j < eval_n_; ++j) {
+    int32_t* base = eval_tokens_.i32() + static_cast<size_t>(2 * j) * n;
+    be_->CopyToDevice(base, eval[j].inputs.data(), n * sizeof(int32_t));
+    be_->CopyToDevice(base + n, eval[j].targets.data(), n * sizeof(int32_t));
+  }
+  return Status::Ok();
 }
 
 Status Relay::RunStepImpl(int64_t step, const std::vector<MicroBatch>& mbs, double* loss_sum) {
@@ -259,6 +295,11 @@ Status Relay::Forward(int64_t step, ResidentLayer* emb) {
                              stash_->OutputBuffer(0, u), B_, T_, Seq(u), ws_.get());  // (B,T,C)
     stash_->Commit(0, u);
   }
+  const size_t n = static_cast<size_t>(B_ * T_);
+  for (int64_t j = 0; j < eval_n_; ++j) {  // forward-only eval micro-batches: no stash
+    layers::EmbeddingForward(*be_, spec_, layouts_[0], emb->params, eval_tokens_.i32() + static_cast<size_t>(2 * j) * n,
+                             eval_act_[j], B_, T_, {}, ws_.get());  // (B,T,C)
+  }
   be_->Synchronize();
   times_.forward += Seconds(t, Clock::now());
   if (!spec_.tied_embeddings) prefetcher_->Release(*emb);
@@ -272,6 +313,10 @@ Status Relay::Forward(int64_t step, ResidentLayer* emb) {
       float* out = stash_->OutputBuffer(l, u);   // (B,T,C)
       layers::BlockForward(*be_, spec_, layouts_[l], p.params, in, out, B_, T_, *ws_, Seq(u));
       stash_->Commit(l, u);
+    }
+    for (int64_t j = 0; j < eval_n_; ++j) {
+      layers::BlockForward(*be_, spec_, layouts_[l], p.params, eval_act_[j], eval_spare_, B_, T_, *ws_);
+      std::swap(eval_act_[j], eval_spare_);  // eval_act_[j] is now block l's output (B,T,C)
     }
     be_->Synchronize();
     const double s = Seconds(t, Clock::now());
@@ -304,6 +349,15 @@ Status Relay::HeadAndBackward(int64_t step, ResidentLayer* emb, double* loss_sum
     const float* in = stash_->Load(L, u);  // (B,T,C)
     *loss_sum += layers::HeadForwardBackward(*be_, spec_, head, h.params, wte_w, in, Targets(u),
                                              1.0f, dact_[u], hgrad, dwte, B_, T_, *ws_);
+  }
+  // Eval micro-batches: loss only (the head averages over the scored targets of each).
+  const size_t n = static_cast<size_t>(B_ * T_);
+  for (int64_t j = 0; j < eval_n_; ++j) {
+    if (eval_scored_[j] == 0) continue;
+    const int32_t* targets = eval_tokens_.i32() + static_cast<size_t>(2 * j + 1) * n;  // (B,T)
+    const float loss = layers::HeadForwardBackward(*be_, spec_, head, h.params, wte_w, eval_act_[j], targets, 1.0f,
+                                                   nullptr, nullptr, nullptr, B_, T_, *ws_);
+    eval_weighted_ += static_cast<double>(loss) * static_cast<double>(eval_scored_[j]);
   }
   be_->Synchronize();
   times_.head += Seconds(t, Clock::now());

@@ -97,7 +97,14 @@ class Relay {
   // (micro_batch_size, seq_len) and pushes every layer's gradient. Returns the report
   // (loss = mean of the micro-batches' mean losses; data_position left empty for the
   // caller). On failure nothing is left acquired or in flight.
-  Result<StepReport> RunStep(int64_t step, const std::vector<MicroBatch>& micro_batches);
+  // `eval` (in-job validation, worker/eval_set.h): extra forward-only micro-batches of the
+  // same shape, run through every layer right after the training micro-batches (same
+  // layer versions: the weights this step's loss is computed at) with no stash and no
+  // backward; the head scores them and the report carries eval_loss (mean over their
+  // scored targets) and eval_tokens. Their activations take |eval|+1 buffers of (B,T,C)
+  // on the device, allocated on the first step that has them.
+  Result<StepReport> RunStep(int64_t step, const std::vector<MicroBatch>& micro_batches,
+                             const std::vector<MicroBatch>& eval = {});
 
   const VersionStats& versions() const { return versions_; }
   const RelayTimes& last_times() const { return times_; }
@@ -113,8 +120,9 @@ class Relay {
  private:
   Relay(EpsClient* client, kernels::Backend* backend, const JobConfig& job, const RelayOptions& o);
   Status Init();
-  Status ValidateBatch(const std::vector<MicroBatch>& mbs) const;
+  Status ValidateBatch(const std::vector<MicroBatch>& mbs, int64_t expected, const char* what) const;
   Status RunStepImpl(int64_t step, const std::vector<MicroBatch>& mbs, double* loss_sum);
+  Status UploadEval(const std::vector<MicroBatch>& eval);
   Status Forward(int64_t step, ResidentLayer* emb);
   Status HeadAndBackward(int64_t step, ResidentLayer* emb, double* loss_sum);
   // Next layer from the prefetcher, checked against the step's version rule.
@@ -144,6 +152,17 @@ class Relay {
   // first step whose micro-batches carry them (encoder families).
   kernels::DeviceBuffer seq_buf_;
   std::vector<std::pair<bool, bool>> seq_present_;  // per micro-batch: types, mask given
+  // In-job validation: (E, 2, B,T) int32 inputs then targets per eval micro-batch, and
+  // (E+1, B,T,C) activations (eval_act_[j] holds micro-batch j's output of the layer
+  // last run; eval_spare_ is the block output buffer swapped in). Sized for the largest
+  // E seen; eval_n_ micro-batches in this step (0: none).
+  kernels::DeviceBuffer eval_tokens_, eval_buf_;
+  std::vector<float*> eval_act_;
+  float* eval_spare_ = nullptr;
+  int64_t eval_n_ = 0, eval_capacity_ = 0;
+  std::vector<int64_t> eval_scored_;  // per eval micro-batch: targets that count
+  double eval_weighted_ = 0;          // sum over eval micro-batches of loss * scored
+
   kernels::DeviceBuffer dact_buf_;  // (M+1, B,T,C) activation gradients
   std::vector<float*> dact_;        // M pointers into dact_buf_, plus spare_
   float* spare_ = nullptr;

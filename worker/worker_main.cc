@@ -47,6 +47,7 @@
 #include "kernels/backend.h"
 #include "worker/data_loader.h"
 #include "worker/eps_client.h"
+#include "worker/eval_set.h"
 #include "worker/relay.h"
 
 namespace {
@@ -115,6 +116,7 @@ Status ApplyLocalConfig(const std::string& path, l2l::JobConfig* job) {
                                 "a worker cannot train a different model (drop --config or fix it)");
   }
   if (!local.data.train_path.empty()) job->data.train_path = local.data.train_path;
+  if (!local.eval.data_path.empty()) job->eval.data_path = local.eval.data_path;
   return Status::Ok();
 }
 
@@ -192,6 +194,16 @@ Status Run(const Flags& f, int* exit_code) {
   }
   std::optional<w::DataLoader> loader;
   L2L_RETURN_IF_ERROR(OpenData(job, reg, &loader));
+  // In-job validation: this worker's share of the eval windows (by data rank).
+  w::EvalSet eval;
+  auto load_eval = [&](const w::WorkerRegistration& r) -> Status {
+    if (!job.eval.enabled()) return Status::Ok();
+    L2L_ASSIGN_OR_RETURN(eval, w::EvalSet::Load(job, r.data_rank, r.data_world));
+    L2L_LOG_INFO("eval: {} micro-batch(es) of the {} windows ({} scored targets) every {} steps from {}",
+                 eval.micro_batches.size(), eval.windows, eval.scored, job.eval.every, job.eval.data_path);
+    return Status::Ok();
+  };
+  L2L_RETURN_IF_ERROR(load_eval(reg));
   L2L_LOG_INFO("backend {}, stash {}, mode {} (staleness {}), device bytes {}", backend->name(),
                ToString(ropts.stash), ToString(job.train.mode), ropts.staleness,
                relay->device_bytes());
@@ -206,6 +218,7 @@ Status Run(const Flags& f, int* exit_code) {
     L2L_LOG_WARN("rejoining the EPS: {}", why.message());
     L2L_RETURN_IF_ERROR(client->Rejoin().WithContext("rejoining after: " + why.message()));
     L2L_RETURN_IF_ERROR(OpenData(job, client->registration(), &loader));
+    L2L_RETURN_IF_ERROR(load_eval(client->registration()));
     *step = client->registration().start_step;
     L2L_LOG_INFO("rejoined as worker {} of {}, restarting at step {} (data {})",
                  client->registration().worker_id, client->registration().num_workers, *step,
@@ -217,7 +230,9 @@ Status Run(const Flags& f, int* exit_code) {
   for (;;) {  // until the last step committed (or the EPS stopped the job)
     for (; step < total_steps && !g_stop.load(); ++step) {
       std::vector<w::MicroBatch> batches = loader->NextMany(job.train.micro_batches);
-      Result<w::StepReport> report = relay->RunStep(step, batches);
+      static const std::vector<w::MicroBatch> kNoEval;
+      Result<w::StepReport> report =
+          relay->RunStep(step, batches, job.EvalAt(step) ? eval.micro_batches : kNoEval);
       if (!report.ok() && report.status().code() == l2l::StatusCode::kAborted) {
         L2L_LOG_INFO("the EPS stopped the job at step {}: {}", step, report.status().message());
         stopped_by_eps = true;
@@ -246,6 +261,11 @@ Status Run(const Flags& f, int* exit_code) {
         continue;
       }
       ++done;
+      if (report->eval_tokens > 0) {
+        std::printf("step %lld val_loss %.4f val_ppl %.3f (this worker's %lld eval tokens)\n",
+                    static_cast<long long>(step + 1), report->eval_loss, std::exp(report->eval_loss),
+                    static_cast<long long>(report->eval_tokens));
+      }
       if (job.train.log_every > 0 && (step % job.train.log_every == 0 || step + 1 == total_steps)) {
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
         const double per_step = elapsed / static_cast<double>(done);

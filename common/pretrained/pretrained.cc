@@ -397,6 +397,7 @@ Result<int64_t> ExportGguf(const std::string& path, const ModelSpec& spec, const
       if (key.rfind("tokenizer.", 0) == 0) w.Set(key, *src->Get(key));
     }
   }
+  for (const auto& [key, value] : o.metadata) w.Set(key, value);
   LayerCache cache(spec, read);
   const bool permute = c.model_type == "llama";
   for (const LayerLayout& lay : cache.layout()) {

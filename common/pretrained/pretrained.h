@@ -33,6 +33,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/dtype.h"
@@ -105,6 +106,9 @@ Result<int64_t> ExportHf(const std::string& dir, const ModelSpec& spec, const La
 struct GgufExportOptions {
   formats::GgmlType type = formats::GgmlType::kF32;  // kF32, kBF16 or kQ8_0 for 2-D weights
   std::string imported_from;   // a GGUF: its tokenizer.* metadata is copied
+  // Written after the keys above, replacing any of the same name: the tokenizer of a
+  // Hugging Face import as GGUF metadata (tok::GgufTokenizerMetadataFromHf).
+  std::vector<std::pair<std::string, formats::GgufValue>> metadata;
   std::string name = "l2l";    // general.name
 };
 // Llama family only. Returns the file's size.

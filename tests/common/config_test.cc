@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "common/config.h"
+#include "common/tokens_file.h"
 #include "tests/common/temp_dir.h"
 
 namespace l2l {
@@ -60,6 +61,9 @@ void RequireEqual(const JobConfig& a, const JobConfig& b) {
   CHECK(a.data.train_path == b.data.train_path);
   CHECK(a.data.val_path == b.data.val_path);
   CHECK(a.publish_dtype == b.publish_dtype);
+  CHECK(a.eval.data_path == b.eval.data_path);
+  CHECK(a.eval.every == b.eval.every);
+  CHECK(a.eval.tokens == b.eval.tokens);
 }
 
 }  // namespace
@@ -253,6 +257,142 @@ TEST_CASE("JobConfig::Validate catches bad values set in code", "[config][errors
   cfg = JobConfig{};
   cfg.model.n_head = 3;
   CHECK(cfg.Validate().message().find("n_head") != std::string::npos);
+}
+
+}  // namespace l2l
+
+namespace l2l {
+namespace {
+
+// A tokens file of `n` ids (id i = i % modulo) at dir/name.
+std::string WriteEvalTokens(const TempDir& dir, const std::string& name, size_t n, uint32_t modulo) {
+  std::vector<uint16_t> toks(n);
+  for (size_t i = 0; i < n; ++i) toks[i] = static_cast<uint16_t>(i % modulo);
+  const std::string p = dir.File(name);
+  REQUIRE(WriteTokensFile(p, toks).ok());
+  return p;
+}
+
+// A small job (B=2, T=8: one micro-batch of eval windows is 2*8+1 = 17 tokens) with `eval`.
+std::string EvalJob(const std::string& eval) {
+  return "model: {vocab_size: 64, seq_len: 8, d_model: 16, n_layer: 1, n_head: 2, d_ff: 32}\n"
+         "train: {steps: 10, micro_batch_size: 2, micro_batches: 1}\n" + eval;
+}
+
+}  // namespace
+
+TEST_CASE("An eval section parses into EvalConfig, resolves its path and round-trips", "[config][eval]") {
+  TempDir dir;
+  WriteEvalTokens(dir, "held out.bin", 100, 64);
+  Result<JobConfig> a = ParseIn(dir, EvalJob("eval: {data: \"held out.bin\", every: 3, tokens: 40}\n"));
+  INFO(a.status().ToString());
+  REQUIRE(a.ok());
+  CHECK(a->eval.enabled());
+  CHECK(a->eval.data_path == dir.File("held out.bin"));
+  CHECK(a->eval.every == 3);
+  CHECK(a->eval.tokens == 40);
+  CHECK(a->eval.windows(8) == 4);         // (40-1)/8
+  CHECK(a->eval.micro_batches(2, 8) == 2);
+  // Evaluated at steps 3, 6, 9 (1-based) and the last, 10.
+  std::vector<int64_t> at;
+  for (int64_t s = 0; s < 10; ++s) {
+    if (a->EvalAt(s)) at.push_back(s + 1);
+  }
+  CHECK(at == std::vector<int64_t>{3, 6, 9, 10});
+  Result<JobConfig> b = ParseJobConfig(JobConfigToYaml(*a), "<roundtrip>", "/elsewhere");
+  INFO(JobConfigToYaml(*a));
+  REQUIRE(b.ok());
+  RequireEqual(*a, *b);
+  // Without the section: disabled, and no step evaluates.
+  Result<JobConfig> none = ParseIn(dir, EvalJob(""));
+  REQUIRE(none.ok());
+  CHECK_FALSE(none->eval.enabled());
+  CHECK_FALSE(none->EvalAt(9));
+}
+
+TEST_CASE("Bad eval sections are rejected naming the eval key, the value and the line", "[config][eval][errors]") {
+  TempDir dir;
+  const std::string good = WriteEvalTokens(dir, "val.bin", 100, 64);
+  const std::string job = dir.File("job.yaml");
+  SECTION("missing file") {
+    ExpectError(ParseIn(dir, EvalJob("eval:\n  data: nope.bin\n  every: 2\n  tokens: 17\n")),
+                {job + ":4", "eval.data=", "nope.bin", "no such file"});
+  }
+  SECTION("every <= 0") {
+    ExpectError(ParseIn(dir, EvalJob("eval:\n  data: val.bin\n  every: 0\n  tokens: 17\n")),
+                {job + ":5", "eval.every", "'0'"});
+    ExpectError(ParseIn(dir, EvalJob("eval:\n  data: val.bin\n  every: -3\n  tokens: 17\n")),
+                {job + ":5", "eval.every", "'-3'"});
+  }
+  SECTION("every missing") {
+    ExpectError(ParseIn(dir, EvalJob("eval:\n  data: val.bin\n  tokens: 17\n")), {"eval.every=0", "integer >= 1"});
+  }
+  SECTION("tokens below one micro-batch") {
+    ExpectError(ParseIn(dir, EvalJob("eval:\n  data: val.bin\n  every: 2\n  tokens: 16\n")),
+                {job + ":6", "eval.tokens=16", "one micro-batch", "2*8+1 = 17"});
+    ExpectError(ParseIn(dir, EvalJob("eval:\n  data: val.bin\n  every: 2\n  tokens: 0\n")),
+                {job + ":6", "eval.tokens", "'0'"});
+  }
+  SECTION("tokens beyond the file") {
+    ExpectError(ParseIn(dir, EvalJob("eval:\n  data: val.bin\n  every: 2\n  tokens: 101\n")),
+                {"eval.data=", "val.bin", "holds 100 tokens", "eval.tokens=101"});
+  }
+  SECTION("ids outside the model's vocabulary") {
+    WriteEvalTokens(dir, "big.bin", 100, 65);  // id 64 at index 64
+    ExpectError(ParseIn(dir, EvalJob("eval:\n  data: big.bin\n  every: 2\n  tokens: 70\n")),
+                {job + ":4", "eval.data=", "big.bin", "token 64 is id 64", "[0, 64)"});
+    // The same file is fine when only its first 64 tokens are scored.
+    CHECK(ParseIn(dir, EvalJob("eval:\n  data: big.bin\n  every: 2\n  tokens: 64\n")).ok());
+  }
+  SECTION("not a tokens file") {
+    dir.Write("text.bin", std::string(3000, 'x'));
+    ExpectError(ParseIn(dir, EvalJob("eval:\n  data: text.bin\n  every: 2\n  tokens: 17\n")),
+                {job + ":4", "eval.data=", "text.bin"});
+  }
+  SECTION("a loss mask of the wrong length") {
+    std::vector<uint8_t> mask(50, 1);
+    REQUIRE(WriteLossMaskFile(LossMaskPath(good), mask).ok());
+    ExpectError(ParseIn(dir, EvalJob("eval:\n  data: val.bin\n  every: 2\n  tokens: 17\n")),
+                {"eval.data=", "val.bin", "loss mask"});
+  }
+  SECTION("empty data, unknown keys, every/tokens without data") {
+    ExpectError(ParseIn(dir, EvalJob("eval:\n  data: \"\"\n  every: 2\n")), {job + ":4", "eval.data is empty"});
+    ExpectError(ParseIn(dir, EvalJob("eval:\n  data: val.bin\n  every: 2\n  tokens: 17\n  evry: 3\n")),
+                {job + ":7", "eval.evry"});
+    ExpectError(ParseIn(dir, EvalJob("eval:\n  every: 2\n  tokens: 17\n")), {"eval.data", "every / eval.tokens"});
+  }
+  SECTION("an override is checked the same way") {
+    Result<JobConfig> cfg = ParseIn(dir, EvalJob("eval: {data: val.bin, every: 2, tokens: 17}\n"));
+    REQUIRE(cfg.ok());
+    ExpectError(Status(ApplyOverride(&*cfg, "eval.every=0")), {"eval.every", "'0'"});
+    CHECK(cfg->eval.every == 2);
+    ExpectError(Status(ApplyOverride(&*cfg, "eval.tokens=9")), {"eval.tokens=9", "2*8+1 = 17"});
+    REQUIRE(ApplyOverride(&*cfg, "eval.tokens=33").ok());
+    CHECK(cfg->eval.tokens == 33);
+  }
+  SECTION("job text from the daemon or a checkpoint is not checked against files here") {
+    // A worker on another host, or l2l-eval reading a checkpoint whose eval file is gone:
+    // ParseJobConfig keeps the section; the worker and the daemon check the file.
+    Result<JobConfig> cfg = ParseJobConfig(EvalJob("eval: {data: /nonexistent/val.bin, every: 2, tokens: 17}\n"),
+                                           "<register reply>");
+    INFO(cfg.status().ToString());
+    REQUIRE(cfg.ok());
+    CHECK(cfg->eval.data_path == "/nonexistent/val.bin");
+    ExpectError(CheckEvalData(*cfg), {"eval.data=/nonexistent/val.bin", "no such file"});
+  }
+  SECTION("Validate catches values set in code") {
+    Result<JobConfig> cfg = ParseIn(dir, EvalJob("eval: {data: val.bin, every: 2, tokens: 17}\n"));
+    REQUIRE(cfg.ok());
+    JobConfig c = *cfg;
+    c.eval.every = 0;
+    ExpectError(c.Validate(), {"eval.every=0"});
+    c = *cfg;
+    c.train.micro_batch_size = 3;  // one micro-batch is now 3*8+1 = 25 tokens
+    ExpectError(c.Validate(), {"eval.tokens=17", "3*8+1 = 25"});
+    c = *cfg;
+    c.model.vocab_size = 10;  // CheckEvalData: ids 10.. of the file are outside
+    ExpectError(CheckEvalData(c), {"eval.data=", "token 10 is id 10", "[0, 10)"});
+  }
 }
 
 }  // namespace l2l

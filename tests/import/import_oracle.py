@@ -5,6 +5,11 @@ real processes (l2l-eps + one CPU l2l-worker), against Hugging Face transformers
         random LlamaForCausalLM and Qwen2ForCausalLM, (b) GGUF F32 / Q8_0 files written by
         the gguf package, (c) export hf / gguf after training steps, (d) malformed inputs
   import_oracle.py BIN_DIR WORK_DIR smollm2 GGUF  (e) the real SmolLM2-135M GGUF
+  import_oracle.py BIN_DIR WORK_DIR gguf_tokenizer TOKENIZER_TOOL  (f) export --format gguf
+        of HF-dir imports writes their byte-level BPE tokenizer as tokenizer.ggml.*
+        metadata: read back with the gguf package it is the tokenizer.json's vocabulary,
+        merges, token types, ids and chat template, and l2l's loader of the GGUF encodes
+        varied text as HF `tokenizers` encodes it with the original tokenizer.json
 
 The loss l2l reports for step 1 (run.jsonl: the forward pass at the imported weights) is
 compared with transformers' loss on the same tokens: the tokens file holds exactly one
@@ -494,6 +499,178 @@ def smollm2(bin_dir, work, path):
     print(f"   perplexity l2l {np.exp(ours):.3f} transformers {np.exp(want):.3f}")
 
 
+# ---- (f) the tokenizer of an HF import in a GGUF export --------------------------------
+
+# The split regexes of the Llama-3 and Qwen2 tokenizer.json files.
+LLAMA3_RE = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+QWEN2_RE = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+
+
+def license_text():
+    parts = []
+    for p in ["/usr/share/common-licenses/GPL-3", "/usr/share/common-licenses/Apache-2.0"]:
+        if os.path.exists(p):
+            parts.append(open(p, encoding="utf-8", errors="replace").read())
+    if not parts:
+        fail("no Debian license texts under /usr/share/common-licenses")
+    return "\n".join(parts)
+
+
+def varied_docs(text):
+    docs = [text[i:i + 1500] for i in range(0, min(len(text), 60000), 1500)]
+    docs += [
+        "I'm sure they'll say WE'VE done it; don't you think? It's 2024-05-20, 3.14159 and 1234567890.",
+        "def f(x):\n    return {'a': [1, 2, 3], \"b\": x ** 2}  # comment\n\n\n\tindented\ttabs  \n",
+        "Ünïcödé: naïve café, Straße, Ελληνικά, русский, 日本語のテキスト, 한국어, emoji 😀👍🏽 and ½ ⅓ ²³.",
+        "   leading spaces, trailing spaces   \n\n\n   \r\n  mixed\r\n\r\nline ends   ",
+        "<|im_start|>user\nHello there!<|im_end|>\n<|im_start|>assistant\nHi 42 times.<|im_end|><|endoftext|>",
+        "<|begin_of_text|>text after bos and <|endoftext|> inside, then digits 000111222333",
+        "",
+    ]
+    return docs
+
+
+def gguf_field(r, key):
+    f = r.fields.get(key)
+    if f is None:
+        return None
+    if len(f.types) and f.types[0] == gguf.GGUFValueType.ARRAY:
+        if f.types[-1] == gguf.GGUFValueType.STRING:
+            return [bytes(f.parts[i]).decode("utf-8") for i in f.data]
+        return [int(f.parts[i][0]) for i in f.data]
+    if f.types[0] == gguf.GGUFValueType.STRING:
+        return bytes(f.parts[f.data[0]]).decode("utf-8")
+    return f.parts[f.data[0]][0].item()
+
+
+def tokenizer_flavor(work, flavor, text):
+    """An HF dir: a tiny LlamaForCausalLM and a byte-level BPE tokenizer.json trained here
+    with the pre-tokenizer of `flavor` (the llama.cpp tokenizer.ggml.pre name)."""
+    from tokenizers import Tokenizer, Regex, decoders, models as tmodels, pre_tokenizers, processors, trainers
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|begin_of_text|>"]
+    tk = Tokenizer(tmodels.BPE())
+    if flavor == "gpt-2":
+        tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    elif flavor == "llama-bpe":
+        tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(LLAMA3_RE), "isolated"),
+                                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    elif flavor == "qwen2":
+        tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(QWEN2_RE), "isolated"),
+                                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:  # smollm
+        tk.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                    pre_tokenizers.ByteLevel(add_prefix_space=False)])
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=420, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tk.train_from_iterator(text.split("\n\n"), trainer=trainer)
+    bos = tk.token_to_id("<|begin_of_text|>")
+    if flavor == "llama-bpe":
+        tk.post_processor = processors.TemplateProcessing(single="<|begin_of_text|> $A", pair="<|begin_of_text|> $A $B",
+                                                          special_tokens=[("<|begin_of_text|>", bos)])
+    d = os.path.join(work, "tok-" + flavor)
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    path = os.path.join(d, "tokenizer.json")
+    tk.save(path)
+    if flavor == "llama-bpe":  # as Llama-3's tokenizer.json (llama.cpp's llama-bpe ignores merges)
+        j = json.load(open(path))
+        j["model"]["ignore_merges"] = True
+        json.dump(j, open(path, "w"))
+    template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|endoftext|>", "pad_token": "<|im_end|>",
+               "chat_template": template, "tokenizer_class": "PreTrainedTokenizerFast"},
+              open(os.path.join(d, "tokenizer_config.json"), "w"))
+    n = tk.get_vocab_size()
+    torch.manual_seed(4)
+    cfg = transformers.LlamaConfig(vocab_size=n + 3, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   tie_word_embeddings=True, bos_token_id=bos, eos_token_id=tk.token_to_id("<|endoftext|>"))
+    transformers.LlamaForCausalLM(cfg).save_pretrained(d, safe_serialization=True)
+    return d, path, n + 3, template
+
+
+def gguf_tokenizer(bin_dir, work, tool):
+    from tokenizers import Tokenizer
+    text = license_text()
+    docs = varied_docs(text)
+    docs_path = os.path.join(work, "docs.json")
+    json.dump(docs, open(docs_path, "w"))
+    write_tokens(os.path.join(work, "tokens.bin"), [i % 200 for i in range(B * T + 1)])
+    for flavor in ["gpt-2", "llama-bpe", "qwen2", "smollm"]:
+        d, tj_path, V, template = tokenizer_flavor(work, flavor, text)
+        r = Run(bin_dir, work, "tok-" + flavor, d)
+        r.start()
+        r.ctl("export", "--format", "gguf", "tok.gguf")
+        r.stop()
+        p = os.path.join(r.state, "tok.gguf")
+        # (1) The metadata, read by the gguf package, is the tokenizer.json's.
+        g = gguf.GGUFReader(p)
+        tj = json.load(open(tj_path))
+        want_tokens = [f"[PAD{i}]" for i in range(V)]
+        want_types = [5] * V
+        for t, i in tj["model"]["vocab"].items():
+            want_tokens[i], want_types[i] = t, 1
+        for a in tj["added_tokens"]:
+            want_tokens[a["id"]], want_types[a["id"]] = a["content"], 3 if a["special"] else 4
+        merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+        hf = Tokenizer.from_file(tj_path)
+        checks = {
+            "tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": flavor, "tokenizer.ggml.tokens": want_tokens,
+            "tokenizer.ggml.token_type": want_types, "tokenizer.ggml.merges": merges,
+            "tokenizer.ggml.bos_token_id": hf.token_to_id("<|begin_of_text|>"),
+            "tokenizer.ggml.eos_token_id": hf.token_to_id("<|endoftext|>"),
+            "tokenizer.ggml.padding_token_id": hf.token_to_id("<|im_end|>"),
+            "tokenizer.ggml.add_bos_token": flavor == "llama-bpe", "tokenizer.ggml.add_eos_token": False,
+            "tokenizer.chat_template": template,
+        }
+        for key, want in checks.items():
+            got = gguf_field(g, key)
+            if got != want:
+                fail(f"{flavor}: {p}: {key} = {str(got)[:200]}, expected {str(want)[:200]}")
+        # (2) l2l's tokenizer loaded from the GGUF encodes as HF does with tokenizer.json,
+        # and so does FromGguf on the metadata as the gguf package read it.
+        want_ids = [e.ids for e in hf.encode_batch(docs)]
+        meta = {"tokens": want_tokens, "merges": merges, "token_type": want_types, "pre": flavor,
+                "bos": checks["tokenizer.ggml.bos_token_id"], "eos": checks["tokenizer.ggml.eos_token_id"],
+                "add_bos": checks["tokenizer.ggml.add_bos_token"], "add_eos": False}
+        meta_path = os.path.join(work, f"meta-{flavor}.json")
+        json.dump(meta, open(meta_path, "w"))
+        for how in (["--load", p], ["--gguf-meta", meta_path]):
+            out = os.path.join(work, f"ids-{flavor}.json")
+            res = subprocess.run([tool, "encode"] + how + ["--docs", docs_path, "--out", out], capture_output=True,
+                                 text=True)
+            if res.returncode != 0:
+                fail(f"{flavor}: l2l_tokenizer_tool {how[0]}: {res.stdout} {res.stderr}")
+            got = json.load(open(out))
+            for i, (a, b) in enumerate(zip(got, want_ids)):
+                if a != b:
+                    fail(f"{flavor} ({how[0]}): document {i} {docs[i][:60]!r}: l2l {a[:20]}... HF {b[:20]}...")
+        n_tok = sum(len(x) for x in want_ids)
+        print(f"ok: {flavor}: GGUF export carries the tokenizer (pre {flavor}); {len(docs)} documents, {n_tok} "
+              f"tokens encode as HF tokenizers")
+    # A tokenizer with no GGUF form (WordLevel) leaves the export without tokenizer
+    # metadata, and the daemon says so.
+    d = os.path.join(work, "llama-wordlevel")
+    shutil.rmtree(d, ignore_errors=True)
+    tiny("llama").save_pretrained(d, safe_serialization=True)
+    from tokenizers import Tokenizer as T2, models as tm2, pre_tokenizers as pt2
+    wl = T2(tm2.WordLevel({f"w{i}": i for i in range(96)}, unk_token="w0"))
+    wl.pre_tokenizer = pt2.Whitespace()
+    wl.save(os.path.join(d, "tokenizer.json"))
+    r = Run(bin_dir, work, "tok-wordlevel", d)
+    r.start()
+    r.ctl("export", "--format", "gguf", "tok.gguf")
+    r.stop()
+    g = gguf.GGUFReader(os.path.join(r.state, "tok.gguf"))
+    if "tokenizer.ggml.model" in g.fields:
+        fail("a WordLevel tokenizer was written as GGUF tokenizer metadata")
+    log = open(os.path.join(work, "tok-wordlevel.eps.log")).read()
+    if "without tokenizer metadata" not in log or "BPE" not in log:
+        fail("the daemon did not say why the GGUF export has no tokenizer: " + log[-1500:])
+    print("ok: a WordLevel tokenizer: GGUF written without tokenizer metadata, the daemon log says why")
+
+
 if __name__ == "__main__":
     bin_dir, work, what = sys.argv[1], sys.argv[2], sys.argv[3]
     os.makedirs(work, exist_ok=True)
@@ -502,5 +679,7 @@ if __name__ == "__main__":
         synthetic(bin_dir, work)
     elif what == "smollm2":
         smollm2(bin_dir, work, sys.argv[4])
+    elif what == "gguf_tokenizer":
+        gguf_tokenizer(bin_dir, work, sys.argv[4])
     else:
         fail("unknown mode " + what)

@@ -15,3 +15,12 @@ add_test(NAME import.smollm2
          COMMAND bash -c
                  "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); G=$('${CMAKE_SOURCE_DIR}/scripts/fetch_models.sh' smollm2); rm -rf '${_import_real}'; HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/import/import_oracle.py' '$<TARGET_FILE_DIR:l2l-eps>' '${_import_real}' smollm2 \"$G\"")
 set_tests_properties(import.smollm2 PROPERTIES LABELS "integration;oracle" TIMEOUT 1800)
+# export --format gguf of HF-dir imports carries the tokenizer (tokenizer.ggml.*): byte-level
+# BPE tokenizers with the GPT-2, Llama-3, Qwen2 and SmolLM pre-tokenizers, trained here by
+# `tokenizers`; the gguf package reads the metadata back, l2l's GGUF loader encodes varied
+# text as HF `tokenizers` does with the original tokenizer.json.
+set(_import_tok ${CMAKE_CURRENT_BINARY_DIR}/import_gguf_tokenizer)
+add_test(NAME import.gguf_tokenizer
+         COMMAND bash -c
+                 "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); rm -rf '${_import_tok}'; HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/import/import_oracle.py' '$<TARGET_FILE_DIR:l2l-eps>' '${_import_tok}' gguf_tokenizer '$<TARGET_FILE:l2l_tokenizer_tool>'")
+set_tests_properties(import.gguf_tokenizer PROPERTIES LABELS "integration;oracle" TIMEOUT 900)

@@ -3,11 +3,13 @@
 l2l_ops_runlog_writer helper), scripts/plot_run.py turns it into a PNG, and this checks
 the PNG is real: the PNG signature, an IHDR chunk whose size matches plot_run.py's
 figure (16 x 4.5 in at 100 dpi), a file size plausible for three drawn panels, and the
-final IEND chunk. Also: plot_run.py refuses a broken log with a message naming path:line.
+final IEND chunk; the validation points (val_loss, val_ppl = exp(val_loss)) reach
+the log and plot_run.py reports them. Also: plot_run.py refuses a broken log with a message naming path:line.
 
 Usage: plot_test.py RUNLOG_WRITER PLOT_RUN_PY
 """
 import json
+import math
 import os
 import struct
 import subprocess
@@ -35,11 +37,19 @@ def main():
             if k not in rows[0]:
                 fail(f"run.jsonl has no '{k}' field: {rows[0]}")
 
+        val = [(r["step"], r["val_loss"], r["val_ppl"]) for r in rows if "val_loss" in r]
+        if [v[0] for v in val] != [10, 20, 30, 40]:
+            fail(f"run.jsonl val_loss steps are {[v[0] for v in val]}, expected 10, 20, 30, 40")
+        for s_, v, ppl in val:
+            if abs(ppl - math.exp(v)) > 1e-9 * ppl:
+                fail(f"step {s_}: val_ppl {ppl} is not exp(val_loss {v})")
+
         png = os.path.join(d, "run.png")
         res = subprocess.run([sys.executable, plot, log, png], capture_output=True, text=True)
         if res.returncode != 0:
             fail(f"plot_run.py exited {res.returncode}: {res.stdout}{res.stderr}")
-        if f"({steps} steps)" not in res.stdout:
+        want = f"({steps} steps, val_loss {val[0][1]:.4f} at step 10 -> {val[-1][1]:.4f} at step 40)"
+        if want not in res.stdout:
             fail(f"plot_run.py said: {res.stdout!r}")
         data = open(png, "rb").read()
         if data[:8] != b"\x89PNG\r\n\x1a\n":

@@ -1,6 +1,6 @@
 // Test helper for plot_test (tests/integration/ops.cmake): writes <dir>/run.jsonl with
 // eps_server/run_log.h, N steps of a plausible run (falling loss, steady throughput, a
-// per-step time breakdown), so the test exercises the real writer with the real plotter.
+// per-step time breakdown, a validation loss every 10 steps), so the test exercises the real writer with the real plotter.
 //   l2l_ops_runlog_writer DIR N
 #include <cmath>
 #include <cstdio>
@@ -31,6 +31,10 @@ int main(int argc, char** argv) {
     r.wait_layer_s = 0.02 * (s % 3);
     r.wait_push_s = 0.01;
     r.update_s = 0.05;
+    if (s % 10 == 0 || s == n) {  // in-job validation every 10 steps and at the last
+      r.val_loss = 4.2 * std::exp(-0.04 * s) + 1.1;
+      r.val_ppl = std::exp(*r.val_loss);
+    }
     if (l2l::Status st = (*log)->Append(r); !st.ok()) {
       std::fprintf(stderr, "runlog_writer: %s\n", st.ToString().c_str());
       return 1;

@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,83 @@ TEST_CASE("a GGUF tokenizer written as Hugging Face files encodes as the GGUF do
   REQUIRE(config.at("eos_token") == "<|im_end|>");
   REQUIRE(config.at("bos_token") == "<|im_start|>");
   REQUIRE(config.contains("chat_template"));
+  std::filesystem::remove_all(dir);
+}
+
+// A tokenizer.json with the 256 byte symbols, a few merges and two added tokens, in `dir`
+// (with a tokenizer_config.json naming eos); `normalize` adds an NFC normalizer.
+void WriteHfTokenizerDir(const std::filesystem::path& dir, bool normalize) {
+  BpeSpec spec;
+  for (int b = 0; b < 256; ++b) spec.tokens.push_back(BytesToByteLevel(std::string(1, static_cast<char>(b))));
+  for (const auto& [a, b] : std::vector<std::pair<std::string, std::string>>{{"t", "h"}, {"th", "e"}, {"Ġ", "th"}}) {
+    spec.merges.emplace_back(a, b);
+    spec.tokens.push_back(a + b);
+  }
+  for (const char* t : {"<|endoftext|>", "<|im_end|>"}) {
+    AddedToken a;
+    a.id = static_cast<int32_t>(spec.tokens.size());
+    a.content = t;
+    a.special = true;
+    spec.added_tokens.push_back(a);
+    spec.tokens.push_back("");
+  }
+  spec.pre_tokenizer.push_back(PreTokenizerStep::ByteLevel(/*add_prefix_space=*/false, /*use_regex=*/true));
+  if (normalize) spec.normalizers.push_back(Normalization::kNFC);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json") << BpeSpecToTokenizerJson(spec);
+  std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": "<|endoftext|>", "pad_token": "<|im_end|>"})";
+}
+
+TEST_CASE("An HF tokenizer.json as GGUF metadata loads back and encodes as the tokenizer.json does",
+          "[tokenizer][gguf]") {
+  const auto dir = std::filesystem::temp_directory_path() / ("l2l-gguf-from-hf-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  WriteHfTokenizerDir(dir / "hf", false);
+  auto md = GgufTokenizerMetadataFromHf((dir / "hf").string(), 270);  // 261 ids + 9 the model pads
+  INFO(md.status().ToString());
+  REQUIRE(md.ok());
+  formats::GgufWriter w;
+  w.Set("general.architecture", formats::GgufValue::String("llama"));
+  std::map<std::string, formats::GgufValue> by_key;
+  for (const auto& [k, v] : *md) {
+    w.Set(k, v);
+    by_key[k] = v;
+  }
+  CHECK(by_key.at("tokenizer.ggml.pre").str == "gpt-2");
+  REQUIRE(by_key.at("tokenizer.ggml.tokens").strings.size() == 270);
+  CHECK(by_key.at("tokenizer.ggml.tokens").strings[265] == "[PAD265]");
+  CHECK(by_key.at("tokenizer.ggml.token_type").ints[265] == 5);
+  CHECK(by_key.at("tokenizer.ggml.token_type").ints[259] == 3);  // <|endoftext|>
+  CHECK(by_key.at("tokenizer.ggml.eos_token_id").i == 259);
+  CHECK(by_key.at("tokenizer.ggml.padding_token_id").i == 260);
+  CHECK(by_key.count("tokenizer.ggml.bos_token_id") == 0);
+  const std::string gguf = (dir / "t.gguf").string();
+  REQUIRE(w.Write(gguf).ok());
+  auto from_gguf = LoadTokenizer(gguf);
+  auto from_hf = LoadTokenizer((dir / "hf").string());
+  INFO(from_gguf.status().ToString() << " / " << from_hf.status().ToString());
+  REQUIRE(from_gguf.ok());
+  REQUIRE(from_hf.ok());
+  for (const std::string text : {"the theme is there", "the<|endoftext|> th<|im_end|>e 42", "  ünïcödé\n\n x", ""}) {
+    CAPTURE(text);
+    REQUIRE(*from_gguf->Encode(text, true) == *from_hf->Encode(text, true));
+  }
+  CHECK(from_gguf->eos_id() == 259);
+
+  // The model's vocabulary must hold every id; a normalizer has no GGUF form; no
+  // tokenizer.json means no metadata.
+  auto small = GgufTokenizerMetadataFromHf((dir / "hf").string(), 100);
+  REQUIRE_FALSE(small.ok());
+  CHECK(small.status().message().find("vocab_size is 100") != std::string::npos);
+  WriteHfTokenizerDir(dir / "nfc", true);
+  auto nfc = GgufTokenizerMetadataFromHf((dir / "nfc").string(), 270);
+  REQUIRE_FALSE(nfc.ok());
+  CHECK(nfc.status().code() == StatusCode::kUnimplemented);
+  CHECK(nfc.status().message().find("normalizer") != std::string::npos);
+  std::filesystem::create_directories(dir / "none");
+  auto none = GgufTokenizerMetadataFromHf((dir / "none").string(), 270);
+  REQUIRE(none.ok());
+  CHECK(none->empty());
   std::filesystem::remove_all(dir);
 }
 

@@ -9,10 +9,11 @@
 //       = Decode(ids, skip_special=true))
 //   l2l_tokenizer_tool export-gguf --gguf-meta META.json --out TOKENIZER.json
 //       (BpeSpecToTokenizerJson of the GGUF spec, for HF to load)
-//   l2l_tokenizer_tool encode (--json TOKENIZER.json | --gguf-meta META.json)
+//   l2l_tokenizer_tool encode (--json TOKENIZER.json | --gguf-meta META.json | --load PATH)
 //       --docs DOCS.json --out IDS.json [--no-special] [--no-roundtrip]
 //       [--roundtrip-skip TEXT]... [--repeat N]
 //
+// --load: tok::LoadTokenizer(PATH) (a model dir, tokenizer.json or GGUF file).
 // META.json: {"tokens":[..], "merges":[..], "token_type":[..], "pre":"smollm",
 //             "bos":1, "eos":2, "add_bos":false|null, "add_eos":null}
 // Prints "decode mismatches: K" (K > 0 exits 1, naming the first document) and
@@ -24,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
+#include "tokenizer/load.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/wordpiece.h"
 
@@ -127,7 +129,7 @@ int RunWordPiece(int argc, char** argv) {
 }
 
 int Run(int argc, char** argv) {
-  std::string json_path, meta_path, docs_path, out_path;
+  std::string json_path, meta_path, load_path, docs_path, out_path;
   bool add_special = true;
   bool roundtrip = true;  // false for a tokenizer that adds a prefix space
   std::vector<std::string> roundtrip_skip;  // documents holding these (stripping tokens) skip it
@@ -137,6 +139,7 @@ int Run(int argc, char** argv) {
     auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
     if (a == "--json") json_path = next();
     else if (a == "--gguf-meta") meta_path = next();
+    else if (a == "--load") load_path = next();
     else if (a == "--docs") docs_path = next();
     else if (a == "--out") out_path = next();
     else if (a == "--no-special") add_special = false;
@@ -148,7 +151,9 @@ int Run(int argc, char** argv) {
       return 2;
     }
   }
-  auto tok = !json_path.empty() ? l2l::tok::Tokenizer::FromTokenizerJson(json_path) : FromGgufMeta(meta_path);
+  auto tok = !json_path.empty()   ? l2l::tok::Tokenizer::FromTokenizerJson(json_path)
+             : !load_path.empty() ? l2l::tok::LoadTokenizer(load_path)
+                                  : FromGgufMeta(meta_path);
   if (!tok.ok()) {
     std::fprintf(stderr, "%s\n", tok.status().ToString().c_str());
     return 1;
