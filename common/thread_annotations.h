@@ -24,13 +24,19 @@
 // Lock ordering: this mutex is taken after / before the others.
 #define ACQUIRED_AFTER(...) L2L_THREAD_ANNOTATION(acquired_after(__VA_ARGS__))
 #define ACQUIRED_BEFORE(...) L2L_THREAD_ANNOTATION(acquired_before(__VA_ARGS__))
+// The function takes / gives back the mutexes (no argument: the scoped object's own).
+#define ACQUIRE(...) L2L_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
+#define RELEASE(...) L2L_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
+// A class whose objects hold a capability from construction to destruction.
+#define SCOPED_CAPABILITY L2L_THREAD_ANNOTATION(scoped_lockable)
 // Tells the analysis that `mu` is held at this point: after a std::unique_lock took it
-// (libc++ does not annotate unique_lock) and inside condition-variable predicates, which
-// run with the lock held.
+// (libc++ does not annotate unique_lock; prefer l2l::UniqueLock below) and inside
+// condition-variable predicates, which run with the lock held (prefer a predicate lambda
+// marked REQUIRES(mu): `cv.wait(lock.native(), [&]() REQUIRES(mu_) { return done_; })`).
 #define ASSERT_HELD(mu) ::l2l::internal::AssertHeld(mu)
 
-// For code the analysis cannot follow (a lock taken through std::unique_lock, a value read
-// under a lock held by the caller's caller): say why beside each use.
+// For code the analysis cannot follow (a value read under a lock held by the caller's
+// caller, a lock handed between functions): say why beside each use.
 #define NO_THREAD_SAFETY_ANALYSIS L2L_THREAD_ANNOTATION(no_thread_safety_analysis)
 
 #include <mutex>
@@ -38,3 +44,26 @@
 namespace l2l::internal {
 inline void AssertHeld(const std::mutex& mu) L2L_THREAD_ANNOTATION(assert_capability(mu)) {}
 }  // namespace l2l::internal
+
+namespace l2l {
+
+// std::unique_lock<std::mutex> as the analysis sees it: holds `mu` from construction to
+// destruction, except between unlock() and lock(). native() is the std::unique_lock for
+// std::condition_variable's wait calls (which give the mutex back and retake it before
+// returning, so the analysis' view stays right). Not movable: one scope owns it.
+class SCOPED_CAPABILITY UniqueLock {
+ public:
+  explicit UniqueLock(std::mutex& mu) ACQUIRE(mu) : lock_(mu) {}
+  ~UniqueLock() RELEASE() {}
+  UniqueLock(const UniqueLock&) = delete;
+  UniqueLock& operator=(const UniqueLock&) = delete;
+
+  void lock() ACQUIRE() { lock_.lock(); }
+  void unlock() RELEASE() { lock_.unlock(); }
+  std::unique_lock<std::mutex>& native() { return lock_; }
+
+ private:
+  std::unique_lock<std::mutex> lock_;
+};
+
+}  // namespace l2l
