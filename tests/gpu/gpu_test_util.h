@@ -9,7 +9,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -17,8 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "common/model_spec.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/layers/layers.h"
 
 namespace l2l::gpu_test {
 
@@ -132,6 +136,89 @@ void ExpectClose(const std::vector<G>& got, const std::vector<R>& ref, double at
 inline void ExpectTwinClose(Backends& b, const Twin& t, double atol, double rtol,
                             const std::string& what) {
   ExpectClose(t.FromGpu(b), t.FromCpu(b), atol, rtol, what);
+}
+
+// A host vector copied into `be`'s memory.
+struct Dev {
+  DeviceBuffer buf;
+  size_t n = 0;
+  static Dev Of(Backend& be, const std::vector<float>& host) {
+    Dev d;
+    d.n = host.size();
+    auto b = DeviceBuffer::Create(&be, d.n * sizeof(float));
+    REQUIRE(b.ok());
+    d.buf = std::move(b).value();
+    be.CopyToDevice(d.buf.data(), host.data(), d.n * sizeof(float));
+    return d;
+  }
+  float* p() const { return buf.f32(); }
+  std::vector<float> Host(Backend& be) const {
+    std::vector<float> v(n);
+    be.CopyToHost(v.data(), buf.data(), n * sizeof(float));
+    return v;
+  }
+};
+
+// Round to nearest even to bf16 (8 significant bits), returned as the fp32 it stands for.
+// Inputs here are finite.
+inline float RoundBf16(float x) {
+  uint32_t u = 0;
+  std::memcpy(&u, &x, sizeof(u));
+  const uint32_t lsb = (u >> 16) & 1u;
+  u = (u + 0x7fffu + lsb) & 0xffff0000u;
+  float r = 0.0f;
+  std::memcpy(&r, &u, sizeof(r));
+  return r;
+}
+
+inline std::vector<float> RoundedBf16(const std::vector<float>& v) {
+  std::vector<float> r(v.size());
+  std::transform(v.begin(), v.end(), r.begin(), RoundBf16);
+  return r;
+}
+
+// |got - ref| <= 1.01 * bound + atol + rtol * |ref| for every element (bound: what bf16
+// rounding may add beyond the inputs' own rounding); reports the worst.
+inline void ExpectWithin(const std::vector<float>& got, const std::vector<float>& ref,
+                         const std::vector<double>& bound, double atol, double rtol,
+                         const std::string& what) {
+  REQUIRE(got.size() == ref.size());
+  REQUIRE(bound.size() == ref.size());
+  size_t bad = 0, worst = 0;
+  double worst_ratio = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::abs(double(got[i]) - ref[i]);
+    const double tol = 1.01 * bound[i] + atol + rtol * std::abs(double(ref[i]));
+    if (!(err <= tol)) ++bad;
+    if (!(err / tol <= worst_ratio)) {
+      worst_ratio = err / tol;
+      worst = i;
+    }
+  }
+  INFO(what << ": " << bad << " of " << got.size() << " off; worst [" << worst << "] got "
+            << got[worst] << " ref " << ref[worst] << " bound " << bound[worst]
+            << " (error / tolerance " << worst_ratio << ")");
+  CHECK(bad == 0);
+}
+
+// One layer workspace on each backend.
+struct Workspaces {
+  std::unique_ptr<layers::LayerWorkspace> cpu, gpu;
+};
+inline Workspaces MakeWorkspaces(Backends& b, const ModelSpec& spec, int64_t B, int64_t T) {
+  auto c = layers::LayerWorkspace::Create(b.cpu.get(), spec, B, T);
+  auto g = layers::LayerWorkspace::Create(b.gpu.get(), spec, B, T);
+  REQUIRE(c.ok());
+  REQUIRE(g.ok());
+  return {std::make_unique<layers::LayerWorkspace>(std::move(c).value()),
+          std::make_unique<layers::LayerWorkspace>(std::move(g).value())};
+}
+
+// A layer's parameters as InitLayerParams makes them (seed 42).
+inline std::vector<float> InitParams(const ModelSpec& spec, const LayerLayout& layout) {
+  std::vector<float> p(layout.numel);
+  InitLayerParams(spec, layout, 42, p.data());
+  return p;
 }
 
 }  // namespace l2l::gpu_test

@@ -29,24 +29,6 @@
 namespace l2l::gpu_test {
 namespace {
 
-struct Workspaces {
-  std::unique_ptr<layers::LayerWorkspace> cpu, gpu;
-};
-Workspaces MakeWorkspaces(Backends& b, const ModelSpec& spec, int64_t B, int64_t T) {
-  auto c = layers::LayerWorkspace::Create(b.cpu.get(), spec, B, T);
-  auto g = layers::LayerWorkspace::Create(b.gpu.get(), spec, B, T);
-  REQUIRE(c.ok());
-  REQUIRE(g.ok());
-  return {std::make_unique<layers::LayerWorkspace>(std::move(c).value()),
-          std::make_unique<layers::LayerWorkspace>(std::move(g).value())};
-}
-
-std::vector<float> InitParams(const ModelSpec& spec, const LayerLayout& layout) {
-  std::vector<float> p(layout.numel);
-  InitLayerParams(spec, layout, 42, p.data());
-  return p;
-}
-
 TEST_CASE("cuda GPT-2 block forward and recomputing backward match the cpu", "[gpu]") {
   Backends& b = Both();
   const ModelSpec spec = SmallSpec();
