@@ -1,0 +1,39 @@
+// Job builders for tests: a small GPT-2-family JobConfig from a model shape and the few
+// training knobs a test sets, instead of a dozen field assignments in every test file.
+//
+//   JobConfig job = testing::GptJob(testing::kTinyGpt, {.micro_batch_size = 2, .seed = 91});
+//
+// A knob left unset keeps JobConfig's default, so a test states only what it relies on.
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "common/config.h"
+#include "common/model_spec.h"
+
+namespace l2l::testing {
+
+// The shape of a GPT-2-family test model (ModelSpec's other fields keep their defaults).
+struct GptShape {
+  int64_t vocab_size, seq_len, d_model, n_layer, n_head, d_ff;
+  bool tied_embeddings = true;
+};
+// V=96, T=16, C=32, 3 blocks of 4 heads, F=128, tied embeddings: a few KiB per layer.
+inline constexpr GptShape kTinyGpt{96, 16, 32, 3, 4, 128};
+
+// Training and optimizer knobs; each one set overrides JobConfig's default.
+struct TrainKnobs {
+  std::optional<int64_t> steps, micro_batch_size, micro_batches, seq_len;
+  std::optional<uint64_t> seed;
+  std::optional<ClipMode> clip;
+  std::optional<float> lr;
+  std::optional<int64_t> warmup_steps, total_steps;
+  std::optional<float> eps, weight_decay, grad_clip;
+};
+
+ModelSpec GptModel(const GptShape& shape);
+JobConfig GptJob(const GptShape& shape, const TrainKnobs& knobs = {});
+
+}  // namespace l2l::testing
