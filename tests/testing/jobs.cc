@@ -15,6 +15,20 @@ ModelSpec GptModel(const GptShape& shape) {
   return m;
 }
 
+ModelSpec LlamaModel(const LlamaShape& shape) {
+  ModelSpec m;
+  m.family = ModelFamily::kLlama;
+  m.vocab_size = shape.vocab_size;
+  m.seq_len = shape.seq_len;
+  m.d_model = shape.d_model;
+  m.n_layer = shape.n_layer;
+  m.n_head = shape.n_head;
+  m.n_kv_heads = shape.n_kv_heads;
+  m.d_ff = shape.d_ff;
+  m.tied_embeddings = shape.tied_embeddings;
+  return m;
+}
+
 JobConfig GptJob(const GptShape& shape, const TrainKnobs& k) {
   JobConfig job;
   job.model = GptModel(shape);

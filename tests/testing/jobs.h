@@ -23,6 +23,13 @@ struct GptShape {
 // V=96, T=16, C=32, 3 blocks of 4 heads, F=128, tied embeddings: a few KiB per layer.
 inline constexpr GptShape kTinyGpt{96, 16, 32, 3, 4, 128};
 
+// The shape of a Llama-family test model: grouped-query attention with n_kv_heads
+// key/value heads (RoPE, RMSNorm, SwiGLU keep ModelSpec's defaults unless set after).
+struct LlamaShape {
+  int64_t vocab_size, seq_len, d_model, n_layer, n_head, n_kv_heads, d_ff;
+  bool tied_embeddings = false;
+};
+
 // Training and optimizer knobs; each one set overrides JobConfig's default.
 struct TrainKnobs {
   std::optional<int64_t> steps, micro_batch_size, micro_batches, seq_len;
@@ -34,6 +41,7 @@ struct TrainKnobs {
 };
 
 ModelSpec GptModel(const GptShape& shape);
+ModelSpec LlamaModel(const LlamaShape& shape);
 JobConfig GptJob(const GptShape& shape, const TrainKnobs& knobs = {});
 
 }  // namespace l2l::testing
