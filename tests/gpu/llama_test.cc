@@ -359,9 +359,7 @@ TEST_CASE("cuda Llama block forward and recomputing backward match the cpu", "[g
   const ModelSpec spec = SmallLlama(n_kv);
   const auto layouts = BuildLayout(spec);
   const LayerLayout& block = layouts[1];
-  const int64_t B = 2, T = 32, C = spec.d_model;
   std::mt19937 rng(static_cast<unsigned>(11 + n_kv));
-  Workspaces ws = MakeWorkspaces(b, spec, B, T);
   auto p = InitParams(spec, block);
   // RMSNorm weights start at 1 and q|k|v biases at 0; perturb them so both are exercised.
   for (const char* name : {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.bias"}) {
@@ -369,22 +367,7 @@ TEST_CASE("cuda Llama block forward and recomputing backward match the cpu", "[g
     REQUIRE(t != nullptr);
     for (size_t i = 0; i < t->numel; ++i) p[t->offset + i] += 0.1f * std::uniform_real_distribution<float>(-1, 1)(rng);
   }
-  Twin params = Twin::Of(b, p);
-  Twin in = Twin::Of(b, RandomVec(rng, B * T * C));
-  Twin out = Twin::Of(b, RandomVec(rng, B * T * C));
-  layers::BlockForward(*b.cpu, spec, block, params.c(), in.c(), out.c(), B, T, *ws.cpu);
-  layers::BlockForward(*b.gpu, spec, block, params.g(), in.g(), out.g(), B, T, *ws.gpu);
-  ExpectTwinClose(b, out, 1e-4, 1e-3, "block out");
-
-  Twin dout = Twin::Of(b, RandomVec(rng, B * T * C));
-  Twin din = Twin::Of(b, RandomVec(rng, B * T * C));
-  Twin dparams = Twin::Of(b, RandomVec(rng, block.numel, -0.01f, 0.01f));  // accumulates
-  layers::BlockBackward(*b.cpu, spec, block, params.c(), in.c(), dout.c(), din.c(), dparams.c(), B,
-                        T, *ws.cpu);
-  layers::BlockBackward(*b.gpu, spec, block, params.g(), in.g(), dout.g(), din.g(), dparams.g(), B,
-                        T, *ws.gpu);
-  ExpectTwinClose(b, din, 1e-4, 1e-3, "block din");
-  ExpectTwinClose(b, dparams, 1e-4, 1e-3, "block dparams");
+  ExpectBlockMatches(b, spec, block, p, 2, 32, rng);
 }
 
 TEST_CASE("cuda Llama embedding and head losses and gradients match the cpu", "[gpu][llama]") {

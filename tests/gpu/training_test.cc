@@ -34,25 +34,8 @@ TEST_CASE("cuda GPT-2 block forward and recomputing backward match the cpu", "[g
   const ModelSpec spec = SmallSpec();
   const auto layouts = BuildLayout(spec);
   const LayerLayout& block = layouts[1];
-  const int64_t B = 2, T = 64, C = spec.d_model;
   std::mt19937 rng(11);
-  Workspaces ws = MakeWorkspaces(b, spec, B, T);
-  Twin params = Twin::Of(b, InitParams(spec, block));
-  Twin in = Twin::Of(b, RandomVec(rng, B * T * C));
-  Twin out = Twin::Of(b, RandomVec(rng, B * T * C));
-  layers::BlockForward(*b.cpu, spec, block, params.c(), in.c(), out.c(), B, T, *ws.cpu);
-  layers::BlockForward(*b.gpu, spec, block, params.g(), in.g(), out.g(), B, T, *ws.gpu);
-  ExpectTwinClose(b, out, 1e-4, 1e-3, "block out");
-
-  Twin dout = Twin::Of(b, RandomVec(rng, B * T * C));
-  Twin din = Twin::Of(b, RandomVec(rng, B * T * C));
-  Twin dparams = Twin::Of(b, RandomVec(rng, block.numel, -0.01f, 0.01f));  // accumulates
-  layers::BlockBackward(*b.cpu, spec, block, params.c(), in.c(), dout.c(), din.c(), dparams.c(), B,
-                        T, *ws.cpu);
-  layers::BlockBackward(*b.gpu, spec, block, params.g(), in.g(), dout.g(), din.g(), dparams.g(), B,
-                        T, *ws.gpu);
-  ExpectTwinClose(b, din, 1e-4, 1e-3, "block din");
-  ExpectTwinClose(b, dparams, 1e-4, 1e-3, "block dparams");
+  ExpectBlockMatches(b, spec, block, InitParams(spec, block), 2, 64, rng);
 }
 
 TEST_CASE("cuda embedding and tied head losses and gradients match the cpu", "[gpu]") {
