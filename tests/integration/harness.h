@@ -8,7 +8,7 @@
 //    and talks to its Control service (status, export, shutdown). The destructor shuts
 //    it down and removes any /dev/shm/l2l-<job_id>-* segment left behind.
 //  * Log parsers for the worker's progress and summary lines (worker/worker_main.cc).
-// Later issues (CUDA, SSD tier) reuse it with extra daemon/worker flags.
+// Tests of other features (CUDA, SSD tier) use it with extra daemon/worker flags.
 //
 // Ownership: each object owns its process / directory. Thread-safety: one test thread.
 #pragma once
