@@ -247,4 +247,60 @@ inline void ExpectBlockMatches(Backends& b, const ModelSpec& spec, const LayerLa
   ExpectTwinClose(b, dparams, 1e-4, 1e-3, "block dparams");
 }
 
+// EmbeddingForward, then HeadForwardBackward (loss scale 0.5) and EmbeddingBackward, on
+// both backends from InitParams weights and random tokens, targets and din (drawn from
+// `rng` in this order: tokens, targets, hidden, din). `tied_table`: the embedding tensor
+// a tied head reads and accumulates into (nullptr: an untied head). The embedding output
+// is compared within emb_atol/emb_rtol, the loss within 1e-5 relative, the gradients
+// within atol 1e-6, rtol 1e-3.
+inline void ExpectEmbeddingAndHeadMatch(Backends& b, const ModelSpec& spec, int64_t B, int64_t T,
+                                        std::mt19937& rng, double emb_atol, double emb_rtol,
+                                        const char* tied_table) {
+  const auto layouts = BuildLayout(spec);
+  const LayerLayout& emb = layouts.front();
+  const LayerLayout& head = layouts.back();
+  const int64_t C = spec.d_model;
+  Workspaces ws = MakeWorkspaces(b, spec, B, T);
+  Twin emb_params = Twin::Of(b, InitParams(spec, emb));
+  Twin head_params = Twin::Of(b, InitParams(spec, head));
+  const int32_t V = static_cast<int32_t>(spec.vocab_size);
+  Twin tokens = Twin::Of(b, RandomTokens(rng, B * T, V));
+  Twin targets = Twin::Of(b, RandomTokens(rng, B * T, V));
+  Twin hidden = Twin::Of(b, RandomVec(rng, B * T * C));
+  layers::EmbeddingForward(*b.cpu, spec, emb, emb_params.c(), tokens.ci(), hidden.c(), B, T);
+  layers::EmbeddingForward(*b.gpu, spec, emb, emb_params.g(), tokens.gi(), hidden.g(), B, T);
+  ExpectTwinClose(b, hidden, emb_atol, emb_rtol, "embedding out");
+
+  const ParamInfo* table = tied_table != nullptr ? emb.Find(tied_table) : nullptr;
+  if (tied_table != nullptr) REQUIRE(table != nullptr);
+  const size_t off = table != nullptr ? table->offset : 0;
+  Twin din = Twin::Of(b, RandomVec(rng, B * T * C));
+  Twin dhead = Twin::Of(b, std::vector<float>(head.numel, 0.0f));
+  Twin demb = Twin::Of(b, std::vector<float>(emb.numel, 0.0f));
+  const float lc = layers::HeadForwardBackward(
+      *b.cpu, spec, head, head_params.c(), table ? emb_params.c() + off : nullptr, hidden.c(), targets.ci(),
+      0.5f, din.c(), dhead.c(), table ? demb.c() + off : nullptr, B, T, *ws.cpu);
+  const float lg = layers::HeadForwardBackward(
+      *b.gpu, spec, head, head_params.g(), table ? emb_params.g() + off : nullptr, hidden.g(), targets.gi(),
+      0.5f, din.g(), dhead.g(), table ? demb.g() + off : nullptr, B, T, *ws.gpu);
+  CHECK(std::abs(lg - lc) <= 1e-5 + 1e-5 * std::abs(lc));
+  ExpectTwinClose(b, din, 1e-6, 1e-3, "head din");
+  ExpectTwinClose(b, dhead, 1e-6, 1e-3, "head dparams");
+  layers::EmbeddingBackward(*b.cpu, spec, emb, tokens.ci(), din.c(), demb.c(), B, T);
+  layers::EmbeddingBackward(*b.gpu, spec, emb, tokens.gi(), din.g(), demb.g(), B, T);
+  ExpectTwinClose(b, demb, 1e-6, 1e-3,
+                  table ? "embedding dparams (tied table: head + embedding)" : "embedding dparams");
+}
+
+// Per-step losses of a GPU run against the CPU's: within 1e-4 + rtol * |cpu|, and the
+// run trains (the last loss well below the first; the tests' data is learnable).
+inline void ExpectLossesTrack(const std::vector<float>& gpu, const std::vector<float>& cpu, double rtol) {
+  REQUIRE(gpu.size() == cpu.size());
+  for (size_t s = 0; s < cpu.size(); ++s) {
+    INFO("step " << s << ": gpu loss " << gpu[s] << ", cpu loss " << cpu[s]);
+    CHECK(std::abs(gpu[s] - cpu[s]) <= 1e-4 + rtol * std::abs(cpu[s]));
+  }
+  CHECK(gpu.back() < 0.9f * gpu.front());
+}
+
 }  // namespace l2l::gpu_test

@@ -40,49 +40,8 @@ TEST_CASE("cuda GPT-2 block forward and recomputing backward match the cpu", "[g
 
 TEST_CASE("cuda embedding and tied head losses and gradients match the cpu", "[gpu]") {
   Backends& b = Both();
-  const ModelSpec spec = SmallSpec();
-  const auto layouts = BuildLayout(spec);
-  const LayerLayout& emb = layouts.front();
-  const LayerLayout& head = layouts.back();
-  const int64_t B = 2, T = 64, C = spec.d_model;
   std::mt19937 rng(12);
-  Workspaces ws = MakeWorkspaces(b, spec, B, T);
-  Twin emb_params = Twin::Of(b, InitParams(spec, emb));
-  Twin head_params = Twin::Of(b, InitParams(spec, head));
-  const int32_t V = static_cast<int32_t>(spec.vocab_size);
-  Twin tokens = Twin::Of(b, RandomTokens(rng, B * T, V));
-  Twin targets = Twin::Of(b, RandomTokens(rng, B * T, V));
-  Twin hidden = Twin::Of(b, RandomVec(rng, B * T * C));
-  layers::EmbeddingForward(*b.cpu, spec, emb, emb_params.c(), tokens.ci(), hidden.c(), B, T);
-  layers::EmbeddingForward(*b.gpu, spec, emb, emb_params.g(), tokens.gi(), hidden.g(), B, T);
-  ExpectTwinClose(b, hidden, 1e-6, 1e-5, "embedding out");
-
-  const size_t wte_off = emb.Find("wte.weight")->offset;
-  Twin din = Twin::Of(b, RandomVec(rng, B * T * C));
-  Twin dhead = Twin::Of(b, std::vector<float>(head.numel, 0.0f));
-  Twin demb = Twin::Of(b, std::vector<float>(emb.numel, 0.0f));
-  float lc = layers::HeadForwardBackward(*b.cpu, spec, head, head_params.c(), emb_params.c() + wte_off,
-                                         hidden.c(), targets.ci(), 0.5f, din.c(), dhead.c(),
-                                         demb.c() + wte_off, B, T, *ws.cpu);
-  float lg = layers::HeadForwardBackward(*b.gpu, spec, head, head_params.g(), emb_params.g() + wte_off,
-                                         hidden.g(), targets.gi(), 0.5f, din.g(), dhead.g(),
-                                         demb.g() + wte_off, B, T, *ws.gpu);
-  CHECK(std::abs(lg - lc) <= 1e-5 + 1e-5 * std::abs(lc));
-  ExpectTwinClose(b, din, 1e-6, 1e-3, "head din");
-  ExpectTwinClose(b, dhead, 1e-6, 1e-3, "head dparams");
-  layers::EmbeddingBackward(*b.cpu, spec, emb, tokens.ci(), din.c(), demb.c(), B, T);
-  layers::EmbeddingBackward(*b.gpu, spec, emb, tokens.gi(), din.g(), demb.g(), B, T);
-  ExpectTwinClose(b, demb, 1e-6, 1e-3, "embedding dparams (tied wte: head + embedding)");
-}
-
-void ExpectLossesTrack(const std::vector<float>& gpu, const std::vector<float>& cpu, double rtol) {
-  REQUIRE(gpu.size() == cpu.size());
-  for (size_t s = 0; s < cpu.size(); ++s) {
-    INFO("step " << s << ": gpu loss " << gpu[s] << ", cpu loss " << cpu[s]);
-    CHECK(std::abs(gpu[s] - cpu[s]) <= 1e-4 + rtol * std::abs(cpu[s]));
-  }
-  // It trains: the last loss is well below the first (the data is learnable).
-  CHECK(gpu.back() < 0.9f * gpu.front());
+  ExpectEmbeddingAndHeadMatch(b, SmallSpec(), 2, 64, rng, 1e-6, 1e-5, "wte.weight");
 }
 
 TEST_CASE("reference trainer on cuda tracks the cpu losses for 10 steps", "[gpu]") {
