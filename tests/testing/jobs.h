@@ -32,12 +32,13 @@ struct LlamaShape {
 
 // Training and optimizer knobs; each one set overrides JobConfig's default.
 struct TrainKnobs {
-  std::optional<int64_t> steps, micro_batch_size, micro_batches, seq_len;
-  std::optional<uint64_t> seed;
-  std::optional<ClipMode> clip;
-  std::optional<float> lr;
-  std::optional<int64_t> warmup_steps, total_steps;
-  std::optional<float> eps, weight_decay, grad_clip;
+  // (Each with an initializer, so designated initializers may leave any out.)
+  std::optional<int64_t> steps = {}, micro_batch_size = {}, micro_batches = {}, seq_len = {};
+  std::optional<uint64_t> seed = {};
+  std::optional<ClipMode> clip = {};
+  std::optional<float> lr = {};
+  std::optional<int64_t> warmup_steps = {}, total_steps = {};
+  std::optional<float> eps = {}, weight_decay = {}, grad_clip = {};
 };
 
 ModelSpec GptModel(const GptShape& shape);
