@@ -13,17 +13,33 @@
 #define L2L_THREAD_ANNOTATION(x)
 #endif
 
+// Abseil (included by gRPC's headers) defines GUARDED_BY, PT_GUARDED_BY, ACQUIRED_AFTER,
+// ACQUIRED_BEFORE and NO_THREAD_SAFETY_ANALYSIS with the same meaning. Where it is
+// installed, its definitions are taken (its header first, so either include order works
+// without a macro redefinition); the macros it lacks are defined below.
+#if __has_include(<absl/base/internal/thread_annotations.h>)
+#include <absl/base/internal/thread_annotations.h>
+#endif
+
 // The member is read and written only with `mu` held.
+#ifndef GUARDED_BY
 #define GUARDED_BY(mu) L2L_THREAD_ANNOTATION(guarded_by(mu))
+#endif
 // The pointee (not the pointer) is guarded by `mu`.
+#ifndef PT_GUARDED_BY
 #define PT_GUARDED_BY(mu) L2L_THREAD_ANNOTATION(pt_guarded_by(mu))
+#endif
 // The caller must hold the mutexes.
 #define REQUIRES(...) L2L_THREAD_ANNOTATION(requires_capability(__VA_ARGS__))
 // The caller must not hold the mutexes (the function takes them).
 #define EXCLUDES(...) L2L_THREAD_ANNOTATION(locks_excluded(__VA_ARGS__))
 // Lock ordering: this mutex is taken after / before the others.
+#ifndef ACQUIRED_AFTER
 #define ACQUIRED_AFTER(...) L2L_THREAD_ANNOTATION(acquired_after(__VA_ARGS__))
+#endif
+#ifndef ACQUIRED_BEFORE
 #define ACQUIRED_BEFORE(...) L2L_THREAD_ANNOTATION(acquired_before(__VA_ARGS__))
+#endif
 // The function takes / gives back the mutexes (no argument: the scoped object's own).
 #define ACQUIRE(...) L2L_THREAD_ANNOTATION(acquire_capability(__VA_ARGS__))
 #define RELEASE(...) L2L_THREAD_ANNOTATION(release_capability(__VA_ARGS__))
@@ -37,7 +53,9 @@
 
 // For code the analysis cannot follow (a value read under a lock held by the caller's
 // caller, a lock handed between functions): say why beside each use.
+#ifndef NO_THREAD_SAFETY_ANALYSIS
 #define NO_THREAD_SAFETY_ANALYSIS L2L_THREAD_ANNOTATION(no_thread_safety_analysis)
+#endif
 
 #include <mutex>
 
