@@ -4,8 +4,11 @@
 // common/adamw.h; the fast paths ask for their fused multiply-adds explicitly.
 #include "eps_server/adamw_vec.h"
 
-// GCC 12's avx512fintrin.h trips -Wmaybe-uninitialized on its own _mm512_undefined_*.
+// GCC 12's avx512fintrin.h trips -Wmaybe-uninitialized on its own _mm512_undefined_*
+// (clang has no such warning, and would warn about the unknown name).
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cmath>
