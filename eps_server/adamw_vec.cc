@@ -4,8 +4,11 @@
 // common/adamw.h; the fast paths ask for their fused multiply-adds explicitly.
 #include "eps_server/adamw_vec.h"
 
-// GCC 12's avx512fintrin.h trips -Wmaybe-uninitialized on its own _mm512_undefined_*.
+// GCC 12's avx512fintrin.h trips -Wmaybe-uninitialized on its own _mm512_undefined_*
+// (clang has no such warning, and would warn about the unknown name).
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <cmath>
@@ -76,6 +79,30 @@ inline bool ScalarRange(const Consts& c, float* param, float* m, float* v, const
   return finite;
 }
 
+// The AdamW arithmetic on one vector of lanes at element i, written once for both vector
+// widths: P is the intrinsic prefix (_mm256 or _mm512), V the vector type. Uses the
+// enclosing function's broadcast constants, kFast, g (the scaled gradient) and m, v,
+// param; stores the new m, v and param and leaves the new parameter in p. The exact
+// path's operation order is AdamWStep's (common/adamw.cc); the fast path fuses.
+#define L2L_ADAMW_LANES(P, V)                                                              \
+  const V m0 = P##_loadu_ps(m + i), v0 = P##_loadu_ps(v + i);                              \
+  V p, mi, vi;                                                                             \
+  if constexpr (kFast) {                                                                   \
+    mi = P##_fmadd_ps(omb1, P##_sub_ps(g, m0), m0);                                        \
+    vi = P##_fmadd_ps(v0, b2, P##_mul_ps(P##_mul_ps(omb2, g), g));                         \
+    const V denom = P##_fmadd_ps(P##_sqrt_ps(vi), inv_bc2s, eps);                          \
+    p = P##_fmadd_ps(P##_loadu_ps(param + i), decay_mul, P##_div_ps(P##_mul_ps(nss, mi), denom)); \
+  } else {                                                                                 \
+    p = P##_mul_ps(P##_loadu_ps(param + i), decay_mul);                                    \
+    mi = P##_add_ps(m0, P##_mul_ps(omb1, P##_sub_ps(g, m0)));                              \
+    vi = P##_add_ps(P##_mul_ps(v0, b2), P##_mul_ps(P##_mul_ps(omb2, g), g));               \
+    const V denom = P##_add_ps(P##_div_ps(P##_sqrt_ps(vi), bc2s), eps);                    \
+    p = P##_add_ps(p, P##_div_ps(P##_mul_ps(nss, mi), denom));                             \
+  }                                                                                        \
+  P##_storeu_ps(m + i, mi);                                                                \
+  P##_storeu_ps(v + i, vi);                                                                \
+  P##_storeu_ps(param + i, p)
+
 template <bool kFast>
 __attribute__((target("avx2,fma"))) bool Avx2Range(const Consts& c, float* param, float* m, float* v,
                                                const float* const* grads, int ng, size_t n,
@@ -97,24 +124,7 @@ __attribute__((target("avx2,fma"))) bool Avx2Range(const Consts& c, float* param
     const __m256 g = _mm256_mul_ps(gs, scale);
     const __m256 d = _mm256_sub_ps(g, g);
     nonfinite = _mm256_or_ps(nonfinite, _mm256_cmp_ps(d, d, _CMP_UNORD_Q));
-    const __m256 m0 = _mm256_loadu_ps(m + i), v0 = _mm256_loadu_ps(v + i);
-    __m256 p, mi, vi;
-    if constexpr (kFast) {
-      mi = _mm256_fmadd_ps(omb1, _mm256_sub_ps(g, m0), m0);
-      vi = _mm256_fmadd_ps(v0, b2, _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
-      const __m256 denom = _mm256_fmadd_ps(_mm256_sqrt_ps(vi), inv_bc2s, eps);
-      p = _mm256_fmadd_ps(_mm256_loadu_ps(param + i), decay_mul,
-                          _mm256_div_ps(_mm256_mul_ps(nss, mi), denom));
-    } else {
-      p = _mm256_mul_ps(_mm256_loadu_ps(param + i), decay_mul);
-      mi = _mm256_add_ps(m0, _mm256_mul_ps(omb1, _mm256_sub_ps(g, m0)));
-      vi = _mm256_add_ps(_mm256_mul_ps(v0, b2), _mm256_mul_ps(_mm256_mul_ps(omb2, g), g));
-      const __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2s), eps);
-      p = _mm256_add_ps(p, _mm256_div_ps(_mm256_mul_ps(nss, mi), denom));
-    }
-    _mm256_storeu_ps(m + i, mi);
-    _mm256_storeu_ps(v + i, vi);
-    _mm256_storeu_ps(param + i, p);
+    L2L_ADAMW_LANES(_mm256, __m256);
     if (out == nullptr) continue;
     if (od == DType::kBF16) {
       const __m256i u = _mm256_castps_si256(p);
@@ -156,24 +166,7 @@ __attribute__((target("avx512f"))) bool Avx512Range(const Consts& c, float* para
     const __m512 g = _mm512_mul_ps(gs, scale);
     const __m512 d = _mm512_sub_ps(g, g);
     nonfinite = static_cast<__mmask16>(nonfinite | _mm512_cmp_ps_mask(d, d, _CMP_UNORD_Q));
-    const __m512 m0 = _mm512_loadu_ps(m + i), v0 = _mm512_loadu_ps(v + i);
-    __m512 p, mi, vi;
-    if constexpr (kFast) {
-      mi = _mm512_fmadd_ps(omb1, _mm512_sub_ps(g, m0), m0);
-      vi = _mm512_fmadd_ps(v0, b2, _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
-      const __m512 denom = _mm512_fmadd_ps(_mm512_sqrt_ps(vi), inv_bc2s, eps);
-      p = _mm512_fmadd_ps(_mm512_loadu_ps(param + i), decay_mul,
-                          _mm512_div_ps(_mm512_mul_ps(nss, mi), denom));
-    } else {
-      p = _mm512_mul_ps(_mm512_loadu_ps(param + i), decay_mul);
-      mi = _mm512_add_ps(m0, _mm512_mul_ps(omb1, _mm512_sub_ps(g, m0)));
-      vi = _mm512_add_ps(_mm512_mul_ps(v0, b2), _mm512_mul_ps(_mm512_mul_ps(omb2, g), g));
-      const __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), bc2s), eps);
-      p = _mm512_add_ps(p, _mm512_div_ps(_mm512_mul_ps(nss, mi), denom));
-    }
-    _mm512_storeu_ps(m + i, mi);
-    _mm512_storeu_ps(v + i, vi);
-    _mm512_storeu_ps(param + i, p);
+    L2L_ADAMW_LANES(_mm512, __m512);
     if (out == nullptr) continue;
     if (od == DType::kBF16) {
       const __m512i u = _mm512_castps_si512(p);
@@ -192,6 +185,8 @@ __attribute__((target("avx512f"))) bool Avx512Range(const Consts& c, float* para
   const bool tail = ScalarRange<kFast>(c, param, m, v, grads, ng, i, n, od, out);
   return tail && nonfinite == 0;
 }
+
+#undef L2L_ADAMW_LANES
 
 }  // namespace
 

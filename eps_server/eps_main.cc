@@ -36,125 +36,128 @@
 
 namespace {
 
-int Fail(const l2l::Status& s) {
+using namespace l2l;
+
+int Fail(const Status& s) {
   std::fprintf(stderr, "l2l-eps: %s\n", s.ToString().c_str());
   return 1;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  using namespace l2l;
-  CLI::App app{"l2l-eps: eager param-server daemon"};
+// The command line: overrides of the daemon config, and where the job comes from.
+struct Flags {
   std::string config_path, job_path, resume, listen, state_dir, transport, job_id, log_level = "info";
   int workers = 0;
   int64_t host_bytes = -1;
   bool allow_remote = false;
-  app.add_option("--config", config_path, "daemon config YAML (configs/eps.yaml)");
-  app.add_option("--job", job_path, "job config YAML; without it, wait for the CreateJob rpc");
-  app.add_option("--resume", resume, "checkpoint directory, or checkpoint root (uses its `latest`)");
-  app.add_option("--listen", listen, "host:port to listen on (default 127.0.0.1:0)");
-  app.add_flag("--allow-remote", allow_remote,
-               "deprecated, no effect: a non-loopback --listen needs TLS, --token-file or --insecure");
   std::string tls_cert, tls_key, token_file;
   bool insecure = false;
-  app.add_option("--tls-cert", tls_cert, "PEM certificate chain: serve gRPC over TLS (tls.cert; with --tls-key)");
-  app.add_option("--tls-key", tls_key, "PEM private key of --tls-cert, not readable by others (tls.key)");
-  app.add_option("--token-file", token_file,
-                 "file (mode 0600) with a shared token every client must send as 'authorization: Bearer "
-                 "<token>' on gRPC and metrics (auth.token_file)");
-  app.add_flag("--insecure", insecure, "allow a non-loopback --listen / --metrics-listen without TLS or token");
-  app.add_option("--state-dir", state_dir, "state directory (eps.port is written there)");
-  app.add_option("--workers", workers, "expected workers");
-  app.add_option("--host-bytes", host_bytes, "memory budget for model + optimizer state");
-  app.add_option("--transport", transport, "auto | grpc");
-  app.add_option("--job-id", job_id, "names the shared-memory segments");
-  app.add_option("--log-level", log_level, "trace|debug|info|warn|error");
   std::string spill_dir;
-  app.add_option("--spill-dir", spill_dir,
-                 "SSD tier: directory for state pages beyond --host-bytes (spill.dir)");
   std::string metrics_listen;
-  app.add_option("--metrics-listen", metrics_listen,
-                 "host:port to serve Prometheus GET /metrics on (default off; port 0 = any free port)");
-  CLI11_PARSE(app, argc, argv);
-  InitLogging(log_level, "", "eps").IgnoreError();
+};
 
+void AddFlags(CLI::App* app, Flags* f) {
+  app->add_option("--config", f->config_path, "daemon config YAML (configs/eps.yaml)");
+  app->add_option("--job", f->job_path, "job config YAML; without it, wait for the CreateJob rpc");
+  app->add_option("--resume", f->resume, "checkpoint directory, or checkpoint root (uses its `latest`)");
+  app->add_option("--listen", f->listen, "host:port to listen on (default 127.0.0.1:0)");
+  app->add_flag("--allow-remote", f->allow_remote,
+                "deprecated, no effect: a non-loopback --listen needs TLS, --token-file or --insecure");
+  app->add_option("--tls-cert", f->tls_cert, "PEM certificate chain: serve gRPC over TLS (tls.cert; with --tls-key)");
+  app->add_option("--tls-key", f->tls_key, "PEM private key of --tls-cert, not readable by others (tls.key)");
+  app->add_option("--token-file", f->token_file,
+                  "file (mode 0600) with a shared token every client must send as 'authorization: Bearer "
+                  "<token>' on gRPC and metrics (auth.token_file)");
+  app->add_flag("--insecure", f->insecure, "allow a non-loopback --listen / --metrics-listen without TLS or token");
+  app->add_option("--state-dir", f->state_dir, "state directory (eps.port is written there)");
+  app->add_option("--workers", f->workers, "expected workers");
+  app->add_option("--host-bytes", f->host_bytes, "memory budget for model + optimizer state");
+  app->add_option("--transport", f->transport, "auto | grpc");
+  app->add_option("--job-id", f->job_id, "names the shared-memory segments");
+  app->add_option("--log-level", f->log_level, "trace|debug|info|warn|error");
+  app->add_option("--spill-dir", f->spill_dir,
+                  "SSD tier: directory for state pages beyond --host-bytes (spill.dir)");
+  app->add_option("--metrics-listen", f->metrics_listen,
+                  "host:port to serve Prometheus GET /metrics on (default off; port 0 = any free port)");
+}
+
+// The daemon config: --config, then the flags over it, validated.
+Result<eps::EpsConfig> LoadConfig(const Flags& f) {
   eps::EpsConfig cfg;
-  if (!config_path.empty()) {
-    auto c = eps::LoadEpsConfig(config_path);
-    if (!c.ok()) return Fail(c.status());
-    cfg = *c;
+  if (!f.config_path.empty()) {
+    L2L_ASSIGN_OR_RETURN(cfg, eps::LoadEpsConfig(f.config_path));
   }
-  if (!listen.empty()) cfg.listen = listen;
-  if (allow_remote) cfg.allow_remote = true;
-  if (!tls_cert.empty()) cfg.tls_cert = tls_cert;
-  if (!tls_key.empty()) cfg.tls_key = tls_key;
-  if (!token_file.empty()) cfg.auth_token_file = token_file;
-  if (insecure) cfg.insecure = true;
-  if (!state_dir.empty()) cfg.state_dir = state_dir;
-  if (workers > 0) cfg.expected_workers = workers;
-  if (host_bytes >= 0) cfg.host_bytes = host_bytes;
-  if (!transport.empty()) {
-    Result<Transport> t = ParseTransport(transport);
-    if (!t.ok()) return Fail(t.status().WithContext("--transport"));
+  if (!f.listen.empty()) cfg.listen = f.listen;
+  if (f.allow_remote) cfg.allow_remote = true;
+  if (!f.tls_cert.empty()) cfg.tls_cert = f.tls_cert;
+  if (!f.tls_key.empty()) cfg.tls_key = f.tls_key;
+  if (!f.token_file.empty()) cfg.auth_token_file = f.token_file;
+  if (f.insecure) cfg.insecure = true;
+  if (!f.state_dir.empty()) cfg.state_dir = f.state_dir;
+  if (f.workers > 0) cfg.expected_workers = f.workers;
+  if (f.host_bytes >= 0) cfg.host_bytes = f.host_bytes;
+  if (!f.transport.empty()) {
+    Result<Transport> t = ParseTransport(f.transport);
+    if (!t.ok()) return t.status().WithContext("--transport");
     cfg.transport = *t;
   }
-  if (!job_id.empty()) cfg.job_id = job_id;
-  if (!spill_dir.empty()) cfg.spill_dir = spill_dir;
-  if (Status s = cfg.Validate(); !s.ok()) return Fail(s);
-  // Security first, before anything is bound or written (eps_server/server_security.h).
-  auto security = eps::LoadServerSecurity(cfg);
-  if (!security.ok()) return Fail(security.status());
-  if (Status s = eps::CheckStartupExposure(cfg.listen, metrics_listen, *security); !s.ok()) return Fail(s);
-  if (cfg.allow_remote) {
-    L2L_LOG_WARN("--allow-remote / allow_remote is deprecated and has no effect: a non-loopback address "
-                 "needs TLS or a token (or --insecure)");
-  }
-  if (!resume.empty() && !job_path.empty()) {
-    return Fail(InvalidArgument("--resume and --job are exclusive: a checkpoint carries its job config"));
-  }
-  // Resume: read and validate the manifest before anything else happens.
-  eps::JobStart start;
+  if (!f.job_id.empty()) cfg.job_id = f.job_id;
+  if (!f.spill_dir.empty()) cfg.spill_dir = f.spill_dir;
+  L2L_RETURN_IF_ERROR(cfg.Validate());
+  return cfg;
+}
+
+// The job to create at start-up (none: it comes later by the CreateJob rpc), read and
+// checked completely before anything is written to the state dir.
+struct InitialJob {
+  bool present = false;
   JobConfig job;
-  if (!resume.empty()) {
-    auto dir = eps::ResolveCheckpointDir(resume);
-    if (!dir.ok()) return Fail(dir.status());
-    auto m = eps::ReadCheckpointManifest(*dir);
-    if (!m.ok()) return Fail(m.status());
-    job = m->meta.job;
-    if (workers <= 0 && m->meta.expected_workers != cfg.expected_workers) {
-      L2L_LOG_INFO("resume: {} expected worker(s) as in the checkpoint", m->meta.expected_workers);
-      cfg.expected_workers = m->meta.expected_workers;
+  eps::JobStart start;
+};
+
+// --resume: the checkpoint's manifest (its job, step, worker count and data positions);
+// --job: the job YAML and its model.from import.
+Result<InitialJob> LoadInitialJob(const Flags& f, eps::EpsConfig* cfg) {
+  if (!f.resume.empty() && !f.job_path.empty()) {
+    return InvalidArgument("--resume and --job are exclusive: a checkpoint carries its job config");
+  }
+  InitialJob init;
+  eps::JobStart& start = init.start;
+  if (!f.resume.empty()) {
+    L2L_ASSIGN_OR_RETURN(std::string dir, eps::ResolveCheckpointDir(f.resume));
+    L2L_ASSIGN_OR_RETURN(eps::CheckpointManifest m, eps::ReadCheckpointManifest(dir));
+    init.present = true;
+    init.job = m.meta.job;
+    if (f.workers <= 0 && m.meta.expected_workers != cfg->expected_workers) {
+      L2L_LOG_INFO("resume: {} expected worker(s) as in the checkpoint", m.meta.expected_workers);
+      cfg->expected_workers = m.meta.expected_workers;
     }
-    start.step = m->meta.step;
-    start.checkpoint_dir = *dir;
-    start.description = "checkpoint " + *dir;
-    for (const auto& w : m->meta.workers) {
+    start.step = m.meta.step;
+    start.checkpoint_dir = dir;
+    start.description = "checkpoint " + dir;
+    for (const auto& w : m.meta.workers) {
       if (w.id < 0) continue;
       if (start.data_positions.size() <= static_cast<size_t>(w.id)) start.data_positions.resize(w.id + 1);
       start.data_positions[w.id] = w.data_position;
     }
-    auto manifest = std::make_shared<eps::CheckpointManifest>(*m);
+    auto manifest = std::make_shared<eps::CheckpointManifest>(std::move(m));
     start.load = [manifest](eps::ParamStore* store) { return eps::LoadCheckpointState(*manifest, store); };
-  } else if (!job_path.empty()) {
-    auto j = LoadJobConfig(job_path);
-    if (!j.ok()) return Fail(j.status());
-    job = *j;
-    if (!job.model_from.empty()) {
+  } else if (!f.job_path.empty()) {
+    L2L_ASSIGN_OR_RETURN(init.job, LoadJobConfig(f.job_path));
+    init.present = true;
+    if (!init.job.model_from.empty()) {
       // model.from: checked completely here, before anything is written to the state dir.
-      auto model = ResolveModelFrom(&job, job.model_from);
-      if (!model.ok()) return Fail(model.status().WithContext(job_path));
+      auto model = ResolveModelFrom(&init.job, init.job.model_from);
+      if (!model.ok()) return model.status().WithContext(f.job_path);
       start = eps::ImportStart(*model);
     }
   }
+  if (init.present && cfg->publish_dtype) init.job.publish_dtype = *cfg->publish_dtype;
+  return init;
+}
 
-  // SIGTERM/SIGINT are handled by a thread (sigwait), never asynchronously.
-  sigset_t sigs;
-  sigemptyset(&sigs);
-  sigaddset(&sigs, SIGTERM);
-  sigaddset(&sigs, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &sigs, nullptr);
-
+// The core's options from the daemon config (and L2L_SPILL_FAULTS); the hooks are set
+// by the caller.
+eps::CoreOptions CoreOptionsFrom(const eps::EpsConfig& cfg) {
   eps::CoreOptions co;
   co.job_id = cfg.job_id;
   co.expected_workers = cfg.expected_workers;
@@ -178,20 +181,13 @@ int main(int argc, char** argv) {
     L2L_LOG_WARN("L2L_SPILL_FAULTS='{}': injecting SSD-tier faults", f);
     co.spill.faults = f;
   }
-  // A fatal job error (SSD-tier fault) stops the daemon without a final checkpoint; it
-  // then exits 1 (systemd's Restart=on-failure resumes from the last good checkpoint).
-  std::atomic<eps::EpsGrpcServer*> fatal_srv{nullptr};
-  co.on_fatal = [&fatal_srv](const Status&) {
-    if (eps::EpsGrpcServer* s = fatal_srv.load(); s != nullptr) s->RequestShutdown(true, true);
-  };
-  // Run log (<state_dir>/run.jsonl, one line per step; a resume drops lines past its step)
-  // and metrics, both fed by the core once per completed step.
-  std::error_code mk_ec;
-  std::filesystem::create_directories(cfg.state_dir, mk_ec);
-  auto run_log = eps::RunLog::Open(cfg.state_dir, resume.empty() ? -1 : start.step);
-  if (!run_log.ok()) return Fail(run_log.status());
-  eps::MetricsRegistry metrics;
-  co.on_step = [&run_log, &metrics](const eps::StepSummary& s) {
+  return co;
+}
+
+// The core's per-step hooks feed the run log (<state_dir>/run.jsonl, one line per step)
+// and the step-time histogram. Both must outlive the core.
+void FeedRunLogAndMetrics(eps::CoreOptions* co, eps::RunLog* run_log, eps::MetricsRegistry* metrics) {
+  co->on_step = [run_log, metrics](const eps::StepSummary& s) {
     eps::StepRecord r;
     r.step = s.step;
     r.loss = s.loss;
@@ -203,18 +199,21 @@ int main(int argc, char** argv) {
     r.wait_layer_s = s.times.wait_layer_s;
     r.wait_push_s = s.times.wait_push_s;
     if (s.val_tokens > 0) r.val_loss = s.val_loss, r.val_ppl = std::exp(s.val_loss);
-    if (Status st = (*run_log)->Append(r); !st.ok()) L2L_LOG_WARN("run log: {}", st.ToString());
-    eps::ObserveStepSeconds(&metrics, s.wall_s);
+    if (Status st = run_log->Append(r); !st.ok()) L2L_LOG_WARN("run log: {}", st.ToString());
+    eps::ObserveStepSeconds(metrics, s.wall_s);
   };
-  co.on_skip = [&run_log](const eps::SkipEvent& e) {
+  co->on_skip = [run_log](const eps::SkipEvent& e) {
     eps::StepRecord r;
     r.step = e.step + 1;
     r.skipped_steps = static_cast<double>(e.total);
-    if (Status st = (*run_log)->Append(r); !st.ok()) L2L_LOG_WARN("run log: {}", st.ToString());
+    if (Status st = run_log->Append(r); !st.ok()) L2L_LOG_WARN("run log: {}", st.ToString());
   };
-  eps::EpsCore core(co);
-  metrics.AddCollectHook([&core, &metrics] {
-    const eps::CoreStatus st = core.GetStatus();
+}
+
+// Before each scrape: the core's status copied into the standard gauges.
+void CollectCoreStatus(eps::EpsCore* core, eps::MetricsRegistry* metrics) {
+  metrics->AddCollectHook([core, metrics] {
+    const eps::CoreStatus st = core->GetStatus();
     eps::EpsSnapshot snap;
     snap.step = st.step;
     snap.total_steps = st.total_steps;
@@ -234,72 +233,67 @@ int main(int argc, char** argv) {
       snap.memory.push_back({"ssd", st.tier.ssd_bytes, 0});
     }
     for (const auto& w : st.workers) ++snap.workers_by_state[ToString(w.state)];
-    eps::UpdateEpsMetrics(&metrics, snap);
+    eps::UpdateEpsMetrics(metrics, snap);
   });
-  if (!job_path.empty() || !resume.empty()) {
-    if (cfg.publish_dtype) job.publish_dtype = *cfg.publish_dtype;
-    if (Status s = core.CreateJob(job, start); !s.ok()) return Fail(s);
-  }
+}
+
+// What serves the core: gRPC (its port in <state_dir>/eps.port, announced on stdout
+// and to systemd), the systemd watchdog, and the optional metrics endpoint.
+struct Servers {
+  std::unique_ptr<eps::EpsGrpcServer> grpc;
+  std::unique_ptr<eps::Watchdog> watchdog;
+  std::unique_ptr<eps::MetricsHttpServer> metrics_http;
+};
+
+Result<Servers> StartServers(eps::EpsCore* core, const eps::EpsConfig& cfg, const eps::ServerSecurity& security,
+                             const std::string& metrics_listen, eps::MetricsRegistry* metrics) {
+  Servers s;
   eps::ServerOptions so;
   so.listen = cfg.listen;
-  so.security = *security;
-  auto server = eps::EpsGrpcServer::Start(&core, so);
-  if (!server.ok()) return Fail(server.status());
+  so.security = security;
+  L2L_ASSIGN_OR_RETURN(s.grpc, eps::EpsGrpcServer::Start(core, so));
   const std::string host = cfg.listen.substr(0, cfg.listen.rfind(':'));
   std::error_code ec;
   std::filesystem::create_directories(cfg.state_dir, ec);
   {
     std::ofstream pf(cfg.state_dir + "/eps.port.tmp");
-    pf << (*server)->port() << "\n";
+    pf << s.grpc->port() << "\n";
   }
   std::filesystem::rename(cfg.state_dir + "/eps.port.tmp", cfg.state_dir + "/eps.port", ec);
   if (ec) L2L_LOG_WARN("cannot write {}/eps.port: {}", cfg.state_dir, ec.message());
-  std::printf("l2l-eps listening on %s:%d\n", host.c_str(), (*server)->port());
+  std::printf("l2l-eps listening on %s:%d\n", host.c_str(), s.grpc->port());
   std::fflush(stdout);
-  sd_notifyf(0, "READY=1\nSTATUS=listening on %s:%d", host.c_str(), (*server)->port());
+  sd_notifyf(0, "READY=1\nSTATUS=listening on %s:%d", host.c_str(), s.grpc->port());
   // systemd's WatchdogSec= (eps_server/watchdog.h): no thread without systemd.
-  auto watchdog = eps::Watchdog::StartIfEnabled([&core] { return !core.stopped(); });
-  std::unique_ptr<eps::MetricsHttpServer> metrics_http;
+  s.watchdog = eps::Watchdog::StartIfEnabled([core] { return !core->stopped(); });
   if (!metrics_listen.empty()) {
     eps::MetricsServerOptions mo;
     mo.listen = metrics_listen;
-    mo.insecure = security->insecure;
-    mo.token = security->token;
-    auto m = eps::MetricsHttpServer::Start(&metrics, mo);
-    if (!m.ok()) return Fail(m.status());
-    metrics_http = std::move(*m);
+    mo.insecure = security.insecure;
+    mo.token = security.token;
+    L2L_ASSIGN_OR_RETURN(s.metrics_http, eps::MetricsHttpServer::Start(metrics, mo));
     std::printf("l2l-eps metrics on http://%s:%d/metrics\n",
-                metrics_listen.substr(0, metrics_listen.rfind(':')).c_str(), metrics_http->port());
+                metrics_listen.substr(0, metrics_listen.rfind(':')).c_str(), s.metrics_http->port());
     std::fflush(stdout);
   }
+  return s;
+}
 
-  eps::EpsGrpcServer* srv = server->get();
-  fatal_srv.store(srv);  // no update (so no job failure) can run before workers reach us
-  // Every SIGTERM/SIGINT asks for a shutdown (a second one retries a final checkpoint
-  // that failed); `exiting` ends the thread when main wakes it at the end.
-  std::atomic<bool> exiting{false};
-  std::thread signals([srv, sigs, &exiting] {
-    for (;;) {
-      int sig = 0;
-      sigwait(&sigs, &sig);
-      if (sig == 0 || exiting.load()) return;
-      L2L_LOG_INFO("signal {}: shutting down", sig);
-      srv->RequestShutdown(false, false);
-    }
-  });
-  // Finish (or abort) the step in flight and write the final checkpoint while the
-  // workers can still reach us. A failed final checkpoint does not stop the daemon: it
-  // pauses the job and keeps serving with the state in memory, so the operator can
-  // free space and stop again, or checkpoint elsewhere (l2lctl checkpoint --dir).
+// Serves until a shutdown request (Shutdown rpc, SIGTERM/SIGINT) whose final checkpoint
+// was written. The step in flight is finished (or aborted) and the checkpoint written
+// while the workers can still reach us. A failed final checkpoint does not stop the
+// daemon: it pauses the job and keeps serving with the state in memory, so the operator
+// can free space and stop again, or checkpoint elsewhere (l2lctl checkpoint --dir).
+void ServeUntilShutdown(eps::EpsCore* core, eps::EpsGrpcServer* srv, const eps::EpsConfig& cfg) {
   const auto finish = std::chrono::milliseconds(cfg.heartbeat_timeout_ms > 0 ? cfg.heartbeat_timeout_ms : 30000);
-  srv->set_prepare_shutdown([&core, finish](bool abort_step, bool skip_checkpoint) {
-    Status s = core.PrepareShutdown(abort_step, skip_checkpoint, finish);
+  srv->set_prepare_shutdown([core, finish](bool abort_step, bool skip_checkpoint) {
+    Status s = core->PrepareShutdown(abort_step, skip_checkpoint, finish);
     if (!s.ok()) {
       L2L_LOG_ERROR("{}; NOT stopping: the job is paused and its state kept in memory. Free space (or fix the "
                     "checkpoint dir) and stop again, or `l2lctl checkpoint --dir OTHER` then `l2lctl stop "
                     "--skip-checkpoint`",
                     s.ToString());
-      if (core.has_job()) core.Pause().IgnoreError();
+      if (core->has_job()) core->Pause().IgnoreError();
       sd_notify(0, "STATUS=final checkpoint failed: paused, state kept in memory (see the log)");
     }
     return s;
@@ -312,15 +306,110 @@ int main(int argc, char** argv) {
     srv->ClearShutdownRequest();  // a signal asked, the checkpoint failed: keep serving
     sd_notify(0, "READY=1");
   }
+}
+
+// SIGTERM/SIGINT are handled by a thread (sigwait), never asynchronously: Block() before
+// any other thread starts (they inherit the mask); Start() then turns every signal into a
+// shutdown request (a second one retries a final checkpoint that failed); Stop() ends
+// the thread.
+class ShutdownSignals {
+ public:
+  ShutdownSignals() {
+    sigemptyset(&sigs_);
+    sigaddset(&sigs_, SIGTERM);
+    sigaddset(&sigs_, SIGINT);
+  }
+  void Block() { pthread_sigmask(SIG_BLOCK, &sigs_, nullptr); }
+  void Start(eps::EpsGrpcServer* srv) {
+    thread_ = std::thread([srv, sigs = sigs_, this] {
+      for (;;) {
+        int sig = 0;
+        sigwait(&sigs, &sig);
+        if (sig == 0 || exiting_.load()) return;
+        L2L_LOG_INFO("signal {}: shutting down", sig);
+        srv->RequestShutdown(false, false);
+      }
+    });
+  }
+  void Stop() {
+    if (!thread_.joinable()) return;
+    // The thread waits in sigwait: wake it.
+    exiting_.store(true);
+    pthread_kill(thread_.native_handle(), SIGTERM);
+    thread_.join();
+  }
+
+ private:
+  sigset_t sigs_;
+  std::atomic<bool> exiting_{false};
+  std::thread thread_;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"l2l-eps: eager param-server daemon"};
+  Flags flags;
+  AddFlags(&app, &flags);
+  CLI11_PARSE(app, argc, argv);
+  InitLogging(flags.log_level, "", "eps").IgnoreError();
+
+  // 1. Configuration and security, before anything is bound or written
+  // (eps_server/server_security.h).
+  Result<eps::EpsConfig> loaded = LoadConfig(flags);
+  if (!loaded.ok()) return Fail(loaded.status());
+  eps::EpsConfig cfg = std::move(loaded).value();
+  auto security = eps::LoadServerSecurity(cfg);
+  if (!security.ok()) return Fail(security.status());
+  if (Status s = eps::CheckStartupExposure(cfg.listen, flags.metrics_listen, *security); !s.ok()) return Fail(s);
+  if (cfg.allow_remote) {
+    L2L_LOG_WARN("--allow-remote / allow_remote is deprecated and has no effect: a non-loopback address "
+                 "needs TLS or a token (or --insecure)");
+  }
+
+  // 2. The job (--resume or --job), read and validated before anything else happens.
+  Result<InitialJob> init = LoadInitialJob(flags, &cfg);
+  if (!init.ok()) return Fail(init.status());
+
+  ShutdownSignals signals;
+  signals.Block();
+
+  // 3. The core, with its run log and metrics; a fatal job error (SSD-tier fault) stops
+  // the daemon without a final checkpoint; it then exits 1 (systemd's
+  // Restart=on-failure resumes from the last good checkpoint).
+  eps::CoreOptions co = CoreOptionsFrom(cfg);
+  std::atomic<eps::EpsGrpcServer*> fatal_srv{nullptr};
+  co.on_fatal = [&fatal_srv](const Status&) {
+    if (eps::EpsGrpcServer* s = fatal_srv.load(); s != nullptr) s->RequestShutdown(true, true);
+  };
+  std::error_code mk_ec;
+  std::filesystem::create_directories(cfg.state_dir, mk_ec);
+  // A resume drops the run log's lines past its step.
+  auto run_log = eps::RunLog::Open(cfg.state_dir, flags.resume.empty() ? -1 : init->start.step);
+  if (!run_log.ok()) return Fail(run_log.status());
+  eps::MetricsRegistry metrics;
+  FeedRunLogAndMetrics(&co, run_log->get(), &metrics);
+  eps::EpsCore core(co);
+  CollectCoreStatus(&core, &metrics);
+  if (init->present) {
+    if (Status s = core.CreateJob(init->job, init->start); !s.ok()) return Fail(s);
+  }
+
+  // 4. Serve until a shutdown whose final checkpoint was written.
+  Result<Servers> servers = StartServers(&core, cfg, *security, flags.metrics_listen, &metrics);
+  if (!servers.ok()) return Fail(servers.status());
+  eps::EpsGrpcServer* srv = servers->grpc.get();
+  fatal_srv.store(srv);  // no update (so no job failure) can run before workers reach us
+  signals.Start(srv);
+  ServeUntilShutdown(&core, srv, cfg);
+
+  // 5. Shut down: the servers, then the job (its shared-memory segments go with it).
   srv->Shutdown();
-  metrics_http.reset();
+  servers->metrics_http.reset();
   core.Stop();
   const std::string fatal = core.GetStatus().error;
   L2L_LOG_INFO("stopped; shared-memory segments removed");
-  // The signal thread waits in sigwait: wake it.
-  exiting.store(true);
-  pthread_kill(signals.native_handle(), SIGTERM);
-  signals.join();
+  signals.Stop();
   if (!fatal.empty()) {
     std::fprintf(stderr, "l2l-eps: the job failed: %s\n", fatal.c_str());
     return 1;

@@ -254,8 +254,8 @@ class DataService final : public data::Data::Service {
 
   // Once a second: cancels the fetches in flight of workers that are no longer active.
   void ReapFetches() {
-    std::unique_lock<std::mutex> lock(fetch_mu_);
-    while (!fetch_cv_.wait_for(lock, std::chrono::seconds(1), [&] { return stopping_; })) {
+    UniqueLock lock(fetch_mu_);
+    while (!fetch_cv_.wait_for(lock.native(), std::chrono::seconds(1), [&]() REQUIRES(fetch_mu_) { return stopping_; })) {
       for (const auto& [ctx, worker] : fetches_) {
         if (Status s = core_->CheckActive(worker); !s.ok()) {
           L2L_LOG_WARN("cancelling FetchLayer of worker {}: {}", worker, s.ToString());
@@ -328,8 +328,8 @@ class DataService final : public data::Data::Service {
   std::atomic<int> pinned_{0};  // PinnedSlots alive
   std::mutex fetch_mu_;
   std::condition_variable fetch_cv_;
-  std::map<grpc::ServerContext*, int32_t> fetches_;  // GUARDED_BY(fetch_mu_): in flight -> worker
-  bool stopping_ = false;  // GUARDED_BY(fetch_mu_)
+  std::map<grpc::ServerContext*, int32_t> fetches_ GUARDED_BY(fetch_mu_);  // in flight -> worker
+  bool stopping_ GUARDED_BY(fetch_mu_) = false;
   std::thread reaper_;                               // ReapFetches; last: starts in the constructor
 };
 
@@ -609,8 +609,8 @@ Result<std::unique_ptr<EpsGrpcServer>> EpsGrpcServer::Start(EpsCore* core, const
 EpsGrpcServer::~EpsGrpcServer() { Shutdown(); }
 
 void EpsGrpcServer::WaitForShutdownRequest() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return shutdown_requested_; });
+  UniqueLock lock(mu_);
+  cv_.wait(lock.native(), [&]() REQUIRES(mu_) { return shutdown_requested_; });
 }
 
 void EpsGrpcServer::ClearShutdownRequest() {

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "eps_server/eps_core.h"
 #include "eps_server/server_security.h"
 
@@ -44,9 +45,18 @@ class EpsGrpcServer {
   void WaitForShutdownRequest();
   // prepared: the final checkpoint was already written (by the Shutdown rpc).
   void RequestShutdown(bool abort_step, bool skip_checkpoint, bool prepared = false);
-  bool skip_checkpoint() const { return skip_checkpoint_; }
-  bool abort_step() const { return abort_step_; }
-  bool prepared() const { return prepared_; }
+  bool skip_checkpoint() const EXCLUDES(mu_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return skip_checkpoint_;
+  }
+  bool abort_step() const EXCLUDES(mu_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return abort_step_;
+  }
+  bool prepared() const EXCLUDES(mu_) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return prepared_;
+  }
   // After a failed final checkpoint the daemon keeps serving: forget the request.
   void ClearShutdownRequest();
   // Runs before a Shutdown rpc returns (the final checkpoint): an error goes back to the
@@ -64,12 +74,12 @@ class EpsGrpcServer {
   std::unique_ptr<grpc::Service> data_, control_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool shutdown_requested_ = false;  // GUARDED_BY(mu_)
-  bool skip_checkpoint_ = false;
-  bool abort_step_ = false;
-  bool prepared_ = false;
+  bool shutdown_requested_ GUARDED_BY(mu_) = false;
+  bool skip_checkpoint_ GUARDED_BY(mu_) = false;
+  bool abort_step_ GUARDED_BY(mu_) = false;
+  bool prepared_ GUARDED_BY(mu_) = false;
   bool shut_down_ = false;
   std::function<Status(bool, bool)> prepare_shutdown_;
 };

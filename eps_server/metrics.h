@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace l2l::eps {
 
@@ -81,8 +82,8 @@ class Histogram {
  private:
   const std::vector<double> bounds_;
   mutable std::mutex mu_;
-  std::vector<uint64_t> counts_;  // GUARDED_BY(mu_): per bucket, not cumulative; last = +Inf.
-  double sum_ = 0;  // GUARDED_BY(mu_)
+  std::vector<uint64_t> counts_ GUARDED_BY(mu_);  // per bucket, not cumulative; last = +Inf.
+  double sum_ GUARDED_BY(mu_) = 0;
 };
 
 class MetricsRegistry {
@@ -114,11 +115,11 @@ class MetricsRegistry {
     std::map<std::string, std::unique_ptr<Gauge>> gauges;
     std::map<std::string, std::unique_ptr<Histogram>> histograms;
   };
-  Family* GetFamily(const std::string& name, const std::string& help, Type type);  // REQUIRES mu_
+  Family* GetFamily(const std::string& name, const std::string& help, Type type) REQUIRES(mu_);
 
   mutable std::mutex mu_;
-  std::map<std::string, Family> families_;  // GUARDED_BY(mu_)
-  std::vector<std::function<void()>> hooks_;  // GUARDED_BY(mu_)
+  std::map<std::string, Family> families_ GUARDED_BY(mu_);
+  std::vector<std::function<void()>> hooks_ GUARDED_BY(mu_);
 };
 
 // The daemon's standard metrics (names in docs/operations.md), filled from plain values

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace l2l::eps {
 
@@ -42,9 +43,9 @@ class PageAllocator {
   const size_t page_bytes_;
   const size_t budget_bytes_;
   mutable std::mutex mu_;
-  std::vector<void*> free_;  // GUARDED_BY(mu_)
-  size_t in_use_ = 0;  // GUARDED_BY(mu_)
-  size_t mapped_ = 0;  // GUARDED_BY(mu_)
+  std::vector<void*> free_ GUARDED_BY(mu_);
+  size_t in_use_ GUARDED_BY(mu_) = 0;
+  size_t mapped_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace l2l::eps

@@ -40,6 +40,7 @@
 #include "common/model_spec.h"
 #include "common/shm.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "eps_server/page_allocator.h"
 #include "eps_server/spill_tier.h"
 #include "eps_server/state_span.h"
@@ -208,7 +209,7 @@ class ParamStore {
   std::unique_ptr<std::atomic<int32_t>[]> readers_;
   std::atomic<uint32_t> unpin_seq_{0};         // futex word: bumped on every in-process unpin
   mutable std::mutex pin_mu_;
-  std::vector<PinSource> pin_sources_;  // GUARDED_BY(pin_mu_)
+  std::vector<PinSource> pin_sources_ GUARDED_BY(pin_mu_);
 };
 
 }  // namespace l2l::eps

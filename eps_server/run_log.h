@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace l2l::eps {
 
@@ -71,8 +72,8 @@ class RunLog {
   RunLog(std::string path, int fd, int64_t last_step) : path_(std::move(path)), fd_(fd), last_step_(last_step) {}
   const std::string path_;
   std::mutex mu_;
-  int fd_;  // GUARDED_BY(mu_)
-  int64_t last_step_;  // GUARDED_BY(mu_)
+  int fd_ GUARDED_BY(mu_);
+  int64_t last_step_ GUARDED_BY(mu_);
 };
 
 // Reads a run log back (for l2lctl and tests). Errors name path:line.

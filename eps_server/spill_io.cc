@@ -92,9 +92,15 @@ FaultPlan::FaultPlan(const FaultPlan& o) {
 
 FaultPlan& FaultPlan::operator=(const FaultPlan& o) {
   if (this == &o) return *this;
-  std::scoped_lock lock(mu_, o.mu_);
+  // One lock at a time (a copy of o's counts first), so no lock order between plans.
+  decltype(counts_) counts;
+  {
+    std::lock_guard<std::mutex> lock(o.mu_);
+    std::copy(std::begin(o.counts_), std::end(o.counts_), counts);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
   rules_ = o.rules_;
-  std::copy(std::begin(o.counts_), std::end(o.counts_), counts_);
+  std::copy(std::begin(counts), std::end(counts), counts_);
   return *this;
 }
 
@@ -374,16 +380,16 @@ struct IoEngine::Impl {
 
   mutable std::mutex mu;
   std::condition_variable drained;  // signalled when `outstanding` drops to 0
-  std::deque<Block*> pending;  // GUARDED_BY(mu): FIFO of blocks waiting for a slot
-  int inflight = 0;  // GUARDED_BY(mu): requests in the ring
-  int64_t outstanding = 0;  // GUARDED_BY(mu): transfers whose callback has not returned
-  IoStats stats;  // GUARDED_BY(mu)
+  std::deque<Block*> pending GUARDED_BY(mu);  // FIFO of blocks waiting for a slot
+  int inflight GUARDED_BY(mu) = 0;  // requests in the ring
+  int64_t outstanding GUARDED_BY(mu) = 0;  // transfers whose callback has not returned
+  IoStats stats GUARDED_BY(mu);
 
-  // Fills the ring from `pending` up to queue_depth and submits. REQUIRES: mu held.
-  void Pump();
-  // Accounts one completion; a finished transfer is moved to `ready`. REQUIRES: mu held.
-  void Complete(Block* b, int res, std::vector<std::unique_ptr<Transfer>>* ready);
-  void FinishBlock(Block* b, Status st, std::vector<std::unique_ptr<Transfer>>* ready);
+  // Fills the ring from `pending` up to queue_depth and submits.
+  void Pump() REQUIRES(mu);
+  // Accounts one completion; a finished transfer is moved to `ready`.
+  void Complete(Block* b, int res, std::vector<std::unique_ptr<Transfer>>* ready) REQUIRES(mu);
+  void FinishBlock(Block* b, Status st, std::vector<std::unique_ptr<Transfer>>* ready) REQUIRES(mu);
   void ReaperLoop();
 };
 
@@ -589,8 +595,8 @@ Result<std::unique_ptr<IoEngine>> IoEngine::Create(const IoEngineOptions& opts, 
 IoEngine::~IoEngine() {
   if (!impl_) return;
   Impl& im = *impl_;
-  std::unique_lock<std::mutex> lock(im.mu);
-  im.drained.wait(lock, [&] { return im.outstanding == 0; });
+  UniqueLock lock(im.mu);
+  im.drained.wait(lock.native(), [&]() REQUIRES(im.mu) { return im.outstanding == 0; });
   // The ring is idle: one NOP tells the reaper to leave.
   io_uring_sqe* sqe = io_uring_get_sqe(&im.ring);
   L2L_CHECK(sqe != nullptr) << "spill I/O: no SQ entry for the stop request of an idle ring";
@@ -667,8 +673,8 @@ namespace {
 struct Waiter {
   std::mutex mu;
   std::condition_variable cv;
-  bool done = false;
-  Status status;
+  bool done GUARDED_BY(mu) = false;
+  Status status GUARDED_BY(mu);
   std::function<void(Status)> Callback() {
     return [this](Status st) {
       std::lock_guard<std::mutex> lock(mu);
@@ -678,8 +684,8 @@ struct Waiter {
     };
   }
   Status Wait() {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return done; });
+    UniqueLock lock(mu);
+    cv.wait(lock.native(), [&]() REQUIRES(mu) { return done; });
     return status;
   }
 };
@@ -713,7 +719,8 @@ IoStats IoEngine::stats() const {
 struct AlignedBufferPool::Sync {
   std::mutex mu;
   std::condition_variable freed;
-  std::vector<bool> taken;  // GUARDED_BY(mu): per buffer index
+  std::vector<void*> free GUARDED_BY(mu);  // buffers not taken
+  std::vector<bool> taken GUARDED_BY(mu);  // per buffer index
 };
 
 AlignedBufferPool::AlignedBufferPool(size_t buffer_bytes, size_t count)
@@ -741,16 +748,22 @@ Result<std::unique_ptr<AlignedBufferPool>> AlignedBufferPool::Create(size_t buff
     L2L_LOG_INFO("spill staging pool: mlock of {} bytes failed ({}); buffers are not pinned (RLIMIT_MEMLOCK)",
                  total, std::strerror(errno));
   }
-  p->free_.reserve(count);
-  for (size_t i = count; i-- > 0;) p->free_.push_back(static_cast<char*>(base) + i * buffer_bytes);
+  std::lock_guard<std::mutex> lock(p->sync_->mu);
+  p->sync_->free.reserve(count);
+  for (size_t i = count; i-- > 0;) p->sync_->free.push_back(static_cast<char*>(base) + i * buffer_bytes);
   p->sync_->taken.assign(count, false);
   return p;
 }
 
 AlignedBufferPool::~AlignedBufferPool() {
   if (base_ == nullptr) return;
-  if (free_.size() != count_) {
-    L2L_LOG_WARN("spill staging pool destroyed with {} of {} buffers still taken", count_ - free_.size(), count_);
+  size_t free_count = 0;
+  {
+    std::lock_guard<std::mutex> lock(sync_->mu);
+    free_count = sync_->free.size();
+  }
+  if (free_count != count_) {
+    L2L_LOG_WARN("spill staging pool destroyed with {} of {} buffers still taken", count_ - free_count, count_);
   }
   if (::munmap(base_, buffer_bytes_ * count_) != 0) L2L_LOG_WARN("munmap of the spill staging pool: {}", std::strerror(errno));
 }
@@ -761,24 +774,24 @@ Result<std::vector<void*>> AlignedBufferPool::Acquire(size_t n, std::chrono::mil
                            std::to_string(buffer_bytes_) + " bytes; it has " + std::to_string(count_) +
                            " in all (raise spill.pool_bytes)");
   }
-  std::unique_lock<std::mutex> lock(sync_->mu);
-  if (!sync_->freed.wait_for(lock, timeout, [&] { return free_.size() >= n; })) {
+  UniqueLock lock(sync_->mu);
+  if (!sync_->freed.wait_for(lock.native(), timeout, [&]() REQUIRES(sync_->mu) { return sync_->free.size() >= n; })) {
     return Status(StatusCode::kDeadlineExceeded,
                   "waited " + std::to_string(timeout.count()) + " ms for " + std::to_string(n) +
-                      " spill staging buffers; " + std::to_string(free_.size()) + " of " + std::to_string(count_) +
+                      " spill staging buffers; " + std::to_string(sync_->free.size()) + " of " + std::to_string(count_) +
                       " free");
   }
-  std::vector<void*> out(free_.end() - static_cast<std::ptrdiff_t>(n), free_.end());
-  free_.resize(free_.size() - n);
+  std::vector<void*> out(sync_->free.end() - static_cast<std::ptrdiff_t>(n), sync_->free.end());
+  sync_->free.resize(sync_->free.size() - n);
   for (void* b : out) sync_->taken[(static_cast<char*>(b) - static_cast<char*>(base_)) / buffer_bytes_] = true;
   return out;
 }
 
 std::vector<void*> AlignedBufferPool::TryAcquire(size_t n) {
   std::lock_guard<std::mutex> lock(sync_->mu);
-  if (n == 0 || free_.size() < n) return {};
-  std::vector<void*> out(free_.end() - static_cast<std::ptrdiff_t>(n), free_.end());
-  free_.resize(free_.size() - n);
+  if (n == 0 || sync_->free.size() < n) return {};
+  std::vector<void*> out(sync_->free.end() - static_cast<std::ptrdiff_t>(n), sync_->free.end());
+  sync_->free.resize(sync_->free.size() - n);
   for (void* b : out) sync_->taken[(static_cast<char*>(b) - static_cast<char*>(base_)) / buffer_bytes_] = true;
   return out;
 }
@@ -794,7 +807,7 @@ void AlignedBufferPool::Release(const std::vector<void*>& bufs) {
       const size_t i = static_cast<size_t>(off) / buffer_bytes_;
       L2L_CHECK(sync_->taken[i]) << "spill staging buffer " << i << " released twice";
       sync_->taken[i] = false;
-      free_.push_back(b);
+      sync_->free.push_back(b);
     }
   }
   sync_->freed.notify_all();
@@ -802,7 +815,7 @@ void AlignedBufferPool::Release(const std::vector<void*>& bufs) {
 
 size_t AlignedBufferPool::free_count() const {
   std::lock_guard<std::mutex> lock(sync_->mu);
-  return free_.size();
+  return sync_->free.size();
 }
 
 }  // namespace l2l::eps

@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace l2l::eps {
 
@@ -75,7 +76,7 @@ class FaultPlan {
  private:
   mutable std::mutex mu_;
   std::vector<Rule> rules_;              // immutable after Parse
-  int64_t counts_[5] = {0, 0, 0, 0, 0};  // GUARDED_BY(mu_): indexed by IoOp
+  int64_t counts_[5] GUARDED_BY(mu_) = {0, 0, 0, 0, 0};  // indexed by IoOp
 };
 
 struct SpillFileOptions {
@@ -188,9 +189,8 @@ class AlignedBufferPool {
   const size_t count_;
   void* base_ = nullptr;
   bool pinned_ = false;
-  struct Sync;
+  struct Sync;  // the free list and its mutex (spill_io.cc)
   std::unique_ptr<Sync> sync_;
-  std::vector<void*> free_;  // guarded by sync_->mu (Sync is defined in spill_io.cc)
 };
 
 }  // namespace l2l::eps

@@ -21,6 +21,7 @@
 #include <mutex>
 
 #include "common/logging.h"
+#include "common/thread_annotations.h"
 
 namespace l2l::eps {
 namespace {
@@ -247,17 +248,21 @@ struct SpillTier::Impl {
 
   mutable std::mutex mu;
   std::condition_variable cv;
-  std::vector<Layer> layers;  // GUARDED_BY(mu)
-  Status health;  // GUARDED_BY(mu)
-  uint64_t tick = 0;  // GUARDED_BY(mu)
-  int64_t hits = 0;  // GUARDED_BY(mu)
-  int64_t misses = 0;  // GUARDED_BY(mu)
-  double wait_s = 0;  // GUARDED_BY(mu)
+  // Not GUARDED_BY as a whole: its size and each Layer's `arrays` are fixed after Create
+  // and read without mu; a Layer's other fields are written only under mu, and `bufs` is
+  // read without it only by the thread that moved the layer to kReading, kLeased or
+  // kWriting (that state hands it the buffers until it moves the layer on, under mu).
+  std::vector<Layer> layers;
+  Status health GUARDED_BY(mu);
+  uint64_t tick GUARDED_BY(mu) = 0;
+  int64_t hits GUARDED_BY(mu) = 0;
+  int64_t misses GUARDED_BY(mu) = 0;
+  double wait_s GUARDED_BY(mu) = 0;
 
-  // REQUIRES: mu held. Gives `layer` its buffers, evicting clean unleased layers in LRU
-  // order (never one in `protect`, one waited for, or one whose write failed), all or
-  // nothing. False when not enough can be freed now.
-  bool TakeBuffers(int64_t layer, const std::vector<char>* protect) {
+  // Gives `layer` its buffers, evicting clean unleased layers in LRU order (never one in
+  // `protect`, one waited for, or one whose write failed), all or nothing. False when not
+  // enough can be freed now.
+  bool TakeBuffers(int64_t layer, const std::vector<char>* protect) REQUIRES(mu) {
     Layer& ly = layers[layer];
     const size_t n = ly.arrays.size();
     size_t have = pool->free_count();
@@ -285,9 +290,9 @@ struct SpillTier::Impl {
     return ly.bufs.size() == n;
   }
 
-  // REQUIRES: mu held, layer has its buffers. Moves the layer to kReading (or kClean when
-  // nothing is to be read) and says what to do next.
-  Fill BeginFill(int64_t layer, bool read) {
+  // REQUIRES: layer has its buffers. Moves the layer to kReading (or kClean when nothing
+  // is to be read) and says what to do next.
+  Fill BeginFill(int64_t layer, bool read) REQUIRES(mu) {
     Layer& ly = layers[layer];
     Fill f;
     f.layer = layer;
@@ -306,8 +311,7 @@ struct SpillTier::Impl {
     return f;
   }
 
-  // REQUIRES: mu not held.
-  void RunFill(const Fill& f) {
+  void RunFill(const Fill& f) EXCLUDES(mu) {
     Layer& ly = layers[f.layer];  // arrays and bufs are stable while kReading
     if (f.zero) {
       for (void* b : ly.bufs) std::memset(b, 0, page_bytes);
@@ -498,9 +502,9 @@ SpillTier::~SpillTier() {
   if (impl_ == nullptr) return;
   Impl& I = *impl_;
   if (I.engine != nullptr) {
-    std::unique_lock<std::mutex> lock(I.mu);
+    UniqueLock lock(I.mu);
     // Every write-behind and (pre)fetch still in flight lands before the buffers go.
-    I.cv.wait(lock, [&] {
+    I.cv.wait(lock.native(), [&]() REQUIRES(I.mu) {
       for (const auto& ly : I.layers) {
         if (ly.st == Impl::St::kReading || ly.st == Impl::St::kWriting) return false;
       }
@@ -541,7 +545,7 @@ Status SpillTier::Lease(int64_t layer, const std::vector<StateSpan>& ram, bool r
   bool started = false;  // this Lease took the buffers (a miss)
   bool warned = false;
   Status result;
-  std::unique_lock<std::mutex> lock(I.mu);
+  UniqueLock lock(I.mu);
   ++ly.waiters;
   for (;;) {
     if (!I.health.ok()) {
@@ -550,7 +554,7 @@ Status SpillTier::Lease(int64_t layer, const std::vector<StateSpan>& ram, bool r
     }
     if (ly.st == Impl::St::kClean) break;
     if (ly.st != Impl::St::kAbsent) {  // being read, leased or written: wait for it
-      I.cv.wait(lock);
+      I.cv.wait(lock.native());
       continue;
     }
     if (!ly.read_error.ok()) {
@@ -564,7 +568,7 @@ Status SpillTier::Lease(int64_t layer, const std::vector<StateSpan>& ram, bool r
     if (!I.TakeBuffers(layer, nullptr)) {
       // Every buffer is leased or in flight. Leases end, so this waits; but a thread that
       // holds leases while asking for more than the pool can spare waits for ever: say so.
-      if (I.cv.wait_for(lock, std::chrono::seconds(10)) == std::cv_status::timeout && !warned) {
+      if (I.cv.wait_for(lock.native(), std::chrono::seconds(10)) == std::cv_status::timeout && !warned) {
         warned = true;
         int64_t leased = 0;
         for (const auto& y : I.layers) leased += y.st == Impl::St::kLeased;
@@ -629,8 +633,8 @@ void SpillTier::Unlease(int64_t layer, bool dirty) {
 
 Status SpillTier::Flush() {
   Impl& I = *impl_;
-  std::unique_lock<std::mutex> lock(I.mu);
-  I.cv.wait(lock, [&] {
+  UniqueLock lock(I.mu);
+  I.cv.wait(lock.native(), [&]() REQUIRES(I.mu) {
     for (const auto& ly : I.layers) {
       if (ly.st == Impl::St::kWriting) return false;
     }

@@ -115,9 +115,9 @@ Status UpdatePipeline::Submit(int64_t layer, int64_t step, GradientRef ref) {
     if (ref.release) ref.release();
     return s;
   };
-  if (layer < 0 || layer >= static_cast<int64_t>(layers_.size())) {
+  if (layer < 0 || layer >= store_->num_layers()) {
     return reject(NotFound("gradient for layer " + std::to_string(layer) + ": the model has layers 0.." +
-                           std::to_string(layers_.size() - 1)));
+                           std::to_string(store_->num_layers() - 1)));
   }
   const size_t numel = store_->layout(layer).numel;
   if (ref.numel != numel) {
@@ -668,8 +668,8 @@ bool UpdatePipeline::HoldAt(int64_t step) {
 }
 
 bool UpdatePipeline::WaitHeld(int64_t step, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] {
+  UniqueLock lock(mu_);
+  return cv_.wait_for(lock.native(), timeout, [&]() REQUIRES(mu_) {
     return completed_step_ >= step && gate_closed_ && running_ == 0 &&
            std::find(hold_at_.begin(), hold_at_.end(), step) == hold_at_.end();
   });
@@ -688,10 +688,10 @@ void UpdatePipeline::CancelHoldAt(int64_t step) {
 }
 
 UpdatePipeline::Frozen UpdatePipeline::Freeze() {
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   ++holds_;
   gate_closed_ = true;
-  cv_.wait(lock, [&] { return running_ == 0; });
+  cv_.wait(lock.native(), [&]() REQUIRES(mu_) { return running_ == 0; });
   Frozen f;
   f.step = completed_step_;
   f.applied = layers_done_in_step_ > 0;
@@ -705,13 +705,13 @@ UpdatePipeline::Frozen UpdatePipeline::Freeze() {
 }
 
 bool UpdatePipeline::WaitForStep(int64_t step, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, timeout, [&] { return completed_step_ >= step || !failure_.ok(); }) &&
+  UniqueLock lock(mu_);
+  return cv_.wait_for(lock.native(), timeout, [&]() REQUIRES(mu_) { return completed_step_ >= step || !failure_.ok(); }) &&
          completed_step_ >= step;
 }
 
 int64_t UpdatePipeline::Hold() {
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   ++holds_;
   // No update of the next step has started: close now. Otherwise the step's last
   // update closes the gate (FinishUpdateLocked).
@@ -719,7 +719,7 @@ int64_t UpdatePipeline::Hold() {
   for (const LayerState& l : layers_) applied = applied || l.applied;
   if (layers_done_in_step_ == 0 && running_ == 0 && !applied) gate_closed_ = true;
   // A failed pipeline never reaches a boundary: return at once (callers check failure()).
-  cv_.wait(lock, [&] { return (gate_closed_ && running_ == 0) || (!failure_.ok() && running_ == 0); });
+  cv_.wait(lock.native(), [&]() REQUIRES(mu_) { return (gate_closed_ && running_ == 0) || (!failure_.ok() && running_ == 0); });
   return completed_step_;
 }
 

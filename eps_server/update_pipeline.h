@@ -56,6 +56,7 @@
 
 #include "common/config.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "eps_server/param_store.h"
 
 namespace l2l::eps {
@@ -231,19 +232,19 @@ class UpdatePipeline {
   };
   struct Impl;
 
-  void MaybeScheduleLocked(int64_t layer);    // REQUIRES: mu_ held
+  void MaybeScheduleLocked(int64_t layer) REQUIRES(mu_);
   void RunUpdate(int64_t layer, float clip_coef);
-  void FinishUpdateLocked(int64_t layer, double seconds);
-  void LaunchLocked(int64_t layer, float clip_coef);
-  void LaunchAllGlobalLocked();  // every layer's norm is in: launch all updates
+  void FinishUpdateLocked(int64_t layer, double seconds) REQUIRES(mu_);
+  void LaunchLocked(int64_t layer, float clip_coef) REQUIRES(mu_);
+  void LaunchAllGlobalLocked() REQUIRES(mu_);  // every layer's norm is in: launch all updates
   // Commits (or skips) the step when every layer applied it and its losses are in.
-  void MaybeCommitLocked();                   // REQUIRES: mu_ held
+  void MaybeCommitLocked() REQUIRES(mu_);
   // Restores layer `l`'s master/m/v from its undo copy and publishes `version` with the
-  // restored weights into the begun slot. REQUIRES: mu_ held, nothing runs on `l`.
-  Status RestoreLayerLocked(int64_t l, int64_t version);
+  // restored weights into the begun slot. REQUIRES: nothing runs on `l`.
+  Status RestoreLayerLocked(int64_t l, int64_t version) REQUIRES(mu_);
   // Undoes every applied, uncommitted layer (ResetToStep: the step is abandoned).
-  void UndoAppliedLocked();                   // REQUIRES: mu_ held, running_ == 0
-  void NotifySkips();                         // REQUIRES: mu_ not held
+  void UndoAppliedLocked() REQUIRES(mu_);  // REQUIRES: running_ == 0
+  void NotifySkips() EXCLUDES(mu_);
 
   // Set (release) at the end of the constructor, read (acquire) first thing in every
   // task: TBB orders construction before the tasks inside uninstrumented libtbb; this
@@ -258,28 +259,29 @@ class UpdatePipeline {
   struct Range {
     int64_t first, last;
   };
-  std::map<int32_t, Range> members_;  // GUARDED_BY(mu_): id -> steps it contributes to
-  bool IsMemberLocked(int32_t id, int64_t step) const;
-  bool AnyMemberLocked(int64_t step) const;
-  std::vector<LayerState> layers_;  // GUARDED_BY(mu_)
-  int64_t completed_step_ = 0;  // GUARDED_BY(mu_)
-  int64_t layers_done_in_step_ = 0;  // GUARDED_BY(mu_)
-  int running_ = 0;  // GUARDED_BY(mu_): updates queued or running
-  int holds_ = 0;  // GUARDED_BY(mu_)
-  std::vector<int64_t> hold_at_;  // GUARDED_BY(mu_): HoldAt steps pending
-  bool gate_closed_ = false;  // GUARDED_BY(mu_)
-  std::vector<std::pair<int64_t, float>> deferred_;  // (layer, coef) held by the gate
-  int64_t norms_in_step_ = 0;                 // global clip: layers with norm ready
-  std::chrono::steady_clock::time_point last_arrival_, last_complete_;
-  double busy_s_ = 0;
-  PipelineStats stats_;                       // GUARDED_BY(mu_)
-  bool gate_on_losses_ = false;               // GUARDED_BY(mu_)
-  std::map<int64_t, std::map<int32_t, double>> losses_;  // GUARDED_BY(mu_): step -> worker -> loss
-  std::vector<SkipEvent> skip_events_;        // GUARDED_BY(mu_): to hand to on_skip_
-  std::function<void(const SkipEvent&)> on_skip_;  // GUARDED_BY(mu_)
-  Status failure_;                            // GUARDED_BY(mu_): first fatal error
-  std::function<void(const Status&)> on_failure_;  // GUARDED_BY(mu_)
-  void FailUpdate(Status s);                  // REQUIRES: mu_ not held
+  std::map<int32_t, Range> members_ GUARDED_BY(mu_);  // id -> steps it contributes to
+  bool IsMemberLocked(int32_t id, int64_t step) const REQUIRES(mu_);
+  bool AnyMemberLocked(int64_t step) const REQUIRES(mu_);
+  std::vector<LayerState> layers_ GUARDED_BY(mu_);
+  int64_t completed_step_ GUARDED_BY(mu_) = 0;
+  int64_t layers_done_in_step_ GUARDED_BY(mu_) = 0;
+  int running_ GUARDED_BY(mu_) = 0;  // updates queued or running
+  int holds_ GUARDED_BY(mu_) = 0;
+  std::vector<int64_t> hold_at_ GUARDED_BY(mu_);  // HoldAt steps pending
+  bool gate_closed_ GUARDED_BY(mu_) = false;
+  std::vector<std::pair<int64_t, float>> deferred_ GUARDED_BY(mu_);  // (layer, coef) held by the gate
+  int64_t norms_in_step_ GUARDED_BY(mu_) = 0;  // global clip: layers with norm ready
+  std::chrono::steady_clock::time_point last_arrival_ GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point last_complete_ GUARDED_BY(mu_);
+  double busy_s_ GUARDED_BY(mu_) = 0;
+  PipelineStats stats_ GUARDED_BY(mu_);
+  bool gate_on_losses_ GUARDED_BY(mu_) = false;
+  std::map<int64_t, std::map<int32_t, double>> losses_ GUARDED_BY(mu_);  // step -> worker -> loss
+  std::vector<SkipEvent> skip_events_ GUARDED_BY(mu_);  // to hand to on_skip_
+  std::function<void(const SkipEvent&)> on_skip_ GUARDED_BY(mu_);
+  Status failure_ GUARDED_BY(mu_);  // first fatal error
+  std::function<void(const Status&)> on_failure_ GUARDED_BY(mu_);
+  void FailUpdate(Status s) EXCLUDES(mu_);
 };
 
 }  // namespace l2l::eps

@@ -34,7 +34,7 @@ Watchdog::~Watchdog() {
 }
 
 void Watchdog::Loop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   bool warned = false;
   while (!stop_) {
     lock.unlock();
@@ -47,7 +47,7 @@ void Watchdog::Loop() {
       warned = true;
     }
     lock.lock();
-    cv_.wait_for(lock, interval_, [this] { return stop_; });
+    cv_.wait_for(lock.native(), interval_, [this]() REQUIRES(mu_) { return stop_; });
   }
 }
 

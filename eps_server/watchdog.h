@@ -20,6 +20,8 @@
 #include <mutex>
 #include <thread>
 
+#include "common/thread_annotations.h"
+
 namespace l2l::eps {
 
 class Watchdog {
@@ -41,7 +43,7 @@ class Watchdog {
   const std::function<bool()> healthy_;
   std::mutex mu_;
   std::condition_variable cv_;
-  bool stop_ = false;  // GUARDED_BY(mu_)
+  bool stop_ GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 

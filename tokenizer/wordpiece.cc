@@ -22,6 +22,7 @@
 #include <unicode/utf8.h>
 
 #include "common/file_util.h"
+#include "tokenizer/utf8.h"
 
 namespace l2l::tok {
 namespace {
@@ -39,24 +40,6 @@ bool DecodeUtf8(std::string_view s, CodePoints* out) {
     out->push_back(c);
   }
   return true;
-}
-
-void AppendUtf8(std::string* out, UChar32 c) {
-  if (c < 0x80) {
-    out->push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
 }
 
 bool IsWhitespace(UChar32 c) { return c == '\t' || c == '\n' || c == '\r' || u_isUWhiteSpace(c); }
@@ -228,7 +211,7 @@ struct WordPieceTokenizer::Impl {
     std::vector<size_t> off;  // byte offset of each character, and the end
     for (UChar32 c : word) {
       off.push_back(utf8.size());
-      AppendUtf8(&utf8, c);
+      AppendUtf8(static_cast<uint32_t>(c), &utf8);
     }
     off.push_back(utf8.size());
     const size_t first = out->size();

@@ -65,27 +65,12 @@ uint16_t* Scratch(const AttentionGemmMode& mode, int slot, int64_t elems) {
 LtGemmArgs Args(const AttentionGemmMode& mode, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
                 float alpha, const void* A, int64_t lda, int64_t sa, const void* B, int64_t ldb,
                 int64_t sb, float beta, float* C, int64_t ldc, int64_t sc) {
-  LtGemmArgs a;
-  a.trans_a = ta;
-  a.trans_b = tb;
-  a.M = M;
-  a.N = N;
-  a.K = K;
-  a.alpha = alpha;
-  a.beta = beta;
-  a.A = A;
-  a.lda = lda;
-  a.stride_a = sa;
-  a.B = B;
-  a.ldb = ldb;
-  a.stride_b = sb;
-  a.C = C;
-  a.ldc = ldc;
-  a.stride_c = sc;
   const bool bf16 = static_cast<bool>(mode.bf16_scratch);
-  a.ab_type = bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  a.compute = bf16 ? CUBLAS_COMPUTE_32F : mode.compute;  // bf16 inputs, fp32 accumulate
-  return a;
+  return LtGemmArgs{.trans_a = ta, .trans_b = tb, .M = M, .N = N, .K = K, .alpha = alpha, .beta = beta,
+                    .A = A, .lda = lda, .B = B, .ldb = ldb, .C = C, .ldc = ldc,
+                    .ab_type = bf16 ? CUDA_R_16BF : CUDA_R_32F,
+                    .compute = bf16 ? CUBLAS_COMPUTE_32F : mode.compute,  // bf16 inputs, fp32 accumulate
+                    .stride_a = sa, .stride_b = sb, .stride_c = sc};
 }
 
 // Which softmax sits between the products: causal (decoders) or bidirectional with an

@@ -113,21 +113,9 @@ class CudaBackend final : public Backend {
       LaunchScaleMatrix(C, beta, M, N, ldc, stream());
       return;
     }
-    LtGemmArgs a;
-    a.trans_a = trans_a;
-    a.trans_b = trans_b;
-    a.M = M;
-    a.N = N;
-    a.K = K;
-    a.alpha = alpha;
-    a.beta = beta;
-    a.A = A;
-    a.lda = lda;
-    a.B = B;
-    a.ldb = ldb;
-    a.C = C;
-    a.ldc = ldc;
-    a.compute = compute_;
+    LtGemmArgs a{.trans_a = trans_a, .trans_b = trans_b, .M = M, .N = N, .K = K, .alpha = alpha,
+                 .beta = beta, .A = A, .lda = lda, .B = B, .ldb = ldb, .C = C, .ldc = ldc,
+                 .compute = compute_};
     if (precision_ == CudaGemmPrecision::kBf16) {
       // Autocast: each operand's covered extent (first to last element, ld padding
       // included) cast to bf16 at the same offsets; fp32 accumulation into fp32 C. An
@@ -582,23 +570,10 @@ Status GemmBf16(Backend& backend, const Bf16GemmArgs& g) {
   }
   const bool bias = g.epilogue == GemmEpilogue::kBias || g.epilogue == GemmEpilogue::kBiasGelu;
   if (bias && g.bias == nullptr) return InvalidArgument("GemmBf16: bias epilogue without bias");
-  cuda::LtGemmArgs a;
-  a.trans_a = g.trans_a;
-  a.trans_b = g.trans_b;
-  a.M = g.M;
-  a.N = g.N;
-  a.K = g.K;
-  a.alpha = g.alpha;
-  a.beta = g.beta;
-  a.A = g.A;
-  a.lda = g.lda;
-  a.B = g.B;
-  a.ldb = g.ldb;
-  a.C = g.C;
-  a.ldc = g.ldc;
-  a.ab_type = CUDA_R_16BF;
-  a.c_type = g.c_bf16 ? CUDA_R_16BF : CUDA_R_32F;
-  a.compute = CUBLAS_COMPUTE_32F;
+  cuda::LtGemmArgs a{.trans_a = g.trans_a, .trans_b = g.trans_b, .M = g.M, .N = g.N, .K = g.K,
+                     .alpha = g.alpha, .beta = g.beta, .A = g.A, .lda = g.lda, .B = g.B, .ldb = g.ldb,
+                     .C = g.C, .ldc = g.ldc, .ab_type = CUDA_R_16BF,
+                     .c_type = g.c_bf16 ? CUDA_R_16BF : CUDA_R_32F, .compute = CUBLAS_COMPUTE_32F};
   switch (g.epilogue) {
     case GemmEpilogue::kNone: a.epilogue = CUBLASLT_EPILOGUE_DEFAULT; break;
     case GemmEpilogue::kBias: a.epilogue = CUBLASLT_EPILOGUE_BIAS; break;

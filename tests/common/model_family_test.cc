@@ -14,21 +14,13 @@
 #include "common/models/registry.h"
 #include "common/safetensors.h"
 #include "tests/common/temp_dir.h"
+#include "tests/testing/jobs.h"
 
 namespace l2l {
 namespace {
 
 ModelSpec SmallLlama() {
-  ModelSpec s;
-  s.family = ModelFamily::kLlama;
-  s.vocab_size = 50;
-  s.seq_len = 32;
-  s.d_model = 24;
-  s.n_layer = 2;
-  s.n_head = 6;
-  s.n_kv_heads = 2;
-  s.d_ff = 40;
-  s.tied_embeddings = false;
+  ModelSpec s = testing::LlamaModel({50, 32, 24, 2, 6, 2, 40});
   s.qkv_bias = true;
   s.rope_theta = 5e5;
   s.rms_norm_eps = 1e-5;

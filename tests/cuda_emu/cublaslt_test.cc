@@ -103,19 +103,8 @@ TEST_CASE("cublasLt: interleaved strided batches as attention uses them", "[cuda
   SECTION("S_h (T,T) = scale * Q_h K_h^T: interleaved inputs") {
     // D(i, t) = sum_l K(i, l) Q(t, l): A = K part stored (hs x T, ld 3C) transposed,
     // B = Q part stored (hs x T, ld 3C), D (T x T) per head, stride T*T.
-    Spec s;
-    s.ta = CUBLAS_OP_T;
-    s.m = T;
-    s.n = T;
-    s.k = hs;
-    s.lda = C3;
-    s.ldb = C3;
-    s.ldc = T;
-    s.batch = NH;
-    s.sa = hs;
-    s.sb = hs;
-    s.sc = TT;
-    s.alpha = 0.5f;
+    const Spec s{.ta = CUBLAS_OP_T, .m = T, .n = T, .k = hs, .lda = C3, .ldb = C3, .ldc = T,
+                 .batch = static_cast<int32_t>(NH), .sa = hs, .sb = hs, .sc = TT, .alpha = 0.5f};
     Plan plan(s);
     const float* k = q + C;
     Plan::Heur hr = plan.Heuristic(AlignOf(k, hs * 4, NH), AlignOf(q, hs * 4, NH),
@@ -141,17 +130,8 @@ TEST_CASE("cublasLt: interleaved strided batches as attention uses them", "[cuda
   SECTION("out_h (T,hs) = P_h V_h: interleaved output, heads side by side") {
     // D(d, t) = sum_i V(i, d) P(t, i): A = V part stored (hs x T, ld 3C), B = P_h^T stored
     // (T x T, ld T, stride T*T), D = out_h^T stored (hs x T, ld C, stride hs).
-    Spec s;
-    s.m = hs;
-    s.n = T;
-    s.k = T;
-    s.lda = C3;
-    s.ldb = T;
-    s.ldc = C;
-    s.batch = NH;
-    s.sa = hs;
-    s.sb = TT;
-    s.sc = hs;
+    const Spec s{.m = hs, .n = T, .k = T, .lda = C3, .ldb = T, .ldc = C,
+                 .batch = static_cast<int32_t>(NH), .sa = hs, .sb = TT, .sc = hs};
     Plan plan(s);
     const float* v = q + 2 * C;
     Plan::Heur hr = plan.Heuristic(AlignOf(v, hs * 4, NH), AlignOf(dp.p, TT * 4, NH),

@@ -22,26 +22,14 @@
 #include <vector>
 
 #include "eps_server/spill_io.h"
+#include "tests/testing/temp_dir.h"
 
 namespace l2l::eps {
 namespace {
 
-class TempDir {
- public:
-  explicit TempDir(const std::string& parent = "/tmp") {
-    std::string tmpl = parent + "/l2l-spill-io-test.XXXXXX";
-    REQUIRE(mkdtemp(tmpl.data()) != nullptr);
-    path_ = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
+// Under /tmp unless told (not $TMPDIR: the O_DIRECT cases want a disk-backed directory).
+struct TempDir : testing::TempDir {
+  explicit TempDir(const std::string& parent = "/tmp") : testing::TempDir("l2l-spill-io-test", parent) {}
 };
 
 // A 4096-aligned heap buffer.

@@ -16,23 +16,15 @@
 #include "common/adamw.h"
 #include "eps_server/param_store.h"
 #include "eps_server/update_pipeline.h"
+#include "tests/testing/jobs.h"
 
 namespace l2l::eps {
 namespace {
 
 JobConfig SmallJob(const std::string& clip) {
-  JobConfig j;
-  j.model.vocab_size = 64;
-  j.model.seq_len = 16;
-  j.model.d_model = 32;
-  j.model.n_layer = 2;
-  j.model.n_head = 4;
-  j.model.d_ff = 128;
-  j.train.clip = ParseClipMode(clip).value();
-  j.optim.lr = 1e-2f;
-  j.optim.warmup_steps = 2;
-  j.optim.total_steps = 10;
-  j.optim.grad_clip = 0.05f;  // small enough that clipping is active
+  JobConfig j = testing::GptJob({64, 16, 32, 2, 4, 128},
+                                {.clip = ParseClipMode(clip).value(), .lr = 1e-2f, .warmup_steps = 2,
+                                 .total_steps = 10, .grad_clip = 0.05f /* small enough that clipping is active */});
   j.publish_dtype = DType::kF32;
   return j;
 }

@@ -42,24 +42,6 @@
 namespace l2l::gpu_test {
 namespace {
 
-// Round to nearest even to bf16 (8 significant bits), returned as the fp32 it stands for.
-// Inputs here are finite.
-float RoundBf16(float x) {
-  uint32_t u = 0;
-  std::memcpy(&u, &x, sizeof(u));
-  const uint32_t lsb = (u >> 16) & 1u;
-  u = (u + 0x7fffu + lsb) & 0xffff0000u;
-  float r = 0.0f;
-  std::memcpy(&r, &u, sizeof(r));
-  return r;
-}
-
-std::vector<float> RoundedBf16(const std::vector<float>& v) {
-  std::vector<float> r(v.size());
-  std::transform(v.begin(), v.end(), r.begin(), RoundBf16);
-  return r;
-}
-
 // The process-wide CUDA backend in bf16 mode.
 Backend& Bf16() {
   static std::unique_ptr<Backend> be = [] {
@@ -72,28 +54,6 @@ Backend& Bf16() {
   return *be;
 }
 
-// A host vector copied into `be`'s memory.
-struct Dev {
-  DeviceBuffer buf;
-  size_t n = 0;
-  static Dev Of(Backend& be, const std::vector<float>& host) {
-    Dev d;
-    d.n = host.size();
-    auto b = DeviceBuffer::Create(&be, d.n * sizeof(float));
-    REQUIRE(b.ok());
-    d.buf = std::move(b).value();
-    be.CopyToDevice(d.buf.data(), host.data(), d.n * sizeof(float));
-    return d;
-  }
-  float* p() const { return buf.f32(); }
-  std::vector<float> Host(Backend& be) const {
-    std::vector<float> v(n);
-    be.CopyToHost(v.data(), buf.data(), n * sizeof(float));
-    return v;
-  }
-};
-
-// Element (r, c) of op(X) for row-major stored X with leading dimension ld.
 double OpAt(const std::vector<float>& x, bool trans, int64_t ld, int64_t r, int64_t c) {
   return trans ? x[c * ld + r] : x[r * ld + c];
 }
@@ -226,29 +186,6 @@ AttentionBounds Bounds(const std::vector<float>& qkv, const std::vector<float>& 
     }
   }
   return r;
-}
-
-// |got - ref| <= bound + atol + rtol * |ref| for every element; reports the worst.
-void ExpectWithin(const std::vector<float>& got, const std::vector<float>& ref,
-                  const std::vector<double>& bound, double atol, double rtol,
-                  const std::string& what) {
-  REQUIRE(got.size() == ref.size());
-  REQUIRE(bound.size() == ref.size());
-  size_t bad = 0, worst = 0;
-  double worst_ratio = 0.0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::abs(double(got[i]) - ref[i]);
-    const double tol = 1.01 * bound[i] + atol + rtol * std::abs(double(ref[i]));
-    if (!(err <= tol)) ++bad;
-    if (!(err / tol <= worst_ratio)) {
-      worst_ratio = err / tol;
-      worst = i;
-    }
-  }
-  INFO(what << ": " << bad << " of " << got.size() << " off; worst [" << worst << "] got "
-            << got[worst] << " ref " << ref[worst] << " bound " << bound[worst]
-            << " (error / tolerance " << worst_ratio << ")");
-  CHECK(bad == 0);
 }
 
 double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {

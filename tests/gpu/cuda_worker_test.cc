@@ -43,6 +43,7 @@
 #include "eps_server/grpc_server.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/train_util.h"
+#include "tests/testing/in_process_eps.h"
 #include "worker/eps_client.h"
 #include "worker/relay.h"
 
@@ -159,31 +160,7 @@ TEST_CASE("cuda copy queue: device-to-host into a page-locked shm segment is ord
 
 // ---- the relay over shared memory, cuda vs cpu ----------------------------------------
 
-struct InProcessEps {
-  explicit InProcessEps(const JobConfig& job) : core(MakeOpts()) {
-    Status st = core.CreateJob(job);
-    L2L_CHECK(st.ok()) << st.ToString();
-    auto s = eps::EpsGrpcServer::Start(&core, eps::ServerOptions{});
-    L2L_CHECK(s.ok()) << s.status().ToString();
-    server = std::move(s).value();
-    address = "127.0.0.1:" + std::to_string(server->port());
-  }
-  ~InProcessEps() {
-    server->Shutdown();
-    core.Stop();
-  }
-  static eps::CoreOptions MakeOpts() {
-    eps::CoreOptions o;
-    static int counter = 0;
-    o.job_id = "gpurelay" + std::to_string(getpid()) + "x" + std::to_string(counter++);
-    o.expected_workers = 1;
-    o.transport = l2l::Transport::kAuto;
-    return o;
-  }
-  eps::EpsCore core;
-  std::unique_ptr<eps::EpsGrpcServer> server;
-  std::string address;
-};
+using testing::InProcessEps;
 
 JobConfig RelayJob(DType dt, const std::string& stash) {
   JobConfig job = SmallJob();
@@ -199,7 +176,7 @@ struct ShmRun {
 };
 
 ShmRun RelayOverShm(const JobConfig& job, Backend* backend, int steps) {
-  InProcessEps eps(job);
+  InProcessEps eps(job, "gpurelay");
   worker::ClientOptions co;
   co.transport = l2l::Transport::kShm;
   co.connect_timeout = 10000ms;

@@ -9,7 +9,9 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -17,8 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "common/model_spec.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/layers/layers.h"
 
 namespace l2l::gpu_test {
 
@@ -132,6 +136,171 @@ void ExpectClose(const std::vector<G>& got, const std::vector<R>& ref, double at
 inline void ExpectTwinClose(Backends& b, const Twin& t, double atol, double rtol,
                             const std::string& what) {
   ExpectClose(t.FromGpu(b), t.FromCpu(b), atol, rtol, what);
+}
+
+// A host vector copied into `be`'s memory.
+struct Dev {
+  DeviceBuffer buf;
+  size_t n = 0;
+  static Dev Of(Backend& be, const std::vector<float>& host) {
+    Dev d;
+    d.n = host.size();
+    auto b = DeviceBuffer::Create(&be, d.n * sizeof(float));
+    REQUIRE(b.ok());
+    d.buf = std::move(b).value();
+    be.CopyToDevice(d.buf.data(), host.data(), d.n * sizeof(float));
+    return d;
+  }
+  float* p() const { return buf.f32(); }
+  std::vector<float> Host(Backend& be) const {
+    std::vector<float> v(n);
+    be.CopyToHost(v.data(), buf.data(), n * sizeof(float));
+    return v;
+  }
+};
+
+// Round to nearest even to bf16 (8 significant bits), returned as the fp32 it stands for.
+// Inputs here are finite.
+inline float RoundBf16(float x) {
+  uint32_t u = 0;
+  std::memcpy(&u, &x, sizeof(u));
+  const uint32_t lsb = (u >> 16) & 1u;
+  u = (u + 0x7fffu + lsb) & 0xffff0000u;
+  float r = 0.0f;
+  std::memcpy(&r, &u, sizeof(r));
+  return r;
+}
+
+inline std::vector<float> RoundedBf16(const std::vector<float>& v) {
+  std::vector<float> r(v.size());
+  std::transform(v.begin(), v.end(), r.begin(), RoundBf16);
+  return r;
+}
+
+// |got - ref| <= 1.01 * bound + atol + rtol * |ref| for every element (bound: what bf16
+// rounding may add beyond the inputs' own rounding); reports the worst.
+inline void ExpectWithin(const std::vector<float>& got, const std::vector<float>& ref,
+                         const std::vector<double>& bound, double atol, double rtol,
+                         const std::string& what) {
+  REQUIRE(got.size() == ref.size());
+  REQUIRE(bound.size() == ref.size());
+  size_t bad = 0, worst = 0;
+  double worst_ratio = 0.0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::abs(double(got[i]) - ref[i]);
+    const double tol = 1.01 * bound[i] + atol + rtol * std::abs(double(ref[i]));
+    if (!(err <= tol)) ++bad;
+    if (!(err / tol <= worst_ratio)) {
+      worst_ratio = err / tol;
+      worst = i;
+    }
+  }
+  INFO(what << ": " << bad << " of " << got.size() << " off; worst [" << worst << "] got "
+            << got[worst] << " ref " << ref[worst] << " bound " << bound[worst]
+            << " (error / tolerance " << worst_ratio << ")");
+  CHECK(bad == 0);
+}
+
+// One layer workspace on each backend.
+struct Workspaces {
+  std::unique_ptr<layers::LayerWorkspace> cpu, gpu;
+};
+inline Workspaces MakeWorkspaces(Backends& b, const ModelSpec& spec, int64_t B, int64_t T) {
+  auto c = layers::LayerWorkspace::Create(b.cpu.get(), spec, B, T);
+  auto g = layers::LayerWorkspace::Create(b.gpu.get(), spec, B, T);
+  REQUIRE(c.ok());
+  REQUIRE(g.ok());
+  return {std::make_unique<layers::LayerWorkspace>(std::move(c).value()),
+          std::make_unique<layers::LayerWorkspace>(std::move(g).value())};
+}
+
+// A layer's parameters as InitLayerParams makes them (seed 42).
+inline std::vector<float> InitParams(const ModelSpec& spec, const LayerLayout& layout) {
+  std::vector<float> p(layout.numel);
+  InitLayerParams(spec, layout, 42, p.data());
+  return p;
+}
+
+// BlockForward, then the recomputing BlockBackward, on both backends from the same
+// parameters and the same random inputs (drawn from `rng` in this order: in, out, dout,
+// din, dparams): out, din and the accumulated dparams within atol 1e-4, rtol 1e-3.
+inline void ExpectBlockMatches(Backends& b, const ModelSpec& spec, const LayerLayout& block,
+                               const std::vector<float>& param_values, int64_t B, int64_t T,
+                               std::mt19937& rng) {
+  const int64_t C = spec.d_model;
+  Workspaces ws = MakeWorkspaces(b, spec, B, T);
+  Twin params = Twin::Of(b, param_values);
+  Twin in = Twin::Of(b, RandomVec(rng, B * T * C));
+  Twin out = Twin::Of(b, RandomVec(rng, B * T * C));
+  layers::BlockForward(*b.cpu, spec, block, params.c(), in.c(), out.c(), B, T, *ws.cpu);
+  layers::BlockForward(*b.gpu, spec, block, params.g(), in.g(), out.g(), B, T, *ws.gpu);
+  ExpectTwinClose(b, out, 1e-4, 1e-3, "block out");
+
+  Twin dout = Twin::Of(b, RandomVec(rng, B * T * C));
+  Twin din = Twin::Of(b, RandomVec(rng, B * T * C));
+  Twin dparams = Twin::Of(b, RandomVec(rng, block.numel, -0.01f, 0.01f));  // accumulates
+  layers::BlockBackward(*b.cpu, spec, block, params.c(), in.c(), dout.c(), din.c(), dparams.c(), B,
+                        T, *ws.cpu);
+  layers::BlockBackward(*b.gpu, spec, block, params.g(), in.g(), dout.g(), din.g(), dparams.g(), B,
+                        T, *ws.gpu);
+  ExpectTwinClose(b, din, 1e-4, 1e-3, "block din");
+  ExpectTwinClose(b, dparams, 1e-4, 1e-3, "block dparams");
+}
+
+// EmbeddingForward, then HeadForwardBackward (loss scale 0.5) and EmbeddingBackward, on
+// both backends from InitParams weights and random tokens, targets and din (drawn from
+// `rng` in this order: tokens, targets, hidden, din). `tied_table`: the embedding tensor
+// a tied head reads and accumulates into (nullptr: an untied head). The embedding output
+// is compared within emb_atol/emb_rtol, the loss within 1e-5 relative, the gradients
+// within atol 1e-6, rtol 1e-3.
+inline void ExpectEmbeddingAndHeadMatch(Backends& b, const ModelSpec& spec, int64_t B, int64_t T,
+                                        std::mt19937& rng, double emb_atol, double emb_rtol,
+                                        const char* tied_table) {
+  const auto layouts = BuildLayout(spec);
+  const LayerLayout& emb = layouts.front();
+  const LayerLayout& head = layouts.back();
+  const int64_t C = spec.d_model;
+  Workspaces ws = MakeWorkspaces(b, spec, B, T);
+  Twin emb_params = Twin::Of(b, InitParams(spec, emb));
+  Twin head_params = Twin::Of(b, InitParams(spec, head));
+  const int32_t V = static_cast<int32_t>(spec.vocab_size);
+  Twin tokens = Twin::Of(b, RandomTokens(rng, B * T, V));
+  Twin targets = Twin::Of(b, RandomTokens(rng, B * T, V));
+  Twin hidden = Twin::Of(b, RandomVec(rng, B * T * C));
+  layers::EmbeddingForward(*b.cpu, spec, emb, emb_params.c(), tokens.ci(), hidden.c(), B, T);
+  layers::EmbeddingForward(*b.gpu, spec, emb, emb_params.g(), tokens.gi(), hidden.g(), B, T);
+  ExpectTwinClose(b, hidden, emb_atol, emb_rtol, "embedding out");
+
+  const ParamInfo* table = tied_table != nullptr ? emb.Find(tied_table) : nullptr;
+  if (tied_table != nullptr) REQUIRE(table != nullptr);
+  const size_t off = table != nullptr ? table->offset : 0;
+  Twin din = Twin::Of(b, RandomVec(rng, B * T * C));
+  Twin dhead = Twin::Of(b, std::vector<float>(head.numel, 0.0f));
+  Twin demb = Twin::Of(b, std::vector<float>(emb.numel, 0.0f));
+  const float lc = layers::HeadForwardBackward(
+      *b.cpu, spec, head, head_params.c(), table ? emb_params.c() + off : nullptr, hidden.c(), targets.ci(),
+      0.5f, din.c(), dhead.c(), table ? demb.c() + off : nullptr, B, T, *ws.cpu);
+  const float lg = layers::HeadForwardBackward(
+      *b.gpu, spec, head, head_params.g(), table ? emb_params.g() + off : nullptr, hidden.g(), targets.gi(),
+      0.5f, din.g(), dhead.g(), table ? demb.g() + off : nullptr, B, T, *ws.gpu);
+  CHECK(std::abs(lg - lc) <= 1e-5 + 1e-5 * std::abs(lc));
+  ExpectTwinClose(b, din, 1e-6, 1e-3, "head din");
+  ExpectTwinClose(b, dhead, 1e-6, 1e-3, "head dparams");
+  layers::EmbeddingBackward(*b.cpu, spec, emb, tokens.ci(), din.c(), demb.c(), B, T);
+  layers::EmbeddingBackward(*b.gpu, spec, emb, tokens.gi(), din.g(), demb.g(), B, T);
+  ExpectTwinClose(b, demb, 1e-6, 1e-3,
+                  table ? "embedding dparams (tied table: head + embedding)" : "embedding dparams");
+}
+
+// Per-step losses of a GPU run against the CPU's: within 1e-4 + rtol * |cpu|, and the
+// run trains (the last loss well below the first; the tests' data is learnable).
+inline void ExpectLossesTrack(const std::vector<float>& gpu, const std::vector<float>& cpu, double rtol) {
+  REQUIRE(gpu.size() == cpu.size());
+  for (size_t s = 0; s < cpu.size(); ++s) {
+    INFO("step " << s << ": gpu loss " << gpu[s] << ", cpu loss " << cpu[s]);
+    CHECK(std::abs(gpu[s] - cpu[s]) <= 1e-4 + rtol * std::abs(cpu[s]));
+  }
+  CHECK(gpu.back() < 0.9f * gpu.front());
 }
 
 }  // namespace l2l::gpu_test

@@ -221,21 +221,6 @@ TEST_CASE("cuda GQA matches the cpu through the one-GEMM-per-head fallback", "[g
 
 // ---- bf16 GEMM mode ----------------------------------------------------------------------
 
-float RoundBf16(float x) {
-  uint32_t u = 0;
-  std::memcpy(&u, &x, sizeof(u));
-  const uint32_t lsb = (u >> 16) & 1u;
-  u = (u + 0x7fffu + lsb) & 0xffff0000u;
-  float r = 0.0f;
-  std::memcpy(&r, &u, sizeof(r));
-  return r;
-}
-std::vector<float> RoundedBf16(const std::vector<float>& v) {
-  std::vector<float> r(v.size());
-  std::transform(v.begin(), v.end(), r.begin(), RoundBf16);
-  return r;
-}
-
 // Per-element bounds (double) of what bf16 mode rounds beyond its inputs: P (for out
 // and dV) and dS (for dQ and dK), each by at most u = 2^-8 relative. Query head h reads
 // key/value head g = h / rep; a key/value gradient sums the bounds of its rep heads.
@@ -285,49 +270,6 @@ GqaBounds Bounds(const std::vector<float>& qkv, const std::vector<float>& dout,
   }
   return r;
 }
-
-// |got - ref| <= 1.01 * bound + atol + rtol * |ref| for every element; reports the worst.
-void ExpectWithin(const std::vector<float>& got, const std::vector<float>& ref,
-                  const std::vector<double>& bound, double atol, double rtol, const std::string& what) {
-  REQUIRE(got.size() == ref.size());
-  REQUIRE(bound.size() == ref.size());
-  size_t bad = 0, worst = 0;
-  double worst_ratio = 0.0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::abs(double(got[i]) - ref[i]);
-    const double tol = 1.01 * bound[i] + atol + rtol * std::abs(double(ref[i]));
-    if (!(err <= tol)) ++bad;
-    if (!(err / tol <= worst_ratio)) {
-      worst_ratio = err / tol;
-      worst = i;
-    }
-  }
-  INFO(what << ": " << bad << " of " << got.size() << " off; worst [" << worst << "] got "
-            << got[worst] << " ref " << ref[worst] << " bound " << bound[worst]
-            << " (error / tolerance " << worst_ratio << ")");
-  CHECK(bad == 0);
-}
-
-// A host vector in `be`'s memory.
-struct Dev {
-  DeviceBuffer buf;
-  size_t n = 0;
-  static Dev Of(Backend& be, const std::vector<float>& host) {
-    Dev d;
-    d.n = host.size();
-    auto r = DeviceBuffer::Create(&be, d.n * sizeof(float));
-    REQUIRE(r.ok());
-    d.buf = std::move(r).value();
-    be.CopyToDevice(d.buf.data(), host.data(), d.n * sizeof(float));
-    return d;
-  }
-  float* p() const { return buf.f32(); }
-  std::vector<float> Host(Backend& be) const {
-    std::vector<float> v(n);
-    be.CopyToHost(v.data(), buf.data(), n * sizeof(float));
-    return v;
-  }
-};
 
 TEST_CASE("bf16 GQA matches the cpu on bf16-rounded inputs within P and dS rounding", "[gpu][llama]") {
   Backends& b = Both();
@@ -410,24 +352,6 @@ ModelSpec SmallLlama(int64_t n_kv) {
   return s;
 }
 
-struct Workspaces {
-  std::unique_ptr<layers::LayerWorkspace> cpu, gpu;
-};
-Workspaces MakeWorkspaces(Backends& b, const ModelSpec& spec, int64_t B, int64_t T) {
-  auto c = layers::LayerWorkspace::Create(b.cpu.get(), spec, B, T);
-  auto g = layers::LayerWorkspace::Create(b.gpu.get(), spec, B, T);
-  REQUIRE(c.ok());
-  REQUIRE(g.ok());
-  return {std::make_unique<layers::LayerWorkspace>(std::move(c).value()),
-          std::make_unique<layers::LayerWorkspace>(std::move(g).value())};
-}
-
-std::vector<float> InitParams(const ModelSpec& spec, const LayerLayout& layout) {
-  std::vector<float> p(layout.numel);
-  InitLayerParams(spec, layout, 42, p.data());
-  return p;
-}
-
 TEST_CASE("cuda Llama block forward and recomputing backward match the cpu", "[gpu][llama]") {
   Backends& b = Both();
   const int64_t n_kv = GENERATE(2, 6);
@@ -435,9 +359,7 @@ TEST_CASE("cuda Llama block forward and recomputing backward match the cpu", "[g
   const ModelSpec spec = SmallLlama(n_kv);
   const auto layouts = BuildLayout(spec);
   const LayerLayout& block = layouts[1];
-  const int64_t B = 2, T = 32, C = spec.d_model;
   std::mt19937 rng(static_cast<unsigned>(11 + n_kv));
-  Workspaces ws = MakeWorkspaces(b, spec, B, T);
   auto p = InitParams(spec, block);
   // RMSNorm weights start at 1 and q|k|v biases at 0; perturb them so both are exercised.
   for (const char* name : {"input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.q_proj.bias"}) {
@@ -445,56 +367,13 @@ TEST_CASE("cuda Llama block forward and recomputing backward match the cpu", "[g
     REQUIRE(t != nullptr);
     for (size_t i = 0; i < t->numel; ++i) p[t->offset + i] += 0.1f * std::uniform_real_distribution<float>(-1, 1)(rng);
   }
-  Twin params = Twin::Of(b, p);
-  Twin in = Twin::Of(b, RandomVec(rng, B * T * C));
-  Twin out = Twin::Of(b, RandomVec(rng, B * T * C));
-  layers::BlockForward(*b.cpu, spec, block, params.c(), in.c(), out.c(), B, T, *ws.cpu);
-  layers::BlockForward(*b.gpu, spec, block, params.g(), in.g(), out.g(), B, T, *ws.gpu);
-  ExpectTwinClose(b, out, 1e-4, 1e-3, "block out");
-
-  Twin dout = Twin::Of(b, RandomVec(rng, B * T * C));
-  Twin din = Twin::Of(b, RandomVec(rng, B * T * C));
-  Twin dparams = Twin::Of(b, RandomVec(rng, block.numel, -0.01f, 0.01f));  // accumulates
-  layers::BlockBackward(*b.cpu, spec, block, params.c(), in.c(), dout.c(), din.c(), dparams.c(), B,
-                        T, *ws.cpu);
-  layers::BlockBackward(*b.gpu, spec, block, params.g(), in.g(), dout.g(), din.g(), dparams.g(), B,
-                        T, *ws.gpu);
-  ExpectTwinClose(b, din, 1e-4, 1e-3, "block din");
-  ExpectTwinClose(b, dparams, 1e-4, 1e-3, "block dparams");
+  ExpectBlockMatches(b, spec, block, p, 2, 32, rng);
 }
 
 TEST_CASE("cuda Llama embedding and head losses and gradients match the cpu", "[gpu][llama]") {
   Backends& b = Both();
-  const ModelSpec spec = SmallLlama(2);
-  const auto layouts = BuildLayout(spec);
-  const LayerLayout& emb = layouts.front();
-  const LayerLayout& head = layouts.back();
-  const int64_t B = 2, T = 32, C = spec.d_model;
   std::mt19937 rng(12);
-  Workspaces ws = MakeWorkspaces(b, spec, B, T);
-  Twin emb_params = Twin::Of(b, InitParams(spec, emb));
-  Twin head_params = Twin::Of(b, InitParams(spec, head));
-  const int32_t V = static_cast<int32_t>(spec.vocab_size);
-  Twin tokens = Twin::Of(b, RandomTokens(rng, B * T, V));
-  Twin targets = Twin::Of(b, RandomTokens(rng, B * T, V));
-  Twin hidden = Twin::Of(b, RandomVec(rng, B * T * C));
-  layers::EmbeddingForward(*b.cpu, spec, emb, emb_params.c(), tokens.ci(), hidden.c(), B, T);
-  layers::EmbeddingForward(*b.gpu, spec, emb, emb_params.g(), tokens.gi(), hidden.g(), B, T);
-  ExpectTwinClose(b, hidden, 0.0, 0.0, "embedding out");
-
-  Twin din = Twin::Of(b, RandomVec(rng, B * T * C));
-  Twin dhead = Twin::Of(b, std::vector<float>(head.numel, 0.0f));
-  Twin demb = Twin::Of(b, std::vector<float>(emb.numel, 0.0f));
-  const float lc = layers::HeadForwardBackward(*b.cpu, spec, head, head_params.c(), nullptr, hidden.c(),
-                                               targets.ci(), 0.5f, din.c(), dhead.c(), nullptr, B, T, *ws.cpu);
-  const float lg = layers::HeadForwardBackward(*b.gpu, spec, head, head_params.g(), nullptr, hidden.g(),
-                                               targets.gi(), 0.5f, din.g(), dhead.g(), nullptr, B, T, *ws.gpu);
-  CHECK(std::abs(lg - lc) <= 1e-5 + 1e-5 * std::abs(lc));
-  ExpectTwinClose(b, din, 1e-6, 1e-3, "head din");
-  ExpectTwinClose(b, dhead, 1e-6, 1e-3, "head dparams");
-  layers::EmbeddingBackward(*b.cpu, spec, emb, tokens.ci(), din.c(), demb.c(), B, T);
-  layers::EmbeddingBackward(*b.gpu, spec, emb, tokens.gi(), din.g(), demb.g(), B, T);
-  ExpectTwinClose(b, demb, 1e-6, 1e-3, "embedding dparams");
+  ExpectEmbeddingAndHeadMatch(b, SmallLlama(2), 2, 32, rng, 0.0, 0.0, nullptr);  // a gather: exact
 }
 
 // The llama-tiny preset (configs/models/llama-tiny.yaml: GQA 4 on 2, untied head), one
@@ -518,16 +397,6 @@ JobConfig LlamaTinyJob() {
   cfg.optim.lr = 3e-3f;
   REQUIRE(cfg.Validate().ok());
   return cfg;
-}
-
-void ExpectLossesTrack(const std::vector<float>& gpu, const std::vector<float>& cpu, double rtol) {
-  REQUIRE(gpu.size() == cpu.size());
-  for (size_t s = 0; s < cpu.size(); ++s) {
-    INFO("step " << s << ": gpu loss " << gpu[s] << ", cpu loss " << cpu[s]);
-    CHECK(std::abs(gpu[s] - cpu[s]) <= 1e-4 + rtol * std::abs(cpu[s]));
-  }
-  // It trains: the last loss is well below the first (the data is learnable).
-  CHECK(gpu.back() < 0.9f * gpu.front());
 }
 
 constexpr int kTrainSteps = 8;

@@ -15,6 +15,7 @@
 #include "common/config.h"
 #include "common/model_spec.h"
 #include "kernels/backend.h"
+#include "tests/testing/jobs.h"
 #include "worker/data_loader.h"
 #include "worker/fake_eps_client.h"
 #include "worker/relay.h"
@@ -23,28 +24,18 @@
 namespace l2l::gpu_test {
 
 // GPT: V 512, T 64, d_model 128, 2 layers, 4 heads, d_ff 512, tied embeddings.
+inline constexpr testing::GptShape kSmallGpt{512, 64, 128, 2, 4, 512};
 inline ModelSpec SmallSpec() {
-  ModelSpec s;
-  s.vocab_size = 512;
-  s.seq_len = 64;
-  s.d_model = 128;
-  s.n_layer = 2;
-  s.n_head = 4;
-  s.d_ff = 512;
-  s.tied_embeddings = true;
+  ModelSpec s = testing::GptModel(kSmallGpt);
   REQUIRE(s.Validate().ok());
   return s;
 }
 
 // SmallSpec, 2 micro-batches of 4 x 64 tokens, AdamW lr 3e-3.
 inline JobConfig SmallJob() {
-  JobConfig cfg;
-  cfg.model = SmallSpec();
-  cfg.train.micro_batch_size = 4;
-  cfg.train.micro_batches = 2;
-  cfg.train.seq_len = 64;
-  cfg.train.seed = 1234;
-  cfg.optim.lr = 3e-3f;
+  JobConfig cfg = testing::GptJob(kSmallGpt, {.micro_batch_size = 4, .micro_batches = 2, .seq_len = 64,
+                                              .seed = 1234, .lr = 3e-3f});
+  REQUIRE(cfg.model.Validate().ok());
   return cfg;
 }
 

@@ -15,6 +15,7 @@
 #include "eps_server/grpc_server.h"
 #include "proto/control.grpc.pb.h"
 #include "tests/common/temp_dir.h"
+#include "tests/testing/jobs.h"
 
 namespace fs = std::filesystem;
 using namespace l2l;
@@ -23,16 +24,7 @@ namespace ctl = l2l::control::v1;
 namespace {
 
 ModelSpec TinyLlama(bool tied, bool qkv_bias) {
-  ModelSpec s;
-  s.family = ModelFamily::kLlama;
-  s.vocab_size = 40;
-  s.seq_len = 32;
-  s.d_model = 32;
-  s.n_layer = 2;
-  s.n_head = 4;
-  s.n_kv_heads = 2;
-  s.d_ff = 64;
-  s.tied_embeddings = tied;
+  ModelSpec s = testing::LlamaModel({40, 32, 32, 2, 4, 2, 64, tied});
   s.qkv_bias = qkv_bias;
   s.rms_norm_eps = 1e-5;
   return s;

@@ -24,6 +24,7 @@
 #include "common/model_spec.h"
 #include "common/safetensors.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/jobs.h"
 
 namespace l2l::itest {
 namespace {
@@ -75,17 +76,8 @@ Json ParseJson(const CtlRun& r) {
 }
 
 JobConfig TinyJob(const std::string& tokens_path, int64_t steps) {
-  JobConfig job;
-  job.model.vocab_size = 64;
-  job.model.seq_len = 8;
-  job.model.d_model = 16;
-  job.model.n_layer = 2;
-  job.model.n_head = 2;
-  job.model.d_ff = 32;
-  job.train.micro_batch_size = 2;
-  job.train.micro_batches = 2;
-  job.train.steps = steps;
-  job.train.seed = 4242;
+  JobConfig job = testing::GptJob({64, 8, 16, 2, 2, 32},
+                                  {.steps = steps, .micro_batch_size = 2, .micro_batches = 2, .seed = 4242});
   job.data.train_path = tokens_path;
   return job;
 }

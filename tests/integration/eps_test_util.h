@@ -14,22 +14,13 @@
 #include "common/adamw.h"
 #include "common/config.h"
 #include "common/model_spec.h"
+#include "tests/testing/jobs.h"
 
 namespace l2l::epstest {
 
 inline JobConfig TinyJob(DType dt = DType::kF32, int64_t steps = 4) {
-  JobConfig j;
-  j.model.vocab_size = 64;
-  j.model.seq_len = 16;
-  j.model.d_model = 32;
-  j.model.n_layer = 2;
-  j.model.n_head = 4;
-  j.model.d_ff = 128;
-  j.optim.lr = 1e-2f;
-  j.optim.grad_clip = 0.05f;
-  j.train.clip = l2l::ClipMode::kGlobal;
-  j.train.steps = steps;
-  j.train.seed = 77;
+  JobConfig j = testing::GptJob({64, 16, 32, 2, 4, 128}, {.steps = steps, .seed = 77, .clip = l2l::ClipMode::kGlobal,
+                                                         .lr = 1e-2f, .grad_clip = 0.05f});
   j.publish_dtype = dt;
   return j;
 }

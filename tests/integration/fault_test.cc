@@ -70,16 +70,17 @@ bool WaitProgress(Process& worker, size_t steps, std::chrono::seconds timeout) {
 
 TEST_CASE("A worker whose daemon is killed exits non-zero within seconds with one clear line",
           "[integration][fault]") {
-  const std::string transport = GENERATE(std::string("shm"), std::string("grpc"));
-  INFO("transport " << transport);
-  relay::Run r = relay::Prepare("daemon-kill-" + transport);
+  const Transport transport = GENERATE(Transport::kShm, Transport::kGrpc);
+  INFO("transport " << ToString(transport));
+  relay::Run r = relay::Prepare(std::string("daemon-kill-") + ToString(transport));
   r.job.train.steps = 100000;  // runs until the daemon dies
   DaemonOptions o;
-  o.transport = transport == "grpc" ? Transport::kGrpc : Transport::kAuto;
+  // The daemon serves shm to local workers in auto mode.
+  o.transport = transport == Transport::kGrpc ? Transport::kGrpc : Transport::kAuto;
   auto eps = EpsDaemon::Start(r.job, o, *r.dir);
   INFO(eps.status().ToString());
   REQUIRE(eps.ok());
-  auto worker = StartWorker((*eps)->address(), "w0", r.dir->File("w0.log"), {"--transport", transport});
+  auto worker = StartWorker((*eps)->address(), "w0", r.dir->File("w0.log"), {"--transport", ToString(transport)});
   REQUIRE(worker.ok());
   REQUIRE(WaitProgress(**worker, 2, 60s));
   (*eps)->process().Signal(SIGKILL);
@@ -95,7 +96,7 @@ TEST_CASE("A worker whose daemon is killed exits non-zero within seconds with on
   CHECK(log.find("l2l-worker: error:") != std::string::npos);
   // shm: a wait on the segment notices the dead pid; a gRPC call in flight (StepDone,
   // a heartbeat) may notice the closed connection first.
-  if (transport == "shm") {
+  if (transport == Transport::kShm) {
     CHECK((log.find("is gone (killed or crashed)") != std::string::npos ||
            log.find("UNAVAILABLE") != std::string::npos));
   }

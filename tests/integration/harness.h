@@ -1,16 +1,14 @@
 // Integration harness: runs the real l2l binaries (build/bin/l2l-eps, l2l-worker) as
 // child processes on loopback, the way operators run them, and cleans up after them
 // even when a test fails or aborts:
-//  * TempDir: a fresh directory under $TMPDIR, removed recursively on destruction.
-//  * Process: fork/exec with stdout+stderr appended to a log file; the child gets
-//    PR_SET_PDEATHSIG(SIGKILL), so it dies with the test process; the destructor sends
-//    SIGTERM, waits, then SIGKILL.
+//  * TempDir and Process from the shared test library (tests/testing/temp_dir.h,
+//    process.h): a temp dir removed on destruction; a child that dies with the test.
 //  * EpsDaemon: writes the job and daemon YAML into a TempDir, starts l2l-eps on
 //    127.0.0.1:0 with a unique job id, reads the chosen port from <state_dir>/eps.port,
 //    and talks to its Control service (status, export, shutdown). The destructor shuts
 //    it down and removes any /dev/shm/l2l-<job_id>-* segment left behind.
 //  * Log parsers for the worker's progress and summary lines (worker/worker_main.cc).
-// Later issues (CUDA, SSD tier) reuse it with extra daemon/worker flags.
+// Tests of other features (CUDA, SSD tier) use it with extra daemon/worker flags.
 //
 // Ownership: each object owns its process / directory. Thread-safety: one test thread.
 #pragma once
@@ -26,49 +24,17 @@
 
 #include "common/config.h"
 #include "common/status.h"
+#include "tests/testing/process.h"
+#include "tests/testing/temp_dir.h"
 
 namespace l2l::itest {
 
 // Path of a built binary, e.g. BinaryPath("l2l-eps") -> <build>/bin/l2l-eps.
 std::string BinaryPath(const std::string& name);
 
-class TempDir {
- public:
-  static Result<std::unique_ptr<TempDir>> Create(const std::string& prefix);
-  ~TempDir();
-  const std::string& path() const { return path_; }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  explicit TempDir(std::string p) : path_(std::move(p)) {}
-  std::string path_;
-};
-
-class Process {
- public:
-  // Starts argv[0] (a path) with argv; stdout and stderr go to log_path.
-  static Result<std::unique_ptr<Process>> Spawn(const std::vector<std::string>& argv,
-                                                const std::string& log_path);
-  ~Process();  // Stop() if still running
-
-  pid_t pid() const { return pid_; }
-  bool Running();
-  // Waits for exit up to `timeout`; returns the exit status (128+signal when killed).
-  // DEADLINE_EXCEEDED (with the log's tail) when still running.
-  Result<int> Wait(std::chrono::milliseconds timeout);
-  void Signal(int sig);
-  // SIGTERM, up to 5 s grace, then SIGKILL; reaps the child.
-  void Stop();
-  std::string Log() const;
-  std::string LogTail(size_t bytes = 2000) const;
-
- private:
-  Process(pid_t pid, std::string log) : pid_(pid), log_path_(std::move(log)) {}
-  pid_t pid_;
-  std::string log_path_;
-  bool reaped_ = false;
-  int status_ = 0;
-};
+// The shared test library's temp dir and child process (tests/testing/).
+using testing::Process;
+using testing::TempDir;
 
 struct DaemonOptions {
   int workers = 1;                      // expected_workers

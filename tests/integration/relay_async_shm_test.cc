@@ -22,6 +22,8 @@
 #include "eps_server/eps_core.h"
 #include "eps_server/grpc_server.h"
 #include "tests/integration/eps_test_util.h"
+#include "tests/testing/batches.h"
+#include "tests/testing/in_process_eps.h"
 #include "tests/worker/emulated_async_backend.h"
 #include "worker/eps_client.h"
 #include "worker/relay.h"
@@ -31,31 +33,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-struct InProcessEps {
-  explicit InProcessEps(const JobConfig& job) : core(MakeOpts()) {
-    L2L_CHECK(core.CreateJob(job).ok());
-    auto s = eps::EpsGrpcServer::Start(&core, eps::ServerOptions{});
-    L2L_CHECK(s.ok()) << s.status().ToString();
-    server = std::move(s).value();
-    address = "127.0.0.1:" + std::to_string(server->port());
-  }
-  ~InProcessEps() {
-    server->Shutdown();
-    core.Stop();
-  }
-  static eps::CoreOptions MakeOpts() {
-    eps::CoreOptions o;
-    static int counter = 0;
-    o.job_id = "asyncshm" + std::to_string(getpid()) + "x" + std::to_string(counter++);
-    o.expected_workers = 1;
-    o.page_bytes = 8192;
-    o.transport = l2l::Transport::kAuto;
-    return o;
-  }
-  eps::EpsCore core;
-  std::unique_ptr<eps::EpsGrpcServer> server;
-  std::string address;
-};
+using testing::InProcessEps;
 
 JobConfig Job(DType dt, const std::string& stash) {
   JobConfig job = epstest::TinyJob(dt, 3);
@@ -69,21 +47,7 @@ JobConfig Job(DType dt, const std::string& stash) {
 }
 
 std::vector<worker::MicroBatch> Batches(const JobConfig& job, int64_t step) {
-  std::vector<worker::MicroBatch> out;
-  uint64_t x = 99 + static_cast<uint64_t>(step) * 104729;
-  for (int64_t u = 0; u < job.train.micro_batches; ++u) {
-    worker::MicroBatch mb;
-    mb.B = job.train.micro_batch_size;
-    mb.T = job.seq_len();
-    for (int64_t i = 0; i < mb.B * mb.T; ++i) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      const int32_t a = static_cast<int32_t>((x >> 33) % job.model.vocab_size);
-      mb.inputs.push_back(a);
-      mb.targets.push_back((a * 3 + 1) % static_cast<int32_t>(job.model.vocab_size));
-    }
-    out.push_back(std::move(mb));
-  }
-  return out;
+  return testing::LcgBatches(job, 99 + static_cast<uint64_t>(step) * 104729, 3, 1);
 }
 
 struct Run {
@@ -94,7 +58,7 @@ struct Run {
 };
 
 Run Train(const JobConfig& job, kernels::Backend* backend, int steps) {
-  InProcessEps eps(job);
+  InProcessEps eps(job, "asyncshm", 8192);
   worker::ClientOptions co;
   co.transport = l2l::Transport::kShm;
   co.connect_timeout = 5000ms;

@@ -15,6 +15,7 @@
 
 #include "common/model_io.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/jobs.h"
 #include "worker/data_loader.h"
 #include "worker/reference_trainer.h"
 
@@ -25,21 +26,10 @@ using namespace std::chrono_literals;
 constexpr double kRtol = 1e-5, kAtol = 5e-6;
 
 inline JobConfig SmallJob(const std::string& tokens_path) {
-  JobConfig job;
-  job.model.vocab_size = 96;
-  job.model.seq_len = 16;
-  job.model.d_model = 32;
-  job.model.n_layer = 3;
-  job.model.n_head = 4;
-  job.model.d_ff = 128;
-  job.train.micro_batch_size = 2;
-  job.train.micro_batches = 3;
-  job.train.steps = 3;
-  job.train.seed = 77;
+  JobConfig job = testing::GptJob(testing::kTinyGpt,
+                                  {.steps = 3, .micro_batch_size = 2, .micro_batches = 3, .seed = 77, .lr = 3e-3f,
+                                   .warmup_steps = 2, .eps = 1e-6f /* see tests/worker/relay_test.cc */});
   job.train.log_every = 1;
-  job.optim.lr = 3e-3f;
-  job.optim.warmup_steps = 2;
-  job.optim.eps = 1e-6f;  // see tests/worker/relay_test.cc
   job.data.train_path = tokens_path;
   return job;
 }

@@ -40,6 +40,7 @@
 #include "proto/control.grpc.pb.h"
 #include "proto/data.grpc.pb.h"
 #include "tests/integration/harness.h"
+#include "tests/testing/jobs.h"
 
 namespace l2l::itest {
 namespace {
@@ -76,17 +77,8 @@ std::string WriteFile(const std::string& path, const std::string& content, fs::p
 constexpr fs::perms k600 = fs::perms::owner_read | fs::perms::owner_write;
 
 JobConfig TinyJob(const std::string& tokens_path, int64_t steps) {
-  JobConfig job;
-  job.model.vocab_size = 64;
-  job.model.seq_len = 8;
-  job.model.d_model = 16;
-  job.model.n_layer = 2;
-  job.model.n_head = 2;
-  job.model.d_ff = 32;
-  job.train.micro_batch_size = 2;
-  job.train.micro_batches = 2;
-  job.train.steps = steps;
-  job.train.seed = 77;
+  JobConfig job = testing::GptJob({64, 8, 16, 2, 2, 32},
+                                  {.steps = steps, .micro_batch_size = 2, .micro_batches = 2, .seed = 77});
   job.data.train_path = tokens_path;
   std::vector<int32_t> t(4096);
   for (size_t i = 0; i < t.size(); ++i) t[i] = static_cast<int32_t>((i * 5 + i / 11) % job.model.vocab_size);

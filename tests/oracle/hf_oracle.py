@@ -33,6 +33,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
+from oracle_checker import Checker  # noqa: E402  (beside this script)
 
 
 def hf_config(arch, spec):
@@ -78,32 +79,6 @@ def hf_config(arch, spec):
         assert not spec["qkv_bias"]
         return transformers.MistralConfig(sliding_window=None, **common)
     raise ValueError("unknown architecture " + arch)
-
-
-class Checker:
-    def __init__(self):
-        self.failures = []
-
-    def close(self, what, ours, ref, atol, rtol):
-        ours = np.asarray(ours, dtype=np.float64)
-        ref = np.asarray(ref, dtype=np.float64)
-        if ours.shape != ref.shape:
-            self.failures.append("%s: shape %s, reference %s" % (what, ours.shape, ref.shape))
-            print("  %-56s shape %s vs %s FAIL" % (what, ours.shape, ref.shape))
-            return
-        diff = np.abs(ours - ref)
-        bound = atol + rtol * np.abs(ref)
-        worst = float(np.max(diff / bound)) if diff.size else 0.0
-        status = "ok" if worst <= 1.0 else "FAIL"
-        print("  %-56s max|diff| %.3e  (%.3f of tolerance) %s" % (what, float(diff.max()), worst, status))
-        if worst > 1.0:
-            i = np.unravel_index(np.argmax(diff / bound), diff.shape)
-            self.failures.append("%s: at %s ours %.9g reference %.9g" % (what, i, ours[i], ref[i]))
-
-    def true(self, what, cond):
-        print("  %-56s %s" % (what, "ok" if cond else "FAIL"))
-        if not cond:
-            self.failures.append(what)
 
 
 def check_variant(d, chk):

@@ -34,6 +34,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from oracle_checker import Checker  # beside this script
+
 DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I32": np.int32, "I64": np.int64}
 
 
@@ -83,31 +85,6 @@ def gpt2_logits(P, idx, spec):
     x = F.layer_norm(x, (C,), P["ln_f.weight"], P["ln_f.bias"], eps=1e-5)
     head = P["wte.weight"] if spec["tied_embeddings"] else P["lm_head.weight"]
     return x @ head.t()
-
-
-class Checker:
-    def __init__(self):
-        self.failures = []
-
-    def close(self, what, ours, ref, atol, rtol):
-        ours = np.asarray(ours, dtype=np.float64)
-        ref = np.asarray(ref, dtype=np.float64)
-        if ours.shape != ref.shape:
-            self.failures.append("%s: shape %s, reference %s" % (what, ours.shape, ref.shape))
-            return
-        diff = np.abs(ours - ref)
-        bound = atol + rtol * np.abs(ref)
-        worst = float(np.max(diff / bound)) if diff.size else 0.0
-        status = "ok" if worst <= 1.0 else "FAIL"
-        print("  %-44s max|diff| %.3e  (%.3f of tolerance) %s" % (what, float(diff.max()), worst, status))
-        if worst > 1.0:
-            i = np.unravel_index(np.argmax(diff / bound), diff.shape)
-            self.failures.append("%s: at %s ours %.9g reference %.9g" % (what, i, ours[i], ref[i]))
-
-    def true(self, what, cond):
-        print("  %-44s %s" % (what, "ok" if cond else "FAIL"))
-        if not cond:
-            self.failures.append(what)
 
 
 def check_variant(d, chk):
@@ -174,7 +151,7 @@ def main():
         print("usage: torch_oracle.py DIR (written by l2l-oracle-dump --out DIR)", file=sys.stderr)
         return 2
     torch.set_num_threads(1)
-    chk = Checker()
+    chk = Checker(width=44)
     for variant in ("tied", "untied"):
         check_variant(sys.argv[1] + "/" + variant, chk)
     if chk.failures:

@@ -13,6 +13,7 @@
 #include "eps_server/checkpoint.h"
 #include "eps_server/param_store.h"
 #include "tests/common/temp_dir.h"
+#include "tests/testing/jobs.h"
 #include "tools/inference_model.h"
 
 namespace l2l::tools {
@@ -21,17 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 
 ModelSpec TinyLlama() {
-  ModelSpec s;
-  s.family = ModelFamily::kLlama;
-  s.vocab_size = 50;
-  s.seq_len = 16;
-  s.d_model = 16;
-  s.n_layer = 2;
-  s.n_head = 4;
-  s.n_kv_heads = 2;
-  s.d_ff = 24;
-  s.tied_embeddings = false;
-  return s;
+  return testing::LlamaModel({50, 16, 16, 2, 4, 2, 24});
 }
 
 std::vector<float> Random(size_t n, uint32_t seed, float scale) {

@@ -15,6 +15,7 @@
 #include "common/config.h"
 #include "common/tokens_file.h"
 #include "kernels/backend.h"
+#include "tests/testing/jobs.h"
 #include "worker/data_loader.h"
 #include "worker/reference_trainer.h"
 
@@ -22,17 +23,7 @@ namespace l2l::worker {
 namespace {
 
 JobConfig MaskJob() {
-  JobConfig c;
-  c.model.vocab_size = 64;
-  c.model.seq_len = 8;
-  c.model.d_model = 16;
-  c.model.n_layer = 1;
-  c.model.n_head = 2;
-  c.model.d_ff = 32;
-  c.train.micro_batch_size = 1;
-  c.train.micro_batches = 1;
-  c.train.seed = 11;
-  return c;
+  return testing::GptJob({64, 8, 16, 1, 2, 32}, {.micro_batch_size = 1, .micro_batches = 1, .seed = 11});
 }
 
 std::unique_ptr<ReferenceTrainer> Trainer(const JobConfig& c) {

@@ -12,6 +12,7 @@
 
 #include "common/adamw.h"
 #include "common/config.h"
+#include "tests/testing/jobs.h"
 #include "worker/data_loader.h"
 #include "worker/reference_trainer.h"
 
@@ -20,24 +21,9 @@ namespace {
 
 // The tiny test model (configs/models/tiny.yaml's shape).
 JobConfig TinyJob() {
-  JobConfig c;
-  c.model.vocab_size = 256;
-  c.model.seq_len = 32;
-  c.model.d_model = 32;
-  c.model.n_layer = 2;
-  c.model.n_head = 2;
-  c.model.d_ff = 128;
-  c.model.tied_embeddings = true;
-  c.train.micro_batch_size = 4;
-  c.train.micro_batches = 2;
-  c.train.seed = 7;
-  c.train.clip = l2l::ClipMode::kGlobal;
-  c.optim.lr = 3e-3f;
-  c.optim.warmup_steps = 5;
-  c.optim.total_steps = 0;
-  c.optim.weight_decay = 0.1f;
-  c.optim.grad_clip = 1.0f;
-  return c;
+  return testing::GptJob({256, 32, 32, 2, 2, 128},
+                         {.micro_batch_size = 4, .micro_batches = 2, .seed = 7, .clip = l2l::ClipMode::kGlobal,
+                          .lr = 3e-3f, .warmup_steps = 5, .total_steps = 0, .weight_decay = 0.1f, .grad_clip = 1.0f});
 }
 
 // Bytes of the fortunes-min text files (not the .dat indexes or .u8 links).

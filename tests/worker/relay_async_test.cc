@@ -19,6 +19,8 @@
 
 #include "common/dtype.h"
 #include "kernels/backend.h"
+#include "tests/testing/batches.h"
+#include "tests/testing/jobs.h"
 #include "tests/worker/emulated_async_backend.h"
 #include "worker/data_loader.h"
 #include "worker/fake_eps_client.h"
@@ -28,42 +30,14 @@ namespace l2l::worker {
 namespace {
 
 JobConfig AsyncJob() {
-  JobConfig job;
-  job.model.vocab_size = 96;
-  job.model.seq_len = 16;
-  job.model.d_model = 32;
-  job.model.n_layer = 3;
-  job.model.n_head = 4;
-  job.model.d_ff = 128;
-  job.model.tied_embeddings = true;
-  job.train.micro_batch_size = 2;
-  job.train.micro_batches = 3;
-  job.train.seq_len = 16;
-  job.train.seed = 91;
-  job.optim.lr = 3e-3f;
-  job.optim.warmup_steps = 1;
-  job.optim.weight_decay = 0.1f;
-  job.optim.grad_clip = 1.0f;
-  job.train.clip = l2l::ClipMode::kGlobal;
-  return job;
+  return testing::GptJob(testing::kTinyGpt,
+                         {.micro_batch_size = 2, .micro_batches = 3, .seq_len = 16, .seed = 91,
+                          .clip = l2l::ClipMode::kGlobal, .lr = 3e-3f, .warmup_steps = 1,
+                          .weight_decay = 0.1f, .grad_clip = 1.0f});
 }
 
 std::vector<MicroBatch> Batches(const JobConfig& job, int64_t step) {
-  std::vector<MicroBatch> out;
-  uint64_t x = 1234567 + static_cast<uint64_t>(step) * 7919;
-  for (int64_t u = 0; u < job.train.micro_batches; ++u) {
-    MicroBatch mb;
-    mb.B = job.train.micro_batch_size;
-    mb.T = job.seq_len();
-    for (int64_t i = 0; i < mb.B * mb.T; ++i) {
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      const int32_t a = static_cast<int32_t>((x >> 33) % job.model.vocab_size);
-      mb.inputs.push_back(a);
-      mb.targets.push_back((a * 5 + 3) % static_cast<int32_t>(job.model.vocab_size));
-    }
-    out.push_back(std::move(mb));
-  }
-  return out;
+  return testing::LcgBatches(job, 1234567 + static_cast<uint64_t>(step) * 7919, 5, 3);
 }
 
 struct Run {

@@ -30,6 +30,7 @@
 
 #include "common/dtype.h"
 #include "kernels/backend.h"
+#include "tests/testing/jobs.h"
 #include "worker/data_loader.h"
 #include "worker/fake_eps_client.h"
 #include "worker/reference_trainer.h"
@@ -42,26 +43,10 @@ constexpr double kRtol = 1e-5;
 constexpr double kAtol = 5e-6;
 
 JobConfig TinyJob() {
-  JobConfig job;
-  job.model.vocab_size = 96;
-  job.model.seq_len = 16;
-  job.model.d_model = 32;
-  job.model.n_layer = 3;
-  job.model.n_head = 4;
-  job.model.d_ff = 128;
-  job.model.tied_embeddings = true;
-  job.train.micro_batch_size = 2;
-  job.train.micro_batches = 3;
-  job.train.seq_len = 16;
-  job.train.seed = 77;
-  job.optim.lr = 3e-3f;
-  job.optim.warmup_steps = 2;
-  job.optim.total_steps = 10;
-  job.optim.weight_decay = 0.1f;
-  job.optim.grad_clip = 1.0f;
-  job.optim.eps = 1e-6f;  // see the file comment
-  job.train.clip = l2l::ClipMode::kGlobal;
-  return job;
+  return testing::GptJob(testing::kTinyGpt,
+                         {.micro_batch_size = 2, .micro_batches = 3, .seq_len = 16, .seed = 77,
+                          .clip = l2l::ClipMode::kGlobal, .lr = 3e-3f, .warmup_steps = 2, .total_steps = 10,
+                          .eps = 1e-6f /* see the file comment */, .weight_decay = 0.1f, .grad_clip = 1.0f});
 }
 
 // TinyJob as a Llama-family model: grouped-query attention (4 query heads on 2 key/value
