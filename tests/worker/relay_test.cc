@@ -704,6 +704,29 @@ TEST_CASE("Relay and reference trainer give the same bits in every recompute mod
   }
 }
 
+TEST_CASE("Lock-free relay keeping intermediates trains like the recomputing one", "[worker][relay][recompute]") {
+  // The lazy EPS hands a single worker the same (stalest allowed) versions in both runs,
+  // so the forward and the backward of a block use one version and the kept values apply.
+  JobConfig job = TinyJob();
+  job.train.mode = l2l::TrainMode::kLockfree;
+  job.train.staleness = 1;
+  FakeEpsOptions lazy;
+  lazy.lazy_updates = true;
+  const int steps = 4;
+  RelayRun always = RunRelays(job, 1, steps, lazy);
+  RequireAllOk(always);
+  job.train.recompute = RecomputeMode::kNever;
+  RelayRun never = RunRelays(job, 1, steps, lazy);
+  RequireAllOk(never);
+  CHECK(never.kept_blocks[0] == job.model.n_layer);
+  CHECK(never.versions[0].max_lag == 1);
+  CHECK(never.losses[0] == always.losses[0]);
+  for (size_t l = 0; l < always.params.size(); ++l) {
+    INFO("layer " << l);
+    CHECK(never.params[l] == always.params[l]);
+  }
+}
+
 TEST_CASE("recompute never fails at start, naming the bytes, when the budget is too small",
           "[worker][relay][recompute]") {
   JobConfig job = TinyJob();
