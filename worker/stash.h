@@ -102,10 +102,13 @@ class Stash {
 //  * always: none (the backward recomputes every block from its input);
 //  * never: every block and micro-batch; FAILED_PRECONDITION naming the needed and the
 //    available bytes when that exceeds the budget;
-//  * auto: the LAST blocks, as many as fit the budget with all their micro-batches (the
-//    backward reaches them first, right after the head, so their intermediates are used
-//    soonest after they are made and recompute remains only where the backward ends).
+//  * auto: the LAST blocks, as many as fit the budget with all their micro-batches. Every
+//    block costs the same to recompute, so the time saved depends only on how many are
+//    kept; the last ones are chosen because the backward reaches them first (their
+//    values wait least between the forward and their use).
 // A family without SavedActivations support keeps none, whatever the mode (logged).
+// Kept intermediates live in backend memory whatever train.stash says (they are read by
+// the backward in place; train.stash=host offloads only the block inputs).
 struct ActivationPlan {
   RecomputeMode mode = RecomputeMode::kAlways;
   size_t budget_bytes = 0;     // the budget the plan was made against
@@ -114,8 +117,9 @@ struct ActivationPlan {
   int64_t first_kept = 0;      // blocks first_kept..n_layer (1-based layer index) keep them
   int64_t kept_blocks = 0;     // n_layer - first_kept + 1, or 0
   bool Keeps(int64_t layer) const { return kept_blocks > 0 && layer >= first_kept; }
-  // "recompute auto: intermediates 12.0 MiB per block per micro-batch (inputs 3.0 MiB),
-  // kept for 4 of 6 blocks (blocks 3..6) x 8 micro-batches = 384 MiB of a 500 MiB budget".
+  // "recompute auto: block intermediates 59801600 B (57.03 MiB) per block per micro-batch
+  // (stashed input 3145728 B), kept for 2 of 6 blocks (blocks 5..6) x 4 micro-batches =
+  // 456.25 MiB of a 500.00 MiB budget".
   std::string Describe(int64_t n_layer, int64_t micro_batches) const;
 };
 
