@@ -3,7 +3,7 @@
 // same model in PyTorch and prints the ratio.
 //
 //   l2l-bench-train --config configs/quickstart.yaml [--B 8] [--T 128] [--iters 10]
-//                   [--warmup 2] [--threads 2]
+//                   [--warmup 2] [--threads 2] [--recompute always|never|auto]
 //
 // Prints one line "l2l-bench-train: ... median tok/s M, best tok/s B, tok/s X" (X =
 // B*T*iters / seconds of ComputeGradients calls, each one micro-batch; M and B from the
@@ -22,12 +22,16 @@
 
 namespace {
 
-l2l::Status Run(const std::string& config, int64_t B, int64_t T, int iters, int warmup, int threads) {
+l2l::Status Run(const std::string& config, int64_t B, int64_t T, int iters, int warmup, int threads,
+                const std::string& recompute) {
   namespace w = l2l::worker;
   L2L_ASSIGN_OR_RETURN(l2l::JobConfig cfg, l2l::LoadJobConfig(config));
   if (T <= 0) T = cfg.model.seq_len;
   cfg.train.micro_batch_size = B;
   cfg.train.seq_len = T;
+  if (!recompute.empty()) {
+    L2L_ASSIGN_OR_RETURN(cfg.train.recompute, l2l::ParseRecomputeMode(recompute));
+  }
   w::ReferenceTrainerOptions o;
   o.num_threads = threads;
   L2L_ASSIGN_OR_RETURN(auto t, w::ReferenceTrainer::Create(cfg, o));
@@ -52,10 +56,10 @@ l2l::Status Run(const std::string& config, int64_t B, int64_t T, int iters, int 
   std::sort(ts.begin(), ts.end());
   const double med = ts.size() % 2 ? ts[ts.size() / 2] : 0.5 * (ts[ts.size() / 2 - 1] + ts[ts.size() / 2]);
   const double tok = static_cast<double>(B * T);
-  std::printf("l2l-bench-train: %lld params, B=%lld T=%lld, %d iters, backend %s: %.1f ms/iter, "
+  std::printf("l2l-bench-train: %lld params, B=%lld T=%lld, recompute %s, %d iters, backend %s: %.1f ms/iter, "
               "median tok/s %.0f, best tok/s %.0f, tok/s %.0f\n",
               static_cast<long long>(cfg.model.NumParams()), static_cast<long long>(B), static_cast<long long>(T),
-              iters, t->backend()->name().c_str(), 1e3 * s / iters, tok / med, tok / ts.front(), tok * iters / s);
+              l2l::ToString(cfg.train.recompute), iters, t->backend()->name().c_str(), 1e3 * s / iters, tok / med, tok / ts.front(), tok * iters / s);
   return l2l::Status::Ok();
 }
 
@@ -72,10 +76,12 @@ int main(int argc, char** argv) {
   app.add_option("--iters", iters, "timed iterations")->capture_default_str();
   app.add_option("--warmup", warmup, "untimed iterations first")->capture_default_str();
   app.add_option("--threads", threads, "CPU threads (0: all cores)")->capture_default_str();
+  std::string recompute;
+  app.add_option("--recompute", recompute, "always | never | auto (default: the config's train.recompute)");
   CLI11_PARSE(app, argc, argv);
   // oneDNN's OpenMP threads spin between GEMMs and starve TBB's unless told to sleep.
   setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
-  const l2l::Status st = Run(config, B, T, iters, warmup, threads);
+  const l2l::Status st = Run(config, B, T, iters, warmup, threads, recompute);
   if (!st.ok()) {
     std::fprintf(stderr, "l2l-bench-train: %s\n", st.ToString().c_str());
     return 1;

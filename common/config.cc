@@ -206,6 +206,8 @@ Status ReadTrain(YamlMap* root, TrainingConfig* t) {
   L2L_RETURN_IF_ERROR(m.Get("staleness", &t->staleness, kNonNegative));
   L2L_RETURN_IF_ERROR(m.GetEnum("clip", &t->clip, ParseClipMode));
   L2L_RETURN_IF_ERROR(m.GetEnum("stash", &t->stash, ParseStashPlacement));
+  L2L_RETURN_IF_ERROR(m.GetEnum("recompute", &t->recompute, ParseRecomputeMode));
+  L2L_RETURN_IF_ERROR(m.Get("activation_budget_mb", &t->activation_budget_mb, kNonNegative));
   return m.Finish();
 }
 
@@ -527,7 +529,9 @@ std::string JobConfigToYaml(const JobConfig& cfg) {
      << "  mode: " << ToString(t.mode) << "\n"
      << "  staleness: " << t.staleness << "\n"
      << "  clip: " << ToString(t.clip) << "\n"
-     << "  stash: " << ToString(t.stash) << "\n";
+     << "  stash: " << ToString(t.stash) << "\n"
+     << "  recompute: " << ToString(t.recompute) << "\n"
+     << "  activation_budget_mb: " << t.activation_budget_mb << "\n";
   os << "data:\n"
      << "  train_path: " << YamlQuote(cfg.data.train_path) << "\n"
      << "  val_path: " << YamlQuote(cfg.data.val_path) << "\n";

@@ -38,6 +38,10 @@ struct TrainingConfig {
   int64_t staleness = 1;           // lock-free bound s: a layer version >= t - s is used
   ClipMode clip = ClipMode::kGlobal;  // "none", "per_layer", "global"
   StashPlacement stash = StashPlacement::kDevice;  // "device" or "host" (pinned host memory on a GPU)
+  RecomputeMode recompute = RecomputeMode::kAlways;  // "always", "never", "auto" (common/modes.h)
+  // Memory for kept block intermediates (recompute never/auto), MiB; 0: the worker picks
+  // (half the host RAM on the CPU backend, 4096 MiB on a GPU).
+  int64_t activation_budget_mb = 0;
 };
 
 struct DataConfig {

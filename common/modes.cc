@@ -32,6 +32,8 @@ constexpr std::pair<ClipMode, const char*> kClipModes[] = {
     {ClipMode::kNone, "none"}, {ClipMode::kPerLayer, "per_layer"}, {ClipMode::kGlobal, "global"}};
 constexpr std::pair<StashPlacement, const char*> kStashPlacements[] = {
     {StashPlacement::kDevice, "device"}, {StashPlacement::kHost, "host"}};
+constexpr std::pair<RecomputeMode, const char*> kRecomputeModes[] = {
+    {RecomputeMode::kAlways, "always"}, {RecomputeMode::kNever, "never"}, {RecomputeMode::kAuto, "auto"}};
 constexpr std::pair<Transport, const char*> kTransports[] = {
     {Transport::kAuto, "auto"}, {Transport::kShm, "shm"}, {Transport::kGrpc, "grpc"}};
 constexpr std::pair<OnWorkerLoss, const char*> kOnWorkerLoss[] = {
@@ -52,6 +54,8 @@ const char* ToString(ClipMode m) { return NameOf(kClipModes, m); }
 Result<ClipMode> ParseClipMode(std::string_view s) { return ParseName(kClipModes, s); }
 const char* ToString(StashPlacement p) { return NameOf(kStashPlacements, p); }
 Result<StashPlacement> ParseStashPlacement(std::string_view s) { return ParseName(kStashPlacements, s); }
+const char* ToString(RecomputeMode m) { return NameOf(kRecomputeModes, m); }
+Result<RecomputeMode> ParseRecomputeMode(std::string_view s) { return ParseName(kRecomputeModes, s); }
 const char* ToString(Transport t) { return NameOf(kTransports, t); }
 Result<Transport> ParseTransport(std::string_view s) { return ParseName(kTransports, s); }
 const char* ToString(OnWorkerLoss w) { return NameOf(kOnWorkerLoss, w); }

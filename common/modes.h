@@ -36,6 +36,16 @@ enum class StashPlacement { kDevice, kHost };
 const char* ToString(StashPlacement p);
 Result<StashPlacement> ParseStashPlacement(std::string_view s);
 
+// train.recompute: what the backward does with a block's forward intermediates (norm
+// outputs, qkv, attention probabilities, MLP pre-activations): "always" recompute them
+// from the stashed block input (least memory), "never" keep them from the forward for
+// every block and micro-batch (fails at start if they do not fit
+// train.activation_budget_mb), "auto" keep them for as many blocks as fit the budget and
+// recompute the rest.
+enum class RecomputeMode { kAlways, kNever, kAuto };
+const char* ToString(RecomputeMode m);
+Result<RecomputeMode> ParseRecomputeMode(std::string_view s);
+
 // How a worker exchanges layers and gradients with the EPS: "shm" (shared memory, same
 // host) or "grpc"; "auto" is a request or policy only (shm where possible), never the
 // transport a registration settles on.

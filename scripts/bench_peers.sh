@@ -16,7 +16,9 @@
 # Every comparison prints `ratio NAME = X` (X > 1: l2l is faster), from medians.
 # Environment: L2L_BUILD_DIR (default build; needs bin/l2l-bench-eps and
 # bin/l2l-bench-train), THREADS (2), ITERS (AdamW steps, 10), GPT_ITERS (7),
-# ADAMW_PARAMS (33554432), SHAPES ("S1 S2"; empty: none), ADAMW (1; 0 skips AdamW). The venv: scripts/bench_peers_venv.sh
+# ADAMW_PARAMS (33554432), SHAPES ("S1 S2"; empty: none), ADAMW (1; 0 skips AdamW),
+# RECOMPUTE (empty: the config's train.recompute; always | never | auto: passed to
+# l2l-bench-train --recompute). The venv: scripts/bench_peers_venv.sh
 # (~/.cache/l2l/peers-venv, built on first use: a ~5 GB download).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,7 +87,7 @@ model:
   tied_embeddings: true
 YAML
   "$BUILD_DIR/bin/l2l-bench-train" --config "$TMP/$shape.yaml" --B "$B" --T "$T" --iters "$GPT_ITERS" \
-    --warmup 2 --threads "$THREADS" | tee "$TMP/l2l-$shape"
+    --warmup 2 --threads "$THREADS" ${RECOMPUTE:+--recompute "$RECOMPUTE"} | tee "$TMP/l2l-$shape"
   ours=$(sed -n 's/.*median tok\/s \([0-9.]*\).*/\1/p' "$TMP/l2l-$shape")
   "$PY" bench/peers_torch.py gpt "$V" "$L" "$C" "$H" "$T" "$B" "$GPT_ITERS" 2>"$TMP/py-$shape.err" \
     | tee "$TMP/py-$shape" || { echo "torch GPT $shape failed:"; tail -20 "$TMP/py-$shape.err"; }

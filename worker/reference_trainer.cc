@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/adamw.h"
+#include "common/logging.h"
 #include "common/model_io.h"
 
 namespace l2l::worker {
@@ -24,6 +25,7 @@ Result<DeviceBuffer> Buffer(kernels::Backend* be, size_t bytes) {
 
 ReferenceTrainer::~ReferenceTrainer() {
   // Buffers must go before the backend that allocated them.
+  kept_.clear();
   ws_.reset();
   acts_.clear();
   d_params_.clear();
@@ -59,6 +61,8 @@ Status ReferenceTrainer::Init(const JobConfig& cfg, std::vector<std::vector<floa
                               const ReferenceTrainerOptions& opts) {
   L2L_RETURN_IF_ERROR(cfg.Validate());
   cfg_ = cfg;
+  budget_bytes_ = opts.activation_budget_bytes > 0 ? opts.activation_budget_bytes
+                                                   : static_cast<size_t>(cfg.train.activation_budget_mb) << 20;
   layouts_ = BuildLayout(cfg.model);
   if (params.size() != layouts_.size()) {
     return InvalidArgument("initial weights have " + std::to_string(params.size()) + " layers, model has " +
@@ -155,12 +159,23 @@ Status ReferenceTrainer::EnsureWorkspace(int64_t B, int64_t T) {
     return InvalidArgument("micro-batch shape B=" + std::to_string(B) + " T=" + std::to_string(T) +
                            " must be positive");
   }
+  kept_.clear();
   ws_.reset();
   acts_.clear();
   const size_t n = static_cast<size_t>(B * T);
   const size_t hidden = n * static_cast<size_t>(cfg_.model.d_model) * sizeof(float);
   L2L_ASSIGN_OR_RETURN(layers::LayerWorkspace ws, layers::LayerWorkspace::Create(backend_.get(), cfg_.model, B, T));
   ws_ = std::make_unique<layers::LayerWorkspace>(std::move(ws));
+  L2L_ASSIGN_OR_RETURN(plan_, PlanActivations(*backend_, cfg_.model, *ws_, cfg_.train.recompute, budget_bytes_,
+                                              /*micro_batches=*/1));
+  for (int64_t i = 0; i < plan_.kept_blocks; ++i) {
+    Result<layers::SavedActivations> k = layers::SavedActivations::Create(backend_.get(), cfg_.model, *ws_);
+    if (!k.ok()) return k.status().WithContext("reference trainer: " + plan_.Describe(cfg_.model.n_layer, 1));
+    kept_.push_back(std::move(k).value());
+  }
+  if (plan_.mode != RecomputeMode::kAlways) {
+    L2L_LOG_INFO("reference trainer: {}", plan_.Describe(cfg_.model.n_layer, 1));
+  }
   L2L_ASSIGN_OR_RETURN(d_tokens_, Buffer(backend_.get(), n * sizeof(int32_t)));
   L2L_ASSIGN_OR_RETURN(d_targets_, Buffer(backend_.get(), n * sizeof(int32_t)));
   L2L_ASSIGN_OR_RETURN(d_types_, Buffer(backend_.get(), n * sizeof(int32_t)));
@@ -223,9 +238,13 @@ float ReferenceTrainer::RunMicroBatch(const MicroBatch& mb, float loss_scale, bo
   // Forward: acts_[0] = embedding, acts_[i+1] = block i (acts_[i]).
   layers::EmbeddingForward(be, spec, layouts_[0], d_params_[0].f32(), d_tokens_.i32(), acts_[0].f32(), B, T, seq,
                            ws_.get());
+  // Block layer index l = 1 + i keeps its intermediates (for this backward) when planned.
+  auto kept = [&](int64_t i) -> layers::SavedActivations* {
+    return backward && plan_.Keeps(1 + i) ? &kept_[static_cast<size_t>(1 + i - plan_.first_kept)] : nullptr;
+  };
   for (int64_t i = 0; i < L; ++i) {
     layers::BlockForward(be, spec, layouts_[1 + i], d_params_[1 + i].f32(), acts_[i].f32(), acts_[i + 1].f32(), B,
-                         T, *ws_, seq);
+                         T, *ws_, seq, kept(i));
   }
   const LayerLayout& head = layouts_.back();
   const float* wte = d_params_[0].f32() + EmbeddingTable(spec, layouts_[0]).offset;
@@ -240,7 +259,7 @@ float ReferenceTrainer::RunMicroBatch(const MicroBatch& mb, float loss_scale, bo
   float* dnext = d_dact_b_.f32();
   for (int64_t i = L - 1; i >= 0; --i) {
     layers::BlockBackward(be, spec, layouts_[1 + i], d_params_[1 + i].f32(), acts_[i].f32(), dcur, dnext,
-                          d_grads_[1 + i].f32(), B, T, *ws_, seq);
+                          d_grads_[1 + i].f32(), B, T, *ws_, seq, kept(i));
     std::swap(dcur, dnext);
   }
   layers::EmbeddingBackward(be, spec, layouts_[0], d_tokens_.i32(), dcur, d_grads_[0].f32(), B, T, seq,

@@ -2,7 +2,9 @@
 // process and one Backend. It is the oracle every relay and EPS equivalence test
 // compares against, so it is written for obviousness, not speed:
 //   for each micro-batch: Embedding -> Blocks -> Head (loss, dL/dhidden) -> Blocks
-//   backward (recomputing from the kept block inputs) -> Embedding backward, with
+//   backward (recomputing from the kept block inputs, or from the intermediates the
+//   forward kept: train.recompute, planned for one micro-batch at a time) -> Embedding
+//   backward, with
 //   parameter gradients accumulated over the M micro-batches (loss_scale = 1/M, so the
 //   gradient is that of the mini-batch mean loss); then clipping (train.clip:
 //   none | per_layer | global), then AdamW per tensor (weight decay only on
@@ -30,12 +32,15 @@
 #include "kernels/backend.h"
 #include "kernels/layers/layers.h"
 #include "worker/data_loader.h"  // MicroBatch
+#include "worker/stash.h"        // ActivationPlan
 
 namespace l2l::worker {
 
 struct ReferenceTrainerOptions {
   std::string device = "cpu";  // kernels::CreateBackend name
   int num_threads = 0;         // CPU backend threads; <= 0: all cores
+  // Overrides train.activation_budget_mb when > 0 (budgets below 1 MiB, for tests).
+  size_t activation_budget_bytes = 0;
 };
 
 // The checks of a micro-batch's optional token_types / attention_mask (and, for a
@@ -93,6 +98,8 @@ class ReferenceTrainer {
   const ModelSpec& spec() const { return cfg_.model; }
   const std::vector<LayerLayout>& layouts() const { return layouts_; }
   kernels::Backend* backend() const { return backend_.get(); }
+  // Which blocks keep their forward intermediates (for the current micro-batch shape).
+  const ActivationPlan& activation_plan() const { return plan_; }
 
   // Writes the weights as Hugging Face GPT-2 safetensors (common/model_io.h).
   Status SaveSafetensors(const std::string& path) const;
@@ -126,6 +133,9 @@ class ReferenceTrainer {
   kernels::DeviceBuffer d_types_, d_mask_;      // (B,T) int32, when a micro-batch has them
   std::vector<kernels::DeviceBuffer> acts_;     // n_layer+1 hidden states (B,T,C)
   kernels::DeviceBuffer d_dact_a_, d_dact_b_;   // (B,T,C) gradient ping-pong
+  size_t budget_bytes_ = 0;  // for the kept intermediates; 0: the default
+  ActivationPlan plan_;
+  std::vector<layers::SavedActivations> kept_;  // blocks plan_.first_kept..n_layer
 
   int64_t step_ = 0;
   float last_clip_ = 1.0f;

@@ -24,6 +24,8 @@ Result<RelayOptions> RelayOptions::FromJob(const JobConfig& job) {
   o.stash = job.train.stash;
   o.lockfree = job.train.mode == TrainMode::kLockfree;
   o.staleness = job.train.staleness;
+  o.recompute = job.train.recompute;
+  o.activation_budget_bytes = static_cast<size_t>(job.train.activation_budget_mb) << 20;
   return o;
 }
 
@@ -71,6 +73,14 @@ Status Relay::Init() {
   L2L_ASSIGN_OR_RETURN(layers::LayerWorkspace ws, layers::LayerWorkspace::Create(be_, spec_, B_, T_));
   ws_ = std::make_unique<layers::LayerWorkspace>(std::move(ws));
   L2L_ASSIGN_OR_RETURN(stash_, Stash::Create(be_, opt_.stash, L + 1, M_, N * static_cast<size_t>(C)));
+  L2L_ASSIGN_OR_RETURN(plan_, PlanActivations(*be_, spec_, *ws_, opt_.recompute, opt_.activation_budget_bytes, M_));
+  for (int64_t i = 0; i < plan_.kept_blocks * M_; ++i) {
+    Result<layers::SavedActivations> k = layers::SavedActivations::Create(be_, spec_, *ws_);
+    if (!k.ok()) return k.status().WithContext("relay: " + plan_.Describe(L, M_));
+    kept_.push_back(std::move(k).value());
+  }
+  forward_version_.assign(static_cast<size_t>(L + 2), -1);
+  L2L_LOG_INFO("relay stash: {}", plan_.Describe(L, M_));
 
   std::vector<size_t> numel;
   for (const LayerLayout& l : layouts_) numel.push_back(l.numel);
@@ -101,9 +111,16 @@ Status Relay::Init() {
   return Status::Ok();
 }
 
+layers::SavedActivations* Relay::Kept(int64_t layer, int64_t u) {
+  if (!plan_.Keeps(layer)) return nullptr;
+  return &kept_[static_cast<size_t>((layer - plan_.first_kept) * M_ + u)];
+}
+
 size_t Relay::device_bytes() const {
-  return ws_->bytes() + stash_->device_bytes() + prefetcher_->device_bytes() + tokens_.bytes() + seq_buf_.bytes() +
-         eval_tokens_.bytes() + eval_buf_.bytes() +
+  size_t kept = 0;
+  for (const layers::SavedActivations& k : kept_) kept += k.bytes();
+  return kept + ws_->bytes() + stash_->device_bytes() + prefetcher_->device_bytes() + tokens_.bytes() +
+         seq_buf_.bytes() + eval_tokens_.bytes() + eval_buf_.bytes() +
          dact_buf_.bytes() + emb_grad_.bytes() + ring_grad_[0].bytes() + ring_grad_[1].bytes();
 }
 
@@ -311,7 +328,9 @@ Status Relay::Forward(int64_t step, ResidentLayer* emb) {
     for (int64_t u = 0; u < M_; ++u) {
       const float* in = stash_->Load(l - 1, u);  // (B,T,C)
       float* out = stash_->OutputBuffer(l, u);   // (B,T,C)
-      layers::BlockForward(*be_, spec_, layouts_[l], p.params, in, out, B_, T_, *ws_, Seq(u));
+      layers::SavedActivations* keep = Kept(l, u);
+      if (keep != nullptr) keep->Discard();  // left over from a step that failed before its backward
+      layers::BlockForward(*be_, spec_, layouts_[l], p.params, in, out, B_, T_, *ws_, Seq(u), keep);
       stash_->Commit(l, u);
     }
     for (int64_t j = 0; j < eval_n_; ++j) {
@@ -321,7 +340,8 @@ Status Relay::Forward(int64_t step, ResidentLayer* emb) {
     be_->Synchronize();
     const double s = Seconds(t, Clock::now());
     times_.forward += s;
-    block_forward_s_ += s;
+    if (!plan_.Keeps(l)) block_forward_s_ += s;  // the backward recomputes this much
+    forward_version_[static_cast<size_t>(l)] = p.version;
     prefetcher_->Release(p);
   }
   return Status::Ok();
@@ -375,7 +395,15 @@ Status Relay::HeadAndBackward(int64_t step, ResidentLayer* emb, double* loss_sum
     be_->Zero(grad, layouts_[l].numel * sizeof(float));
     for (int64_t u = 0; u < M_; ++u) {
       const float* in = stash_->Load(l - 1, u);  // (B,T,C)
-      layers::BlockBackward(*be_, spec_, layouts_[l], p.params, in, dact_[u], spare_, grad, B_, T_, *ws_, Seq(u));
+      layers::SavedActivations* kept = Kept(l, u);
+      if (kept != nullptr && p.version != forward_version_[static_cast<size_t>(l)]) {
+        // Lock-free: the backward got a newer version than the forward; recompute with it
+        // so the whole block's gradient is taken at one version, as without kept values.
+        kept->Discard();
+        kept = nullptr;
+      }
+      layers::BlockBackward(*be_, spec_, layouts_[l], p.params, in, dact_[u], spare_, grad, B_, T_, *ws_, Seq(u),
+                            kept);
       std::swap(dact_[u], spare_);  // dact_[u] is now dL/d(input of block l)
     }
     be_->Synchronize();

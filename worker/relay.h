@@ -7,7 +7,8 @@
 //             by the total micro-batch count). With tied embeddings the head reads wte
 //             from layer 0, which stays resident from the embedding forward, and its dwte
 //             is summed into layer 0's gradient.
-//   backward  for l = L..1: re-fetch the block, recompute it from the stashed input,
+//   backward  for l = L..1: re-fetch the block, recompute it from the stashed input
+//             (or take the intermediates its forward kept: train.recompute),
 //             accumulate its weight gradient over u1..uM in one buffer, push it once (in
 //             the background while l-1 computes), hand the input-gradient down; then the
 //             embedding's gradient (plus the head's dwte) is pushed.
@@ -58,6 +59,10 @@ struct RelayOptions {
   // Longest wait for one layer version before the step fails with DEADLINE_EXCEEDED.
   std::chrono::milliseconds layer_timeout{std::chrono::minutes(10)};
   int ring_slots = 2;  // weight slots for blocks/head (2 = current + prefetch)
+  // train.recompute / train.activation_budget_mb: which blocks keep their forward
+  // intermediates for the backward (worker/stash.h's PlanActivations).
+  RecomputeMode recompute = RecomputeMode::kAlways;
+  size_t activation_budget_bytes = 0;  // 0: the default (ActivationBudgetBytes)
 
   // Validates the job (JobConfig::Validate) and reads train.stash / mode / staleness.
   static Result<RelayOptions> FromJob(const JobConfig& job);
@@ -73,7 +78,8 @@ struct VersionStats {
 
 // Seconds of one step, measured on the compute thread (the backend synchronised at each
 // boundary). BlockBackward recomputes and differentiates in one call, so `recompute` is
-// the blocks' forward time of the same step (identical work) and `backward` is the rest.
+// the forward time of the same step's recomputed blocks (identical work; blocks that kept
+// their intermediates count 0) and `backward` is the rest.
 struct RelayTimes {
   double upload = 0;      // tokens to the device
   double forward = 0;     // embedding + blocks forward (incl. stash offload)
@@ -112,6 +118,7 @@ class Relay {
   size_t device_bytes() const;
   size_t stash_host_bytes() const { return stash_->host_bytes(); }
   const Stash& stash() const { return *stash_; }
+  const ActivationPlan& activation_plan() const { return plan_; }
   const LayerPrefetcher& prefetcher() const { return *prefetcher_; }
   const GradientPusher& pusher() const { return *pusher_; }
   // Null unless the backend has copy queues.
@@ -132,6 +139,8 @@ class Relay {
   const int32_t* Targets(int64_t u) const;  // (B,T) device
   // Micro-batch u's token types / attention mask on the device (null where it has none).
   layers::SequenceInputs Seq(int64_t u) const;
+  // Block `layer`'s kept intermediates for micro-batch u; null where the plan recomputes.
+  layers::SavedActivations* Kept(int64_t layer, int64_t u);
 
   EpsClient* client_;
   kernels::Backend* be_;
@@ -145,6 +154,9 @@ class Relay {
   std::unique_ptr<HostRegionPinner> pinner_;
   std::unique_ptr<layers::LayerWorkspace> ws_;
   std::unique_ptr<Stash> stash_;
+  ActivationPlan plan_;
+  std::vector<layers::SavedActivations> kept_;  // (kept blocks x M), latest blocks
+  std::vector<int64_t> forward_version_;        // per layer: the version its forward used
   std::unique_ptr<LayerPrefetcher> prefetcher_;
   std::unique_ptr<GradientPusher> pusher_;
   kernels::DeviceBuffer tokens_;    // (M, 2, B,T) int32: inputs then targets per micro-batch

@@ -2,10 +2,16 @@
 // GPU, with asynchronous copies on a copy queue of its own). See stash.h.
 #include "worker/stash.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "common/logging.h"
+#include "common/model_spec.h"
 
 namespace l2l::worker {
 
@@ -131,6 +137,72 @@ size_t Stash::device_bytes() const {
 size_t Stash::host_bytes() const {
   if (placement_ != StashPlacement::kHost) return 0;
   return static_cast<size_t>(slots_) * static_cast<size_t>(micro_batches_) * floats_ * sizeof(float);
+}
+
+namespace {
+std::string MiB(size_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f MiB", static_cast<double>(bytes) / (1 << 20));
+  return buf;
+}
+}  // namespace
+
+size_t ActivationBudgetBytes(const kernels::Backend& backend, size_t budget_bytes) {
+  if (budget_bytes > 0) return budget_bytes;
+  if (backend.kind() == kernels::DeviceKind::kCpu) {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages > 0 && page > 0) return static_cast<size_t>(pages) * static_cast<size_t>(page) / 2;
+  }
+  return size_t{4096} << 20;
+}
+
+std::string ActivationPlan::Describe(int64_t n_layer, int64_t micro_batches) const {
+  std::string s = std::string("recompute ") + ToString(mode) + ": block intermediates " + std::to_string(kept_bytes) + " B (" +
+                  MiB(kept_bytes) + ") per block per micro-batch (stashed input " + std::to_string(input_bytes) +
+                  " B), kept for " +
+                  std::to_string(kept_blocks) + " of " + std::to_string(n_layer) + " blocks";
+  if (kept_blocks > 0) {
+    s += " (blocks " + std::to_string(first_kept) + ".." + std::to_string(n_layer) + ") x " +
+         std::to_string(micro_batches) + " micro-batches = " +
+         MiB(kept_bytes * static_cast<size_t>(kept_blocks) * static_cast<size_t>(micro_batches));
+  }
+  return s + " of a " + MiB(budget_bytes) + " budget";
+}
+
+Result<ActivationPlan> PlanActivations(const kernels::Backend& backend, const ModelSpec& spec,
+                                       const layers::LayerWorkspace& ws, RecomputeMode mode,
+                                       size_t budget_bytes, int64_t micro_batches) {
+  ActivationPlan p;
+  p.mode = mode;
+  p.budget_bytes = ActivationBudgetBytes(backend, budget_bytes);
+  p.input_bytes = static_cast<size_t>(ws.B() * ws.T() * spec.d_model) * sizeof(float);
+  p.kept_bytes = layers::SavedActivations::Bytes(spec, ws);
+  const int64_t L = spec.n_layer;
+  if (mode == RecomputeMode::kAlways || L == 0) return p;
+  if (!layers::SavedActivations::Supported(spec)) {
+    L2L_LOG_WARN("train.recompute={}: model.family={} cannot keep block intermediates; every block "
+                 "is recomputed",
+                 ToString(mode), ToString(spec.family));
+    return p;
+  }
+  const size_t per_block = p.kept_bytes * static_cast<size_t>(micro_batches);
+  int64_t keep = L;
+  if (mode == RecomputeMode::kNever) {
+    const size_t need = per_block * static_cast<size_t>(L);
+    if (need > p.budget_bytes) {
+      return FailedPrecondition(
+          "train.recompute=never: keeping every block's intermediates needs " + std::to_string(need) + " bytes (" +
+          MiB(need) + ": " + std::to_string(L) + " blocks x " + std::to_string(micro_batches) +
+          " micro-batches x " + MiB(p.kept_bytes) + "), the budget train.activation_budget_mb allows " +
+          std::to_string(p.budget_bytes) + " bytes (" + MiB(p.budget_bytes) +
+          "); raise the budget or use recompute auto or always");
+    }
+  } else {
+    keep = std::min<int64_t>(L, static_cast<int64_t>(p.budget_bytes / std::max<size_t>(per_block, 1)));
+  }
+  p.kept_blocks = keep;
+  p.first_kept = L - keep + 1;
+  return p;
 }
 
 }  // namespace l2l::worker

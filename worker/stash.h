@@ -39,9 +39,11 @@
 #include <string>
 #include <vector>
 
-#include "common/modes.h"  // StashPlacement
+#include "common/model_spec.h"
+#include "common/modes.h"  // StashPlacement, RecomputeMode
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "kernels/layers/layers.h"
 
 namespace l2l::worker {
 
@@ -94,5 +96,38 @@ class Stash {
   // Declared last: destroyed first, waiting for its copies before the buffers go.
   std::unique_ptr<kernels::CopyQueue> copy_;
 };
+
+// Which blocks keep their forward intermediates (layers::SavedActivations) beside the
+// stashed inputs, per train.recompute and train.activation_budget_mb:
+//  * always: none (the backward recomputes every block from its input);
+//  * never: every block and micro-batch; FAILED_PRECONDITION naming the needed and the
+//    available bytes when that exceeds the budget;
+//  * auto: the LAST blocks, as many as fit the budget with all their micro-batches. Every
+//    block costs the same to recompute, so the time saved depends only on how many are
+//    kept; the last ones are chosen because the backward reaches them first (their
+//    values wait least between the forward and their use).
+// A family without SavedActivations support keeps none, whatever the mode (logged).
+// Kept intermediates live in backend memory whatever train.stash says (they are read by
+// the backward in place; train.stash=host offloads only the block inputs).
+struct ActivationPlan {
+  RecomputeMode mode = RecomputeMode::kAlways;
+  size_t budget_bytes = 0;     // the budget the plan was made against
+  size_t input_bytes = 0;      // stashed block input, per block per micro-batch
+  size_t kept_bytes = 0;       // intermediates, per block per micro-batch (0: unsupported)
+  int64_t first_kept = 0;      // blocks first_kept..n_layer (1-based layer index) keep them
+  int64_t kept_blocks = 0;     // n_layer - first_kept + 1, or 0
+  bool Keeps(int64_t layer) const { return kept_blocks > 0 && layer >= first_kept; }
+  // "recompute auto: block intermediates 59801600 B (57.03 MiB) per block per micro-batch
+  // (stashed input 3145728 B), kept for 2 of 6 blocks (blocks 5..6) x 4 micro-batches =
+  // 456.25 MiB of a 500.00 MiB budget".
+  std::string Describe(int64_t n_layer, int64_t micro_batches) const;
+};
+
+// budget_bytes 0: the default (half the host RAM on the CPU backend, 4096 MiB on a GPU).
+size_t ActivationBudgetBytes(const kernels::Backend& backend, size_t budget_bytes);
+
+Result<ActivationPlan> PlanActivations(const kernels::Backend& backend, const ModelSpec& spec,
+                                       const layers::LayerWorkspace& ws, RecomputeMode mode,
+                                       size_t budget_bytes, int64_t micro_batches);
 
 }  // namespace l2l::worker

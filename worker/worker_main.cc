@@ -87,6 +87,8 @@ struct Flags {
   std::string name;
   int64_t connect_timeout_ms = 10000;
   int64_t steps = -1;
+  std::string recompute;             // overrides train.recompute when set
+  int64_t activation_budget_mb = -1; // overrides train.activation_budget_mb when >= 0
   std::string log_level = "info";
   std::string token_file, tls_ca, tls_server_name;
 };
@@ -186,6 +188,12 @@ Status Run(const Flags& f, int* exit_code) {
 
   L2L_ASSIGN_OR_RETURN(std::unique_ptr<l2l::kernels::Backend> backend, MakeBackend(f));
   L2L_ASSIGN_OR_RETURN(w::RelayOptions ropts, w::RelayOptions::FromJob(job));
+  if (!f.recompute.empty()) {
+    auto mode = l2l::ParseRecomputeMode(f.recompute);
+    if (!mode.ok()) return mode.status().WithContext("--recompute");
+    ropts.recompute = *mode;
+  }
+  if (f.activation_budget_mb >= 0) ropts.activation_budget_bytes = static_cast<size_t>(f.activation_budget_mb) << 20;
   L2L_ASSIGN_OR_RETURN(std::unique_ptr<w::Relay> relay,
                        w::Relay::Create(client.get(), backend.get(), job, ropts));
 
@@ -316,6 +324,10 @@ int main(int argc, char** argv) {
   app.add_option("--name", f.name, "worker name shown in status (default hostname:pid)");
   app.add_option("--connect-timeout-ms", f.connect_timeout_ms, "how long to retry registering");
   app.add_option("--steps", f.steps, "stop after this step count (default: the job's)");
+  app.add_option("--recompute", f.recompute,
+                 "always | never | auto: keep block intermediates for the backward (default: train.recompute)");
+  app.add_option("--activation-budget-mb", f.activation_budget_mb,
+                 "memory for kept intermediates, MiB; 0 = the default (train.activation_budget_mb)");
   app.add_option("--log-level", f.log_level, "trace|debug|info|warn|error");
   app.add_option("--token-file", f.token_file,
                  "file (mode 0600) with the EPS's shared token (default: $L2L_TOKEN_FILE)");

@@ -162,14 +162,16 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
 
 void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
                          const float* in, const float* dout, float* din, float* dparams, int64_t B, int64_t T,
-                         LayerWorkspace& ws, const SequenceInputs& seq) {
+                         LayerWorkspace& ws, const SequenceInputs& seq, bool recompute) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   const BlockViews w = Views(layout, params);
   const BlockViews d = Views(layout, dparams);
-  BlockInternals(be, spec, w, in, B, T, ws, seq);
-  // The second LayerNorm's statistics (the forward's output itself is not needed).
-  be.LayerNormForwardEps(ws.g2.f32(), ws.ln2_mean.f32(), ws.ln2_rstd.f32(),
-                         ws.ln2.f32(), w.ln2_w, w.ln2_b, N, C, Eps(spec));
+  if (recompute) {
+    BlockInternals(be, spec, w, in, B, T, ws, seq);
+    // The second LayerNorm's statistics (the forward's output itself is not needed).
+    be.LayerNormForwardEps(ws.g2.f32(), ws.ln2_mean.f32(), ws.ln2_rstd.f32(),
+                           ws.ln2.f32(), w.ln2_w, w.ln2_b, N, C, Eps(spec));
+  }
   float* g0 = ws.g0.f32();
   float* g1 = ws.g1.f32();
   float* g2 = ws.g2.f32();
@@ -299,6 +301,10 @@ const FamilyLayers& BertLayers() {
       .head_logits_bias = "cls.predictions.bias",
       .own_head = &OwnHead,
       .head_forward_backward = &ClassifyForwardBackward,
+      .block_saved = {&LayerWorkspace::qkv, &LayerWorkspace::att, &LayerWorkspace::atty,
+                      &LayerWorkspace::resid2, &LayerWorkspace::ln1, &LayerWorkspace::ln1_mean,
+                      &LayerWorkspace::ln1_rstd, &LayerWorkspace::fch, &LayerWorkspace::fch_gelu,
+                      &LayerWorkspace::ln2, &LayerWorkspace::ln2_mean, &LayerWorkspace::ln2_rstd},
   };
   return kLayers;
 }

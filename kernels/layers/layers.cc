@@ -94,18 +94,72 @@ bool EmbeddingBackwardNeedsParams(const ModelSpec& spec) {
 
 void BlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout,
                   const float* params, const float* in, float* out, int64_t B, int64_t T,
-                  LayerWorkspace& ws, const SequenceInputs& seq) {
+                  LayerWorkspace& ws, const SequenceInputs& seq, SavedActivations* save) {
   CheckKind(layout, LayerKind::kBlock, "BlockForward");
   CheckFits(ws, B, T, "BlockForward");
   LayersFor(spec.family).block_forward(be, spec, layout, params, in, out, B, T, ws, seq);
+  if (save != nullptr) {
+    L2L_CHECK(!save->filled()) << "BlockForward: layer " << layout.index
+                               << ": SavedActivations still holds an unused forward";
+    save->Exchange(spec, ws, /*filled=*/true);
+  }
 }
 
 void BlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout,
                    const float* params, const float* in, const float* dout, float* din,
-                   float* dparams, int64_t B, int64_t T, LayerWorkspace& ws, const SequenceInputs& seq) {
+                   float* dparams, int64_t B, int64_t T, LayerWorkspace& ws, const SequenceInputs& seq,
+                   SavedActivations* saved) {
   CheckKind(layout, LayerKind::kBlock, "BlockBackward");
   CheckFits(ws, B, T, "BlockBackward");
-  LayersFor(spec.family).block_backward(be, spec, layout, params, in, dout, din, dparams, B, T, ws, seq);
+  if (saved != nullptr) {
+    L2L_CHECK(saved->filled()) << "BlockBackward: layer " << layout.index
+                               << ": SavedActivations holds no forward (BlockForward without save?)";
+    saved->Exchange(spec, ws, /*filled=*/false);
+  }
+  LayersFor(spec.family).block_backward(be, spec, layout, params, in, dout, din, dparams, B, T, ws, seq,
+                                        /*recompute=*/saved == nullptr);
+}
+
+// ---- SavedActivations ----------------------------------------------------------------------
+
+bool SavedActivations::Supported(const ModelSpec& spec) { return !LayersFor(spec.family).block_saved.empty(); }
+
+size_t SavedActivations::Bytes(const ModelSpec& spec, const LayerWorkspace& ws) {
+  size_t total = 0;
+  for (DeviceBuffer LayerWorkspace::*r : LayersFor(spec.family).block_saved) total += (ws.*r).bytes();
+  return total;
+}
+
+Result<SavedActivations> SavedActivations::Create(Backend* backend, const ModelSpec& spec,
+                                                  const LayerWorkspace& ws) {
+  if (!Supported(spec)) {
+    return InvalidArgument(std::string("SavedActivations: model.family=") + ToString(spec.family) +
+                           " always recomputes its blocks");
+  }
+  SavedActivations s;
+  for (DeviceBuffer LayerWorkspace::*r : LayersFor(spec.family).block_saved) {
+    auto b = DeviceBuffer::Create(backend, (ws.*r).bytes());
+    if (!b.ok()) return b.status().WithContext("allocating kept block activations");
+    s.bufs_.push_back(std::move(b).value());
+  }
+  return s;
+}
+
+size_t SavedActivations::bytes() const {
+  size_t total = 0;
+  for (const DeviceBuffer& b : bufs_) total += b.bytes();
+  return total;
+}
+
+void SavedActivations::Exchange(const ModelSpec& spec, LayerWorkspace& ws, bool filled) {
+  const auto& regions = LayersFor(spec.family).block_saved;
+  L2L_CHECK(regions.size() == bufs_.size()) << "SavedActivations made for another model family";
+  for (size_t i = 0; i < regions.size(); ++i) {
+    DeviceBuffer& w = ws.*regions[i];
+    L2L_CHECK(w.bytes() == bufs_[i].bytes()) << "SavedActivations made for another workspace";
+    std::swap(w, bufs_[i]);
+  }
+  filled_ = filled;
 }
 
 // ---- Head ------------------------------------------------------------------------------

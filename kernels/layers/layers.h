@@ -1,7 +1,8 @@
 // The three layer kinds of a model (embedding, block, head) as the relay sees them: each
 // is a function of (its flat fp32 parameter buffer, its input) -> output, and a backward
 // that RECOMPUTES its internals from the stashed input (so nothing but layer outputs is
-// kept between forward and backward). Views inside the flat buffer come from
+// kept between forward and backward) unless the forward kept a block's intermediates in a
+// SavedActivations, from which the backward then runs without recomputing. Views inside the flat buffer come from
 // common/model_spec.h's LayerLayout. The functions below dispatch on spec.family to the
 // family's kernels (kernels/layers/registry.h; one file per family: gpt2.cc, llama.cc, bert.cc).
 //
@@ -13,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "common/model_spec.h"
 #include "common/status.h"
@@ -81,20 +83,56 @@ void EmbeddingBackward(kernels::Backend& be, const ModelSpec& spec, const LayerL
 // relay fetches layer 0 again for it then.
 bool EmbeddingBackwardNeedsParams(const ModelSpec& spec);
 
+// A block's forward intermediates (the workspace regions its backward reads: norm outputs
+// and statistics, qkv, attention probabilities and output, the residual after attention,
+// MLP pre- and post-activation), kept from BlockForward to BlockBackward for one (block,
+// micro-batch). Holding them costs Bytes(ws) of backend memory; the backward then skips
+// the recompute and runs the same kernels on the same values, so its gradients are
+// bit-identical to the recomputing backward's.
+// The buffers are exchanged with the workspace's (no copies): BlockForward(save) leaves
+// the intermediates here and fresh buffers in `ws`; BlockBackward(saved) moves them back
+// into `ws` for the backward and takes the workspace's buffers in exchange (then empty()).
+// Every SavedActivations used with a workspace must come from Create() with that
+// workspace. Ownership: owns its buffers (Backend memory). Thread-safety: one thread.
+class SavedActivations {
+ public:
+  // Whether `spec`'s family can keep its intermediates (else BlockBackward always recomputes).
+  static bool Supported(const ModelSpec& spec);
+  // Backend bytes one SavedActivations of `ws` holds (0 when !Supported).
+  static size_t Bytes(const ModelSpec& spec, const LayerWorkspace& ws);
+  static Result<SavedActivations> Create(kernels::Backend* backend, const ModelSpec& spec,
+                                         const LayerWorkspace& ws);
+  size_t bytes() const;
+  // True between a BlockForward that saved into it and the BlockBackward that used it.
+  bool filled() const { return filled_; }
+  // Forgets a kept forward that will not be used (the next BlockForward may save again).
+  void Discard() { filled_ = false; }
+  // For BlockForward/BlockBackward: swaps the kept regions with ws's and sets filled().
+  void Exchange(const ModelSpec& spec, LayerWorkspace& ws, bool filled);
+
+ private:
+  std::vector<kernels::DeviceBuffer> bufs_;
+  bool filled_ = false;
+};
+
 // ---- Transformer block: hidden -> hidden --------------------------------------------
 // GPT-2: x1 = x + attn_proj(attention(c_attn(ln_1(x)))); out = x1 + c_proj(gelu(c_fc(ln_2(x1)))).
 // Llama: x1 = x + o_proj(gqa(rope(qkv(rms_1(x))))); out = x1 + down(silu(gate(rms_2(x1))) * up(..)).
 // BERT (post-LN, bidirectional, padded keys masked by seq.attention_mask):
 //   x1 = LN_1(x + dense(attention(qkv(x)))); out = LN_2(x1 + out_dense(gelu(inter_dense(x1)))).
+// save != nullptr (a SavedActivations of this ws, not filled): the block's intermediates
+// are left in *save for BlockBackward.
 void BlockForward(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
                   const float* params, const float* in, float* out, int64_t B, int64_t T,
-                  LayerWorkspace& ws, const SequenceInputs& seq = {});
-// Recomputes the forward internals from `in`, then: din (B,T,C) = dL/din (overwritten),
-// dparams (layout.numel) += dL/dparams.
+                  LayerWorkspace& ws, const SequenceInputs& seq = {},
+                  SavedActivations* save = nullptr);
+// Recomputes the forward internals from `in` (or, with `saved` filled by this block's
+// BlockForward on the same input, takes them from there), then: din (B,T,C) = dL/din
+// (overwritten), dparams (layout.numel) += dL/dparams. `saved` is emptied.
 void BlockBackward(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
                    const float* params, const float* in, const float* dout, float* din,
                    float* dparams, int64_t B, int64_t T, LayerWorkspace& ws,
-                   const SequenceInputs& seq = {});
+                   const SequenceInputs& seq = {}, SavedActivations* saved = nullptr);
 
 // ---- Head (last layer): hidden -> loss ----------------------------------------------
 // logits = norm(in) @ W^T with W = the embedding table (tied; `wte` points at layer 0's

@@ -156,12 +156,12 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
 
 void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
                    const float* in, const float* dout, float* din, float* dparams, int64_t B, int64_t T,
-                   LayerWorkspace& ws, const SequenceInputs&) {
+                   LayerWorkspace& ws, const SequenceInputs&, bool recompute) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T, W = QkvWidth(spec);
   const int64_t NH = spec.n_head, NKV = spec.kv_heads(), hs = spec.head_dim();
   const BlockViews w = Views(spec, layout, params);
   const BlockViews d = Views(spec, layout, dparams);
-  BlockInternals(be, spec, w, in, B, T, ws);
+  if (recompute) BlockInternals(be, spec, w, in, B, T, ws);
 
   float* g0 = ws.g0.f32();
   float* g1 = ws.g1.f32();
@@ -217,6 +217,10 @@ const FamilyLayers& LlamaLayers() {
       .block_backward = &FamilyBlockBackward,
       .head_norm_forward = &HeadNormForward,
       .head_norm_backward = &HeadNormBackward,
+      .block_saved = {&LayerWorkspace::ln1, &LayerWorkspace::ln1_rstd, &LayerWorkspace::qkv,
+                      &LayerWorkspace::att, &LayerWorkspace::atty, &LayerWorkspace::resid2,
+                      &LayerWorkspace::ln2, &LayerWorkspace::ln2_rstd, &LayerWorkspace::fch,
+                      &LayerWorkspace::fch_gelu},
   };
   return kLayers;
 }

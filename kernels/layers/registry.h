@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "common/model_spec.h"
 #include "kernels/backend.h"
@@ -36,7 +37,7 @@ struct FamilyLayers {
   void (*block_backward)(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
                          const float* params, const float* in, const float* dout, float* din,
                          float* dparams, int64_t B, int64_t T, LayerWorkspace& ws,
-                         const SequenceInputs& seq);
+                         const SequenceInputs& seq, bool recompute);
   // normed (N,C) = the final norm of in (N,C), written into ws (its own region).
   const float* (*head_norm_forward)(kernels::Backend& be, const ModelSpec& spec,
                                     const LayerLayout& layout, const float* params,
@@ -63,6 +64,10 @@ struct FamilyLayers {
                                  const float* in, const int32_t* targets, float loss_scale,
                                  float* din, float* dparams, float* dwte, int64_t B, int64_t T,
                                  LayerWorkspace& ws) = nullptr;
+  // The workspace regions block_forward leaves filled and block_backward reads when called
+  // with recompute=false (what it would otherwise recompute from the input). Empty: the
+  // family always recomputes (SavedActivations unsupported).
+  std::vector<kernels::DeviceBuffer LayerWorkspace::*> block_saved;
 };
 
 // The entry of `family`.

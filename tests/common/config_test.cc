@@ -58,6 +58,8 @@ void RequireEqual(const JobConfig& a, const JobConfig& b) {
   CHECK(a.train.staleness == b.train.staleness);
   CHECK(a.train.clip == b.train.clip);
   CHECK(a.train.stash == b.train.stash);
+  CHECK(a.train.recompute == b.train.recompute);
+  CHECK(a.train.activation_budget_mb == b.train.activation_budget_mb);
   CHECK(a.data.train_path == b.data.train_path);
   CHECK(a.data.val_path == b.data.val_path);
   CHECK(a.publish_dtype == b.publish_dtype);
@@ -113,7 +115,8 @@ model: {vocab_size: 300, seq_len: 48, d_model: 36, n_layer: 3, n_head: 6, d_ff: 
 optim: {lr: 3.3e-4, min_lr_ratio: 0.07, warmup_steps: 11, total_steps: 999, beta1: 0.85, beta2: 0.999,
         eps: 1.0e-7, weight_decay: 0.01, grad_clip: -1}
 train: {steps: 77, micro_batch_size: 3, micro_batches: 5, seq_len: 40, seed: 18446744073709551615,
-        log_every: 7, checkpoint_every: 20, mode: lockfree, staleness: 2, clip: per_layer, stash: host}
+        log_every: 7, checkpoint_every: 20, mode: lockfree, staleness: 2, clip: per_layer, stash: host,
+        recompute: auto, activation_budget_mb: 123}
 data: {train_path: "tok ens/train.bin", val_path: /abs/val.bin}
 publish_dtype: bf16
 )");
@@ -125,6 +128,8 @@ publish_dtype: bf16
   CHECK(a->data.val_path == "/abs/val.bin");
   CHECK(a->publish_dtype == DType::kBF16);
   CHECK(a->seq_len() == 40);
+  CHECK(a->train.recompute == RecomputeMode::kAuto);
+  CHECK(a->train.activation_budget_mb == 123);
   const std::string text = JobConfigToYaml(*a);
   Result<JobConfig> b = ParseJobConfig(text, "<roundtrip>", "/elsewhere");
   INFO(text);
@@ -257,6 +262,12 @@ TEST_CASE("JobConfig::Validate catches bad values set in code", "[config][errors
   cfg = JobConfig{};
   cfg.model.n_head = 3;
   CHECK(cfg.Validate().message().find("n_head") != std::string::npos);
+}
+
+TEST_CASE("train.recompute and train.activation_budget_mb reject bad values, naming the key", "[config]") {
+  TempDir dir;
+  ExpectError(ParseIn(dir, "train:\n  recompute: sometimes\n"), {"train.recompute", "always, never, auto"});
+  ExpectError(ParseIn(dir, "train:\n  activation_budget_mb: -1\n"), {"train.activation_budget_mb"});
 }
 
 }  // namespace l2l

@@ -29,6 +29,8 @@ TEST_CASE("every mode name round-trips through its Parse", "[modes]") {
   CheckRoundTrip({ClipMode::kNone, ClipMode::kPerLayer, ClipMode::kGlobal}, ParseClipMode,
                  {"none", "per_layer", "global"});
   CheckRoundTrip({StashPlacement::kDevice, StashPlacement::kHost}, ParseStashPlacement, {"device", "host"});
+  CheckRoundTrip({RecomputeMode::kAlways, RecomputeMode::kNever, RecomputeMode::kAuto}, ParseRecomputeMode,
+                 {"always", "never", "auto"});
   CheckRoundTrip({Transport::kAuto, Transport::kShm, Transport::kGrpc}, ParseTransport, {"auto", "shm", "grpc"});
   CheckRoundTrip({OnWorkerLoss::kPause, OnWorkerLoss::kContinue}, ParseOnWorkerLoss, {"pause", "continue"});
   CheckRoundTrip({WorkerState::kActive, WorkerState::kLost, WorkerState::kLeft, WorkerState::kRejoin},

@@ -3,7 +3,8 @@
 // Label gpu: fails (never skips) without a GPU.
 //
 // Also: 10 relay steps (worker/relay.h against an in-process EPS) on cuda vs cpu, with
-// the stash on the device and on the host, same losses tolerance. On cuda the relay takes
+// the stash on the device and on the host, recomputing every block or keeping every
+// block's intermediates (train.recompute), same losses tolerance. On cuda the relay takes
 // its copy-stream path (worker/prefetch.h); FakeEps shares no memory, so layers go through
 // the pinned bounce buffer (cuda_worker_test.cc covers the shm zero-copy path).
 // Tolerances: one layer, fp32 on both sides: atol 1e-4, rtol 1e-3 on outputs and
@@ -68,7 +69,10 @@ TEST_CASE("relay on cuda tracks the cpu relay for 10 steps", "[gpu]") {
   Backends& b = Both();
   JobConfig job = SmallJob();
   job.train.stash = GENERATE(StashPlacement::kDevice, StashPlacement::kHost);
-  CAPTURE(ToString(job.train.stash));
+  // never: every block keeps its forward intermediates (the CUDA ops read them from the
+  // exchanged buffers instead of recomputing).
+  job.train.recompute = GENERATE(RecomputeMode::kAlways, RecomputeMode::kNever);
+  CAPTURE(ToString(job.train.stash), ToString(job.train.recompute));
   REQUIRE(job.Validate().ok());
   auto cpu = RelayLosses(job, b.cpu.get(), 10);
   auto gpu = RelayLosses(job, b.gpu.get(), 10);

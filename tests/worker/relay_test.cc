@@ -136,11 +136,15 @@ struct RelayRun {
   std::vector<FakeEps::AcquireRecord> acquires;
   std::vector<size_t> device_bytes;             // per worker
   std::vector<Status> status;                   // per worker
+  std::vector<int64_t> kept_blocks;             // per worker: blocks keeping intermediates
+  std::vector<double> recompute_s;              // per worker: the last step's recompute time
 };
 
 // Trains `steps` steps with `workers` relays (one thread and one 1-thread CPU backend
 // each) against one FakeEps. Worker w reads data shard w of `workers`.
-RelayRun RunRelays(const JobConfig& job, int workers, int steps, FakeEpsOptions eps_opts = {}) {
+// budget_bytes > 0 overrides the job's activation budget.
+RelayRun RunRelays(const JobConfig& job, int workers, int steps, FakeEpsOptions eps_opts = {},
+                   size_t budget_bytes = 0) {
   eps_opts.num_workers = workers;
   auto eps = FakeEps::Create(job, eps_opts);
   REQUIRE(eps.ok());
@@ -149,6 +153,8 @@ RelayRun RunRelays(const JobConfig& job, int workers, int steps, FakeEpsOptions 
   run.versions.resize(workers);
   run.device_bytes.resize(workers);
   run.status.resize(workers);
+  run.kept_blocks.resize(workers);
+  run.recompute_s.resize(workers);
   std::vector<std::thread> threads;
   for (int w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {
@@ -164,6 +170,7 @@ RelayRun RunRelays(const JobConfig& job, int workers, int steps, FakeEpsOptions 
         run.status[w] = opts.status();
         return;
       }
+      if (budget_bytes > 0) opts->activation_budget_bytes = budget_bytes;
       auto relay = Relay::Create(client->get(), backend.get(), reg.job, *opts);
       if (!relay.ok()) {
         run.status[w] = relay.status();
@@ -187,6 +194,8 @@ RelayRun RunRelays(const JobConfig& job, int workers, int steps, FakeEpsOptions 
       }
       run.versions[w] = (*relay)->versions();
       run.device_bytes[w] = (*relay)->device_bytes();
+      run.kept_blocks[w] = (*relay)->activation_plan().kept_blocks;
+      run.recompute_s[w] = (*relay)->last_times().recompute;
     });
   }
   for (auto& t : threads) t.join();
@@ -203,13 +212,15 @@ RelayRun RunRelays(const JobConfig& job, int workers, int steps, FakeEpsOptions 
 struct RefRun {
   std::vector<std::vector<float>> params;
   std::vector<double> losses;
+  int64_t kept_blocks = 0;  // blocks keeping their intermediates
 };
 
 // The oracle: one ReferenceTrainer fed, each step, the union of the `shards` shards'
 // next micro_batches micro-batches (what `shards` relay workers see together).
-RefRun RunReference(const JobConfig& job, int shards, int steps) {
+RefRun RunReference(const JobConfig& job, int shards, int steps, size_t budget_bytes = 0) {
   ReferenceTrainerOptions o;
   o.num_threads = 1;
+  o.activation_budget_bytes = budget_bytes;
   auto ref = ReferenceTrainer::Create(job, o);
   REQUIRE(ref.ok());
   std::vector<DataLoader> loaders;
@@ -225,6 +236,7 @@ RefRun RunReference(const JobConfig& job, int shards, int steps) {
     run.losses.push_back(*loss);
   }
   run.params = (*ref)->params();
+  run.kept_blocks = (*ref)->activation_plan().kept_blocks;
   return run;
 }
 
@@ -664,4 +676,118 @@ TEST_CASE("A step redone after a refused push pushes every gradient again", "[wo
   CHECK((*eps)->Version(0) == 1);
 }
 
+namespace {
+
+// Bytes of one block's kept intermediates for one micro-batch of `job`.
+size_t KeptBytesPerBlock(const JobConfig& job) {
+  auto be = kernels::CreateCpuBackend(1);
+  auto ws = layers::LayerWorkspace::Create(be.get(), job.model, job.train.micro_batch_size, job.seq_len());
+  REQUIRE(ws.ok());
+  return layers::SavedActivations::Bytes(job.model, *ws);
+}
+
+TEST_CASE("Relay and reference trainer give the same bits in every recompute mode",
+          "[worker][relay][recompute]") {
+  const int which = GENERATE(0, 1, 2);
+  JobConfig job = which == 0 ? TinyJob() : which == 1 ? TinyLlamaJob() : TinyBertJob();
+  INFO("family " << ToString(job.model.family));
+  const int steps = 3;
+  const int64_t L = job.model.n_layer, M = job.train.micro_batches;
+  RelayRun base = RunRelays(job, 1, steps);  // recompute always (the default)
+  RequireAllOk(base);
+  RefRun ref_base = RunReference(job, 1, steps);
+  CHECK(base.kept_blocks[0] == 0);
+  CHECK(ref_base.kept_blocks == 0);
+  RequireMatches(job, base, ref_base);
+
+  const size_t per = KeptBytesPerBlock(job);
+  REQUIRE(per > 0);
+  struct Case {
+    RecomputeMode mode;
+    size_t relay_budget, ref_budget;   // 0: the default
+    int64_t relay_kept, ref_kept;      // blocks expected to keep their intermediates
+  };
+  const Case cases[] = {
+      {RecomputeMode::kNever, 0, 0, L, L},
+      // auto with room for 2 blocks x M micro-batches (relay) and 1 block (reference
+      // trainer: one micro-batch at a time), plus half a block that must not count.
+      {RecomputeMode::kAuto, per * M * 2 + per / 2, per + per / 2, 2, 1},
+      {RecomputeMode::kAuto, 0, 0, L, L},  // the default budget holds this tiny model
+  };
+  for (const Case& c : cases) {
+    job.train.recompute = c.mode;
+    INFO("recompute " << ToString(c.mode) << ", relay budget " << c.relay_budget << ", ref budget " << c.ref_budget);
+    RelayRun relay = RunRelays(job, 1, steps, {}, c.relay_budget);
+    RequireAllOk(relay);
+    RefRun ref = RunReference(job, 1, steps, c.ref_budget);
+    CHECK(relay.kept_blocks[0] == c.relay_kept);
+    CHECK(ref.kept_blocks == c.ref_kept);
+    if (c.relay_kept == L) CHECK(relay.recompute_s[0] == 0.0);
+    for (int s = 0; s < steps; ++s) {
+      CHECK(relay.losses[0][s] == base.losses[0][s]);
+      CHECK(ref.losses[s] == ref_base.losses[s]);
+    }
+    for (size_t l = 0; l < base.params.size(); ++l) {
+      INFO("layer " << l);
+      CHECK(relay.params[l] == base.params[l]);
+      CHECK(ref.params[l] == ref_base.params[l]);
+    }
+  }
+}
+
+TEST_CASE("Lock-free relay keeping intermediates trains like the recomputing one", "[worker][relay][recompute]") {
+  // The lazy EPS hands a single worker the same (stalest allowed) versions in both runs,
+  // so the forward and the backward of a block use one version and the kept values apply.
+  JobConfig job = TinyJob();
+  job.train.mode = l2l::TrainMode::kLockfree;
+  job.train.staleness = 1;
+  FakeEpsOptions lazy;
+  lazy.lazy_updates = true;
+  const int steps = 4;
+  RelayRun always = RunRelays(job, 1, steps, lazy);
+  RequireAllOk(always);
+  job.train.recompute = RecomputeMode::kNever;
+  RelayRun never = RunRelays(job, 1, steps, lazy);
+  RequireAllOk(never);
+  CHECK(never.kept_blocks[0] == job.model.n_layer);
+  CHECK(never.versions[0].max_lag == 1);
+  CHECK(never.losses[0] == always.losses[0]);
+  for (size_t l = 0; l < always.params.size(); ++l) {
+    INFO("layer " << l);
+    CHECK(never.params[l] == always.params[l]);
+  }
+}
+
+TEST_CASE("recompute never fails at start, naming the bytes, when the budget is too small",
+          "[worker][relay][recompute]") {
+  JobConfig job = TinyJob();
+  job.train.recompute = RecomputeMode::kNever;
+  const size_t per = KeptBytesPerBlock(job);
+  const size_t budget = per;  // less than L x M blocks' worth
+  auto eps = FakeEps::Create(job, FakeEpsOptions{});
+  REQUIRE(eps.ok());
+  auto client = (*eps)->Connect(0);
+  REQUIRE(client.ok());
+  auto backend = kernels::CreateCpuBackend(1);
+  RelayOptions opts = *RelayOptions::FromJob(job);
+  opts.activation_budget_bytes = budget;
+  auto relay = Relay::Create(client->get(), backend.get(), job, opts);
+  REQUIRE_FALSE(relay.ok());
+  CHECK(relay.status().code() == StatusCode::kFailedPrecondition);
+  const std::string msg = relay.status().ToString();
+  INFO(msg);
+  const size_t need = per * static_cast<size_t>(job.model.n_layer * job.train.micro_batches);
+  CHECK(msg.find("train.recompute=never") != std::string::npos);
+  CHECK(msg.find(std::to_string(need) + " bytes") != std::string::npos);
+  CHECK(msg.find(std::to_string(budget) + " bytes") != std::string::npos);
+
+  ReferenceTrainerOptions o;
+  o.num_threads = 1;
+  o.activation_budget_bytes = per * static_cast<size_t>(job.model.n_layer) - 1;
+  auto ref = ReferenceTrainer::Create(job, o);
+  REQUIRE_FALSE(ref.ok());
+  CHECK(ref.status().message().find("train.recompute=never") != std::string::npos);
+}
+
+}  // namespace
 }  // namespace l2l::worker
