@@ -13,6 +13,7 @@
 //
 // Ownership: the daemons live for the whole process (static). Thread-safety: libFuzzer's
 // single input thread; the daemons' own threads are theirs.
+#include <google/protobuf/stubs/common.h>
 #include <grpcpp/grpcpp.h>
 
 #include <chrono>
@@ -110,6 +111,9 @@ bool Parse(const uint8_t* p, size_t n, Req* req) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* in, size_t size) {
   l2l::fuzz::QuietLogs();
+  // protobuf logs every string field that is not UTF-8: fuzzed input, not news.
+  static const bool silenced = (google::protobuf::SetLogHandler(nullptr), true);
+  (void)silenced;
   static std::unique_ptr<Daemon> job_daemon = Daemon::Start(true);
   static std::unique_ptr<Daemon> empty_daemon = Daemon::Start(false);
   if (size < 1) return 0;
