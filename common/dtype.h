@@ -90,8 +90,7 @@ void Bf16ToFloat(const uint16_t* in, float* out, size_t n);
 void FloatToFp16(const float* in, uint16_t* out, size_t n);
 void Fp16ToFloat(const uint16_t* in, float* out, size_t n);
 
-// Converts n fp32 values to `to`'s encoding (out holds n * DTypeSize(to) bytes; need not
-// be aligned).
+// Converts n fp32 values to `to`'s encoding (out holds n * DTypeSize(to) bytes).
 void ConvertFromFloat(const float* in, DType to, void* out, size_t n);
 // Converts n values in `from`'s encoding to fp32. `in` need not be aligned.
 void ConvertToFloat(const void* in, DType from, float* out, size_t n);
