@@ -569,7 +569,7 @@ Status DequantizeToF32(uint32_t type, const uint8_t* data, float* out, size_t n)
   }
   switch (static_cast<GgmlType>(type)) {
     case GgmlType::kF32:
-      std::memcpy(out, data, n * sizeof(float));
+      if (n > 0) std::memcpy(out, data, n * sizeof(float));  // an empty tensor's buffers may be null
       return Status::Ok();
     case GgmlType::kF16:
       ConvertToFloat(data, DType::kF16, out, n);

@@ -303,5 +303,14 @@ TEST_CASE("A GGUF tensor whose element count or byte size overflows 64 bits is r
   }
 }
 
+TEST_CASE("An empty GGUF tensor dequantizes to nothing (null buffers, every readable type)", "[formats][gguf]") {
+  // A tensor with a zero dimension has no bytes: its buffers may be null (a fuzzing
+  // regression input: memcpy from null was undefined behaviour).
+  for (GgmlType t : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    INFO(GgmlTypeName(t));
+    CHECK(DequantizeToF32(static_cast<uint32_t>(t), nullptr, nullptr, 0).ok());
+  }
+}
+
 }  // namespace
 }  // namespace l2l::formats
