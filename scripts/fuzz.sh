@@ -19,13 +19,13 @@ root=$PWD
 BUILD_DIR="${L2L_ASAN_BUILD_DIR:-build-asan}"
 WORK="${L2L_FUZZ_WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/l2l-fuzz}"
 ALL=(job_config hf_config tokens_file safetensors gguf tokenizer_json checkpoint_manifest rpc)
-usage() { sed -n '3,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '3,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 [ $# -ge 1 ] || usage
 what=$1
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
-bash "$root/scripts/asan.sh" configure
 
 if [ "$what" = seeds ]; then
+  bash "$root/scripts/asan.sh" configure
   cmake --build "$BUILD_DIR" --target l2l_fuzz_seeds -j "${L2L_JOBS:-2}"
   tmp=$(mktemp -d)
   trap 'rm -rf "$tmp"' EXIT
@@ -52,6 +52,7 @@ else
 fi
 bins=()
 for t in "${targets[@]}"; do bins+=("l2l_fuzz_$t"); done
+bash "$root/scripts/asan.sh" configure
 cmake --build "$BUILD_DIR" --target "${bins[@]}" -j "${L2L_JOBS:-2}"
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_init_order=1}"
