@@ -42,20 +42,27 @@ void Fp16ToFloat(const uint16_t* in, float* out, size_t n) {
 }
 
 void ConvertFromFloat(const float* in, DType to, void* out, size_t n) {
+  if (n == 0) return;  // an empty tensor's buffers may be null (memcpy's are never)
   switch (to) {
     case DType::kF32:
       std::memcpy(out, in, n * sizeof(float));
       return;
     case DType::kBF16:
-      FloatToBf16(in, static_cast<uint16_t*>(out), n);
-      return;
     case DType::kF16:
-      FloatToFp16(in, static_cast<uint16_t*>(out), n);
-      return;
+      break;
+  }
+  // `out` may sit at any byte offset (a file writer's buffer): store via memcpy, as
+  // ConvertToFloat loads, never through a uint16_t* that would need 2-byte alignment.
+  auto* bytes = static_cast<unsigned char*>(out);
+  const bool bf16 = to == DType::kBF16;
+  for (size_t i = 0; i < n; ++i) {
+    const uint16_t h = bf16 ? FloatToBf16(in[i]) : FloatToFp16(in[i]);
+    std::memcpy(bytes + 2 * i, &h, sizeof(h));
   }
 }
 
 void ConvertToFloat(const void* in, DType from, float* out, size_t n) {
+  if (n == 0) return;  // an empty tensor's buffers may be null (memcpy's are never)
   const auto* bytes = static_cast<const unsigned char*>(in);
   if (from == DType::kF32) {
     std::memcpy(out, in, n * sizeof(float));

@@ -453,7 +453,9 @@ Status Tokenizer::Impl::InitVocab(const BpeSpec& spec, const std::string& what) 
     if (bytes->size() == 1) byte_id[static_cast<uint8_t>((*bytes)[0])] = static_cast<int32_t>(id);
   }
   for (size_t r = 0; r < spec.merges.size(); ++r) {
-    const auto& [a, b] = spec.merges[r];
+    // Plain references, not a structured binding: clang before 16 cannot capture those.
+    const std::string& a = spec.merges[r].first;
+    const std::string& b = spec.merges[r].second;
     auto lookup = [&](const std::string& s) -> Result<int32_t> {
       std::optional<std::string> bytes = ByteLevelToBytes(s);
       auto it = bytes.has_value() ? vocab.find(*bytes) : vocab.end();

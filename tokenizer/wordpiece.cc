@@ -127,7 +127,8 @@ std::string Str(const json& j, const char* key, const std::string& def = "") {
 }
 
 Status CheckKeys(const json& j, const std::string& where, std::initializer_list<const char*> known) {
-  for (const auto& [key, value] : j.items()) {
+  for (const auto& item : j.items()) {
+    const std::string& key = item.key();  // not a structured binding: clang < 16 cannot capture one
     if (std::find_if(known.begin(), known.end(), [&](const char* k) { return key == k; }) == known.end()) {
       return Unimplemented(where + "." + key + " is not supported by the WordPiece tokenizer");
     }

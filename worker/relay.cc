@@ -134,6 +134,8 @@ const int32_t* Relay::Targets(int64_t u) const {
 layers::SequenceInputs Relay::Seq(int64_t u) const {
   layers::SequenceInputs seq;
   if (static_cast<size_t>(u) >= seq_present_.size()) return seq;
+  // Without token types or a mask seq_buf_ may hold no buffer: no pointer arithmetic on null.
+  if (!seq_present_[u].first && !seq_present_[u].second) return seq;
   const int32_t* base = seq_buf_.i32() + static_cast<size_t>(2 * u) * static_cast<size_t>(B_ * T_);
   if (seq_present_[u].first) seq.token_types = base;
   if (seq_present_[u].second) seq.attention_mask = base + static_cast<size_t>(B_ * T_);

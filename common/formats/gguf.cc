@@ -363,10 +363,19 @@ Status GgufReader::Parse() {
       return DataLoss(where + ": shape ne=" + NeText(t.ne) + ": row length " + std::to_string(t.ne[0]) +
                       " is not a multiple of the " + tr->name + " block size " + std::to_string(tr->block_size));
     }
-    uint64_t nb = static_cast<uint64_t>(t.ne[0]) / tr->block_size * tr->type_size;
-    bool overflow = false;
-    for (size_t d = 1; d < t.ne.size(); ++d) overflow |= __builtin_mul_overflow(nb, static_cast<uint64_t>(t.ne[d]), &nb);
-    if (overflow) return DataLoss(where + ": shape ne=" + NeText(t.ne) + " overflows");
+    // Both the byte size and the element count (numel()) must fit: a row of 2^62 F32
+    // would otherwise wrap to 0 bytes and pass the bounds check below.
+    uint64_t nb = 0;
+    int64_t numel = t.ne[0];
+    bool overflow = __builtin_mul_overflow(static_cast<uint64_t>(t.ne[0]) / tr->block_size,
+                                           uint64_t{tr->type_size}, &nb);
+    for (size_t d = 1; d < t.ne.size(); ++d) {
+      overflow |= __builtin_mul_overflow(nb, static_cast<uint64_t>(t.ne[d]), &nb);
+      overflow |= __builtin_mul_overflow(numel, t.ne[d], &numel);
+    }
+    if (overflow) {
+      return DataLoss(where + ": shape ne=" + NeText(t.ne) + ": its element count or byte size overflows 64 bits");
+    }
     t.nbytes = nb;
     if (t.offset % alignment_ != 0) {
       return DataLoss(where + ": data offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
@@ -560,7 +569,7 @@ Status DequantizeToF32(uint32_t type, const uint8_t* data, float* out, size_t n)
   }
   switch (static_cast<GgmlType>(type)) {
     case GgmlType::kF32:
-      std::memcpy(out, data, n * sizeof(float));
+      if (n > 0) std::memcpy(out, data, n * sizeof(float));  // an empty tensor's buffers may be null
       return Status::Ok();
     case GgmlType::kF16:
       ConvertToFloat(data, DType::kF16, out, n);

@@ -4,6 +4,7 @@
 // permutation undone, files we write read back by GGUFReader with gguf's own quantizer's
 // bytes, and every malformed file rejected with a message naming the file and the tensor.
 #include <cmath>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -262,4 +263,54 @@ TEST_CASE("GGUF files l2l writes are read by gguf.GGUFReader with gguf's own qua
   ExpectError(w.AddTensor({"a", {32}, GgmlType::kF32, x.data(), nullptr}), {"'a'", "twice"});
 }
 
+}  // namespace l2l::formats
+
+namespace l2l::formats {
+namespace {
+
+// Appends v little-endian.
+template <typename T>
+void Put(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+TEST_CASE("A GGUF tensor whose element count or byte size overflows 64 bits is refused",
+          "[formats][gguf]") {
+  // ne = [2^62, 3] F32: 2^62 * 4 bytes wraps to 0 (an empty tensor that passes the bounds
+  // check) and the element count 3 * 2^62 does not fit int64. (A fuzzing regression input.)
+  TempDir dir;
+  for (const std::vector<uint64_t>& ne : {std::vector<uint64_t>{uint64_t{1} << 62, 3},
+                                          std::vector<uint64_t>{uint64_t{1} << 62},
+                                          std::vector<uint64_t>{32, uint64_t{1} << 40, uint64_t{1} << 40}}) {
+    std::string b = "GGUF";
+    Put<uint32_t>(&b, 3);  // version
+    Put<uint64_t>(&b, 1);  // tensors
+    Put<uint64_t>(&b, 0);  // metadata
+    Put<uint64_t>(&b, 5);
+    b += "w.big";
+    Put<uint32_t>(&b, static_cast<uint32_t>(ne.size()));
+    for (uint64_t x : ne) Put<uint64_t>(&b, x);
+    Put<uint32_t>(&b, 0);  // F32
+    Put<uint64_t>(&b, 0);  // offset
+    b.resize((b.size() + 31) / 32 * 32, '\0');
+    const std::string path = dir.File("overflow.gguf");
+    std::ofstream(path, std::ios::binary) << b;
+    Result<GgufReader> r = GgufReader::Open(path);
+    REQUIRE_FALSE(r.ok());
+    INFO("message: " << r.status().ToString());
+    for (const char* n : {"tensor 'w.big'", "overflows 64 bits"}) CHECK(r.status().message().find(n) != std::string::npos);
+    CHECK(r.status().message().find(path) != std::string::npos);
+  }
+}
+
+TEST_CASE("An empty GGUF tensor dequantizes to nothing (null buffers, every readable type)", "[formats][gguf]") {
+  // A tensor with a zero dimension has no bytes: its buffers may be null (a fuzzing
+  // regression input: memcpy from null was undefined behaviour).
+  for (GgmlType t : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+    INFO(GgmlTypeName(t));
+    CHECK(DequantizeToF32(static_cast<uint32_t>(t), nullptr, nullptr, 0).ok());
+  }
+}
+
+}  // namespace
 }  // namespace l2l::formats
