@@ -180,20 +180,6 @@ TEST_CASE("cuda masked attention matches the cpu through the one-GEMM-per-head f
 
 // ---- bf16 GEMM mode ----------------------------------------------------------------------
 
-float RoundBf16(float x) {
-  uint32_t u = 0;
-  std::memcpy(&u, &x, sizeof(u));
-  const uint32_t lsb = (u >> 16) & 1u;
-  u = (u + 0x7fffu + lsb) & 0xffff0000u;
-  float r = 0.0f;
-  std::memcpy(&r, &u, sizeof(r));
-  return r;
-}
-std::vector<float> RoundedBf16(const std::vector<float>& v) {
-  std::vector<float> r(v.size());
-  std::transform(v.begin(), v.end(), r.begin(), RoundBf16);
-  return r;
-}
 
 // Per-element bounds (double) of what bf16 mode rounds beyond its inputs: P (for out and
 // dV) and dS (for dQ and dK), each by at most u = 2^-8 relative, over every key (P is 0
@@ -243,27 +229,6 @@ Bounds MaskedBounds(const std::vector<float>& qkv, const std::vector<float>& dou
   return r;
 }
 
-// |got - ref| <= 1.01 * bound + atol + rtol * |ref| for every element; reports the worst.
-void ExpectWithin(const std::vector<float>& got, const std::vector<float>& ref,
-                  const std::vector<double>& bound, double atol, double rtol, const std::string& what) {
-  REQUIRE(got.size() == ref.size());
-  REQUIRE(bound.size() == ref.size());
-  size_t bad = 0, worst = 0;
-  double worst_ratio = 0.0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::abs(double(got[i]) - ref[i]);
-    const double tol = 1.01 * bound[i] + atol + rtol * std::abs(double(ref[i]));
-    if (!(err <= tol)) ++bad;
-    if (!(err / tol <= worst_ratio)) {
-      worst_ratio = err / tol;
-      worst = i;
-    }
-  }
-  INFO(what << ": " << bad << " of " << got.size() << " off; worst [" << worst << "] got "
-            << got[worst] << " ref " << ref[worst] << " bound " << bound[worst]
-            << " (error / tolerance " << worst_ratio << ")");
-  CHECK(bad == 0);
-}
 
 // A host vector in `be`'s memory.
 template <typename T>
@@ -343,17 +308,6 @@ TEST_CASE("bf16 masked attention matches the cpu on bf16-rounded inputs within P
 // ---- layers --------------------------------------------------------------------------------
 
 
-struct Workspaces {
-  std::unique_ptr<layers::LayerWorkspace> cpu, gpu;
-};
-Workspaces MakeWorkspaces(Backends& b, const ModelSpec& spec, int64_t B, int64_t T) {
-  auto c = layers::LayerWorkspace::Create(b.cpu.get(), spec, B, T);
-  auto g = layers::LayerWorkspace::Create(b.gpu.get(), spec, B, T);
-  REQUIRE(c.ok());
-  REQUIRE(g.ok());
-  return {std::make_unique<layers::LayerWorkspace>(std::move(c).value()),
-          std::make_unique<layers::LayerWorkspace>(std::move(g).value())};
-}
 
 // Initial parameters with every tensor perturbed (LayerNorm weights start at 1 and biases
 // at 0, which would hide a mix-up of the two).
