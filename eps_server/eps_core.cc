@@ -387,7 +387,9 @@ Status EpsCore::Heartbeat(int32_t worker_id, int64_t step, bool* stop, bool* pau
   if (paused != nullptr) *paused = paused_.load() || (pipeline_ && pipeline_->stats().skip_paused);
   if (rejoin != nullptr) *rejoin = false;
   Status s = CheckWorker(worker_id);
-  if (!s.ok() && workers_[worker_id]->info.state == WorkerState::kRejoin) {
+  // CheckWorker fails for an unknown id too: index workers_ only for a registered one.
+  const bool known = has_job_ && worker_id >= 0 && worker_id < static_cast<int32_t>(workers_.size());
+  if (!s.ok() && known && workers_[worker_id]->info.state == WorkerState::kRejoin) {
     // Alive, but must re-register: keep it from being declared lost meanwhile.
     workers_[worker_id]->info.last_seen = std::chrono::steady_clock::now();
     if (rejoin != nullptr) *rejoin = true;

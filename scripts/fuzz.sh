@@ -61,6 +61,8 @@ export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$root/scripts/lsan.supp}"
 failed=()
 total=0
 for t in "${targets[@]}"; do
+  # libFuzzer exits 1 before running anything when a corpus directory is missing.
+  [ -d "tests/fuzz/corpus/$t" ] || { echo "fuzz.sh: seed corpus tests/fuzz/corpus/$t is missing (not in git?)" >&2; exit 1; }
   mkdir -p "$WORK/$t/corpus" "$WORK/$t/crashes"
   log="$WORK/$t/last.log"
   rc=0
@@ -75,7 +77,7 @@ for t in "${targets[@]}"; do
   if [ "$rc" -ne 0 ]; then
     failed+=("$t")
     echo "fuzz.sh: $t FAILED (rc=$rc) after $execs executions in ${secs} s; log $log:" >&2
-    grep -E 'ERROR: |runtime error|SUMMARY|Test unit written|^==[0-9]+==' "$log" | head -20 >&2 || true
+    { grep -E 'ERROR: |runtime error|SUMMARY|Test unit written|^==[0-9]+==' "$log" || tail -5 "$log"; } | head -20 >&2
   else
     echo "fuzz.sh: $t: $execs executions in ${secs} s, no crash ($(find "$WORK/$t/corpus" -type f | wc -l) inputs in the work corpus)"
   fi

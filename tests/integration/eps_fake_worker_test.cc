@@ -306,6 +306,17 @@ TEST_CASE("EPS API: calls from an unregistered worker are NOT_FOUND", "[integrat
   data::v1::LayerChunk c;
   while (r->Read(&c)) {}
   CHECK(r->Finish().error_code() == grpc::StatusCode::NOT_FOUND);
+  // Heartbeat from ids never registered (found by the rpc fuzzer: it read workers_[17]).
+  for (int32_t id : {17, -3, 1 << 30}) {
+    grpc::ClientContext hc;
+    data::v1::HeartbeatRequest hreq;
+    data::v1::HeartbeatReply hrep;
+    hreq.set_worker_id(id);
+    grpc::Status hs = f.stub->Heartbeat(&hc, hreq, &hrep);
+    CHECK(hs.error_code() == grpc::StatusCode::NOT_FOUND);
+    CHECK(hs.error_message().find("worker id " + std::to_string(id)) != std::string::npos);
+    CHECK_FALSE(hrep.rejoin());
+  }
   f.HealthyStepStillWorks();
 }
 
