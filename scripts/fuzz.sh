@@ -11,6 +11,9 @@
 # plus its work corpus outside git, where it adds what it finds:
 # ${L2L_FUZZ_WORK:-$HOME/.cache/l2l-fuzz}/TARGET/corpus; a crash, leak, UB report or
 # timeout is written to .../TARGET/crashes/ and fails the run. Prints the executions run.
+# L2L_FUZZ_SEED=N fixes libFuzzer's seed (CI sets 1, so that a CI run is reproducible
+# and a longer local run with the same seed covers what CI will try); unset, each run
+# explores from a random seed.
 # To keep a crashing input as a regression test: fix the code, then copy it into
 # tests/fuzz/corpus/TARGET/ as regress-<what>.
 set -euo pipefail
@@ -58,6 +61,8 @@ cmake --build "$BUILD_DIR" --target "${bins[@]}" -j "${L2L_JOBS:-2}"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_init_order=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1:suppressions=$root/scripts/ubsan.supp}"
 export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$root/scripts/lsan.supp}"
+seed_arg=()
+if [ -n "${L2L_FUZZ_SEED:-}" ]; then seed_arg=(-seed="$L2L_FUZZ_SEED"); fi
 failed=()
 total=0
 for t in "${targets[@]}"; do
@@ -69,7 +74,7 @@ for t in "${targets[@]}"; do
   # -timeout: an input that takes 20 s is a hang (reported like a crash); -rss_limit_mb
   # and -malloc_limit_mb: an input that makes the reader allocate > 2 GiB is a finding.
   "$BUILD_DIR/fuzz/l2l_fuzz_$t" -max_total_time="$secs" -timeout=20 -rss_limit_mb=2048 \
-    -print_final_stats=1 -artifact_prefix="$WORK/$t/crashes/" \
+    -print_final_stats=1 "${seed_arg[@]}" -artifact_prefix="$WORK/$t/crashes/" \
     "$WORK/$t/corpus" "tests/fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *\([0-9]*\).*/\1/p' "$log" | tail -1)
   execs=${execs:-0}
