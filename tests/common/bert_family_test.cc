@@ -10,24 +10,14 @@
 #include "common/model_io.h"
 #include "common/model_spec.h"
 #include "common/models/registry.h"
+#include "tests/testing/jobs.h"
 
 namespace l2l {
 namespace {
 
+// V 50, T 32, C 24 in 4 heads, F 40, 2 blocks, 3 token types, LayerNorm eps 1e-7.
 ModelSpec SmallBert(int64_t num_labels) {
-  ModelSpec s;
-  s.family = ModelFamily::kBert;
-  s.vocab_size = 50;
-  s.seq_len = 32;
-  s.d_model = 24;
-  s.n_layer = 2;
-  s.n_head = 4;
-  s.d_ff = 40;
-  s.type_vocab_size = 3;
-  s.layer_norm_eps = 1e-7;
-  s.num_labels = num_labels;
-  s.tied_embeddings = num_labels == 0;
-  return s;
+  return testing::BertModel({50, 32, 24, 2, 4, 40, 3, 1e-7}, num_labels);
 }
 
 void ExpectError(const Status& st, std::initializer_list<std::string> needles) {

@@ -180,78 +180,6 @@ TEST_CASE("cuda masked attention matches the cpu through the one-GEMM-per-head f
 
 // ---- bf16 GEMM mode ----------------------------------------------------------------------
 
-
-// Per-element bounds (double) of what bf16 mode rounds beyond its inputs: P (for out and
-// dV) and dS (for dQ and dK), each by at most u = 2^-8 relative, over every key (P is 0
-// at padded keys, so they add nothing):
-//   out_i,d : u * sum_j P_ij |v_jd|        dV_j,d : u * sum_i P_ij |dout_id|
-//   dQ_i,d  : u * sum_j |dS_ij| |k_jd|     dK_j,d : u * sum_i |dS_ij| |q_id|
-struct Bounds {
-  std::vector<double> out, dqkv;
-};
-Bounds MaskedBounds(const std::vector<float>& qkv, const std::vector<float>& dout,
-                    const std::vector<float>& att, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  const int64_t hs = C / NH, W = 3 * C;
-  const double scale = 1.0 / std::sqrt(double(hs)), u = std::ldexp(1.0, -8);
-  Bounds r;
-  r.out.assign(B * T * C, 0.0);
-  r.dqkv.assign(B * T * W, 0.0);
-  std::vector<double> ds(T * T);
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < NH; ++h) {
-      const int64_t qo = h * hs, ko = C + h * hs, vo = 2 * C + h * hs;
-      auto P = [&](int64_t i, int64_t j) { return double(att[((b * NH + h) * T + i) * T + j]); };
-      auto Q = [&](int64_t t, int64_t d, int64_t off) { return double(qkv[(b * T + t) * W + off + d]); };
-      auto D = [&](int64_t t, int64_t d) { return double(dout[(b * T + t) * C + h * hs + d]); };
-      for (int64_t i = 0; i < T; ++i) {
-        double row = 0.0;
-        for (int64_t j = 0; j < T; ++j) {
-          double dp = 0.0;
-          for (int64_t d = 0; d < hs; ++d) dp += D(i, d) * Q(j, d, vo);
-          ds[i * T + j] = dp;
-          row += P(i, j) * dp;
-        }
-        for (int64_t j = 0; j < T; ++j) ds[i * T + j] = scale * P(i, j) * (ds[i * T + j] - row);
-      }
-      for (int64_t i = 0; i < T; ++i) {
-        for (int64_t j = 0; j < T; ++j) {
-          const double p = P(i, j), s = std::abs(ds[i * T + j]);
-          for (int64_t d = 0; d < hs; ++d) {
-            r.out[(b * T + i) * C + qo + d] += u * p * std::abs(Q(j, d, vo));
-            r.dqkv[(b * T + j) * W + vo + d] += u * p * std::abs(D(i, d));
-            r.dqkv[(b * T + i) * W + qo + d] += u * s * std::abs(Q(j, d, ko));
-            r.dqkv[(b * T + j) * W + ko + d] += u * s * std::abs(Q(i, d, qo));
-          }
-        }
-      }
-    }
-  }
-  return r;
-}
-
-
-// A host vector in `be`'s memory.
-template <typename T>
-struct Dev {
-  DeviceBuffer buf;
-  size_t n = 0;
-  static Dev Of(Backend& be, const std::vector<T>& host) {
-    Dev d;
-    d.n = host.size();
-    auto r = DeviceBuffer::Create(&be, d.n * sizeof(T));
-    REQUIRE(r.ok());
-    d.buf = std::move(r).value();
-    be.CopyToDevice(d.buf.data(), host.data(), d.n * sizeof(T));
-    return d;
-  }
-  T* p() const { return static_cast<T*>(buf.data()); }
-  std::vector<T> Host(Backend& be) const {
-    std::vector<T> v(n);
-    be.CopyToHost(v.data(), buf.data(), n * sizeof(T));
-    return v;
-  }
-};
-
 TEST_CASE("bf16 masked attention matches the cpu on bf16-rounded inputs within P and dS rounding",
           "[gpu][bert]") {
   Backends& b = Both();
@@ -268,20 +196,20 @@ TEST_CASE("bf16 masked attention matches the cpu on bf16-rounded inputs within P
   const auto qkv_r = RoundedBf16(qkv), dout_r = RoundedBf16(dout);
 
   // CPU oracle on the rounded inputs; the bf16 GPU gets the unrounded ones.
-  auto c_qkv = Dev<float>::Of(*b.cpu, qkv_r), c_out = Dev<float>::Of(*b.cpu, std::vector<float>(B * T * C));
-  auto c_att = Dev<float>::Of(*b.cpu, std::vector<float>(natt));
-  auto c_mask = Dev<int32_t>::Of(*b.cpu, mask);
+  auto c_qkv = Dev::Of(*b.cpu, qkv_r), c_out = Dev::Of(*b.cpu, std::vector<float>(B * T * C));
+  auto c_att = Dev::Of(*b.cpu, std::vector<float>(natt));
+  auto c_mask = DevOf<int32_t>::Of(*b.cpu, mask);
   b.cpu->AttentionForwardMasked(c_out.p(), c_att.p(), c_qkv.p(), c_mask.p(), B, T, C, NH);
   const auto ref_out = c_out.Host(*b.cpu), ref_att = c_att.Host(*b.cpu);
-  auto g_qkv = Dev<float>::Of(bf, qkv), g_out = Dev<float>::Of(bf, std::vector<float>(B * T * C));
-  auto g_att = Dev<float>::Of(bf, std::vector<float>(natt));
-  auto g_mask = Dev<int32_t>::Of(bf, mask);
+  auto g_qkv = Dev::Of(bf, qkv), g_out = Dev::Of(bf, std::vector<float>(B * T * C));
+  auto g_att = Dev::Of(bf, std::vector<float>(natt));
+  auto g_mask = DevOf<int32_t>::Of(bf, mask);
   bf.AttentionForwardMasked(g_out.p(), g_att.p(), g_qkv.p(), g_mask.p(), B, T, C, NH);
   const auto got_out = g_out.Host(bf), got_att = g_att.Host(bf);
 
   // The mode is on: the CPU on the UNrounded inputs gives clearly different probabilities.
-  auto u_qkv = Dev<float>::Of(*b.cpu, qkv), u_out = Dev<float>::Of(*b.cpu, std::vector<float>(B * T * C));
-  auto u_att = Dev<float>::Of(*b.cpu, std::vector<float>(natt));
+  auto u_qkv = Dev::Of(*b.cpu, qkv), u_out = Dev::Of(*b.cpu, std::vector<float>(B * T * C));
+  auto u_att = Dev::Of(*b.cpu, std::vector<float>(natt));
   b.cpu->AttentionForwardMasked(u_out.p(), u_att.p(), u_qkv.p(), c_mask.p(), B, T, C, NH);
   const auto unrounded = u_att.Host(*b.cpu);
   double vs_unrounded = 0.0;
@@ -293,14 +221,14 @@ TEST_CASE("bf16 masked attention matches the cpu on bf16-rounded inputs within P
   ExpectClose(got_att, ref_att, kElemAtol, kElemRtol, "att (probabilities)");
 
   // The backward on both sides reads the CPU's probabilities.
-  auto c_dout = Dev<float>::Of(*b.cpu, dout_r), c_dqkv = Dev<float>::Of(*b.cpu, dqkv0);
-  auto c_scr = Dev<float>::Of(*b.cpu, std::vector<float>(natt));
+  auto c_dout = Dev::Of(*b.cpu, dout_r), c_dqkv = Dev::Of(*b.cpu, dqkv0);
+  auto c_scr = Dev::Of(*b.cpu, std::vector<float>(natt));
   b.cpu->AttentionBackwardMasked(c_dqkv.p(), c_scr.p(), c_dout.p(), c_qkv.p(), c_att.p(), B, T, C, NH);
-  auto g_dout = Dev<float>::Of(bf, dout), g_dqkv = Dev<float>::Of(bf, dqkv0), g_att_ref = Dev<float>::Of(bf, ref_att);
-  auto g_scr = Dev<float>::Of(bf, std::vector<float>(natt));
+  auto g_dout = Dev::Of(bf, dout), g_dqkv = Dev::Of(bf, dqkv0), g_att_ref = Dev::Of(bf, ref_att);
+  auto g_scr = Dev::Of(bf, std::vector<float>(natt));
   bf.AttentionBackwardMasked(g_dqkv.p(), g_scr.p(), g_dout.p(), g_qkv.p(), g_att_ref.p(), B, T, C, NH);
 
-  const Bounds bounds = MaskedBounds(qkv_r, dout_r, ref_att, B, T, C, NH);
+  const AttentionBounds bounds = Bf16AttentionBounds(qkv_r, dout_r, ref_att, B, T, NH, NH, C / NH, /*causal=*/false);
   ExpectWithin(got_out, ref_out, bounds.out, kGemmAtol, kGemmRtol, "out");
   ExpectWithin(g_dqkv.Host(bf), c_dqkv.Host(*b.cpu), bounds.dqkv, 4 * kGemmAtol, 4 * kGemmRtol, "dqkv");
 }

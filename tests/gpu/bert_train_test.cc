@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -75,49 +76,22 @@ std::vector<worker::MicroBatch> BertBatches(std::mt19937& rng, const JobConfig& 
   return mbs;
 }
 
-// The losses of `steps` steps: fresh batches each step for the masked-LM head; the
+// The batches of each step: fresh ones each step for the masked-LM head; the
 // classification head fits one fixed mini-batch (4 labelled sequences per step are too
 // few for its held-out loss to fall within a few steps, so "it trains" is checked on the
-// batch it sees).
+// batch it sees). Both from an mt19937 seeded 7, the fixed batch drawn first.
+BatchSource BertSource(const JobConfig& cfg) {
+  auto rng = std::make_shared<std::mt19937>(7);
+  auto fixed = std::make_shared<std::vector<worker::MicroBatch>>(BertBatches(*rng, cfg));
+  return [rng, fixed, cfg](int) { return cfg.model.num_labels > 0 ? *fixed : BertBatches(*rng, cfg); };
+}
+
 std::vector<float> BertTrainLosses(const JobConfig& cfg, const std::string& device, int steps) {
-  worker::ReferenceTrainerOptions opts;
-  opts.device = device;
-  auto trainer = worker::ReferenceTrainer::Create(cfg, opts);
-  INFO(device << ": " << trainer.status().ToString());
-  REQUIRE(trainer.ok());
-  std::mt19937 rng(7);
-  std::vector<float> losses;
-  const auto fixed = BertBatches(rng, cfg);
-  for (int s = 0; s < steps; ++s) {
-    auto loss = (*trainer)->Step(cfg.model.num_labels > 0 ? fixed : BertBatches(rng, cfg));
-    INFO(device << " step " << s << ": " << loss.status().ToString());
-    REQUIRE(loss.ok());
-    losses.push_back(*loss);
-  }
-  return losses;
+  return TrainLosses(cfg, device, steps, BertSource(cfg));
 }
 
 std::vector<float> BertRelayLosses(const JobConfig& job, kernels::Backend* backend, int steps) {
-  auto eps = worker::FakeEps::Create(job, {});
-  INFO(eps.status().ToString());
-  REQUIRE(eps.ok());
-  auto client = (*eps)->Connect(0);
-  REQUIRE(client.ok());
-  auto opts = worker::RelayOptions::FromJob(job);
-  REQUIRE(opts.ok());
-  auto relay = worker::Relay::Create(client->get(), backend, job, *opts);
-  INFO(backend->name() << ": " << relay.status().ToString());
-  REQUIRE(relay.ok());
-  std::mt19937 rng(7);
-  std::vector<float> losses;
-  const auto fixed = BertBatches(rng, job);
-  for (int s = 0; s < steps; ++s) {
-    auto report = (*relay)->RunStep(s, job.model.num_labels > 0 ? fixed : BertBatches(rng, job));
-    INFO(backend->name() << " relay step " << s << ": " << report.status().ToString());
-    REQUIRE(report.ok());
-    losses.push_back(report->loss);
-  }
-  return losses;
+  return RelayLosses(job, backend, steps, BertSource(job));
 }
 
 // fp32 on both sides: the losses differ by summation order only, amplified by AdamW (whose

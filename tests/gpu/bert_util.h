@@ -7,24 +7,14 @@
 #include <cstdint>
 
 #include "common/model_spec.h"
+#include "tests/testing/jobs.h"
 
 namespace l2l::gpu_test {
 
 // A small BERT: V 96, T 32, C 48 in 4 heads, F 96, 2 blocks; num_labels 0 = the masked-LM
 // head (tied decoder), > 0 = classification.
 inline ModelSpec SmallBert(int64_t num_labels) {
-  ModelSpec s;
-  s.family = ModelFamily::kBert;
-  s.vocab_size = 96;
-  s.seq_len = 32;
-  s.d_model = 48;
-  s.n_layer = 2;
-  s.n_head = 4;
-  s.d_ff = 96;
-  s.type_vocab_size = 2;
-  s.layer_norm_eps = 1e-12;
-  s.num_labels = num_labels;
-  s.tied_embeddings = num_labels == 0;
+  ModelSpec s = testing::BertModel({96, 32, 48, 2, 4, 96}, num_labels);
   INFO(s.Validate().ToString());
   REQUIRE(s.Validate().ok());
   return s;

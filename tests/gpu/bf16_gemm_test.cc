@@ -18,7 +18,7 @@
 //    most 2^-8 relative (bf16's unit roundoff), which bounds every output element by
 //      out_i,d : 2^-8 * sum_j P_ij |v_jd|       dV_j,d : 2^-8 * sum_i P_ij |dout_id|
 //      dQ_i,d  : 2^-8 * sum_j |dS_ij| |k_jd|    dK_j,d : 2^-8 * sum_i |dS_ij| |q_id|
-//    (computed here in double from the CPU's P and a host dS), plus the fp32 tolerance
+//    (Bf16AttentionBounds in gpu_test_util.h, in double from the CPU's P and a host dS), plus the fp32 tolerance
 //    of the conformance test (1e-4 + 1e-4 rel, x4 for the backward chain). P itself comes
 //    from exactly-rounded q, k on both sides: fp32 tolerance.
 //  * Training: 10 reference-trainer steps on cuda:0 with L2L_CUDA_GEMM=bf16 against
@@ -142,52 +142,6 @@ TEST_CASE("bf16 Gemm with K == 0 scales C and with beta 0 ignores NaN in C", "[g
   }
 }
 
-// Host attention quantities in double from the CPU's probabilities: the per-element
-// bounds of the header comment. qkv (B,T,3C) and dout (B,T,C) are the rounded inputs.
-struct AttentionBounds {
-  std::vector<double> out, dqkv;
-};
-AttentionBounds Bounds(const std::vector<float>& qkv, const std::vector<float>& dout,
-                       const std::vector<float>& att, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  const int64_t hs = C / NH, C3 = 3 * C;
-  const double scale = 1.0 / std::sqrt(double(hs)), u = std::ldexp(1.0, -8);
-  AttentionBounds r;
-  r.out.assign(B * T * C, 0.0);
-  r.dqkv.assign(B * T * C3, 0.0);
-  std::vector<double> ds(T * T);
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < NH; ++h) {
-      auto P = [&](int64_t i, int64_t j) { return double(att[((b * NH + h) * T + i) * T + j]); };
-      auto X = [&](const std::vector<float>& x, int64_t ld, int64_t off, int64_t t, int64_t d) {
-        return double(x[(b * T + t) * ld + off + h * hs + d]);
-      };
-      for (int64_t i = 0; i < T; ++i) {
-        // dS_i = scale * P_i * (dP_i - sum_j P_ij dP_ij), dP_ij = dout_i . v_j.
-        double row = 0.0;
-        for (int64_t j = 0; j <= i; ++j) {
-          double dp = 0.0;
-          for (int64_t d = 0; d < hs; ++d) dp += X(dout, C, 0, i, d) * X(qkv, C3, 2 * C, j, d);
-          ds[i * T + j] = dp;
-          row += P(i, j) * dp;
-        }
-        for (int64_t j = 0; j <= i; ++j) ds[i * T + j] = scale * P(i, j) * (ds[i * T + j] - row);
-      }
-      for (int64_t i = 0; i < T; ++i) {
-        for (int64_t j = 0; j <= i; ++j) {
-          const double p = P(i, j), s = std::abs(ds[i * T + j]);
-          for (int64_t d = 0; d < hs; ++d) {
-            r.out[(b * T + i) * C + h * hs + d] += u * p * std::abs(X(qkv, C3, 2 * C, j, d));
-            r.dqkv[(b * T + j) * C3 + 2 * C + h * hs + d] += u * p * std::abs(X(dout, C, 0, i, d));
-            r.dqkv[(b * T + i) * C3 + h * hs + d] += u * s * std::abs(X(qkv, C3, C, j, d));
-            r.dqkv[(b * T + j) * C3 + C + h * hs + d] += u * s * std::abs(X(qkv, C3, 0, i, d));
-          }
-        }
-      }
-    }
-  }
-  return r;
-}
-
 double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0.0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
@@ -236,7 +190,7 @@ TEST_CASE("bf16 attention matches the cpu on bf16-rounded inputs within P and dS
   Dev g_scr = Dev::Of(bf, std::vector<float>(natt));
   bf.AttentionBackward(g_dqkv.p(), g_scr.p(), g_dout.p(), g_qkv.p(), g_att_ref.p(), B, T, C, NH);
 
-  const AttentionBounds bounds = Bounds(qkv_r, dout_r, ref_att, B, T, C, NH);
+  const AttentionBounds bounds = Bf16AttentionBounds(qkv_r, dout_r, ref_att, B, T, NH, NH, C / NH, /*causal=*/true);
   ExpectWithin(got_out, ref_out, bounds.out, 1e-4, 1e-4, "out");
   ExpectWithin(g_dqkv.Host(bf), c_dqkv.Host(*b.cpu), bounds.dqkv, 4e-4, 4e-4, "dqkv");
 }

@@ -138,26 +138,85 @@ inline void ExpectTwinClose(Backends& b, const Twin& t, double atol, double rtol
   ExpectClose(t.FromGpu(b), t.FromCpu(b), atol, rtol, what);
 }
 
-// A host vector copied into `be`'s memory.
-struct Dev {
+// A host vector copied into `be`'s memory (DevOf<int32_t> for masks; Dev for floats).
+template <typename T>
+struct DevOf {
   DeviceBuffer buf;
   size_t n = 0;
-  static Dev Of(Backend& be, const std::vector<float>& host) {
-    Dev d;
+  static DevOf Of(Backend& be, const std::vector<T>& host) {
+    DevOf d;
     d.n = host.size();
-    auto b = DeviceBuffer::Create(&be, d.n * sizeof(float));
+    auto b = DeviceBuffer::Create(&be, d.n * sizeof(T));
     REQUIRE(b.ok());
     d.buf = std::move(b).value();
-    be.CopyToDevice(d.buf.data(), host.data(), d.n * sizeof(float));
+    be.CopyToDevice(d.buf.data(), host.data(), d.n * sizeof(T));
     return d;
   }
-  float* p() const { return buf.f32(); }
-  std::vector<float> Host(Backend& be) const {
-    std::vector<float> v(n);
-    be.CopyToHost(v.data(), buf.data(), n * sizeof(float));
+  T* p() const { return static_cast<T*>(buf.data()); }
+  std::vector<T> Host(Backend& be) const {
+    std::vector<T> v(n);
+    be.CopyToHost(v.data(), buf.data(), n * sizeof(T));
     return v;
   }
 };
+using Dev = DevOf<float>;
+
+// Per-element bounds (double) of what bf16 GEMM mode rounds beyond its inputs in
+// attention: the probabilities P (for out and dV) and the softmax gradient dS (for dQ and
+// dK), each by at most u = 2^-8 relative. qkv is (B, T, (NH + 2 NKV) hs) as q|k|v, dout
+// (B, T, NH hs), att the CPU's probabilities (B, NH, T, T). Query head h reads key/value
+// head g = h / (NH / NKV) (NKV = NH: multi-head attention); a key/value gradient sums the
+// bounds of the heads that read it. Keys j <= i when `causal`, else every key (padded
+// keys have P = 0 and add nothing):
+//   out_h,i,d : u * sum_j P_ij |v_g,jd|        dV_g,j,d : u * sum_h sum_i P_ij |dout_h,id|
+//   dQ_h,i,d  : u * sum_j |dS_ij| |k_g,jd|     dK_g,j,d : u * sum_h sum_i |dS_ij| |q_h,id|
+// with dS_i = scale * P_i * (dP_i - sum_j P_ij dP_ij), dP_ij = dout_i . v_j.
+struct AttentionBounds {
+  std::vector<double> out, dqkv;
+};
+inline AttentionBounds Bf16AttentionBounds(const std::vector<float>& qkv, const std::vector<float>& dout,
+                                           const std::vector<float>& att, int64_t B, int64_t T, int64_t NH,
+                                           int64_t NKV, int64_t hs, bool causal) {
+  const int64_t rep = NH / NKV, C = NH * hs, W = (NH + 2 * NKV) * hs;
+  const double scale = 1.0 / std::sqrt(double(hs)), u = std::ldexp(1.0, -8);
+  AttentionBounds r;
+  r.out.assign(B * T * C, 0.0);
+  r.dqkv.assign(B * T * W, 0.0);
+  std::vector<double> ds(T * T);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < NH; ++h) {
+      const int64_t g = h / rep;
+      const int64_t qo = h * hs, ko = C + g * hs, vo = C + NKV * hs + g * hs;
+      auto P = [&](int64_t i, int64_t j) { return double(att[((b * NH + h) * T + i) * T + j]); };
+      auto Q = [&](int64_t t, int64_t d, int64_t off) { return double(qkv[(b * T + t) * W + off + d]); };
+      auto D = [&](int64_t t, int64_t d) { return double(dout[(b * T + t) * C + h * hs + d]); };
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t keys = causal ? i + 1 : T;
+        double row = 0.0;
+        for (int64_t j = 0; j < keys; ++j) {
+          double dp = 0.0;
+          for (int64_t d = 0; d < hs; ++d) dp += D(i, d) * Q(j, d, vo);
+          ds[i * T + j] = dp;
+          row += P(i, j) * dp;
+        }
+        for (int64_t j = 0; j < keys; ++j) ds[i * T + j] = scale * P(i, j) * (ds[i * T + j] - row);
+      }
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t keys = causal ? i + 1 : T;
+        for (int64_t j = 0; j < keys; ++j) {
+          const double p = P(i, j), s = std::abs(ds[i * T + j]);
+          for (int64_t d = 0; d < hs; ++d) {
+            r.out[(b * T + i) * C + qo + d] += u * p * std::abs(Q(j, d, vo));
+            r.dqkv[(b * T + j) * W + vo + d] += u * p * std::abs(D(i, d));
+            r.dqkv[(b * T + i) * W + qo + d] += u * s * std::abs(Q(j, d, ko));
+            r.dqkv[(b * T + j) * W + ko + d] += u * s * std::abs(Q(i, d, qo));
+          }
+        }
+      }
+    }
+  }
+  return r;
+}
 
 // Round to nearest even to bf16 (8 significant bits), returned as the fp32 it stands for.
 // Inputs here are finite.

@@ -221,56 +221,6 @@ TEST_CASE("cuda GQA matches the cpu through the one-GEMM-per-head fallback", "[g
 
 // ---- bf16 GEMM mode ----------------------------------------------------------------------
 
-// Per-element bounds (double) of what bf16 mode rounds beyond its inputs: P (for out
-// and dV) and dS (for dQ and dK), each by at most u = 2^-8 relative. Query head h reads
-// key/value head g = h / rep; a key/value gradient sums the bounds of its rep heads.
-//   out_h,i,d : u * sum_j P_ij |v_g,jd|        dV_g,j,d : u * sum_h sum_i P_ij |dout_h,id|
-//   dQ_h,i,d  : u * sum_j |dS_ij| |k_g,jd|     dK_g,j,d : u * sum_h sum_i |dS_ij| |q_h,id|
-struct GqaBounds {
-  std::vector<double> out, dqkv;
-};
-GqaBounds Bounds(const std::vector<float>& qkv, const std::vector<float>& dout,
-                 const std::vector<float>& att, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                 int64_t hs) {
-  const int64_t rep = NH / NKV, C = NH * hs, W = (NH + 2 * NKV) * hs;
-  const double scale = 1.0 / std::sqrt(double(hs)), u = std::ldexp(1.0, -8);
-  GqaBounds r;
-  r.out.assign(B * T * C, 0.0);
-  r.dqkv.assign(B * T * W, 0.0);
-  std::vector<double> ds(T * T);
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < NH; ++h) {
-      const int64_t g = h / rep;
-      const int64_t qo = h * hs, ko = C + g * hs, vo = C + NKV * hs + g * hs;
-      auto P = [&](int64_t i, int64_t j) { return double(att[((b * NH + h) * T + i) * T + j]); };
-      auto Q = [&](int64_t t, int64_t d, int64_t off) { return double(qkv[(b * T + t) * W + off + d]); };
-      auto D = [&](int64_t t, int64_t d) { return double(dout[(b * T + t) * C + h * hs + d]); };
-      for (int64_t i = 0; i < T; ++i) {
-        double row = 0.0;
-        for (int64_t j = 0; j <= i; ++j) {
-          double dp = 0.0;
-          for (int64_t d = 0; d < hs; ++d) dp += D(i, d) * Q(j, d, vo);
-          ds[i * T + j] = dp;
-          row += P(i, j) * dp;
-        }
-        for (int64_t j = 0; j <= i; ++j) ds[i * T + j] = scale * P(i, j) * (ds[i * T + j] - row);
-      }
-      for (int64_t i = 0; i < T; ++i) {
-        for (int64_t j = 0; j <= i; ++j) {
-          const double p = P(i, j), s = std::abs(ds[i * T + j]);
-          for (int64_t d = 0; d < hs; ++d) {
-            r.out[(b * T + i) * C + qo + d] += u * p * std::abs(Q(j, d, vo));
-            r.dqkv[(b * T + j) * W + vo + d] += u * p * std::abs(D(i, d));
-            r.dqkv[(b * T + i) * W + qo + d] += u * s * std::abs(Q(j, d, ko));
-            r.dqkv[(b * T + j) * W + ko + d] += u * s * std::abs(Q(i, d, qo));
-          }
-        }
-      }
-    }
-  }
-  return r;
-}
-
 TEST_CASE("bf16 GQA matches the cpu on bf16-rounded inputs within P and dS rounding", "[gpu][llama]") {
   Backends& b = Both();
   const bool fallback = GENERATE(false, true);  // batched GEMMs / one GEMM per head (emulator)
@@ -323,7 +273,7 @@ TEST_CASE("bf16 GQA matches the cpu on bf16-rounded inputs within P and dS round
   Dev g_scr = Dev::Of(bf, std::vector<float>(natt));
   bf.AttentionBackwardGqa(g_dqkv.p(), g_scr.p(), g_dout.p(), g_qkv.p(), g_att_ref.p(), B, T, NH, NKV, hs);
 
-  const GqaBounds bounds = Bounds(qkv_r, dout_r, ref_att, B, T, NH, NKV, hs);
+  const AttentionBounds bounds = Bf16AttentionBounds(qkv_r, dout_r, ref_att, B, T, NH, NKV, hs, /*causal=*/true);
   ExpectWithin(got_out, ref_out, bounds.out, 1e-4, 1e-4, "out");
   ExpectWithin(g_dqkv.Host(bf), c_dqkv.Host(*b.cpu), bounds.dqkv, 4e-4, 4e-4, "dqkv");
 }

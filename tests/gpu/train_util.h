@@ -7,6 +7,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
+#include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <utility>
@@ -61,18 +63,29 @@ inline std::vector<worker::MicroBatch> LearnableBatches(std::mt19937& rng, const
   return out;
 }
 
-// The reference trainer's loss for each of `steps` steps on `device`; the batches come
-// from a fixed seed, so every device sees the same data.
-inline std::vector<float> TrainLosses(const JobConfig& cfg, const std::string& device, int steps) {
+// A step's micro-batches; called for steps 0, 1, ... in order.
+using BatchSource = std::function<std::vector<worker::MicroBatch>(int step)>;
+
+// LearnableBatches from an mt19937 seeded 7 (the default of TrainLosses and RelayLosses,
+// so every device and path sees the same data).
+inline BatchSource LearnableSource(const JobConfig& cfg) {
+  auto rng = std::make_shared<std::mt19937>(7);
+  return [rng, cfg](int) { return LearnableBatches(*rng, cfg); };
+}
+
+// The reference trainer's loss for each of `steps` steps on `device`, on `batches`
+// (default LearnableSource(cfg)).
+inline std::vector<float> TrainLosses(const JobConfig& cfg, const std::string& device, int steps,
+                                      BatchSource batches = {}) {
+  if (!batches) batches = LearnableSource(cfg);
   worker::ReferenceTrainerOptions opts;
   opts.device = device;
   auto trainer = worker::ReferenceTrainer::Create(cfg, opts);
   INFO(device << ": " << trainer.status().ToString());
   REQUIRE(trainer.ok());
-  std::mt19937 rng(7);
   std::vector<float> losses;
   for (int s = 0; s < steps; ++s) {
-    auto loss = (*trainer)->Step(LearnableBatches(rng, cfg));
+    auto loss = (*trainer)->Step(batches(s));
     INFO(device << " step " << s << ": " << loss.status().ToString());
     REQUIRE(loss.ok());
     losses.push_back(*loss);
@@ -95,8 +108,10 @@ class ScopedEnv {
 };
 
 // The layer-to-layer relay against an in-process EPS (worker/fake_eps_client.h), one
-// worker, on `backend`; the same batches as TrainLosses.
-inline std::vector<float> RelayLosses(const JobConfig& job, kernels::Backend* backend, int steps) {
+// worker, on `backend`; the same batches as TrainLosses (default LearnableSource(job)).
+inline std::vector<float> RelayLosses(const JobConfig& job, kernels::Backend* backend, int steps,
+                                      BatchSource batches = {}) {
+  if (!batches) batches = LearnableSource(job);
   auto eps = worker::FakeEps::Create(job, {});
   INFO(eps.status().ToString());
   REQUIRE(eps.ok());
@@ -107,10 +122,9 @@ inline std::vector<float> RelayLosses(const JobConfig& job, kernels::Backend* ba
   auto relay = worker::Relay::Create(client->get(), backend, job, *opts);
   INFO(backend->name() << ": " << relay.status().ToString());
   REQUIRE(relay.ok());
-  std::mt19937 rng(7);
   std::vector<float> losses;
   for (int s = 0; s < steps; ++s) {
-    auto report = (*relay)->RunStep(s, LearnableBatches(rng, job));
+    auto report = (*relay)->RunStep(s, batches(s));
     INFO(backend->name() << " relay step " << s << ": " << report.status().ToString());
     REQUIRE(report.ok());
     losses.push_back(report->loss);

@@ -16,23 +16,13 @@
 #include "common/pretrained/pretrained.h"
 #include "common/safetensors.h"
 #include "tests/common/temp_dir.h"
+#include "tests/testing/jobs.h"
 
 namespace l2l {
 namespace {
 
-ModelSpec TinyBert(int64_t num_labels) {
-  ModelSpec s;
-  s.family = ModelFamily::kBert;
-  s.vocab_size = 50;
-  s.seq_len = 16;
-  s.d_model = 16;
-  s.n_layer = 2;
-  s.n_head = 2;
-  s.d_ff = 32;
-  s.num_labels = num_labels;
-  s.tied_embeddings = num_labels == 0;
-  return s;
-}
+// V 50, T 16, C 16 in 2 heads, F 32, 2 blocks.
+ModelSpec TinyBert(int64_t num_labels) { return testing::BertModel({50, 16, 16, 2, 2, 32}, num_labels); }
 
 std::vector<std::vector<float>> Layers(const ModelSpec& spec, uint64_t seed) {
   std::vector<std::vector<float>> out;

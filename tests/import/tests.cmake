@@ -5,22 +5,20 @@
 # training and reloads with transformers, and feeds malformed files. import.smollm2
 # imports the real SmolLM2-135M GGUF (scripts/fetch_models.sh; a failed fetch fails the
 # test). The interpreter comes from scripts/oracle_venv.sh: a missing venv fails.
-set(_import_dir ${CMAKE_CURRENT_BINARY_DIR}/import_oracle)
-add_test(NAME import.hf_gguf_oracle
-         COMMAND bash -c
-                 "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); rm -rf '${_import_dir}'; HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/import/import_oracle.py' '$<TARGET_FILE_DIR:l2l-eps>' '${_import_dir}' synthetic")
-set_tests_properties(import.hf_gguf_oracle PROPERTIES LABELS "integration;oracle" TIMEOUT 1200)
-set(_import_real ${CMAKE_CURRENT_BINARY_DIR}/import_smollm2)
-add_test(NAME import.smollm2
-         COMMAND bash -c
-                 "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); G=$('${CMAKE_SOURCE_DIR}/scripts/fetch_models.sh' smollm2); rm -rf '${_import_real}'; HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/import/import_oracle.py' '$<TARGET_FILE_DIR:l2l-eps>' '${_import_real}' smollm2 \"$G\"")
-set_tests_properties(import.smollm2 PROPERTIES LABELS "integration;oracle" TIMEOUT 1800)
+l2l_add_oracle_test(import.hf_gguf_oracle SCRIPT import/import_oracle.py
+                    CLEAN ${CMAKE_CURRENT_BINARY_DIR}/import_oracle
+                    ARGS "'$<TARGET_FILE_DIR:l2l-eps>'" "'${CMAKE_CURRENT_BINARY_DIR}/import_oracle'" synthetic
+                    LABELS integration oracle TIMEOUT 1200)
+l2l_add_oracle_test(import.smollm2 SCRIPT import/import_oracle.py FETCH smollm2
+                    CLEAN ${CMAKE_CURRENT_BINARY_DIR}/import_smollm2
+                    ARGS "'$<TARGET_FILE_DIR:l2l-eps>'" "'${CMAKE_CURRENT_BINARY_DIR}/import_smollm2'" smollm2 "\"$MODEL\""
+                    LABELS integration oracle TIMEOUT 1800)
 # export --format gguf of HF-dir imports carries the tokenizer (tokenizer.ggml.*): byte-level
 # BPE tokenizers with the GPT-2, Llama-3, Qwen2 and SmolLM pre-tokenizers, trained here by
 # `tokenizers`; the gguf package reads the metadata back, l2l's GGUF loader encodes varied
 # text as HF `tokenizers` does with the original tokenizer.json.
-set(_import_tok ${CMAKE_CURRENT_BINARY_DIR}/import_gguf_tokenizer)
-add_test(NAME import.gguf_tokenizer
-         COMMAND bash -c
-                 "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); rm -rf '${_import_tok}'; HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/import/import_oracle.py' '$<TARGET_FILE_DIR:l2l-eps>' '${_import_tok}' gguf_tokenizer '$<TARGET_FILE:l2l_tokenizer_tool>'")
-set_tests_properties(import.gguf_tokenizer PROPERTIES LABELS "integration;oracle" TIMEOUT 900)
+l2l_add_oracle_test(import.gguf_tokenizer SCRIPT import/import_oracle.py
+                    CLEAN ${CMAKE_CURRENT_BINARY_DIR}/import_gguf_tokenizer
+                    ARGS "'$<TARGET_FILE_DIR:l2l-eps>'" "'${CMAKE_CURRENT_BINARY_DIR}/import_gguf_tokenizer'" gguf_tokenizer
+                         "'$<TARGET_FILE:l2l_tokenizer_tool>'"
+                    LABELS integration oracle TIMEOUT 900)

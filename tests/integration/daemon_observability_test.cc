@@ -1,9 +1,6 @@
 // l2l-eps as operators observe it: a real daemon and worker train a tiny job; the daemon
 // must write one run.jsonl line per completed step (with the workers' phase times) and
 // serve the Prometheus text format on --metrics-listen.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -20,23 +17,6 @@ namespace l2l::itest {
 namespace {
 
 using namespace std::chrono_literals;
-
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-  REQUIRE(write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
-  close(fd);
-  return out;
-}
 
 // The value of an unlabelled sample `name` in a Prometheus text body; NaN if absent.
 double Sample(const std::string& body, const std::string& name) {
@@ -96,7 +76,10 @@ TEST_CASE("l2l-eps logs every step to run.jsonl and serves Prometheus metrics", 
   std::smatch m;
   const std::string log = (*eps)->process().Log();
   REQUIRE(std::regex_search(log, m, std::regex("metrics on http://127\\.0\\.0\\.1:([0-9]+)/metrics")));
-  const std::string resp = HttpGet(std::stoi(m[1]), "/metrics");
+  const Result<std::string> got = HttpGet(std::stoi(m[1]), "/metrics");
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  const std::string& resp = *got;
   REQUIRE(resp.rfind("HTTP/1.1 200", 0) == 0);
   CHECK(Sample(resp, "l2l_step") == 5);
   CHECK(Sample(resp, "l2l_step_seconds_count") == 5);

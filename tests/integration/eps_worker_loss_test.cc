@@ -343,33 +343,52 @@ TEST_CASE("EPS undoes a partially applied step when a worker is lost; every work
   CHECK(Master(d.core) == ref.p);
 }
 
-TEST_CASE("EpsClient rejoins after a rollback and redoes the step", "[integration][eps][worker_loss]") {
-  auto tmp = itest::TempDir::Create("eps-rejoin");
-  REQUIRE(tmp.ok());
-  Daemon d("continue", (*tmp)->path(), "auto");
-  worker::ClientOptions o;
-  o.transport = l2l::Transport::kShm;
-  o.heartbeat_interval = 50ms;
-  auto c = worker::ConnectEps(d.address, o);
-  REQUIRE(c.ok());
-  auto& client = **c;
-  RawWorker lost(d.address);
-  const int64_t top = TinyJob().model.NumLayers() - 1;
-  const auto layouts = BuildLayout(TinyJob().model);
-  std::vector<float> init(layouts[top].numel), now(layouts[top].numel);
-  REQUIRE(d.core.store()->ReadState(top, 0, init.data()).ok());
-  auto g = Grad(0, client.registration().worker_id, top, layouts[top].numel);
-  REQUIRE(client.PushGradient(top, 0, 1, g.data(), g.size()).ok());
-  REQUIRE(lost.Push(top, 0).ok());
-  // The top layer is updated at once (published only with the whole step).
-  for (int i = 0; i < 200; ++i) {
-    REQUIRE(d.core.store()->ReadState(top, 0, now.data()).ok());
-    if (now != init) break;
-    std::this_thread::sleep_for(10ms);
+// A daemon (on_worker_loss continue, transport auto), an EpsClient on shared memory
+// (worker 0) and a raw worker (1): both push step 0's top-layer gradient, so that layer
+// is updated at once (published only with the whole step); then the raw worker stops
+// heartbeating and is declared lost, so step 0 is abandoned after one layer was applied.
+// Each step REQUIREs, so a test that holds one starts from exactly that state.
+struct AbandonedStep {
+  explicit AbandonedStep(const std::string& tmp_name) {
+    auto t = itest::TempDir::Create(tmp_name);
+    REQUIRE(t.ok());
+    tmp = std::move(t).value();
+    d = std::make_unique<Daemon>("continue", tmp->path(), "auto");
+    worker::ClientOptions o;
+    o.transport = l2l::Transport::kShm;
+    o.heartbeat_interval = 50ms;
+    auto c = worker::ConnectEps(d->address, o);
+    REQUIRE(c.ok());
+    client = std::move(c).value();
+    lost = std::make_unique<RawWorker>(d->address);
+    std::vector<float> init(layouts[top].numel), now(layouts[top].numel);
+    REQUIRE(d->core.store()->ReadState(top, 0, init.data()).ok());
+    auto g = Grad(0, client->registration().worker_id, top, layouts[top].numel);
+    REQUIRE(client->PushGradient(top, 0, 1, g.data(), g.size()).ok());
+    REQUIRE(lost->Push(top, 0).ok());
+    for (int i = 0; i < 200; ++i) {
+      REQUIRE(d->core.store()->ReadState(top, 0, now.data()).ok());
+      if (now != init) break;
+      std::this_thread::sleep_for(10ms);
+    }
+    REQUIRE(now != init);
+    lost->StopHeartbeats();
+    REQUIRE(d->WaitState(1, "lost"));
   }
-  REQUIRE(now != init);
-  lost.StopHeartbeats();
-  REQUIRE(d.WaitState(1, "lost"));
+  const int64_t top = TinyJob().model.NumLayers() - 1;
+  const std::vector<LayerLayout> layouts = BuildLayout(TinyJob().model);
+  std::unique_ptr<itest::TempDir> tmp;
+  std::unique_ptr<Daemon> d;
+  std::unique_ptr<worker::EpsClient> client;
+  std::unique_ptr<RawWorker> lost;
+};
+
+TEST_CASE("EpsClient rejoins after a rollback and redoes the step", "[integration][eps][worker_loss]") {
+  AbandonedStep a("eps-rejoin");
+  Daemon& d = *a.d;
+  auto& client = *a.client;
+  const int64_t top = a.top;
+  const auto& layouts = a.layouts;
   // The step is abandoned: the top layer's update is undone (step 0 again).
   auto w = client.AcquireLayer(top, 1, 2s);
   CHECK(w.status().code() == StatusCode::kFailedPrecondition);
@@ -399,31 +418,10 @@ TEST_CASE("EpsClient rejoins after a rollback and redoes the step", "[integratio
 // refusal must still say "re-register" (its rejoin reason), or the worker exits instead.
 TEST_CASE("A gradient refused through shared memory after an abandoned step asks the worker to re-register",
           "[integration][eps][worker_loss]") {
-  auto tmp = itest::TempDir::Create("eps-shm-refused");
-  REQUIRE(tmp.ok());
-  Daemon d("continue", (*tmp)->path(), "auto");
-  worker::ClientOptions o;
-  o.transport = l2l::Transport::kShm;
-  o.heartbeat_interval = 50ms;
-  auto c = worker::ConnectEps(d.address, o);
-  REQUIRE(c.ok());
-  auto& client = **c;
-  RawWorker lost(d.address);
-  const int64_t top = TinyJob().model.NumLayers() - 1;
-  const auto layouts = BuildLayout(TinyJob().model);
-  std::vector<float> init(layouts[top].numel), now(layouts[top].numel);
-  REQUIRE(d.core.store()->ReadState(top, 0, init.data()).ok());
-  auto g = Grad(0, client.registration().worker_id, top, layouts[top].numel);
-  REQUIRE(client.PushGradient(top, 0, 1, g.data(), g.size()).ok());
-  REQUIRE(lost.Push(top, 0).ok());
-  for (int i = 0; i < 200; ++i) {
-    REQUIRE(d.core.store()->ReadState(top, 0, now.data()).ok());
-    if (now != init) break;
-    std::this_thread::sleep_for(10ms);
-  }
-  REQUIRE(now != init);
-  lost.StopHeartbeats();
-  REQUIRE(d.WaitState(1, "lost"));  // step 0 abandoned: the shm worker must redo it
+  AbandonedStep a("eps-shm-refused");  // step 0 abandoned: the shm worker must redo it
+  auto& client = *a.client;
+  const int64_t top = a.top;
+  const auto& layouts = a.layouts;
   // Its next gradient of step 0 goes into a slot; the daemon refuses it there.
   auto g2 = Grad(0, client.registration().worker_id, top - 1, layouts[top - 1].numel);
   REQUIRE(client.PushGradient(top - 1, 0, 1, g2.data(), g2.size()).ok());

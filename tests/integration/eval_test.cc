@@ -9,9 +9,6 @@
 //     same weights, scored by independent code.
 // The last val_loss also shows in the Prometheus gauge l2l_val_loss and in `l2lctl
 // watch --json`.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -40,23 +37,6 @@ namespace {
 using namespace relay;  // tests/integration/relay_util.h
 
 constexpr int64_t kEvalTokens = 5 * 16 + 1;  // 5 windows of T+1 = 17: micro-batches of 2, 2, 1
-
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-  REQUIRE(write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size()));
-  std::string out;
-  char buf[4096];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
-  close(fd);
-  return out;
-}
 
 // stdout of `cmd` (2>&1) and its exit status.
 std::pair<std::string, int> Shell(const std::string& cmd) {
@@ -95,35 +75,6 @@ double ReferenceEvalLoss(worker::ReferenceTrainer* ref, const std::vector<int32_
   }
   REQUIRE(scored > 0);
   return weighted / static_cast<double>(scored);
-}
-
-// The reference trainer after `steps` steps on `shards` shards (as Reference() trains).
-std::unique_ptr<worker::ReferenceTrainer> TrainedReference(const JobConfig& job, int shards, int64_t steps) {
-  worker::ReferenceTrainerOptions o;
-  o.num_threads = 1;
-  auto ref = worker::ReferenceTrainer::Create(job, o);
-  REQUIRE(ref.ok());
-  std::vector<worker::DataLoader> loaders;
-  for (int r = 0; r < shards; ++r) {
-    worker::DataLoaderOptions d;
-    d.B = job.train.micro_batch_size;
-    d.T = job.seq_len();
-    d.seed = job.train.seed;
-    d.rank = r;
-    d.world = shards;
-    d.vocab_size = job.model.vocab_size;
-    auto l = worker::DataLoader::Open(job.data.train_path, d);
-    REQUIRE(l.ok());
-    loaders.push_back(std::move(l).value());
-  }
-  for (int64_t s = 0; s < steps; ++s) {
-    std::vector<worker::MicroBatch> batches;
-    for (auto& l : loaders) {
-      for (auto& mb : l.NextMany(job.train.micro_batches)) batches.push_back(std::move(mb));
-    }
-    REQUIRE((*ref)->Step(batches).ok());
-  }
-  return std::move(ref).value();
 }
 
 void CheckRel(const std::string& what, double got, double want, double rel) {
@@ -205,7 +156,10 @@ TEST_CASE("In-job validation logs the loss l2l-eval and the reference trainer gi
   const std::string dlog = (*eps)->process().Log();
   std::smatch m;
   REQUIRE(std::regex_search(dlog, m, std::regex("metrics on http://127\\.0\\.0\\.1:([0-9]+)/metrics")));
-  const std::string body = HttpGet(std::stoi(m[1]), "/metrics");
+  const Result<std::string> got = HttpGet(std::stoi(m[1]), "/metrics");
+  INFO(got.status().ToString());
+  REQUIRE(got.ok());
+  const std::string& body = *got;
   INFO(body.substr(0, 3000));
   std::smatch g;
   REQUIRE(std::regex_search(body, g, std::regex("\nl2l_val_loss ([^\n]+)\n")));

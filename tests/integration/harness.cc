@@ -1,9 +1,12 @@
 // Integration harness: child processes, temp dirs, the l2l-eps daemon. See harness.h.
 #include "tests/integration/harness.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -226,6 +229,32 @@ std::map<std::string, int64_t> ParseSummary(const std::string& log) {
 Status WriteTokens(const std::string& path, const std::vector<int32_t>& tokens) {
   std::vector<uint16_t> t(tokens.begin(), tokens.end());
   return WriteTokensFile(path, t);
+}
+
+Result<std::string> HttpGet(int port, const std::string& path) {
+  const std::string where = "GET http://127.0.0.1:" + std::to_string(port) + path;
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return Internal(where + ": socket: " + std::strerror(errno));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    const int e = errno;
+    close(fd);
+    return Internal(where + ": connect: " + std::strerror(e));
+  }
+  const std::string req = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  if (write(fd, req.data(), req.size()) != static_cast<ssize_t>(req.size())) {
+    const int e = errno;
+    close(fd);
+    return Internal(where + ": write: " + std::strerror(e));
+  }
+  std::string out;
+  char buf[4096];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
 }
 
 }  // namespace l2l::itest

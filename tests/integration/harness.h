@@ -114,6 +114,10 @@ std::vector<WorkerProgress> ParseProgress(const std::string& log);
 // The "l2l-worker: done k=v ..." line as a map; empty when absent.
 std::map<std::string, int64_t> ParseSummary(const std::string& log);
 
+// GET http://127.0.0.1:PORT/PATH (Connection: close): the whole response, status line and
+// headers included. An error names the step that failed (socket, connect, write).
+Result<std::string> HttpGet(int port, const std::string& path);
+
 // Writes `tokens` as an llm.c tokens file.
 Status WriteTokens(const std::string& path, const std::vector<int32_t>& tokens);
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -48,8 +49,10 @@ inline std::vector<int32_t> MakeTokens(int64_t n, int64_t vocab) {
   return t;
 }
 
-// The oracle's weights after job.train.steps steps on the union of `shards` shards.
-inline std::vector<std::vector<float>> Reference(const JobConfig& job, int shards) {
+// The reference trainer after `steps` steps on the union of `shards` shards (each step
+// takes job.train.micro_batches micro-batches from every shard, as the workers do).
+inline std::unique_ptr<worker::ReferenceTrainer> TrainedReference(const JobConfig& job, int shards,
+                                                                  int64_t steps) {
   worker::ReferenceTrainerOptions o;
   o.num_threads = 1;
   auto ref = worker::ReferenceTrainer::Create(job, o);
@@ -70,14 +73,19 @@ inline std::vector<std::vector<float>> Reference(const JobConfig& job, int shard
     REQUIRE(l.ok());
     loaders.push_back(std::move(l).value());
   }
-  for (int64_t s = 0; s < job.train.steps; ++s) {
+  for (int64_t s = 0; s < steps; ++s) {
     std::vector<worker::MicroBatch> batches;
     for (auto& l : loaders) {
       for (auto& mb : l.NextMany(job.train.micro_batches)) batches.push_back(std::move(mb));
     }
     REQUIRE((*ref)->Step(batches).ok());
   }
-  return (*ref)->params();
+  return std::move(ref).value();
+}
+
+// The oracle's weights after job.train.steps steps on the union of `shards` shards.
+inline std::vector<std::vector<float>> Reference(const JobConfig& job, int shards) {
+  return TrainedReference(job, shards, job.train.steps)->params();
 }
 
 inline void RequireClose(const JobConfig& job, const std::vector<std::vector<float>>& got,

@@ -29,6 +29,22 @@ ModelSpec LlamaModel(const LlamaShape& shape) {
   return m;
 }
 
+ModelSpec BertModel(const BertShape& shape, int64_t num_labels) {
+  ModelSpec m;
+  m.family = ModelFamily::kBert;
+  m.vocab_size = shape.vocab_size;
+  m.seq_len = shape.seq_len;
+  m.d_model = shape.d_model;
+  m.n_layer = shape.n_layer;
+  m.n_head = shape.n_head;
+  m.d_ff = shape.d_ff;
+  m.type_vocab_size = shape.type_vocab_size;
+  m.layer_norm_eps = shape.layer_norm_eps;
+  m.num_labels = num_labels;
+  m.tied_embeddings = num_labels == 0;
+  return m;
+}
+
 JobConfig GptJob(const GptShape& shape, const TrainKnobs& k) {
   JobConfig job;
   job.model = GptModel(shape);

@@ -30,6 +30,13 @@ struct LlamaShape {
   bool tied_embeddings = false;
 };
 
+// The shape of a BERT-family test model; the defaults of the last two are ModelSpec's.
+struct BertShape {
+  int64_t vocab_size, seq_len, d_model, n_layer, n_head, d_ff;
+  int64_t type_vocab_size = 2;
+  double layer_norm_eps = 1e-12;
+};
+
 // Training and optimizer knobs; each one set overrides JobConfig's default.
 struct TrainKnobs {
   // (Each with an initializer, so designated initializers may leave any out.)
@@ -43,6 +50,8 @@ struct TrainKnobs {
 
 ModelSpec GptModel(const GptShape& shape);
 ModelSpec LlamaModel(const LlamaShape& shape);
+// num_labels 0 = the masked-LM head (tied decoder), > 0 = classification (untied).
+ModelSpec BertModel(const BertShape& shape, int64_t num_labels);
 JobConfig GptJob(const GptShape& shape, const TrainKnobs& knobs = {});
 
 }  // namespace l2l::testing

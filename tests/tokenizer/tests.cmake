@@ -7,27 +7,30 @@
 # GGUF path (Tokenizer::FromGguf) against an equivalent tokenizer.json.
 add_executable(l2l_tokenizer_tool ${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/tokenizer_tool.cc)
 target_link_libraries(l2l_tokenizer_tool PRIVATE l2l_tokenizer)
-add_test(NAME tokenizer.hf_oracle
-         COMMAND bash -c "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/hf_oracle.py' --tool '$<TARGET_FILE:l2l_tokenizer_tool>' --work '${CMAKE_CURRENT_BINARY_DIR}/tokenizer_oracle'")
-set_tests_properties(tokenizer.hf_oracle PROPERTIES LABELS "unit;oracle" TIMEOUT 900)
+l2l_add_oracle_test(tokenizer.hf_oracle SCRIPT tokenizer/hf_oracle.py
+                    ARGS --tool "'$<TARGET_FILE:l2l_tokenizer_tool>'" --work "'${CMAKE_CURRENT_BINARY_DIR}/tokenizer_oracle'"
+                    LABELS unit oracle TIMEOUT 900)
 # l2l-tokenize --jsonl: ChatML ids equal HF's encoding of the formatted strings, the loss
 # mask (read with numpy) marks exactly the assistant / completion tokens, bad lines name
 # file:line, a GGUF --tokenizer is refused clearly.
-add_test(NAME tokenizer.sft_oracle
-         COMMAND bash -c "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/hf_oracle.py' --only sft --tool '$<TARGET_FILE:l2l_tokenizer_tool>' --tokenize '$<TARGET_FILE:l2l-tokenize>' --work '${CMAKE_CURRENT_BINARY_DIR}/tokenizer_sft_oracle'")
-set_tests_properties(tokenizer.sft_oracle PROPERTIES LABELS "unit;oracle" TIMEOUT 900)
+l2l_add_oracle_test(tokenizer.sft_oracle SCRIPT tokenizer/hf_oracle.py
+                    ARGS --only sft --tool "'$<TARGET_FILE:l2l_tokenizer_tool>'" --tokenize "'$<TARGET_FILE:l2l-tokenize>'"
+                         --work "'${CMAKE_CURRENT_BINARY_DIR}/tokenizer_sft_oracle'"
+                    LABELS unit oracle TIMEOUT 900)
 # WordPiece (tokenizer/wordpiece.h) against HF `tokenizers` on >= 1 MB of the same varied
 # text, single sequences and pairs, with and without special tokens: ids, token type ids
 # and decode equal, for BERT-style tokenizers trained in the test (uncased, cased with
 # BertProcessing, and one without clean_text / CJK spacing) and for the real
 # all-MiniLM-L6-v2 tokenizer.json (scripts/fetch_models.sh minilm; a failed fetch fails).
-add_test(NAME tokenizer.wordpiece_oracle
-         COMMAND bash -c "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); MINILM=$(bash '${CMAKE_SOURCE_DIR}/scripts/fetch_models.sh' minilm); HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/wordpiece_oracle.py' --tool '$<TARGET_FILE:l2l_tokenizer_tool>' --minilm \"$MINILM\" --work '${CMAKE_CURRENT_BINARY_DIR}/tokenizer_wordpiece_oracle'")
-set_tests_properties(tokenizer.wordpiece_oracle PROPERTIES LABELS "unit;oracle" TIMEOUT 900)
+l2l_add_oracle_test(tokenizer.wordpiece_oracle SCRIPT tokenizer/wordpiece_oracle.py FETCH minilm
+                    ARGS --tool "'$<TARGET_FILE:l2l_tokenizer_tool>'" --minilm "\"$MODEL\""
+                         --work "'${CMAKE_CURRENT_BINARY_DIR}/tokenizer_wordpiece_oracle'"
+                    LABELS unit oracle TIMEOUT 900)
 # l2l-tokenize --task classify with the MiniLM tokenizer: rows (ids, token types, attention
 # mask; read with numpy from the documented layout) equal HF's encode with longest_first
 # truncation and padding to --max-len, labels and the validation tail as given; bad lines
 # name file:line.
-add_test(NAME tokenizer.classify_oracle
-         COMMAND bash -c "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); MINILM=$(bash '${CMAKE_SOURCE_DIR}/scripts/fetch_models.sh' minilm); HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/wordpiece_oracle.py' --only classify --tool '$<TARGET_FILE:l2l_tokenizer_tool>' --tokenize '$<TARGET_FILE:l2l-tokenize>' --minilm \"$MINILM\" --work '${CMAKE_CURRENT_BINARY_DIR}/tokenizer_classify_oracle'")
-set_tests_properties(tokenizer.classify_oracle PROPERTIES LABELS "unit;oracle" TIMEOUT 900)
+l2l_add_oracle_test(tokenizer.classify_oracle SCRIPT tokenizer/wordpiece_oracle.py FETCH minilm
+                    ARGS --only classify --tool "'$<TARGET_FILE:l2l_tokenizer_tool>'" --tokenize "'$<TARGET_FILE:l2l-tokenize>'"
+                         --minilm "\"$MODEL\"" --work "'${CMAKE_CURRENT_BINARY_DIR}/tokenizer_classify_oracle'"
+                    LABELS unit oracle TIMEOUT 900)
