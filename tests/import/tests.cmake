@@ -5,20 +5,17 @@
 # training and reloads with transformers, and feeds malformed files. import.smollm2
 # imports the real SmolLM2-135M GGUF (scripts/fetch_models.sh; a failed fetch fails the
 # test). The interpreter comes from scripts/oracle_venv.sh: a missing venv fails.
-l2l_add_oracle_test(import.hf_gguf_oracle SCRIPT import/import_oracle.py
-                    CLEAN ${CMAKE_CURRENT_BINARY_DIR}/import_oracle
-                    ARGS "'$<TARGET_FILE_DIR:l2l-eps>'" "'${CMAKE_CURRENT_BINARY_DIR}/import_oracle'" synthetic
+l2l_add_oracle_test(import.hf_gguf_oracle SCRIPT import/import_oracle.py WORKDIR import_oracle
+                    ARGS "'$<TARGET_FILE_DIR:l2l-eps>'" @WORKDIR@ synthetic
                     LABELS integration oracle TIMEOUT 1200)
-l2l_add_oracle_test(import.smollm2 SCRIPT import/import_oracle.py FETCH smollm2
-                    CLEAN ${CMAKE_CURRENT_BINARY_DIR}/import_smollm2
-                    ARGS "'$<TARGET_FILE_DIR:l2l-eps>'" "'${CMAKE_CURRENT_BINARY_DIR}/import_smollm2'" smollm2 "\"$MODEL\""
+l2l_add_oracle_test(import.smollm2 SCRIPT import/import_oracle.py FETCH smollm2 WORKDIR import_smollm2
+                    ARGS "'$<TARGET_FILE_DIR:l2l-eps>'" @WORKDIR@ smollm2 @MODEL@
                     LABELS integration oracle TIMEOUT 1800)
 # export --format gguf of HF-dir imports carries the tokenizer (tokenizer.ggml.*): byte-level
 # BPE tokenizers with the GPT-2, Llama-3, Qwen2 and SmolLM pre-tokenizers, trained here by
 # `tokenizers`; the gguf package reads the metadata back, l2l's GGUF loader encodes varied
 # text as HF `tokenizers` does with the original tokenizer.json.
-l2l_add_oracle_test(import.gguf_tokenizer SCRIPT import/import_oracle.py
-                    CLEAN ${CMAKE_CURRENT_BINARY_DIR}/import_gguf_tokenizer
-                    ARGS "'$<TARGET_FILE_DIR:l2l-eps>'" "'${CMAKE_CURRENT_BINARY_DIR}/import_gguf_tokenizer'" gguf_tokenizer
+l2l_add_oracle_test(import.gguf_tokenizer SCRIPT import/import_oracle.py WORKDIR import_gguf_tokenizer
+                    ARGS "'$<TARGET_FILE_DIR:l2l-eps>'" @WORKDIR@ gguf_tokenizer
                          "'$<TARGET_FILE:l2l_tokenizer_tool>'"
                     LABELS integration oracle TIMEOUT 900)

@@ -23,7 +23,7 @@ l2l_add_oracle_test(tokenizer.sft_oracle SCRIPT tokenizer/hf_oracle.py
 # BertProcessing, and one without clean_text / CJK spacing) and for the real
 # all-MiniLM-L6-v2 tokenizer.json (scripts/fetch_models.sh minilm; a failed fetch fails).
 l2l_add_oracle_test(tokenizer.wordpiece_oracle SCRIPT tokenizer/wordpiece_oracle.py FETCH minilm
-                    ARGS --tool "'$<TARGET_FILE:l2l_tokenizer_tool>'" --minilm "\"$MODEL\""
+                    ARGS --tool "'$<TARGET_FILE:l2l_tokenizer_tool>'" --minilm @MODEL@
                          --work "'${CMAKE_CURRENT_BINARY_DIR}/tokenizer_wordpiece_oracle'"
                     LABELS unit oracle TIMEOUT 900)
 # l2l-tokenize --task classify with the MiniLM tokenizer: rows (ids, token types, attention
@@ -32,5 +32,5 @@ l2l_add_oracle_test(tokenizer.wordpiece_oracle SCRIPT tokenizer/wordpiece_oracle
 # name file:line.
 l2l_add_oracle_test(tokenizer.classify_oracle SCRIPT tokenizer/wordpiece_oracle.py FETCH minilm
                     ARGS --only classify --tool "'$<TARGET_FILE:l2l_tokenizer_tool>'" --tokenize "'$<TARGET_FILE:l2l-tokenize>'"
-                         --minilm "\"$MODEL\"" --work "'${CMAKE_CURRENT_BINARY_DIR}/tokenizer_classify_oracle'"
+                         --minilm @MODEL@ --work "'${CMAKE_CURRENT_BINARY_DIR}/tokenizer_classify_oracle'"
                     LABELS unit oracle TIMEOUT 900)

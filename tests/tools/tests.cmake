@@ -7,13 +7,11 @@
 # the test): perplexity on 512 tokens of GPL-3 vs transformers' GGUF loader rel <= 1e-3,
 # greedy ids for 16 tokens equal. The interpreter comes from scripts/oracle_venv.sh: a
 # missing venv fails.
-l2l_add_oracle_test(tools.hf_oracle SCRIPT tools/tools_oracle.py
-                    CLEAN ${CMAKE_CURRENT_BINARY_DIR}/tools_oracle
-                    ARGS "'$<TARGET_FILE_DIR:l2l-eval>'" "'${CMAKE_CURRENT_BINARY_DIR}/tools_oracle'" synthetic
+l2l_add_oracle_test(tools.hf_oracle SCRIPT tools/tools_oracle.py WORKDIR tools_oracle
+                    ARGS "'$<TARGET_FILE_DIR:l2l-eval>'" @WORKDIR@ synthetic
                     LABELS unit oracle TIMEOUT 600)
-l2l_add_oracle_test(tools.smollm2 SCRIPT tools/tools_oracle.py FETCH smollm2
-                    CLEAN ${CMAKE_CURRENT_BINARY_DIR}/tools_smollm2
-                    ARGS "'$<TARGET_FILE_DIR:l2l-eval>'" "'${CMAKE_CURRENT_BINARY_DIR}/tools_smollm2'" smollm2 "\"$MODEL\""
+l2l_add_oracle_test(tools.smollm2 SCRIPT tools/tools_oracle.py FETCH smollm2 WORKDIR tools_smollm2
+                    ARGS "'$<TARGET_FILE_DIR:l2l-eval>'" @WORKDIR@ smollm2 @MODEL@
                     LABELS integration oracle TIMEOUT 1200)
 # tools.encoder_oracle: l2l-eval on random BertForSequenceClassification (2 and 3 labels)
 # and BertForMaskedLM models saved by transformers: loss, accuracy, F1 and the masked-LM
@@ -21,13 +19,11 @@ l2l_add_oracle_test(tools.smollm2 SCRIPT tools/tools_oracle.py FETCH smollm2
 # all-MiniLM-L6-v2 (scripts/fetch_models.sh minilm; a failed fetch fails the test, it never
 # skips): l2l-tokenize rows equal HF's tokenizer and l2l-embed's mean-pooled embeddings equal
 # HF AutoModel's (rel <= 1e-5) on 100 sentences, with and without the "bert." prefix.
-l2l_add_oracle_test(tools.encoder_oracle SCRIPT tools/encoder_oracle.py
-                    CLEAN ${CMAKE_CURRENT_BINARY_DIR}/encoder_oracle
-                    ARGS "'$<TARGET_FILE_DIR:l2l-eval>'" "'${CMAKE_CURRENT_BINARY_DIR}/encoder_oracle'" eval
+l2l_add_oracle_test(tools.encoder_oracle SCRIPT tools/encoder_oracle.py WORKDIR encoder_oracle
+                    ARGS "'$<TARGET_FILE_DIR:l2l-eval>'" @WORKDIR@ eval
                     LABELS unit oracle TIMEOUT 600)
-l2l_add_oracle_test(tools.minilm SCRIPT tools/encoder_oracle.py FETCH minilm
-                    CLEAN ${CMAKE_CURRENT_BINARY_DIR}/encoder_minilm
-                    ARGS "'$<TARGET_FILE_DIR:l2l-eval>'" "'${CMAKE_CURRENT_BINARY_DIR}/encoder_minilm'" minilm "\"$MODEL\""
+l2l_add_oracle_test(tools.minilm SCRIPT tools/encoder_oracle.py FETCH minilm WORKDIR encoder_minilm
+                    ARGS "'$<TARGET_FILE_DIR:l2l-eval>'" @WORKDIR@ minilm @MODEL@
                     LABELS integration oracle TIMEOUT 1200)
 # tools.bert_finetune: scripts/finetune_bert_demo.sh, shortened to 30 relay steps: the real
 # all-MiniLM-L6-v2 fine-tuned as a 4-class licence classifier through l2l-eps + one CPU
