@@ -2,12 +2,20 @@
 // chose (shm on the same host unless options.transport says grpc). See eps_client.h.
 #include "worker/eps_client.h"
 
+#include <cmath>
+
 #include "worker/eps_client_grpc.h"
 #include "worker/eps_client_shm.h"
 
 namespace l2l::worker {
 
 bool NeedsRejoin(const Status& s) { return s.rejoin_reason() != RejoinReason::kNone; }
+
+std::chrono::milliseconds PushGradientDeadline(const ClientOptions& options, size_t bytes) {
+  const double rate = options.push_min_bytes_per_s;
+  const double transfer_ms = rate > 0 ? std::ceil(1000.0 * static_cast<double>(bytes) / rate) : 0.0;
+  return options.push_deadline_floor + std::chrono::milliseconds(static_cast<int64_t>(transfer_ms));
+}
 
 Result<std::unique_ptr<EpsClient>> ConnectEps(const std::string& address, const ClientOptions& options) {
   WorkerRegistration reg;

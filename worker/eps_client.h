@@ -94,6 +94,13 @@ struct ClientOptions {
   Transport transport = Transport::kAuto;  // auto (shm when the EPS is on this host) | shm | grpc
   std::chrono::milliseconds connect_timeout{10000};  // bounded retry when the EPS is unreachable
   std::chrono::milliseconds heartbeat_interval{500};
+  // gRPC PushGradient's deadline: push_deadline_floor + the bytes pushed at
+  // push_min_bytes_per_s (PushGradientDeadline). A daemon that stops reading a gradient
+  // stream while its connection stays up (hung, yet answering keepalive pings) then fails
+  // the push with DEADLINE_EXCEEDED instead of hanging the worker. The defaults are
+  // generous: 60 s + 1 s per 8 MiB, far below any link a worker trains over.
+  std::chrono::milliseconds push_deadline_floor{60000};
+  double push_min_bytes_per_s = 8.0 * 1024 * 1024;
   std::string worker_name;          // for status displays; default hostname:pid
   // Security (docs/operations.md "Security"): the EPS's shared token, sent as
   // "authorization: Bearer <token>" on every call ("" = none), and PEM CA certificate(s)
@@ -159,6 +166,10 @@ class EpsClient {
 
 // True for the errors after which the worker must Rejoin() (see above).
 bool NeedsRejoin(const Status& s);
+
+// How long a gRPC PushGradient of `bytes` may take: options.push_deadline_floor plus
+// bytes / options.push_min_bytes_per_s (a rate <= 0 adds nothing), in whole milliseconds.
+std::chrono::milliseconds PushGradientDeadline(const ClientOptions& options, size_t bytes);
 
 // Registers with the EPS at `address` ("127.0.0.1:PORT") and returns a connected client.
 // Retries until options.connect_timeout, then fails with UNAVAILABLE naming the address.

@@ -277,7 +277,10 @@ void GrpcEpsClient::ReleaseLayer(int64_t layer) {
 
 Status GrpcEpsClient::PushGradient(int64_t layer, int64_t step, int64_t micro_batches, const float* grad,
                                    size_t numel) {
+  const size_t total = numel * sizeof(float);
+  const std::chrono::milliseconds limit = PushGradientDeadline(options_, total);
   grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + limit);
   data::PushGradientReply rep;
   auto writer = impl_->stub->PushGradient(&ctx, &rep);
   data::GradientChunk c;
@@ -287,7 +290,6 @@ Status GrpcEpsClient::PushGradient(int64_t layer, int64_t step, int64_t micro_ba
   c.set_micro_batches(micro_batches);
   c.set_numel(static_cast<int64_t>(numel));
   const char* bytes = reinterpret_cast<const char*>(grad);
-  const size_t total = numel * sizeof(float);
   size_t off = 0;
   do {
     const size_t n = std::min(kChunkBytes, total - off);
@@ -297,8 +299,18 @@ Status GrpcEpsClient::PushGradient(int64_t layer, int64_t step, int64_t micro_ba
     off += n;
   } while (off < total);
   writer->WritesDone();
-  return FromGrpc(writer->Finish(), "PushGradient(layer " + std::to_string(layer) + ", step " +
-                                        std::to_string(step) + ")");
+  const grpc::Status st = writer->Finish();
+  const std::string what = "PushGradient(layer " + std::to_string(layer) + ", step " + std::to_string(step) + ")";
+  if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return Status(StatusCode::kDeadlineExceeded,
+                  what + ": the daemon at " + impl_->address + " did not take the " + std::to_string(total) +
+                      " bytes within " + std::to_string(limit.count()) + " ms (" +
+                      std::to_string(off) + " sent; the deadline is " +
+                      std::to_string(options_.push_deadline_floor.count()) + " ms plus the bytes at " +
+                      std::to_string(static_cast<int64_t>(options_.push_min_bytes_per_s)) +
+                      " bytes/s): is the daemon hung?");
+  }
+  return FromGrpc(st, what);
 }
 
 Status GrpcEpsClient::StepDone(const StepReport& r) {

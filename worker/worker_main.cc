@@ -6,7 +6,7 @@
 //   l2l-worker --eps 127.0.0.1:PORT [--device cpu|cuda:N] [--config FILE] [--threads N]
 //              [--transport auto|shm|grpc] [--name NAME] [--connect-timeout-ms MS]
 //              [--steps N] [--log-level info] [--token-file FILE] [--tls-ca CA.pem]
-//              [--tls-server-name NAME]
+//              [--tls-server-name NAME] [--push-deadline-floor-ms MS] [--push-min-mib-per-s R]
 //
 // --config FILE: a job YAML on this host; its data.train_path replaces the EPS's (the
 // tokens file may live elsewhere on another host) and its model must equal the EPS's.
@@ -17,7 +17,9 @@
 // --token-file (default $L2L_TOKEN_FILE): the EPS's shared token, sent on every call;
 // --tls-ca: connect with TLS and verify the EPS against CA.pem (docs/operations.md
 // "Security"); --tls-server-name NAME: the name the EPS's certificate must hold when it is
-// not the host of --eps (needs --tls-ca).
+// not the host of --eps (needs --tls-ca). --push-deadline-floor-ms and --push-min-mib-per-s:
+// a gRPC gradient push fails (DEADLINE_EXCEEDED) after floor + its bytes at that rate
+// (default 60 s + 1 s per 8 MiB; worker/eps_client.h).
 // Exit status: 0 when the job's steps are done, the EPS stopped the job or a signal asked
 // to stop (and the step in progress finished within 15 s; else 143); 2 when the EPS is
 // unreachable after the bounded retry; 3 when the job stayed full (all its workers
@@ -86,6 +88,8 @@ struct Flags {
   std::string transport = "auto";
   std::string name;
   int64_t connect_timeout_ms = 10000;
+  int64_t push_deadline_floor_ms = 60000;
+  double push_min_mib_per_s = 8.0;
   int64_t steps = -1;
   std::string recompute;             // overrides train.recompute when set
   int64_t activation_budget_mb = -1; // overrides train.activation_budget_mb when >= 0
@@ -154,6 +158,13 @@ Status Run(const Flags& f, int* exit_code) {
   if (!transport.ok()) return transport.status().WithContext("--transport");
   copts.transport = *transport;
   copts.connect_timeout = std::chrono::milliseconds(f.connect_timeout_ms);
+  if (f.push_deadline_floor_ms <= 0 || !(f.push_min_mib_per_s > 0)) {
+    return l2l::InvalidArgument("--push-deadline-floor-ms " + std::to_string(f.push_deadline_floor_ms) +
+                                " and --push-min-mib-per-s " + std::to_string(f.push_min_mib_per_s) +
+                                " must both be positive");
+  }
+  copts.push_deadline_floor = std::chrono::milliseconds(f.push_deadline_floor_ms);
+  copts.push_min_bytes_per_s = f.push_min_mib_per_s * 1024 * 1024;
   copts.worker_name = f.name;
   if (const std::string tf = l2l::TokenFileFromFlagOrEnv(f.token_file); !tf.empty()) {
     L2L_ASSIGN_OR_RETURN(copts.token, l2l::ReadTokenFile(tf));
@@ -323,6 +334,10 @@ int main(int argc, char** argv) {
   app.add_option("--transport", f.transport, "auto | shm | grpc");
   app.add_option("--name", f.name, "worker name shown in status (default hostname:pid)");
   app.add_option("--connect-timeout-ms", f.connect_timeout_ms, "how long to retry registering");
+  app.add_option("--push-deadline-floor-ms", f.push_deadline_floor_ms,
+                 "a gRPC gradient push may take this long plus its bytes at --push-min-mib-per-s");
+  app.add_option("--push-min-mib-per-s", f.push_min_mib_per_s,
+                 "the slowest rate a gRPC gradient push is allowed, MiB/s (default 8)");
   app.add_option("--steps", f.steps, "stop after this step count (default: the job's)");
   app.add_option("--recompute", f.recompute,
                  "always | never | auto: keep block intermediates for the backward (default: train.recompute)");
