@@ -7,7 +7,6 @@
 #include <limits>
 #include <utility>
 
-#include "common/logging.h"
 
 namespace l2l {
 namespace {

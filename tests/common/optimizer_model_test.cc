@@ -89,7 +89,7 @@ TEST_CASE("a fixed fraction spreads its layers over the update order", "[common]
   CHECK(half == std::vector<bool>{false, false, true});
 }
 
-TEST_CASE("fixed fractions give their plans; a device that cannot update is an error",
+TEST_CASE("fixed fractions give their plans, and a device that cannot update is an error",
           "[common][optimizer_model]") {
   OptimizerModelInput in = TwoLayers();
   Result<InterleavePlan> all = PlanFixedFraction(in, 1);
