@@ -3,10 +3,11 @@
 // "auto" asks the performance model (common/optimizer_model.h) with the measured rates.
 // The choice and its inputs are logged once per job.
 //
-// What runs today: the daemon updates every layer. A device update path does not exist
-// yet, so a fixed share > 0 is logged with the layers it would hand over and a warning
-// that the daemon keeps them, and "auto" resolves to 0 because no worker reports a device
-// update rate. Checkpoints, resume and the SSD tier therefore see the daemon's state only.
+// What runs today: the daemon updates every layer. The pipeline can route layers through
+// an OffloadedUpdater (update_pipeline.h set_offload), but no worker transport implements
+// one yet, so a fixed share > 0 is logged with the layers it would hand over and a
+// warning that the daemon keeps them, and "auto" resolves to 0 because no worker reports
+// a device update rate.
 //
 // Thread-safety: pure functions, except MeasureCpuUpdateRate (allocates and times).
 #pragma once

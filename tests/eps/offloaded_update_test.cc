@@ -19,6 +19,7 @@
 #include "eps_server/param_store.h"
 #include "eps_server/update_pipeline.h"
 #include "tests/testing/jobs.h"
+#include "tests/testing/temp_dir.h"
 
 namespace l2l::eps {
 namespace {
@@ -31,12 +32,20 @@ JobConfig Job(const std::string& clip) {
   return j;
 }
 
-std::unique_ptr<ParamStore> Store(const JobConfig& job) {
+// spill_dir non-empty: about a third of the state pages live on the SSD tier there.
+std::unique_ptr<ParamStore> Store(const JobConfig& job, const std::string& spill_dir = "") {
   ParamStoreOptions o;
   o.page_bytes = 4096;  // layers span several pages: copies out and back cross page edges
   o.publish_dtype = job.publish_dtype;
+  if (!spill_dir.empty()) {
+    o.spill.dir = spill_dir;
+    o.spill.block_bytes = 4096;
+    o.spill.queue_depth = 8;
+    o.host_bytes = ParamStore::RequiredHostBytes(job.model, o) * 2 / 3;
+  }
   auto s = ParamStore::Create(job.model, o);
   L2L_CHECK(s.ok()) << s.status().ToString();
+  if (!spill_dir.empty()) L2L_CHECK((*s)->ssd_bytes() > 0) << "nothing spilled";
   return std::move(s).value();
 }
 
@@ -83,8 +92,8 @@ State Read(ParamStore& ps, int64_t version) {
 
 // Steps [first, last) through a pipeline whose store starts from `start` (or the seed).
 State Run(const JobConfig& job, const Grads& g, const std::vector<bool>* mask, int first, int last,
-          const State* start, OffloadedUpdater* updater) {
-  auto ps = Store(job);
+          const State* start, OffloadedUpdater* updater, const std::string& spill_dir = "") {
+  auto ps = Store(job, spill_dir);
   if (start != nullptr) {
     for (int64_t l = 0; l < ps->num_layers(); ++l) {
       REQUIRE(ps->WriteLayer(l, start->p[l].data(), start->m[l].data(), start->v[l].data()).ok());
@@ -191,6 +200,21 @@ TEST_CASE("a restart from the state in the middle equals the uninterrupted offlo
   // ... and equals the daemon-only run restarted the same way.
   const State daemon_half = Run(job, g, nullptr, 0, 2, nullptr, nullptr);
   CheckSame(Run(job, g, nullptr, 2, 4, &daemon_half, nullptr), whole);
+}
+
+TEST_CASE("offloaded updates of layers whose state is on the SSD tier equal the daemon's",
+          "[eps][pipeline][offload]") {
+  const JobConfig job = Job("global");
+  auto probe = Store(job);
+  const Grads g = MakeGrads(*probe, 3, 2);
+  CpuOffloadedUpdater cpu;
+  const State daemon = Run(job, g, nullptr, 0, 3, nullptr, nullptr);
+  for (double f : {0.33, 1.0}) {
+    CAPTURE(f);
+    testing::TempDir dir("l2l_offload_spill");
+    const std::vector<bool> mask = Mask(*probe, f);
+    CheckSame(Run(job, g, &mask, 0, 3, nullptr, &cpu, dir.path()), daemon);
+  }
 }
 
 class FailingUpdater : public OffloadedUpdater {
