@@ -38,27 +38,27 @@ RelayShape Llama7bShape() { return {"llama-7b", 32, 4096, 11008, 32000, 4096, tr
 
 RelayHardware H100TestbedHardware() {
   RelayHardware h;
-  h.pcie_h2d = 55e9;         // seed 003 5.1: "~55 GB/s unidirectional D2H and H2D" (pinned)
+  h.pcie_h2d = 55e9;         // seed 003: "~55 GB/s unidirectional D2H and H2D" (pinned)
   h.pcie_d2h = 55e9;
   h.host_aggregate = 200e9;  // assumption: 2-socket DDR5 host, no figure in the seed
-  h.nvlink = 133e9;          // seed 003 5.1: "133 GB/s unidirectional D2D"
+  h.nvlink = 133e9;          // seed 003: "133 GB/s unidirectional D2D"
   h.device_flops = 400e12;   // assumption: ~40% of the H100's dense bf16 peak
-  h.cpu_update = 8e9;        // seed 003 1: "the 192 CPUs update the model at ~8 Billion P/s"
+  h.cpu_update = 8e9;        // seed 003: "the 192 CPUs update the model at ~8 Billion P/s"
   h.cpu_cast = 15.5e9;       // seed 003 Table 1: H32<->H16 at 62 GB/s = 15.5 G fp32 params/s
-  h.device_update = 25e9;    // seed 003 1: "4xH100 GPUs update ~100 Billion P/s"
+  h.device_update = 25e9;    // seed 003: "4xH100 GPUs update ~100 Billion P/s" (/ 4)
   return h;
 }
 
 RelayHardware Dgx2Hardware() {
   RelayHardware h;
-  h.pcie_h2d = 12e9;         // seed 004 6.1: "about 12 GB/s with PCIe Gen 3"
+  h.pcie_h2d = 12e9;         // seed 004: "about 12 GB/s with PCIe Gen 3"
   h.pcie_d2h = 12e9;
-  h.host_aggregate = 48e9;   // seed 004 6.1: all-gather-based "increases to about 48 GB/s"
+  h.host_aggregate = 48e9;   // seed 004: all-gather-based "increases to about 48 GB/s"
   h.nvlink = 70e9;           // seed 004 appendix: "measured bandwidth across GPUs is about 70GB/s"
-  h.device_flops = 70e12;    // seed 004 4: peak_tp "average of 70 TFlops/GPU"
-  h.cpu_update = 2e9;        // seed 003 5 (its V100 host): "CPU (U_c) ... 2 Billion P/s"
-  h.cpu_cast = 8.7e9;        // seed 003 5 (its V100 host): "(D_c) on host at 8.7 Billion P/s"
-  h.device_update = 35e9;    // seed 003 5 (its V100 host): "GPU (U_g) ... 35 Billion P/s"
+  h.device_flops = 70e12;    // seed 004: peak_tp "average of 70 TFlops/GPU"
+  h.cpu_update = 2e9;        // seed 003 (its V100 host): "CPU (U_c) ... 2 Billion P/s"
+  h.cpu_cast = 8.7e9;        // seed 003 (its V100 host): "(D_c) on host at 8.7 Billion P/s"
+  h.device_update = 35e9;    // seed 003 (its V100 host): "GPU (U_g) ... 35 Billion P/s"
   return h;
 }
 

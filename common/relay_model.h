@@ -50,7 +50,7 @@ struct RelayHardware {
   double cpu_cast = 0;           // daemon fp32 -> publish dtype (params/s)
   double device_update = 0;      // AdamW on one device (params/s)
 };
-// Seed 003's 4xH100 testbed (its section 5.1 and Table 1; per-device figures). Where the
+// Seed 003's 4xH100 testbed (its setup description and Table 1; per-device figures). Where the
 // seed gives no number the value is an assumption, named in relay_model.cc.
 RelayHardware H100TestbedHardware();
 // Seed 004's DGX-2 (16 V100, PCIe Gen3 ~12 GB/s per GPU, 48 GB/s aggregate, NVLink 70 GB/s).
