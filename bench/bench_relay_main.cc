@@ -3,6 +3,8 @@
 //
 //   l2l-bench-relay [--config configs/quickstart.yaml] [--set key=value]... [--threads N]
 //                   [--steps 5] [--warmup 1] [--stash device|host]
+//   l2l-bench-relay --simulate [--hw h100|dgx2] [--pcie-gbps X] ... (bench/relay_simulate.h):
+//                   the analytic multi-device model instead of a measurement
 //
 // In one run, on the same synthetic token stream, model, initialisation and micro-batching:
 //  * the reference trainer (worker/reference_trainer.h): tokens/s;
@@ -27,6 +29,7 @@
 
 #include "common/clock.h"
 #include "common/config.h"
+#include "bench/relay_simulate.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "worker/data_loader.h"
@@ -193,7 +196,30 @@ int main(int argc, char** argv) {
   app.add_option("--steps", f.steps, "timed steps");
   app.add_option("--warmup", f.warmup, "untimed steps first");
   app.add_option("--stash", f.stash, "device | host (default: the config's)");
+  bool simulate = false;
+  l2l::bench::SimulateFlags sf;
+  app.add_flag("--simulate", simulate,
+               "print the analytic model's step times for 1-8 devices instead of measuring (no GPU needed)");
+  app.add_option("--hw", sf.hw, "--simulate: hardware preset, h100 (seed 003's testbed) or dgx2 (seed 004's)");
+  app.add_option("--pcie-gbps", sf.pcie_gbps, "--simulate: PCIe GB/s per device and direction");
+  app.add_option("--host-gbps", sf.host_gbps, "--simulate: aggregate host GB/s over all devices");
+  app.add_option("--nvlink-gbps", sf.nvlink_gbps, "--simulate: device-to-device GB/s");
+  app.add_option("--tflops", sf.tflops, "--simulate: achieved TFLOP/s per device");
+  app.add_option("--cpu-update", sf.cpu_update_g, "--simulate: daemon AdamW rate, G params/s");
+  app.add_option("--cpu-cast", sf.cpu_cast_g, "--simulate: daemon fp32->bf16 rate, G params/s");
+  app.add_option("--gpu-update", sf.gpu_update_g, "--simulate: device AdamW rate, G params/s");
+  app.add_option("--sequences", sf.sequences, "--simulate: global sequences per step");
+  app.add_option("--gpu-fraction", sf.gpu_fraction, "--simulate: interleaved columns' share, auto or [0, 1]");
+  app.add_option("--devices", sf.devices, "--simulate: device counts (default 1 2 4 8)")->delimiter(',');
   CLI11_PARSE(app, argc, argv);
+  if (simulate) {
+    Status st = l2l::bench::RunSimulate(sf);
+    if (!st.ok()) {
+      std::fprintf(stderr, "l2l-bench-relay --simulate: error: %s\n", st.ToString().c_str());
+      return 1;
+    }
+    return 0;
+  }
   setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);  // as l2l-train-ref and l2l-worker
   Status st = Run(f);
   if (!st.ok()) {

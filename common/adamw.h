@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/modes.h"
+
 namespace l2l {
 
 struct OptimizerConfig {
@@ -21,6 +23,10 @@ struct OptimizerConfig {
   float eps = 1e-8f;
   float weight_decay = 0.1f;   // applied to ParamInfo::decay tensors only
   float grad_clip = 1.0f;      // max global L2 norm; <= 0 disables clipping
+  // Share of the update the workers' devices run (interleaved optimizer): "auto" lets the
+  // performance model (common/optimizer_model.h) pick it at job start; a number in [0, 1]
+  // fixes it. On the CPU backend there is no device and auto means 0.
+  GpuFraction gpu_fraction;
 };
 
 // Learning rate for optimizer step `step` (0-based).

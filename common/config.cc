@@ -189,6 +189,7 @@ Status ReadOptim(YamlMap* root, OptimizerConfig* o) {
   L2L_RETURN_IF_ERROR(m.Get("eps", &o->eps, FloatRange{.min = 0, .min_exclusive = true}));
   L2L_RETURN_IF_ERROR(m.Get("weight_decay", &o->weight_decay, FloatRange{.min = 0}));
   L2L_RETURN_IF_ERROR(m.Get("grad_clip", &o->grad_clip, FloatRange{}));
+  L2L_RETURN_IF_ERROR(m.GetEnum("gpu_fraction", &o->gpu_fraction, ParseGpuFraction));
   return m.Finish();
 }
 
@@ -317,6 +318,9 @@ Status JobConfig::Validate() const {
     return bad("optim.weight_decay", FloatText(o.weight_decay), "a number >= 0");
   }
   if (!std::isfinite(o.grad_clip)) return bad("optim.grad_clip", FloatText(o.grad_clip), "a finite number");
+  if (!o.gpu_fraction.automatic && !(o.gpu_fraction.value >= 0 && o.gpu_fraction.value <= 1)) {
+    return bad("optim.gpu_fraction", ToString(o.gpu_fraction), "auto or a number in [0, 1]");
+  }
   const TrainingConfig& t = train;
   if (t.steps < 1) return bad("train.steps", std::to_string(t.steps), "an integer >= 1");
   if (t.micro_batch_size < 1) return bad("train.micro_batch_size", std::to_string(t.micro_batch_size), "an integer >= 1");
@@ -515,7 +519,8 @@ std::string JobConfigToYaml(const JobConfig& cfg) {
      << "  beta2: " << FloatText(o.beta2) << "\n"
      << "  eps: " << FloatText(o.eps) << "\n"
      << "  weight_decay: " << FloatText(o.weight_decay) << "\n"
-     << "  grad_clip: " << FloatText(o.grad_clip) << "\n";
+     << "  grad_clip: " << FloatText(o.grad_clip) << "\n"
+     << "  gpu_fraction: " << ToString(o.gpu_fraction) << "\n";
   const TrainingConfig& t = cfg.train;
   os << "train:\n"
      << "  steps: " << t.steps << "\n"

@@ -2,6 +2,8 @@
 // its Parse, so the two cannot disagree. See modes.h.
 #include "common/modes.h"
 
+#include <charconv>
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -64,5 +66,22 @@ const char* ToString(WorkerState s) { return NameOf(kWorkerStates, s); }
 Result<WorkerState> ParseWorkerState(std::string_view s) { return ParseName(kWorkerStates, s); }
 const char* ToString(Task t) { return NameOf(kTasks, t); }
 Result<Task> ParseTask(std::string_view s) { return ParseName(kTasks, s); }
+
+std::string ToString(GpuFraction f) {
+  if (f.automatic) return "auto";
+  char buf[40];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), f.value);  // shortest round-trip text
+  return ec == std::errc() ? std::string(buf, end) : std::string("?");
+}
+
+Result<GpuFraction> ParseGpuFraction(std::string_view s) {
+  if (s == "auto") return GpuFraction{};
+  double v = 0;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (s.empty() || ec != std::errc() || ptr != s.data() + s.size() || !(v >= 0 && v <= 1)) {
+    return InvalidArgument("'" + std::string(s) + "' is not auto or a number in [0, 1]");
+  }
+  return GpuFraction{.automatic = false, .value = v};
+}
 
 }  // namespace l2l

@@ -12,6 +12,7 @@
 // Thread-safety: pure functions.
 #pragma once
 
+#include <string>
 #include <string_view>
 
 #include "common/status.h"
@@ -73,5 +74,19 @@ Result<WorkerState> ParseWorkerState(std::string_view s);
 enum class Task { kLm, kMlm, kClassify };
 const char* ToString(Task t);
 Result<Task> ParseTask(std::string_view s);
+
+// optim.gpu_fraction: the share of the AdamW update (in parameters) the workers' devices
+// run instead of the daemon: "auto" (the performance model in common/optimizer_model.h
+// picks it from measured rates) or a number in [0, 1] (0: the daemon updates everything).
+// Not an enum, but parsed once here like one.
+struct GpuFraction {
+  bool automatic = true;  // "auto"
+  double value = 0;       // the fixed share when !automatic, in [0, 1]
+  bool operator==(const GpuFraction&) const = default;
+};
+std::string ToString(GpuFraction f);
+// Accepts "auto" or a decimal number in [0, 1]; anything else (text, NaN, 1.5, -0.1) is
+// INVALID_ARGUMENT saying what is accepted.
+Result<GpuFraction> ParseGpuFraction(std::string_view s);
 
 }  // namespace l2l

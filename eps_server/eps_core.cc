@@ -7,11 +7,13 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "common/adamw.h"
 #include "common/logging.h"
 #include "eps_server/checkpoint.h"
 #include "eps_server/eps_core_internal.h"
+#include "eps_server/optimizer_split.h"
 
 namespace l2l::eps {
 namespace {
@@ -86,6 +88,29 @@ Status EpsCore::CreateJob(const JobConfig& job, const std::vector<std::vector<fl
   return CreateJob(job, start);
 }
 
+// Logs the interleaved optimizer's split for this job: the setting, the measured and
+// reported rates and the choice (optimizer_split.h). The daemon updates every layer.
+void EpsCore::LogOptimizerSplit(const JobConfig& job) {
+  std::vector<int64_t> layer_params;
+  for (int64_t l = 0; l < store_->num_layers(); ++l) {
+    layer_params.push_back(static_cast<int64_t>(store_->layout(l).numel));
+  }
+  OptimizerRates rates;
+  rates.cpu_update_params_per_s = MeasureCpuUpdateRate(size_t{1} << 18);
+  rates.cpu_cast_params_per_s = std::numeric_limits<double>::infinity();  // fused into the update
+  rates.h2d_bytes_per_s = rates.d2h_bytes_per_s = std::numeric_limits<double>::infinity();
+  Result<OptimizerSplit> split = ChooseOptimizerSplit(job.optim, layer_params, rates, {});
+  if (!split.ok()) {
+    L2L_LOG_WARN("optimizer split: {}", split.status().ToString());
+    return;
+  }
+  L2L_LOG_INFO("optimizer: {}", split->description);
+  if (split->gpu_fraction > 0 && !split->device_path_available) {
+    L2L_LOG_WARN("optim.gpu_fraction={}: this build has no device update path; the daemon updates every layer",
+                 ToString(job.optim.gpu_fraction));
+  }
+}
+
 Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   std::lock_guard<std::mutex> rlock(recovery_mu_);
   {
@@ -144,6 +169,7 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   L2L_LOG_INFO("job '{}': {} parameters in {} layers, {} worker(s), publish {}, start step {} from {}",
                opts_.job_id, job.model.NumParams(), store_->num_layers(), opts_.expected_workers,
                DTypeName(job.publish_dtype), start.step, start.description);
+  LogOptimizerSplit(job);
   if (opts_.heartbeat_timeout_ms > 0) liveness_ = std::thread([this] { LivenessLoop(); });
   if (checkpoint_every() > 0) checkpointer_ = std::thread([this] { CheckpointLoop(); });
   return Status::Ok();

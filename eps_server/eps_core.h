@@ -298,6 +298,8 @@ class EpsCore {
   // is the step); dropping it reopens the gate. DEADLINE_EXCEEDED leaves the gate open.
   Result<UpdatePipeline::FreezeGuard> HoldAtBoundary(std::chrono::milliseconds timeout) REQUIRES(recovery_mu_);
   void LivenessLoop();
+  // Logs optim.gpu_fraction's split at job start (eps_server/optimizer_split.h).
+  void LogOptimizerSplit(const JobConfig& job) REQUIRES(recovery_mu_);
   void CheckpointLoop();
   void HandleLoss(int32_t id, WorkerState new_state) REQUIRES(recovery_mu_);
   // Abandons the step in progress: every worker must re-register; restore: the state is

@@ -190,6 +190,74 @@ void UpdatePipeline::LaunchLocked(int64_t layer, float coef) {
   impl_->node->try_put(Task{layer, TaskKind::kUpdate, coef});
 }
 
+void UpdatePipeline::set_offload(std::vector<bool> on_device, OffloadedUpdater* updater) {
+  L2L_CHECK(static_cast<int64_t>(on_device.size()) == store_->num_layers())
+      << "offload mask has " << on_device.size() << " entries for " << store_->num_layers() << " layers";
+  offload_ = std::move(on_device);
+  offloader_ = updater;
+}
+
+Status CpuOffloadedUpdater::Update(int64_t /*layer*/, const Args& a, const std::vector<DecayRange>& ranges,
+                                   float* p, float* m, float* v, const float* grad_sum, size_t numel) {
+  for (const DecayRange& r : ranges) {
+    if (r.begin > r.end || r.end > numel) return Internal("offloaded update: range outside the layer");
+    AdamWStep(p + r.begin, grad_sum + r.begin, m + r.begin, v + r.begin, r.end - r.begin, a.lr, a.beta1,
+              a.beta2, a.eps, r.decay ? a.weight_decay : 0.0f, a.t, a.grad_scale);
+  }
+  return Status::Ok();
+}
+
+// The offloaded path of RunUpdate: copy the leased state out (and into the undo copy),
+// sum the workers' gradients in worker order as AdamWUpdate does, let the updater run
+// AdamW, check finiteness as the fused pass does, copy back and cast the published copy.
+Status UpdatePipeline::RunOffloaded(int64_t layer, const AdamWArgs& a, const std::vector<StateSpan>& spans,
+                                    const std::vector<const float*>& grads, float* undo, char* out,
+                                    std::atomic<bool>* nonfinite) {
+  const LayerLayout& layout = store_->layout(layer);
+  const size_t numel = layout.numel;
+  std::vector<float> p(numel), m(numel), v(numel), g(numel);
+  for (const StateSpan& s : spans) {
+    std::memcpy(p.data() + s.begin, s.master, s.n * sizeof(float));
+    std::memcpy(m.data() + s.begin, s.m, s.n * sizeof(float));
+    std::memcpy(v.data() + s.begin, s.v, s.n * sizeof(float));
+  }
+  std::memcpy(undo, p.data(), numel * sizeof(float));
+  std::memcpy(undo + numel, m.data(), numel * sizeof(float));
+  std::memcpy(undo + 2 * numel, v.data(), numel * sizeof(float));
+  bool finite = true;
+  for (size_t i = 0; i < numel; ++i) {
+    float gs = grads[0][i];
+    for (size_t w = 1; w < grads.size(); ++w) gs = gs + grads[w][i];
+    g[i] = gs;
+    finite = finite && std::isfinite(gs * a.grad_scale);
+  }
+  std::vector<DecayRange> ranges;
+  for (const ParamInfo& pi : layout.params) ranges.push_back({pi.offset, pi.offset + pi.numel, pi.decay});
+  OffloadedUpdater::Args oa;
+  oa.lr = a.lr;
+  oa.beta1 = a.beta1;
+  oa.beta2 = a.beta2;
+  oa.eps = a.eps;
+  oa.weight_decay = job_.optim.weight_decay;
+  oa.grad_scale = a.grad_scale;
+  oa.t = a.t;
+  L2L_RETURN_IF_ERROR(offloader_->Update(layer, oa, ranges, p.data(), m.data(), v.data(), g.data(), numel));
+  for (const StateSpan& s : spans) {
+    std::memcpy(s.master, p.data() + s.begin, s.n * sizeof(float));
+    std::memcpy(s.m, m.data() + s.begin, s.n * sizeof(float));
+    std::memcpy(s.v, v.data() + s.begin, s.n * sizeof(float));
+  }
+  const DType dt = store_->publish_dtype();
+  if (dt == DType::kBF16) {
+    uint16_t* o = reinterpret_cast<uint16_t*>(out);
+    for (size_t i = 0; i < numel; ++i) o[i] = FloatToBf16(p[i]);
+  } else {
+    std::memcpy(out, p.data(), numel * sizeof(float));
+  }
+  if (!finite) nonfinite->store(true, std::memory_order_relaxed);
+  return Status::Ok();
+}
+
 void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
   const auto t0 = std::chrono::steady_clock::now();
   const float coef_in = coef;
@@ -256,6 +324,15 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
     }
   }
   std::atomic<bool> nonfinite{false};
+  if (offloader_ != nullptr && offload_[static_cast<size_t>(layer)]) {
+    Status st = RunOffloaded(layer, a, spans, grads, undo, out, &nonfinite);
+    if (!st.ok()) {
+      lease->Release();
+      FailUpdate(st.WithContext("offloaded update of layer " + std::to_string(layer) + " step " +
+                                std::to_string(step)));
+      return;
+    }
+  } else {
   tbb::parallel_for(size_t{0}, items.size(), [&](size_t i) {
     const Item& it = items[i];
     const size_t k = it.lo - it.s->begin;  // offset inside the span
@@ -273,6 +350,7 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
       nonfinite.store(true, std::memory_order_relaxed);
     }
   });
+  }
   lease->Release();  // starts the write-behind of spilled pages
   FaultPoint("eps.update");  // tests: die with the layer applied, the step not committed
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -57,9 +57,44 @@
 #include "common/config.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
+#include "eps_server/adamw_vec.h"
 #include "eps_server/param_store.h"
+#include "eps_server/state_span.h"
 
 namespace l2l::eps {
+
+// A tensor range of a layer's flat buffer and whether weight decay applies to it.
+struct DecayRange {
+  size_t begin = 0, end = 0;  // element offsets in the layer, [begin, end)
+  bool decay = false;
+};
+
+// Runs one layer's AdamW away from the daemon's fused pass (the interleaved optimizer: a
+// worker's device), on contiguous copies of the layer's state. The pipeline hands over
+// p, m, v (numel fp32 each, updated in place) and the gradient already summed over the
+// workers in worker order (numel fp32, not yet scaled); the updater applies exactly
+// common/adamw.h AdamWStep with `args` (args.weight_decay for ranges with decay, 0
+// otherwise; args.grad_scale scales the summed gradient), so the result is bitwise the
+// daemon's. A non-OK status fails the update like a state I/O fault.
+// Thread-safety: Update may be called from several pipeline tasks at once (different
+// layers).
+class OffloadedUpdater {
+ public:
+  struct Args {
+    float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, grad_scale = 1;
+    int64_t t = 1;  // 1-based step (bias correction)
+  };
+  virtual ~OffloadedUpdater() = default;
+  virtual Status Update(int64_t layer, const Args& args, const std::vector<DecayRange>& ranges, float* p,
+                        float* m, float* v, const float* grad_sum, size_t numel) = 0;
+};
+
+// The reference updater: AdamWStep on this host's CPU (what a CPU-backend worker runs).
+class CpuOffloadedUpdater : public OffloadedUpdater {
+ public:
+  Status Update(int64_t layer, const Args& args, const std::vector<DecayRange>& ranges, float* p, float* m,
+                float* v, const float* grad_sum, size_t numel) override;
+};
 
 // One worker's gradient of one layer: numel fp32 values that stay valid until release()
 // is called (shm slot or a received gRPC buffer).
@@ -189,6 +224,13 @@ class UpdatePipeline {
   // Called for every skipped step, from the thread that decided it, with no pipeline
   // lock held (must not block for long).
   void set_on_skip(std::function<void(const SkipEvent&)> f);
+  // Interleaved optimizer: the layers with on_device[l] are updated through `updater`
+  // (copied out of the state, updated, copied back under the same state lease, then cast
+  // and published as the fused pass would), the rest by the fused pass. The undo copy,
+  // the finiteness check and the SSD tier's write-behind are the same for both, so
+  // checkpoints, rollbacks and resume see one state. REQUIRES: called before the first
+  // Submit; on_device.size() == the number of layers; updater outlives the pipeline.
+  void set_offload(std::vector<bool> on_device, OffloadedUpdater* updater);
   // Ends a pause caused by skip_pause_after skips in a row (no-op otherwise).
   void ClearSkipPause();
 
@@ -234,6 +276,8 @@ class UpdatePipeline {
 
   void MaybeScheduleLocked(int64_t layer) REQUIRES(mu_);
   void RunUpdate(int64_t layer, float clip_coef);
+  Status RunOffloaded(int64_t layer, const AdamWArgs& a, const std::vector<StateSpan>& spans,
+                      const std::vector<const float*>& grads, float* undo, char* out, std::atomic<bool>* nonfinite);
   void FinishUpdateLocked(int64_t layer, double seconds) REQUIRES(mu_);
   void LaunchLocked(int64_t layer, float clip_coef) REQUIRES(mu_);
   void LaunchAllGlobalLocked() REQUIRES(mu_);  // every layer's norm is in: launch all updates
@@ -252,6 +296,8 @@ class UpdatePipeline {
   std::atomic<bool> constructed_{false};
   ParamStore* const store_;
   const JobConfig job_;
+  std::vector<bool> offload_;             // set before the first Submit, then read-only
+  OffloadedUpdater* offloader_ = nullptr;
   std::unique_ptr<Impl> impl_;  // the TBB graph
 
   mutable std::mutex mu_;

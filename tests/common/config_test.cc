@@ -47,6 +47,7 @@ void RequireEqual(const JobConfig& a, const JobConfig& b) {
   CHECK(a.optim.eps == b.optim.eps);
   CHECK(a.optim.weight_decay == b.optim.weight_decay);
   CHECK(a.optim.grad_clip == b.optim.grad_clip);
+  CHECK(a.optim.gpu_fraction == b.optim.gpu_fraction);
   CHECK(a.train.steps == b.train.steps);
   CHECK(a.train.micro_batch_size == b.train.micro_batch_size);
   CHECK(a.train.micro_batches == b.train.micro_batches);
@@ -113,7 +114,7 @@ TEST_CASE("A job config survives JobConfigToYaml -> ParseJobConfig unchanged", "
   Result<JobConfig> a = ParseIn(dir, R"(
 model: {vocab_size: 300, seq_len: 48, d_model: 36, n_layer: 3, n_head: 6, d_ff: 100, tied_embeddings: false}
 optim: {lr: 3.3e-4, min_lr_ratio: 0.07, warmup_steps: 11, total_steps: 999, beta1: 0.85, beta2: 0.999,
-        eps: 1.0e-7, weight_decay: 0.01, grad_clip: -1}
+        eps: 1.0e-7, weight_decay: 0.01, grad_clip: -1, gpu_fraction: 0.33}
 train: {steps: 77, micro_batch_size: 3, micro_batches: 5, seq_len: 40, seed: 18446744073709551615,
         log_every: 7, checkpoint_every: 20, mode: lockfree, staleness: 2, clip: per_layer, stash: host,
         recompute: auto, activation_budget_mb: 123}
@@ -123,6 +124,7 @@ publish_dtype: bf16
   INFO(a.status().ToString());
   REQUIRE(a.ok());
   CHECK(a->optim.lr == 3.3e-4f);
+  CHECK(a->optim.gpu_fraction == GpuFraction{.automatic = false, .value = 0.33});
   CHECK(a->train.seed == 18446744073709551615ull);
   CHECK(a->data.train_path == dir.File("tok ens/train.bin"));
   CHECK(a->data.val_path == "/abs/val.bin");

@@ -10,3 +10,9 @@ add_test(NAME common.formats.tokenize_python
                  $<TARGET_FILE:l2l-tokenize>)
 set_tests_properties(common.formats.safetensors_python common.formats.tokenize_python
                      PROPERTIES LABELS "unit" TIMEOUT 120)
+# The analytic multi-device relay model behind `l2l-bench-relay --simulate`, checked by
+# its properties (monotone in devices with bandwidth-centric fetch, fraction 0 = none).
+add_test(NAME common.relay_model.simulate
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/common/check_simulate.py
+                 $<TARGET_FILE:l2l-bench-relay>)
+set_tests_properties(common.relay_model.simulate PROPERTIES LABELS "unit" TIMEOUT 120)
