@@ -41,6 +41,15 @@ struct StepRecord {
   std::optional<double> lr;            // learning rate used by this step's update
   // Per-step seconds (worker phases averaged over workers; update_s = EPS busy time).
   std::optional<double> forward_s, recompute_s, backward_s, wait_layer_s, wait_push_s, update_s;
+  // The step's timeline (docs/operations.md "run.jsonl"): step_s the daemon's wall time of
+  // the step (previous step reported -> this one reported); worker side (averaged over
+  // workers) compute_s, wait_first_layer_s, worker_step_s (the relay step), between_s
+  // (previous relay step's end -> this one's start); daemon side, for the update this
+  // step's forward waited for (update_s is its busy time): update_lag_s (its last
+  // gradient -> its version published) and commit_wait_s (its last layer applied ->
+  // published).
+  std::optional<double> step_s, compute_s, wait_first_layer_s, worker_step_s, between_s, update_lag_s,
+      commit_wait_s;
   // Set on the extra line logged when a step was skipped (non-finite gradient or loss):
   // skipped steps so far, this one included.
   std::optional<double> skipped_steps;
