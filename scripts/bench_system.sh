@@ -37,14 +37,16 @@ optim: {lr: 1.0e-3, warmup_steps: 2, total_steps: $STEPS, grad_clip: 1.0, weight
 train: {steps: $STEPS, micro_batch_size: $B, micro_batches: $M, log_every: 1, clip: none}
 data: {train_path: $tmp/train.bin}
 YAML
+printf 'listen: 127.0.0.1:0\nexpected_workers: 1\ntransport: auto\n' > "$tmp/eps.yaml"
 
 system() {
   local dir="$tmp/sys-$1"
   mkdir -p "$dir"
-  "$BUILD_DIR/bin/l2l-eps" --config configs/eps.yaml --job "$tmp/job.yaml" --state-dir "$dir" \
+  "$BUILD_DIR/bin/l2l-eps" --config "$tmp/eps.yaml" --job "$tmp/job.yaml" --state-dir "$dir" \
     --job-id "bsys$$x$1" > "$dir/eps.log" 2>&1 &
   local eps=$!
   for _ in $(seq 300); do [[ -s "$dir/eps.port" ]] && break; sleep 0.1; done
+  [[ -s "$dir/eps.port" ]] || { echo "l2l-eps did not start:"; cat "$dir/eps.log"; exit 1; }
   "$BUILD_DIR/bin/l2l-worker" --eps "127.0.0.1:$(cat "$dir/eps.port")" --threads "$THREADS" \
     ${WORKER_ARGS:-} > "$dir/worker.log" 2>&1
   kill -TERM "$eps"; wait "$eps" || true
