@@ -45,15 +45,12 @@ def parse(text):
 
 def svg(header, shapes):
     W, H = 720, 420
-    left, right, top, bottom = 70, 20, 50, 95
+    left, right, top, bottom = 70, 20, 64, 95
     pw, ph = W - left - right, H - top - bottom
     vmax = max(v for _, _, d in shapes for v in d.values())
     # A round axis top: 1, 2 or 5 times a power of ten.
-    step = 10 ** len(str(int(vmax))) / 10
-    for m in (1, 2, 5, 10):
-        if vmax / (m * step) <= 6:
-            step *= m
-            break
+    base = 10.0 ** (len(str(int(vmax))) - 2)
+    step = next(m * base for m in (1, 2, 5, 10, 20, 50, 100) if vmax / (m * base) <= 6)
     top_v = step * (int(vmax / step) + 1)
     y = lambda v: top + ph - ph * v / top_v
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="12">',
@@ -86,8 +83,8 @@ def svg(header, shapes):
                    f'{html.escape(desc)}</text>')
     lx = left + 10
     for name, color in SERIES:
-        out.append(f'<rect x="{lx}" y="{top + 4}" width="12" height="12" fill="{color}"/>')
-        out.append(f'<text x="{lx + 16}" y="{top + 14}">{html.escape(name)}</text>')
+        out.append(f'<rect x="{lx}" y="{top - 18}" width="12" height="12" fill="{color}"/>')
+        out.append(f'<text x="{lx + 16}" y="{top - 8}">{html.escape(name)}</text>')
         lx += 30 + 8 * len(name)
     for j, line in enumerate(header[:2]):
         out.append(f'<text x="{left}" y="{H - 28 + 14 * j}" font-size="10">{html.escape(line)}</text>')
