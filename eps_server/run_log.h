@@ -5,7 +5,9 @@
 //
 //   {"step":12,"time":1716200000.123,"loss":4.12,"tokens_per_s":5321.0,"lr":0.0003,
 //    "forward_s":0.21,"recompute_s":0.18,"backward_s":0.33,"wait_layer_s":0.01,
-//    "wait_push_s":0.0,"update_s":0.02,"val_loss":4.31,"val_ppl":74.4}
+//    "wait_push_s":0.0,"update_s":0.02,"val_loss":4.31,"val_ppl":74.4,"step_s":0.77,
+//    "compute_s":0.72,"wait_first_layer_s":0.004,"worker_step_s":0.74,"between_s":0.02,
+//    "update_lag_s":0.015,"commit_wait_s":0.0}
 //
 // step is the 1-based count of optimizer steps completed; time is Unix seconds (wall
 // clock); the *_s fields are seconds. A field that is unknown (std::nullopt) or not
