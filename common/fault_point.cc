@@ -5,10 +5,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace l2l {
@@ -16,14 +18,14 @@ namespace {
 
 struct Site {
   std::string name;
-  long long at = 0;
+  long long at = 0;  // L2L_FAULT_AT: the hit that kills; L2L_DELAY_AT: milliseconds per hit
   std::atomic<long long> hits{0};
 };
 
 // Parsed once, on the first FaultPoint call; never freed (sites may be hit at exit).
-std::vector<Site*>* ParseSites() {
+std::vector<Site*>* ParseSites(const char* var) {
   auto* sites = new std::vector<Site*>();
-  const char* env = std::getenv("L2L_FAULT_AT");
+  const char* env = std::getenv(var);
   if (env == nullptr || *env == '\0') return sites;
   std::string s(env);
   size_t pos = 0;
@@ -34,7 +36,7 @@ std::vector<Site*>* ParseSites() {
     char* rest = nullptr;
     const long long n = colon == std::string::npos ? 0 : std::strtoll(item.c_str() + colon + 1, &rest, 10);
     if (colon == std::string::npos || colon == 0 || n <= 0 || rest == nullptr || *rest != '\0') {
-      std::fprintf(stderr, "L2L_FAULT_AT: ignoring '%s' (expected <site>:<n>, n >= 1)\n", item.c_str());
+      std::fprintf(stderr, "%s: ignoring '%s' (expected <site>:<n>, n >= 1)\n", var, item.c_str());
     } else {
       auto* site = new Site();
       site->name = item.substr(0, colon);
@@ -49,7 +51,11 @@ std::vector<Site*>* ParseSites() {
 }  // namespace
 
 void FaultPoint(const char* site) {
-  static const std::vector<Site*>* sites = ParseSites();
+  static const std::vector<Site*>* sites = ParseSites("L2L_FAULT_AT");
+  static const std::vector<Site*>* delays = ParseSites("L2L_DELAY_AT");
+  for (const Site* d : *delays) {
+    if (d->name == site) std::this_thread::sleep_for(std::chrono::milliseconds(d->at));
+  }
   if (sites->empty()) return;
   for (Site* s : *sites) {
     if (s->name != site) continue;

@@ -11,6 +11,11 @@
 // shm slot / its first gRPC chunk sent). Without the variable a site costs a check of an
 // empty list. A malformed value is reported on stderr once and ignored.
 //
+//   L2L_DELAY_AT=<site>:<ms>[,<site>:<ms>...]
+//
+// makes every visit of the site sleep <ms> milliseconds instead (a slow fetch, a slow
+// update: the per-step timeline tests use it to see a wait land in the right field).
+//
 // Thread-safety: FaultPoint may be called from any thread; the counts are atomic.
 #pragma once
 

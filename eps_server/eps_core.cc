@@ -508,6 +508,14 @@ Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t t
   times_sum_.recompute_s += times.recompute_s;
   times_sum_.wait_layer_s += times.wait_layer_s;
   times_sum_.wait_push_s += times.wait_push_s;
+  if (times.compute_s) {
+    auto add = [](std::optional<double>* sum, const std::optional<double>& v) { *sum = sum->value_or(0) + v.value_or(0); };
+    add(&times_sum_.compute_s, times.compute_s);
+    add(&times_sum_.wait_first_layer_s, times.wait_first_layer_s);
+    add(&times_sum_.worker_step_s, times.worker_step_s);
+    add(&times_sum_.between_s, times.between_s);
+    ++timeline_reports_;
+  }
   if (eval.tokens > 0) {
     val_loss_sum_ += eval.loss * static_cast<double>(eval.tokens);
     val_tokens_ += eval.tokens;
@@ -538,12 +546,24 @@ Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t t
       sum.tokens_per_s = tokens_per_s_;
       sum.wall_s = secs;
       sum.lr = LearningRate(job_.optim, step);
-      sum.times = {times_sum_.forward_s / n, times_sum_.backward_s / n, times_sum_.recompute_s / n,
-                   times_sum_.wait_layer_s / n, times_sum_.wait_push_s / n};
+      sum.times.forward_s = times_sum_.forward_s / n;
+      sum.times.backward_s = times_sum_.backward_s / n;
+      sum.times.recompute_s = times_sum_.recompute_s / n;
+      sum.times.wait_layer_s = times_sum_.wait_layer_s / n;
+      sum.times.wait_push_s = times_sum_.wait_push_s / n;
+      if (timeline_reports_ > 0) {
+        const double k = static_cast<double>(timeline_reports_);
+        sum.times.compute_s = *times_sum_.compute_s / k;
+        sum.times.wait_first_layer_s = *times_sum_.wait_first_layer_s / k;
+        sum.times.worker_step_s = *times_sum_.worker_step_s / k;
+        sum.times.between_s = *times_sum_.between_s / k;
+      }
+      sum.update = pipeline_->UpdateTimesFor(step);
       if (val_tokens > 0) sum.val_loss = val_loss_, sum.val_tokens = val_tokens;
       opts_.on_step(sum);
     }
     times_sum_ = StepTimes();
+    timeline_reports_ = 0;
     last_loss_sum_ = 0;
     last_tokens_ = 0;
     reported_.erase(reported_.begin(), reported_.upper_bound(step));

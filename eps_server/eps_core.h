@@ -56,6 +56,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -74,6 +75,9 @@ namespace l2l::eps {
 // Seconds one worker spent in each phase of a step (where its time goes), from StepDone.
 struct StepTimes {
   double forward_s = 0, backward_s = 0, recompute_s = 0, wait_layer_s = 0, wait_push_s = 0;
+  // The worker's step timeline (proto/data.proto StepDoneRequest); std::nullopt when the
+  // worker did not report it (an older worker).
+  std::optional<double> compute_s, wait_first_layer_s, worker_step_s, between_s;
 };
 
 // One worker's in-job validation result for a step (job `eval:`): the mean loss over the
@@ -90,7 +94,11 @@ struct StepSummary {
   int32_t workers = 0;
   double loss = 0, tokens_per_s = 0, wall_s = 0;
   double lr = 0;             // learning rate of this step's update (the job's schedule)
-  StepTimes times;           // averages over workers
+  StepTimes times;           // averages over workers (the timeline: over those reporting it)
+  // The update this step's forward waited for (the previous step's gradients -> the
+  // version this step used; UpdatePipeline::UpdateTimesFor); std::nullopt on the first
+  // step of a run.
+  std::optional<StepUpdateTimes> update;
   // In-job validation, on the steps it ran: the loss over every worker's eval targets
   // (weighted by their counts) and the count; val_tokens 0 = no validation this step.
   double val_loss = 0;
@@ -339,6 +347,7 @@ class EpsCore {
   double last_loss_sum_ = 0;
   int64_t last_tokens_ = 0;
   StepTimes times_sum_;  // phase seconds of the step being reported, summed over workers
+  int timeline_reports_ = 0;  // workers of that step that reported the timeline
   double val_loss_sum_ = 0;   // eval loss * eval tokens of the step being reported
   int64_t val_tokens_ = 0;    // eval tokens of the step being reported
   double val_loss_ = 0;       // last validation loss and its 1-based step (0 = none)

@@ -198,6 +198,16 @@ void FeedRunLogAndMetrics(eps::CoreOptions* co, eps::RunLog* run_log, eps::Metri
     r.backward_s = s.times.backward_s;
     r.wait_layer_s = s.times.wait_layer_s;
     r.wait_push_s = s.times.wait_push_s;
+    r.step_s = s.wall_s;
+    r.compute_s = s.times.compute_s;
+    r.wait_first_layer_s = s.times.wait_first_layer_s;
+    r.worker_step_s = s.times.worker_step_s;
+    r.between_s = s.times.between_s;
+    if (s.update) {
+      r.update_s = s.update->busy_s;
+      r.update_lag_s = s.update->lag_s;
+      r.commit_wait_s = s.update->commit_wait_s;
+    }
     if (s.val_tokens > 0) r.val_loss = s.val_loss, r.val_ppl = std::exp(s.val_loss);
     if (Status st = run_log->Append(r); !st.ok()) L2L_LOG_WARN("run log: {}", st.ToString());
     eps::ObserveStepSeconds(metrics, s.wall_s);

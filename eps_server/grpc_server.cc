@@ -310,8 +310,18 @@ class DataService final : public data::Data::Service {
   grpc::Status StepDone(grpc::ServerContext*, const data::StepDoneRequest* req,
                         data::StepDoneReply* rep) override {
     bool stop = false;
-    eps::StepTimes times{req->forward_s(), req->backward_s(), req->recompute_s(),
-                         req->wait_layer_s(), req->wait_push_s()};
+    eps::StepTimes times;
+    times.forward_s = req->forward_s();
+    times.backward_s = req->backward_s();
+    times.recompute_s = req->recompute_s();
+    times.wait_layer_s = req->wait_layer_s();
+    times.wait_push_s = req->wait_push_s();
+    if (req->has_compute_s()) {
+      times.compute_s = req->compute_s();
+      times.wait_first_layer_s = req->wait_first_layer_s();
+      times.worker_step_s = req->step_s();
+      times.between_s = req->between_s();
+    }
     Status s = core_->StepDone(req->worker_id(), req->step(), req->loss(), req->tokens(),
                                req->data_position(), &stop, times, eps::StepEval{req->eval_loss(), req->eval_tokens()});
     rep->set_stop(stop);

@@ -326,7 +326,8 @@ int CmdWatch(const Globals& g, const WatchFlags& w) {
       if (s->step != last_printed || done) {
         Json j = {{"step", s->step},       {"total_steps", s->total_steps}, {"state", s->state},
                   {"loss", s->last_loss},  {"tokens_per_s", s->tokens_per_s}, {"step_time_s", s->step_time_s},
-                  {"eta_s", eta},          {"target_steps", target}, {"done", done}};
+                  {"eta_s", eta},          {"target_steps", target}, {"done", done},
+                  {"update_s", s->update_busy_s}, {"update_lag_s", s->update_exposed_s}};
         if (s->val_step > 0) {
           j["val_loss"] = s->val_loss;
           j["val_ppl"] = std::exp(s->val_loss);
@@ -346,9 +347,9 @@ int CmdWatch(const Globals& g, const WatchFlags& w) {
                   (long long)s->step, (long long)s->total_steps, s->last_loss, ValText(*s).c_str(), s->tokens_per_s,
                   s->state.c_str(), Duration(eta).c_str());
     } else if (s->step != last_printed || done) {
-      std::printf("step %lld/%lld loss %.4f%s tok/s %.0f step_s %.3f state %s eta %s\n", (long long)s->step,
-                  (long long)s->total_steps, s->last_loss, ValText(*s).c_str(), s->tokens_per_s, s->step_time_s,
-                  s->state.c_str(), Duration(eta).c_str());
+      std::printf("step %lld/%lld loss %.4f%s tok/s %.0f step_s %.3f update_s %.3f update_lag_s %.3f state %s eta %s\n",
+                  (long long)s->step, (long long)s->total_steps, s->last_loss, ValText(*s).c_str(), s->tokens_per_s,
+                  s->step_time_s, s->update_busy_s, s->update_exposed_s, s->state.c_str(), Duration(eta).c_str());
     }
     std::fflush(stdout);
     last_printed = s->step;

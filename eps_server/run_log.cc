@@ -33,6 +33,10 @@ constexpr Field kFields[] = {
     {"wait_layer_s", &StepRecord::wait_layer_s}, {"wait_push_s", &StepRecord::wait_push_s},
     {"update_s", &StepRecord::update_s},    {"skipped_steps", &StepRecord::skipped_steps},
     {"val_loss", &StepRecord::val_loss},    {"val_ppl", &StepRecord::val_ppl},
+    {"step_s", &StepRecord::step_s},        {"compute_s", &StepRecord::compute_s},
+    {"wait_first_layer_s", &StepRecord::wait_first_layer_s}, {"worker_step_s", &StepRecord::worker_step_s},
+    {"between_s", &StepRecord::between_s},  {"update_lag_s", &StepRecord::update_lag_s},
+    {"commit_wait_s", &StepRecord::commit_wait_s},
 };
 
 double NowUnix() {

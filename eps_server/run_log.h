@@ -5,7 +5,9 @@
 //
 //   {"step":12,"time":1716200000.123,"loss":4.12,"tokens_per_s":5321.0,"lr":0.0003,
 //    "forward_s":0.21,"recompute_s":0.18,"backward_s":0.33,"wait_layer_s":0.01,
-//    "wait_push_s":0.0,"update_s":0.02,"val_loss":4.31,"val_ppl":74.4}
+//    "wait_push_s":0.0,"update_s":0.02,"val_loss":4.31,"val_ppl":74.4,"step_s":0.77,
+//    "compute_s":0.72,"wait_first_layer_s":0.004,"worker_step_s":0.74,"between_s":0.02,
+//    "update_lag_s":0.015,"commit_wait_s":0.0}
 //
 // step is the 1-based count of optimizer steps completed; time is Unix seconds (wall
 // clock); the *_s fields are seconds. A field that is unknown (std::nullopt) or not
@@ -41,6 +43,15 @@ struct StepRecord {
   std::optional<double> lr;            // learning rate used by this step's update
   // Per-step seconds (worker phases averaged over workers; update_s = EPS busy time).
   std::optional<double> forward_s, recompute_s, backward_s, wait_layer_s, wait_push_s, update_s;
+  // The step's timeline (docs/operations.md "run.jsonl"): step_s the daemon's wall time of
+  // the step (previous step reported -> this one reported); worker side (averaged over
+  // workers) compute_s, wait_first_layer_s, worker_step_s (the relay step), between_s
+  // (previous relay step's end -> this one's start); daemon side, for the update this
+  // step's forward waited for (update_s is its busy time): update_lag_s (its last
+  // gradient -> its version published) and commit_wait_s (its last layer applied ->
+  // published).
+  std::optional<double> step_s, compute_s, wait_first_layer_s, worker_step_s, between_s, update_lag_s,
+      commit_wait_s;
   // Set on the extra line logged when a step was skipped (non-finite gradient or loss):
   // skipped steps so far, this one included.
   std::optional<double> skipped_steps;

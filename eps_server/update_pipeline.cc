@@ -368,6 +368,7 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
       g.data = nullptr;
     }
     ls.applied = true;
+    last_applied_ = std::chrono::steady_clock::now();
     ls.nonfinite = ls.nonfinite || nonfinite.load();
     ls.coef = coef_in;
     ls.pending_out = out;
@@ -593,6 +594,11 @@ void UpdatePipeline::FinishUpdateLocked(int64_t layer, double seconds) {
     stats_.last_step_busy_s = busy_s_;
     stats_.last_step_exposed_s = std::chrono::duration<double>(now - last_arrival_).count();
     stats_.last_step_wall_s = std::chrono::duration<double>(now - last_complete_).count();
+    StepUpdateTimes& ut = update_times_[completed_step_];
+    ut.busy_s = busy_s_;
+    ut.lag_s = stats_.last_step_exposed_s;
+    ut.commit_wait_s = std::max(0.0, std::chrono::duration<double>(now - last_applied_).count());
+    update_times_.erase(update_times_.begin(), update_times_.lower_bound(completed_step_ - kUpdateHistory + 1));
     last_complete_ = now;
     busy_s_ = 0;
     for (auto at = hold_at_.begin(); at != hold_at_.end();) {
@@ -814,6 +820,13 @@ void UpdatePipeline::Release() {
 PipelineStats UpdatePipeline::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;
+}
+
+std::optional<StepUpdateTimes> UpdatePipeline::UpdateTimesFor(int64_t version) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = update_times_.find(version);
+  if (it == update_times_.end()) return std::nullopt;
+  return it->second;
 }
 
 }  // namespace l2l::eps

@@ -50,6 +50,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -115,6 +116,13 @@ struct PipelineStats {
   int64_t consecutive_skips = 0;  // skips in a row up to the last completed step
   std::string last_skip_reason;   // why the last skipped step was skipped ("" = none)
   bool skip_paused = false;       // the gate is closed after skip_pause_after skips
+};
+
+// Where one step's update spent its time (the per-step timeline in run.jsonl).
+struct StepUpdateTimes {
+  double busy_s = 0;         // update work (reduce, AdamW, cast), summed over layers
+  double lag_s = 0;          // the step's last gradient arrived -> its version published
+  double commit_wait_s = 0;  // the last layer applied -> published (waiting for the losses)
 };
 
 // A skipped step, for the daemon's logs, run.jsonl and metrics.
@@ -215,6 +223,10 @@ class UpdatePipeline {
   FreezeGuard AdoptHeld(int64_t step) { return FreezeGuard(this, Frozen{step, true}); }
 
   PipelineStats stats() const;
+  // The update that published `version` (the update of step version-1), while it is
+  // among the last kUpdateHistory completed; std::nullopt otherwise.
+  static constexpr int64_t kUpdateHistory = 16;
+  std::optional<StepUpdateTimes> UpdateTimesFor(int64_t version) const;
 
   // Step facts beyond the gradients: with the gate on, a step commits only once every
   // member of it reported its loss (a non-finite loss skips the step). The EPS core
@@ -319,6 +331,8 @@ class UpdatePipeline {
   int64_t norms_in_step_ GUARDED_BY(mu_) = 0;  // global clip: layers with norm ready
   std::chrono::steady_clock::time_point last_arrival_ GUARDED_BY(mu_);
   std::chrono::steady_clock::time_point last_complete_ GUARDED_BY(mu_);
+  std::chrono::steady_clock::time_point last_applied_ GUARDED_BY(mu_);  // a layer's update applied
+  std::map<int64_t, StepUpdateTimes> update_times_ GUARDED_BY(mu_);  // version published -> times
   double busy_s_ GUARDED_BY(mu_) = 0;
   PipelineStats stats_ GUARDED_BY(mu_);
   bool gate_on_losses_ GUARDED_BY(mu_) = false;

@@ -12,11 +12,15 @@
 #      and torch.compile, on GPT-2-like shapes:
 #        S1: V=50257 L=4 C=384 H=6 T=256 B=4 (the LM head dominates)
 #        S2: V=256   L=6 C=384 H=6 T=256 B=8 (the blocks dominate)
+#   3. The whole system (l2l-eps + l2l-worker, shm) vs l2l's reference trainer on S2
+#      (scripts/bench_system.sh: alternating runs, the daemon's tokens/s, the per-step
+#      timeline medians), printed as `ratio system/reference_trainer = X`.
 #
 # Every comparison prints `ratio NAME = X` (X > 1: l2l is faster), from medians.
 # Environment: L2L_BUILD_DIR (default build; needs bin/l2l-bench-eps and
 # bin/l2l-bench-train), THREADS (2), ITERS (AdamW steps, 10), GPT_ITERS (7),
 # ADAMW_PARAMS (33554432), SHAPES ("S1 S2"; empty: none), ADAMW (1; 0 skips AdamW),
+# SYSTEM (1; 0 skips the system vs reference trainer; SYSTEM_ROUNDS 3, SYSTEM_STEPS 5),
 # RECOMPUTE (empty: the config's train.recompute; always | never | auto: passed to
 # l2l-bench-train --recompute). The venv: scripts/bench_peers_venv.sh
 # (~/.cache/l2l/peers-venv, built on first use: a ~5 GB download).
@@ -94,3 +98,9 @@ YAML
   ratio "worker_$shape/torch_eager" "$ours" "$(val "$TMP/py-$shape" torch_eager_median)"
   ratio "worker_$shape/torch_compile" "$ours" "$(val "$TMP/py-$shape" torch_compile_median)"
 done
+
+if [[ "${SYSTEM:-1}" == 1 ]]; then
+  echo "---- whole system vs reference trainer, S2 ----"
+  L2L_BUILD_DIR="$BUILD_DIR" THREADS="$THREADS" ROUNDS="${SYSTEM_ROUNDS:-3}" STEPS="${SYSTEM_STEPS:-5}" SHAPE=S2 \
+    bash scripts/bench_system.sh || echo "ratio system/reference_trainer = n/a (bench_system.sh failed; see above)"
+fi

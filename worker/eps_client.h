@@ -55,6 +55,10 @@ struct StepReport {
   std::string data_position;    // loader position after the step (saved in checkpoints)
   // Seconds spent, for the per-step time breakdown.
   double forward_s = 0, backward_s = 0, recompute_s = 0, wait_layer_s = 0, wait_push_s = 0;
+  // The step's timeline (proto/data.proto StepDoneRequest): compute (upload + forward +
+  // head + recompute + backward), the first layer's wait, the relay step's wall time, and
+  // the time between the previous relay step's end and this one's start.
+  double compute_s = 0, wait_first_layer_s = 0, step_s = 0, between_s = 0;
   // In-job validation on this step (job `eval:`): mean loss over the eval targets this
   // worker scored, and their count (0: none this step).
   double eval_loss = 0;

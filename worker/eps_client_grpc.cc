@@ -325,6 +325,10 @@ Status GrpcEpsClient::StepDone(const StepReport& r) {
   req.set_recompute_s(r.recompute_s);
   req.set_wait_layer_s(r.wait_layer_s);
   req.set_wait_push_s(r.wait_push_s);
+  req.set_compute_s(r.compute_s);
+  req.set_wait_first_layer_s(r.wait_first_layer_s);
+  req.set_step_s(r.step_s);
+  req.set_between_s(r.between_s);
   req.set_eval_loss(r.eval_loss);
   req.set_eval_tokens(r.eval_tokens);
   data::StepDoneReply rep;

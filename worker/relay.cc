@@ -181,6 +181,7 @@ Result<StepReport> Relay::RunStep(int64_t step, const std::vector<MicroBatch>& m
   L2L_RETURN_IF_ERROR(ValidateBatch(mbs, M_, "micro-batch"));
   L2L_RETURN_IF_ERROR(ValidateBatch(eval, -1, "eval micro-batch"));
   times_ = RelayTimes{};
+  versions_acquired_in_step_ = 0;
   const auto t0 = Clock::now();
   double loss_sum = 0;
   Status st = UploadEval(eval);
@@ -206,6 +207,9 @@ Result<StepReport> Relay::RunStep(int64_t step, const std::vector<MicroBatch>& m
   r.recompute_s = times_.recompute;
   r.wait_layer_s = times_.wait_layer;
   r.wait_push_s = times_.wait_push;
+  r.compute_s = times_.upload + times_.forward + times_.head + times_.recompute + times_.backward;
+  r.wait_first_layer_s = times_.wait_first_layer;
+  r.step_s = times_.total;
   for (int64_t j = 0; j < eval_n_; ++j) r.eval_tokens += eval_scored_[j];
   if (r.eval_tokens > 0) r.eval_loss = eval_weighted_ / static_cast<double>(r.eval_tokens);
   return r;
@@ -283,7 +287,11 @@ Status Relay::RunStepImpl(int64_t step, const std::vector<MicroBatch>& mbs, doub
 }
 
 Result<ResidentLayer> Relay::NextLayer(int64_t step, int64_t layer) {
-  L2L_ASSIGN_OR_RETURN(ResidentLayer r, prefetcher_->Next(&times_.wait_layer));
+  double waited = 0;
+  const bool first = versions_acquired_in_step_++ == 0;
+  L2L_ASSIGN_OR_RETURN(ResidentLayer r, prefetcher_->Next(&waited));
+  times_.wait_layer += waited;
+  if (first) times_.wait_first_layer = waited;
   L2L_CHECK(r.layer == layer) << "prefetch schedule returned layer " << r.layer << ", relay expected " << layer;
   const int64_t lag = step - r.version;
   if (!opt_.lockfree && r.version != step) {

@@ -87,6 +87,7 @@ struct RelayTimes {
   double recompute = 0;   // see above
   double backward = 0;    // blocks (minus recompute) + embedding backward
   double wait_layer = 0;  // blocked waiting for a layer to be resident
+  double wait_first_layer = 0;  // the part of wait_layer spent on the step's first layer
   double wait_push = 0;   // blocked waiting for a gradient push to finish
   double total = 0;
 };
@@ -184,6 +185,7 @@ class Relay {
 
   VersionStats versions_;
   RelayTimes times_;
+  int64_t versions_acquired_in_step_ = 0;  // layers taken from the prefetcher this step
   double block_forward_s_ = 0;  // this step's blocks forward (the recompute estimate)
 };
 

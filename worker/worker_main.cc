@@ -246,12 +246,23 @@ Status Run(const Flags& f, int* exit_code) {
   };
   int64_t step = reg.start_step;
   bool stopped_by_eps = false;
+  // End of the last relay step that succeeded (the timeline's between_s: the StepDone
+  // round trip and the data loading that separate two relay steps).
+  std::optional<std::chrono::steady_clock::time_point> last_step_end;
   for (;;) {  // until the last step committed (or the EPS stopped the job)
     for (; step < total_steps && !g_stop.load(); ++step) {
       std::vector<w::MicroBatch> batches = loader->NextMany(job.train.micro_batches);
       static const std::vector<w::MicroBatch> kNoEval;
+      const auto run_start = std::chrono::steady_clock::now();
       Result<w::StepReport> report =
           relay->RunStep(step, batches, job.EvalAt(step) ? eval.micro_batches : kNoEval);
+      const auto run_end = std::chrono::steady_clock::now();
+      if (report.ok()) {
+        report->between_s = last_step_end ? std::chrono::duration<double>(run_start - *last_step_end).count() : 0.0;
+        last_step_end = run_end;
+      } else {
+        last_step_end.reset();
+      }
       if (!report.ok() && report.status().code() == l2l::StatusCode::kAborted) {
         L2L_LOG_INFO("the EPS stopped the job at step {}: {}", step, report.status().message());
         stopped_by_eps = true;

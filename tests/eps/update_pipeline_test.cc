@@ -445,3 +445,47 @@ TEST_CASE("UpdatePipeline ResetToStep undoes layers applied ahead of the step's 
 }
 
 }  // namespace l2l::eps
+
+namespace l2l::eps {
+namespace {
+
+TEST_CASE("UpdatePipeline keeps each published version's update times: work, lag, wait for the losses",
+          "[eps][pipeline][timeline]") {
+  const JobConfig job = SmallJob("none");
+  auto ps = MakeStore(job);
+  const int64_t steps = UpdatePipeline::kUpdateHistory + 2;
+  const Grads g = MakeGrads(*ps, static_cast<int>(steps), 1);
+  UpdatePipeline pipe(ps.get(), job, 1, 0);
+  pipe.set_gate_on_losses(true);
+  CHECK_FALSE(pipe.UpdateTimesFor(0).has_value());  // the initial weights: no update
+  // Step 0: every gradient in, the loss 300 ms later; the commit waits for it.
+  PushStep(pipe, *ps, g, 0, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  pipe.ReportLoss(0, 0, 2.5);
+  REQUIRE(pipe.WaitForStep(1, std::chrono::seconds(30)));
+  const auto t1 = pipe.UpdateTimesFor(1);
+  REQUIRE(t1.has_value());
+  CHECK(t1->busy_s > 0);
+  CHECK(t1->commit_wait_s >= 0.25);
+  CHECK(t1->lag_s >= t1->commit_wait_s);
+  CHECK(t1->lag_s < 30);
+  // Later steps: the loss comes with the gradients, so the commit does not wait long;
+  // only the last kUpdateHistory versions are kept.
+  for (int64_t s = 1; s < steps; ++s) {
+    pipe.ReportLoss(0, s, 2.5);
+    PushStep(pipe, *ps, g, s, 0);
+    REQUIRE(pipe.WaitForStep(s + 1, std::chrono::seconds(30)));
+  }
+  CHECK_FALSE(pipe.UpdateTimesFor(1).has_value());
+  CHECK_FALSE(pipe.UpdateTimesFor(steps - UpdatePipeline::kUpdateHistory).has_value());
+  for (int64_t v = steps - UpdatePipeline::kUpdateHistory + 1; v <= steps; ++v) {
+    const auto t = pipe.UpdateTimesFor(v);
+    REQUIRE(t.has_value());
+    CHECK(t->busy_s > 0);
+    CHECK(t->commit_wait_s <= t->lag_s);
+  }
+  CHECK_FALSE(pipe.UpdateTimesFor(steps + 1).has_value());
+}
+
+}  // namespace
+}  // namespace l2l::eps

@@ -247,6 +247,9 @@ TEST_CASE("l2lctl watch follows a training job with a real worker to its end", "
   CHECK(last.at("step") == job.train.steps);
   CHECK(std::isfinite(last.at("loss").get<double>()));
   CHECK(last.at("loss").get<double>() > 0);
+  // The update of the last completed step: work done and the part the workers could see.
+  CHECK(last.at("update_s").get<double>() > 0);
+  CHECK(last.at("update_lag_s").get<double>() >= 0);
 
   // Once finished, a plain watch returns at once with the final line.
   const CtlRun again = Ctl(*dir, {"--eps", addr, "watch"});
