@@ -49,9 +49,15 @@ Status ApplyMap(const YAML::Node& root, const std::string& origin, const std::st
     } else if (key == "memory.host_bytes") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->host_bytes));
     } else if (key == "memory.page_bytes") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->page_bytes));
     } else if (key == "publish_dtype") {
-      DType d = DType::kF32;
-      L2L_RETURN_IF_ERROR(ReadEnum(v, origin, key, &d, +[](std::string_view s) { return ParseDType(std::string(s)); }));
-      c->publish_dtype = d;
+      std::string name;
+      L2L_RETURN_IF_ERROR(Read(v, origin, key, &name));
+      if (name.empty()) {
+        c->publish_dtype.reset();  // "": the job's publish dtype
+      } else {
+        DType d = DType::kF32;
+        L2L_RETURN_IF_ERROR(ReadEnum(v, origin, key, &d, +[](std::string_view s) { return ParseDType(std::string(s)); }));
+        c->publish_dtype = d;
+      }
     } else if (key == "expected_workers") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->expected_workers));
     } else if (key == "heartbeat_timeout_ms") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->heartbeat_timeout_ms));
     } else if (key == "on_worker_loss") { L2L_RETURN_IF_ERROR(ReadEnum(v, origin, key, &c->on_worker_loss, ParseOnWorkerLoss));
