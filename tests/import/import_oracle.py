@@ -35,6 +35,9 @@ import transformers
 B, T = 2, 16
 
 
+# How long a daemon may take to import a model and listen (generous: CI is loaded).
+START_TIMEOUT_S = 600
+
 def fail(msg):
     print("FAIL: " + msg, file=sys.stderr)
     sys.exit(1)
@@ -82,14 +85,18 @@ class Run:
                                     self.eps_args,
                                     stdout=self.eps_log, stderr=subprocess.STDOUT)
         port = os.path.join(self.state, "eps.port")
-        for _ in range(600):
+        # The daemon imports the model before it listens: 135M parameters dequantised and
+        # streamed into the page store take minutes on a loaded 2-core machine.
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
             if os.path.exists(port) and open(port).read().strip():
                 break
             if self.eps.poll() is not None:
                 fail(f"{self.name}: l2l-eps exited {self.eps.returncode}: " + open(self.eps_log.name).read()[-2000:])
+            if time.monotonic() > deadline:
+                fail(f"{self.name}: l2l-eps did not listen within {START_TIMEOUT_S} s: "
+                     + open(self.eps_log.name).read()[-2000:])
             time.sleep(0.1)
-        else:
-            fail(f"{self.name}: l2l-eps did not start")
         self.addr = "127.0.0.1:" + open(port).read().strip()
 
     def train(self):
@@ -424,9 +431,11 @@ def synthetic(bin_dir, work):
     eps2 = subprocess.Popen([os.path.join(bin_dir, "l2l-eps"), "--resume", os.path.join(r.state, "checkpoints"),
                              "--state-dir", state2, "--job-id", "imp-resume" + str(os.getpid()), "--workers", "1"],
                             stdout=log2, stderr=subprocess.STDOUT)
-    for _ in range(600):
-        if os.path.exists(os.path.join(state2, "eps.port")) or eps2.poll() is not None:
-            break
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not os.path.exists(os.path.join(state2, "eps.port")) and eps2.poll() is None:
+        if time.monotonic() > deadline:
+            fail(f"--resume of an imported job did not listen within {START_TIMEOUT_S} s: "
+                 + open(log2.name).read()[-2000:])
         time.sleep(0.1)
     if eps2.poll() is not None:
         fail("--resume of an imported job failed: " + open(log2.name).read()[-2000:])
