@@ -1,6 +1,6 @@
 // Tests of the daemon's settings file (eps_server/eps_config.*): the example shipped in
 // configs/ loads, publish_dtype "" means "the job's", and bad values name key and line.
-#include <catch2/catch_test_macros.hpp>
+#include <catch2/catch.hpp>
 
 #include <string>
 
