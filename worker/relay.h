@@ -63,6 +63,11 @@ struct RelayOptions {
   // intermediates for the backward (worker/stash.h's PlanActivations).
   RecomputeMode recompute = RecomputeMode::kAlways;
   size_t activation_budget_bytes = 0;  // 0: the default (ActivationBudgetBytes)
+  // Device group (worker/device_group.h sets these; inactive by default): this relay's
+  // rank with the prefetcher's and the pusher's own communicators, and the group's one
+  // pinner of the transport's shared memory (null: the relay pins for itself).
+  GroupRank fetch_group, push_group;
+  const HostRegionPinner* shared_pinner = nullptr;
 
   // Validates the job (JobConfig::Validate) and reads train.stash / mode / staleness.
   static Result<RelayOptions> FromJob(const JobConfig& job);
@@ -122,7 +127,7 @@ class Relay {
   const LayerPrefetcher& prefetcher() const { return *prefetcher_; }
   const GradientPusher& pusher() const { return *pusher_; }
   // Null unless the backend has copy queues.
-  const HostRegionPinner* pinner() const { return pinner_.get(); }
+  const HostRegionPinner* pinner() const { return pin_; }
 
  private:
   Relay(EpsClient* client, kernels::Backend* backend, const JobConfig& job, const RelayOptions& o);
@@ -152,6 +157,7 @@ class Relay {
 
   // Declared before the prefetcher and pusher: destroyed after them (they check it).
   std::unique_ptr<HostRegionPinner> pinner_;
+  const HostRegionPinner* pin_ = nullptr;  // pinner_, or the group's shared pinner
   std::unique_ptr<layers::LayerWorkspace> ws_;
   std::unique_ptr<Stash> stash_;
   ActivationPlan plan_;

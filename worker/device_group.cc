@@ -1,0 +1,292 @@
+// DeviceGroup: several GPUs of one host as one EPS worker. See device_group.h.
+#include "worker/device_group.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "common/logging.h"
+
+namespace l2l::worker {
+
+// The acquisitions the ranks share and the gradient shards they hand in. A rank's k-th
+// AcquireLayer meets the other ranks' k-th: the first to arrive acquires from the EPS,
+// the others wait for it and get the same view (so every device gathers the same
+// version), and the view is released to the EPS when the last rank releases it. A
+// layer's gradient for a step is assembled from the n shards and pushed once.
+// Thread-safety: every method is thread-safe (one mutex); the EPS client's calls are
+// made outside it.
+class DeviceGroup::Shared final : public GradientShardSink {
+ public:
+  Shared(EpsClient* client, int n) : client_(client), n_(n), next_(static_cast<size_t>(n), 0), held_(n) {}
+
+  Result<LayerWeights> Acquire(int rank, int64_t layer, int64_t min_version, std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lk(mu_);
+    const uint64_t k = next_[static_cast<size_t>(rank)]++;
+    auto [it, inserted] = entries_.try_emplace(k);
+    Entry& e = it->second;
+    if (inserted) {
+      e.layer = layer;
+      lk.unlock();
+      Result<LayerWeights> r = client_->AcquireLayer(layer, min_version, timeout);
+      lk.lock();
+      e.pending = false;
+      if (r.ok()) {
+        e.weights = *r;
+        e.acquired = true;
+        ++acquires_;
+      } else {
+        e.status = r.status();
+      }
+      cv_.notify_all();
+    } else {
+      cv_.wait(lk, [&] { return !e.pending; });
+    }
+    ++e.seen;
+    if (e.layer != layer) {
+      return Internal("device group: rank " + std::to_string(rank) + " fetches layer " + std::to_string(layer) +
+                      " as its fetch #" + std::to_string(k) + " but another rank fetched layer " +
+                      std::to_string(e.layer) + " (the devices' schedules differ)");
+    }
+    if (!e.acquired) {
+      Status st = e.status;
+      if (e.seen == n_) entries_.erase(it);
+      return st;
+    }
+    held_[static_cast<size_t>(rank)][layer] = k;
+    return e.weights;
+  }
+
+  void Release(int rank, int64_t layer) {
+    bool last = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto& held = held_[static_cast<size_t>(rank)];
+      auto h = held.find(layer);
+      if (h == held.end()) {
+        L2L_LOG_WARN("device group: rank {} releases layer {} it does not hold", rank, layer);
+        return;
+      }
+      auto it = entries_.find(h->second);
+      held.erase(h);
+      if (it != entries_.end() && ++it->second.released == n_) {
+        last = true;
+        entries_.erase(it);
+      }
+    }
+    if (last) client_->ReleaseLayer(layer);
+  }
+
+  Status PushShard(int64_t layer, int64_t step, int64_t micro_batches, const float* shard, size_t offset,
+                   size_t count, size_t numel) override {
+    if (offset + count > numel) {
+      return Internal("device group: gradient shard [" + std::to_string(offset) + ", +" + std::to_string(count) +
+                      ") of layer " + std::to_string(layer) + " is outside its " + std::to_string(numel) + " elements");
+    }
+    float* dst = nullptr;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      Pending& p = pending_[{step, layer}];
+      if (p.grad.empty()) p.grad.resize(numel);
+      if (p.grad.size() != numel) return Internal("device group: layer " + std::to_string(layer) + " shards disagree on its size");
+      dst = p.grad.data();  // stable: nothing resizes it until the last shard is in
+    }
+    if (count > 0) std::memcpy(dst + offset, shard, count * sizeof(float));
+    std::vector<float> whole;
+    int64_t total = 0;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      auto it = pending_.find({step, layer});
+      Pending& p = it->second;
+      p.micro_batches += micro_batches;
+      if (++p.shards < n_) return Status::Ok();
+      whole = std::move(p.grad);
+      total = p.micro_batches;
+      pending_.erase(it);
+      ++pushes_;
+    }
+    return client_->PushGradient(layer, step, total, whole.data(), numel);
+  }
+
+  // After a failed step (every rank's thread has returned): releases what the EPS still
+  // lends, forgets partial gradients, restarts the fetch counters.
+  void Reset() {
+    std::vector<int64_t> release;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      for (auto& [k, e] : entries_)
+        if (e.acquired) release.push_back(e.layer);
+      entries_.clear();
+      for (auto& h : held_) h.clear();
+      std::fill(next_.begin(), next_.end(), 0);
+      pending_.clear();
+    }
+    for (int64_t layer : release) client_->ReleaseLayer(layer);
+  }
+
+  int64_t acquires() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return acquires_;
+  }
+  int64_t pushes() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return pushes_;
+  }
+
+ private:
+  struct Entry {
+    int64_t layer = -1;
+    bool pending = true, acquired = false;
+    LayerWeights weights;
+    Status status;
+    int seen = 0, released = 0;
+  };
+  struct Pending {
+    std::vector<float> grad;
+    int shards = 0;
+    int64_t micro_batches = 0;
+  };
+  EpsClient* const client_;
+  const int n_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, Entry> entries_;                          // GUARDED_BY(mu_) by fetch index
+  std::vector<uint64_t> next_;                                 // GUARDED_BY(mu_) per rank
+  std::vector<std::map<int64_t, uint64_t>> held_;              // GUARDED_BY(mu_) per rank: layer -> index
+  std::map<std::pair<int64_t, int64_t>, Pending> pending_;     // GUARDED_BY(mu_) (step, layer)
+  int64_t acquires_ = 0, pushes_ = 0;                          // GUARDED_BY(mu_)
+};
+
+namespace {
+
+// The EpsClient one rank's relay sees: acquisitions shared through the group; gradients
+// leave only as shards (the pusher's GradientShardSink), never through PushGradient.
+class RankClient final : public EpsClient {
+ public:
+  RankClient(DeviceGroup::Shared* shared, EpsClient* client, int rank)
+      : shared_(shared), client_(client), rank_(rank) {}
+  const WorkerRegistration& registration() const override { return client_->registration(); }
+  Result<LayerWeights> AcquireLayer(int64_t layer, int64_t min_version, std::chrono::milliseconds timeout) override {
+    return shared_->Acquire(rank_, layer, min_version, timeout);
+  }
+  void ReleaseLayer(int64_t layer) override { shared_->Release(rank_, layer); }
+  Status PushGradient(int64_t layer, int64_t, int64_t, const float*, size_t) override {
+    return FailedPrecondition("device group rank " + std::to_string(rank_) + ": layer " + std::to_string(layer) +
+                              "'s gradient must leave as a reduce-scattered shard, not a whole push");
+  }
+  Status StepDone(const StepReport&) override {
+    return FailedPrecondition("device group: the group reports its steps, not a rank");
+  }
+  bool rejoin_requested() const override { return client_->rejoin_requested(); }
+
+ private:
+  DeviceGroup::Shared* shared_;
+  EpsClient* client_;
+  const int rank_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<DeviceGroup>> DeviceGroup::Create(EpsClient* client, std::vector<kernels::Backend*> backends,
+                                                         const JobConfig& job, const RelayOptions& options) {
+  const int n = static_cast<int>(backends.size());
+  if (n < 2) return InvalidArgument("a device group needs at least 2 devices (one device: --device cuda:N)");
+  const int64_t M = job.train.micro_batches;
+  if (M < n) {
+    return InvalidArgument("a group of " + std::to_string(n) + " devices needs train.micro_batches >= " +
+                           std::to_string(n) + " (each device runs at least one), got " + std::to_string(M));
+  }
+  std::unique_ptr<DeviceGroup> g(new DeviceGroup());
+  g->client_ = client;
+  g->backends_ = backends;
+  int64_t start = 0;
+  for (int r = 0; r < n; ++r) {
+    const int64_t m = M / n + (r < M % n ? 1 : 0);
+    g->counts_.push_back(m);
+    g->starts_.push_back(start);
+    start += m;
+  }
+  L2L_ASSIGN_OR_RETURN(g->gather_, kernels::CreateDeviceCollectives(backends));
+  L2L_ASSIGN_OR_RETURN(g->scatter_, kernels::CreateDeviceCollectives(backends));
+  // The EPS's shared segments, page-locked once (portable: every device DMAs from them).
+  g->pinner_ = std::make_unique<HostRegionPinner>(backends[0]);
+  client->SetHostRegionObserver(g->pinner_.get());
+  g->shared_ = std::make_unique<Shared>(client, n);
+  for (int r = 0; r < n; ++r) {
+    g->rank_clients_.push_back(std::make_unique<RankClient>(g->shared_.get(), client, r));
+    JobConfig jr = job;
+    jr.train.micro_batches = g->counts_[static_cast<size_t>(r)];
+    RelayOptions o = options;
+    o.fetch_group = GroupRank{r, n, g->gather_[static_cast<size_t>(r)].get(), nullptr};
+    o.push_group = GroupRank{r, n, g->scatter_[static_cast<size_t>(r)].get(), g->shared_.get()};
+    o.shared_pinner = g->pinner_.get();
+    Result<std::unique_ptr<Relay>> relay = Relay::Create(g->rank_clients_.back().get(), backends[static_cast<size_t>(r)], jr, o);
+    if (!relay.ok()) return relay.status().WithContext("device group: " + backends[static_cast<size_t>(r)]->name());
+    g->relays_.push_back(std::move(relay).value());
+  }
+  L2L_LOG_INFO("device group of {} devices: each fetches 1/{} of every layer, all-gathers the rest, runs {} of the "
+               "{} micro-batches (device 0), reduce-scatters the gradient and pushes 1/{}",
+               n, n, g->counts_[0], M, n);
+  return g;
+}
+
+DeviceGroup::~DeviceGroup() {
+  relays_.clear();  // their threads stop first
+  if (client_ != nullptr && pinner_) client_->SetHostRegionObserver(nullptr);
+}
+
+Result<StepReport> DeviceGroup::RunStep(int64_t step, const std::vector<MicroBatch>& mbs,
+                                        const std::vector<MicroBatch>& eval) {
+  const size_t n = relays_.size();
+  const int64_t M = starts_.back() + counts_.back();
+  if (static_cast<int64_t>(mbs.size()) != M) {
+    return InvalidArgument("device group step " + std::to_string(step) + ": got " + std::to_string(mbs.size()) +
+                           " micro-batches, train.micro_batches=" + std::to_string(M));
+  }
+  std::vector<Result<StepReport>> results(n, Result<StepReport>(Internal("not run")));
+  std::vector<std::thread> threads;
+  static const std::vector<MicroBatch> kNone;
+  for (size_t r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<MicroBatch> mine(mbs.begin() + starts_[r], mbs.begin() + starts_[r] + counts_[r]);
+      results[r] = relays_[r]->RunStep(step, mine, r == 0 ? eval : kNone);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t r = 0; r < n; ++r) {
+    if (!results[r].ok()) {
+      shared_->Reset();
+      return results[r].status().WithContext("device group, " + backends_[r]->name());
+    }
+  }
+  StepReport out = *results[0];
+  double weighted = 0;
+  out.tokens = 0;
+  for (size_t r = 0; r < n; ++r) {
+    weighted += results[r]->loss * static_cast<double>(counts_[r]);
+    out.tokens += results[r]->tokens;
+  }
+  out.loss = weighted / static_cast<double>(M);
+  return out;
+}
+
+size_t DeviceGroup::device_bytes() const {
+  size_t b = 0;
+  for (const auto& r : relays_) b += r->device_bytes();
+  return b;
+}
+
+size_t DeviceGroup::stash_host_bytes() const {
+  size_t b = 0;
+  for (const auto& r : relays_) b += r->stash_host_bytes();
+  return b;
+}
+
+int64_t DeviceGroup::eps_acquires() const { return shared_->acquires(); }
+int64_t DeviceGroup::eps_pushes() const { return shared_->pushes(); }
+
+}  // namespace l2l::worker
