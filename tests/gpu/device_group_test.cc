@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "tests/testing/in_process_eps.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/train_util.h"
 #include "worker/device_group.h"
@@ -195,6 +196,87 @@ TEST_CASE("device group with bf16-published layers gathers bf16 and matches one 
   const RunResult one = Run(job, 1, 2);
   const RunResult group = Run(job, 2, 2);
   ExpectSameTraining(group, one);
+}
+
+// Against the real EPS over shared memory (an in-process l2l-eps core and its shm
+// transport): the group registers as one worker, its devices DMA their shards straight
+// out of the EPS's published segment (pinned once, by the group), and the EPS's
+// synchronous steps advance on the group's single push per layer.
+TEST_CASE("device group over the EPS's shared memory matches one device and fetches from the pinned segment",
+          "[gpu][group]") {
+  using namespace std::chrono_literals;
+  ScopedEnv devices("L2L_CUDA_EMU_DEVICES", "2");
+  JobConfig job = GroupJob(DType::kBF16);
+  job.train.steps = 2;
+  const int steps = 2;
+  auto run = [&](int n, std::vector<int64_t>* pinned, std::vector<int64_t>* bounced) {
+    testing::InProcessEps eps(job, "devgroup");
+    worker::ClientOptions co;
+    co.transport = l2l::Transport::kShm;
+    co.connect_timeout = 10000ms;
+    auto client = worker::ConnectEps(eps.address, co);
+    INFO(client.status().ToString());
+    REQUIRE(client.ok());
+    REQUIRE((*client)->registration().transport == l2l::Transport::kShm);
+    auto ropts = worker::RelayOptions::FromJob(job);
+    REQUIRE(ropts.ok());
+    std::vector<std::unique_ptr<kernels::Backend>> owned;
+    std::vector<kernels::Backend*> raw;
+    for (int d = 0; d < n; ++d) {
+      auto be = kernels::CreateBackend("cuda:" + std::to_string(d));
+      REQUIRE(be.ok());
+      raw.push_back(be->get());
+      owned.push_back(std::move(be).value());
+    }
+    std::unique_ptr<worker::Relay> relay;
+    std::unique_ptr<worker::DeviceGroup> group;
+    if (n == 1) {
+      auto r = worker::Relay::Create(client->get(), raw[0], job, *ropts);
+      REQUIRE(r.ok());
+      relay = std::move(r).value();
+    } else {
+      auto g = worker::DeviceGroup::Create(client->get(), raw, job, *ropts);
+      INFO(g.status().ToString());
+      REQUIRE(g.ok());
+      group = std::move(g).value();
+      for (const auto& a : group->pinner().attempts()) {
+        INFO("pin " << a.name << ": " << (a.pinned ? "ok" : a.error));
+        CHECK(a.pinned);
+      }
+    }
+    std::mt19937 rng(7);
+    std::vector<float> losses;
+    for (int s = 0; s < steps; ++s) {
+      auto batches = LearnableBatches(rng, job);
+      auto report = relay ? relay->RunStep(s, batches) : group->RunStep(s, batches);
+      INFO(n << " device(s), step " << s << ": " << report.status().ToString());
+      REQUIRE(report.ok());
+      REQUIRE((*client)->StepDone(*report).ok());
+      losses.push_back(static_cast<float>(report->loss));
+    }
+    if (group) {
+      for (int r = 0; r < n; ++r) {
+        pinned->push_back(group->relay(r).prefetcher().pinned_fetches());
+        bounced->push_back(group->relay(r).prefetcher().bounced_fetches());
+      }
+      group.reset();
+    }
+    relay.reset();
+    return losses;
+  };
+  std::vector<int64_t> pinned, bounced;
+  const std::vector<float> one = run(1, &pinned, &bounced);
+  const std::vector<float> two = run(2, &pinned, &bounced);
+  for (int s = 0; s < steps; ++s) {
+    INFO("step " << s << ": group " << two[s] << ", one device " << one[s]);
+    CHECK(std::abs(two[s] - one[s]) <= 1e-5 * std::abs(one[s]));
+  }
+  const int64_t fetches = steps * (2 * job.model.n_layer + 2);
+  REQUIRE(pinned.size() == 2);
+  for (int r = 0; r < 2; ++r) {
+    CHECK(pinned[r] == fetches);
+    CHECK(bounced[r] == 0);
+  }
 }
 
 TEST_CASE("device group refuses what it cannot run", "[gpu][group]") {
