@@ -17,7 +17,9 @@ namespace l2l::worker {
 // AcquireLayer meets the other ranks' k-th: the first to arrive acquires from the EPS,
 // the others wait for it and get the same view (so every device gathers the same
 // version), and the view is released to the EPS when the last rank releases it. A
-// layer's gradient for a step is assembled from the n shards and pushed once.
+// layer's gradient for a step is assembled from the n shards in one buffer (a claimed
+// EPS gradient slot on the shm transport: each device DMAs its shard straight into it)
+// and handed over once.
 // Thread-safety: every method is thread-safe (one mutex); the EPS client's calls are
 // made outside it.
 class DeviceGroup::Shared final : public GradientShardSink {
@@ -81,41 +83,68 @@ class DeviceGroup::Shared final : public GradientShardSink {
     if (last) client_->ReleaseLayer(layer);
   }
 
-  Status PushShard(int64_t layer, int64_t step, int64_t micro_batches, const float* shard, size_t offset,
-                   size_t count, size_t numel) override {
-    if (offset + count > numel) {
-      return Internal("device group: gradient shard [" + std::to_string(offset) + ", +" + std::to_string(count) +
-                      ") of layer " + std::to_string(layer) + " is outside its " + std::to_string(numel) + " elements");
+  Result<float*> ShardBuffer(int64_t layer, int64_t step, size_t numel) override {
+    std::unique_lock<std::mutex> lk(mu_);
+    Pending& p = pending_[{step, layer}];
+    if (!p.claiming && p.buffer == nullptr && p.status.ok()) {
+      // The first rank here gets the buffer: an EPS gradient slot, or host memory.
+      p.claiming = true;
+      p.numel = numel;
+      lk.unlock();
+      Result<GradientSlot> slot = client_->HasGradientSlots() ? client_->ClaimGradientSlot(layer, numel)
+                                                              : Result<GradientSlot>(GradientSlot{});
+      lk.lock();
+      Pending& q = pending_[{step, layer}];
+      q.claiming = false;
+      if (!slot.ok()) {
+        q.status = slot.status();
+      } else if (slot->data != nullptr) {
+        q.slot = *slot;
+        q.buffer = static_cast<float*>(slot->data);
+      } else {
+        q.host.resize(numel);
+        q.buffer = q.host.data();
+      }
+      cv_.notify_all();
     }
-    float* dst = nullptr;
-    {
-      std::lock_guard<std::mutex> lk(mu_);
-      Pending& p = pending_[{step, layer}];
-      if (p.grad.empty()) p.grad.resize(numel);
-      if (p.grad.size() != numel) return Internal("device group: layer " + std::to_string(layer) + " shards disagree on its size");
-      dst = p.grad.data();  // stable: nothing resizes it until the last shard is in
+    cv_.wait(lk, [&] { return !pending_[{step, layer}].claiming; });
+    Pending& q = pending_[{step, layer}];
+    if (!q.status.ok()) return q.status;
+    if (q.numel != numel) {
+      return Internal("device group: layer " + std::to_string(layer) + "'s shards disagree on its size (" +
+                      std::to_string(numel) + " vs " + std::to_string(q.numel) + ")");
     }
-    if (count > 0) std::memcpy(dst + offset, shard, count * sizeof(float));
-    std::vector<float> whole;
-    int64_t total = 0;
+    return q.buffer;
+  }
+
+  Status ShardDone(int64_t layer, int64_t step, int64_t micro_batches, bool ok) override {
+    Pending p;
     {
       std::lock_guard<std::mutex> lk(mu_);
       auto it = pending_.find({step, layer});
-      Pending& p = it->second;
-      p.micro_batches += micro_batches;
-      if (++p.shards < n_) return Status::Ok();
-      whole = std::move(p.grad);
-      total = p.micro_batches;
+      if (it == pending_.end()) return Internal("device group: ShardDone without ShardBuffer");
+      Pending& q = it->second;
+      q.micro_batches += micro_batches;
+      q.failed = q.failed || !ok || !q.status.ok();
+      if (++q.shards < n_) return Status::Ok();
+      p = std::move(q);
       pending_.erase(it);
-      ++pushes_;
+      if (!p.failed) ++pushes_;
     }
-    return client_->PushGradient(layer, step, total, whole.data(), numel);
+    if (p.failed) {
+      if (p.slot.data != nullptr) client_->AbandonGradientSlot(p.slot);
+      return p.status.ok() ? Status::Ok() : p.status;
+    }
+    if (p.slot.data != nullptr)
+      return client_->PublishGradientSlot(p.slot, layer, step, p.micro_batches, p.numel);
+    return client_->PushGradient(layer, step, p.micro_batches, p.buffer, p.numel);
   }
 
   // After a failed step (every rank's thread has returned): releases what the EPS still
   // lends, forgets partial gradients, restarts the fetch counters.
   void Reset() {
     std::vector<int64_t> release;
+    std::vector<GradientSlot> abandon;
     {
       std::lock_guard<std::mutex> lk(mu_);
       for (auto& [k, e] : entries_)
@@ -123,9 +152,12 @@ class DeviceGroup::Shared final : public GradientShardSink {
       entries_.clear();
       for (auto& h : held_) h.clear();
       std::fill(next_.begin(), next_.end(), 0);
+      for (auto& [key, p] : pending_)
+        if (p.slot.data != nullptr) abandon.push_back(p.slot);
       pending_.clear();
     }
     for (int64_t layer : release) client_->ReleaseLayer(layer);
+    for (const GradientSlot& slot : abandon) client_->AbandonGradientSlot(slot);
   }
 
   int64_t acquires() const {
@@ -145,10 +177,16 @@ class DeviceGroup::Shared final : public GradientShardSink {
     Status status;
     int seen = 0, released = 0;
   };
-  struct Pending {
-    std::vector<float> grad;
-    int shards = 0;
-    int64_t micro_batches = 0;
+  struct Pending {                 // one (step, layer) gradient being assembled
+    bool claiming = false;         // the first rank is claiming the buffer
+    float* buffer = nullptr;       // slot.data or host.data(): numel floats
+    GradientSlot slot;             // the EPS's slot (data null: none)
+    std::vector<float> host;       // the buffer when the transport has no slots
+    size_t numel = 0;
+    Status status;                 // the claim's failure
+    int shards = 0;                // ranks done
+    bool failed = false;           // a rank's shard is missing
+    int64_t micro_batches = 0;     // summed over the ranks
   };
   EpsClient* const client_;
   const int n_;

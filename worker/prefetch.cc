@@ -360,18 +360,31 @@ Status GradientPusher::PushGroupShard(const Job& job) {
   const size_t shard = GroupShardNumel(job.numel, group_.size);
   const size_t b = std::min(job.numel, static_cast<size_t>(group_.rank) * shard);
   const size_t e = std::min(job.numel, b + shard);
+  const size_t bytes = (e - b) * sizeof(float);
   copy_->WaitFor(job.ready);  // the compute work that wrote the gradient
   // Sum every device's gradient into this device's shard, in place (the relay does not
   // touch the buffer before Wait(ticket)).
-  L2L_RETURN_IF_ERROR(group_.collective->ReduceScatterSum(const_cast<float*>(job.grad), shard, copy_.get())
-                          .WithContext("reduce-scattering the gradient of layer " + std::to_string(job.layer)));
-  if (e > b) copy_->CopyToHost(pinned_staging_.data(), job.grad + b, (e - b) * sizeof(float));
+  Status st = group_.collective->ReduceScatterSum(const_cast<float*>(job.grad), shard, copy_.get())
+                  .WithContext("reduce-scattering the gradient of layer " + std::to_string(job.layer));
+  Result<float*> whole = group_.sink->ShardBuffer(job.layer, job.step, job.numel);
+  if (!whole.ok()) {
+    // The collective was queued: let it finish before the error goes up.
+    copy_->Record(copied_.get());
+    copied_->Wait().IgnoreError();
+    return whole.status();
+  }
+  float* dst = *whole + b;
+  // Straight into the EPS's slot when it is page-locked; else through pinned staging.
+  const bool direct = pinner_ != nullptr && bytes > 0 && pinner_->Covers(dst, bytes);
+  if (st.ok() && bytes > 0) copy_->CopyToHost(direct ? static_cast<void*>(dst) : pinned_staging_.data(), job.grad + b, bytes);
   copy_->Record(copied_.get());
-  L2L_RETURN_IF_ERROR(copied_->Wait().WithContext("reduce-scattering and copying the gradient of layer " +
-                                                  std::to_string(job.layer) + " to the host"));
-  staged_pushes_.fetch_add(1);
-  return group_.sink->PushShard(job.layer, job.step, job.micro_batches, pinned_staging_.f32(), b, e - b,
-                                job.numel);
+  if (st.ok()) st = copied_->Wait().WithContext("reduce-scattering and copying the gradient of layer " +
+                                                std::to_string(job.layer) + " to the host");
+  else copied_->Wait().IgnoreError();
+  if (st.ok() && !direct && bytes > 0) std::memcpy(dst, pinned_staging_.data(), bytes);
+  if (st.ok()) (direct ? slot_pushes_ : staged_pushes_).fetch_add(1);
+  Status done = group_.sink->ShardDone(job.layer, job.step, job.micro_batches, st.ok());
+  return st.ok() ? done : st;
 }
 
 Status GradientPusher::PushAsync(const Job& job) {

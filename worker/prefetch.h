@@ -66,15 +66,21 @@
 
 namespace l2l::worker {
 
-// Where a device group's pushers hand their reduced gradient shards (the group client of
-// worker/device_group.h). Called from each rank's pusher thread.
+// Where a device group's pushers put their reduced gradient shards (the group of
+// worker/device_group.h). Called from each rank's pusher thread, for every (step, layer)
+// once per rank: ShardBuffer, then (after the rank's shard is written) ShardDone.
 class GradientShardSink {
  public:
   virtual ~GradientShardSink() = default;
-  // shard: elements [offset, offset + count) of layer `layer`'s summed gradient (host
-  // memory, read before returning); numel: the layer's size; micro_batches: this rank's.
-  virtual Status PushShard(int64_t layer, int64_t step, int64_t micro_batches, const float* shard,
-                           size_t offset, size_t count, size_t numel) = 0;
+  // The host buffer of layer `layer`'s whole summed gradient for `step` (numel floats,
+  // the same for every rank: an EPS gradient slot when the transport has them, so a
+  // page-locked one takes each device's shard straight by DMA). May block until the EPS
+  // frees a slot.
+  virtual Result<float*> ShardBuffer(int64_t layer, int64_t step, size_t numel) = 0;
+  // This rank's shard is in the buffer; micro_batches: this rank's. After the last
+  // rank's, the whole layer goes to the EPS once. ok=false: the shard was not written
+  // (the rank failed); the buffer is abandoned.
+  virtual Status ShardDone(int64_t layer, int64_t step, int64_t micro_batches, bool ok) = 0;
 };
 
 // One engine's place in a device group (see the header comment). Inactive (the single

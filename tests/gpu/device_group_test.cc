@@ -200,8 +200,9 @@ TEST_CASE("device group with bf16-published layers gathers bf16 and matches one 
 
 // Against the real EPS over shared memory (an in-process l2l-eps core and its shm
 // transport): the group registers as one worker, its devices DMA their shards straight
-// out of the EPS's published segment (pinned once, by the group), and the EPS's
-// synchronous steps advance on the group's single push per layer.
+// out of the EPS's published segment (pinned once, by the group) and their gradient
+// shards straight into one claimed gradient slot, and the EPS's synchronous steps
+// advance on the group's single publish per layer.
 TEST_CASE("device group over the EPS's shared memory matches one device and fetches from the pinned segment",
           "[gpu][group]") {
   using namespace std::chrono_literals;
@@ -209,6 +210,7 @@ TEST_CASE("device group over the EPS's shared memory matches one device and fetc
   JobConfig job = GroupJob(DType::kBF16);
   job.train.steps = 2;
   const int steps = 2;
+  std::vector<int64_t> slot_pushes, staged_pushes;
   auto run = [&](int n, std::vector<int64_t>* pinned, std::vector<int64_t>* bounced) {
     testing::InProcessEps eps(job, "devgroup");
     worker::ClientOptions co;
@@ -258,6 +260,8 @@ TEST_CASE("device group over the EPS's shared memory matches one device and fetc
       for (int r = 0; r < n; ++r) {
         pinned->push_back(group->relay(r).prefetcher().pinned_fetches());
         bounced->push_back(group->relay(r).prefetcher().bounced_fetches());
+        slot_pushes.push_back(group->relay(r).pusher().slot_pushes());
+        staged_pushes.push_back(group->relay(r).pusher().staged_pushes());
       }
       group.reset();
     }
@@ -273,9 +277,13 @@ TEST_CASE("device group over the EPS's shared memory matches one device and fetc
   }
   const int64_t fetches = steps * (2 * job.model.n_layer + 2);
   REQUIRE(pinned.size() == 2);
+  const int64_t pushes = steps * (job.model.n_layer + 2);
   for (int r = 0; r < 2; ++r) {
     CHECK(pinned[r] == fetches);
     CHECK(bounced[r] == 0);
+    // Each device's gradient shard went by DMA straight into the EPS's claimed slot.
+    CHECK(slot_pushes[r] == pushes);
+    CHECK(staged_pushes[r] == 0);
   }
 }
 
