@@ -86,18 +86,21 @@ class DeviceGroup::Shared final : public GradientShardSink {
   Result<float*> ShardBuffer(int64_t layer, int64_t step, size_t numel) override {
     std::unique_lock<std::mutex> lk(mu_);
     Pending& p = pending_[{step, layer}];
-    if (!p.claiming && p.buffer == nullptr && p.status.ok()) {
-      // The first rank here gets the buffer: an EPS gradient slot, or host memory.
+    if (!p.claiming && p.buffer == nullptr) {
+      // The first rank here gets the buffer: an EPS gradient slot, or host memory (also
+      // once the step failed: the shards are then dropped).
       p.claiming = true;
       p.numel = numel;
+      const bool claim = client_->HasGradientSlots() && failed_.ok();
       lk.unlock();
-      Result<GradientSlot> slot = client_->HasGradientSlots() ? client_->ClaimGradientSlot(layer, numel)
-                                                              : Result<GradientSlot>(GradientSlot{});
+      Result<GradientSlot> slot = claim ? client_->ClaimGradientSlot(layer, numel) : Result<GradientSlot>(GradientSlot{});
       lk.lock();
       Pending& q = pending_[{step, layer}];
       q.claiming = false;
       if (!slot.ok()) {
-        q.status = slot.status();
+        Fail(slot.status());
+        q.host.resize(numel);
+        q.buffer = q.host.data();
       } else if (slot->data != nullptr) {
         q.slot = *slot;
         q.buffer = static_cast<float*>(slot->data);
@@ -109,7 +112,6 @@ class DeviceGroup::Shared final : public GradientShardSink {
     }
     cv_.wait(lk, [&] { return !pending_[{step, layer}].claiming; });
     Pending& q = pending_[{step, layer}];
-    if (!q.status.ok()) return q.status;
     if (q.numel != numel) {
       return Internal("device group: layer " + std::to_string(layer) + "'s shards disagree on its size (" +
                       std::to_string(numel) + " vs " + std::to_string(q.numel) + ")");
@@ -125,19 +127,33 @@ class DeviceGroup::Shared final : public GradientShardSink {
       if (it == pending_.end()) return Internal("device group: ShardDone without ShardBuffer");
       Pending& q = it->second;
       q.micro_batches += micro_batches;
-      q.failed = q.failed || !ok || !q.status.ok();
+      q.failed = q.failed || !ok;
       if (++q.shards < n_) return Status::Ok();
       p = std::move(q);
       pending_.erase(it);
-      if (!p.failed) ++pushes_;
+      // A missing shard (a device failed: its relay reports that) or a failed step: drop.
+      if (p.failed || !failed_.ok()) {
+        if (p.slot.data != nullptr) client_->AbandonGradientSlot(p.slot);
+        return Status::Ok();
+      }
+      ++pushes_;
     }
-    if (p.failed) {
-      if (p.slot.data != nullptr) client_->AbandonGradientSlot(p.slot);
-      return p.status.ok() ? Status::Ok() : p.status;
+    Status st = p.slot.data != nullptr ? client_->PublishGradientSlot(p.slot, layer, step, p.micro_batches, p.numel)
+                                       : client_->PushGradient(layer, step, p.micro_batches, p.buffer, p.numel);
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lk(mu_);
+      Fail(st.WithContext("pushing the gradient of layer " + std::to_string(layer) + " for step " +
+                          std::to_string(step)));
     }
-    if (p.slot.data != nullptr)
-      return client_->PublishGradientSlot(p.slot, layer, step, p.micro_batches, p.numel);
-    return client_->PushGradient(layer, step, p.micro_batches, p.buffer, p.numel);
+    return Status::Ok();
+  }
+
+  // The first EPS error of a push this step (ok: none). The devices do not see it (each
+  // finishes the step, so none waits in a collective for a peer that gave up); RunStep
+  // returns it.
+  Status failure() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return failed_;
   }
 
   // After a failed step (every rank's thread has returned): releases what the EPS still
@@ -155,6 +171,7 @@ class DeviceGroup::Shared final : public GradientShardSink {
       for (auto& [key, p] : pending_)
         if (p.slot.data != nullptr) abandon.push_back(p.slot);
       pending_.clear();
+      failed_ = Status::Ok();
     }
     for (int64_t layer : release) client_->ReleaseLayer(layer);
     for (const GradientSlot& slot : abandon) client_->AbandonGradientSlot(slot);
@@ -170,6 +187,9 @@ class DeviceGroup::Shared final : public GradientShardSink {
   }
 
  private:
+  void Fail(const Status& st) {  // REQUIRES: mu_ held
+    if (failed_.ok()) failed_ = st;
+  }
   struct Entry {
     int64_t layer = -1;
     bool pending = true, acquired = false;
@@ -183,7 +203,6 @@ class DeviceGroup::Shared final : public GradientShardSink {
     GradientSlot slot;             // the EPS's slot (data null: none)
     std::vector<float> host;       // the buffer when the transport has no slots
     size_t numel = 0;
-    Status status;                 // the claim's failure
     int shards = 0;                // ranks done
     bool failed = false;           // a rank's shard is missing
     int64_t micro_batches = 0;     // summed over the ranks
@@ -197,6 +216,7 @@ class DeviceGroup::Shared final : public GradientShardSink {
   std::vector<std::map<int64_t, uint64_t>> held_;              // GUARDED_BY(mu_) per rank: layer -> index
   std::map<std::pair<int64_t, int64_t>, Pending> pending_;     // GUARDED_BY(mu_) (step, layer)
   int64_t acquires_ = 0, pushes_ = 0;                          // GUARDED_BY(mu_)
+  Status failed_;                                              // GUARDED_BY(mu_) see failure()
 };
 
 namespace {
@@ -295,6 +315,12 @@ Result<StepReport> DeviceGroup::RunStep(int64_t step, const std::vector<MicroBat
     });
   }
   for (std::thread& t : threads) t.join();
+  // An EPS error of a push first (the devices finished the step around it): it is the
+  // one a rejoin answers.
+  if (Status st = shared_->failure(); !st.ok()) {
+    shared_->Reset();
+    return st.WithContext("device group step " + std::to_string(step));
+  }
   for (size_t r = 0; r < n; ++r) {
     if (!results[r].ok()) {
       shared_->Reset();

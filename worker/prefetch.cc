@@ -336,7 +336,9 @@ void GradientPusher::Loop() {
     cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stop_ with nothing left to push
     Job job = queue_.front();
-    const bool skip = !first_error_.ok();
+    // After an error the rest is skipped; but a group's device still joins every
+    // reduce-scatter (its peers wait for it there), and the group drops the shards.
+    const bool skip = !first_error_.ok() && !group_.active();
     lk.unlock();
     Status st;
     if (!skip) {

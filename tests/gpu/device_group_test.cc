@@ -18,6 +18,8 @@
 // Thread-safety: test-only.
 #include <catch2/catch.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -285,6 +287,66 @@ TEST_CASE("device group over the EPS's shared memory matches one device and fetc
     CHECK(slot_pushes[r] == pushes);
     CHECK(staged_pushes[r] == 0);
   }
+}
+
+// A client whose first gradient push is refused with a rejoin request (as after another
+// worker's loss); everything else goes to the FakeEps client.
+class RefuseFirstPush : public worker::EpsClient {
+ public:
+  explicit RefuseFirstPush(std::unique_ptr<worker::EpsClient> inner) : inner_(std::move(inner)) {}
+  const worker::WorkerRegistration& registration() const override { return inner_->registration(); }
+  Result<worker::LayerWeights> AcquireLayer(int64_t layer, int64_t min_version,
+                                            std::chrono::milliseconds timeout) override {
+    return inner_->AcquireLayer(layer, min_version, timeout);
+  }
+  void ReleaseLayer(int64_t layer) override { inner_->ReleaseLayer(layer); }
+  Status PushGradient(int64_t layer, int64_t step, int64_t micro_batches, const float* grad, size_t numel) override {
+    if (!refused_.exchange(true)) return RejoinRequired(RejoinReason::kStepAbandoned, "step abandoned (test)");
+    ++pushes_;
+    return inner_->PushGradient(layer, step, micro_batches, grad, numel);
+  }
+  Status StepDone(const worker::StepReport& report) override { return inner_->StepDone(report); }
+  int pushes() const { return pushes_.load(); }
+
+ private:
+  std::unique_ptr<worker::EpsClient> inner_;
+  std::atomic<bool> refused_{false};
+  std::atomic<int> pushes_{0};
+};
+
+// The EPS refusing a push mid-step: every device still finishes the step (none is left
+// waiting in a collective; the emulator's NCCL would fail a stuck one after the timeout
+// set here), the group returns the rejoin error, and the step redone pushes every layer.
+TEST_CASE("device group: a push the EPS refuses fails the step on every device, and the redo pushes all",
+          "[gpu][group]") {
+  ScopedEnv devices("L2L_CUDA_EMU_DEVICES", "2");
+  ScopedEnv timeout("L2L_NCCL_EMU_TIMEOUT_S", "30");
+  const JobConfig job = GroupJob(DType::kF32);
+  auto eps = worker::FakeEps::Create(job, {});
+  REQUIRE(eps.ok());
+  auto inner = (*eps)->Connect(0);
+  REQUIRE(inner.ok());
+  RefuseFirstPush client(std::move(inner).value());
+  auto a = kernels::CreateBackend("cuda:0");
+  auto b = kernels::CreateBackend("cuda:1");
+  REQUIRE((a.ok() && b.ok()));
+  auto group = worker::DeviceGroup::Create(&client, {a->get(), b->get()}, job, *worker::RelayOptions::FromJob(job));
+  INFO(group.status().ToString());
+  REQUIRE(group.ok());
+  std::mt19937 rng(7);
+  const auto batches = LearnableBatches(rng, job);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto failed = (*group)->RunStep(0, batches);
+  REQUIRE_FALSE(failed.ok());
+  CHECK(worker::NeedsRejoin(failed.status()));
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(25));  // no collective timed out
+  const int before = client.pushes();
+  auto redo = (*group)->RunStep(0, batches);
+  INFO(redo.status().ToString());
+  REQUIRE(redo.ok());
+  CHECK(client.pushes() - before == static_cast<int>(job.model.NumLayers()));
+  (*eps)->Flush();
+  for (int64_t l = 0; l < job.model.NumLayers(); ++l) CHECK((*eps)->Version(l) == 1);
 }
 
 TEST_CASE("device group refuses what it cannot run", "[gpu][group]") {
