@@ -52,11 +52,12 @@ struct RunResult {
   std::vector<std::vector<float>> master;     // per layer, after the steps
   std::vector<std::vector<float>> last_grad;  // per layer, the EPS's last reduced gradient
   int64_t acquires = 0, pushes = 0;
+  std::vector<worker::VersionStats> versions;  // per device
 };
 
 // `devices` 1: the plain relay on cuda:0; more: a DeviceGroup over cuda:0..devices-1.
-RunResult Run(const JobConfig& job, int devices, int steps) {
-  auto eps = worker::FakeEps::Create(job, {});
+RunResult Run(const JobConfig& job, int devices, int steps, const worker::FakeEpsOptions& eps_options = {}) {
+  auto eps = worker::FakeEps::Create(job, eps_options);
   REQUIRE(eps.ok());
   auto client = (*eps)->Connect(0);
   REQUIRE(client.ok());
@@ -99,8 +100,9 @@ RunResult Run(const JobConfig& job, int devices, int steps) {
     if (group) {
       out.acquires = group->eps_acquires();
       out.pushes = group->eps_pushes();
-      // Every device gathered the same versions.
-      for (int r = 0; r < devices; ++r) REQUIRE(group->relay(r).versions().max_lag == 0);
+      for (int r = 0; r < devices; ++r) out.versions.push_back(group->relay(r).versions());
+    } else {
+      out.versions.push_back(relay->versions());
     }
   }
   (*eps)->Flush();
@@ -176,6 +178,7 @@ TEST_CASE("device group of 2 and 4 emulated GPUs trains as one device and as the
     CAPTURE(n);
     const RunResult group = Run(job, n, steps);
     ExpectSameTraining(group, one);
+    for (const auto& v : group.versions) CHECK(v.max_lag == 0);  // synchronous
     // The EPS saw one worker: one gradient push per layer and step; each layer use was
     // acquired once for the whole group.
     CHECK(group.pushes == layers * steps);
@@ -190,6 +193,39 @@ TEST_CASE("device group of 2 and 4 emulated GPUs trains as one device and as the
       CHECK(d <= 1e-5);
     }
   }
+}
+
+// Lock-free mode against the stalest EPS the bound allows (FakeEps lazy_updates): the
+// group's devices share every acquisition, so each uses exactly the versions the others
+// use and one device would use (the lazy EPS hands out the oldest allowed version).
+TEST_CASE("device group in lock-free mode shares each layer version across its devices", "[gpu][group]") {
+  ScopedEnv devices("L2L_CUDA_EMU_DEVICES", "2");
+  JobConfig job = GroupJob(DType::kF32);
+  job.train.mode = TrainMode::kLockfree;
+  job.train.staleness = 1;
+  REQUIRE(job.Validate().ok());
+  worker::FakeEpsOptions lazy;
+  lazy.lazy_updates = true;
+  const RunResult one = Run(job, 1, 3, lazy);
+  const RunResult group = Run(job, 2, 3, lazy);
+  ExpectSameTraining(group, one);
+  REQUIRE(group.versions.size() == 2);
+  CHECK(one.versions[0].max_lag == 1);  // the lazy EPS forces the stalest version
+  for (const auto& v : group.versions) {
+    CHECK(v.max_lag == 1);
+    CHECK(v.lag_counts == one.versions[0].lag_counts);
+  }
+}
+
+// The host stash (offloaded on its own copy stream per device) and kept intermediates
+// (recompute never) in a group.
+TEST_CASE("device group with the host stash and kept intermediates matches one device", "[gpu][group]") {
+  ScopedEnv devices("L2L_CUDA_EMU_DEVICES", "2");
+  JobConfig job = GroupJob(DType::kF32);
+  job.train.stash = StashPlacement::kHost;
+  job.train.recompute = RecomputeMode::kNever;
+  REQUIRE(job.Validate().ok());
+  ExpectSameTraining(Run(job, 2, 2), Run(job, 1, 2));
 }
 
 TEST_CASE("device group with bf16-published layers gathers bf16 and matches one device", "[gpu][group]") {
