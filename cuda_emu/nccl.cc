@@ -80,6 +80,7 @@ struct Clique {
   std::vector<ncclComm*> members;  // GUARDED_BY(mu) joined so far
   int joined = 0;                  // GUARDED_BY(mu)
   std::map<uint64_t, Rendezvous> calls;  // GUARDED_BY(mu) by sequence number
+  bool aborted = false;                  // GUARDED_BY(mu) ncclCommAbort on a member
 };
 
 size_t TypeSize(ncclDataType_t t) {
@@ -250,13 +251,17 @@ void RunCollective(const std::shared_ptr<Clique>& cl, ncclComm* comm, int rank, 
     ++rv.n_posted;
     cl->cv.notify_all();
     const auto deadline = Clock::now() + Timeout();
-    if (!cl->cv.wait_until(lock, deadline, [&] { return rv.n_posted == n || rv.failed; })) {
+    if (!cl->cv.wait_until(lock, deadline, [&] { return rv.n_posted == n || rv.failed || cl->aborted; })) {
       rv.failed = true;
       cl->cv.notify_all();
       error = "collective #" + std::to_string(seq) + " " + Describe(args) + " on rank " +
               std::to_string(rank) + ": not every rank arrived within L2L_NCCL_EMU_TIMEOUT_S";
     }
-    if (error.empty() && !rv.failed) {
+    if (error.empty() && cl->aborted && rv.n_posted < n) {
+      rv.failed = true;
+      error = "collective #" + std::to_string(seq) + " " + Describe(args) + " on rank " + std::to_string(rank) +
+              ": the communicator was aborted (ncclCommAbort)";
+    } else if (error.empty() && !rv.failed) {
       for (int r = 0; r < n; ++r) {
         const Args& o = rv.args[r];
         if (o.kind != args.kind || o.count != args.count || o.type != args.type ||
@@ -279,7 +284,7 @@ void RunCollective(const std::shared_ptr<Clique>& cl, ncclComm* comm, int rank, 
     }
     ++rv.n_computed;
     cl->cv.notify_all();
-    cl->cv.wait_until(lock, deadline, [&] { return rv.n_computed == rv.n_posted; });
+    cl->cv.wait_until(lock, deadline, [&] { return rv.n_computed == rv.n_posted || cl->aborted; });
     if (++rv.n_left == rv.n_posted && (rv.n_posted == n || rv.failed)) cl->calls.erase(seq);
   }
   if (!error.empty()) {
@@ -483,7 +488,24 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return ncclSuccess;
 }
 
-ncclResult_t ncclCommAbort(ncclComm_t comm) { return ncclCommDestroy(comm); }
+// As NCCL: usable from another thread while the communicator's collectives are in flight;
+// those still waiting for a peer fail (a sticky error on their stream), as do the other
+// members' (the whole clique is aborted).
+ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (comm == nullptr) return ncclSuccess;
+  std::shared_ptr<Clique> cl;
+  {
+    std::lock_guard<std::mutex> lock(g_mu);
+    if (g_live.count(comm) == 0) return Fail(ncclInvalidArgument, "ncclCommAbort: invalid communicator");
+    cl = comm->clique;
+  }
+  {
+    std::lock_guard<std::mutex> lock(cl->mu);
+    cl->aborted = true;
+    cl->cv.notify_all();
+  }
+  return ncclCommDestroy(comm);
+}
 
 ncclResult_t ncclCommCount(const ncclComm_t comm, int* count) {
   if (!Live(comm) || count == nullptr) return Fail(ncclInvalidArgument, "ncclCommCount: invalid argument");

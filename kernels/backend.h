@@ -91,6 +91,10 @@ class DeviceCollective {
   // Part rank() of buf becomes the sum over ranks of their part rank() (fp32); the other
   // parts keep what they held.
   virtual Status ReduceScatterSum(float* buf, size_t count, CopyQueue* queue) = 0;
+  // From any thread, while collectives may be in flight: ends the communicator for every
+  // rank; collectives waiting for a peer fail (their queue reports an error) instead of
+  // waiting forever. The group is unusable afterwards.
+  virtual void Abort() = 0;
 };
 
 // Host memory owned through a release function (page-locked on a GPU backend). Move-only.

@@ -2,6 +2,7 @@
 #include "worker/device_group.h"
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <map>
@@ -55,6 +56,7 @@ class DeviceGroup::Shared final : public GradientShardSink {
                       std::to_string(e.layer) + " (the devices' schedules differ)");
     }
     if (!e.acquired) {
+      acquire_failed_ = true;
       Status st = e.status;
       if (e.seen == n_) entries_.erase(it);
       return st;
@@ -172,9 +174,16 @@ class DeviceGroup::Shared final : public GradientShardSink {
         if (p.slot.data != nullptr) abandon.push_back(p.slot);
       pending_.clear();
       failed_ = Status::Ok();
+      acquire_failed_ = false;
     }
     for (int64_t layer : release) client_->ReleaseLayer(layer);
     for (const GradientSlot& slot : abandon) client_->AbandonGradientSlot(slot);
+  }
+
+  // Whether an acquisition failed this step (every device then stops at the same fetch).
+  bool acquire_failed() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return acquire_failed_;
   }
 
   int64_t acquires() const {
@@ -217,6 +226,7 @@ class DeviceGroup::Shared final : public GradientShardSink {
   std::map<std::pair<int64_t, int64_t>, Pending> pending_;     // GUARDED_BY(mu_) (step, layer)
   int64_t acquires_ = 0, pushes_ = 0;                          // GUARDED_BY(mu_)
   Status failed_;                                              // GUARDED_BY(mu_) see failure()
+  bool acquire_failed_ = false;                                // GUARDED_BY(mu_)
 };
 
 namespace {
@@ -299,22 +309,48 @@ DeviceGroup::~DeviceGroup() {
 
 Result<StepReport> DeviceGroup::RunStep(int64_t step, const std::vector<MicroBatch>& mbs,
                                         const std::vector<MicroBatch>& eval) {
+  if (!aborted_.ok()) return aborted_;
   const size_t n = relays_.size();
   const int64_t M = starts_.back() + counts_.back();
   if (static_cast<int64_t>(mbs.size()) != M) {
     return InvalidArgument("device group step " + std::to_string(step) + ": got " + std::to_string(mbs.size()) +
                            " micro-batches, train.micro_batches=" + std::to_string(M));
   }
+  // Bad input is refused before any device starts (a device refusing its share alone
+  // would leave the others waiting in a collective).
+  L2L_RETURN_IF_ERROR(relays_[0]->ValidateBatch(mbs, M, "micro-batch"));
+  L2L_RETURN_IF_ERROR(relays_[0]->ValidateBatch(eval, -1, "eval micro-batch"));
   std::vector<Result<StepReport>> results(n, Result<StepReport>(Internal("not run")));
   std::vector<std::thread> threads;
   static const std::vector<MicroBatch> kNone;
+  std::atomic<bool> abort_sent{false};
   for (size_t r = 0; r < n; ++r) {
     threads.emplace_back([&, r] {
       std::vector<MicroBatch> mine(mbs.begin() + starts_[r], mbs.begin() + starts_[r] + counts_[r]);
       results[r] = relays_[r]->RunStep(step, mine, r == 0 ? eval : kNone);
+      // A device that failed on its own (not at an acquisition every device shares)
+      // leaves its peers waiting in their next collective: abort the communicators so
+      // those fail too. The group is then unusable (the worker exits).
+      if (!results[r].ok() && !shared_->acquire_failed() && !abort_sent.exchange(true)) {
+        L2L_LOG_ERROR("device group: {} failed mid-step ({}); aborting the group's communicators",
+                      backends_[r]->name(), results[r].status().message());
+        for (auto& c : gather_) c->Abort();
+        for (auto& c : scatter_) c->Abort();
+      }
     });
   }
   for (std::thread& t : threads) t.join();
+  if (abort_sent.load()) {
+    for (size_t r = 0; r < n; ++r) {
+      if (!results[r].ok()) {
+        aborted_ = FailedPrecondition("device group aborted at step " + std::to_string(step) + " after " +
+                                      backends_[r]->name() + " failed: " + results[r].status().message() +
+                                      " (restart the worker)");
+        return results[r].status().WithContext("device group, " + backends_[r]->name() +
+                                               " (the group was aborted)");
+      }
+    }
+  }
   // An EPS error of a push first (the devices finished the step around it): it is the
   // one a rejoin answers.
   if (Status st = shared_->failure(); !st.ok()) {

@@ -63,8 +63,11 @@ class DeviceGroup {
 
   // As Relay::RunStep, for the whole group: exactly job.train.micro_batches micro-batches.
   // The report's loss is the mean over all micro-batches of their mean losses. After a
-  // failure the group's shared state is reset (held layers released), so the step can
-  // be redone after a rejoin.
+  // failure the EPS caused (a refused acquisition or push) the group's shared state is
+  // reset (held layers released), so the step can be redone after a rejoin. A device
+  // that fails on its own (bad input, a device error) aborts the communicators, so no
+  // peer waits forever in a collective; the group then fails every later step
+  // (FAILED_PRECONDITION) and the worker exits with the error.
   Result<StepReport> RunStep(int64_t step, const std::vector<MicroBatch>& micro_batches,
                              const std::vector<MicroBatch>& eval = {});
 
@@ -91,6 +94,7 @@ class DeviceGroup {
   EpsClient* client_ = nullptr;
   std::vector<kernels::Backend*> backends_;
   std::vector<int64_t> counts_, starts_;  // per rank: micro-batches and the first one
+  Status aborted_;  // set when a device failed on its own mid-step: later steps fail with it
   std::unique_ptr<HostRegionPinner> pinner_;
   std::unique_ptr<Shared> shared_;
   std::vector<std::unique_ptr<EpsClient>> rank_clients_;

@@ -117,6 +117,10 @@ class Relay {
   Result<StepReport> RunStep(int64_t step, const std::vector<MicroBatch>& micro_batches,
                              const std::vector<MicroBatch>& eval = {});
 
+  // The checks RunStep makes on its micro-batches (shapes, token ids, sequence inputs),
+  // naming the first bad one by its index; expected: their count, -1 for any.
+  Status ValidateBatch(const std::vector<MicroBatch>& mbs, int64_t expected, const char* what) const;
+
   const VersionStats& versions() const { return versions_; }
   const RelayTimes& last_times() const { return times_; }
   // Backend bytes this relay holds (weights slots, stash, activations, gradients, scratch).
@@ -132,7 +136,6 @@ class Relay {
  private:
   Relay(EpsClient* client, kernels::Backend* backend, const JobConfig& job, const RelayOptions& o);
   Status Init();
-  Status ValidateBatch(const std::vector<MicroBatch>& mbs, int64_t expected, const char* what) const;
   Status RunStepImpl(int64_t step, const std::vector<MicroBatch>& mbs, double* loss_sum);
   Status UploadEval(const std::vector<MicroBatch>& eval);
   Status Forward(int64_t step, ResidentLayer* emb);

@@ -23,6 +23,8 @@
 //    communicator's), bad counts, types, ops, ranks; ncclInvalidUsage for a duplicate
 //    device in ncclCommInitAll, a rank joined twice, disagreeing nranks, ncclGroupEnd
 //    without ncclGroupStart; ncclUnhandledCudaError for a bad stream.
+//  - ncclCommAbort (from any thread) aborts the whole clique: collectives still waiting
+//    for a peer fail with a sticky asynchronous error instead of waiting on.
 //  - groups (ncclGroupStart/End) nest; calls inside a group are queued at once (queueing
 //    never blocks the host), so one thread may drive several ranks with or without them.
 // Thread-safety: every function is thread-safe; one communicator is used by one thread

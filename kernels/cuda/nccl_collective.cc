@@ -4,6 +4,7 @@
 // or the emulator's NCCL in -DL2L_CUDA=EMU); without it CreateNcclCollectives says so.
 // Ownership: each NcclCollective owns its communicator (destroyed with it).
 // Thread-safety: one thread at a time per collective (an NCCL communicator's rule).
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,12 @@ class NcclCollective final : public DeviceCollective {
  public:
   NcclCollective(ncclComm_t comm, int rank, int size, int device)
       : comm_(comm), rank_(rank), size_(size), device_(device) {}
-  ~NcclCollective() override { (void)ncclCommDestroy(comm_); }
+  ~NcclCollective() override {
+    if (!aborted_.exchange(true)) (void)ncclCommDestroy(comm_);
+  }
+  void Abort() override {
+    if (!aborted_.exchange(true)) (void)ncclCommAbort(comm_);
+  }
   int rank() const override { return rank_; }
   int size() const override { return size_; }
 
@@ -69,6 +75,7 @@ class NcclCollective final : public DeviceCollective {
   }
   ncclComm_t comm_;
   const int rank_, size_, device_;
+  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -325,4 +326,25 @@ TEST_CASE("nccl emulator: ranks whose matching calls disagree fail on the stream
     l2l_cuda_emu::ClearStickyErrorForTesting();
   }
   FreeRanks(ranks);
+}
+
+TEST_CASE("nccl emulator: ncclCommAbort fails a collective waiting for a peer that never comes", "[nccl]") {
+  Devices devices(2);
+  auto ranks = MakeRanks(2, 64);
+  // Only rank 0 calls: it waits for rank 1 until the abort.
+  REQUIRE_NCCL(ncclAllReduce(ranks[0].buf, ranks[0].buf, 4, ncclFloat32, ncclSum, ranks[0].comm, ranks[0].stream));
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  REQUIRE(cudaStreamQuery(ranks[0].stream) == cudaErrorNotReady);
+  REQUIRE_NCCL(ncclCommAbort(ranks[1].comm));
+  REQUIRE_CUDA(cudaSetDevice(0));
+  REQUIRE(cudaStreamSynchronize(ranks[0].stream) == cudaErrorLaunchFailure);
+  l2l_cuda_emu::ClearStickyErrorForTesting();
+  for (Rank& r : ranks) {
+    REQUIRE_CUDA(cudaSetDevice(r.device));
+    REQUIRE_CUDA(cudaStreamDestroy(r.stream));
+    REQUIRE_CUDA(cudaFree(r.buf));
+    REQUIRE_CUDA(cudaFree(r.buf2));
+  }
+  REQUIRE_NCCL(ncclCommDestroy(ranks[0].comm));
+  REQUIRE(ncclCommDestroy(ranks[1].comm) == ncclInvalidArgument);  // already gone (aborted)
 }

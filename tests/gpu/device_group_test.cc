@@ -385,6 +385,41 @@ TEST_CASE("device group: a push the EPS refuses fails the step on every device, 
   for (int64_t l = 0; l < job.model.NumLayers(); ++l) CHECK((*eps)->Version(l) == 1);
 }
 
+// Bad input in one device's share of the micro-batches is refused before any device
+// starts (that device refusing alone would leave the others waiting in the all-gather);
+// the group stays usable.
+TEST_CASE("device group refuses a bad micro-batch up front and trains on afterwards", "[gpu][group]") {
+  ScopedEnv devices("L2L_CUDA_EMU_DEVICES", "2");
+  ScopedEnv timeout("L2L_NCCL_EMU_TIMEOUT_S", "60");
+  const JobConfig job = GroupJob(DType::kF32);
+  auto eps = worker::FakeEps::Create(job, {});
+  REQUIRE(eps.ok());
+  auto client = (*eps)->Connect(0);
+  REQUIRE(client.ok());
+  auto a = kernels::CreateBackend("cuda:0");
+  auto b = kernels::CreateBackend("cuda:1");
+  REQUIRE((a.ok() && b.ok()));
+  auto group = worker::DeviceGroup::Create(client->get(), {a->get(), b->get()}, job,
+                                           *worker::RelayOptions::FromJob(job));
+  REQUIRE(group.ok());
+  std::mt19937 rng(7);
+  const auto good = LearnableBatches(rng, job);
+  auto bad = good;
+  bad[3].targets[5] = static_cast<int32_t>(job.model.vocab_size);  // device 1's share
+  const auto t0 = std::chrono::steady_clock::now();
+  auto failed = (*group)->RunStep(0, bad);
+  REQUIRE_FALSE(failed.ok());
+  INFO(failed.status().ToString());
+  CHECK(failed.status().code() == StatusCode::kOutOfRange);
+  CHECK(failed.status().message().find("micro-batch 3 targets[5]") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
+  auto fewer = (*group)->RunStep(0, std::vector<worker::MicroBatch>(good.begin(), good.begin() + 3));
+  REQUIRE(fewer.status().code() == StatusCode::kInvalidArgument);
+  auto ok = (*group)->RunStep(0, good);
+  INFO(ok.status().ToString());
+  REQUIRE(ok.ok());
+}
+
 TEST_CASE("device group refuses what it cannot run", "[gpu][group]") {
   ScopedEnv devices("L2L_CUDA_EMU_DEVICES", "2");
   JobConfig job = GroupJob(DType::kF32);
