@@ -53,10 +53,10 @@ uint64_t EnvU64(const char* name, uint64_t fallback) {
   }
   return x;
 }
+// Read at each call, so a test may set it before the devices it uses (allocations and
+// streams of a device beyond a lowered count stay valid).
 int DeviceCount() {
-  static const int n =
-      static_cast<int>(std::min<uint64_t>(EnvU64("L2L_CUDA_EMU_DEVICES", 1), kMaxDevices));
-  return n;
+  return static_cast<int>(std::min<uint64_t>(EnvU64("L2L_CUDA_EMU_DEVICES", 1), kMaxDevices));
 }
 uint64_t MemoryLimit() { return EnvU64("L2L_CUDA_EMU_MEMORY_BYTES", uint64_t{80} << 30); }
 bool NoHostRegister() { return EnvU64("L2L_CUDA_EMU_NO_HOST_REGISTER", 0) != 0; }

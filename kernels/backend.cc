@@ -38,6 +38,21 @@ Result<std::unique_ptr<Backend>> CreateBackend(const std::string& device) {
   return InvalidArgument("unknown device \"" + device + "\": expected \"cpu\" or \"cuda:N\"");
 }
 
+Result<std::vector<std::unique_ptr<DeviceCollective>>> CreateDeviceCollectives(
+    const std::vector<Backend*>& backends) {
+  if (backends.empty()) return InvalidArgument("a device group needs at least one device");
+  for (Backend* b : backends) {
+    if (b == nullptr || b->kind() != DeviceKind::kCuda)
+      return InvalidArgument("a device group needs CUDA devices, got " +
+                             (b == nullptr ? std::string("null") : b->name()));
+  }
+#ifdef L2L_HAVE_CUDA
+  return CreateNcclCollectives(backends);
+#else
+  return FailedPrecondition("device groups need CUDA; this build has none");
+#endif
+}
+
 // ---- asynchronous transfers: defaults for backends without them (the CPU backend) -------
 
 Result<std::unique_ptr<CopyQueue>> Backend::CreateCopyQueue() {

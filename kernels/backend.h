@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/dtype.h"
 #include "common/status.h"
@@ -71,6 +72,29 @@ class CopyQueue {
   // Work queued on this queue after this call starts after `e`'s latest record is done
   // (no host wait).
   virtual void WaitFor(Event* e) = 0;
+};
+
+// One rank of a group of devices in one process (a communicator: NCCL on CUDA). The
+// collectives are queued on a CopyQueue of this rank's backend, ordered against other
+// queues by events like any of its copies, and operate IN PLACE on a buffer of
+// size() * count elements: rank r's part is elements [r * count, (r + 1) * count).
+// Every rank must issue the same collectives in the same order on its communicator (a
+// communicator is one ordered channel; use one per issuing thread).
+// Thread-safety: one thread at a time per DeviceCollective.
+class DeviceCollective {
+ public:
+  virtual ~DeviceCollective() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Every rank's part of buf is copied to every rank (dtype f32 or bf16).
+  virtual Status AllGather(void* buf, size_t count, DType dtype, CopyQueue* queue) = 0;
+  // Part rank() of buf becomes the sum over ranks of their part rank() (fp32); the other
+  // parts keep what they held.
+  virtual Status ReduceScatterSum(float* buf, size_t count, CopyQueue* queue) = 0;
+  // From any thread, while collectives may be in flight: ends the communicator for every
+  // rank; collectives waiting for a peer fail (their queue reports an error) instead of
+  // waiting forever. The group is unusable afterwards.
+  virtual void Abort() = 0;
 };
 
 // Host memory owned through a release function (page-locked on a GPU backend). Move-only.
@@ -314,6 +338,12 @@ class Backend {
 
 // The CPU backend (always available; the reference). num_threads <= 0: all cores.
 std::unique_ptr<Backend> CreateCpuBackend(int num_threads = 0);
+// One communicator per backend, rank i on backends[i]: CUDA backends on distinct devices
+// (NCCL). Fails with a message when a backend is not CUDA, devices repeat, or this build
+// has no NCCL (UNIMPLEMENTED).
+Result<std::vector<std::unique_ptr<DeviceCollective>>> CreateDeviceCollectives(
+    const std::vector<Backend*>& backends);
+
 
 // "cpu" or "cuda:N". Fails with a message when the device is unknown, CUDA support was not
 // built, or no such GPU is present.

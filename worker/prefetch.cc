@@ -39,19 +39,27 @@ Result<std::unique_ptr<LayerPrefetcher>> LayerPrefetcher::Create(EpsClient* clie
                                                                  kernels::Backend* backend,
                                                                  std::vector<size_t> layer_numel,
                                                                  int ring_slots, DType fetch_dtype,
-                                                                 const HostRegionPinner* pinner) {
+                                                                 const HostRegionPinner* pinner,
+                                                                 GroupRank group) {
   if (layer_numel.size() < 2) return InvalidArgument("prefetcher needs at least 2 layers");
   if (ring_slots < 1) return InvalidArgument("prefetcher needs at least 1 ring slot");
   std::unique_ptr<LayerPrefetcher> p(
-      new LayerPrefetcher(client, backend, std::move(layer_numel), fetch_dtype, pinner));
+      new LayerPrefetcher(client, backend, std::move(layer_numel), fetch_dtype, pinner, group));
   p->mode_ = ModeFor(*backend);
   p->direct_ = p->mode_ == CopyMode::kDirect;
-  const size_t ring_capacity =
-      *std::max_element(p->layer_numel_.begin() + 1, p->layer_numel_.end());
+  if (group.active() && p->mode_ != CopyMode::kAsync) {
+    return FailedPrecondition("a device group needs a backend with copy queues (CUDA), got " +
+                              backend->name());
+  }
+  // In a group a slot holds the padded layer (size * shard elements): the all-gather's.
+  const int gsize = group.active() ? group.size : 1;
+  size_t ring_capacity = 0;
+  for (size_t l = 1; l < p->layer_numel_.size(); ++l)
+    ring_capacity = std::max(ring_capacity, GroupPaddedNumel(p->layer_numel_[l], gsize));
   p->slots_.resize(static_cast<size_t>(ring_slots) + 1);
   for (size_t s = 0; s < p->slots_.size(); ++s) {
     Slot& slot = p->slots_[s];
-    slot.capacity = s == 0 ? p->layer_numel_[0] : ring_capacity;
+    slot.capacity = s == 0 ? GroupPaddedNumel(p->layer_numel_[0], gsize) : ring_capacity;
     L2L_ASSIGN_OR_RETURN(slot.device,
                          kernels::DeviceBuffer::Create(backend, slot.capacity * sizeof(float)));
     if (p->mode_ == CopyMode::kStaged) slot.staging.resize(slot.capacity);
@@ -65,7 +73,7 @@ Result<std::unique_ptr<LayerPrefetcher>> LayerPrefetcher::Create(EpsClient* clie
     }
   }
   if (p->mode_ == CopyMode::kAsync) {
-    const size_t largest = std::max(ring_capacity, p->layer_numel_[0]);
+    const size_t largest = std::max(ring_capacity, p->slots_[0].capacity);
     L2L_ASSIGN_OR_RETURN(p->bounce_, backend->AllocHost(largest * sizeof(float)));
     L2L_ASSIGN_OR_RETURN(p->copy_, backend->CreateCopyQueue());
   }
@@ -171,12 +179,20 @@ Result<int64_t> LayerPrefetcher::Fetch(int64_t layer, int64_t min_version,
 Status LayerPrefetcher::FetchAsync(int64_t layer, const LayerWeights& w, Slot& s) {
   const size_t n = w.numel;
   const size_t bytes = n * DTypeSize(w.dtype);
+  // This device's part [b, e) of the layer: all of it alone, its shard in a group.
+  const size_t shard = group_.active() ? GroupShardNumel(n, group_.size) : n;
+  const size_t b = group_.active() ? std::min(n, static_cast<size_t>(group_.rank) * shard) : 0;
+  const size_t e = std::min(n, b + shard);
+  const size_t es = DTypeSize(w.dtype);
+  const char* mine = static_cast<const char*>(w.data) + b * es;  // as published
   // Widen on the device when the slot has a buffer for this dtype (the publish dtype);
   // an unexpected narrow dtype is widened on the host into the bounce buffer instead.
   const bool device_widen = w.dtype != DType::kF32 && w.dtype == fetch_dtype_ &&
                             s.narrow.data() != nullptr;
   const bool pinned = (w.dtype == DType::kF32 || device_widen) && pinner_ != nullptr &&
                       pinner_->Covers(w.data, bytes);
+  // What is copied from the host: this device's part, as published (narrow) or fp32.
+  const size_t up_es = device_widen ? es : sizeof(float);
   // The compute stream may still read this slot's previous layer: copies into it start
   // after the compute work queued before its Release().
   copy_->WaitFor(s.freed.get());
@@ -185,10 +201,12 @@ Status LayerPrefetcher::FetchAsync(int64_t layer, const LayerWeights& w, Slot& s
   if (!pinned) {
     // Bounce: one host copy into pinned memory, then the DMA reads that; the EPS's view
     // can go at once. The previous fetch's DMA out of the bounce buffer was waited for.
+    // The bounce buffer is laid out as the whole layer; only [b, e) is filled.
+    char* bounce_mine = static_cast<char*>(bounce_.data()) + b * up_es;
     if (device_widen) {
-      std::memcpy(bounce_.data(), w.data, bytes);
+      std::memcpy(bounce_mine, mine, (e - b) * es);
     } else {
-      ConvertToFloat(w.data, w.dtype, bounce_.f32(), n);
+      ConvertToFloat(mine, w.dtype, reinterpret_cast<float*>(bounce_mine), e - b);
     }
     client_->ReleaseLayer(layer);
     held = false;
@@ -197,19 +215,23 @@ Status LayerPrefetcher::FetchAsync(int64_t layer, const LayerWeights& w, Slot& s
   } else {
     pinned_fetches_.fetch_add(1);
   }
+  const char* src_mine = static_cast<const char*>(src) + b * up_es;
   Status st;
-  if (device_widen) {
-    copy_->CopyToDevice(s.narrow.data(), src, bytes);
+  char* dst = static_cast<char*>(device_widen ? s.narrow.data() : s.device.data());
+  copy_->CopyToDevice(dst + b * up_es, src_mine, (e - b) * up_es);
+  if (group_.active()) {
+    // The other devices' parts, over the device links, in place (padded to size * shard).
+    st = group_.collective->AllGather(dst, shard, device_widen ? w.dtype : DType::kF32, copy_.get());
+  }
+  if (device_widen && st.ok()) {
     st = copy_->WidenToF32(s.device.f32(), s.narrow.data(), w.dtype, static_cast<int64_t>(n));
-  } else {
-    copy_->CopyToDevice(s.device.data(), src, n * sizeof(float));
   }
   copy_->Record(s.ready.get());
   // Wait here, on the prefetch thread, so the EPS's view (or the bounce buffer) is free
   // again before the next fetch; the compute thread never blocks on a copy.
   Status done = s.ready->Wait();
   if (held) client_->ReleaseLayer(layer);
-  L2L_RETURN_IF_ERROR(st.WithContext("widening layer " + std::to_string(layer) + " on the device"));
+  L2L_RETURN_IF_ERROR(st.WithContext("widening or gathering layer " + std::to_string(layer) + " on the device"));
   return done.WithContext("copying layer " + std::to_string(layer) + " to the device");
 }
 
@@ -280,10 +302,15 @@ void LayerPrefetcher::Cancel() {
 Result<std::unique_ptr<GradientPusher>> GradientPusher::Create(EpsClient* client,
                                                                kernels::Backend* backend,
                                                                size_t max_numel,
-                                                               const HostRegionPinner* pinner) {
-  std::unique_ptr<GradientPusher> p(new GradientPusher(client, backend, pinner));
+                                                               const HostRegionPinner* pinner,
+                                                               GroupRank group) {
+  std::unique_ptr<GradientPusher> p(new GradientPusher(client, backend, pinner, group));
   p->mode_ = ModeFor(*backend);
   p->direct_ = p->mode_ == CopyMode::kDirect;
+  if (group.active() && (p->mode_ != CopyMode::kAsync || group.sink == nullptr)) {
+    return FailedPrecondition("a device group's pusher needs a backend with copy queues (CUDA) "
+                              "and a shard sink, got " + backend->name());
+  }
   if (p->mode_ == CopyMode::kStaged) p->staging_.assign(2, std::vector<float>(max_numel));
   if (p->mode_ == CopyMode::kAsync) {
     L2L_ASSIGN_OR_RETURN(p->pinned_staging_, backend->AllocHost(max_numel * sizeof(float)));
@@ -309,7 +336,9 @@ void GradientPusher::Loop() {
     cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stop_ with nothing left to push
     Job job = queue_.front();
-    const bool skip = !first_error_.ok();
+    // After an error the rest is skipped; but a group's device still joins every
+    // reduce-scatter (its peers wait for it there), and the group drops the shards.
+    const bool skip = !first_error_.ok() && !group_.active();
     lk.unlock();
     Status st;
     if (!skip) {
@@ -329,7 +358,39 @@ void GradientPusher::Loop() {
   }
 }
 
+Status GradientPusher::PushGroupShard(const Job& job) {
+  const size_t shard = GroupShardNumel(job.numel, group_.size);
+  const size_t b = std::min(job.numel, static_cast<size_t>(group_.rank) * shard);
+  const size_t e = std::min(job.numel, b + shard);
+  const size_t bytes = (e - b) * sizeof(float);
+  copy_->WaitFor(job.ready);  // the compute work that wrote the gradient
+  // Sum every device's gradient into this device's shard, in place (the relay does not
+  // touch the buffer before Wait(ticket)).
+  Status st = group_.collective->ReduceScatterSum(const_cast<float*>(job.grad), shard, copy_.get())
+                  .WithContext("reduce-scattering the gradient of layer " + std::to_string(job.layer));
+  Result<float*> whole = group_.sink->ShardBuffer(job.layer, job.step, job.numel);
+  if (!whole.ok()) {
+    // The collective was queued: let it finish before the error goes up.
+    copy_->Record(copied_.get());
+    copied_->Wait().IgnoreError();
+    return whole.status();
+  }
+  float* dst = *whole + b;
+  // Straight into the EPS's slot when it is page-locked; else through pinned staging.
+  const bool direct = pinner_ != nullptr && bytes > 0 && pinner_->Covers(dst, bytes);
+  if (st.ok() && bytes > 0) copy_->CopyToHost(direct ? static_cast<void*>(dst) : pinned_staging_.data(), job.grad + b, bytes);
+  copy_->Record(copied_.get());
+  if (st.ok()) st = copied_->Wait().WithContext("reduce-scattering and copying the gradient of layer " +
+                                                std::to_string(job.layer) + " to the host");
+  else copied_->Wait().IgnoreError();
+  if (st.ok() && !direct && bytes > 0) std::memcpy(dst, pinned_staging_.data(), bytes);
+  if (st.ok()) (direct ? slot_pushes_ : staged_pushes_).fetch_add(1);
+  Status done = group_.sink->ShardDone(job.layer, job.step, job.micro_batches, st.ok());
+  return st.ok() ? done : st;
+}
+
 Status GradientPusher::PushAsync(const Job& job) {
+  if (group_.active()) return PushGroupShard(job);
   const size_t bytes = job.numel * sizeof(float);
   GradientSlot slot;
   if (client_->HasGradientSlots()) {

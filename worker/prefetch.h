@@ -29,6 +29,16 @@
 //  * staged (a backend without copy queues that is not the CPU): host staging buffers and
 //    synchronous Backend copies issued by the compute thread.
 //
+// In a device group (worker/device_group.h; several GPUs of one process, data parallel),
+// each engine also holds a GroupRank: its rank r of n and its own communicator. The
+// prefetcher copies only elements [r*s, min((r+1)*s, numel)) of each layer (s =
+// ceil(numel / n), the shard) into its slot, as published, and an in-place all-gather on
+// its copy queue fills the rest from the other devices (bf16 is gathered before widening:
+// half the bytes); the pusher reduce-scatters the gradient in place on its copy queue
+// (the buffer holds n*s floats) and copies only its summed shard out, to the group's
+// GradientShardSink, which hands the whole layer to the EPS once. Every rank walks the
+// same schedule and pushes the same layers in the same order, so the collectives match.
+//
 // Slots: slot 0 holds layer 0 (the embedding, usually the largest layer, which the head
 // also reads when embeddings are tied); `ring_slots` slots sized for the largest other
 // layer are shared by every other layer.
@@ -56,6 +66,40 @@
 
 namespace l2l::worker {
 
+// Where a device group's pushers put their reduced gradient shards (the group of
+// worker/device_group.h). Called from each rank's pusher thread, for every (step, layer)
+// once per rank: ShardBuffer, then (after the rank's shard is written) ShardDone.
+class GradientShardSink {
+ public:
+  virtual ~GradientShardSink() = default;
+  // The host buffer of layer `layer`'s whole summed gradient for `step` (numel floats,
+  // the same for every rank: an EPS gradient slot when the transport has them, so a
+  // page-locked one takes each device's shard straight by DMA). May block until the EPS
+  // frees a slot.
+  virtual Result<float*> ShardBuffer(int64_t layer, int64_t step, size_t numel) = 0;
+  // This rank's shard is in the buffer; micro_batches: this rank's. After the last
+  // rank's, the whole layer goes to the EPS once. ok=false: the shard was not written
+  // (the rank failed); the buffer is abandoned.
+  virtual Status ShardDone(int64_t layer, int64_t step, int64_t micro_batches, bool ok) = 0;
+};
+
+// One engine's place in a device group (see the header comment). Inactive (the single
+// device path) unless collective is set and size > 1.
+struct GroupRank {
+  int rank = 0;
+  int size = 1;
+  kernels::DeviceCollective* collective = nullptr;  // this engine's own communicator
+  GradientShardSink* sink = nullptr;                // the pusher's (required when active)
+  bool active() const { return collective != nullptr && size > 1; }
+};
+// ceil(numel / size): the elements each rank moves; size * that: the padded buffer.
+inline size_t GroupShardNumel(size_t numel, int size) {
+  return (numel + static_cast<size_t>(size) - 1) / static_cast<size_t>(size);
+}
+inline size_t GroupPaddedNumel(size_t numel, int size) {
+  return GroupShardNumel(numel, size) * static_cast<size_t>(size);
+}
+
 // A layer resident on the device, handed out by LayerPrefetcher::Next().
 struct ResidentLayer {
   int64_t layer = -1;
@@ -80,7 +124,8 @@ class LayerPrefetcher {
                                                          std::vector<size_t> layer_numel,
                                                          int ring_slots = 2,
                                                          DType fetch_dtype = DType::kF32,
-                                                         const HostRegionPinner* pinner = nullptr);
+                                                         const HostRegionPinner* pinner = nullptr,
+                                                         GroupRank group = {});
   ~LayerPrefetcher();
   LayerPrefetcher(const LayerPrefetcher&) = delete;
   LayerPrefetcher& operator=(const LayerPrefetcher&) = delete;
@@ -126,9 +171,9 @@ class LayerPrefetcher {
   };
 
   LayerPrefetcher(EpsClient* client, kernels::Backend* backend, std::vector<size_t> layer_numel,
-                  DType fetch_dtype, const HostRegionPinner* pinner)
+                  DType fetch_dtype, const HostRegionPinner* pinner, GroupRank group)
       : client_(client), backend_(backend), layer_numel_(std::move(layer_numel)),
-        fetch_dtype_(fetch_dtype), pinner_(pinner) {}
+        fetch_dtype_(fetch_dtype), pinner_(pinner), group_(group) {}
   void Loop();
   int FreeSlotFor(int64_t layer) const;  // REQUIRES: mu_ held; -1 when none
   // Acquires `layer`, converts it into slot `slot`, releases it. Returns the version.
@@ -143,6 +188,7 @@ class LayerPrefetcher {
   const std::vector<size_t> layer_numel_;
   const DType fetch_dtype_;
   const HostRegionPinner* pinner_;
+  const GroupRank group_;
   CopyMode mode_ = CopyMode::kStaged;
   bool direct_ = false;  // backend memory is host memory: write slots from the thread
   // Async mode (used only by the prefetch thread, fixed after Create):
@@ -167,10 +213,13 @@ class LayerPrefetcher {
 class GradientPusher {
  public:
   // max_numel: the largest gradient that will be submitted. pinner (may be null): which
-  // host memory is page-locked (the shm gradient segment).
+  // host memory is page-locked (the shm gradient segment). An active group needs the
+  // async mode and a sink; Submit's grad buffer must then hold GroupPaddedNumel(numel)
+  // floats, and the reduce-scatter overwrites it (it is the relay's until Wait anyway).
   static Result<std::unique_ptr<GradientPusher>> Create(EpsClient* client, kernels::Backend* backend,
                                                         size_t max_numel,
-                                                        const HostRegionPinner* pinner = nullptr);
+                                                        const HostRegionPinner* pinner = nullptr,
+                                                        GroupRank group = {});
   ~GradientPusher();
   GradientPusher(const GradientPusher&) = delete;
   GradientPusher& operator=(const GradientPusher&) = delete;
@@ -202,14 +251,17 @@ class GradientPusher {
     size_t numel;
     kernels::Event* ready;  // async: recorded on the compute stream at Submit
   };
-  GradientPusher(EpsClient* client, kernels::Backend* backend, const HostRegionPinner* pinner)
-      : client_(client), backend_(backend), pinner_(pinner) {}
+  GradientPusher(EpsClient* client, kernels::Backend* backend, const HostRegionPinner* pinner,
+                 GroupRank group)
+      : client_(client), backend_(backend), pinner_(pinner), group_(group) {}
   void Loop();
   Status PushAsync(const Job& job);  // async mode, on the pusher's thread
+  Status PushGroupShard(const Job& job);  // async mode in an active group
 
   EpsClient* client_;
   kernels::Backend* backend_;
   const HostRegionPinner* pinner_;
+  const GroupRank group_;
   CopyMode mode_ = CopyMode::kStaged;
   bool direct_ = false;
   std::vector<std::vector<float>> staging_;  // staged mode: 2 host buffers

@@ -64,11 +64,14 @@ Result<std::unique_ptr<Relay>> Relay::Create(EpsClient* client, kernels::Backend
 Status Relay::Init() {
   const int64_t L = spec_.n_layer, C = spec_.d_model;
   const size_t N = static_cast<size_t>(B_ * T_);
-  if (be_->HasAsyncTransfers()) {
+  if (opt_.shared_pinner != nullptr) {
+    pin_ = opt_.shared_pinner;  // a device group: pinned once, for every device
+  } else if (be_->HasAsyncTransfers()) {
     // Page-lock the transport's shared memory now (SetHostRegionObserver pins the regions
     // mapped already), so the copy queues DMA straight out of / into it.
     pinner_ = std::make_unique<HostRegionPinner>(be_);
     client_->SetHostRegionObserver(pinner_.get());
+    pin_ = pinner_.get();
   }
   L2L_ASSIGN_OR_RETURN(layers::LayerWorkspace ws, layers::LayerWorkspace::Create(be_, spec_, B_, T_));
   ws_ = std::make_unique<layers::LayerWorkspace>(std::move(ws));
@@ -85,10 +88,13 @@ Status Relay::Init() {
   std::vector<size_t> numel;
   for (const LayerLayout& l : layouts_) numel.push_back(l.numel);
   L2L_ASSIGN_OR_RETURN(prefetcher_, LayerPrefetcher::Create(client_, be_, numel, opt_.ring_slots,
-                                                            job_.publish_dtype, pinner_.get()));
+                                                            job_.publish_dtype, pin_, opt_.fetch_group));
   const size_t max_numel = *std::max_element(numel.begin(), numel.end());
-  const size_t ring_numel = *std::max_element(numel.begin() + 1, numel.end());
-  L2L_ASSIGN_OR_RETURN(pusher_, GradientPusher::Create(client_, be_, max_numel, pinner_.get()));
+  // In a device group the gradient buffers hold the padded layer (the reduce-scatter's).
+  const int gsize = opt_.push_group.active() ? opt_.push_group.size : 1;
+  size_t ring_numel = 0;
+  for (size_t l = 1; l < numel.size(); ++l) ring_numel = std::max(ring_numel, GroupPaddedNumel(numel[l], gsize));
+  L2L_ASSIGN_OR_RETURN(pusher_, GradientPusher::Create(client_, be_, max_numel, pin_, opt_.push_group));
 
   L2L_ASSIGN_OR_RETURN(tokens_, kernels::DeviceBuffer::Create(
                                     be_, static_cast<size_t>(M_) * 2 * N * sizeof(int32_t)));
@@ -96,11 +102,11 @@ Status Relay::Init() {
                                       be_, static_cast<size_t>(M_ + 1) * N * C * sizeof(float)));
   for (int64_t u = 0; u < M_; ++u) dact_.push_back(dact_buf_.f32() + static_cast<size_t>(u) * N * C);
   spare_ = dact_buf_.f32() + static_cast<size_t>(M_) * N * C;
-  L2L_ASSIGN_OR_RETURN(emb_grad_, kernels::DeviceBuffer::Create(be_, numel[0] * sizeof(float)));
+  L2L_ASSIGN_OR_RETURN(emb_grad_, kernels::DeviceBuffer::Create(be_, GroupPaddedNumel(numel[0], gsize) * sizeof(float)));
   for (auto& g : ring_grad_) {
     L2L_ASSIGN_OR_RETURN(g, kernels::DeviceBuffer::Create(be_, ring_numel * sizeof(float)));
   }
-  if (pinner_) {
+  if (pin_) {
     L2L_LOG_INFO("relay on {}: layers in and gradients out on copy streams (layers copied as "
                  "published, {}{}), stash {}{}",
                  be_->name(), DTypeName(job_.publish_dtype),

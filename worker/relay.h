@@ -63,6 +63,11 @@ struct RelayOptions {
   // intermediates for the backward (worker/stash.h's PlanActivations).
   RecomputeMode recompute = RecomputeMode::kAlways;
   size_t activation_budget_bytes = 0;  // 0: the default (ActivationBudgetBytes)
+  // Device group (worker/device_group.h sets these; inactive by default): this relay's
+  // rank with the prefetcher's and the pusher's own communicators, and the group's one
+  // pinner of the transport's shared memory (null: the relay pins for itself).
+  GroupRank fetch_group, push_group;
+  const HostRegionPinner* shared_pinner = nullptr;
 
   // Validates the job (JobConfig::Validate) and reads train.stash / mode / staleness.
   static Result<RelayOptions> FromJob(const JobConfig& job);
@@ -113,6 +118,10 @@ class Relay {
   Result<StepReport> RunStep(int64_t step, const std::vector<MicroBatch>& micro_batches,
                              const std::vector<MicroBatch>& eval = {});
 
+  // The checks RunStep makes on its micro-batches (shapes, token ids, sequence inputs),
+  // naming the first bad one by its index; expected: their count, -1 for any.
+  Status ValidateBatch(const std::vector<MicroBatch>& mbs, int64_t expected, const char* what) const;
+
   const VersionStats& versions() const { return versions_; }
   const RelayTimes& last_times() const { return times_; }
   // Backend bytes this relay holds (weights slots, stash, activations, gradients, scratch).
@@ -123,12 +132,11 @@ class Relay {
   const LayerPrefetcher& prefetcher() const { return *prefetcher_; }
   const GradientPusher& pusher() const { return *pusher_; }
   // Null unless the backend has copy queues.
-  const HostRegionPinner* pinner() const { return pinner_.get(); }
+  const HostRegionPinner* pinner() const { return pin_; }
 
  private:
   Relay(EpsClient* client, kernels::Backend* backend, const JobConfig& job, const RelayOptions& o);
   Status Init();
-  Status ValidateBatch(const std::vector<MicroBatch>& mbs, int64_t expected, const char* what) const;
   Status RunStepImpl(int64_t step, const std::vector<MicroBatch>& mbs, double* loss_sum);
   Status UploadEval(const std::vector<MicroBatch>& eval);
   Status Forward(int64_t step, ResidentLayer* emb);
@@ -153,6 +161,7 @@ class Relay {
 
   // Declared before the prefetcher and pusher: destroyed after them (they check it).
   std::unique_ptr<HostRegionPinner> pinner_;
+  const HostRegionPinner* pin_ = nullptr;  // pinner_, or the group's shared pinner
   std::unique_ptr<layers::LayerWorkspace> ws_;
   std::unique_ptr<Stash> stash_;
   ActivationPlan plan_;

@@ -3,11 +3,16 @@
 // (worker/relay.h) step after step until the job's step count, until the EPS stops the
 // job, or until SIGINT/SIGTERM (it finishes the step in progress, then leaves).
 //
-//   l2l-worker --eps 127.0.0.1:PORT [--device cpu|cuda:N] [--config FILE] [--threads N]
+//   l2l-worker --eps 127.0.0.1:PORT [--device cpu|cuda:N | --devices cuda:0,cuda:1,...]
+//              [--config FILE] [--threads N]
 //              [--transport auto|shm|grpc] [--name NAME] [--connect-timeout-ms MS]
 //              [--steps N] [--log-level info] [--token-file FILE] [--tls-ca CA.pem]
 //              [--tls-server-name NAME] [--push-deadline-floor-ms MS] [--push-min-mib-per-s R]
 //
+// --devices: several GPUs of this host as ONE worker of the EPS (worker/device_group.h:
+// each fetches 1/n of every layer, NCCL all-gathers the rest, the micro-batches are split
+// over the devices, gradients are reduce-scattered and the layer's gradient reaches the
+// EPS once). Needs a build with NCCL and train.micro_batches >= n.
 // --config FILE: a job YAML on this host; its data.train_path replaces the EPS's (the
 // tokens file may live elsewhere on another host) and its model must equal the EPS's.
 // Progress lines go to stdout:
@@ -29,6 +34,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -39,6 +45,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -48,6 +55,7 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "worker/data_loader.h"
+#include "worker/device_group.h"
 #include "worker/eps_client.h"
 #include "worker/eval_set.h"
 #include "worker/relay.h"
@@ -83,6 +91,7 @@ void StopWatchdog(const std::atomic<bool>* done) {
 struct Flags {
   std::string eps;
   std::string device = "cpu";
+  std::string devices;  // --devices: a comma-separated list (a device group)
   std::string config;
   int threads = 0;
   std::string transport = "auto";
@@ -197,7 +206,32 @@ Status Run(const Flags& f, int* exit_code) {
                reg.worker_id, reg.num_workers, ToString(reg.transport), reg.data_rank, reg.data_world,
                reg.start_step);
 
-  L2L_ASSIGN_OR_RETURN(std::unique_ptr<l2l::kernels::Backend> backend, MakeBackend(f));
+  // One backend per device: --device's, or each of --devices'.
+  std::vector<std::string> device_names;
+  if (!f.devices.empty()) {
+    size_t pos = 0;
+    while (pos <= f.devices.size()) {
+      const size_t comma = std::min(f.devices.find(',', pos), f.devices.size());
+      device_names.push_back(f.devices.substr(pos, comma - pos));
+      pos = comma + 1;
+    }
+  }
+  std::vector<std::unique_ptr<l2l::kernels::Backend>> owned;
+  std::vector<l2l::kernels::Backend*> backends;
+  if (device_names.size() <= 1) {
+    Flags one = f;
+    if (device_names.size() == 1) one.device = device_names[0];
+    L2L_ASSIGN_OR_RETURN(std::unique_ptr<l2l::kernels::Backend> be, MakeBackend(one));
+    owned.push_back(std::move(be));
+  } else {
+    for (const std::string& name : device_names) {
+      Result<std::unique_ptr<l2l::kernels::Backend>> be = l2l::kernels::CreateBackend(name);
+      if (!be.ok()) return be.status().WithContext("--devices " + f.devices);
+      owned.push_back(std::move(be).value());
+    }
+  }
+  for (auto& be : owned) backends.push_back(be.get());
+  l2l::kernels::Backend* backend = backends[0];
   L2L_ASSIGN_OR_RETURN(w::RelayOptions ropts, w::RelayOptions::FromJob(job));
   if (!f.recompute.empty()) {
     auto mode = l2l::ParseRecomputeMode(f.recompute);
@@ -205,8 +239,21 @@ Status Run(const Flags& f, int* exit_code) {
     ropts.recompute = *mode;
   }
   if (f.activation_budget_mb >= 0) ropts.activation_budget_bytes = static_cast<size_t>(f.activation_budget_mb) << 20;
-  L2L_ASSIGN_OR_RETURN(std::unique_ptr<w::Relay> relay,
-                       w::Relay::Create(client.get(), backend.get(), job, ropts));
+  std::unique_ptr<w::Relay> relay;
+  std::unique_ptr<w::DeviceGroup> group;
+  if (backends.size() > 1) {
+    L2L_ASSIGN_OR_RETURN(group, w::DeviceGroup::Create(client.get(), backends, job, ropts));
+  } else {
+    L2L_ASSIGN_OR_RETURN(relay, w::Relay::Create(client.get(), backend, job, ropts));
+  }
+  // The step loop below speaks to either.
+  auto run_step = [&](int64_t s, const std::vector<w::MicroBatch>& mbs, const std::vector<w::MicroBatch>& ev) {
+    return group ? group->RunStep(s, mbs, ev) : relay->RunStep(s, mbs, ev);
+  };
+  auto last_times = [&]() -> const w::RelayTimes& { return group ? group->last_times() : relay->last_times(); };
+  auto versions = [&]() -> const w::VersionStats& { return group ? group->versions() : relay->versions(); };
+  auto device_bytes = [&] { return group ? group->device_bytes() : relay->device_bytes(); };
+  auto stash_host_bytes = [&] { return group ? group->stash_host_bytes() : relay->stash_host_bytes(); };
 
   if (job.data.train_path.empty()) {
     return l2l::InvalidArgument("the job has no data.train_path; set it in the job config");
@@ -223,9 +270,9 @@ Status Run(const Flags& f, int* exit_code) {
     return Status::Ok();
   };
   L2L_RETURN_IF_ERROR(load_eval(reg));
-  L2L_LOG_INFO("backend {}, stash {}, mode {} (staleness {}), device bytes {}", backend->name(),
-               ToString(ropts.stash), ToString(job.train.mode), ropts.staleness,
-               relay->device_bytes());
+  L2L_LOG_INFO("backend {}{}, stash {}, mode {} (staleness {}), device bytes {}", backend->name(),
+               group ? " (+" + std::to_string(backends.size() - 1) + " more in the group: " + f.devices + ")" : "",
+               ToString(ropts.stash), ToString(job.train.mode), ropts.staleness, device_bytes());
 
   const auto t_start = std::chrono::steady_clock::now();
   int64_t done = 0;
@@ -254,8 +301,7 @@ Status Run(const Flags& f, int* exit_code) {
       std::vector<w::MicroBatch> batches = loader->NextMany(job.train.micro_batches);
       static const std::vector<w::MicroBatch> kNoEval;
       const auto run_start = std::chrono::steady_clock::now();
-      Result<w::StepReport> report =
-          relay->RunStep(step, batches, job.EvalAt(step) ? eval.micro_batches : kNoEval);
+      Result<w::StepReport> report = run_step(step, batches, job.EvalAt(step) ? eval.micro_batches : kNoEval);
       const auto run_end = std::chrono::steady_clock::now();
       if (report.ok()) {
         report->between_s = last_step_end ? std::chrono::duration<double>(run_start - *last_step_end).count() : 0.0;
@@ -299,11 +345,11 @@ Status Run(const Flags& f, int* exit_code) {
       if (job.train.log_every > 0 && (step % job.train.log_every == 0 || step + 1 == total_steps)) {
         const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
         const double per_step = elapsed / static_cast<double>(done);
-        const w::RelayTimes& t = relay->last_times();
+        const w::RelayTimes& t = last_times();
         std::printf("step %lld/%lld loss %.4f tok/s %.0f step_s %.3f wait_layer %.3f wait_push %.3f lag %lld eta %.0fs\n",
                     static_cast<long long>(step + 1), static_cast<long long>(total_steps), report->loss,
                     static_cast<double>(report->tokens) / t.total, t.total, t.wait_layer, t.wait_push,
-                    static_cast<long long>(relay->versions().max_lag),
+                    static_cast<long long>(versions().max_lag),
                     per_step * static_cast<double>(total_steps - step - 1));
         std::fflush(stdout);
       }
@@ -323,11 +369,11 @@ Status Run(const Flags& f, int* exit_code) {
                                                          " to commit"),
                                &step));
   }
-  const w::VersionStats& v = relay->versions();
+  const w::VersionStats& v = versions();
   std::printf("l2l-worker: done steps=%lld peak_rss_kb=%lld device_bytes=%zu stash_host_bytes=%zu "
               "max_lag=%lld min_lag=%lld\n",
-              static_cast<long long>(done), static_cast<long long>(PeakRssKb()), relay->device_bytes(),
-              relay->stash_host_bytes(), static_cast<long long>(v.max_lag),
+              static_cast<long long>(done), static_cast<long long>(PeakRssKb()), device_bytes(),
+              stash_host_bytes(), static_cast<long long>(v.max_lag),
               static_cast<long long>(v.min_lag));
   std::fflush(stdout);
   return Status::Ok();
@@ -339,7 +385,11 @@ int main(int argc, char** argv) {
   Flags f;
   CLI::App app{"l2l-worker: runs the layer-to-layer relay for an l2l-eps job"};
   app.add_option("--eps", f.eps, "EPS control address host:port")->required();
-  app.add_option("--device", f.device, "cpu or cuda:N");
+  auto* device_opt = app.add_option("--device", f.device, "cpu or cuda:N");
+  app.add_option("--devices", f.devices,
+                 "cuda:0,cuda:1,...: several GPUs as one worker (1/n fetch each, NCCL all-gather, "
+                 "reduce-scattered gradients)")
+      ->excludes(device_opt);
   app.add_option("--config", f.config, "job YAML on this host (data path; model must match)");
   app.add_option("--threads", f.threads, "CPU backend threads (0 = all cores)");
   app.add_option("--transport", f.transport, "auto | shm | grpc");

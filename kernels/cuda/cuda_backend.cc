@@ -357,6 +357,7 @@ class CudaBackend final : public Backend {
     L2L_CUDA_CHECK(cudaStreamWaitEvent(stream(), NativeEvent(e, "Backend::WaitEvent"), 0));
   }
   Result<HostBuffer> AllocHost(size_t bytes) override { return AllocPinnedHost(device_, bytes); }
+  int device() const { return device_; }
   Result<std::unique_ptr<HostPin>> PinHostRange(void* p, size_t bytes, bool read_only) override {
     L2L_ASSIGN_OR_RETURN(auto pin, CudaHostPin::Create(device_, p, bytes, read_only));
     return std::unique_ptr<HostPin>(std::move(pin));
@@ -510,6 +511,11 @@ Status NotCuda(const Backend& backend, const char* what) {
 
 }  // namespace
 }  // namespace cuda
+
+int CudaBackendDevice(Backend& backend) {
+  cuda::CudaBackend* be = cuda::AsCuda(backend);
+  return be == nullptr ? -1 : be->device();
+}
 
 int CudaDeviceCount() {
   int count = 0;

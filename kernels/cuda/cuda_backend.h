@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "common/status.h"
 #include "kernels/backend.h"
@@ -105,5 +106,13 @@ struct Bf16GemmArgs {
   const void* bias = nullptr;   // (N), required by kBias / kBiasGelu
 };
 Status GemmBf16(Backend& backend, const Bf16GemmArgs& args);
+
+// The device index of a backend from CreateCudaBackend; -1 for any other backend.
+int CudaBackendDevice(Backend& backend);
+
+// kernels::CreateDeviceCollectives for CUDA backends (kernels/cuda/nccl_collective.cc):
+// ncclCommInitAll over the backends' devices. UNIMPLEMENTED when this build has no NCCL.
+Result<std::vector<std::unique_ptr<DeviceCollective>>> CreateNcclCollectives(
+    const std::vector<Backend*>& backends);
 
 }  // namespace l2l::kernels

@@ -155,7 +155,8 @@ Result<HostRegistration> HostRegistration::Create(void* ptr, size_t bytes, bool 
                            std::to_string(reinterpret_cast<uintptr_t>(ptr)) +
                            ", bytes=" + std::to_string(bytes) + ")");
   }
-  unsigned flags = cudaHostRegisterDefault | (read_only ? cudaHostRegisterReadOnly : 0u);
+  // Portable: every device of the process may DMA from it (a device group pins once).
+  unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0u);
   cudaError_t e = cudaHostRegister(ptr, bytes, flags);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
