@@ -67,12 +67,15 @@ void GemmStrides(bool trans_a, bool trans_b, int64_t lda, int64_t ldb, int64_t l
   *sc = MatStrides{0, 0, ldc, 1};
 }
 
+// A created primitive and its scratchpad size.
+struct DnnlMatmul::Plan {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+  size_t scratch_bytes = 0;
+};
+
 struct DnnlMatmul::Impl {
-  struct Entry {
-    dnnl::matmul::primitive_desc pd;
-    dnnl::matmul prim;
-    size_t scratch_bytes = 0;
-  };
+  using Entry = DnnlMatmul::Plan;
   int num_threads = 1;
   tbb::task_arena* arena = nullptr;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
@@ -212,6 +215,18 @@ void DnnlMatmul::Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, fl
       im.Exec(e, A, B + off * sb.col, C + off * sc.col);
     }
   });
+}
+
+const DnnlMatmul::Plan* DnnlMatmul::Prepare(int64_t M, int64_t N, int64_t K, float alpha,
+                                            const MatStrides& sa, const MatStrides& sb,
+                                            float beta, const MatStrides& sc) {
+  L2L_CHECK(M > 0 && N > 0 && K > 0) << "DnnlMatmul::Prepare: empty product M=" << M << " N=" << N
+                                     << " K=" << K;
+  return &impl_->Get(1, 1, M, N, K, alpha, sa, sb, beta, sc);  // cache entries never move
+}
+
+void DnnlMatmul::Execute(const Plan* plan, const float* A, const float* B, float* C) {
+  impl_->Exec(*plan, A, B, C);
 }
 
 std::string DnnlMatmul::ImplName(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K,

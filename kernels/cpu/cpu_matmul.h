@@ -57,6 +57,15 @@ class DnnlMatmul {
 
   size_t cached_primitives() const;
 
+  // A cached 2-D product (no batch) that tasks may run concurrently: Prepare on the
+  // owner thread (creates or finds the primitive), then Execute from any thread, each
+  // call on its own C. The plan stays valid for the lifetime of this object.
+  struct Plan;
+  const Plan* Prepare(int64_t M, int64_t N, int64_t K, float alpha, const MatStrides& sa,
+                      const MatStrides& sb, float beta, const MatStrides& sc);
+  // REQUIRES: plan from Prepare on this object; M, N, K > 0 when prepared.
+  void Execute(const Plan* plan, const float* A, const float* B, float* C);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
