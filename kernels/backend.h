@@ -145,6 +145,15 @@ class Backend {
   virtual void AddBias(float* out, const float* bias, int64_t N, int64_t OC) = 0;
   // dbias (OC) += column sums of dout (N,OC).
   virtual void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) = 0;
+  // A linear layer with its epilogue: y (N,OC) = x (N,IC) @ W + bias, W (IC,OC) row-major
+  // or, when trans_w, (OC,IC) (y = x W^T); bias (OC) may be null. Then, at most one of:
+  // act (N,OC) = gelu_tanh(y) when act is not null (y keeps the pre-activation), or
+  // y += residual (N,OC) when residual is not null. y must not alias x, W, act or
+  // residual. Results equal Gemm, AddBias, GeluForward / Add in that order (bit for bit
+  // on the CPU); the default runs exactly those, a backend may fuse them.
+  virtual void LinearForward(float* y, const float* x, const float* w, bool trans_w,
+                             const float* bias, int64_t N, int64_t IC, int64_t OC, float* act,
+                             const float* residual);
 
   // ---- elementwise ---------------------------------------------------------------
   // out = a + b (n). out may alias a or b.

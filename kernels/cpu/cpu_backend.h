@@ -50,6 +50,10 @@ class CpuBackend final : public Backend {
             int64_t ldc) override;
   void AddBias(float* out, const float* bias, int64_t N, int64_t OC) override;
   void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) override;
+  // Fused: bias, GELU and residual run on each block of y inside the GEMM's task, right
+  // after oneDNN wrote it (one pass over y while it is in cache instead of up to three).
+  void LinearForward(float* y, const float* x, const float* w, bool trans_w, const float* bias,
+                     int64_t N, int64_t IC, int64_t OC, float* act, const float* residual) override;
 
   void Add(float* out, const float* a, const float* b, int64_t n) override;
   void Axpy(float* dst, const float* src, float alpha, int64_t n) override;
