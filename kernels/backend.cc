@@ -100,6 +100,16 @@ namespace {
 }
 }  // namespace
 
+void Backend::LinearForward(float* y, const float* x, const float* w, bool trans_w,
+                            const float* bias, int64_t N, int64_t IC, int64_t OC, float* act,
+                            const float* residual) {
+  L2L_CHECK(act == nullptr || residual == nullptr) << "LinearForward: act and residual are exclusive";
+  Gemm(false, trans_w, N, OC, IC, 1.0f, x, IC, w, trans_w ? IC : OC, 0.0f, y, OC);
+  if (bias != nullptr) AddBias(y, bias, N, OC);
+  if (act != nullptr) GeluForward(act, y, N * OC);
+  if (residual != nullptr) Add(y, y, residual, N * OC);
+}
+
 void Backend::TokenEmbeddingForward(float*, const int32_t*, const float*, int64_t, int64_t) {
   NotImplemented(*this, "TokenEmbeddingForward");
 }

@@ -169,6 +169,15 @@ class Backend {
   virtual void AddBias(float* out, const float* bias, int64_t N, int64_t OC) = 0;
   // dbias (OC) += column sums of dout (N,OC).
   virtual void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) = 0;
+  // A linear layer with its epilogue: y (N,OC) = x (N,IC) @ W + bias, W (IC,OC) row-major
+  // or, when trans_w, (OC,IC) (y = x W^T); bias (OC) may be null. Then, at most one of:
+  // act (N,OC) = gelu_tanh(y) when act is not null (y keeps the pre-activation), or
+  // y += residual (N,OC) when residual is not null. y must not alias x, W, act or
+  // residual. Results equal Gemm, AddBias, GeluForward / Add in that order (bit for bit
+  // on the CPU); the default runs exactly those, a backend may fuse them.
+  virtual void LinearForward(float* y, const float* x, const float* w, bool trans_w,
+                             const float* bias, int64_t N, int64_t IC, int64_t OC, float* act,
+                             const float* residual);
 
   // ---- elementwise ---------------------------------------------------------------
   // out = a + b (n). out may alias a or b.
@@ -201,8 +210,11 @@ class Backend {
                                  const float* rstd, int64_t N, int64_t C) = 0;
   // Causal multi-head self-attention. qkv (B,T,3C) holds q|k|v per row, each split in NH
   // heads of hs. out (B,T,C) = softmax(q k^T / sqrt(hs), causal) v per head (heads
-  // concatenated). att (B,NH,T,T) receives the softmax probabilities (row t is zero past t),
-  // which the backward needs. Softmax in fp32 with the max subtracted.
+  // concatenated). att (B,NH,T,T floats) is this backend's stash for its backward: pass it
+  // unchanged to the same backend's AttentionBackward, do not read it. The CUDA backend
+  // stores the softmax probabilities (row t zero past t); the CPU backend only each row's
+  // log-sum-exp, at att[(b*NH + h)*T + t], and recomputes the probabilities in the
+  // backward. Softmax in fp32 with the max subtracted.
   virtual void AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
                                 int64_t C, int64_t NH) = 0;
   // dqkv (B,T,3C) += gradient through the attention, from dout (B,T,C) and the forward's
@@ -270,8 +282,8 @@ class Backend {
   // Causal grouped-query attention. qkv (B,T,W) holds per row q (NH heads of hs), then k
   // (NKV heads), then v (NKV heads). Query head h attends with key/value head
   // h / (NH/NKV) (Hugging Face's repeat_kv). out (B,T,NH*hs) = softmax(q k^T / sqrt(hs),
-  // causal) v per head, heads concatenated; att (B,NH,T,T) the probabilities (row t zero
-  // past t). NKV == NH is ordinary multi-head attention with the same layout as
+  // causal) v per head, heads concatenated; att (B,NH,T,T floats) the backend's stash for
+  // the backward, as in AttentionForward. NKV == NH is ordinary multi-head attention with the same layout as
   // AttentionForward (C = NH*hs): the default delegates to it then and aborts otherwise.
   virtual void AttentionForwardGqa(float* out, float* att, const float* qkv, int64_t B, int64_t T,
                                    int64_t NH, int64_t NKV, int64_t hs);

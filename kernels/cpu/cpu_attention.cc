@@ -1,12 +1,30 @@
-// CpuBackend's causal multi-head attention, GEMM-based: batched oneDNN matmuls over
-// (B, NH) on strided views of qkv (B,T,3C) (head h of q is columns [h*hs, (h+1)*hs) of
-// the first C, k and v follow at offsets C and 2C), and a TBB loop for the causal
-// softmax and its backward. The full (T,T) score matrix is computed and the upper
-// triangle masked, which wastes half the QK^T flops but runs at GEMM speed.
-#include <tbb/parallel_for.h>
-
+// CpuBackend's causal attention (GPT-2 multi-head and Llama grouped-query), blocked so
+// that only the causal half is computed and no (T,T) matrix is ever stored.
+//
+// Queries are cut into strips of kQueryTile rows. A strip [i0, i1) only attends to keys
+// [0, i1), so its scores are a (rows, i1) block: scale * q_strip @ k[0:i1]^T, one oneDNN
+// matmul. The softmax runs on that block (row t masked past t: only the diagonal tile
+// is partly masked), the row's log-sum-exp goes to the stash, and out_strip = P @ v[0:i1].
+// Summed over strips this is ~T^2/2 + T*kQueryTile/2 score entries instead of T^2, and
+// the block (at most kQueryTile x T floats per task) stays in cache instead of a
+// (B,NH,T,T) tensor streaming through memory.
+//
+// The backward recomputes each strip's probabilities from q, k and the stashed
+// log-sum-exp, P = exp(s - lse), and then (per strip, keys [0, i1)):
+//   dP = dout_strip @ v^T;  dv += P^T @ dout_strip;  dS = P * (dP - rowsum(P * dP));
+//   dq_strip += scale * dS @ k;  dk += scale * dS^T @ q_strip.
+// The row sums are over the whole row (the strip holds every key the row sees), so this
+// is the same arithmetic as the unblocked softmax backward, not an approximation.
+//
+// The `att` buffer (B,NH,T,T floats, from the caller) holds the log-sum-exp of row t of
+// head h of sequence b at att[(b*NH + h)*T + t]; nothing else of it is written or read,
+// and `scratch` is not used. Parallelism: the forward's tasks are (b, head, strip); the
+// backward's are (b, kv head), each walking its query heads and strips in a fixed order,
+// so the dk/dv sums (and every output bit) do not depend on the thread count.
+// Thread-safety: as every Backend, one thread at a time.
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_math.h"
@@ -16,89 +34,167 @@
 namespace l2l::kernels {
 namespace {
 
-// Views of one (B, NH) batch of matrices.
-struct AttnViews {
-  MatStrides qkv_head;    // q, k or v of a head as (T, hs): rows 3C apart
-  MatStrides qkv_head_t;  // the same, transposed (hs, T)
-  MatStrides out_head;    // (T, hs) slice of a (B,T,C) tensor
-  MatStrides att;         // (T, T) of a (B,NH,T,T) tensor
-  MatStrides att_t;       // its transpose
+// Rows of a query strip. 64 keeps the oneDNN blocks efficient (M = 64) while the
+// wasted half of the diagonal tile is 64/(2T) of the work (12% at T = 256).
+constexpr int64_t kQueryTile = 64;
+
+// Leading dimension of a strip's score block: T rounded up to 16 floats (64 bytes).
+int64_t StripLd(int64_t T) { return (T + 15) / 16 * 16; }
+
+// Per-thread score/gradient blocks of kQueryTile x ld floats.
+float* ThreadBlock(int which, int64_t floats) {
+  thread_local std::vector<float> blocks[2];
+  std::vector<float>& v = blocks[which];
+  if (int64_t(v.size()) < floats) v.resize(floats);
+  return v.data();
+}
+
+struct Strip {
+  int64_t i0, rows;  // query rows [i0, i0 + rows); keys [0, i0 + rows)
 };
 
-AttnViews MakeViews(int64_t T, int64_t C, int64_t NH) {
-  const int64_t hs = C / NH;
-  AttnViews v;
-  v.qkv_head = MatStrides{T * 3 * C, hs, 3 * C, 1};
-  v.qkv_head_t = MatStrides{T * 3 * C, hs, 1, 3 * C};
-  v.out_head = MatStrides{T * C, hs, C, 1};
-  v.att = MatStrides{NH * T * T, T * T, T, 1};
-  v.att_t = MatStrides{NH * T * T, T * T, 1, T};
-  return v;
+std::vector<Strip> Strips(int64_t T) {
+  std::vector<Strip> s;
+  for (int64_t i0 = 0; i0 < T; i0 += kQueryTile) s.push_back({i0, std::min(kQueryTile, T - i0)});
+  return s;
 }
 
 }  // namespace
 
+void CpuBackend::CausalAttentionForward(float* out, float* lse, const float* qkv, int64_t B,
+                                        int64_t T, int64_t NH, int64_t NKV, int64_t hs) {
+  const int64_t rep = NH / NKV, C = NH * hs, W = C + 2 * NKV * hs, ld = StripLd(T);
+  const float scale = 1.0f / std::sqrt(float(hs));
+  const std::vector<Strip> strips = Strips(T);
+  const int64_t n_strips = int64_t(strips.size());
+  struct Plans {
+    const DnnlMatmul::Plan *s, *pv;
+  };
+  std::vector<Plans> plans(n_strips);
+  for (int64_t si = 0; si < n_strips; ++si) {
+    const int64_t rows = strips[si].rows, keys = strips[si].i0 + rows;
+    // S (rows, keys) = scale * q_strip @ k^T ; out_strip (rows, hs) = P @ v.
+    plans[si].s = matmul_->Prepare(rows, keys, hs, scale, MatStrides{0, 0, W, 1},
+                                   MatStrides{0, 0, 1, W}, 0.0f, MatStrides{0, 0, ld, 1});
+    plans[si].pv = matmul_->Prepare(rows, hs, keys, 1.0f, MatStrides{0, 0, ld, 1},
+                                    MatStrides{0, 0, W, 1}, 0.0f, MatStrides{0, 0, C, 1});
+  }
+  InArena([&] {
+    ParallelFor(B * NH * n_strips, 1, [&](int64_t t0, int64_t t1) {
+      float* S = ThreadBlock(0, kQueryTile * ld);
+      for (int64_t task = t0; task < t1; ++task) {
+        // Longest strips first: the last strip of each head is the most work.
+        const int64_t si = n_strips - 1 - task % n_strips, bh = task / n_strips;
+        const int64_t b = bh / NH, h = bh % NH, g = h / rep;
+        const Strip st = strips[si];
+        const int64_t keys = st.i0 + st.rows;
+        const float* base = qkv + b * T * W;
+        matmul_->Execute(plans[si].s, base + st.i0 * W + h * hs, base + C + g * hs, S);
+        float* row_lse = lse + bh * T + st.i0;
+        for (int64_t i = 0; i < st.rows; ++i) {
+          const int64_t n = st.i0 + i + 1;  // row t = i0 + i sees keys [0, t]
+          float* row = S + i * ld;
+          const float mx = MaxSpan(row, n);
+          const double sum = ExpShiftSumSpan(row, row, mx, n);
+          ScaleSpan(row, float(1.0 / sum), n);
+          std::fill(row + n, row + keys, 0.0f);
+          row_lse[i] = mx + float(std::log(sum));
+        }
+        matmul_->Execute(plans[si].pv, S, base + C + NKV * hs + g * hs,
+                         out + b * T * C + st.i0 * C + h * hs);
+      }
+    });
+  });
+}
+
+void CpuBackend::CausalAttentionBackward(float* dqkv, const float* dout, const float* qkv,
+                                         const float* lse, int64_t B, int64_t T, int64_t NH,
+                                         int64_t NKV, int64_t hs) {
+  const int64_t rep = NH / NKV, C = NH * hs, W = C + 2 * NKV * hs, ld = StripLd(T);
+  const float scale = 1.0f / std::sqrt(float(hs));
+  const std::vector<Strip> strips = Strips(T);
+  const int64_t n_strips = int64_t(strips.size());
+  const MatStrides qkv_rows{0, 0, W, 1}, qkv_t{0, 0, 1, W}, out_rows{0, 0, C, 1};
+  const MatStrides blk{0, 0, ld, 1}, blk_t{0, 0, 1, ld};
+  struct Plans {
+    const DnnlMatmul::Plan *s, *dp, *dv, *dq, *dk;
+  };
+  std::vector<Plans> plans(n_strips);
+  for (int64_t si = 0; si < n_strips; ++si) {
+    const int64_t rows = strips[si].rows, keys = strips[si].i0 + rows;
+    Plans& p = plans[si];
+    p.s = matmul_->Prepare(rows, keys, hs, scale, qkv_rows, qkv_t, 0.0f, blk);      // q k^T
+    p.dp = matmul_->Prepare(rows, keys, hs, 1.0f, out_rows, qkv_t, 0.0f, blk);      // dout v^T
+    p.dv = matmul_->Prepare(keys, hs, rows, 1.0f, blk_t, out_rows, 1.0f, qkv_rows);  // P^T dout
+    p.dq = matmul_->Prepare(rows, hs, keys, scale, blk, qkv_rows, 1.0f, qkv_rows);  // dS k
+    p.dk = matmul_->Prepare(keys, hs, rows, scale, blk_t, qkv_rows, 1.0f, qkv_rows);  // dS^T q
+  }
+  InArena([&] {
+    ParallelFor(B * NKV, 1, [&](int64_t t0, int64_t t1) {
+      float* P = ThreadBlock(0, kQueryTile * ld);
+      float* D = ThreadBlock(1, kQueryTile * ld);
+      for (int64_t task = t0; task < t1; ++task) {
+        const int64_t b = task / NKV, g = task % NKV;
+        const float* base = qkv + b * T * W;
+        const float* k = base + C + g * hs;
+        const float* v = base + C + NKV * hs + g * hs;
+        float* dbase = dqkv + b * T * W;
+        float* dk = dbase + C + g * hs;
+        float* dv = dbase + C + NKV * hs + g * hs;
+        for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
+          const float* row_lse_h = lse + (b * NH + h) * T;
+          for (int64_t si = 0; si < n_strips; ++si) {
+            const Strip st = strips[si];
+            const int64_t keys = st.i0 + st.rows;
+            const Plans& p = plans[si];
+            const float* q = base + st.i0 * W + h * hs;
+            const float* d_out = dout + b * T * C + st.i0 * C + h * hs;
+            matmul_->Execute(p.s, q, k, P);
+            matmul_->Execute(p.dp, d_out, v, D);
+            for (int64_t i = 0; i < st.rows; ++i) {
+              const int64_t n = st.i0 + i + 1;
+              float* pr = P + i * ld;
+              float* dr = D + i * ld;
+              ExpShiftSumSpan(pr, pr, row_lse_h[st.i0 + i], n);  // probabilities
+              const float dot = DotSpan(pr, dr, n);
+              for (int64_t j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
+              std::fill(pr + n, pr + keys, 0.0f);
+              std::fill(dr + n, dr + keys, 0.0f);
+            }
+            matmul_->Execute(p.dv, P, d_out, dv);
+            matmul_->Execute(p.dq, D, k, dbase + st.i0 * W + h * hs);
+            matmul_->Execute(p.dk, D, q, dk);
+          }
+        }
+      }
+    });
+  });
+}
+
 void CpuBackend::AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
                                   int64_t C, int64_t NH) {
   L2L_CHECK(NH > 0 && C % NH == 0) << "AttentionForward: NH=" << NH << " does not divide C=" << C;
-  const int64_t hs = C / NH;
-  const float scale = 1.0f / std::sqrt(float(hs));
-  const AttnViews v = MakeViews(T, C, NH);
-  const float* q = qkv;
-  const float* k = qkv + C;
-  const float* val = qkv + 2 * C;
-  // att (B,NH,T,T) = scale * q @ k^T (upper triangle masked below).
-  matmul_->Run(B, NH, T, T, hs, scale, q, v.qkv_head, k, v.qkv_head_t, 0.0f, att, v.att);
-  // Causal softmax per row, in place; entries past t become 0.
-  InArena([&] {
-    ParallelFor(B * NH * T, RowGrain(T), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t t = r % T;
-        float* row = att + r * T;
-        const float mx = MaxSpan(row, t + 1);
-        const double sum = ExpShiftSumSpan(row, row, mx, t + 1);
-        ScaleSpan(row, float(1.0 / sum), t + 1);
-        for (int64_t j = t + 1; j < T; ++j) row[j] = 0.0f;
-      }
-    });
-  });
-  // out (B,T,C), head h at columns h*hs: att @ v.
-  matmul_->Run(B, NH, T, hs, T, 1.0f, att, v.att, val, v.qkv_head, 0.0f, out, v.out_head);
+  CausalAttentionForward(out, att, qkv, B, T, NH, NH, C / NH);
 }
 
-void CpuBackend::AttentionBackward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                                   const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) {
+void CpuBackend::AttentionBackward(float* dqkv, float* /*scratch*/, const float* dout,
+                                   const float* qkv, const float* att, int64_t B, int64_t T,
+                                   int64_t C, int64_t NH) {
   L2L_CHECK(NH > 0 && C % NH == 0) << "AttentionBackward: NH=" << NH << " does not divide C=" << C;
-  const int64_t hs = C / NH;
-  const float scale = 1.0f / std::sqrt(float(hs));
-  const AttnViews v = MakeViews(T, C, NH);
-  const float* q = qkv;
-  const float* k = qkv + C;
-  const float* val = qkv + 2 * C;
-  float* dq = dqkv;
-  float* dk = dqkv + C;
-  float* dv = dqkv + 2 * C;
-  // datt (scratch) = dout @ v^T.
-  matmul_->Run(B, NH, T, T, hs, 1.0f, dout, v.out_head, val, v.qkv_head_t, 0.0f, scratch, v.att);
-  // dv += att^T @ dout.
-  matmul_->Run(B, NH, T, hs, T, 1.0f, att, v.att_t, dout, v.out_head, 1.0f, dv, v.qkv_head);
-  // Softmax backward, in place: dpre[j] = att[j] * (datt[j] - sum_i att[i] datt[i]) for
-  // j <= t, 0 past t (att is 0 there). The 1/sqrt(hs) goes into the GEMMs below.
-  InArena([&] {
-    ParallelFor(B * NH * T, RowGrain(T), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t t = r % T;
-        const float* a = att + r * T;
-        float* d = scratch + r * T;
-        const float dot = DotSpan(a, d, t + 1);
-        for (int64_t j = 0; j <= t; ++j) d[j] = a[j] * (d[j] - dot);
-        for (int64_t j = t + 1; j < T; ++j) d[j] = 0.0f;
-      }
-    });
-  });
-  // dq += scale * dpre @ k ; dk += scale * dpre^T @ q.
-  matmul_->Run(B, NH, T, hs, T, scale, scratch, v.att, k, v.qkv_head, 1.0f, dq, v.qkv_head);
-  matmul_->Run(B, NH, T, hs, T, scale, scratch, v.att_t, q, v.qkv_head, 1.0f, dk, v.qkv_head);
+  CausalAttentionBackward(dqkv, dout, qkv, att, B, T, NH, NH, C / NH);
+}
+
+void CpuBackend::AttentionForwardGqa(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                                     int64_t NH, int64_t NKV, int64_t hs) {
+  L2L_CHECK(NKV > 0 && NH % NKV == 0) << "AttentionForwardGqa: NKV=" << NKV << " does not divide NH=" << NH;
+  CausalAttentionForward(out, att, qkv, B, T, NH, NKV, hs);
+}
+
+void CpuBackend::AttentionBackwardGqa(float* dqkv, float* /*scratch*/, const float* dout,
+                                      const float* qkv, const float* att, int64_t B, int64_t T,
+                                      int64_t NH, int64_t NKV, int64_t hs) {
+  L2L_CHECK(NKV > 0 && NH % NKV == 0) << "AttentionBackwardGqa: NKV=" << NKV << " does not divide NH=" << NH;
+  CausalAttentionBackward(dqkv, dout, qkv, att, B, T, NH, NKV, hs);
 }
 
 }  // namespace l2l::kernels

@@ -95,6 +95,30 @@ void CpuBackend::AddBias(float* out, const float* bias, int64_t N, int64_t OC) {
   });
 }
 
+void CpuBackend::LinearForward(float* y, const float* x, const float* w, bool trans_w,
+                               const float* bias, int64_t N, int64_t IC, int64_t OC, float* act,
+                               const float* residual) {
+  L2L_CHECK(act == nullptr || residual == nullptr) << "LinearForward: act and residual are exclusive";
+  MatStrides sa, sb, sc;
+  GemmStrides(false, trans_w, IC, trans_w ? IC : OC, OC, &sa, &sb, &sc);
+  // The same per-element operations as AddBias, GeluForward and Add, in that order.
+  const DnnlMatmul::Epilogue epilogue = [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      float* o = y + m * OC;
+      if (bias != nullptr) {
+        for (int64_t c = n0; c < n1; ++c) o[c] += bias[c];
+      }
+      if (act != nullptr) GeluForwardSpan(act + m * OC + n0, o + n0, n1 - n0);
+      if (residual != nullptr) {
+        const float* r = residual + m * OC;
+        for (int64_t c = n0; c < n1; ++c) o[c] = o[c] + r[c];
+      }
+    }
+  };
+  const bool any = bias != nullptr || act != nullptr || residual != nullptr;
+  matmul_->Run(1, 1, N, OC, IC, 1.0f, x, sa, w, sb, 0.0f, y, sc, any ? &epilogue : nullptr);
+}
+
 void CpuBackend::BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) {
   InArena([&] {
     ForColumnChunks(OC, kColumnChunk, [&](int64_t c0, int64_t c1) {

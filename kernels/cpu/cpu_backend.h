@@ -3,8 +3,9 @@
 // this backend owns, run single-threaded per block inside TBB tasks; every other op is a
 // loop parallelised with oneTBB, all inside one task_arena limited to num_threads (one
 // thread pool, no OpenMP pool beside it). GELU and the softmax exps use vectorised
-// polynomials (cpu_math.h). Attention is GEMM-based: oneDNN matmuls per (b, head) on
-// strided views into qkv, plus a causal softmax loop.
+// polynomials (cpu_math.h). Causal attention is blocked by query strips
+// (cpu_attention.cc): oneDNN matmuls on strided views into qkv for the causal half only,
+// with the softmax in cache; `att` keeps only each row's log-sum-exp for the backward.
 //
 // Determinism: every reduction that crosses rows (BiasBackward, LayerNorm dweight/dbias,
 // EmbeddingBackward, SumSquares) is ordered independently of the thread count, so the
@@ -49,6 +50,10 @@ class CpuBackend final : public Backend {
             int64_t ldc) override;
   void AddBias(float* out, const float* bias, int64_t N, int64_t OC) override;
   void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) override;
+  // Fused: bias, GELU and residual run on each block of y inside the GEMM's task, right
+  // after oneDNN wrote it (one pass over y while it is in cache instead of up to three).
+  void LinearForward(float* y, const float* x, const float* w, bool trans_w, const float* bias,
+                     int64_t N, int64_t IC, int64_t OC, float* act, const float* residual) override;
 
   void Add(float* out, const float* a, const float* b, int64_t n) override;
   void Axpy(float* dst, const float* src, float alpha, int64_t n) override;
@@ -116,6 +121,13 @@ class CpuBackend final : public Backend {
   std::string GemmImplName(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K);
 
  private:
+  // Blocked causal attention for multi-head (NKV == NH) and grouped-query attention:
+  // qkv rows of (NH + 2 NKV) * hs, out rows of NH * hs, lse (B, NH, T) log-sum-exps.
+  void CausalAttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
+                              int64_t NH, int64_t NKV, int64_t hs);
+  void CausalAttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,
+                               int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs);
+
   // Runs f inside this backend's arena (at most num_threads_ TBB workers).
   template <typename F>
   void InArena(F&& f) {

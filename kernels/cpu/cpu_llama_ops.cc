@@ -7,7 +7,6 @@
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_math.h"
-#include "kernels/cpu/cpu_matmul.h"
 #include "kernels/cpu/cpu_parallel.h"
 
 namespace l2l::kernels {
@@ -184,95 +183,6 @@ void CpuBackend::SwiGLUBackward(float* dgate_up, const float* dout, const float*
   });
 }
 
-// ---- grouped-query attention -----------------------------------------------------------
-//
-// Query head h = g*rep + r (rep = NH/NKV) reads key/value head g. For each r, the heads
-// {g*rep + r : g < NKV} form a (B, NKV) batch of strided matrices, so the attention is
-// rep batched products per step instead of one per head.
-
-namespace {
-
-struct GqaViews {
-  MatStrides q, k, k_t;  // a head of q / k|v as (T,hs); k transposed (hs,T)
-  MatStrides out;        // (T,hs) slice of out (B,T,NH*hs)
-  MatStrides att, att_t; // (T,T) of att (B,NH,T,T) and its transpose
-};
-
-GqaViews MakeGqaViews(int64_t T, int64_t NH, int64_t NKV, int64_t hs) {
-  const int64_t W = (NH + 2 * NKV) * hs, C = NH * hs, rep = NH / NKV;
-  GqaViews v;
-  v.q = MatStrides{T * W, rep * hs, W, 1};
-  v.k = MatStrides{T * W, hs, W, 1};
-  v.k_t = MatStrides{T * W, hs, 1, W};
-  v.out = MatStrides{T * C, rep * hs, C, 1};
-  v.att = MatStrides{NH * T * T, rep * T * T, T, 1};
-  v.att_t = MatStrides{NH * T * T, rep * T * T, 1, T};
-  return v;
-}
-
-}  // namespace
-
-void CpuBackend::AttentionForwardGqa(float* out, float* att, const float* qkv, int64_t B, int64_t T,
-                                     int64_t NH, int64_t NKV, int64_t hs) {
-  L2L_CHECK(NKV > 0 && NH % NKV == 0) << "AttentionForwardGqa: NKV=" << NKV << " does not divide NH=" << NH;
-  const int64_t rep = NH / NKV, C = NH * hs;
-  const float scale = 1.0f / std::sqrt(float(hs));
-  const GqaViews v = MakeGqaViews(T, NH, NKV, hs);
-  const float* k = qkv + C;
-  const float* val = qkv + C + NKV * hs;
-  for (int64_t r = 0; r < rep; ++r) {
-    matmul_->Run(B, NKV, T, T, hs, scale, qkv + r * hs, v.q, k, v.k_t, 0.0f, att + r * T * T, v.att);
-  }
-  InArena([&] {
-    ParallelFor(B * NH * T, RowGrain(T), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t t = r % T;
-        float* row = att + r * T;
-        const float mx = MaxSpan(row, t + 1);
-        const double sum = ExpShiftSumSpan(row, row, mx, t + 1);
-        ScaleSpan(row, float(1.0 / sum), t + 1);
-        for (int64_t j = t + 1; j < T; ++j) row[j] = 0.0f;
-      }
-    });
-  });
-  for (int64_t r = 0; r < rep; ++r) {
-    matmul_->Run(B, NKV, T, hs, T, 1.0f, att + r * T * T, v.att, val, v.k, 0.0f, out + r * hs, v.out);
-  }
-}
-
-void CpuBackend::AttentionBackwardGqa(float* dqkv, float* scratch, const float* dout,
-                                      const float* qkv, const float* att, int64_t B, int64_t T,
-                                      int64_t NH, int64_t NKV, int64_t hs) {
-  L2L_CHECK(NKV > 0 && NH % NKV == 0) << "AttentionBackwardGqa: NKV=" << NKV << " does not divide NH=" << NH;
-  const int64_t rep = NH / NKV, C = NH * hs;
-  const float scale = 1.0f / std::sqrt(float(hs));
-  const GqaViews v = MakeGqaViews(T, NH, NKV, hs);
-  const float* k = qkv + C;
-  const float* val = qkv + C + NKV * hs;
-  float* dk = dqkv + C;
-  float* dv = dqkv + C + NKV * hs;
-  for (int64_t r = 0; r < rep; ++r) {
-    // datt = dout @ v^T ; dv += att^T @ dout (summed over the group's query heads).
-    matmul_->Run(B, NKV, T, T, hs, 1.0f, dout + r * hs, v.out, val, v.k_t, 0.0f, scratch + r * T * T, v.att);
-    matmul_->Run(B, NKV, T, hs, T, 1.0f, att + r * T * T, v.att_t, dout + r * hs, v.out, 1.0f, dv, v.k);
-  }
-  InArena([&] {
-    ParallelFor(B * NH * T, RowGrain(T), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t t = r % T;
-        const float* a = att + r * T;
-        float* d = scratch + r * T;
-        const float dot = DotSpan(a, d, t + 1);
-        for (int64_t j = 0; j <= t; ++j) d[j] = a[j] * (d[j] - dot);
-        for (int64_t j = t + 1; j < T; ++j) d[j] = 0.0f;
-      }
-    });
-  });
-  for (int64_t r = 0; r < rep; ++r) {
-    // dq += scale * dpre @ k ; dk += scale * dpre^T @ q.
-    matmul_->Run(B, NKV, T, hs, T, scale, scratch + r * T * T, v.att, k, v.k, 1.0f, dqkv + r * hs, v.q);
-    matmul_->Run(B, NKV, T, hs, T, scale, scratch + r * T * T, v.att_t, qkv + r * hs, v.q, 1.0f, dk, v.k);
-  }
-}
+// Grouped-query attention is in cpu_attention.cc (shared with the multi-head case).
 
 }  // namespace l2l::kernels

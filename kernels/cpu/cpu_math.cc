@@ -1,12 +1,18 @@
-// Vectorised fp32 math on 8-wide GCC vector extensions; see cpu_math.h. The bodies
-// (cpu_math_impl.inc) are compiled twice, for AVX2+FMA and for the baseline x86-64 ISA,
-// and each entry point picks one by a CPU feature check made once. (GCC's target_clones
-// would dispatch "arch=haswell" by CPU model, which skips AMD parts that have AVX2.)
+// Vectorised fp32 math on GCC vector extensions; see cpu_math.h. The bodies
+// (cpu_math_impl.inc) are compiled three times: 16 lanes for AVX-512 (F, BW, DQ, VL),
+// 8 lanes for AVX2+FMA, and 8 lanes for the baseline x86-64 ISA. Each entry point picks
+// one by CPU feature checks made once at load (GCC's target_clones would dispatch
+// "arch=haswell" by CPU model, which skips AMD parts that have AVX2), capped by
+// L2L_CPU_ISA=avx512|avx2|base when set. Elementwise results (GELU, exp) are the same
+// on every path; sums (ExpShiftSumSpan, DotSpan) differ by rounding, as lanes differ.
 #include "kernels/cpu/cpu_math.h"
 
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
-#pragma GCC diagnostic ignored "-Wpsabi"  // 32-byte vectors in the baseline build: all inlined
+#pragma GCC diagnostic ignored "-Wpsabi"  // wide vectors in narrower builds: all inlined
 
 #define L2L_INLINE static inline __attribute__((always_inline))
 
@@ -14,35 +20,97 @@ namespace l2l::kernels {
 namespace {
 
 #if defined(__x86_64__) || defined(__i386__)
+#define L2L_HAVE_X86 1
+namespace avx512 {
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
+#define L2L_VEC_FLOATS 16
+#include "kernels/cpu/cpu_math_impl.inc"
+#undef L2L_VEC_FLOATS
+#pragma GCC pop_options
+}  // namespace avx512
 namespace avx2 {
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#define L2L_VEC_FLOATS 8
 #include "kernels/cpu/cpu_math_impl.inc"
+#undef L2L_VEC_FLOATS
 #pragma GCC pop_options
 }  // namespace avx2
-const bool kHaveAvx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-#define L2L_DISPATCH(fn, ...) (kHaveAvx2 ? avx2::fn(__VA_ARGS__) : base::fn(__VA_ARGS__))
-#else
-#define L2L_DISPATCH(fn, ...) base::fn(__VA_ARGS__)
 #endif
 
 namespace base {
+#define L2L_VEC_FLOATS 8
 #include "kernels/cpu/cpu_math_impl.inc"
+#undef L2L_VEC_FLOATS
 }  // namespace base
+
+MathIsa Detect() {
+#ifdef L2L_HAVE_X86
+  MathIsa best = MathIsa::kBase;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) best = MathIsa::kAvx2;
+  if (best == MathIsa::kAvx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl")) {
+    best = MathIsa::kAvx512;
+  }
+  return best;
+#else
+  return MathIsa::kBase;
+#endif
+}
+
+const MathIsa kBest = Detect();
+
+MathIsa Initial() {
+  const char* env = std::getenv("L2L_CPU_ISA");
+  MathIsa want = kBest;
+  if (env != nullptr) {
+    const std::string v(env);
+    if (v == "base") want = MathIsa::kBase;
+    if (v == "avx2") want = MathIsa::kAvx2;
+  }
+  return static_cast<int>(want) < static_cast<int>(kBest) ? want : kBest;
+}
+
+std::atomic<MathIsa> g_isa{Initial()};
+
+#ifdef L2L_HAVE_X86
+#define L2L_DISPATCH(fn, ...)                                                 \
+  switch (g_isa.load(std::memory_order_relaxed)) {                           \
+    case MathIsa::kAvx512: return avx512::fn(__VA_ARGS__);                   \
+    case MathIsa::kAvx2: return avx2::fn(__VA_ARGS__);                       \
+    default: return base::fn(__VA_ARGS__);                                   \
+  }
+#else
+#define L2L_DISPATCH(fn, ...) return base::fn(__VA_ARGS__);
+#endif
 
 }  // namespace
 
-void GeluForwardSpan(float* out, const float* in, int64_t n) {
-  L2L_DISPATCH(GeluForwardSpan, out, in, n);
+MathIsa BestMathIsa() { return kBest; }
+MathIsa ActiveMathIsa() { return g_isa.load(); }
+bool SetMathIsa(MathIsa isa) {
+  if (static_cast<int>(isa) > static_cast<int>(kBest)) return false;
+  g_isa.store(isa);
+  return true;
 }
+const char* MathIsaName(MathIsa isa) {
+  switch (isa) {
+    case MathIsa::kAvx512: return "avx512";
+    case MathIsa::kAvx2: return "avx2";
+    default: return "base";
+  }
+}
+
+void GeluForwardSpan(float* out, const float* in, int64_t n) { L2L_DISPATCH(GeluForwardSpan, out, in, n); }
 void GeluBackwardSpan(float* dinp, const float* in, const float* dout, int64_t n) {
   L2L_DISPATCH(GeluBackwardSpan, dinp, in, dout, n);
 }
-float MaxSpan(const float* x, int64_t n) { return L2L_DISPATCH(MaxSpan, x, n); }
+float MaxSpan(const float* x, int64_t n) { L2L_DISPATCH(MaxSpan, x, n); }
 double ExpShiftSumSpan(float* out, const float* x, float shift, int64_t n) {
-  return L2L_DISPATCH(ExpShiftSumSpan, out, x, shift, n);
+  L2L_DISPATCH(ExpShiftSumSpan, out, x, shift, n);
 }
 void ScaleSpan(float* x, float s, int64_t n) { L2L_DISPATCH(ScaleSpan, x, s, n); }
-float DotSpan(const float* a, const float* b, int64_t n) { return L2L_DISPATCH(DotSpan, a, b, n); }
+float DotSpan(const float* a, const float* b, int64_t n) { L2L_DISPATCH(DotSpan, a, b, n); }
 
 }  // namespace l2l::kernels

@@ -1,14 +1,25 @@
 // Vectorised fp32 math for the CPU backend's hot loops: GELU (tanh form) and its
 // gradient, and exp-sums for softmax/cross-entropy. libm's scalar tanhf/expf cost
 // ~10-20 ns an element, which made GELU and softmax slower than the GEMMs around them;
-// these use Cephes-style polynomials (~2 ulp) on 8-wide GCC vectors, compiled twice
-// (AVX2+FMA and the baseline ISA) and picked at load time (target_clones).
-// Thread-safety: pure functions over caller-owned spans.
+// these use Cephes-style polynomials (~2 ulp) on GCC vectors, compiled for AVX-512
+// (16 lanes), AVX2+FMA and the baseline ISA (8 lanes), picked at run time from the CPU's
+// features (cpu_math.cc).
+// Thread-safety: pure functions over caller-owned spans; SetMathIsa is for tests and
+// benchmarks, not to be called while other threads run these.
 #pragma once
 
 #include <cstdint>
 
 namespace l2l::kernels {
+
+// The instruction set the functions below run on: the best the CPU has (BestMathIsa),
+// capped by L2L_CPU_ISA=avx2|base in the environment at load, or by SetMathIsa (false,
+// and no change, when the CPU lacks `isa`).
+enum class MathIsa { kBase = 0, kAvx2 = 1, kAvx512 = 2 };
+MathIsa BestMathIsa();
+MathIsa ActiveMathIsa();
+bool SetMathIsa(MathIsa isa);
+const char* MathIsaName(MathIsa isa);
 
 // out[i] = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), x = in[i]. out may alias in.
 void GeluForwardSpan(float* out, const float* in, int64_t n);

@@ -67,12 +67,15 @@ void GemmStrides(bool trans_a, bool trans_b, int64_t lda, int64_t ldb, int64_t l
   *sc = MatStrides{0, 0, ldc, 1};
 }
 
+// A created primitive and its scratchpad size.
+struct DnnlMatmul::Plan {
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+  size_t scratch_bytes = 0;
+};
+
 struct DnnlMatmul::Impl {
-  struct Entry {
-    dnnl::matmul::primitive_desc pd;
-    dnnl::matmul prim;
-    size_t scratch_bytes = 0;
-  };
+  using Entry = DnnlMatmul::Plan;
   int num_threads = 1;
   tbb::task_arena* arena = nullptr;
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
@@ -160,9 +163,10 @@ size_t DnnlMatmul::cached_primitives() const { return impl_->cache.size(); }
 
 void DnnlMatmul::Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, float alpha,
                      const float* A, const MatStrides& sa, const float* B, const MatStrides& sb,
-                     float beta, float* C, const MatStrides& sc) {
+                     float beta, float* C, const MatStrides& sc, const Epilogue* epilogue) {
   L2L_CHECK(B0 >= 0 && B1 >= 0 && M >= 0 && N >= 0 && K >= 0)
       << "negative matmul dims B0=" << B0 << " B1=" << B1 << " M=" << M << " N=" << N << " K=" << K;
+  L2L_CHECK(epilogue == nullptr || B0 * B1 == 1) << "DnnlMatmul: an epilogue needs a 2-D product";
   if (B0 == 0 || B1 == 0 || M == 0 || N == 0) return;
   if (K == 0) {
     // Empty product: C = beta * C (beta == 0 clears, without reading C).
@@ -173,6 +177,7 @@ void DnnlMatmul::Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, fl
             float& c = C[i * sc.b0 + j * sc.b1 + m * sc.row + n * sc.col];
             c = beta == 0.0f ? 0.0f : beta * c;
           }
+    if (epilogue != nullptr) (*epilogue)(0, M, 0, N);
     return;
   }
   Impl& im = *impl_;
@@ -195,6 +200,7 @@ void DnnlMatmul::Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, fl
   block = std::max(kMinBlock, (block + 15) / 16 * 16);
   if (im.num_threads <= 1 || block >= len || flops < 2e6) {
     im.Exec(im.Get(1, 1, M, N, K, alpha, sa, sb, beta, sc), A, B, C);
+    if (epilogue != nullptr) (*epilogue)(0, M, 0, N);
     return;
   }
   const int64_t n_blocks = (len + block - 1) / block;
@@ -206,12 +212,27 @@ void DnnlMatmul::Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, fl
   im.ForEach(n_blocks, [&](int64_t k) {
     const Impl::Entry& e = k + 1 < n_blocks ? full : tail;
     const int64_t off = k * block;
+    const int64_t end = std::min(len, off + block);
     if (by_rows) {
       im.Exec(e, A + off * sa.row, B, C + off * sc.row);
+      if (epilogue != nullptr) (*epilogue)(off, end, 0, N);
     } else {
       im.Exec(e, A, B + off * sb.col, C + off * sc.col);
+      if (epilogue != nullptr) (*epilogue)(0, M, off, end);
     }
   });
+}
+
+const DnnlMatmul::Plan* DnnlMatmul::Prepare(int64_t M, int64_t N, int64_t K, float alpha,
+                                            const MatStrides& sa, const MatStrides& sb,
+                                            float beta, const MatStrides& sc) {
+  L2L_CHECK(M > 0 && N > 0 && K > 0) << "DnnlMatmul::Prepare: empty product M=" << M << " N=" << N
+                                     << " K=" << K;
+  return &impl_->Get(1, 1, M, N, K, alpha, sa, sb, beta, sc);  // cache entries never move
+}
+
+void DnnlMatmul::Execute(const Plan* plan, const float* A, const float* B, float* C) {
+  impl_->Exec(*plan, A, B, C);
 }
 
 std::string DnnlMatmul::ImplName(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K,

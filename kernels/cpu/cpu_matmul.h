@@ -25,6 +25,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -46,9 +47,14 @@ class DnnlMatmul {
 
   // REQUIRES: operands do not overlap C. Dims >= 0. Aborts (L2L_CHECK) when oneDNN
   // rejects the problem, which is a bug in the caller's strides.
+  //
+  // epilogue (optional, 2-D products only): called as epilogue(m0, m1, n0, n1) once per
+  // block of C right after that block is computed, in the same task (the block is still
+  // in cache); the blocks tile C exactly. It may rewrite its block of C.
+  using Epilogue = std::function<void(int64_t m0, int64_t m1, int64_t n0, int64_t n1)>;
   void Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            const MatStrides& sa, const float* B, const MatStrides& sb, float beta, float* C,
-           const MatStrides& sc);
+           const MatStrides& sc, const Epilogue* epilogue = nullptr);
 
   // oneDNN's name for the implementation it picks for this problem (e.g. "brg:avx2").
   std::string ImplName(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, float alpha,
@@ -56,6 +62,15 @@ class DnnlMatmul {
                        const MatStrides& sc);
 
   size_t cached_primitives() const;
+
+  // A cached 2-D product (no batch) that tasks may run concurrently: Prepare on the
+  // owner thread (creates or finds the primitive), then Execute from any thread, each
+  // call on its own C. The plan stays valid for the lifetime of this object.
+  struct Plan;
+  const Plan* Prepare(int64_t M, int64_t N, int64_t K, float alpha, const MatStrides& sa,
+                      const MatStrides& sb, float beta, const MatStrides& sc);
+  // REQUIRES: plan from Prepare on this object; M, N, K > 0 when prepared.
+  void Execute(const Plan* plan, const float* A, const float* B, float* C);
 
  private:
   struct Impl;

@@ -13,13 +13,6 @@ namespace {
 using kernels::Backend;
 using kernels::DeviceBuffer;
 
-// y (N,OC) = x (N,IC) @ W (IC,OC) + b (OC).
-void Linear(Backend& be, float* y, const float* x, const float* w, const float* b, int64_t N,
-            int64_t IC, int64_t OC) {
-  be.Gemm(false, false, N, OC, IC, 1.0f, x, IC, w, OC, 0.0f, y, OC);
-  be.AddBias(y, b, N, OC);
-}
-
 // Backward of Linear: dW (IC,OC) += x^T @ dy; db (OC) += colsum(dy); dx (N,IC) = dy @ W^T
 // (overwritten; skipped when dx is null).
 void LinearBackward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x,
@@ -51,14 +44,16 @@ void BlockInternals(Backend& be, const ModelSpec& spec, const BlockViews& w, con
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   be.LayerNormForward(ws.ln1.f32(), ws.ln1_mean.f32(), ws.ln1_rstd.f32(), in, w.ln1_w, w.ln1_b, N,
                       C);
-  Linear(be, ws.qkv.f32(), ws.ln1.f32(), w.attn_w, w.attn_b, N, C, 3 * C);  // (N,3C)
+  be.LinearForward(ws.qkv.f32(), ws.ln1.f32(), w.attn_w, false, w.attn_b, N, C, 3 * C, nullptr,
+                   nullptr);  // (N,3C)
   be.AttentionForward(ws.atty.f32(), ws.att.f32(), ws.qkv.f32(), B, T, C, spec.n_head);
-  Linear(be, ws.resid2.f32(), ws.atty.f32(), w.proj_w, w.proj_b, N, C, C);
-  be.Add(ws.resid2.f32(), ws.resid2.f32(), in, N * C);  // x1 = x + attn
+  // x1 = x + attn
+  be.LinearForward(ws.resid2.f32(), ws.atty.f32(), w.proj_w, false, w.proj_b, N, C, C, nullptr, in);
   be.LayerNormForward(ws.ln2.f32(), ws.ln2_mean.f32(), ws.ln2_rstd.f32(), ws.resid2.f32(),
                       w.ln2_w, w.ln2_b, N, C);
-  Linear(be, ws.fch.f32(), ws.ln2.f32(), w.fc_w, w.fc_b, N, C, F);  // (N,F)
-  be.GeluForward(ws.fch_gelu.f32(), ws.fch.f32(), N * F);
+  // fch (N,F) and fch_gelu = gelu(fch)
+  be.LinearForward(ws.fch.f32(), ws.ln2.f32(), w.fc_w, false, w.fc_b, N, C, F, ws.fch_gelu.f32(),
+                   nullptr);
 }
 
 Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_t T, LayerWorkspace* ws) {
@@ -102,8 +97,8 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
   const BlockViews w = Views(layout, params);
   BlockInternals(be, spec, w, in, B, T, ws);
   // out = x1 + mlp; `in` is no longer read, so out may alias it.
-  Linear(be, out, ws.fch_gelu.f32(), w.mproj_w, w.mproj_b, N, F, C);
-  be.Add(out, out, ws.resid2.f32(), N * C);
+  be.LinearForward(out, ws.fch_gelu.f32(), w.mproj_w, false, w.mproj_b, N, F, C, nullptr,
+                   ws.resid2.f32());
 }
 
 void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,

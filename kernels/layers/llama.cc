@@ -125,8 +125,8 @@ void BlockInternals(Backend& be, const ModelSpec& spec, const BlockViews& w, con
   if (w.qkv_b != nullptr) be.AddBias(ws.qkv.f32(), w.qkv_b, N, W);
   be.RopeForward(ws.qkv.f32(), ws.rope_cos.f32(), ws.rope_sin.f32(), B, T, W, NH + NKV, hs);
   be.AttentionForwardGqa(ws.atty.f32(), ws.att.f32(), ws.qkv.f32(), B, T, NH, NKV, hs);
-  be.Gemm(false, true, N, C, C, 1.0f, ws.atty.f32(), C, w.o_w, C, 0.0f, ws.resid2.f32(), C);
-  be.Add(ws.resid2.f32(), ws.resid2.f32(), in, N * C);  // x1 = x + attn
+  // x1 = x + attn
+  be.LinearForward(ws.resid2.f32(), ws.atty.f32(), w.o_w, true, nullptr, N, C, C, nullptr, in);
   be.RMSNormForward(ws.ln2.f32(), ws.ln2_rstd.f32(), ws.resid2.f32(), w.ln2, N, C, eps);
   be.Gemm(false, true, N, 2 * F, C, 1.0f, ws.ln2.f32(), C, w.gate_up_w, C, 0.0f, ws.fch.f32(), 2 * F);
   be.SwiGLUForward(ws.fch_gelu.f32(), ws.fch.f32(), N, F);
@@ -150,8 +150,7 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
   const BlockViews w = Views(spec, layout, params);
   BlockInternals(be, spec, w, in, B, T, ws);
   // out = x1 + down(h); `in` is no longer read, so out may alias it.
-  be.Gemm(false, true, N, C, F, 1.0f, ws.fch_gelu.f32(), F, w.down_w, F, 0.0f, out, C);
-  be.Add(out, out, ws.resid2.f32(), N * C);
+  be.LinearForward(out, ws.fch_gelu.f32(), w.down_w, true, nullptr, N, F, C, nullptr, ws.resid2.f32());
 }
 
 void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,

@@ -220,6 +220,30 @@ inline AttentionBounds Bf16AttentionBounds(const std::vector<float>& qkv, const 
 
 // Round to nearest even to bf16 (8 significant bits), returned as the fp32 it stands for.
 // Inputs here are finite.
+// The softmax probabilities (B,NH,T,T) of causal attention, from the CPU backend's stash:
+// its `att` keeps only each row's log-sum-exp (first B*NH*T floats), so P_ij =
+// exp(scale q_i.k_j - lse_i) for j <= i (0 past i), in double from the same fp32 qkv.
+// qkv rows hold q (NH heads), k and v (NKV heads) of hs; head h reads kv head h/(NH/NKV).
+inline std::vector<float> CpuAttentionProbs(const std::vector<float>& qkv, const std::vector<float>& cpu_att,
+                                            int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs) {
+  const int64_t W = (NH + 2 * NKV) * hs, C = NH * hs, rep = NH / NKV;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  std::vector<float> p(B * NH * T * T, 0.0f);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        const double lse = cpu_att[(b * NH + h) * T + i];
+        const float* q = &qkv[(b * T + i) * W + h * hs];
+        for (int64_t j = 0; j <= i; ++j) {
+          const float* k = &qkv[(b * T + j) * W + C + (h / rep) * hs];
+          double s = 0.0;
+          for (int64_t d = 0; d < hs; ++d) s += double(q[d]) * double(k[d]);
+          p[((b * NH + h) * T + i) * T + j] = float(std::exp(s * scale - lse));
+        }
+      }
+  return p;
+}
+
 inline float RoundBf16(float x) {
   uint32_t u = 0;
   std::memcpy(&u, &x, sizeof(u));

@@ -81,6 +81,33 @@ inline DVec AttentionRef(const double* qkv, int64_t B, int64_t T, int64_t C, int
   return out;
 }
 
+// Causal attention's per-row log-sum-exp of the scaled scores, (B,NH,T): what the CPU
+// backend keeps in `att` for the backward. qkv rows hold q (NH heads), k and v (NKV
+// heads each) of hs; query head h reads kv head h / (NH / NKV).
+inline DVec AttentionLseRef(const double* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                            int64_t hs) {
+  const int64_t W = (NH + 2 * NKV) * hs, C = NH * hs, rep = NH / NKV;
+  const double scale = 1.0 / std::sqrt(double(hs));
+  DVec lse(B * NH * T);
+  DVec w(T);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t t = 0; t < T; ++t) {
+        const double* q = &qkv[(b * T + t) * W + h * hs];
+        double mx = -1e300;
+        for (int64_t j = 0; j <= t; ++j) {
+          const double* k = &qkv[(b * T + j) * W + C + (h / rep) * hs];
+          double s = 0.0;
+          for (int64_t i = 0; i < hs; ++i) s += q[i] * k[i];
+          mx = std::max(mx, w[j] = s * scale);
+        }
+        double sum = 0.0;
+        for (int64_t j = 0; j <= t; ++j) sum += std::exp(w[j] - mx);
+        lse[(b * NH + h) * T + t] = mx + std::log(sum);
+      }
+  return lse;
+}
+
 // Per-row cross-entropy losses via log-sum-exp; optionally the softmax probabilities.
 inline DVec CrossEntropyRef(const double* logits, const int32_t* targets, int64_t N, int64_t V,
                             DVec* probs = nullptr) {
