@@ -2,13 +2,13 @@
 // causal-softmax kernels (softmax.cu); the bidirectional key-masked form (encoders) swaps
 // in the masked softmax and is otherwise the same code.
 //
-// Why not a fused flash-attention kernel: Backend::AttentionForward must return the full
-// (B,NH,T,T) probability matrix (the backward contract reads it), so the memory saving
-// that motivates flash attention is not available behind this interface, and the two
-// products are then exactly what cuBLASLt's tensor-core GEMMs do best. The softmax is
-// one fused pass per row (max, exp-sum, normalise, causal mask). The cost is computing
-// the masked upper triangle of Q K^T (about 2x the causal FLOPs of those two products).
-// The bf16 relay path can later swap in a flash kernel behind its own entry point.
+// This backend stores the full (B,NH,T,T) probability matrix in `att` for its backward
+// (the contract lets each backend keep its own stash there: the CPU backend keeps only
+// row log-sum-exps and recomputes blocks). The two products are exactly what cuBLASLt's
+// tensor-core GEMMs do best; the softmax is one fused pass per row (max, exp-sum,
+// normalise, causal mask). The cost is computing the masked upper triangle of Q K^T
+// (about 2x the causal FLOPs of those two products) and the T x T memory: a flash-style
+// kernel storing log-sum-exps, as the CPU backend does, fits behind the same interface.
 //
 // Layout: qkv (B,T,3C) rows hold q|k|v, each NH heads of hs = C/NH. Head h of batch b
 // is the (T, hs) matrix at qkv + b*T*3C + {0,C,2C} + h*hs with row stride 3C, so the NH
