@@ -13,7 +13,10 @@
 #      (the hidden "[.gpt2bench]" case of l2l_gpu_tests) and prints tokens/s, model FLOPs
 #      utilisation = 6 x params x tokens/s over the bf16 GEMM peak measured here with
 #      torch.matmul on 8192^2 bf16 matrices, and peak device memory (the backend's own
-#      high-water mark and nvidia-smi's, polled).
+#      high-water mark and nvidia-smi's, polled);
+#   5. on a host with 4 or more GPUs, the device-group conformance cases ("[group]":
+#      2- and 4-GPU groups equal one GPU and the reference trainer); with fewer it says
+#      in the summary that they did not run.
 # Environment: L2L_BENCH_STEPS/B/M/T/MODEL (see tests/gpu/gpt2_bench_test.cc),
 # L2L_CUDA_GEMM=tf32 for TF32 GEMMs, PYTHON (default python3), L2L_CUBLAS_DIR,
 # L2L_GPU_TEST_TIMEOUT (seconds per ctest case, 120), L2L_GPU_BENCH_TIMEOUT (seconds for
@@ -88,7 +91,8 @@ unresolved=$(ldd_unresolved "$DIR"/bin/* "$DIR"/tests/l2l_*_tests) ||
 # ---- 2. conformance tests (label gpu) -----------------------------------------------
 CT="$DIR/ctest"
 rm -rf "$CT" && mkdir -p "$CT"
-mapfile -t names < <("$DIR/tests/l2l_gpu_tests" --list-test-names-only | sed '/^$/d')
+# The device-group cases ([group]: n GPUs as one worker, NCCL) need 4 GPUs: step 4.
+mapfile -t names < <("$DIR/tests/l2l_gpu_tests" "~[group]" --list-test-names-only | sed '/^$/d')
 ((${#names[@]} > 0)) || die "l2l_gpu_tests lists no test cases"
 # A test name is a Catch2 test spec on the command line: ',' '[' ']' must be escaped with
 # '\' (as catch_discover_tests does), else a name with a comma matches no test case and
@@ -191,7 +195,28 @@ else
   echo "$bench_out" | tail -30
 fi
 
+# ---- 4. several GPUs: the device group (l2l-worker --devices) ---------------------------
+# Its conformance cases train 2- and 4-device groups against one device and the reference
+# trainer (NCCL all-gather of 1/n fetches, reduce-scatter of gradients). Not here yet: a
+# throughput run per group size (the group's speed on real GPUs is unmeasured).
+group_rc=0
+if [[ "$SMOKE" == 1 ]]; then
+  NGPU=0
+  group_state="SKIPPED (smoke mode)"
+else
+  NGPU=$(nvidia-smi -L | grep -c '^GPU ' || true)
+  if ((NGPU >= 4)); then
+    log "device group conformance on $NGPU GPUs: l2l_gpu_tests [group]"
+    timeout --kill-after=15 $((TEST_TIMEOUT * 10)) "$DIR/tests/l2l_gpu_tests" "[group]" --warn NoTests --durations yes ||
+      group_rc=$?
+    group_state=$([[ $group_rc -eq 0 ]] && echo PASSED || echo "FAILED (rc $group_rc)")
+  else
+    group_state="NOT RUN: it needs 4 GPUs, this machine has $NGPU"
+  fi
+fi
+
 # ---- summary -------------------------------------------------------------------------
 echo "gpu_check.sh: conformance (ctest -L gpu): $([[ $test_rc -eq 0 ]] && echo PASSED || echo "FAILED (rc $test_rc)")"
 echo "gpu_check.sh: GPT-2-small training:       $([[ $bench_rc -eq 0 && -n "$line" ]] && echo OK || echo "FAILED (rc $bench_rc)")"
-[[ $test_rc -eq 0 && $bench_rc -eq 0 && -n "$line" ]]
+echo "gpu_check.sh: device group (--devices):   $group_state"
+[[ $test_rc -eq 0 && $bench_rc -eq 0 && -n "$line" && $group_rc -eq 0 ]]
