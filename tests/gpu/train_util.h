@@ -22,6 +22,7 @@
 #include "worker/fake_eps_client.h"
 #include "worker/relay.h"
 #include "worker/reference_trainer.h"
+#include "tests/testing/scoped_env.h"
 
 namespace l2l::gpu_test {
 
@@ -93,19 +94,7 @@ inline std::vector<float> TrainLosses(const JobConfig& cfg, const std::string& d
   return losses;
 }
 
-// Sets an environment variable for its lifetime (unset again even when a REQUIRE throws).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    REQUIRE(setenv(name, value, 1) == 0);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
+using testing::ScopedEnv;
 
 // The layer-to-layer relay against an in-process EPS (worker/fake_eps_client.h), one
 // worker, on `backend`; the same batches as TrainLosses (default LearnableSource(job)).

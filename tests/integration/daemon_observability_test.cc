@@ -28,20 +28,10 @@ double Sample(const std::string& body, const std::string& name) {
 TEST_CASE("l2l-eps logs every step to run.jsonl and serves Prometheus metrics", "[integration][ops]") {
   auto dir = TempDir::Create("l2l-observe");
   REQUIRE(dir.ok());
-  JobConfig job;
-  job.model.vocab_size = 64;
-  job.model.seq_len = 8;
-  job.model.d_model = 16;
-  job.model.n_layer = 2;
-  job.model.n_head = 2;
-  job.model.d_ff = 32;
-  job.train.micro_batch_size = 2;
-  job.train.micro_batches = 2;
-  job.train.steps = 5;
-  job.data.train_path = (*dir)->File("train.bin");
-  std::vector<int32_t> tokens(4096);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 5 + i / 11) % 64);
-  REQUIRE(WriteTokens(job.data.train_path, tokens).ok());
+  Result<JobConfig> made = SmallOpsJob(**dir);
+  INFO(made.status().ToString());
+  REQUIRE(made.ok());
+  const JobConfig job = *made;
 
   DaemonOptions o;
   o.extra_args = {"--metrics-listen", "127.0.0.1:0"};

@@ -231,6 +231,24 @@ Status WriteTokens(const std::string& path, const std::vector<int32_t>& tokens) 
   return WriteTokensFile(path, t);
 }
 
+Result<JobConfig> SmallOpsJob(const TempDir& dir) {
+  JobConfig job;
+  job.model.vocab_size = 64;
+  job.model.seq_len = 8;
+  job.model.d_model = 16;
+  job.model.n_layer = 2;
+  job.model.n_head = 2;
+  job.model.d_ff = 32;
+  job.train.micro_batch_size = 2;
+  job.train.micro_batches = 2;
+  job.train.steps = 5;
+  job.data.train_path = dir.File("train.bin");
+  std::vector<int32_t> tokens(4096);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 5 + i / 11) % 64);
+  L2L_RETURN_IF_ERROR(WriteTokens(job.data.train_path, tokens));
+  return job;
+}
+
 Result<std::string> HttpGet(int port, const std::string& path) {
   const std::string where = "GET http://127.0.0.1:" + std::to_string(port) + path;
   const int fd = socket(AF_INET, SOCK_STREAM, 0);

@@ -121,4 +121,9 @@ Result<std::string> HttpGet(int port, const std::string& path);
 // Writes `tokens` as an llm.c tokens file.
 Status WriteTokens(const std::string& path, const std::vector<int32_t>& tokens);
 
+// The small job the ops tests run through real processes: GPT-2 family, V=64 T=8 C=16,
+// 2 blocks of 2 heads, F=32, 2 micro-batches of 2, 5 steps, on 4096 tokens of a
+// learnable sequence written to dir/train.bin. An error names the file.
+Result<JobConfig> SmallOpsJob(const TempDir& dir);
+
 }  // namespace l2l::itest

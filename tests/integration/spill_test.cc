@@ -22,6 +22,7 @@
 #include "eps_server/param_store.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/relay_util.h"
+#include "tests/testing/scoped_env.h"
 
 namespace l2l::itest {
 namespace {
@@ -75,12 +76,7 @@ DaemonOptions SpillDaemon(const Run& r, int workers) {
   return o;
 }
 
-// Sets an environment variable for the daemons this scope starts (children inherit it).
-struct ScopedEnv {
-  std::string name;
-  ScopedEnv(std::string n, const std::string& v) : name(std::move(n)) { setenv(name.c_str(), v.c_str(), 1); }
-  ~ScopedEnv() { unsetenv(name.c_str()); }
-};
+using testing::ScopedEnv;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tests/integration/harness.h"
+#include "tests/testing/scoped_env.h"
 
 namespace l2l::itest {
 namespace {
@@ -22,39 +23,17 @@ namespace {
 using namespace std::chrono_literals;
 using Json = nlohmann::json;
 
-JobConfig TinyJob(const TempDir& dir) {
-  JobConfig job;
-  job.model.vocab_size = 64;
-  job.model.seq_len = 8;
-  job.model.d_model = 16;
-  job.model.n_layer = 2;
-  job.model.n_head = 2;
-  job.model.d_ff = 32;
-  job.train.micro_batch_size = 2;
-  job.train.micro_batches = 2;
-  job.train.steps = 5;
-  job.data.train_path = dir.File("train.bin");
-  std::vector<int32_t> tokens(4096);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 5 + i / 11) % 64);
-  REQUIRE(WriteTokens(job.data.train_path, tokens).ok());
-  return job;
-}
-
-// Sets an environment variable for the children started while it lives.
-struct ScopedEnv {
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (!value.empty()) setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() { unsetenv(name_); }
-  const char* name_;
-};
+using testing::ScopedEnv;
 
 // Runs the tiny job with L2L_DELAY_AT set for the daemon and for the worker; returns the
 // step lines of run.jsonl.
 std::vector<Json> RunJob(const std::string& eps_delay, const std::string& worker_delay) {
   auto dir = TempDir::Create("l2l-timeline");
   REQUIRE(dir.ok());
-  const JobConfig job = TinyJob(**dir);
+  Result<JobConfig> made = SmallOpsJob(**dir);
+  INFO(made.status().ToString());
+  REQUIRE(made.ok());
+  const JobConfig job = *made;
   Result<std::unique_ptr<EpsDaemon>> eps = Internal("not started");
   {
     ScopedEnv env("L2L_DELAY_AT", eps_delay);
