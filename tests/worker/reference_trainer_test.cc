@@ -160,13 +160,16 @@ TEST_CASE("Accumulating M micro-batches equals one batch M times larger", "[refe
       REQUIRE(lb.ok());
       CHECK(*la == Approx(*lb).epsilon(1e-5));
     }
-    // Tolerance rel 1e-5 plus an absolute 1e-6 (1/1000 of a step's update at lr 3e-3
-    // during warmup). The absolute part is needed for parameters whose true gradient is
-    // exactly 0 (the attention key bias: softmax ignores a per-row shift): fp32 noise of
-    // ~1e-12 there becomes an AdamW update lr*g/(|g|+eps) of up to ~4e-7 that differs
-    // between summation orders. Every other weight agrees to ~2e-6 relative.
-    const double w = WorstViolation(acc->params(), one->params(), 1e-5, 1e-6);
-    INFO("tied=" << tied << " worst |a-b|/(1e-6 + 1e-5|b|) after 3 steps: " << w);
+    // Tolerance rel 1e-5 plus an absolute 4e-6 (about 1/1000 of a step's update at lr
+    // 3e-3). The absolute part is needed for parameters whose true gradient is 0 or tiny
+    // (the attention key bias: softmax ignores a per-row shift; some key weights): fp32
+    // noise of the summation order there is normalised by AdamW (lr*m/(sqrt(v)+eps)) into
+    // update differences far above the gradients' own. Measured: up to ~4e-7 with the
+    // scalar exp, 1.7e-6 (a key weight of 7.5e-3) with the CPU kernels' AVX-512 exp and
+    // blocked attention built by clang. The gradients themselves are held to 1e-4 of
+    // the largest just below (the moments m), which is what catches a wrong accumulation.
+    const double w = WorstViolation(acc->params(), one->params(), 1e-5, 4e-6);
+    INFO("tied=" << tied << " worst |a-b|/(4e-6 + 1e-5|b|) after 3 steps: " << w);
     CHECK(w <= 1.0);
     // Moments: gradients agree to ~1e-6 of the largest gradient (~0.4).
     CHECK(WorstViolation(acc->m(), one->m(), 1e-4, 1e-8) <= 1.0);
