@@ -117,12 +117,15 @@ struct ncclComm {
 
 namespace {
 
+// The registries are heap objects never destroyed: work queued on a stream may still
+// use a communicator at exit, and a leak checker (which runs after static destructors)
+// then still sees every communicator as reachable from here.
 std::mutex g_mu;
-std::set<ncclComm*> g_live;                                       // GUARDED_BY(g_mu)
-// Destroyed communicators, kept (never freed) and reachable from here, so that leak
-// checkers see them as owned rather than lost.
-std::vector<ncclComm*> g_destroyed;                               // GUARDED_BY(g_mu)
-std::map<std::string, std::shared_ptr<Clique>> g_forming;         // GUARDED_BY(g_mu) by id
+std::set<ncclComm*>& g_live = *new std::set<ncclComm*>();         // GUARDED_BY(g_mu)
+// Destroyed communicators, kept (never freed) so a stale handle is recognised.
+std::vector<ncclComm*>& g_destroyed = *new std::vector<ncclComm*>();  // GUARDED_BY(g_mu)
+std::map<std::string, std::shared_ptr<Clique>>& g_forming =
+    *new std::map<std::string, std::shared_ptr<Clique>>();        // GUARDED_BY(g_mu) by id
 thread_local int t_group_depth = 0;
 thread_local std::string t_last_error;
 
