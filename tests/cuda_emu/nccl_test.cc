@@ -282,10 +282,12 @@ TEST_CASE("nccl emulator: bad arguments and misuse return NCCL's errors", "[nccl
           ncclInvalidArgument);  // 2 x 16 floats overrun the 64-byte receive buffer
   REQUIRE(ncclAllReduce(ranks[1].buf, ranks[0].buf2, 4, ncclFloat32, ncclSum, ranks[0].comm,
                         ranks[0].stream) == ncclInvalidArgument);  // cuda:1's memory on cuda:0's comm
-  REQUIRE(ncclAllReduce(ranks[0].buf, ranks[0].buf2, 4, static_cast<ncclDataType_t>(42), ncclSum,
-                        ranks[0].comm, ranks[0].stream) == ncclInvalidArgument);
-  REQUIRE(ncclAllReduce(ranks[0].buf, ranks[0].buf2, 4, ncclFloat32, static_cast<ncclRedOp_t>(9),
-                        ranks[0].comm, ranks[0].stream) == ncclInvalidArgument);
+  // The enums' sentinels: not a type / op, but inside each enum's range (a value outside
+  // it, such as 42, would be undefined behaviour before the call).
+  REQUIRE(ncclAllReduce(ranks[0].buf, ranks[0].buf2, 4, ncclNumTypes, ncclSum, ranks[0].comm,
+                        ranks[0].stream) == ncclInvalidArgument);
+  REQUIRE(ncclAllReduce(ranks[0].buf, ranks[0].buf2, 4, ncclFloat32, ncclNumOps, ranks[0].comm,
+                        ranks[0].stream) == ncclInvalidArgument);
   REQUIRE(ncclReduceScatter(ranks[0].buf, ranks[0].buf2, 12, ncclFloat32, ncclSum, ranks[0].comm,
                             ranks[0].stream) == ncclInvalidArgument);  // 2 x 12 floats > 64 bytes
   REQUIRE(ncclGroupEnd() == ncclInvalidUsage);
