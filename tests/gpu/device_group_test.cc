@@ -55,6 +55,44 @@ struct RunResult {
   std::vector<worker::VersionStats> versions;  // per device
 };
 
+// Backends cuda:0..n-1 and what drives them, as l2l-worker does for --device and
+// --devices: the plain relay for n == 1, a DeviceGroup otherwise. Members are destroyed
+// in reverse order: the relay or group before the backends it uses.
+struct TestWorker {
+  std::vector<std::unique_ptr<kernels::Backend>> backends;
+  std::unique_ptr<worker::Relay> relay;
+  std::unique_ptr<worker::DeviceGroup> group;
+  Result<worker::StepReport> RunStep(int64_t s, const std::vector<worker::MicroBatch>& batches) {
+    return relay ? relay->RunStep(s, batches) : group->RunStep(s, batches);
+  }
+};
+
+std::unique_ptr<TestWorker> MakeWorker(worker::EpsClient* client, const JobConfig& job,
+                                       const worker::RelayOptions& ropts, int n) {
+  auto w = std::make_unique<TestWorker>();
+  std::vector<kernels::Backend*> raw;
+  for (int d = 0; d < n; ++d) {
+    auto be = kernels::CreateBackend("cuda:" + std::to_string(d));
+    INFO(be.status().ToString());
+    REQUIRE(be.ok());
+    raw.push_back(be->get());
+    w->backends.push_back(std::move(be).value());
+  }
+  if (n == 1) {
+    auto r = worker::Relay::Create(client, raw[0], job, ropts);
+    INFO(r.status().ToString());
+    REQUIRE(r.ok());
+    w->relay = std::move(r).value();
+  } else {
+    auto g = worker::DeviceGroup::Create(client, raw, job, ropts);
+    INFO(g.status().ToString());
+    REQUIRE(g.ok());
+    w->group = std::move(g).value();
+    REQUIRE(w->group->size() == n);
+  }
+  return w;
+}
+
 // `devices` 1: the plain relay on cuda:0; more: a DeviceGroup over cuda:0..devices-1.
 RunResult Run(const JobConfig& job, int devices, int steps, const worker::FakeEpsOptions& eps_options = {}) {
   auto eps = worker::FakeEps::Create(job, eps_options);
@@ -63,35 +101,15 @@ RunResult Run(const JobConfig& job, int devices, int steps, const worker::FakeEp
   REQUIRE(client.ok());
   auto ropts = worker::RelayOptions::FromJob(job);
   REQUIRE(ropts.ok());
-  std::vector<std::unique_ptr<kernels::Backend>> backends;
-  std::vector<kernels::Backend*> raw;
-  for (int d = 0; d < devices; ++d) {
-    auto be = kernels::CreateBackend("cuda:" + std::to_string(d));
-    INFO(be.status().ToString());
-    REQUIRE(be.ok());
-    raw.push_back(be->get());
-    backends.push_back(std::move(be).value());
-  }
   RunResult out;
   std::mt19937 rng(7);
   {
-    std::unique_ptr<worker::Relay> relay;
-    std::unique_ptr<worker::DeviceGroup> group;
-    if (devices == 1) {
-      auto r = worker::Relay::Create(client->get(), raw[0], job, *ropts);
-      INFO(r.status().ToString());
-      REQUIRE(r.ok());
-      relay = std::move(r).value();
-    } else {
-      auto g = worker::DeviceGroup::Create(client->get(), raw, job, *ropts);
-      INFO(g.status().ToString());
-      REQUIRE(g.ok());
-      group = std::move(g).value();
-      REQUIRE(group->size() == devices);
-    }
+    std::unique_ptr<TestWorker> w = MakeWorker(client->get(), job, *ropts, devices);
+    worker::Relay* relay = w->relay.get();
+    worker::DeviceGroup* group = w->group.get();
     for (int s = 0; s < steps; ++s) {
       auto batches = LearnableBatches(rng, job);
-      auto report = relay ? relay->RunStep(s, batches) : group->RunStep(s, batches);
+      auto report = w->RunStep(s, batches);
       INFO(devices << " device(s), step " << s << ": " << report.status().ToString());
       REQUIRE(report.ok());
       REQUIRE(report->tokens == job.train.micro_batches * job.train.micro_batch_size * job.seq_len());
@@ -260,25 +278,9 @@ TEST_CASE("device group over the EPS's shared memory matches one device and fetc
     REQUIRE((*client)->registration().transport == l2l::Transport::kShm);
     auto ropts = worker::RelayOptions::FromJob(job);
     REQUIRE(ropts.ok());
-    std::vector<std::unique_ptr<kernels::Backend>> owned;
-    std::vector<kernels::Backend*> raw;
-    for (int d = 0; d < n; ++d) {
-      auto be = kernels::CreateBackend("cuda:" + std::to_string(d));
-      REQUIRE(be.ok());
-      raw.push_back(be->get());
-      owned.push_back(std::move(be).value());
-    }
-    std::unique_ptr<worker::Relay> relay;
-    std::unique_ptr<worker::DeviceGroup> group;
-    if (n == 1) {
-      auto r = worker::Relay::Create(client->get(), raw[0], job, *ropts);
-      REQUIRE(r.ok());
-      relay = std::move(r).value();
-    } else {
-      auto g = worker::DeviceGroup::Create(client->get(), raw, job, *ropts);
-      INFO(g.status().ToString());
-      REQUIRE(g.ok());
-      group = std::move(g).value();
+    std::unique_ptr<TestWorker> w = MakeWorker(client->get(), job, *ropts, n);
+    worker::DeviceGroup* group = w->group.get();
+    if (group) {
       for (const auto& a : group->pinner().attempts()) {
         INFO("pin " << a.name << ": " << (a.pinned ? "ok" : a.error));
         CHECK(a.pinned);
@@ -288,7 +290,7 @@ TEST_CASE("device group over the EPS's shared memory matches one device and fetc
     std::vector<float> losses;
     for (int s = 0; s < steps; ++s) {
       auto batches = LearnableBatches(rng, job);
-      auto report = relay ? relay->RunStep(s, batches) : group->RunStep(s, batches);
+      auto report = w->RunStep(s, batches);
       INFO(n << " device(s), step " << s << ": " << report.status().ToString());
       REQUIRE(report.ok());
       REQUIRE((*client)->StepDone(*report).ok());
@@ -301,9 +303,8 @@ TEST_CASE("device group over the EPS's shared memory matches one device and fetc
         slot_pushes.push_back(group->relay(r).pusher().slot_pushes());
         staged_pushes.push_back(group->relay(r).pusher().staged_pushes());
       }
-      group.reset();
     }
-    relay.reset();
+    w.reset();
     return losses;
   };
   std::vector<int64_t> pinned, bounced;
