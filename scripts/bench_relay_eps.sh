@@ -19,12 +19,7 @@ export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 tmp=$(mktemp -d /tmp/l2l-bench-relay-eps.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 # Random byte tokens (the model's vocabulary is 256): enough for STEPS steps.
-python3 -c "
-import struct, random, sys
-random.seed(1); n = 1 << 20
-hdr = [20240520, 1, n] + [0] * 253
-sys.stdout.buffer.write(struct.pack('<256i', *hdr) + struct.pack('<%dH' % n, *[random.randrange(256) for _ in range(n)]))
-" > "$tmp/train.bin"
+python3 scripts/random_tokens.py "$tmp/train.bin" $((1 << 20)) 256 1
 
 cat > "$tmp/job.yaml" <<YAML
 model:

@@ -25,24 +25,18 @@ esac
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 tmp=$(mktemp -d /tmp/l2l-bench-system.XXXXXX)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
-python3 -c "
-import struct, random, sys
-random.seed(1); n = 1 << 20
-hdr = [20240520, 1, n] + [0] * 253
-sys.stdout.buffer.write(struct.pack('<256i', *hdr) + struct.pack('<%dH' % n, *[random.randrange(256) for _ in range(n)]))
-" > "$tmp/train.bin"
+python3 scripts/random_tokens.py "$tmp/train.bin" $((1 << 20)) 256 1
 cat > "$tmp/job.yaml" <<YAML
 model: {vocab_size: $V, seq_len: $T, d_model: $C, n_layer: $L, n_head: $H, d_ff: $((4 * C)), tied_embeddings: true}
 optim: {lr: 1.0e-3, warmup_steps: 2, total_steps: $STEPS, grad_clip: 1.0, weight_decay: 0.1}
 train: {steps: $STEPS, micro_batch_size: $B, micro_batches: $M, log_every: 1, clip: none}
 data: {train_path: $tmp/train.bin}
 YAML
-printf 'listen: 127.0.0.1:0\nexpected_workers: 1\ntransport: auto\n' > "$tmp/eps.yaml"
 
 system() {
   local dir="$tmp/sys-$1"
   mkdir -p "$dir"
-  "$BUILD_DIR/bin/l2l-eps" --config "$tmp/eps.yaml" --job "$tmp/job.yaml" --state-dir "$dir" \
+  "$BUILD_DIR/bin/l2l-eps" --config configs/eps.yaml --job "$tmp/job.yaml" --state-dir "$dir" \
     --job-id "bsys$$x$1" > "$dir/eps.log" 2>&1 &
   local eps=$!
   for _ in $(seq 300); do [[ -s "$dir/eps.port" ]] && break; sleep 0.1; done
