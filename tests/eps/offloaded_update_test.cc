@@ -18,6 +18,7 @@
 #include "common/optimizer_model.h"
 #include "eps_server/param_store.h"
 #include "eps_server/update_pipeline.h"
+#include "tests/eps/grads_util.h"
 #include "tests/testing/jobs.h"
 #include "tests/testing/temp_dir.h"
 
@@ -47,24 +48,6 @@ std::unique_ptr<ParamStore> Store(const JobConfig& job, const std::string& spill
   L2L_CHECK(s.ok()) << s.status().ToString();
   if (!spill_dir.empty()) L2L_CHECK((*s)->ssd_bytes() > 0) << "nothing spilled";
   return std::move(s).value();
-}
-
-// grads[step][worker][layer], fresh random values.
-using Grads = std::vector<std::vector<std::vector<std::vector<float>>>>;
-Grads MakeGrads(const ParamStore& ps, int steps, int workers) {
-  std::mt19937 rng(7);
-  std::normal_distribution<float> d(0.0f, 0.1f);
-  Grads g(steps, std::vector<std::vector<std::vector<float>>>(workers));
-  for (auto& s : g) {
-    for (auto& w : s) {
-      for (int64_t l = 0; l < ps.num_layers(); ++l) {
-        std::vector<float> v(ps.layout(l).numel);
-        for (auto& x : v) x = d(rng);
-        w.push_back(std::move(v));
-      }
-    }
-  }
-  return g;
 }
 
 struct State {
@@ -167,7 +150,7 @@ TEST_CASE("offloaded layer updates are bit-identical to the daemon's at shares 0
   const std::string clip = GENERATE(as<std::string>{}, "global", "per_layer", "none");
   const JobConfig job = Job(clip);
   auto probe = Store(job);
-  const Grads g = MakeGrads(*probe, 4, 2);
+  const Grads g = MakeGrads(*probe, 4, 2, 7);
   const State daemon = Run(job, g, nullptr, 0, 4, nullptr, nullptr);
   for (double f : {0.0, 0.33, 1.0}) {
     CAPTURE(clip, f);
@@ -191,7 +174,7 @@ TEST_CASE("a restart from the state in the middle equals the uninterrupted offlo
           "[eps][pipeline][offload]") {
   const JobConfig job = Job("global");
   auto probe = Store(job);
-  const Grads g = MakeGrads(*probe, 4, 2);
+  const Grads g = MakeGrads(*probe, 4, 2, 7);
   CpuOffloadedUpdater cpu;
   const std::vector<bool> mask = Mask(*probe, 0.33);
   const State whole = Run(job, g, &mask, 0, 4, nullptr, &cpu);
@@ -206,7 +189,7 @@ TEST_CASE("offloaded updates of layers whose state is on the SSD tier equal the 
           "[eps][pipeline][offload]") {
   const JobConfig job = Job("global");
   auto probe = Store(job);
-  const Grads g = MakeGrads(*probe, 3, 2);
+  const Grads g = MakeGrads(*probe, 3, 2, 7);
   CpuOffloadedUpdater cpu;
   const State daemon = Run(job, g, nullptr, 0, 3, nullptr, nullptr);
   for (double f : {0.33, 1.0}) {
@@ -230,7 +213,7 @@ TEST_CASE("an offloaded update that fails fails the pipeline naming the layer", 
   auto ps = Store(job);
   REQUIRE(ps->InitFromSeed(11).ok());
   for (int64_t l = 0; l < ps->num_layers(); ++l) REQUIRE(ps->PublishMaster(l, 0).ok());
-  const Grads g = MakeGrads(*ps, 1, 1);
+  const Grads g = MakeGrads(*ps, 1, 1, 7);
   FailingUpdater bad;
   std::vector<bool> mask(ps->num_layers(), false);
   mask.back() = true;

@@ -16,6 +16,7 @@
 #include "common/adamw.h"
 #include "eps_server/param_store.h"
 #include "eps_server/update_pipeline.h"
+#include "tests/eps/grads_util.h"
 #include "tests/testing/jobs.h"
 
 namespace l2l::eps {
@@ -40,25 +41,6 @@ std::unique_ptr<ParamStore> MakeStore(const JobConfig& job) {
   return std::move(s).value();
 }
 
-// grads[step][worker][layer]
-using Grads = std::vector<std::vector<std::vector<std::vector<float>>>>;
-
-Grads MakeGrads(const ParamStore& ps, int steps, int workers) {
-  std::mt19937 rng(5);
-  std::normal_distribution<float> d(0.0f, 0.1f);
-  Grads g(steps);
-  for (auto& s : g) {
-    s.resize(workers);
-    for (auto& w : s) {
-      for (int64_t l = 0; l < ps.num_layers(); ++l) {
-        std::vector<float> v(ps.layout(l).numel);
-        for (auto& x : v) x = d(rng);
-        w.push_back(std::move(v));
-      }
-    }
-  }
-  return g;
-}
 
 // The reference: AdamW per tensor with common/adamw.h on plain vectors.
 std::vector<std::vector<float>> Reference(const JobConfig& job, const ParamStore& ps, const Grads& g,
@@ -150,7 +132,7 @@ TEST_CASE("UpdatePipeline publishes exactly AdamW of the summed gradients, in an
   INFO("clip=" << clip);
   const JobConfig job = SmallJob(clip);
   auto probe = MakeStore(job);
-  const Grads g = MakeGrads(*probe, 3, 2);
+  const Grads g = MakeGrads(*probe, 3, 2, 5);
   const std::vector<int64_t> mbs = {2, 3};
   const auto want = Reference(job, *probe, g, mbs);
   const auto a = RunPipeline(job, g, mbs, 1);
@@ -234,7 +216,7 @@ TEST_CASE("UpdatePipeline in lock-free mode holds a gradient pushed ahead of the
   job.train.mode = l2l::TrainMode::kLockfree;
   job.train.staleness = 1;
   auto probe = MakeStore(job);
-  const Grads g = MakeGrads(*probe, 2, 2);
+  const Grads g = MakeGrads(*probe, 2, 2, 5);
   const std::vector<int64_t> mbs = {1, 1};
   const auto want = Reference(job, *probe, g, mbs);
   auto ps = MakeStore(job);
@@ -322,7 +304,7 @@ TEST_CASE("UpdatePipeline skips a step with a non-finite gradient in every layer
   JobConfig job = SmallJob(clip);
   job.train.skip_pause_after = 0;
   auto ps = MakeStore(job);
-  Grads g = MakeGrads(*ps, 3, 2);
+  Grads g = MakeGrads(*ps, 3, 2, 5);
   // Step 1: worker 1's gradient of the middle layer holds one bad value; the top layers
   // are updated before it arrives (eager), the bottom ones after.
   g[1][1][ps->num_layers() / 2][17] = bad;
@@ -367,7 +349,7 @@ TEST_CASE("UpdatePipeline skips a step whose reported loss is NaN and pauses aft
   JobConfig job = SmallJob("per_layer");
   job.train.skip_pause_after = 2;
   auto ps = MakeStore(job);
-  const Grads g = MakeGrads(*ps, 4, 2);
+  const Grads g = MakeGrads(*ps, 4, 2, 5);
   UpdatePipeline pipe(ps.get(), job, 2, 0);
   pipe.set_gate_on_losses(true);
   auto step = [&](int64_t s, double loss1) {
@@ -407,7 +389,7 @@ TEST_CASE("UpdatePipeline ResetToStep undoes layers applied ahead of the step's 
           "[eps][pipeline][nonfinite]") {
   JobConfig job = SmallJob("none");
   auto ps = MakeStore(job);
-  const Grads g = MakeGrads(*ps, 1, 1);
+  const Grads g = MakeGrads(*ps, 1, 1, 5);
   const auto want = Reference(job, *ps, g, {1});
   UpdatePipeline pipe(ps.get(), job, 1, 0);
   pipe.set_gate_on_losses(true);
