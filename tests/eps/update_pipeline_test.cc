@@ -436,7 +436,7 @@ TEST_CASE("UpdatePipeline keeps each published version's update times: work, lag
   const JobConfig job = SmallJob("none");
   auto ps = MakeStore(job);
   const int64_t steps = UpdatePipeline::kUpdateHistory + 2;
-  const Grads g = MakeGrads(*ps, static_cast<int>(steps), 1);
+  const Grads g = MakeGrads(*ps, static_cast<int>(steps), 1, 5);
   UpdatePipeline pipe(ps.get(), job, 1, 0);
   pipe.set_gate_on_losses(true);
   CHECK_FALSE(pipe.UpdateTimesFor(0).has_value());  // the initial weights: no update
