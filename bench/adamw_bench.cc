@@ -76,14 +76,29 @@ Stats Measure(size_t n, int iters, const std::function<void()>& step) {
   return {static_cast<double>(n) / med, static_cast<double>(n) / t.front()};
 }
 
-// The update's traffic with trivial arithmetic. kNt: non-temporal stores.
+// The update's traffic with trivial arithmetic: ng gradients summed, p/m/v updated, the
+// optional bf16 copy written.
+void StreamScalar(float* p, float* m, float* v, const float* const* g, int ng, uint16_t* out,
+                  size_t begin, size_t end) {
+  for (size_t i = begin; i < end; ++i) {
+    float gi = g[0][i];
+    for (int w = 1; w < ng; ++w) gi += g[w][i];
+    p[i] += 1e-3f * gi;
+    m[i] += 1e-3f * gi;
+    v[i] += 1e-3f * gi;
+    if (out != nullptr) out[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(p[i]) >> 16);
+  }
+}
+
+// The same with AVX2 vectors. kNt: non-temporal stores.
 template <bool kNt>
-__attribute__((target("avx2"))) void StreamAvx2(float* p, float* m, float* v, const float* g,
-                                                 uint16_t* out, size_t begin, size_t end) {
+__attribute__((target("avx2"))) void StreamAvx2(float* p, float* m, float* v, const float* const* g,
+                                                 int ng, uint16_t* out, size_t begin, size_t end) {
   const __m256 s = _mm256_set1_ps(1e-3f);
   size_t i = begin;
   for (; i + 8 <= end; i += 8) {
-    const __m256 gi = _mm256_loadu_ps(g + i);
+    __m256 gi = _mm256_loadu_ps(g[0] + i);
+    for (int w = 1; w < ng; ++w) gi = _mm256_add_ps(gi, _mm256_loadu_ps(g[w] + i));
     const __m256 pi = _mm256_add_ps(_mm256_loadu_ps(p + i), _mm256_mul_ps(s, gi));
     const __m256 mi = _mm256_add_ps(_mm256_loadu_ps(m + i), _mm256_mul_ps(s, gi));
     const __m256 vi = _mm256_add_ps(_mm256_loadu_ps(v + i), _mm256_mul_ps(s, gi));
@@ -104,29 +119,18 @@ __attribute__((target("avx2"))) void StreamAvx2(float* p, float* m, float* v, co
       if (out != nullptr) _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), h);
     }
   }
-  for (; i < end; ++i) {
-    p[i] += 1e-3f * g[i];
-    m[i] += 1e-3f * g[i];
-    v[i] += 1e-3f * g[i];
-    if (out != nullptr) out[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(p[i]) >> 16);
-  }
+  StreamScalar(p, m, v, g, ng, out, i, end);
   if constexpr (kNt) _mm_sfence();
-}
-
-void StreamScalar(float* p, float* m, float* v, const float* g, uint16_t* out, size_t begin, size_t end) {
-  for (size_t i = begin; i < end; ++i) {
-    p[i] += 1e-3f * g[i];
-    m[i] += 1e-3f * g[i];
-    v[i] += 1e-3f * g[i];
-    if (out != nullptr) out[i] = static_cast<uint16_t>(std::bit_cast<uint32_t>(p[i]) >> 16);
-  }
 }
 
 }  // namespace
 
 void RunAdamWBench(const AdamWBenchOptions& o) {
   const size_t n = o.params;
-  auto p = Alloc<float>(n), m = Alloc<float>(n), v = Alloc<float>(n), g = Alloc<float>(n);
+  const int ng = std::max(1, o.grads);
+  auto p = Alloc<float>(n), m = Alloc<float>(n), v = Alloc<float>(n);
+  std::vector<Buffer<float>> grads;
+  for (int w = 0; w < ng; ++w) grads.push_back(Alloc<float>(n));
   auto out = Alloc<uint16_t>(n);
   uint16_t* outp = o.publish_bf16 ? out.get() : nullptr;
   {
@@ -134,16 +138,18 @@ void RunAdamWBench(const AdamWBenchOptions& o) {
     std::normal_distribution<float> d(0, 1);
     for (size_t i = 0; i < n; ++i) {
       p[i] = 0.02f * d(rng);
-      g[i] = 0.01f * d(rng);
+      for (int w = 0; w < ng; ++w) grads[w][i] = 0.01f * d(rng) / static_cast<float>(ng);
       m[i] = 0.001f * d(rng);
       v[i] = 1e-5f * std::abs(d(rng));
     }
   }
-  const double bytes = o.publish_bf16 ? 30.0 : 28.0;
-  std::printf("adamw: %zu params, %d threads, fp32 param/m/v/grad, %s; traffic %.0f B/param "
-              "(read p,g,m,v; write p,m,v%s)\n",
-              n, o.threads, o.publish_bf16 ? "bf16 copy published" : "no published copy", bytes,
-              o.publish_bf16 ? "; write the bf16 copy" : "");
+  const double bytes = 24.0 + 4.0 * ng + (o.publish_bf16 ? 2.0 : 0.0);
+  std::printf("adamw: %zu params, %d threads, fp32 param/m/v/grad, %d worker gradient%s summed in "
+              "the same pass, %s; traffic %.0f B/param (read p,m,v and %d gradient%s; write p,m,v%s)\n",
+              n, o.threads, ng, ng > 1 ? "s" : "", o.publish_bf16 ? "bf16 copy published" : "no published copy",
+              bytes, ng, ng > 1 ? "s" : "", o.publish_bf16 ? "; write the bf16 copy" : "");
+  std::vector<const float*> gbase;
+  for (int w = 0; w < ng; ++w) gbase.push_back(grads[w].get());
 
   // The bound. The stream kernels also keep p/m/v/g finite and small for AdamW below.
   const bool avx2 = eps::DetectSimdLevel() >= eps::SimdLevel::kAvx2;
@@ -153,11 +159,11 @@ void RunAdamWBench(const AdamWBenchOptions& o) {
     const Stats s = Measure(n, o.iters, [&] {
       ParallelRanges(n, [&](size_t b, size_t e) {
         if (!avx2) {
-          StreamScalar(p.get(), m.get(), v.get(), g.get(), outp, b, e);
+          StreamScalar(p.get(), m.get(), v.get(), gbase.data(), ng, outp, b, e);
         } else if (nt) {
-          StreamAvx2<true>(p.get(), m.get(), v.get(), g.get(), outp, b, e);
+          StreamAvx2<true>(p.get(), m.get(), v.get(), gbase.data(), ng, outp, b, e);
         } else {
-          StreamAvx2<false>(p.get(), m.get(), v.get(), g.get(), outp, b, e);
+          StreamAvx2<false>(p.get(), m.get(), v.get(), gbase.data(), ng, outp, b, e);
         }
       });
     });
@@ -184,12 +190,13 @@ void RunAdamWBench(const AdamWBenchOptions& o) {
       const Stats s = Measure(n, o.iters, [&] {
         a.t = ++t;
         ParallelRanges(n, [&](size_t b, size_t e) {
-          const float* gs[1] = {g.get() + b};  // one worker's gradient
+          const float* gs[8];  // the workers' gradients of this range
+          for (int w = 0; w < ng; ++w) gs[w] = gbase[w] + b;
           void* dst = outp != nullptr ? static_cast<void*>(outp + b) : nullptr;
           if (fast) {
-            eps::AdamWUpdateFast(a, p.get() + b, m.get() + b, v.get() + b, gs, 1, e - b, DType::kBF16, dst, level);
+            eps::AdamWUpdateFast(a, p.get() + b, m.get() + b, v.get() + b, gs, ng, e - b, DType::kBF16, dst, level);
           } else {
-            eps::AdamWUpdate(a, p.get() + b, m.get() + b, v.get() + b, gs, 1, e - b, DType::kBF16, dst, level);
+            eps::AdamWUpdate(a, p.get() + b, m.get() + b, v.get() + b, gs, ng, e - b, DType::kBF16, dst, level);
           }
         });
       });

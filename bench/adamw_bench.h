@@ -15,6 +15,7 @@ struct AdamWBenchOptions {
   int threads = 1;                   // only printed: the caller sets the TBB limit
   int iters = 5;                     // timed steps per variant (median and best printed)
   bool publish_bf16 = true;          // the update also writes the bf16 copy (as the pipeline)
+  int grads = 1;                     // workers' gradients summed in the same pass (1..8)
 };
 
 // Runs the stream kernels and the AdamW variants, printing one line each:

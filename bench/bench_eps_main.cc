@@ -1,7 +1,8 @@
 // l2l-bench-eps: EPS micro-benchmarks, each printed as a ratio against a peer or a
 // physical limit measured in the same run (docs/performance.md "EPS"):
-//   1. AdamW update rate (eps_server/adamw_vec.h, the pipeline's kernel, 1 worker
-//      gradient, bf16 publish; exact and fast arithmetic, each SIMD path) vs the bound
+//   1. AdamW update rate (eps_server/adamw_vec.h, the pipeline's kernel, --grads worker
+//      gradients summed in the same pass, bf16 publish; exact and fast arithmetic, each
+//      SIMD path) vs the bound
 //      measured by a STREAM-style kernel with the update's own traffic
 //      (bench/adamw_bench.h); and vs torch.optim.AdamW (foreach=True) at the same thread
 //      count (/usr/bin/python3; bench_peers.sh compares with an optimised PyTorch).
@@ -17,7 +18,7 @@
 //      the process's CPU time (both ends are threads of this process) per transfer.
 //
 //   l2l-bench-eps [--threads N] [--params N] [--iters N] [--no-torch] [--transport-only]
-//                 [--adamw-only] [--no-publish]
+//                 [--adamw-only] [--no-publish] [--grads N]
 //
 // Not a test: never fails on speed. Ownership/threads: everything is local to main.
 #include <arpa/inet.h>
@@ -107,12 +108,13 @@ double TorchAdamW(size_t n, int threads, int iters) {
   }
 }
 
-void BenchAdamW(size_t n, int threads, int iters, bool torch, bool publish) {
+void BenchAdamW(size_t n, int threads, int iters, bool torch, bool publish, int grads) {
   bench::AdamWBenchOptions o;
   o.params = n;
   o.threads = threads;
   o.iters = iters;
   o.publish_bf16 = publish;
+  o.grads = grads;
   bench::RunAdamWBench(o);
   if (torch) {
     const double tr = TorchAdamW(n, threads, iters);
@@ -348,6 +350,7 @@ int main(int argc, char** argv) {
   bool transport_only = false;
   bool adamw_only = false;
   bool no_publish = false;
+  int grads = 1;
   app.add_option("--threads", threads, "threads for AdamW, memcpy and torch");
   app.add_option("--params", params, "parameters in the AdamW benchmark");
   app.add_option("--iters", iters, "timed repetitions (AdamW: median and best; transports: best)");
@@ -355,10 +358,12 @@ int main(int argc, char** argv) {
   app.add_flag("--transport-only", transport_only, "only the layer-fetch benchmarks (shm, gRPC, TCP)");
   app.add_flag("--adamw-only", adamw_only, "only the AdamW benchmark");
   app.add_flag("--no-publish", no_publish, "AdamW without the bf16 published copy");
+  app.add_option("--grads", grads, "AdamW: workers' gradients summed in the same pass (as the pipeline reduces them)")
+      ->check(CLI::Range(1, 8));
   CLI11_PARSE(app, argc, argv);
   l2l::InitLogging("warn", "", "bench").IgnoreError();
   tbb::global_control gc(tbb::global_control::max_allowed_parallelism, static_cast<size_t>(threads));
-  if (!transport_only) BenchAdamW(params, threads, iters, !no_torch, !no_publish);
+  if (!transport_only) BenchAdamW(params, threads, iters, !no_torch, !no_publish, grads);
   if (!adamw_only) BenchTransport(iters);
   return 0;
 }

@@ -1,6 +1,8 @@
 """PyTorch / DeepSpeed side of scripts/bench_peers.sh: the peers l2l is compared with.
 
   peers_torch.py adamw N ITERS            torch AdamW (fused, foreach), DeepSpeedCPUAdam
+  peers_torch.py adamw_job N ITERS W      the daemon's whole per-layer job done with them:
+                                          sum W workers' gradients, AdamW, bf16 copy
   peers_torch.py gpt V L C H T B ITERS    GPT forward+backward, torch eager and torch.compile
 
 Prints `RESULT name = value` lines (params/s or tokens/s: median and best of ITERS timed
@@ -55,6 +57,37 @@ def adamw(n, iters):
                            adamw_mode=True, fp32_optimizer_states=True)
     med, best = timed(opt.step, iters)
     report("deepspeed_cpu_adam", n, med, best)
+
+
+def adamw_job(n, iters, workers):
+    """What l2l-eps does per layer in one fused pass, done the way a user of these peers
+    would: the W workers' gradients summed into p.grad (torch.sum over a stack would copy;
+    in-place adds are the cheapest), the optimizer step, the weights cast to the bf16 copy
+    the workers fetch."""
+    grads = [torch.randn(n) * (0.01 / workers) for _ in range(workers)]
+    pub = torch.empty(n, dtype=torch.bfloat16)
+
+    def run(name, opt, p):
+        def step():
+            torch.add(grads[0], grads[1], out=p.grad) if workers > 1 else p.grad.copy_(grads[0])
+            for g in grads[2:]:
+                p.grad.add_(g)
+            opt.step()
+            pub.copy_(p.detach())
+        med, best = timed(step, iters)
+        report(name, n, med, best)
+
+    p = torch.nn.Parameter(torch.randn(n) * 0.02)
+    p.grad = torch.zeros(n)
+    run("torch_adamw_fused_job", torch.optim.AdamW([p], lr=1e-3, betas=(0.9, 0.95), eps=1e-8,
+                                                   weight_decay=0.1, fused=True), p)
+    del p
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+    p = torch.nn.Parameter(torch.randn(n) * 0.02)
+    p.grad = torch.zeros(n)
+    run("deepspeed_cpu_adam_job", DeepSpeedCPUAdam([p], lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
+                                                   adamw_mode=True, fp32_optimizer_states=True), p)
 
 
 class Block(nn.Module):
@@ -112,7 +145,9 @@ if __name__ == "__main__":
     a = sys.argv[1:]
     if a[0] == "adamw":
         adamw(int(a[1]), int(a[2]))
+    elif a[0] == "adamw_job":
+        adamw_job(int(a[1]), int(a[2]), int(a[3]))
     elif a[0] == "gpt":
         gpt(*(int(x) for x in a[1:8]))
     else:
-        sys.exit(f"peers_torch.py: unknown benchmark {a[0]!r} (adamw or gpt)")
+        sys.exit(f"peers_torch.py: unknown benchmark {a[0]!r} (adamw, adamw_job or gpt)")

@@ -7,6 +7,8 @@
 #      (l2l-bench-eps: exact arithmetic as the pipeline runs it, and the fast arithmetic)
 #      vs torch.optim.AdamW(fused=True), (foreach=True) and DeepSpeedCPUAdam; and l2l's
 #      fraction of the memory bound measured with the update's own traffic.
+#      And the daemon's whole per-layer job (JOB_GRADS=2 workers' gradients summed, AdamW,
+#      the bf16 copy): l2l-eps's one pass vs the peers' add + step + cast.
 #   2. The worker's compute step (l2l-bench-train: the reference trainer's forward +
 #      backward of one micro-batch, the worker's kernels without the relay) vs torch eager
 #      and torch.compile, on GPT-2-like shapes:
@@ -19,7 +21,7 @@
 # Every comparison prints `ratio NAME = X` (X > 1: l2l is faster), from medians.
 # Environment: L2L_BUILD_DIR (default build; needs bin/l2l-bench-eps and
 # bin/l2l-bench-train), THREADS (2), ITERS (AdamW steps, 10), GPT_ITERS (7),
-# ADAMW_PARAMS (33554432), SHAPES ("S1 S2"; empty: none), ADAMW (1; 0 skips AdamW),
+# ADAMW_PARAMS (33554432), JOB_GRADS (2), SHAPES ("S1 S2"; empty: none), ADAMW (1; 0 skips AdamW),
 # SYSTEM (1; 0 skips the system vs reference trainer; SYSTEM_ROUNDS 3, SYSTEM_STEPS 5),
 # RECOMPUTE (empty: the config's train.recompute; always | never | auto: passed to
 # l2l-bench-train --recompute). The venv: scripts/bench_peers_venv.sh
@@ -71,6 +73,21 @@ for arith in exact fast; do
       'BEGIN { printf "fraction %s of the measured memory bound = %.2f\n", n, a / b }'
   fi
 done
+# The daemon's whole per-layer job: JOB_GRADS workers' gradients summed, AdamW, the bf16
+# copy the workers fetch. l2l-eps does it in one pass over memory; a user of the peers
+# sums into p.grad, steps, and casts (peers_torch.py adamw_job).
+JOB_GRADS="${JOB_GRADS:-2}"
+echo "---- the daemon's per-layer job: $JOB_GRADS gradients summed + AdamW + bf16 copy, $ADAMW_PARAMS params ----"
+"$BUILD_DIR/bin/l2l-bench-eps" --threads "$THREADS" --iters "$ITERS" --params "$ADAMW_PARAMS" \
+  --adamw-only --no-torch --grads "$JOB_GRADS" | tee "$TMP/l2l-job"
+"$PY" bench/peers_torch.py adamw_job "$ADAMW_PARAMS" "$ITERS" "$JOB_GRADS" 2>"$TMP/py-job.err" | tee "$TMP/py-job" \
+  || { echo "torch/DeepSpeed AdamW job failed:"; tail -20 "$TMP/py-job.err"; }
+ours=$(val "$TMP/l2l-job" adamw_exact_median_params_per_s)
+ratio "adamw_job/torch_fused_job" "$ours" "$(val "$TMP/py-job" torch_adamw_fused_job_median)"
+ratio "adamw_job/deepspeed_cpu_adam_job" "$ours" "$(val "$TMP/py-job" deepspeed_cpu_adam_job_median)"
+bound=$(val "$TMP/l2l-job" adamw_bound_params_per_s)
+[[ -n "$ours" && -n "$bound" ]] && awk -v a="$ours" -v b="$bound" \
+  'BEGIN { printf "fraction adamw_job of the measured memory bound = %.2f\n", a / b }'
 fi
 
 for shape in $SHAPES; do
