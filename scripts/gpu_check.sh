@@ -16,7 +16,10 @@
 #      high-water mark and nvidia-smi's, polled);
 #   5. on a host with 4 or more GPUs, the device-group conformance cases ("[group]":
 #      2- and 4-GPU groups equal one GPU and the reference trainer); with fewer it says
-#      in the summary that they did not run.
+#      in the summary that they did not run;
+#   6. on a host with 2 or more GPUs, the device group's throughput (scripts/bench_group.sh:
+#      GPT-2 small, one worker --devices cuda:0..n-1 for n = 1, 2, 4, 8, tokens/s and
+#      `ratio group_N/group_1`).
 # Environment: L2L_BENCH_STEPS/B/M/T/MODEL (see tests/gpu/gpt2_bench_test.cc),
 # L2L_CUDA_GEMM=tf32 for TF32 GEMMs, PYTHON (default python3), L2L_CUBLAS_DIR,
 # L2L_GPU_TEST_TIMEOUT (seconds per ctest case, 120), L2L_GPU_BENCH_TIMEOUT (seconds for
@@ -197,8 +200,8 @@ fi
 
 # ---- 4. several GPUs: the device group (l2l-worker --devices) ---------------------------
 # Its conformance cases train 2- and 4-device groups against one device and the reference
-# trainer (NCCL all-gather of 1/n fetches, reduce-scatter of gradients). Not here yet: a
-# throughput run per group size (the group's speed on real GPUs is unmeasured).
+# trainer (NCCL all-gather of 1/n fetches, reduce-scatter of gradients). Step 5 measures
+# their speed.
 group_rc=0
 if [[ "$SMOKE" == 1 ]]; then
   NGPU=0
@@ -215,8 +218,25 @@ else
   fi
 fi
 
+# ---- 5b. several GPUs: the device group's throughput (scripts/bench_group.sh) ------------
+# GPT-2 small through one l2l-eps and one l2l-worker --devices cuda:0..n-1 for n = 1, 2,
+# 4, 8 up to the GPUs present: tokens/s, the step timeline and `ratio group_N/group_1`.
+groupbench_rc=0
+if [[ "$SMOKE" == 1 ]]; then
+  groupbench_state="SKIPPED (smoke mode)"
+elif ((NGPU >= 2)); then
+  GROUP_SH="$DIR/src/scripts/bench_group.sh"
+  [[ -f "$GROUP_SH" ]] || GROUP_SH="$(cd "$(dirname "$0")" && pwd)/bench_group.sh"
+  log "device group throughput on $NGPU GPUs: $GROUP_SH"
+  L2L_BUILD_DIR="$DIR" timeout --kill-after=15 $((TEST_TIMEOUT * 10)) bash "$GROUP_SH" || groupbench_rc=$?
+  groupbench_state=$([[ $groupbench_rc -eq 0 ]] && echo OK || echo "FAILED (rc $groupbench_rc)")
+else
+  groupbench_state="NOT RUN: it needs 2 GPUs, this machine has $NGPU"
+fi
+
 # ---- summary -------------------------------------------------------------------------
 echo "gpu_check.sh: conformance (ctest -L gpu): $([[ $test_rc -eq 0 ]] && echo PASSED || echo "FAILED (rc $test_rc)")"
 echo "gpu_check.sh: GPT-2-small training:       $([[ $bench_rc -eq 0 && -n "$line" ]] && echo OK || echo "FAILED (rc $bench_rc)")"
 echo "gpu_check.sh: device group (--devices):   $group_state"
-[[ $test_rc -eq 0 && $bench_rc -eq 0 && -n "$line" && $group_rc -eq 0 ]]
+echo "gpu_check.sh: device group throughput:    $groupbench_state"
+[[ $test_rc -eq 0 && $bench_rc -eq 0 && -n "$line" && $group_rc -eq 0 && $groupbench_rc -eq 0 ]]
