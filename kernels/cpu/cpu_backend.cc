@@ -15,6 +15,7 @@
 #include "kernels/cpu/cpu_math.h"
 #include "kernels/cpu/cpu_matmul.h"
 #include "kernels/cpu/cpu_parallel.h"
+#include "kernels/cpu/cpu_pinning.h"
 
 namespace l2l::kernels {
 
@@ -27,6 +28,7 @@ constexpr int64_t kColumnChunk = 64;
 CpuBackend::CpuBackend(int num_threads)
     : num_threads_(num_threads > 0 ? num_threads : tbb::this_task_arena::max_concurrency()),
       arena_(num_threads_),
+      pinner_(ThreadPinner::FromEnv(arena_)),
       matmul_(std::make_unique<DnnlMatmul>(num_threads_, &arena_)) {}
 
 CpuBackend::~CpuBackend() = default;

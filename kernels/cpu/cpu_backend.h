@@ -26,6 +26,7 @@
 namespace l2l::kernels {
 
 class DnnlMatmul;
+class ThreadPinner;
 
 class CpuBackend final : public Backend {
  public:
@@ -136,6 +137,7 @@ class CpuBackend final : public Backend {
 
   int num_threads_;
   tbb::task_arena arena_;
+  std::unique_ptr<ThreadPinner> pinner_;  // L2L_CPU_PIN=1 only (cpu_pinning.h)
   std::unique_ptr<DnnlMatmul> matmul_;
 };
 
