@@ -217,8 +217,18 @@ class Backend {
   // backward. Softmax in fp32 with the max subtracted.
   virtual void AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
                                 int64_t C, int64_t NH) = 0;
+  // Floats the causal attention ops (AttentionForward/Backward and the Gqa forms) need in
+  // `att` and in `scratch` for (B, T, NH): the layers allocate exactly these (and keep
+  // `att` per layer when activations are kept), so a backend that stashes less says so.
+  // Default: the full (B,NH,T,T) for both. The CPU backend: B*NH*T log-sum-exps, no scratch.
+  virtual size_t CausalAttentionFloats(int64_t B, int64_t T, int64_t NH) const {
+    return static_cast<size_t>(B * NH) * static_cast<size_t>(T * T);
+  }
+  virtual size_t CausalAttentionScratchFloats(int64_t B, int64_t T, int64_t NH) const {
+    return static_cast<size_t>(B * NH) * static_cast<size_t>(T * T);
+  }
   // dqkv (B,T,3C) += gradient through the attention, from dout (B,T,C) and the forward's
-  // qkv and att. scratch: (B,NH,T,T) floats the op may overwrite.
+  // qkv and att. scratch: CausalAttentionScratchFloats floats the op may overwrite.
   virtual void AttentionBackward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                                  const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) = 0;
   // Fused softmax + cross-entropy. logits (N,V); targets (N) int32 in [0,V), or

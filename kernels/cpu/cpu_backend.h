@@ -56,6 +56,13 @@ class CpuBackend final : public Backend {
   void LinearForward(float* y, const float* x, const float* w, bool trans_w, const float* bias,
                      int64_t N, int64_t IC, int64_t OC, float* act, const float* residual) override;
 
+  // Blocked causal attention (cpu_attention.cc): att keeps one log-sum-exp per row; the
+  // backward recomputes the probabilities strip by strip and needs no scratch.
+  size_t CausalAttentionFloats(int64_t B, int64_t T, int64_t NH) const override {
+    return static_cast<size_t>(B * NH * T);
+  }
+  size_t CausalAttentionScratchFloats(int64_t, int64_t, int64_t) const override { return 0; }
+
   void Add(float* out, const float* a, const float* b, int64_t n) override;
   void Axpy(float* dst, const float* src, float alpha, int64_t n) override;
   void Scale(float* x, float alpha, int64_t n) override;

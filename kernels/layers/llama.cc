@@ -7,7 +7,7 @@
 //
 // Workspace regions (N = B*T, W = (NH + 2*NKV)*hs, hs = C/NH):
 //   ln1 (N,C) rms_1(x)        ln1_rstd (N)       qkv (N,W) rotated q|k|v
-//   att, att_scratch (B,NH,T,T)                   atty (N,C) attention output
+//   att, att_scratch (Backend::CausalAttention[Scratch]Floats)  atty (N,C) attention output
 //   resid2 (N,C) x1           ln2 (N,C) rms_2(x1)  ln2_rstd (N)
 //   fch (N,2F) gate|up        fch_gelu (N,F) silu(gate)*up
 //   logits (N,V), losses (N)  g0..g3 (N, max(W, 2F)) gradient scratch
@@ -67,16 +67,19 @@ std::vector<double> InverseFrequencies(const ModelSpec& s) {
 Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_t T, LayerWorkspace* ws) {
   const size_t f = sizeof(float);
   const size_t N = static_cast<size_t>(B * T), C = spec.d_model, F = spec.d_ff;
-  const size_t NH = spec.n_head, V = spec.vocab_size, t = static_cast<size_t>(T);
+  const size_t V = spec.vocab_size, t = static_cast<size_t>(T);
   const size_t W = static_cast<size_t>(QkvWidth(spec)), half = static_cast<size_t>(spec.head_dim() / 2);
   const size_t g = N * std::max({W, 2 * F, C}) * f;
+  // The causal attention's stash and scratch, as this backend needs them.
+  const size_t att_floats = backend->CausalAttentionFloats(B, T, spec.n_head);
+  const size_t scratch_floats = std::max<size_t>(1, backend->CausalAttentionScratchFloats(B, T, spec.n_head));
   struct Want {
     DeviceBuffer* buf;
     size_t bytes;
   };
   const std::vector<Want> wants = {
       {&ws->ln1, N * C * f},     {&ws->ln1_rstd, N * f},        {&ws->qkv, N * W * f},
-      {&ws->att, B * NH * t * t * f}, {&ws->att_scratch, B * NH * t * t * f},
+      {&ws->att, att_floats * f}, {&ws->att_scratch, scratch_floats * f},
       {&ws->atty, N * C * f},    {&ws->resid2, N * C * f},      {&ws->ln2, N * C * f},
       {&ws->ln2_rstd, N * f},    {&ws->fch, N * 2 * F * f},     {&ws->fch_gelu, N * F * f},
       {&ws->logits, N * V * f},  {&ws->losses, N * f},          {&ws->g0, g},
