@@ -54,7 +54,7 @@ is_excluded() {
   case "$(basename "$1")" in
     libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libresolv.so*|libutil.so*) return 0 ;;
     libstdc++.so*|libgcc_s.so*) return 0 ;;
-    libcuda.so*|libnvidia-*|libcublas.so*|libcublasLt.so*) return 0 ;;
+    libcuda.so*|libnvidia-*|libcublas.so*|libcublasLt.so*|libnccl.so*) return 0 ;;
     linux-vdso.so*) return 0 ;;
   esac
   return 1

@@ -81,6 +81,10 @@ if [[ "$SMOKE" == 1 ]]; then
 else
   CUBLAS_DIR=$(find_cublaslt) || die "libcublasLt.so.13 not found; looked in $(find_cublaslt_where) (set L2L_CUBLAS_DIR to the folder holding it)"
   export LD_LIBRARY_PATH="$DIR/lib:$CUBLAS_DIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  # NCCL (device groups) is left out of the bundle too (200+ MB); a build without it needs none.
+  if NCCL_DIR=$(find_cuda_lib libnccl.so.2); then
+    export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$NCCL_DIR"
+  fi
 fi
 # Tests that read configs/ find them in the bundle's src/ (not the build machine's tree).
 if [[ -d "$DIR/src/configs" ]]; then

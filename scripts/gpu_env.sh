@@ -10,30 +10,35 @@
 #                        /usr/lib/x86_64-linux-gnu, then PyTorch's wheels in every
 #                        site-packages folder and the user site: nvidia/cublas/lib,
 #                        nvidia/cu13/lib, nvidia/*/lib, torch/lib.
+#   find_cuda_lib LIB    the same search for another library the bundle leaves out
+#                        (libnccl.so.2: 200+ MB, found beside the toolkit or in PyTorch's
+#                        nvidia/nccl wheel).
 #   find_cublaslt_where  one line naming the places find_cublaslt looks (for messages).
 #   ldd_unresolved F...  runs ldd on each executable F and prints one line per file that
 #                        has unresolved libraries ("name: libA.so.1 libB.so.2"); returns
 #                        1 if there was any, 0 if all resolve (or there is no ldd: then
 #                        it says so on stderr and returns 0).
 
-find_cublaslt() {
-  local d
-  for d in ${L2L_CUBLAS_DIR:-} /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib \
+find_cuda_lib() {  # find_cuda_lib LIBNAME: the folder holding it (see find_cublaslt)
+  local d lib=$1
+  for d in ${L2L_CUBLAS_DIR:-} /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
            /usr/local/cuda-13*/lib64 /usr/lib/x86_64-linux-gnu; do
-    [[ -n "$d" && -e "$d/libcublasLt.so.13" ]] && { echo "$d"; return 0; }
+    [[ -n "$d" && -e "$d/$lib" ]] && { echo "$d"; return 0; }
   done
-  # PyTorch's pip wheels: site-packages/nvidia/{cublas,cu13}/lib, torch/lib
-  "${PYTHON:-python3}" - <<'PY' 2>/dev/null
+  # PyTorch's pip wheels: site-packages/nvidia/{cublas,nccl,cu13}/lib, torch/lib
+  "${PYTHON:-python3}" - "$lib" <<'PY' 2>/dev/null
 import glob, os, site, sys
 roots = site.getsitepackages() + [site.getusersitepackages()]
 for r in roots:
-    for pat in ("nvidia/cublas/lib", "nvidia/cu13/lib", "nvidia/*/lib", "torch/lib"):
+    for pat in ("nvidia/cublas/lib", "nvidia/nccl/lib", "nvidia/cu13/lib", "nvidia/*/lib", "torch/lib"):
         for d in glob.glob(os.path.join(r, pat)):
-            if os.path.exists(os.path.join(d, "libcublasLt.so.13")):
+            if os.path.exists(os.path.join(d, sys.argv[1])):
                 print(d); sys.exit(0)
 sys.exit(1)
 PY
 }
+
+find_cublaslt() { find_cuda_lib libcublasLt.so.13; }
 
 find_cublaslt_where() {
   echo "\$L2L_CUBLAS_DIR (${L2L_CUBLAS_DIR:-unset}), /usr/local/cuda{,-13*}/lib64, /usr/lib/x86_64-linux-gnu," \
