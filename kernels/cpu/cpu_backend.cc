@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 
 #include "kernels/cpu/cpu_math.h"
 #include "kernels/cpu/cpu_matmul.h"
@@ -24,15 +25,17 @@ constexpr float kLayerNormEps = 1e-5f;
 // the result does not depend on the thread count.
 constexpr int64_t kColumnChunk = 64;
 
-CpuBackend::CpuBackend(int num_threads)
+CpuBackend::CpuBackend(int num_threads, CpuGemmPrecision gemm)
     : num_threads_(num_threads > 0 ? num_threads : tbb::this_task_arena::max_concurrency()),
+      gemm_(gemm),
       arena_(num_threads_),
-      matmul_(std::make_unique<DnnlMatmul>(num_threads_, &arena_)) {}
+      matmul_(std::make_unique<DnnlMatmul>(num_threads_, &arena_, gemm == CpuGemmPrecision::kBf16)) {}
 
 CpuBackend::~CpuBackend() = default;
 
 std::string CpuBackend::name() const {
-  return "cpu (oneDNN, " + std::to_string(num_threads_) + " threads)";
+  return "cpu (oneDNN, " + std::to_string(num_threads_) + " threads" +
+         (gemm_ == CpuGemmPrecision::kBf16 ? ", gemm bf16)" : ")");
 }
 
 // ---- memory ------------------------------------------------------------------------
@@ -351,6 +354,43 @@ void CpuBackend::CrossEntropyBackward(float* dlogits, const float* probs, const 
 
 std::unique_ptr<Backend> CreateCpuBackend(int num_threads) {
   return std::make_unique<CpuBackend>(num_threads);
+}
+
+bool CpuHasBf16Gemm() {
+#if defined(__x86_64__) || defined(__i386__)
+  if (const char* cap = std::getenv("L2L_CPU_ISA")) {
+    const std::string v = cap;
+    if (v == "avx512" || v == "avx2" || v == "base") return false;
+  }
+  return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+Result<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options) {
+  CpuGemmPrecision gemm = options.gemm;
+  if (const char* env = std::getenv("L2L_CPU_GEMM")) {
+    const std::string v = env;
+    if (v == "fp32") {
+      gemm = CpuGemmPrecision::kFp32;
+    } else if (v == "bf16") {
+      gemm = CpuGemmPrecision::kBf16;
+    } else {
+      return InvalidArgument("environment L2L_CPU_GEMM=" + v + " is not one of fp32, bf16");
+    }
+  }
+  if (gemm == CpuGemmPrecision::kBf16 && !CpuHasBf16Gemm()) {
+    const char* cap = std::getenv("L2L_CPU_ISA");
+    return FailedPrecondition(
+        std::string("cpu backend: bf16 GEMMs (L2L_CPU_GEMM=bf16 or --compute bf16) need a CPU with "
+                    "AVX512_BF16 (or AMX-BF16); ") +
+        (cap != nullptr ? "L2L_CPU_ISA=" + std::string(cap) + " caps the ISA below it"
+                        : "this CPU has neither") +
+        ", and oneDNN's fallback would run them many times slower than fp32. Use fp32 "
+        "(unset L2L_CPU_GEMM, or --compute fp32) on this machine");
+  }
+  return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(options.num_threads, gemm));
 }
 
 }  // namespace l2l::kernels
