@@ -26,7 +26,11 @@
 // once per call, whole, into the matmul's slots 2 and 3, and every product reads them in
 // place; a strip's probabilities P (and the softmax gradient dS) are cast per strip into
 // a per-thread bf16 block before they multiply. Scores, softmax, log-sum-exps and the
-// products' outputs stay fp32, as in PyTorch's autocast.
+// products' outputs stay fp32, as in PyTorch's autocast. The 1/sqrt(hs) scale is not a
+// oneDNN output scale in this mode (oneDNN 2.x's bf16 gemm applies one in a scalar loop,
+// ~10x the product's own time on these blocks): scores are scaled in fp32 before the
+// softmax, and dS carries the scale before it is cast (the dq and dk products then run
+// with alpha 1).
 // Thread-safety: as every Backend, one thread at a time.
 #include <algorithm>
 #include <cmath>
@@ -81,6 +85,8 @@ void CpuBackend::CausalAttentionForward(float* out, float* lse, const float* qkv
   const float scale = 1.0f / std::sqrt(float(hs));
   const std::vector<Strip> strips = Strips(T);
   const int64_t n_strips = int64_t(strips.size());
+  const bool bf16 = matmul_->bf16();
+  const float s_alpha = bf16 ? 1.0f : scale;  // bf16: scaled in the softmax loop
   struct Plans {
     const DnnlMatmul::Plan *s, *pv;
   };
@@ -88,12 +94,11 @@ void CpuBackend::CausalAttentionForward(float* out, float* lse, const float* qkv
   for (int64_t si = 0; si < n_strips; ++si) {
     const int64_t rows = strips[si].rows, keys = strips[si].i0 + rows;
     // S (rows, keys) = scale * q_strip @ k^T ; out_strip (rows, hs) = P @ v.
-    plans[si].s = matmul_->Prepare(rows, keys, hs, scale, MatStrides{0, 0, W, 1},
+    plans[si].s = matmul_->Prepare(rows, keys, hs, s_alpha, MatStrides{0, 0, W, 1},
                                    MatStrides{0, 0, 1, W}, 0.0f, MatStrides{0, 0, ld, 1});
     plans[si].pv = matmul_->Prepare(rows, hs, keys, 1.0f, MatStrides{0, 0, ld, 1},
                                     MatStrides{0, 0, W, 1}, 0.0f, MatStrides{0, 0, C, 1});
   }
-  const bool bf16 = matmul_->bf16();
   const uint16_t* qkv16 = nullptr;
   if (bf16) {
     uint16_t* q = matmul_->Bf16Slot(2, B * T * W);
@@ -121,6 +126,7 @@ void CpuBackend::CausalAttentionForward(float* out, float* lse, const float* qkv
         for (int64_t i = 0; i < st.rows; ++i) {
           const int64_t n = st.i0 + i + 1;  // row t = i0 + i sees keys [0, t]
           float* row = S + i * ld;
+          if (bf16) ScaleSpan(row, scale, n);
           const float mx = MaxSpan(row, n);
           const double sum = ExpShiftSumSpan(row, row, mx, n);
           ScaleSpan(row, float(1.0 / sum), n);
@@ -148,6 +154,8 @@ void CpuBackend::CausalAttentionBackward(float* dqkv, const float* dout, const f
   const int64_t n_strips = int64_t(strips.size());
   const MatStrides qkv_rows{0, 0, W, 1}, qkv_t{0, 0, 1, W}, out_rows{0, 0, C, 1};
   const MatStrides blk{0, 0, ld, 1}, blk_t{0, 0, 1, ld};
+  const bool bf16 = matmul_->bf16();
+  const float alpha = bf16 ? 1.0f : scale;  // bf16: S scaled in the loop, dS pre-scaled
   struct Plans {
     const DnnlMatmul::Plan *s, *dp, *dv, *dq, *dk;
   };
@@ -155,13 +163,12 @@ void CpuBackend::CausalAttentionBackward(float* dqkv, const float* dout, const f
   for (int64_t si = 0; si < n_strips; ++si) {
     const int64_t rows = strips[si].rows, keys = strips[si].i0 + rows;
     Plans& p = plans[si];
-    p.s = matmul_->Prepare(rows, keys, hs, scale, qkv_rows, qkv_t, 0.0f, blk);      // q k^T
+    p.s = matmul_->Prepare(rows, keys, hs, alpha, qkv_rows, qkv_t, 0.0f, blk);      // q k^T
     p.dp = matmul_->Prepare(rows, keys, hs, 1.0f, out_rows, qkv_t, 0.0f, blk);      // dout v^T
     p.dv = matmul_->Prepare(keys, hs, rows, 1.0f, blk_t, out_rows, 1.0f, qkv_rows);  // P^T dout
-    p.dq = matmul_->Prepare(rows, hs, keys, scale, blk, qkv_rows, 1.0f, qkv_rows);  // dS k
-    p.dk = matmul_->Prepare(keys, hs, rows, scale, blk_t, qkv_rows, 1.0f, qkv_rows);  // dS^T q
+    p.dq = matmul_->Prepare(rows, hs, keys, alpha, blk, qkv_rows, 1.0f, qkv_rows);  // dS k
+    p.dk = matmul_->Prepare(keys, hs, rows, alpha, blk_t, qkv_rows, 1.0f, qkv_rows);  // dS^T q
   }
-  const bool bf16 = matmul_->bf16();
   const uint16_t *qkv16 = nullptr, *dout16 = nullptr;
   if (bf16) {
     uint16_t* q = matmul_->Bf16Slot(2, B * T * W);
@@ -209,9 +216,14 @@ void CpuBackend::CausalAttentionBackward(float* dqkv, const float* dout, const f
               const int64_t n = st.i0 + i + 1;
               float* pr = P + i * ld;
               float* dr = D + i * ld;
+              if (bf16) ScaleSpan(pr, scale, n);
               ExpShiftSumSpan(pr, pr, row_lse_h[st.i0 + i], n);  // probabilities
               const float dot = DotSpan(pr, dr, n);
-              for (int64_t j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
+              if (bf16) {
+                for (int64_t j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+              } else {
+                for (int64_t j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
+              }
               std::fill(pr + n, pr + keys, 0.0f);
               std::fill(dr + n, dr + keys, 0.0f);
             }
