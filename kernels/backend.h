@@ -369,6 +369,10 @@ struct CpuBackendOptions {
 // INVALID_ARGUMENT names a bad L2L_CPU_GEMM; FAILED_PRECONDITION says why bf16 cannot
 // run here (no AVX512_BF16 on this CPU, or L2L_CPU_ISA caps the ISA below it).
 Result<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options);
+// The precision CreateCpuBackend(options) would use for `requested`: L2L_CPU_GEMM applied,
+// the same errors. For programs that check before they start work (l2l-worker refuses
+// before it registers with the EPS).
+Result<CpuGemmPrecision> ResolveCpuGemm(CpuGemmPrecision requested);
 // Whether this CPU has AVX512_BF16 (AMX-BF16 CPUs all do) and L2L_CPU_ISA does not cap
 // the ISA below it (L2L_CPU_ISA=avx512|avx2|base: a test hook for the refusal).
 bool CpuHasBf16Gemm();

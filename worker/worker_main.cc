@@ -443,6 +443,15 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
+  // A CPU worker that cannot run its compute precision says so before it registers.
+  if (f.devices.empty() && f.device == "cpu" && (f.compute == "fp32" || f.compute == "bf16")) {
+    auto gemm = l2l::kernels::ResolveCpuGemm(f.compute == "bf16" ? l2l::kernels::CpuGemmPrecision::kBf16
+                                                                  : l2l::kernels::CpuGemmPrecision::kFp32);
+    if (!gemm.ok()) {
+      std::fprintf(stderr, "l2l-worker: error: %s\n", gemm.status().ToString().c_str());
+      return 1;
+    }
+  }
   std::atomic<bool> done{false};
   std::thread watchdog(StopWatchdog, &done);
   int exit_code = 1;

@@ -368,8 +368,8 @@ bool CpuHasBf16Gemm() {
 #endif
 }
 
-Result<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options) {
-  CpuGemmPrecision gemm = options.gemm;
+Result<CpuGemmPrecision> ResolveCpuGemm(CpuGemmPrecision requested) {
+  CpuGemmPrecision gemm = requested;
   if (const char* env = std::getenv("L2L_CPU_GEMM")) {
     const std::string v = env;
     if (v == "fp32") {
@@ -390,6 +390,11 @@ Result<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& optio
         ", and oneDNN's fallback would run them many times slower than fp32. Use fp32 "
         "(unset L2L_CPU_GEMM, or --compute fp32) on this machine");
   }
+  return gemm;
+}
+
+Result<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options) {
+  L2L_ASSIGN_OR_RETURN(CpuGemmPrecision gemm, ResolveCpuGemm(options.gemm));
   return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(options.num_threads, gemm));
 }
 
