@@ -25,11 +25,13 @@
 // in two buffers this object owns (grown on demand, reused: no allocation per call once
 // warm), and runs a bf16 x bf16 -> fp32 primitive on them. Dense copies, not the
 // callers' strides: oneDNN 2.x's AMX kernels do not take a transposed A (the weight
-// gradient's X^T), and every call of a shape shares one primitive whatever its strides. Accumulation, C, alpha, beta (the sum
-// post-op) and epilogues are fp32 exactly as in fp32 mode. Each operand is cast once
-// per call, before the product is split over tasks. On AVX512_BF16 / AMX CPUs oneDNN
-// picks its AMX or avx512_core_bf16 kernels (ImplName says which). Prepared plans in
-// this mode take bf16 operands (the caller casts them, e.g. with ToBf16 into Bf16Slot).
+// gradient's X^T), and every call of a shape shares one primitive whatever its strides.
+// Accumulation, C, alpha, beta (the sum post-op) and epilogues are fp32 exactly as in
+// fp32 mode. Each operand is cast once per call: B before the product is split over
+// tasks; A too, except in a split by rows, where each task casts its own rows right
+// before its block's product. On AVX512_BF16 / AMX CPUs oneDNN picks its AMX or
+// avx512_core_bf16 kernels (ImplName says which). Prepared plans in this mode take bf16
+// operands (the caller casts them, e.g. with ToBf16 into Bf16Slot).
 //
 // Ownership: owns its engine, cached primitives and bf16 operand buffers; the arena and
 // operands belong to the caller. Thread-safety: Run/ImplName/Prepare/ToBf16/Bf16Slot
