@@ -206,7 +206,7 @@ TEST_CASE("bf16 LinearForward keeps its fp32 epilogues (bias, GELU, residual)", 
   }
 }
 
-TEST_CASE("bf16 DnnlMatmul: batched, transposed and strided operands; one primitive per shape",
+TEST_CASE("bf16 DnnlMatmul: batched, transposed and strided operands, one primitive per shape",
           "[kernels][cpu][bf16]") {
   if (!Bf16Runs()) return;
   const int64_t B0 = 2, B1 = 3, M = 70, N = 45, K = 90;
@@ -305,7 +305,7 @@ TEST_CASE("bf16 attention matches the fp32 cpu on bf16-rounded inputs within P a
   ExpectWithin(got_dqkv, ref_dqkv, bounds.dqkv, 4e-5, 4e-5, "dqkv");
 }
 
-TEST_CASE("L2L_CPU_GEMM selects the mode for backends made by name; bad values and missing ISA are refused",
+TEST_CASE("L2L_CPU_GEMM selects the mode for backends made by name, bad values and a missing ISA are refused",
           "[kernels][cpu][bf16]") {
   {
     ScopedEnv env("L2L_CPU_GEMM", "fp16");
