@@ -161,38 +161,29 @@ struct DnnlMatmul::Impl {
   // bf16. Rows with unit column stride cast as spans; a column-major operand (unit row
   // stride) goes through 32 x 32 tiles: each tile column is a contiguous span of src,
   // cast, then transposed in cache.
-  static constexpr int64_t kTile = 32;
-
-  // Rows [r0, r1) of one (rows, cols) matrix x with strides s into the dense row-major
-  // bf16 matrix y (row r at y + r * cols), on the calling thread.
-  static void PackRows(uint16_t* y, const float* x, int64_t r0, int64_t r1, int64_t cols,
-                       const MatStrides& s) {
-    if (s.col == 1) {
-      for (int64_t r = r0; r < r1; ++r) FloatToBf16Span(y + r * cols, x + r * s.row, cols);
-    } else if (s.row == 1) {
-      uint16_t tile[kTile][kTile];
-      for (int64_t t0 = r0; t0 < r1; t0 += kTile) {
-        const int64_t rn = std::min(kTile, r1 - t0);
-        for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
-          const int64_t cn = std::min(kTile, cols - c0);
-          for (int64_t c = 0; c < cn; ++c) FloatToBf16Span(tile[c], x + (c0 + c) * s.col + t0, rn);
-          for (int64_t r = 0; r < rn; ++r)
-            for (int64_t c = 0; c < cn; ++c) y[(t0 + r) * cols + c0 + c] = tile[c][r];
-        }
-      }
-    } else {
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t c = 0; c < cols; ++c) FloatToBf16Span(y + r * cols + c, x + r * s.row + c * s.col, 1);
-    }
-  }
-
   void Pack(uint16_t* dst, const float* src, int64_t B0, int64_t B1, int64_t rows, int64_t cols,
             const MatStrides& s) {
+    constexpr int64_t kTile = 32;
     const int64_t row_blocks = (rows + kTile - 1) / kTile;
     auto block = [&](int64_t task) {
       const int64_t mat = task / row_blocks, r0 = (task % row_blocks) * kTile;
+      const int64_t rn = std::min(kTile, rows - r0);
       const float* x = src + (mat / B1) * s.b0 + (mat % B1) * s.b1;
-      PackRows(dst + mat * rows * cols, x, r0, std::min(rows, r0 + kTile), cols, s);
+      uint16_t* y = dst + mat * rows * cols;
+      if (s.col == 1) {
+        for (int64_t r = r0; r < r0 + rn; ++r) FloatToBf16Span(y + r * cols, x + r * s.row, cols);
+      } else if (s.row == 1) {
+        uint16_t tile[kTile][kTile];
+        for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+          const int64_t cn = std::min(kTile, cols - c0);
+          for (int64_t c = 0; c < cn; ++c) FloatToBf16Span(tile[c], x + (c0 + c) * s.col + r0, rn);
+          for (int64_t r = 0; r < rn; ++r)
+            for (int64_t c = 0; c < cn; ++c) y[(r0 + r) * cols + c0 + c] = tile[c][r];
+        }
+      } else {
+        for (int64_t r = r0; r < r0 + rn; ++r)
+          for (int64_t c = 0; c < cols; ++c) FloatToBf16Span(y + r * cols + c, x + r * s.row + c * s.col, 1);
+      }
     };
     const int64_t tasks = B0 * B1 * row_blocks;
     if (num_threads <= 1 || B0 * B1 * rows * cols <= kElemGrain) {
@@ -268,28 +259,14 @@ void DnnlMatmul::Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, fl
   // strides: a transposed operand becomes plain, which oneDNN's AMX kernels want, and
   // every call of a shape shares one primitive. at(p, off) is operand p advanced by
   // `off` elements; ua, ub their strides.
-  //
-  // How a 2-D product is split: C in blocks of rows (or of columns when C is wide), about
-  // two per thread so stealing can even out busy cores, each at least kMinBlock wide.
-  constexpr int64_t kMinBlock = 64;
-  const bool by_rows = M >= N;
-  const int64_t len = by_rows ? M : N;
-  const double flops = 2.0 * double(M) * double(N) * double(K);
-  int64_t block = (len + 2 * im.num_threads - 1) / (2 * im.num_threads);
-  block = std::max(kMinBlock, (block + 15) / 16 * 16);
-  const bool split = B0 * B1 == 1 && !(im.num_threads <= 1 || block >= len || flops < 2e6);
-  // bf16, split by rows: each task casts its own rows of A right before its product, so
-  // they are still in cache when oneDNN reads them.
-  const bool a_per_block = im.bf16 && split && by_rows;
   const void* a = A;
   const void* b = B;
   MatStrides ua = sa, ub = sb;
   size_t esz = sizeof(float);
-  uint16_t* a16 = nullptr;
   if (im.bf16) {
-    a16 = im.Slot(0, B0 * B1 * M * K);
+    uint16_t* a16 = im.Slot(0, B0 * B1 * M * K);
     uint16_t* b16 = im.Slot(1, B0 * B1 * K * N);
-    if (!a_per_block) im.Pack(a16, A, B0, B1, M, K, sa);
+    im.Pack(a16, A, B0, B1, M, K, sa);
     im.Pack(b16, B, B0, B1, K, N, sb);
     a = a16;
     b = b16;
@@ -309,7 +286,15 @@ void DnnlMatmul::Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, fl
     });
     return;
   }
-  if (!split) {
+  // Split C into blocks of rows (or of columns when C is wide): about two per thread so
+  // stealing can even out busy cores, each at least kMinBlock wide.
+  constexpr int64_t kMinBlock = 64;
+  const bool by_rows = M >= N;
+  const int64_t len = by_rows ? M : N;
+  const double flops = 2.0 * double(M) * double(N) * double(K);
+  int64_t block = (len + 2 * im.num_threads - 1) / (2 * im.num_threads);
+  block = std::max(kMinBlock, (block + 15) / 16 * 16);
+  if (im.num_threads <= 1 || block >= len || flops < 2e6) {
     im.Exec(im.Get(1, 1, M, N, K, alpha, ua, ub, beta, sc), a, b, C);
     if (epilogue != nullptr) (*epilogue)(0, M, 0, N);
     return;
@@ -325,7 +310,6 @@ void DnnlMatmul::Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, fl
     const int64_t off = k * block;
     const int64_t end = std::min(len, off + block);
     if (by_rows) {
-      if (a_per_block) Impl::PackRows(a16, A, off, end, K, sa);
       im.Exec(e, at(a, off * ua.row), b, C + off * sc.row);
       if (epilogue != nullptr) (*epilogue)(off, end, 0, N);
     } else {
