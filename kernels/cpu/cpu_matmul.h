@@ -27,9 +27,9 @@
 // callers' strides: oneDNN 2.x's AMX kernels do not take a transposed A (the weight
 // gradient's X^T), and every call of a shape shares one primitive whatever its strides.
 // Accumulation, C, alpha, beta (the sum post-op) and epilogues are fp32 exactly as in
-// fp32 mode. Each operand is cast once per call: B before the product is split over
-// tasks; A too, except in a split by rows, where each task casts its own rows right
-// before its block's product. On AVX512_BF16 / AMX CPUs oneDNN picks its AMX or
+// fp32 mode. Each operand is cast once per call, before the product is split over
+// tasks (casting each row block inside its task instead measured no faster: the cast
+// is bound by reading fp32 from memory). On AVX512_BF16 / AMX CPUs oneDNN picks its AMX or
 // avx512_core_bf16 kernels (ImplName says which). Prepared plans in this mode take bf16
 // operands (the caller casts them, e.g. with ToBf16 into Bf16Slot).
 //
