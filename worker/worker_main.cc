@@ -443,8 +443,13 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
-  // A CPU worker that cannot run its compute precision says so before it registers.
-  if (f.devices.empty() && f.device == "cpu" && (f.compute == "fp32" || f.compute == "bf16")) {
+  // A bad --compute, or a CPU worker that cannot run its compute precision, says so
+  // before it registers.
+  if (f.compute != "fp32" && f.compute != "bf16") {
+    std::fprintf(stderr, "l2l-worker: error: --compute %s: expected fp32 or bf16\n", f.compute.c_str());
+    return 1;
+  }
+  if (f.devices.empty() && f.device == "cpu") {
     auto gemm = l2l::kernels::ResolveCpuGemm(f.compute == "bf16" ? l2l::kernels::CpuGemmPrecision::kBf16
                                                                   : l2l::kernels::CpuGemmPrecision::kFp32);
     if (!gemm.ok()) {
