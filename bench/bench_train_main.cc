@@ -4,6 +4,11 @@
 //
 //   l2l-bench-train --config configs/quickstart.yaml [--B 8] [--T 128] [--iters 10]
 //                   [--warmup 2] [--threads 2] [--recompute always|never|auto]
+//                   [--compute fp32|bf16]
+//
+// --compute bf16: the CPU backend's matrix products in bf16 with fp32 accumulation
+// (kernels::CpuGemmPrecision::kBf16; L2L_CPU_GEMM in the environment wins). The backend
+// name printed ends in "gemm bf16" when the mode is on.
 //
 // Prints one line "l2l-bench-train: ... median tok/s M, best tok/s B, tok/s X" (X =
 // B*T*iters / seconds of ComputeGradients calls, each one micro-batch; M and B from the
@@ -23,7 +28,7 @@
 namespace {
 
 l2l::Status Run(const std::string& config, int64_t B, int64_t T, int iters, int warmup, int threads,
-                const std::string& recompute) {
+                const std::string& recompute, const std::string& compute) {
   namespace w = l2l::worker;
   L2L_ASSIGN_OR_RETURN(l2l::JobConfig cfg, l2l::LoadJobConfig(config));
   if (T <= 0) T = cfg.model.seq_len;
@@ -34,6 +39,11 @@ l2l::Status Run(const std::string& config, int64_t B, int64_t T, int iters, int 
   }
   w::ReferenceTrainerOptions o;
   o.num_threads = threads;
+  if (compute == "bf16") {
+    o.cpu_gemm = l2l::kernels::CpuGemmPrecision::kBf16;
+  } else if (compute != "fp32") {
+    return l2l::InvalidArgument("--compute " + compute + ": expected fp32 or bf16");
+  }
   L2L_ASSIGN_OR_RETURN(auto t, w::ReferenceTrainer::Create(cfg, o));
   w::MicroBatch mb;
   mb.B = B;
@@ -78,10 +88,13 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads (0: all cores)")->capture_default_str();
   std::string recompute;
   app.add_option("--recompute", recompute, "always | never | auto (default: the config's train.recompute)");
+  std::string compute = "fp32";
+  app.add_option("--compute", compute, "fp32 | bf16: CPU matrix products (bf16: bf16 operands, fp32 accumulation)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   // oneDNN's OpenMP threads spin between GEMMs and starve TBB's unless told to sleep.
   setenv("OMP_WAIT_POLICY", "PASSIVE", 0);
-  const l2l::Status st = Run(config, B, T, iters, warmup, threads, recompute);
+  const l2l::Status st = Run(config, B, T, iters, warmup, threads, recompute, compute);
   if (!st.ok()) {
     std::fprintf(stderr, "l2l-bench-train: %s\n", st.ToString().c_str());
     return 1;

@@ -3,7 +3,10 @@
   peers_torch.py adamw N ITERS            torch AdamW (fused, foreach), DeepSpeedCPUAdam
   peers_torch.py adamw_job N ITERS W      the daemon's whole per-layer job done with them:
                                           sum W workers' gradients, AdamW, bf16 copy
-  peers_torch.py gpt V L C H T B ITERS    GPT forward+backward, torch eager and torch.compile
+  peers_torch.py gpt V L C H T B ITERS [fp32|bf16]
+                                          GPT forward+backward, torch eager and torch.compile;
+                                          bf16: the forward under torch.autocast("cpu",
+                                          dtype=torch.bfloat16), results named *_bf16
 
 Prints `RESULT name = value` lines (params/s or tokens/s: median and best of ITERS timed
 steps after warm-up). Threads: OMP_NUM_THREADS (torch.set_num_threads follows it).
@@ -124,18 +127,24 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, s.V), tgt.view(-1))
 
 
-def gpt(V, L, C, H, T, B, iters):
+def gpt(V, L, C, H, T, B, iters, dtype="fp32"):
     torch.manual_seed(0)
     model = GPT(V, L, C, H, T)
     idx = torch.randint(0, V, (B, T))
     tgt = torch.randint(0, V, (B, T))
+    bf16 = dtype == "bf16"
+    suffix = "_bf16" if bf16 else ""
     for name, m in (("torch_eager", model), ("torch_compile", torch.compile(model))):
         def step():
             for p in model.parameters():
                 p.grad = None
-            m(idx, tgt).backward()
+            # Mixed precision as a PyTorch user runs it: fp32 parameters and gradients,
+            # the forward under autocast (bf16 matmuls), backward outside it.
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = m(idx, tgt)
+            loss.backward()
         med, best = timed(step, iters, warmup=3)
-        report(name, B * T, med, best)
+        report(name + suffix, B * T, med, best)
 
 
 if __name__ == "__main__":
@@ -148,6 +157,8 @@ if __name__ == "__main__":
     elif a[0] == "adamw_job":
         adamw_job(int(a[1]), int(a[2]), int(a[3]))
     elif a[0] == "gpt":
-        gpt(*(int(x) for x in a[1:8]))
+        if len(a) > 8 and a[8] not in ("fp32", "bf16"):
+            sys.exit(f"peers_torch.py: dtype {a[8]!r} is not fp32 or bf16")
+        gpt(*(int(x) for x in a[1:8]), *(a[8:9]))
     else:
         sys.exit(f"peers_torch.py: unknown benchmark {a[0]!r} (adamw, adamw_job or gpt)")

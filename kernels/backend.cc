@@ -16,7 +16,7 @@
 namespace l2l::kernels {
 
 Result<std::unique_ptr<Backend>> CreateBackend(const std::string& device) {
-  if (device == "cpu") return CreateCpuBackend(0);
+  if (device == "cpu") return CreateCpuBackend(CpuBackendOptions{});
   const std::string prefix = "cuda:";
   if (device.rfind(prefix, 0) == 0) {
     const char* first = device.data() + prefix.size();

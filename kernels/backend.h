@@ -359,7 +359,33 @@ class Backend {
 };
 
 // The CPU backend (always available; the reference). num_threads <= 0: all cores.
+// This overload is always fp32 and ignores L2L_CPU_GEMM (tests use it as the fp32
+// reference); CreateCpuBackend(options) and CreateBackend("cpu") read the variable.
 std::unique_ptr<Backend> CreateCpuBackend(int num_threads = 0);
+
+// How the CPU backend's matrix products (Gemm, LinearForward, the attention products)
+// compute. kFp32: fp32 oneDNN matmuls (the default and the reference). kBf16: PyTorch
+// bf16-autocast matmul numerics, as the CUDA backend's kBf16: both operands are cast to
+// bf16 (round to nearest even) and oneDNN multiplies bf16 x bf16 with fp32 accumulation
+// into fp32 outputs (C, alpha, beta and the fused epilogues as in fp32 mode; every
+// other op stays fp32). Runs on oneDNN's AMX / AVX512_BF16 kernels; refused on CPUs
+// without AVX512_BF16, where oneDNN would fall back to its slow reference kernels.
+// Environment override (wins over the options): L2L_CPU_GEMM=fp32|bf16.
+enum class CpuGemmPrecision { kFp32, kBf16 };
+struct CpuBackendOptions {
+  int num_threads = 0;  // <= 0: all cores
+  CpuGemmPrecision gemm = CpuGemmPrecision::kFp32;
+};
+// INVALID_ARGUMENT names a bad L2L_CPU_GEMM; FAILED_PRECONDITION says why bf16 cannot
+// run here (no AVX512_BF16 on this CPU, or L2L_CPU_ISA caps the ISA below it).
+Result<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options);
+// The precision CreateCpuBackend(options) would use for `requested`: L2L_CPU_GEMM applied,
+// the same errors. For programs that check before they start work (l2l-worker refuses
+// before it registers with the EPS).
+Result<CpuGemmPrecision> ResolveCpuGemm(CpuGemmPrecision requested);
+// Whether this CPU has AVX512_BF16 (AMX-BF16 CPUs all do) and L2L_CPU_ISA does not cap
+// the ISA below it (L2L_CPU_ISA=avx512|avx2|base: a test hook for the refusal).
+bool CpuHasBf16Gemm();
 // One communicator per backend, rank i on backends[i]: CUDA backends on distinct devices
 // (NCCL). Fails with a message when a backend is not CUDA, devices repeat, or this build
 // has no NCCL (UNIMPLEMENTED).

@@ -14,6 +14,11 @@
 #      and torch.compile, on GPT-2-like shapes:
 #        S1: V=50257 L=4 C=384 H=6 T=256 B=4 (the LM head dominates)
 #        S2: V=256   L=6 C=384 H=6 T=256 B=8 (the blocks dominate)
+#      and, where the CPU has AVX512_BF16 (BF16=auto, the default; 1 forces, 0 skips), the
+#      same in bf16 compute: l2l-bench-train --compute bf16 (bf16 GEMM operands, fp32
+#      accumulation, fp32 masters) vs torch eager / torch.compile with the forward under
+#      torch.autocast("cpu", dtype=torch.bfloat16): `ratio worker_S1_bf16/torch_eager_bf16`,
+#      `.../torch_compile_bf16`, and l2l's own `ratio worker_S1_bf16/worker_S1` (bf16 vs fp32).
 #   3. The whole system (l2l-eps + l2l-worker, shm) vs l2l's reference trainer on S2
 #      (scripts/bench_system.sh: alternating runs, the daemon's tokens/s, the per-step
 #      timeline medians), printed as `ratio system/reference_trainer = X`.
@@ -31,6 +36,10 @@ cd "$(dirname "$0")/.."
 BUILD_DIR="${L2L_BUILD_DIR:-build}"
 THREADS="${THREADS:-2}" ITERS="${ITERS:-10}" GPT_ITERS="${GPT_ITERS:-7}"
 ADAMW_PARAMS="${ADAMW_PARAMS:-33554432}" SHAPES="${SHAPES-S1 S2}" ADAMW="${ADAMW:-1}"
+BF16="${BF16:-auto}"
+if [[ "$BF16" == auto ]]; then
+  if grep -qw avx512_bf16 /proc/cpuinfo; then BF16=1; else BF16=0; fi
+fi
 for b in l2l-bench-eps l2l-bench-train; do
   [[ -x "$BUILD_DIR/bin/$b" ]] || { echo "bench_peers.sh: $BUILD_DIR/bin/$b missing: build it first (cmake --build $BUILD_DIR --target $b)" >&2; exit 1; }
 done
@@ -44,7 +53,7 @@ trap 'rm -rf "$TMP"' EXIT
 
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores), $THREADS threads, load: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "command: THREADS=$THREADS ITERS=$ITERS GPT_ITERS=$GPT_ITERS ADAMW_PARAMS=$ADAMW_PARAMS SHAPES=\"$SHAPES\" bash scripts/bench_peers.sh"
+echo "command: THREADS=$THREADS ITERS=$ITERS GPT_ITERS=$GPT_ITERS ADAMW_PARAMS=$ADAMW_PARAMS SHAPES=\"$SHAPES\" ADAMW=$ADAMW SYSTEM=${SYSTEM:-1} BF16=$BF16 bash scripts/bench_peers.sh"
 
 # RESULT lines -> value of one name.
 val() { sed -n "s/^RESULT $2 = //p" "$1" | tail -1; }
@@ -114,6 +123,18 @@ YAML
     | tee "$TMP/py-$shape" || { echo "torch GPT $shape failed:"; tail -20 "$TMP/py-$shape.err"; }
   ratio "worker_$shape/torch_eager" "$ours" "$(val "$TMP/py-$shape" torch_eager_median)"
   ratio "worker_$shape/torch_compile" "$ours" "$(val "$TMP/py-$shape" torch_compile_median)"
+  if [[ "$BF16" == 1 ]]; then
+    echo "---- worker step, $shape, bf16 compute (torch: autocast bf16) ----"
+    "$BUILD_DIR/bin/l2l-bench-train" --config "$TMP/$shape.yaml" --B "$B" --T "$T" --iters "$GPT_ITERS" \
+      --warmup 2 --threads "$THREADS" --compute bf16 ${RECOMPUTE:+--recompute "$RECOMPUTE"} \
+      | tee "$TMP/l2l-$shape-bf16" || true
+    ours16=$(sed -n 's/.*median tok\/s \([0-9.]*\).*/\1/p' "$TMP/l2l-$shape-bf16")
+    "$PY" bench/peers_torch.py gpt "$V" "$L" "$C" "$H" "$T" "$B" "$GPT_ITERS" bf16 2>"$TMP/py-$shape-bf16.err" \
+      | tee "$TMP/py-$shape-bf16" || { echo "torch GPT $shape bf16 failed:"; tail -20 "$TMP/py-$shape-bf16.err"; }
+    ratio "worker_${shape}_bf16/torch_eager_bf16" "$ours16" "$(val "$TMP/py-$shape-bf16" torch_eager_bf16_median)"
+    ratio "worker_${shape}_bf16/torch_compile_bf16" "$ours16" "$(val "$TMP/py-$shape-bf16" torch_compile_bf16_median)"
+    ratio "worker_${shape}_bf16/worker_${shape}" "$ours16" "$ours"
+  fi
 done
 
 if [[ "${SYSTEM:-1}" == 1 ]]; then

@@ -76,7 +76,8 @@ Status ReferenceTrainer::Init(const JobConfig& cfg, std::vector<std::vector<floa
     }
   }
   if (opts.device == "cpu") {
-    backend_ = kernels::CreateCpuBackend(opts.num_threads);
+    L2L_ASSIGN_OR_RETURN(backend_, kernels::CreateCpuBackend(kernels::CpuBackendOptions{
+                                       .num_threads = opts.num_threads, .gemm = opts.cpu_gemm}));
   } else {
     L2L_ASSIGN_OR_RETURN(backend_, kernels::CreateBackend(opts.device));
   }

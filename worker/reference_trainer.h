@@ -39,6 +39,9 @@ namespace l2l::worker {
 struct ReferenceTrainerOptions {
   std::string device = "cpu";  // kernels::CreateBackend name
   int num_threads = 0;         // CPU backend threads; <= 0: all cores
+  // CPU backend matrix products: fp32, or bf16 with fp32 accumulation (masters, gradients
+  // and AdamW stay fp32 either way). L2L_CPU_GEMM in the environment wins.
+  kernels::CpuGemmPrecision cpu_gemm = kernels::CpuGemmPrecision::kFp32;
   // Overrides train.activation_budget_mb when > 0 (budgets below 1 MiB, for tests).
   size_t activation_budget_bytes = 0;
 };

@@ -4,7 +4,7 @@
 // job, or until SIGINT/SIGTERM (it finishes the step in progress, then leaves).
 //
 //   l2l-worker --eps 127.0.0.1:PORT [--device cpu|cuda:N | --devices cuda:0,cuda:1,...]
-//              [--config FILE] [--threads N]
+//              [--config FILE] [--threads N] [--compute fp32|bf16]
 //              [--transport auto|shm|grpc] [--name NAME] [--connect-timeout-ms MS]
 //              [--steps N] [--log-level info] [--token-file FILE] [--tls-ca CA.pem]
 //              [--tls-server-name NAME] [--push-deadline-floor-ms MS] [--push-min-mib-per-s R]
@@ -13,6 +13,10 @@
 // each fetches 1/n of every layer, NCCL all-gathers the rest, the micro-batches are split
 // over the devices, gradients are reduce-scattered and the layer's gradient reaches the
 // EPS once). Needs a build with NCCL and train.micro_batches >= n.
+// --compute bf16 (CPU device only): the CPU backend's matrix products take bf16 operands
+// with fp32 accumulation (kernels::CpuGemmPrecision::kBf16; refused without AVX512_BF16);
+// masters, pushed gradients and AdamW stay fp32. L2L_CPU_GEMM=fp32|bf16 wins over it.
+// On a GPU the same mode is L2L_CUDA_GEMM=bf16.
 // --config FILE: a job YAML on this host; its data.train_path replaces the EPS's (the
 // tokens file may live elsewhere on another host) and its model must equal the EPS's.
 // Progress lines go to stdout:
@@ -94,6 +98,7 @@ struct Flags {
   std::string devices;  // --devices: a comma-separated list (a device group)
   std::string config;
   int threads = 0;
+  std::string compute = "fp32";  // --compute: the CPU backend's GEMM precision
   std::string transport = "auto";
   std::string name;
   int64_t connect_timeout_ms = 10000;
@@ -119,7 +124,18 @@ int64_t PeakRssKb() {
 }
 
 Result<std::unique_ptr<l2l::kernels::Backend>> MakeBackend(const Flags& f) {
-  if (f.device == "cpu") return l2l::kernels::CreateCpuBackend(f.threads);
+  if (f.compute != "fp32" && f.compute != "bf16") {
+    return l2l::InvalidArgument("--compute " + f.compute + ": expected fp32 or bf16");
+  }
+  if (f.device == "cpu") {
+    l2l::kernels::CpuBackendOptions o;
+    o.num_threads = f.threads;
+    o.gemm = f.compute == "bf16" ? l2l::kernels::CpuGemmPrecision::kBf16 : l2l::kernels::CpuGemmPrecision::kFp32;
+    return l2l::kernels::CreateCpuBackend(o);
+  }
+  if (f.compute != "fp32") {
+    return l2l::InvalidArgument("--compute " + f.compute + " is for --device cpu; on a GPU set L2L_CUDA_GEMM=bf16");
+  }
   return l2l::kernels::CreateBackend(f.device);
 }
 
@@ -392,6 +408,9 @@ int main(int argc, char** argv) {
       ->excludes(device_opt);
   app.add_option("--config", f.config, "job YAML on this host (data path; model must match)");
   app.add_option("--threads", f.threads, "CPU backend threads (0 = all cores)");
+  app.add_option("--compute", f.compute,
+                 "fp32 | bf16: CPU backend matrix products (bf16 operands, fp32 accumulation; "
+                 "needs AVX512_BF16). L2L_CPU_GEMM wins");
   app.add_option("--transport", f.transport, "auto | shm | grpc");
   app.add_option("--name", f.name, "worker name shown in status (default hostname:pid)");
   app.add_option("--connect-timeout-ms", f.connect_timeout_ms, "how long to retry registering");
@@ -424,6 +443,20 @@ int main(int argc, char** argv) {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 
+  // A bad --compute, or a CPU worker that cannot run its compute precision, says so
+  // before it registers.
+  if (f.compute != "fp32" && f.compute != "bf16") {
+    std::fprintf(stderr, "l2l-worker: error: --compute %s: expected fp32 or bf16\n", f.compute.c_str());
+    return 1;
+  }
+  if (f.devices.empty() && f.device == "cpu") {
+    auto gemm = l2l::kernels::ResolveCpuGemm(f.compute == "bf16" ? l2l::kernels::CpuGemmPrecision::kBf16
+                                                                  : l2l::kernels::CpuGemmPrecision::kFp32);
+    if (!gemm.ok()) {
+      std::fprintf(stderr, "l2l-worker: error: %s\n", gemm.status().ToString().c_str());
+      return 1;
+    }
+  }
   std::atomic<bool> done{false};
   std::thread watchdog(StopWatchdog, &done);
   int exit_code = 1;

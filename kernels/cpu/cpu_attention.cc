@@ -21,6 +21,16 @@
 // and `scratch` is not used. Parallelism: the forward's tasks are (b, head, strip); the
 // backward's are (b, kv head), each walking its query heads and strips in a fixed order,
 // so the dk/dv sums (and every output bit) do not depend on the thread count.
+//
+// bf16 GEMM mode (the matmul's bf16()): qkv (and dout in the backward) are cast to bf16
+// once per call, whole, into the matmul's slots 2 and 3, and every product reads them in
+// place; a strip's probabilities P (and the softmax gradient dS) are cast per strip into
+// a per-thread bf16 block before they multiply. Scores, softmax, log-sum-exps and the
+// products' outputs stay fp32, as in PyTorch's autocast. The 1/sqrt(hs) scale is not a
+// oneDNN output scale in this mode (oneDNN 2.x's bf16 gemm applies one in a scalar loop,
+// ~10x the product's own time on these blocks): scores are scaled in fp32 before the
+// softmax, and dS carries the scale before it is cast (the dq and dk products then run
+// with alpha 1).
 // Thread-safety: as every Backend, one thread at a time.
 #include <algorithm>
 #include <cmath>
@@ -49,6 +59,14 @@ float* ThreadBlock(int which, int64_t floats) {
   return v.data();
 }
 
+// Per-thread bf16 copies of the blocks above.
+uint16_t* ThreadBlock16(int which, int64_t elems) {
+  thread_local std::vector<uint16_t> blocks[2];
+  std::vector<uint16_t>& v = blocks[which];
+  if (int64_t(v.size()) < elems) v.resize(elems);
+  return v.data();
+}
+
 struct Strip {
   int64_t i0, rows;  // query rows [i0, i0 + rows); keys [0, i0 + rows)
 };
@@ -67,6 +85,8 @@ void CpuBackend::CausalAttentionForward(float* out, float* lse, const float* qkv
   const float scale = 1.0f / std::sqrt(float(hs));
   const std::vector<Strip> strips = Strips(T);
   const int64_t n_strips = int64_t(strips.size());
+  const bool bf16 = matmul_->bf16();
+  const float s_alpha = bf16 ? 1.0f : scale;  // bf16: scaled in the softmax loop
   struct Plans {
     const DnnlMatmul::Plan *s, *pv;
   };
@@ -74,14 +94,21 @@ void CpuBackend::CausalAttentionForward(float* out, float* lse, const float* qkv
   for (int64_t si = 0; si < n_strips; ++si) {
     const int64_t rows = strips[si].rows, keys = strips[si].i0 + rows;
     // S (rows, keys) = scale * q_strip @ k^T ; out_strip (rows, hs) = P @ v.
-    plans[si].s = matmul_->Prepare(rows, keys, hs, scale, MatStrides{0, 0, W, 1},
+    plans[si].s = matmul_->Prepare(rows, keys, hs, s_alpha, MatStrides{0, 0, W, 1},
                                    MatStrides{0, 0, 1, W}, 0.0f, MatStrides{0, 0, ld, 1});
     plans[si].pv = matmul_->Prepare(rows, hs, keys, 1.0f, MatStrides{0, 0, ld, 1},
                                     MatStrides{0, 0, W, 1}, 0.0f, MatStrides{0, 0, C, 1});
   }
+  const uint16_t* qkv16 = nullptr;
+  if (bf16) {
+    uint16_t* q = matmul_->Bf16Slot(2, B * T * W);
+    matmul_->ToBf16(q, qkv, B * T * W);
+    qkv16 = q;
+  }
   InArena([&] {
     ParallelFor(B * NH * n_strips, 1, [&](int64_t t0, int64_t t1) {
       float* S = ThreadBlock(0, kQueryTile * ld);
+      uint16_t* S16 = bf16 ? ThreadBlock16(0, kQueryTile * ld) : nullptr;
       for (int64_t task = t0; task < t1; ++task) {
         // Longest strips first: the last strip of each head is the most work.
         const int64_t si = n_strips - 1 - task % n_strips, bh = task / n_strips;
@@ -89,19 +116,30 @@ void CpuBackend::CausalAttentionForward(float* out, float* lse, const float* qkv
         const Strip st = strips[si];
         const int64_t keys = st.i0 + st.rows;
         const float* base = qkv + b * T * W;
-        matmul_->Execute(plans[si].s, base + st.i0 * W + h * hs, base + C + g * hs, S);
+        const uint16_t* base16 = bf16 ? qkv16 + b * T * W : nullptr;
+        if (bf16) {
+          matmul_->Execute(plans[si].s, base16 + st.i0 * W + h * hs, base16 + C + g * hs, S);
+        } else {
+          matmul_->Execute(plans[si].s, base + st.i0 * W + h * hs, base + C + g * hs, S);
+        }
         float* row_lse = lse + bh * T + st.i0;
         for (int64_t i = 0; i < st.rows; ++i) {
           const int64_t n = st.i0 + i + 1;  // row t = i0 + i sees keys [0, t]
           float* row = S + i * ld;
+          if (bf16) ScaleSpan(row, scale, n);
           const float mx = MaxSpan(row, n);
           const double sum = ExpShiftSumSpan(row, row, mx, n);
           ScaleSpan(row, float(1.0 / sum), n);
           std::fill(row + n, row + keys, 0.0f);
           row_lse[i] = mx + float(std::log(sum));
         }
-        matmul_->Execute(plans[si].pv, S, base + C + NKV * hs + g * hs,
-                         out + b * T * C + st.i0 * C + h * hs);
+        float* o = out + b * T * C + st.i0 * C + h * hs;
+        if (bf16) {
+          FloatToBf16Span(S16, S, (st.rows - 1) * ld + keys);
+          matmul_->Execute(plans[si].pv, S16, base16 + C + NKV * hs + g * hs, o);
+        } else {
+          matmul_->Execute(plans[si].pv, S, base + C + NKV * hs + g * hs, o);
+        }
       }
     });
   });
@@ -116,6 +154,8 @@ void CpuBackend::CausalAttentionBackward(float* dqkv, const float* dout, const f
   const int64_t n_strips = int64_t(strips.size());
   const MatStrides qkv_rows{0, 0, W, 1}, qkv_t{0, 0, 1, W}, out_rows{0, 0, C, 1};
   const MatStrides blk{0, 0, ld, 1}, blk_t{0, 0, 1, ld};
+  const bool bf16 = matmul_->bf16();
+  const float alpha = bf16 ? 1.0f : scale;  // bf16: S scaled in the loop, dS pre-scaled
   struct Plans {
     const DnnlMatmul::Plan *s, *dp, *dv, *dq, *dk;
   };
@@ -123,16 +163,27 @@ void CpuBackend::CausalAttentionBackward(float* dqkv, const float* dout, const f
   for (int64_t si = 0; si < n_strips; ++si) {
     const int64_t rows = strips[si].rows, keys = strips[si].i0 + rows;
     Plans& p = plans[si];
-    p.s = matmul_->Prepare(rows, keys, hs, scale, qkv_rows, qkv_t, 0.0f, blk);      // q k^T
+    p.s = matmul_->Prepare(rows, keys, hs, alpha, qkv_rows, qkv_t, 0.0f, blk);      // q k^T
     p.dp = matmul_->Prepare(rows, keys, hs, 1.0f, out_rows, qkv_t, 0.0f, blk);      // dout v^T
     p.dv = matmul_->Prepare(keys, hs, rows, 1.0f, blk_t, out_rows, 1.0f, qkv_rows);  // P^T dout
-    p.dq = matmul_->Prepare(rows, hs, keys, scale, blk, qkv_rows, 1.0f, qkv_rows);  // dS k
-    p.dk = matmul_->Prepare(keys, hs, rows, scale, blk_t, qkv_rows, 1.0f, qkv_rows);  // dS^T q
+    p.dq = matmul_->Prepare(rows, hs, keys, alpha, blk, qkv_rows, 1.0f, qkv_rows);  // dS k
+    p.dk = matmul_->Prepare(keys, hs, rows, alpha, blk_t, qkv_rows, 1.0f, qkv_rows);  // dS^T q
+  }
+  const uint16_t *qkv16 = nullptr, *dout16 = nullptr;
+  if (bf16) {
+    uint16_t* q = matmul_->Bf16Slot(2, B * T * W);
+    uint16_t* d = matmul_->Bf16Slot(3, B * T * C);
+    matmul_->ToBf16(q, qkv, B * T * W);
+    matmul_->ToBf16(d, dout, B * T * C);
+    qkv16 = q;
+    dout16 = d;
   }
   InArena([&] {
     ParallelFor(B * NKV, 1, [&](int64_t t0, int64_t t1) {
       float* P = ThreadBlock(0, kQueryTile * ld);
       float* D = ThreadBlock(1, kQueryTile * ld);
+      uint16_t* P16 = bf16 ? ThreadBlock16(0, kQueryTile * ld) : nullptr;
+      uint16_t* D16 = bf16 ? ThreadBlock16(1, kQueryTile * ld) : nullptr;
       for (int64_t task = t0; task < t1; ++task) {
         const int64_t b = task / NKV, g = task % NKV;
         const float* base = qkv + b * T * W;
@@ -141,6 +192,9 @@ void CpuBackend::CausalAttentionBackward(float* dqkv, const float* dout, const f
         float* dbase = dqkv + b * T * W;
         float* dk = dbase + C + g * hs;
         float* dv = dbase + C + NKV * hs + g * hs;
+        const uint16_t* base16 = bf16 ? qkv16 + b * T * W : nullptr;
+        const uint16_t* k16 = bf16 ? base16 + C + g * hs : nullptr;
+        const uint16_t* v16 = bf16 ? base16 + C + NKV * hs + g * hs : nullptr;
         for (int64_t h = g * rep; h < (g + 1) * rep; ++h) {
           const float* row_lse_h = lse + (b * NH + h) * T;
           for (int64_t si = 0; si < n_strips; ++si) {
@@ -149,21 +203,43 @@ void CpuBackend::CausalAttentionBackward(float* dqkv, const float* dout, const f
             const Plans& p = plans[si];
             const float* q = base + st.i0 * W + h * hs;
             const float* d_out = dout + b * T * C + st.i0 * C + h * hs;
-            matmul_->Execute(p.s, q, k, P);
-            matmul_->Execute(p.dp, d_out, v, D);
+            const uint16_t* q16 = bf16 ? base16 + st.i0 * W + h * hs : nullptr;
+            const uint16_t* d_out16 = bf16 ? dout16 + b * T * C + st.i0 * C + h * hs : nullptr;
+            if (bf16) {
+              matmul_->Execute(p.s, q16, k16, P);
+              matmul_->Execute(p.dp, d_out16, v16, D);
+            } else {
+              matmul_->Execute(p.s, q, k, P);
+              matmul_->Execute(p.dp, d_out, v, D);
+            }
             for (int64_t i = 0; i < st.rows; ++i) {
               const int64_t n = st.i0 + i + 1;
               float* pr = P + i * ld;
               float* dr = D + i * ld;
+              if (bf16) ScaleSpan(pr, scale, n);
               ExpShiftSumSpan(pr, pr, row_lse_h[st.i0 + i], n);  // probabilities
               const float dot = DotSpan(pr, dr, n);
-              for (int64_t j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
+              if (bf16) {
+                for (int64_t j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
+              } else {
+                for (int64_t j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
+              }
               std::fill(pr + n, pr + keys, 0.0f);
               std::fill(dr + n, dr + keys, 0.0f);
             }
-            matmul_->Execute(p.dv, P, d_out, dv);
-            matmul_->Execute(p.dq, D, k, dbase + st.i0 * W + h * hs);
-            matmul_->Execute(p.dk, D, q, dk);
+            float* dq = dbase + st.i0 * W + h * hs;
+            if (bf16) {
+              const int64_t n16 = (st.rows - 1) * ld + keys;
+              FloatToBf16Span(P16, P, n16);
+              FloatToBf16Span(D16, D, n16);
+              matmul_->Execute(p.dv, P16, d_out16, dv);
+              matmul_->Execute(p.dq, D16, k16, dq);
+              matmul_->Execute(p.dk, D16, q16, dk);
+            } else {
+              matmul_->Execute(p.dv, P, d_out, dv);
+              matmul_->Execute(p.dq, D, k, dq);
+              matmul_->Execute(p.dk, D, q, dk);
+            }
           }
         }
       }

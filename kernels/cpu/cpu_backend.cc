@@ -2,6 +2,8 @@
 // Attention lives in cpu_attention.cc. See cpu_backend.h for the contracts.
 #include "kernels/cpu/cpu_backend.h"
 
+#include "common/adamw.h"
+
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/parallel_reduce.h>
@@ -11,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <string>
 
 #include "kernels/cpu/cpu_math.h"
 #include "kernels/cpu/cpu_matmul.h"
@@ -25,16 +28,18 @@ constexpr float kLayerNormEps = 1e-5f;
 // the result does not depend on the thread count.
 constexpr int64_t kColumnChunk = 64;
 
-CpuBackend::CpuBackend(int num_threads)
+CpuBackend::CpuBackend(int num_threads, CpuGemmPrecision gemm)
     : num_threads_(num_threads > 0 ? num_threads : tbb::this_task_arena::max_concurrency()),
+      gemm_(gemm),
       arena_(num_threads_),
       pinner_(ThreadPinner::FromEnv(arena_)),
-      matmul_(std::make_unique<DnnlMatmul>(num_threads_, &arena_)) {}
+      matmul_(std::make_unique<DnnlMatmul>(num_threads_, &arena_, gemm == CpuGemmPrecision::kBf16)) {}
 
 CpuBackend::~CpuBackend() = default;
 
 std::string CpuBackend::name() const {
-  return "cpu (oneDNN, " + std::to_string(num_threads_) + " threads)";
+  return "cpu (oneDNN, " + std::to_string(num_threads_) + " threads" +
+         (gemm_ == CpuGemmPrecision::kBf16 ? ", gemm bf16)" : ")");
 }
 
 // ---- memory ------------------------------------------------------------------------
@@ -149,6 +154,16 @@ void CpuBackend::Axpy(float* dst, const float* src, float alpha, int64_t n) {
   InArena([&] {
     ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) dst[i] += alpha * src[i];
+    });
+  });
+}
+
+void CpuBackend::AdamW(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+                       float eps, float weight_decay, int64_t t, float grad_scale) {
+  InArena([&] {
+    ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+      AdamWStep(p + i0, g + i0, m + i0, v + i0, static_cast<size_t>(i1 - i0), lr, beta1, beta2, eps, weight_decay,
+                t, grad_scale);
     });
   });
 }
@@ -353,6 +368,48 @@ void CpuBackend::CrossEntropyBackward(float* dlogits, const float* probs, const 
 
 std::unique_ptr<Backend> CreateCpuBackend(int num_threads) {
   return std::make_unique<CpuBackend>(num_threads);
+}
+
+bool CpuHasBf16Gemm() {
+#if defined(__x86_64__) || defined(__i386__)
+  if (const char* cap = std::getenv("L2L_CPU_ISA")) {
+    const std::string v = cap;
+    if (v == "avx512" || v == "avx2" || v == "base") return false;
+  }
+  return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+Result<CpuGemmPrecision> ResolveCpuGemm(CpuGemmPrecision requested) {
+  CpuGemmPrecision gemm = requested;
+  if (const char* env = std::getenv("L2L_CPU_GEMM")) {
+    const std::string v = env;
+    if (v == "fp32") {
+      gemm = CpuGemmPrecision::kFp32;
+    } else if (v == "bf16") {
+      gemm = CpuGemmPrecision::kBf16;
+    } else {
+      return InvalidArgument("environment L2L_CPU_GEMM=" + v + " is not one of fp32, bf16");
+    }
+  }
+  if (gemm == CpuGemmPrecision::kBf16 && !CpuHasBf16Gemm()) {
+    const char* cap = std::getenv("L2L_CPU_ISA");
+    return FailedPrecondition(
+        std::string("cpu backend: bf16 GEMMs (L2L_CPU_GEMM=bf16 or --compute bf16) need a CPU with "
+                    "AVX512_BF16 (or AMX-BF16); ") +
+        (cap != nullptr ? "L2L_CPU_ISA=" + std::string(cap) + " caps the ISA below it"
+                        : "this CPU has neither") +
+        ", and oneDNN's fallback would run them many times slower than fp32. Use fp32 "
+        "(unset L2L_CPU_GEMM, or --compute fp32) on this machine");
+  }
+  return gemm;
+}
+
+Result<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options) {
+  L2L_ASSIGN_OR_RETURN(CpuGemmPrecision gemm, ResolveCpuGemm(options.gemm));
+  return std::unique_ptr<Backend>(std::make_unique<CpuBackend>(options.num_threads, gemm));
 }
 
 }  // namespace l2l::kernels

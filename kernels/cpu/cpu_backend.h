@@ -1,4 +1,5 @@
-// CpuBackend: the reference implementation of kernels/backend.h on the host, fp32.
+// CpuBackend: the reference implementation of kernels/backend.h on the host, fp32 (or
+// with bf16 matrix products: CpuGemmPrecision::kBf16, see backend.h and cpu_matmul.h).
 // Matrix products go through oneDNN's matmul primitive (DnnlMatmul, cpu_matmul.h), which
 // this backend owns, run single-threaded per block inside TBB tasks; every other op is a
 // loop parallelised with oneTBB, all inside one task_arena limited to num_threads (one
@@ -31,12 +32,13 @@ class ThreadPinner;
 class CpuBackend final : public Backend {
  public:
   // num_threads <= 0: all cores the process may use.
-  explicit CpuBackend(int num_threads);
+  explicit CpuBackend(int num_threads, CpuGemmPrecision gemm = CpuGemmPrecision::kFp32);
   ~CpuBackend() override;
 
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   std::string name() const override;
   int num_threads() const { return num_threads_; }
+  CpuGemmPrecision gemm_precision() const { return gemm_; }
 
   Result<void*> Alloc(size_t bytes) override;
   void Free(void* p) override;
@@ -143,6 +145,7 @@ class CpuBackend final : public Backend {
   }
 
   int num_threads_;
+  CpuGemmPrecision gemm_;
   tbb::task_arena arena_;
   std::unique_ptr<ThreadPinner> pinner_;  // L2L_CPU_PIN=1 only (cpu_pinning.h)
   std::unique_ptr<DnnlMatmul> matmul_;

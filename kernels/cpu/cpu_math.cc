@@ -7,6 +7,8 @@
 // on every path; sums (ExpShiftSumSpan, DotSpan) differ by rounding, as lanes differ.
 #include "kernels/cpu/cpu_math.h"
 
+#include "common/dtype.h"
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -112,5 +114,8 @@ double ExpShiftSumSpan(float* out, const float* x, float shift, int64_t n) {
 }
 void ScaleSpan(float* x, float s, int64_t n) { L2L_DISPATCH(ScaleSpan, x, s, n); }
 float DotSpan(const float* a, const float* b, int64_t n) { L2L_DISPATCH(DotSpan, a, b, n); }
+void FloatToBf16Span(uint16_t* out, const float* in, int64_t n) {
+  L2L_DISPATCH(FloatToBf16Span, out, in, n);
+}
 
 }  // namespace l2l::kernels

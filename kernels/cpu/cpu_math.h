@@ -1,5 +1,6 @@
 // Vectorised fp32 math for the CPU backend's hot loops: GELU (tanh form) and its
-// gradient, and exp-sums for softmax/cross-entropy. libm's scalar tanhf/expf cost
+// gradient, exp-sums for softmax/cross-entropy, and the fp32 -> bf16 cast of the bf16
+// GEMM mode. libm's scalar tanhf/expf cost
 // ~10-20 ns an element, which made GELU and softmax slower than the GEMMs around them;
 // these use Cephes-style polynomials (~2 ulp) on GCC vectors, compiled for AVX-512
 // (16 lanes), AVX2+FMA and the baseline ISA (8 lanes), picked at run time from the CPU's
@@ -33,5 +34,8 @@ double ExpShiftSumSpan(float* out, const float* x, float shift, int64_t n);
 void ScaleSpan(float* x, float s, int64_t n);
 // sum of a[i] * b[i].
 float DotSpan(const float* a, const float* b, int64_t n);
+// out[i] = bf16(in[i]), round to nearest even (NaN stays NaN, denormals are rounded, not
+// flushed): bit-identical to common/dtype.h's FloatToBf16 on every path.
+void FloatToBf16Span(uint16_t* out, const float* in, int64_t n);
 
 }  // namespace l2l::kernels

@@ -13,6 +13,8 @@
 #include <tbb/parallel_for.h>
 
 #include "common/status.h"
+#include "kernels/cpu/cpu_math.h"
+#include "kernels/cpu/cpu_parallel.h"
 
 namespace l2l::kernels {
 namespace {
@@ -42,12 +44,11 @@ int64_t FloatBits(float f) {
 // A 2-D descriptor when there is no batch (oneDNN picks its best plain-gemm kernels for
 // 2-D problems), else 4-D.
 memory::desc Desc(bool batched, int64_t B0, int64_t B1, int64_t rows, int64_t cols,
-                  const MatStrides& s) {
+                  const MatStrides& s, memory::data_type dt = memory::data_type::f32) {
   if (!batched) {
-    return memory::desc(memory::dims{rows, cols}, memory::data_type::f32,
-                        memory::dims{s.row, s.col});
+    return memory::desc(memory::dims{rows, cols}, dt, memory::dims{s.row, s.col});
   }
-  return memory::desc(memory::dims{B0, B1, rows, cols}, memory::data_type::f32,
+  return memory::desc(memory::dims{B0, B1, rows, cols}, dt,
                       memory::dims{s.b0, s.b1, s.row, s.col});
 }
 
@@ -72,12 +73,15 @@ struct DnnlMatmul::Plan {
   dnnl::matmul::primitive_desc pd;
   dnnl::matmul prim;
   size_t scratch_bytes = 0;
+  bool bf16 = false;  // src and weights are bf16
 };
 
 struct DnnlMatmul::Impl {
   using Entry = DnnlMatmul::Plan;
   int num_threads = 1;
   tbb::task_arena* arena = nullptr;
+  bool bf16 = false;
+  std::vector<uint16_t> slots[4];  // bf16 operand copies: Run's A, B; Bf16Slot's 2, 3
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
   // Node-based: references to entries stay valid while others are added.
   std::unordered_map<Key, Entry, KeyHash> cache;
@@ -100,10 +104,11 @@ struct DnnlMatmul::Impl {
         po.append_sum(beta);
         attr.set_post_ops(po);
       }
-      dnnl::matmul::desc d(Desc(batched, B0, B1, M, K, sa), Desc(batched, B0, B1, K, N, sb),
+      const memory::data_type in = bf16 ? memory::data_type::bf16 : memory::data_type::f32;
+      dnnl::matmul::desc d(Desc(batched, B0, B1, M, K, sa, in), Desc(batched, B0, B1, K, N, sb, in),
                            Desc(batched, B0, B1, M, N, sc));
       dnnl::matmul::primitive_desc pd(d, attr, engine);
-      Entry e{pd, dnnl::matmul(pd), pd.scratchpad_desc().get_size()};
+      Entry e{pd, dnnl::matmul(pd), pd.scratchpad_desc().get_size(), bf16};
       return cache.emplace(key, std::move(e)).first->second;
     } catch (const dnnl::error& err) {
       L2L_CHECK(false) << "oneDNN matmul creation failed (" << err.what() << ") for B0=" << B0
@@ -113,13 +118,14 @@ struct DnnlMatmul::Impl {
   }
 
   // Runs one cached primitive on the calling thread (a TBB task or the owner).
-  void Exec(const Entry& e, const float* A, const float* B, float* C) {
+  // A and B are fp32, or bf16 bits when e.bf16.
+  void Exec(const Entry& e, const void* A, const void* B, float* C) {
     thread_local std::vector<char> scratch;
     try {
       SetOmpThreads(1);
       dnnl::stream stream(engine);
-      memory a_mem(e.pd.src_desc(), engine, const_cast<float*>(A));
-      memory b_mem(e.pd.weights_desc(), engine, const_cast<float*>(B));
+      memory a_mem(e.pd.src_desc(), engine, const_cast<void*>(A));
+      memory b_mem(e.pd.weights_desc(), engine, const_cast<void*>(B));
       memory c_mem(e.pd.dst_desc(), engine, C);
       std::unordered_map<int, memory> args = {
           {DNNL_ARG_SRC, a_mem}, {DNNL_ARG_WEIGHTS, b_mem}, {DNNL_ARG_DST, c_mem}};
@@ -133,6 +139,63 @@ struct DnnlMatmul::Impl {
     } catch (const dnnl::error& err) {
       L2L_CHECK(false) << "oneDNN matmul execution failed: " << err.what();
     }
+  }
+
+  uint16_t* Slot(int slot, int64_t elems) {
+    std::vector<uint16_t>& v = slots[slot];
+    if (int64_t(v.size()) < elems) v.resize(elems);
+    return v.data();
+  }
+
+  void ToBf16(uint16_t* dst, const float* src, int64_t n) {
+    if (num_threads <= 1 || n <= kElemGrain) {
+      FloatToBf16Span(dst, src, n);
+      return;
+    }
+    arena->execute([&] {
+      ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) { FloatToBf16Span(dst + i0, src + i0, i1 - i0); });
+    });
+  }
+
+  // dst = the (B0, B1, rows, cols) operand at src with strides s, as dense row-major
+  // bf16. Rows with unit column stride cast as spans; a column-major operand (unit row
+  // stride) goes through 32 x 32 tiles: each tile column is a contiguous span of src,
+  // cast, then transposed in cache.
+  void Pack(uint16_t* dst, const float* src, int64_t B0, int64_t B1, int64_t rows, int64_t cols,
+            const MatStrides& s) {
+    constexpr int64_t kTile = 32;
+    const int64_t row_blocks = (rows + kTile - 1) / kTile;
+    auto block = [&](int64_t task) {
+      const int64_t mat = task / row_blocks, r0 = (task % row_blocks) * kTile;
+      const int64_t rn = std::min(kTile, rows - r0);
+      const float* x = src + (mat / B1) * s.b0 + (mat % B1) * s.b1;
+      uint16_t* y = dst + mat * rows * cols;
+      if (s.col == 1) {
+        for (int64_t r = r0; r < r0 + rn; ++r) FloatToBf16Span(y + r * cols, x + r * s.row, cols);
+      } else if (s.row == 1) {
+        uint16_t tile[kTile][kTile];
+        for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+          const int64_t cn = std::min(kTile, cols - c0);
+          for (int64_t c = 0; c < cn; ++c) FloatToBf16Span(tile[c], x + (c0 + c) * s.col + r0, rn);
+          for (int64_t r = 0; r < rn; ++r)
+            for (int64_t c = 0; c < cn; ++c) y[(r0 + r) * cols + c0 + c] = tile[c][r];
+        }
+      } else {
+        for (int64_t r = r0; r < r0 + rn; ++r)
+          for (int64_t c = 0; c < cols; ++c) FloatToBf16Span(y + r * cols + c, x + r * s.row + c * s.col, 1);
+      }
+    };
+    const int64_t tasks = B0 * B1 * row_blocks;
+    if (num_threads <= 1 || B0 * B1 * rows * cols <= kElemGrain) {
+      for (int64_t t = 0; t < tasks; ++t) block(t);
+      return;
+    }
+    const int64_t grain = std::max<int64_t>(1, kElemGrain / (kTile * cols));
+    arena->execute([&] {
+      ParallelFor(tasks, grain, [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) block(t);
+      });
+    });
   }
 
   // f(i) for i in [0, n), in parallel in the arena when there are threads to use.
@@ -151,15 +214,25 @@ struct DnnlMatmul::Impl {
   }
 };
 
-DnnlMatmul::DnnlMatmul(int num_threads, tbb::task_arena* arena) : impl_(std::make_unique<Impl>()) {
+DnnlMatmul::DnnlMatmul(int num_threads, tbb::task_arena* arena, bool bf16)
+    : impl_(std::make_unique<Impl>()) {
   impl_->num_threads = std::max(1, num_threads);
   impl_->arena = arena;
+  impl_->bf16 = bf16;
   L2L_CHECK(arena != nullptr || impl_->num_threads == 1) << "DnnlMatmul needs an arena for threads";
 }
 
 DnnlMatmul::~DnnlMatmul() = default;
 
 size_t DnnlMatmul::cached_primitives() const { return impl_->cache.size(); }
+bool DnnlMatmul::bf16() const { return impl_->bf16; }
+
+void DnnlMatmul::ToBf16(uint16_t* dst, const float* src, int64_t n) { impl_->ToBf16(dst, src, n); }
+
+uint16_t* DnnlMatmul::Bf16Slot(int slot, int64_t elems) {
+  L2L_CHECK(slot == 2 || slot == 3) << "DnnlMatmul::Bf16Slot: slot " << slot << " (2 or 3)";
+  return impl_->Slot(slot, elems);
+}
 
 void DnnlMatmul::Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, float alpha,
                      const float* A, const MatStrides& sa, const float* B, const MatStrides& sb,
@@ -181,12 +254,35 @@ void DnnlMatmul::Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, fl
     return;
   }
   Impl& im = *impl_;
+  // The operands the primitives read: A and B themselves, or (bf16 mode) dense
+  // row-major bf16 copies, (B0*B1, M, K) and (B0*B1, K, N), whatever the callers'
+  // strides: a transposed operand becomes plain, which oneDNN's AMX kernels want, and
+  // every call of a shape shares one primitive. at(p, off) is operand p advanced by
+  // `off` elements; ua, ub their strides.
+  const void* a = A;
+  const void* b = B;
+  MatStrides ua = sa, ub = sb;
+  size_t esz = sizeof(float);
+  if (im.bf16) {
+    uint16_t* a16 = im.Slot(0, B0 * B1 * M * K);
+    uint16_t* b16 = im.Slot(1, B0 * B1 * K * N);
+    im.Pack(a16, A, B0, B1, M, K, sa);
+    im.Pack(b16, B, B0, B1, K, N, sb);
+    a = a16;
+    b = b16;
+    ua = MatStrides{B1 * M * K, M * K, K, 1};
+    ub = MatStrides{B1 * K * N, K * N, N, 1};
+    esz = sizeof(uint16_t);
+  }
+  auto at = [esz](const void* p, int64_t off) -> const void* {
+    return static_cast<const char*>(p) + off * int64_t(esz);
+  };
   if (B0 * B1 > 1) {
     // One 2-D product per batch element, the batch spread over tasks.
-    const Impl::Entry& e = im.Get(1, 1, M, N, K, alpha, sa, sb, beta, sc);
+    const Impl::Entry& e = im.Get(1, 1, M, N, K, alpha, ua, ub, beta, sc);
     im.ForEach(B0 * B1, [&](int64_t idx) {
       const int64_t i = idx / B1, j = idx % B1;
-      im.Exec(e, A + i * sa.b0 + j * sa.b1, B + i * sb.b0 + j * sb.b1, C + i * sc.b0 + j * sc.b1);
+      im.Exec(e, at(a, i * ua.b0 + j * ua.b1), at(b, i * ub.b0 + j * ub.b1), C + i * sc.b0 + j * sc.b1);
     });
     return;
   }
@@ -199,25 +295,25 @@ void DnnlMatmul::Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, fl
   int64_t block = (len + 2 * im.num_threads - 1) / (2 * im.num_threads);
   block = std::max(kMinBlock, (block + 15) / 16 * 16);
   if (im.num_threads <= 1 || block >= len || flops < 2e6) {
-    im.Exec(im.Get(1, 1, M, N, K, alpha, sa, sb, beta, sc), A, B, C);
+    im.Exec(im.Get(1, 1, M, N, K, alpha, ua, ub, beta, sc), a, b, C);
     if (epilogue != nullptr) (*epilogue)(0, M, 0, N);
     return;
   }
   const int64_t n_blocks = (len + block - 1) / block;
   const int64_t last = len - (n_blocks - 1) * block;
-  const Impl::Entry& full = by_rows ? im.Get(1, 1, block, N, K, alpha, sa, sb, beta, sc)
-                                    : im.Get(1, 1, M, block, K, alpha, sa, sb, beta, sc);
-  const Impl::Entry& tail = by_rows ? im.Get(1, 1, last, N, K, alpha, sa, sb, beta, sc)
-                                    : im.Get(1, 1, M, last, K, alpha, sa, sb, beta, sc);
+  const Impl::Entry& full = by_rows ? im.Get(1, 1, block, N, K, alpha, ua, ub, beta, sc)
+                                    : im.Get(1, 1, M, block, K, alpha, ua, ub, beta, sc);
+  const Impl::Entry& tail = by_rows ? im.Get(1, 1, last, N, K, alpha, ua, ub, beta, sc)
+                                    : im.Get(1, 1, M, last, K, alpha, ua, ub, beta, sc);
   im.ForEach(n_blocks, [&](int64_t k) {
     const Impl::Entry& e = k + 1 < n_blocks ? full : tail;
     const int64_t off = k * block;
     const int64_t end = std::min(len, off + block);
     if (by_rows) {
-      im.Exec(e, A + off * sa.row, B, C + off * sc.row);
+      im.Exec(e, at(a, off * ua.row), b, C + off * sc.row);
       if (epilogue != nullptr) (*epilogue)(off, end, 0, N);
     } else {
-      im.Exec(e, A, B + off * sb.col, C + off * sc.col);
+      im.Exec(e, a, at(b, off * ub.col), C + off * sc.col);
       if (epilogue != nullptr) (*epilogue)(0, M, off, end);
     }
   });
@@ -232,12 +328,23 @@ const DnnlMatmul::Plan* DnnlMatmul::Prepare(int64_t M, int64_t N, int64_t K, flo
 }
 
 void DnnlMatmul::Execute(const Plan* plan, const float* A, const float* B, float* C) {
+  L2L_CHECK(!plan->bf16) << "DnnlMatmul::Execute: fp32 operands for a bf16 plan";
+  impl_->Exec(*plan, A, B, C);
+}
+
+void DnnlMatmul::Execute(const Plan* plan, const uint16_t* A, const uint16_t* B, float* C) {
+  L2L_CHECK(plan->bf16) << "DnnlMatmul::Execute: bf16 operands for an fp32 plan";
   impl_->Exec(*plan, A, B, C);
 }
 
 std::string DnnlMatmul::ImplName(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K,
                                  float alpha, const MatStrides& sa, const MatStrides& sb,
                                  float beta, const MatStrides& sc) {
+  if (impl_->bf16) {  // Run's dense bf16 copies
+    return impl_->Get(B0, B1, M, N, K, alpha, MatStrides{B1 * M * K, M * K, K, 1},
+                      MatStrides{B1 * K * N, K * N, N, 1}, beta, sc)
+        .pd.impl_info_str();
+  }
   return impl_->Get(B0, B1, M, N, K, alpha, sa, sb, beta, sc).pd.impl_info_str();
 }
 

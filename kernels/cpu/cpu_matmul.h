@@ -19,8 +19,23 @@
 // the slowest thread. Each task uses its own stream and scratchpad, so concurrent
 // execution is safe with a oneDNN built without DNNL_ENABLE_CONCURRENT_EXEC.
 //
-// Ownership: owns its engine and cached primitives; the arena and operands belong to
-// the caller. Thread-safety: Run/ImplName from one thread at a time.
+// bf16 mode (constructed with bf16 = true; PyTorch autocast's matmul numerics, as the
+// CUDA backend's kBf16): Run casts both fp32 operands to bf16 (round to nearest even,
+// FloatToBf16Span) into dense row-major copies, (B0*B1, M, K) and (B0*B1, K, N), held
+// in two buffers this object owns (grown on demand, reused: no allocation per call once
+// warm), and runs a bf16 x bf16 -> fp32 primitive on them. Dense copies, not the
+// callers' strides: oneDNN 2.x's AMX kernels do not take a transposed A (the weight
+// gradient's X^T), and every call of a shape shares one primitive whatever its strides.
+// Accumulation, C, alpha, beta (the sum post-op) and epilogues are fp32 exactly as in
+// fp32 mode. Each operand is cast once per call, before the product is split over
+// tasks (casting each row block inside its task instead measured no faster: the cast
+// is bound by reading fp32 from memory). On AVX512_BF16 / AMX CPUs oneDNN picks its AMX or
+// avx512_core_bf16 kernels (ImplName says which). Prepared plans in this mode take bf16
+// operands (the caller casts them, e.g. with ToBf16 into Bf16Slot).
+//
+// Ownership: owns its engine, cached primitives and bf16 operand buffers; the arena and
+// operands belong to the caller. Thread-safety: Run/ImplName/Prepare/ToBf16/Bf16Slot
+// from one thread at a time; Execute from any thread.
 #pragma once
 
 #include <array>
@@ -40,7 +55,7 @@ struct MatStrides {
 class DnnlMatmul {
  public:
   // Runs its tasks in `arena` (which must outlive this object) on up to num_threads.
-  DnnlMatmul(int num_threads, tbb::task_arena* arena);
+  DnnlMatmul(int num_threads, tbb::task_arena* arena, bool bf16 = false);
   ~DnnlMatmul();
   DnnlMatmul(const DnnlMatmul&) = delete;
   DnnlMatmul& operator=(const DnnlMatmul&) = delete;
@@ -62,6 +77,7 @@ class DnnlMatmul {
                        const MatStrides& sc);
 
   size_t cached_primitives() const;
+  bool bf16() const;
 
   // A cached 2-D product (no batch) that tasks may run concurrently: Prepare on the
   // owner thread (creates or finds the primitive), then Execute from any thread, each
@@ -69,8 +85,16 @@ class DnnlMatmul {
   struct Plan;
   const Plan* Prepare(int64_t M, int64_t N, int64_t K, float alpha, const MatStrides& sa,
                       const MatStrides& sb, float beta, const MatStrides& sc);
-  // REQUIRES: plan from Prepare on this object; M, N, K > 0 when prepared.
+  // REQUIRES: plan from Prepare on this object; M, N, K > 0 when prepared. The fp32
+  // overload in fp32 mode, the bf16 one (A, B as bf16 bits) in bf16 mode.
   void Execute(const Plan* plan, const float* A, const float* B, float* C);
+  void Execute(const Plan* plan, const uint16_t* A, const uint16_t* B, float* C);
+
+  // dst (n) = bf16(src (n)), round to nearest even, in parallel tasks of the arena.
+  void ToBf16(uint16_t* dst, const float* src, int64_t n);
+  // A buffer of at least `elems` bf16 values owned by this object, slot 2 or 3 (Run
+  // uses 0 and 1 for its operands); valid until the next call with the same slot.
+  uint16_t* Bf16Slot(int slot, int64_t elems);
 
  private:
   struct Impl;

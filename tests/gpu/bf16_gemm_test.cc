@@ -18,7 +18,7 @@
 //    most 2^-8 relative (bf16's unit roundoff), which bounds every output element by
 //      out_i,d : 2^-8 * sum_j P_ij |v_jd|       dV_j,d : 2^-8 * sum_i P_ij |dout_id|
 //      dQ_i,d  : 2^-8 * sum_j |dS_ij| |k_jd|    dK_j,d : 2^-8 * sum_i |dS_ij| |q_id|
-//    (Bf16AttentionBounds in gpu_test_util.h, in double from the CPU's P and a host dS), plus the fp32 tolerance
+//    (Bf16AttentionBounds in tests/testing/bf16_reference.h, in double from the CPU's P and a host dS), plus the fp32 tolerance
 //    of the conformance test (1e-4 + 1e-4 rel, x4 for the backward chain). P itself comes
 //    from exactly-rounded q, k on both sides: fp32 tolerance.
 //  * Training: 10 reference-trainer steps on cuda:0 with L2L_CUDA_GEMM=bf16 against

@@ -23,6 +23,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/layers/layers.h"
+#include "tests/testing/bf16_reference.h"
 
 namespace l2l::gpu_test {
 
@@ -161,128 +162,14 @@ struct DevOf {
 };
 using Dev = DevOf<float>;
 
-// Per-element bounds (double) of what bf16 GEMM mode rounds beyond its inputs in
-// attention: the probabilities P (for out and dV) and the softmax gradient dS (for dQ and
-// dK), each by at most u = 2^-8 relative. qkv is (B, T, (NH + 2 NKV) hs) as q|k|v, dout
-// (B, T, NH hs), att the CPU's probabilities (B, NH, T, T). Query head h reads key/value
-// head g = h / (NH / NKV) (NKV = NH: multi-head attention); a key/value gradient sums the
-// bounds of the heads that read it. Keys j <= i when `causal`, else every key (padded
-// keys have P = 0 and add nothing):
-//   out_h,i,d : u * sum_j P_ij |v_g,jd|        dV_g,j,d : u * sum_h sum_i P_ij |dout_h,id|
-//   dQ_h,i,d  : u * sum_j |dS_ij| |k_g,jd|     dK_g,j,d : u * sum_h sum_i |dS_ij| |q_h,id|
-// with dS_i = scale * P_i * (dP_i - sum_j P_ij dP_ij), dP_ij = dout_i . v_j.
-struct AttentionBounds {
-  std::vector<double> out, dqkv;
-};
-inline AttentionBounds Bf16AttentionBounds(const std::vector<float>& qkv, const std::vector<float>& dout,
-                                           const std::vector<float>& att, int64_t B, int64_t T, int64_t NH,
-                                           int64_t NKV, int64_t hs, bool causal) {
-  const int64_t rep = NH / NKV, C = NH * hs, W = (NH + 2 * NKV) * hs;
-  const double scale = 1.0 / std::sqrt(double(hs)), u = std::ldexp(1.0, -8);
-  AttentionBounds r;
-  r.out.assign(B * T * C, 0.0);
-  r.dqkv.assign(B * T * W, 0.0);
-  std::vector<double> ds(T * T);
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < NH; ++h) {
-      const int64_t g = h / rep;
-      const int64_t qo = h * hs, ko = C + g * hs, vo = C + NKV * hs + g * hs;
-      auto P = [&](int64_t i, int64_t j) { return double(att[((b * NH + h) * T + i) * T + j]); };
-      auto Q = [&](int64_t t, int64_t d, int64_t off) { return double(qkv[(b * T + t) * W + off + d]); };
-      auto D = [&](int64_t t, int64_t d) { return double(dout[(b * T + t) * C + h * hs + d]); };
-      for (int64_t i = 0; i < T; ++i) {
-        const int64_t keys = causal ? i + 1 : T;
-        double row = 0.0;
-        for (int64_t j = 0; j < keys; ++j) {
-          double dp = 0.0;
-          for (int64_t d = 0; d < hs; ++d) dp += D(i, d) * Q(j, d, vo);
-          ds[i * T + j] = dp;
-          row += P(i, j) * dp;
-        }
-        for (int64_t j = 0; j < keys; ++j) ds[i * T + j] = scale * P(i, j) * (ds[i * T + j] - row);
-      }
-      for (int64_t i = 0; i < T; ++i) {
-        const int64_t keys = causal ? i + 1 : T;
-        for (int64_t j = 0; j < keys; ++j) {
-          const double p = P(i, j), s = std::abs(ds[i * T + j]);
-          for (int64_t d = 0; d < hs; ++d) {
-            r.out[(b * T + i) * C + qo + d] += u * p * std::abs(Q(j, d, vo));
-            r.dqkv[(b * T + j) * W + vo + d] += u * p * std::abs(D(i, d));
-            r.dqkv[(b * T + i) * W + qo + d] += u * s * std::abs(Q(j, d, ko));
-            r.dqkv[(b * T + j) * W + ko + d] += u * s * std::abs(Q(i, d, qo));
-          }
-        }
-      }
-    }
-  }
-  return r;
-}
-
-// Round to nearest even to bf16 (8 significant bits), returned as the fp32 it stands for.
-// Inputs here are finite.
-// The softmax probabilities (B,NH,T,T) of causal attention, from the CPU backend's stash:
-// its `att` keeps only each row's log-sum-exp (first B*NH*T floats), so P_ij =
-// exp(scale q_i.k_j - lse_i) for j <= i (0 past i), in double from the same fp32 qkv.
-// qkv rows hold q (NH heads), k and v (NKV heads) of hs; head h reads kv head h/(NH/NKV).
-inline std::vector<float> CpuAttentionProbs(const std::vector<float>& qkv, const std::vector<float>& cpu_att,
-                                            int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs) {
-  const int64_t W = (NH + 2 * NKV) * hs, C = NH * hs, rep = NH / NKV;
-  const double scale = 1.0 / std::sqrt(double(hs));
-  std::vector<float> p(B * NH * T * T, 0.0f);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t h = 0; h < NH; ++h)
-      for (int64_t i = 0; i < T; ++i) {
-        const double lse = cpu_att[(b * NH + h) * T + i];
-        const float* q = &qkv[(b * T + i) * W + h * hs];
-        for (int64_t j = 0; j <= i; ++j) {
-          const float* k = &qkv[(b * T + j) * W + C + (h / rep) * hs];
-          double s = 0.0;
-          for (int64_t d = 0; d < hs; ++d) s += double(q[d]) * double(k[d]);
-          p[((b * NH + h) * T + i) * T + j] = float(std::exp(s * scale - lse));
-        }
-      }
-  return p;
-}
-
-inline float RoundBf16(float x) {
-  uint32_t u = 0;
-  std::memcpy(&u, &x, sizeof(u));
-  const uint32_t lsb = (u >> 16) & 1u;
-  u = (u + 0x7fffu + lsb) & 0xffff0000u;
-  float r = 0.0f;
-  std::memcpy(&r, &u, sizeof(r));
-  return r;
-}
-
-inline std::vector<float> RoundedBf16(const std::vector<float>& v) {
-  std::vector<float> r(v.size());
-  std::transform(v.begin(), v.end(), r.begin(), RoundBf16);
-  return r;
-}
-
-// |got - ref| <= 1.01 * bound + atol + rtol * |ref| for every element (bound: what bf16
-// rounding may add beyond the inputs' own rounding); reports the worst.
-inline void ExpectWithin(const std::vector<float>& got, const std::vector<float>& ref,
-                         const std::vector<double>& bound, double atol, double rtol,
-                         const std::string& what) {
-  REQUIRE(got.size() == ref.size());
-  REQUIRE(bound.size() == ref.size());
-  size_t bad = 0, worst = 0;
-  double worst_ratio = 0.0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double err = std::abs(double(got[i]) - ref[i]);
-    const double tol = 1.01 * bound[i] + atol + rtol * std::abs(double(ref[i]));
-    if (!(err <= tol)) ++bad;
-    if (!(err / tol <= worst_ratio)) {
-      worst_ratio = err / tol;
-      worst = i;
-    }
-  }
-  INFO(what << ": " << bad << " of " << got.size() << " off; worst [" << worst << "] got "
-            << got[worst] << " ref " << ref[worst] << " bound " << bound[worst]
-            << " (error / tolerance " << worst_ratio << ")");
-  CHECK(bad == 0);
-}
+// The bf16 references (RoundBf16, RoundedBf16, CpuAttentionProbs, Bf16AttentionBounds,
+// ExpectWithin) live in tests/testing/bf16_reference.h, shared with the CPU bf16 tests.
+using testing::AttentionBounds;
+using testing::Bf16AttentionBounds;
+using testing::CpuAttentionProbs;
+using testing::ExpectWithin;
+using testing::RoundBf16;
+using testing::RoundedBf16;
 
 // One layer workspace on each backend.
 struct Workspaces {
