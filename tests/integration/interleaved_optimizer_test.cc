@@ -1,0 +1,147 @@
+// The interleaved optimizer through real processes: l2l-eps with optim.gpu_fraction
+// 0, 0.33 and 1 and CPU-backend l2l-worker processes that take layer updates over the
+// shm exchange (worker/device_updater.h, eps_server/worker_updater.h). Oracle: the same
+// job run daemon-only (workers with --device-updates off, the daemon's fused AdamW): the
+// final checkpoint's masters, m and v must be bit-identical. The workers must really
+// have run updates (their summary's device_updates), and the daemon's log says which
+// layers went to the devices. Fault case: a worker whose update thread stops answering
+// (L2L_TEST_UPDATE_FAULT=hang:N) with a short update deadline: the daemon updates the
+// layer itself, says why, and the run's result is still bit-identical.
+#include <catch2/catch.hpp>
+
+#include <stdlib.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "eps_server/checkpoint.h"
+#include "eps_server/param_store.h"
+#include "tests/integration/harness.h"
+#include "tests/integration/relay_util.h"
+
+namespace l2l::itest {
+namespace {
+
+using namespace std::chrono_literals;
+using namespace relay;  // tests/integration/relay_util.h
+
+struct Final {
+  std::vector<std::vector<float>> p, m, v;
+};
+
+// The state of the checkpoint the daemon writes now (after training).
+Final CheckpointState(EpsDaemon& eps, const JobConfig& job) {
+  auto dir = eps.Checkpoint();
+  INFO(dir.status().ToString());
+  REQUIRE(dir.ok());
+  auto manifest = eps::ReadCheckpointManifest(*dir);
+  INFO(manifest.status().ToString());
+  REQUIRE(manifest.ok());
+  auto store = eps::ParamStore::Create(job.model, {});
+  REQUIRE(store.ok());
+  Status st = eps::LoadCheckpointState(*manifest, store->get());
+  INFO(st.ToString());
+  REQUIRE(st.ok());
+  Final f;
+  for (int64_t l = 0; l < (*store)->num_layers(); ++l) {
+    const size_t n = (*store)->layout(l).numel;
+    for (int which = 0; which < 3; ++which) {
+      std::vector<float> buf(n);
+      REQUIRE((*store)->ReadState(l, which, buf.data()).ok());
+      (which == 0 ? f.p : which == 1 ? f.m : f.v).push_back(std::move(buf));
+    }
+  }
+  return f;
+}
+
+void CheckBitIdentical(const Final& a, const Final& b) {
+  REQUIRE(a.p.size() == b.p.size());
+  for (size_t l = 0; l < a.p.size(); ++l) {
+    CAPTURE(l);
+    REQUIRE(a.p[l].size() == b.p[l].size());
+    CHECK(std::memcmp(a.p[l].data(), b.p[l].data(), a.p[l].size() * 4) == 0);
+    CHECK(std::memcmp(a.m[l].data(), b.m[l].data(), a.m[l].size() * 4) == 0);
+    CHECK(std::memcmp(a.v[l].data(), b.v[l].data(), a.v[l].size() * 4) == 0);
+  }
+}
+
+struct Outcome {
+  Final state;
+  std::vector<std::string> worker_logs;
+  std::string daemon_log;
+};
+
+Outcome Train(Run& r, double fraction, const std::vector<std::string>& worker_args, int workers = 2,
+              const std::string& daemon_yaml = "") {
+  JobConfig job = r.job;
+  job.optim.gpu_fraction = GpuFraction{false, fraction};
+  DaemonOptions o;
+  o.workers = workers;
+  o.extra_yaml = daemon_yaml;
+  auto eps = EpsDaemon::Start(job, o, *r.dir);
+  INFO(eps.status().ToString());
+  REQUIRE(eps.ok());
+  Outcome out;
+  out.worker_logs = RunWorkers(**eps, *r.dir, workers, worker_args);
+  for (const std::string& log : out.worker_logs) {
+    REQUIRE(ParseProgress(log).size() == static_cast<size_t>(job.train.steps));
+  }
+  out.state = CheckpointState(**eps, job);
+  REQUIRE((*eps)->Shutdown().ok());
+  out.daemon_log = (*eps)->process().Log();
+  CHECK((*eps)->ShmSegments().empty());
+  return out;
+}
+
+int64_t DeviceUpdates(const Outcome& o) {
+  int64_t n = 0;
+  for (const std::string& log : o.worker_logs) n += ParseSummary(log).at("device_updates");
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("interleaved optimizer: workers' updates at gpu_fraction 0, 0.33, 1 are bit-identical to daemon-only",
+          "[integration][optim][offload]") {
+  Run r = Prepare("interleave");
+  r.job.train.steps = 3;
+  const Outcome daemon = Train(r, 0.0, {"--device-updates", "off"});
+  CHECK(DeviceUpdates(daemon) == 0);
+  const int64_t layers = r.job.model.n_layer + 2;
+  for (double f : {0.0, 0.33, 1.0}) {
+    CAPTURE(f);
+    const Outcome run = Train(r, f, {});
+    CheckBitIdentical(run.state, daemon.state);
+    INFO(run.daemon_log);
+    if (f == 0.0) {
+      CHECK(DeviceUpdates(run) == 0);
+    } else {
+      // Updates ran on the workers: some with 0.33, every layer of every step with 1.
+      CHECK(DeviceUpdates(run) > 0);
+      if (f == 1.0) CHECK(DeviceUpdates(run) == layers * r.job.train.steps);
+      if (f < 1.0) CHECK(DeviceUpdates(run) < layers * r.job.train.steps);
+      CHECK_THAT(run.daemon_log, Catch::Contains("are updated on the workers' devices"));
+      CHECK_THAT(run.daemon_log, Catch::Contains("takers: worker"));
+      CHECK_THAT(run.daemon_log, Catch::Contains("params/s"));
+      CHECK_THAT(run.daemon_log, !Catch::Contains("the daemon updates layer"));  // no fallback
+    }
+  }
+}
+
+TEST_CASE("interleaved optimizer: a worker whose device stops answering mid-run; the daemon takes over, bit-identical",
+          "[integration][optim][offload]") {
+  Run r = Prepare("interleave-fault");
+  r.job.train.steps = 3;
+  const Outcome daemon = Train(r, 0.0, {"--device-updates", "off"}, 1);
+  ::setenv("L2L_TEST_UPDATE_FAULT", "hang:5", 1);
+  const Outcome run = Train(r, 1.0, {}, 1, "update_deadline_ms: 1000\n");
+  ::unsetenv("L2L_TEST_UPDATE_FAULT");
+  CheckBitIdentical(run.state, daemon.state);
+  INFO(run.daemon_log);
+  CHECK(DeviceUpdates(run) == 5);
+  CHECK_THAT(run.daemon_log, Catch::Contains("did not finish it within 1000 ms"));
+  CHECK_THAT(run.daemon_log, Catch::Contains("the daemon updates layer"));
+}
+
+}  // namespace l2l::itest
