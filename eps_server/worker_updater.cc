@@ -111,7 +111,7 @@ Status WorkerUpdater::Update(int64_t layer, const Args& args, const std::vector<
     return Fallback(&task, "layer of " + std::to_string(numel) + " floats exceeds the exchange segments", ranges);
   }
   const auto deadline = std::chrono::steady_clock::now() + opts_.deadline;
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   int n = 0;
   for (const auto& [id, w] : workers_) n += w.eligible ? 1 : 0;
   if (stopped_ || n == 0) {
@@ -152,26 +152,25 @@ Status WorkerUpdater::Update(int64_t layer, const Args& args, const std::vector<
         continue;
       }
     }
-    cv_.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(200)));
+    cv_.wait_until(lock.native(), std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(200)));
   }
   // A task failed while Take still copies its inputs: let that read finish first.
-  cv_.wait(lock, [&] { return !task.copying; });
+  cv_.wait(lock.native(), [&] { return !task.copying; });
   if (task.state == TaskState::kFailed) {
     const std::string why = task.why;
     lock.unlock();
     return Fallback(&task, why, ranges);
   }
   // kDone: the worker finished and will not touch its segment until its next Take, which
-  // waits for worker.task == nullptr (cleared below, after the copy-out).
-  auto it = workers_.find(task.worker);
-  L2L_CHECK(it != workers_.end() && it->second.task == &task) << "done task lost its worker";
-  const char* base = static_cast<const char*>(it->second.seg->data());
+  // waits for worker.task == nullptr (cleared below, after the copy-out). The segment
+  // stays mapped even if the worker is removed meanwhile (retired_).
+  const char* base = task.base;
   lock.unlock();
   std::memcpy(p, base + task.t.p_offset, numel * sizeof(float));
   std::memcpy(m, base + task.t.m_offset, numel * sizeof(float));
   std::memcpy(v, base + task.t.v_offset, numel * sizeof(float));
   lock.lock();
-  it = workers_.find(task.worker);
+  auto it = workers_.find(task.worker);
   if (it != workers_.end() && it->second.task == &task) it->second.task = nullptr;
   ++stats_.on_worker;
   cv_.notify_all();
@@ -180,7 +179,7 @@ Status WorkerUpdater::Update(int64_t layer, const Args& args, const std::vector<
 
 Result<UpdateTask> WorkerUpdater::Take(int32_t id, std::chrono::milliseconds wait) {
   const auto until = std::chrono::steady_clock::now() + wait;
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   for (;;) {
     if (stopped_) return Aborted("the daemon is stopping");
     auto it = workers_.find(id);
@@ -207,6 +206,7 @@ Result<UpdateTask> WorkerUpdater::Take(int32_t id, std::chrono::milliseconds wai
       t->copying = true;
       w.task = t;
       char* base = static_cast<char*>(w.seg->data());
+      t->base = base;
       const size_t bytes = t->t.numel * sizeof(float);
       lock.unlock();
       std::memcpy(base + t->t.p_offset, t->p, bytes);
@@ -225,7 +225,7 @@ Result<UpdateTask> WorkerUpdater::Take(int32_t id, std::chrono::milliseconds wai
       return out;
     }
     if (std::chrono::steady_clock::now() >= until) return UpdateTask{};
-    cv_.wait_until(lock, until);
+    cv_.wait_until(lock.native(), until);
   }
 }
 

@@ -114,6 +114,8 @@ class WorkerUpdater : public OffloadedUpdater {
     TaskState state = TaskState::kQueued;
     int32_t worker = -1;
     bool copying = false;  // Take is reading p/m/v/g into the segment
+    // The holding worker's segment mapping (stays mapped until destruction, retired or not).
+    char* base = nullptr;
     std::string why;  // kFailed: the reason
   };
   struct Worker {

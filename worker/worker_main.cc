@@ -401,6 +401,7 @@ Status Run(const Flags& f, int* exit_code) {
                                &step));
   }
   const w::VersionStats& v = versions();
+  if (updater) updater->Stop();  // its last UpdateDone is counted before the summary
   std::printf("l2l-worker: done steps=%lld peak_rss_kb=%lld device_bytes=%zu stash_host_bytes=%zu "
               "max_lag=%lld min_lag=%lld device_updates=%lld\n",
               static_cast<long long>(done), static_cast<long long>(PeakRssKb()), device_bytes(),
