@@ -41,6 +41,12 @@
 // and starts at its next step (pause: the step the job waits at; continue: the next
 // step boundary).
 //
+// Interleaved optimizer: the core owns the WorkerUpdater (worker_updater.h) through which
+// the pipeline hands the layers optim.gpu_fraction picks to the workers that offered their
+// device at Register (shm transport only); the split is re-chosen whenever a worker
+// offers or withdraws its device, and a lost worker's update falls back to the daemon
+// before the pipeline is frozen.
+//
 // Ownership: owns everything above; GradientRefs point into gradient segments or
 // heap buffers the core keeps alive until the pipeline releases them.
 // Thread-safety: every public method is thread-safe (the gRPC server calls them from

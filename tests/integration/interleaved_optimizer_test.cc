@@ -12,6 +12,8 @@
 #include <stdlib.h>
 
 #include <cstring>
+#include <optional>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -72,10 +74,10 @@ struct Outcome {
   std::string daemon_log;
 };
 
-Outcome Train(Run& r, double fraction, const std::vector<std::string>& worker_args, int workers = 2,
+Outcome Train(Run& r, std::optional<double> fraction, const std::vector<std::string>& worker_args, int workers = 2,
               const std::string& daemon_yaml = "") {
   JobConfig job = r.job;
-  job.optim.gpu_fraction = GpuFraction{false, fraction};
+  job.optim.gpu_fraction = fraction ? GpuFraction{false, *fraction} : GpuFraction{true, 0};  // nullopt: auto
   DaemonOptions o;
   o.workers = workers;
   o.extra_yaml = daemon_yaml;
@@ -129,6 +131,23 @@ TEST_CASE("interleaved optimizer: workers' updates at gpu_fraction 0, 0.33, 1 ar
       CHECK_THAT(run.daemon_log, !Catch::Contains("interleaved optimizer: the daemon updates layer"));  // no fallback
     }
   }
+}
+
+TEST_CASE("interleaved optimizer: gpu_fraction auto plans with the rates the workers measured and reported",
+          "[integration][optim][offload]") {
+  Run r = Prepare("interleave-auto");
+  r.job.train.steps = 2;
+  const Outcome daemon = Train(r, 0.0, {"--device-updates", "off"}, 1);
+  const Outcome run = Train(r, std::nullopt, {}, 1);
+  CheckBitIdentical(run.state, daemon.state);
+  INFO(run.daemon_log);
+  // At job start no worker has reported; once one registers the split is re-chosen with
+  // its measured AdamW rate (a CPU backend, no faster than the daemon: auto keeps 0).
+  CHECK_THAT(run.daemon_log, Catch::Contains("optimizer (job start): optim.gpu_fraction=auto (no worker reports a "
+                                             "device update rate)"));
+  CHECK_THAT(run.daemon_log, Catch::Contains("optimizer (worker 0 offers cpu"));
+  CHECK(std::regex_search(run.daemon_log, std::regex(R"(gpu_update=[1-9][0-9.e+]* params/s)")));
+  CHECK_THAT(run.worker_logs[0], Catch::Contains("device updates on cpu"));
 }
 
 TEST_CASE("interleaved optimizer: a worker whose device stops answering mid-run; the daemon takes over, bit-identical",
