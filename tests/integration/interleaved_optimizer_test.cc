@@ -150,7 +150,7 @@ TEST_CASE("interleaved optimizer: gpu_fraction auto plans with the rates the wor
   CHECK_THAT(run.worker_logs[0], Catch::Contains("device updates on cpu"));
 }
 
-TEST_CASE("interleaved optimizer: a worker whose device stops answering mid-run; the daemon takes over, bit-identical",
+TEST_CASE("interleaved optimizer: a worker whose device stops answering mid-run: the daemon takes over, bit-identical",
           "[integration][optim][offload]") {
   Run r = Prepare("interleave-fault");
   r.job.train.steps = 3;
