@@ -6,15 +6,21 @@
 // have run updates (their summary's device_updates), and the daemon's log says which
 // layers went to the devices. Fault case: a worker whose update thread stops answering
 // (L2L_TEST_UPDATE_FAULT=hang:N) with a short update deadline: the daemon updates the
-// layer itself, says why, and the run's result is still bit-identical.
+// layer itself, says why, and the run's result is still bit-identical. Kill case: a worker
+// killed with kill -9 while its device holds an update (and the deadline is far away):
+// the loss makes the daemon update the layer itself at once, the step is undone or
+// dropped as for any lost worker, a restarted worker rejoins, and the final state is
+// still bit-identical to the uninterrupted daemon-only run.
 #include <catch2/catch.hpp>
 
+#include <signal.h>
 #include <stdlib.h>
 
 #include <cstring>
 #include <optional>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "eps_server/checkpoint.h"
@@ -163,6 +169,59 @@ TEST_CASE("interleaved optimizer: a worker whose device stops answering mid-run:
   CHECK(DeviceUpdates(run) == 5);
   CHECK_THAT(run.daemon_log, Catch::Contains("did not finish it within 1000 ms"));
   CHECK_THAT(run.daemon_log, Catch::Contains("interleaved optimizer: the daemon updates layer"));
+}
+
+TEST_CASE("interleaved optimizer: a worker killed while its device holds an update: the daemon takes over, bit-identical",
+          "[integration][optim][offload]") {
+  Run r = Prepare("interleave-kill");
+  r.job.train.steps = 3;
+  const Outcome daemon = Train(r, 0.0, {"--device-updates", "off"}, 2);
+  JobConfig job = r.job;
+  job.optim.gpu_fraction = GpuFraction{false, 1.0};
+  DaemonOptions o;
+  o.workers = 2;
+  o.heartbeat_timeout_ms = 1500;
+  o.on_worker_loss = OnWorkerLoss::kPause;
+  o.extra_yaml = "update_deadline_ms: 120000\n";  // only the loss can end the held update
+  auto eps = EpsDaemon::Start(job, o, *r.dir);
+  REQUIRE(eps.ok());
+  auto logs = TempDir::Create("l2l-itest-interleave-kill-logs");
+  REQUIRE(logs.ok());
+  auto w0 = StartWorker((*eps)->address(), "w0", (*logs)->File("w0.log"), {"--device-updates", "off"});
+  ::setenv("L2L_TEST_UPDATE_FAULT", "hang:2", 1);
+  auto w1 = StartWorker((*eps)->address(), "w1", (*logs)->File("w1.log"));
+  ::unsetenv("L2L_TEST_UPDATE_FAULT");
+  REQUIRE(w0.ok());
+  REQUIRE(w1.ok());
+  // Wait until worker 1's device holds an update, then kill -9 it.
+  auto deadline = std::chrono::steady_clock::now() + 60s;
+  while ((*w1)->Log().find("holding update task") == std::string::npos) {
+    INFO((*w1)->LogTail());
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(20ms);
+  }
+  (*w1)->Signal(SIGKILL);
+  REQUIRE((*w1)->Wait(5s).ok());
+  // The loss (heartbeat timeout) hands the held update back at once, long before the
+  // 120 s deadline.
+  deadline = std::chrono::steady_clock::now() + 30s;
+  while ((*eps)->process().Log().find("itself: worker 1 is lost") == std::string::npos) {
+    INFO((*eps)->process().LogTail());
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(50ms);
+  }
+  auto w1b = StartWorker((*eps)->address(), "w1", (*logs)->File("w1b.log"), {"--device-updates", "off"});
+  REQUIRE(w1b.ok());
+  auto c0 = (*w0)->Wait(120s);
+  auto c1 = (*w1b)->Wait(120s);
+  INFO("w0: " << (*w0)->LogTail() << "\nw1b: " << (*w1b)->LogTail() << "\neps: " << (*eps)->process().LogTail());
+  REQUIRE(c0.ok());
+  REQUIRE(c1.ok());
+  CHECK(*c0 == 0);
+  CHECK(*c1 == 0);
+  const Final state = CheckpointState(**eps, job);
+  REQUIRE((*eps)->Shutdown().ok());
+  CheckBitIdentical(state, daemon.state);
 }
 
 }  // namespace l2l::itest
