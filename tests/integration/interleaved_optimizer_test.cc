@@ -81,12 +81,13 @@ struct Outcome {
 };
 
 Outcome Train(Run& r, std::optional<double> fraction, const std::vector<std::string>& worker_args, int workers = 2,
-              const std::string& daemon_yaml = "") {
+              const std::string& daemon_yaml = "", Transport transport = Transport::kAuto) {
   JobConfig job = r.job;
   job.optim.gpu_fraction = fraction ? GpuFraction{false, *fraction} : GpuFraction{true, 0};  // nullopt: auto
   DaemonOptions o;
   o.workers = workers;
   o.extra_yaml = daemon_yaml;
+  o.transport = transport;
   auto eps = EpsDaemon::Start(job, o, *r.dir);
   INFO(eps.status().ToString());
   REQUIRE(eps.ok());
@@ -154,6 +155,20 @@ TEST_CASE("interleaved optimizer: gpu_fraction auto plans with the rates the wor
   CHECK_THAT(run.daemon_log, Catch::Contains("optimizer (worker 0 offers cpu"));
   CHECK(std::regex_search(run.daemon_log, std::regex(R"(gpu_update=[1-9][0-9.e+]* params/s)")));
   CHECK_THAT(run.worker_logs[0], Catch::Contains("device updates on cpu"));
+}
+
+TEST_CASE("interleaved optimizer: workers over gRPC take no updates: the daemon says so and updates every layer",
+          "[integration][optim][offload]") {
+  Run r = Prepare("interleave-grpc");
+  r.job.train.steps = 2;
+  const Outcome daemon = Train(r, 0.0, {"--device-updates", "off"}, 1);
+  const Outcome run = Train(r, 1.0, {}, 1, "", Transport::kGrpc);
+  CheckBitIdentical(run.state, daemon.state);
+  INFO(run.daemon_log);
+  CHECK(DeviceUpdates(run) == 0);
+  CHECK_THAT(run.daemon_log, Catch::Contains("offers its device for updates over the grpc transport: not used"));
+  CHECK_THAT(run.daemon_log, Catch::Contains("no worker takes updates"));
+  CHECK_THAT(run.worker_logs[0], Catch::Contains("the update exchange needs the shm transport"));
 }
 
 TEST_CASE("interleaved optimizer: a worker whose device stops answering mid-run: the daemon takes over, bit-identical",
