@@ -117,6 +117,7 @@ Status WorkerUpdater::Update(int64_t layer, const Args& args, const std::vector<
   if (stopped_ || n == 0) {
     const bool warn = !warned_none_ && !stopped_;
     warned_none_ = true;
+    ++stats_.fallbacks;
     lock.unlock();
     if (warn) {
       L2L_LOG_WARN("interleaved optimizer: no worker takes updates (none offered its device over shm, or all were "

@@ -100,8 +100,8 @@ class WorkerUpdater : public OffloadedUpdater {
   // Counters for tests and logs.
   struct Stats {
     int64_t on_worker = 0;   // updates a worker ran
-    int64_t fallbacks = 0;   // updates the daemon ran instead
-    std::string last_fallback_reason;
+    int64_t fallbacks = 0;   // updates the daemon ran instead (no worker, or taken back)
+    std::string last_fallback_reason;  // why the last task handed out was taken back
   };
   Stats stats() const;
 

@@ -196,6 +196,7 @@ TEST_CASE("with no worker taking updates the daemon updates the chosen layers it
   WorkerUpdater u(Opts(*probe, 30000));
   CheckSame(Run(job, g, &mask, &u), daemon);
   CHECK(u.stats().on_worker == 0);
+  CHECK(u.stats().fallbacks == 2 * static_cast<int64_t>(mask.size()));
 }
 
 TEST_CASE("a worker that holds an update past the deadline: the daemon updates the layer, the late write corrupts "
