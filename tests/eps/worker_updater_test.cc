@@ -85,10 +85,17 @@ std::vector<bool> Mask(const ParamStore& ps, double fraction) {
   return SpreadLayers(layers, fraction);
 }
 
+// Failures seen on the fake workers' threads (Catch's assertions are for the test's own
+// thread only): counted there, checked by the test after the worker thread is joined.
+std::atomic<int> g_worker_errors{0};
+
 // The worker's half of one task: AdamWStep over the ranges, in the segment.
 void Apply(const UpdateTask& t) {
   auto seg = ShmSegment::Open(t.segment, true);
-  REQUIRE(seg.ok());
+  if (!seg.ok()) {
+    ++g_worker_errors;
+    return;
+  }
   char* b = static_cast<char*>(seg->data());
   auto* p = reinterpret_cast<float*>(b + t.p_offset);
   auto* m = reinterpret_cast<float*>(b + t.m_offset);
@@ -119,6 +126,7 @@ class FakeWorker {
   ~FakeWorker() {
     stop_ = true;
     thread_.join();
+    CHECK(g_worker_errors.exchange(0) == 0);
   }
   Status last_take_error;
 
@@ -129,7 +137,7 @@ class FakeWorker {
 
 bool Honest(WorkerUpdater* u, const UpdateTask& t) {
   Apply(t);
-  REQUIRE(u->Done(0, t.id, t.layer, static_cast<int64_t>(t.numel), "").ok());
+  if (!u->Done(0, t.id, t.layer, static_cast<int64_t>(t.numel), "").ok()) ++g_worker_errors;
   return true;
 }
 
@@ -168,7 +176,7 @@ WorkerUpdaterOptions Opts(const ParamStore& ps, int deadline_ms) {
 }
 
 TEST_CASE("layers updated by a worker through the exchange segment are bit-identical to the daemon's",
-          "[eps][offload][worker_updater]") {
+          "[eps][pipeline][offload][worker_updater]") {
   const JobConfig job = Job();
   auto probe = Store(job);
   const Grads g = MakeGrads(*probe, 3, 2, 7);
@@ -187,7 +195,7 @@ TEST_CASE("layers updated by a worker through the exchange segment are bit-ident
   }
 }
 
-TEST_CASE("with no worker taking updates the daemon updates the chosen layers itself", "[eps][offload][worker_updater]") {
+TEST_CASE("with no worker taking updates the daemon updates the chosen layers itself", "[eps][pipeline][offload][worker_updater]") {
   const JobConfig job = Job();
   auto probe = Store(job);
   const Grads g = MakeGrads(*probe, 2, 1, 9);
@@ -201,7 +209,7 @@ TEST_CASE("with no worker taking updates the daemon updates the chosen layers it
 
 TEST_CASE("a worker that holds an update past the deadline: the daemon updates the layer, the late write corrupts "
           "nothing",
-          "[eps][offload][worker_updater]") {
+          "[eps][pipeline][offload][worker_updater]") {
   const JobConfig job = Job();
   auto probe = Store(job);
   const Grads g = MakeGrads(*probe, 3, 1, 5);
@@ -210,7 +218,7 @@ TEST_CASE("a worker that holds an update past the deadline: the daemon updates t
   WorkerUpdater u(Opts(*probe, 300));
   REQUIRE(u.AddWorker(0, {true, "test", 1e9, 0, 0}).ok());
   std::atomic<int> n{0};
-  std::thread late;
+  Status late_done;
   {
     // Answers two tasks, then sits on the third past the deadline and scribbles over
     // its segment afterwards (a device that came back too late).
@@ -219,9 +227,8 @@ TEST_CASE("a worker that holds an update past the deadline: the daemon updates t
       std::this_thread::sleep_for(std::chrono::milliseconds(600));
       auto seg = ShmSegment::Open(t.segment, true);
       if (seg.ok()) std::memset(seg->data(), 0x7f, seg->size());
-      Status d = up->Done(0, t.id, t.layer, static_cast<int64_t>(t.numel), "");
-      CHECK(d.code() == StatusCode::kNotFound);
-      return true;
+      late_done = up->Done(0, t.id, t.layer, static_cast<int64_t>(t.numel), "");
+      return false;
     });
     CheckSame(Run(job, g, &mask, &u), daemon);
     std::this_thread::sleep_for(std::chrono::milliseconds(800));
@@ -230,6 +237,7 @@ TEST_CASE("a worker that holds an update past the deadline: the daemon updates t
     CHECK_THAT(u.stats().last_fallback_reason, Catch::Contains("did not finish it within 300 ms"));
     CHECK(u.eligible() == 0);
   }
+  CHECK(late_done.code() == StatusCode::kNotFound);  // the late Done is refused
   // Excluded: its next Take is refused with the reason.
   auto t = u.Take(0, std::chrono::milliseconds(10));
   REQUIRE_FALSE(t.ok());
@@ -238,7 +246,7 @@ TEST_CASE("a worker that holds an update past the deadline: the daemon updates t
 }
 
 TEST_CASE("a worker removed while it holds an update: the daemon updates the layer at once",
-          "[eps][offload][worker_updater]") {
+          "[eps][pipeline][offload][worker_updater]") {
   const JobConfig job = Job();
   auto probe = Store(job);
   const Grads g = MakeGrads(*probe, 2, 1, 3);
@@ -258,7 +266,7 @@ TEST_CASE("a worker removed while it holds an update: the daemon updates the lay
   CHECK_THAT(u.stats().last_fallback_reason, Catch::Contains("worker 0 is lost (test)"));
 }
 
-TEST_CASE("a malformed UpdateDone gets a clear error and corrupts nothing", "[eps][offload][worker_updater]") {
+TEST_CASE("a malformed UpdateDone gets a clear error and corrupts nothing", "[eps][pipeline][offload][worker_updater]") {
   const JobConfig job = Job();
   auto probe = Store(job);
   const Grads g = MakeGrads(*probe, 2, 1, 4);
@@ -302,7 +310,7 @@ TEST_CASE("a malformed UpdateDone gets a clear error and corrupts nothing", "[ep
 }
 
 TEST_CASE("a worker that reports an update error: the daemon updates the layer, the worker stays eligible",
-          "[eps][offload][worker_updater]") {
+          "[eps][pipeline][offload][worker_updater]") {
   const JobConfig job = Job();
   auto probe = Store(job);
   const Grads g = MakeGrads(*probe, 2, 1, 8);
@@ -314,7 +322,7 @@ TEST_CASE("a worker that reports an update error: the daemon updates the layer, 
   {
     FakeWorker w(&u, 0, [&](WorkerUpdater* up, const UpdateTask& t) {
       if (n++ == 0) {
-        REQUIRE(up->Done(0, t.id, t.layer, static_cast<int64_t>(t.numel), "out of device memory").ok());
+        if (!up->Done(0, t.id, t.layer, static_cast<int64_t>(t.numel), "out of device memory").ok()) ++g_worker_errors;
         return true;
       }
       return Honest(up, t);
