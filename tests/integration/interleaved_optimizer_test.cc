@@ -186,6 +186,26 @@ TEST_CASE("interleaved optimizer: a worker whose device stops answering mid-run:
   CHECK_THAT(run.daemon_log, Catch::Contains("interleaved optimizer: the daemon updates layer"));
 }
 
+TEST_CASE("interleaved optimizer: a worker that sends a malformed UpdateDone: a clear error, the daemon takes over, "
+          "bit-identical",
+          "[integration][optim][offload]") {
+  Run r = Prepare("interleave-baddone");
+  r.job.train.steps = 3;
+  const Outcome daemon = Train(r, 0.0, {"--device-updates", "off"}, 1);
+  ::setenv("L2L_TEST_UPDATE_FAULT", "bad-done:4", 1);  // the 5th answer claims numel + 1
+  const Outcome run = Train(r, 1.0, {}, 1);
+  ::unsetenv("L2L_TEST_UPDATE_FAULT");
+  CheckBitIdentical(run.state, daemon.state);
+  INFO(run.daemon_log);
+  INFO(run.worker_logs[0]);
+  CHECK(DeviceUpdates(run) == 4);
+  CHECK_THAT(run.daemon_log, Catch::Contains("does not match the task it holds"));
+  CHECK_THAT(run.daemon_log, Catch::Contains("interleaved optimizer: the daemon updates layer"));
+  // The worker is told why, and stops asking once it is given no more updates.
+  CHECK_THAT(run.worker_logs[0], Catch::Contains("INVALID_ARGUMENT"));
+  CHECK_THAT(run.worker_logs[0], Catch::Contains("device updates stop"));
+}
+
 TEST_CASE("interleaved optimizer: a worker killed while its device holds an update: the daemon takes over, bit-identical",
           "[integration][optim][offload]") {
   Run r = Prepare("interleave-kill");
