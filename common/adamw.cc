@@ -33,17 +33,27 @@ float LearningRate(const OptimizerConfig& cfg, int64_t step) {
   return static_cast<float>(min_lr + coeff * (lr - min_lr));
 }
 
-void AdamWStep(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
-               float beta2, float eps, float weight_decay, int64_t t, float grad_scale) {
-  const float decay_mul = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
+AdamWScalars MakeAdamWScalars(float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t) {
+  AdamWScalars s;
+  s.decay_mul = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
   const double bias_correction1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
   const double bias_correction2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
   const float step_size = static_cast<float>(static_cast<double>(lr) / bias_correction1);
-  const float bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  s.bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
   // torch forms 1-beta in double (Python float) and rounds it to fp32 once.
-  const float one_minus_b1 = static_cast<float>(1.0 - static_cast<double>(beta1));
-  const float one_minus_b2 = static_cast<float>(1.0 - static_cast<double>(beta2));
-  const float neg_step_size = -step_size;
+  s.one_minus_b1 = static_cast<float>(1.0 - static_cast<double>(beta1));
+  s.one_minus_b2 = static_cast<float>(1.0 - static_cast<double>(beta2));
+  s.beta2 = beta2;
+  s.neg_step_size = -step_size;
+  s.eps = eps;
+  return s;
+}
+
+void AdamWStep(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
+               float beta2, float eps, float weight_decay, int64_t t, float grad_scale) {
+  const AdamWScalars s = MakeAdamWScalars(lr, beta1, beta2, eps, weight_decay, t);
+  const float decay_mul = s.decay_mul, bc2_sqrt = s.bc2_sqrt, one_minus_b1 = s.one_minus_b1;
+  const float one_minus_b2 = s.one_minus_b2, neg_step_size = s.neg_step_size;
   for (size_t i = 0; i < n; ++i) {
     const float g = grad[i] * grad_scale;
     float p = param[i] * decay_mul;

@@ -40,6 +40,17 @@ float LearningRate(const OptimizerConfig& cfg, int64_t step);
 void AdamWStep(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
                float beta2, float eps, float weight_decay, int64_t t, float grad_scale);
 
+// AdamWStep's per-call scalars, formed exactly as AdamWStep forms them (in double, rounded
+// to fp32 once), for implementations of the same update elsewhere (a device kernel).
+struct AdamWScalars {
+  float decay_mul = 1;      // 1 - lr*wd
+  float one_minus_b1 = 0, beta2 = 0, one_minus_b2 = 0;
+  float bc2_sqrt = 1;       // sqrt(1 - beta2^t)
+  float neg_step_size = 0;  // -lr / (1 - beta1^t)
+  float eps = 0;
+};
+AdamWScalars MakeAdamWScalars(float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t);
+
 // Sum of squares in double (for the global gradient norm).
 double SumSquares(const float* x, size_t n);
 

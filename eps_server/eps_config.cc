@@ -60,6 +60,7 @@ Status ApplyMap(const YAML::Node& root, const std::string& origin, const std::st
       }
     } else if (key == "expected_workers") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->expected_workers));
     } else if (key == "heartbeat_timeout_ms") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->heartbeat_timeout_ms));
+    } else if (key == "update_deadline_ms") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->update_deadline_ms));
     } else if (key == "on_worker_loss") { L2L_RETURN_IF_ERROR(ReadEnum(v, origin, key, &c->on_worker_loss, ParseOnWorkerLoss));
     } else if (key == "transport") { L2L_RETURN_IF_ERROR(ReadEnum(v, origin, key, &c->transport, ParseTransport));
     } else if (key == "checkpoint.dir") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->checkpoint_dir));
@@ -92,6 +93,7 @@ Status EpsConfig::Validate() const {
   if (host_bytes < 0) return InvalidArgument("memory.host_bytes must be >= 0");
   if (checkpoint_every < 0) return InvalidArgument("checkpoint.every must be >= 0");
   if (heartbeat_timeout_ms < 0) return InvalidArgument("heartbeat_timeout_ms must be >= 0 (0 = no liveness check)");
+  if (update_deadline_ms <= 0) return InvalidArgument("update_deadline_ms must be > 0");
   if (transport == Transport::kShm) return InvalidArgument("transport=shm: expected auto or grpc");
   if (publish_dtype && *publish_dtype != DType::kF32 && *publish_dtype != DType::kBF16) {
     return InvalidArgument(std::string("publish_dtype=") + DTypeName(*publish_dtype) + ": expected f32 or bf16");

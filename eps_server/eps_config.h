@@ -27,6 +27,8 @@ struct EpsConfig {
   std::optional<DType> publish_dtype;   // none = the job's; f32 | bf16 overrides
   int32_t expected_workers = 1;         // workers every update waits for
   int64_t heartbeat_timeout_ms = 10000; // a silent worker counts as lost after this
+  int64_t update_deadline_ms = 30000;   // a layer update handed to a worker's device and not
+                                        // answered this long is run by the daemon instead
   OnWorkerLoss on_worker_loss = OnWorkerLoss::kPause;  // pause | continue
   Transport transport = Transport::kAuto;  // auto (shm for same-host workers) | grpc
   std::string checkpoint_dir;           // "" = <state_dir>/checkpoints

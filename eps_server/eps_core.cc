@@ -88,26 +88,56 @@ Status EpsCore::CreateJob(const JobConfig& job, const std::vector<std::vector<fl
   return CreateJob(job, start);
 }
 
-// Logs the interleaved optimizer's split for this job: the setting, the measured and
-// reported rates and the choice (optimizer_split.h). The daemon updates every layer.
-void EpsCore::LogOptimizerSplit(const JobConfig& job) {
+// The interleaved optimizer's split for this job: the setting, the measured and reported
+// rates, the choice (optimizer_split.h); the pipeline routes the chosen layers through
+// the worker updater while a worker takes updates, else the fused pass keeps them.
+void EpsCore::ApplyOptimizerSplit(const std::string& why) {
+  const JobConfig job = this->job();
   std::vector<int64_t> layer_params;
   for (int64_t l = 0; l < store_->num_layers(); ++l) {
     layer_params.push_back(static_cast<int64_t>(store_->layout(l).numel));
   }
+  constexpr double kInf = std::numeric_limits<double>::infinity();
   OptimizerRates rates;
-  rates.cpu_update_params_per_s = MeasureCpuUpdateRate(size_t{1} << 18);
-  rates.cpu_cast_params_per_s = std::numeric_limits<double>::infinity();  // fused into the update
-  rates.h2d_bytes_per_s = rates.d2h_bytes_per_s = std::numeric_limits<double>::infinity();
+  rates.cpu_update_params_per_s = cpu_update_rate_;
+  rates.cpu_cast_params_per_s = kInf;  // fused into the update
+  rates.h2d_bytes_per_s = rates.d2h_bytes_per_s = kInf;
+  // Any taker may get any task: plan with the slowest one (a link of 0 = none: free).
+  std::string takers;
+  for (const auto& [id, o] : offers_) {
+    const double g = o.update_params_per_s;
+    rates.gpu_update_params_per_s = takers.empty() ? g : std::min(rates.gpu_update_params_per_s, g);
+    if (o.h2d_bytes_per_s > 0) rates.h2d_bytes_per_s = std::min(rates.h2d_bytes_per_s, o.h2d_bytes_per_s);
+    if (o.d2h_bytes_per_s > 0) rates.d2h_bytes_per_s = std::min(rates.d2h_bytes_per_s, o.d2h_bytes_per_s);
+    char buf[256];
+    std::snprintf(buf, sizeof(buf), "%sworker %d on %s: AdamW %.3g params/s, h2d %.3g B/s, d2h %.3g B/s",
+                  takers.empty() ? "" : "; ", id, o.device.c_str(), g, o.h2d_bytes_per_s, o.d2h_bytes_per_s);
+    takers += buf;
+  }
   Result<OptimizerSplit> split = ChooseOptimizerSplit(job.optim, layer_params, rates, {});
   if (!split.ok()) {
-    L2L_LOG_WARN("optimizer split: {}", split.status().ToString());
+    L2L_LOG_WARN("optimizer split ({}): {}; the daemon updates every layer", why, split.status().ToString());
+    pipeline_->set_offload(std::vector<bool>(layer_params.size(), false), nullptr);
     return;
   }
-  L2L_LOG_INFO("optimizer: {}", split->description);
-  if (split->gpu_fraction > 0 && !split->device_path_available) {
-    L2L_LOG_WARN("optim.gpu_fraction={}: this build has no device update path; the daemon updates every layer",
-                 ToString(job.optim.gpu_fraction));
+  std::string layers;
+  for (size_t l = 0; l < split->on_gpu.size(); ++l) {
+    if (split->on_gpu[l]) layers += (layers.empty() ? "" : ",") + std::to_string(l);
+  }
+  L2L_LOG_INFO("optimizer ({}): {}; {}", why, split->description,
+               takers.empty() ? std::string("no worker takes updates") : "takers: " + takers);
+  if (layers.empty()) {
+    pipeline_->set_offload(split->on_gpu, nullptr);
+  } else if (offers_.empty()) {
+    // The warning path: the layers are chosen but no worker can run them (yet).
+    pipeline_->set_offload(split->on_gpu, nullptr);
+    L2L_LOG_WARN("optim.gpu_fraction={}: no worker takes updates (none registered offering its device over the shm "
+                 "transport); the daemon updates layers [{}] itself until one does",
+                 ToString(job.optim.gpu_fraction), layers);
+  } else {
+    pipeline_->set_offload(split->on_gpu, updater_.get());
+    L2L_LOG_INFO("optimizer: layers [{}] are updated on the workers' devices ({} taker(s)); the daemon updates the rest",
+                 layers, offers_.size());
   }
 }
 
@@ -169,7 +199,15 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   L2L_LOG_INFO("job '{}': {} parameters in {} layers, {} worker(s), publish {}, start step {} from {}",
                opts_.job_id, job.model.NumParams(), store_->num_layers(), opts_.expected_workers,
                DTypeName(job.publish_dtype), start.step, start.description);
-  LogOptimizerSplit(job);
+  {
+    WorkerUpdaterOptions uo;
+    uo.job_id = opts_.job_id;
+    uo.max_layer_numel = store_->max_layer_numel();
+    uo.deadline = opts_.update_deadline;
+    updater_ = std::make_unique<WorkerUpdater>(uo);
+  }
+  cpu_update_rate_ = MeasureCpuUpdateRate(size_t{1} << 18);
+  ApplyOptimizerSplit("job start");
   if (opts_.heartbeat_timeout_ms > 0) liveness_ = std::thread([this] { LivenessLoop(); });
   if (checkpoint_every() > 0) checkpointer_ = std::thread([this] { CheckpointLoop(); });
   return Status::Ok();
@@ -343,6 +381,29 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
   if (rejoin) {
     rejoin_gate.Reset();
     UpdatePausedLocked();
+  }
+  // Interleaved optimizer: a worker offering its device over shm takes layer updates.
+  const bool had_offer = offers_.count(id) > 0;
+  if (info.optimizer.takes_updates && r.transport == Transport::kShm) {
+    Result<std::string> seg = updater_->AddWorker(id, info.optimizer);
+    if (seg.ok()) {
+      offers_[id] = info.optimizer;
+      ApplyOptimizerSplit("worker " + std::to_string(id) + " offers " + info.optimizer.device);
+    } else {
+      L2L_LOG_WARN("worker {} offers its device for updates, but its exchange segment failed: {}", id,
+                   seg.status().ToString());
+    }
+  } else {
+    if (info.optimizer.takes_updates) {
+      L2L_LOG_WARN("worker {} offers its device for updates over the grpc transport: not used (the update exchange "
+                   "needs shared memory: same host, transport shm)",
+                   id);
+    }
+    updater_->RemoveWorker(id, "worker " + std::to_string(id) + " registered again without offering its device");
+    if (had_offer) {
+      offers_.erase(id);
+      ApplyOptimizerSplit("worker " + std::to_string(id) + " withdrew its device");
+    }
   }
   r.num_workers = static_cast<int32_t>(pipeline_->workers().size());
   if (r.num_workers == 0) r.num_workers = 1;
@@ -593,6 +654,7 @@ void EpsCore::Stop() {
   if (liveness_.joinable()) liveness_.join();
   if (checkpointer_.joinable()) checkpointer_.join();
   if (store_) store_->Stop();
+  if (updater_) updater_->Stop();  // waiting offloaded updates fall back to the CPU
   std::vector<std::unique_ptr<ShmWorker>> shm;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -603,6 +665,7 @@ void EpsCore::Stop() {
   for (auto& w : shm) w->CloseAndJoin();
   // The pipeline releases slots into the segments: destroy it while they still exist.
   pipeline_.reset();
+  updater_.reset();
   for (auto& w : shm) {
     if (store_) store_->RemovePinSource(w->id);
   }
@@ -681,6 +744,36 @@ CoreStatus EpsCore::GetStatus() const {
   s.val_loss = val_loss_;
   s.val_step = val_step_;
   return s;
+}
+
+}  // namespace l2l::eps
+
+namespace l2l::eps {
+
+Result<UpdateTask> EpsCore::TakeUpdate(int32_t worker_id, std::chrono::milliseconds wait) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    L2L_RETURN_IF_ERROR(CheckWorker(worker_id));
+  }
+  if (stopped_) return Aborted("the daemon is stopping");
+  return updater_->Take(worker_id, wait);
+}
+
+Status EpsCore::UpdateDone(int32_t worker_id, uint64_t task_id, int64_t layer, int64_t numel,
+                           const std::string& error) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!has_job_) return FailedPrecondition("the daemon has no job yet (CreateJob first)");
+  }
+  return updater_->Done(worker_id, task_id, layer, numel, error);
+}
+
+WorkerUpdater::Stats EpsCore::offload_stats() const {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!has_job_) return {};
+  }
+  return updater_ ? updater_->stats() : WorkerUpdater::Stats{};
 }
 
 }  // namespace l2l::eps

@@ -41,6 +41,12 @@
 // and starts at its next step (pause: the step the job waits at; continue: the next
 // step boundary).
 //
+// Interleaved optimizer: the core owns the WorkerUpdater (worker_updater.h) through which
+// the pipeline hands the layers optim.gpu_fraction picks to the workers that offered their
+// device at Register (shm transport only); the split is re-chosen whenever a worker
+// offers or withdraws its device, and a lost worker's update falls back to the daemon
+// before the pipeline is frozen.
+//
 // Ownership: owns everything above; GradientRefs point into gradient segments or
 // heap buffers the core keeps alive until the pipeline releases them.
 // Thread-safety: every public method is thread-safe (the gRPC server calls them from
@@ -69,6 +75,7 @@
 #include "common/status.h"
 #include "eps_server/param_store.h"
 #include "eps_server/update_pipeline.h"
+#include "eps_server/worker_updater.h"
 
 namespace l2l::eps {
 
@@ -131,6 +138,9 @@ struct CoreOptions {
   // Called once per skipped step (a non-finite gradient or loss; the state is left as
   // it was), from an update or rpc thread with no core lock held; must be quick.
   std::function<void(const SkipEvent&)> on_skip;
+  // Interleaved optimizer: a layer update handed to a worker's device and not answered
+  // this long after it was queued is run by the daemon instead (worker_updater.h).
+  std::chrono::milliseconds update_deadline{30000};
 };
 
 // How CreateJob initialises the state.
@@ -148,6 +158,7 @@ struct RegisterInfo {
   Transport transport = Transport::kAuto;  // what the worker asks for
   int32_t pid = 0;
   int32_t previous_worker_id = -1;  // re-registration (rejoin); -1 = new worker
+  DeviceOffer optimizer;            // its offer to run layer updates (interleaved optimizer)
 };
 
 struct Registration {
@@ -239,6 +250,13 @@ class EpsCore {
                   const StepEval& eval = {});
   Status Deregister(int32_t worker_id);
 
+  // Interleaved optimizer (worker_updater.h): a worker's TakeUpdate long poll and its
+  // UpdateDone. Both fail like the worker's other data calls when it is not active.
+  Result<UpdateTask> TakeUpdate(int32_t worker_id, std::chrono::milliseconds wait);
+  Status UpdateDone(int32_t worker_id, uint64_t task_id, int64_t layer, int64_t numel, const std::string& error);
+  // Updates workers ran / the daemon ran instead (zeros without a job).
+  WorkerUpdater::Stats offload_stats() const;
+
   // Operator pause: no layer update starts until Resume. Resume also ends a pause
   // caused by a lost worker (on_worker_loss=pause): the job then continues without it.
   Status Pause();
@@ -306,8 +324,10 @@ class EpsCore {
   // is the step); dropping it reopens the gate. DEADLINE_EXCEEDED leaves the gate open.
   Result<UpdatePipeline::FreezeGuard> HoldAtBoundary(std::chrono::milliseconds timeout) REQUIRES(recovery_mu_);
   void LivenessLoop();
-  // Logs optim.gpu_fraction's split at job start (eps_server/optimizer_split.h).
-  void LogOptimizerSplit(const JobConfig& job) REQUIRES(recovery_mu_);
+  // Chooses optim.gpu_fraction's split (eps_server/optimizer_split.h) with the rates the
+  // daemon measured and the workers that take updates reported, logs it with `why` (job
+  // start, a worker offered or withdrew its device) and hands it to the pipeline.
+  void ApplyOptimizerSplit(const std::string& why) REQUIRES(recovery_mu_);
   void CheckpointLoop();
   void HandleLoss(int32_t id, WorkerState new_state) REQUIRES(recovery_mu_);
   // Abandons the step in progress: every worker must re-register; restore: the state is
@@ -329,7 +349,10 @@ class EpsCore {
   bool has_job_ = false;
   JobStart start_;                                  // the restore point's origin
   std::unique_ptr<ParamStore> store_;
+  std::unique_ptr<WorkerUpdater> updater_;  // before pipeline_: outlives it
   std::unique_ptr<UpdatePipeline> pipeline_;
+  double cpu_update_rate_ = 0;  // measured at CreateJob
+  std::map<int32_t, DeviceOffer> offers_ GUARDED_BY(recovery_mu_);  // workers taking updates
   std::vector<std::unique_ptr<Worker>> workers_ GUARDED_BY(mu_);  // index = id
   std::vector<std::unique_ptr<ShmWorker>> shm_workers_ GUARDED_BY(mu_);
   // Segments of lost workers: unlinked, but mapped until Stop (the pipeline may still

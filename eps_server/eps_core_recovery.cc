@@ -271,6 +271,10 @@ void EpsCore::HandleLoss(int32_t id, WorkerState new_state) {
     if (w.info.state != WorkerState::kActive && w.info.state != WorkerState::kRejoin) return;
     w.info.state = new_state;
   }
+  // An update this worker holds falls back to the daemon now (the freeze below waits for
+  // running updates, which must not wait out the update deadline).
+  updater_->RemoveWorker(id, "worker " + std::to_string(id) + " is " + ToString(new_state));
+  if (offers_.erase(id) > 0) ApplyOptimizerSplit("worker " + std::to_string(id) + " is " + ToString(new_state));
   UpdatePipeline::FreezeGuard gate = pipeline_->FreezeNow();
   const UpdatePipeline::Frozen f = gate.frozen();
   TearDownShmWorker(id);

@@ -169,6 +169,7 @@ eps::CoreOptions CoreOptionsFrom(const eps::EpsConfig& cfg) {
   co.checkpoint_every = cfg.checkpoint_every;
   co.allow_absolute_paths = cfg.allow_absolute_paths;
   co.heartbeat_timeout_ms = cfg.heartbeat_timeout_ms;
+  co.update_deadline = std::chrono::milliseconds(cfg.update_deadline_ms);
   co.on_worker_loss = cfg.on_worker_loss;
   co.spill.dir = cfg.spill_dir;
   co.spill.queue_depth = static_cast<int>(cfg.spill_queue_depth);

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstring>
 #include <filesystem>
@@ -159,6 +160,23 @@ class DataService final : public data::Data::Service {
     }
     info.pid = req->pid();
     info.previous_worker_id = req->has_previous_worker_id() ? req->previous_worker_id() : -1;
+    if (req->has_optimizer() && req->optimizer().takes_updates()) {
+      const data::OptimizerDevice& o = req->optimizer();
+      const double rates[] = {o.update_params_per_s(), o.h2d_bytes_per_s(), o.d2h_bytes_per_s()};
+      const char* names[] = {"update_params_per_s", "h2d_bytes_per_s", "d2h_bytes_per_s"};
+      for (int i = 0; i < 3; ++i) {
+        if (!std::isfinite(rates[i]) || rates[i] < 0 || (i == 0 && rates[i] <= 0)) {
+          return ToGrpc(InvalidArgument("RegisterRequest.optimizer." + std::string(names[i]) + " = " +
+                                        std::to_string(rates[i]) + ": must be finite and " +
+                                        (i == 0 ? "> 0 when takes_updates" : ">= 0 (0 = no link)")));
+        }
+      }
+      info.optimizer.takes_updates = true;
+      info.optimizer.device = o.device().empty() ? "an unnamed device" : o.device();
+      info.optimizer.update_params_per_s = o.update_params_per_s();
+      info.optimizer.h2d_bytes_per_s = o.h2d_bytes_per_s();
+      info.optimizer.d2h_bytes_per_s = o.d2h_bytes_per_s();
+    }
     auto r = core_->Register(info);
     if (!r.ok()) return ToGrpc(r.status());
     rep->set_worker_id(r->worker_id);
@@ -196,6 +214,44 @@ class DataService final : public data::Data::Service {
     rep->set_publish_dtype(ToProto(r->job.publish_dtype));
     for (int64_t n : r->layer_numel) rep->add_layer_numel(n);
     return grpc::Status::OK;
+  }
+
+  grpc::Status TakeUpdate(grpc::ServerContext*, const data::TakeUpdateRequest* req,
+                          data::TakeUpdateReply* rep) override {
+    int64_t wait_ms = req->wait_ms() <= 0 ? 1000 : std::min<int64_t>(req->wait_ms(), 10000);
+    Result<UpdateTask> t = core_->TakeUpdate(req->worker_id(), std::chrono::milliseconds(wait_ms));
+    if (!t.ok()) return ToGrpc(t.status().WithContext("TakeUpdate"));
+    if (t->id == 0) return grpc::Status::OK;  // has_task false
+    rep->set_has_task(true);
+    rep->set_task_id(t->id);
+    rep->set_layer(t->layer);
+    rep->set_step(t->step);
+    rep->set_numel(static_cast<int64_t>(t->numel));
+    rep->set_segment(t->segment);
+    rep->set_p_offset(t->p_offset);
+    rep->set_m_offset(t->m_offset);
+    rep->set_v_offset(t->v_offset);
+    rep->set_g_offset(t->g_offset);
+    rep->set_lr(t->args.lr);
+    rep->set_beta1(t->args.beta1);
+    rep->set_beta2(t->args.beta2);
+    rep->set_eps(t->args.eps);
+    rep->set_weight_decay(t->args.weight_decay);
+    rep->set_grad_scale(t->args.grad_scale);
+    rep->set_t(t->args.t);
+    for (const DecayRange& r : t->ranges) {
+      auto* d = rep->add_ranges();
+      d->set_begin(static_cast<int64_t>(r.begin));
+      d->set_end(static_cast<int64_t>(r.end));
+      d->set_decay(r.decay);
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status UpdateDone(grpc::ServerContext*, const data::UpdateDoneRequest* req,
+                          data::UpdateDoneReply*) override {
+    return ToGrpc(core_->UpdateDone(req->worker_id(), req->task_id(), req->layer(), req->numel(), req->error())
+                      .WithContext("UpdateDone"));
   }
 
   grpc::Status Heartbeat(grpc::ServerContext*, const data::HeartbeatRequest* req,

@@ -3,11 +3,14 @@
 // "auto" asks the performance model (common/optimizer_model.h) with the measured rates.
 // The choice and its inputs are logged once per job.
 //
-// What runs today: the daemon updates every layer. The pipeline can route layers through
-// an OffloadedUpdater (update_pipeline.h set_offload), but no worker transport implements
-// one yet, so a fixed share > 0 is logged with the layers it would hand over and a
-// warning that the daemon keeps them, and "auto" resolves to 0 because no worker reports
-// a device update rate.
+// What runs: the daemon (EpsCore::ApplyOptimizerSplit) chooses the split at job start and
+// again whenever a worker offers or withdraws its device; the chosen layers go through
+// the worker updater (worker_updater.h: a worker's device runs their AdamW, the daemon's
+// CPU takes over when it cannot) while at least one worker takes updates. Workers
+// measure their device's AdamW rate and H2D/D2H bandwidth at start and report them at
+// Register, so "auto" plans with real device rates; with no worker taking updates auto
+// gives 0 and a fixed share > 0 is logged with a warning that the daemon updates those
+// layers itself until a worker offers its device.
 //
 // Thread-safety: pure functions, except MeasureCpuUpdateRate (allocates and times).
 #pragma once
@@ -25,7 +28,6 @@ namespace l2l::eps {
 struct OptimizerSplit {
   std::vector<bool> on_gpu;   // per layer: the workers' devices update it
   double gpu_fraction = 0;    // share of parameters on the devices
-  bool device_path_available = false;  // whether the device update is implemented here
   std::string description;    // the log line: setting, inputs, choice
 };
 

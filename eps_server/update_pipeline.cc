@@ -193,6 +193,7 @@ void UpdatePipeline::LaunchLocked(int64_t layer, float coef) {
 void UpdatePipeline::set_offload(std::vector<bool> on_device, OffloadedUpdater* updater) {
   L2L_CHECK(static_cast<int64_t>(on_device.size()) == store_->num_layers())
       << "offload mask has " << on_device.size() << " entries for " << store_->num_layers() << " layers";
+  std::lock_guard<std::mutex> lock(mu_);
   offload_ = std::move(on_device);
   offloader_ = updater;
 }
@@ -210,9 +211,9 @@ Status CpuOffloadedUpdater::Update(int64_t /*layer*/, const Args& a, const std::
 // The offloaded path of RunUpdate: copy the leased state out (and into the undo copy),
 // sum the workers' gradients in worker order as AdamWUpdate does, let the updater run
 // AdamW, check finiteness as the fused pass does, copy back and cast the published copy.
-Status UpdatePipeline::RunOffloaded(int64_t layer, const AdamWArgs& a, const std::vector<StateSpan>& spans,
-                                    const std::vector<const float*>& grads, float* undo, char* out,
-                                    std::atomic<bool>* nonfinite) {
+Status UpdatePipeline::RunOffloaded(OffloadedUpdater* updater, int64_t layer, const AdamWArgs& a,
+                                    const std::vector<StateSpan>& spans, const std::vector<const float*>& grads,
+                                    float* undo, char* out, std::atomic<bool>* nonfinite) {
   const LayerLayout& layout = store_->layout(layer);
   const size_t numel = layout.numel;
   std::vector<float> p(numel), m(numel), v(numel), g(numel);
@@ -241,7 +242,7 @@ Status UpdatePipeline::RunOffloaded(int64_t layer, const AdamWArgs& a, const std
   oa.weight_decay = job_.optim.weight_decay;
   oa.grad_scale = a.grad_scale;
   oa.t = a.t;
-  L2L_RETURN_IF_ERROR(offloader_->Update(layer, oa, ranges, p.data(), m.data(), v.data(), g.data(), numel));
+  L2L_RETURN_IF_ERROR(updater->Update(layer, oa, ranges, p.data(), m.data(), v.data(), g.data(), numel));
   for (const StateSpan& s : spans) {
     std::memcpy(s.master, p.data() + s.begin, s.n * sizeof(float));
     std::memcpy(s.m, m.data() + s.begin, s.n * sizeof(float));
@@ -265,9 +266,11 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
   int64_t mb = 0;
   int64_t step = 0;
   float* undo = nullptr;
+  OffloadedUpdater* updater = nullptr;  // this layer's update runs through it (set_offload)
   const size_t numel = store_->layout(layer).numel;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (offloader_ != nullptr && offload_[static_cast<size_t>(layer)]) updater = offloader_;
     LayerState& ls = layers_[layer];
     step = ls.step;
     if (!ls.reduced.empty()) {  // global clip: reduced by the norm task
@@ -324,8 +327,8 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
     }
   }
   std::atomic<bool> nonfinite{false};
-  if (offloader_ != nullptr && offload_[static_cast<size_t>(layer)]) {
-    Status st = RunOffloaded(layer, a, spans, grads, undo, out, &nonfinite);
+  if (updater != nullptr) {
+    Status st = RunOffloaded(updater, layer, a, spans, grads, undo, out, &nonfinite);
     if (!st.ok()) {
       lease->Release();
       FailUpdate(st.WithContext("offloaded update of layer " + std::to_string(layer) + " step " +

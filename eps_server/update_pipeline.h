@@ -240,8 +240,10 @@ class UpdatePipeline {
   // (copied out of the state, updated, copied back under the same state lease, then cast
   // and published as the fused pass would), the rest by the fused pass. The undo copy,
   // the finiteness check and the SSD tier's write-behind are the same for both, so
-  // checkpoints, rollbacks and resume see one state. REQUIRES: called before the first
-  // Submit; on_device.size() == the number of layers; updater outlives the pipeline.
+  // checkpoints, rollbacks and resume see one state. May be called again at any time (the
+  // daemon re-chooses the split when a worker reports its device's rates): updates that
+  // start afterwards use the new mask. REQUIRES: on_device.size() == the number of
+  // layers; updater (nullptr: none) outlives the pipeline.
   void set_offload(std::vector<bool> on_device, OffloadedUpdater* updater);
   // Ends a pause caused by skip_pause_after skips in a row (no-op otherwise).
   void ClearSkipPause();
@@ -288,8 +290,9 @@ class UpdatePipeline {
 
   void MaybeScheduleLocked(int64_t layer) REQUIRES(mu_);
   void RunUpdate(int64_t layer, float clip_coef);
-  Status RunOffloaded(int64_t layer, const AdamWArgs& a, const std::vector<StateSpan>& spans,
-                      const std::vector<const float*>& grads, float* undo, char* out, std::atomic<bool>* nonfinite);
+  Status RunOffloaded(OffloadedUpdater* updater, int64_t layer, const AdamWArgs& a,
+                      const std::vector<StateSpan>& spans, const std::vector<const float*>& grads, float* undo,
+                      char* out, std::atomic<bool>* nonfinite);
   void FinishUpdateLocked(int64_t layer, double seconds) REQUIRES(mu_);
   void LaunchLocked(int64_t layer, float clip_coef) REQUIRES(mu_);
   void LaunchAllGlobalLocked() REQUIRES(mu_);  // every layer's norm is in: launch all updates
@@ -308,8 +311,8 @@ class UpdatePipeline {
   std::atomic<bool> constructed_{false};
   ParamStore* const store_;
   const JobConfig job_;
-  std::vector<bool> offload_;             // set before the first Submit, then read-only
-  OffloadedUpdater* offloader_ = nullptr;
+  std::vector<bool> offload_ GUARDED_BY(mu_);
+  OffloadedUpdater* offloader_ GUARDED_BY(mu_) = nullptr;
   std::unique_ptr<Impl> impl_;  // the TBB graph
 
   mutable std::mutex mu_;

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/config.h"
 #include "common/status.h"
@@ -94,6 +95,33 @@ struct GradientSlot {
   int32_t index = -1;
 };
 
+// The worker's offer to run layer updates on its device (the interleaved optimizer,
+// proto/data.proto OptimizerDevice), with the rates it measured at start.
+struct OptimizerOffer {
+  bool takes_updates = false;
+  std::string device;              // the backend's name
+  double update_params_per_s = 0;  // its AdamW rate
+  double h2d_bytes_per_s = 0, d2h_bytes_per_s = 0;  // 0 = no link (CPU backend)
+};
+
+// One layer update the EPS handed to this worker (proto/data.proto TakeUpdateReply):
+// p, m, v (updated in place) and the summed gradient lie at the given byte offsets in
+// the shm segment `segment`, numel fp32 each.
+struct UpdateAssignment {
+  bool has_task = false;  // false: the wait ran out
+  uint64_t task_id = 0;
+  int64_t layer = 0, step = 0, numel = 0;
+  std::string segment;
+  uint64_t p_offset = 0, m_offset = 0, v_offset = 0, g_offset = 0;
+  float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, grad_scale = 1;
+  int64_t t = 1;
+  struct Range {
+    int64_t begin = 0, end = 0;
+    bool decay = false;
+  };
+  std::vector<Range> ranges;
+};
+
 struct ClientOptions {
   Transport transport = Transport::kAuto;  // auto (shm when the EPS is on this host) | shm | grpc
   std::chrono::milliseconds connect_timeout{10000};  // bounded retry when the EPS is unreachable
@@ -113,6 +141,8 @@ struct ClientOptions {
   std::string token;
   std::string tls_ca_pem;
   std::string tls_server_name;
+  // Sent at Register: this worker's device takes layer updates (worker/device_updater.h).
+  OptimizerOffer optimizer;
 };
 
 class EpsClient {
@@ -166,6 +196,16 @@ class EpsClient {
   // registration().data_position (both updated by Rejoin).
   virtual Status Rejoin() { return Unimplemented("this EPS client cannot rejoin"); }
   virtual bool rejoin_requested() const { return false; }
+
+  // ---- interleaved optimizer (the gRPC clients have it) ----------------------------------
+  // TakeUpdate long-polls for a layer update (up to `wait`); UpdateDone answers it
+  // (error non-empty: this worker could not run it). See proto/data.proto.
+  virtual Result<UpdateAssignment> TakeUpdate(std::chrono::milliseconds wait) {
+    return Unimplemented("this EPS client cannot take updates");
+  }
+  virtual Status UpdateDone(uint64_t task_id, int64_t layer, int64_t numel, const std::string& error) {
+    return Unimplemented("this EPS client cannot take updates");
+  }
 };
 
 // True for the errors after which the worker must Rejoin() (see above).

@@ -87,6 +87,14 @@ Status GrpcEpsClient::Register(Impl* impl, const ClientOptions& options, int32_t
   req.set_transport(ToString(options.transport));
   req.set_pid(static_cast<int32_t>(getpid()));
   req.set_previous_worker_id(previous_worker_id);
+  if (options.optimizer.takes_updates) {
+    auto* o = req.mutable_optimizer();
+    o->set_takes_updates(true);
+    o->set_device(options.optimizer.device);
+    o->set_update_params_per_s(options.optimizer.update_params_per_s);
+    o->set_h2d_bytes_per_s(options.optimizer.h2d_bytes_per_s);
+    o->set_d2h_bytes_per_s(options.optimizer.d2h_bytes_per_s);
+  }
   const auto deadline = std::chrono::system_clock::now() + options.connect_timeout;
   data::RegisterReply rep;
   grpc::Status st, full;  // full: the last "job full" refusal, if any
@@ -143,6 +151,56 @@ Status GrpcEpsClient::Register(Impl* impl, const ClientOptions& options, int32_t
   shm->gradient_segment = rep.gradient_segment();
   shm->layer_numel.assign(rep.layer_numel().begin(), rep.layer_numel().end());
   return Status::Ok();
+}
+
+Result<UpdateAssignment> GrpcEpsClient::TakeUpdate(std::chrono::milliseconds wait) {
+  data::TakeUpdateRequest req;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    req.set_worker_id(reg_.worker_id);
+  }
+  req.set_wait_ms(wait.count());
+  data::TakeUpdateReply rep;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + wait + std::chrono::seconds(30));
+  L2L_RETURN_IF_ERROR(FromGrpc(impl_->stub->TakeUpdate(&ctx, req, &rep), "TakeUpdate"));
+  UpdateAssignment a;
+  a.has_task = rep.has_task();
+  if (!a.has_task) return a;
+  a.task_id = rep.task_id();
+  a.layer = rep.layer();
+  a.step = rep.step();
+  a.numel = rep.numel();
+  a.segment = rep.segment();
+  a.p_offset = rep.p_offset();
+  a.m_offset = rep.m_offset();
+  a.v_offset = rep.v_offset();
+  a.g_offset = rep.g_offset();
+  a.lr = rep.lr();
+  a.beta1 = rep.beta1();
+  a.beta2 = rep.beta2();
+  a.eps = rep.eps();
+  a.weight_decay = rep.weight_decay();
+  a.grad_scale = rep.grad_scale();
+  a.t = rep.t();
+  for (const auto& r : rep.ranges()) a.ranges.push_back({r.begin(), r.end(), r.decay()});
+  return a;
+}
+
+Status GrpcEpsClient::UpdateDone(uint64_t task_id, int64_t layer, int64_t numel, const std::string& error) {
+  data::UpdateDoneRequest req;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    req.set_worker_id(reg_.worker_id);
+  }
+  req.set_task_id(task_id);
+  req.set_layer(layer);
+  req.set_numel(numel);
+  req.set_error(error);
+  data::UpdateDoneReply rep;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  return FromGrpc(impl_->stub->UpdateDone(&ctx, req, &rep), "UpdateDone(task " + std::to_string(task_id) + ")");
 }
 
 Status GrpcEpsClient::RegisterAgain(ShmInfo* shm) {

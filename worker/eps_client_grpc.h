@@ -57,6 +57,8 @@ class GrpcEpsClient : public EpsClient {
   Status Deregister();
   Status Rejoin() override;
   bool rejoin_requested() const override { return rejoin_requested_.load(); }
+  Result<UpdateAssignment> TakeUpdate(std::chrono::milliseconds wait) override;
+  Status UpdateDone(uint64_t task_id, int64_t layer, int64_t numel, const std::string& error) override;
 
  protected:
   ImplPtr impl_;

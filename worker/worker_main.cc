@@ -8,7 +8,12 @@
 //              [--transport auto|shm|grpc] [--name NAME] [--connect-timeout-ms MS]
 //              [--steps N] [--log-level info] [--token-file FILE] [--tls-ca CA.pem]
 //              [--tls-server-name NAME] [--push-deadline-floor-ms MS] [--push-min-mib-per-s R]
+//              [--device-updates on|off]
 //
+// --device-updates (default on): measure this device's AdamW rate and H2D/D2H bandwidth at
+// start, report them at Register and run the layer updates the EPS hands out on the
+// device (worker/device_updater.h; the interleaved optimizer, optim.gpu_fraction). Needs
+// the shm transport (same host as the EPS); over grpc the worker takes no updates.
 // --devices: several GPUs of this host as ONE worker of the EPS (worker/device_group.h:
 // each fetches 1/n of every layer, NCCL all-gathers the rest, the micro-batches are split
 // over the devices, gradients are reduce-scattered and the layer's gradient reaches the
@@ -22,7 +27,7 @@
 // Progress lines go to stdout:
 //   step 12/100 loss 4.1234 tok/s 5321 step_s 0.77 wait_layer 0.01 wait_push 0.00 lag 0 eta 68s
 // and, at exit, one summary line the integration tests parse:
-//   l2l-worker: done steps=N peak_rss_kb=K device_bytes=D stash_host_bytes=H max_lag=A min_lag=B
+//   l2l-worker: done steps=N peak_rss_kb=K device_bytes=D stash_host_bytes=H max_lag=A min_lag=B device_updates=U
 // --token-file (default $L2L_TOKEN_FILE): the EPS's shared token, sent on every call;
 // --tls-ca: connect with TLS and verify the EPS against CA.pem (docs/operations.md
 // "Security"); --tls-server-name NAME: the name the EPS's certificate must hold when it is
@@ -60,6 +65,7 @@
 #include "kernels/backend.h"
 #include "worker/data_loader.h"
 #include "worker/device_group.h"
+#include "worker/device_updater.h"
 #include "worker/eps_client.h"
 #include "worker/eval_set.h"
 #include "worker/relay.h"
@@ -100,6 +106,7 @@ struct Flags {
   int threads = 0;
   std::string compute = "fp32";  // --compute: the CPU backend's GEMM precision
   std::string transport = "auto";
+  std::string device_updates = "on";  // offer the device for layer updates (interleaved optimizer)
   std::string name;
   int64_t connect_timeout_ms = 10000;
   int64_t push_deadline_floor_ms = 60000;
@@ -203,6 +210,22 @@ Status Run(const Flags& f, int* exit_code) {
                                 "and without --tls-ca the connection is plaintext");
   }
   copts.tls_server_name = f.tls_server_name;
+  // Interleaved optimizer: a second backend on the (first) device runs the layer updates
+  // the EPS hands out; its measured rates go to the EPS at Register.
+  std::unique_ptr<w::DeviceUpdater> pre_updater;
+  if (f.device_updates != "on" && f.device_updates != "off") {
+    return l2l::InvalidArgument("--device-updates " + f.device_updates + ": must be on or off");
+  }
+  if (f.device_updates == "on") {
+    Flags one = f;
+    if (!f.devices.empty()) one.device = f.devices.substr(0, f.devices.find(','));
+    L2L_ASSIGN_OR_RETURN(std::unique_ptr<l2l::kernels::Backend> ube, MakeBackend(one));
+    L2L_ASSIGN_OR_RETURN(copts.optimizer, w::MeasureDeviceRates(ube.get()));
+    L2L_LOG_INFO("device updates on {}: AdamW {:.3g} params/s, h2d {:.3g} B/s, d2h {:.3g} B/s (0 = no link)",
+                 copts.optimizer.device, copts.optimizer.update_params_per_s, copts.optimizer.h2d_bytes_per_s,
+                 copts.optimizer.d2h_bytes_per_s);
+    pre_updater = std::make_unique<w::DeviceUpdater>(std::move(ube));
+  }
   Result<std::unique_ptr<w::EpsClient>> connected = w::ConnectEps(f.eps, copts);
   if (!connected.ok()) {
     switch (connected.status().code()) {
@@ -214,7 +237,15 @@ Status Run(const Flags& f, int* exit_code) {
                                           std::to_string(f.connect_timeout_ms) + " ms)");
   }
   std::unique_ptr<w::EpsClient> client = std::move(connected).value();
+  // Declared after `client`: its thread stops before the client goes away.
+  std::unique_ptr<w::DeviceUpdater> updater = std::move(pre_updater);
   const w::WorkerRegistration& reg = client->registration();
+  if (updater && reg.transport == l2l::Transport::kShm) {
+    updater->Start(client.get());
+  } else if (updater) {
+    L2L_LOG_INFO("device updates off: the update exchange needs the shm transport (this worker uses grpc)");
+    updater.reset();
+  }
   l2l::JobConfig job = reg.job;
   if (!f.config.empty()) L2L_RETURN_IF_ERROR(ApplyLocalConfig(f.config, &job));
   const int64_t total_steps = f.steps >= 0 ? f.steps : job.train.steps;
@@ -386,11 +417,12 @@ Status Run(const Flags& f, int* exit_code) {
                                &step));
   }
   const w::VersionStats& v = versions();
+  if (updater) updater->Stop();  // its last UpdateDone is counted before the summary
   std::printf("l2l-worker: done steps=%lld peak_rss_kb=%lld device_bytes=%zu stash_host_bytes=%zu "
-              "max_lag=%lld min_lag=%lld\n",
+              "max_lag=%lld min_lag=%lld device_updates=%lld\n",
               static_cast<long long>(done), static_cast<long long>(PeakRssKb()), device_bytes(),
               stash_host_bytes(), static_cast<long long>(v.max_lag),
-              static_cast<long long>(v.min_lag));
+              static_cast<long long>(v.min_lag), static_cast<long long>(updater ? updater->updates_done() : 0));
   std::fflush(stdout);
   return Status::Ok();
 }
@@ -412,6 +444,8 @@ int main(int argc, char** argv) {
                  "fp32 | bf16: CPU backend matrix products (bf16 operands, fp32 accumulation; "
                  "needs AVX512_BF16). L2L_CPU_GEMM wins");
   app.add_option("--transport", f.transport, "auto | shm | grpc");
+  app.add_option("--device-updates", f.device_updates,
+                 "on | off: offer this worker's device for layer updates (interleaved optimizer; shm only)");
   app.add_option("--name", f.name, "worker name shown in status (default hostname:pid)");
   app.add_option("--connect-timeout-ms", f.connect_timeout_ms, "how long to retry registering");
   app.add_option("--push-deadline-floor-ms", f.push_deadline_floor_ms,

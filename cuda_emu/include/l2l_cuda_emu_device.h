@@ -251,3 +251,11 @@ inline float min(float a, float b) { return fminf(a, b); }
 inline float max(float a, float b) { return fmaxf(a, b); }
 inline double min(double a, double b) { return fmin(a, b); }
 inline double max(double a, double b) { return fmax(a, b); }
+
+// IEEE round-to-nearest float intrinsics (CUDA's __f*_rn: never contracted into an FMA).
+// Out-of-line so that no caller's -ffp-contract setting can fuse them.
+__attribute__((noinline)) inline float __fadd_rn(float a, float b) { return a + b; }
+__attribute__((noinline)) inline float __fsub_rn(float a, float b) { return a - b; }
+__attribute__((noinline)) inline float __fmul_rn(float a, float b) { return a * b; }
+__attribute__((noinline)) inline float __fdiv_rn(float a, float b) { return a / b; }
+__attribute__((noinline)) inline float __fsqrt_rn(float a) { return std::sqrt(a); }

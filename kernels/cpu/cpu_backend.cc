@@ -2,6 +2,8 @@
 // Attention lives in cpu_attention.cc. See cpu_backend.h for the contracts.
 #include "kernels/cpu/cpu_backend.h"
 
+#include "common/adamw.h"
+
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
 #include <tbb/parallel_reduce.h>
@@ -152,6 +154,16 @@ void CpuBackend::Axpy(float* dst, const float* src, float alpha, int64_t n) {
   InArena([&] {
     ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) dst[i] += alpha * src[i];
+    });
+  });
+}
+
+void CpuBackend::AdamW(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+                       float eps, float weight_decay, int64_t t, float grad_scale) {
+  InArena([&] {
+    ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+      AdamWStep(p + i0, g + i0, m + i0, v + i0, static_cast<size_t>(i1 - i0), lr, beta1, beta2, eps, weight_decay,
+                t, grad_scale);
     });
   });
 }

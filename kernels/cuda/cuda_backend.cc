@@ -11,6 +11,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "common/adamw.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/copy_queue.h"
 #include "kernels/cuda/cuda_check.h"
@@ -152,6 +153,13 @@ class CudaBackend final : public Backend {
   void Scale(float* x, float alpha, int64_t n) override {
     MakeCurrent();
     LaunchScale(x, alpha, n, stream());
+  }
+  void AdamW(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps,
+             float weight_decay, int64_t t, float grad_scale) override {
+    MakeCurrent();
+    const AdamWScalars a = MakeAdamWScalars(lr, beta1, beta2, eps, weight_decay, t);
+    const AdamWKernelScalars c{a.decay_mul, a.one_minus_b1, a.beta2, a.one_minus_b2, a.bc2_sqrt, a.neg_step_size, a.eps};
+    LaunchAdamW(p, g, m, v, n, c, grad_scale, stream());
   }
   void GeluForward(float* out, const float* inp, int64_t n) override {
     MakeCurrent();

@@ -26,7 +26,6 @@ TEST_CASE("a fixed gpu_fraction picks its layers and logs them", "[eps][optimize
   REQUIRE(s.ok());
   CHECK(s->on_gpu == std::vector<bool>{false, true, false});
   CHECK(s->gpu_fraction == Approx(1.0 / 3));
-  CHECK_FALSE(s->device_path_available);
   CHECK_THAT(s->description, Catch::Contains("optim.gpu_fraction=0.33"));
   CHECK_THAT(s->description, Catch::Contains("layers [1] of 3"));
   o.gpu_fraction.value = 0;
