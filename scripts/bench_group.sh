@@ -10,7 +10,8 @@
 #
 # Environment: L2L_BUILD_DIR (build), STEPS (6), SHAPE (gpt2: V=50257 L=12 C=768 H=12
 # T=1024, micro-batch B=4, M=4 micro-batches per step; tiny: the emulator-sized check),
-# MAX_DEVICES (all), GROUP_SIZES ("1 2 4 8"), PUBLISH (bf16). On the CUDA emulator build
+# MAX_DEVICES (all), GROUP_SIZES ("1 2 4 8"), PUBLISH (bf16), GPU_FRACTION (unset: the
+# config's optim.gpu_fraction; auto or 0..1: the interleaved optimizer's share). On the CUDA emulator build
 # (-DL2L_CUDA=EMU) set L2L_CUDA_EMU_DEVICES=N to pretend N devices (SHAPE=tiny).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,7 +40,7 @@ trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
 python3 scripts/random_tokens.py "$tmp/train.bin" $((1 << 22)) "$V" 1
 cat > "$tmp/job.yaml" <<YAML
 model: $MODEL
-optim: {lr: 1.0e-4, warmup_steps: 1, total_steps: $STEPS, weight_decay: 0.1}
+optim: {lr: 1.0e-4, warmup_steps: 1, total_steps: $STEPS, weight_decay: 0.1${GPU_FRACTION:+, gpu_fraction: $GPU_FRACTION}}
 train: {steps: $STEPS, micro_batch_size: $B, micro_batches: $M, log_every: 1, mode: sync}
 data: {train_path: $tmp/train.bin}
 publish_dtype: $PUBLISH
@@ -52,7 +53,7 @@ if [[ -z "${L2L_CUDA_EMU_DEVICES:-}" ]]; then
 else
   echo "machine: the CUDA emulator, $NGPU emulated devices (timings mean nothing)"
 fi
-echo "shape $SHAPE, micro-batch $B x $M per step, $STEPS steps, publish $PUBLISH"
+echo "shape $SHAPE, micro-batch $B x $M per step, $STEPS steps, publish $PUBLISH, optim.gpu_fraction ${GPU_FRACTION:-default}"
 
 run_group() {  # run_group N -> prints "group N tok_s X <timeline medians>"
   local n=$1 dir="$tmp/g$1" devs=""
