@@ -114,6 +114,15 @@ void EpsCore::ApplyOptimizerSplit(const std::string& why) {
                   takers.empty() ? "" : "; ", id, o.device.c_str(), g, o.h2d_bytes_per_s, o.d2h_bytes_per_s);
     takers += buf;
   }
+  // What the model calls the links is, here, the whole path of a layer's state: the
+  // daemon copies p, m, v and the summed gradient (16 B/param) into the worker's exchange
+  // segment on one thread, the worker moves them to its device; the updated p, m, v
+  // (12 B/param) come back the same way. The model charges 12 B/param each way at the
+  // link's rate, so fold the extra bytes and the daemon's copies into the bandwidths.
+  if (copy_bytes_per_s_ > 0 && !offers_.empty()) {
+    rates.h2d_bytes_per_s = 12.0 / (16.0 / copy_bytes_per_s_ + 16.0 / rates.h2d_bytes_per_s);
+    rates.d2h_bytes_per_s = 12.0 / (12.0 / copy_bytes_per_s_ + 12.0 / rates.d2h_bytes_per_s);
+  }
   Result<OptimizerSplit> split = ChooseOptimizerSplit(job.optim, layer_params, rates, {});
   if (!split.ok()) {
     L2L_LOG_WARN("optimizer split ({}): {}; the daemon updates every layer", why, split.status().ToString());
@@ -206,7 +215,13 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
     uo.deadline = opts_.update_deadline;
     updater_ = std::make_unique<WorkerUpdater>(uo);
   }
-  cpu_update_rate_ = MeasureCpuUpdateRate(size_t{1} << 18);
+  {
+    // Measured at this job's size (beyond the caches for real models, cheap for tiny ones).
+    const size_t params = static_cast<size_t>(job.model.NumParams());
+    cpu_update_rate_ = MeasureCpuUpdateRate(std::clamp<size_t>(params, size_t{1} << 16, size_t{1} << 23));
+    copy_bytes_per_s_ = MeasureCopyBytesPerSecond(
+        std::clamp<size_t>(16 * store_->max_layer_numel(), size_t{1} << 20, size_t{64} << 20));
+  }
   ApplyOptimizerSplit("job start");
   if (opts_.heartbeat_timeout_ms > 0) liveness_ = std::thread([this] { LivenessLoop(); });
   if (checkpoint_every() > 0) checkpointer_ = std::thread([this] { CheckpointLoop(); });

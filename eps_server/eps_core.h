@@ -352,6 +352,7 @@ class EpsCore {
   std::unique_ptr<WorkerUpdater> updater_;  // before pipeline_: outlives it
   std::unique_ptr<UpdatePipeline> pipeline_;
   double cpu_update_rate_ = 0;  // measured at CreateJob
+  double copy_bytes_per_s_ = 0;  // one thread's memcpy, measured at CreateJob
   std::map<int32_t, DeviceOffer> offers_ GUARDED_BY(recovery_mu_);  // workers taking updates
   std::vector<std::unique_ptr<Worker>> workers_ GUARDED_BY(mu_);  // index = id
   std::vector<std::unique_ptr<ShmWorker>> shm_workers_ GUARDED_BY(mu_);

@@ -12,7 +12,7 @@
 // gives 0 and a fixed share > 0 is logged with a warning that the daemon updates those
 // layers itself until a worker offers its device.
 //
-// Thread-safety: pure functions, except MeasureCpuUpdateRate (allocates and times).
+// Thread-safety: pure functions, except the Measure* functions (allocate and time).
 #pragma once
 
 #include <cstdint>
@@ -31,9 +31,14 @@ struct OptimizerSplit {
   std::string description;    // the log line: setting, inputs, choice
 };
 
-// fp32 parameters per second the exact AdamW (adamw_vec.h) updates on this thread, timed
-// over `n` parameters with one worker gradient and a bf16 published copy.
-double MeasureCpuUpdateRate(size_t n = size_t{1} << 20);
+// fp32 parameters per second the exact AdamW (adamw_vec.h) updates as the pipeline runs
+// it (chunks in parallel on the TBB threads), timed over `n` parameters with one worker
+// gradient and a bf16 published copy; n should be well beyond the caches.
+double MeasureCpuUpdateRate(size_t n = size_t{1} << 23);
+
+// Bytes per second one thread copies (memcpy of `bytes`, beyond the caches): the rate of
+// the daemon's copies into and out of a worker's update exchange segment.
+double MeasureCopyBytesPerSecond(size_t bytes = size_t{64} << 20);
 
 // The split for a job whose layers have `layer_params` parameters (index order).
 // device_rates: the rates the workers reported (gpu_update_params_per_s 0: no device).
