@@ -72,7 +72,7 @@ run_group() {  # run_group N -> prints "group N tok_s X <timeline medians>"
     echo "group of $n failed: l2l-worker --devices $devs exited with status $rc:"; tail -20 "$dir/worker.log"; return 1
   fi
   # The interleaved optimizer's choice and how many updates the worker's device ran.
-  grep -h -m1 -o 'optim.gpu_fraction=.*' "$dir/eps.log" | cut -c1-400 || true
+  grep -h -o 'optimizer (.*' "$dir/eps.log" | tail -1 | cut -c1-600 || true
   grep -h -o 'device_updates=[0-9]*' "$dir/worker.log" | tail -1 || true
   python3 - "$n" "$dir/run.jsonl" <<'PY'
 import json, statistics as st, sys
