@@ -61,7 +61,7 @@ TEST_CASE("A BERT spec lays out BertModel names, q|k|v adjacent, heads by num_la
   }
 }
 
-TEST_CASE("BERT fields survive YAML and JSON round trips; bad ones are named", "[model_spec][config][bert]") {
+TEST_CASE("BERT fields survive YAML and JSON round trips - bad ones are named", "[model_spec][config][bert]") {
   for (int64_t labels : {0, 2}) {
     JobConfig job;
     job.model = SmallBert(labels);

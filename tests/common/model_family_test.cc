@@ -101,7 +101,7 @@ TEST_CASE("Llama init: norms 1, biases 0, weights N(0, 0.02), reproducible", "[m
   CHECK(std::sqrt(ss / double(w->numel)) == Approx(0.02).epsilon(0.1));
 }
 
-TEST_CASE("Family fields survive YAML and JSON round trips; bad ones are named",
+TEST_CASE("Family fields survive YAML and JSON round trips - bad ones are named",
           "[model_spec][config][llama]") {
   JobConfig job;
   job.model = SmallLlama();
@@ -141,7 +141,7 @@ TEST_CASE("Family fields survive YAML and JSON round trips; bad ones are named",
               {"kind"});
 }
 
-TEST_CASE("The Llama presets load; SmolLM2-135M has transformers' parameter count",
+TEST_CASE("The Llama presets load - SmolLM2-135M has transformers' parameter count",
           "[model_spec][config][llama]") {
   const std::string models = std::string(L2L_SOURCE_DIR) + "/configs/models/";
   auto smol = LoadJobConfig(models + "smollm2-135m.yaml");
@@ -156,7 +156,7 @@ TEST_CASE("The Llama presets load; SmolLM2-135M has transformers' parameter coun
   CHECK(tiny->model.kv_heads() == 2);
 }
 
-TEST_CASE("Hugging Face config.json maps to a spec and back; sliding windows are refused",
+TEST_CASE("Hugging Face config.json maps to a spec and back - sliding windows are refused",
           "[model_spec][llama]") {
   const ModelSpec s = SmallLlama();
   const nlohmann::json c = models::Family(s.family).to_hf_config(s);

@@ -279,7 +279,7 @@ TEST_CASE("__shared__ memory is per block, also with two streams running at once
   for (int v : bad_b.Read()) REQUIRE(v == 0);
 }
 
-TEST_CASE("deadlocked and divergent kernels fail the launch; the process survives", "[cuda_emu]") {
+TEST_CASE("deadlocked and divergent kernels fail the launch - the process survives", "[cuda_emu]") {
   StickyGuard guard;
   DevBuf<float> out(32);
   Stream s;
@@ -323,7 +323,7 @@ TEST_CASE("invalid launch configurations set cudaErrorInvalidConfiguration and r
   for (float v : out.Read()) CHECK(IsPoison(v));  // never written
 }
 
-TEST_CASE("L2L_CUDA_EMU_SKIP_COMPUTE=1 queues launches without running them; copies still run",
+TEST_CASE("L2L_CUDA_EMU_SKIP_COMPUTE=1 queues launches without running them - copies still run",
           "[cuda_emu]") {
   DevBuf<float> out(64);
   Stream s;
@@ -349,7 +349,7 @@ TEST_CASE("L2L_CUDA_EMU_SKIP_COMPUTE=1 queues launches without running them; cop
 // ---- Streams and events ---------------------------------------------------------------------
 
 TEST_CASE(
-    "an event orders a consumer stream after a slow producer; without it the "
+    "an event orders a consumer stream after a slow producer - without it the "
     "consumer reads poison",
     "[cuda_emu]") {
   const int64_t n = 4096;
@@ -434,7 +434,7 @@ TEST_CASE("a destroyed stream is an invalid handle", "[cuda_emu]") {
 // ---- Copies ---------------------------------------------------------------------------------
 
 TEST_CASE(
-    "pageable H2D sources are staged at the call; pinned ones are read when the "
+    "pageable H2D sources are staged at the call - pinned ones are read when the "
     "copy runs",
     "[cuda_emu]") {
   const size_t n = 1024;
@@ -461,7 +461,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("D2H into pageable memory is synchronous; into pinned memory it is not", "[cuda_emu]") {
+TEST_CASE("D2H into pageable memory is synchronous - into pinned memory it is not", "[cuda_emu]") {
   const int64_t n = 512;
   DevBuf<float> d(n);
   Stream s;
@@ -484,7 +484,7 @@ TEST_CASE("D2H into pageable memory is synchronous; into pinned memory it is not
 }
 
 TEST_CASE(
-    "an asynchronous copy poisons its destination until it completes; the legacy "
+    "an asynchronous copy poisons its destination until it completes - the legacy "
     "stream does not wait for non-blocking streams",
     "[cuda_emu]") {
   const int64_t n = 256;
@@ -705,7 +705,7 @@ TEST_CASE("an asynchronous error is sticky and stops later work", "[cuda_emu]") 
   for (float v : d.Read()) CHECK(IsPoison(v));
 }
 
-TEST_CASE("a kernel given pageable host memory faults; device and page-locked memory work",
+TEST_CASE("a kernel given pageable host memory faults - device and page-locked memory work",
           "[cuda_emu]") {
   const int64_t n = 64;
   Stream s;

@@ -102,7 +102,7 @@ TEST_CASE("GGUF tensors dequantize exactly as gguf.quants.dequantize (F32 F16 BF
   }
 }
 
-TEST_CASE("UnpermuteLlamaRows undoes llama.cpp's q/k permutation; PermuteLlamaRows redoes it", "[formats][gguf]") {
+TEST_CASE("UnpermuteLlamaRows undoes llama.cpp's q/k permutation - PermuteLlamaRows redoes it", "[formats][gguf]") {
   TempDir dir;
   RunOracle("gguf_oracle.py", {"fixtures", dir.path()});
   const nlohmann::json p = Manifest(dir)["perm"];

@@ -280,7 +280,7 @@ TEST_CASE("EPS continue: a lost worker's unapplied gradients are dropped and the
   CHECK(Master(d.core) == ref.p);
 }
 
-TEST_CASE("EPS undoes a partially applied step when a worker is lost; every worker redoes it",
+TEST_CASE("EPS undoes a partially applied step when a worker is lost - every worker redoes it",
           "[integration][eps][worker_loss]") {
   const std::string mode = GENERATE(std::string("pause"), std::string("continue"));
   auto tmp = itest::TempDir::Create("eps-loss");

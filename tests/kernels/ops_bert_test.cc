@@ -77,7 +77,7 @@ DVec MaskedAttentionRef(const double* qkv, const std::vector<int32_t>& mask, int
   return out;
 }
 
-TEST_CASE("LayerNormForwardEps uses the given epsilon; LayerNormBackward serves it", "[kernels][cpu][bert]") {
+TEST_CASE("LayerNormForwardEps uses the given epsilon - LayerNormBackward serves it", "[kernels][cpu][bert]") {
   const int64_t N = 7, C = 13;
   std::mt19937 rng(11);
   // Rows of tiny spread make the epsilon matter: 1e-12 and 1e-2 give different results.
@@ -111,7 +111,7 @@ TEST_CASE("LayerNormForwardEps uses the given epsilon; LayerNormBackward serves 
   }
 }
 
-TEST_CASE("erf GELU and tanh match their formulas; backwards the finite differences", "[kernels][cpu][bert]") {
+TEST_CASE("erf GELU and tanh match their formulas - backwards the finite differences", "[kernels][cpu][bert]") {
   const int64_t n = GENERATE(int64_t{7}, int64_t{40000});
   std::mt19937 rng(static_cast<uint32_t>(n));
   const auto x = RandomVec(rng, n, -5.0f, 5.0f), R = RandomVec(rng, n), d0 = RandomVec(rng, n);
@@ -146,7 +146,7 @@ TEST_CASE("erf GELU and tanh match their formulas; backwards the finite differen
   ExpectClose(got, fd, 1e-5, 1e-4, "TanhBackward");
 }
 
-TEST_CASE("Masked bidirectional attention matches a naive reference; padded keys get no weight",
+TEST_CASE("Masked bidirectional attention matches a naive reference - padded keys get no weight",
           "[kernels][cpu][bert][attention]") {
   const auto shape = GENERATE(std::array<int64_t, 4>{1, 1, 1, 4},  // B, T, NH, hs
                               std::array<int64_t, 4>{3, 6, 2, 3},

@@ -68,7 +68,7 @@ void RequireClose(const Result2& a, const Result2& b) {
   }
 }
 
-TEST_CASE("Absent token types and mask equal type 0 and all-ones; padding changes the loss",
+TEST_CASE("Absent token types and mask equal type 0 and all-ones - padding changes the loss",
           "[worker][reference][bert]") {
   for (int64_t labels : {0, 2}) {
     INFO("num_labels=" << labels);

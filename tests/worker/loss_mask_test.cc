@@ -78,7 +78,7 @@ void RequireClose(const std::vector<std::vector<double>>& a, const std::vector<s
 
 }  // namespace
 
-TEST_CASE("a masked target adds no loss and no gradient; the mean is over trained targets", "[loss_mask]") {
+TEST_CASE("a masked target adds no loss and no gradient - the mean is over trained targets", "[loss_mask]") {
   const JobConfig c = MaskJob();
   auto t = Trainer(c);
   const std::vector<int32_t> in = {3, 17, 42, 5, 9, 60, 1, 33};
