@@ -66,7 +66,7 @@ run_group() {  # run_group N -> prints "group N tok_s X <timeline medians>"
   [[ -s "$dir/eps.port" ]] || { echo "l2l-eps did not start:"; tail -20 "$dir/eps.log"; return 1; }
   local rc=0
   "$BUILD_DIR/bin/l2l-worker" --eps "127.0.0.1:$(cat "$dir/eps.port")" --devices "$devs" \
-    > "$dir/worker.log" 2>&1 || rc=$?
+    ${GPU_FRACTION:+--device-updates on} > "$dir/worker.log" 2>&1 || rc=$?
   kill -TERM "$eps" 2>/dev/null; wait "$eps" || true
   if ((rc != 0)); then
     echo "group of $n failed: l2l-worker --devices $devs exited with status $rc:"; tail -20 "$dir/worker.log"; return 1

@@ -122,7 +122,7 @@ TEST_CASE("interleaved optimizer: workers' updates at gpu_fraction 0, 0.33, 1 ar
   const int64_t layers = r.job.model.n_layer + 2;
   for (double f : {0.0, 0.33, 1.0}) {
     CAPTURE(f);
-    const Outcome run = Train(r, f, {});
+    const Outcome run = Train(r, f, {"--device-updates", "on"});
     CheckBitIdentical(run.state, daemon.state);
     INFO(run.daemon_log);
     if (f == 0.0) {
@@ -145,7 +145,7 @@ TEST_CASE("interleaved optimizer: gpu_fraction auto plans with the rates the wor
   Run r = Prepare("interleave-auto");
   r.job.train.steps = 2;
   const Outcome daemon = Train(r, 0.0, {"--device-updates", "off"}, 1);
-  const Outcome run = Train(r, std::nullopt, {}, 1);
+  const Outcome run = Train(r, std::nullopt, {"--device-updates", "on"}, 1);
   CheckBitIdentical(run.state, daemon.state);
   INFO(run.daemon_log);
   // At job start no worker has reported; once one registers the split is re-chosen with
@@ -162,7 +162,7 @@ TEST_CASE("interleaved optimizer: workers over gRPC take no updates: the daemon 
   Run r = Prepare("interleave-grpc");
   r.job.train.steps = 2;
   const Outcome daemon = Train(r, 0.0, {"--device-updates", "off"}, 1);
-  const Outcome run = Train(r, 1.0, {}, 1, "", Transport::kGrpc);
+  const Outcome run = Train(r, 1.0, {"--device-updates", "on"}, 1, "", Transport::kGrpc);
   CheckBitIdentical(run.state, daemon.state);
   INFO(run.daemon_log);
   CHECK(DeviceUpdates(run) == 0);
@@ -177,7 +177,7 @@ TEST_CASE("interleaved optimizer: a worker whose device stops answering mid-run:
   r.job.train.steps = 3;
   const Outcome daemon = Train(r, 0.0, {"--device-updates", "off"}, 1);
   ::setenv("L2L_TEST_UPDATE_FAULT", "hang:5", 1);
-  const Outcome run = Train(r, 1.0, {}, 1, "update_deadline_ms: 1000\n");
+  const Outcome run = Train(r, 1.0, {"--device-updates", "on"}, 1, "update_deadline_ms: 1000\n");
   ::unsetenv("L2L_TEST_UPDATE_FAULT");
   CheckBitIdentical(run.state, daemon.state);
   INFO(run.daemon_log);
@@ -193,7 +193,7 @@ TEST_CASE("interleaved optimizer: a worker that sends a malformed UpdateDone: a 
   r.job.train.steps = 3;
   const Outcome daemon = Train(r, 0.0, {"--device-updates", "off"}, 1);
   ::setenv("L2L_TEST_UPDATE_FAULT", "bad-done:4", 1);  // the 5th answer claims numel + 1
-  const Outcome run = Train(r, 1.0, {}, 1);
+  const Outcome run = Train(r, 1.0, {"--device-updates", "on"}, 1);
   ::unsetenv("L2L_TEST_UPDATE_FAULT");
   CheckBitIdentical(run.state, daemon.state);
   INFO(run.daemon_log);
@@ -224,7 +224,7 @@ TEST_CASE("interleaved optimizer: a worker killed while its device holds an upda
   REQUIRE(logs.ok());
   auto w0 = StartWorker((*eps)->address(), "w0", (*logs)->File("w0.log"), {"--device-updates", "off"});
   ::setenv("L2L_TEST_UPDATE_FAULT", "hang:2", 1);
-  auto w1 = StartWorker((*eps)->address(), "w1", (*logs)->File("w1.log"));
+  auto w1 = StartWorker((*eps)->address(), "w1", (*logs)->File("w1.log"), {"--device-updates", "on"});
   ::unsetenv("L2L_TEST_UPDATE_FAULT");
   REQUIRE(w0.ok());
   REQUIRE(w1.ok());
