@@ -28,6 +28,22 @@ std::string Str(const json& j, const char* key) {
   auto it = j.find(key);
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
+// A token id: a JSON integer in [0, 2^31 - 1). Floats (5.5e108 would overflow the
+// conversion), strings and negative or huge values are INVALID_ARGUMENT naming `where`.
+Result<int32_t> TokenId(const json& j, const std::string& where) {
+  constexpr int64_t kLimit = (int64_t{1} << 31) - 1;
+  if (j.is_number_unsigned()) {
+    const uint64_t u = j.get<uint64_t>();
+    if (u < static_cast<uint64_t>(kLimit)) return static_cast<int32_t>(u);
+  } else if (j.is_number_integer()) {
+    const int64_t v = j.get<int64_t>();
+    if (v >= 0 && v < kLimit) return static_cast<int32_t>(v);
+  } else {
+    return InvalidArgument(where + " = " + j.dump() + " is not an integer token id");
+  }
+  return InvalidArgument(where + " = " + j.dump() + " is out of range");
+}
+
 bool Bool(const json& j, const char* key, bool def) {
   auto it = j.find(key);
   return it != j.end() && it->is_boolean() ? it->get<bool>() : def;
@@ -161,8 +177,7 @@ Result<BpeSpec> SpecFromJson(const json& root, const std::string& what) {
   }
   spec.ignore_merges = Bool(model, "ignore_merges", false);
   for (const auto& [tok, id_json] : model.at("vocab").items()) {
-    const int64_t id = id_json.get<int64_t>();
-    if (id < 0 || id >= (int64_t{1} << 31) - 1) return InvalidArgument(what + ": model.vocab[\"" + tok + "\"] = " + std::to_string(id) + " is out of range");
+    L2L_ASSIGN_OR_RETURN(const int32_t id, TokenId(id_json, what + ": model.vocab[\"" + tok + "\"]"));
     if (static_cast<size_t>(id) >= spec.tokens.size()) spec.tokens.resize(static_cast<size_t>(id) + 1);
     if (!spec.tokens[id].empty()) {
       return InvalidArgument(what + ": model.vocab id " + std::to_string(id) + " is given to both \"" + spec.tokens[id] +
@@ -190,7 +205,7 @@ Result<BpeSpec> SpecFromJson(const json& root, const std::string& what) {
   if (root.contains("added_tokens")) {
     for (const json& a : root.at("added_tokens")) {
       AddedToken t;
-      t.id = a.at("id").get<int32_t>();
+      L2L_ASSIGN_OR_RETURN(t.id, TokenId(a.at("id"), what + ": added_tokens[].id"));
       t.content = a.at("content").get<std::string>();
       t.special = Bool(a, "special", false);
       t.lstrip = Bool(a, "lstrip", false);

@@ -216,6 +216,19 @@ TEST_CASE("tokenizer.json features we do not implement are refused, not approxim
   ExpectError(Tokenizer::FromTokenizerJsonText(R"({"model": {"type": "BPE", "vocab": {}, "merges": [1]}})", "m.json").status(),
               StatusCode::kInvalidArgument, {"merges[0]"});
   ExpectError(Tokenizer::FromTokenizerJson("/nonexistent/dir/tokenizer.json").status(), StatusCode::kNotFound, {"/nonexistent"});
+  // Token ids must be integers in range: a float (the fuzzer's 5.5e108 overflowed the
+  // conversion), a negative or a huge id names the entry.
+  for (const char* id : {"5.5e108", "1.5", "-1", "4294967296", "\"7\""}) {
+    const std::string j = std::string(R"({"model": {"type": "BPE", "vocab": {"a": )") + id + R"(}, "merges": []}})";
+    INFO(j);
+    ExpectError(Tokenizer::FromTokenizerJsonText(j, "v.json").status(), StatusCode::kInvalidArgument,
+                {"v.json", "model.vocab[\"a\"]"});
+  }
+  ExpectError(Tokenizer::FromTokenizerJsonText(
+                  R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "added_tokens": [{"id": 1e300, "content": "x"}]})",
+                  "t.json")
+                  .status(),
+              StatusCode::kInvalidArgument, {"t.json", "added_tokens[].id"});
 }
 
 TEST_CASE("SFT lines give ids and a mask over the completion, and bad lines name where they are", "[tokenizer][sft]") {
