@@ -14,7 +14,9 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 
 #include "common/fault_point.h"
 #include "common/file_util.h"
@@ -24,8 +26,27 @@
 namespace l2l::eps {
 namespace {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
+
+// A JSON integer that fits T; anything else (a float such as 1.4e21, whose conversion
+// would overflow, a string, out of range) throws, and the caller reports a corrupt
+// manifest naming `key`.
+template <typename T>
+T JsonInt(const json& j, const char* key) {
+  const json& v = j.at(key);
+  bool fits = false;
+  if (v.is_number_unsigned()) {
+    fits = v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
+  } else if (v.is_number_integer()) {
+    const int64_t x = v.get<int64_t>();
+    fits = x >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+           (x < 0 || static_cast<uint64_t>(x) <= static_cast<uint64_t>(std::numeric_limits<T>::max()));
+  }
+  if (!fits) throw std::invalid_argument(std::string("\"") + key + "\" = " + v.dump() + " is not an integer in range");
+  return v.get<T>();
+}
+
+namespace fs = std::filesystem;
 
 constexpr char kFormat[] = "l2l-checkpoint";
 constexpr int kFormatVersion = 1;
@@ -230,27 +251,27 @@ Result<CheckpointManifest> ReadCheckpointManifest(const std::string& dir) {
   try {
     const json j = json::parse(text);
     if (j.at("format").get<std::string>() != kFormat) return DataLoss(path + ": not an l2l checkpoint manifest");
-    if (j.at("version").get<int>() != kFormatVersion) {
-      return DataLoss(path + ": checkpoint format version " + std::to_string(j.at("version").get<int>()) +
+    if (JsonInt<int>(j, "version") != kFormatVersion) {
+      return DataLoss(path + ": checkpoint format version " + std::to_string(JsonInt<int>(j, "version")) +
                       ", this l2l-eps reads version " + std::to_string(kFormatVersion));
     }
-    m.meta.step = j.at("step").get<int64_t>();
-    m.meta.expected_workers = j.at("expected_workers").get<int32_t>();
+    m.meta.step = JsonInt<int64_t>(j, "step");
+    m.meta.expected_workers = JsonInt<int32_t>(j, "expected_workers");
     L2L_ASSIGN_OR_RETURN(m.meta.job, ParseJobConfig(j.at("job_yaml").get<std::string>(), path + " job_yaml"));
     L2L_ASSIGN_OR_RETURN(ModelSpec spec, ModelSpecFromJson(j.at("model_spec").dump()));
     if (!(spec == m.meta.job.model)) return DataLoss(path + ": model_spec differs from job_yaml's model");
     for (const auto& l : j.at("layers")) {
       CheckpointLayerFile f;
       f.file = l.at("file").get<std::string>();
-      f.numel = l.at("numel").get<uint64_t>();
-      f.bytes = l.at("bytes").get<uint64_t>();
-      f.crc32 = l.at("crc32").get<uint32_t>();
+      f.numel = JsonInt<uint64_t>(l, "numel");
+      f.bytes = JsonInt<uint64_t>(l, "bytes");
+      f.crc32 = JsonInt<uint32_t>(l, "crc32");
       if (f.file.find('/') != std::string::npos) return DataLoss(path + ": layer file name '" + f.file + "' has a '/'");
       m.layers.push_back(f);
     }
     for (const auto& w : j.at("workers")) {
       CheckpointWorker cw;
-      cw.id = w.at("id").get<int32_t>();
+      cw.id = JsonInt<int32_t>(w, "id");
       cw.name = w.at("name").get<std::string>();
       cw.data_position = w.at("data_position").get<std::string>();
       m.meta.workers.push_back(cw);

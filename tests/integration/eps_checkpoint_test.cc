@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <regex>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -334,6 +335,15 @@ TEST_CASE("EPS --resume of a bad checkpoint fails naming the file and changes no
   SECTION("corrupt manifest") {
     std::ofstream(ck + "/manifest.json") << "{\"format\": \"l2l-checkpoint\", \"version\": 1, \"step\": ";
     expect_fail("manifest", "manifest.json");
+  }
+  SECTION("a manifest integer given as a float") {
+    // 1.4e21 overflowed the integer conversion (undefined behaviour) before: now refused.
+    std::string text = ReadAll(ck + "/manifest.json");
+    const std::regex workers(R"("expected_workers"\s*:\s*[0-9]+)");
+    REQUIRE(std::regex_search(text, workers));
+    text = std::regex_replace(text, workers, R"("expected_workers": 1.4e21)");
+    std::ofstream(ck + "/manifest.json") << text;
+    expect_fail("float", "expected_workers");
   }
   SECTION("latest names a missing directory") {
     std::ofstream(root + "/latest") << "step-00000099\n";
