@@ -19,6 +19,7 @@
 #include "eps_server/param_store.h"
 #include "eps_server/update_pipeline.h"
 #include "tests/eps/grads_util.h"
+#include "tests/eps/state_util.h"
 #include "tests/testing/jobs.h"
 #include "tests/testing/temp_dir.h"
 
@@ -48,29 +49,6 @@ std::unique_ptr<ParamStore> Store(const JobConfig& job, const std::string& spill
   L2L_CHECK(s.ok()) << s.status().ToString();
   if (!spill_dir.empty()) L2L_CHECK((*s)->ssd_bytes() > 0) << "nothing spilled";
   return std::move(s).value();
-}
-
-struct State {
-  std::vector<std::vector<float>> p, m, v;
-  std::vector<std::vector<uint16_t>> published;
-};
-
-State Read(ParamStore& ps, int64_t version) {
-  State s;
-  for (int64_t l = 0; l < ps.num_layers(); ++l) {
-    const size_t n = ps.layout(l).numel;
-    s.p.emplace_back(n);
-    s.m.emplace_back(n);
-    s.v.emplace_back(n);
-    REQUIRE(ps.ReadState(l, 0, s.p.back().data()).ok());
-    REQUIRE(ps.ReadState(l, 1, s.m.back().data()).ok());
-    REQUIRE(ps.ReadState(l, 2, s.v.back().data()).ok());
-    auto pin = ps.Acquire(l, version, std::chrono::milliseconds(100));
-    REQUIRE(pin.ok());
-    s.published.emplace_back(n);
-    std::memcpy(s.published.back().data(), pin->data(), n * sizeof(uint16_t));
-  }
-  return s;
 }
 
 // Steps [first, last) through a pipeline whose store starts from `start` (or the seed).
@@ -110,17 +88,6 @@ std::vector<bool> Mask(const ParamStore& ps, double fraction) {
   std::vector<LayerCost> layers;
   for (int64_t l = 0; l < ps.num_layers(); ++l) layers.push_back({static_cast<int64_t>(ps.layout(l).numel), 0});
   return SpreadLayers(layers, fraction);
-}
-
-void CheckSame(const State& a, const State& b) {
-  REQUIRE(a.p.size() == b.p.size());
-  for (size_t l = 0; l < a.p.size(); ++l) {
-    CAPTURE(l);
-    CHECK(std::memcmp(a.p[l].data(), b.p[l].data(), a.p[l].size() * 4) == 0);
-    CHECK(std::memcmp(a.m[l].data(), b.m[l].data(), a.m[l].size() * 4) == 0);
-    CHECK(std::memcmp(a.v[l].data(), b.v[l].data(), a.v[l].size() * 4) == 0);
-    CHECK(a.published[l] == b.published[l]);
-  }
 }
 
 // CpuOffloadedUpdater, counting the layers it updated (the offloaded path really ran).
