@@ -54,10 +54,6 @@ Backend& Bf16() {
   return *be;
 }
 
-double OpAt(const std::vector<float>& x, bool trans, int64_t ld, int64_t r, int64_t c) {
-  return trans ? x[c * ld + r] : x[r * ld + c];
-}
-
 TEST_CASE("bf16 Gemm equals the product of host-rounded inputs and differs from fp32", "[gpu]") {
   Backends& b = Both();
   Backend& bf = Bf16();
@@ -82,27 +78,8 @@ TEST_CASE("bf16 Gemm equals the product of host-rounded inputs and differs from 
   b.gpu->Gemm(ta, tb, M, N, K, alpha, A32.p(), lda, B32.p(), ldb, beta, C32.p(), ldc);
   const auto fp32 = C32.Host(*b.gpu);
 
-  size_t bad = 0;
-  double worst_oracle = 0.0, max_vs_fp32 = 0.0;
-  for (int64_t i = 0; i < M; ++i) {
-    for (int64_t j = 0; j < N; ++j) {
-      double dot = 0.0, mag = 0.0;
-      for (int64_t k = 0; k < K; ++k) {
-        const double p = OpAt(ar, ta, lda, i, k) * OpAt(br, tb, ldb, k, j);
-        dot += p;
-        mag += std::abs(p);
-      }
-      const double c_in = c0[i * ldc + j];
-      const double ref = alpha * dot + beta * c_in;
-      const double scale = std::abs(alpha) * mag;
-      const double err = std::abs(got[i * ldc + j] - ref);
-      const double tol = 1e-5 * scale + 1e-6 * std::abs(beta * c_in) + 1e-30;
-      if (!(err <= tol)) ++bad;
-      worst_oracle = std::max(worst_oracle, err / (scale + 1e-30));
-      max_vs_fp32 = std::max(max_vs_fp32, std::abs(double(got[i * ldc + j]) - fp32[i * ldc + j]) /
-                                              (scale + 1e-30));
-    }
-  }
+  const auto [bad, worst_oracle, max_vs_fp32] =
+      CompareBf16Gemm(got, fp32, ar, br, c0, ta, tb, M, N, K, alpha, beta, lda, ldb, ldc);
   // Padding between the rows of C is not written.
   for (int64_t i = 0; i < M; ++i) {
     for (int64_t j = N; j < ldc; ++j) CHECK(got[i * ldc + j] == c0[i * ldc + j]);

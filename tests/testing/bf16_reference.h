@@ -115,6 +115,47 @@ inline std::vector<float> RoundedBf16(const std::vector<float>& v) {
   return r;
 }
 
+// op(x)[r][c] of a row-major matrix with leading dimension ld (transposed when trans).
+inline double OpAt(const std::vector<float>& x, bool trans, int64_t ld, int64_t r, int64_t c) {
+  return trans ? x[c * ld + r] : x[r * ld + c];
+}
+
+// A bf16-mode Gemm's C (got) against the double product of the bf16-rounded operands
+// (ar, br: already rounded) and against the fp32 Gemm's C. Errors are relative to
+// |alpha| sum|a||b| per element; `bad` counts elements beyond 1e-5 of that (+ 1e-6 of
+// |beta C|).
+struct Bf16GemmErrors {
+  size_t bad = 0;
+  double worst_oracle = 0.0;  // max |got - oracle| / (|alpha| sum|a||b|)
+  double max_vs_fp32 = 0.0;   // max |got - fp32| / (|alpha| sum|a||b|)
+};
+inline Bf16GemmErrors CompareBf16Gemm(const std::vector<float>& got, const std::vector<float>& fp32,
+                                      const std::vector<float>& ar, const std::vector<float>& br,
+                                      const std::vector<float>& c0, bool ta, bool tb, int64_t M, int64_t N,
+                                      int64_t K, float alpha, float beta, int64_t lda, int64_t ldb, int64_t ldc) {
+  Bf16GemmErrors e;
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < N; ++j) {
+      double dot = 0.0, mag = 0.0;
+      for (int64_t k = 0; k < K; ++k) {
+        const double p = OpAt(ar, ta, lda, i, k) * OpAt(br, tb, ldb, k, j);
+        dot += p;
+        mag += std::abs(p);
+      }
+      const double c_in = c0[i * ldc + j];
+      const double ref = alpha * dot + beta * c_in;
+      const double scale = std::abs(alpha) * mag;
+      const double err = std::abs(got[i * ldc + j] - ref);
+      const double tol = 1e-5 * scale + 1e-6 * std::abs(beta * c_in) + 1e-30;
+      if (!(err <= tol)) ++e.bad;
+      e.worst_oracle = std::max(e.worst_oracle, err / (scale + 1e-30));
+      e.max_vs_fp32 = std::max(e.max_vs_fp32, std::abs(double(got[i * ldc + j]) - fp32[i * ldc + j]) /
+                                                  (scale + 1e-30));
+    }
+  }
+  return e;
+}
+
 // |got - ref| <= 1.01 * bound + atol + rtol * |ref| for every element (bound: what bf16
 // rounding may add beyond the inputs' own rounding); reports the worst.
 inline void ExpectWithin(const std::vector<float>& got, const std::vector<float>& ref,
