@@ -248,7 +248,15 @@ class EpsCore {
   Status StepDone(int32_t worker_id, int64_t step, double loss, int64_t tokens,
                   const std::string& data_position, bool* stop, const StepTimes& times = {},
                   const StepEval& eval = {});
-  Status Deregister(int32_t worker_id);
+  // Leaves the job. With wait_final > 0 (a worker that saw the last step commit): first
+  // waits up to wait_final until that step is durable, i.e. its checkpoint is written
+  // (at once when the job has no periodic checkpoints, or when that write failed: the
+  // state then stays in this daemon's memory and the log says so). A daemon that dies
+  // first leaves the worker with an error, so a supervisor restarts it and the step is
+  // redone after --resume. DEADLINE_EXCEEDED (still registered) when the wait runs out;
+  // FAILED_PRECONDITION when the job's last step has not committed. Returns the newest
+  // checkpointed step.
+  Result<int64_t> Deregister(int32_t worker_id, std::chrono::milliseconds wait_final = std::chrono::milliseconds(0));
 
   // Interleaved optimizer (worker_updater.h): a worker's TakeUpdate long poll and its
   // UpdateDone. Both fail like the worker's other data calls when it is not active.
@@ -367,6 +375,7 @@ class EpsCore {
   // Restore point for rollbacks: the newest checkpoint written/resumed ("" = job start).
   std::string restore_dir_ GUARDED_BY(mu_);
   int64_t restore_step_ GUARDED_BY(mu_) = 0;
+  bool final_checkpoint_failed_ GUARDED_BY(mu_) = false;  // the job-end checkpoint's write failed
   std::string last_checkpoint_ GUARDED_BY(mu_);
   double last_loss_sum_ = 0;
   int64_t last_tokens_ = 0;

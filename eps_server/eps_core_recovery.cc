@@ -130,6 +130,7 @@ Result<CheckpointResult> EpsCore::WriteCheckpointLocked(int64_t step, const std:
     restore_dir_ = dir;
     restore_step_ = step;
     last_checkpoint_ = dir;
+    cv_.notify_all();  // a worker leaving after the last step waits for it (Deregister)
     // Positions before the restore point are no longer needed.
     for (auto& w : workers_) {
       auto& pos = w->position;
@@ -456,11 +457,16 @@ void EpsCore::LivenessLoop() {
   }
 }
 
+// Periodic checkpoints every `checkpoint_every` steps, and one of the last step whatever
+// the period: a worker leaves the job only once that one is on disk (Deregister), so a
+// daemon that dies after the job's end resumes finished, with nobody left to wait for.
 void EpsCore::CheckpointLoop() {
   const int64_t every = checkpoint_every();
+  const int64_t steps = job().train.steps;
   while (!stopped_) {
     const int64_t done = pipeline_->stats().completed_step;
-    const int64_t next = (done / every + 1) * every;
+    if (done >= steps) break;  // resumed from the last step's checkpoint: nothing left
+    const int64_t next = std::min((done / every + 1) * every, steps);
     if (!pipeline_->HoldAt(next)) continue;
     while (!stopped_ && !pipeline_->WaitHeld(next, 200ms)) {
     }
@@ -469,9 +475,19 @@ void EpsCore::CheckpointLoop() {
       UpdatePipeline::FreezeGuard gate = pipeline_->AdoptHeld(next);
       std::lock_guard<std::mutex> rlock(recovery_mu_);
       auto r = WriteCheckpointLocked(next, checkpoint_root() + "/" + CheckpointDirName(next), true);
-      if (!r.ok()) L2L_LOG_ERROR("periodic checkpoint of step {} failed: {}", next, r.status().ToString());
+      if (!r.ok()) {
+        L2L_LOG_ERROR("{} checkpoint of step {} failed: {}", next >= steps ? "the last step's" : "periodic", next,
+                      r.status().ToString());
+        if (next >= steps) {
+          L2L_LOG_ERROR("the job's final state stays in this daemon's memory only: write it with `l2lctl "
+                        "checkpoint` or `l2lctl stop` once the cause is fixed");
+          std::lock_guard<std::mutex> lock(mu_);
+          final_checkpoint_failed_ = true;
+          cv_.notify_all();
+        }
+      }
     }
-    if (next >= job().train.steps) break;
+    if (next >= steps) break;
   }
 }
 

@@ -197,6 +197,12 @@ class EpsClient {
   virtual Status Rejoin() { return Unimplemented("this EPS client cannot rejoin"); }
   virtual bool rejoin_requested() const { return false; }
 
+  // The job's end: after layer 0 showed the last step committed, leaves the job once the
+  // EPS has that step on disk (waits up to `wait`; DEADLINE_EXCEEDED: not yet, ask
+  // again). An error means the EPS may have lost the step: the worker must not report
+  // success. Clients without an EPS behind them have nothing to wait for.
+  virtual Status LeaveAfterLastStep(std::chrono::milliseconds wait) { return Status::Ok(); }
+
   // ---- interleaved optimizer (the gRPC clients have it) ----------------------------------
   // TakeUpdate long-polls for a layer update (up to `wait`); UpdateDone answers it
   // (error non-empty: this worker could not run it). See proto/data.proto.

@@ -406,4 +406,16 @@ Status GrpcEpsClient::Deregister() {
   return FromGrpc(impl_->stub->Deregister(&ctx, req, &rep), "Deregister");
 }
 
+Status GrpcEpsClient::LeaveAfterLastStep(std::chrono::milliseconds wait) {
+  data::DeregisterRequest req;
+  req.set_worker_id(reg_.worker_id);
+  req.set_wait_final_ms(wait.count());
+  data::DeregisterReply rep;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + wait + std::chrono::seconds(5));
+  Status s = FromGrpc(impl_->stub->Deregister(&ctx, req, &rep), "Deregister after the last step");
+  if (s.ok()) deregistered_ = true;
+  return s;
+}
+
 }  // namespace l2l::worker

@@ -55,6 +55,7 @@ class GrpcEpsClient : public EpsClient {
   Status StepDone(const StepReport& report) override;
   // Tells the EPS this worker leaves (also done by the destructor, best effort).
   Status Deregister();
+  Status LeaveAfterLastStep(std::chrono::milliseconds wait) override;
   Status Rejoin() override;
   bool rejoin_requested() const override { return rejoin_requested_.load(); }
   Result<UpdateAssignment> TakeUpdate(std::chrono::milliseconds wait) override;

@@ -411,6 +411,21 @@ Status Run(const Flags& f, int* exit_code) {
     Result<w::LayerWeights> last = client->AcquireLayer(0, total_steps, std::chrono::seconds(30));
     if (last.ok()) {
       client->ReleaseLayer(0);
+      // Committed is not durable: a daemon that dies before the last step's checkpoint
+      // resumes from an earlier one and needs this worker again. Leave (and exit 0) only
+      // once it is written; an error exits non-zero so a supervisor restarts the worker.
+      if (total_steps < job.train.steps) break;  // --steps stopped short of the job's end
+      Status left = client->LeaveAfterLastStep(std::chrono::seconds(30));
+      if (left.code() == l2l::StatusCode::kDeadlineExceeded) {
+        L2L_LOG_INFO("the last step committed; waiting for the EPS to write its checkpoint");
+        continue;
+      }
+      if (left.code() == l2l::StatusCode::kAborted) break;  // the EPS is stopping
+      if (!left.ok() && (w::NeedsRejoin(left) || client->rejoin_requested())) {
+        L2L_RETURN_IF_ERROR(rejoin(left, &step));
+        continue;
+      }
+      L2L_RETURN_IF_ERROR(left.WithContext("leaving after the last step (" + std::to_string(total_steps) + ")"));
       break;
     }
     if (last.status().code() == l2l::StatusCode::kAborted) break;  // the EPS stopped the job

@@ -148,14 +148,9 @@ class Cluster:
             if kind == "unexpected":
                 raise Failure("l2l-eps exited by itself (%s)" % code)
             self.start_eps()
-            # A worker that saw the last step commit exited 0; if the daemon died before
-            # that step's checkpoint it resumes one step earlier and needs the worker
-            # again: a supervisor restarts exited workers (one that finds the job
-            # finished exits 0 at once).
-            for i in range(2):
-                if self.worker_done[i] and self.workers[i] is not None and not self.workers[i].running():
-                    self.worker_done[i] = False
-                    self.start_worker(i)
+            # A worker that exited 0 is not restarted (systemd's Restart=on-failure): it
+            # left only once the last step's checkpoint was written, so a daemon that
+            # dies after that resumes with the job finished and needs nobody.
         for i in range(2):
             role = "w%d" % i
             w = self.workers[i]

@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""A worker exits 0 only once the job's last step is on disk (the chaos test's stop-22 CI
+failure, made deterministic with L2L_FAULT_AT).
+
+The job has 5 steps and checkpoint_every 2, so the periodic checkpoints are steps 2 and 4;
+the daemon must still write one of step 5 when the job ends, and workers leave only after
+it (Deregister waits for it). Two runs:
+
+  1. uninterrupted: when both workers have exited 0, checkpoints/step-00000005 exists
+     (before anyone asks the daemon to stop or checkpoint);
+  2. the daemon is killed (SIGKILL at the fault site eps.checkpoint) half-way through
+     writing that last checkpoint, after the last step committed. No worker may exit 0
+     then: a supervisor with Restart=on-failure (this test) would not restart it, and the
+     daemon, resumed from step 4, would wait for it forever. The workers exit non-zero,
+     are restarted with the daemon (--resume), redo step 5 and exit 0; the final weights
+     equal the uninterrupted run's bit for bit.
+
+Usage: final_step_test.py BIN_DIR [--transport grpc|shm] [--keep]
+"""
+import argparse
+import glob
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import l2l_procs  # noqa: E402
+from chaos_test import Cluster, Failure, finish, run_uninterrupted  # noqa: E402
+
+STEPS = 5
+EVERY = 2
+LAYERS = 5  # the job of l2l_procs.write_job: embedding, 3 blocks, head
+
+
+def last_checkpoint(c):
+    return os.path.join(c.ckpt_root(), "step-%08d" % STEPS, "manifest.json")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bin_dir")
+    ap.add_argument("--transport", default="grpc", choices=["shm", "grpc"])
+    ap.add_argument("--keep", action="store_true")
+    a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    work = tempfile.mkdtemp(prefix="l2l-final-step-")
+    procs = l2l_procs.Procs(a.bin_dir, work)
+    tokens = os.path.join(work, "train.bin")
+    l2l_procs.write_tokens(tokens, 20000, 96)
+    job_yaml = os.path.join(work, "job.yaml")
+    l2l_procs.write_job(job_yaml, tokens, STEPS, checkpoint_every=EVERY)
+    ok = False
+    c = None
+    try:
+        ref = run_uninterrupted(procs, work, job_yaml, a.transport, time.monotonic() + 300)
+        if not os.path.exists(last_checkpoint(ref)):
+            raise Failure("both workers exited 0 but the last step's checkpoint %s is not written (checkpoints: %s)"
+                          % (last_checkpoint(ref), sorted(os.listdir(ref.ckpt_root()))))
+        ref_export, _ = finish(procs, ref, STEPS)
+
+        c = Cluster(procs, work, job_yaml, a.transport, "chaos")
+        # Layer files 1-5: step 2, 6-10: step 4, 11-15: step 5; die after two of step 5's.
+        c.env_next["eps"] = "eps.checkpoint:%d" % (2 * LAYERS + 2)
+        if not c.start_eps():
+            raise Failure("l2l-eps did not start:\n" + c.eps.tail())
+        c.start_worker(0)
+        c.start_worker(1)
+        code = c.eps.wait(120)
+        if code != -signal.SIGKILL or "injected SIGKILL at eps.checkpoint" not in c.eps.log():
+            raise Failure("l2l-eps was to die writing the last checkpoint; exit %s:\n%s" % (code, c.eps.tail()))
+        if os.path.exists(last_checkpoint(c)):
+            raise Failure("the killed daemon's last checkpoint is complete; the fault fired elsewhere")
+        for i in range(2):
+            code = c.workers[i].wait(60)
+            if code is None:
+                raise Failure("w%d still runs 60 s after its daemon died:\n%s" % (i, c.workers[i].tail()))
+            if code == 0:
+                raise Failure("w%d exited 0 although the last step was not on disk (its daemon died writing it):\n%s"
+                              % (i, c.workers[i].tail()))
+        # The supervisor: the daemon resumes from step 4, the failed workers come back.
+        died = c.supervise()
+        if {r for r, _ in died} != {"eps", "w0", "w1"} or c.unexpected:
+            raise Failure("supervisor pass saw %s, unexpected %s" % (died, c.unexpected))
+        deadline = time.monotonic() + 120
+        while True:
+            st = c.status()
+            if st and st["step"] == STEPS and st["state"] == "finished":
+                break
+            if time.monotonic() > deadline:
+                raise Failure("the resumed job did not finish in 120 s: %s" % st)
+            time.sleep(0.1)
+        for i in range(2):
+            code = c.workers[i].wait(60)
+            if code != 0:
+                raise Failure("restarted w%d exited %s:\n%s" % (i, code, c.workers[i].tail()))
+        if not os.path.exists(last_checkpoint(c)):
+            raise Failure("after the resumed run the last step's checkpoint is not written")
+        got_export, _ = finish(procs, c, STEPS)
+        diff = l2l_procs.compare_weights(got_export, ref_export)
+        if diff:
+            raise Failure("final weights differ from the uninterrupted run: " + diff)
+        print("final_step (%s): the last step's checkpoint exists when the workers exit 0; a daemon killed while "
+              "writing it left both workers failing (not exit 0); restarted, they redid step %d and the final "
+              "weights equal the uninterrupted run bit for bit" % (a.transport, STEPS))
+        ok = True
+    except Failure as e:
+        print("final_step: FAILED (%s): %s" % (a.transport, e))
+        if c is not None:
+            for p in [c.eps] + c.workers:
+                if p is not None:
+                    print("---- %s (tail)\n%s" % (p.name, p.tail(20)))
+    finally:
+        alive = procs.close()
+        if alive:
+            print("final_step: FAILED: processes outlived the test: %s" % alive)
+            ok = False
+        for seg in glob.glob("/dev/shm/l2l-*-%d-*" % os.getpid()):
+            os.unlink(seg)
+        if ok and not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print("final_step: work dir kept: %s" % work)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
