@@ -392,6 +392,10 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
     w.local_pid = same_host && !ProcessGone(info.pid) ? info.pid : 0;
     w.next_step = r.start_step;
     r.data_position = PositionAt(id, r.start_step);
+    do {
+      w.registration = registration_rng_();
+    } while (w.registration == 0);
+    r.registration_id = w.registration;
   }
   if (rejoin) {
     rejoin_gate.Reset();
@@ -650,7 +654,7 @@ Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t t
   return Status::Ok();
 }
 
-Result<int64_t> EpsCore::Deregister(int32_t worker_id, std::chrono::milliseconds wait_final) {
+Result<int64_t> EpsCore::Deregister(int32_t worker_id, uint64_t registration_id, std::chrono::milliseconds wait_final) {
   if (wait_final.count() < 0 || wait_final > std::chrono::milliseconds(600000)) {
     return InvalidArgument("wait_final_ms " + std::to_string(wait_final.count()) + " is outside 0..600000");
   }
@@ -658,6 +662,12 @@ Result<int64_t> EpsCore::Deregister(int32_t worker_id, std::chrono::milliseconds
   {
     std::unique_lock<std::mutex> lock(mu_);
     L2L_RETURN_IF_ERROR(CheckWorker(worker_id));
+    if (registration_id != workers_[worker_id]->registration) {
+      return FailedPrecondition("Deregister of worker " + std::to_string(worker_id) + " names registration " +
+                                std::to_string(registration_id) +
+                                ", not the worker's current one: a stale client (of an earlier daemon on this "
+                                "address, or of a registration a replacement took over); nothing changed");
+    }
     if (wait_final.count() > 0) {
       const int64_t steps = job_.train.steps;
       const int64_t committed = pipeline_->stats().completed_step;

@@ -63,6 +63,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -171,6 +172,10 @@ struct Registration {
   Transport transport = Transport::kGrpc;  // kShm | kGrpc
   std::string weight_segment, gradient_segment;
   std::vector<int64_t> layer_numel;
+  // Random, never 0, new at every (re)registration and daemon start: Deregister must name
+  // it, so a stale client (a process exiting after its daemon was replaced on the same
+  // address, or one whose id a replacement took) cannot remove the worker now holding it.
+  uint64_t registration_id = 0;
 };
 
 struct WorkerInfo {
@@ -256,7 +261,8 @@ class EpsCore {
   // redone after --resume. DEADLINE_EXCEEDED (still registered) when the wait runs out;
   // FAILED_PRECONDITION when the job's last step has not committed. Returns the newest
   // checkpointed step.
-  Result<int64_t> Deregister(int32_t worker_id, std::chrono::milliseconds wait_final = std::chrono::milliseconds(0));
+  Result<int64_t> Deregister(int32_t worker_id, uint64_t registration_id,
+                             std::chrono::milliseconds wait_final = std::chrono::milliseconds(0));
 
   // Interleaved optimizer (worker_updater.h): a worker's TakeUpdate long poll and its
   // UpdateDone. Both fail like the worker's other data calls when it is not active.
@@ -375,7 +381,8 @@ class EpsCore {
   // Restore point for rollbacks: the newest checkpoint written/resumed ("" = job start).
   std::string restore_dir_ GUARDED_BY(mu_);
   int64_t restore_step_ GUARDED_BY(mu_) = 0;
-  bool final_checkpoint_failed_ GUARDED_BY(mu_) = false;  // the job-end checkpoint's write failed
+  bool final_checkpoint_failed_ GUARDED_BY(mu_) = false;
+  std::mt19937_64 registration_rng_ GUARDED_BY(mu_){std::random_device{}()};  // the job-end checkpoint's write failed
   std::string last_checkpoint_ GUARDED_BY(mu_);
   double last_loss_sum_ = 0;
   int64_t last_tokens_ = 0;

@@ -30,6 +30,7 @@ struct EpsCore::Worker {
   int64_t member_first = 0;                 // steps it contributes to (mirrors the
   int64_t member_last = INT64_MAX;          // pipeline's membership)
   int32_t local_pid = 0;                    // its process, when on this host (else 0)
+  uint64_t registration = 0;                // this registration's nonce (Deregister names it)
 };
 
 struct EpsCore::ShmWorker {

@@ -205,6 +205,7 @@ class DataService final : public data::Data::Service {
       rs->set_original_max_position_embeddings(s.rope_scaling.original_max_position_embeddings);
     }
     rep->set_start_step(r->start_step);
+    rep->set_registration_id(r->registration_id);
     rep->set_data_rank(r->worker_id);
     rep->set_data_world(r->data_world);
     rep->set_data_position(r->data_position);
@@ -386,7 +387,8 @@ class DataService final : public data::Data::Service {
 
   grpc::Status Deregister(grpc::ServerContext*, const data::DeregisterRequest* req,
                           data::DeregisterReply* rep) override {
-    Result<int64_t> r = core_->Deregister(req->worker_id(), std::chrono::milliseconds(req->wait_final_ms()));
+    Result<int64_t> r = core_->Deregister(req->worker_id(), req->registration_id(),
+                                          std::chrono::milliseconds(req->wait_final_ms()));
     if (r.ok()) rep->set_checkpoint_step(*r);
     return ToGrpc(r.status());
   }

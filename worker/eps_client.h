@@ -40,6 +40,7 @@ struct WorkerRegistration {
   int32_t data_world = 1;
   std::string data_position;    // opaque data-loader position to resume from ("" = start)
   Transport transport = Transport::kGrpc;  // kShm or kGrpc: how layers and gradients travel
+  uint64_t registration_id = 0;  // the EPS's nonce for this registration (Deregister sends it)
 };
 
 struct LayerWeights {

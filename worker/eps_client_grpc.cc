@@ -139,6 +139,7 @@ Status GrpcEpsClient::Register(Impl* impl, const ClientOptions& options, int32_t
   reg->num_workers = rep.num_workers();
   reg->job = *job;
   reg->start_step = rep.start_step();
+  reg->registration_id = rep.registration_id();
   reg->data_rank = rep.data_rank();
   reg->data_world = rep.data_world();
   reg->data_position = rep.data_position();
@@ -400,6 +401,7 @@ Status GrpcEpsClient::Deregister() {
   deregistered_ = true;
   data::DeregisterRequest req;
   req.set_worker_id(reg_.worker_id);
+  req.set_registration_id(reg_.registration_id);
   data::DeregisterReply rep;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
@@ -409,6 +411,7 @@ Status GrpcEpsClient::Deregister() {
 Status GrpcEpsClient::LeaveAfterLastStep(std::chrono::milliseconds wait) {
   data::DeregisterRequest req;
   req.set_worker_id(reg_.worker_id);
+  req.set_registration_id(reg_.registration_id);
   req.set_wait_final_ms(wait.count());
   data::DeregisterReply rep;
   grpc::ClientContext ctx;

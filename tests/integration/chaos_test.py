@@ -326,6 +326,15 @@ def main():
         # Every fault was followed by training up to the last step (the triggers end 4
         # steps before it) with the uninterrupted run's result: each one survived.
         survived = sum(1 for s, _ in c.faults if s < a.steps)
+        # Every worker here leaves only at the job's end: a removal mid-job ("left ...
+        # continuing with the other workers") means a Deregister nobody meant, e.g. a
+        # stale client of an earlier daemon (the job would go on with one shard fewer).
+        for p in procs.all:
+            if "-eps-" not in p.name:
+                continue
+            for line in p.log().splitlines():
+                if " left at step " in line and "continuing with the other workers" in line:
+                    raise Failure("%s removed a worker mid-job: %s" % (p.name, line))
         diff = l2l_procs.compare_weights(got_export, ref_export)
         if diff:
             raise Failure("final weights differ from the uninterrupted run: " + diff)

@@ -172,6 +172,15 @@ class RawWorker {
     grpc::Status s = PushAll(step);
     return s.ok() ? StepDone(step) : s;
   }
+  // Deregister of this worker's id naming `registration_id`.
+  grpc::Status Deregister(uint64_t registration_id) {
+    grpc::ClientContext c;
+    data::DeregisterRequest req;
+    req.set_worker_id(id_);
+    req.set_registration_id(registration_id);
+    data::DeregisterReply rep;
+    return stub_->Deregister(&c, req, &rep);
+  }
 
  private:
   std::unique_ptr<data::Data::Stub> stub_;
@@ -278,6 +287,36 @@ TEST_CASE("EPS continue: a lost worker's unapplied gradients are dropped and the
   REQUIRE(WaitStep(d, 3));
   ref.Step(2, {0, 1}, {1, 1});
   CHECK(Master(d.core) == ref.p);
+}
+
+// A worker process that exits after its daemon was replaced on the same address, or after
+// a replacement took its id, sends its Deregister to whoever holds that id now (the stop
+// 22 chaos_shm failures: a healthy worker was removed and the job went on with one data
+// shard). The registration nonce makes that Deregister a no-op with a clear error.
+TEST_CASE("A Deregister naming an earlier registration is refused and removes nobody",
+          "[integration][eps][worker_loss]") {
+  Daemon d("continue", "");
+  RawWorker a(d.address), b(d.address);
+  const uint64_t first = a.reg().registration_id();
+  CHECK(first != 0);
+  CHECK(first != b.reg().registration_id());
+  a.StopHeartbeats();
+  REQUIRE(d.WaitState(0, "lost"));
+  RawWorker a2(d.address, /*previous_id=*/0);
+  REQUIRE(a2.id() == 0);
+  CHECK(a2.reg().registration_id() != first);
+  CHECK(a2.reg().registration_id() != 0);
+  const grpc::Status stale = a2.Deregister(first);
+  CHECK(stale.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(stale.error_message().find("stale client") != std::string::npos);
+  const grpc::Status zero = a2.Deregister(0);  // a client that sends none
+  CHECK(zero.error_code() == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(d.WorkerState(0) == "active");
+  CHECK(d.Status().step_workers() == 2);
+  // The holder of the id leaves with its own registration.
+  CHECK(a2.Deregister(a2.reg().registration_id()).ok());
+  CHECK(d.WorkerState(0) == "left");
+  CHECK(d.Status().step_workers() == 1);
 }
 
 TEST_CASE("EPS undoes a partially applied step when a worker is lost - every worker redoes it",

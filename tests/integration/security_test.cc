@@ -151,6 +151,7 @@ DataResult DataRegister(const std::string& addr, const std::string& auth) {
     d.AddMetadata("authorization", auth);
     data::DeregisterRequest dr;
     dr.set_worker_id(rep.worker_id());
+    dr.set_registration_id(rep.registration_id());
     data::DeregisterReply drep;
     CHECK(stub->Deregister(&d, dr, &drep).ok());
   }
