@@ -50,21 +50,35 @@ std::vector<Site*>* ParseSites(const char* var) {
 
 }  // namespace
 
+namespace {
+
+// write(2) only: the process may be in any state.
+void Say(const char* what, const char* site) {
+  (void)!::write(2, what, std::strlen(what));
+  (void)!::write(2, site, std::strlen(site));
+  (void)!::write(2, "\n", 1);
+}
+
+}  // namespace
+
 void FaultPoint(const char* site) {
   static const std::vector<Site*>* sites = ParseSites("L2L_FAULT_AT");
   static const std::vector<Site*>* delays = ParseSites("L2L_DELAY_AT");
+  static const std::vector<Site*>* stops = ParseSites("L2L_STOP_AT");
   for (const Site* d : *delays) {
     if (d->name == site) std::this_thread::sleep_for(std::chrono::milliseconds(d->at));
   }
-  if (sites->empty()) return;
+  for (Site* s : *stops) {
+    if (s->name != site) continue;
+    if (s->hits.fetch_add(1, std::memory_order_relaxed) + 1 == s->at) {
+      Say("L2L_STOP_AT: SIGSTOP at ", site);
+      ::kill(::getpid(), SIGSTOP);  // every thread stalls until someone sends SIGCONT
+    }
+  }
   for (Site* s : *sites) {
     if (s->name != site) continue;
     if (s->hits.fetch_add(1, std::memory_order_relaxed) + 1 == s->at) {
-      static const char kMsg[] = "L2L_FAULT_AT: injected SIGKILL at ";
-      // write(2) only: the process may be in any state.
-      (void)!::write(2, kMsg, sizeof(kMsg) - 1);
-      (void)!::write(2, site, std::strlen(site));
-      (void)!::write(2, "\n", 1);
+      Say("L2L_FAULT_AT: injected SIGKILL at ", site);
       ::kill(::getpid(), SIGKILL);
       ::_exit(137);  // not reached
     }

@@ -16,6 +16,12 @@
 // makes every visit of the site sleep <ms> milliseconds instead (a slow fetch, a slow
 // update: the per-step timeline tests use it to see a wait land in the right field).
 //
+//   L2L_STOP_AT=<site>:<n>[,<site>:<n>...]
+//
+// makes the process stop itself (SIGSTOP: every thread stalls, heartbeats too) the n-th
+// time it reaches the site, until someone sends SIGCONT: a worker stalled past the
+// heartbeat timeout mid-push (tests/integration/stalled_worker_test.py).
+//
 // Thread-safety: FaultPoint may be called from any thread; the counts are atomic.
 #pragma once
 

@@ -155,6 +155,15 @@ Status ShmEpsClient::DaemonGone() const {
                      "(l2l-eps --resume) and then the worker");
 }
 
+Status ShmEpsClient::SegmentClosed() {
+  const auto* hdr = static_cast<const WeightSegmentHeader*>(weights_.data());
+  if (hdr->stopped.load(std::memory_order_acquire)) return Aborted("the EPS stopped the job");
+  rejoin_requested_ = true;
+  return RejoinRequired(RejoinReason::kDeclaredLost,
+                        "the EPS closed this worker's gradient segment: it was declared lost (silent past the "
+                        "heartbeat timeout) or replaced; re-register to rejoin");
+}
+
 Status ShmEpsClient::SlotError() const {
   const auto* gh = static_cast<const GradSegmentHeader*>(grads_.data());
   const uint32_t code = gh->error_code.load(std::memory_order_acquire);
@@ -179,7 +188,7 @@ Result<GradientSlot> ShmEpsClient::ClaimGradientSlot(int64_t layer, size_t numel
                            ")");
   }
   for (;;) {
-    if (gh->closed.load(std::memory_order_acquire)) return Aborted("the EPS closed the gradient segment");
+    if (gh->closed.load(std::memory_order_acquire)) return SegmentClosed();
     const uint32_t seen = gh->free_seq.load(std::memory_order_acquire);
     for (uint32_t s = 0; s < gh->num_slots; ++s) {
       GradSlotHeader& slot = gh->slots[s];
@@ -259,7 +268,7 @@ Status ShmEpsClient::Drain(std::chrono::milliseconds timeout) {
       if (st != kSlotFree) busy = true;
     }
     if (!busy) return SlotError();
-    if (gh->closed.load()) return Aborted("the EPS closed the gradient segment");
+    if (gh->closed.load(std::memory_order_acquire)) return SegmentClosed();
     const auto now = std::chrono::steady_clock::now();
     if (now >= deadline) return Status(StatusCode::kDeadlineExceeded, "EPS did not consume pushed gradients");
     L2L_RETURN_IF_ERROR(DaemonGone());

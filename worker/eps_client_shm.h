@@ -62,6 +62,11 @@ class ShmEpsClient : public GrpcEpsClient {
   // UNAVAILABLE once the EPS process that owns the weight segment no longer exists
   // (killed: it could not mark the segments closed). Checked in every wait loop.
   Status DaemonGone() const;
+  // The EPS closes a worker's gradient segment when it stops the job (the weight segment
+  // says so first: ABORTED) and when it removes this worker while it runs (declared lost
+  // after a stall longer than the heartbeat timeout, or its id taken over): a rejoin,
+  // not the job's end.
+  Status SegmentClosed();
   Status MapSegments(const ShmInfo& shm);
   std::vector<HostRegion> Regions() const;  // REQUIRES: observer_mu_ held
 

@@ -8,15 +8,14 @@
 //              [--transport auto|shm|grpc] [--name NAME] [--connect-timeout-ms MS]
 //              [--steps N] [--log-level info] [--token-file FILE] [--tls-ca CA.pem]
 //              [--tls-server-name NAME] [--push-deadline-floor-ms MS] [--push-min-mib-per-s R]
-//              [--device-updates on|off]
+//              [--device-updates auto|on|off]
 //
-// --device-updates (default off): measure this device's AdamW rate and H2D/D2H bandwidth at
-// start, report them at Register and run the layer updates the EPS hands out on the
-// device (worker/device_updater.h; the interleaved optimizer, optim.gpu_fraction). Needs
-// the shm transport (same host as the EPS); over grpc the worker takes no updates. Off by
-// default: with it on, a worker can exit as if the job had stopped when the daemon is
-// killed and restarted mid-step (the chaos test, under ASan), and on the one GPU host
-// measured the device path was slower than the daemon's own AdamW.
+// --device-updates (default auto: on for a CUDA device, off on the CPU backend, whose
+// "device" is the daemon's own cores): measure this device's AdamW rate and H2D/D2H
+// bandwidth at start, report them at Register and run the layer updates the EPS hands out
+// on the device (worker/device_updater.h; the interleaved optimizer, optim.gpu_fraction,
+// whose `auto` gives the device layers only when that is predicted faster). Needs the shm
+// transport (same host as the EPS); over grpc the worker takes no updates.
 // --devices: several GPUs of this host as ONE worker of the EPS (worker/device_group.h:
 // each fetches 1/n of every layer, NCCL all-gathers the rest, the micro-batches are split
 // over the devices, gradients are reduce-scattered and the layer's gradient reaches the
@@ -109,7 +108,7 @@ struct Flags {
   int threads = 0;
   std::string compute = "fp32";  // --compute: the CPU backend's GEMM precision
   std::string transport = "auto";
-  std::string device_updates = "off";  // offer the device for layer updates (interleaved optimizer)
+  std::string device_updates = "auto";  // offer the device for layer updates (interleaved optimizer)
   std::string name;
   int64_t connect_timeout_ms = 10000;
   int64_t push_deadline_floor_ms = 60000;
@@ -216,12 +215,13 @@ Status Run(const Flags& f, int* exit_code) {
   // Interleaved optimizer: a second backend on the (first) device runs the layer updates
   // the EPS hands out; its measured rates go to the EPS at Register.
   std::unique_ptr<w::DeviceUpdater> pre_updater;
-  if (f.device_updates != "on" && f.device_updates != "off") {
-    return l2l::InvalidArgument("--device-updates " + f.device_updates + ": must be on or off");
+  if (f.device_updates != "auto" && f.device_updates != "on" && f.device_updates != "off") {
+    return l2l::InvalidArgument("--device-updates " + f.device_updates + ": must be auto, on or off");
   }
-  if (f.device_updates == "on") {
-    Flags one = f;
-    if (!f.devices.empty()) one.device = f.devices.substr(0, f.devices.find(','));
+  Flags one = f;
+  if (!f.devices.empty()) one.device = f.devices.substr(0, f.devices.find(','));
+  const bool offer_device = f.device_updates == "on" || (f.device_updates == "auto" && one.device.rfind("cuda", 0) == 0);
+  if (offer_device) {
     L2L_ASSIGN_OR_RETURN(std::unique_ptr<l2l::kernels::Backend> ube, MakeBackend(one));
     L2L_ASSIGN_OR_RETURN(copts.optimizer, w::MeasureDeviceRates(ube.get()));
     L2L_LOG_INFO("device updates on {}: AdamW {:.3g} params/s, h2d {:.3g} B/s, d2h {:.3g} B/s (0 = no link)",
@@ -463,7 +463,8 @@ int main(int argc, char** argv) {
                  "needs AVX512_BF16). L2L_CPU_GEMM wins");
   app.add_option("--transport", f.transport, "auto | shm | grpc");
   app.add_option("--device-updates", f.device_updates,
-                 "on | off (default): offer this worker's device for layer updates (interleaved optimizer; shm only)");
+                 "auto (default: on for cuda devices) | on | off: offer this worker's device for layer updates "
+                 "(interleaved optimizer; shm only)");
   app.add_option("--name", f.name, "worker name shown in status (default hostname:pid)");
   app.add_option("--connect-timeout-ms", f.connect_timeout_ms, "how long to retry registering");
   app.add_option("--push-deadline-floor-ms", f.push_deadline_floor_ms,

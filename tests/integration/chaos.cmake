@@ -8,6 +8,8 @@
 #  * chaos_last_step (labels integration, chaos): last_step_test.py, a few seconds.
 #  * chaos_final_step_{shm,grpc} (labels integration, chaos): final_step_test.py, a few
 #    seconds: workers exit 0 only once the last step's checkpoint is written.
+#  * chaos_stalled_worker_{shm,grpc} (labels integration, chaos): stalled_worker_test.py,
+#    a few seconds: a worker stopped mid-push past the heartbeat timeout rejoins.
 #  * netns (labels integration, netns): netns_test.py, the daemon and a worker in two
 #    network namespaces over TLS + token, the link cut and restored. Needs root and
 #    `ip netns`; where namespaces cannot be made it exits 77 and ctest shows it skipped.
@@ -41,6 +43,12 @@ foreach(transport shm grpc)
            COMMAND ${L2L_CHAOS_PYTHON} ${l2l_chaos_dir}/final_step_test.py ${CMAKE_BINARY_DIR}/bin
                    --transport ${transport})
   set_tests_properties(chaos_final_step_${transport} PROPERTIES LABELS "integration;chaos" TIMEOUT 300)
+  # A worker declared lost while alive (SIGSTOP past the heartbeat timeout) rejoins when
+  # it resumes instead of exiting 0 (over shm its closed gradient segment said "stopped").
+  add_test(NAME chaos_stalled_worker_${transport}
+           COMMAND ${L2L_CHAOS_PYTHON} ${l2l_chaos_dir}/stalled_worker_test.py ${CMAKE_BINARY_DIR}/bin
+                   --transport ${transport})
+  set_tests_properties(chaos_stalled_worker_${transport} PROPERTIES LABELS "integration;chaos" TIMEOUT 300)
 endforeach()
 if(EXISTS ${l2l_chaos_dir}/netns_test.py)
   add_test(NAME netns COMMAND ${L2L_CHAOS_PYTHON} ${l2l_chaos_dir}/netns_test.py ${CMAKE_BINARY_DIR}/bin)

@@ -72,6 +72,7 @@ class Cluster:
         self.faults = []  # (the job's step when it hit, what), every fault injected
         self.last_step = 0
         self.unexpected = []  # exits nobody asked for
+        self.eps_args = []  # extra l2l-eps flags (e.g. --config)
 
     def ckpt_root(self):
         return os.path.join(self.state, "checkpoints")
@@ -89,6 +90,7 @@ class Cluster:
             argv += ["--job", self.job_yaml]
         if self.transport == "grpc":
             argv += ["--transport", "grpc"]
+        argv += self.eps_args
         env = {}
         fault = self.env_next.pop("eps", None)
         if fault:
@@ -102,7 +104,7 @@ class Cluster:
             return False  # died while starting (a fault site, e.g. a checkpoint at once)
         return True
 
-    def start_worker(self, i):
+    def start_worker(self, i, extra_env=None):
         role = "w%d" % i
         argv = [self.procs.bin("l2l-worker"), "--eps", self.addr, "--threads", "1", "--name", role,
                 "--connect-timeout-ms", "120000"]
@@ -112,6 +114,7 @@ class Cluster:
         fault = self.env_next.pop(role, None)
         if fault:
             env["L2L_FAULT_AT"] = fault
+        env.update(extra_env or {})
         self.env_now[role] = fault
         self.starts[role] += 1
         self.worker_eps_gen[i] = self.starts["eps"]
