@@ -658,9 +658,9 @@ Result<int64_t> EpsCore::Deregister(int32_t worker_id, uint64_t registration_id,
   if (wait_final.count() < 0 || wait_final > std::chrono::milliseconds(600000)) {
     return InvalidArgument("wait_final_ms " + std::to_string(wait_final.count()) + " is outside 0..600000");
   }
-  int64_t durable = 0;
+  int64_t steps = 0;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     L2L_RETURN_IF_ERROR(CheckWorker(worker_id));
     if (registration_id != workers_[worker_id]->registration) {
       return FailedPrecondition("Deregister of worker " + std::to_string(worker_id) + " names registration " +
@@ -668,25 +668,33 @@ Result<int64_t> EpsCore::Deregister(int32_t worker_id, uint64_t registration_id,
                                 ", not the worker's current one: a stale client (of an earlier daemon on this "
                                 "address, or of a registration a replacement took over); nothing changed");
     }
-    if (wait_final.count() > 0) {
-      const int64_t steps = job_.train.steps;
-      const int64_t committed = pipeline_->stats().completed_step;
-      if (committed < steps) {
-        return FailedPrecondition("worker " + std::to_string(worker_id) + " asked to leave after the last step, but " +
-                                  std::to_string(committed) + " of " + std::to_string(steps) +
-                                  " steps have committed");
-      }
-      const bool ready = cv_.wait_for(lock, wait_final, [&] {
-        ASSERT_HELD(mu_);
-        return checkpoint_every() <= 0 || restore_step_ >= steps || final_checkpoint_failed_ || stopped_.load() ||
-               !fatal_.ok();
-      });
-      if (!ready) {
-        return Status(StatusCode::kDeadlineExceeded,
-                      "the checkpoint of the last step (" + std::to_string(steps) + ") is not written yet (newest: " +
-                          std::to_string(restore_step_) + "); ask again");
-      }
+    steps = job_.train.steps;
+  }
+  if (wait_final.count() > 0) {
+    const int64_t committed = pipeline_->stats().completed_step;
+    if (committed < steps) {
+      return FailedPrecondition("worker " + std::to_string(worker_id) + " asked to leave after the last step, but " +
+                                std::to_string(committed) + " of " + std::to_string(steps) + " steps have committed");
     }
+    std::unique_lock<std::mutex> lock(mu_);
+    const bool ready = cv_.wait_for(lock, wait_final, [&] {
+      ASSERT_HELD(mu_);
+      return checkpoint_every() <= 0 || restore_step_ >= steps || final_checkpoint_failed_ || stopped_.load() ||
+             !fatal_.ok();
+    });
+    const int64_t newest = [&] {
+      ASSERT_HELD(mu_);
+      return restore_step_;
+    }();
+    if (!ready) {
+      return Status(StatusCode::kDeadlineExceeded, "the checkpoint of the last step (" + std::to_string(steps) +
+                                                       ") is not written yet (newest: " + std::to_string(newest) +
+                                                       "); ask again");
+    }
+  }
+  int64_t durable = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
     durable = restore_step_;
   }
   std::lock_guard<std::mutex> rlock(recovery_mu_);
