@@ -195,14 +195,7 @@ def run_uninterrupted(procs, work, job_yaml, transport, deadline):
 def finish(procs, c, steps):
     """Waits for the job's end, writes the weights (export) and the whole state (a
     checkpoint) into the state dir, stops the daemon cleanly: (export path, checkpoint dir)."""
-    deadline = time.monotonic() + 120
-    while True:
-        st = c.status()
-        if st and st["step"] == steps and st["state"] == "finished":
-            break
-        if time.monotonic() > deadline:
-            raise Failure("%s: the daemon did not report the job finished: %s" % (c.name, st))
-        time.sleep(0.1)
+    wait_finished(c, steps, 120, "%s: the job" % c.name)
     for args in (["export", "final.safetensors"], ["checkpoint", "--dir", "final-checkpoint"],
                  ["stop", "--skip-checkpoint"]):
         code, out, err = procs.ctl(c.addr, args)
@@ -212,6 +205,86 @@ def finish(procs, c, steps):
     if rc != 0:
         raise Failure("%s: l2l-eps exited %s after stop:\n%s" % (c.name, rc, c.eps.tail()))
     return os.path.join(c.state, "final.safetensors"), os.path.join(c.state, "final-checkpoint")
+
+
+def wait_finished(c, steps, timeout, what="the job", check=None):
+    """Polls c's daemon until it reports `steps` steps done and the job finished; check()
+    (optional) runs on every poll with the last status and may raise Failure."""
+    deadline = time.monotonic() + timeout
+    while True:
+        st = c.status()
+        if st and st["step"] == steps and st["state"] == "finished":
+            return st
+        if check is not None:
+            check(st)
+        if time.monotonic() > deadline:
+            raise Failure("%s did not finish in %d s: %s" % (what, timeout, st))
+        time.sleep(0.1)
+
+
+def write_small_job(work, steps, checkpoint_every=0):
+    """Token file and job YAML (l2l_procs.write_job) in `work`: the job YAML's path."""
+    tokens = os.path.join(work, "train.bin")
+    l2l_procs.write_tokens(tokens, 20000, 96)
+    job_yaml = os.path.join(work, "job.yaml")
+    l2l_procs.write_job(job_yaml, tokens, steps, checkpoint_every=checkpoint_every)
+    return job_yaml
+
+
+def finish_and_compare(procs, c, steps, ref_export, who="w"):
+    """Both workers exit 0, then finish(); the final weights must equal ref_export's."""
+    for i in range(2):
+        code = c.workers[i].wait(60)
+        if code != 0:
+            raise Failure("%s%d exited %s:\n%s" % (who, i, code, c.workers[i].tail()))
+    got_export, _ = finish(procs, c, steps)
+    diff = l2l_procs.compare_weights(got_export, ref_export)
+    if diff:
+        raise Failure("final weights differ from the uninterrupted run: " + diff)
+
+
+def run_scenario(name, bin_dir, transport, keep, body):
+    """The frame of the deterministic fault tests (last_step, final_step, stalled_worker):
+    a fresh work dir and process set, then body(procs, work, shown), which returns the
+    line to print on success, raises Failure otherwise and appends to `shown` the
+    clusters whose logs a failure prints. Every process is gone and the job's shm
+    segments removed afterwards; the work dir is kept on failure (or with keep)."""
+    work = tempfile.mkdtemp(prefix="l2l-%s-" % name.replace("_", "-"))
+    procs = l2l_procs.Procs(bin_dir, work)
+    shown = []
+    ok = False
+    try:
+        print("%s (%s): %s" % (name, transport, body(procs, work, shown)))
+        ok = True
+    except Failure as e:
+        print("%s: FAILED (%s): %s" % (name, transport, e))
+        for c in shown:
+            for p in [c.eps] + c.workers:
+                if p is not None:
+                    print("---- %s (tail)\n%s" % (p.name, p.tail(20)))
+    finally:
+        alive = procs.close()
+        if alive:
+            print("%s: FAILED: processes outlived the test: %s" % (name, alive))
+            ok = False
+        for seg in glob.glob("/dev/shm/l2l-*-%d-*" % os.getpid()):
+            os.unlink(seg)
+        if ok and not keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print("%s: work dir kept: %s" % (name, work))
+    return 0 if ok else 1
+
+
+def scenario_args():
+    """BIN_DIR [--transport shm|grpc] [--keep] of the deterministic fault tests."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bin_dir")
+    ap.add_argument("--transport", default="grpc", choices=["shm", "grpc"])
+    ap.add_argument("--keep", action="store_true")
+    a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    return a
 
 
 def make_schedule(rng, n_faults, steps):

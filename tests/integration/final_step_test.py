@@ -17,18 +17,14 @@ it (Deregister waits for it). Two runs:
 
 Usage: final_step_test.py BIN_DIR [--transport grpc|shm] [--keep]
 """
-import argparse
-import glob
 import os
-import shutil
 import signal
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import l2l_procs  # noqa: E402
-from chaos_test import Cluster, Failure, finish, run_uninterrupted  # noqa: E402
+from chaos_test import (Cluster, Failure, finish, finish_and_compare, run_scenario,  # noqa: E402
+                        run_uninterrupted, scenario_args, wait_finished, write_small_job)
 
 STEPS = 5
 EVERY = 2
@@ -40,21 +36,10 @@ def last_checkpoint(c):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("bin_dir")
-    ap.add_argument("--transport", default="grpc", choices=["shm", "grpc"])
-    ap.add_argument("--keep", action="store_true")
-    a = ap.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
-    work = tempfile.mkdtemp(prefix="l2l-final-step-")
-    procs = l2l_procs.Procs(a.bin_dir, work)
-    tokens = os.path.join(work, "train.bin")
-    l2l_procs.write_tokens(tokens, 20000, 96)
-    job_yaml = os.path.join(work, "job.yaml")
-    l2l_procs.write_job(job_yaml, tokens, STEPS, checkpoint_every=EVERY)
-    ok = False
-    c = None
-    try:
+    a = scenario_args()
+
+    def scenario(procs, work, shown):
+        job_yaml = write_small_job(work, STEPS, checkpoint_every=EVERY)
         ref = run_uninterrupted(procs, work, job_yaml, a.transport, time.monotonic() + 300)
         if not os.path.exists(last_checkpoint(ref)):
             raise Failure("both workers exited 0 but the last step's checkpoint %s is not written (checkpoints: %s)"
@@ -62,6 +47,7 @@ def main():
         ref_export, _ = finish(procs, ref, STEPS)
 
         c = Cluster(procs, work, job_yaml, a.transport, "chaos")
+        shown.append(c)
         # Layer files 1-5: step 2, 6-10: step 4, 11-15: step 5; die after two of step 5's.
         c.env_next["eps"] = "eps.checkpoint:%d" % (2 * LAYERS + 2)
         if not c.start_eps():
@@ -84,46 +70,15 @@ def main():
         died = c.supervise()
         if {r for r, _ in died} != {"eps", "w0", "w1"} or c.unexpected:
             raise Failure("supervisor pass saw %s, unexpected %s" % (died, c.unexpected))
-        deadline = time.monotonic() + 120
-        while True:
-            st = c.status()
-            if st and st["step"] == STEPS and st["state"] == "finished":
-                break
-            if time.monotonic() > deadline:
-                raise Failure("the resumed job did not finish in 120 s: %s" % st)
-            time.sleep(0.1)
-        for i in range(2):
-            code = c.workers[i].wait(60)
-            if code != 0:
-                raise Failure("restarted w%d exited %s:\n%s" % (i, code, c.workers[i].tail()))
+        wait_finished(c, STEPS, 120, "the resumed job")
         if not os.path.exists(last_checkpoint(c)):
             raise Failure("after the resumed run the last step's checkpoint is not written")
-        got_export, _ = finish(procs, c, STEPS)
-        diff = l2l_procs.compare_weights(got_export, ref_export)
-        if diff:
-            raise Failure("final weights differ from the uninterrupted run: " + diff)
-        print("final_step (%s): the last step's checkpoint exists when the workers exit 0; a daemon killed while "
-              "writing it left both workers failing (not exit 0); restarted, they redid step %d and the final "
-              "weights equal the uninterrupted run bit for bit" % (a.transport, STEPS))
-        ok = True
-    except Failure as e:
-        print("final_step: FAILED (%s): %s" % (a.transport, e))
-        if c is not None:
-            for p in [c.eps] + c.workers:
-                if p is not None:
-                    print("---- %s (tail)\n%s" % (p.name, p.tail(20)))
-    finally:
-        alive = procs.close()
-        if alive:
-            print("final_step: FAILED: processes outlived the test: %s" % alive)
-            ok = False
-        for seg in glob.glob("/dev/shm/l2l-*-%d-*" % os.getpid()):
-            os.unlink(seg)
-        if ok and not a.keep:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            print("final_step: work dir kept: %s" % work)
-    return 0 if ok else 1
+        finish_and_compare(procs, c, STEPS, ref_export, who="restarted w")
+        return ("the last step's checkpoint exists when the workers exit 0; a daemon killed while writing it left "
+                "both workers failing (not exit 0); restarted, they redid step %d and the final weights equal the "
+                "uninterrupted run bit for bit" % STEPS)
+
+    return run_scenario("final_step", a.bin_dir, a.transport, a.keep, scenario)
 
 
 if __name__ == "__main__":
