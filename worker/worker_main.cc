@@ -415,6 +415,9 @@ Status Run(const Flags& f, int* exit_code) {
       // resumes from an earlier one and needs this worker again. Leave (and exit 0) only
       // once it is written; an error exits non-zero so a supervisor restarts the worker.
       if (total_steps < job.train.steps) break;  // --steps stopped short of the job's end
+      // Every update of the last step is done (layer 0 is published last): stop asking
+      // for more before leaving, else the daemon refuses the next ask with a warning.
+      if (updater) updater->Stop();
       Status left = client->LeaveAfterLastStep(std::chrono::seconds(30));
       if (left.code() == l2l::StatusCode::kDeadlineExceeded) {
         L2L_LOG_INFO("the last step committed; waiting for the EPS to write its checkpoint");

@@ -237,10 +237,17 @@ TEST_CASE("interleaved optimizer: a worker killed while its device holds an upda
   }
   (*w1)->Signal(SIGKILL);
   REQUIRE((*w1)->Wait(5s).ok());
+  // w1's id: the two workers register in either order.
+  const std::string eps_log = (*eps)->process().Log();
+  const size_t named = eps_log.find(" 'w1' registered");
+  REQUIRE(named != std::string::npos);
+  const size_t id_at = eps_log.rfind("worker ", named);
+  REQUIRE(id_at != std::string::npos);
+  const std::string w1_id = eps_log.substr(id_at + 7, named - id_at - 7);
   // The loss (heartbeat timeout) hands the held update back at once, long before the
   // 120 s deadline.
   deadline = std::chrono::steady_clock::now() + 30s;
-  while ((*eps)->process().Log().find("itself: worker 1 is lost") == std::string::npos) {
+  while ((*eps)->process().Log().find("itself: worker " + w1_id + " is lost") == std::string::npos) {
     INFO((*eps)->process().LogTail());
     REQUIRE(std::chrono::steady_clock::now() < deadline);
     std::this_thread::sleep_for(50ms);
