@@ -671,10 +671,14 @@ Result<int64_t> EpsCore::Deregister(int32_t worker_id, uint64_t registration_id,
     steps = job_.train.steps;
   }
   if (wait_final.count() > 0) {
-    const int64_t committed = pipeline_->stats().completed_step;
-    if (committed < steps) {
-      return FailedPrecondition("worker " + std::to_string(worker_id) + " asked to leave after the last step, but " +
-                                std::to_string(committed) + " of " + std::to_string(steps) + " steps have committed");
+    // Layer 0's last version is published a moment before the pipeline counts the step
+    // committed: wait briefly for that (bounded, so a premature ask cannot park an rpc
+    // thread), else the worker asks again.
+    if (!pipeline_->WaitForStep(steps, std::min(wait_final, std::chrono::milliseconds(200)))) {
+      return Status(StatusCode::kDeadlineExceeded,
+                    "worker " + std::to_string(worker_id) + " asked to leave after the last step, but " +
+                        std::to_string(pipeline_->stats().completed_step) + " of " + std::to_string(steps) +
+                        " steps have committed; ask again");
     }
     std::unique_lock<std::mutex> lock(mu_);
     const bool ready = cv_.wait_for(lock, wait_final, [&] {

@@ -258,9 +258,9 @@ class EpsCore {
   // (at once when the job has no periodic checkpoints, or when that write failed: the
   // state then stays in this daemon's memory and the log says so). A daemon that dies
   // first leaves the worker with an error, so a supervisor restarts it and the step is
-  // redone after --resume. DEADLINE_EXCEEDED (still registered) when the wait runs out;
-  // FAILED_PRECONDITION when the job's last step has not committed. Returns the newest
-  // checkpointed step.
+  // redone after --resume. DEADLINE_EXCEEDED (still registered) when the wait runs out
+  // or the last step has not committed within 200 ms. Returns the newest checkpointed
+  // step.
   Result<int64_t> Deregister(int32_t worker_id, uint64_t registration_id,
                              std::chrono::milliseconds wait_final = std::chrono::milliseconds(0));
 

@@ -420,7 +420,7 @@ Status Run(const Flags& f, int* exit_code) {
       if (updater) updater->Stop();
       Status left = client->LeaveAfterLastStep(std::chrono::seconds(30));
       if (left.code() == l2l::StatusCode::kDeadlineExceeded) {
-        L2L_LOG_INFO("the last step committed; waiting for the EPS to write its checkpoint");
+        L2L_LOG_INFO("waiting for the EPS to make the last step durable: {}", left.message());
         continue;
       }
       if (left.code() == l2l::StatusCode::kAborted) break;  // the EPS is stopping

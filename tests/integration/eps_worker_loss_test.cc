@@ -172,12 +172,13 @@ class RawWorker {
     grpc::Status s = PushAll(step);
     return s.ok() ? StepDone(step) : s;
   }
-  // Deregister of this worker's id naming `registration_id`.
-  grpc::Status Deregister(uint64_t registration_id) {
+  // Deregister of this worker's id naming `registration_id` (wait_final_ms: see proto).
+  grpc::Status Deregister(uint64_t registration_id, int64_t wait_final_ms = 0) {
     grpc::ClientContext c;
     data::DeregisterRequest req;
     req.set_worker_id(id_);
     req.set_registration_id(registration_id);
+    req.set_wait_final_ms(wait_final_ms);
     data::DeregisterReply rep;
     return stub_->Deregister(&c, req, &rep);
   }
@@ -317,6 +318,33 @@ TEST_CASE("A Deregister naming an earlier registration is refused and removes no
   CHECK(a2.Deregister(a2.reg().registration_id()).ok());
   CHECK(d.WorkerState(0) == "left");
   CHECK(d.Status().step_workers() == 1);
+}
+
+// The worker's exit after the job's last step (worker_main: LeaveAfterLastStep). Layer 0's
+// last version is visible a moment before the pipeline counts the step committed, so an
+// early ask must be "ask again", never an error (which would make the worker exit 1).
+TEST_CASE("Deregister after the last step asks again until that step commits, then leaves",
+          "[integration][eps][worker_loss]") {
+  Daemon d("pause", "");
+  RawWorker a(d.address), b(d.address);
+  const auto t0 = std::chrono::steady_clock::now();
+  const grpc::Status early = a.Deregister(a.reg().registration_id(), 60000);
+  CHECK(early.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED);
+  CHECK(early.error_message().find("ask again") != std::string::npos);
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);  // bounded, not the 60 s asked for
+  CHECK(d.WorkerState(a.id()) == "active");
+  const int64_t steps = Daemon::Job().train.steps;
+  for (int64_t s = 0; s < steps; ++s) {
+    std::thread ta([&] { CHECK(a.FullStep(s).ok()); });
+    CHECK(b.FullStep(s).ok());
+    ta.join();
+  }
+  REQUIRE(WaitStep(d, steps));
+  // No periodic checkpoints in this job: nothing to wait for once the step committed.
+  CHECK(a.Deregister(a.reg().registration_id(), 60000).ok());
+  CHECK(b.Deregister(b.reg().registration_id(), 60000).ok());
+  CHECK(d.WorkerState(a.id()) == "left");
+  CHECK(d.WorkerState(b.id()) == "left");
 }
 
 TEST_CASE("EPS undoes a partially applied step when a worker is lost - every worker redoes it",
