@@ -381,8 +381,8 @@ class EpsCore {
   // Restore point for rollbacks: the newest checkpoint written/resumed ("" = job start).
   std::string restore_dir_ GUARDED_BY(mu_);
   int64_t restore_step_ GUARDED_BY(mu_) = 0;
-  bool final_checkpoint_failed_ GUARDED_BY(mu_) = false;
-  std::mt19937_64 registration_rng_ GUARDED_BY(mu_){std::random_device{}()};  // the job-end checkpoint's write failed
+  bool final_checkpoint_failed_ GUARDED_BY(mu_) = false;  // the job-end checkpoint's write failed
+  std::mt19937_64 registration_rng_ GUARDED_BY(mu_){std::random_device{}()};  // Registration::registration_id
   std::string last_checkpoint_ GUARDED_BY(mu_);
   double last_loss_sum_ = 0;
   int64_t last_tokens_ = 0;
