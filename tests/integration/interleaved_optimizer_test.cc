@@ -206,6 +206,20 @@ TEST_CASE("interleaved optimizer: a worker that sends a malformed UpdateDone: a 
   CHECK_THAT(run.worker_logs[0], Catch::Contains("device updates stop"));
 }
 
+// --device-updates defaults to auto: a GPU offers itself, the CPU backend (the daemon's
+// own cores) does not; asking for `on` still offers a CPU backend.
+TEST_CASE("interleaved optimizer: a CPU worker with default flags does not offer its device",
+          "[integration][optim][offload]") {
+  Run r = Prepare("interleave-default");
+  r.job.train.steps = 2;
+  const Outcome run = Train(r, 1.0, {}, 1);
+  CHECK(DeviceUpdates(run) == 0);
+  CHECK(run.worker_logs[0].find("device updates on") == std::string::npos);
+  const Outcome on = Train(r, 1.0, {"--device-updates", "on"}, 1);
+  CHECK(on.worker_logs[0].find("device updates on cpu") != std::string::npos);
+  CHECK(DeviceUpdates(on) > 0);
+}
+
 TEST_CASE("interleaved optimizer: a worker killed while its device holds an update: the daemon takes over, bit-identical",
           "[integration][optim][offload]") {
   Run r = Prepare("interleave-kill");
