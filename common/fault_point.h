@@ -14,7 +14,8 @@
 //   L2L_DELAY_AT=<site>:<ms>[,<site>:<ms>...]
 //
 // makes every visit of the site sleep <ms> milliseconds instead (a slow fetch, a slow
-// update: the per-step timeline tests use it to see a wait land in the right field).
+// update: the per-step timeline tests use it to see a wait land in the right field;
+// eps.checkpoint_loop: the daemon's checkpoint thread between two checkpoints).
 //
 //   L2L_STOP_AT=<site>:<n>[,<site>:<n>...]
 //

@@ -4,6 +4,7 @@
 #include <climits>
 #include <filesystem>
 
+#include "common/fault_point.h"
 #include "common/logging.h"
 #include "common/model_io.h"
 #include "eps_server/checkpoint.h"
@@ -463,31 +464,63 @@ void EpsCore::LivenessLoop() {
 void EpsCore::CheckpointLoop() {
   const int64_t every = checkpoint_every();
   const int64_t steps = job().train.steps;
+  auto boundary_after = [&](int64_t done) { return std::min((done / every + 1) * every, steps); };
+  // Writes the checkpoint of `step` (the gate is held there); the last step's failure
+  // lets the workers waiting in Deregister go (the state stays in memory).
+  auto write = [&](int64_t step) REQUIRES(recovery_mu_) {
+    auto r = WriteCheckpointLocked(step, checkpoint_root() + "/" + CheckpointDirName(step), true);
+    if (r.ok()) return;
+    L2L_LOG_ERROR("{} checkpoint of step {} failed: {}", step >= steps ? "the last step's" : "periodic", step,
+                  r.status().ToString());
+    if (step >= steps) {
+      L2L_LOG_ERROR("the job's final state stays in this daemon's memory only: write it with `l2lctl "
+                    "checkpoint` or `l2lctl stop` once the cause is fixed");
+      std::lock_guard<std::mutex> lock(mu_);
+      final_checkpoint_failed_ = true;
+      cv_.notify_all();
+    }
+  };
+  int64_t next = -1;  // the boundary a HoldAt is registered at (-1: none yet)
   while (!stopped_) {
-    const int64_t done = pipeline_->stats().completed_step;
-    if (done >= steps) break;  // resumed from the last step's checkpoint: nothing left
-    const int64_t next = std::min((done / every + 1) * every, steps);
-    if (!pipeline_->HoldAt(next)) continue;
+    if (next < 0) {
+      const int64_t done = pipeline_->stats().completed_step;
+      if (done >= steps) {
+        // At the end: resumed from the last step's checkpoint, or this thread started
+        // late and the job ran past every hold it could have set. Then write it now.
+        bool have = false;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          have = restore_step_ >= steps;
+        }
+        if (!have) {
+          std::lock_guard<std::mutex> rlock(recovery_mu_);
+          Result<UpdatePipeline::FreezeGuard> held = HoldAtBoundary(60s);
+          if (held.ok()) write(held->frozen().step);
+        }
+        break;
+      }
+      next = boundary_after(done);
+      if (!pipeline_->HoldAt(next)) {
+        next = -1;
+        continue;
+      }
+    }
     while (!stopped_ && !pipeline_->WaitHeld(next, 200ms)) {
     }
     if (stopped_) break;
+    int64_t following = -1;
     {
       UpdatePipeline::FreezeGuard gate = pipeline_->AdoptHeld(next);
       std::lock_guard<std::mutex> rlock(recovery_mu_);
-      auto r = WriteCheckpointLocked(next, checkpoint_root() + "/" + CheckpointDirName(next), true);
-      if (!r.ok()) {
-        L2L_LOG_ERROR("{} checkpoint of step {} failed: {}", next >= steps ? "the last step's" : "periodic", next,
-                      r.status().ToString());
-        if (next >= steps) {
-          L2L_LOG_ERROR("the job's final state stays in this daemon's memory only: write it with `l2lctl "
-                        "checkpoint` or `l2lctl stop` once the cause is fixed");
-          std::lock_guard<std::mutex> lock(mu_);
-          final_checkpoint_failed_ = true;
-          cv_.notify_all();
-        }
-      }
+      write(next);
+      // The next boundary's hold goes in while the gate is still shut: a thread
+      // descheduled after the gate opens could otherwise find the pipeline already past
+      // it and skip that checkpoint (the last step's included).
+      if (next < steps && pipeline_->HoldAt(boundary_after(next))) following = boundary_after(next);
     }
     if (next >= steps) break;
+    FaultPoint("eps.checkpoint_loop");  // tests: L2L_DELAY_AT deschedules this thread here
+    next = following;
   }
 }
 

@@ -73,6 +73,7 @@ class Cluster:
         self.last_step = 0
         self.unexpected = []  # exits nobody asked for
         self.eps_args = []  # extra l2l-eps flags (e.g. --config)
+        self.eps_env = {}  # extra l2l-eps environment (e.g. L2L_DELAY_AT)
 
     def ckpt_root(self):
         return os.path.join(self.state, "checkpoints")
@@ -91,7 +92,7 @@ class Cluster:
         if self.transport == "grpc":
             argv += ["--transport", "grpc"]
         argv += self.eps_args
-        env = {}
+        env = dict(self.eps_env)
         fault = self.env_next.pop("eps", None)
         if fault:
             env["L2L_FAULT_AT"] = fault
@@ -179,8 +180,9 @@ class Cluster:
         return self.procs.status(self.addr)
 
 
-def run_uninterrupted(procs, work, job_yaml, transport, deadline):
+def run_uninterrupted(procs, work, job_yaml, transport, deadline, eps_env=None):
     c = Cluster(procs, work, job_yaml, transport, "ref")
+    c.eps_env = eps_env or {}
     if not c.start_eps():
         raise Failure("reference l2l-eps did not start:\n" + c.eps.tail())
     for i in range(2):

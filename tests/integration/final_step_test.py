@@ -6,8 +6,10 @@ The job has 5 steps and checkpoint_every 2, so the periodic checkpoints are step
 the daemon must still write one of step 5 when the job ends, and workers leave only after
 it (Deregister waits for it). Two runs:
 
-  1. uninterrupted: when both workers have exited 0, checkpoints/step-00000005 exists
-     (before anyone asks the daemon to stop or checkpoint);
+  1. uninterrupted, with the daemon's checkpoint thread slowed (L2L_DELAY_AT=
+     eps.checkpoint_loop): when both workers have exited 0, checkpoints/step-00000005
+     exists (before anyone asks the daemon to stop or checkpoint), and 2 and 4 too (none
+     skipped because the job ran past a boundary before the thread set its hold);
   2. the daemon is killed (SIGKILL at the fault site eps.checkpoint) half-way through
      writing that last checkpoint, after the last step committed. No worker may exit 0
      then: a supervisor with Restart=on-failure (this test) would not restart it, and the
@@ -40,10 +42,17 @@ def main():
 
     def scenario(procs, work, shown):
         job_yaml = write_small_job(work, STEPS, checkpoint_every=EVERY)
-        ref = run_uninterrupted(procs, work, job_yaml, a.transport, time.monotonic() + 300)
+        # The reference daemon's checkpoint thread sleeps 300 ms after each checkpoint,
+        # long enough for the job to run past the next boundary (a step takes a few ms):
+        # it must still write every one of them, the last step's included.
+        ref = run_uninterrupted(procs, work, job_yaml, a.transport, time.monotonic() + 300,
+                                eps_env={"L2L_DELAY_AT": "eps.checkpoint_loop:300"})
         if not os.path.exists(last_checkpoint(ref)):
             raise Failure("both workers exited 0 but the last step's checkpoint %s is not written (checkpoints: %s)"
                           % (last_checkpoint(ref), sorted(os.listdir(ref.ckpt_root()))))
+        written = sorted(x for x in os.listdir(ref.ckpt_root()) if x.startswith("step-"))
+        if written != ["step-%08d" % s for s in (2, 4, 5)]:
+            raise Failure("with a slow checkpoint thread the checkpoints are %s, not steps 2, 4 and 5" % written)
         ref_export, _ = finish(procs, ref, STEPS)
 
         c = Cluster(procs, work, job_yaml, a.transport, "chaos")
