@@ -233,12 +233,17 @@ def write_small_job(work, steps, checkpoint_every=0):
     return job_yaml
 
 
-def finish_and_compare(procs, c, steps, ref_export, who="w"):
-    """Both workers exit 0, then finish(); the final weights must equal ref_export's."""
+def wait_workers_exit_0(c, who="w"):
+    """Both of c's workers exit with status 0 within 60 s each."""
     for i in range(2):
         code = c.workers[i].wait(60)
         if code != 0:
             raise Failure("%s%d exited %s:\n%s" % (who, i, code, c.workers[i].tail()))
+
+
+def finish_and_compare(procs, c, steps, ref_export):
+    """Both workers exit 0, then finish(); the final weights must equal ref_export's."""
+    wait_workers_exit_0(c)
     got_export, _ = finish(procs, c, steps)
     diff = l2l_procs.compare_weights(got_export, ref_export)
     if diff:

@@ -26,7 +26,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from chaos_test import (Cluster, Failure, finish, finish_and_compare, run_scenario,  # noqa: E402
-                        run_uninterrupted, scenario_args, wait_finished, write_small_job)
+                        run_uninterrupted, scenario_args, wait_finished, wait_workers_exit_0,
+                        write_small_job)
 
 STEPS = 5
 EVERY = 2
@@ -80,9 +81,11 @@ def main():
         if {r for r, _ in died} != {"eps", "w0", "w1"} or c.unexpected:
             raise Failure("supervisor pass saw %s, unexpected %s" % (died, c.unexpected))
         wait_finished(c, STEPS, 120, "the resumed job")
+        # "finished" is the last step committed; the workers exit 0 only once it is on disk.
+        wait_workers_exit_0(c, who="restarted w")
         if not os.path.exists(last_checkpoint(c)):
-            raise Failure("after the resumed run the last step's checkpoint is not written")
-        finish_and_compare(procs, c, STEPS, ref_export, who="restarted w")
+            raise Failure("the restarted workers exited 0 but the last step's checkpoint is not written")
+        finish_and_compare(procs, c, STEPS, ref_export)
         return ("the last step's checkpoint exists when the workers exit 0; a daemon killed while writing it left "
                 "both workers failing (not exit 0); restarted, they redid step %d and the final weights equal the "
                 "uninterrupted run bit for bit" % STEPS)
