@@ -654,7 +654,7 @@ Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t t
   return Status::Ok();
 }
 
-Result<int64_t> EpsCore::Deregister(int32_t worker_id, uint64_t registration_id, std::chrono::milliseconds wait_final) {
+Status EpsCore::Deregister(int32_t worker_id, uint64_t registration_id, std::chrono::milliseconds wait_final) {
   if (wait_final.count() < 0 || wait_final > std::chrono::milliseconds(600000)) {
     return InvalidArgument("wait_final_ms " + std::to_string(wait_final.count()) + " is outside 0..600000");
   }
@@ -686,24 +686,19 @@ Result<int64_t> EpsCore::Deregister(int32_t worker_id, uint64_t registration_id,
       return checkpoint_every() <= 0 || restore_step_ >= steps || final_checkpoint_failed_ || stopped_.load() ||
              !fatal_.ok();
     });
-    const int64_t newest = [&] {
-      ASSERT_HELD(mu_);
-      return restore_step_;
-    }();
     if (!ready) {
+      const int64_t newest = [&] {
+        ASSERT_HELD(mu_);
+        return restore_step_;
+      }();
       return Status(StatusCode::kDeadlineExceeded, "the checkpoint of the last step (" + std::to_string(steps) +
                                                        ") is not written yet (newest: " + std::to_string(newest) +
                                                        "); ask again");
     }
   }
-  int64_t durable = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    durable = restore_step_;
-  }
   std::lock_guard<std::mutex> rlock(recovery_mu_);
   HandleLoss(worker_id, WorkerState::kLeft);
-  return durable;
+  return Status::Ok();
 }
 
 void EpsCore::Stop() {

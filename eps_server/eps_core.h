@@ -259,10 +259,9 @@ class EpsCore {
   // state then stays in this daemon's memory and the log says so). A daemon that dies
   // first leaves the worker with an error, so a supervisor restarts it and the step is
   // redone after --resume. DEADLINE_EXCEEDED (still registered) when the wait runs out
-  // or the last step has not committed within 200 ms. Returns the newest checkpointed
-  // step.
-  Result<int64_t> Deregister(int32_t worker_id, uint64_t registration_id,
-                             std::chrono::milliseconds wait_final = std::chrono::milliseconds(0));
+  // or the last step has not committed within 200 ms.
+  Status Deregister(int32_t worker_id, uint64_t registration_id,
+                    std::chrono::milliseconds wait_final = std::chrono::milliseconds(0));
 
   // Interleaved optimizer (worker_updater.h): a worker's TakeUpdate long poll and its
   // UpdateDone. Both fail like the worker's other data calls when it is not active.

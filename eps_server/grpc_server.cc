@@ -386,11 +386,9 @@ class DataService final : public data::Data::Service {
   }
 
   grpc::Status Deregister(grpc::ServerContext*, const data::DeregisterRequest* req,
-                          data::DeregisterReply* rep) override {
-    Result<int64_t> r = core_->Deregister(req->worker_id(), req->registration_id(),
-                                          std::chrono::milliseconds(req->wait_final_ms()));
-    if (r.ok()) rep->set_checkpoint_step(*r);
-    return ToGrpc(r.status());
+                          data::DeregisterReply*) override {
+    return ToGrpc(core_->Deregister(req->worker_id(), req->registration_id(),
+                                    std::chrono::milliseconds(req->wait_final_ms())));
   }
 
  private:

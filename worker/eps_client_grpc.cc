@@ -397,26 +397,26 @@ Status GrpcEpsClient::StepDone(const StepReport& r) {
   return FromGrpc(impl_->stub->StepDone(&ctx, req, &rep), "StepDone(step " + std::to_string(r.step) + ")");
 }
 
-Status GrpcEpsClient::Deregister() {
-  deregistered_ = true;
-  data::DeregisterRequest req;
-  req.set_worker_id(reg_.worker_id);
-  req.set_registration_id(reg_.registration_id);
-  data::DeregisterReply rep;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return FromGrpc(impl_->stub->Deregister(&ctx, req, &rep), "Deregister");
-}
-
-Status GrpcEpsClient::LeaveAfterLastStep(std::chrono::milliseconds wait) {
+// One Deregister rpc naming this registration; wait: DeregisterRequest.wait_final_ms.
+Status GrpcEpsClient::SendDeregister(std::chrono::milliseconds wait, std::chrono::milliseconds deadline) {
   data::DeregisterRequest req;
   req.set_worker_id(reg_.worker_id);
   req.set_registration_id(reg_.registration_id);
   req.set_wait_final_ms(wait.count());
   data::DeregisterReply rep;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + wait + std::chrono::seconds(5));
-  Status s = FromGrpc(impl_->stub->Deregister(&ctx, req, &rep), "Deregister after the last step");
+  ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+  return FromGrpc(impl_->stub->Deregister(&ctx, req, &rep), wait.count() > 0 ? "Deregister after the last step"
+                                                                                : "Deregister");
+}
+
+Status GrpcEpsClient::Deregister() {
+  deregistered_ = true;
+  return SendDeregister(std::chrono::milliseconds(0), std::chrono::seconds(2));
+}
+
+Status GrpcEpsClient::LeaveAfterLastStep(std::chrono::milliseconds wait) {
+  Status s = SendDeregister(wait, wait + std::chrono::seconds(5));
   if (s.ok()) deregistered_ = true;
   return s;
 }

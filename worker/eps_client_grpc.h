@@ -68,6 +68,7 @@ class GrpcEpsClient : public EpsClient {
   std::atomic<bool> rejoin_requested_{false};
   // Re-registers and updates reg_; *shm gets the (new) segment names.
   Status RegisterAgain(ShmInfo* shm);
+  Status SendDeregister(std::chrono::milliseconds wait, std::chrono::milliseconds deadline);
 
  private:
   void HeartbeatLoop(std::chrono::milliseconds interval);

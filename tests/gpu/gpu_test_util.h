@@ -169,7 +169,7 @@ using testing::Bf16AttentionBounds;
 using testing::CpuAttentionProbs;
 using testing::ExpectWithin;
 using testing::RoundBf16;
-using testing::CompareBf16Gemm;
+using testing::CheckBf16Gemm;
 using testing::RoundedBf16;
 
 // One layer workspace on each backend.

@@ -120,20 +120,18 @@ inline double OpAt(const std::vector<float>& x, bool trans, int64_t ld, int64_t 
   return trans ? x[c * ld + r] : x[r * ld + c];
 }
 
-// A bf16-mode Gemm's C (got) against the double product of the bf16-rounded operands
-// (ar, br: already rounded) and against the fp32 Gemm's C. Errors are relative to
-// |alpha| sum|a||b| per element; `bad` counts elements beyond 1e-5 of that (+ 1e-6 of
-// |beta C|).
-struct Bf16GemmErrors {
+// Checks a bf16-mode Gemm's C (got) against the double product of the bf16-rounded
+// operands (ar, br: already rounded) and against the fp32 Gemm's C (fp32). Errors are
+// relative to |alpha| sum|a||b| per element: none beyond 1e-5 of that (+ 1e-6 of
+// |beta C|); the fp32 result differs by more than 1e-4 somewhere (the mode is on) and by
+// no more than bf16 rounding (2^-7) anywhere; the padding between C's rows (c0's values)
+// is not written.
+inline void CheckBf16Gemm(const std::vector<float>& got, const std::vector<float>& fp32,
+                          const std::vector<float>& ar, const std::vector<float>& br,
+                          const std::vector<float>& c0, bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                          float alpha, float beta, int64_t lda, int64_t ldb, int64_t ldc) {
   size_t bad = 0;
-  double worst_oracle = 0.0;  // max |got - oracle| / (|alpha| sum|a||b|)
-  double max_vs_fp32 = 0.0;   // max |got - fp32| / (|alpha| sum|a||b|)
-};
-inline Bf16GemmErrors CompareBf16Gemm(const std::vector<float>& got, const std::vector<float>& fp32,
-                                      const std::vector<float>& ar, const std::vector<float>& br,
-                                      const std::vector<float>& c0, bool ta, bool tb, int64_t M, int64_t N,
-                                      int64_t K, float alpha, float beta, int64_t lda, int64_t ldb, int64_t ldc) {
-  Bf16GemmErrors e;
+  double worst_oracle = 0.0, max_vs_fp32 = 0.0;
   for (int64_t i = 0; i < M; ++i) {
     for (int64_t j = 0; j < N; ++j) {
       double dot = 0.0, mag = 0.0;
@@ -147,13 +145,19 @@ inline Bf16GemmErrors CompareBf16Gemm(const std::vector<float>& got, const std::
       const double scale = std::abs(alpha) * mag;
       const double err = std::abs(got[i * ldc + j] - ref);
       const double tol = 1e-5 * scale + 1e-6 * std::abs(beta * c_in) + 1e-30;
-      if (!(err <= tol)) ++e.bad;
-      e.worst_oracle = std::max(e.worst_oracle, err / (scale + 1e-30));
-      e.max_vs_fp32 = std::max(e.max_vs_fp32, std::abs(double(got[i * ldc + j]) - fp32[i * ldc + j]) /
-                                                  (scale + 1e-30));
+      if (!(err <= tol)) ++bad;
+      worst_oracle = std::max(worst_oracle, err / (scale + 1e-30));
+      max_vs_fp32 = std::max(max_vs_fp32, std::abs(double(got[i * ldc + j]) - fp32[i * ldc + j]) / (scale + 1e-30));
     }
   }
-  return e;
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = N; j < ldc; ++j) CHECK(got[i * ldc + j] == c0[i * ldc + j]);
+  }
+  INFO("worst |got - oracle| / (|alpha| sum|a||b|) = " << worst_oracle
+       << "; max |bf16 - fp32| / (|alpha| sum|a||b|) = " << max_vs_fp32);
+  CHECK(bad == 0);
+  CHECK(max_vs_fp32 > 1e-4);                         // the mode is on
+  CHECK(max_vs_fp32 <= std::ldexp(1.0, -7) + 1e-5);  // and it is bf16 rounding, no worse
 }
 
 // |got - ref| <= 1.01 * bound + atol + rtol * |ref| for every element (bound: what bf16
