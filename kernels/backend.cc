@@ -110,6 +110,13 @@ void Backend::LinearForward(float* y, const float* x, const float* w, bool trans
   if (residual != nullptr) Add(y, y, residual, N * OC);
 }
 
+void Backend::GeluBackwardBias(float* dinp, float* dbias, const float* inp, const float* dout,
+                               int64_t N, int64_t F) {
+  Zero(dinp, size_t(N * F) * sizeof(float));
+  GeluBackward(dinp, inp, dout, N * F);
+  if (dbias != nullptr) BiasBackward(dbias, dinp, N, F);
+}
+
 void Backend::TokenEmbeddingForward(float*, const int32_t*, const float*, int64_t, int64_t) {
   NotImplemented(*this, "TokenEmbeddingForward");
 }

@@ -190,6 +190,12 @@ class Backend {
   virtual void GeluForward(float* out, const float* inp, int64_t n) = 0;
   // dinp += gelu'(inp) * dout.
   virtual void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) = 0;
+  // The MLP's activation backward with its input layer's bias gradient, fused:
+  // dinp (N,F) = gelu'(inp) * dout (overwritten, not accumulated); dbias (F) += column sums
+  // of that dinp (skipped when dbias is null). The default runs Zero, GeluBackward and
+  // BiasBackward; a backend may do it in one pass over memory.
+  virtual void GeluBackwardBias(float* dinp, float* dbias, const float* inp, const float* dout,
+                                int64_t N, int64_t F);
   // Sum of squares of x (n), computed in double, returned to the host (synchronises).
   virtual double SumSquares(const float* x, int64_t n) = 0;
 

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <new>
 #include <string>
 
@@ -27,6 +28,45 @@ constexpr float kLayerNormEps = 1e-5f;
 // gradients): each task owns a disjoint slice of columns and walks rows in order, so
 // the result does not depend on the thread count.
 constexpr int64_t kColumnChunk = 64;
+// Rows per partial sum in ReduceRowChunks (fixed: the bits must not depend on threads).
+constexpr int64_t kRowChunk = 32;
+
+namespace {
+
+// Column sums over N rows of width-wide outputs, deterministic and with contiguous row
+// reads: fn(r0, r1, part) adds rows [r0, r1) (one chunk of at most kRowChunk rows, in
+// order) into part, outs.size() zeroed vectors of `width` floats back to back; chunks run
+// in parallel. Then, per column slice in parallel, the chunks' partials are summed in
+// chunk order and added to each out. Call inside the arena.
+template <typename F>
+void ReduceRowChunks(std::vector<float>* scratch, int64_t N, int64_t width,
+                     std::initializer_list<float*> outs, const F& fn) {
+  if (N <= 0 || width <= 0) return;
+  const int64_t chunks = (N + kRowChunk - 1) / kRowChunk;
+  const int64_t n_out = static_cast<int64_t>(outs.size());
+  const int64_t stride = n_out * width;
+  if (int64_t(scratch->size()) < chunks * stride) scratch->resize(chunks * stride);
+  float* part = scratch->data();
+  ParallelFor(chunks, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      float* p = part + k * stride;
+      std::fill(p, p + stride, 0.0f);
+      fn(k * kRowChunk, std::min(N, (k + 1) * kRowChunk), p);
+    }
+  });
+  ParallelFor(width, std::max<int64_t>(kColumnChunk, kElemGrain / chunks), [&](int64_t c0, int64_t c1) {
+    int64_t j = 0;
+    for (float* out : outs) {
+      float* total = part + j * width + c0;  // chunk 0's partial collects the others
+      for (int64_t k = 1; k < chunks; ++k) AddSpan(total, total, part + k * stride + j * width + c0, c1 - c0);
+      AddSpan(out + c0, out + c0, total, c1 - c0);
+      ++j;
+    }
+  });
+}
+
+}  // namespace
+
 
 CpuBackend::CpuBackend(int num_threads, CpuGemmPrecision gemm)
     : num_threads_(num_threads > 0 ? num_threads : tbb::this_task_arena::max_concurrency()),
@@ -112,14 +152,9 @@ void CpuBackend::LinearForward(float* y, const float* x, const float* w, bool tr
   const DnnlMatmul::Epilogue epilogue = [&](int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
     for (int64_t m = m0; m < m1; ++m) {
       float* o = y + m * OC;
-      if (bias != nullptr) {
-        for (int64_t c = n0; c < n1; ++c) o[c] += bias[c];
-      }
+      if (bias != nullptr) AddSpan(o + n0, o + n0, bias + n0, n1 - n0);
       if (act != nullptr) GeluForwardSpan(act + m * OC + n0, o + n0, n1 - n0);
-      if (residual != nullptr) {
-        const float* r = residual + m * OC;
-        for (int64_t c = n0; c < n1; ++c) o[c] = o[c] + r[c];
-      }
+      if (residual != nullptr) AddSpan(o + n0, o + n0, residual + m * OC + n0, n1 - n0);
     }
   };
   const bool any = bias != nullptr || act != nullptr || residual != nullptr;
@@ -128,14 +163,8 @@ void CpuBackend::LinearForward(float* y, const float* x, const float* w, bool tr
 
 void CpuBackend::BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) {
   InArena([&] {
-    ForColumnChunks(OC, kColumnChunk, [&](int64_t c0, int64_t c1) {
-      float acc[kColumnChunk];
-      for (int64_t c = c0; c < c1; ++c) acc[c - c0] = 0.0f;
-      for (int64_t r = 0; r < N; ++r) {
-        const float* d = dout + r * OC;
-        for (int64_t c = c0; c < c1; ++c) acc[c - c0] += d[c];
-      }
-      for (int64_t c = c0; c < c1; ++c) dbias[c] += acc[c - c0];
+    ReduceRowChunks(&row_partials_, N, OC, {dbias}, [&](int64_t r0, int64_t r1, float* part) {
+      for (int64_t r = r0; r < r1; ++r) AddSpan(part, part, dout + r * OC, OC);
     });
   });
 }
@@ -188,6 +217,19 @@ void CpuBackend::GeluBackward(float* dinp, const float* inp, const float* dout, 
   InArena([&] {
     ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) {
       GeluBackwardSpan(dinp + i0, inp + i0, dout + i0, i1 - i0);
+    });
+  });
+}
+
+void CpuBackend::GeluBackwardBias(float* dinp, float* dbias, const float* inp, const float* dout, int64_t N,
+                                  int64_t F) {
+  if (dbias == nullptr) {
+    Backend::GeluBackwardBias(dinp, dbias, inp, dout, N, F);
+    return;
+  }
+  InArena([&] {
+    ReduceRowChunks(&row_partials_, N, F, {dbias}, [&](int64_t r0, int64_t r1, float* part) {
+      for (int64_t r = r0; r < r1; ++r) GeluBackwardSumSpan(dinp + r * F, part, inp + r * F, dout + r * F, F);
     });
   });
 }
@@ -254,70 +296,18 @@ void CpuBackend::EmbeddingBackward(float* dwte, float* dwpe, const float* dout,
 
 void CpuBackend::LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
                                   const float* weight, const float* bias, int64_t N, int64_t C) {
-  InArena([&] {
-    ParallelFor(N, RowGrain(C), [&](int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n) {
-        const float* x = inp + n * C;
-        double s = 0.0;
-        for (int64_t c = 0; c < C; ++c) s += x[c];
-        const double m = s / double(C);
-        double v = 0.0;
-        for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
-        v /= double(C);  // biased variance, as torch
-        const float rs = float(1.0 / std::sqrt(v + kLayerNormEps));
-        const float mf = float(m);
-        float* o = out + n * C;
-        for (int64_t c = 0; c < C; ++c) o[c] = (x[c] - mf) * rs * weight[c] + bias[c];
-        mean[n] = mf;
-        rstd[n] = rs;
-      }
-    });
-  });
+  LayerNormForwardEps(out, mean, rstd, inp, weight, bias, N, C, kLayerNormEps);
 }
 
 void CpuBackend::LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                                    const float* inp, const float* weight, const float* mean,
                                    const float* rstd, int64_t N, int64_t C) {
+  // One pass: each row's dinp, and its dweight/dbias terms into its chunk's partials.
   InArena([&] {
-    // dinp: rows are independent.
-    ParallelFor(N, RowGrain(C), [&](int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n) {
-        const float* x = inp + n * C;
-        const float* d = dout + n * C;
-        const float m = mean[n], rs = rstd[n];
-        float dnorm_mean = 0.0f, dnorm_norm_mean = 0.0f;
-        for (int64_t c = 0; c < C; ++c) {
-          const float norm = (x[c] - m) * rs;
-          const float dnorm = weight[c] * d[c];
-          dnorm_mean += dnorm;
-          dnorm_norm_mean += dnorm * norm;
-        }
-        dnorm_mean /= float(C);
-        dnorm_norm_mean /= float(C);
-        float* di = dinp + n * C;
-        for (int64_t c = 0; c < C; ++c) {
-          const float norm = (x[c] - m) * rs;
-          const float dnorm = weight[c] * d[c];
-          di[c] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * rs;
-        }
-      }
-    });
-    // dweight, dbias: column slices, rows in order (deterministic).
-    ForColumnChunks(C, kColumnChunk, [&](int64_t c0, int64_t c1) {
-      float dw[kColumnChunk], db[kColumnChunk];
-      for (int64_t c = c0; c < c1; ++c) dw[c - c0] = db[c - c0] = 0.0f;
-      for (int64_t n = 0; n < N; ++n) {
-        const float* x = inp + n * C;
-        const float* d = dout + n * C;
-        const float m = mean[n], rs = rstd[n];
-        for (int64_t c = c0; c < c1; ++c) {
-          db[c - c0] += d[c];
-          dw[c - c0] += (x[c] - m) * rs * d[c];
-        }
-      }
-      for (int64_t c = c0; c < c1; ++c) {
-        dweight[c] += dw[c - c0];
-        dbias[c] += db[c - c0];
+    ReduceRowChunks(&row_partials_, N, C, {dweight, dbias}, [&](int64_t r0, int64_t r1, float* part) {
+      for (int64_t n = r0; n < r1; ++n) {
+        LayerNormRowBackward(dinp + n * C, part, part + C, inp + n * C, dout + n * C, weight, mean[n], rstd[n],
+                             C);
       }
     });
   });

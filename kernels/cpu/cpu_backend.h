@@ -10,7 +10,10 @@
 //
 // Determinism: every reduction that crosses rows (BiasBackward, LayerNorm dweight/dbias,
 // EmbeddingBackward, SumSquares) is ordered independently of the thread count, so the
-// same inputs give the same bits for those ops whatever num_threads is.
+// same inputs give the same bits for those ops whatever num_threads is. The bias and
+// LayerNorm parameter gradients sum fixed chunks of kRowChunk rows (in row order) into one
+// partial per chunk, in parallel over chunks with contiguous row reads, then add the
+// partials in chunk order (ReduceRowChunks in cpu_backend.cc).
 //
 // Ownership: "device" memory is host memory from Alloc (64-byte aligned); the backend
 // owns its oneDNN engine/stream and primitive cache.
@@ -19,6 +22,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <tbb/task_arena.h>
 
@@ -73,6 +77,9 @@ class CpuBackend final : public Backend {
              float eps, float weight_decay, int64_t t, float grad_scale) override;
   void GeluForward(float* out, const float* inp, int64_t n) override;
   void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) override;
+  // One pass: each row's gradient is written and added to its row chunk's bias partial.
+  void GeluBackwardBias(float* dinp, float* dbias, const float* inp, const float* dout, int64_t N,
+                        int64_t F) override;
   double SumSquares(const float* x, int64_t n) override;
 
   void EmbeddingForward(float* out, const int32_t* tokens, const float* wte, const float* wpe,
@@ -152,6 +159,7 @@ class CpuBackend final : public Backend {
   tbb::task_arena arena_;
   std::unique_ptr<ThreadPinner> pinner_;  // L2L_CPU_PIN=1 only (cpu_pinning.h)
   std::unique_ptr<DnnlMatmul> matmul_;
+  std::vector<float> row_partials_;  // ReduceRowChunks' per-chunk partial sums (reused)
 };
 
 }  // namespace l2l::kernels

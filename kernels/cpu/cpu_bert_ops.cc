@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_math.h"
 #include "kernels/cpu/cpu_parallel.h"
 
 namespace l2l::kernels {
@@ -25,19 +26,7 @@ void CpuBackend::LayerNormForwardEps(float* out, float* mean, float* rstd, const
   InArena([&] {
     ParallelFor(N, RowGrain(C), [&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) {
-        const float* x = inp + n * C;
-        double s = 0.0;
-        for (int64_t c = 0; c < C; ++c) s += x[c];
-        const double m = s / double(C);
-        double v = 0.0;
-        for (int64_t c = 0; c < C; ++c) v += (x[c] - m) * (x[c] - m);
-        v /= double(C);  // biased variance, as torch
-        const float rs = float(1.0 / std::sqrt(v + double(eps)));
-        const float mf = float(m);
-        float* o = out + n * C;
-        for (int64_t c = 0; c < C; ++c) o[c] = (x[c] - mf) * rs * weight[c] + bias[c];
-        mean[n] = mf;
-        rstd[n] = rs;
+        LayerNormRowForward(out + n * C, mean + n, rstd + n, inp + n * C, weight, bias, C, eps);
       }
     });
   });

@@ -10,6 +10,7 @@
 #include "common/dtype.h"
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -109,6 +110,19 @@ void GeluBackwardSpan(float* dinp, const float* in, const float* dout, int64_t n
   L2L_DISPATCH(GeluBackwardSpan, dinp, in, dout, n);
 }
 float MaxSpan(const float* x, int64_t n) { L2L_DISPATCH(MaxSpan, x, n); }
+void GeluBackwardSumSpan(float* dinp, float* sum, const float* in, const float* dout, int64_t n) {
+  L2L_DISPATCH(GeluBackwardSumSpan, dinp, sum, in, dout, n);
+}
+void AddSpan(float* out, const float* a, const float* b, int64_t n) { L2L_DISPATCH(AddSpan, out, a, b, n); }
+void LayerNormRowForward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                         const float* b, int64_t C, float eps) {
+  L2L_DISPATCH(LayerNormRowForward, out, mean, rstd, x, w, b, C, eps);
+}
+void LayerNormRowBackward(float* dinp, float* dw, float* db, const float* x, const float* d,
+                          const float* w, float mean, float rstd, int64_t C) {
+  L2L_DISPATCH(LayerNormRowBackward, dinp, dw, db, x, d, w, mean, rstd, C);
+}
+
 double ExpShiftSumSpan(float* out, const float* x, float shift, int64_t n) {
   L2L_DISPATCH(ExpShiftSumSpan, out, x, shift, n);
 }

@@ -26,6 +26,18 @@ const char* MathIsaName(MathIsa isa);
 void GeluForwardSpan(float* out, const float* in, int64_t n);
 // dinp[i] += gelu'(in[i]) * dout[i].
 void GeluBackwardSpan(float* dinp, const float* in, const float* dout, int64_t n);
+// dinp[i] = gelu'(in[i]) * dout[i] (overwritten); sum[i] += dinp[i].
+void GeluBackwardSumSpan(float* dinp, float* sum, const float* in, const float* dout, int64_t n);
+// out[i] = a[i] + b[i]; out may alias a or b.
+void AddSpan(float* out, const float* a, const float* b, int64_t n);
+// One row of LayerNorm: out = (x - mean) * rstd * w + b over C; *mean, *rstd saved
+// (mean and biased variance from fp32 lane sums combined in double).
+void LayerNormRowForward(float* out, float* mean, float* rstd, const float* x, const float* w,
+                         const float* b, int64_t C, float eps);
+// One row of LayerNorm's backward, d = dout row: dinp += (w d - mean(w d) - norm mean(w d norm))
+// rstd with norm = (x - mean) rstd; dw += norm d; db += d (all over C).
+void LayerNormRowBackward(float* dinp, float* dw, float* db, const float* x, const float* d,
+                          const float* w, float mean, float rstd, int64_t C);
 // max of x[0..n), n >= 1.
 float MaxSpan(const float* x, int64_t n);
 // out[i] = exp(x[i] - shift); returns the sum of out (out may alias x).

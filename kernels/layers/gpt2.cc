@@ -13,12 +13,12 @@ namespace {
 using kernels::Backend;
 using kernels::DeviceBuffer;
 
-// Backward of Linear: dW (IC,OC) += x^T @ dy; db (OC) += colsum(dy); dx (N,IC) = dy @ W^T
-// (overwritten; skipped when dx is null).
+// Backward of Linear: dW (IC,OC) += x^T @ dy; db (OC) += colsum(dy) (skipped when db is
+// null: the caller fused it); dx (N,IC) = dy @ W^T (overwritten; skipped when dx is null).
 void LinearBackward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x,
                     const float* w, int64_t N, int64_t IC, int64_t OC) {
   be.Gemm(true, false, IC, OC, N, 1.0f, x, IC, dy, OC, 1.0f, dw, OC);
-  be.BiasBackward(db, dy, N, OC);
+  if (db != nullptr) be.BiasBackward(db, dy, N, OC);
   if (dx != nullptr) be.Gemm(false, true, N, IC, OC, 1.0f, dy, OC, w, OC, 0.0f, dx, IC);
 }
 
@@ -118,9 +118,8 @@ void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& 
   float* dres = ws.g3.f32();  // (N,C) gradient of the residual stream
   // MLP: out = x1 + c_proj(gelu(c_fc(ln_2(x1)))).
   LinearBackward(be, g0, d.mproj_w, d.mproj_b, dout, ws.fch_gelu.f32(), w.mproj_w, N, F, C);
-  be.Zero(g1, N * F * sizeof(float));
-  be.GeluBackward(g1, ws.fch.f32(), g0, N * F);                               // dfch (N,F)
-  LinearBackward(be, g2, d.fc_w, d.fc_b, g1, ws.ln2.f32(), w.fc_w, N, C, F);  // dln2 (N,C)
+  be.GeluBackwardBias(g1, d.fc_b, ws.fch.f32(), g0, N, F);                        // dfch (N,F), dfc_b
+  LinearBackward(be, g2, d.fc_w, nullptr, g1, ws.ln2.f32(), w.fc_w, N, C, F);  // dln2 (N,C)
   be.CopyDeviceToDevice(dres, dout, N * C * sizeof(float));
   be.LayerNormBackward(dres, d.ln2_w, d.ln2_b, g2, ws.resid2.f32(), w.ln2_w, ws.ln2_mean.f32(),
                        ws.ln2_rstd.f32(), N, C);  // dx1 (N,C)

@@ -170,6 +170,14 @@ TEST_CASE("cuda elementwise ops match the cpu", "[gpu]") {
     b.gpu->GeluBackward(din.g(), x.g(), y.g(), n);
     ExpectTwinClose(b, din, kElemAtol, kElemRtol, "GeluBackward");
   }
+  SECTION("GeluBackwardBias overwrites the gradient and sums it into the bias") {
+    const int64_t F = n >= 37 ? 37 : 1, N = n / F;
+    Twin din = Twin::Of(b, RandomVec(rng, N * F)), dbias = Twin::Of(b, RandomVec(rng, F));
+    b.cpu->GeluBackwardBias(din.c(), dbias.c(), x.c(), y.c(), N, F);
+    b.gpu->GeluBackwardBias(din.g(), dbias.g(), x.g(), y.g(), N, F);
+    ExpectTwinClose(b, din, kElemAtol, kElemRtol, "GeluBackwardBias dinp");
+    ExpectTwinClose(b, dbias, kGemmAtol, kGemmRtol, "GeluBackwardBias dbias");
+  }
   SECTION("SumSquares in double") {
     double c = b.cpu->SumSquares(x.c(), n), g = b.gpu->SumSquares(x.g(), n);
     CHECK(std::abs(g - c) <= 1e-10 * std::abs(c));
