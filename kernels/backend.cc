@@ -117,6 +117,12 @@ void Backend::GeluBackwardBias(float* dinp, float* dbias, const float* inp, cons
   if (dbias != nullptr) BiasBackward(dbias, dinp, N, F);
 }
 
+void Backend::CrossEntropyForwardBackward(float* losses, float* dlogits, const float* logits,
+                                          const int32_t* targets, float scale, int64_t N, int64_t V) {
+  CrossEntropyForward(losses, dlogits, logits, targets, N, V);
+  CrossEntropyBackward(dlogits, dlogits, targets, scale, N, V);
+}
+
 void Backend::TokenEmbeddingForward(float*, const int32_t*, const float*, int64_t, int64_t) {
   NotImplemented(*this, "TokenEmbeddingForward");
 }

@@ -248,6 +248,12 @@ class Backend {
   // kIgnoreTarget are 0. OVERWRITES dlogits (it may alias probs). scale is d(loss)/d(per-token loss), e.g. 1/(N * micro_batches).
   virtual void CrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
                                     float scale, int64_t N, int64_t V) = 0;
+  // CrossEntropyForward, then CrossEntropyBackward with `scale`, in one op: losses (N) as
+  // the forward; dlogits (N,V) = scale * (softmax(logits) - onehot(targets)), 0 rows for
+  // kIgnoreTarget (the probabilities are not kept; dlogits may alias logits). The same
+  // bits as the two ops (the default runs them); a backend may do it in one pass per row.
+  virtual void CrossEntropyForwardBackward(float* losses, float* dlogits, const float* logits,
+                                           const int32_t* targets, float scale, int64_t N, int64_t V);
 
   // ---- Llama-family ops ---------------------------------------------------------------
   // Not pure: backends that lack them inherit defaults (backend.cc) that abort naming the

@@ -315,22 +315,54 @@ void CpuBackend::LayerNormBackward(float* dinp, float* dweight, float* dbias, co
 
 // ---- cross-entropy -------------------------------------------------------------------
 
+namespace {
+
+// One row of the fused softmax + cross-entropy: p (V) = softmax(x) (p may alias x),
+// returns -log p[tgt] (0 for kIgnoreTarget).
+float CrossEntropyRow(float* p, const float* x, int32_t tgt, int64_t n, int64_t V) {
+  L2L_CHECK(tgt == kIgnoreTarget || (tgt >= 0 && tgt < V))
+      << "CrossEntropyForward: target " << tgt << " at row " << n << " not in [0," << V << ")";
+  const float x_tgt = tgt == kIgnoreTarget ? 0.0f : x[tgt];  // read before p is written
+  const float mx = MaxSpan(x, V);
+  const double sum = ExpShiftSumSpan(p, x, mx, V);
+  ScaleSpan(p, float(1.0 / sum), V);
+  // -log softmax[tgt] = log(sum) - (x[tgt] - max): exact even when the prob underflows.
+  return tgt == kIgnoreTarget ? 0.0f : float(std::log(sum) - double(x_tgt - mx));
+}
+
+// dlogits row from its probabilities (d may alias p): scale * (p - onehot(tgt)), or 0.
+void CrossEntropyBackwardRow(float* d, const float* p, int32_t tgt, float scale, int64_t V) {
+  if (tgt == kIgnoreTarget) {
+    std::memset(d, 0, size_t(V) * sizeof(float));
+    return;
+  }
+  if (d == p) {
+    ScaleSpan(d, scale, V);  // p * scale: the same bits as scale * p
+  } else {
+    for (int64_t v = 0; v < V; ++v) d[v] = scale * p[v];
+  }
+  d[tgt] -= scale;
+}
+
+}  // namespace
+
 void CpuBackend::CrossEntropyForward(float* losses, float* probs, const float* logits,
                                      const int32_t* targets, int64_t N, int64_t V) {
   InArena([&] {
     ParallelFor(N, RowGrain(V), [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) losses[n] = CrossEntropyRow(probs + n * V, logits + n * V, targets[n], n, V);
+    });
+  });
+}
+
+void CpuBackend::CrossEntropyForwardBackward(float* losses, float* dlogits, const float* logits,
+                                             const int32_t* targets, float scale, int64_t N, int64_t V) {
+  InArena([&] {
+    ParallelFor(N, RowGrain(V), [&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) {
-        const int32_t tgt = targets[n];
-        L2L_CHECK(tgt == kIgnoreTarget || (tgt >= 0 && tgt < V))
-            << "CrossEntropyForward: target " << tgt << " at row " << n << " not in [0," << V << ")";
-        const float* x = logits + n * V;
-        float* p = probs + n * V;  // may alias x: x[tgt] is read before p is written
-        const float x_tgt = tgt == kIgnoreTarget ? 0.0f : x[tgt];
-        const float mx = MaxSpan(x, V);
-        const double sum = ExpShiftSumSpan(p, x, mx, V);
-        ScaleSpan(p, float(1.0 / sum), V);
-        // -log softmax[tgt] = log(sum) - (x[tgt] - max): exact even when the prob underflows.
-        losses[n] = tgt == kIgnoreTarget ? 0.0f : float(std::log(sum) - double(x_tgt - mx));
+        float* d = dlogits + n * V;
+        losses[n] = CrossEntropyRow(d, logits + n * V, targets[n], n, V);
+        CrossEntropyBackwardRow(d, d, targets[n], scale, V);
       }
     });
   });
@@ -340,16 +372,7 @@ void CpuBackend::CrossEntropyBackward(float* dlogits, const float* probs, const 
                                       float scale, int64_t N, int64_t V) {
   InArena([&] {
     ParallelFor(N, RowGrain(V), [&](int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n) {
-        const float* p = probs + n * V;
-        float* d = dlogits + n * V;
-        if (targets[n] == kIgnoreTarget) {
-          for (int64_t v = 0; v < V; ++v) d[v] = 0.0f;
-          continue;
-        }
-        for (int64_t v = 0; v < V; ++v) d[v] = scale * p[v];
-        d[targets[n]] -= scale;
-      }
+      for (int64_t n = n0; n < n1; ++n) CrossEntropyBackwardRow(dlogits + n * V, probs + n * V, targets[n], scale, V);
     });
   });
 }

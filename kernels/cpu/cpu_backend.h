@@ -99,6 +99,9 @@ class CpuBackend final : public Backend {
                            const int32_t* targets, int64_t N, int64_t V) override;
   void CrossEntropyBackward(float* dlogits, const float* probs, const int32_t* targets,
                             float scale, int64_t N, int64_t V) override;
+  // One pass per row while it is in cache (the separate backward re-read all N*V).
+  void CrossEntropyForwardBackward(float* losses, float* dlogits, const float* logits,
+                                   const int32_t* targets, float scale, int64_t N, int64_t V) override;
 
   // Llama-family ops (cpu_llama_ops.cc).
   void TokenEmbeddingForward(float* out, const int32_t* tokens, const float* wte, int64_t N,

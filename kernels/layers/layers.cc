@@ -202,10 +202,7 @@ float HeadForwardBackward(Backend& be, const ModelSpec& spec, const LayerLayout&
   const int64_t C = spec.d_model, V = spec.vocab_size, N = B * T;
   const float* w = HeadMatrix(spec, layout, params, wte);
   const float* normed = HeadLogits(be, spec, layout, params, w, in, N, ws);
-  float* logits = ws.logits.f32();  // logits, then probs, then dlogits (N,V)
-  be.CrossEntropyForward(ws.losses.f32(), logits, logits, targets, N, V);
-  std::vector<float> losses(static_cast<size_t>(N));
-  be.CopyToHost(losses.data(), ws.losses.data(), losses.size() * sizeof(float));
+  float* logits = ws.logits.f32();  // logits, then probs (or dlogits) (N,V)
   // Loss-masked positions (kIgnoreTarget) add nothing: the mean is over the trained
   // targets of this micro-batch (all N without a mask), and a micro-batch with none
   // contributes loss 0 and no gradient.
@@ -213,16 +210,23 @@ float HeadForwardBackward(Backend& be, const ModelSpec& spec, const LayerLayout&
   be.CopyToHost(host_targets.data(), targets, host_targets.size() * sizeof(int32_t));
   int64_t trained = 0;
   for (int32_t t : host_targets) trained += t != kernels::kIgnoreTarget;
+  float* dw = nullptr;
+  if (din == nullptr) {
+    be.CrossEntropyForward(ws.losses.f32(), logits, logits, targets, N, V);
+  } else {
+    L2L_CHECK(dparams != nullptr) << "HeadForwardBackward: din given without dparams";
+    dw = spec.tied_embeddings ? dwte : dparams + Off(layout, "lm_head.weight");
+    L2L_CHECK(dw != nullptr) << "HeadForwardBackward: a tied head needs dwte";
+    be.CrossEntropyForwardBackward(ws.losses.f32(), logits, logits, targets,
+                                   loss_scale / static_cast<float>(std::max<int64_t>(trained, 1)), N, V);
+  }
+  std::vector<float> losses(static_cast<size_t>(N));
+  be.CopyToHost(losses.data(), ws.losses.data(), losses.size() * sizeof(float));
   double sum = 0.0;
   for (float l : losses) sum += l;
   const float mean_loss = trained > 0 ? static_cast<float>(sum / static_cast<double>(trained)) : 0.0f;
   if (din == nullptr) return mean_loss;
 
-  L2L_CHECK(dparams != nullptr) << "HeadForwardBackward: din given without dparams";
-  float* dw = spec.tied_embeddings ? dwte : dparams + Off(layout, "lm_head.weight");
-  L2L_CHECK(dw != nullptr) << "HeadForwardBackward: a tied head needs dwte";
-  be.CrossEntropyBackward(logits, logits, targets,
-                          loss_scale / static_cast<float>(std::max<int64_t>(trained, 1)), N, V);
   if (fam.head_logits_bias != nullptr) be.BiasBackward(dparams + Off(layout, fam.head_logits_bias), logits, N, V);
   be.Gemm(true, false, V, C, N, 1.0f, logits, V, normed, C, 1.0f, dw, C);     // dW (V,C) +=
   float* dnormed = ws.g0.f32();

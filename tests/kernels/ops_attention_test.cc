@@ -91,5 +91,41 @@ TEST_CASE("CrossEntropy forward is stable and backward matches finite difference
   ExpectClose(got, fd, 1e-5, 1e-3, "CrossEntropyBackward");
 }
 
+TEST_CASE("CrossEntropyForwardBackward gives the bits of the forward then the backward",
+          "[kernels][cpu][cross_entropy]") {
+  const auto shape = GENERATE(std::array<int64_t, 2>{3, 7}, std::array<int64_t, 2>{67, 1001});
+  const int64_t N = shape[0], V = shape[1];
+  CAPTURE(N, V);
+  std::mt19937 rng(static_cast<uint32_t>(N + V));
+  const auto logits = RandomVec(rng, N * V, -6.0f, 6.0f);
+  auto targets = RandomTokens(rng, N, int32_t(V));
+  targets[1] = kIgnoreTarget;  // a loss-masked row: loss 0, gradient row 0
+  const float scale = 0.013f;
+  auto be = CreateCpuBackend(2);
+  auto dT = Upload(*be, targets);
+  // The two ops, in place as the head runs them.
+  auto two = Upload(*be, logits), loss_two = Upload(*be, RandomVec(rng, N));
+  be->CrossEntropyForward(loss_two.f32(), two.f32(), two.f32(), dT.i32(), N, V);
+  be->CrossEntropyBackward(two.f32(), two.f32(), dT.i32(), scale, N, V);
+  // Fused, in place and into a separate buffer.
+  auto one = Upload(*be, logits), loss_one = Upload(*be, RandomVec(rng, N));
+  be->CrossEntropyForwardBackward(loss_one.f32(), one.f32(), one.f32(), dT.i32(), scale, N, V);
+  auto src = Upload(*be, logits), sep = Upload(*be, RandomVec(rng, N * V)), loss_sep = Upload(*be, RandomVec(rng, N));
+  be->CrossEntropyForwardBackward(loss_sep.f32(), sep.f32(), src.f32(), dT.i32(), scale, N, V);
+  const auto want = Download(*be, two, N * V), want_loss = Download(*be, loss_two, N);
+  CHECK(Download(*be, one, N * V) == want);
+  CHECK(Download(*be, loss_one, N) == want_loss);
+  CHECK(Download(*be, sep, N * V) == want);
+  CHECK(Download(*be, loss_sep, N) == want_loss);
+  CHECK(Download(*be, src, N * V) == logits);  // the input is left alone when not aliased
+  const auto g = Download(*be, one, N * V);
+  CHECK(want_loss[1] == 0.0f);
+  for (int64_t v = 0; v < V; ++v) REQUIRE(g[V + v] == 0.0f);
+  // Each trained row sums to ~0 (scale * (1 - 1)).
+  double row0 = 0.0;
+  for (int64_t v = 0; v < V; ++v) row0 += g[v];
+  CHECK(std::abs(row0) < 1e-6);
+}
+
 }  // namespace
 }  // namespace l2l::kernels
