@@ -23,7 +23,8 @@
 #      (scripts/bench_system.sh: alternating runs, the daemon's tokens/s, the per-step
 #      timeline medians), printed as `ratio system/reference_trainer = X`.
 #
-# Every comparison prints `ratio NAME = X` (X > 1: l2l is faster), from medians.
+# Every comparison prints `ratio NAME = X` (X > 1: l2l is faster), from medians; the
+# worker step's l2l side is run before and after its peer (the mean of both medians).
 # Environment: L2L_BUILD_DIR (default build; needs bin/l2l-bench-eps and
 # bin/l2l-bench-train), THREADS (2), ITERS (AdamW steps, 10), GPT_ITERS (7),
 # ADAMW_PARAMS (33554432), JOB_GRADS (2), SHAPES ("S1 S2"; empty: none), ADAMW (1; 0 skips AdamW),
@@ -99,6 +100,23 @@ bound=$(val "$TMP/l2l-job" adamw_bound_params_per_s)
   'BEGIN { printf "fraction adamw_job of the measured memory bound = %.2f\n", a / b }'
 fi
 
+# The worker step runs before and after its torch peer; its figure is the mean of the
+# two medians, so a guest whose speed drifts during the run (a shared host) moves both
+# sides alike instead of only the one measured later.
+l2l_train() {  # l2l_train OUT [extra flags]: l2l-bench-train on $TMP/$shape.yaml
+  local out="$1"
+  shift
+  "$BUILD_DIR/bin/l2l-bench-train" --config "$TMP/$shape.yaml" --B "$B" --T "$T" --iters "$GPT_ITERS" \
+    --warmup 2 --threads "$THREADS" ${RECOMPUTE:+--recompute "$RECOMPUTE"} "$@" | tee "$out" || true
+}
+sandwich() {  # sandwich BEFORE AFTER: the mean of the two runs' median tok/s
+  local a b
+  a=$(sed -n 's/.*median tok\/s \([0-9.]*\).*/\1/p' "$1")
+  b=$(sed -n 's/.*median tok\/s \([0-9.]*\).*/\1/p' "$2")
+  [[ -n "$a" && -n "$b" ]] || return 0
+  awk -v a="$a" -v b="$b" 'BEGIN { printf "%.1f", (a + b) / 2 }'
+}
+
 for shape in $SHAPES; do
   case "$shape" in
     S1) V=50257 L=4 C=384 H=6 T=256 B=4 ;;
@@ -116,21 +134,22 @@ model:
   d_ff: $((4 * C))
   tied_embeddings: true
 YAML
-  "$BUILD_DIR/bin/l2l-bench-train" --config "$TMP/$shape.yaml" --B "$B" --T "$T" --iters "$GPT_ITERS" \
-    --warmup 2 --threads "$THREADS" ${RECOMPUTE:+--recompute "$RECOMPUTE"} | tee "$TMP/l2l-$shape"
-  ours=$(sed -n 's/.*median tok\/s \([0-9.]*\).*/\1/p' "$TMP/l2l-$shape")
+  l2l_train "$TMP/l2l-$shape"
   "$PY" bench/peers_torch.py gpt "$V" "$L" "$C" "$H" "$T" "$B" "$GPT_ITERS" 2>"$TMP/py-$shape.err" \
     | tee "$TMP/py-$shape" || { echo "torch GPT $shape failed:"; tail -20 "$TMP/py-$shape.err"; }
+  l2l_train "$TMP/l2l-$shape-after"
+  ours=$(sandwich "$TMP/l2l-$shape" "$TMP/l2l-$shape-after")
+  echo "l2l worker tok/s, mean of the medians before and after the peer = ${ours:-n/a}"
   ratio "worker_$shape/torch_eager" "$ours" "$(val "$TMP/py-$shape" torch_eager_median)"
   ratio "worker_$shape/torch_compile" "$ours" "$(val "$TMP/py-$shape" torch_compile_median)"
   if [[ "$BF16" == 1 ]]; then
     echo "---- worker step, $shape, bf16 compute (torch: autocast bf16) ----"
-    "$BUILD_DIR/bin/l2l-bench-train" --config "$TMP/$shape.yaml" --B "$B" --T "$T" --iters "$GPT_ITERS" \
-      --warmup 2 --threads "$THREADS" --compute bf16 ${RECOMPUTE:+--recompute "$RECOMPUTE"} \
-      | tee "$TMP/l2l-$shape-bf16" || true
-    ours16=$(sed -n 's/.*median tok\/s \([0-9.]*\).*/\1/p' "$TMP/l2l-$shape-bf16")
+    l2l_train "$TMP/l2l-$shape-bf16" --compute bf16
     "$PY" bench/peers_torch.py gpt "$V" "$L" "$C" "$H" "$T" "$B" "$GPT_ITERS" bf16 2>"$TMP/py-$shape-bf16.err" \
       | tee "$TMP/py-$shape-bf16" || { echo "torch GPT $shape bf16 failed:"; tail -20 "$TMP/py-$shape-bf16.err"; }
+    l2l_train "$TMP/l2l-$shape-bf16-after" --compute bf16
+    ours16=$(sandwich "$TMP/l2l-$shape-bf16" "$TMP/l2l-$shape-bf16-after")
+    echo "l2l worker bf16 tok/s, mean of the medians before and after the peer = ${ours16:-n/a}"
     ratio "worker_${shape}_bf16/torch_eager_bf16" "$ours16" "$(val "$TMP/py-$shape-bf16" torch_eager_bf16_median)"
     ratio "worker_${shape}_bf16/torch_compile_bf16" "$ours16" "$(val "$TMP/py-$shape-bf16" torch_compile_bf16_median)"
     ratio "worker_${shape}_bf16/worker_${shape}" "$ours16" "$ours"

@@ -35,7 +35,10 @@ def parse(text):
         if cur is None:
             continue
         m = re.search(r"median tok/s ([0-9.eE+-]+)", line)
-        if m and "RESULT" not in line:
+        if m and "RESULT" not in line and "l2l" not in cur[2]:
+            cur[2]["l2l"] = float(m.group(1))  # older logs: the one l2l-bench-train run
+        m = re.match(r"^l2l worker tok/s, mean of the medians before and after the peer = ([0-9.eE+-]+)", line)
+        if m:
             cur[2]["l2l"] = float(m.group(1))
         m = re.match(r"^RESULT torch_(eager|compile)_median = ([0-9.eE+-]+)", line)
         if m:
