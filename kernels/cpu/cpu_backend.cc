@@ -24,9 +24,9 @@
 namespace l2l::kernels {
 
 constexpr float kLayerNormEps = 1e-5f;
-// Columns per task in the column-parallel reductions (bias, LayerNorm and embedding
-// gradients): each task owns a disjoint slice of columns and walks rows in order, so
-// the result does not depend on the thread count.
+// Columns per task in the column-parallel reductions (the embedding gradients: each task
+// owns a disjoint slice of columns and walks rows in order, so the result does not depend
+// on the thread count) and the least per task in ReduceRowChunks' final sum.
 constexpr int64_t kColumnChunk = 64;
 // Rows per partial sum in ReduceRowChunks (fixed: the bits must not depend on threads).
 constexpr int64_t kRowChunk = 32;
