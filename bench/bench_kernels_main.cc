@@ -8,7 +8,8 @@
 //     as "%fma" per GEMM. It is a same-run yardstick, not the hardware peak: on the
 //     dev VM oneDNN's GEMM kernels beat it (FMA latency there seems longer than 12
 //     chains cover), so read %fma as relative, and GFLOP/s as the figure;
-//   * whole BlockForward/BlockBackward (recompute included) time and GFLOP/s.
+//   * whole BlockForward/BlockBackward (recompute included) time and GFLOP/s, and the
+//     causal attention's forward and backward alone.
 // A benchmark, not a test: it never fails on speed. Runs in well under 30 s by default.
 #include <sys/wait.h>
 #include <unistd.h>
@@ -325,6 +326,21 @@ int Run(int argc, char** argv) {
               (lin + att) / tf / 1e9, double(N) / tf);
   std::printf("block backward: %8.2f ms  %6.1f GFLOP/s  (recompute + backward, %.0f tokens/s)\n",
               tb * 1e3, 3.0 * (lin + att) / tb / 1e9, double(N) / tb);
+  // The causal attention alone (qkv as the block's forward left it), GFLOP/s counted on
+  // the causal half of the T x T products.
+  const int64_t NH = spec.n_head;
+  const double taf = BestTime([&] {
+    be->AttentionForward(ws->atty.f32(), ws->att.f32(), ws->qkv.f32(), batch, T, C, NH);
+  }, min_seconds);
+  const double tab = BestTime([&] {
+    be->Zero(ws->g1.f32(), size_t(N * 3 * C) * sizeof(float));
+    be->AttentionBackward(ws->g1.f32(), ws->att_scratch.f32(), ws->g0.f32(), ws->qkv.f32(), ws->att.f32(), batch,
+                          T, C, NH);
+  }, min_seconds);
+  std::printf("attention fwd : %8.2f ms  %6.1f GFLOP/s  (%.1f%% of the block forward)\n", taf * 1e3,
+              0.5 * att / taf / 1e9, 100.0 * taf / tf);
+  std::printf("attention bwd : %8.2f ms  %6.1f GFLOP/s  (%.1f%% of the block backward)\n", tab * 1e3,
+              att / tab / 1e9, 100.0 * tab / tb);
   return 0;
 }
 

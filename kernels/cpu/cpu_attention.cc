@@ -219,11 +219,8 @@ void CpuBackend::CausalAttentionBackward(float* dqkv, const float* dout, const f
               if (bf16) ScaleSpan(pr, scale, n);
               ExpShiftSumSpan(pr, pr, row_lse_h[st.i0 + i], n);  // probabilities
               const float dot = DotSpan(pr, dr, n);
-              if (bf16) {
-                for (int64_t j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot) * scale;
-              } else {
-                for (int64_t j = 0; j < n; ++j) dr[j] = pr[j] * (dr[j] - dot);
-              }
+              SoftmaxGradSpan(dr, pr, dot, n);
+              if (bf16) ScaleSpan(dr, scale, n);  // (p * (d - dot)) * scale, as one expression
               std::fill(pr + n, pr + keys, 0.0f);
               std::fill(dr + n, dr + keys, 0.0f);
             }

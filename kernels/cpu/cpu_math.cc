@@ -113,6 +113,7 @@ float MaxSpan(const float* x, int64_t n) { L2L_DISPATCH(MaxSpan, x, n); }
 void GeluBackwardSumSpan(float* dinp, float* sum, const float* in, const float* dout, int64_t n) {
   L2L_DISPATCH(GeluBackwardSumSpan, dinp, sum, in, dout, n);
 }
+void SoftmaxGradSpan(float* d, const float* p, float dot, int64_t n) { L2L_DISPATCH(SoftmaxGradSpan, d, p, dot, n); }
 void AddSpan(float* out, const float* a, const float* b, int64_t n) { L2L_DISPATCH(AddSpan, out, a, b, n); }
 void LayerNormRowForward(float* out, float* mean, float* rstd, const float* x, const float* w,
                          const float* b, int64_t C, float eps) {

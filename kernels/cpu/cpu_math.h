@@ -28,6 +28,8 @@ void GeluForwardSpan(float* out, const float* in, int64_t n);
 void GeluBackwardSpan(float* dinp, const float* in, const float* dout, int64_t n);
 // dinp[i] = gelu'(in[i]) * dout[i] (overwritten); sum[i] += dinp[i].
 void GeluBackwardSumSpan(float* dinp, float* sum, const float* in, const float* dout, int64_t n);
+// Softmax backward of one row: d[i] = p[i] * (d[i] - dot), dot = sum p * d (the caller's).
+void SoftmaxGradSpan(float* d, const float* p, float dot, int64_t n);
 // out[i] = a[i] + b[i]; out may alias a or b.
 void AddSpan(float* out, const float* a, const float* b, int64_t n);
 // One row of LayerNorm: out = (x - mean) * rstd * w + b over C; *mean, *rstd saved
