@@ -3,6 +3,9 @@
   peers_torch.py adamw N ITERS            torch AdamW (fused, foreach), DeepSpeedCPUAdam
   peers_torch.py adamw_job N ITERS W      the daemon's whole per-layer job done with them:
                                           sum W workers' gradients, AdamW, bf16 copy
+  peers_torch.py llama V L C H KV F T B ITERS [fp32|bf16]
+                                          the same for a Llama (SmolLM2-like: RMSNorm, RoPE,
+                                          grouped-query attention, SwiGLU, tied head, no biases)
   peers_torch.py gpt V L C H T B ITERS [fp32|bf16]
                                           GPT forward+backward, torch eager and torch.compile;
                                           bf16: the forward under torch.autocast("cpu",
@@ -127,9 +130,69 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, s.V), tgt.view(-1))
 
 
-def gpt(V, L, C, H, T, B, iters, dtype="fp32"):
-    torch.manual_seed(0)
-    model = GPT(V, L, C, H, T)
+class RMSNorm(nn.Module):
+    def __init__(s, C, eps=1e-5):
+        super().__init__()
+        s.w, s.eps = nn.Parameter(torch.ones(C)), eps
+
+    def forward(s, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + s.eps) * s.w
+
+
+def rope(x, cos, sin):  # x (B, H, T, hs); rotate-half form, as Hugging Face's Llama
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+class LlamaBlock(nn.Module):
+    def __init__(s, C, H, KV, Fd):
+        super().__init__()
+        s.H, s.KV, s.hs = H, KV, C // H
+        s.n1, s.n2 = RMSNorm(C), RMSNorm(C)
+        s.q, s.k, s.v = (nn.Linear(C, H * s.hs, bias=False), nn.Linear(C, KV * s.hs, bias=False),
+                         nn.Linear(C, KV * s.hs, bias=False))
+        s.o = nn.Linear(H * s.hs, C, bias=False)
+        s.gate, s.up, s.down = (nn.Linear(C, Fd, bias=False), nn.Linear(C, Fd, bias=False),
+                                nn.Linear(Fd, C, bias=False))
+
+    def forward(s, x, cos, sin):
+        B, T, C = x.shape
+        h = s.n1(x)
+        q = s.q(h).view(B, T, s.H, s.hs).transpose(1, 2)
+        k = s.k(h).view(B, T, s.KV, s.hs).transpose(1, 2)
+        v = s.v(h).view(B, T, s.KV, s.hs).transpose(1, 2)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        rep = s.H // s.KV  # repeat the key/value heads, as Hugging Face's sdpa path does
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + s.o(y.transpose(1, 2).reshape(B, T, C))
+        h = s.n2(x)
+        return x + s.down(F.silu(s.gate(h)) * s.up(h))
+
+
+class Llama(nn.Module):
+    def __init__(s, V, L, C, H, KV, Fd, T, theta=100000.0):
+        super().__init__()
+        s.V = V
+        s.wte = nn.Embedding(V, C)
+        s.blocks = nn.ModuleList(LlamaBlock(C, H, KV, Fd) for _ in range(L))
+        s.nf = RMSNorm(C)
+        hs = C // H
+        inv = 1.0 / theta ** (torch.arange(0, hs, 2).float() / hs)
+        ang = torch.outer(torch.arange(T).float(), inv)
+        emb = torch.cat((ang, ang), dim=-1)
+        s.register_buffer("cos", emb.cos(), persistent=False)
+        s.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(s, idx, tgt):
+        x = s.wte(idx)
+        for b in s.blocks:
+            x = b(x, s.cos, s.sin)
+        logits = s.nf(x) @ s.wte.weight.t()
+        return F.cross_entropy(logits.view(-1, s.V), tgt.view(-1))
+
+
+def train_steps(model, V, T, B, iters, dtype):
     idx = torch.randint(0, V, (B, T))
     tgt = torch.randint(0, V, (B, T))
     bf16 = dtype == "bf16"
@@ -147,6 +210,16 @@ def gpt(V, L, C, H, T, B, iters, dtype="fp32"):
         report(name + suffix, B * T, med, best)
 
 
+def gpt(V, L, C, H, T, B, iters, dtype="fp32"):
+    torch.manual_seed(0)
+    train_steps(GPT(V, L, C, H, T), V, T, B, iters, dtype)
+
+
+def llama(V, L, C, H, KV, Fd, T, B, iters, dtype="fp32"):
+    torch.manual_seed(0)
+    train_steps(Llama(V, L, C, H, KV, Fd, T), V, T, B, iters, dtype)
+
+
 if __name__ == "__main__":
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"mkldnn {torch.backends.mkldnn.is_available()}, capability {torch.backends.cpu.get_cpu_capability()}",
@@ -160,5 +233,9 @@ if __name__ == "__main__":
         if len(a) > 8 and a[8] not in ("fp32", "bf16"):
             sys.exit(f"peers_torch.py: dtype {a[8]!r} is not fp32 or bf16")
         gpt(*(int(x) for x in a[1:8]), *(a[8:9]))
+    elif a[0] == "llama":
+        if len(a) > 10 and a[10] not in ("fp32", "bf16"):
+            sys.exit(f"peers_torch.py: dtype {a[10]!r} is not fp32 or bf16")
+        llama(*(int(x) for x in a[1:10]), *(a[10:11]))
     else:
-        sys.exit(f"peers_torch.py: unknown benchmark {a[0]!r} (adamw, adamw_job or gpt)")
+        sys.exit(f"peers_torch.py: unknown benchmark {a[0]!r} (adamw, adamw_job, gpt or llama)")

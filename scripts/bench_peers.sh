@@ -14,6 +14,10 @@
 #      and torch.compile, on GPT-2-like shapes:
 #        S1: V=50257 L=4 C=384 H=6 T=256 B=4 (the LM head dominates)
 #        S2: V=256   L=6 C=384 H=6 T=256 B=8 (the blocks dominate)
+#      and on SmolLM2-135M's Llama architecture (SmolLM2: V=49152 L=30 C=576, 9 query / 3
+#      key-value heads, SwiGLU F=1536, RoPE, RMSNorm, tied head; T=256 B=4; random weights)
+#      against the same model written in PyTorch (scaled_dot_product_attention, as
+#      Hugging Face's sdpa path runs it),
 #      and, where the CPU has AVX512_BF16 (BF16=auto, the default; 1 forces, 0 skips), the
 #      same in bf16 compute: l2l-bench-train --compute bf16 (bf16 GEMM operands, fp32
 #      accumulation, fp32 masters) vs torch eager / torch.compile with the forward under
@@ -27,7 +31,7 @@
 # worker step's l2l side is run before and after its peer (the mean of both medians).
 # Environment: L2L_BUILD_DIR (default build; needs bin/l2l-bench-eps and
 # bin/l2l-bench-train), THREADS (2), ITERS (AdamW steps, 10), GPT_ITERS (7),
-# ADAMW_PARAMS (33554432), JOB_GRADS (2), SHAPES ("S1 S2"; empty: none), ADAMW (1; 0 skips AdamW),
+# ADAMW_PARAMS (33554432), JOB_GRADS (2), SHAPES ("S1 S2 SmolLM2"; empty: none), ADAMW (1; 0 skips AdamW),
 # SYSTEM (1; 0 skips the system vs reference trainer; SYSTEM_ROUNDS 3, SYSTEM_STEPS 5),
 # RECOMPUTE (empty: the config's train.recompute; always | never | auto: passed to
 # l2l-bench-train --recompute). The venv: scripts/bench_peers_venv.sh
@@ -36,7 +40,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${L2L_BUILD_DIR:-build}"
 THREADS="${THREADS:-2}" ITERS="${ITERS:-10}" GPT_ITERS="${GPT_ITERS:-7}"
-ADAMW_PARAMS="${ADAMW_PARAMS:-33554432}" SHAPES="${SHAPES-S1 S2}" ADAMW="${ADAMW:-1}"
+ADAMW_PARAMS="${ADAMW_PARAMS:-33554432}" SHAPES="${SHAPES-S1 S2 SmolLM2}" ADAMW="${ADAMW:-1}"
 BF16="${BF16:-auto}"
 if [[ "$BF16" == auto ]]; then
   if grep -qw avx512_bf16 /proc/cpuinfo; then BF16=1; else BF16=0; fi
@@ -118,13 +122,34 @@ sandwich() {  # sandwich BEFORE AFTER: the mean of the two runs' median tok/s
 }
 
 for shape in $SHAPES; do
+  KV="" FF=""
   case "$shape" in
     S1) V=50257 L=4 C=384 H=6 T=256 B=4 ;;
     S2) V=256 L=6 C=384 H=6 T=256 B=8 ;;
-    *) echo "bench_peers.sh: unknown shape $shape (S1 or S2)" >&2; exit 1 ;;
+    SmolLM2) V=49152 L=30 C=576 H=9 KV=3 FF=1536 T=256 B=4 ;;  # configs/models/smollm2-135m.yaml
+    *) echo "bench_peers.sh: unknown shape $shape (S1, S2 or SmolLM2)" >&2; exit 1 ;;
   esac
-  echo "---- worker step, $shape: V=$V L=$L C=$C H=$H T=$T B=$B ----"
-  cat > "$TMP/$shape.yaml" <<YAML
+  if [[ -n "$KV" ]]; then  # the Llama family (SmolLM2-135M's architecture, random weights)
+    echo "---- worker step, $shape: V=$V L=$L C=$C H=$H KV=$KV F=$FF T=$T B=$B ----"
+    PEER=(llama "$V" "$L" "$C" "$H" "$KV" "$FF" "$T" "$B")
+    cat > "$TMP/$shape.yaml" <<YAML
+model:
+  family: llama
+  vocab_size: $V
+  seq_len: $T
+  d_model: $C
+  n_layer: $L
+  n_head: $H
+  n_kv_heads: $KV
+  d_ff: $FF
+  rope_theta: 100000
+  rms_norm_eps: 1.0e-5
+  tied_embeddings: true
+YAML
+  else
+    echo "---- worker step, $shape: V=$V L=$L C=$C H=$H T=$T B=$B ----"
+    PEER=(gpt "$V" "$L" "$C" "$H" "$T" "$B")
+    cat > "$TMP/$shape.yaml" <<YAML
 model:
   vocab_size: $V
   seq_len: $T
@@ -134,8 +159,9 @@ model:
   d_ff: $((4 * C))
   tied_embeddings: true
 YAML
+  fi
   l2l_train "$TMP/l2l-$shape"
-  "$PY" bench/peers_torch.py gpt "$V" "$L" "$C" "$H" "$T" "$B" "$GPT_ITERS" 2>"$TMP/py-$shape.err" \
+  "$PY" bench/peers_torch.py "${PEER[@]}" "$GPT_ITERS" 2>"$TMP/py-$shape.err" \
     | tee "$TMP/py-$shape" || { echo "torch GPT $shape failed:"; tail -20 "$TMP/py-$shape.err"; }
   l2l_train "$TMP/l2l-$shape-after"
   ours=$(sandwich "$TMP/l2l-$shape" "$TMP/l2l-$shape-after")
@@ -145,7 +171,7 @@ YAML
   if [[ "$BF16" == 1 ]]; then
     echo "---- worker step, $shape, bf16 compute (torch: autocast bf16) ----"
     l2l_train "$TMP/l2l-$shape-bf16" --compute bf16
-    "$PY" bench/peers_torch.py gpt "$V" "$L" "$C" "$H" "$T" "$B" "$GPT_ITERS" bf16 2>"$TMP/py-$shape-bf16.err" \
+    "$PY" bench/peers_torch.py "${PEER[@]}" "$GPT_ITERS" bf16 2>"$TMP/py-$shape-bf16.err" \
       | tee "$TMP/py-$shape-bf16" || { echo "torch GPT $shape bf16 failed:"; tail -20 "$TMP/py-$shape-bf16.err"; }
     l2l_train "$TMP/l2l-$shape-bf16-after" --compute bf16
     ours16=$(sandwich "$TMP/l2l-$shape-bf16" "$TMP/l2l-$shape-bf16-after")

@@ -13,7 +13,7 @@
 // same inputs give the same bits for those ops whatever num_threads is. The bias and
 // LayerNorm parameter gradients sum fixed chunks of kRowChunk rows (in row order) into one
 // partial per chunk, in parallel over chunks with contiguous row reads, then add the
-// partials in chunk order (ReduceRowChunks in cpu_backend.cc).
+// partials in chunk order (ReduceRowChunks in cpu_parallel.h).
 //
 // Ownership: "device" memory is host memory from Alloc (64-byte aligned); the backend
 // owns its oneDNN engine/stream and primitive cache.

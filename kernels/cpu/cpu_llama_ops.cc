@@ -1,8 +1,9 @@
 // CpuBackend's Llama-family ops: token embedding without positions, RMSNorm, rotary
 // position embeddings, SwiGLU and grouped-query attention. See kernels/backend.h for the
-// contracts. Reductions that cross rows (token embedding and RMSNorm weight gradients)
-// walk rows in order inside column slices, so their bits do not depend on the thread
-// count. Thread-safety: as every Backend, one thread at a time.
+// contracts. Reductions that cross rows (the token embedding's gradient: rows in order
+// inside column slices; RMSNorm's weight gradient: fixed row chunks, ReduceRowChunks) do
+// not depend on the thread count. SwiGLU's sigmoid and the norms run vectorised
+// (cpu_math.h). Thread-safety: as every Backend, one thread at a time.
 #include <cmath>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -10,15 +11,6 @@
 #include "kernels/cpu/cpu_parallel.h"
 
 namespace l2l::kernels {
-namespace {
-
-// Columns per task in the column-parallel reductions (as in cpu_backend.cc).
-constexpr int64_t kColumnChunk = 64;
-
-inline float Sigmoid(float g) { return 1.0f / (1.0f + std::exp(-g)); }
-
-}  // namespace
-
 // ---- token embedding -------------------------------------------------------------------
 
 void CpuBackend::TokenEmbeddingForward(float* out, const int32_t* tokens, const float* wte,
@@ -55,46 +47,19 @@ void CpuBackend::RMSNormForward(float* out, float* rstd, const float* inp, const
                                 int64_t N, int64_t C, float eps) {
   InArena([&] {
     ParallelFor(N, RowGrain(C), [&](int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n) {
-        const float* x = inp + n * C;
-        double ss = 0.0;
-        for (int64_t c = 0; c < C; ++c) ss += double(x[c]) * double(x[c]);
-        const float rs = float(1.0 / std::sqrt(ss / double(C) + double(eps)));
-        float* o = out + n * C;
-        for (int64_t c = 0; c < C; ++c) o[c] = (x[c] * rs) * weight[c];
-        rstd[n] = rs;
-      }
+      for (int64_t n = n0; n < n1; ++n) RMSNormRowForward(out + n * C, rstd + n, inp + n * C, weight, C, eps);
     });
   });
 }
 
 void CpuBackend::RMSNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                                  const float* weight, const float* rstd, int64_t N, int64_t C) {
+  // One pass: each row's dinp, and its dweight terms into its row chunk's partial.
   InArena([&] {
-    ParallelFor(N, RowGrain(C), [&](int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n) {
-        const float* x = inp + n * C;
-        const float* d = dout + n * C;
-        const float rs = rstd[n];
-        double dot = 0.0;  // sum_c weight*dout*norm
-        for (int64_t c = 0; c < C; ++c) dot += double(weight[c] * d[c]) * double(x[c] * rs);
-        const float mean_dot = float(dot / double(C));
-        float* di = dinp + n * C;
-        for (int64_t c = 0; c < C; ++c) {
-          di[c] += rs * (weight[c] * d[c] - (x[c] * rs) * mean_dot);
-        }
+    ReduceRowChunks(&row_partials_, N, C, {dweight}, [&](int64_t r0, int64_t r1, float* part) {
+      for (int64_t n = r0; n < r1; ++n) {
+        RMSNormRowBackward(dinp + n * C, part, inp + n * C, dout + n * C, weight, rstd[n], C);
       }
-    });
-    ForColumnChunks(C, kColumnChunk, [&](int64_t c0, int64_t c1) {
-      float dw[kColumnChunk];
-      for (int64_t c = c0; c < c1; ++c) dw[c - c0] = 0.0f;
-      for (int64_t n = 0; n < N; ++n) {
-        const float* x = inp + n * C;
-        const float* d = dout + n * C;
-        const float rs = rstd[n];
-        for (int64_t c = c0; c < c1; ++c) dw[c - c0] += (x[c] * rs) * d[c];
-      }
-      for (int64_t c = c0; c < c1; ++c) dweight[c] += dw[c - c0];
     });
   });
 }
@@ -152,12 +117,7 @@ void CpuBackend::RopeBackward(float* dx, const float* cos, const float* sin, int
 void CpuBackend::SwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F) {
   InArena([&] {
     ParallelFor(N, RowGrain(F), [&](int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n) {
-        const float* g = gate_up + n * 2 * F;
-        const float* u = g + F;
-        float* o = out + n * F;
-        for (int64_t i = 0; i < F; ++i) o[i] = g[i] * Sigmoid(g[i]) * u[i];
-      }
+      for (int64_t n = n0; n < n1; ++n) SwiGLUForwardSpan(out + n * F, gate_up + n * 2 * F, gate_up + n * 2 * F + F, F);
     });
   });
 }
@@ -168,16 +128,8 @@ void CpuBackend::SwiGLUBackward(float* dgate_up, const float* dout, const float*
     ParallelFor(N, RowGrain(F), [&](int64_t n0, int64_t n1) {
       for (int64_t n = n0; n < n1; ++n) {
         const float* g = gate_up + n * 2 * F;
-        const float* u = g + F;
-        const float* d = dout + n * F;
         float* dg = dgate_up + n * 2 * F;
-        float* du = dg + F;
-        for (int64_t i = 0; i < F; ++i) {
-          const float sg = Sigmoid(g[i]);
-          const float silu = g[i] * sg;
-          dg[i] += d[i] * u[i] * sg * (1.0f + g[i] * (1.0f - sg));
-          du[i] += d[i] * silu;
-        }
+        SwiGLUBackwardSpan(dg, dg + F, g, g + F, dout + n * F, F);
       }
     });
   });

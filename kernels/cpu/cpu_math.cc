@@ -115,6 +115,19 @@ void GeluBackwardSumSpan(float* dinp, float* sum, const float* in, const float* 
 }
 void SoftmaxGradSpan(float* d, const float* p, float dot, int64_t n) { L2L_DISPATCH(SoftmaxGradSpan, d, p, dot, n); }
 void AddSpan(float* out, const float* a, const float* b, int64_t n) { L2L_DISPATCH(AddSpan, out, a, b, n); }
+void SwiGLUForwardSpan(float* out, const float* g, const float* u, int64_t n) {
+  L2L_DISPATCH(SwiGLUForwardSpan, out, g, u, n);
+}
+void SwiGLUBackwardSpan(float* dg, float* du, const float* g, const float* u, const float* d, int64_t n) {
+  L2L_DISPATCH(SwiGLUBackwardSpan, dg, du, g, u, d, n);
+}
+void RMSNormRowForward(float* out, float* rstd, const float* x, const float* w, int64_t C, float eps) {
+  L2L_DISPATCH(RMSNormRowForward, out, rstd, x, w, C, eps);
+}
+void RMSNormRowBackward(float* dinp, float* dw, const float* x, const float* d, const float* w, float rs,
+                        int64_t C) {
+  L2L_DISPATCH(RMSNormRowBackward, dinp, dw, x, d, w, rs, C);
+}
 void LayerNormRowForward(float* out, float* mean, float* rstd, const float* x, const float* w,
                          const float* b, int64_t C, float eps) {
   L2L_DISPATCH(LayerNormRowForward, out, mean, rstd, x, w, b, C, eps);

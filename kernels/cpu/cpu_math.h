@@ -30,6 +30,15 @@ void GeluBackwardSpan(float* dinp, const float* in, const float* dout, int64_t n
 void GeluBackwardSumSpan(float* dinp, float* sum, const float* in, const float* dout, int64_t n);
 // Softmax backward of one row: d[i] = p[i] * (d[i] - dot), dot = sum p * d (the caller's).
 void SoftmaxGradSpan(float* d, const float* p, float dot, int64_t n);
+// SwiGLU over one row: out[i] = silu(g[i]) * u[i] (silu(g) = g * sigmoid(g)).
+void SwiGLUForwardSpan(float* out, const float* g, const float* u, int64_t n);
+// Its backward: dg[i] += d u sigmoid(g) (1 + g (1 - sigmoid(g))); du[i] += d silu(g).
+void SwiGLUBackwardSpan(float* dg, float* du, const float* g, const float* u, const float* d, int64_t n);
+// One row of RMSNorm: out = x * rstd * w, rstd = 1/sqrt(mean(x^2) + eps) (saved).
+void RMSNormRowForward(float* out, float* rstd, const float* x, const float* w, int64_t C, float eps);
+// Its backward, d = dout row: dinp += rs (w d - norm mean(w d norm)), norm = x rs; dw += norm d.
+void RMSNormRowBackward(float* dinp, float* dw, const float* x, const float* d, const float* w, float rs,
+                        int64_t C);
 // out[i] = a[i] + b[i]; out may alias a or b.
 void AddSpan(float* out, const float* a, const float* b, int64_t n);
 // One row of LayerNorm: out = (x - mean) * rstd * w + b over C; *mean, *rstd saved

@@ -115,8 +115,10 @@ TEST_CASE("TokenEmbedding gathers rows and scatters gradients deterministically"
 
 TEST_CASE("RMSNorm forward matches the formula and backward the finite differences",
           "[kernels][cpu][llama]") {
-  const auto shape = GENERATE(std::array<int64_t, 2>{3, 5}, std::array<int64_t, 2>{40, 130});
+  const auto shape = GENERATE(std::array<int64_t, 2>{3, 5}, std::array<int64_t, 2>{40, 130},
+                              std::array<int64_t, 2>{97, 576});
   const int64_t N = shape[0], C = shape[1];
+  CAPTURE(N, C);
   const float eps = 1e-6f;
   std::mt19937 rng(static_cast<uint32_t>(N * C));
   const auto x = RandomVec(rng, N * C, -2.0f, 2.0f), w = RandomVec(rng, C, 0.5f, 1.5f);
@@ -143,6 +145,13 @@ TEST_CASE("RMSNorm forward matches the formula and backward the finite differenc
     fdw.push_back(dw0[c] + FiniteDiff([&](const DVec& v) { return Dot(RmsNormRef(xd.data(), v.data(), N, C, eps), Rd); }, wd, c));
   }
   ExpectClose(gw, fdw, 1e-4, 1e-3, "RMSNormBackward dweight");
+
+  // The same bits with one thread (dweight sums fixed row chunks in order).
+  auto one = CreateCpuBackend(1);
+  auto hDx = Upload(*one, dx0), hDw = Upload(*one, dw0);
+  one->RMSNormBackward(hDx.f32(), hDw.f32(), dR.f32(), dX.f32(), dW.f32(), dRs.f32(), N, C);
+  CHECK(Download(*one, hDw, C) == gw);
+  CHECK(Download(*one, hDx, N * C) == gx);
 }
 
 TEST_CASE("RoPE rotates q and k heads in place and its backward is the transposed rotation",
@@ -200,6 +209,35 @@ TEST_CASE("SwiGLU forward matches silu(gate)*up and backward the finite differen
     fd.push_back(d0[i] + FiniteDiff([&](const DVec& v) { return Dot(SwiGluRef(v.data(), N, F), Rd); }, gd, i));
   }
   ExpectClose(got, fd, 1e-5, 1e-4, "SwiGLUBackward");
+}
+
+TEST_CASE("SwiGLU stays finite and exact in the tails (large |gate|)", "[kernels][cpu][llama]") {
+  const int64_t N = 1, F = 21;  // not a multiple of the vector width: the tail path too
+  std::vector<float> gu(2 * F);
+  const float gates[] = {-1000.0f, -100.0f, -88.0f, -30.0f, -5.0f, 0.0f, 5.0f, 30.0f, 88.0f, 100.0f, 1000.0f};
+  for (int64_t i = 0; i < F; ++i) {
+    gu[i] = gates[i % 11];
+    gu[F + i] = 1.0f + 0.1f * float(i);
+  }
+  auto be = CreateCpuBackend(2);
+  auto dGu = Upload(*be, gu), dOut = Upload(*be, std::vector<float>(F, 0.0f));
+  auto dD = Upload(*be, std::vector<float>(2 * F, 0.0f)), dR = Upload(*be, std::vector<float>(F, 1.0f));
+  be->SwiGLUForward(dOut.f32(), dGu.f32(), N, F);
+  be->SwiGLUBackward(dD.f32(), dR.f32(), dGu.f32(), N, F);
+  const auto out = Download(*be, dOut, F), d = Download(*be, dD, 2 * F);
+  const DVec gd = ToDouble(gu);
+  const DVec want = SwiGluRef(gd.data(), N, F);
+  for (int64_t i = 0; i < F; ++i) {
+    CAPTURE(i, gu[i]);
+    REQUIRE(std::isfinite(out[i]));
+    REQUIRE(std::isfinite(d[i]));
+    REQUIRE(std::isfinite(d[F + i]));
+    CHECK(std::abs(out[i] - want[i]) <= 1e-6 + 1e-6 * std::abs(want[i]));
+    // d/d(up) = silu(gate); d/d(gate) -> 0 (very negative) or up (very positive).
+    CHECK(std::abs(d[F + i] - double(out[i]) / gu[F + i]) <= 1e-5 + 1e-6 * std::abs(out[i]));
+    if (gu[i] <= -30.0f) CHECK(std::abs(d[i]) <= 1e-9);
+    if (gu[i] >= 30.0f) CHECK(std::abs(d[i] - gu[F + i]) <= 1e-5 * gu[F + i]);
+  }
 }
 
 TEST_CASE("Grouped-query attention matches a naive causal reference with shared kv heads",
