@@ -81,6 +81,91 @@ TEST_CASE("Vectorised math matches double precision on every ISA the CPU has, el
       }
     }
   }
+  // The row kernels of the fused backward passes, on every ISA, against double loops.
+  for (int64_t n : {1, 7, 16, 33, 200}) {
+    std::vector<float> x(n), g(n), w(n), b(n), acc0(n);
+    for (auto& v : x) v = d(rng);
+    for (auto& v : g) v = d(rng);
+    for (auto& v : w) v = 0.5f + 0.1f * d(rng);
+    for (auto& v : b) v = d(rng);
+    for (auto& v : acc0) v = d(rng);
+    for (MathIsa isa : isas) {
+      REQUIRE(SetMathIsa(isa));
+      INFO("isa " << MathIsaName(isa) << " n=" << n);
+      // GeluBackwardSumSpan: dinp overwritten, sum accumulated.
+      std::vector<float> dinp(n, 7.0f), sum = acc0;
+      GeluBackwardSumSpan(dinp.data(), sum.data(), x.data(), g.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const double want = GeluGradRef(x[i]) * g[i];
+        CHECK(std::abs(dinp[i] - want) <= 1e-5 + 1e-5 * std::abs(want));
+        CHECK(sum[i] == acc0[i] + dinp[i]);
+      }
+      // AddSpan and SoftmaxGradSpan are exact elementwise.
+      std::vector<float> s2(n);
+      AddSpan(s2.data(), x.data(), g.data(), n);
+      for (int64_t i = 0; i < n; ++i) CHECK(s2[i] == x[i] + g[i]);
+      std::vector<float> sg = g;
+      SoftmaxGradSpan(sg.data(), x.data(), 0.75f, n);
+      for (int64_t i = 0; i < n; ++i) CHECK(sg[i] == x[i] * (g[i] - 0.75f));
+      // LayerNorm and RMSNorm rows: forward against double, backward against the double
+      // formula (dinp, dw, db accumulate).
+      double mean = 0.0, var = 0.0, ss = 0.0;
+      for (float v : x) mean += v, ss += double(v) * v;
+      mean /= double(n);
+      for (float v : x) var += (v - mean) * (v - mean);
+      var /= double(n);
+      const double rs = 1.0 / std::sqrt(var + 1e-5), rms = 1.0 / std::sqrt(ss / double(n) + 1e-5);
+      std::vector<float> out(n);
+      float m = 0.0f, r = 0.0f;
+      LayerNormRowForward(out.data(), &m, &r, x.data(), w.data(), b.data(), n, 1e-5f);
+      CHECK(std::abs(m - mean) <= 1e-5);
+      CHECK(std::abs(r - rs) <= 1e-5 * rs);
+      for (int64_t i = 0; i < n; ++i) CHECK(std::abs(out[i] - ((x[i] - mean) * rs * w[i] + b[i])) <= 2e-5 * (1 + std::abs(out[i])));
+      std::vector<float> di = acc0, dw(n, 0.0f), db(n, 0.0f);
+      LayerNormRowBackward(di.data(), dw.data(), db.data(), x.data(), g.data(), w.data(), m, r, n);
+      double a1 = 0.0, a2 = 0.0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double nm = (x[i] - double(m)) * r, dn = double(w[i]) * g[i];
+        a1 += dn;
+        a2 += dn * nm;
+      }
+      a1 /= double(n);
+      a2 /= double(n);
+      for (int64_t i = 0; i < n; ++i) {
+        const double nm = (x[i] - double(m)) * r, dn = double(w[i]) * g[i];
+        const double want = acc0[i] + (dn - a1 - nm * a2) * r;
+        CHECK(std::abs(di[i] - want) <= 1e-4 * (1 + std::abs(want)));
+        CHECK(std::abs(dw[i] - nm * g[i]) <= 1e-5 * (1 + std::abs(nm * g[i])));
+        CHECK(db[i] == g[i]);
+      }
+      float rr = 0.0f;
+      RMSNormRowForward(out.data(), &rr, x.data(), w.data(), n, 1e-5f);
+      CHECK(std::abs(rr - rms) <= 1e-5 * rms);
+      for (int64_t i = 0; i < n; ++i) CHECK(std::abs(out[i] - x[i] * rms * w[i]) <= 1e-5 * (1 + std::abs(out[i])));
+      std::vector<float> ri = acc0, rw(n, 0.0f);
+      RMSNormRowBackward(ri.data(), rw.data(), x.data(), g.data(), w.data(), rr, n);
+      double dot = 0.0;
+      for (int64_t i = 0; i < n; ++i) dot += double(w[i]) * g[i] * (double(x[i]) * rr);
+      dot /= double(n);
+      for (int64_t i = 0; i < n; ++i) {
+        const double nm = double(x[i]) * rr;
+        const double want = acc0[i] + rr * (double(w[i]) * g[i] - nm * dot);
+        CHECK(std::abs(ri[i] - want) <= 1e-4 * (1 + std::abs(want)));
+        CHECK(std::abs(rw[i] - nm * g[i]) <= 1e-5 * (1 + std::abs(nm * g[i])));
+      }
+      // SwiGLU: against double silu.
+      std::vector<float> sw(n), dgv(n, 0.5f), duv(n, -0.5f);
+      SwiGLUForwardSpan(sw.data(), x.data(), b.data(), n);
+      SwiGLUBackwardSpan(dgv.data(), duv.data(), x.data(), b.data(), g.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const double sig = 1.0 / (1.0 + std::exp(-double(x[i]))), silu = x[i] * sig;
+        CHECK(std::abs(sw[i] - silu * b[i]) <= 1e-5 * (1 + std::abs(silu * b[i])));
+        const double want_g = 0.5 + double(g[i]) * b[i] * sig * (1.0 + x[i] * (1.0 - sig));
+        CHECK(std::abs(dgv[i] - want_g) <= 1e-5 * (1 + std::abs(want_g)));
+        CHECK(std::abs(duv[i] - (-0.5 + double(g[i]) * silu)) <= 1e-5 * (1 + std::abs(g[i] * silu)));
+      }
+    }
+  }
   // An ISA above the CPU's best is refused and changes nothing.
   if (BestMathIsa() != MathIsa::kAvx512) {
     const MathIsa before = ActiveMathIsa();
