@@ -327,7 +327,8 @@ int Run(int argc, char** argv) {
   std::printf("block backward: %8.2f ms  %6.1f GFLOP/s  (recompute + backward, %.0f tokens/s)\n",
               tb * 1e3, 3.0 * (lin + att) / tb / 1e9, double(N) / tb);
   // The causal attention alone (qkv as the block's forward left it), GFLOP/s counted on
-  // the causal half of the T x T products.
+  // the causal half of the T x T products: the forward's two, the backward's four
+  // gradient products (its recomputed scores not counted).
   const int64_t NH = spec.n_head;
   const double taf = BestTime([&] {
     be->AttentionForward(ws->atty.f32(), ws->att.f32(), ws->qkv.f32(), batch, T, C, NH);

@@ -132,37 +132,21 @@ for shape in $SHAPES; do
   if [[ -n "$KV" ]]; then  # the Llama family (SmolLM2-135M's architecture, random weights)
     echo "---- worker step, $shape: V=$V L=$L C=$C H=$H KV=$KV F=$FF T=$T B=$B ----"
     PEER=(llama "$V" "$L" "$C" "$H" "$KV" "$FF" "$T" "$B")
-    cat > "$TMP/$shape.yaml" <<YAML
-model:
-  family: llama
-  vocab_size: $V
-  seq_len: $T
-  d_model: $C
-  n_layer: $L
-  n_head: $H
-  n_kv_heads: $KV
-  d_ff: $FF
-  rope_theta: 100000
-  rms_norm_eps: 1.0e-5
-  tied_embeddings: true
-YAML
   else
     echo "---- worker step, $shape: V=$V L=$L C=$C H=$H T=$T B=$B ----"
     PEER=(gpt "$V" "$L" "$C" "$H" "$T" "$B")
-    cat > "$TMP/$shape.yaml" <<YAML
-model:
-  vocab_size: $V
-  seq_len: $T
-  d_model: $C
-  n_layer: $L
-  n_head: $H
-  d_ff: $((4 * C))
-  tied_embeddings: true
-YAML
   fi
+  {
+    echo "model:"
+    [[ -n "$KV" ]] && echo "  family: llama"
+    printf '  vocab_size: %s\n  seq_len: %s\n  d_model: %s\n  n_layer: %s\n  n_head: %s\n  d_ff: %s\n' \
+      "$V" "$T" "$C" "$L" "$H" "${FF:-$((4 * C))}"
+    [[ -n "$KV" ]] && printf '  n_kv_heads: %s\n  rope_theta: 100000\n  rms_norm_eps: 1.0e-5\n' "$KV"
+    echo "  tied_embeddings: true"
+  } > "$TMP/$shape.yaml"
   l2l_train "$TMP/l2l-$shape"
   "$PY" bench/peers_torch.py "${PEER[@]}" "$GPT_ITERS" 2>"$TMP/py-$shape.err" \
-    | tee "$TMP/py-$shape" || { echo "torch GPT $shape failed:"; tail -20 "$TMP/py-$shape.err"; }
+    | tee "$TMP/py-$shape" || { echo "torch $shape failed:"; tail -20 "$TMP/py-$shape.err"; }
   l2l_train "$TMP/l2l-$shape-after"
   ours=$(sandwich "$TMP/l2l-$shape" "$TMP/l2l-$shape-after")
   echo "l2l worker tok/s, mean of the medians before and after the peer = ${ours:-n/a}"
@@ -172,7 +156,7 @@ YAML
     echo "---- worker step, $shape, bf16 compute (torch: autocast bf16) ----"
     l2l_train "$TMP/l2l-$shape-bf16" --compute bf16
     "$PY" bench/peers_torch.py "${PEER[@]}" "$GPT_ITERS" bf16 2>"$TMP/py-$shape-bf16.err" \
-      | tee "$TMP/py-$shape-bf16" || { echo "torch GPT $shape bf16 failed:"; tail -20 "$TMP/py-$shape-bf16.err"; }
+      | tee "$TMP/py-$shape-bf16" || { echo "torch $shape bf16 failed:"; tail -20 "$TMP/py-$shape-bf16.err"; }
     l2l_train "$TMP/l2l-$shape-bf16-after" --compute bf16
     ours16=$(sandwich "$TMP/l2l-$shape-bf16" "$TMP/l2l-$shape-bf16-after")
     echo "l2l worker bf16 tok/s, mean of the medians before and after the peer = ${ours16:-n/a}"

@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <initializer_list>
 #include <new>
 #include <string>
 
@@ -91,10 +90,7 @@ std::string CpuBackend::GemmImplName(bool trans_a, bool trans_b, int64_t M, int6
 void CpuBackend::AddBias(float* out, const float* bias, int64_t N, int64_t OC) {
   InArena([&] {
     ParallelFor(N, RowGrain(OC), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        float* o = out + r * OC;
-        for (int64_t c = 0; c < OC; ++c) o[c] += bias[c];
-      }
+      for (int64_t r = r0; r < r1; ++r) AddSpan(out + r * OC, out + r * OC, bias, OC);
     });
   });
 }
@@ -130,9 +126,7 @@ void CpuBackend::BiasBackward(float* dbias, const float* dout, int64_t N, int64_
 
 void CpuBackend::Add(float* out, const float* a, const float* b, int64_t n) {
   InArena([&] {
-    ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
-    });
+    ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) { AddSpan(out + i0, a + i0, b + i0, i1 - i0); });
   });
 }
 

@@ -1,6 +1,7 @@
 // Vectorised fp32 math for the CPU backend's hot loops: GELU (tanh form) and its
-// gradient, exp-sums for softmax/cross-entropy, and the fp32 -> bf16 cast of the bf16
-// GEMM mode. libm's scalar tanhf/expf cost
+// gradient, exp-sums for softmax/cross-entropy, the row kernels of the fused backward
+// passes (LayerNorm and RMSNorm rows, SwiGLU, the softmax gradient, adds), and the
+// fp32 -> bf16 cast of the bf16 GEMM mode. libm's scalar tanhf/expf cost
 // ~10-20 ns an element, which made GELU and softmax slower than the GEMMs around them;
 // these use Cephes-style polynomials (~2 ulp) on GCC vectors, compiled for AVX-512
 // (16 lanes), AVX2+FMA and the baseline ISA (8 lanes), picked at run time from the CPU's
