@@ -61,6 +61,8 @@ class SafeTensorsReader {
   const SafeTensorInfo* Find(const std::string& name) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
+  // The whole file's mapping (for ReleaseMappedPages).
+  std::span<const uint8_t> Mapping() const { return {file_.data(), file_.size()}; }
   // The tensor's bytes as stored (not necessarily aligned).
   std::span<const uint8_t> Raw(const SafeTensorInfo& t) const {
     return {file_.data() + data_start_ + t.offset, t.nbytes};

@@ -483,7 +483,7 @@ Status GgufReader::ReadF32(const std::string& name, float* out, size_t n) const 
                            " elements (ne=" + NeText(t->ne) + "), the destination " + std::to_string(n));
   }
   Status s = DequantizeToF32(t->type, Raw(*t).data(), out, n);
-  ReleaseMappedPages(Raw(*t).data(), Raw(*t).size());
+  ReleaseMappedPages({file_.data(), file_.size()}, Raw(*t));
   if (!s.ok()) return s.WithContext(path() + ": tensor '" + name + "'");
   return s;
 }
