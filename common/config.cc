@@ -23,6 +23,8 @@
 #include <sstream>
 #include <system_error>
 
+#include "common/model_spec_table.h"
+#include "common/models/registry.h"
 #include "common/tokens_file.h"
 #include "common/yaml_util.h"
 
@@ -90,47 +92,6 @@ std::string ResolvePath(const std::string& p, const std::string& base_dir) {
   return (ec ? path : abs).lexically_normal().string();
 }
 
-Status ReadModelFields(YamlMap* m, ModelSpec* spec) {
-  L2L_RETURN_IF_ERROR(m->Get("vocab_size", &spec->vocab_size, kPositive));
-  L2L_RETURN_IF_ERROR(m->Get("seq_len", &spec->seq_len, kPositive));
-  L2L_RETURN_IF_ERROR(m->Get("d_model", &spec->d_model, kPositive));
-  L2L_RETURN_IF_ERROR(m->Get("n_layer", &spec->n_layer, kPositive));
-  L2L_RETURN_IF_ERROR(m->Get("n_head", &spec->n_head, kPositive));
-  L2L_RETURN_IF_ERROR(m->Get("d_ff", &spec->d_ff, kPositive));
-  L2L_RETURN_IF_ERROR(m->Get("tied_embeddings", &spec->tied_embeddings));
-  if (m->Has("family")) {
-    std::string family;
-    L2L_RETURN_IF_ERROR(m->Get("family", &family));
-    Result<ModelFamily> f = ParseModelFamily(family);
-    if (!f.ok()) return m->Error("family", f.status().message());
-    spec->family = *f;
-  }
-  L2L_RETURN_IF_ERROR(m->Get("n_kv_heads", &spec->n_kv_heads, kNonNegative));
-  L2L_RETURN_IF_ERROR(m->Get("rope_theta", &spec->rope_theta, FloatRange{.min = 0, .min_exclusive = true}));
-  L2L_RETURN_IF_ERROR(m->Get("rms_norm_eps", &spec->rms_norm_eps, FloatRange{.min = 0, .min_exclusive = true}));
-  L2L_RETURN_IF_ERROR(m->Get("qkv_bias", &spec->qkv_bias));
-  L2L_RETURN_IF_ERROR(m->Get("type_vocab_size", &spec->type_vocab_size, kPositive));
-  L2L_RETURN_IF_ERROR(m->Get("layer_norm_eps", &spec->layer_norm_eps, FloatRange{.min = 0, .min_exclusive = true}));
-  L2L_RETURN_IF_ERROR(m->Get("num_labels", &spec->num_labels, kNonNegative));
-  if (m->Has("rope_scaling")) {
-    L2L_ASSIGN_OR_RETURN(YamlMap r, m->Map("rope_scaling"));
-    RopeScaling& rs = spec->rope_scaling;
-    if (r.Has("type")) {
-      std::string type;
-      L2L_RETURN_IF_ERROR(r.Get("type", &type));
-      Result<RopeScalingType> t = ParseRopeScalingType(type);
-      if (!t.ok()) return r.Error("type", t.status().message());
-      rs.type = *t;
-    }
-    L2L_RETURN_IF_ERROR(r.Get("factor", &rs.factor, FloatRange{.min = 1}));
-    L2L_RETURN_IF_ERROR(r.Get("low_freq_factor", &rs.low_freq_factor, FloatRange{.min = 0, .min_exclusive = true}));
-    L2L_RETURN_IF_ERROR(r.Get("high_freq_factor", &rs.high_freq_factor, FloatRange{.min = 0, .min_exclusive = true}));
-    L2L_RETURN_IF_ERROR(r.Get("original_max_position_embeddings", &rs.original_max_position_embeddings, kPositive));
-    L2L_RETURN_IF_ERROR(r.Finish());
-  }
-  return Status::Ok();
-}
-
 // Reads `model:` of `root` into *spec (a preset first, then the keys beside it) and
 // validates the result, reporting failures at the section's line. With `from: PATH` (job
 // files only) it records the path and the keys set beside it in *import and leaves the
@@ -151,12 +112,10 @@ Status ReadModel(YamlMap* root, const std::string& base_dir, bool allow_preset, 
     import->model_from_written = from;
     import->model_from = ResolvePath(from, base_dir);
     import->model_keys_set.clear();
-    for (const char* key : {"vocab_size", "seq_len", "d_model", "n_layer", "n_head", "d_ff", "tied_embeddings", "family",
-                            "n_kv_heads", "rope_theta", "rms_norm_eps", "qkv_bias", "rope_scaling",
-                            "type_vocab_size", "layer_norm_eps", "num_labels"}) {
+    for (const std::string& key : SpecTopLevelKeys()) {
       if (m.Has(key)) import->model_keys_set.emplace_back(key, m.Where(key));
     }
-    L2L_RETURN_IF_ERROR(ReadModelFields(&m, spec));
+    L2L_RETURN_IF_ERROR(ReadSpecFields(&m, spec));
     return m.Finish();  // validated against the file by ResolveModelFrom
   }
   if (!preset.empty()) {
@@ -170,7 +129,7 @@ Status ReadModel(YamlMap* root, const std::string& base_dir, bool allow_preset, 
     if (st.ok()) st = proot.Finish();
     if (!st.ok()) return st.WithContext(m.Where("preset") + ": loading model preset '" + preset + "'");
   }
-  L2L_RETURN_IF_ERROR(ReadModelFields(&m, spec));
+  L2L_RETURN_IF_ERROR(ReadSpecFields(&m, spec));
   L2L_RETURN_IF_ERROR(m.Finish());
   if (Status st = spec->Validate(); !st.ok()) {
     return InvalidArgument(root->Where("model") + ": model: " + st.message());
@@ -295,7 +254,7 @@ Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg,
 
 Task JobConfig::effective_task() const {
   if (task.has_value()) return *task;
-  if (model.family != ModelFamily::kBert) return Task::kLm;
+  if (!models::IsEncoder(model)) return Task::kLm;
   return model.num_labels > 0 ? Task::kClassify : Task::kMlm;
 }
 
@@ -351,7 +310,7 @@ Status JobConfig::Validate() const {
                  "at least one micro-batch of windows, micro_batch_size*seq_len+1 = " + std::to_string(B) + "*" +
                      std::to_string(T) + "+1 = " + std::to_string(B * T + 1));
     }
-    if (model.family == ModelFamily::kBert) {
+    if (models::IsEncoder(model)) {
       return bad("eval.data", e.data_path, "no eval section: in-job validation scores next-token prediction, which "
                                            "the bert family does not train (use l2l-eval)");
     }
@@ -361,7 +320,7 @@ Status JobConfig::Validate() const {
 
 Status JobConfig::ValidateTask() const {
   const Task t = effective_task();
-  const bool bert = model.family == ModelFamily::kBert;
+  const bool bert = models::IsEncoder(model);
   const std::string family = ToString(model.family);
   switch (t) {
     case Task::kLm:
@@ -482,32 +441,9 @@ std::string JobConfigToYaml(const JobConfig& cfg) {
   std::ostringstream os;
   const ModelSpec& m = cfg.model;
   if (!cfg.model_from.empty()) os << "model:\n  from: " << YamlQuote(cfg.model_from) << "\n";
-  if (cfg.model_from.empty()) os << "model:\n"
-     << "  vocab_size: " << m.vocab_size << "\n"
-     << "  seq_len: " << m.seq_len << "\n"
-     << "  d_model: " << m.d_model << "\n"
-     << "  n_layer: " << m.n_layer << "\n"
-     << "  n_head: " << m.n_head << "\n"
-     << "  d_ff: " << m.d_ff << "\n"
-     << "  tied_embeddings: " << (m.tied_embeddings ? "true" : "false") << "\n"
-     << "  family: " << ToString(m.family) << "\n";
-  if (m.family != ModelFamily::kGpt2 && cfg.model_from.empty()) {
-    const RopeScaling& rs = m.rope_scaling;
-    os << "  n_kv_heads: " << m.n_kv_heads << "\n"
-       << "  rope_theta: " << DoubleText(m.rope_theta) << "\n"
-       << "  rms_norm_eps: " << DoubleText(m.rms_norm_eps) << "\n"
-       << "  qkv_bias: " << (m.qkv_bias ? "true" : "false") << "\n"
-       << "  rope_scaling:\n"
-       << "    type: " << ToString(rs.type) << "\n"
-       << "    factor: " << DoubleText(rs.factor) << "\n"
-       << "    low_freq_factor: " << DoubleText(rs.low_freq_factor) << "\n"
-       << "    high_freq_factor: " << DoubleText(rs.high_freq_factor) << "\n"
-       << "    original_max_position_embeddings: " << rs.original_max_position_embeddings << "\n";
-  }
-  if (m.family == ModelFamily::kBert && cfg.model_from.empty()) {
-    os << "  type_vocab_size: " << m.type_vocab_size << "\n"
-       << "  layer_norm_eps: " << DoubleText(m.layer_norm_eps) << "\n"
-       << "  num_labels: " << m.num_labels << "\n";
+  if (cfg.model_from.empty()) {
+    os << "model:\n";
+    WriteSpecYaml(m, 2, os);
   }
   const OptimizerConfig& o = cfg.optim;
   os << "optim:\n"

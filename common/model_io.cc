@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/model_spec_table.h"
 #include "common/models/registry.h"
 #include "common/safetensors.h"
 
@@ -17,18 +18,6 @@ namespace l2l {
 namespace {
 
 using json = nlohmann::json;
-
-constexpr const char* kSpecFields[] = {"vocab_size", "seq_len", "d_model", "n_layer", "n_head", "d_ff"};
-
-int64_t* SpecField(ModelSpec* s, const std::string& name) {
-  if (name == "vocab_size") return &s->vocab_size;
-  if (name == "seq_len") return &s->seq_len;
-  if (name == "d_model") return &s->d_model;
-  if (name == "n_layer") return &s->n_layer;
-  if (name == "n_head") return &s->n_head;
-  if (name == "d_ff") return &s->d_ff;
-  return nullptr;
-}
 
 std::string ShapeText(const std::vector<int64_t>& shape) {
   std::string s = "(";
@@ -113,53 +102,9 @@ Result<LoadedModel> LoadFrom(const SafeTensorsReader& r, const ModelSpec& spec) 
   return m;
 }
 
-Status RopeScalingFromJson(const json& v, RopeScaling* rs) {
-  if (!v.is_object()) return InvalidArgument("model spec rope_scaling=" + v.dump() + " is not an object");
-  for (const auto& [k, x] : v.items()) {
-    if (k == "type") {
-      if (!x.is_string()) return InvalidArgument("model spec rope_scaling.type=" + x.dump() + " is not a string");
-      L2L_ASSIGN_OR_RETURN(rs->type, ParseRopeScalingType(x.get<std::string>()));
-    } else if (k == "original_max_position_embeddings") {
-      if (!x.is_number_integer()) return InvalidArgument("model spec rope_scaling." + k + "=" + x.dump() + " is not an integer");
-      rs->original_max_position_embeddings = x.get<int64_t>();
-    } else if (k == "factor" || k == "low_freq_factor" || k == "high_freq_factor") {
-      if (!x.is_number()) return InvalidArgument("model spec rope_scaling." + k + "=" + x.dump() + " is not a number");
-      (k == "factor" ? rs->factor : k == "low_freq_factor" ? rs->low_freq_factor : rs->high_freq_factor) = x.get<double>();
-    } else {
-      return InvalidArgument("model spec rope_scaling has unknown field '" + k + "'");
-    }
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
-std::string ModelSpecToJson(const ModelSpec& spec) {
-  json j = {{"vocab_size", spec.vocab_size}, {"seq_len", spec.seq_len}, {"d_model", spec.d_model},
-            {"n_layer", spec.n_layer},       {"n_head", spec.n_head},   {"d_ff", spec.d_ff},
-            {"tied_embeddings", spec.tied_embeddings}};
-  // GPT-2 specs keep their original form (files written before families existed read
-  // the same); other families name themselves and their fields.
-  if (spec.family != ModelFamily::kGpt2) {
-    const RopeScaling& rs = spec.rope_scaling;
-    j["family"] = ToString(spec.family);
-    j["n_kv_heads"] = spec.n_kv_heads;
-    j["rope_theta"] = spec.rope_theta;
-    j["rms_norm_eps"] = spec.rms_norm_eps;
-    j["qkv_bias"] = spec.qkv_bias;
-    j["rope_scaling"] = {{"type", ToString(rs.type)},
-                         {"factor", rs.factor},
-                         {"low_freq_factor", rs.low_freq_factor},
-                         {"high_freq_factor", rs.high_freq_factor},
-                         {"original_max_position_embeddings", rs.original_max_position_embeddings}};
-  }
-  if (spec.family == ModelFamily::kBert) {
-    j["type_vocab_size"] = spec.type_vocab_size;
-    j["layer_norm_eps"] = spec.layer_norm_eps;
-    j["num_labels"] = spec.num_labels;
-  }
-  return j.dump();
-}
+std::string ModelSpecToJson(const ModelSpec& spec) { return SpecToJson(spec).dump(); }
 
 Result<ModelSpec> ModelSpecFromJson(const std::string& text) {
   json j;
@@ -168,40 +113,7 @@ Result<ModelSpec> ModelSpecFromJson(const std::string& text) {
   } catch (const std::exception& e) {
     return InvalidArgument("model spec is not valid JSON: " + std::string(e.what()));
   }
-  if (!j.is_object()) return InvalidArgument("model spec is not a JSON object: " + text);
-  ModelSpec spec;
-  for (const auto& [k, v] : j.items()) {
-    if (k == "tied_embeddings" || k == "qkv_bias") {
-      if (!v.is_boolean()) return InvalidArgument("model spec " + k + "=" + v.dump() + " is not a boolean");
-      (k == "qkv_bias" ? spec.qkv_bias : spec.tied_embeddings) = v.get<bool>();
-    } else if (k == "family") {
-      if (!v.is_string()) return InvalidArgument("model spec family=" + v.dump() + " is not a string");
-      L2L_ASSIGN_OR_RETURN(spec.family, ParseModelFamily(v.get<std::string>()));
-    } else if (k == "n_kv_heads") {
-      if (!v.is_number_integer()) return InvalidArgument("model spec n_kv_heads=" + v.dump() + " is not an integer");
-      spec.n_kv_heads = v.get<int64_t>();
-    } else if (k == "rope_theta" || k == "rms_norm_eps") {
-      if (!v.is_number()) return InvalidArgument("model spec " + k + "=" + v.dump() + " is not a number");
-      (k == "rope_theta" ? spec.rope_theta : spec.rms_norm_eps) = v.get<double>();
-    } else if (k == "rope_scaling") {
-      L2L_RETURN_IF_ERROR(RopeScalingFromJson(v, &spec.rope_scaling));
-    } else if (k == "type_vocab_size" || k == "num_labels") {
-      if (!v.is_number_integer()) return InvalidArgument("model spec " + k + "=" + v.dump() + " is not an integer");
-      (k == "num_labels" ? spec.num_labels : spec.type_vocab_size) = v.get<int64_t>();
-    } else if (k == "layer_norm_eps") {
-      if (!v.is_number()) return InvalidArgument("model spec " + k + "=" + v.dump() + " is not a number");
-      spec.layer_norm_eps = v.get<double>();
-    } else if (int64_t* f = SpecField(&spec, k)) {
-      if (!v.is_number_integer()) return InvalidArgument("model spec " + k + "=" + v.dump() + " is not an integer");
-      *f = v.get<int64_t>();
-    } else {
-      return InvalidArgument("model spec has unknown field '" + k + "'");
-    }
-  }
-  for (const char* f : kSpecFields) {
-    if (!j.contains(f)) return InvalidArgument("model spec lacks field '" + std::string(f) + "'");
-  }
-  if (!j.contains("tied_embeddings")) return InvalidArgument("model spec lacks field 'tied_embeddings'");
+  L2L_ASSIGN_OR_RETURN(ModelSpec spec, SpecFromJson(j));
   L2L_RETURN_IF_ERROR(spec.Validate());
   return spec;
 }

@@ -182,28 +182,6 @@ class DataService final : public data::Data::Service {
     rep->set_worker_id(r->worker_id);
     rep->set_num_workers(r->num_workers);
     rep->set_job_yaml(JobConfigToYaml(r->job));
-    auto* m = rep->mutable_model();
-    const ModelSpec& s = r->job.model;
-    m->set_vocab_size(s.vocab_size);
-    m->set_seq_len(s.seq_len);
-    m->set_d_model(s.d_model);
-    m->set_n_layer(s.n_layer);
-    m->set_n_head(s.n_head);
-    m->set_d_ff(s.d_ff);
-    m->set_tied_embeddings(s.tied_embeddings);
-    m->set_family(ToString(s.family));
-    if (s.family != ModelFamily::kGpt2) {
-      m->set_n_kv_heads(s.n_kv_heads);
-      m->set_rope_theta(s.rope_theta);
-      m->set_rms_norm_eps(s.rms_norm_eps);
-      m->set_qkv_bias(s.qkv_bias);
-      auto* rs = m->mutable_rope_scaling();
-      rs->set_type(ToString(s.rope_scaling.type));
-      rs->set_factor(s.rope_scaling.factor);
-      rs->set_low_freq_factor(s.rope_scaling.low_freq_factor);
-      rs->set_high_freq_factor(s.rope_scaling.high_freq_factor);
-      rs->set_original_max_position_embeddings(s.rope_scaling.original_max_position_embeddings);
-    }
     rep->set_start_step(r->start_step);
     rep->set_registration_id(r->registration_id);
     rep->set_data_rank(r->worker_id);

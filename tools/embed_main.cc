@@ -12,6 +12,7 @@
 
 #include "common/file_util.h"
 #include "common/logging.h"
+#include "common/models/registry.h"
 #include "common/rows_file.h"
 #include "tools/encoder_eval.h"
 #include "tools/inference_model.h"
@@ -27,7 +28,7 @@ struct Flags {
 
 l2l::Status Run(const Flags& f) {
   L2L_ASSIGN_OR_RETURN(t::InferenceModel m, t::LoadInferenceModel(f.model));
-  if (m.spec.family != l2l::ModelFamily::kBert) {
+  if (!l2l::models::IsEncoder(m.spec)) {
     return l2l::InvalidArgument(f.model + ": a " + std::string(l2l::ToString(m.spec.family)) +
                                 " model; l2l-embed needs an encoder (bert)");
   }

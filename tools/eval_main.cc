@@ -28,6 +28,7 @@
 
 #include "common/file_util.h"
 #include "common/logging.h"
+#include "common/models/registry.h"
 #include "common/rows_file.h"
 #include "common/tokens_file.h"
 #include "kernels/backend.h"
@@ -135,7 +136,7 @@ l2l::Status Run(const Flags& f) {
       f.model.empty() ? t::LoadCheckpointModel(f.checkpoint) : t::LoadInferenceModel(f.model, f.head);
   if (!loaded.ok()) return loaded.status();
   t::InferenceModel m = std::move(*loaded);
-  if (m.spec.family == l2l::ModelFamily::kBert) return RunEncoder(f, std::move(m));
+  if (l2l::models::IsEncoder(m.spec)) return RunEncoder(f, std::move(m));
   const int64_t seq_len = m.spec.seq_len, V = m.spec.vocab_size;
   if (f.context > seq_len) {
     return l2l::InvalidArgument("--context " + std::to_string(f.context) + " exceeds the model's seq_len " +

@@ -39,6 +39,7 @@
 #include "common/rng.h"
 #include "common/config.h"
 #include "common/model_io.h"
+#include "common/models/registry.h"
 #include "common/safetensors.h"
 #include "common/status.h"
 #include "worker/reference_trainer.h"
@@ -229,7 +230,7 @@ Status DumpVariant(const std::string& dir, const l2l::JobConfig& job, uint64_t s
   const l2l::ModelSpec& spec = cfg.model;
   const std::vector<std::vector<float>> weights = OracleWeights(spec, seed);
   std::vector<w::MicroBatch> mbs = OracleBatches(cfg, seed);
-  const bool encoder = spec.family == l2l::ModelFamily::kBert;
+  const bool encoder = l2l::models::IsEncoder(spec);
   if (encoder) MakeEncoderBatches(cfg, seed, &mbs);
   const int64_t M = cfg.train.micro_batches, B = cfg.train.micro_batch_size, T = cfg.seq_len();
   const int64_t V = spec.vocab_size;

@@ -10,6 +10,7 @@
 #include "common/adamw.h"
 #include "common/logging.h"
 #include "common/model_io.h"
+#include "common/models/registry.h"
 
 namespace l2l::worker {
 
@@ -103,7 +104,7 @@ void ReferenceTrainer::UploadParams() {
 
 Status CheckSequenceInputs(const ModelSpec& spec, const MicroBatch& mb, const std::string& where) {
   const size_t n = static_cast<size_t>(mb.B * mb.T);
-  const bool encoder = spec.family == ModelFamily::kBert;
+  const bool encoder = models::IsEncoder(spec);
   for (const auto& [name, v] : {std::pair<const char*, const std::vector<int32_t>*>{"token_types", &mb.token_types},
                                 {"attention_mask", &mb.attention_mask}}) {
     if (v->empty()) continue;
@@ -389,7 +390,7 @@ Status ReferenceTrainer::Probs(const int32_t* tokens, int64_t B, int64_t T, floa
 }
 
 Status ReferenceTrainer::Probs(const MicroBatch& mb, float* probs) {
-  if (cfg_.model.family == ModelFamily::kBert && cfg_.model.num_labels > 0) {
+  if (models::IsEncoder(cfg_.model) && cfg_.model.num_labels > 0) {
     return InvalidArgument("Probs: a classification model (num_labels=" + std::to_string(cfg_.model.num_labels) +
                            ") has no per-token vocabulary distribution");
   }

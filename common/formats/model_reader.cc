@@ -14,6 +14,7 @@
 
 #include "common/file_util.h"
 #include "common/formats/mapped_pages.h"
+#include "common/models/registry.h"
 #include "common/safetensors.h"
 
 namespace l2l::formats {
@@ -66,7 +67,7 @@ class HfDirReader final : public ModelReader {
     const SafeTensorsReader& shard = shards_[it->second];
     Status s = shard.ReadAsFloat(name, out, n);
     const auto raw = shard.Raw(*shard.Find(name));
-    ReleaseMappedPages(raw.data(), raw.size());
+    ReleaseMappedPages(shard.Mapping(), raw);
     return s;
   }
 
@@ -137,12 +138,16 @@ class GgufModelReader final : public ModelReader {
 
   Status Init(const ModelOpenOptions& o) {
     L2L_ASSIGN_OR_RETURN(config_, ConfigFromGguf(g_));
-    const bool unpermute = o.gguf_hf_names && config_.model_type == "llama";
+    // The family that imports this architecture names the tensors (none: GGUF names).
+    const models::FamilyInfo* family = nullptr;
+    const models::GgufArch* arch = models::FindGgufArchitecture(config_.model_type, &family);
+    const bool hf_names = o.gguf_hf_names && arch != nullptr;
+    const bool unpermute = hf_names && arch->permuted_qk;
     for (const GgufTensorInfo& t : g_.tensors()) {
       const auto tr = GgmlTraits(t.type);
       std::string name = t.name;
-      if (o.gguf_hf_names) {
-        if (auto hf = LlamaGgufToHfName(t.name)) name = *hf;
+      if (hf_names) {
+        if (auto hf = GgufToHfName(*family, t.name)) name = *hf;
       }
       if (by_name_.count(name)) return InvalidArgument(path_ + ": tensors '" + t.name + "' and another both map to '" + name + "'");
       Source s{t.name, 0};
@@ -270,16 +275,6 @@ Result<std::unique_ptr<ModelReader>> ModelReader::Open(const std::string& path, 
 // ---- Names ----------------------------------------------------------------------------
 
 namespace {
-struct NamePair {
-  const char* gguf;
-  const char* hf;
-};
-const NamePair kGlobal[] = {
-    {"token_embd", "model.embed_tokens"}, {"output_norm", "model.norm"}, {"output", "lm_head"}};
-const NamePair kBlock[] = {
-    {"attn_norm", "input_layernorm"},      {"attn_q", "self_attn.q_proj"},    {"attn_k", "self_attn.k_proj"},
-    {"attn_v", "self_attn.v_proj"},        {"attn_output", "self_attn.o_proj"}, {"ffn_norm", "post_attention_layernorm"},
-    {"ffn_gate", "mlp.gate_proj"},         {"ffn_up", "mlp.up_proj"},         {"ffn_down", "mlp.down_proj"}};
 
 // "<stem>.weight" / "<stem>.bias" -> stem and suffix.
 bool SplitSuffix(const std::string& name, std::string* stem, std::string* suffix) {
@@ -306,30 +301,38 @@ bool SplitLayer(const std::string& stem, const std::string& prefix, std::string*
 }
 }  // namespace
 
-std::optional<std::string> LlamaGgufToHfName(const std::string& name) {
+std::optional<std::string> GgufToHfName(const models::FamilyInfo& family, const std::string& name) {
   std::string stem, suffix, layer, rest;
   if (!SplitSuffix(name, &stem, &suffix)) return std::nullopt;
-  for (const NamePair& p : kGlobal) {
+  for (const models::NamePair& p : family.gguf_global_names) {
     if (stem == p.gguf) return std::string(p.hf) + suffix;
   }
   if (!SplitLayer(stem, "blk.", &layer, &rest)) return std::nullopt;
-  for (const NamePair& p : kBlock) {
-    if (rest == p.gguf) return "model.layers." + layer + "." + p.hf + suffix;
+  for (const models::NamePair& p : family.gguf_block_names) {
+    if (rest == p.gguf) return family.hf_block_prefix + layer + "." + p.hf + suffix;
   }
   return std::nullopt;
 }
 
-std::optional<std::string> LlamaHfToGgufName(const std::string& name) {
+std::optional<std::string> HfToGgufName(const models::FamilyInfo& family, const std::string& name) {
   std::string stem, suffix, layer, rest;
   if (!SplitSuffix(name, &stem, &suffix)) return std::nullopt;
-  for (const NamePair& p : kGlobal) {
+  for (const models::NamePair& p : family.gguf_global_names) {
     if (stem == p.hf) return std::string(p.gguf) + suffix;
   }
-  if (!SplitLayer(stem, "model.layers.", &layer, &rest)) return std::nullopt;
-  for (const NamePair& p : kBlock) {
+  if (!SplitLayer(stem, family.hf_block_prefix, &layer, &rest)) return std::nullopt;
+  for (const models::NamePair& p : family.gguf_block_names) {
     if (rest == p.hf) return "blk." + layer + "." + p.gguf + suffix;
   }
   return std::nullopt;
+}
+
+std::optional<std::string> LlamaGgufToHfName(const std::string& name) {
+  return GgufToHfName(models::LlamaFamily(), name);
+}
+
+std::optional<std::string> LlamaHfToGgufName(const std::string& name) {
+  return HfToGgufName(models::LlamaFamily(), name);
 }
 
 }  // namespace l2l::formats

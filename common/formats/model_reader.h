@@ -20,10 +20,11 @@
 // the tensor or key.
 //
 // GGUF names: by default tensors keep their GGUF names (token_embd.weight, blk.N.attn_q.weight)
-// and values are as stored. With ModelOpenOptions::gguf_hf_names, tensors that
-// LlamaGgufToHfName maps are listed under their Hugging Face names, and for
-// general.architecture == "llama" attn_q / attn_k rows are unpermuted on read (llama.cpp's
-// converter permutes them for Llama, Mistral and SmolLM; it does not for Qwen2), using
+// and values are as stored. With ModelOpenOptions::gguf_hf_names, when a registered family
+// imports the file's general.architecture (common/models/registry.h), tensors its name
+// tables map are listed under their Hugging Face names, and where the architecture row
+// says llama.cpp's converter permuted attn_q / attn_k rows ("llama": Llama, SmolLM; not
+// Qwen2) they are unpermuted on read, using
 // num_attention_heads / num_key_value_heads from the metadata. Names it does not map
 // (e.g. rope_freqs.weight) are listed unchanged.
 //
@@ -40,6 +41,7 @@
 
 #include "common/formats/gguf.h"
 #include "common/formats/model_config.h"
+#include "common/models/registry.h"
 #include "common/status.h"
 
 namespace l2l::formats {
@@ -93,14 +95,16 @@ class ModelReader {
   std::map<std::string, size_t> by_name_;
 };
 
-// llama.cpp tensor names -> Hugging Face names for Llama-layout decoders (llama, mistral,
-// qwen2 GGUF files use the same ones): token_embd -> model.embed_tokens, output_norm ->
-// model.norm, output -> lm_head, blk.N.{attn_norm -> input_layernorm, attn_q/k/v/output ->
-// self_attn.{q,k,v,o}_proj, ffn_norm -> post_attention_layernorm, ffn_gate/up/down ->
-// mlp.{gate,up,down}_proj} under model.layers.N, each with its .weight / .bias suffix.
-// nullopt for other names (rope_freqs.weight, ...).
+// llama.cpp tensor names <-> Hugging Face names through a family's registry tables
+// (common/models/registry.h FamilyInfo::gguf_global_names / gguf_block_names /
+// hf_block_prefix): whole-model tensors by stem, block tensors "blk.N.<gguf>" <->
+// "<hf_block_prefix>N.<hf>", each with its .weight / .bias suffix. nullopt for other names
+// (rope_freqs.weight, ...).
+std::optional<std::string> GgufToHfName(const models::FamilyInfo& family, const std::string& gguf_name);
+std::optional<std::string> HfToGgufName(const models::FamilyInfo& family, const std::string& hf_name);
+// The Llama family's (llama, mistral and qwen2 GGUF files): token_embd -> model.embed_tokens,
+// blk.N.attn_q -> model.layers.N.self_attn.q_proj, ...
 std::optional<std::string> LlamaGgufToHfName(const std::string& gguf_name);
-// The inverse (for GGUF export).
 std::optional<std::string> LlamaHfToGgufName(const std::string& hf_name);
 
 }  // namespace l2l::formats

@@ -242,6 +242,7 @@ const FamilyInfo& BertFamily() {
       .hf_headless_architectures = {"BertModel"},
       .hf_ignored_suffixes = {"embeddings.position_ids"},
       .hf_unused_base_tensors = {"pooler.dense.weight", "pooler.dense.bias"},
+      .encoder = true,
   };
   return kInfo;
 }

@@ -170,6 +170,8 @@ const FamilyInfo& Gpt2Family() {
       .init_layer = &InitLayer,
       .from_hf_config = &FromHfConfig,
       .to_hf_config = &ToHfConfig,
+      // Non-parameter attention buffers (causal masks) in older hub checkpoints.
+      .hf_ignored_suffixes = {".attn.bias", ".attn.masked_bias"},
   };
   return kInfo;
 }

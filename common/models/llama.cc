@@ -269,6 +269,19 @@ const FamilyInfo& LlamaFamily() {
       .init_layer = &InitLayer,
       .from_hf_config = &FromHfConfig,
       .to_hf_config = &ToHfConfig,
+      // llama.cpp's converter permutes q/k rows for "llama" (Llama, SmolLM); l2l reads
+      // "mistral" files unpermuted, as it always has, and Qwen2 is not permuted.
+      .gguf_architectures = {{"llama", "LlamaForCausalLM", "llama", true},
+                             {"mistral", "LlamaForCausalLM", "llama", false},
+                             {"qwen2", "Qwen2ForCausalLM", "qwen2", false}},
+      .gguf_global_names = {{"token_embd", "model.embed_tokens"}, {"output_norm", "model.norm"}, {"output", "lm_head"}},
+      .gguf_block_names = {{"attn_norm", "input_layernorm"},      {"attn_q", "self_attn.q_proj"},
+                           {"attn_k", "self_attn.k_proj"},        {"attn_v", "self_attn.v_proj"},
+                           {"attn_output", "self_attn.o_proj"},   {"ffn_norm", "post_attention_layernorm"},
+                           {"ffn_gate", "mlp.gate_proj"},         {"ffn_up", "mlp.up_proj"},
+                           {"ffn_down", "mlp.down_proj"}},
+      .hf_block_prefix = "model.layers.",
+      .gguf_export_architecture = [](const ModelSpec& s) { return s.qkv_bias ? "qwen2" : "llama"; },
   };
   return kInfo;
 }

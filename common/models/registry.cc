@@ -16,6 +16,28 @@ const FamilyInfo& Family(ModelFamily family) {
   return Gpt2Family();
 }
 
+const GgufArch* FindGgufArchitecture(const std::string& name, const FamilyInfo** family) {
+  for (const FamilyInfo* f : AllFamilies()) {
+    for (const GgufArch& a : f->gguf_architectures) {
+      if (name == a.name) {
+        *family = f;
+        return &a;
+      }
+    }
+  }
+  return nullptr;
+}
+
+std::string KnownGgufArchitectures() {
+  std::string known;
+  for (const FamilyInfo* f : AllFamilies()) {
+    for (const GgufArch& a : f->gguf_architectures) known += (known.empty() ? "" : ", ") + std::string(a.name);
+  }
+  return known;
+}
+
+bool IsEncoder(const ModelSpec& spec) { return Family(spec.family).encoder; }
+
 Result<ModelSpec> SpecFromHfConfig(const nlohmann::json& config, const std::string& origin) {
   if (!config.is_object()) return InvalidArgument(origin + ": config.json is not a JSON object");
   const auto it = config.find("architectures");

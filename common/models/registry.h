@@ -20,6 +20,21 @@
 
 namespace l2l::models {
 
+// A tensor-name pair: llama.cpp's GGUF name stem and Hugging Face's (without ".weight").
+struct NamePair {
+  const char* gguf;  // "attn_q", "token_embd"
+  const char* hf;    // "self_attn.q_proj", "model.embed_tokens"
+};
+
+// A GGUF general.architecture a family imports (as llama.cpp's llama-arch.cpp keeps them
+// per architecture).
+struct GgufArch {
+  const char* name;             // general.architecture: "llama", "qwen2"
+  const char* hf_architecture;  // the Hugging Face class its tensors import as
+  const char* hf_model_type;    // that class's model_type
+  bool permuted_qk;             // llama.cpp's converter permuted attn_q / attn_k rows
+};
+
 struct FamilyInfo {
   ModelFamily family;
   const char* name;                         // ToString(family): "gpt2", "llama"
@@ -57,6 +72,18 @@ struct FamilyInfo {
   // Tensors (our names) a headless checkpoint may hold that the chosen head does not use
   // (BERT's pooler under a masked-LM head): skipped on import, as transformers does.
   std::vector<std::string> hf_unused_base_tensors = {};
+  // An encoder (bidirectional attention, token types and a padding mask; masked-LM or
+  // classification tasks, no next-token task): BERT. Decoders are causal LMs.
+  bool encoder = false;
+  // GGUF: the architectures imported as this family (none: GGUF files of it are refused),
+  // the tensor names (whole-model tensors, and block tensors "blk.N.<gguf>" <->
+  // "<hf_block_prefix>N.<hf>"), and the architecture an export writes for a spec (nullptr:
+  // no GGUF export).
+  std::vector<GgufArch> gguf_architectures = {};
+  std::vector<NamePair> gguf_global_names = {};
+  std::vector<NamePair> gguf_block_names = {};
+  const char* hf_block_prefix = "";
+  const char* (*gguf_export_architecture)(const ModelSpec& spec) = nullptr;
 };
 
 // The entry of `family`; every ModelFamily value has one.
@@ -65,6 +92,13 @@ const FamilyInfo& Family(ModelFamily family);
 // holds config["architectures"][0]; an unknown architecture is an error naming it and the
 // known ones.
 Result<ModelSpec> SpecFromHfConfig(const nlohmann::json& config, const std::string& origin);
+// The family and GGUF architecture row of a GGUF general.architecture; nullptr (and
+// *family untouched) when no family imports it.
+const GgufArch* FindGgufArchitecture(const std::string& name, const FamilyInfo** family);
+// "llama, qwen2, ...": every GGUF architecture some family imports (for messages).
+std::string KnownGgufArchitectures();
+// Whether `spec`'s family is an encoder (FamilyInfo::encoder).
+bool IsEncoder(const ModelSpec& spec);
 // Every registered family, in ModelFamily order.
 const std::vector<const FamilyInfo*>& AllFamilies();
 

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
-#include <regex>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +18,7 @@
 #include "common/formats/gguf_writer.h"
 #include "common/formats/hf_writer.h"
 #include "common/formats/model_config.h"
+#include "common/model_spec_table.h"
 #include "common/models/registry.h"
 
 namespace l2l {
@@ -29,59 +29,12 @@ using json = nlohmann::json;
 using formats::ModelFormat;
 using formats::ModelReader;
 
-// HF's non-parameter GPT-2 attention buffers (causal masks in older checkpoints).
-bool IsIgnoredBuffer(const std::string& name) {
-  static const std::regex kBuffer(R"((transformer\.)?h\.[0-9]+\.attn\.(bias|masked_bias))");
-  return std::regex_match(name, kBuffer);
-}
-
-// The Hugging Face architecture of a GGUF general.architecture.
-Result<std::string> GgufArchitecture(const formats::ModelConfig& c) {
-  if (c.model_type == "llama" || c.model_type == "mistral") return std::string("LlamaForCausalLM");
-  if (c.model_type == "qwen2") return std::string("Qwen2ForCausalLM");
+// The registry's row of a GGUF general.architecture.
+Result<const models::GgufArch*> GgufArchitecture(const formats::ModelConfig& c) {
+  const models::FamilyInfo* family = nullptr;
+  if (const models::GgufArch* a = models::FindGgufArchitecture(c.model_type, &family)) return a;
   return Unimplemented(c.source + ": GGUF general.architecture '" + c.model_type +
-                       "' is not supported (l2l imports llama, mistral and qwen2 GGUF files)");
-}
-
-std::string Fmt(double v) {
-  char b[64];
-  std::snprintf(b, sizeof(b), "%.17g", v);
-  return b;
-}
-
-// The value of model key `key` in `s`, as text (for contradiction messages).
-std::string KeyText(const ModelSpec& s, const std::string& key) {
-  if (key == "vocab_size") return std::to_string(s.vocab_size);
-  if (key == "seq_len") return std::to_string(s.seq_len);
-  if (key == "d_model") return std::to_string(s.d_model);
-  if (key == "n_layer") return std::to_string(s.n_layer);
-  if (key == "n_head") return std::to_string(s.n_head);
-  if (key == "d_ff") return std::to_string(s.d_ff);
-  if (key == "tied_embeddings") return s.tied_embeddings ? "true" : "false";
-  if (key == "family") return ToString(s.family);
-  if (key == "n_kv_heads") return std::to_string(s.kv_heads());
-  if (key == "rope_theta") return Fmt(s.rope_theta);
-  if (key == "rms_norm_eps") return Fmt(s.rms_norm_eps);
-  if (key == "qkv_bias") return s.qkv_bias ? "true" : "false";
-  if (key == "type_vocab_size") return std::to_string(s.type_vocab_size);
-  if (key == "layer_norm_eps") return Fmt(s.layer_norm_eps);
-  if (key == "num_labels") return std::to_string(s.num_labels);
-  if (key == "rope_scaling") {
-    const RopeScaling& r = s.rope_scaling;
-    return std::string("{type: ") + ToString(r.type) + ", factor: " + Fmt(r.factor) + ", low_freq_factor: " +
-           Fmt(r.low_freq_factor) + ", high_freq_factor: " + Fmt(r.high_freq_factor) +
-           ", original_max_position_embeddings: " + std::to_string(r.original_max_position_embeddings) + "}";
-  }
-  return "?";
-}
-
-bool SameKey(const ModelSpec& a, const ModelSpec& b, const std::string& key) {
-  if (key == "n_kv_heads") return a.kv_heads() == b.kv_heads();
-  if (key == "rope_scaling") {
-    if (a.rope_scaling.type == RopeScalingType::kNone && b.rope_scaling.type == RopeScalingType::kNone) return true;
-    return a.rope_scaling == b.rope_scaling;
-  }
-  return KeyText(a, key) == KeyText(b, key);
+                       "' is not supported (l2l imports " + models::KnownGgufArchitectures() + " GGUF files)");
 }
 
 bool IsDir(const std::string& p) {
@@ -108,10 +61,10 @@ Result<std::unique_ptr<Pretrained>> Pretrained::Open(const std::string& path, co
     }
     p->init_seed_ = options.init_seed;
   } else {
-    L2L_ASSIGN_OR_RETURN(std::string arch, GgufArchitecture(c));
+    L2L_ASSIGN_OR_RETURN(const models::GgufArch* arch, GgufArchitecture(c));
     formats::ModelConfig hc = c;
-    hc.architecture = arch;
-    hc.model_type = arch == "Qwen2ForCausalLM" ? "qwen2" : "llama";
+    hc.architecture = arch->hf_architecture;
+    hc.model_type = arch->hf_model_type;
     if (hc.head_dim && hc.hidden_size && hc.num_attention_heads && *hc.num_attention_heads > 0 &&
         *hc.head_dim != *hc.hidden_size / *hc.num_attention_heads) {
       return InvalidArgument(c.source + ": attention.key_length=" + std::to_string(*hc.head_dim) +
@@ -173,7 +126,7 @@ Result<std::unique_ptr<Pretrained>> Pretrained::Open(const std::string& path, co
     return false;
   };
   for (const formats::ModelTensorInfo& t : r.tensors()) {
-    if (used.count(t.name) || (fam.family == ModelFamily::kGpt2 && IsIgnoredBuffer(t.name))) continue;
+    if (used.count(t.name)) continue;
     if (skipped(t.name)) continue;
     if (t.name == "lm_head.weight" && p->spec_.tied_embeddings) {
       // Tied: a stored head must be the embedding itself, or trained weights would be dropped.
@@ -230,9 +183,9 @@ Result<std::shared_ptr<const Pretrained>> ResolveModelFrom(JobConfig* cfg, const
   const ModelSpec& file = p->spec();
   for (const auto& [key, where] : cfg->model_keys_set) {
     if (p->headless() && key == "num_labels") continue;  // a headless base model's head is the job's choice
-    if (!SameKey(cfg->model, file, key)) {
-      return InvalidArgument(where + ": model." + key + "=" + KeyText(cfg->model, key) + " contradicts " + path +
-                             ", which has " + key + "=" + KeyText(file, key) + " (drop the key: model.from gives the model)");
+    if (!SameSpecKey(cfg->model, file, key)) {
+      return InvalidArgument(where + ": model." + key + "=" + SpecKeyText(cfg->model, key) + " contradicts " + path +
+                             ", which has " + key + "=" + SpecKeyText(file, key) + " (drop the key: model.from gives the model)");
     }
   }
   cfg->model = file;
@@ -354,7 +307,8 @@ Result<int64_t> ExportHf(const std::string& dir, const ModelSpec& spec, const La
 Result<int64_t> ExportGguf(const std::string& path, const ModelSpec& spec, const LayerSource& read,
                            const GgufExportOptions& o) {
   using formats::GgmlType;
-  if (spec.family != ModelFamily::kLlama) {
+  const models::FamilyInfo& fam = models::Family(spec.family);
+  if (fam.gguf_export_architecture == nullptr) {
     return Unimplemented(std::string("GGUF export of the ") + ToString(spec.family) +
                          " family is not supported (Llama family only; use --format hf)");
   }
@@ -365,7 +319,7 @@ Result<int64_t> ExportGguf(const std::string& path, const ModelSpec& spec, const
   L2L_RETURN_IF_ERROR(spec.Validate());
   formats::ModelConfig c;
   c.source = path;
-  c.model_type = spec.qkv_bias ? "qwen2" : "llama";
+  c.model_type = fam.gguf_export_architecture(spec);
   c.vocab_size = spec.vocab_size;
   c.hidden_size = spec.d_model;
   c.intermediate_size = spec.d_ff;
@@ -399,11 +353,13 @@ Result<int64_t> ExportGguf(const std::string& path, const ModelSpec& spec, const
   }
   for (const auto& [key, value] : o.metadata) w.Set(key, value);
   LayerCache cache(spec, read);
-  const bool permute = c.model_type == "llama";
+  const models::FamilyInfo* arch_family = nullptr;
+  const models::GgufArch* arch = models::FindGgufArchitecture(c.model_type, &arch_family);
+  const bool permute = arch != nullptr && arch->permuted_qk;
   for (const LayerLayout& lay : cache.layout()) {
     for (const ParamInfo& p : lay.params) {
-      const std::string hf = (p.name == "lm_head.weight" ? "" : "model.") + p.name;
-      std::optional<std::string> name = formats::LlamaHfToGgufName(hf);
+      const std::string hf = HfTensorName(spec, p);
+      std::optional<std::string> name = formats::HfToGgufName(fam, hf);
       if (!name) return Internal("no GGUF name for tensor '" + hf + "'");
       formats::GgufTensorToWrite t;
       t.name = *name;
