@@ -2,12 +2,12 @@
 // comes from, and ChooseJobStart, the one place that picks it, for l2l-eps at start-up
 // (--resume, --job) and for the CreateJob rpc alike:
 //
-//   origin                  start            state
-//   a checkpoint            FromCheckpoint   master, m, v, step, data positions from its files
-//   model.from in the job   FromPretrained   master from a HF dir or GGUF (common/pretrained)
-//   CreateJob.init_safet.   FromSafetensors  master from an l2l safetensors file (model_io.h)
-//   buffers (tests, tools)  FromBuffers      master from one fp32 buffer per layer
-//   none of these           JobStart{}       master from InitLayerParams(train.seed)
+//   origin                      start            master (and m, v)
+//   a checkpoint (--resume)     FromCheckpoint   master, m, v, step, data positions: its files
+//   model.from in the job       FromPretrained   a HF dir or GGUF file (common/pretrained)
+//   CreateJob.init_safetensors  FromSafetensors  a safetensors file (common/model_io.h)
+//   buffers (tests)             FromBuffers      one fp32 buffer per layer
+//   none of these               JobStart{}       InitLayerParams(train.seed)
 //
 // Every origin but a checkpoint starts the moments at zero: its layers are written by
 // ParamStore::WriteMasterZeroMoments, as the seed's are. A start's `load` runs at
@@ -57,7 +57,7 @@ JobStart FromCheckpoint(CheckpointManifest manifest);
 // store on the SSD tier fills without holding the model.
 JobStart FromPretrained(std::shared_ptr<const Pretrained> model);
 
-// An l2l / HF GPT-2 safetensors file of the model `spec` (common/model_io.h): read once
+// A safetensors file of the model `spec` (common/model_io.h LoadModel): read once
 // here to check every tensor's shape (the error names the tensor), re-read at load.
 Result<JobStart> FromSafetensors(const std::string& path, const ModelSpec& spec);
 
