@@ -61,30 +61,8 @@ bool EpsCore::has_job() const {
 Status EpsCore::CreateJob(const JobConfig& job, const std::vector<std::vector<float>>* initial,
                           int64_t start_step) {
   JobStart start;
+  if (initial != nullptr) start = FromBuffers(*initial);
   start.step = start_step;
-  if (initial != nullptr) {
-    // The caller's buffers outlive CreateJob only; rollbacks to the initial state need
-    // them, so keep a copy (only for callers that pass buffers: tests, small models).
-    auto copy = std::make_shared<std::vector<std::vector<float>>>(*initial);
-    start.description = "initial weights";
-    start.load = [copy](ParamStore* store) -> Status {
-      if (static_cast<int64_t>(copy->size()) != store->num_layers()) {
-        return InvalidArgument("initial weights have " + std::to_string(copy->size()) + " layers, the model has " +
-                               std::to_string(store->num_layers()));
-      }
-      std::vector<float> zeros;
-      for (int64_t l = 0; l < store->num_layers(); ++l) {
-        if ((*copy)[l].size() != store->layout(l).numel) {
-          return InvalidArgument("initial weights of layer " + std::to_string(l) + " have " +
-                                 std::to_string((*copy)[l].size()) + " floats, expected " +
-                                 std::to_string(store->layout(l).numel));
-        }
-        zeros.assign((*copy)[l].size(), 0.0f);
-        L2L_RETURN_IF_ERROR(store->WriteLayer(l, (*copy)[l].data(), zeros.data(), zeros.data()));
-      }
-      return Status::Ok();
-    };
-  }
   return CreateJob(job, start);
 }
 

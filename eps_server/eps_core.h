@@ -4,11 +4,12 @@
 // worker liveness and rollback. The gRPC services (eps_server/grpc_server.h) translate
 // protobuf messages to these calls; protobuf types stop there.
 //
-// Life cycle: Create (no job) -> CreateJob (allocates, initialises from the seed, a
-// safetensors file or a checkpoint, publishes version start_step of every layer,
-// creates the shm weight segment, starts the liveness and checkpoint threads) ->
-// workers Register (ids 0..expected_workers-1) -> gradients flow -> Stop (wakes every
-// waiter with ABORTED, joins threads, removes the segments).
+// Life cycle: Create (no job) -> CreateJob (allocates, initialises from a JobStart: the
+// seed, a pretrained or safetensors file, buffers or a checkpoint, eps_server/job_start.h;
+// publishes version start_step of every layer, creates the shm weight segment, starts
+// the liveness and checkpoint threads) -> workers Register (ids 0..expected_workers-1)
+// -> gradients flow -> Stop (wakes every waiter with ABORTED, joins threads, removes the
+// segments).
 //
 // Checkpoints (eps_server/checkpoint.h): taken at a step boundary. The update
 // pipeline's gate is closed right when step N completes (HoldAt) or, for an rpc, at
@@ -74,6 +75,7 @@
 #include "common/thread_annotations.h"
 #include "common/shm.h"
 #include "common/status.h"
+#include "eps_server/job_start.h"
 #include "eps_server/param_store.h"
 #include "eps_server/update_pipeline.h"
 #include "eps_server/worker_updater.h"
@@ -142,16 +144,6 @@ struct CoreOptions {
   // Interleaved optimizer: a layer update handed to a worker's device and not answered
   // this long after it was queued is run by the daemon instead (worker_updater.h).
   std::chrono::milliseconds update_deadline{30000};
-};
-
-// How CreateJob initialises the state.
-struct JobStart {
-  int64_t step = 0;  // optimizer steps the initial state holds (published version)
-  // Fills the store's master (and m, v); null: InitLayerParams(train.seed), zero moments.
-  std::function<Status(ParamStore*)> load;
-  std::string description = "seed";        // for logs: "seed", "checkpoint DIR", "FILE"
-  std::string checkpoint_dir;              // when resumed from a checkpoint: its directory
-  std::vector<std::string> data_positions; // by worker id, at the start of `step`
 };
 
 struct RegisterInfo {
@@ -223,9 +215,12 @@ class EpsCore {
   ~EpsCore();  // Stop()
 
   // Creates the job: state initialised from job.train.seed (or `initial` when given: one
-  // fp32 buffer per layer), published at start_step. FAILED_PRECONDITION if one exists.
+  // fp32 buffer per layer, FromBuffers), published at start_step. FAILED_PRECONDITION if
+  // one exists.
   Status CreateJob(const JobConfig& job, const std::vector<std::vector<float>>* initial = nullptr,
                    int64_t start_step = 0);
+  // The same from any start (eps_server/job_start.h; ChooseJobStart picks it for l2l-eps
+  // and the CreateJob rpc); a loaded state that is not finite is refused.
   Status CreateJob(const JobConfig& job, const JobStart& start);
   bool has_job() const;
 

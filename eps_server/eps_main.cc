@@ -19,16 +19,16 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "common/adamw.h"
 #include "common/config.h"
 #include "common/logging.h"
-#include "eps_server/checkpoint.h"
 #include "eps_server/eps_config.h"
 #include "eps_server/eps_core.h"
 #include "eps_server/grpc_server.h"
-#include "eps_server/import.h"
+#include "eps_server/job_start.h"
 #include "eps_server/metrics.h"
 #include "eps_server/run_log.h"
 #include "eps_server/server_security.h"
@@ -107,52 +107,23 @@ Result<eps::EpsConfig> LoadConfig(const Flags& f) {
 }
 
 // The job to create at start-up (none: it comes later by the CreateJob rpc), read and
-// checked completely before anything is written to the state dir.
-struct InitialJob {
-  bool present = false;
-  JobConfig job;
-  eps::JobStart start;
-};
-
-// --resume: the checkpoint's manifest (its job, step, worker count and data positions);
-// --job: the job YAML and its model.from import.
-Result<InitialJob> LoadInitialJob(const Flags& f, eps::EpsConfig* cfg) {
+// checked completely before anything is written to the state dir: --resume's checkpoint
+// (its job, step, worker count and data positions) or --job's file and its model.from.
+Result<std::optional<eps::PlannedJob>> LoadInitialJob(const Flags& f, eps::EpsConfig* cfg) {
   if (!f.resume.empty() && !f.job_path.empty()) {
     return InvalidArgument("--resume and --job are exclusive: a checkpoint carries its job config");
   }
-  InitialJob init;
-  eps::JobStart& start = init.start;
-  if (!f.resume.empty()) {
-    L2L_ASSIGN_OR_RETURN(std::string dir, eps::ResolveCheckpointDir(f.resume));
-    L2L_ASSIGN_OR_RETURN(eps::CheckpointManifest m, eps::ReadCheckpointManifest(dir));
-    init.present = true;
-    init.job = m.meta.job;
-    if (f.workers <= 0 && m.meta.expected_workers != cfg->expected_workers) {
-      L2L_LOG_INFO("resume: {} expected worker(s) as in the checkpoint", m.meta.expected_workers);
-      cfg->expected_workers = m.meta.expected_workers;
-    }
-    start.step = m.meta.step;
-    start.checkpoint_dir = dir;
-    start.description = "checkpoint " + dir;
-    for (const auto& w : m.meta.workers) {
-      if (w.id < 0) continue;
-      if (start.data_positions.size() <= static_cast<size_t>(w.id)) start.data_positions.resize(w.id + 1);
-      start.data_positions[w.id] = w.data_position;
-    }
-    auto manifest = std::make_shared<eps::CheckpointManifest>(std::move(m));
-    start.load = [manifest](eps::ParamStore* store) { return eps::LoadCheckpointState(*manifest, store); };
-  } else if (!f.job_path.empty()) {
-    L2L_ASSIGN_OR_RETURN(init.job, LoadJobConfig(f.job_path));
-    init.present = true;
-    if (!init.job.model_from.empty()) {
-      // model.from: checked completely here, before anything is written to the state dir.
-      auto model = ResolveModelFrom(&init.job, init.job.model_from);
-      if (!model.ok()) return model.status().WithContext(f.job_path);
-      start = eps::ImportStart(*model);
-    }
+  if (f.resume.empty() && f.job_path.empty()) return std::optional<eps::PlannedJob>();
+  eps::JobSource source;
+  source.checkpoint = f.resume;
+  source.job_file = f.job_path;
+  L2L_ASSIGN_OR_RETURN(eps::PlannedJob plan, eps::ChooseJobStart(source));
+  if (!f.resume.empty() && f.workers <= 0 && plan.checkpoint_workers != cfg->expected_workers) {
+    L2L_LOG_INFO("resume: {} expected worker(s) as in the checkpoint", plan.checkpoint_workers);
+    cfg->expected_workers = plan.checkpoint_workers;
   }
-  if (init.present && cfg->publish_dtype) init.job.publish_dtype = *cfg->publish_dtype;
-  return init;
+  if (cfg->publish_dtype) plan.job.publish_dtype = *cfg->publish_dtype;
+  return std::optional<eps::PlannedJob>(std::move(plan));
 }
 
 // The core's options from the daemon config (and L2L_SPILL_FAULTS); the hooks are set
@@ -379,8 +350,9 @@ int main(int argc, char** argv) {
   }
 
   // 2. The job (--resume or --job), read and validated before anything else happens.
-  Result<InitialJob> init = LoadInitialJob(flags, &cfg);
-  if (!init.ok()) return Fail(init.status());
+  Result<std::optional<eps::PlannedJob>> loaded_job = LoadInitialJob(flags, &cfg);
+  if (!loaded_job.ok()) return Fail(loaded_job.status());
+  const std::optional<eps::PlannedJob> initial = std::move(loaded_job).value();
 
   ShutdownSignals signals;
   signals.Block();
@@ -396,14 +368,14 @@ int main(int argc, char** argv) {
   std::error_code mk_ec;
   std::filesystem::create_directories(cfg.state_dir, mk_ec);
   // A resume drops the run log's lines past its step.
-  auto run_log = eps::RunLog::Open(cfg.state_dir, flags.resume.empty() ? -1 : init->start.step);
+  auto run_log = eps::RunLog::Open(cfg.state_dir, flags.resume.empty() ? -1 : initial->start.step);
   if (!run_log.ok()) return Fail(run_log.status());
   eps::MetricsRegistry metrics;
   FeedRunLogAndMetrics(&co, run_log->get(), &metrics);
   eps::EpsCore core(co);
   CollectCoreStatus(&core, &metrics);
-  if (init->present) {
-    if (Status s = core.CreateJob(init->job, init->start); !s.ok()) return Fail(s);
+  if (initial) {
+    if (Status s = core.CreateJob(initial->job, initial->start); !s.ok()) return Fail(s);
   }
 
   // 4. Serve until a shutdown whose final checkpoint was written.

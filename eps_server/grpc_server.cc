@@ -18,7 +18,7 @@
 #include "common/logging.h"
 #include "common/model_io.h"
 #include "common/pretrained/pretrained.h"
-#include "eps_server/import.h"
+#include "eps_server/job_start.h"
 #include "proto/control.grpc.pb.h"
 #include "proto/data.grpc.pb.h"
 #include "tokenizer/load.h"
@@ -459,39 +459,15 @@ class ControlService final : public control::Control::Service {
 
   grpc::Status CreateJob(grpc::ServerContext*, const control::CreateJobRequest* req,
                          control::CreateJobReply* rep) override {
-    auto job = ParseJobConfig(req->config_yaml(), "<rpc CreateJob>");
-    if (!job.ok()) return ToGrpc(job.status());
-    JobStart start;
-    if (!job->model_from.empty()) {
-      // model.from: the file gives the model and its weights (confined like every path).
-      if (!req->init_safetensors().empty()) {
-        return ToGrpc(InvalidArgument("CreateJob: model.from and init_safetensors are exclusive"));
-      }
-      auto path = core_->ResolveUserPath(job->model_from_written);
-      if (!path.ok()) return ToGrpc(path.status().WithContext("CreateJob model.from"));
-      auto model = ResolveModelFrom(&*job, *path);
-      if (!model.ok()) return ToGrpc(model.status().WithContext("CreateJob model.from"));
-      start = ImportStart(*model);
-    } else if (!req->init_safetensors().empty()) {
-      auto path = core_->ResolveUserPath(req->init_safetensors());
-      if (!path.ok()) return ToGrpc(path.status().WithContext("CreateJob init_safetensors"));
-      auto loaded = LoadModel(*path, job->model);  // checks every tensor's shape
-      if (!loaded.ok()) return ToGrpc(loaded.status().WithContext("CreateJob init_safetensors " + *path));
-      // Rollbacks to the initial state re-read the file.
-      const std::string file = *path;
-      const ModelSpec spec = job->model;
-      start.description = file;
-      start.load = [file, spec](ParamStore* store) -> Status {
-        L2L_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(file, spec));
-        std::vector<float> zeros;
-        for (int64_t l = 0; l < store->num_layers(); ++l) {
-          zeros.assign(m.layers[l].size(), 0.0f);
-          L2L_RETURN_IF_ERROR(store->WriteLayer(l, m.layers[l].data(), zeros.data(), zeros.data()));
-        }
-        return Status::Ok();
-      };
-    }
-    Status s = core_->CreateJob(*job, start);
+    // The job and its start (model.from or init_safetensors, confined like every path).
+    JobSource source;
+    source.job_yaml = req->config_yaml();
+    source.request = "CreateJob";
+    source.init_safetensors = req->init_safetensors();
+    source.confine = [this](const std::string& path) { return core_->ResolveUserPath(path); };
+    auto plan = ChooseJobStart(source);
+    if (!plan.ok()) return ToGrpc(plan.status());
+    Status s = core_->CreateJob(plan->job, plan->start);
     if (!s.ok()) return ToGrpc(s);
     const CoreStatus st = core_->GetStatus();
     rep->set_job_id(st.job_id);

@@ -222,12 +222,21 @@ Status ParamStore::WriteLayer(int64_t layer, const float* master, const float* m
   return Status::Ok();
 }
 
+Status ParamStore::WriteMasterZeroMoments(int64_t layer, const float* master) {
+  L2L_ASSIGN_OR_RETURN(StateLease lease, Lease(layer, LeaseMode::kOverwrite));
+  for (const StateSpan& s : lease.spans()) {
+    std::memcpy(s.master, master + s.begin, s.n * sizeof(float));
+    std::memset(s.m, 0, s.n * sizeof(float));  // all-zero bytes are 0.0f
+    std::memset(s.v, 0, s.n * sizeof(float));
+  }
+  return Status::Ok();
+}
+
 Status ParamStore::InitFromSeed(uint64_t seed) {
   std::vector<float> master(max_layer_numel());
-  const std::vector<float> zeros(max_layer_numel(), 0.0f);
   for (int64_t l = 0; l < num_layers(); ++l) {
     InitLayerParams(spec_, layouts_[l], seed, master.data());
-    L2L_RETURN_IF_ERROR(WriteLayer(l, master.data(), zeros.data(), zeros.data()));
+    L2L_RETURN_IF_ERROR(WriteMasterZeroMoments(l, master.data()));
   }
   return Status::Ok();
 }

@@ -71,7 +71,7 @@ class ParamStore {
   // slots and the segment header), so callers can refuse to start with the numbers.
   static size_t RequiredHostBytes(const ModelSpec& spec, const ParamStoreOptions& opts);
 
-  // Allocates the state (zeros; call InitFromSeed or WriteMaster next) and the weight
+  // Allocates the state (zeros; call InitFromSeed or WriteMasterZeroMoments next) and the weight
   // segment. RESOURCE_EXHAUSTED when RequiredHostBytes exceeds opts.host_bytes.
   static Result<std::unique_ptr<ParamStore>> Create(const ModelSpec& spec,
                                                     const ParamStoreOptions& opts);
@@ -118,8 +118,12 @@ class ParamStore {
   // 0 master, 1 m, 2 v.
   Status ReadState(int64_t layer, int which, float* out) const;
   Status WriteState(int64_t layer, int which, const float* in);
-  // Writes all three arrays of a layer at once (one lease; resume, CreateJob).
+  // Writes all three arrays of a layer at once (one lease): a state with its moments.
   Status WriteLayer(int64_t layer, const float* master, const float* m, const float* v);
+  // A fresh optimizer state for a layer: its master from `master` (numel floats), AdamW m
+  // and v zero. Every initial state but a checkpoint's is written this way
+  // (eps_server/job_start.h, InitFromSeed).
+  Status WriteMasterZeroMoments(int64_t layer, const float* master);
   // Fills every layer's master with InitLayerParams(seed), zero moments.
   Status InitFromSeed(uint64_t seed);
 

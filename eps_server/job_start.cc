@@ -1,0 +1,132 @@
+// See eps_server/job_start.h.
+#include "eps_server/job_start.h"
+
+#include <utility>
+
+#include "common/model_io.h"
+#include "common/pretrained/pretrained.h"
+#include "eps_server/checkpoint.h"
+#include "eps_server/param_store.h"
+
+namespace l2l::eps {
+
+JobStart FromCheckpoint(CheckpointManifest manifest) {
+  JobStart start;
+  start.step = manifest.meta.step;
+  start.checkpoint_dir = manifest.dir;
+  start.description = "checkpoint " + manifest.dir;
+  for (const CheckpointWorker& w : manifest.meta.workers) {
+    if (w.id < 0) continue;
+    if (start.data_positions.size() <= static_cast<size_t>(w.id)) start.data_positions.resize(w.id + 1);
+    start.data_positions[w.id] = w.data_position;
+  }
+  auto m = std::make_shared<const CheckpointManifest>(std::move(manifest));
+  start.load = [m](ParamStore* store) { return LoadCheckpointState(*m, store); };
+  return start;
+}
+
+JobStart FromPretrained(std::shared_ptr<const Pretrained> model) {
+  JobStart start;
+  start.description = model->path();
+  start.load = [model](ParamStore* store) -> Status {
+    if (store->num_layers() != static_cast<int64_t>(model->layout().size())) {
+      return InvalidArgument(model->path() + ": " + std::to_string(model->layout().size()) + " layers, the store has " +
+                             std::to_string(store->num_layers()));
+    }
+    std::vector<float> master;
+    for (int64_t l = 0; l < store->num_layers(); ++l) {
+      const size_t n = store->layout(l).numel;
+      if (n != model->layout()[static_cast<size_t>(l)].numel) {
+        return InvalidArgument(model->path() + ": layer " + std::to_string(l) + " size differs from the store's");
+      }
+      master.assign(n, 0.0f);
+      L2L_RETURN_IF_ERROR(model->LoadLayer(l, master.data()));
+      L2L_RETURN_IF_ERROR(store->WriteMasterZeroMoments(l, master.data()));
+    }
+    return Status::Ok();
+  };
+  return start;
+}
+
+Result<JobStart> FromSafetensors(const std::string& path, const ModelSpec& spec) {
+  L2L_RETURN_IF_ERROR(LoadModel(path, spec).status());  // checks every tensor's shape
+  JobStart start;
+  start.description = path;
+  start.load = [path, spec](ParamStore* store) -> Status {
+    L2L_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(path, spec));
+    for (int64_t l = 0; l < store->num_layers(); ++l) {
+      L2L_RETURN_IF_ERROR(store->WriteMasterZeroMoments(l, m.layers[l].data()));
+    }
+    return Status::Ok();
+  };
+  return start;
+}
+
+JobStart FromBuffers(std::vector<std::vector<float>> layers) {
+  auto copy = std::make_shared<const std::vector<std::vector<float>>>(std::move(layers));
+  JobStart start;
+  start.description = "initial weights";
+  start.load = [copy](ParamStore* store) -> Status {
+    if (static_cast<int64_t>(copy->size()) != store->num_layers()) {
+      return InvalidArgument("initial weights have " + std::to_string(copy->size()) + " layers, the model has " +
+                             std::to_string(store->num_layers()));
+    }
+    for (int64_t l = 0; l < store->num_layers(); ++l) {
+      if ((*copy)[l].size() != store->layout(l).numel) {
+        return InvalidArgument("initial weights of layer " + std::to_string(l) + " have " +
+                               std::to_string((*copy)[l].size()) + " floats, expected " +
+                               std::to_string(store->layout(l).numel));
+      }
+      L2L_RETURN_IF_ERROR(store->WriteMasterZeroMoments(l, (*copy)[l].data()));
+    }
+    return Status::Ok();
+  };
+  return start;
+}
+
+Result<PlannedJob> ChooseJobStart(const JobSource& source) {
+  PlannedJob plan;
+  if (!source.checkpoint.empty()) {
+    L2L_ASSIGN_OR_RETURN(std::string dir, ResolveCheckpointDir(source.checkpoint));
+    L2L_ASSIGN_OR_RETURN(CheckpointManifest m, ReadCheckpointManifest(dir));
+    plan.job = m.meta.job;
+    plan.checkpoint_workers = m.meta.expected_workers;
+    plan.start = FromCheckpoint(std::move(m));
+    return plan;
+  }
+  const bool from_file = !source.job_file.empty();
+  if (from_file) {
+    L2L_ASSIGN_OR_RETURN(plan.job, LoadJobConfig(source.job_file));
+  } else {
+    L2L_ASSIGN_OR_RETURN(plan.job, ParseJobConfig(source.job_yaml, "<rpc " + source.request + ">"));
+  }
+  // An error names the job file, or the request's field.
+  auto where = [&](const std::string& field) { return from_file ? source.job_file : source.request + " " + field; };
+  // A path the caller names, confined when the caller says how.
+  auto resolve = [&](const std::string& path, const std::string& field) -> Result<std::string> {
+    if (!source.confine) return path;
+    auto confined = source.confine(path);
+    if (!confined.ok()) return confined.status().WithContext(where(field));
+    return confined;
+  };
+  if (!plan.job.model_from.empty()) {
+    // model.from: the file gives the model and its weights.
+    if (!source.init_safetensors.empty()) {
+      return InvalidArgument((from_file ? source.job_file : source.request) +
+                             ": model.from and init_safetensors are exclusive");
+    }
+    L2L_ASSIGN_OR_RETURN(std::string path, resolve(source.confine ? plan.job.model_from_written : plan.job.model_from,
+                                                   "model.from"));
+    auto model = ResolveModelFrom(&plan.job, path);
+    if (!model.ok()) return model.status().WithContext(where("model.from"));
+    plan.start = FromPretrained(*model);
+  } else if (!source.init_safetensors.empty()) {
+    L2L_ASSIGN_OR_RETURN(std::string path, resolve(source.init_safetensors, "init_safetensors"));
+    auto start = FromSafetensors(path, plan.job.model);
+    if (!start.ok()) return start.status().WithContext(where("init_safetensors " + path));
+    plan.start = std::move(start).value();
+  }
+  return plan;
+}
+
+}  // namespace l2l::eps
