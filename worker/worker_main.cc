@@ -329,89 +329,81 @@ Status OpenData(const l2l::JobConfig& job, const w::WorkerRegistration& reg,
   return Status::Ok();
 }
 
-// One registered worker: what Run builds, step by step, and the step loop over it.
-// Members are destroyed in reverse: the data, then the runner before its backends, the
-// updater's thread before the client it calls.
+// One registered worker: what Run builds, step by step (the public methods, in the
+// order Run calls them), and the step loop over it.
 class Worker {
  public:
-  std::unique_ptr<w::EpsClient> client;
-  std::unique_ptr<w::DeviceUpdater> updater;  // null: no device updates
-  l2l::JobConfig job;
-  int64_t total_steps = 0;  // --steps, else the job's
-  std::vector<std::unique_ptr<l2l::kernels::Backend>> backends;
-  std::unique_ptr<w::StepRunner> runner;  // a Relay on backends[0], or a DeviceGroup over all
-  std::optional<w::DataLoader> loader;
-  w::EvalSet eval;  // in-job validation: this worker's share of the eval windows
+  explicit Worker(const Flags& f) : f_(f) {}
 
-  // Step 5: starts the updater on the client (shm only: over grpc it is dropped).
-  void StartUpdates(std::unique_ptr<w::DeviceUpdater> u) {
-    updater = std::move(u);
-    if (updater && client->registration().transport == l2l::Transport::kShm) {
-      updater->Start(client.get());
-    } else if (updater) {
+  // Registers with the EPS (Connect: *exit_code set on failure), starts `updater` on the
+  // client (shm only: over grpc it is dropped) and takes the job the EPS hands out, with
+  // --config and --steps applied.
+  Status Register(const Options& o, std::unique_ptr<w::DeviceUpdater> updater, int* exit_code) {
+    L2L_ASSIGN_OR_RETURN(client_, Connect(f_, o, exit_code));
+    updater_ = std::move(updater);
+    const w::WorkerRegistration& reg = client_->registration();
+    if (updater_ && reg.transport == l2l::Transport::kShm) {
+      updater_->Start(client_.get());
+    } else if (updater_) {
       L2L_LOG_INFO("device updates off: the update exchange needs the shm transport (this worker uses grpc)");
-      updater.reset();
+      updater_.reset();
     }
-  }
-
-  // Step 6: the job the EPS handed out, with --config and --steps applied.
-  Status TakeJob(const Flags& f) {
-    const w::WorkerRegistration& reg = client->registration();
-    job = reg.job;
-    if (!f.config.empty()) L2L_RETURN_IF_ERROR(ApplyLocalConfig(f.config, &job));
-    total_steps = f.steps >= 0 ? f.steps : job.train.steps;
+    job_ = reg.job;
+    if (!f_.config.empty()) L2L_RETURN_IF_ERROR(ApplyLocalConfig(f_.config, &job_));
+    total_steps_ = f_.steps >= 0 ? f_.steps : job_.train.steps;
     L2L_LOG_INFO("registered as worker {} of {} (transport {}, data shard {}/{}, start step {})",
                  reg.worker_id, reg.num_workers, ToString(reg.transport), reg.data_rank, reg.data_world,
                  reg.start_step);
     return Status::Ok();
   }
 
-  // Step 7 (after MakeBackends): the relay, or the device group, over the backends.
-  Status BuildRunner(const Flags& f) {
-    L2L_ASSIGN_OR_RETURN(ropts_, RelayOptionsFor(job, f));
+  // One backend per device (MakeBackends), and the relay or the device group over them.
+  Status BuildRunner(const Options& o) {
+    L2L_ASSIGN_OR_RETURN(backends_, MakeBackends(f_, o));
+    L2L_ASSIGN_OR_RETURN(ropts_, RelayOptionsFor(job_, f_));
     std::vector<l2l::kernels::Backend*> raw;
-    for (auto& be : backends) raw.push_back(be.get());
-    L2L_ASSIGN_OR_RETURN(runner, w::CreateStepRunner(client.get(), raw, job, ropts_));
+    for (auto& be : backends_) raw.push_back(be.get());
+    L2L_ASSIGN_OR_RETURN(runner_, w::CreateStepRunner(client_.get(), raw, job_, ropts_));
     return Status::Ok();
   }
 
-  // Step 8: the training data and eval windows of this registration.
-  Status OpenDataAndEval(const Flags& f) {
-    if (job.data.train_path.empty()) {
+  // The training data and eval windows of this registration.
+  Status OpenDataAndEval() {
+    if (job_.data.train_path.empty()) {
       return l2l::InvalidArgument("the job has no data.train_path; set it in the job config");
     }
-    L2L_RETURN_IF_ERROR(OpenData(job, client->registration(), &loader));
-    L2L_RETURN_IF_ERROR(LoadEval(client->registration()));
-    L2L_LOG_INFO("backend {}{}, stash {}, mode {} (staleness {}), device bytes {}", backends[0]->name(),
-                 backends.size() > 1
-                     ? " (+" + std::to_string(backends.size() - 1) + " more in the group: " + f.devices + ")"
+    L2L_RETURN_IF_ERROR(OpenData(job_, client_->registration(), &loader_));
+    L2L_RETURN_IF_ERROR(LoadEval(client_->registration()));
+    L2L_LOG_INFO("backend {}{}, stash {}, mode {} (staleness {}), device bytes {}", backends_[0]->name(),
+                 backends_.size() > 1
+                     ? " (+" + std::to_string(backends_.size() - 1) + " more in the group: " + f_.devices + ")"
                      : "",
-                 ToString(ropts_.stash), ToString(job.train.mode), ropts_.staleness, runner->device_bytes());
+                 ToString(ropts_.stash), ToString(job_.train.mode), ropts_.staleness, runner_->device_bytes());
     return Status::Ok();
   }
 
-  // Step 9: runs steps until the last one is committed and durable, the EPS stops the
+  // Runs steps until the last one is committed and durable, the EPS stops the
   // job, or a signal asks to stop.
   Status Train() {
     t_start_ = std::chrono::steady_clock::now();
-    int64_t step = client->registration().start_step;
+    int64_t step = client_->registration().start_step;
     for (;;) {  // until the last step committed (or the EPS stopped the job)
       L2L_ASSIGN_OR_RETURN(const bool stopped_by_eps, RunSteps(&step));
-      if (stopped_by_eps || g_stop.load() || step < total_steps) return Status::Ok();
+      if (stopped_by_eps || g_stop.load() || step < total_steps_) return Status::Ok();
       L2L_ASSIGN_OR_RETURN(const bool leave, AwaitLastStep(&step));
       if (leave) return Status::Ok();
     }
   }
 
-  // Step 10: the summary line the integration tests parse.
+  // The summary line the integration tests parse.
   void PrintSummary() {
-    const w::VersionStats& v = runner->versions();
-    if (updater) updater->Stop();  // its last UpdateDone is counted before the summary
+    const w::VersionStats& v = runner_->versions();
+    if (updater_) updater_->Stop();  // its last UpdateDone is counted before the summary
     std::printf("l2l-worker: done steps=%lld peak_rss_kb=%lld device_bytes=%zu stash_host_bytes=%zu "
                 "max_lag=%lld min_lag=%lld device_updates=%lld\n",
-                static_cast<long long>(done_), static_cast<long long>(PeakRssKb()), runner->device_bytes(),
-                runner->stash_host_bytes(), static_cast<long long>(v.max_lag),
-                static_cast<long long>(v.min_lag), static_cast<long long>(updater ? updater->updates_done() : 0));
+                static_cast<long long>(done_), static_cast<long long>(PeakRssKb()), runner_->device_bytes(),
+                runner_->stash_host_bytes(), static_cast<long long>(v.max_lag),
+                static_cast<long long>(v.min_lag), static_cast<long long>(updater_ ? updater_->updates_done() : 0));
     std::fflush(stdout);
   }
 
@@ -419,10 +411,10 @@ class Worker {
   enum class StepOutcome { kDone, kRejoined, kStopped };
 
   Status LoadEval(const w::WorkerRegistration& r) {
-    if (!job.eval.enabled()) return Status::Ok();
-    L2L_ASSIGN_OR_RETURN(eval, w::EvalSet::Load(job, r.data_rank, r.data_world));
+    if (!job_.eval.enabled()) return Status::Ok();
+    L2L_ASSIGN_OR_RETURN(eval_, w::EvalSet::Load(job_, r.data_rank, r.data_world));
     L2L_LOG_INFO("eval: {} micro-batch(es) of the {} windows ({} scored targets) every {} steps from {}",
-                 eval.micro_batches.size(), eval.windows, eval.scored, job.eval.every, job.eval.data_path);
+                 eval_.micro_batches.size(), eval_.windows, eval_.scored, job_.eval.every, job_.eval.data_path);
     return Status::Ok();
   }
 
@@ -430,21 +422,21 @@ class Worker {
   // worker re-registers and restarts at the step and data position the EPS hands back.
   // Errors that call for no rejoin (and the 101st rejoin) are returned as they are.
   Status Rejoin(const Status& why, int64_t* step) {
-    if (!(w::NeedsRejoin(why) || client->rejoin_requested()) || ++rejoins_ > 100) return why;
+    if (!(w::NeedsRejoin(why) || client_->rejoin_requested()) || ++rejoins_ > 100) return why;
     L2L_LOG_WARN("rejoining the EPS: {}", why.message());
-    L2L_RETURN_IF_ERROR(client->Rejoin().WithContext("rejoining after: " + why.message()));
-    L2L_RETURN_IF_ERROR(OpenData(job, client->registration(), &loader));
-    L2L_RETURN_IF_ERROR(LoadEval(client->registration()));
-    *step = client->registration().start_step;
+    L2L_RETURN_IF_ERROR(client_->Rejoin().WithContext("rejoining after: " + why.message()));
+    L2L_RETURN_IF_ERROR(OpenData(job_, client_->registration(), &loader_));
+    L2L_RETURN_IF_ERROR(LoadEval(client_->registration()));
+    *step = client_->registration().start_step;
     L2L_LOG_INFO("rejoined as worker {} of {}, restarting at step {} (data {})",
-                 client->registration().worker_id, client->registration().num_workers, *step,
-                 client->registration().data_position);
+                 client_->registration().worker_id, client_->registration().num_workers, *step,
+                 client_->registration().data_position);
     return Status::Ok();
   }
 
   // Steps *step..total_steps-1 (until a signal); true when the EPS stopped the job.
   Result<bool> RunSteps(int64_t* step) {
-    for (; *step < total_steps && !g_stop.load(); ++*step) {
+    for (; *step < total_steps_ && !g_stop.load(); ++*step) {
       L2L_ASSIGN_OR_RETURN(const StepOutcome outcome, RunOneStep(step));
       if (outcome == StepOutcome::kStopped) return true;
       if (outcome == StepOutcome::kRejoined) --*step;  // the loop's ++ lands on the restart step
@@ -455,10 +447,10 @@ class Worker {
   // Runs step *step and reports it to the EPS; on a rejoin *step is the restart step.
   Result<StepOutcome> RunOneStep(int64_t* step) {
     const int64_t s = *step;
-    std::vector<w::MicroBatch> batches = loader->NextMany(job.train.micro_batches);
+    std::vector<w::MicroBatch> batches = loader_->NextMany(job_.train.micro_batches);
     static const std::vector<w::MicroBatch> kNoEval;
     const auto run_start = std::chrono::steady_clock::now();
-    Result<w::StepReport> report = runner->RunStep(s, batches, job.EvalAt(s) ? eval.micro_batches : kNoEval);
+    Result<w::StepReport> report = runner_->RunStep(s, batches, job_.EvalAt(s) ? eval_.micro_batches : kNoEval);
     const auto run_end = std::chrono::steady_clock::now();
     if (report.ok()) {
       // between_s: the StepDone round trip and the data loading since the last relay step
@@ -480,8 +472,8 @@ class Worker {
       L2L_LOG_WARN("step {}: the loss is {} (the EPS skips the step; check the data and the learning rate)", s,
                    report->loss);
     }
-    report->data_position = loader->position().ToString();
-    Status st = client->StepDone(*report);
+    report->data_position = loader_->position().ToString();
+    Status st = client_->StepDone(*report);
     if (st.code() == l2l::StatusCode::kAborted) {
       L2L_LOG_INFO("the EPS stopped the job after step {}: {}", s, st.message());
       ++done_;
@@ -502,15 +494,15 @@ class Worker {
                   static_cast<long long>(step + 1), report.eval_loss, std::exp(report.eval_loss),
                   static_cast<long long>(report.eval_tokens));
     }
-    if (job.train.log_every > 0 && (step % job.train.log_every == 0 || step + 1 == total_steps)) {
+    if (job_.train.log_every > 0 && (step % job_.train.log_every == 0 || step + 1 == total_steps_)) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
       const double per_step = elapsed / static_cast<double>(done_);
-      const w::RelayTimes& t = runner->last_times();
+      const w::RelayTimes& t = runner_->last_times();
       std::printf("step %lld/%lld loss %.4f tok/s %.0f step_s %.3f wait_layer %.3f wait_push %.3f lag %lld eta %.0fs\n",
-                  static_cast<long long>(step + 1), static_cast<long long>(total_steps), report.loss,
+                  static_cast<long long>(step + 1), static_cast<long long>(total_steps_), report.loss,
                   static_cast<double>(report.tokens) / t.total, t.total, t.wait_layer, t.wait_push,
-                  static_cast<long long>(runner->versions().max_lag),
-                  per_step * static_cast<double>(total_steps - step - 1));
+                  static_cast<long long>(runner_->versions().max_lag),
+                  per_step * static_cast<double>(total_steps_ - step - 1));
       std::fflush(stdout);
     }
   }
@@ -521,15 +513,15 @@ class Worker {
   // step's version, then leaves. True: leave the loop; false: go round again (others
   // still at it, or rejoined at *step).
   Result<bool> AwaitLastStep(int64_t* step) {
-    Result<w::LayerWeights> last = client->AcquireLayer(0, total_steps, std::chrono::seconds(30));
+    Result<w::LayerWeights> last = client_->AcquireLayer(0, total_steps_, std::chrono::seconds(30));
     if (last.ok()) {
-      client->ReleaseLayer(0);
-      if (total_steps < job.train.steps) return true;  // --steps stopped short of the job's end
+      client_->ReleaseLayer(0);
+      if (total_steps_ < job_.train.steps) return true;  // --steps stopped short of the job's end
       return LeaveAfterLastStep(step);
     }
     if (last.status().code() == l2l::StatusCode::kAborted) return true;  // the EPS stopped the job
     if (last.status().code() == l2l::StatusCode::kDeadlineExceeded) return false;  // others still at it
-    L2L_RETURN_IF_ERROR(Rejoin(last.status().WithContext("waiting for step " + std::to_string(total_steps - 1) +
+    L2L_RETURN_IF_ERROR(Rejoin(last.status().WithContext("waiting for step " + std::to_string(total_steps_ - 1) +
                                                          " to commit"),
                                step));
     return false;
@@ -542,22 +534,33 @@ class Worker {
   Result<bool> LeaveAfterLastStep(int64_t* step) {
     // Every update of the last step is done (layer 0 is published last): stop asking for
     // more before leaving, else the daemon refuses the next ask with a warning.
-    if (updater) updater->Stop();
-    Status left = client->LeaveAfterLastStep(std::chrono::seconds(30));
+    if (updater_) updater_->Stop();
+    Status left = client_->LeaveAfterLastStep(std::chrono::seconds(30));
     if (left.code() == l2l::StatusCode::kDeadlineExceeded) {
       L2L_LOG_INFO("waiting for the EPS to make the last step durable: {}", left.message());
       return false;
     }
     if (left.code() == l2l::StatusCode::kAborted) return true;  // the EPS is stopping
-    if (!left.ok() && (w::NeedsRejoin(left) || client->rejoin_requested())) {
+    if (!left.ok() && (w::NeedsRejoin(left) || client_->rejoin_requested())) {
       L2L_RETURN_IF_ERROR(Rejoin(left, step));
       return false;
     }
-    L2L_RETURN_IF_ERROR(left.WithContext("leaving after the last step (" + std::to_string(total_steps) + ")"));
+    L2L_RETURN_IF_ERROR(left.WithContext("leaving after the last step (" + std::to_string(total_steps_) + ")"));
     return true;
   }
 
+  const Flags& f_;
+  // Destroyed in reverse: the data, then the runner before its backends, the updater's
+  // thread before the client it calls.
+  std::unique_ptr<w::EpsClient> client_;
+  std::unique_ptr<w::DeviceUpdater> updater_;  // null: no device updates
+  l2l::JobConfig job_;
+  int64_t total_steps_ = 0;  // --steps, else the job's
+  std::vector<std::unique_ptr<l2l::kernels::Backend>> backends_;
   w::RelayOptions ropts_;  // the runner's (the start-up line names its stash and staleness)
+  std::unique_ptr<w::StepRunner> runner_;  // a Relay on backends_[0], or a DeviceGroup over all
+  std::optional<w::DataLoader> loader_;
+  w::EvalSet eval_;  // in-job validation: this worker's share of the eval windows
   std::chrono::steady_clock::time_point t_start_;
   int64_t done_ = 0;     // steps reported (the summary's steps=)
   int rejoins_ = 0;
@@ -569,13 +572,10 @@ class Worker {
 Status Run(const Flags& f, CpuGemmPrecision compute, int* exit_code) {
   L2L_ASSIGN_OR_RETURN(Options o, ResolveOptions(f, compute));
   L2L_ASSIGN_OR_RETURN(std::unique_ptr<w::DeviceUpdater> updater, MeasureDeviceUpdates(f, &o));
-  Worker wk;
-  L2L_ASSIGN_OR_RETURN(wk.client, Connect(f, o, exit_code));
-  wk.StartUpdates(std::move(updater));
-  L2L_RETURN_IF_ERROR(wk.TakeJob(f));
-  L2L_ASSIGN_OR_RETURN(wk.backends, MakeBackends(f, o));
-  L2L_RETURN_IF_ERROR(wk.BuildRunner(f));
-  L2L_RETURN_IF_ERROR(wk.OpenDataAndEval(f));
+  Worker wk(f);
+  L2L_RETURN_IF_ERROR(wk.Register(o, std::move(updater), exit_code));
+  L2L_RETURN_IF_ERROR(wk.BuildRunner(o));
+  L2L_RETURN_IF_ERROR(wk.OpenDataAndEval());
   L2L_RETURN_IF_ERROR(wk.Train());
   wk.PrintSummary();
   return Status::Ok();
