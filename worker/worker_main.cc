@@ -3,10 +3,10 @@
 // (worker/relay.h) step after step until the job's step count, until the EPS stops the
 // job, or until SIGINT/SIGTERM (it finishes the step in progress, then leaves). The step
 // loop holds one StepRunner (worker/step_runner.h): a Relay for one device, a
-// DeviceGroup for --devices. Run's named steps: ResolveOptions (flags parsed once),
-// MeasureDeviceUpdates, Connect, then the Worker's StartUpdates, TakeJob, MakeBackends,
-// BuildRunner, OpenDataAndEval, Train (RunSteps, AwaitLastStep, LeaveAfterLastStep) and
-// PrintSummary.
+// DeviceGroup for --devices. Run's named steps: ResolveOptions (the flags parsed once),
+// MeasureDeviceUpdates, then the Worker's Register (Connect), BuildRunner
+// (MakeBackends, CreateStepRunner), OpenDataAndEval, Train (RunSteps, AwaitLastStep,
+// LeaveAfterLastStep) and PrintSummary.
 //
 //   l2l-worker --eps 127.0.0.1:PORT [--device cpu|cuda:N | --devices cuda:0,cuda:1,...]
 //              [--config FILE] [--threads N] [--compute fp32|bf16]
@@ -170,7 +170,7 @@ std::vector<std::string> DeviceNames(const Flags& f) {
   return names;
 }
 
-// Step 1: parse and check the flags (--compute is parsed by main, before anything starts).
+// Parses and checks the flags (--compute is parsed by main, before anything starts).
 Result<Options> ResolveOptions(const Flags& f, CpuGemmPrecision compute) {
   Options o;
   o.compute = compute;
@@ -232,7 +232,7 @@ Result<std::unique_ptr<l2l::kernels::Backend>> MakeBackend(const std::string& de
   return l2l::kernels::CreateBackend(device);
 }
 
-// Step 2 (before registering: the rates go to the EPS at Register): the interleaved
+// Before registering (the rates go to the EPS at Register): the interleaved
 // optimizer's second backend on the first device, its measured rates put in
 // o->client.optimizer. Null when --device-updates (auto: a CUDA device) leaves it off.
 Result<std::unique_ptr<w::DeviceUpdater>> MeasureDeviceUpdates(const Flags& f, Options* o) {
@@ -249,7 +249,7 @@ Result<std::unique_ptr<w::DeviceUpdater>> MeasureDeviceUpdates(const Flags& f, O
   return std::make_unique<w::DeviceUpdater>(std::move(ube));
 }
 
-// Step 3: register with the EPS. On failure *exit_code says why: 1 refused (token), 3 the
+// Registers with the EPS. On failure *exit_code says why: 1 refused (token), 3 the
 // job stayed full, 2 unreachable.
 Result<std::unique_ptr<w::EpsClient>> Connect(const Flags& f, const Options& o, int* exit_code) {
   Result<std::unique_ptr<w::EpsClient>> connected = w::ConnectEps(f.eps, o.client);
@@ -275,7 +275,7 @@ Status ApplyLocalConfig(const std::string& path, l2l::JobConfig* job) {
   return Status::Ok();
 }
 
-// Step 4: one backend per device: --device's, or each of --devices'.
+// One backend per device: --device's, or each of --devices'.
 Result<std::vector<std::unique_ptr<l2l::kernels::Backend>>> MakeBackends(const Flags& f, const Options& o) {
   std::vector<std::unique_ptr<l2l::kernels::Backend>> owned;
   if (o.devices.size() == 1) {
