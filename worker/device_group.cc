@@ -386,6 +386,17 @@ size_t DeviceGroup::stash_host_bytes() const {
   return b;
 }
 
+Result<std::unique_ptr<StepRunner>> CreateStepRunner(EpsClient* client, std::vector<kernels::Backend*> backends,
+                                                     const JobConfig& job, const RelayOptions& options) {
+  L2L_CHECK(!backends.empty()) << "CreateStepRunner needs a backend";
+  if (backends.size() == 1) {
+    L2L_ASSIGN_OR_RETURN(std::unique_ptr<Relay> relay, Relay::Create(client, backends[0], job, options));
+    return std::unique_ptr<StepRunner>(std::move(relay));
+  }
+  L2L_ASSIGN_OR_RETURN(std::unique_ptr<DeviceGroup> group, DeviceGroup::Create(client, std::move(backends), job, options));
+  return std::unique_ptr<StepRunner>(std::move(group));
+}
+
 int64_t DeviceGroup::eps_acquires() const { return shared_->acquires(); }
 int64_t DeviceGroup::eps_pushes() const { return shared_->pushes(); }
 

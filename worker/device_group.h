@@ -31,6 +31,9 @@
 // micro-batches [start_r, start_r + m_r) of the step, m_r = M/n (the first M%n devices
 // one more); eval micro-batches all go to device 0.
 //
+// The group is a StepRunner (worker/step_runner.h), as a Relay is; CreateStepRunner
+// below builds a Relay for one backend and a DeviceGroup for several.
+//
 // Ownership: borrows the EpsClient and the Backends (they outlive the group); owns the
 // relays, rank clients, communicators and the pinner.
 // Thread-safety: RunStep from one thread; it runs one thread per device for the step.
@@ -47,17 +50,18 @@
 #include "worker/eps_client.h"
 #include "worker/host_pinner.h"
 #include "worker/relay.h"
+#include "worker/step_runner.h"
 
 namespace l2l::worker {
 
-class DeviceGroup {
+class DeviceGroup final : public StepRunner {
  public:
   // backends: one per device, at least 2, CUDA on distinct devices (the collectives need
   // NCCL: UNIMPLEMENTED without it). job.train.micro_batches >= backends.size().
   static Result<std::unique_ptr<DeviceGroup>> Create(EpsClient* client,
                                                      std::vector<kernels::Backend*> backends,
                                                      const JobConfig& job, const RelayOptions& options);
-  ~DeviceGroup();
+  ~DeviceGroup() override;
   DeviceGroup(const DeviceGroup&) = delete;
   DeviceGroup& operator=(const DeviceGroup&) = delete;
 
@@ -69,17 +73,17 @@ class DeviceGroup {
   // peer waits forever in a collective; the group then fails every later step
   // (FAILED_PRECONDITION) and the worker exits with the error.
   Result<StepReport> RunStep(int64_t step, const std::vector<MicroBatch>& micro_batches,
-                             const std::vector<MicroBatch>& eval = {});
+                             const std::vector<MicroBatch>& eval = {}) override;
 
   int size() const { return static_cast<int>(relays_.size()); }
   int64_t micro_batches(int rank) const { return counts_[static_cast<size_t>(rank)]; }
   const Relay& relay(int rank) const { return *relays_[static_cast<size_t>(rank)]; }
   // Device 0's times (every device computes the same layers; device 0 also runs eval).
-  const RelayTimes& last_times() const { return relays_[0]->last_times(); }
+  const RelayTimes& last_times() const override { return relays_[0]->last_times(); }
   // Versions device 0 computed with (every device uses the same: acquisitions are shared).
-  const VersionStats& versions() const { return relays_[0]->versions(); }
-  size_t device_bytes() const;       // summed over the devices
-  size_t stash_host_bytes() const;   // summed over the devices
+  const VersionStats& versions() const override { return relays_[0]->versions(); }
+  size_t device_bytes() const override;       // summed over the devices
+  size_t stash_host_bytes() const override;   // summed over the devices
   const HostRegionPinner& pinner() const { return *pinner_; }
   // Layer fetches that acquired from the EPS (one per layer use, shared by the devices)
   // and gradient pushes handed to it (one per layer and step).
@@ -102,5 +106,11 @@ class DeviceGroup {
   // Declared last: destroyed first (their threads use everything above).
   std::vector<std::unique_ptr<Relay>> relays_;
 };
+
+// The StepRunner for `backends`: a Relay on backends[0] when there is one, a DeviceGroup
+// over all of them when there are several (its requirements above). REQUIRES: at least
+// one backend.
+Result<std::unique_ptr<StepRunner>> CreateStepRunner(EpsClient* client, std::vector<kernels::Backend*> backends,
+                                                     const JobConfig& job, const RelayOptions& options);
 
 }  // namespace l2l::worker

@@ -35,7 +35,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <vector>
 
@@ -49,6 +48,7 @@
 #include "worker/host_pinner.h"
 #include "worker/prefetch.h"
 #include "worker/stash.h"
+#include "worker/step_runner.h"  // StepRunner, VersionStats, RelayTimes
 
 namespace l2l::worker {
 
@@ -73,35 +73,12 @@ struct RelayOptions {
   static Result<RelayOptions> FromJob(const JobConfig& job);
 };
 
-// Layer versions the relay computed with (the lock-free bound's evidence).
-struct VersionStats {
-  int64_t acquires = 0;
-  int64_t max_lag = 0;                 // max over acquires of (step - version)
-  int64_t min_lag = 0;                 // min over acquires of (step - version)
-  std::map<int64_t, int64_t> lag_counts;  // lag -> acquires
-};
-
-// Seconds of one step, measured on the compute thread (the backend synchronised at each
-// boundary). BlockBackward recomputes and differentiates in one call, so `recompute` is
-// the forward time of the same step's recomputed blocks (identical work; blocks that kept
-// their intermediates count 0) and `backward` is the rest.
-struct RelayTimes {
-  double upload = 0;      // tokens to the device
-  double forward = 0;     // embedding + blocks forward (incl. stash offload)
-  double head = 0;        // head forward + backward, all micro-batches
-  double recompute = 0;   // see above
-  double backward = 0;    // blocks (minus recompute) + embedding backward
-  double wait_layer = 0;  // blocked waiting for a layer to be resident
-  double wait_first_layer = 0;  // the part of wait_layer spent on the step's first layer
-  double wait_push = 0;   // blocked waiting for a gradient push to finish
-  double total = 0;
-};
-
-class Relay {
+// One device's StepRunner (worker/step_runner.h); DeviceGroup runs one per device.
+class Relay final : public StepRunner {
  public:
   static Result<std::unique_ptr<Relay>> Create(EpsClient* client, kernels::Backend* backend,
                                                const JobConfig& job, const RelayOptions& options);
-  ~Relay();
+  ~Relay() override;
   Relay(const Relay&) = delete;
   Relay& operator=(const Relay&) = delete;
 
@@ -116,17 +93,17 @@ class Relay {
   // scored targets) and eval_tokens. Their activations take |eval|+1 buffers of (B,T,C)
   // on the device, allocated on the first step that has them.
   Result<StepReport> RunStep(int64_t step, const std::vector<MicroBatch>& micro_batches,
-                             const std::vector<MicroBatch>& eval = {});
+                             const std::vector<MicroBatch>& eval = {}) override;
 
   // The checks RunStep makes on its micro-batches (shapes, token ids, sequence inputs),
   // naming the first bad one by its index; expected: their count, -1 for any.
   Status ValidateBatch(const std::vector<MicroBatch>& mbs, int64_t expected, const char* what) const;
 
-  const VersionStats& versions() const { return versions_; }
-  const RelayTimes& last_times() const { return times_; }
+  const VersionStats& versions() const override { return versions_; }
+  const RelayTimes& last_times() const override { return times_; }
   // Backend bytes this relay holds (weights slots, stash, activations, gradients, scratch).
-  size_t device_bytes() const;
-  size_t stash_host_bytes() const { return stash_->host_bytes(); }
+  size_t device_bytes() const override;
+  size_t stash_host_bytes() const override { return stash_->host_bytes(); }
   const Stash& stash() const { return *stash_; }
   const ActivationPlan& activation_plan() const { return plan_; }
   const LayerPrefetcher& prefetcher() const { return *prefetcher_; }

@@ -1,7 +1,12 @@
 // l2l-worker: one training worker. Registers with the EPS, receives the job (model,
 // optimizer, data) and its data shard, and runs the layer-to-layer relay
 // (worker/relay.h) step after step until the job's step count, until the EPS stops the
-// job, or until SIGINT/SIGTERM (it finishes the step in progress, then leaves).
+// job, or until SIGINT/SIGTERM (it finishes the step in progress, then leaves). The step
+// loop holds one StepRunner (worker/step_runner.h): a Relay for one device, a
+// DeviceGroup for --devices. Run's named steps: ResolveOptions (the flags parsed once),
+// MeasureDeviceUpdates, then the Worker's Register (Connect), BuildRunner
+// (MakeBackends, CreateStepRunner), OpenDataAndEval, Train (RunSteps, AwaitLastStep,
+// LeaveAfterLastStep) and PrintSummary.
 //
 //   l2l-worker --eps 127.0.0.1:PORT [--device cpu|cuda:N | --devices cuda:0,cuda:1,...]
 //              [--config FILE] [--threads N] [--compute fp32|bf16]
@@ -71,11 +76,13 @@
 #include "worker/eps_client.h"
 #include "worker/eval_set.h"
 #include "worker/relay.h"
+#include "worker/step_runner.h"
 
 namespace {
 
 using l2l::Result;
 using l2l::Status;
+using l2l::kernels::CpuGemmPrecision;
 namespace w = l2l::worker;
 
 std::atomic<bool> g_stop{false};
@@ -100,6 +107,7 @@ void StopWatchdog(const std::atomic<bool>* done) {
   std::_Exit(128 + SIGTERM);
 }
 
+// The command line as CLI11 fills it (text); ResolveOptions parses it once into Options.
 struct Flags {
   std::string eps;
   std::string device = "cpu";
@@ -120,6 +128,82 @@ struct Flags {
   std::string token_file, tls_ca, tls_server_name;
 };
 
+// --compute fp32|bf16: the CPU backend's matrix-product precision.
+Result<CpuGemmPrecision> ParseCompute(const std::string& s) {
+  if (s == "fp32") return CpuGemmPrecision::kFp32;
+  if (s == "bf16") return CpuGemmPrecision::kBf16;
+  return l2l::InvalidArgument("--compute " + s + ": expected fp32 or bf16");
+}
+const char* ComputeName(CpuGemmPrecision p) { return p == CpuGemmPrecision::kBf16 ? "bf16" : "fp32"; }
+
+// --device-updates auto|on|off: whether this worker offers its (first) device for the
+// EPS's layer updates; auto: on for a CUDA device.
+enum class DeviceUpdates { kAuto, kOn, kOff };
+Result<DeviceUpdates> ParseDeviceUpdates(const std::string& s) {
+  if (s == "auto") return DeviceUpdates::kAuto;
+  if (s == "on") return DeviceUpdates::kOn;
+  if (s == "off") return DeviceUpdates::kOff;
+  return l2l::InvalidArgument("--device-updates " + s + ": must be auto, on or off");
+}
+
+// The command line, checked and parsed once: the modes as enums, the devices as a list,
+// the EPS client's options (token and CA files read).
+struct Options {
+  CpuGemmPrecision compute = CpuGemmPrecision::kFp32;
+  DeviceUpdates device_updates = DeviceUpdates::kAuto;
+  // --devices split at its commas; without --devices, --device alone. [0]: the device
+  // the updater runs on.
+  std::vector<std::string> devices;
+  w::ClientOptions client;
+};
+
+// --devices "a,b,c" -> {a, b, c} (an empty name stays, and fails as a device); none: {--device}.
+std::vector<std::string> DeviceNames(const Flags& f) {
+  if (f.devices.empty()) return {f.device};
+  std::vector<std::string> names;
+  size_t pos = 0;
+  while (pos <= f.devices.size()) {
+    const size_t comma = std::min(f.devices.find(',', pos), f.devices.size());
+    names.push_back(f.devices.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return names;
+}
+
+// Parses and checks the flags (--compute is parsed by main, before anything starts).
+Result<Options> ResolveOptions(const Flags& f, CpuGemmPrecision compute) {
+  Options o;
+  o.compute = compute;
+  w::ClientOptions& copts = o.client;
+  const l2l::Result<l2l::Transport> transport = l2l::ParseTransport(f.transport);
+  if (!transport.ok()) return transport.status().WithContext("--transport");
+  copts.transport = *transport;
+  copts.connect_timeout = std::chrono::milliseconds(f.connect_timeout_ms);
+  if (f.push_deadline_floor_ms <= 0 || !(f.push_min_mib_per_s > 0)) {
+    return l2l::InvalidArgument("--push-deadline-floor-ms " + std::to_string(f.push_deadline_floor_ms) +
+                                " and --push-min-mib-per-s " + std::to_string(f.push_min_mib_per_s) +
+                                " must both be positive");
+  }
+  copts.push_deadline_floor = std::chrono::milliseconds(f.push_deadline_floor_ms);
+  copts.push_min_bytes_per_s = f.push_min_mib_per_s * 1024 * 1024;
+  copts.worker_name = f.name;
+  if (const std::string tf = l2l::TokenFileFromFlagOrEnv(f.token_file); !tf.empty()) {
+    L2L_ASSIGN_OR_RETURN(copts.token, l2l::ReadTokenFile(tf));
+  }
+  if (!f.tls_ca.empty()) {
+    L2L_ASSIGN_OR_RETURN(copts.tls_ca_pem, l2l::ReadPemFile(f.tls_ca, "--tls-ca", false));
+  }
+  if (!f.tls_server_name.empty() && f.tls_ca.empty()) {
+    return l2l::InvalidArgument("--tls-server-name " + f.tls_server_name +
+                                " needs --tls-ca CA.pem: it names the host the EPS's TLS certificate must hold, "
+                                "and without --tls-ca the connection is plaintext");
+  }
+  copts.tls_server_name = f.tls_server_name;
+  L2L_ASSIGN_OR_RETURN(o.device_updates, ParseDeviceUpdates(f.device_updates));
+  o.devices = DeviceNames(f);
+  return o;
+}
+
 // Peak resident set size of this process in KiB (VmHWM; ru_maxrss as a fallback).
 int64_t PeakRssKb() {
   std::ifstream f("/proc/self/status");
@@ -132,20 +216,51 @@ int64_t PeakRssKb() {
   return ru.ru_maxrss;
 }
 
-Result<std::unique_ptr<l2l::kernels::Backend>> MakeBackend(const Flags& f) {
-  if (f.compute != "fp32" && f.compute != "bf16") {
-    return l2l::InvalidArgument("--compute " + f.compute + ": expected fp32 or bf16");
+// A backend on `device` (cpu: with --threads and --compute; a GPU takes fp32 only).
+Result<std::unique_ptr<l2l::kernels::Backend>> MakeBackend(const std::string& device, const Flags& f,
+                                                           const Options& o) {
+  if (device == "cpu") {
+    l2l::kernels::CpuBackendOptions co;
+    co.num_threads = f.threads;
+    co.gemm = o.compute;
+    return l2l::kernels::CreateCpuBackend(co);
   }
-  if (f.device == "cpu") {
-    l2l::kernels::CpuBackendOptions o;
-    o.num_threads = f.threads;
-    o.gemm = f.compute == "bf16" ? l2l::kernels::CpuGemmPrecision::kBf16 : l2l::kernels::CpuGemmPrecision::kFp32;
-    return l2l::kernels::CreateCpuBackend(o);
+  if (o.compute != CpuGemmPrecision::kFp32) {
+    return l2l::InvalidArgument(std::string("--compute ") + ComputeName(o.compute) +
+                                " is for --device cpu; on a GPU set L2L_CUDA_GEMM=bf16");
   }
-  if (f.compute != "fp32") {
-    return l2l::InvalidArgument("--compute " + f.compute + " is for --device cpu; on a GPU set L2L_CUDA_GEMM=bf16");
+  return l2l::kernels::CreateBackend(device);
+}
+
+// Before registering (the rates go to the EPS at Register): the interleaved
+// optimizer's second backend on the first device, its measured rates put in
+// o->client.optimizer. Null when --device-updates (auto: a CUDA device) leaves it off.
+Result<std::unique_ptr<w::DeviceUpdater>> MeasureDeviceUpdates(const Flags& f, Options* o) {
+  const std::string& device = o->devices[0];
+  const bool offer = o->device_updates == DeviceUpdates::kOn ||
+                     (o->device_updates == DeviceUpdates::kAuto && device.rfind("cuda", 0) == 0);
+  if (!offer) return std::unique_ptr<w::DeviceUpdater>();
+  L2L_ASSIGN_OR_RETURN(std::unique_ptr<l2l::kernels::Backend> ube, MakeBackend(device, f, *o));
+  w::OptimizerOffer& offer_rates = o->client.optimizer;
+  L2L_ASSIGN_OR_RETURN(offer_rates, w::MeasureDeviceRates(ube.get()));
+  L2L_LOG_INFO("device updates on {}: AdamW {:.3g} params/s, h2d {:.3g} B/s, d2h {:.3g} B/s (0 = no link)",
+               offer_rates.device, offer_rates.update_params_per_s, offer_rates.h2d_bytes_per_s,
+               offer_rates.d2h_bytes_per_s);
+  return std::make_unique<w::DeviceUpdater>(std::move(ube));
+}
+
+// Registers with the EPS. On failure *exit_code says why: 1 refused (token), 3 the
+// job stayed full, 2 unreachable.
+Result<std::unique_ptr<w::EpsClient>> Connect(const Flags& f, const Options& o, int* exit_code) {
+  Result<std::unique_ptr<w::EpsClient>> connected = w::ConnectEps(f.eps, o.client);
+  if (connected.ok()) return connected;
+  switch (connected.status().code()) {
+    case l2l::StatusCode::kPermissionDenied: *exit_code = 1; break;
+    case l2l::StatusCode::kResourceExhausted: *exit_code = 3; break;  // the job stayed full
+    default: *exit_code = 2;
   }
-  return l2l::kernels::CreateBackend(f.device);
+  return connected.status().WithContext("cannot register with the EPS at " + f.eps + " (retried for " +
+                                        std::to_string(f.connect_timeout_ms) + " ms)");
 }
 
 // Applies --config: the local data path, after checking it describes the same model.
@@ -158,6 +273,34 @@ Status ApplyLocalConfig(const std::string& path, l2l::JobConfig* job) {
   if (!local.data.train_path.empty()) job->data.train_path = local.data.train_path;
   if (!local.eval.data_path.empty()) job->eval.data_path = local.eval.data_path;
   return Status::Ok();
+}
+
+// One backend per device: --device's, or each of --devices'.
+Result<std::vector<std::unique_ptr<l2l::kernels::Backend>>> MakeBackends(const Flags& f, const Options& o) {
+  std::vector<std::unique_ptr<l2l::kernels::Backend>> owned;
+  if (o.devices.size() == 1) {
+    L2L_ASSIGN_OR_RETURN(std::unique_ptr<l2l::kernels::Backend> be, MakeBackend(o.devices[0], f, o));
+    owned.push_back(std::move(be));
+    return owned;
+  }
+  for (const std::string& name : o.devices) {
+    Result<std::unique_ptr<l2l::kernels::Backend>> be = l2l::kernels::CreateBackend(name);
+    if (!be.ok()) return be.status().WithContext("--devices " + f.devices);
+    owned.push_back(std::move(be).value());
+  }
+  return owned;
+}
+
+// The job's relay options with --recompute and --activation-budget-mb applied.
+Result<w::RelayOptions> RelayOptionsFor(const l2l::JobConfig& job, const Flags& f) {
+  L2L_ASSIGN_OR_RETURN(w::RelayOptions ropts, w::RelayOptions::FromJob(job));
+  if (!f.recompute.empty()) {
+    auto mode = l2l::ParseRecomputeMode(f.recompute);
+    if (!mode.ok()) return mode.status().WithContext("--recompute");
+    ropts.recompute = *mode;
+  }
+  if (f.activation_budget_mb >= 0) ropts.activation_budget_bytes = static_cast<size_t>(f.activation_budget_mb) << 20;
+  return ropts;
 }
 
 // Opens this worker's shard of the tokens file at the position the EPS handed out.
@@ -186,265 +329,255 @@ Status OpenData(const l2l::JobConfig& job, const w::WorkerRegistration& reg,
   return Status::Ok();
 }
 
-Status Run(const Flags& f, int* exit_code) {
-  w::ClientOptions copts;
-  const l2l::Result<l2l::Transport> transport = l2l::ParseTransport(f.transport);
-  if (!transport.ok()) return transport.status().WithContext("--transport");
-  copts.transport = *transport;
-  copts.connect_timeout = std::chrono::milliseconds(f.connect_timeout_ms);
-  if (f.push_deadline_floor_ms <= 0 || !(f.push_min_mib_per_s > 0)) {
-    return l2l::InvalidArgument("--push-deadline-floor-ms " + std::to_string(f.push_deadline_floor_ms) +
-                                " and --push-min-mib-per-s " + std::to_string(f.push_min_mib_per_s) +
-                                " must both be positive");
-  }
-  copts.push_deadline_floor = std::chrono::milliseconds(f.push_deadline_floor_ms);
-  copts.push_min_bytes_per_s = f.push_min_mib_per_s * 1024 * 1024;
-  copts.worker_name = f.name;
-  if (const std::string tf = l2l::TokenFileFromFlagOrEnv(f.token_file); !tf.empty()) {
-    L2L_ASSIGN_OR_RETURN(copts.token, l2l::ReadTokenFile(tf));
-  }
-  if (!f.tls_ca.empty()) {
-    L2L_ASSIGN_OR_RETURN(copts.tls_ca_pem, l2l::ReadPemFile(f.tls_ca, "--tls-ca", false));
-  }
-  if (!f.tls_server_name.empty() && f.tls_ca.empty()) {
-    return l2l::InvalidArgument("--tls-server-name " + f.tls_server_name +
-                                " needs --tls-ca CA.pem: it names the host the EPS's TLS certificate must hold, "
-                                "and without --tls-ca the connection is plaintext");
-  }
-  copts.tls_server_name = f.tls_server_name;
-  // Interleaved optimizer: a second backend on the (first) device runs the layer updates
-  // the EPS hands out; its measured rates go to the EPS at Register.
-  std::unique_ptr<w::DeviceUpdater> pre_updater;
-  if (f.device_updates != "auto" && f.device_updates != "on" && f.device_updates != "off") {
-    return l2l::InvalidArgument("--device-updates " + f.device_updates + ": must be auto, on or off");
-  }
-  Flags one = f;
-  if (!f.devices.empty()) one.device = f.devices.substr(0, f.devices.find(','));
-  const bool offer_device = f.device_updates == "on" || (f.device_updates == "auto" && one.device.rfind("cuda", 0) == 0);
-  if (offer_device) {
-    L2L_ASSIGN_OR_RETURN(std::unique_ptr<l2l::kernels::Backend> ube, MakeBackend(one));
-    L2L_ASSIGN_OR_RETURN(copts.optimizer, w::MeasureDeviceRates(ube.get()));
-    L2L_LOG_INFO("device updates on {}: AdamW {:.3g} params/s, h2d {:.3g} B/s, d2h {:.3g} B/s (0 = no link)",
-                 copts.optimizer.device, copts.optimizer.update_params_per_s, copts.optimizer.h2d_bytes_per_s,
-                 copts.optimizer.d2h_bytes_per_s);
-    pre_updater = std::make_unique<w::DeviceUpdater>(std::move(ube));
-  }
-  Result<std::unique_ptr<w::EpsClient>> connected = w::ConnectEps(f.eps, copts);
-  if (!connected.ok()) {
-    switch (connected.status().code()) {
-      case l2l::StatusCode::kPermissionDenied: *exit_code = 1; break;
-      case l2l::StatusCode::kResourceExhausted: *exit_code = 3; break;  // the job stayed full
-      default: *exit_code = 2;
-    }
-    return connected.status().WithContext("cannot register with the EPS at " + f.eps + " (retried for " +
-                                          std::to_string(f.connect_timeout_ms) + " ms)");
-  }
-  std::unique_ptr<w::EpsClient> client = std::move(connected).value();
-  // Declared after `client`: its thread stops before the client goes away.
-  std::unique_ptr<w::DeviceUpdater> updater = std::move(pre_updater);
-  const w::WorkerRegistration& reg = client->registration();
-  if (updater && reg.transport == l2l::Transport::kShm) {
-    updater->Start(client.get());
-  } else if (updater) {
-    L2L_LOG_INFO("device updates off: the update exchange needs the shm transport (this worker uses grpc)");
-    updater.reset();
-  }
-  l2l::JobConfig job = reg.job;
-  if (!f.config.empty()) L2L_RETURN_IF_ERROR(ApplyLocalConfig(f.config, &job));
-  const int64_t total_steps = f.steps >= 0 ? f.steps : job.train.steps;
-  L2L_LOG_INFO("registered as worker {} of {} (transport {}, data shard {}/{}, start step {})",
-               reg.worker_id, reg.num_workers, ToString(reg.transport), reg.data_rank, reg.data_world,
-               reg.start_step);
+// One registered worker: what Run builds, step by step (the public methods, in the
+// order Run calls them), and the step loop over it.
+class Worker {
+ public:
+  explicit Worker(const Flags& f) : f_(f) {}
 
-  // One backend per device: --device's, or each of --devices'.
-  std::vector<std::string> device_names;
-  if (!f.devices.empty()) {
-    size_t pos = 0;
-    while (pos <= f.devices.size()) {
-      const size_t comma = std::min(f.devices.find(',', pos), f.devices.size());
-      device_names.push_back(f.devices.substr(pos, comma - pos));
-      pos = comma + 1;
+  // Registers with the EPS (Connect: *exit_code set on failure), starts `updater` on the
+  // client (shm only: over grpc it is dropped) and takes the job the EPS hands out, with
+  // --config and --steps applied.
+  Status Register(const Options& o, std::unique_ptr<w::DeviceUpdater> updater, int* exit_code) {
+    L2L_ASSIGN_OR_RETURN(client_, Connect(f_, o, exit_code));
+    updater_ = std::move(updater);
+    const w::WorkerRegistration& reg = client_->registration();
+    if (updater_ && reg.transport == l2l::Transport::kShm) {
+      updater_->Start(client_.get());
+    } else if (updater_) {
+      L2L_LOG_INFO("device updates off: the update exchange needs the shm transport (this worker uses grpc)");
+      updater_.reset();
     }
-  }
-  std::vector<std::unique_ptr<l2l::kernels::Backend>> owned;
-  std::vector<l2l::kernels::Backend*> backends;
-  if (device_names.size() <= 1) {
-    Flags one = f;
-    if (device_names.size() == 1) one.device = device_names[0];
-    L2L_ASSIGN_OR_RETURN(std::unique_ptr<l2l::kernels::Backend> be, MakeBackend(one));
-    owned.push_back(std::move(be));
-  } else {
-    for (const std::string& name : device_names) {
-      Result<std::unique_ptr<l2l::kernels::Backend>> be = l2l::kernels::CreateBackend(name);
-      if (!be.ok()) return be.status().WithContext("--devices " + f.devices);
-      owned.push_back(std::move(be).value());
-    }
-  }
-  for (auto& be : owned) backends.push_back(be.get());
-  l2l::kernels::Backend* backend = backends[0];
-  L2L_ASSIGN_OR_RETURN(w::RelayOptions ropts, w::RelayOptions::FromJob(job));
-  if (!f.recompute.empty()) {
-    auto mode = l2l::ParseRecomputeMode(f.recompute);
-    if (!mode.ok()) return mode.status().WithContext("--recompute");
-    ropts.recompute = *mode;
-  }
-  if (f.activation_budget_mb >= 0) ropts.activation_budget_bytes = static_cast<size_t>(f.activation_budget_mb) << 20;
-  std::unique_ptr<w::Relay> relay;
-  std::unique_ptr<w::DeviceGroup> group;
-  if (backends.size() > 1) {
-    L2L_ASSIGN_OR_RETURN(group, w::DeviceGroup::Create(client.get(), backends, job, ropts));
-  } else {
-    L2L_ASSIGN_OR_RETURN(relay, w::Relay::Create(client.get(), backend, job, ropts));
-  }
-  // The step loop below speaks to either.
-  auto run_step = [&](int64_t s, const std::vector<w::MicroBatch>& mbs, const std::vector<w::MicroBatch>& ev) {
-    return group ? group->RunStep(s, mbs, ev) : relay->RunStep(s, mbs, ev);
-  };
-  auto last_times = [&]() -> const w::RelayTimes& { return group ? group->last_times() : relay->last_times(); };
-  auto versions = [&]() -> const w::VersionStats& { return group ? group->versions() : relay->versions(); };
-  auto device_bytes = [&] { return group ? group->device_bytes() : relay->device_bytes(); };
-  auto stash_host_bytes = [&] { return group ? group->stash_host_bytes() : relay->stash_host_bytes(); };
-
-  if (job.data.train_path.empty()) {
-    return l2l::InvalidArgument("the job has no data.train_path; set it in the job config");
-  }
-  std::optional<w::DataLoader> loader;
-  L2L_RETURN_IF_ERROR(OpenData(job, reg, &loader));
-  // In-job validation: this worker's share of the eval windows (by data rank).
-  w::EvalSet eval;
-  auto load_eval = [&](const w::WorkerRegistration& r) -> Status {
-    if (!job.eval.enabled()) return Status::Ok();
-    L2L_ASSIGN_OR_RETURN(eval, w::EvalSet::Load(job, r.data_rank, r.data_world));
-    L2L_LOG_INFO("eval: {} micro-batch(es) of the {} windows ({} scored targets) every {} steps from {}",
-                 eval.micro_batches.size(), eval.windows, eval.scored, job.eval.every, job.eval.data_path);
+    job_ = reg.job;
+    if (!f_.config.empty()) L2L_RETURN_IF_ERROR(ApplyLocalConfig(f_.config, &job_));
+    total_steps_ = f_.steps >= 0 ? f_.steps : job_.train.steps;
+    L2L_LOG_INFO("registered as worker {} of {} (transport {}, data shard {}/{}, start step {})",
+                 reg.worker_id, reg.num_workers, ToString(reg.transport), reg.data_rank, reg.data_world,
+                 reg.start_step);
     return Status::Ok();
-  };
-  L2L_RETURN_IF_ERROR(load_eval(reg));
-  L2L_LOG_INFO("backend {}{}, stash {}, mode {} (staleness {}), device bytes {}", backend->name(),
-               group ? " (+" + std::to_string(backends.size() - 1) + " more in the group: " + f.devices + ")" : "",
-               ToString(ropts.stash), ToString(job.train.mode), ropts.staleness, device_bytes());
+  }
 
-  const auto t_start = std::chrono::steady_clock::now();
-  int64_t done = 0;
-  int rejoins = 0;
+  // One backend per device (MakeBackends), and the relay or the device group over them.
+  Status BuildRunner(const Options& o) {
+    L2L_ASSIGN_OR_RETURN(backends_, MakeBackends(f_, o));
+    L2L_ASSIGN_OR_RETURN(ropts_, RelayOptionsFor(job_, f_));
+    std::vector<l2l::kernels::Backend*> raw;
+    for (auto& be : backends_) raw.push_back(be.get());
+    L2L_ASSIGN_OR_RETURN(runner_, w::CreateStepRunner(client_.get(), raw, job_, ropts_));
+    return Status::Ok();
+  }
+
+  // The training data and eval windows of this registration.
+  Status OpenDataAndEval() {
+    if (job_.data.train_path.empty()) {
+      return l2l::InvalidArgument("the job has no data.train_path; set it in the job config");
+    }
+    L2L_RETURN_IF_ERROR(OpenData(job_, client_->registration(), &loader_));
+    L2L_RETURN_IF_ERROR(LoadEval(client_->registration()));
+    L2L_LOG_INFO("backend {}{}, stash {}, mode {} (staleness {}), device bytes {}", backends_[0]->name(),
+                 backends_.size() > 1
+                     ? " (+" + std::to_string(backends_.size() - 1) + " more in the group: " + f_.devices + ")"
+                     : "",
+                 ToString(ropts_.stash), ToString(job_.train.mode), ropts_.staleness, runner_->device_bytes());
+    return Status::Ok();
+  }
+
+  // Runs steps until the last one is committed and durable, the EPS stops the
+  // job, or a signal asks to stop.
+  Status Train() {
+    t_start_ = std::chrono::steady_clock::now();
+    int64_t step = client_->registration().start_step;
+    for (;;) {  // until the last step committed (or the EPS stopped the job)
+      L2L_ASSIGN_OR_RETURN(const bool stopped_by_eps, RunSteps(&step));
+      if (stopped_by_eps || g_stop.load() || step < total_steps_) return Status::Ok();
+      L2L_ASSIGN_OR_RETURN(const bool leave, AwaitLastStep(&step));
+      if (leave) return Status::Ok();
+    }
+  }
+
+  // The summary line the integration tests parse.
+  void PrintSummary() {
+    const w::VersionStats& v = runner_->versions();
+    if (updater_) updater_->Stop();  // its last UpdateDone is counted before the summary
+    std::printf("l2l-worker: done steps=%lld peak_rss_kb=%lld device_bytes=%zu stash_host_bytes=%zu "
+                "max_lag=%lld min_lag=%lld device_updates=%lld\n",
+                static_cast<long long>(done_), static_cast<long long>(PeakRssKb()), runner_->device_bytes(),
+                runner_->stash_host_bytes(), static_cast<long long>(v.max_lag),
+                static_cast<long long>(v.min_lag), static_cast<long long>(updater_ ? updater_->updates_done() : 0));
+    std::fflush(stdout);
+  }
+
+ private:
+  enum class StepOutcome { kDone, kRejoined, kStopped };
+
+  Status LoadEval(const w::WorkerRegistration& r) {
+    if (!job_.eval.enabled()) return Status::Ok();
+    L2L_ASSIGN_OR_RETURN(eval_, w::EvalSet::Load(job_, r.data_rank, r.data_world));
+    L2L_LOG_INFO("eval: {} micro-batch(es) of the {} windows ({} scored targets) every {} steps from {}",
+                 eval_.micro_batches.size(), eval_.windows, eval_.scored, job_.eval.every, job_.eval.data_path);
+    return Status::Ok();
+  }
+
   // After a worker loss the EPS may abandon this worker's step (or declare it lost): the
   // worker re-registers and restarts at the step and data position the EPS hands back.
-  auto rejoin = [&](const Status& why, int64_t* step) -> Status {
-    if (!(w::NeedsRejoin(why) || client->rejoin_requested()) || ++rejoins > 100) return why;
+  // Errors that call for no rejoin (and the 101st rejoin) are returned as they are.
+  Status Rejoin(const Status& why, int64_t* step) {
+    if (!(w::NeedsRejoin(why) || client_->rejoin_requested()) || ++rejoins_ > 100) return why;
     L2L_LOG_WARN("rejoining the EPS: {}", why.message());
-    L2L_RETURN_IF_ERROR(client->Rejoin().WithContext("rejoining after: " + why.message()));
-    L2L_RETURN_IF_ERROR(OpenData(job, client->registration(), &loader));
-    L2L_RETURN_IF_ERROR(load_eval(client->registration()));
-    *step = client->registration().start_step;
+    L2L_RETURN_IF_ERROR(client_->Rejoin().WithContext("rejoining after: " + why.message()));
+    L2L_RETURN_IF_ERROR(OpenData(job_, client_->registration(), &loader_));
+    L2L_RETURN_IF_ERROR(LoadEval(client_->registration()));
+    *step = client_->registration().start_step;
     L2L_LOG_INFO("rejoined as worker {} of {}, restarting at step {} (data {})",
-                 client->registration().worker_id, client->registration().num_workers, *step,
-                 client->registration().data_position);
+                 client_->registration().worker_id, client_->registration().num_workers, *step,
+                 client_->registration().data_position);
     return Status::Ok();
-  };
-  int64_t step = reg.start_step;
-  bool stopped_by_eps = false;
-  // End of the last relay step that succeeded (the timeline's between_s: the StepDone
-  // round trip and the data loading that separate two relay steps).
-  std::optional<std::chrono::steady_clock::time_point> last_step_end;
-  for (;;) {  // until the last step committed (or the EPS stopped the job)
-    for (; step < total_steps && !g_stop.load(); ++step) {
-      std::vector<w::MicroBatch> batches = loader->NextMany(job.train.micro_batches);
-      static const std::vector<w::MicroBatch> kNoEval;
-      const auto run_start = std::chrono::steady_clock::now();
-      Result<w::StepReport> report = run_step(step, batches, job.EvalAt(step) ? eval.micro_batches : kNoEval);
-      const auto run_end = std::chrono::steady_clock::now();
-      if (report.ok()) {
-        report->between_s = last_step_end ? std::chrono::duration<double>(run_start - *last_step_end).count() : 0.0;
-        last_step_end = run_end;
-      } else {
-        last_step_end.reset();
-      }
-      if (!report.ok() && report.status().code() == l2l::StatusCode::kAborted) {
-        L2L_LOG_INFO("the EPS stopped the job at step {}: {}", step, report.status().message());
-        stopped_by_eps = true;
-        break;
-      }
-      if (!report.ok()) {
-        L2L_RETURN_IF_ERROR(rejoin(report.status(), &step));
-        --step;  // the loop's ++step lands on the restart step
-        continue;
-      }
-      if (!std::isfinite(report->loss)) {
-        L2L_LOG_WARN("step {}: the loss is {} (the EPS skips the step; check the data and the learning rate)", step,
-                     report->loss);
-      }
-      report->data_position = loader->position().ToString();
-      Status st = client->StepDone(*report);
-      if (st.code() == l2l::StatusCode::kAborted) {
-        L2L_LOG_INFO("the EPS stopped the job after step {}: {}", step, st.message());
-        ++done;
-        stopped_by_eps = true;
-        break;
-      }
-      if (!st.ok()) {
-        L2L_RETURN_IF_ERROR(rejoin(st.WithContext("reporting step " + std::to_string(step)), &step));
-        --step;
-        continue;
-      }
-      ++done;
-      if (report->eval_tokens > 0) {
-        std::printf("step %lld val_loss %.4f val_ppl %.3f (this worker's %lld eval tokens)\n",
-                    static_cast<long long>(step + 1), report->eval_loss, std::exp(report->eval_loss),
-                    static_cast<long long>(report->eval_tokens));
-      }
-      if (job.train.log_every > 0 && (step % job.train.log_every == 0 || step + 1 == total_steps)) {
-        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-        const double per_step = elapsed / static_cast<double>(done);
-        const w::RelayTimes& t = last_times();
-        std::printf("step %lld/%lld loss %.4f tok/s %.0f step_s %.3f wait_layer %.3f wait_push %.3f lag %lld eta %.0fs\n",
-                    static_cast<long long>(step + 1), static_cast<long long>(total_steps), report->loss,
-                    static_cast<double>(report->tokens) / t.total, t.total, t.wait_layer, t.wait_push,
-                    static_cast<long long>(versions().max_lag),
-                    per_step * static_cast<double>(total_steps - step - 1));
-        std::fflush(stdout);
-      }
-    }
-    if (stopped_by_eps || g_stop.load() || step < total_steps) break;
-    // Reported is not done: until the last step commits, another worker's loss can still
-    // abandon it, and every worker must redo it (this one too: its gradients of the step
-    // are dropped). Exit only once layer 0 holds the last step's version.
-    Result<w::LayerWeights> last = client->AcquireLayer(0, total_steps, std::chrono::seconds(30));
-    if (last.ok()) {
-      client->ReleaseLayer(0);
-      // Committed is not durable: a daemon that dies before the last step's checkpoint
-      // resumes from an earlier one and needs this worker again. Leave (and exit 0) only
-      // once it is written; an error exits non-zero so a supervisor restarts the worker.
-      if (total_steps < job.train.steps) break;  // --steps stopped short of the job's end
-      // Every update of the last step is done (layer 0 is published last): stop asking
-      // for more before leaving, else the daemon refuses the next ask with a warning.
-      if (updater) updater->Stop();
-      Status left = client->LeaveAfterLastStep(std::chrono::seconds(30));
-      if (left.code() == l2l::StatusCode::kDeadlineExceeded) {
-        L2L_LOG_INFO("waiting for the EPS to make the last step durable: {}", left.message());
-        continue;
-      }
-      if (left.code() == l2l::StatusCode::kAborted) break;  // the EPS is stopping
-      if (!left.ok() && (w::NeedsRejoin(left) || client->rejoin_requested())) {
-        L2L_RETURN_IF_ERROR(rejoin(left, &step));
-        continue;
-      }
-      L2L_RETURN_IF_ERROR(left.WithContext("leaving after the last step (" + std::to_string(total_steps) + ")"));
-      break;
-    }
-    if (last.status().code() == l2l::StatusCode::kAborted) break;  // the EPS stopped the job
-    if (last.status().code() == l2l::StatusCode::kDeadlineExceeded) continue;  // others still at it
-    L2L_RETURN_IF_ERROR(rejoin(last.status().WithContext("waiting for step " + std::to_string(total_steps - 1) +
-                                                         " to commit"),
-                               &step));
   }
-  const w::VersionStats& v = versions();
-  if (updater) updater->Stop();  // its last UpdateDone is counted before the summary
-  std::printf("l2l-worker: done steps=%lld peak_rss_kb=%lld device_bytes=%zu stash_host_bytes=%zu "
-              "max_lag=%lld min_lag=%lld device_updates=%lld\n",
-              static_cast<long long>(done), static_cast<long long>(PeakRssKb()), device_bytes(),
-              stash_host_bytes(), static_cast<long long>(v.max_lag),
-              static_cast<long long>(v.min_lag), static_cast<long long>(updater ? updater->updates_done() : 0));
-  std::fflush(stdout);
+
+  // Steps *step..total_steps-1 (until a signal); true when the EPS stopped the job.
+  Result<bool> RunSteps(int64_t* step) {
+    for (; *step < total_steps_ && !g_stop.load(); ++*step) {
+      L2L_ASSIGN_OR_RETURN(const StepOutcome outcome, RunOneStep(step));
+      if (outcome == StepOutcome::kStopped) return true;
+      if (outcome == StepOutcome::kRejoined) --*step;  // the loop's ++ lands on the restart step
+    }
+    return false;
+  }
+
+  // Runs step *step and reports it to the EPS; on a rejoin *step is the restart step.
+  Result<StepOutcome> RunOneStep(int64_t* step) {
+    const int64_t s = *step;
+    std::vector<w::MicroBatch> batches = loader_->NextMany(job_.train.micro_batches);
+    static const std::vector<w::MicroBatch> kNoEval;
+    const auto run_start = std::chrono::steady_clock::now();
+    Result<w::StepReport> report = runner_->RunStep(s, batches, job_.EvalAt(s) ? eval_.micro_batches : kNoEval);
+    const auto run_end = std::chrono::steady_clock::now();
+    if (report.ok()) {
+      // between_s: the StepDone round trip and the data loading since the last relay step
+      // that succeeded.
+      report->between_s = last_step_end_ ? std::chrono::duration<double>(run_start - *last_step_end_).count() : 0.0;
+      last_step_end_ = run_end;
+    } else {
+      last_step_end_.reset();
+    }
+    if (!report.ok() && report.status().code() == l2l::StatusCode::kAborted) {
+      L2L_LOG_INFO("the EPS stopped the job at step {}: {}", s, report.status().message());
+      return StepOutcome::kStopped;
+    }
+    if (!report.ok()) {
+      L2L_RETURN_IF_ERROR(Rejoin(report.status(), step));
+      return StepOutcome::kRejoined;
+    }
+    if (!std::isfinite(report->loss)) {
+      L2L_LOG_WARN("step {}: the loss is {} (the EPS skips the step; check the data and the learning rate)", s,
+                   report->loss);
+    }
+    report->data_position = loader_->position().ToString();
+    Status st = client_->StepDone(*report);
+    if (st.code() == l2l::StatusCode::kAborted) {
+      L2L_LOG_INFO("the EPS stopped the job after step {}: {}", s, st.message());
+      ++done_;
+      return StepOutcome::kStopped;
+    }
+    if (!st.ok()) {
+      L2L_RETURN_IF_ERROR(Rejoin(st.WithContext("reporting step " + std::to_string(s)), step));
+      return StepOutcome::kRejoined;
+    }
+    ++done_;
+    PrintProgress(s, *report);
+    return StepOutcome::kDone;
+  }
+
+  void PrintProgress(int64_t step, const w::StepReport& report) {
+    if (report.eval_tokens > 0) {
+      std::printf("step %lld val_loss %.4f val_ppl %.3f (this worker's %lld eval tokens)\n",
+                  static_cast<long long>(step + 1), report.eval_loss, std::exp(report.eval_loss),
+                  static_cast<long long>(report.eval_tokens));
+    }
+    if (job_.train.log_every > 0 && (step % job_.train.log_every == 0 || step + 1 == total_steps_)) {
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start_).count();
+      const double per_step = elapsed / static_cast<double>(done_);
+      const w::RelayTimes& t = runner_->last_times();
+      std::printf("step %lld/%lld loss %.4f tok/s %.0f step_s %.3f wait_layer %.3f wait_push %.3f lag %lld eta %.0fs\n",
+                  static_cast<long long>(step + 1), static_cast<long long>(total_steps_), report.loss,
+                  static_cast<double>(report.tokens) / t.total, t.total, t.wait_layer, t.wait_push,
+                  static_cast<long long>(runner_->versions().max_lag),
+                  per_step * static_cast<double>(total_steps_ - step - 1));
+      std::fflush(stdout);
+    }
+  }
+
+  // Every step is reported, but reported is not done: until the last step commits,
+  // another worker's loss can still abandon it, and every worker must redo it (this one
+  // too: its gradients of the step are dropped). Waits until layer 0 holds the last
+  // step's version, then leaves. True: leave the loop; false: go round again (others
+  // still at it, or rejoined at *step).
+  Result<bool> AwaitLastStep(int64_t* step) {
+    Result<w::LayerWeights> last = client_->AcquireLayer(0, total_steps_, std::chrono::seconds(30));
+    if (last.ok()) {
+      client_->ReleaseLayer(0);
+      if (total_steps_ < job_.train.steps) return true;  // --steps stopped short of the job's end
+      return LeaveAfterLastStep(step);
+    }
+    if (last.status().code() == l2l::StatusCode::kAborted) return true;  // the EPS stopped the job
+    if (last.status().code() == l2l::StatusCode::kDeadlineExceeded) return false;  // others still at it
+    L2L_RETURN_IF_ERROR(Rejoin(last.status().WithContext("waiting for step " + std::to_string(total_steps_ - 1) +
+                                                         " to commit"),
+                               step));
+    return false;
+  }
+
+  // Committed is not durable: a daemon that dies before the last step's checkpoint
+  // resumes from an earlier one and needs this worker again. Leave (and exit 0) only once
+  // it is written; an error exits non-zero so a supervisor restarts the worker. As
+  // AwaitLastStep: true to leave, false to go round again.
+  Result<bool> LeaveAfterLastStep(int64_t* step) {
+    // Every update of the last step is done (layer 0 is published last): stop asking for
+    // more before leaving, else the daemon refuses the next ask with a warning.
+    if (updater_) updater_->Stop();
+    Status left = client_->LeaveAfterLastStep(std::chrono::seconds(30));
+    if (left.code() == l2l::StatusCode::kDeadlineExceeded) {
+      L2L_LOG_INFO("waiting for the EPS to make the last step durable: {}", left.message());
+      return false;
+    }
+    if (left.code() == l2l::StatusCode::kAborted) return true;  // the EPS is stopping
+    if (!left.ok() && (w::NeedsRejoin(left) || client_->rejoin_requested())) {
+      L2L_RETURN_IF_ERROR(Rejoin(left, step));
+      return false;
+    }
+    L2L_RETURN_IF_ERROR(left.WithContext("leaving after the last step (" + std::to_string(total_steps_) + ")"));
+    return true;
+  }
+
+  const Flags& f_;
+  // Destroyed in reverse: the data, then the runner before its backends, the updater's
+  // thread before the client it calls.
+  std::unique_ptr<w::EpsClient> client_;
+  std::unique_ptr<w::DeviceUpdater> updater_;  // null: no device updates
+  l2l::JobConfig job_;
+  int64_t total_steps_ = 0;  // --steps, else the job's
+  std::vector<std::unique_ptr<l2l::kernels::Backend>> backends_;
+  w::RelayOptions ropts_;  // the runner's (the start-up line names its stash and staleness)
+  std::unique_ptr<w::StepRunner> runner_;  // a Relay on backends_[0], or a DeviceGroup over all
+  std::optional<w::DataLoader> loader_;
+  w::EvalSet eval_;  // in-job validation: this worker's share of the eval windows
+  std::chrono::steady_clock::time_point t_start_;
+  int64_t done_ = 0;     // steps reported (the summary's steps=)
+  int rejoins_ = 0;
+  // End of the last relay step that succeeded (the timeline's between_s).
+  std::optional<std::chrono::steady_clock::time_point> last_step_end_;
+};
+
+// The worker's life, one named step after another (see Worker).
+Status Run(const Flags& f, CpuGemmPrecision compute, int* exit_code) {
+  L2L_ASSIGN_OR_RETURN(Options o, ResolveOptions(f, compute));
+  L2L_ASSIGN_OR_RETURN(std::unique_ptr<w::DeviceUpdater> updater, MeasureDeviceUpdates(f, &o));
+  Worker wk(f);
+  L2L_RETURN_IF_ERROR(wk.Register(o, std::move(updater), exit_code));
+  L2L_RETURN_IF_ERROR(wk.BuildRunner(o));
+  L2L_RETURN_IF_ERROR(wk.OpenDataAndEval());
+  L2L_RETURN_IF_ERROR(wk.Train());
+  wk.PrintSummary();
   return Status::Ok();
 }
 
@@ -501,13 +634,13 @@ int main(int argc, char** argv) {
 
   // A bad --compute, or a CPU worker that cannot run its compute precision, says so
   // before it registers.
-  if (f.compute != "fp32" && f.compute != "bf16") {
-    std::fprintf(stderr, "l2l-worker: error: --compute %s: expected fp32 or bf16\n", f.compute.c_str());
+  const Result<CpuGemmPrecision> compute = ParseCompute(f.compute);
+  if (!compute.ok()) {
+    std::fprintf(stderr, "l2l-worker: error: %s\n", compute.status().message().c_str());
     return 1;
   }
   if (f.devices.empty() && f.device == "cpu") {
-    auto gemm = l2l::kernels::ResolveCpuGemm(f.compute == "bf16" ? l2l::kernels::CpuGemmPrecision::kBf16
-                                                                  : l2l::kernels::CpuGemmPrecision::kFp32);
+    auto gemm = l2l::kernels::ResolveCpuGemm(*compute);
     if (!gemm.ok()) {
       std::fprintf(stderr, "l2l-worker: error: %s\n", gemm.status().ToString().c_str());
       return 1;
@@ -516,7 +649,7 @@ int main(int argc, char** argv) {
   std::atomic<bool> done{false};
   std::thread watchdog(StopWatchdog, &done);
   int exit_code = 1;
-  Status st = Run(f, &exit_code);
+  Status st = Run(f, *compute, &exit_code);
   done.store(true);
   watchdog.join();
   if (!st.ok()) {
