@@ -28,8 +28,10 @@ TEST_CASE("AdamWStep matches the double-precision AdamW formula over several ste
           // Different magnitudes per element, including tiny gradients where eps matters.
           g[i] = static_cast<float>(std::cos(1.3 * i + t) * std::pow(10.0, -static_cast<double>(i % 9)));
         }
-        AdamWStep(p.data(), g.data(), m.data(), v.data(), n, static_cast<float>(lr), static_cast<float>(b1),
-                  static_cast<float>(b2), static_cast<float>(eps), static_cast<float>(wd), t, grad_scale);
+        AdamWStep(p.data(), g.data(), m.data(), v.data(), n,
+                  {.lr = static_cast<float>(lr), .beta1 = static_cast<float>(b1), .beta2 = static_cast<float>(b2),
+                   .eps = static_cast<float>(eps), .weight_decay = static_cast<float>(wd), .t = t,
+                   .grad_scale = grad_scale});
         for (size_t i = 0; i < n; ++i) {
           const double gi = static_cast<double>(g[i]) * grad_scale;
           pd[i] *= 1.0 - lr * wd;
@@ -60,13 +62,15 @@ TEST_CASE("AdamWStep's first step moves each parameter by about lr*sign(grad)", 
   // After one step with zero moments, mhat = g and vhat = g^2, so the update is
   // lr * g / (|g| + eps): a fact of the algorithm, independent of the implementation.
   float p[3] = {1.f, -2.f, 0.5f}, g[3] = {0.3f, -5.f, 1e-3f}, m[3] = {}, v[3] = {};
-  AdamWStep(p, g, m, v, 3, 0.01f, 0.9f, 0.999f, 1e-8f, 0.f, 1, 1.f);
+  AdamWStep(p, g, m, v, 3,
+            {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.f, .t = 1, .grad_scale = 1.f});
   CHECK(p[0] == Approx(0.99f).epsilon(1e-6));
   CHECK(p[1] == Approx(-1.99f).epsilon(1e-6));
   CHECK(p[2] == Approx(0.49f).epsilon(1e-5));
   // Decoupled weight decay with zero gradient: p *= (1 - lr*wd) exactly, nothing else.
   float q[1] = {2.f}, z[1] = {0.f}, mq[1] = {}, vq[1] = {};
-  AdamWStep(q, z, mq, vq, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.5f, 1, 1.f);
+  AdamWStep(q, z, mq, vq, 1,
+            {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.5f, .t = 1, .grad_scale = 1.f});
   CHECK(q[0] == Approx(2.f * (1 - 0.05f)).epsilon(1e-7));
 }
 
