@@ -1,13 +1,16 @@
 // Tests for common/adamw: the AdamW update against a double-precision transcription of
 // the algorithm (Loshchilov & Hutter, as torch.optim.AdamW documents it), the learning
 // rate schedule at chosen steps (values worked out by hand below), and the clip
-// coefficient (torch.nn.utils.clip_grad_norm_'s max_norm / (norm + 1e-6)).
+// coefficient (torch.nn.utils.clip_grad_norm_'s max_norm / (norm + 1e-6)); a step's
+// AdamWStepArgs formed from the job's OptimizerConfig, and their wire form
+// (proto/adamw_proto.h) field for field.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <vector>
 
 #include "common/adamw.h"
+#include "proto/adamw_proto.h"
 
 namespace l2l {
 namespace {
@@ -111,6 +114,46 @@ TEST_CASE("ClipCoefficient clips like torch clip_grad_norm_", "[adamw]") {
   CHECK(ClipCoefficient(1e9, -1.0f) == 1.0f);  // disabled
   const float x[4] = {1.f, -2.f, 3.f, 0.5f};
   CHECK(SumSquares(x, 4) == 14.25);
+}
+
+TEST_CASE("AdamWStepArgsAt forms a step's arguments from the job's optimizer config", "[adamw]") {
+  OptimizerConfig c;
+  c.lr = 1e-3f;
+  c.warmup_steps = 10;
+  c.beta1 = 0.8f;
+  c.beta2 = 0.99f;
+  c.eps = 1e-6f;
+  c.weight_decay = 0.05f;
+  const AdamWStepArgs a = AdamWStepArgsAt(c, 4, 0.25f);
+  CHECK(a.lr == LearningRate(c, 4));
+  CHECK(a.beta1 == 0.8f);
+  CHECK(a.beta2 == 0.99f);
+  CHECK(a.eps == 1e-6f);
+  CHECK(a.weight_decay == 0.05f);
+  CHECK(a.t == 5);
+  CHECK(a.grad_scale == 0.25f);
+  CHECK(WithDecay(a, true).weight_decay == 0.05f);
+  const AdamWStepArgs nd = WithDecay(a, false);
+  CHECK(nd.weight_decay == 0.0f);
+  CHECK((nd.lr == a.lr && nd.beta1 == a.beta1 && nd.beta2 == a.beta2 && nd.eps == a.eps && nd.t == a.t &&
+         nd.grad_scale == a.grad_scale));
+}
+
+TEST_CASE("AdamWStepArgs cross the wire (data.proto AdamWStep) bit for bit", "[adamw]") {
+  const AdamWStepArgs a{.lr = 3.0e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f,
+                        .t = int64_t{1} << 40, .grad_scale = 1.0f / 3.0f};
+  data::v1::AdamWStep msg;
+  ToProto(a, &msg);
+  data::v1::AdamWStep wire;
+  REQUIRE(wire.ParseFromString(msg.SerializeAsString()));
+  const AdamWStepArgs b = FromProto(wire);
+  CHECK(b.lr == a.lr);
+  CHECK(b.beta1 == a.beta1);
+  CHECK(b.beta2 == a.beta2);
+  CHECK(b.eps == a.eps);
+  CHECK(b.weight_decay == a.weight_decay);
+  CHECK(b.t == a.t);
+  CHECK(b.grad_scale == a.grad_scale);
 }
 
 }  // namespace
