@@ -82,8 +82,8 @@ inline bool ScalarRange(const AdamWScalars& c, float* param, float* m, float* v,
 
 template <bool kFast>
 __attribute__((target("avx2,fma"))) bool Avx2Range(const AdamWScalars& c, float* param, float* m, float* v,
-                                               const float* const* grads, int ng, size_t n,
-                                               DType od, void* out) {
+                                                   const float* const* grads, int ng, size_t n, DType od,
+                                                   void* out) {
   const __m256 decay_mul = _mm256_set1_ps(c.decay_mul), omb1 = _mm256_set1_ps(c.one_minus_b1);
   const __m256 b2 = _mm256_set1_ps(c.beta2), omb2 = _mm256_set1_ps(c.one_minus_b2);
   const __m256 bc2s = _mm256_set1_ps(c.bc2_sqrt), eps = _mm256_set1_ps(c.eps);
@@ -124,9 +124,9 @@ __attribute__((target("avx2,fma"))) bool Avx2Range(const AdamWScalars& c, float*
 }
 
 template <bool kFast>
-__attribute__((target("avx512f"))) bool Avx512Range(const AdamWScalars& c, float* param, float* m,
-                                                   float* v, const float* const* grads, int ng,
-                                                   size_t n, DType od, void* out) {
+__attribute__((target("avx512f"))) bool Avx512Range(const AdamWScalars& c, float* param, float* m, float* v,
+                                                    const float* const* grads, int ng, size_t n, DType od,
+                                                    void* out) {
   const __m512 decay_mul = _mm512_set1_ps(c.decay_mul), omb1 = _mm512_set1_ps(c.one_minus_b1);
   const __m512 b2 = _mm512_set1_ps(c.beta2), omb2 = _mm512_set1_ps(c.one_minus_b2);
   const __m512 bc2s = _mm512_set1_ps(c.bc2_sqrt), eps = _mm512_set1_ps(c.eps);
