@@ -60,7 +60,7 @@ struct UpdateTask {
   size_t numel = 0;
   std::string segment;
   size_t p_offset = 0, m_offset = 0, v_offset = 0, g_offset = 0;  // bytes
-  AdamWStepArgs args;            // weight_decay for the ranges with decay (WithDecay)
+  AdamWStepArgs args;  // weight_decay for the ranges with decay (WithDecay)
   std::vector<DecayRange> ranges;
 };
 
