@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "eps_server/adamw_vec.h"
+#include "kernels/cpu/adamw_simd.h"
 
 namespace l2l::bench {
 namespace {
@@ -152,7 +152,7 @@ void RunAdamWBench(const AdamWBenchOptions& o) {
   for (int w = 0; w < ng; ++w) gbase.push_back(grads[w].get());
 
   // The bound. The stream kernels also keep p/m/v/g finite and small for AdamW below.
-  const bool avx2 = eps::DetectSimdLevel() >= eps::SimdLevel::kAvx2;
+  const bool avx2 = kernels::DetectSimdLevel() >= kernels::SimdLevel::kAvx2;
   Stats bound_stats[2];
   for (int nt = 0; nt < 2; ++nt) {
     if (nt && !avx2) break;
@@ -179,14 +179,14 @@ void RunAdamWBench(const AdamWBenchOptions& o) {
 
   // The update. Restore sane optimizer state first (the stream kernels drifted v).
   for (size_t i = 0; i < n; ++i) v[i] = std::abs(v[i]) * 1e-3f;
-  eps::AdamWArgs a;
+  AdamWStepArgs a;
   a.lr = 1e-3f;
   a.weight_decay = 0.1f;
   int64_t t = 0;
-  const eps::SimdLevel best_level = eps::DetectSimdLevel();
+  const kernels::SimdLevel best_level = kernels::DetectSimdLevel();
   for (int fast = 0; fast < 2; ++fast) {
     for (int lvl = static_cast<int>(best_level); lvl >= 0; --lvl) {
-      const auto level = static_cast<eps::SimdLevel>(lvl);
+      const auto level = static_cast<kernels::SimdLevel>(lvl);
       const Stats s = Measure(n, o.iters, [&] {
         a.t = ++t;
         ParallelRanges(n, [&](size_t b, size_t e) {
@@ -194,15 +194,17 @@ void RunAdamWBench(const AdamWBenchOptions& o) {
           for (int w = 0; w < ng; ++w) gs[w] = gbase[w] + b;
           void* dst = outp != nullptr ? static_cast<void*>(outp + b) : nullptr;
           if (fast) {
-            eps::AdamWUpdateFast(a, p.get() + b, m.get() + b, v.get() + b, gs, ng, e - b, DType::kBF16, dst, level);
+            kernels::AdamWUpdateFast(a, p.get() + b, m.get() + b, v.get() + b, gs, ng, e - b, DType::kBF16, dst,
+                                     level);
           } else {
-            eps::AdamWUpdate(a, p.get() + b, m.get() + b, v.get() + b, gs, ng, e - b, DType::kBF16, dst, level);
+            kernels::AdamWUpdate(a, p.get() + b, m.get() + b, v.get() + b, gs, ng, e - b, DType::kBF16, dst,
+                                 level);
           }
         });
       });
       const char* arith = fast ? "fast" : "exact";
       std::printf("adamw[%s,%s]: median %.4g params/s, best %.4g params/s; median/bound %.2f, best/bound %.2f\n",
-                  arith, eps::SimdLevelName(level), s.median, s.best, s.median / bound, s.best / bound);
+                  arith, kernels::SimdLevelName(level), s.median, s.best, s.median / bound, s.best / bound);
       if (level == best_level) {
         std::printf("RESULT adamw_%s_median_params_per_s = %.6g\n", arith, s.median);
         std::printf("RESULT adamw_%s_best_params_per_s = %.6g\n", arith, s.best);

@@ -1,4 +1,4 @@
-// The AdamW part of l2l-bench-eps: the EPS update (eps_server/adamw_vec.h, exact and fast
+// The AdamW part of l2l-bench-eps: the EPS update (kernels/cpu/adamw_simd.h, exact and fast
 // arithmetic, every SIMD path this CPU has) against the memory bound of its own traffic,
 // measured by a STREAM-style kernel that reads and writes exactly what the update does.
 //

@@ -1,6 +1,6 @@
 // l2l-bench-eps: EPS micro-benchmarks, each printed as a ratio against a peer or a
 // physical limit measured in the same run (docs/performance.md "EPS"):
-//   1. AdamW update rate (eps_server/adamw_vec.h, the pipeline's kernel, --grads worker
+//   1. AdamW update rate (kernels/cpu/adamw_simd.h, the pipeline's kernel, --grads worker
 //      gradients summed in the same pass, bf16 publish; exact and fast arithmetic, each
 //      SIMD path) vs the bound
 //      measured by a STREAM-style kernel with the update's own traffic
@@ -47,7 +47,6 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "bench/adamw_bench.h"
-#include "eps_server/adamw_vec.h"
 #include "eps_server/eps_core.h"
 #include "eps_server/grpc_server.h"
 #include "proto/data.grpc.pb.h"

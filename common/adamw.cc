@@ -33,27 +33,46 @@ float LearningRate(const OptimizerConfig& cfg, int64_t step) {
   return static_cast<float>(min_lr + coeff * (lr - min_lr));
 }
 
-AdamWScalars MakeAdamWScalars(float lr, float beta1, float beta2, float eps, float weight_decay, int64_t t) {
+AdamWStepArgs AdamWStepArgsAt(const OptimizerConfig& cfg, int64_t step, float grad_scale) {
+  AdamWStepArgs a;
+  a.lr = LearningRate(cfg, step);
+  a.beta1 = cfg.beta1;
+  a.beta2 = cfg.beta2;
+  a.eps = cfg.eps;
+  a.weight_decay = cfg.weight_decay;
+  a.t = step + 1;
+  a.grad_scale = grad_scale;
+  return a;
+}
+
+AdamWStepArgs WithDecay(AdamWStepArgs a, bool decay) {
+  if (!decay) a.weight_decay = 0.0f;
+  return a;
+}
+
+AdamWScalars MakeAdamWScalars(const AdamWStepArgs& a) {
   AdamWScalars s;
-  s.decay_mul = static_cast<float>(1.0 - static_cast<double>(lr) * weight_decay);
-  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(beta1), static_cast<double>(t));
-  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(beta2), static_cast<double>(t));
-  const float step_size = static_cast<float>(static_cast<double>(lr) / bias_correction1);
+  s.decay_mul = static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay);
+  const double bias_correction1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.t));
+  const double bias_correction2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.t));
+  const float step_size = static_cast<float>(static_cast<double>(a.lr) / bias_correction1);
   s.bc2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  s.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bias_correction2));
   // torch forms 1-beta in double (Python float) and rounds it to fp32 once.
-  s.one_minus_b1 = static_cast<float>(1.0 - static_cast<double>(beta1));
-  s.one_minus_b2 = static_cast<float>(1.0 - static_cast<double>(beta2));
-  s.beta2 = beta2;
+  s.one_minus_b1 = static_cast<float>(1.0 - static_cast<double>(a.beta1));
+  s.one_minus_b2 = static_cast<float>(1.0 - static_cast<double>(a.beta2));
+  s.beta2 = a.beta2;
   s.neg_step_size = -step_size;
-  s.eps = eps;
+  s.eps = a.eps;
+  s.grad_scale = a.grad_scale;
   return s;
 }
 
-void AdamWStep(float* param, const float* grad, float* m, float* v, size_t n, float lr, float beta1,
-               float beta2, float eps, float weight_decay, int64_t t, float grad_scale) {
-  const AdamWScalars s = MakeAdamWScalars(lr, beta1, beta2, eps, weight_decay, t);
+void AdamWStep(float* param, const float* grad, float* m, float* v, size_t n, const AdamWStepArgs& a) {
+  const AdamWScalars s = MakeAdamWScalars(a);
   const float decay_mul = s.decay_mul, bc2_sqrt = s.bc2_sqrt, one_minus_b1 = s.one_minus_b1;
   const float one_minus_b2 = s.one_minus_b2, neg_step_size = s.neg_step_size;
+  const float beta2 = s.beta2, eps = s.eps, grad_scale = s.grad_scale;
   for (size_t i = 0; i < n; ++i) {
     const float g = grad[i] * grad_scale;
     float p = param[i] * decay_mul;

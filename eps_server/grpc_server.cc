@@ -19,6 +19,7 @@
 #include "common/model_io.h"
 #include "common/pretrained/pretrained.h"
 #include "eps_server/job_start.h"
+#include "proto/adamw_proto.h"
 #include "proto/control.grpc.pb.h"
 #include "proto/data.grpc.pb.h"
 #include "tokenizer/load.h"
@@ -211,13 +212,7 @@ class DataService final : public data::Data::Service {
     rep->set_m_offset(t->m_offset);
     rep->set_v_offset(t->v_offset);
     rep->set_g_offset(t->g_offset);
-    rep->set_lr(t->args.lr);
-    rep->set_beta1(t->args.beta1);
-    rep->set_beta2(t->args.beta2);
-    rep->set_eps(t->args.eps);
-    rep->set_weight_decay(t->args.weight_decay);
-    rep->set_grad_scale(t->args.grad_scale);
-    rep->set_t(t->args.t);
+    l2l::ToProto(t->args, rep->mutable_adamw());
     for (const DecayRange& r : t->ranges) {
       auto* d = rep->add_ranges();
       d->set_begin(static_cast<int64_t>(r.begin));

@@ -9,14 +9,14 @@
 #include <cstring>
 
 #include "common/dtype.h"
-#include "eps_server/adamw_vec.h"
+#include "kernels/cpu/adamw_simd.h"
 
 namespace l2l::eps {
 
 double MeasureCpuUpdateRate(size_t n) {
   std::vector<float> p(n, 0.5f), m(n, 0.f), v(n, 0.f), g(n, 1e-3f);
   std::vector<uint16_t> out(n);
-  AdamWArgs a;
+  AdamWStepArgs a;  // the optimizer's defaults, weight decay off
   a.lr = 1e-3f;
   // As the pipeline runs it: chunks in parallel on the TBB threads, over buffers far
   // larger than the caches (the caller's n), so memory bandwidth limits it as it does
@@ -24,8 +24,8 @@ double MeasureCpuUpdateRate(size_t n) {
   auto pass = [&] {
     tbb::parallel_for(tbb::blocked_range<size_t>(0, n, size_t{1} << 16), [&](const tbb::blocked_range<size_t>& r) {
       const float* grads[] = {g.data() + r.begin()};
-      (void)AdamWUpdate(a, p.data() + r.begin(), m.data() + r.begin(), v.data() + r.begin(), grads, 1, r.size(),
-                        DType::kBF16, out.data() + r.begin());
+      (void)kernels::AdamWUpdate(a, p.data() + r.begin(), m.data() + r.begin(), v.data() + r.begin(), grads, 1,
+                                 r.size(), DType::kBF16, out.data() + r.begin());
     });
   };
   pass();

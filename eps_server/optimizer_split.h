@@ -31,9 +31,9 @@ struct OptimizerSplit {
   std::string description;    // the log line: setting, inputs, choice
 };
 
-// fp32 parameters per second the exact AdamW (adamw_vec.h) updates as the pipeline runs
-// it (chunks in parallel on the TBB threads), timed over `n` parameters with one worker
-// gradient and a bf16 published copy; n should be well beyond the caches.
+// fp32 parameters per second the exact AdamW (kernels/cpu/adamw_simd.h) updates as the
+// pipeline runs it (chunks in parallel on the TBB threads), timed over `n` parameters
+// with one worker gradient and a bf16 published copy; n should be well beyond the caches.
 double MeasureCpuUpdateRate(size_t n = size_t{1} << 23);
 
 // Bytes per second one thread copies (memcpy of `bytes`, beyond the caches): the rate of

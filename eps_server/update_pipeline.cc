@@ -13,7 +13,7 @@
 #include "common/adamw.h"
 #include "common/fault_point.h"
 #include "common/logging.h"
-#include "eps_server/adamw_vec.h"
+#include "kernels/cpu/adamw_simd.h"
 
 namespace l2l::eps {
 
@@ -72,7 +72,7 @@ UpdatePipeline::UpdatePipeline(ParamStore* store, const JobConfig& job, int num_
             for (size_t i = 0; i < s.n; ++i) dst[i] = dst[i] + src[i];
           }
           const float* one = dst;
-          n2 += ReducedSumSquares(&one, 1, s.n, scale);
+          n2 += kernels::ReducedSumSquares(&one, 1, s.n, scale);
         }
         std::lock_guard<std::mutex> lock(mu_);
         LayerState& ls = layers_[t.layer];
@@ -198,12 +198,12 @@ void UpdatePipeline::set_offload(std::vector<bool> on_device, OffloadedUpdater* 
   offloader_ = updater;
 }
 
-Status CpuOffloadedUpdater::Update(int64_t /*layer*/, const Args& a, const std::vector<DecayRange>& ranges,
-                                   float* p, float* m, float* v, const float* grad_sum, size_t numel) {
+Status CpuOffloadedUpdater::Update(int64_t /*layer*/, const AdamWStepArgs& a,
+                                   const std::vector<DecayRange>& ranges, float* p, float* m, float* v,
+                                   const float* grad_sum, size_t numel) {
   for (const DecayRange& r : ranges) {
     if (r.begin > r.end || r.end > numel) return Internal("offloaded update: range outside the layer");
-    AdamWStep(p + r.begin, grad_sum + r.begin, m + r.begin, v + r.begin, r.end - r.begin, a.lr, a.beta1,
-              a.beta2, a.eps, r.decay ? a.weight_decay : 0.0f, a.t, a.grad_scale);
+    AdamWStep(p + r.begin, grad_sum + r.begin, m + r.begin, v + r.begin, r.end - r.begin, WithDecay(a, r.decay));
   }
   return Status::Ok();
 }
@@ -211,7 +211,7 @@ Status CpuOffloadedUpdater::Update(int64_t /*layer*/, const Args& a, const std::
 // The offloaded path of RunUpdate: copy the leased state out (and into the undo copy),
 // sum the workers' gradients in worker order as AdamWUpdate does, let the updater run
 // AdamW, check finiteness as the fused pass does, copy back and cast the published copy.
-Status UpdatePipeline::RunOffloaded(OffloadedUpdater* updater, int64_t layer, const AdamWArgs& a,
+Status UpdatePipeline::RunOffloaded(OffloadedUpdater* updater, int64_t layer, const AdamWStepArgs& a,
                                     const std::vector<StateSpan>& spans, const std::vector<const float*>& grads,
                                     float* undo, char* out, std::atomic<bool>* nonfinite) {
   const LayerLayout& layout = store_->layout(layer);
@@ -234,15 +234,7 @@ Status UpdatePipeline::RunOffloaded(OffloadedUpdater* updater, int64_t layer, co
   }
   std::vector<DecayRange> ranges;
   for (const ParamInfo& pi : layout.params) ranges.push_back({pi.offset, pi.offset + pi.numel, pi.decay});
-  OffloadedUpdater::Args oa;
-  oa.lr = a.lr;
-  oa.beta1 = a.beta1;
-  oa.beta2 = a.beta2;
-  oa.eps = a.eps;
-  oa.weight_decay = job_.optim.weight_decay;
-  oa.grad_scale = a.grad_scale;
-  oa.t = a.t;
-  L2L_RETURN_IF_ERROR(updater->Update(layer, oa, ranges, p.data(), m.data(), v.data(), g.data(), numel));
+  L2L_RETURN_IF_ERROR(updater->Update(layer, a, ranges, p.data(), m.data(), v.data(), g.data(), numel));
   for (const StateSpan& s : spans) {
     std::memcpy(s.master, p.data() + s.begin, s.n * sizeof(float));
     std::memcpy(s.m, m.data() + s.begin, s.n * sizeof(float));
@@ -304,16 +296,11 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
   };
   if (coef < 0) {  // per-layer clip
     double n2 = 0;
-    for (const StateSpan& s : spans) n2 += ReducedSumSquares(offset(s).data(), ng, s.n, inv_mb);
+    for (const StateSpan& s : spans) n2 += kernels::ReducedSumSquares(offset(s).data(), ng, s.n, inv_mb);
     coef = ClipCoefficient(std::sqrt(n2), job_.optim.grad_clip);
   }
-  AdamWArgs a;
-  a.lr = LearningRate(job_.optim, step);
-  a.beta1 = job_.optim.beta1;
-  a.beta2 = job_.optim.beta2;
-  a.eps = job_.optim.eps;
-  a.t = step + 1;
-  a.grad_scale = inv_mb * coef;
+  // The step's arguments, weight_decay included (WithDecay drops it per tensor).
+  const AdamWStepArgs a = AdamWStepArgsAt(job_.optim, step, inv_mb * coef);
   const LayerLayout& layout = store_->layout(layer);
   const DType dt = store_->publish_dtype();
   char* out = static_cast<char*>(store_->BeginPublish(layer));
@@ -346,10 +333,8 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
     std::memcpy(undo + 2 * numel + it.lo, it.s->v + k, n * sizeof(float));
     std::vector<const float*> g(grads.size());
     for (size_t w = 0; w < grads.size(); ++w) g[w] = grads[w] + it.lo;
-    AdamWArgs ai = a;
-    ai.weight_decay = it.decay ? job_.optim.weight_decay : 0.0f;
-    if (!AdamWUpdate(ai, it.s->master + k, it.s->m + k, it.s->v + k, g.data(), ng, n, dt,
-                     out + it.lo * DTypeSize(dt))) {
+    if (!kernels::AdamWUpdate(WithDecay(a, it.decay), it.s->master + k, it.s->m + k, it.s->v + k, g.data(),
+                              ng, n, dt, out + it.lo * DTypeSize(dt))) {
       nonfinite.store(true, std::memory_order_relaxed);
     }
   });

@@ -3,7 +3,7 @@
 // arrive per (layer, step, worker) from either transport; as soon as every registered
 // worker's step-t gradient of a layer is in, a TBB flow graph runs, for that layer:
 //   reduce (sum over workers in worker-id order, so the result does not depend on
-//   arrival order) -> [norm for clipping] -> AdamW (vectorised, eps_server/adamw_vec.h)
+//   arrival order) -> [norm for clipping] -> AdamW (vectorised, kernels/cpu/adamw_simd.h)
 //   -> cast into the published dtype in the same pass -> publish version t+1.
 // Different layers update concurrently, and concurrently with the workers' backward of
 // earlier layers.
@@ -55,10 +55,10 @@
 #include <utility>
 #include <vector>
 
+#include "common/adamw.h"
 #include "common/config.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
-#include "eps_server/adamw_vec.h"
 #include "eps_server/param_store.h"
 #include "eps_server/state_span.h"
 
@@ -74,27 +74,23 @@ struct DecayRange {
 // worker's device), on contiguous copies of the layer's state. The pipeline hands over
 // p, m, v (numel fp32 each, updated in place) and the gradient already summed over the
 // workers in worker order (numel fp32, not yet scaled); the updater applies exactly
-// common/adamw.h AdamWStep with `args` (args.weight_decay for ranges with decay, 0
-// otherwise; args.grad_scale scales the summed gradient), so the result is bitwise the
-// daemon's. A non-OK status fails the update like a state I/O fault.
+// common/adamw.h AdamWStep with `args` (WithDecay(args, range.decay): args.weight_decay
+// for ranges with decay, 0 otherwise; args.grad_scale scales the summed gradient), so
+// the result is bitwise the daemon's. A non-OK status fails the update like a state I/O fault.
 // Thread-safety: Update may be called from several pipeline tasks at once (different
 // layers).
 class OffloadedUpdater {
  public:
-  struct Args {
-    float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, grad_scale = 1;
-    int64_t t = 1;  // 1-based step (bias correction)
-  };
   virtual ~OffloadedUpdater() = default;
-  virtual Status Update(int64_t layer, const Args& args, const std::vector<DecayRange>& ranges, float* p,
+  virtual Status Update(int64_t layer, const AdamWStepArgs& args, const std::vector<DecayRange>& ranges, float* p,
                         float* m, float* v, const float* grad_sum, size_t numel) = 0;
 };
 
 // The reference updater: AdamWStep on this host's CPU (what a CPU-backend worker runs).
 class CpuOffloadedUpdater : public OffloadedUpdater {
  public:
-  Status Update(int64_t layer, const Args& args, const std::vector<DecayRange>& ranges, float* p, float* m,
-                float* v, const float* grad_sum, size_t numel) override;
+  Status Update(int64_t layer, const AdamWStepArgs& args, const std::vector<DecayRange>& ranges, float* p,
+                float* m, float* v, const float* grad_sum, size_t numel) override;
 };
 
 // One worker's gradient of one layer: numel fp32 values that stay valid until release()
@@ -290,7 +286,7 @@ class UpdatePipeline {
 
   void MaybeScheduleLocked(int64_t layer) REQUIRES(mu_);
   void RunUpdate(int64_t layer, float clip_coef);
-  Status RunOffloaded(OffloadedUpdater* updater, int64_t layer, const AdamWArgs& a,
+  Status RunOffloaded(OffloadedUpdater* updater, int64_t layer, const AdamWStepArgs& a,
                       const std::vector<StateSpan>& spans, const std::vector<const float*>& grads, float* undo,
                       char* out, std::atomic<bool>* nonfinite);
   void FinishUpdateLocked(int64_t layer, double seconds) REQUIRES(mu_);

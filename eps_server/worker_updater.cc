@@ -92,8 +92,8 @@ Status WorkerUpdater::Fallback(Task* t, const std::string& why, const std::vecto
   return cpu.Update(t->t.layer, t->t.args, ranges, t->p, t->m, t->v, t->g, t->t.numel);
 }
 
-Status WorkerUpdater::Update(int64_t layer, const Args& args, const std::vector<DecayRange>& ranges, float* p,
-                             float* m, float* v, const float* grad_sum, size_t numel) {
+Status WorkerUpdater::Update(int64_t layer, const AdamWStepArgs& args, const std::vector<DecayRange>& ranges,
+                             float* p, float* m, float* v, const float* grad_sum, size_t numel) {
   Task task;
   task.t.layer = layer;
   task.t.step = args.t - 1;

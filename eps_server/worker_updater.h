@@ -37,6 +37,7 @@
 #include <string>
 #include <vector>
 
+#include "common/adamw.h"
 #include "common/shm.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
@@ -59,7 +60,7 @@ struct UpdateTask {
   size_t numel = 0;
   std::string segment;
   size_t p_offset = 0, m_offset = 0, v_offset = 0, g_offset = 0;  // bytes
-  OffloadedUpdater::Args args;
+  AdamWStepArgs args;  // weight_decay for the ranges with decay (WithDecay)
   std::vector<DecayRange> ranges;
 };
 
@@ -84,8 +85,8 @@ class WorkerUpdater : public OffloadedUpdater {
   int eligible() const;
 
   // The pipeline's call (OffloadedUpdater): see the header comment.
-  Status Update(int64_t layer, const Args& args, const std::vector<DecayRange>& ranges, float* p, float* m,
-                float* v, const float* grad_sum, size_t numel) override;
+  Status Update(int64_t layer, const AdamWStepArgs& args, const std::vector<DecayRange>& ranges, float* p,
+                float* m, float* v, const float* grad_sum, size_t numel) override;
 
   // TakeUpdate: waits up to `wait` for a task for worker `id`. std::nullopt-like empty
   // task (id 0) when the wait ran out. FAILED_PRECONDITION when the worker does not take

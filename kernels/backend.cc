@@ -144,8 +144,7 @@ void Backend::RopeBackward(float*, const float*, const float*, int64_t, int64_t,
                            int64_t) {
   NotImplemented(*this, "RopeBackward");
 }
-void Backend::AdamW(float*, const float*, float*, float*, int64_t, float, float, float, float, float, int64_t,
-                    float) {
+void Backend::AdamW(float*, const float*, float*, float*, int64_t, const AdamWStepArgs&) {
   NotImplemented(*this, "AdamW");
 }
 void Backend::SwiGLUForward(float*, const float*, int64_t, int64_t) {

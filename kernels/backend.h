@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "common/adamw.h"
 #include "common/dtype.h"
 #include "common/status.h"
 
@@ -353,10 +354,9 @@ class Backend {
   // ---- asynchronous transfers (optional; see the header comment) ----------------------
   // True when CreateCopyQueue/CreateEvent work (and PinHostRange may).
   // One AdamW step over n device-resident floats, in place: bitwise common/adamw.h
-  // AdamWStep(p, g, m, v, n, lr, beta1, beta2, eps, weight_decay, t, grad_scale) (the
-  // interleaved optimizer's device update: the daemon's result, computed here).
-  virtual void AdamW(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-                     float eps, float weight_decay, int64_t t, float grad_scale);
+  // AdamWStep(p, g, m, v, n, args) (the interleaved optimizer's device update: the
+  // daemon's result, computed here).
+  virtual void AdamW(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStepArgs& args);
 
   virtual bool HasAsyncTransfers() const { return false; }
   // A new copy queue (a stream of its own) / event. UNIMPLEMENTED: the backend has none.

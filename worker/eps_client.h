@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "common/adamw.h"
 #include "common/config.h"
 #include "common/status.h"
 
@@ -114,8 +115,7 @@ struct UpdateAssignment {
   int64_t layer = 0, step = 0, numel = 0;
   std::string segment;
   uint64_t p_offset = 0, m_offset = 0, v_offset = 0, g_offset = 0;
-  float lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0, grad_scale = 1;
-  int64_t t = 1;
+  AdamWStepArgs adamw;  // weight_decay applies to the ranges with decay (WithDecay)
   struct Range {
     int64_t begin = 0, end = 0;
     bool decay = false;

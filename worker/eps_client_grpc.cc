@@ -7,6 +7,7 @@
 #include "common/fault_point.h"
 #include "common/logging.h"
 #include "common/shm.h"
+#include "proto/adamw_proto.h"
 #include "proto/client_channel.h"
 #include "proto/data.grpc.pb.h"
 #include "worker/layer_chunk_reader.h"
@@ -177,13 +178,12 @@ Result<UpdateAssignment> GrpcEpsClient::TakeUpdate(std::chrono::milliseconds wai
   a.m_offset = rep.m_offset();
   a.v_offset = rep.v_offset();
   a.g_offset = rep.g_offset();
-  a.lr = rep.lr();
-  a.beta1 = rep.beta1();
-  a.beta2 = rep.beta2();
-  a.eps = rep.eps();
-  a.weight_decay = rep.weight_decay();
-  a.grad_scale = rep.grad_scale();
-  a.t = rep.t();
+  // A daemon from before AdamWStep (its fields 11-17): no arguments to run the update with.
+  if (!rep.has_adamw()) {
+    return InvalidArgument("TakeUpdate: task " + std::to_string(a.task_id) +
+                           " carries no AdamW arguments (a daemon of another version?)");
+  }
+  a.adamw = FromProto(rep.adamw());
   for (const auto& r : rep.ranges()) a.ranges.push_back({r.begin(), r.end(), r.decay()});
   return a;
 }

@@ -115,7 +115,6 @@ bool FakeEps::TryApply(int64_t step, int64_t layer) {
 void FakeEps::Apply(int64_t step, const std::vector<int64_t>& which) {
   const auto t0 = Clock::now();
   const OptimizerConfig& o = job_.optim;
-  const float lr = LearningRate(o, step);
   double global_sq = 0;
   for (int64_t l : which) {
     const Pending& p = pending_.at({step, l});
@@ -134,10 +133,10 @@ void FakeEps::Apply(int64_t step, const std::vector<int64_t>& which) {
     }
     const float grad_scale = static_cast<float>(scale) * coef;
     layer.prev_master = layer.master;
+    const AdamWStepArgs args = AdamWStepArgsAt(o, step, grad_scale);
     for (const ParamInfo& info : layouts_[l].params) {
-      AdamWStep(layer.master.data() + info.offset, p.sum.data() + info.offset,
-                layer.m.data() + info.offset, layer.v.data() + info.offset, info.numel, lr, o.beta1,
-                o.beta2, o.eps, info.decay ? o.weight_decay : 0.0f, step + 1, grad_scale);
+      AdamWStep(layer.master.data() + info.offset, p.sum.data() + info.offset, layer.m.data() + info.offset,
+                layer.v.data() + info.offset, info.numel, WithDecay(args, info.decay));
     }
     layer.last_grad.resize(p.sum.size());
     for (size_t i = 0; i < p.sum.size(); ++i) layer.last_grad[i] = static_cast<float>(p.sum[i] * scale);

@@ -332,13 +332,11 @@ void ReferenceTrainer::ApplyUpdate() {
   }
   last_clip_ = coef[0];
 
-  const float lr = LearningRate(o, step_);
-  const int64_t t = step_ + 1;
   for (size_t l = 0; l < layouts_.size(); ++l) {
+    const AdamWStepArgs args = AdamWStepArgsAt(o, step_, coef[l]);
     for (const ParamInfo& p : layouts_[l].params) {
       AdamWStep(params_[l].data() + p.offset, g[l].data() + p.offset, m_[l].data() + p.offset,
-                v_[l].data() + p.offset, p.numel, lr, o.beta1, o.beta2, o.eps, p.decay ? o.weight_decay : 0.0f, t,
-                coef[l]);
+                v_[l].data() + p.offset, p.numel, WithDecay(args, p.decay));
     }
   }
   UploadParams();

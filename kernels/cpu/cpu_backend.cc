@@ -138,12 +138,10 @@ void CpuBackend::Axpy(float* dst, const float* src, float alpha, int64_t n) {
   });
 }
 
-void CpuBackend::AdamW(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-                       float eps, float weight_decay, int64_t t, float grad_scale) {
+void CpuBackend::AdamW(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStepArgs& args) {
   InArena([&] {
     ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) {
-      AdamWStep(p + i0, g + i0, m + i0, v + i0, static_cast<size_t>(i1 - i0), lr, beta1, beta2, eps, weight_decay,
-                t, grad_scale);
+      AdamWStep(p + i0, g + i0, m + i0, v + i0, static_cast<size_t>(i1 - i0), args);
     });
   });
 }

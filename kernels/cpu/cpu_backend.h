@@ -73,8 +73,7 @@ class CpuBackend final : public Backend {
   void Axpy(float* dst, const float* src, float alpha, int64_t n) override;
   void Scale(float* x, float alpha, int64_t n) override;
   // common/adamw.h AdamWStep over chunks in parallel (elementwise: the same bits).
-  void AdamW(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-             float eps, float weight_decay, int64_t t, float grad_scale) override;
+  void AdamW(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStepArgs& args) override;
   void GeluForward(float* out, const float* inp, int64_t n) override;
   void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) override;
   // One pass: each row's gradient is written and added to its row chunk's bias partial.

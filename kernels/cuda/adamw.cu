@@ -31,11 +31,11 @@ __global__ void AdamWKernel(float* param, const float* grad, float* m, float* v,
 }  // namespace
 
 void LaunchAdamW(float* p, const float* g, float* m, float* v, int64_t n, const AdamWKernelScalars& c,
-                 float grad_scale, cudaStream_t s) {
+                 cudaStream_t s) {
   if (n <= 0) return;
   L2L_LAUNCH(AdamWKernel, GridFor(n), kThreads, 0, s)(p, g, m, v, n, c.decay_mul, c.one_minus_b1, c.beta2,
                                                       c.one_minus_b2, c.bc2_sqrt, c.neg_step_size, c.eps,
-                                                      grad_scale);
+                                                      c.grad_scale);
   L2L_CUDA_CHECK_LAUNCH();
 }
 

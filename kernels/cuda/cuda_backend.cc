@@ -154,12 +154,12 @@ class CudaBackend final : public Backend {
     MakeCurrent();
     LaunchScale(x, alpha, n, stream());
   }
-  void AdamW(float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2, float eps,
-             float weight_decay, int64_t t, float grad_scale) override {
+  void AdamW(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStepArgs& args) override {
     MakeCurrent();
-    const AdamWScalars a = MakeAdamWScalars(lr, beta1, beta2, eps, weight_decay, t);
-    const AdamWKernelScalars c{a.decay_mul, a.one_minus_b1, a.beta2, a.one_minus_b2, a.bc2_sqrt, a.neg_step_size, a.eps};
-    LaunchAdamW(p, g, m, v, n, c, grad_scale, stream());
+    const AdamWScalars a = MakeAdamWScalars(args);
+    const AdamWKernelScalars c{a.decay_mul, a.one_minus_b1, a.beta2, a.one_minus_b2,
+                               a.bc2_sqrt, a.neg_step_size, a.eps, a.grad_scale};
+    LaunchAdamW(p, g, m, v, n, c, stream());
   }
   void GeluForward(float* out, const float* inp, int64_t n) override {
     MakeCurrent();

@@ -20,12 +20,14 @@ void LaunchAdd(float* out, const float* a, const float* b, int64_t n, cudaStream
 void LaunchAxpy(float* dst, const float* src, float alpha, int64_t n, cudaStream_t s);
 void LaunchScale(float* x, float alpha, int64_t n, cudaStream_t s);
 // ---- adamw.cu: common/adamw.h AdamWStep in place, bitwise (the interleaved optimizer).
-// The scalars are common/adamw.h AdamWScalars (MakeAdamWScalars), field for field.
+// The scalars are those of common/adamw.h AdamWScalars (MakeAdamWScalars) the exact
+// update reads, copied field for field (adamw.cu is nvcc C++17 and does not include
+// common/adamw.h).
 struct AdamWKernelScalars {
-  float decay_mul, one_minus_b1, beta2, one_minus_b2, bc2_sqrt, neg_step_size, eps;
+  float decay_mul, one_minus_b1, beta2, one_minus_b2, bc2_sqrt, neg_step_size, eps, grad_scale;
 };
 void LaunchAdamW(float* p, const float* g, float* m, float* v, int64_t n, const AdamWKernelScalars& c,
-                 float grad_scale, cudaStream_t s);
+                 cudaStream_t s);
 // C (rows, cols) with leading dimension ld: C *= alpha (the K == 0 case of a GEMM).
 void LaunchScaleMatrix(float* c, float alpha, int64_t rows, int64_t cols, int64_t ld,
                        cudaStream_t s);

@@ -93,8 +93,8 @@ std::vector<bool> Mask(const ParamStore& ps, double fraction) {
 // CpuOffloadedUpdater, counting the layers it updated (the offloaded path really ran).
 class CountingUpdater : public OffloadedUpdater {
  public:
-  Status Update(int64_t layer, const Args& a, const std::vector<DecayRange>& r, float* p, float* m, float* v,
-                const float* g, size_t n) override {
+  Status Update(int64_t layer, const AdamWStepArgs& a, const std::vector<DecayRange>& r, float* p, float* m,
+                float* v, const float* g, size_t n) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       ++calls_[layer];
@@ -169,8 +169,8 @@ TEST_CASE("offloaded updates of layers whose state is on the SSD tier equal the 
 
 class FailingUpdater : public OffloadedUpdater {
  public:
-  Status Update(int64_t, const Args&, const std::vector<DecayRange>&, float*, float*, float*, const float*,
-                size_t) override {
+  Status Update(int64_t, const AdamWStepArgs&, const std::vector<DecayRange>&, float*, float*, float*,
+                const float*, size_t) override {
     return Unavailable("device lost");
   }
 };

@@ -75,9 +75,8 @@ std::vector<std::vector<float>> Reference(const JobConfig& job, const ParamStore
       if (job.train.clip == l2l::ClipMode::kPerLayer) coef = ClipCoefficient(std::sqrt(n2[l]), job.optim.grad_clip);
       for (const ParamInfo& pi : ps.layout(l).params) {
         AdamWStep(p[l].data() + pi.offset, sum[l].data() + pi.offset, m[l].data() + pi.offset,
-                  v[l].data() + pi.offset, pi.numel, LearningRate(job.optim, step), job.optim.beta1,
-                  job.optim.beta2, job.optim.eps, pi.decay ? job.optim.weight_decay : 0.0f,
-                  static_cast<int64_t>(step) + 1, inv * coef);
+                  v[l].data() + pi.offset, pi.numel,
+                  WithDecay(AdamWStepArgsAt(job.optim, static_cast<int64_t>(step), inv * coef), pi.decay));
       }
     }
   }

@@ -69,8 +69,7 @@ void Apply(const UpdateTask& t) {
   auto* v = reinterpret_cast<float*>(b + t.v_offset);
   auto* g = reinterpret_cast<const float*>(b + t.g_offset);
   for (const DecayRange& r : t.ranges) {
-    AdamWStep(p + r.begin, g + r.begin, m + r.begin, v + r.begin, r.end - r.begin, t.args.lr, t.args.beta1,
-              t.args.beta2, t.args.eps, r.decay ? t.args.weight_decay : 0.0f, t.args.t, t.args.grad_scale);
+    AdamWStep(p + r.begin, g + r.begin, m + r.begin, v + r.begin, r.end - r.begin, WithDecay(t.args, r.decay));
   }
 }
 

@@ -43,8 +43,9 @@ TEST_CASE("device AdamW is bitwise common/adamw.h AdamWStep", "[gpu][adamw][offl
         CAPTURE(n, t, wd);
         Inputs ref = MakeInputs(n, static_cast<uint32_t>(n * 31 + t));
         Inputs dev = ref;
-        const float lr = 3e-3f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, scale = 1.0f / 6.0f;
-        AdamWStep(ref.p.data(), ref.g.data(), ref.m.data(), ref.v.data(), n, lr, b1, b2, eps, wd, t, scale);
+        const AdamWStepArgs args{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = wd,
+                                 .t = t, .grad_scale = 1.0f / 6.0f};
+        AdamWStep(ref.p.data(), ref.g.data(), ref.m.data(), ref.v.data(), n, args);
         auto mem = b.gpu->Alloc(4 * n * sizeof(float));
         REQUIRE(mem.ok());
         float* d = static_cast<float*>(*mem);
@@ -52,7 +53,7 @@ TEST_CASE("device AdamW is bitwise common/adamw.h AdamWStep", "[gpu][adamw][offl
         b.gpu->CopyToDevice(d + n, dev.m.data(), n * 4);
         b.gpu->CopyToDevice(d + 2 * n, dev.v.data(), n * 4);
         b.gpu->CopyToDevice(d + 3 * n, dev.g.data(), n * 4);
-        b.gpu->AdamW(d, d + 3 * n, d + n, d + 2 * n, static_cast<int64_t>(n), lr, b1, b2, eps, wd, t, scale);
+        b.gpu->AdamW(d, d + 3 * n, d + n, d + 2 * n, static_cast<int64_t>(n), args);
         b.gpu->CopyToHost(dev.p.data(), d, n * 4);
         b.gpu->CopyToHost(dev.m.data(), d + n, n * 4);
         b.gpu->CopyToHost(dev.v.data(), d + 2 * n, n * 4);
@@ -63,8 +64,7 @@ TEST_CASE("device AdamW is bitwise common/adamw.h AdamWStep", "[gpu][adamw][offl
         CHECK(std::memcmp(ref.v.data(), dev.v.data(), n * 4) == 0);
         // The CPU backend's AdamW (what a CPU-backend worker runs) too.
         Inputs cpu = MakeInputs(n, static_cast<uint32_t>(n * 31 + t));
-        b.cpu->AdamW(cpu.p.data(), cpu.g.data(), cpu.m.data(), cpu.v.data(), static_cast<int64_t>(n), lr, b1, b2,
-                     eps, wd, t, scale);
+        b.cpu->AdamW(cpu.p.data(), cpu.g.data(), cpu.m.data(), cpu.v.data(), static_cast<int64_t>(n), args);
         CHECK(std::memcmp(ref.p.data(), cpu.p.data(), n * 4) == 0);
         CHECK(std::memcmp(ref.v.data(), cpu.v.data(), n * 4) == 0);
       }
@@ -94,20 +94,14 @@ TEST_CASE("a worker's device update of an exchange segment is bitwise AdamWStep,
   a.m_offset = array_bytes;
   a.v_offset = 2 * array_bytes;
   a.g_offset = 3 * array_bytes;
-  a.lr = 1e-3f;
-  a.beta1 = 0.9f;
-  a.beta2 = 0.999f;
-  a.eps = 1e-6f;
-  a.weight_decay = 0.05f;
-  a.grad_scale = 0.5f;
-  a.t = 3;
+  a.adamw = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-6f, .weight_decay = 0.05f, .t = 3,
+             .grad_scale = 0.5f};
   a.ranges = {{0, 1000, true}, {1000, 1001, false}, {1001, 3001, true}};
   REQUIRE(u.Run(a, seg.data(), seg.size()).ok());
   Inputs ref = in;
   for (const auto& r : a.ranges) {
     AdamWStep(ref.p.data() + r.begin, ref.g.data() + r.begin, ref.m.data() + r.begin, ref.v.data() + r.begin,
-              static_cast<size_t>(r.end - r.begin), a.lr, a.beta1, a.beta2, a.eps, r.decay ? a.weight_decay : 0.0f,
-              a.t, a.grad_scale);
+              static_cast<size_t>(r.end - r.begin), WithDecay(a.adamw, r.decay));
   }
   CHECK(std::memcmp(seg.data(), ref.p.data(), n * 4) == 0);
   CHECK(std::memcmp(seg.data() + array_bytes, ref.m.data(), n * 4) == 0);

@@ -65,9 +65,8 @@ struct Reference {
     for (size_t l = 0; l < layouts.size(); ++l) {
       for (const ParamInfo& pi : layouts[l].params) {
         AdamWStep(p[l].data() + pi.offset, sum[l].data() + pi.offset, m[l].data() + pi.offset,
-                  v[l].data() + pi.offset, pi.numel, LearningRate(job.optim, step), job.optim.beta1,
-                  job.optim.beta2, job.optim.eps, pi.decay ? job.optim.weight_decay : 0.0f, step + 1,
-                  inv * coef);
+                  v[l].data() + pi.offset, pi.numel,
+                  WithDecay(AdamWStepArgsAt(job.optim, step, inv * coef), pi.decay));
       }
     }
   }

@@ -1,13 +1,16 @@
 // Tests for common/adamw: the AdamW update against a double-precision transcription of
 // the algorithm (Loshchilov & Hutter, as torch.optim.AdamW documents it), the learning
 // rate schedule at chosen steps (values worked out by hand below), and the clip
-// coefficient (torch.nn.utils.clip_grad_norm_'s max_norm / (norm + 1e-6)).
+// coefficient (torch.nn.utils.clip_grad_norm_'s max_norm / (norm + 1e-6)); a step's
+// AdamWStepArgs formed from the job's OptimizerConfig, and their wire form
+// (proto/adamw_proto.h) field for field.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <vector>
 
 #include "common/adamw.h"
+#include "proto/adamw_proto.h"
 
 namespace l2l {
 namespace {
@@ -28,8 +31,10 @@ TEST_CASE("AdamWStep matches the double-precision AdamW formula over several ste
           // Different magnitudes per element, including tiny gradients where eps matters.
           g[i] = static_cast<float>(std::cos(1.3 * i + t) * std::pow(10.0, -static_cast<double>(i % 9)));
         }
-        AdamWStep(p.data(), g.data(), m.data(), v.data(), n, static_cast<float>(lr), static_cast<float>(b1),
-                  static_cast<float>(b2), static_cast<float>(eps), static_cast<float>(wd), t, grad_scale);
+        AdamWStep(p.data(), g.data(), m.data(), v.data(), n,
+                  {.lr = static_cast<float>(lr), .beta1 = static_cast<float>(b1), .beta2 = static_cast<float>(b2),
+                   .eps = static_cast<float>(eps), .weight_decay = static_cast<float>(wd), .t = t,
+                   .grad_scale = grad_scale});
         for (size_t i = 0; i < n; ++i) {
           const double gi = static_cast<double>(g[i]) * grad_scale;
           pd[i] *= 1.0 - lr * wd;
@@ -60,13 +65,15 @@ TEST_CASE("AdamWStep's first step moves each parameter by about lr*sign(grad)", 
   // After one step with zero moments, mhat = g and vhat = g^2, so the update is
   // lr * g / (|g| + eps): a fact of the algorithm, independent of the implementation.
   float p[3] = {1.f, -2.f, 0.5f}, g[3] = {0.3f, -5.f, 1e-3f}, m[3] = {}, v[3] = {};
-  AdamWStep(p, g, m, v, 3, 0.01f, 0.9f, 0.999f, 1e-8f, 0.f, 1, 1.f);
+  AdamWStep(p, g, m, v, 3,
+            {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.f, .t = 1, .grad_scale = 1.f});
   CHECK(p[0] == Approx(0.99f).epsilon(1e-6));
   CHECK(p[1] == Approx(-1.99f).epsilon(1e-6));
   CHECK(p[2] == Approx(0.49f).epsilon(1e-5));
   // Decoupled weight decay with zero gradient: p *= (1 - lr*wd) exactly, nothing else.
   float q[1] = {2.f}, z[1] = {0.f}, mq[1] = {}, vq[1] = {};
-  AdamWStep(q, z, mq, vq, 1, 0.1f, 0.9f, 0.999f, 1e-8f, 0.5f, 1, 1.f);
+  AdamWStep(q, z, mq, vq, 1,
+            {.lr = 0.1f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.5f, .t = 1, .grad_scale = 1.f});
   CHECK(q[0] == Approx(2.f * (1 - 0.05f)).epsilon(1e-7));
 }
 
@@ -107,6 +114,46 @@ TEST_CASE("ClipCoefficient clips like torch clip_grad_norm_", "[adamw]") {
   CHECK(ClipCoefficient(1e9, -1.0f) == 1.0f);  // disabled
   const float x[4] = {1.f, -2.f, 3.f, 0.5f};
   CHECK(SumSquares(x, 4) == 14.25);
+}
+
+TEST_CASE("AdamWStepArgsAt forms a step's arguments from the job's optimizer config", "[adamw]") {
+  OptimizerConfig c;
+  c.lr = 1e-3f;
+  c.warmup_steps = 10;
+  c.beta1 = 0.8f;
+  c.beta2 = 0.99f;
+  c.eps = 1e-6f;
+  c.weight_decay = 0.05f;
+  const AdamWStepArgs a = AdamWStepArgsAt(c, 4, 0.25f);
+  CHECK(a.lr == LearningRate(c, 4));
+  CHECK(a.beta1 == 0.8f);
+  CHECK(a.beta2 == 0.99f);
+  CHECK(a.eps == 1e-6f);
+  CHECK(a.weight_decay == 0.05f);
+  CHECK(a.t == 5);
+  CHECK(a.grad_scale == 0.25f);
+  CHECK(WithDecay(a, true).weight_decay == 0.05f);
+  const AdamWStepArgs nd = WithDecay(a, false);
+  CHECK(nd.weight_decay == 0.0f);
+  CHECK((nd.lr == a.lr && nd.beta1 == a.beta1 && nd.beta2 == a.beta2 && nd.eps == a.eps && nd.t == a.t &&
+         nd.grad_scale == a.grad_scale));
+}
+
+TEST_CASE("AdamWStepArgs cross the wire (data.proto AdamWStep) bit for bit", "[adamw]") {
+  const AdamWStepArgs a{.lr = 3.0e-4f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f,
+                        .t = int64_t{1} << 40, .grad_scale = 1.0f / 3.0f};
+  data::v1::AdamWStep msg;
+  ToProto(a, &msg);
+  data::v1::AdamWStep wire;
+  REQUIRE(wire.ParseFromString(msg.SerializeAsString()));
+  const AdamWStepArgs b = FromProto(wire);
+  CHECK(b.lr == a.lr);
+  CHECK(b.beta1 == a.beta1);
+  CHECK(b.beta2 == a.beta2);
+  CHECK(b.eps == a.eps);
+  CHECK(b.weight_decay == a.weight_decay);
+  CHECK(b.t == a.t);
+  CHECK(b.grad_scale == a.grad_scale);
 }
 
 }  // namespace

@@ -1,8 +1,8 @@
 // Vectorised AdamW (scalar / AVX2 / AVX-512 paths, exact and fast arithmetic). See
-// adamw_vec.h. Compiled with -ffp-contract=off (eps_server/CMakeLists.txt): contracting
+// adamw_simd.h. Compiled with -ffp-contract=off (kernels/CMakeLists.txt): contracting
 // mul+add into FMA would change rounding and break the exact paths' bit-equality with
 // common/adamw.h; the fast paths ask for their fused multiply-adds explicitly.
-#include "eps_server/adamw_vec.h"
+#include "kernels/cpu/adamw_simd.h"
 
 // GCC 12's avx512fintrin.h trips -Wmaybe-uninitialized on its own _mm512_undefined_*
 // (clang has no such warning, and would warn about the unknown name).
@@ -14,43 +14,20 @@
 #include <cmath>
 #include <cstring>
 
-namespace l2l::eps {
+namespace l2l::kernels {
 namespace {
-
-// The per-step scalars, formed exactly as common/adamw.cc AdamWStep forms them.
-// inv_bc2_sqrt is used by the fast arithmetic only (a multiply instead of a divide).
-struct Consts {
-  float decay_mul, one_minus_b1, beta2, one_minus_b2, bc2_sqrt, inv_bc2_sqrt, eps, neg_step_size, scale;
-};
-
-Consts MakeConsts(const AdamWArgs& a) {
-  Consts c;
-  c.decay_mul = static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay);
-  const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.t));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.t));
-  const float step_size = static_cast<float>(static_cast<double>(a.lr) / bc1);
-  c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  c.inv_bc2_sqrt = static_cast<float>(1.0 / std::sqrt(bc2));
-  c.one_minus_b1 = static_cast<float>(1.0 - static_cast<double>(a.beta1));
-  c.one_minus_b2 = static_cast<float>(1.0 - static_cast<double>(a.beta2));
-  c.beta2 = a.beta2;
-  c.eps = a.eps;
-  c.neg_step_size = -step_size;
-  c.scale = a.grad_scale;
-  return c;
-}
 
 // One element; the tail of the vector paths and the whole scalar path. kFast: the
 // arithmetic of AdamWUpdateFast (fused multiply-adds, a multiply by 1/sqrt(1-b2^t)).
 // Returns whether every scaled gradient element was finite.
 template <bool kFast>
-inline bool ScalarRange(const Consts& c, float* param, float* m, float* v, const float* const* grads,
+inline bool ScalarRange(const AdamWScalars& c, float* param, float* m, float* v, const float* const* grads,
                         int ng, size_t begin, size_t end, DType od, void* out) {
   bool finite = true;
   for (size_t i = begin; i < end; ++i) {
     float gs = grads[0][i];
     for (int w = 1; w < ng; ++w) gs = gs + grads[w][i];
-    const float g = gs * c.scale;
+    const float g = gs * c.grad_scale;
     finite = finite && std::isfinite(g);
     float mi, vi, p;
     if constexpr (kFast) {
@@ -104,14 +81,14 @@ inline bool ScalarRange(const Consts& c, float* param, float* m, float* v, const
   P##_storeu_ps(param + i, p)
 
 template <bool kFast>
-__attribute__((target("avx2,fma"))) bool Avx2Range(const Consts& c, float* param, float* m, float* v,
-                                               const float* const* grads, int ng, size_t n,
-                                               DType od, void* out) {
+__attribute__((target("avx2,fma"))) bool Avx2Range(const AdamWScalars& c, float* param, float* m, float* v,
+                                                   const float* const* grads, int ng, size_t n, DType od,
+                                                   void* out) {
   const __m256 decay_mul = _mm256_set1_ps(c.decay_mul), omb1 = _mm256_set1_ps(c.one_minus_b1);
   const __m256 b2 = _mm256_set1_ps(c.beta2), omb2 = _mm256_set1_ps(c.one_minus_b2);
   const __m256 bc2s = _mm256_set1_ps(c.bc2_sqrt), eps = _mm256_set1_ps(c.eps);
   const __m256 inv_bc2s = _mm256_set1_ps(c.inv_bc2_sqrt);
-  const __m256 nss = _mm256_set1_ps(c.neg_step_size), scale = _mm256_set1_ps(c.scale);
+  const __m256 nss = _mm256_set1_ps(c.neg_step_size), scale = _mm256_set1_ps(c.grad_scale);
   const __m256i round_bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1);
   const __m256i abs_mask = _mm256_set1_epi32(0x7fffffff), inf = _mm256_set1_epi32(0x7f800000);
   const __m256i quiet = _mm256_set1_epi32(0x40);
@@ -147,14 +124,14 @@ __attribute__((target("avx2,fma"))) bool Avx2Range(const Consts& c, float* param
 }
 
 template <bool kFast>
-__attribute__((target("avx512f"))) bool Avx512Range(const Consts& c, float* param, float* m,
-                                                   float* v, const float* const* grads, int ng,
-                                                   size_t n, DType od, void* out) {
+__attribute__((target("avx512f"))) bool Avx512Range(const AdamWScalars& c, float* param, float* m, float* v,
+                                                    const float* const* grads, int ng, size_t n, DType od,
+                                                    void* out) {
   const __m512 decay_mul = _mm512_set1_ps(c.decay_mul), omb1 = _mm512_set1_ps(c.one_minus_b1);
   const __m512 b2 = _mm512_set1_ps(c.beta2), omb2 = _mm512_set1_ps(c.one_minus_b2);
   const __m512 bc2s = _mm512_set1_ps(c.bc2_sqrt), eps = _mm512_set1_ps(c.eps);
   const __m512 inv_bc2s = _mm512_set1_ps(c.inv_bc2_sqrt);
-  const __m512 nss = _mm512_set1_ps(c.neg_step_size), scale = _mm512_set1_ps(c.scale);
+  const __m512 nss = _mm512_set1_ps(c.neg_step_size), scale = _mm512_set1_ps(c.grad_scale);
   const __m512i round_bias = _mm512_set1_epi32(0x7fff), one = _mm512_set1_epi32(1);
   const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), inf = _mm512_set1_epi32(0x7f800000);
   const __m512i quiet = _mm512_set1_epi32(0x40);
@@ -218,12 +195,12 @@ SimdLevel ResolveSimdLevel(SimdLevel requested) {
 namespace {
 
 template <bool kFast>
-bool Dispatch(const AdamWArgs& a, float* param, float* m, float* v, const float* const* grads,
+bool Dispatch(const AdamWStepArgs& a, float* param, float* m, float* v, const float* const* grads,
               int num_grads, size_t n, DType out_dtype, void* out, SimdLevel level) {
   L2L_CHECK(num_grads >= 1) << "AdamWUpdate needs at least one gradient";
   L2L_CHECK(out == nullptr || out_dtype == DType::kF32 || out_dtype == DType::kBF16)
       << "published dtype " << DTypeName(out_dtype) << " not supported";
-  const Consts c = MakeConsts(a);
+  const AdamWScalars c = MakeAdamWScalars(a);
   switch (ResolveSimdLevel(level)) {
     case SimdLevel::kAvx512: return Avx512Range<kFast>(c, param, m, v, grads, num_grads, n, out_dtype, out);
     case SimdLevel::kAvx2: return Avx2Range<kFast>(c, param, m, v, grads, num_grads, n, out_dtype, out);
@@ -234,12 +211,12 @@ bool Dispatch(const AdamWArgs& a, float* param, float* m, float* v, const float*
 
 }  // namespace
 
-bool AdamWUpdate(const AdamWArgs& a, float* param, float* m, float* v, const float* const* grads,
+bool AdamWUpdate(const AdamWStepArgs& a, float* param, float* m, float* v, const float* const* grads,
                  int num_grads, size_t n, DType out_dtype, void* out, SimdLevel level) {
   return Dispatch<false>(a, param, m, v, grads, num_grads, n, out_dtype, out, level);
 }
 
-bool AdamWUpdateFast(const AdamWArgs& a, float* param, float* m, float* v, const float* const* grads,
+bool AdamWUpdateFast(const AdamWStepArgs& a, float* param, float* m, float* v, const float* const* grads,
                      int num_grads, size_t n, DType out_dtype, void* out, SimdLevel level) {
   return Dispatch<true>(a, param, m, v, grads, num_grads, n, out_dtype, out, level);
 }
@@ -255,4 +232,4 @@ double ReducedSumSquares(const float* const* grads, int num_grads, size_t n, flo
   return s;
 }
 
-}  // namespace l2l::eps
+}  // namespace l2l::kernels

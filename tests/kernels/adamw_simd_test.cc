@@ -1,4 +1,4 @@
-// Vectorised AdamW (eps_server/adamw_vec.h) against the scalar reference
+// Vectorised AdamW (kernels/cpu/adamw_simd.h) against the scalar reference
 // common/adamw.h AdamWStep: bit-identical on every code path this CPU supports, for
 // several sizes (tails), unaligned starts, worker counts, weight decay and the bf16 copy.
 // The fast arithmetic (AdamWUpdateFast): every path equal to its scalar path, and within
@@ -14,9 +14,9 @@
 
 #include "common/adamw.h"
 #include "common/dtype.h"
-#include "eps_server/adamw_vec.h"
+#include "kernels/cpu/adamw_simd.h"
 
-namespace l2l::eps {
+namespace l2l::kernels {
 namespace {
 
 std::vector<float> Random(size_t n, uint32_t seed, float scale) {
@@ -56,12 +56,9 @@ TEST_CASE("AdamWUpdate equals the scalar AdamWStep bit for bit", "[eps][adamw]")
     }
     const float scale = 1.0f / 6.0f * 0.75f;
     auto rp = p0, rm = m0, rv = v0;
-    AdamWStep(rp.data(), gsum.data(), rm.data(), rv.data(), n, 3e-3f, 0.9f, 0.95f, 1e-8f, wd, t, scale);
-    AdamWArgs a;
-    a.lr = 3e-3f;
-    a.weight_decay = wd;
-    a.t = t;
-    a.grad_scale = scale;
+    const AdamWStepArgs a{.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = wd, .t = t,
+                          .grad_scale = scale};
+    AdamWStep(rp.data(), gsum.data(), rm.data(), rv.data(), n, a);
     for (DType dt : {DType::kBF16, DType::kF32}) {
       auto vp = p0, vm = m0, vv = v0;
       std::vector<uint16_t> bf(n);
@@ -94,13 +91,9 @@ TEST_CASE("AdamWUpdate is bit-identical to AdamWStep from unaligned starts", "[e
     auto v = Random(n + offset, 10, 0.01f);
     for (auto& x : v) x = x * x;
     auto rp = p, rm = m, rv = v;
-    AdamWStep(rp.data() + offset, g.data() + offset, rm.data() + offset, rv.data() + offset, n, 1e-3f, 0.9f,
-              0.95f, 1e-8f, 0.1f, 3, 0.5f);
-    AdamWArgs a;
-    a.lr = 1e-3f;
-    a.weight_decay = 0.1f;
-    a.t = 3;
-    a.grad_scale = 0.5f;
+    const AdamWStepArgs a{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .t = 3,
+                          .grad_scale = 0.5f};
+    AdamWStep(rp.data() + offset, g.data() + offset, rm.data() + offset, rv.data() + offset, n, a);
     const float* gp = g.data() + offset;
     std::vector<uint16_t> bf(n + offset);
     AdamWUpdate(a, p.data() + offset, m.data() + offset, v.data() + offset, &gp, 1, n, DType::kBF16,
@@ -117,7 +110,7 @@ TEST_CASE("AdamWUpdateFast: every path equals the scalar one and the update with
   const size_t offset = GENERATE(0, 3);
   const int workers = GENERATE(1, 3);
   const int64_t t = GENERATE(1, 7);
-  AdamWArgs a;
+  AdamWStepArgs a;
   a.lr = 3e-3f;
   a.weight_decay = 0.1f;
   a.t = t;
@@ -208,7 +201,7 @@ TEST_CASE("AdamWUpdate's bf16 cast rounds to nearest even and keeps NaN and Inf"
     std::vector<float> m(n, 0.0f), v(n, 0.0f), g(n, 0.0f);
     const float* gp = g.data();
     std::vector<uint16_t> out(n);
-    AdamWArgs a;
+    AdamWStepArgs a;
     a.lr = 0.0f;
     AdamWUpdate(a, q.data(), m.data(), v.data(), &gp, 1, n, DType::kBF16, out.data(),
                 static_cast<SimdLevel>(lvl));
@@ -242,7 +235,7 @@ TEST_CASE("AdamWUpdate reports a non-finite reduced gradient on every code path,
       g0[c.at] = c.g0;
       g1[c.at] = c.g1;
       const float* gp[2] = {g0.data(), g1.data()};
-      AdamWArgs a;
+      AdamWStepArgs a;
       a.lr = 1e-3f;
       CHECK(AdamWUpdate(a, p.data(), m.data(), v.data(), gp, 2, n, DType::kF32, nullptr,
                         static_cast<SimdLevel>(lvl)) == c.finite);
@@ -250,4 +243,4 @@ TEST_CASE("AdamWUpdate reports a non-finite reduced gradient on every code path,
   }
 }
 
-}  // namespace l2l::eps
+}  // namespace l2l::kernels
