@@ -83,7 +83,7 @@ Result<int64_t> EnvInt(EnvVar v);
 template <typename E>
 Result<std::optional<E>> EnvEnum(EnvVar v, Result<E> (*parse)(std::string_view));
 
-// The checks behind the accessors, on given text (for tests and for ParseEnv callers).
+// The checks behind the accessors, on given text (public for tests).
 Result<bool> ParseEnvBool(const EnvVarInfo& info, const std::string& text);
 Result<int64_t> ParseEnvInt(const EnvVarInfo& info, const std::string& text);
 // kEnum: OK when `text` is one of info.values.
