@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "common/env.h"
+
 namespace l2l {
 namespace {
 
@@ -134,8 +136,7 @@ bool BearerMatches(std::string_view v, std::string_view token) {
 
 std::string TokenFileFromFlagOrEnv(const std::string& flag) {
   if (!flag.empty()) return flag;
-  const char* env = std::getenv(kTokenFileEnv);
-  return env != nullptr ? std::string(env) : std::string();
+  return EnvString(EnvVar::kTokenFile);
 }
 
 }  // namespace l2l

@@ -21,7 +21,6 @@
 
 namespace l2l {
 
-inline constexpr const char* kTokenFileEnv = "L2L_TOKEN_FILE";
 inline constexpr size_t kMaxTokenBytes = 4096;
 
 // Reads the shared token from `path`. Refused (PermissionDenied / InvalidArgument,

@@ -23,6 +23,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "common/env.h"
 #include "common/model_spec_table.h"
 #include "common/models/registry.h"
 #include "common/tokens_file.h"
@@ -66,7 +67,7 @@ Result<std::string> FindPreset(const std::string& name, const std::string& base_
       return InvalidArgument("preset name '" + name + "' must be letters, digits, '-', '_' or '.', or a path to a .yaml file");
     }
     const std::string file = name + ".yaml";
-    if (const char* env = std::getenv("L2L_CONFIG_DIR"); env != nullptr && *env != '\0') {
+    if (const std::string env = EnvString(EnvVar::kConfigDir); !env.empty()) {
       candidates.push_back(fs::path(env) / "models" / file);
     }
     candidates.push_back(base / "models" / file);
@@ -233,19 +234,9 @@ Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg,
   if (!cfg->model_from.empty()) return Status::Ok();  // the model comes with ResolveModelFrom
   // The per-field reads above check what one value can; JobConfig::Validate is the one
   // place for the rest. Its message starts "section.key=value"; point at that key's line.
-  auto located = [&](const Status& st) -> Status {
-    std::string where = doc.origin;
-    const std::string key = st.message().substr(0, st.message().find('='));
-    const size_t dot = key.find('.');
-    if (dot != std::string::npos && key.find(' ') == std::string::npos && root.Has(key.substr(0, dot))) {
-      L2L_ASSIGN_OR_RETURN(YamlMap section, root.Map(key.substr(0, dot)));
-      if (section.Has(key.substr(dot + 1))) where = section.Where(key.substr(dot + 1));
-    }
-    return InvalidArgument(where + ": " + st.message());
-  };
-  if (Status st = cfg->Validate(); !st.ok()) return located(st);
+  if (Status st = cfg->Validate(); !st.ok()) return root.Locate(st);
   if (check_files) {
-    if (Status st = CheckEvalData(*cfg); !st.ok()) return located(st);
+    if (Status st = CheckEvalData(*cfg); !st.ok()) return root.Locate(st);
   }
   return Status::Ok();
 }

@@ -1,4 +1,5 @@
-// L2L_FAULT_AT parsing and the per-site hit counters (see fault_point.h).
+// L2L_FAULT_AT / L2L_DELAY_AT / L2L_STOP_AT parsing (read through common/env.h) and the
+// per-site hit counters (see fault_point.h).
 #include "common/fault_point.h"
 
 #include <signal.h>
@@ -9,9 +10,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "common/env.h"
 
 namespace l2l {
 namespace {
@@ -23,11 +27,12 @@ struct Site {
 };
 
 // Parsed once, on the first FaultPoint call; never freed (sites may be hit at exit).
-std::vector<Site*>* ParseSites(const char* var) {
+std::vector<Site*>* ParseSites(EnvVar var_id) {
   auto* sites = new std::vector<Site*>();
-  const char* env = std::getenv(var);
-  if (env == nullptr || *env == '\0') return sites;
-  std::string s(env);
+  const std::optional<std::string> env = EnvText(var_id);
+  if (!env) return sites;
+  const char* var = EnvInfo(var_id).name;
+  const std::string& s = *env;
   size_t pos = 0;
   while (pos <= s.size()) {
     const size_t end = std::min(s.find(',', pos), s.size());
@@ -62,9 +67,9 @@ void Say(const char* what, const char* site) {
 }  // namespace
 
 void FaultPoint(const char* site) {
-  static const std::vector<Site*>* sites = ParseSites("L2L_FAULT_AT");
-  static const std::vector<Site*>* delays = ParseSites("L2L_DELAY_AT");
-  static const std::vector<Site*>* stops = ParseSites("L2L_STOP_AT");
+  static const std::vector<Site*>* sites = ParseSites(EnvVar::kFaultAt);
+  static const std::vector<Site*>* delays = ParseSites(EnvVar::kDelayAt);
+  static const std::vector<Site*>* stops = ParseSites(EnvVar::kStopAt);
   for (const Site* d : *delays) {
     if (d->name == site) std::this_thread::sleep_for(std::chrono::milliseconds(d->at));
   }

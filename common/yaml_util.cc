@@ -150,6 +150,22 @@ Status YamlMap::Error(const std::string& key, const std::string& msg) const {
   return InvalidArgument(Where(key) + ": " + KeyPath(key) + ": " + msg);
 }
 
+Status YamlMap::Locate(const Status& st) {
+  if (st.ok()) return st;
+  const std::string key = st.message().substr(0, st.message().find('='));
+  std::string where = origin_;
+  if (!key.empty() && key.find(' ') == std::string::npos) {
+    const size_t dot = key.find('.');
+    if (dot == std::string::npos) {
+      if (Has(key)) where = Where(key);
+    } else if (Has(key.substr(0, dot))) {
+      Result<YamlMap> section = Map(key.substr(0, dot));
+      if (section.ok() && section->Has(key.substr(dot + 1))) where = section->Where(key.substr(dot + 1));
+    }
+  }
+  return InvalidArgument(where + ": " + st.message());
+}
+
 Result<YamlMap> YamlMap::Map(const std::string& key) {
   known_.insert(key);
   YAML::Node k, v;

@@ -98,6 +98,10 @@ class YamlMap {
   std::string KeyPath(const std::string& key) const;
   // An InvalidArgument "<where key>: <key path>: <msg>" (for cross-field checks).
   Status Error(const std::string& key, const std::string& msg) const;
+  // A Validate() failure whose message starts "<key>=<value>" or "<section>.<key>=<value>"
+  // (the options structs' convention), as InvalidArgument "<origin>:<line of that key>:
+  // <message>" ("<origin>: <message>" when the key is not in this map's document).
+  Status Locate(const Status& st);
   const std::string& origin() const { return origin_; }
   const YAML::Node& node() const { return node_; }
 

@@ -1,86 +1,93 @@
-// YAML loading of EpsConfig. See eps_config.h.
+// YAML loading of EpsConfig through common/yaml_util.h (as the job's config is read, so
+// errors have the same shape: "<file>:<line>: <key path>: expected ..., found '...'").
+// See eps_config.h.
 #include "eps_server/eps_config.h"
 
-#include <yaml-cpp/yaml.h>
+#include <limits>
 
-#include <fstream>
-#include <sstream>
+#include "common/yaml_util.h"
 
 namespace l2l::eps {
 namespace {
 
-std::string At(const std::string& origin, const YAML::Node& n) {
-  return origin + ":" + std::to_string(n.Mark().line + 1);
-}
+constexpr IntRange kPositive{.min = 1};
+constexpr IntRange kNonNegative{.min = 0};
 
-template <typename T>
-Status Read(const YAML::Node& n, const std::string& origin, const std::string& key, T* out) {
-  try {
-    *out = n.as<T>();
-  } catch (const std::exception& e) {
-    return InvalidArgument(At(origin, n) + ": " + key + ": cannot read '" + n.Scalar() + "'");
+// publish_dtype: "" = the job's (no override), else f32 | bf16.
+Status ReadPublishDtype(YamlMap* root, std::optional<DType>* out) {
+  if (!root->Has("publish_dtype")) return Status::Ok();
+  std::string name;
+  L2L_RETURN_IF_ERROR(root->Get("publish_dtype", &name));
+  if (name.empty()) {
+    out->reset();
+    return Status::Ok();
   }
+  L2L_RETURN_IF_ERROR(root->GetChoice("publish_dtype", &name, {"f32", "bf16"}));
+  *out = ParseDType(name).value();
   return Status::Ok();
 }
 
-// A mode name (common/modes.h), parsed here at the edge.
-template <typename E>
-Status ReadEnum(const YAML::Node& n, const std::string& origin, const std::string& key, E* out,
-                Result<E> (*parse)(std::string_view)) {
-  std::string text;
-  L2L_RETURN_IF_ERROR(Read(n, origin, key, &text));
-  Result<E> e = parse(text);
-  if (!e.ok()) return InvalidArgument(At(origin, n) + ": " + key + ": " + e.status().message());
-  *out = *e;
-  return Status::Ok();
+Status ReadMemory(YamlMap* root, EpsConfig* c) {
+  L2L_ASSIGN_OR_RETURN(YamlMap m, root->Map("memory"));
+  L2L_RETURN_IF_ERROR(m.Get("host_bytes", &c->host_bytes, kNonNegative));
+  L2L_RETURN_IF_ERROR(m.Get("page_bytes", &c->page_bytes, kPositive));
+  return m.Finish();
 }
 
-Status ApplyMap(const YAML::Node& root, const std::string& origin, const std::string& prefix, EpsConfig* c) {
-  for (auto it = root.begin(); it != root.end(); ++it) {
-    const std::string key = prefix + it->first.as<std::string>();
-    const YAML::Node v = it->second;  // a copy: *it is a temporary
-    if (key == "memory" || key == "checkpoint" || key == "tls" || key == "auth" || key == "spill") {
-      if (!v.IsMap()) return InvalidArgument(At(origin, v) + ": " + key + " must be a mapping");
-      L2L_RETURN_IF_ERROR(ApplyMap(v, origin, key + ".", c));
-    } else if (key == "listen") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->listen));
-    } else if (key == "allow_remote") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->allow_remote));
-    } else if (key == "state_dir") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->state_dir));
-    } else if (key == "job_id") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->job_id));
-    } else if (key == "memory.host_bytes") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->host_bytes));
-    } else if (key == "memory.page_bytes") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->page_bytes));
-    } else if (key == "publish_dtype") {
-      std::string name;
-      L2L_RETURN_IF_ERROR(Read(v, origin, key, &name));
-      if (name.empty()) {
-        c->publish_dtype.reset();  // "": the job's publish dtype
-      } else {
-        DType d = DType::kF32;
-        L2L_RETURN_IF_ERROR(ReadEnum(v, origin, key, &d, +[](std::string_view s) { return ParseDType(std::string(s)); }));
-        c->publish_dtype = d;
-      }
-    } else if (key == "expected_workers") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->expected_workers));
-    } else if (key == "heartbeat_timeout_ms") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->heartbeat_timeout_ms));
-    } else if (key == "update_deadline_ms") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->update_deadline_ms));
-    } else if (key == "on_worker_loss") { L2L_RETURN_IF_ERROR(ReadEnum(v, origin, key, &c->on_worker_loss, ParseOnWorkerLoss));
-    } else if (key == "transport") { L2L_RETURN_IF_ERROR(ReadEnum(v, origin, key, &c->transport, ParseTransport));
-    } else if (key == "checkpoint.dir") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->checkpoint_dir));
-    } else if (key == "checkpoint.every") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->checkpoint_every));
-    } else if (key == "allow_absolute_paths") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->allow_absolute_paths));
-    } else if (key == "tls.cert") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->tls_cert));
-    } else if (key == "tls.key") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->tls_key));
-    } else if (key == "auth.token_file") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->auth_token_file));
-    } else if (key == "insecure") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->insecure));
-    } else if (key == "spill.dir") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->spill_dir));
-    } else if (key == "spill.queue_depth") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->spill_queue_depth));
-    } else if (key == "spill.block_bytes") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->spill_block_bytes));
-    } else if (key == "spill.prefetch_layers") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->spill_prefetch_layers));
-    } else if (key == "spill.pool_bytes") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->spill_pool_bytes));
-    } else if (key == "spill.direct") { L2L_RETURN_IF_ERROR(Read(v, origin, key, &c->spill_direct));
-    } else {
-      return InvalidArgument(At(origin, YAML::Node(it->first)) + ": unknown key '" + key + "'");
-    }
-  }
-  return Status::Ok();
+Status ReadCheckpoint(YamlMap* root, EpsConfig* c) {
+  L2L_ASSIGN_OR_RETURN(YamlMap m, root->Map("checkpoint"));
+  L2L_RETURN_IF_ERROR(m.Get("dir", &c->checkpoint_dir));
+  L2L_RETURN_IF_ERROR(m.Get("every", &c->checkpoint_every, kNonNegative));
+  return m.Finish();
+}
+
+Status ReadSecurity(YamlMap* root, EpsConfig* c) {
+  L2L_ASSIGN_OR_RETURN(YamlMap tls, root->Map("tls"));
+  L2L_RETURN_IF_ERROR(tls.Get("cert", &c->tls_cert));
+  L2L_RETURN_IF_ERROR(tls.Get("key", &c->tls_key));
+  L2L_RETURN_IF_ERROR(tls.Finish());
+  L2L_ASSIGN_OR_RETURN(YamlMap auth, root->Map("auth"));
+  L2L_RETURN_IF_ERROR(auth.Get("token_file", &c->auth_token_file));
+  L2L_RETURN_IF_ERROR(auth.Finish());
+  return root->Get("insecure", &c->insecure);
+}
+
+Status ReadSpill(YamlMap* root, EpsConfig* c) {
+  L2L_ASSIGN_OR_RETURN(YamlMap m, root->Map("spill"));
+  L2L_RETURN_IF_ERROR(m.Get("dir", &c->spill_dir));
+  L2L_RETURN_IF_ERROR(m.Get("queue_depth", &c->spill_queue_depth, IntRange{.min = 1, .max = 4096}));
+  L2L_RETURN_IF_ERROR(m.Get("block_bytes", &c->spill_block_bytes, kPositive));
+  L2L_RETURN_IF_ERROR(m.Get("prefetch_layers", &c->spill_prefetch_layers, kNonNegative));
+  L2L_RETURN_IF_ERROR(m.Get("pool_bytes", &c->spill_pool_bytes, kNonNegative));
+  L2L_RETURN_IF_ERROR(m.Get("direct", &c->spill_direct));
+  return m.Finish();
+}
+
+// Reads every key of the document into *c; unknown keys are errors naming file:line.
+Status ApplyDoc(const YamlDoc& doc, EpsConfig* c) {
+  L2L_ASSIGN_OR_RETURN(YamlMap root, YamlMap::Wrap(doc.root, doc.origin, ""));
+  L2L_RETURN_IF_ERROR(root.Get("listen", &c->listen));
+  L2L_RETURN_IF_ERROR(root.Get("allow_remote", &c->allow_remote));
+  L2L_RETURN_IF_ERROR(root.Get("state_dir", &c->state_dir));
+  L2L_RETURN_IF_ERROR(root.Get("job_id", &c->job_id));
+  L2L_RETURN_IF_ERROR(ReadPublishDtype(&root, &c->publish_dtype));
+  int64_t workers = c->expected_workers;
+  L2L_RETURN_IF_ERROR(
+      root.Get("expected_workers", &workers, IntRange{.min = 1, .max = std::numeric_limits<int32_t>::max()}));
+  c->expected_workers = static_cast<int32_t>(workers);
+  L2L_RETURN_IF_ERROR(root.Get("heartbeat_timeout_ms", &c->heartbeat_timeout_ms, kNonNegative));
+  L2L_RETURN_IF_ERROR(root.Get("update_deadline_ms", &c->update_deadline_ms, kPositive));
+  L2L_RETURN_IF_ERROR(root.GetEnum("on_worker_loss", &c->on_worker_loss, ParseOnWorkerLoss));
+  L2L_RETURN_IF_ERROR(root.GetEnum("transport", &c->transport, ParseTransport));
+  L2L_RETURN_IF_ERROR(root.Get("allow_absolute_paths", &c->allow_absolute_paths));
+  L2L_RETURN_IF_ERROR(ReadMemory(&root, c));
+  L2L_RETURN_IF_ERROR(ReadCheckpoint(&root, c));
+  L2L_RETURN_IF_ERROR(ReadSecurity(&root, c));
+  L2L_RETURN_IF_ERROR(ReadSpill(&root, c));
+  L2L_RETURN_IF_ERROR(root.Finish());
+  // The reads check what one value can; Validate the rest ("key=value ..." messages,
+  // pointed at that key's line).
+  return root.Locate(c->Validate());
 }
 
 }  // namespace
@@ -114,30 +121,24 @@ Status EpsConfig::Validate() const {
   }
   if (spill_prefetch_layers < 0) return InvalidArgument("spill.prefetch_layers must be >= 0");
   if (spill_pool_bytes < 0) return InvalidArgument("spill.pool_bytes must be >= 0 (0 = auto)");
-  if (job_id.empty() || job_id.find('/') != std::string::npos) return InvalidArgument("job_id must be non-empty without '/'");
+  if (job_id.empty() || job_id.find('/') != std::string::npos) {
+    return InvalidArgument("job_id=" + job_id + ": must be non-empty without '/'");
+  }
   return Status::Ok();
 }
 
 Result<EpsConfig> ParseEpsConfig(const std::string& text, const std::string& origin) {
+  L2L_ASSIGN_OR_RETURN(YamlDoc doc, ParseYaml(text, origin));
   EpsConfig c;
-  try {
-    YAML::Node root = YAML::Load(text);
-    if (root.IsNull()) return c;
-    if (!root.IsMap()) return InvalidArgument(origin + ": the daemon config must be a mapping");
-    L2L_RETURN_IF_ERROR(ApplyMap(root, origin, "", &c));
-  } catch (const YAML::Exception& e) {
-    return InvalidArgument(origin + ":" + std::to_string(e.mark.line + 1) + ": " + e.msg);
-  }
-  L2L_RETURN_IF_ERROR(c.Validate().WithContext(origin));
+  L2L_RETURN_IF_ERROR(ApplyDoc(doc, &c));
   return c;
 }
 
 Result<EpsConfig> LoadEpsConfig(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return NotFound("cannot open daemon config " + path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ParseEpsConfig(ss.str(), path);
+  L2L_ASSIGN_OR_RETURN(YamlDoc doc, LoadYamlFile(path));
+  EpsConfig c;
+  L2L_RETURN_IF_ERROR(ApplyDoc(doc, &c));
+  return c;
 }
 
 }  // namespace l2l::eps

@@ -1,6 +1,7 @@
 // EpsConfig: the daemon's own settings (not the job's): where it listens, its state
 // directory, memory budget, workers to wait for, transport policy. Loaded from YAML
-// (configs/eps.yaml); unknown keys are errors naming file:line; l2l-eps's CLI flags
+// (configs/eps.yaml) through common/yaml_util.h, as the job config is, so errors name
+// file:line and the key path; unknown keys are errors; l2l-eps's CLI flags
 // override fields after loading (in main only).
 //
 // Thread-safety: a value.

@@ -24,6 +24,7 @@
 
 #include "common/adamw.h"
 #include "common/config.h"
+#include "common/env.h"
 #include "common/logging.h"
 #include "eps_server/eps_config.h"
 #include "eps_server/eps_core.h"
@@ -78,6 +79,7 @@ void AddFlags(CLI::App* app, Flags* f) {
                   "SSD tier: directory for state pages beyond --host-bytes (spill.dir)");
   app->add_option("--metrics-listen", f->metrics_listen,
                   "host:port to serve Prometheus GET /metrics on (default off; port 0 = any free port)");
+  app->add_flag_callback("--help-env", l2l::PrintEnvHelpAndExit, l2l::kHelpEnvDoc);
 }
 
 // The daemon config: --config, then the flags over it, validated.
@@ -149,9 +151,9 @@ eps::CoreOptions CoreOptionsFrom(const eps::EpsConfig& cfg) {
   co.spill.pool_bytes = static_cast<size_t>(cfg.spill_pool_bytes);
   co.spill.direct = cfg.spill_direct;
   // Injected SSD faults, for tests and failure drills (eps_server/spill_io.h FaultPlan).
-  if (const char* f = std::getenv("L2L_SPILL_FAULTS"); f != nullptr && *f != '\0') {
+  if (std::string f = EnvString(EnvVar::kSpillFaults); !f.empty()) {
     L2L_LOG_WARN("L2L_SPILL_FAULTS='{}': injecting SSD-tier faults", f);
-    co.spill.faults = f;
+    co.spill.faults = std::move(f);
   }
   return co;
 }

@@ -489,25 +489,47 @@ class ControlService final : public control::Control::Service {
     return grpc::Status::OK;
   }
 
+  // The Export request's format and dtype, parsed once. dtype "" is f32; q8_0 is for
+  // gguf only. `type` holds all three dtypes (GGUF's names); the other formats take its
+  // DType.
+  enum class ExportFormat { kSafetensors, kHf, kGguf };
+  struct ExportChoice {
+    ExportFormat format = ExportFormat::kSafetensors;
+    formats::GgmlType type = formats::GgmlType::kF32;  // kF32, kBF16 or (gguf) kQ8_0
+    DType dtype() const { return type == formats::GgmlType::kBF16 ? DType::kBF16 : DType::kF32; }
+  };
+  static Result<ExportChoice> ParseExportChoice(const control::ExportRequest& req) {
+    ExportChoice c;
+    const std::string& f = req.format();
+    if (f == "hf") {
+      c.format = ExportFormat::kHf;
+    } else if (f == "gguf") {
+      c.format = ExportFormat::kGguf;
+    } else if (!f.empty() && f != "safetensors") {
+      return InvalidArgument("format '" + f + "' must be safetensors, hf or gguf");
+    }
+    const bool gguf = c.format == ExportFormat::kGguf;
+    const std::string d = req.dtype().empty() ? "f32" : req.dtype();
+    if (gguf && d == "q8_0") {
+      c.type = formats::GgmlType::kQ8_0;
+      return c;
+    }
+    const Result<DType> dt = ParseDType(d);
+    if (!dt.ok() || (*dt != DType::kF32 && *dt != DType::kBF16)) {
+      return InvalidArgument("dtype '" + d + "' must be f32 or bf16" + (gguf ? " or q8_0" : ""));
+    }
+    c.type = *dt == DType::kBF16 ? formats::GgmlType::kBF16 : formats::GgmlType::kF32;
+    return c;
+  }
+
   grpc::Status Export(grpc::ServerContext*, const control::ExportRequest* req,
                       control::ExportReply* rep) override {
-    if (req->format() == "hf" || req->format() == "gguf") return ExportPretrained(req, rep);
-    if (!req->format().empty() && req->format() != "safetensors") {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          "Export: format '" + req->format() + "' must be safetensors, hf or gguf");
-    }
-    DType dt = DType::kF32;
-    if (!req->dtype().empty()) {
-      auto d = ParseDType(req->dtype());
-      if (!d.ok() || (*d != DType::kF32 && *d != DType::kBF16)) {
-        return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                            "Export: dtype '" + req->dtype() + "' must be f32 or bf16");
-      }
-      dt = *d;
-    }
+    const Result<ExportChoice> choice = ParseExportChoice(*req);
+    if (!choice.ok()) return ToGrpc(choice.status().WithContext("Export"));
+    if (choice->format != ExportFormat::kSafetensors) return ExportPretrained(req, *choice, rep);
     auto path = core_->ResolveUserPath(req->path());
     if (!path.ok()) return ToGrpc(path.status().WithContext("Export"));
-    auto bytes = core_->Export(req->path(), dt);
+    auto bytes = core_->Export(req->path(), choice->dtype());
     if (!bytes.ok()) return ToGrpc(bytes.status().WithContext("Export"));
     rep->set_path(*path);
     rep->set_bytes(*bytes);
@@ -515,13 +537,9 @@ class ControlService final : public control::Control::Service {
   }
 
   // Export --format hf | gguf (common/pretrained/pretrained.h), streamed at a step boundary.
-  grpc::Status ExportPretrained(const control::ExportRequest* req, control::ExportReply* rep) {
-    const std::string d = req->dtype().empty() ? "f32" : req->dtype();
-    const bool hf = req->format() == "hf";
-    if (d != "f32" && d != "bf16" && (hf || d != "q8_0")) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "Export: dtype '" + d + "' must be f32 or bf16" +
-                                                                  (hf ? std::string() : std::string(" or q8_0")));
-    }
+  grpc::Status ExportPretrained(const control::ExportRequest* req, const ExportChoice& choice,
+                                control::ExportReply* rep) {
+    const bool hf = choice.format == ExportFormat::kHf;
     auto path = core_->ResolveUserPath(req->path());
     if (!path.ok()) return ToGrpc(path.status().WithContext("Export"));
     if (!core_->has_job()) return ToGrpc(FailedPrecondition("Export: no job to export (CreateJob first)"));
@@ -544,7 +562,7 @@ class ControlService final : public control::Control::Service {
         req->path(), [&](const std::string& p, int64_t step, const LayerSource& read) -> Result<int64_t> {
           if (hf) {
             HfExportOptions o;
-            o.dtype = d == "bf16" ? DType::kBF16 : DType::kF32;
+            o.dtype = choice.dtype();
             o.imported_from = job.imported_from;
             L2L_ASSIGN_OR_RETURN(int64_t written, ExportHf(p, job.model, read, o));
             if (!job.imported_from.empty() && tok::IsGgufFile(job.imported_from)) {
@@ -555,7 +573,7 @@ class ControlService final : public control::Control::Service {
             return written;
           }
           GgufExportOptions o;
-          o.type = d == "q8_0" ? formats::GgmlType::kQ8_0 : d == "bf16" ? formats::GgmlType::kBF16 : formats::GgmlType::kF32;
+          o.type = choice.type;
           o.imported_from = job.imported_from;
           o.name = "l2l step " + std::to_string(step);
           o.metadata = tokenizer_md;

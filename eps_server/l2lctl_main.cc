@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "common/auth_token.h"
+#include "common/env.h"
 #include "common/status.h"
 #include "eps_server/ctl_client.h"
 
@@ -95,13 +96,13 @@ struct Target {
 // --eps > --state-dir's eps.port > $L2L_EPS > eps.port in a default state directory.
 Result<Target> ResolveAddress(const Globals& g) {
   if (!g.eps.empty()) return Target{g.eps, "--eps"};
-  const char* env = std::getenv("L2L_EPS");
-  if (g.state_dir.empty() && env && *env) return Target{env, "$L2L_EPS"};
+  const std::string env = l2l::EnvString(l2l::EnvVar::kEps);
+  if (g.state_dir.empty() && !env.empty()) return Target{env, "$L2L_EPS"};
   std::vector<std::string> dirs;
   if (!g.state_dir.empty()) {
     dirs = {g.state_dir};
   } else {
-    if (const char* s = std::getenv("L2L_STATE_DIR"); s && *s) dirs.push_back(s);
+    if (std::string s = l2l::EnvString(l2l::EnvVar::kStateDir); !s.empty()) dirs.push_back(std::move(s));
     dirs.push_back("/var/lib/l2l");
     dirs.push_back("/tmp/l2l-eps");
   }
@@ -397,14 +398,19 @@ int CmdWritten(const Globals& g, const std::string& what, const std::string& pat
   return 0;
 }
 
-int CmdSimple(const Globals& g, const std::string& what) {
+// The pause and resume commands (the subcommand picks one).
+enum class Publishing { kPause, kResume };
+
+int CmdPublishing(const Globals& g, Publishing what) {
+  const bool pause = what == Publishing::kPause;
   Target t;
   auto c = Dial(g, &t);
   if (!c.ok()) return EmitError(g, c.status(), t.address, kExitUnreachable);
-  Status s = what == "pause" ? (*c)->Pause() : (*c)->Resume();
+  Status s = pause ? (*c)->Pause() : (*c)->Resume();
   if (!s.ok()) return EmitRpcError(g, s, t.address);
-  if (g.json) std::printf("%s\n", Json({{"ok", true}, {"address", t.address}, {"command", what}}).dump().c_str());
-  else std::printf("%s: %s\n", t.address.c_str(), what == "pause" ? "paused" : "resumed");
+  const char* command = pause ? "pause" : "resume";
+  if (g.json) std::printf("%s\n", Json({{"ok", true}, {"address", t.address}, {"command", command}}).dump().c_str());
+  else std::printf("%s: %s\n", t.address.c_str(), pause ? "paused" : "resumed");
   return 0;
 }
 
@@ -461,6 +467,7 @@ int main(int argc, char** argv) {
   app.add_option("--tls-ca", g.tls_ca, "PEM CA certificate: connect with TLS and verify the daemon against it");
   app.add_option("--tls-server-name", g.tls_server_name,
                  "with --tls-ca: the name the daemon's certificate must hold (default: the host dialled)");
+  app.add_flag_callback("--help-env", l2l::PrintEnvHelpAndExit, l2l::kHelpEnvDoc);
 
   auto* status = app.add_subcommand("status", "step, loss, tokens/s, layer versions, workers, memory");
   WatchFlags wf;
@@ -501,8 +508,8 @@ int main(int argc, char** argv) {
   if (watch->parsed()) return CmdWatch(g, wf);
   if (ckpt->parsed()) return CmdWritten(g, "checkpoint", ckpt_dir);
   if (exp->parsed()) return CmdWritten(g, "export", export_path, format, export_dtype);
-  if (pause->parsed()) return CmdSimple(g, "pause");
-  if (resume->parsed()) return CmdSimple(g, "resume");
+  if (pause->parsed()) return CmdPublishing(g, Publishing::kPause);
+  if (resume->parsed()) return CmdPublishing(g, Publishing::kResume);
   if (stop->parsed()) return CmdStop(g, sf);
   return 64;
 }

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/adamw.h"
@@ -388,8 +389,10 @@ std::unique_ptr<Backend> CreateCpuBackend(int num_threads = 0);
 // into fp32 outputs (C, alpha, beta and the fused epilogues as in fp32 mode; every
 // other op stays fp32). Runs on oneDNN's AMX / AVX512_BF16 kernels; refused on CPUs
 // without AVX512_BF16, where oneDNN would fall back to its slow reference kernels.
-// Environment override (wins over the options): L2L_CPU_GEMM=fp32|bf16.
+// Environment override (wins over the options): L2L_CPU_GEMM=fp32|bf16 (common/env.h).
 enum class CpuGemmPrecision { kFp32, kBf16 };
+const char* ToString(CpuGemmPrecision p);                            // "fp32" | "bf16"
+Result<CpuGemmPrecision> ParseCpuGemmPrecision(std::string_view s);  // inverse of ToString
 struct CpuBackendOptions {
   int num_threads = 0;  // <= 0: all cores
   CpuGemmPrecision gemm = CpuGemmPrecision::kFp32;

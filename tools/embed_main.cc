@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdio>
 
+#include "common/env.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/models/registry.h"
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
   app.add_option("--data", f.data, "rows files (l2l-tokenize --task classify)")->required();
   app.add_option("--output", f.output, "float32 file: rows x d_model")->required();
   app.add_option("--batch", f.batch, "rows per forward pass")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_flag_callback("--help-env", l2l::PrintEnvHelpAndExit, l2l::kHelpEnvDoc);
   CLI11_PARSE(app, argc, argv);
   l2l::InitLogging("warn").IgnoreError();
   if (l2l::Status s = Run(f); !s.ok()) {

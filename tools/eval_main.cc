@@ -26,6 +26,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "common/env.h"
 #include "common/file_util.h"
 #include "common/logging.h"
 #include "common/models/registry.h"
@@ -191,6 +192,7 @@ int main(int argc, char** argv) {
   app.add_option("--mask-id", f.mlm.mask_id, "masked LM: the [MASK] id (mlm.mask_id)")->capture_default_str();
   app.add_option("--first-word-id", f.mlm.first_word_id, "masked LM: ids below are never masked (mlm.first_word_id)")
       ->capture_default_str();
+  app.add_flag_callback("--help-env", l2l::PrintEnvHelpAndExit, l2l::kHelpEnvDoc);
   CLI11_PARSE(app, argc, argv);
   l2l::InitLogging("warn").IgnoreError();
   l2l::Status s = f.model.empty() && f.checkpoint.empty()

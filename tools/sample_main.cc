@@ -15,6 +15,7 @@
 #include <optional>
 #include <sstream>
 
+#include "common/env.h"
 #include "common/logging.h"
 #include "common/tokens_file.h"
 #include "tokenizer/load.h"
@@ -163,6 +164,7 @@ int main(int argc, char** argv) {
   app.add_option("--seed", f.seed, "sampling seed")->capture_default_str();
   app.add_flag("--ignore-eos", f.ignore_eos, "do not stop at the tokenizer's EOS token");
   app.add_flag("--ids", f.ids, "also print the prompt and generated token ids");
+  app.add_flag_callback("--help-env", l2l::PrintEnvHelpAndExit, l2l::kHelpEnvDoc);
   CLI11_PARSE(app, argc, argv);
   l2l::InitLogging("warn").IgnoreError();
   l2l::Status s = Run(f);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/adamw.h"
+#include "common/env.h"
 #include "common/logging.h"
 
 namespace l2l::worker {
@@ -50,8 +51,7 @@ Result<OptimizerOffer> MeasureDeviceRates(kernels::Backend* be, size_t n) {
 }
 
 DeviceUpdater::DeviceUpdater(std::unique_ptr<kernels::Backend> backend) : backend_(std::move(backend)) {
-  if (const char* f = std::getenv("L2L_TEST_UPDATE_FAULT"); f != nullptr && *f != '\0') {
-    const std::string s = f;
+  if (const std::string s = EnvString(EnvVar::kTestUpdateFault); !s.empty()) {
     const size_t colon = s.find(':');
     const std::string kind = s.substr(0, colon);
     fault_after_ = colon == std::string::npos ? 0 : std::atoll(s.c_str() + colon + 1);

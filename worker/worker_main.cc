@@ -67,6 +67,7 @@
 
 #include "common/auth_token.h"
 #include "common/config.h"
+#include "common/env.h"
 #include "common/logging.h"
 #include "common/status.h"
 #include "kernels/backend.h"
@@ -618,6 +619,7 @@ int main(int argc, char** argv) {
   app.add_option("--tls-ca", f.tls_ca, "PEM CA certificate: connect with TLS and verify the EPS against it");
   app.add_option("--tls-server-name", f.tls_server_name,
                  "with --tls-ca: the name the EPS's certificate must hold (default: the host of --eps)");
+  app.add_flag_callback("--help-env", l2l::PrintEnvHelpAndExit, l2l::kHelpEnvDoc);
   CLI11_PARSE(app, argc, argv);
 
   // oneDNN's OpenMP threads spin between the many small GEMMs and starve the TBB threads

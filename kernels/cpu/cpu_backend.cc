@@ -3,6 +3,7 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #include "common/adamw.h"
+#include "common/env.h"
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -13,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <string>
 
 #include "kernels/cpu/cpu_math.h"
@@ -332,12 +334,26 @@ std::unique_ptr<Backend> CreateCpuBackend(int num_threads) {
   return std::make_unique<CpuBackend>(num_threads);
 }
 
+const char* ToString(CpuGemmPrecision p) {
+  switch (p) {
+    case CpuGemmPrecision::kFp32: return "fp32";
+    case CpuGemmPrecision::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+Result<CpuGemmPrecision> ParseCpuGemmPrecision(std::string_view s) {
+  for (CpuGemmPrecision p : {CpuGemmPrecision::kFp32, CpuGemmPrecision::kBf16}) {
+    if (s == ToString(p)) return p;
+  }
+  return InvalidArgument("'" + std::string(s) + "' is not one of: fp32, bf16");
+}
+
 bool CpuHasBf16Gemm() {
 #if defined(__x86_64__) || defined(__i386__)
-  if (const char* cap = std::getenv("L2L_CPU_ISA")) {
-    const std::string v = cap;
-    if (v == "avx512" || v == "avx2" || v == "base") return false;
-  }
+  // Any L2L_CPU_ISA cap (avx512, avx2, base) is below AVX512_BF16; a bad value is
+  // ResolveCpuGemm's error, not a cap.
+  if (auto cap = EnvEnum(EnvVar::kCpuIsa, ParseMathIsa); cap.ok() && cap->has_value()) return false;
   return __builtin_cpu_supports("avx512bf16");
 #else
   return false;
@@ -345,24 +361,15 @@ bool CpuHasBf16Gemm() {
 }
 
 Result<CpuGemmPrecision> ResolveCpuGemm(CpuGemmPrecision requested) {
-  CpuGemmPrecision gemm = requested;
-  if (const char* env = std::getenv("L2L_CPU_GEMM")) {
-    const std::string v = env;
-    if (v == "fp32") {
-      gemm = CpuGemmPrecision::kFp32;
-    } else if (v == "bf16") {
-      gemm = CpuGemmPrecision::kBf16;
-    } else {
-      return InvalidArgument("environment L2L_CPU_GEMM=" + v + " is not one of fp32, bf16");
-    }
-  }
+  L2L_ASSIGN_OR_RETURN(const std::optional<CpuGemmPrecision> env, EnvEnum(EnvVar::kCpuGemm, ParseCpuGemmPrecision));
+  L2L_ASSIGN_OR_RETURN(const std::optional<MathIsa> cap, EnvEnum(EnvVar::kCpuIsa, ParseMathIsa));
+  const CpuGemmPrecision gemm = env.value_or(requested);
   if (gemm == CpuGemmPrecision::kBf16 && !CpuHasBf16Gemm()) {
-    const char* cap = std::getenv("L2L_CPU_ISA");
     return FailedPrecondition(
         std::string("cpu backend: bf16 GEMMs (L2L_CPU_GEMM=bf16 or --compute bf16) need a CPU with "
                     "AVX512_BF16 (or AMX-BF16); ") +
-        (cap != nullptr ? "L2L_CPU_ISA=" + std::string(cap) + " caps the ISA below it"
-                        : "this CPU has neither") +
+        (cap.has_value() ? std::string("L2L_CPU_ISA=") + MathIsaName(*cap) + " caps the ISA below it"
+                         : "this CPU has neither") +
         ", and oneDNN's fallback would run them many times slower than fp32. Use fp32 "
         "(unset L2L_CPU_GEMM, or --compute fp32) on this machine");
   }

@@ -7,13 +7,15 @@
 // on every path; sums (ExpShiftSumSpan, DotSpan) differ by rounding, as lanes differ.
 #include "kernels/cpu/cpu_math.h"
 
-#include "common/dtype.h"
-
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
+
+#include "common/dtype.h"
+#include "common/env.h"
 
 #pragma GCC diagnostic ignored "-Wpsabi"  // wide vectors in narrower builds: all inlined
 
@@ -64,14 +66,12 @@ MathIsa Detect() {
 
 const MathIsa kBest = Detect();
 
+// Runs during static initialisation, so a bad value cannot be returned: it is reported
+// (ResolveCpuGemm returns it as an error) and the best ISA is used.
 MathIsa Initial() {
-  const char* env = std::getenv("L2L_CPU_ISA");
-  MathIsa want = kBest;
-  if (env != nullptr) {
-    const std::string v(env);
-    if (v == "base") want = MathIsa::kBase;
-    if (v == "avx2") want = MathIsa::kAvx2;
-  }
+  const Result<std::optional<MathIsa>> cap = EnvEnum(EnvVar::kCpuIsa, ParseMathIsa);
+  if (!cap.ok()) std::fprintf(stderr, "cpu backend: %s; using %s\n", cap.status().message().c_str(), MathIsaName(kBest));
+  const MathIsa want = cap.ok() ? cap->value_or(kBest) : kBest;
   return static_cast<int>(want) < static_cast<int>(kBest) ? want : kBest;
 }
 
@@ -103,6 +103,12 @@ const char* MathIsaName(MathIsa isa) {
     case MathIsa::kAvx2: return "avx2";
     default: return "base";
   }
+}
+Result<MathIsa> ParseMathIsa(std::string_view s) {
+  for (MathIsa isa : {MathIsa::kBase, MathIsa::kAvx2, MathIsa::kAvx512}) {
+    if (s == MathIsaName(isa)) return isa;
+  }
+  return InvalidArgument("'" + std::string(s) + "' is not one of: base, avx2, avx512");
 }
 
 void GeluForwardSpan(float* out, const float* in, int64_t n) { L2L_DISPATCH(GeluForwardSpan, out, in, n); }

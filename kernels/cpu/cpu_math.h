@@ -11,17 +11,21 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
+
+#include "common/status.h"
 
 namespace l2l::kernels {
 
 // The instruction set the functions below run on: the best the CPU has (BestMathIsa),
-// capped by L2L_CPU_ISA=avx2|base in the environment at load, or by SetMathIsa (false,
-// and no change, when the CPU lacks `isa`).
+// capped by L2L_CPU_ISA=avx2|base in the environment at load (common/env.h), or by
+// SetMathIsa (false, and no change, when the CPU lacks `isa`).
 enum class MathIsa { kBase = 0, kAvx2 = 1, kAvx512 = 2 };
 MathIsa BestMathIsa();
 MathIsa ActiveMathIsa();
 bool SetMathIsa(MathIsa isa);
-const char* MathIsaName(MathIsa isa);
+const char* MathIsaName(MathIsa isa);           // "base" | "avx2" | "avx512"
+Result<MathIsa> ParseMathIsa(std::string_view s);  // inverse of MathIsaName
 
 // out[i] = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), x = in[i]. out may alias in.
 void GeluForwardSpan(float* out, const float* in, int64_t n);

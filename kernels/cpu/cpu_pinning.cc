@@ -1,16 +1,18 @@
 // Optional arena thread pinning; see cpu_pinning.h.
 #include "kernels/cpu/cpu_pinning.h"
 
-#include <cstdlib>
+#include <cerrno>
 #include <cstring>
 
+#include "common/env.h"
 #include "common/logging.h"
 
 namespace l2l::kernels {
 
 std::unique_ptr<ThreadPinner> ThreadPinner::FromEnv(tbb::task_arena& arena) {
-  const char* env = std::getenv("L2L_CPU_PIN");
-  if (env == nullptr || std::strcmp(env, "1") != 0) return nullptr;
+  const Result<bool> pin = EnvBool(EnvVar::kCpuPin);
+  if (!pin.ok()) L2L_LOG_WARN("{}; threads stay unpinned", pin.status().message());
+  if (!pin.ok() || !*pin) return nullptr;
   cpu_set_t mask;
   CPU_ZERO(&mask);
   if (sched_getaffinity(0, sizeof(mask), &mask) != 0) {

@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <unordered_map>
 
 #include "common/adamw.h"
+#include "common/env.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/copy_queue.h"
 #include "kernels/cuda/cuda_check.h"
@@ -471,19 +473,9 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
 
   std::unique_ptr<CudaBackend> be(new CudaBackend());
   be->device_ = device;
-  CudaGemmPrecision precision = opt.gemm;
-  if (const char* env = std::getenv("L2L_CUDA_GEMM")) {
-    std::string v = env;
-    if (v == "tf32") {
-      precision = CudaGemmPrecision::kTf32;
-    } else if (v == "fp32") {
-      precision = CudaGemmPrecision::kFp32;
-    } else if (v == "bf16") {
-      precision = CudaGemmPrecision::kBf16;
-    } else {
-      return InvalidArgument("environment L2L_CUDA_GEMM=" + v + " is not one of fp32, tf32, bf16");
-    }
-  }
+  L2L_ASSIGN_OR_RETURN(const std::optional<CudaGemmPrecision> env,
+                       EnvEnum(EnvVar::kCudaGemm, ParseCudaGemmPrecision));
+  const CudaGemmPrecision precision = env.value_or(opt.gemm);
   be->precision_ = precision;
   be->compute_ = precision == CudaGemmPrecision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                        : CUBLAS_COMPUTE_32F;
@@ -494,12 +486,9 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
       return raw->Bf16Scratch(slot, elems);
     };
   }
-  const char* gemm_name = precision == CudaGemmPrecision::kTf32   ? "tf32"
-                          : precision == CudaGemmPrecision::kBf16 ? "bf16"
-                                                                  : "fp32";
   be->name_ = "cuda:" + std::to_string(device) + " (" + prop.name + ", sm_" +
               std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
-              std::to_string(prop.totalGlobalMem >> 30) + " GiB, gemm " + gemm_name + ")";
+              std::to_string(prop.totalGlobalMem >> 30) + " GiB, gemm " + ToString(precision) + ")";
   L2L_ASSIGN_OR_RETURN(be->stream_, CudaStream::Create());
   L2L_ASSIGN_OR_RETURN(be->gemm_, LtGemm::Create(opt.gemm_workspace_bytes));
   L2L_ASSIGN_OR_RETURN(be->scratch_, CudaBuffer::Create(std::max<size_t>(opt.scratch_bytes, 4096)));
@@ -523,6 +512,22 @@ Status NotCuda(const Backend& backend, const char* what) {
 int CudaBackendDevice(Backend& backend) {
   cuda::CudaBackend* be = cuda::AsCuda(backend);
   return be == nullptr ? -1 : be->device();
+}
+
+const char* ToString(CudaGemmPrecision p) {
+  switch (p) {
+    case CudaGemmPrecision::kFp32: return "fp32";
+    case CudaGemmPrecision::kTf32: return "tf32";
+    case CudaGemmPrecision::kBf16: return "bf16";
+  }
+  return "?";
+}
+
+Result<CudaGemmPrecision> ParseCudaGemmPrecision(std::string_view s) {
+  for (CudaGemmPrecision p : {CudaGemmPrecision::kFp32, CudaGemmPrecision::kTf32, CudaGemmPrecision::kBf16}) {
+    if (s == ToString(p)) return p;
+  }
+  return InvalidArgument("'" + std::string(s) + "' is not one of: fp32, tf32, bf16");
 }
 
 int CudaDeviceCount() {

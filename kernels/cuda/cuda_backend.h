@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "common/status.h"
@@ -37,9 +38,12 @@ namespace l2l::kernels {
 // numerics for matmul: both operands are cast to bf16 (round to nearest even) into
 // backend-owned scratch, then a bf16 tensor-core GEMM accumulates in fp32; unlike
 // autocast the output stays fp32 (C, alpha and beta as in fp32 mode). Each operand
-// moves by at most 2^-8 relative (bf16's unit roundoff), a product by at most ~2^-7. Environment override (wins over the options):
-// L2L_CUDA_GEMM=fp32|tf32|bf16.
+// moves by at most 2^-8 relative (bf16's unit roundoff), a product by at most ~2^-7.
+// Environment override (wins over the options): L2L_CUDA_GEMM=fp32|tf32|bf16
+// (common/env.h).
 enum class CudaGemmPrecision { kFp32, kTf32, kBf16 };
+const char* ToString(CudaGemmPrecision p);                             // "fp32" | "tf32" | "bf16"
+Result<CudaGemmPrecision> ParseCudaGemmPrecision(std::string_view s);  // inverse of ToString
 
 struct CudaBackendOptions {
   CudaGemmPrecision gemm = CudaGemmPrecision::kFp32;

@@ -11,6 +11,7 @@
 #include "common/config.h"
 #include "common/tokens_file.h"
 #include "tests/common/temp_dir.h"
+#include "tests/testing/scoped_env.h"
 
 namespace l2l {
 namespace {
@@ -223,9 +224,10 @@ TEST_CASE("Presets resolve beside the config, via L2L_CONFIG_DIR, or fail listin
 
   TempDir other;
   other.Write("models/envonly.yaml", "model:\n  d_model: 48\n");
-  ::setenv("L2L_CONFIG_DIR", other.path().c_str(), 1);
-  Result<JobConfig> e = ParseIn(dir, "model:\n  preset: envonly\n");
-  ::unsetenv("L2L_CONFIG_DIR");
+  Result<JobConfig> e = [&] {
+    testing::ScopedEnv config_dir("L2L_CONFIG_DIR", other.path());
+    return ParseIn(dir, "model:\n  preset: envonly\n");
+  }();
   INFO(e.status().ToString());
   REQUIRE(e.ok());
   CHECK(e->model.d_model == 48);

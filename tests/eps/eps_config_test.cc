@@ -31,5 +31,24 @@ TEST_CASE("publish_dtype: empty keeps the job's, f32 and bf16 override, others a
   CHECK(bad.status().message().find("publish_dtype") != std::string::npos);
 }
 
+TEST_CASE("The daemon config's errors name file:line and the key path, as the job config's do", "[eps][config]") {
+  auto expect = [](const std::string& yaml, std::initializer_list<const char*> parts) {
+    auto cfg = ParseEpsConfig(yaml, "<t>");
+    REQUIRE_FALSE(cfg.ok());
+    INFO(cfg.status().message());
+    for (const char* p : parts) CHECK(cfg.status().message().find(p) != std::string::npos);
+  };
+  expect("listen: a:1\nmemory:\n  page_bytse: 4096\n", {"<t>:3", "unknown key memory.page_bytse"});
+  expect("spill:\n  queue_depth: 0\n", {"<t>:2", "spill.queue_depth", "expected an integer in [1, 4096], found '0'"});
+  expect("expected_workers: two\n", {"<t>:1", "expected_workers", "found 'two'"});
+  expect("on_worker_loss: wait\n", {"<t>:1", "on_worker_loss", "pause"});
+  expect("memory: 5\n", {"<t>:1", "memory", "expected a map"});
+  // Cross-field rules (EpsConfig::Validate) point at the key's line too.
+  expect("listen: a:1\nmemory:\n  page_bytes: 5000\n", {"<t>:3", "memory.page_bytes=5000"});
+  auto empty = ParseEpsConfig("# only a comment\n", "<t>");
+  REQUIRE(empty.ok());
+  CHECK(empty->expected_workers == 1);
+}
+
 }  // namespace
 }  // namespace l2l::eps
