@@ -23,7 +23,7 @@
 #include <sstream>
 #include <system_error>
 
-#include "common/tokens_file.h"
+#include "common/formats/tokens_file.h"
 #include "common/yaml_util.h"
 
 namespace l2l {

@@ -14,7 +14,7 @@
 
 #include "common/file_util.h"
 #include "common/formats/mapped_pages.h"
-#include "common/safetensors.h"
+#include "common/formats/safetensors.h"
 
 namespace l2l::formats {
 namespace {
