@@ -7,7 +7,7 @@
 //                   the analytic multi-device model instead of a measurement
 //
 // In one run, on the same synthetic token stream, model, initialisation and micro-batching:
-//  * the reference trainer (worker/reference_trainer.h): tokens/s;
+//  * the reference trainer (worker/reference/reference_trainer.h): tokens/s;
 //  * one relay worker (worker/relay.h) against the in-process FakeEps (so no transport is
 //    measured; the EPS's AdamW runs on the relay's push thread, overlapping the backward):
 //    tokens/s and the per-step breakdown;
@@ -33,8 +33,8 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "worker/data_loader.h"
-#include "worker/fake_eps_client.h"
-#include "worker/reference_trainer.h"
+#include "bench/fake_eps_client.h"
+#include "worker/reference/reference_trainer.h"
 #include "worker/relay.h"
 
 namespace {

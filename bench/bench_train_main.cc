@@ -23,7 +23,7 @@
 #include <CLI/CLI.hpp>
 
 #include "common/config.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // Secrets for the daemon's APIs, without gRPC: the shared bearer token (l2l-eps
 // --token-file, l2lctl / l2l-worker --token-file or $L2L_TOKEN_FILE) and PEM files for
 // TLS (server certificate and key, the CA a client trusts). The gRPC wiring lives in the
-// adapters (eps_server/server_security.cc, eps_server/ctl_client.cc,
+// adapters (eps_server/server_security.cc, ctl/ctl_client.cc,
 // worker/eps_client_grpc.cc); the metrics HTTP server checks the same header.
 //
 //   L2L_ASSIGN_OR_RETURN(std::string token, ReadTokenFile(path));   // mode 0600 or refused

@@ -24,9 +24,9 @@
 #include <system_error>
 
 #include "common/env.h"
+#include "common/formats/tokens_file.h"
 #include "common/model_spec_table.h"
 #include "common/models/registry.h"
-#include "common/tokens_file.h"
 #include "common/yaml_util.h"
 
 namespace l2l {

@@ -20,8 +20,8 @@
 
 #include "common/fault_point.h"
 #include "common/file_util.h"
+#include "common/formats/model_io.h"
 #include "common/logging.h"
-#include "common/model_io.h"
 
 namespace l2l::eps {
 namespace {

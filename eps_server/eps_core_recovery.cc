@@ -5,8 +5,8 @@
 #include <filesystem>
 
 #include "common/fault_point.h"
+#include "common/formats/model_io.h"
 #include "common/logging.h"
-#include "common/model_io.h"
 #include "eps_server/checkpoint.h"
 #include "eps_server/eps_core.h"
 #include "eps_server/eps_core_internal.h"

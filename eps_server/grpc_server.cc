@@ -15,8 +15,8 @@
 #include <map>
 #include <thread>
 
+#include "common/formats/model_io.h"
 #include "common/logging.h"
-#include "common/model_io.h"
 #include "common/pretrained/pretrained.h"
 #include "eps_server/job_start.h"
 #include "proto/adamw_proto.h"

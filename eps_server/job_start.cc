@@ -3,7 +3,7 @@
 
 #include <utility>
 
-#include "common/model_io.h"
+#include "common/formats/model_io.h"
 #include "common/pretrained/pretrained.h"
 #include "eps_server/checkpoint.h"
 #include "eps_server/param_store.h"

@@ -1,4 +1,4 @@
-// Client channels to l2l-eps, shared by l2lctl (eps_server/ctl_client.cc) and l2l-worker
+// Client channels to l2l-eps, shared by l2lctl (ctl/ctl_client.cc) and l2l-worker
 // (worker/eps_client_grpc.cc): plain or TLS credentials, and the shared token sent as
 // "authorization: Bearer <token>" on every call (eps_server/server_security.h checks it).
 // Lives in proto/ because both clients depend on it and on gRPC; common/ has no gRPC.

@@ -209,7 +209,7 @@ for c in "$ROOT/src/configs" "$HERE/../configs"; do [[ -d "$c/models" ]] && { CF
 export L2L_CONFIG_DIR="$CFGS"
 
 "$PYTHON" - "$WORK/train.bin" "$DATA_TOKENS" "${VOCAB:-50257}" <<'PY' || die "could not write the tokens file with $PYTHON"
-# A random llm.c tokens file (common/tokens_file.h): 256-int32 header, uint16 tokens.
+# A random llm.c tokens file (common/formats/tokens_file.h): 256-int32 header, uint16 tokens.
 import array, random, sys
 n, vocab = int(sys.argv[2]), int(sys.argv[3])
 hdr = array.array("i", [20240520, 1, n] + [0] * 253)

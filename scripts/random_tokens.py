@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes N uniformly random token ids below VOCAB (random.Random(SEED)) as a tokens file
-(common/tokens_file.h: 256 int32 header words, magic 20240520, version 1, count; uint16
+(common/formats/tokens_file.h: 256 int32 header words, magic 20240520, version 1, count; uint16
 tokens): the data of the CPU benchmarks, whose speed does not depend on what they read.
 Usage: random_tokens.py OUT N VOCAB SEED"""
 import array

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
-#include "common/tokens_file.h"
+#include "common/formats/tokens_file.h"
 
 namespace l2l::tok {
 namespace {

@@ -1,7 +1,7 @@
 // Sequence-classification data for encoder (BERT) tasks: JSONL lines {"text","label"} or
 // {"text_a","text_b","label"} -> fixed-length rows of token ids, token type ids, attention
 // mask and one integer label per row. The rows and their four files (PATH, PATH.types,
-// PATH.attn, PATH.labels) are common/rows_file.h's; this header re-exports them.
+// PATH.attn, PATH.labels) are common/formats/rows_file.h's; this header re-exports them.
 // A row is [CLS] A [SEP] (single) or [CLS] A [SEP] B [SEP] (pair) as the tokenizer's
 // post-processor builds it. Text that does not fit in L is truncated before the special
 // tokens are added, as HF's `truncation=True` (LongestFirst) does: a single text keeps its
@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "common/rows_file.h"
+#include "common/formats/rows_file.h"
 #include "common/status.h"
 #include "tokenizer/wordpiece.h"
 

@@ -35,8 +35,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
+#include "common/formats/tokens_file.h"
 #include "common/status.h"
-#include "common/tokens_file.h"
 #include "tokenizer/classify.h"
 #include "tokenizer/load.h"
 #include "tokenizer/sft.h"

@@ -1,5 +1,5 @@
 // l2l-embed: sentence embeddings of an encoder (BERT) model on the CPU: the attention-mask-
-// weighted mean of the last hidden state of each row of a rows file (common/rows_file.h;
+// weighted mean of the last hidden state of each row of a rows file (common/formats/rows_file.h;
 // make one with l2l-tokenize --task classify, labels 0 when there are none), as
 // sentence-transformers' mean pooling computes it (no normalisation).
 //   l2l-embed --model PATH --data ROWS --output EMB.f32 [--batch B]
@@ -12,9 +12,9 @@
 
 #include "common/env.h"
 #include "common/file_util.h"
+#include "common/formats/rows_file.h"
 #include "common/logging.h"
 #include "common/models/registry.h"
-#include "common/rows_file.h"
 #include "tools/encoder_eval.h"
 #include "tools/inference_model.h"
 

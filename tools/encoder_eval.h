@@ -1,4 +1,4 @@
-// Evaluation of encoder (BERT) models on classification rows (common/rows_file.h), on the
+// Evaluation of encoder (BERT) models on classification rows (common/formats/rows_file.h), on the
 // CPU reference trainer's forward pass:
 //   - classification (num_labels > 0): mean cross-entropy, accuracy, and for two classes
 //     precision / recall / F1 of the positive class 1 (as GLUE's MRPC reports F1), plus
@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "common/config.h"
-#include "common/rows_file.h"
+#include "common/formats/rows_file.h"
 #include "common/status.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 
 namespace l2l::tools {
 

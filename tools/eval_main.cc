@@ -9,7 +9,7 @@
 // "<TOKENS>.mask" loss mask, when present, leaves out targets whose mask byte is 0);
 // perplexity = exp(loss). One output line; errors are one line naming what is wrong.
 //
-// Encoder (BERT) models read classification rows instead (common/rows_file.h: TOKENS,
+// Encoder (BERT) models read classification rows instead (common/formats/rows_file.h: TOKENS,
 // TOKENS.types, TOKENS.attn, TOKENS.labels; l2l-tokenize --task classify | mlm):
 //   num_labels > 0: "eval: task classify loss L accuracy A [precision P recall R f1 F]
 //                   majority M rows N ..." (F1 of the positive class 1 for two classes);
@@ -28,14 +28,14 @@
 
 #include "common/env.h"
 #include "common/file_util.h"
+#include "common/formats/rows_file.h"
+#include "common/formats/tokens_file.h"
 #include "common/logging.h"
 #include "common/models/registry.h"
-#include "common/rows_file.h"
-#include "common/tokens_file.h"
 #include "kernels/backend.h"
 #include "tools/encoder_eval.h"
 #include "tools/inference_model.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 
 namespace {
 

@@ -10,7 +10,7 @@
 #include <filesystem>
 
 #include "common/config.h"
-#include "common/model_io.h"
+#include "common/formats/model_io.h"
 #include "common/pretrained/pretrained.h"
 #include "eps_server/checkpoint.h"
 #include "tokenizer/load.h"

@@ -6,7 +6,7 @@
 //     job's model spec from the manifest, each layer's fp32 master read from its layer
 //     file (64-byte header, then master, m, v; sizes checked against the manifest and
 //     the layout); the tokenizer is the job's imported_from, when it has one;
-//   - an l2l safetensors file (common/model_io.h's SaveModel, l2lctl export): no tokenizer.
+//   - an l2l safetensors file (common/formats/model_io.h's SaveModel, l2lctl export): no tokenizer.
 // Errors are one line naming the path (and the layer file) that is wrong.
 //
 // Thread-safety: free functions; the result is a plain value owned by the caller.
@@ -20,7 +20,7 @@
 #include "common/model_spec.h"
 #include "common/pretrained/pretrained.h"
 #include "common/status.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 
 namespace l2l::tools {
 

@@ -16,11 +16,11 @@
 #include <sstream>
 
 #include "common/env.h"
+#include "common/formats/tokens_file.h"
 #include "common/logging.h"
-#include "common/tokens_file.h"
 #include "tokenizer/load.h"
 #include "tools/inference_model.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 #include "worker/sampler.h"
 
 namespace {

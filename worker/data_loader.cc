@@ -7,9 +7,10 @@
 #include <filesystem>
 #include <utility>
 
+#include "common/formats/rows_file.h"
+#include "common/formats/tokens_file.h"
+#include "common/models/registry.h"
 #include "common/rng.h"
-#include "common/rows_file.h"
-#include "common/tokens_file.h"
 #include "kernels/backend.h"
 
 namespace l2l::worker {
@@ -247,6 +248,59 @@ Status DataLoader::Seek(const DataPosition& pos) {
                       std::to_string(batches_per_epoch_) + " micro-batches per epoch)");
   }
   pos_ = pos;
+  return Status::Ok();
+}
+
+Status CheckSequenceInputs(const ModelSpec& spec, const MicroBatch& mb, const std::string& where) {
+  const size_t n = static_cast<size_t>(mb.B * mb.T);
+  const bool encoder = models::IsEncoder(spec);
+  for (const auto& [name, v] : {std::pair<const char*, const std::vector<int32_t>*>{"token_types", &mb.token_types},
+                                {"attention_mask", &mb.attention_mask}}) {
+    if (v->empty()) continue;
+    if (!encoder) {
+      return InvalidArgument(where + ": " + name + " given, but model.family=" + ToString(spec.family) +
+                             " does not read it (only bert does)");
+    }
+    if (v->size() != n) {
+      return InvalidArgument(where + ": expected " + std::to_string(n) + " " + name + " (B*T), got " +
+                             std::to_string(v->size()));
+    }
+  }
+  for (size_t i = 0; i < mb.token_types.size(); ++i) {
+    if (mb.token_types[i] < 0 || mb.token_types[i] >= spec.type_vocab_size) {
+      return OutOfRange(where + ": token type " + std::to_string(mb.token_types[i]) + " at position " +
+                        std::to_string(i) + " is outside [0, model.type_vocab_size=" +
+                        std::to_string(spec.type_vocab_size) + ")");
+    }
+  }
+  if (!mb.attention_mask.empty()) {
+    for (int64_t b = 0; b < mb.B; ++b) {
+      bool any = false;
+      for (int64_t t = 0; t < mb.T; ++t) {
+        const int32_t m = mb.attention_mask[static_cast<size_t>(b * mb.T + t)];
+        if (m != 0 && m != 1) {
+          return InvalidArgument(where + ": attention_mask " + std::to_string(m) + " at position " +
+                                 std::to_string(b * mb.T + t) + " is neither 0 nor 1");
+        }
+        any |= m == 1;
+      }
+      if (!any) return InvalidArgument(where + ": sequence " + std::to_string(b) + " is all padding (attention_mask 0)");
+    }
+  }
+  if (encoder && spec.num_labels > 0) {
+    for (int64_t b = 0; b < mb.B; ++b) {
+      for (int64_t t = 0; t < mb.T; ++t) {
+        const int32_t y = mb.targets[static_cast<size_t>(b * mb.T + t)];
+        const bool ok = y == kernels::kIgnoreTarget || (t == 0 && y >= 0 && y < spec.num_labels);
+        if (!ok) {
+          return OutOfRange(where + ": sequence " + std::to_string(b) + " position " + std::to_string(t) +
+                            " has target " + std::to_string(y) + "; a classification model (num_labels=" +
+                            std::to_string(spec.num_labels) +
+                            ") takes the label at position 0 in [0, num_labels) and -1 elsewhere");
+        }
+      }
+    }
+  }
   return Status::Ok();
 }
 

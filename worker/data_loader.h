@@ -10,12 +10,12 @@
 // Position: (epoch, batch) of the next micro-batch; it round-trips through a string so
 // a checkpoint can resume exactly at the next batch.
 //
-// Loss mask: when a mask file (common/tokens_file.h's LossMaskPath: "<tokens>.mask",
+// Loss mask: when a mask file (common/formats/tokens_file.h's LossMaskPath: "<tokens>.mask",
 // written by `l2l-tokenize --jsonl`) lies beside the tokens file, Open reads it and every
 // target whose mask byte is 0 becomes kernels::kIgnoreTarget (-1): the head gives it no
 // loss and no gradient, so only completion / assistant tokens are trained on.
 //
-// Rows (task classify | mlm, encoder models): the input is common/rows_file.h's rows files
+// Rows (task classify | mlm, encoder models): the input is common/formats/rows_file.h's rows files
 // (PATH, PATH.types, PATH.attn, PATH.labels; row length L = T). A "window" is then a row:
 // the shuffle, sharding and position above apply to rows unchanged. Each micro-batch
 // carries the rows' token types and attention mask. Targets:
@@ -82,9 +82,14 @@ struct DataLoaderOptions {
 void MaskMlmRow(const MlmConfig& mlm, int64_t vocab_size, uint64_t seed, int64_t epoch, int64_t row,
                 const int32_t* ids, const uint8_t* attn, int64_t T, int32_t* inputs, int32_t* targets);
 
+// The checks of a micro-batch's optional token_types / attention_mask (and, for a
+// classification model, its targets: the label at position 0, -1 elsewhere); `where`
+// prefixes the error. Families other than bert refuse either array.
+Status CheckSequenceInputs(const ModelSpec& spec, const MicroBatch& mb, const std::string& where);
+
 class DataLoader {
  public:
-  // Reads an llm.c tokens file (common/tokens_file.h); errors name the path.
+  // Reads an llm.c tokens file (common/formats/tokens_file.h); errors name the path.
   static Result<DataLoader> Open(const std::string& path, const DataLoaderOptions& opts);
   // From tokens already in memory; `origin` names them in errors. mask: empty (every
   // target trained on) or one 0/1 byte per token.
@@ -92,7 +97,7 @@ class DataLoader {
                                        const std::string& origin = "<tokens>",
                                        std::vector<uint8_t> mask = {});
 
-  // Reads rows files (common/rows_file.h) for opts.task classify | mlm; errors name the
+  // Reads rows files (common/formats/rows_file.h) for opts.task classify | mlm; errors name the
   // file (row length != T, labels >= num_labels, ids >= vocab_size, ...).
   static Result<DataLoader> OpenRows(const std::string& path, const DataLoaderOptions& opts);
   // Open or OpenRows by opts.task.

@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <string>
 
-#include "common/tokens_file.h"
+#include "common/formats/tokens_file.h"
 #include "kernels/backend.h"  // kIgnoreTarget
 
 namespace l2l::worker {

@@ -8,8 +8,8 @@
 
 #include "common/clock.h"
 #include "common/logging.h"
+#include "worker/data_loader.h"  // CheckSequenceInputs
 #include "worker/eval_set.h"  // ScoredTargets
-#include "worker/reference_trainer.h"  // CheckSequenceInputs
 
 namespace l2l::worker {
 namespace {

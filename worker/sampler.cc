@@ -5,9 +5,9 @@
 #include <cmath>
 #include <numeric>
 
+#include "common/formats/tokens_file.h"
 #include "common/rng.h"
-#include "common/tokens_file.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 
 namespace l2l::worker {
 double SamplerUniform(uint64_t seed, uint64_t i) {

@@ -129,13 +129,13 @@ struct Flags {
   std::string token_file, tls_ca, tls_server_name;
 };
 
-// --compute fp32|bf16: the CPU backend's matrix-product precision.
+// --compute fp32|bf16: the CPU backend's matrix-product precision (its names are
+// kernels/backend.h's ToString / ParseCpuGemmPrecision, as L2L_CPU_GEMM's).
 Result<CpuGemmPrecision> ParseCompute(const std::string& s) {
-  if (s == "fp32") return CpuGemmPrecision::kFp32;
-  if (s == "bf16") return CpuGemmPrecision::kBf16;
-  return l2l::InvalidArgument("--compute " + s + ": expected fp32 or bf16");
+  Result<CpuGemmPrecision> p = l2l::kernels::ParseCpuGemmPrecision(s);
+  if (!p.ok()) return l2l::InvalidArgument("--compute " + s + ": expected fp32 or bf16");
+  return p;
 }
-const char* ComputeName(CpuGemmPrecision p) { return p == CpuGemmPrecision::kBf16 ? "bf16" : "fp32"; }
 
 // --device-updates auto|on|off: whether this worker offers its (first) device for the
 // EPS's layer updates; auto: on for a CUDA device.
@@ -227,7 +227,7 @@ Result<std::unique_ptr<l2l::kernels::Backend>> MakeBackend(const std::string& de
     return l2l::kernels::CreateCpuBackend(co);
   }
   if (o.compute != CpuGemmPrecision::kFp32) {
-    return l2l::InvalidArgument(std::string("--compute ") + ComputeName(o.compute) +
+    return l2l::InvalidArgument(std::string("--compute ") + l2l::kernels::ToString(o.compute) +
                                 " is for --device cpu; on a GPU set L2L_CUDA_GEMM=bf16");
   }
   return l2l::kernels::CreateBackend(device);

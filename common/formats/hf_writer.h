@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "common/safetensors.h"
+#include "common/formats/safetensors.h"
 #include "common/status.h"
 
 namespace l2l::formats {

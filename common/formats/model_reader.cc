@@ -14,8 +14,8 @@
 
 #include "common/file_util.h"
 #include "common/formats/mapped_pages.h"
+#include "common/formats/safetensors.h"
 #include "common/models/registry.h"
-#include "common/safetensors.h"
 
 namespace l2l::formats {
 namespace {

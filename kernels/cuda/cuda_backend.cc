@@ -330,7 +330,7 @@ class CudaBackend final : public Backend {
     LaunchTanhBackward(dinp, out, dout, n, stream());
   }
   // The "at least one real key" requirement is checked on the host where the mask is
-  // built (worker/reference_trainer.cc CheckSequenceInputs); checking device memory here
+  // built (worker/data_loader.cc CheckSequenceInputs); checking device memory here
   // would cost a host wait per call. A sequence without one gets zero probabilities.
   void AttentionForwardMasked(float* out, float* att, const float* qkv, const int32_t* key_mask,
                               int64_t B, int64_t T, int64_t C, int64_t NH) override {

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/config.h"
-#include "common/model_io.h"
+#include "common/formats/model_io.h"
 #include "common/model_spec.h"
 #include "common/models/registry.h"
 #include "tests/testing/jobs.h"

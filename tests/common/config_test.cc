@@ -9,7 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "common/config.h"
-#include "common/tokens_file.h"
+#include "common/formats/tokens_file.h"
 #include "tests/common/temp_dir.h"
 #include "tests/testing/scoped_env.h"
 

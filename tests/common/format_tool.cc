@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/file_util.h"
-#include "common/model_io.h"
+#include "common/formats/model_io.h"
 
 namespace l2l {
 namespace {

@@ -9,10 +9,10 @@
 #include <nlohmann/json.hpp>
 
 #include "common/config.h"
-#include "common/model_io.h"
+#include "common/formats/model_io.h"
+#include "common/formats/safetensors.h"
 #include "common/model_spec.h"
 #include "common/models/registry.h"
-#include "common/safetensors.h"
 #include "tests/common/temp_dir.h"
 #include "tests/testing/jobs.h"
 

@@ -1,4 +1,4 @@
-// Tests for common/model_io.h: a model survives SaveModel -> LoadModel (F32 exactly, BF16
+// Tests for common/formats/model_io.h: a model survives SaveModel -> LoadModel (F32 exactly, BF16
 // as rounded by common/dtype.h), tensors carry Hugging Face GPT-2 names and shapes, and
 // files that do not match the model (missing tensor, wrong shape, stray tensor, another
 // spec) are rejected naming the tensor and the shapes.
@@ -8,8 +8,8 @@
 
 #include <catch2/catch.hpp>
 
-#include "common/model_io.h"
-#include "common/safetensors.h"
+#include "common/formats/model_io.h"
+#include "common/formats/safetensors.h"
 #include "tests/common/temp_dir.h"
 
 namespace l2l {

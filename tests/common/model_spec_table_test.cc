@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/config.h"
-#include "common/model_io.h"
+#include "common/formats/model_io.h"
 #include "common/model_spec_table.h"
 #include "common/models/registry.h"
 

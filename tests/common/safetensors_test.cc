@@ -1,4 +1,4 @@
-// Tests for common/safetensors.h: round trips in every dtype (values checked against the
+// Tests for common/formats/safetensors.h: round trips in every dtype (values checked against the
 // scalar conversions of common/dtype.h, themselves tested exhaustively), the exact byte
 // layout of a small file built by hand from the format description, and rejection of
 // each kind of corrupt file with a message naming the path and the tensor.
@@ -9,7 +9,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "common/safetensors.h"
+#include "common/formats/safetensors.h"
 #include "tests/common/temp_dir.h"
 
 namespace l2l {

@@ -1,7 +1,7 @@
 # tests/common extras (included from tests/CMakeLists.txt inside l2l_add_test_module, so
 # CMAKE_CURRENT_SOURCE_DIR is tests/): independent Python checks of our file formats.
 add_executable(l2l_format_tool ${CMAKE_CURRENT_SOURCE_DIR}/common/format_tool.cc)
-target_link_libraries(l2l_format_tool PRIVATE l2l_common)
+target_link_libraries(l2l_format_tool PRIVATE l2l_formats)
 add_test(NAME common.formats.safetensors_python
          COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/common/check_formats.py safetensors
                  $<TARGET_FILE:l2l_format_tool>)

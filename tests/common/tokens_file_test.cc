@@ -1,4 +1,4 @@
-// Tests for common/tokens_file.h: round trips, the exact llm.c byte layout, and every kind
+// Tests for common/formats/tokens_file.h: round trips, the exact llm.c byte layout, and every kind
 // of bad file (wrong magic/version, truncated, trailing garbage, token >= vocab, empty).
 #include <cstring>
 #include <random>
@@ -7,7 +7,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "common/tokens_file.h"
+#include "common/formats/tokens_file.h"
 #include "tests/common/temp_dir.h"
 
 namespace l2l {

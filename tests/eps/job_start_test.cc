@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "common/model_io.h"
+#include "common/formats/model_io.h"
 #include "common/pretrained/pretrained.h"
 #include "eps_server/checkpoint.h"
 #include "eps_server/job_start.h"

@@ -1,11 +1,11 @@
-// libFuzzer target: the safetensors reader (common/safetensors.cc): the header JSON, the
+// libFuzzer target: the safetensors reader (common/formats/safetensors.cc): the header JSON, the
 // offsets and every tensor's conversion to fp32 (tensors of up to 1 Mi elements).
 //
 // Thread-safety: libFuzzer's single input thread.
 #include <cstdint>
 #include <string>
 
-#include "common/safetensors.h"
+#include "common/formats/safetensors.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,4 +1,4 @@
-// libFuzzer target: the tokens file reader and its .mask side file (common/tokens_file.cc).
+// libFuzzer target: the tokens file reader and its .mask side file (common/formats/tokens_file.cc).
 // The first input byte picks the reader (even: the tokens file through ReadTokensFile,
 // ReadTokensFile32 and TokensFile::Open with a vocabulary bound; odd: the loss-mask
 // file); the rest is the file.
@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string>
 
-#include "common/tokens_file.h"
+#include "common/formats/tokens_file.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/fake_eps_client.h"
 #include "common/config.h"
 #include "common/model_spec.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -21,8 +22,7 @@
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/train_util.h"
 #include "worker/data_loader.h"
-#include "worker/fake_eps_client.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 #include "worker/relay.h"
 
 namespace l2l::gpu_test {

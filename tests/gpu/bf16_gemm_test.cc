@@ -37,7 +37,7 @@
 #include "common/model_spec.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/train_util.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 
 namespace l2l::gpu_test {
 namespace {

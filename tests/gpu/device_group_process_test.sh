@@ -23,7 +23,7 @@ trap cleanup EXIT
 fail() { echo "device_group_process_test: FAILED: $*" >&2; exit 1; }
 
 python3 - "$WORK/train.bin" <<'PY'
-# A tokens file (common/tokens_file.h): 256-int32 header, uint16 tokens; a learnable
+# A tokens file (common/formats/tokens_file.h): 256-int32 header, uint16 tokens; a learnable
 # sequence x[t+1] = (5 x[t] + 3) mod 256.
 import array, sys
 n = 8192

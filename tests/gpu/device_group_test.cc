@@ -30,7 +30,7 @@
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/train_util.h"
 #include "worker/device_group.h"
-#include "worker/fake_eps_client.h"
+#include "bench/fake_eps_client.h"
 
 namespace l2l::gpu_test {
 namespace {

@@ -22,7 +22,7 @@
 #include "common/config.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "worker/data_loader.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 
 namespace l2l::gpu_test {
 namespace {

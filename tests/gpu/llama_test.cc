@@ -27,13 +27,13 @@
 #include <string>
 #include <vector>
 
+#include "bench/fake_eps_client.h"
 #include "common/config.h"
 #include "common/model_spec.h"
 #include "kernels/layers/layers.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/train_util.h"
-#include "worker/fake_eps_client.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 #include "worker/relay.h"
 
 namespace l2l::gpu_test {

@@ -19,9 +19,9 @@
 #include "kernels/backend.h"
 #include "tests/testing/jobs.h"
 #include "worker/data_loader.h"
-#include "worker/fake_eps_client.h"
+#include "bench/fake_eps_client.h"
 #include "worker/relay.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 #include "tests/testing/scoped_env.h"
 
 namespace l2l::gpu_test {
@@ -96,7 +96,7 @@ inline std::vector<float> TrainLosses(const JobConfig& cfg, const std::string& d
 
 using testing::ScopedEnv;
 
-// The layer-to-layer relay against an in-process EPS (worker/fake_eps_client.h), one
+// The layer-to-layer relay against an in-process EPS (bench/fake_eps_client.h), one
 // worker, on `backend`; the same batches as TrainLosses (default LearnableSource(job)).
 inline std::vector<float> RelayLosses(const JobConfig& job, kernels::Backend* backend, int steps,
                                       BatchSource batches = {}) {

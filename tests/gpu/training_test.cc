@@ -1,4 +1,4 @@
-// The GPT-2 layers (kernels/layers) and the reference trainer (worker/reference_trainer.h)
+// The GPT-2 layers (kernels/layers) and the reference trainer (worker/reference/reference_trainer.h)
 // on the CUDA backend against the CPU backend: same weights, same data.
 // Label gpu: fails (never skips) without a GPU.
 //
@@ -17,14 +17,14 @@
 #include <random>
 #include <vector>
 
+#include "bench/fake_eps_client.h"
 #include "common/config.h"
 #include "common/model_spec.h"
 #include "kernels/layers/layers.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/train_util.h"
 #include "worker/data_loader.h"
-#include "worker/fake_eps_client.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 #include "worker/relay.h"
 
 namespace l2l::gpu_test {

@@ -12,9 +12,9 @@
 
 #include "common/config.h"
 #include "common/file_util.h"
+#include "common/formats/safetensors.h"
 #include "common/models/registry.h"
 #include "common/pretrained/pretrained.h"
-#include "common/safetensors.h"
 #include "tests/common/temp_dir.h"
 #include "tests/testing/jobs.h"
 

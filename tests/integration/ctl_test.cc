@@ -1,6 +1,6 @@
 // l2lctl against a real l2l-eps (tests/integration/harness.h) on loopback: status (JSON
 // compared with the harness's own Control client), pause/resume, checkpoint, export
-// (the file opened with common/safetensors.h and compared with the initialisation the
+// (the file opened with common/formats/safetensors.h and compared with the initialisation the
 // test computes itself, since no step has run), watch (non-TTY and JSON, with a real
 // worker, and its timeout), stop (the daemon exits 0), and the message and exit status
 // when no daemon answers.
@@ -21,8 +21,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/formats/safetensors.h"
 #include "common/model_spec.h"
-#include "common/safetensors.h"
 #include "tests/integration/harness.h"
 #include "tests/testing/jobs.h"
 

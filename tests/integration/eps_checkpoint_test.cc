@@ -16,7 +16,7 @@
 
 #include "common/dtype.h"
 #include "common/file_util.h"
-#include "common/model_io.h"
+#include "common/formats/model_io.h"
 #include "eps_server/checkpoint.h"
 #include "eps_server/eps_core.h"
 #include "eps_server/grpc_server.h"

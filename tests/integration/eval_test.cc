@@ -22,14 +22,14 @@
 #include <string>
 #include <vector>
 
-#include "common/tokens_file.h"
+#include "common/formats/tokens_file.h"
 #include "eps_server/checkpoint.h"
 #include "eps_server/run_log.h"
 #include "kernels/backend.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/relay_util.h"
 #include "worker/data_loader.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 
 namespace l2l::itest {
 namespace {

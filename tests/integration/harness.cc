@@ -22,7 +22,7 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "common/tokens_file.h"
+#include "common/formats/tokens_file.h"
 #include "proto/control.grpc.pb.h"
 
 namespace l2l::itest {

@@ -5,7 +5,7 @@
 // sharding, masking seeded by seed/epoch/row) is the one the oracle uses.
 #include <catch2/catch.hpp>
 
-#include "common/rows_file.h"
+#include "common/formats/rows_file.h"
 #include "tests/integration/relay_util.h"
 
 namespace l2l::itest {

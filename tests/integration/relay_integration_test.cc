@@ -1,6 +1,6 @@
 // The real system end to end: build/bin/l2l-eps on 127.0.0.1:0 and l2l-worker processes
 // (tests/integration/harness.h), trained for a few steps on a tokens file, checked against
-// the reference trainer (worker/reference_trainer.h) on the same data, initialisation and
+// the reference trainer (worker/reference/reference_trainer.h) on the same data, initialisation and
 // micro-batching. Tolerances as in tests/worker/relay_test.cc: elementwise
 // |eps - ref| <= 5e-6 + 1e-5 |ref| and per tensor ||eps - ref|| <= 1e-5 ||ref|| + 5e-6 sqrt(n).
 #include <catch2/catch.hpp>
@@ -11,11 +11,11 @@
 #include <cmath>
 #include <thread>
 
-#include "common/model_io.h"
+#include "common/formats/model_io.h"
 #include "tests/integration/harness.h"
 #include "tests/integration/relay_util.h"
 #include "worker/data_loader.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 
 namespace l2l::itest {
 namespace {

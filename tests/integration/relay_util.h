@@ -14,11 +14,11 @@
 #include <string>
 #include <vector>
 
-#include "common/model_io.h"
+#include "common/formats/model_io.h"
 #include "tests/integration/harness.h"
 #include "tests/testing/jobs.h"
 #include "worker/data_loader.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 
 namespace l2l::itest::relay {
 

@@ -1,4 +1,4 @@
-// l2l-train-ref --device (worker/train_ref_main.cc): `cpu` (the default) trains; `cuda`
+// l2l-train-ref --device (worker/reference/train_ref_main.cc): `cpu` (the default) trains; `cuda`
 // trains on a host with a GPU in a CUDA build, and otherwise fails at once with exit
 // status 1 and a message saying which is missing (no CUDA in this build / no usable
 // GPU); an unknown device is rejected. The binary runs as a child process, as an

@@ -1,6 +1,6 @@
 """Hugging Face transformers oracle for l2l's model families.
 
-Reads what `l2l-oracle-dump --hf --out DIR` wrote (see worker/oracle_dump_main.cc): per
+Reads what `l2l-oracle-dump --hf --out DIR` wrote (see worker/reference/oracle_dump_main.cc): per
 variant, our initial weights under their Hugging Face names, random tokens, our loss,
 our gradients and our weights after one AdamW step. For each variant it builds the
 transformers class the dump names (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM,

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """PyTorch oracle for l2l's model and optimizer arithmetic.
 
-Reads what `l2l-oracle-dump --out DIR` wrote (see worker/oracle_dump_main.cc) for each
+Reads what `l2l-oracle-dump --out DIR` wrote (see worker/reference/oracle_dump_main.cc) for each
 variant (tied / untied embeddings) and checks it against an independent GPT-2 written
 here in plain torch (no transformers package):
 

@@ -52,7 +52,7 @@ def rel(a, b):
     return abs(a - b) / max(abs(b), 1e-30)
 
 
-# ---- rows files (common/rows_file.h) -------------------------------------------------
+# ---- rows files (common/formats/rows_file.h) -------------------------------------------------
 
 def write_header_file(path, magic, version, count, payload, extra=()):
     hdr = np.zeros(256, dtype=np.int32)

@@ -9,7 +9,7 @@
 #include <random>
 
 #include "common/config.h"
-#include "common/model_io.h"
+#include "common/formats/model_io.h"
 #include "eps_server/checkpoint.h"
 #include "eps_server/param_store.h"
 #include "tests/common/temp_dir.h"

@@ -18,7 +18,7 @@
 
 #include "kernels/backend.h"
 #include "tests/gpu/train_util.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 
 namespace l2l::worker {
 namespace {

@@ -12,7 +12,7 @@
 #include <set>
 #include <vector>
 
-#include "common/tokens_file.h"
+#include "common/formats/tokens_file.h"
 #include "worker/data_loader.h"
 #include "worker/sampler.h"
 

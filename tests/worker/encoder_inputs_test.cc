@@ -9,7 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "common/config.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 
 namespace l2l::worker {
 namespace {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "common/config.h"
-#include "common/tokens_file.h"
+#include "common/formats/tokens_file.h"
 #include "kernels/backend.h"
 #include "tests/common/temp_dir.h"
 #include "worker/eval_set.h"

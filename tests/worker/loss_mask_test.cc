@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "common/config.h"
-#include "common/tokens_file.h"
+#include "common/formats/tokens_file.h"
 #include "kernels/backend.h"
 #include "tests/testing/jobs.h"
 #include "worker/data_loader.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 
 namespace l2l::worker {
 namespace {

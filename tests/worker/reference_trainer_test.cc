@@ -1,4 +1,4 @@
-// Tests for worker/reference_trainer: learning on real English text (the fortunes-min
+// Tests for worker/reference/reference_trainer: learning on real English text (the fortunes-min
 // corpus that scripts/setup.sh installs), bit-exact determinism, gradient accumulation
 // over micro-batches equal to one large batch, clipping arithmetic, and clear errors.
 #include <catch2/catch.hpp>
@@ -14,7 +14,7 @@
 #include "common/config.h"
 #include "tests/testing/jobs.h"
 #include "worker/data_loader.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 
 namespace l2l::worker {
 namespace {

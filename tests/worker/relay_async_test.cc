@@ -17,13 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "bench/fake_eps_client.h"
 #include "common/dtype.h"
 #include "kernels/backend.h"
 #include "tests/testing/batches.h"
 #include "tests/testing/jobs.h"
 #include "tests/worker/emulated_async_backend.h"
 #include "worker/data_loader.h"
-#include "worker/fake_eps_client.h"
 #include "worker/relay.h"
 
 namespace l2l::worker {

@@ -1,6 +1,6 @@
 // Relay tests against the in-process FakeEps: the layer-to-layer relay (forward layer by
 // layer over all micro-batches, recomputing backward, per-layer gradient pushes, tied
-// wte) must train exactly like ordinary mini-batch training (worker/reference_trainer.h)
+// wte) must train exactly like ordinary mini-batch training (worker/reference/reference_trainer.h)
 // on the same data, initialisation and micro-batching; in lock-free mode it must never
 // compute with a layer older than the staleness bound.
 //
@@ -28,12 +28,12 @@
 #include <thread>
 #include <vector>
 
+#include "bench/fake_eps_client.h"
 #include "common/dtype.h"
 #include "kernels/backend.h"
 #include "tests/testing/jobs.h"
 #include "worker/data_loader.h"
-#include "worker/fake_eps_client.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 #include "worker/relay.h"
 
 namespace l2l::worker {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "common/rows_file.h"
+#include "common/formats/rows_file.h"
 #include "kernels/backend.h"
 #include "tests/common/temp_dir.h"
 #include "worker/data_loader.h"

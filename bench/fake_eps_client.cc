@@ -1,5 +1,5 @@
 // In-process fake EPS for relay tests and benchmarks. See fake_eps_client.h.
-#include "worker/fake_eps_client.h"
+#include "bench/fake_eps_client.h"
 
 #include <cmath>
 #include <cstring>

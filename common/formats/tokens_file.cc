@@ -1,7 +1,7 @@
-// llm.c tokens files and the byte-level tokenizer. See common/tokens_file.h.
+// llm.c tokens files and the byte-level tokenizer. See common/formats/tokens_file.h.
 //
 // Thread-safety: see the header.
-#include "common/tokens_file.h"
+#include "common/formats/tokens_file.h"
 
 #include <cstring>
 #include <limits>

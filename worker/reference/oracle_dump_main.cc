@@ -38,11 +38,11 @@
 
 #include "common/rng.h"
 #include "common/config.h"
-#include "common/model_io.h"
+#include "common/formats/model_io.h"
+#include "common/formats/safetensors.h"
 #include "common/models/registry.h"
-#include "common/safetensors.h"
 #include "common/status.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 
 namespace {
 

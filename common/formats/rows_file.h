@@ -1,7 +1,7 @@
 // Classification rows: N fixed-length rows of token ids, token type ids and attention
 // mask, with one integer label per row, and the four files that hold them
 // (docs/formats.md, "Classification rows"):
-//   PATH         tokens file (common/tokens_file.h), N*L ids row-major, [PAD] after the text
+//   PATH         tokens file (common/formats/tokens_file.h), N*L ids row-major, [PAD] after the text
 //   PATH.types   loss-mask layout (magic 20240522), N*L bytes: token type id (0 = A, 1 = B)
 //   PATH.attn    loss-mask layout, N*L bytes: 1 = a real token ([CLS]/[SEP] included), 0 = pad
 //   PATH.labels  1024-byte header of 256 int32 ([0] magic 20240525, [1] version 1,

@@ -1,10 +1,10 @@
-// safetensors reader and writer. See common/safetensors.h.
+// safetensors reader and writer. See common/formats/safetensors.h.
 //
 // nlohmann::json throws on malformed input; parsing sits in a try block so no exception
 // leaves this file.
 //
 // Thread-safety: see the header.
-#include "common/safetensors.h"
+#include "common/formats/safetensors.h"
 
 #include <algorithm>
 #include <cstring>

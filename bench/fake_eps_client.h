@@ -15,6 +15,11 @@
 // outlive it. A published copy a client acquired stays alive until ReleaseLayer.
 // Thread-safety: every method is thread-safe (one mutex); clients may be used from
 // several threads as EpsClient allows.
+//
+// Where: a test double, not part of l2l-worker. It sits in bench/ (library l2l_fake_eps)
+// because l2l-bench-relay uses it and bench/ is built in every configuration, while
+// tests/ (whose relay tests in tests/worker and tests/gpu also link it) is built only
+// with BUILD_TESTING.
 #pragma once
 
 #include <chrono>

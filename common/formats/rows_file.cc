@@ -1,12 +1,12 @@
-// Classification rows files: writer and checked reader. See common/rows_file.h.
-#include "common/rows_file.h"
+// Classification rows files: writer and checked reader. See common/formats/rows_file.h.
+#include "common/formats/rows_file.h"
 
 #include <algorithm>
 #include <cstring>
 #include <span>
 
 #include "common/file_util.h"
-#include "common/tokens_file.h"
+#include "common/formats/tokens_file.h"
 
 namespace l2l {
 namespace {

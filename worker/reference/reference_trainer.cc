@@ -1,6 +1,6 @@
 // ReferenceTrainer: whole-model training in one backend (the oracle). See
-// worker/reference_trainer.h.
-#include "worker/reference_trainer.h"
+// worker/reference/reference_trainer.h.
+#include "worker/reference/reference_trainer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -8,8 +8,8 @@
 #include <utility>
 
 #include "common/adamw.h"
+#include "common/formats/model_io.h"
 #include "common/logging.h"
-#include "common/model_io.h"
 #include "common/models/registry.h"
 
 namespace l2l::worker {
@@ -100,59 +100,6 @@ void ReferenceTrainer::UploadParams() {
   for (size_t l = 0; l < layouts_.size(); ++l) {
     backend_->CopyToDevice(d_params_[l].data(), params_[l].data(), layouts_[l].numel * sizeof(float));
   }
-}
-
-Status CheckSequenceInputs(const ModelSpec& spec, const MicroBatch& mb, const std::string& where) {
-  const size_t n = static_cast<size_t>(mb.B * mb.T);
-  const bool encoder = models::IsEncoder(spec);
-  for (const auto& [name, v] : {std::pair<const char*, const std::vector<int32_t>*>{"token_types", &mb.token_types},
-                                {"attention_mask", &mb.attention_mask}}) {
-    if (v->empty()) continue;
-    if (!encoder) {
-      return InvalidArgument(where + ": " + name + " given, but model.family=" + ToString(spec.family) +
-                             " does not read it (only bert does)");
-    }
-    if (v->size() != n) {
-      return InvalidArgument(where + ": expected " + std::to_string(n) + " " + name + " (B*T), got " +
-                             std::to_string(v->size()));
-    }
-  }
-  for (size_t i = 0; i < mb.token_types.size(); ++i) {
-    if (mb.token_types[i] < 0 || mb.token_types[i] >= spec.type_vocab_size) {
-      return OutOfRange(where + ": token type " + std::to_string(mb.token_types[i]) + " at position " +
-                        std::to_string(i) + " is outside [0, model.type_vocab_size=" +
-                        std::to_string(spec.type_vocab_size) + ")");
-    }
-  }
-  if (!mb.attention_mask.empty()) {
-    for (int64_t b = 0; b < mb.B; ++b) {
-      bool any = false;
-      for (int64_t t = 0; t < mb.T; ++t) {
-        const int32_t m = mb.attention_mask[static_cast<size_t>(b * mb.T + t)];
-        if (m != 0 && m != 1) {
-          return InvalidArgument(where + ": attention_mask " + std::to_string(m) + " at position " +
-                                 std::to_string(b * mb.T + t) + " is neither 0 nor 1");
-        }
-        any |= m == 1;
-      }
-      if (!any) return InvalidArgument(where + ": sequence " + std::to_string(b) + " is all padding (attention_mask 0)");
-    }
-  }
-  if (encoder && spec.num_labels > 0) {
-    for (int64_t b = 0; b < mb.B; ++b) {
-      for (int64_t t = 0; t < mb.T; ++t) {
-        const int32_t y = mb.targets[static_cast<size_t>(b * mb.T + t)];
-        const bool ok = y == kernels::kIgnoreTarget || (t == 0 && y >= 0 && y < spec.num_labels);
-        if (!ok) {
-          return OutOfRange(where + ": sequence " + std::to_string(b) + " position " + std::to_string(t) +
-                            " has target " + std::to_string(y) + "; a classification model (num_labels=" +
-                            std::to_string(spec.num_labels) +
-                            ") takes the label at position 0 in [0, num_labels) and -1 elsewhere");
-        }
-      }
-    }
-  }
-  return Status::Ok();
 }
 
 Status ReferenceTrainer::EnsureWorkspace(int64_t B, int64_t T) {

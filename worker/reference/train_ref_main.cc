@@ -26,10 +26,10 @@
 #include <CLI/CLI.hpp>
 
 #include "common/config.h"
+#include "common/formats/tokens_file.h"
 #include "common/status.h"
-#include "common/tokens_file.h"
 #include "worker/data_loader.h"
-#include "worker/reference_trainer.h"
+#include "worker/reference/reference_trainer.h"
 #include "worker/sampler.h"
 
 namespace {

@@ -46,11 +46,6 @@ struct ReferenceTrainerOptions {
   size_t activation_budget_bytes = 0;
 };
 
-// The checks of a micro-batch's optional token_types / attention_mask (and, for a
-// classification model, its targets: the label at position 0, -1 elsewhere); `where`
-// prefixes the error. Families other than bert refuse either array.
-Status CheckSequenceInputs(const ModelSpec& spec, const MicroBatch& mb, const std::string& where);
-
 class ReferenceTrainer {
  public:
   // Initialises every layer with InitLayerParams(model, layout, train.seed).
@@ -104,7 +99,7 @@ class ReferenceTrainer {
   // Which blocks keep their forward intermediates (for the current micro-batch shape).
   const ActivationPlan& activation_plan() const { return plan_; }
 
-  // Writes the weights as Hugging Face GPT-2 safetensors (common/model_io.h).
+  // Writes the weights as Hugging Face GPT-2 safetensors (common/formats/model_io.h).
   Status SaveSafetensors(const std::string& path) const;
 
  private:

@@ -1,5 +1,5 @@
 // CtlClient: Control-service client (the only place it meets protobuf). See ctl_client.h.
-#include "eps_server/ctl_client.h"
+#include "ctl/ctl_client.h"
 
 #include <grpcpp/grpcpp.h>
 

@@ -1,7 +1,7 @@
-// Model export/import in Hugging Face safetensors form (the family's tensor names). See common/model_io.h.
+// Model export/import in Hugging Face safetensors form (the family's tensor names). See common/formats/model_io.h.
 //
 // Thread-safety: pure functions.
-#include "common/model_io.h"
+#include "common/formats/model_io.h"
 
 #include <cstring>
 #include <exception>
@@ -10,9 +10,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/formats/safetensors.h"
 #include "common/model_spec_table.h"
 #include "common/models/registry.h"
-#include "common/safetensors.h"
 
 namespace l2l {
 namespace {

@@ -1,5 +1,5 @@
 // l2lctl: the operator's command line for a running l2l-eps daemon (Control service,
-// proto/control.proto, through eps_server/ctl_client.h).
+// proto/control.proto, through ctl/ctl_client.h).
 //
 //   l2lctl [--eps HOST:PORT] [--state-dir DIR] [--json] [--connect-timeout-ms MS]
 //          [--token-file FILE] [--tls-ca CA.pem [--tls-server-name NAME]] COMMAND
@@ -45,7 +45,7 @@
 #include "common/auth_token.h"
 #include "common/env.h"
 #include "common/status.h"
-#include "eps_server/ctl_client.h"
+#include "ctl/ctl_client.h"
 
 namespace {
 
