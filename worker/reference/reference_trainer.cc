@@ -172,21 +172,9 @@ float ReferenceTrainer::RunMicroBatch(const MicroBatch& mb, float loss_scale, bo
   const ModelSpec& spec = cfg_.model;
   const int64_t B = mb.B, T = mb.T, L = spec.n_layer;
   const size_t n = static_cast<size_t>(B * T);
-  be.CopyToDevice(d_tokens_.data(), mb.inputs.data(), n * sizeof(int32_t));
   be.CopyToDevice(d_targets_.data(), mb.targets.data(), n * sizeof(int32_t));
-  layers::SequenceInputs seq;
-  if (!mb.token_types.empty()) {
-    be.CopyToDevice(d_types_.data(), mb.token_types.data(), n * sizeof(int32_t));
-    seq.token_types = d_types_.i32();
-  }
-  if (!mb.attention_mask.empty()) {
-    be.CopyToDevice(d_mask_.data(), mb.attention_mask.data(), n * sizeof(int32_t));
-    seq.attention_mask = d_mask_.i32();
-  }
-
   // Forward: acts_[0] = embedding, acts_[i+1] = block i (acts_[i]).
-  layers::EmbeddingForward(be, spec, layouts_[0], d_params_[0].f32(), d_tokens_.i32(), acts_[0].f32(), B, T, seq,
-                           ws_.get());
+  const layers::SequenceInputs seq = EmbedInputs(mb);
   // Block layer index l = 1 + i keeps its intermediates (for this backward) when planned.
   auto kept = [&](int64_t i) -> layers::SavedActivations* {
     return backward && plan_.Keeps(1 + i) ? &kept_[static_cast<size_t>(1 + i - plan_.first_kept)] : nullptr;
@@ -290,15 +278,9 @@ void ReferenceTrainer::ApplyUpdate() {
   ++step_;
 }
 
-Status ReferenceTrainer::ForwardBlocks(const MicroBatch& mb_in) {
-  MicroBatch mb = mb_in;
-  mb.targets.assign(static_cast<size_t>(mb.B * mb.T), kernels::kIgnoreTarget);
-  L2L_RETURN_IF_ERROR(CheckBatch(mb, 0));
-  L2L_RETURN_IF_ERROR(EnsureWorkspace(mb.B, mb.T));
+layers::SequenceInputs ReferenceTrainer::EmbedInputs(const MicroBatch& mb) {
   kernels::Backend& be = *backend_;
-  const ModelSpec& spec = cfg_.model;
-  const int64_t B = mb.B, T = mb.T;
-  const size_t n = static_cast<size_t>(B * T);
+  const size_t n = static_cast<size_t>(mb.B * mb.T);
   be.CopyToDevice(d_tokens_.data(), mb.inputs.data(), n * sizeof(int32_t));
   layers::SequenceInputs seq;
   if (!mb.token_types.empty()) {
@@ -309,8 +291,20 @@ Status ReferenceTrainer::ForwardBlocks(const MicroBatch& mb_in) {
     be.CopyToDevice(d_mask_.data(), mb.attention_mask.data(), n * sizeof(int32_t));
     seq.attention_mask = d_mask_.i32();
   }
-  layers::EmbeddingForward(be, spec, layouts_[0], d_params_[0].f32(), d_tokens_.i32(), acts_[0].f32(), B, T, seq,
-                           ws_.get());
+  layers::EmbeddingForward(be, cfg_.model, layouts_[0], d_params_[0].f32(), d_tokens_.i32(), acts_[0].f32(), mb.B, mb.T,
+                           seq, ws_.get());
+  return seq;
+}
+
+Status ReferenceTrainer::ForwardBlocks(const MicroBatch& mb_in) {
+  MicroBatch mb = mb_in;
+  mb.targets.assign(static_cast<size_t>(mb.B * mb.T), kernels::kIgnoreTarget);
+  L2L_RETURN_IF_ERROR(CheckBatch(mb, 0));
+  L2L_RETURN_IF_ERROR(EnsureWorkspace(mb.B, mb.T));
+  kernels::Backend& be = *backend_;
+  const ModelSpec& spec = cfg_.model;
+  const int64_t B = mb.B, T = mb.T;
+  const layers::SequenceInputs seq = EmbedInputs(mb);
   for (int64_t i = 0; i < spec.n_layer; ++i) {
     layers::BlockForward(be, spec, layouts_[1 + i], d_params_[1 + i].f32(), acts_[i].f32(), acts_[i + 1].f32(), B,
                          T, *ws_, seq);

@@ -114,6 +114,9 @@ class ReferenceTrainer {
   void ApplyUpdate();
   // Embedding and blocks of `mb` (checked; targets may be anything) into acts_.
   Status ForwardBlocks(const MicroBatch& mb);
+  // Copies mb's inputs (and token types, attention mask when given) to the device and
+  // runs the embedding into acts_[0]; returns the sequence inputs the blocks read.
+  layers::SequenceInputs EmbedInputs(const MicroBatch& mb);
   void UploadParams();
 
   JobConfig cfg_;
