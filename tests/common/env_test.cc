@@ -126,7 +126,7 @@ TEST_CASE("The environment is read once: a change shows only after a reset", "[e
   CHECK(EnvString(EnvVar::kEps) == "second:2");
 }
 
-TEST_CASE("--help-env lists every variable with its values, default and doc line", "[env]") {
+TEST_CASE("The --help-env text lists every variable with its values, default and doc line", "[env]") {
   ScopedEnv gemm("L2L_CPU_GEMM", "bf16");
   const std::string help = EnvHelpText();
   for (const EnvVarInfo& info : EnvRegistry()) {
