@@ -14,7 +14,7 @@
 //
 // Keys: a top-level field's key is its YAML/JSON key ("rms_norm_eps"); a field of a
 // nested group is "group.key" ("rope_scaling.factor"), written as a nested map/object.
-// Defaults are ModelSpec{}'s member initialisers (one place); DefaultSpecText() shows them.
+// Defaults are ModelSpec{}'s member initialisers (one place), not a column.
 //
 // Thread-safety: the table is an immutable static; the functions are pure.
 #pragma once

@@ -1,5 +1,5 @@
-// The name tables of the mode enums: one table per enum, read by both its ToString and
-// its Parse, so the two cannot disagree. See modes.h.
+// The name tables of the mode enums (common/name_table.h: one table per enum, read by
+// both its ToString and its Parse). See modes.h.
 #include "common/modes.h"
 
 #include <charconv>
@@ -7,26 +7,10 @@
 #include <string>
 #include <utility>
 
+#include "common/name_table.h"
+
 namespace l2l {
 namespace {
-
-template <typename E, size_t N>
-const char* NameOf(const std::pair<E, const char*> (&table)[N], E value) {
-  for (const auto& [e, name] : table) {
-    if (e == value) return name;
-  }
-  return "?";
-}
-
-template <typename E, size_t N>
-Result<E> ParseName(const std::pair<E, const char*> (&table)[N], std::string_view s) {
-  std::string names;
-  for (const auto& [e, name] : table) {
-    if (s == name) return e;
-    names += names.empty() ? name : std::string(", ") + name;
-  }
-  return InvalidArgument("'" + std::string(s) + "' is not one of: " + names);
-}
 
 constexpr std::pair<TrainMode, const char*> kTrainModes[] = {
     {TrainMode::kSync, "sync"}, {TrainMode::kLockfree, "lockfree"}};

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "common/formats/model_io.h"
+#include "common/name_table.h"
 #include "common/logging.h"
 #include "common/pretrained/pretrained.h"
 #include "eps_server/job_start.h"
@@ -457,7 +458,6 @@ class ControlService final : public control::Control::Service {
     // The job and its start (model.from or init_safetensors, confined like every path).
     JobSource source;
     source.job_yaml = req->config_yaml();
-    source.request = "CreateJob";
     source.init_safetensors = req->init_safetensors();
     source.confine = [this](const std::string& path) { return core_->ResolveUserPath(path); };
     auto plan = ChooseJobStart(source);
@@ -493,6 +493,8 @@ class ControlService final : public control::Control::Service {
   // gguf only. `type` holds all three dtypes (GGUF's names); the other formats take its
   // DType.
   enum class ExportFormat { kSafetensors, kHf, kGguf };
+  static constexpr std::pair<ExportFormat, const char*> kExportFormats[] = {
+      {ExportFormat::kSafetensors, "safetensors"}, {ExportFormat::kHf, "hf"}, {ExportFormat::kGguf, "gguf"}};
   struct ExportChoice {
     ExportFormat format = ExportFormat::kSafetensors;
     formats::GgmlType type = formats::GgmlType::kF32;  // kF32, kBF16 or (gguf) kQ8_0
@@ -501,12 +503,10 @@ class ControlService final : public control::Control::Service {
   static Result<ExportChoice> ParseExportChoice(const control::ExportRequest& req) {
     ExportChoice c;
     const std::string& f = req.format();
-    if (f == "hf") {
-      c.format = ExportFormat::kHf;
-    } else if (f == "gguf") {
-      c.format = ExportFormat::kGguf;
-    } else if (!f.empty() && f != "safetensors") {
-      return InvalidArgument("format '" + f + "' must be safetensors, hf or gguf");
+    if (!f.empty()) {  // "" is safetensors
+      const Result<ExportFormat> format = ParseName(kExportFormats, f);
+      if (!format.ok()) return InvalidArgument("format '" + f + "' must be safetensors, hf or gguf");
+      c.format = *format;
     }
     const bool gguf = c.format == ExportFormat::kGguf;
     const std::string d = req.dtype().empty() ? "f32" : req.dtype();

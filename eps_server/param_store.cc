@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 #include <thread>
 
 #include "common/logging.h"
@@ -216,20 +217,20 @@ Status ParamStore::WriteLayer(int64_t layer, const float* master, const float* m
   L2L_ASSIGN_OR_RETURN(StateLease lease, Lease(layer, LeaseMode::kOverwrite));
   for (const StateSpan& s : lease.spans()) {
     std::memcpy(s.master, master + s.begin, s.n * sizeof(float));
-    std::memcpy(s.m, m + s.begin, s.n * sizeof(float));
-    std::memcpy(s.v, v + s.begin, s.n * sizeof(float));
+    // A null moment is zero (all-zero bytes are 0.0f): a fresh start needs no zeros buffer.
+    for (auto [dst, src] : {std::pair{s.m, m}, std::pair{s.v, v}}) {
+      if (src != nullptr) {
+        std::memcpy(dst, src + s.begin, s.n * sizeof(float));
+      } else {
+        std::memset(dst, 0, s.n * sizeof(float));
+      }
+    }
   }
   return Status::Ok();
 }
 
 Status ParamStore::WriteMasterZeroMoments(int64_t layer, const float* master) {
-  L2L_ASSIGN_OR_RETURN(StateLease lease, Lease(layer, LeaseMode::kOverwrite));
-  for (const StateSpan& s : lease.spans()) {
-    std::memcpy(s.master, master + s.begin, s.n * sizeof(float));
-    std::memset(s.m, 0, s.n * sizeof(float));  // all-zero bytes are 0.0f
-    std::memset(s.v, 0, s.n * sizeof(float));
-  }
-  return Status::Ok();
+  return WriteLayer(layer, master, nullptr, nullptr);
 }
 
 Status ParamStore::InitFromSeed(uint64_t seed) {

@@ -118,7 +118,8 @@ class ParamStore {
   // 0 master, 1 m, 2 v.
   Status ReadState(int64_t layer, int which, float* out) const;
   Status WriteState(int64_t layer, int which, const float* in);
-  // Writes all three arrays of a layer at once (one lease): a state with its moments.
+  // Writes all three arrays of a layer at once (one lease): a state with its moments; a
+  // null m or v writes zeros.
   Status WriteLayer(int64_t layer, const float* master, const float* m, const float* v);
   // A fresh optimizer state for a layer: its master from `master` (numel floats), AdamW m
   // and v zero. Every initial state but a checkpoint's is written this way

@@ -69,6 +69,7 @@
 #include "common/config.h"
 #include "common/env.h"
 #include "common/logging.h"
+#include "common/name_table.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "worker/data_loader.h"
@@ -140,11 +141,12 @@ Result<CpuGemmPrecision> ParseCompute(const std::string& s) {
 // --device-updates auto|on|off: whether this worker offers its (first) device for the
 // EPS's layer updates; auto: on for a CUDA device.
 enum class DeviceUpdates { kAuto, kOn, kOff };
+constexpr std::pair<DeviceUpdates, const char*> kDeviceUpdates[] = {
+    {DeviceUpdates::kAuto, "auto"}, {DeviceUpdates::kOn, "on"}, {DeviceUpdates::kOff, "off"}};
 Result<DeviceUpdates> ParseDeviceUpdates(const std::string& s) {
-  if (s == "auto") return DeviceUpdates::kAuto;
-  if (s == "on") return DeviceUpdates::kOn;
-  if (s == "off") return DeviceUpdates::kOff;
-  return l2l::InvalidArgument("--device-updates " + s + ": must be auto, on or off");
+  Result<DeviceUpdates> d = l2l::ParseName(kDeviceUpdates, s);
+  if (!d.ok()) return l2l::InvalidArgument("--device-updates " + s + ": must be auto, on or off");
+  return d;
 }
 
 // The command line, checked and parsed once: the modes as enums, the devices as a list,

@@ -5,7 +5,6 @@
 
 #include <cstring>
 #include <exception>
-#include <regex>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -23,12 +22,6 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
   std::string s = "(";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + ")";
-}
-
-// HF's non-parameter attention buffers.
-bool IsIgnoredBuffer(const std::string& name) {
-  static const std::regex kBuffer(R"(h\.[0-9]+\.attn\.(bias|masked_bias))");
-  return std::regex_match(name, kBuffer);
 }
 
 // Our name of a tensor stored under `name`: without the base model's state_dict prefix
@@ -83,7 +76,7 @@ Result<LoadedModel> LoadFrom(const SafeTensorsReader& r, const ModelSpec& spec) 
     m.layers.push_back(std::move(buf));
   }
   for (const auto& [canonical, name] : in_file) {
-    if (used.count(canonical) != 0 || IsIgnoredBuffer(canonical)) continue;
+    if (used.count(canonical) != 0 || models::IsIgnoredHfTensor(models::Family(spec.family), canonical)) continue;
     if (canonical == "lm_head.weight" && spec.tied_embeddings) {
       // Accept only a copy of the embedding (HF may store the tied matrix twice).
       const SafeTensorInfo* t = r.Find(name);

@@ -1,6 +1,8 @@
 // The family table (see registry.h): the one place that lists the families.
 #include "common/models/registry.h"
 
+#include "common/models/family_util.h"
+
 namespace l2l::models {
 
 const std::vector<const FamilyInfo*>& AllFamilies() {
@@ -34,6 +36,13 @@ std::string KnownGgufArchitectures() {
     for (const GgufArch& a : f->gguf_architectures) known += (known.empty() ? "" : ", ") + std::string(a.name);
   }
   return known;
+}
+
+bool IsIgnoredHfTensor(const FamilyInfo& family, const std::string& name) {
+  for (const std::string& suffix : family.hf_ignored_suffixes) {
+    if (EndsWith(name, suffix)) return true;
+  }
+  return false;
 }
 
 bool IsEncoder(const ModelSpec& spec) { return Family(spec.family).encoder; }

@@ -97,6 +97,8 @@ Result<ModelSpec> SpecFromHfConfig(const nlohmann::json& config, const std::stri
 const GgufArch* FindGgufArchitecture(const std::string& name, const FamilyInfo** family);
 // "llama, qwen2, ...": every GGUF architecture some family imports (for messages).
 std::string KnownGgufArchitectures();
+// Whether `name` is one of the family's non-parameter buffers (hf_ignored_suffixes).
+bool IsIgnoredHfTensor(const FamilyInfo& family, const std::string& name);
 // Whether `spec`'s family is an encoder (FamilyInfo::encoder).
 bool IsEncoder(const ModelSpec& spec);
 // Every registered family, in ModelFamily order.

@@ -112,13 +112,8 @@ Result<std::unique_ptr<Pretrained>> Pretrained::Open(const std::string& path, co
     }
   }
   // Nothing left over.
-  auto ends_with = [](const std::string& s, const std::string& suffix) {
-    return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
   auto skipped = [&](const std::string& name) {
-    for (const std::string& suffix : fam.hf_ignored_suffixes) {
-      if (ends_with(name, suffix)) return true;
-    }
+    if (models::IsIgnoredHfTensor(fam, name)) return true;
     if (!p->headless_) return false;
     for (const std::string& unused : fam.hf_unused_base_tensors) {
       if (name == unused || name == base + unused) return true;

@@ -4,6 +4,7 @@
 
 #include "common/adamw.h"
 #include "common/env.h"
+#include "common/name_table.h"
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -334,20 +335,10 @@ std::unique_ptr<Backend> CreateCpuBackend(int num_threads) {
   return std::make_unique<CpuBackend>(num_threads);
 }
 
-const char* ToString(CpuGemmPrecision p) {
-  switch (p) {
-    case CpuGemmPrecision::kFp32: return "fp32";
-    case CpuGemmPrecision::kBf16: return "bf16";
-  }
-  return "?";
-}
-
-Result<CpuGemmPrecision> ParseCpuGemmPrecision(std::string_view s) {
-  for (CpuGemmPrecision p : {CpuGemmPrecision::kFp32, CpuGemmPrecision::kBf16}) {
-    if (s == ToString(p)) return p;
-  }
-  return InvalidArgument("'" + std::string(s) + "' is not one of: fp32, bf16");
-}
+constexpr std::pair<CpuGemmPrecision, const char*> kCpuGemmNames[] = {{CpuGemmPrecision::kFp32, "fp32"},
+                                                                      {CpuGemmPrecision::kBf16, "bf16"}};
+const char* ToString(CpuGemmPrecision p) { return NameOf(kCpuGemmNames, p); }
+Result<CpuGemmPrecision> ParseCpuGemmPrecision(std::string_view s) { return ParseName(kCpuGemmNames, s); }
 
 bool CpuHasBf16Gemm() {
 #if defined(__x86_64__) || defined(__i386__)

@@ -16,6 +16,7 @@
 
 #include "common/dtype.h"
 #include "common/env.h"
+#include "common/name_table.h"
 
 #pragma GCC diagnostic ignored "-Wpsabi"  // wide vectors in narrower builds: all inlined
 
@@ -49,6 +50,9 @@ namespace base {
 #include "kernels/cpu/cpu_math_impl.inc"
 #undef L2L_VEC_FLOATS
 }  // namespace base
+
+constexpr std::pair<MathIsa, const char*> kMathIsaNames[] = {
+    {MathIsa::kBase, "base"}, {MathIsa::kAvx2, "avx2"}, {MathIsa::kAvx512, "avx512"}};
 
 MathIsa Detect() {
 #ifdef L2L_HAVE_X86
@@ -97,19 +101,8 @@ bool SetMathIsa(MathIsa isa) {
   g_isa.store(isa);
   return true;
 }
-const char* MathIsaName(MathIsa isa) {
-  switch (isa) {
-    case MathIsa::kAvx512: return "avx512";
-    case MathIsa::kAvx2: return "avx2";
-    default: return "base";
-  }
-}
-Result<MathIsa> ParseMathIsa(std::string_view s) {
-  for (MathIsa isa : {MathIsa::kBase, MathIsa::kAvx2, MathIsa::kAvx512}) {
-    if (s == MathIsaName(isa)) return isa;
-  }
-  return InvalidArgument("'" + std::string(s) + "' is not one of: base, avx2, avx512");
-}
+const char* MathIsaName(MathIsa isa) { return NameOf(kMathIsaNames, isa); }
+Result<MathIsa> ParseMathIsa(std::string_view s) { return ParseName(kMathIsaNames, s); }
 
 void GeluForwardSpan(float* out, const float* in, int64_t n) { L2L_DISPATCH(GeluForwardSpan, out, in, n); }
 void GeluBackwardSpan(float* dinp, const float* in, const float* dout, int64_t n) {

@@ -14,6 +14,7 @@
 
 #include "common/adamw.h"
 #include "common/env.h"
+#include "common/name_table.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/copy_queue.h"
 #include "kernels/cuda/cuda_check.h"
@@ -514,21 +515,10 @@ int CudaBackendDevice(Backend& backend) {
   return be == nullptr ? -1 : be->device();
 }
 
-const char* ToString(CudaGemmPrecision p) {
-  switch (p) {
-    case CudaGemmPrecision::kFp32: return "fp32";
-    case CudaGemmPrecision::kTf32: return "tf32";
-    case CudaGemmPrecision::kBf16: return "bf16";
-  }
-  return "?";
-}
-
-Result<CudaGemmPrecision> ParseCudaGemmPrecision(std::string_view s) {
-  for (CudaGemmPrecision p : {CudaGemmPrecision::kFp32, CudaGemmPrecision::kTf32, CudaGemmPrecision::kBf16}) {
-    if (s == ToString(p)) return p;
-  }
-  return InvalidArgument("'" + std::string(s) + "' is not one of: fp32, tf32, bf16");
-}
+constexpr std::pair<CudaGemmPrecision, const char*> kCudaGemmNames[] = {
+    {CudaGemmPrecision::kFp32, "fp32"}, {CudaGemmPrecision::kTf32, "tf32"}, {CudaGemmPrecision::kBf16, "bf16"}};
+const char* ToString(CudaGemmPrecision p) { return NameOf(kCudaGemmNames, p); }
+Result<CudaGemmPrecision> ParseCudaGemmPrecision(std::string_view s) { return ParseName(kCudaGemmNames, s); }
 
 int CudaDeviceCount() {
   int count = 0;
