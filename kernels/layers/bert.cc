@@ -77,7 +77,7 @@ Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_
   const size_t N = static_cast<size_t>(B * T), C = spec.d_model, F = spec.d_ff;
   const size_t NH = spec.n_head, V = spec.vocab_size, t = static_cast<size_t>(T);
   const size_t g = N * std::max(3 * C, F) * f;
-  const size_t logits = std::max(N * V, static_cast<size_t>(B) * static_cast<size_t>(spec.num_labels)) * f;
+  const size_t logits = std::max(static_cast<size_t>(ws->head_rows()) * V, static_cast<size_t>(B) * static_cast<size_t>(spec.num_labels)) * f;
   struct Want {
     DeviceBuffer* buf;
     size_t bytes;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "common/env.h"
 #include "kernels/layers/registry.h"
 
 namespace l2l::layers {
@@ -44,16 +45,30 @@ Status AllocInto(Backend* be, DeviceBuffer* buf, size_t bytes) {
 
 // ---- LayerWorkspace --------------------------------------------------------------------
 
+Result<int64_t> HeadChunkRows(const ModelSpec& spec, int64_t N) {
+  L2L_ASSIGN_OR_RETURN(int64_t mib, EnvInt(EnvVar::kHeadChunkMb));
+  if (mib < 1 || mib > (int64_t{1} << 30)) {
+    return InvalidArgument("environment L2L_HEAD_CHUNK_MB=" + std::to_string(mib) + ": expected MiB in [1, 2^30]");
+  }
+  const int64_t row_bytes = std::max<int64_t>(1, spec.vocab_size) * static_cast<int64_t>(sizeof(float));
+  return std::clamp<int64_t>((mib << 20) / row_bytes, 1, std::max<int64_t>(N, 1));
+}
+
 Result<LayerWorkspace> LayerWorkspace::Create(Backend* backend, const ModelSpec& spec, int64_t B,
-                                              int64_t T) {
+                                              int64_t T, int64_t head_rows) {
   L2L_RETURN_IF_ERROR(spec.Validate());
   if (B <= 0 || T <= 0 || T > spec.seq_len) {
     return InvalidArgument("LayerWorkspace: micro-batch B=" + std::to_string(B) + " T=" +
                            std::to_string(T) + " must be positive with T <= model.seq_len=" +
                            std::to_string(spec.seq_len));
   }
+  if (head_rows < 0) return InvalidArgument("LayerWorkspace: head_rows " + std::to_string(head_rows) + " < 0");
+  if (head_rows == 0) {
+    L2L_ASSIGN_OR_RETURN(head_rows, HeadChunkRows(spec, B * T));
+  }
   LayerWorkspace ws;
   ws.SetShape(B, T);
+  ws.SetHeadRows(std::min(head_rows, B * T));
   L2L_RETURN_IF_ERROR(LayersFor(spec.family).alloc_workspace(backend, spec, B, T, &ws));
   return ws;
 }
@@ -74,7 +89,9 @@ void EmbeddingForward(Backend& be, const ModelSpec& spec, const LayerLayout& lay
                       const float* params, const int32_t* tokens, float* out, int64_t B, int64_t T,
                       const SequenceInputs& seq, LayerWorkspace* ws) {
   CheckKind(layout, LayerKind::kEmbedding, "EmbeddingForward");
-  L2L_CHECK(T <= spec.seq_len) << "EmbeddingForward: T=" << T << " > model.seq_len=" << spec.seq_len;
+  L2L_CHECK(seq.position_offset >= 0 && seq.position_offset + T <= spec.seq_len)
+      << "EmbeddingForward: positions [" << seq.position_offset << ", " << seq.position_offset + T
+      << ") beyond model.seq_len=" << spec.seq_len;
   if (ws != nullptr) CheckFits(*ws, B, T, "EmbeddingForward");
   LayersFor(spec.family).embedding_forward(be, spec, layout, params, tokens, out, B, T, seq, ws);
 }
@@ -174,16 +191,13 @@ const float* HeadMatrix(const ModelSpec& spec, const LayerLayout& layout, const 
   return w;
 }
 
-// ws.logits (N,V) = norm(in) @ W^T; returns norm(in) (N,C), a region of ws.
-const float* HeadLogits(Backend& be, const ModelSpec& spec, const LayerLayout& layout,
-                        const float* params, const float* w, const float* in, int64_t N,
-                        LayerWorkspace& ws) {
+// ws.logits (n,V) = normed[r0, r0+n) @ W^T (+ the family's logits bias): one chunk.
+void ChunkLogits(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
+                 const float* w, const float* normed, int64_t r0, int64_t n, LayerWorkspace& ws) {
   const int64_t C = spec.d_model, V = spec.vocab_size;
   const FamilyLayers& fam = LayersFor(spec.family);
-  const float* normed = fam.head_norm_forward(be, spec, layout, params, in, N, ws);
-  be.Gemm(false, true, N, V, C, 1.0f, normed, C, w, C, 0.0f, ws.logits.f32(), V);
-  if (fam.head_logits_bias != nullptr) be.AddBias(ws.logits.f32(), params + Off(layout, fam.head_logits_bias), N, V);
-  return normed;
+  be.Gemm(false, true, n, V, C, 1.0f, normed + r0 * C, C, w, C, 0.0f, ws.logits.f32(), V);
+  if (fam.head_logits_bias != nullptr) be.AddBias(ws.logits.f32(), params + Off(layout, fam.head_logits_bias), n, V);
 }
 
 }  // namespace
@@ -199,10 +213,11 @@ float HeadForwardBackward(Backend& be, const ModelSpec& spec, const LayerLayout&
     return fam.head_forward_backward(be, spec, layout, params, wte, in, targets, loss_scale, din, dparams, dwte, B,
                                      T, ws);
   }
-  const int64_t C = spec.d_model, V = spec.vocab_size, N = B * T;
+  const int64_t C = spec.d_model, V = spec.vocab_size, N = B * T, R = ws.head_rows();
+  L2L_CHECK(R >= 1) << "HeadForwardBackward: workspace without head rows";
   const float* w = HeadMatrix(spec, layout, params, wte);
-  const float* normed = HeadLogits(be, spec, layout, params, w, in, N, ws);
-  float* logits = ws.logits.f32();  // logits, then probs (or dlogits) (N,V)
+  const float* normed = fam.head_norm_forward(be, spec, layout, params, in, N, ws);  // (N,C), a region of ws
+  float* logits = ws.logits.f32();  // one chunk (<= R rows): logits, then probs (or dlogits)
   // Loss-masked positions (kIgnoreTarget) add nothing: the mean is over the trained
   // targets of this micro-batch (all N without a mask), and a micro-batch with none
   // contributes loss 0 and no gradient.
@@ -211,14 +226,27 @@ float HeadForwardBackward(Backend& be, const ModelSpec& spec, const LayerLayout&
   int64_t trained = 0;
   for (int32_t t : host_targets) trained += t != kernels::kIgnoreTarget;
   float* dw = nullptr;
-  if (din == nullptr) {
-    be.CrossEntropyForward(ws.losses.f32(), logits, logits, targets, N, V);
-  } else {
+  float* dnormed = nullptr;
+  float* dbias = nullptr;
+  if (din != nullptr) {
     L2L_CHECK(dparams != nullptr) << "HeadForwardBackward: din given without dparams";
     dw = spec.tied_embeddings ? dwte : dparams + Off(layout, "lm_head.weight");
     L2L_CHECK(dw != nullptr) << "HeadForwardBackward: a tied head needs dwte";
-    be.CrossEntropyForwardBackward(ws.losses.f32(), logits, logits, targets,
-                                   loss_scale / static_cast<float>(std::max<int64_t>(trained, 1)), N, V);
+    dnormed = ws.g0.f32();  // (N,C)
+    if (fam.head_logits_bias != nullptr) dbias = dparams + Off(layout, fam.head_logits_bias);
+  }
+  const float scale = loss_scale / static_cast<float>(std::max<int64_t>(trained, 1));
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t n = std::min(R, N - r0);
+    ChunkLogits(be, spec, layout, params, w, normed, r0, n, ws);
+    if (din == nullptr) {
+      be.CrossEntropyForward(ws.losses.f32() + r0, logits, logits, targets + r0, n, V);
+      continue;
+    }
+    be.CrossEntropyForwardBackward(ws.losses.f32() + r0, logits, logits, targets + r0, scale, n, V);
+    if (dbias != nullptr) be.BiasBackward(dbias, logits, n, V);
+    be.Gemm(true, false, V, C, n, 1.0f, logits, V, normed + r0 * C, C, 1.0f, dw, C);           // dW (V,C) +=
+    be.Gemm(false, false, n, C, V, 1.0f, logits, V, w, C, 0.0f, dnormed + r0 * C, C);          // (n,C)
   }
   std::vector<float> losses(static_cast<size_t>(N));
   be.CopyToHost(losses.data(), ws.losses.data(), losses.size() * sizeof(float));
@@ -227,10 +255,6 @@ float HeadForwardBackward(Backend& be, const ModelSpec& spec, const LayerLayout&
   const float mean_loss = trained > 0 ? static_cast<float>(sum / static_cast<double>(trained)) : 0.0f;
   if (din == nullptr) return mean_loss;
 
-  if (fam.head_logits_bias != nullptr) be.BiasBackward(dparams + Off(layout, fam.head_logits_bias), logits, N, V);
-  be.Gemm(true, false, V, C, N, 1.0f, logits, V, normed, C, 1.0f, dw, C);     // dW (V,C) +=
-  float* dnormed = ws.g0.f32();
-  be.Gemm(false, false, N, C, V, 1.0f, logits, V, w, C, 0.0f, dnormed, C);    // (N,C)
   float* acc = ws.g1.f32();
   be.Zero(acc, N * C * sizeof(float));
   LayersFor(spec.family).head_norm_backward(be, spec, layout, params, in, dnormed, acc, dparams, N, ws);
@@ -247,13 +271,19 @@ void HeadProbs(Backend& be, const ModelSpec& spec, const LayerLayout& layout, co
   L2L_CHECK(fam.own_head == nullptr || !fam.own_head(spec))
       << "HeadProbs: the " << ToString(spec.family) << " model's head (num_labels=" << spec.num_labels
       << ") is not a language-model head";
-  const int64_t N = B * T, V = spec.vocab_size;
-  HeadLogits(be, spec, layout, params, HeadMatrix(spec, layout, params, wte), in, N, ws);
+  const int64_t N = B * T, V = spec.vocab_size, R = ws.head_rows();
+  L2L_CHECK(R >= 1) << "HeadProbs: workspace without head rows";
+  const float* w = HeadMatrix(spec, layout, params, wte);
+  const float* normed = fam.head_norm_forward(be, spec, layout, params, in, N, ws);
   // The backend's softmax is the cross-entropy op; all-zero bits are int32 targets 0,
   // whose losses we ignore.
   int32_t* zero_targets = ws.g3.i32();
   be.Zero(zero_targets, N * sizeof(int32_t));
-  be.CrossEntropyForward(ws.losses.f32(), probs, ws.logits.f32(), zero_targets, N, V);
+  for (int64_t r0 = 0; r0 < N; r0 += R) {
+    const int64_t n = std::min(R, N - r0);
+    ChunkLogits(be, spec, layout, params, w, normed, r0, n, ws);
+    be.CrossEntropyForward(ws.losses.f32() + r0, probs + r0 * V, ws.logits.f32(), zero_targets, n, V);
+  }
 }
 
 }  // namespace l2l::layers

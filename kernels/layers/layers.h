@@ -28,8 +28,10 @@ namespace l2l::layers {
 // (shapes below are GPT-2's; Llama's are in kernels/layers/llama.cc); the rest stay empty.
 class LayerWorkspace {
  public:
+  // head_rows: rows of the LM head's logits chunk (ws.logits is head_rows x V floats);
+  // 0 = HeadChunkRows(spec, B * T), the L2L_HEAD_CHUNK_MB budget.
   static Result<LayerWorkspace> Create(kernels::Backend* backend, const ModelSpec& spec, int64_t B,
-                                       int64_t T);
+                                       int64_t T, int64_t head_rows = 0);
   // Sets the micro-batch shape (for the families' workspace allocators).
   void SetShape(int64_t B, int64_t T) {
     B_ = B;
@@ -37,6 +39,10 @@ class LayerWorkspace {
   }
   int64_t B() const { return B_; }
   int64_t T() const { return T_; }
+  // The LM head computes its logits, softmax and cross-entropy head_rows() rows at a time
+  // (HeadForwardBackward, HeadProbs): no (B*T, V) logits tensor exists when it is < B*T.
+  int64_t head_rows() const { return head_rows_; }
+  void SetHeadRows(int64_t rows) { head_rows_ = rows; }
   size_t bytes() const;  // device bytes held
 
   // Named scratch regions (device pointers), valid for the workspace's lifetime.
@@ -49,20 +55,29 @@ class LayerWorkspace {
   kernels::DeviceBuffer resid2;                    // (N,C) input + attention branch
   kernels::DeviceBuffer ln2, ln2_mean, ln2_rstd;   // (N,C) (N) (N)
   kernels::DeviceBuffer fch, fch_gelu;             // (N,F) (N,F)
-  kernels::DeviceBuffer logits;                    // (N,V) logits, then probs, then dlogits
+  kernels::DeviceBuffer logits;                    // (head_rows,V) logits, then probs, then dlogits
   kernels::DeviceBuffer losses;                    // (N)
   kernels::DeviceBuffer g0, g1, g2, g3;            // (N, max(3C,F)) gradient scratch
   kernels::DeviceBuffer rope_cos, rope_sin;        // (T, hs/2) rotary tables (Llama)
 
  private:
-  int64_t B_ = 0, T_ = 0;
+  int64_t B_ = 0, T_ = 0, head_rows_ = 0;
 };
+
+// Rows per chunk of the LM head for N = B*T rows: min(N, max(1, budget / (V * 4 bytes)))
+// with budget = L2L_HEAD_CHUNK_MB MiB (common/env.h; default 256). A bad value of the
+// variable is an error naming it.
+Result<int64_t> HeadChunkRows(const ModelSpec& spec, int64_t N);
 
 // Per-micro-batch inputs beside the token ids, read by the families that use them (BERT):
 // device pointers to (B,T) int32 arrays, valid during the call. GPT-2 and Llama ignore them.
 struct SequenceInputs {
   const int32_t* token_types = nullptr;     // segment ids in [0, type_vocab_size); nullptr: all 0
   const int32_t* attention_mask = nullptr;  // 1 = real token, 0 = padding; nullptr: all real
+  // Position of the first token (KV-cache decoding, kernels/layers/kv_decode.h): GPT-2's
+  // embedding adds wpe[position_offset + t]. Blocks ignore it (their block_decode takes
+  // the position).
+  int64_t position_offset = 0;
 };
 
 // ---- Embedding (layer 0): tokens -> hidden --------------------------------------
@@ -142,6 +157,10 @@ void BlockBackward(kernels::Backend& be, const ModelSpec& spec, const LayerLayou
 // classification head (num_labels > 0) instead classifies the pooled first token of each
 // sequence against its target at position 0 (the mean is over sequences).
 // targets (B,T) int32 device memory.
+// The logits exist ws.head_rows() rows at a time (a chunked head): per chunk, the GEMM,
+// the softmax cross-entropy and, with din, its backward (bias, dW +=, dnormed rows); the
+// result equals the unchunked head up to the order of dW's sum over rows (bit for bit
+// when one chunk holds all B*T rows).
 // Returns the mean cross-entropy over the B*T tokens (synchronises to read it).
 // When din != nullptr also computes the backward of loss * loss_scale:
 //   din (B,T,C) overwritten; dparams (head layout.numel) +=; dwte (V,C) += (tied only).
