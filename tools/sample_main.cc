@@ -8,9 +8,13 @@
 // its vocabulary is 256 and otherwise needs --prompt-ids (the sample is then ids only).
 // Generation stops at the tokenizer's EOS id (unless --ignore-eos). --temperature 0 is
 // greedy. --ids also prints the prompt and generated token ids, one line each.
+// Decoders sample with a key/value cache (kernels/layers/kv_decode.h: the prompt once, then
+// one token per step); --no-kv-cache recomputes the whole context for every token. The
+// speed (new tokens/s) goes to stderr.
 // main() only parses flags, builds objects and runs (STYLE.md).
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <optional>
 #include <sstream>
@@ -33,7 +37,7 @@ struct Flags {
   int64_t tokens = 200, top_k = 40;
   float temperature = 0.8f, top_p = 1.0f;
   uint64_t seed = 1;
-  bool ignore_eos = false, ids = false;
+  bool ignore_eos = false, ids = false, no_kv_cache = false;
 };
 
 // Next-token probabilities at the context's length rounded up to a multiple of 32 (at
@@ -125,8 +129,19 @@ l2l::Status Run(const Flags& f) {
   so.seed = f.seed;
   so.context_len = model->spec().seq_len;
   so.eos_id = (tok && !f.ignore_eos) ? tok->eos_id() : -1;
-  l2l::Result<std::vector<int32_t>> out = w::Generate(BucketedProbs(model.get()), prompt, so);
+  // With a KV cache (the default for decoders): the prompt once, then one token per step.
+  w::NextTokenProbs next;
+  if (f.no_kv_cache) {
+    next = BucketedProbs(model.get());
+  } else {
+    const int64_t longest = std::min<int64_t>(so.context_len, static_cast<int64_t>(prompt.size()) + f.tokens);
+    L2L_ASSIGN_OR_RETURN(next, w::KvCacheProbs(model.get(), longest));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  l2l::Result<std::vector<int32_t>> out = w::Generate(next, prompt, so);
   if (!out.ok()) return out.status().WithContext(desc);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const size_t generated = out->size() - prompt.size();
   std::optional<std::string> text;
   if (tok) {
     L2L_ASSIGN_OR_RETURN(std::string s, tok->Decode(*out));
@@ -138,8 +153,12 @@ l2l::Status Run(const Flags& f) {
   std::printf("---- sample (%s; temperature %.2f, top-k %lld, top-p %.2f) ----\n", desc.c_str(), so.temperature,
               static_cast<long long>(so.top_k), so.top_p);
   if (text) std::printf("%s\n", text->c_str());
-  std::printf("---- end of sample (%zu new tokens%s) ----\n", out->size() - prompt.size(),
+  std::printf("---- end of sample (%zu new tokens%s) ----\n", generated,
               (so.eos_id >= 0 && out->back() == so.eos_id && out->size() > prompt.size()) ? ", stopped at EOS" : "");
+  // Speed on stderr: the prompt's tokens plus the generated ones, over the generation's time.
+  std::fprintf(stderr, "l2l-sample: %zu prompt + %zu new tokens in %.2f s: %.1f new tokens/s (%s)\n", prompt.size(),
+               generated, secs, secs > 0 ? static_cast<double>(generated) / secs : 0.0,
+               f.no_kv_cache ? "full recompute per token" : "KV cache");
   if (f.ids || !text) {
     std::printf("prompt ids: %s\n", JoinIds(prompt, 0).c_str());
     std::printf("ids: %s\n", JoinIds(*out, prompt.size()).c_str());
@@ -164,6 +183,8 @@ int main(int argc, char** argv) {
   app.add_option("--seed", f.seed, "sampling seed")->capture_default_str();
   app.add_flag("--ignore-eos", f.ignore_eos, "do not stop at the tokenizer's EOS token");
   app.add_flag("--ids", f.ids, "also print the prompt and generated token ids");
+  app.add_flag("--no-kv-cache", f.no_kv_cache,
+               "recompute the whole context for every token (the old path; for comparison)");
   app.add_flag_callback("--help-env", l2l::PrintEnvHelpAndExit, l2l::kHelpEnvDoc);
   CLI11_PARSE(app, argc, argv);
   l2l::InitLogging("warn").IgnoreError();

@@ -3,10 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 
 #include "common/formats/tokens_file.h"
 #include "common/rng.h"
+#include "kernels/layers/kv_decode.h"
 #include "worker/reference/reference_trainer.h"
 
 namespace l2l::worker {
@@ -90,6 +92,14 @@ NextTokenProbs TrainerProbs(ReferenceTrainer* trainer) {
     L2L_RETURN_IF_ERROR(trainer->Probs(tokens.data(), 1, T, probs.data()));
     return std::vector<float>(probs.begin() + (n - 1) * V, probs.begin() + n * V);
   };
+}
+
+Result<NextTokenProbs> KvCacheProbs(ReferenceTrainer* trainer, int64_t max_len) {
+  L2L_ASSIGN_OR_RETURN(std::unique_ptr<layers::KvDecoder> d,
+                       layers::KvDecoder::Create(trainer->backend(), trainer->spec(), trainer->device_params(), max_len));
+  std::shared_ptr<layers::KvDecoder> dec(std::move(d));
+  return NextTokenProbs(
+      [dec](const std::vector<int32_t>& context) -> Result<std::vector<float>> { return dec->NextProbs(context); });
 }
 
 Result<std::string> SampleText(ReferenceTrainer* trainer, const std::string& prompt,

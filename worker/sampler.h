@@ -51,6 +51,15 @@ Result<std::vector<int32_t>> Generate(const NextTokenProbs& next, const std::vec
 // to seq_len (causal attention makes the padding invisible to earlier positions), so
 // every call runs one fixed (1, seq_len) shape.
 NextTokenProbs TrainerProbs(ReferenceTrainer* trainer);
+// NextTokenProbs over a trainer's current weights with a key/value cache
+// (kernels/layers/kv_decode.h): the first context is prefilled, each later call that
+// extends the previous context by one token runs that token alone; any other context
+// (the window slid past seq_len) is prefilled again. Same distributions as TrainerProbs
+// up to fp32 rounding. FailedPrecondition for a family without decoding (BERT). The
+// callback shares its cache among copies; the trainer must outlive it and not Step.
+// max_len (0 = seq_len): the longest context it will see (prompt + new tokens, capped
+// at seq_len), which sizes the cache.
+Result<NextTokenProbs> KvCacheProbs(ReferenceTrainer* trainer, int64_t max_len = 0);
 
 // Byte-level text generation from a trainer's weights: tokenizes `prompt` (a newline when
 // empty), generates, decodes. InvalidArgument unless the model's vocabulary is the

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "kernels/layers/kv_decode.h"
 #include "kernels/layers/registry.h"
 
 namespace l2l::layers {
@@ -39,14 +40,19 @@ BlockViews Views(const LayerLayout& layout, const float* base) {
 }
 
 // Forward internals of a block up to (and including) fch_gelu, into ws.
+// With kv (B = T = 1, KV-cache decoding): the attention is the new row's over the cache.
 void BlockInternals(Backend& be, const ModelSpec& spec, const BlockViews& w, const float* in,
-                    int64_t B, int64_t T, LayerWorkspace& ws) {
+                    int64_t B, int64_t T, LayerWorkspace& ws, const KvStep* kv = nullptr) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   be.LayerNormForward(ws.ln1.f32(), ws.ln1_mean.f32(), ws.ln1_rstd.f32(), in, w.ln1_w, w.ln1_b, N,
                       C);
   be.LinearForward(ws.qkv.f32(), ws.ln1.f32(), w.attn_w, false, w.attn_b, N, C, 3 * C, nullptr,
                    nullptr);  // (N,3C)
-  be.AttentionForward(ws.atty.f32(), ws.att.f32(), ws.qkv.f32(), B, T, C, spec.n_head);
+  if (kv == nullptr) {
+    be.AttentionForward(ws.atty.f32(), ws.att.f32(), ws.qkv.f32(), B, T, C, spec.n_head);
+  } else {
+    AttendCached(be, ws.qkv.f32(), spec.n_head, spec.n_head, C / spec.n_head, *kv, ws.atty.f32());
+  }
   // x1 = x + attn
   be.LinearForward(ws.resid2.f32(), ws.atty.f32(), w.proj_w, false, w.proj_b, N, C, C, nullptr, in);
   be.LayerNormForward(ws.ln2.f32(), ws.ln2_mean.f32(), ws.ln2_rstd.f32(), ws.resid2.f32(),
@@ -73,7 +79,7 @@ Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_
       {&ws->qkv, N * 3 * C * f},      {&ws->att, att_floats * f},      {&ws->att_scratch, scratch_floats * f},
       {&ws->atty, N * C * f},         {&ws->resid2, N * C * f},       {&ws->ln2, N * C * f},
       {&ws->ln2_mean, N * f},         {&ws->ln2_rstd, N * f},         {&ws->fch, N * F * f},
-      {&ws->fch_gelu, N * F * f},     {&ws->logits, N * V * f},       {&ws->losses, N * f},
+      {&ws->fch_gelu, N * F * f},     {&ws->logits, static_cast<size_t>(ws->head_rows()) * V * f},       {&ws->losses, N * f},
       {&ws->g0, g},                   {&ws->g1, g},                   {&ws->g2, g},
       {&ws->g3, g}};
   for (const Want& w : wants) L2L_RETURN_IF_ERROR(AllocInto(backend, w.buf, w.bytes));
@@ -81,10 +87,10 @@ Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_
 }
 
 void FamilyEmbeddingForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
-                      const int32_t* tokens, float* out, int64_t B, int64_t T, const SequenceInputs&,
+                      const int32_t* tokens, float* out, int64_t B, int64_t T, const SequenceInputs& seq,
                       LayerWorkspace*) {
-  be.EmbeddingForward(out, tokens, params + Off(layout, "wte.weight"), params + Off(layout, "wpe.weight"), B, T,
-                      spec.d_model);
+  be.EmbeddingForward(out, tokens, params + Off(layout, "wte.weight"),
+                      params + Off(layout, "wpe.weight") + seq.position_offset * spec.d_model, B, T, spec.d_model);
 }
 
 void FamilyEmbeddingBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float*,
@@ -101,6 +107,14 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
   BlockInternals(be, spec, w, in, B, T, ws);
   // out = x1 + mlp; `in` is no longer read, so out may alias it.
   be.LinearForward(out, ws.fch_gelu.f32(), w.mproj_w, false, w.mproj_b, N, F, C, nullptr,
+                   ws.resid2.f32());
+}
+
+void FamilyBlockDecode(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
+                       const float* in, float* out, LayerWorkspace& ws, const KvStep& kv) {
+  const BlockViews w = Views(layout, params);
+  BlockInternals(be, spec, w, in, 1, 1, ws, &kv);
+  be.LinearForward(out, ws.fch_gelu.f32(), w.mproj_w, false, w.mproj_b, 1, spec.d_ff, spec.d_model, nullptr,
                    ws.resid2.f32());
 }
 
@@ -165,6 +179,7 @@ const FamilyLayers& Gpt2Layers() {
                       &LayerWorkspace::qkv, &LayerWorkspace::att, &LayerWorkspace::atty,
                       &LayerWorkspace::resid2, &LayerWorkspace::ln2, &LayerWorkspace::ln2_mean,
                       &LayerWorkspace::ln2_rstd, &LayerWorkspace::fch, &LayerWorkspace::fch_gelu},
+      .block_decode = &FamilyBlockDecode,
   };
   return kLayers;
 }

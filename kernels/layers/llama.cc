@@ -16,6 +16,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/layers/kv_decode.h"
 #include "kernels/layers/registry.h"
 
 namespace l2l::layers {
@@ -82,7 +83,7 @@ Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_
       {&ws->att, att_floats * f}, {&ws->att_scratch, scratch_floats * f},
       {&ws->atty, N * C * f},    {&ws->resid2, N * C * f},      {&ws->ln2, N * C * f},
       {&ws->ln2_rstd, N * f},    {&ws->fch, N * 2 * F * f},     {&ws->fch_gelu, N * F * f},
-      {&ws->logits, N * V * f},  {&ws->losses, N * f},          {&ws->g0, g},
+      {&ws->logits, static_cast<size_t>(ws->head_rows()) * V * f},  {&ws->losses, N * f},          {&ws->g0, g},
       {&ws->g1, g},              {&ws->g2, g},                  {&ws->g3, g},
       {&ws->rope_cos, t * half * f}, {&ws->rope_sin, t * half * f}};
   for (const Want& w : wants) L2L_RETURN_IF_ERROR(AllocInto(backend, w.buf, w.bytes));
@@ -118,16 +119,23 @@ BlockViews Views(const ModelSpec& spec, const LayerLayout& layout, const float* 
 }
 
 // Forward internals of a block up to (and including) fch_gelu, into ws.
+// With kv (B = T = 1, KV-cache decoding): the row is rotated for position kv->pos and
+// attends over the cache.
 void BlockInternals(Backend& be, const ModelSpec& spec, const BlockViews& w, const float* in, int64_t B,
-                    int64_t T, LayerWorkspace& ws) {
+                    int64_t T, LayerWorkspace& ws, const KvStep* kv = nullptr) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T, W = QkvWidth(spec);
   const int64_t NH = spec.n_head, NKV = spec.kv_heads(), hs = spec.head_dim();
   const float eps = static_cast<float>(spec.rms_norm_eps);
   be.RMSNormForward(ws.ln1.f32(), ws.ln1_rstd.f32(), in, w.ln1, N, C, eps);
   be.Gemm(false, true, N, W, C, 1.0f, ws.ln1.f32(), C, w.qkv_w, C, 0.0f, ws.qkv.f32(), W);
   if (w.qkv_b != nullptr) be.AddBias(ws.qkv.f32(), w.qkv_b, N, W);
-  be.RopeForward(ws.qkv.f32(), ws.rope_cos.f32(), ws.rope_sin.f32(), B, T, W, NH + NKV, hs);
-  be.AttentionForwardGqa(ws.atty.f32(), ws.att.f32(), ws.qkv.f32(), B, T, NH, NKV, hs);
+  const int64_t rope_row = kv != nullptr ? kv->pos * (hs / 2) : 0;  // the tables' row for position 0 of qkv
+  be.RopeForward(ws.qkv.f32(), ws.rope_cos.f32() + rope_row, ws.rope_sin.f32() + rope_row, B, T, W, NH + NKV, hs);
+  if (kv == nullptr) {
+    be.AttentionForwardGqa(ws.atty.f32(), ws.att.f32(), ws.qkv.f32(), B, T, NH, NKV, hs);
+  } else {
+    AttendCached(be, ws.qkv.f32(), NH, NKV, hs, *kv, ws.atty.f32());
+  }
   // x1 = x + attn
   be.LinearForward(ws.resid2.f32(), ws.atty.f32(), w.o_w, true, nullptr, N, C, C, nullptr, in);
   be.RMSNormForward(ws.ln2.f32(), ws.ln2_rstd.f32(), ws.resid2.f32(), w.ln2, N, C, eps);
@@ -154,6 +162,14 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
   BlockInternals(be, spec, w, in, B, T, ws);
   // out = x1 + down(h); `in` is no longer read, so out may alias it.
   be.LinearForward(out, ws.fch_gelu.f32(), w.down_w, true, nullptr, N, F, C, nullptr, ws.resid2.f32());
+}
+
+void FamilyBlockDecode(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
+                       const float* in, float* out, LayerWorkspace& ws, const KvStep& kv) {
+  const BlockViews w = Views(spec, layout, params);
+  BlockInternals(be, spec, w, in, 1, 1, ws, &kv);
+  be.LinearForward(out, ws.fch_gelu.f32(), w.down_w, true, nullptr, 1, spec.d_ff, spec.d_model, nullptr,
+                   ws.resid2.f32());
 }
 
 void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
@@ -223,6 +239,7 @@ const FamilyLayers& LlamaLayers() {
                       &LayerWorkspace::att, &LayerWorkspace::atty, &LayerWorkspace::resid2,
                       &LayerWorkspace::ln2, &LayerWorkspace::ln2_rstd, &LayerWorkspace::fch,
                       &LayerWorkspace::fch_gelu},
+      .block_decode = &FamilyBlockDecode,
   };
   return kLayers;
 }

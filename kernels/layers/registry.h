@@ -16,6 +16,8 @@
 
 namespace l2l::layers {
 
+struct KvStep;  // kv_decode.h
+
 struct FamilyLayers {
   ModelFamily family;
   // Allocates the regions of `ws` the family uses for micro-batches (B, T) and fills any
@@ -68,6 +70,13 @@ struct FamilyLayers {
   // with recompute=false (what it would otherwise recompute from the input). Empty: the
   // family always recomputes (SavedActivations unsupported).
   std::vector<kernels::DeviceBuffer LayerWorkspace::*> block_saved;
+  // Optional (nullptr: no KV-cache decoding): block_forward for ONE new token at position
+  // kv.pos (B = T = 1): in, out (1,C); appends its k and v to kv's cache and attends over
+  // positions [0, kv.pos] (AttendCached, kv_decode.h). The family's ws.qkv after
+  // block_forward must hold the (rotated) q|k|v rows, NH then NKV then NKV heads of hs:
+  // KvDecoder's prefill copies k and v from there.
+  void (*block_decode)(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
+                       const float* in, float* out, LayerWorkspace& ws, const KvStep& kv) = nullptr;
 };
 
 // The entry of `family`.

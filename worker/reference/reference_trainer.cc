@@ -320,6 +320,12 @@ Status ReferenceTrainer::Hidden(const MicroBatch& mb, float* hidden) {
   return Status::Ok();
 }
 
+std::vector<const float*> ReferenceTrainer::device_params() const {
+  std::vector<const float*> p;
+  for (const kernels::DeviceBuffer& b : d_params_) p.push_back(b.f32());
+  return p;
+}
+
 Status ReferenceTrainer::Probs(const int32_t* tokens, int64_t B, int64_t T, float* probs) {
   MicroBatch mb;
   mb.B = B;

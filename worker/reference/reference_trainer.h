@@ -96,6 +96,9 @@ class ReferenceTrainer {
   const ModelSpec& spec() const { return cfg_.model; }
   const std::vector<LayerLayout>& layouts() const { return layouts_; }
   kernels::Backend* backend() const { return backend_.get(); }
+  // The backend's copy of each layer's weights (layout order), valid until the next
+  // Step (which refreshes them in place) and for the trainer's life.
+  std::vector<const float*> device_params() const;
   // Which blocks keep their forward intermediates (for the current micro-batch shape).
   const ActivationPlan& activation_plan() const { return plan_; }
 
