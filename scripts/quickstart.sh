@@ -13,6 +13,9 @@
 #   6. exports a Hugging Face directory (l2lctl export --format hf) and prints the held-out
 #      perplexity and the greedy sample AFTER, the peak RSS of daemon and worker, and plots
 #      the run.
+# The setup and build steps write their output to OUT_DIR/setup.log and OUT_DIR/build.log
+# (the path is printed; on failure the log's tail is shown), and only the programs the
+# quickstart runs are built (not the tests or the CUDA emulator).
 # About 10-15 minutes on 2 cores after the build. `scripts/quickstart.sh --toy` runs the old
 # demo instead: a byte-level GPT trained from scratch (scripts/quickstart_toy.sh).
 #
@@ -32,8 +35,23 @@ STEPS="${QUICKSTART_STEPS:-30}"
 T=256
 PROMPT="This program is free software"
 
-if [ "${L2L_SKIP_SETUP:-0}" != 1 ]; then bash scripts/setup.sh; fi
-L2L_BUILD_DIR="$BUILD_DIR" bash scripts/build.sh
+mkdir -p "$OUT_DIR"
+# quiet STEP LOG CMD...: runs CMD with its output in LOG; one line on success, the log's
+# tail on failure.
+quiet() {
+  local what=$1 log=$2 t0=$SECONDS
+  shift 2
+  echo "quickstart: $what (log: $log)"
+  if ! "$@" > "$log" 2>&1; then
+    echo "quickstart: FAILED: $what; the end of $log:" >&2
+    tail -30 "$log" >&2
+    exit 1
+  fi
+  echo "quickstart: $what: done in $(( SECONDS - t0 )) s"
+}
+if [ "${L2L_SKIP_SETUP:-0}" != 1 ]; then quiet "installing Debian packages" "$OUT_DIR/setup.log" bash scripts/setup.sh; fi
+quiet "building l2l" "$OUT_DIR/build.log" env L2L_BUILD_DIR="$BUILD_DIR" \
+  L2L_BUILD_TARGETS="l2l-eps l2l-worker l2lctl l2l-tokenize l2l-eval l2l-sample" bash scripts/build.sh
 GGUF=$(bash scripts/fetch_models.sh smollm2)
 echo "quickstart: model $GGUF"
 
