@@ -229,7 +229,7 @@ left() { echo $((TOTAL_TIMEOUT - SECONDS)); }
     for rw in write read; do
       fio --name=ssd-$rw --directory="$SPILL_DIR" --rw=$rw --bs=4M --size=4G --direct=1 --ioengine=libaio \
           --iodepth=16 --numjobs=1 --group_reporting --output-format=terse --terse-version=3 2>&1 |
-        awk -F';' -v rw=$rw '{ printf "fio %s MB/s %.0f\n", rw, (rw == "write" ? $48 : $7) / 1000 }'
+        awk -F';' -v rw=$rw '{ printf "fio %s MiB/s %.0f\n", rw, (rw == "write" ? $48 : $7) / 1024 }'
     done
   else
     dd if=/dev/zero of="$SPILL_DIR/dd.bin" bs=4M count=1024 oflag=direct conv=fsync 2>&1 | tail -1 | sed 's/^/dd write: /'
@@ -336,7 +336,7 @@ HF_DIR="$WORK/eps/hf"
 if [[ -z "$MT_WHY" && -z "$MT_DIR" ]]; then MT_WHY="no MegaTrain checkout (set MEGATRAIN_DIR)"; fi
 if [[ -z "$MT_WHY" ]]; then
   if ! miss=$("$PYTHON" -c 'import importlib.util as u
-print(" ".join(m for m in ["torch", "transformers", "psutil", "datasets", "yaml"] if u.find_spec(m) is None))' 2>&1) || [[ -n "$miss" ]]; then
+print(" ".join(m for m in ["torch", "transformers", "tokenizers", "psutil", "datasets", "yaml", "jinja2"] if u.find_spec(m) is None))' 2>&1) || [[ -n "$miss" ]]; then
     MT_WHY="python modules missing for MegaTrain: $miss"
   fi
 fi
