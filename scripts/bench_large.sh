@@ -52,11 +52,15 @@
 # Environment: BENCH_PRESET (qwen2.5-7b; any Llama-family preset), BENCH_T (1024),
 #   BENCH_B (micro-batch sequences, 8), BENCH_M (micro-batches per step, 20: 163,840
 #   tokens per step, MegaTrain's scale), BENCH_WARMUP (1), BENCH_STEPS (timed steps, 2),
-#   BENCH_HOST_RESERVE_GB (24), BENCH_DISK_MARGIN_GB (6), BENCH_SPILL_DIR (default
+#   BENCH_HOST_RESERVE_GB (24), BENCH_DISK_MARGIN_GB (6), BENCH_SSD_TEST_MB (the fio/dd
+#   file, 4096), BENCH_SPILL_DIR (default
 #   $WORK/spill; must be on a real disk, not tmpfs), BENCH_RAM_BYTES /
 #   BENCH_DISK_FREE_BYTES (override the measured MemAvailable / free space),
 #   BENCH_TOTAL_TIMEOUT (seconds for everything, 530), BENCH_SKIP_MEGATRAIN=1,
-#   MEGATRAIN_DIR, PYTHON (python3), OUT, BENCH_KEEP_WORK=1.
+#   MEGATRAIN_DIR, PYTHON (python3), OUT, BENCH_KEEP_WORK=1, BENCH_DEVICE (cuda:0; cpu
+#   rehearses the whole script on the CPU with a small preset, e.g. BENCH_PRESET=llama-tiny
+#   BENCH_T=64 BENCH_B=2 BENCH_M=2 BENCH_HOST_RESERVE_GB=0 BENCH_RAM_BYTES=34000000: no
+#   device memory polled, no MegaTrain).
 # Exit status: 0 measured (a benchmark: it never fails on speed); 1 a run failed (the
 # figures measured so far are still written); 2 the plan refuses the shape (arithmetic
 # printed); 64 bad usage.
@@ -86,10 +90,12 @@ done
 HERE=$(cd "$(dirname "$0")" && pwd)
 PYTHON=${PYTHON:-python3}
 PRESET=${BENCH_PRESET:-qwen2.5-7b}
+DEVICE=${BENCH_DEVICE:-cuda:0}
+SSD_MB=${BENCH_SSD_TEST_MB:-4096}
 T=${BENCH_T:-1024}; B=${BENCH_B:-8}; M=${BENCH_M:-20}
 WARMUP=${BENCH_WARMUP:-1}; STEPS=${BENCH_STEPS:-2}
 TOTAL_TIMEOUT=${BENCH_TOTAL_TIMEOUT:-530}
-for v in T B M STEPS TOTAL_TIMEOUT; do
+for v in T B M STEPS TOTAL_TIMEOUT SSD_MB; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "bench_large.sh: BENCH_$v must be a positive integer, not '${!v}'" >&2; exit 64; }
 done
 [[ "$WARMUP" =~ ^[0-9]+$ ]] || { echo "bench_large.sh: BENCH_WARMUP must be >= 0, not '$WARMUP'" >&2; exit 64; }
@@ -201,13 +207,19 @@ BIN="$ROOT/bin"
 # shellcheck source=scripts/gpu_env.sh
 source "$HERE/gpu_env.sh"
 [[ -d "$ROOT/lib" ]] && export LD_LIBRARY_PATH="$ROOT/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-if CUBLAS_DIR=$(find_cublaslt); then export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$CUBLAS_DIR"
-else log "libcublasLt.so.13 NOT FOUND; looked in $(find_cublaslt_where)"; fi
+export L2L_CONFIG_DIR="$CFGS"
+if [[ "$DEVICE" == cuda:* ]]; then
+  if CUBLAS_DIR=$(find_cublaslt); then export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$CUBLAS_DIR"
+  else log "libcublasLt.so.13 NOT FOUND; looked in $(find_cublaslt_where)"; fi
+  export L2L_CUDA_GEMM=${L2L_CUDA_GEMM:-bf16}
+  command -v nvidia-smi >/dev/null || die "nvidia-smi not found"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" || true
+  log "GPU: $(cat "$OUT/gpu.txt")"
+else
+  echo "none: BENCH_DEVICE=$DEVICE (a CPU rehearsal of the script; no GPU figures)" > "$OUT/gpu.txt"
+  log "BENCH_DEVICE=$DEVICE: a CPU rehearsal; device memory is not polled and MegaTrain is not run"
+fi
 unresolved=$(ldd_unresolved "$BIN"/*) || die "unresolved libraries in $BIN:"$'\n'"$unresolved"
-export L2L_CUDA_GEMM=${L2L_CUDA_GEMM:-bf16} L2L_CONFIG_DIR="$CFGS"
-command -v nvidia-smi >/dev/null || die "nvidia-smi not found"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader > "$OUT/gpu.txt" || true
-log "GPU: $(cat "$OUT/gpu.txt")"
 
 EPS_PID=""; W_PID=""; POLL_PID=""
 cleanup() {
@@ -227,12 +239,12 @@ left() { echo $((TOTAL_TIMEOUT - SECONDS)); }
 {
   if command -v fio >/dev/null; then
     for rw in write read; do
-      fio --name=ssd-$rw --directory="$SPILL_DIR" --rw=$rw --bs=4M --size=4G --direct=1 --ioengine=libaio \
+      fio --name=ssd-$rw --directory="$SPILL_DIR" --rw=$rw --bs=4M --size=${SSD_MB}M --direct=1 --ioengine=libaio \
           --iodepth=16 --numjobs=1 --group_reporting --output-format=terse --terse-version=3 2>&1 |
         awk -F';' -v rw=$rw '{ printf "fio %s MiB/s %.0f\n", rw, (rw == "write" ? $48 : $7) / 1024 }'
     done
   else
-    dd if=/dev/zero of="$SPILL_DIR/dd.bin" bs=4M count=1024 oflag=direct conv=fsync 2>&1 | tail -1 | sed 's/^/dd write: /'
+    dd if=/dev/zero of="$SPILL_DIR/dd.bin" bs=4M count=$((SSD_MB / 4)) oflag=direct conv=fsync 2>&1 | tail -1 | sed 's/^/dd write: /'
     dd if="$SPILL_DIR/dd.bin" of=/dev/null bs=4M iflag=direct 2>&1 | tail -1 | sed 's/^/dd read: /'
   fi
   rm -f "$SPILL_DIR/dd.bin" "$SPILL_DIR"/ssd-*
@@ -287,15 +299,17 @@ while [[ ! -s "$WORK/eps/eps.port" ]]; do
 done
 LISTEN_S=$("$PYTHON" -c "import time; print(round(time.time() - $LAUNCH, 1))")
 log "l2l-eps listening after $LISTEN_S s (init + pinning of $PARAMS parameters)"
-"$BIN/l2l-worker" --eps "127.0.0.1:$(cat "$WORK/eps/eps.port")" --device cuda:0 > "$OUT/worker.log" 2>&1 &
+"$BIN/l2l-worker" --eps "127.0.0.1:$(cat "$WORK/eps/eps.port")" --device "$DEVICE" > "$OUT/worker.log" 2>&1 &
 W_PID=$!
 rss() { awk '/^VmRSS:/ { print $2 * 1024 }' "/proc/$1/status" 2>/dev/null || echo 0; }
-( while true; do
-    s=$("$BIN/l2lctl" --state-dir "$WORK/eps" --json --connect-timeout-ms 2000 status 2>/dev/null || echo '{}')
-    g=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -1)
-    echo "{\"t\": $(date +%s.%N), \"eps_rss\": $(rss "$EPS_PID"), \"worker_rss\": $(rss "$W_PID"), \"gpu_mib\": ${g:-0}, \"status\": $s}"
-    sleep 2
-  done ) > "$OUT/status.jsonl" &
+poll_once() {  # one line of status.jsonl: the daemon's status, both RSS, the GPU's memory
+  local s g=""
+  s=$("$BIN/l2lctl" --state-dir "$WORK/eps" --json --connect-timeout-ms 2000 status 2>/dev/null) || s='{}'
+  [[ -n "$s" ]] || s='{}'
+  [[ "$DEVICE" != cuda:* ]] || g=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 2>/dev/null | head -1)
+  echo "{\"t\": $(date +%s.%N), \"eps_rss\": $(rss "$EPS_PID"), \"worker_rss\": $(rss "${W_PID:-0}"), \"gpu_mib\": ${g:-0}, \"status\": $s}"
+}
+( while true; do poll_once; sleep 2; done ) > "$OUT/status.jsonl" &
 POLL_PID=$!
 wrc=0
 while kill -0 "$W_PID" 2>/dev/null; do
@@ -304,26 +318,32 @@ while kill -0 "$W_PID" 2>/dev/null; do
 done
 ((wrc == 0)) && { wait "$W_PID" || wrc=$?; }
 W_PID=""
-kill "$POLL_PID" 2>/dev/null || true; POLL_PID=""
+kill "$POLL_PID" 2>/dev/null || true; wait "$POLL_PID" 2>/dev/null || true; POLL_PID=""
+poll_once >> "$OUT/status.jsonl"  # the totals after the last step
 cp "$WORK/eps/run.jsonl" "$OUT/run.jsonl" 2>/dev/null || log "no run.jsonl written"
 ((wrc == 0)) || log "l2l-worker exit status $wrc (figures below are from the steps done)"
 
-# ---- 3. export (bf16 HF, sharded) for MegaTrain, then stop --------------------------------
+# ---- 3. export (bf16 HF, sharded: item 6 at size, and MegaTrain's weights), then stop -------
 MT_WHY=""
 if [[ "${BENCH_SKIP_MEGATRAIN:-0}" == 1 ]]; then MT_WHY="BENCH_SKIP_MEGATRAIN=1"
-elif [[ "$EXPORT_FITS" != True ]]; then MT_WHY="the bf16 export ($(pj export_bf16_bytes) bytes) does not fit the disk beside the spill file"
-elif (($(left) < 200)); then MT_WHY="under 200 s of the time budget left after l2l"
+elif [[ "$DEVICE" != cuda:* ]]; then MT_WHY="BENCH_DEVICE=$DEVICE: no GPU"
 fi
+if [[ "$EXPORT_FITS" != True ]]; then EXPORT_WHY="the bf16 export ($(pj export_bf16_bytes) bytes) does not fit the disk beside the spill file"
+elif (($(left) < 150)); then EXPORT_WHY="under 150 s of the time budget left after l2l"
+else EXPORT_WHY=""; fi
+[[ -n "$MT_WHY" || -z "$EXPORT_WHY" ]] || MT_WHY="no weights for it: $EXPORT_WHY"
 EXPORT_S=""
-if [[ -z "$MT_WHY" ]]; then
+if [[ -z "$EXPORT_WHY" ]]; then
   t0=$SECONDS
   # A relative path: the daemon writes it under its state dir ($WORK/eps/hf).
   if timeout 120 "$BIN/l2lctl" --state-dir "$WORK/eps" export --format hf --dtype bf16 hf > "$OUT/export.log" 2>&1; then
     EXPORT_S=$((SECONDS - t0)); log "exported bf16 HF dir in $EXPORT_S s: $(ls "$WORK/eps/hf" 2>/dev/null | tr '\n' ' ')"
   else
-    MT_WHY="l2lctl export failed: $(tail -1 "$OUT/export.log")"
+    EXPORT_WHY="l2lctl export failed: $(tail -1 "$OUT/export.log")"
+    [[ -n "$MT_WHY" ]] || MT_WHY="no weights for it: $EXPORT_WHY"
   fi
 fi
+log "export: ${EXPORT_S:+$EXPORT_S s}${EXPORT_WHY:+not done: $EXPORT_WHY}"
 timeout 60 "$BIN/l2lctl" --state-dir "$WORK/eps" stop --skip-checkpoint --wait 50 > "$OUT/stop.log" 2>&1 || true
 wait "$EPS_PID" 2>/dev/null || true; EPS_PID=""
 
@@ -334,6 +354,7 @@ for d in "$ROOT/src/peers/megatrain" "$HERE/../../shared/peers/megatrain" "$HERE
 done
 HF_DIR="$WORK/eps/hf"
 if [[ -z "$MT_WHY" && -z "$MT_DIR" ]]; then MT_WHY="no MegaTrain checkout (set MEGATRAIN_DIR)"; fi
+if [[ -z "$MT_WHY" ]] && (($(left) < 150)); then MT_WHY="under 150 s of the time budget left after l2l and the export"; fi
 if [[ -z "$MT_WHY" ]]; then
   if ! miss=$("$PYTHON" -c 'import importlib.util as u
 print(" ".join(m for m in ["torch", "transformers", "tokenizers", "psutil", "datasets", "yaml", "jinja2"] if u.find_spec(m) is None))' 2>&1) || [[ -n "$miss" ]]; then
@@ -378,10 +399,10 @@ YAML
 fi
 
 # ---- 5. summary ----------------------------------------------------------------------------
-"$PYTHON" - "$OUT" "$WARMUP" "$LISTEN_S" "$LAUNCH" "$wrc" "${EXPORT_S:-}" "${MT_TPS:-}" "${MT_TFLOPS:-}" "$MT_WHY" \
+"$PYTHON" - "$OUT" "$WARMUP" "$LISTEN_S" "$LAUNCH" "$wrc" "${EXPORT_S:-}" "$EXPORT_WHY" "${MT_TPS:-}" "${MT_TFLOPS:-}" "$MT_WHY" \
     "$(grep -c 'Using PyTorch AdamW' "$OUT/megatrain.log" 2>/dev/null || true)" <<'PY'
 import json, sys
-out, warmup, listen_s, launch, wrc, export_s, mt_tps, mt_tflops, mt_why, mt_torch_adam = sys.argv[1:]
+out, warmup, listen_s, launch, wrc, export_s, export_why, mt_tps, mt_tflops, mt_why, mt_torch_adam = sys.argv[1:]
 plan = json.load(open(out + "/plan.json"))
 warmup = int(warmup)
 steps = [json.loads(l) for l in open(out + "/run.jsonl")] if __import__("os").path.exists(out + "/run.jsonl") else []
@@ -407,7 +428,7 @@ s = dict(preset=plan["preset"], params=plan["params"], tokens_per_step=plan["tok
          eps_rss_peak_bytes=max((p.get("eps_rss", 0) for p in polls), default=0),
          ssd_tier_bytes=plan["ssd_bytes"], ssd_read_per_step=per_step_r, ssd_written_per_step=per_step_w,
          ssd_rate=open(out + "/ssd_rate.txt").read().strip().splitlines(),
-         export_hf_bf16_s=float(export_s) if export_s else None,
+         export_hf_bf16_s=float(export_s) if export_s else None, export_not_done=export_why or None,
          megatrain=dict(ran=not mt_why, why_not=mt_why or None, tokens_per_s=float(mt_tps) if mt_tps else None,
                         tflops=float(mt_tflops) if mt_tflops else None,
                         optimizer="torch AdamW (no DeepSpeed)" if mt_torch_adam not in ("", "0") else None,
