@@ -52,6 +52,9 @@
 # Environment: BENCH_PRESET (qwen2.5-7b; any Llama-family preset), BENCH_T (1024),
 #   BENCH_B (micro-batch sequences, 8), BENCH_M (micro-batches per step, 20: 163,840
 #   tokens per step, MegaTrain's scale), BENCH_WARMUP (1), BENCH_STEPS (timed steps, 2),
+#   BENCH_N_LAYER (the preset's depth; a number, or "max": the deepest model of the
+#   preset's width this host holds, issue 27 item 4's "largest Llama-family shape that
+#   trains on that host at all"; one shape per run: the 9 minutes do not hold two),
 #   BENCH_HOST_RESERVE_GB (24), BENCH_DISK_MARGIN_GB (6), BENCH_SSD_TEST_MB (the fio/dd
 #   file, 4096), BENCH_SPILL_DIR (default
 #   $WORK/spill; must be on a real disk, not tmpfs), BENCH_RAM_BYTES /
@@ -91,6 +94,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 PYTHON=${PYTHON:-python3}
 PRESET=${BENCH_PRESET:-qwen2.5-7b}
 DEVICE=${BENCH_DEVICE:-cuda:0}
+N_LAYER=${BENCH_N_LAYER:-}
 SSD_MB=${BENCH_SSD_TEST_MB:-4096}
 T=${BENCH_T:-1024}; B=${BENCH_B:-8}; M=${BENCH_M:-20}
 WARMUP=${BENCH_WARMUP:-1}; STEPS=${BENCH_STEPS:-2}
@@ -120,9 +124,9 @@ else
 fi
 plan_rc=0
 "$PYTHON" - "$CFGS/models/$PRESET.yaml" "$RAM" "$DISK" "${BENCH_HOST_RESERVE_GB:-24}" "${BENCH_DISK_MARGIN_GB:-6}" \
-    "$T" "$B" "$M" "$OUT/plan.json" <<'PY' > "$OUT/plan.txt" || plan_rc=$?
+    "$T" "$B" "$M" "$OUT/plan.json" "$N_LAYER" <<'PY' > "$OUT/plan.txt" || plan_rc=$?
 import json, math, re, sys
-path, ram, disk, reserve_gb, margin_gb, T, B, M, out = sys.argv[1:]
+path, ram, disk, reserve_gb, margin_gb, T, B, M, out, n_layer = sys.argv[1:]
 ram, disk, T, B, M = int(ram), int(disk), int(T), int(B), int(M)
 reserve, margin = float(reserve_gb) * 1e9, float(margin_gb) * 1e9
 spec = {}
@@ -137,23 +141,43 @@ if spec.get("family") != "llama":
     sys.exit("bench_large.sh: plan: preset %s is not Llama-family" % path)
 kv = KV * (C // H)
 block = 2 * C * C + 2 * C * kv + (C + 2 * kv if bias else 0) + 3 * C * F + 2 * C
-layers = [V * C] + [block] * L + [C + (0 if tied else V * C)]  # embedding, blocks, norm + head
-P = sum(layers)
 PAGE = 4 << 20
-paged = sum(3 * math.ceil(n * 4 / PAGE) * PAGE for n in layers)      # fp32 master + m + v
-published = sum(2 * 2 * n for n in layers)                           # two bf16 copies
-state = paged + published
-pool = 2 * 3 * math.ceil(max(layers) * 4 / PAGE) * PAGE              # prefetch 1: two layers' pages
-host_bytes = int(min(ram - reserve, state))
-ram_state = host_bytes - published - pool
-ssd = 0 if host_bytes >= state else paged - ram_state
 disk_for_ssd = disk - margin
+
+
+def budget(L):
+    """(layers, P, paged, published, state, pool, host_bytes, ram_state, ssd) at depth L."""
+    layers = [V * C] + [block] * L + [C + (0 if tied else V * C)]  # embedding, blocks, norm + head
+    paged = sum(3 * math.ceil(n * 4 / PAGE) * PAGE for n in layers)  # fp32 master + m + v
+    published = sum(2 * 2 * n for n in layers)                       # two bf16 copies
+    state = paged + published
+    pool = 2 * 3 * math.ceil(max(layers) * 4 / PAGE) * PAGE          # prefetch 1: two layers' pages
+    host_bytes = int(min(ram - reserve, state))
+    ram_state = host_bytes - published - pool
+    ssd = 0 if host_bytes >= state else paged - ram_state
+    return layers, sum(layers), paged, published, state, pool, host_bytes, ram_state, ssd
+
+
+def fits(L):
+    b = budget(L)
+    return b[7] >= 0 and b[8] <= disk_for_ssd
+
+
+# The deepest model of this width the host holds (n_layer "max"): the largest Llama-family
+# shape that trains here at all, at the preset's width.
+L_max = 0
+while fits(L_max + 1) and L_max < 100000:
+    L_max += 1
+if n_layer == "max":
+    L = max(L_max, 1)
+elif n_layer:
+    L = int(n_layer)
+layers, P, paged, published, state, pool, host_bytes, ram_state, ssd = budget(L)
 export = 2 * P                                                       # bf16 HF export for MegaTrain
 tok = B * M * T
 fl_mt = 6 * P                                                        # MegaTrain's count per token
 fl_attn = 6 * P + 12 * L * C * T                                     # with attention (PaLM)
-# The largest Llama-family model this host holds at all: 16 P <= host_bytes - pool + disk.
-p_max = (int(min(ram - reserve, 1e30)) - pool + max(0, disk_for_ssd)) / 16
+p_max = budget(L_max)[1] if L_max else 0
 refuse = []
 if ram_state < 0:
     refuse.append("memory.host_bytes=%d (MemAvailable %d - reserve %d) cannot hold the published bf16 copies "
@@ -161,7 +185,7 @@ if ram_state < 0:
 elif ssd > disk_for_ssd:
     refuse.append("the SSD tier needs %d bytes (state %d - %d in RAM) but the spill dir has %d free - margin %d"
                   % (ssd, paged, ram_state, disk, margin))
-plan = dict(preset=path, params=P, layers=len(layers), largest_layer_params=max(layers),
+plan = dict(preset=path, n_layer=L, n_layer_max=L_max, params=P, layers=len(layers), largest_layer_params=max(layers),
             state_bytes=state, master_m_v_bytes=paged, published_bf16_bytes=published,
             bytes_per_param=state / P, host_ram_available=ram, host_reserve=int(reserve),
             host_bytes=host_bytes, pool_bytes_upper=pool, ram_state_bytes=max(0, ram_state),
@@ -174,7 +198,8 @@ plan = dict(preset=path, params=P, layers=len(layers), largest_layer_params=max(
             largest_llama_params_on_host=int(p_max), refused=refuse)
 json.dump(plan, open(out, "w"), indent=1)
 G = 1e9
-print(f"plan: {path.split('/')[-1]}: {P:,} parameters, {len(layers)} layers (largest {max(layers):,} params)")
+print(f"plan: {path.split('/')[-1]}{'' if L == int(spec['n_layer']) else f' at n_layer {L}'}: {P:,} parameters, "
+      f"{len(layers)} layers (largest {max(layers):,} params)")
 print(f"  state: fp32 master + AdamW m + v {paged / G:.1f} GB (12 B/param in 4 MiB pages) + two published "
       f"bf16 copies {published / G:.1f} GB = {state / G:.1f} GB ({state / P:.2f} B/param)")
 print(f"  host: MemAvailable {ram / G:.1f} GB - reserve {reserve / G:.0f} GB -> memory.host_bytes {host_bytes / G:.1f} GB"
@@ -184,7 +209,8 @@ print(f"  SSD tier: {ssd / G:.1f} GB of the spill dir's {disk / G:.1f} GB free (
 print(f"  bf16 HF export for MegaTrain: {export / G:.1f} GB ({'fits' if ssd + export <= disk_for_ssd else 'does NOT fit'} beside the spill file)")
 print(f"  tokens/step {tok:,} (B {B} x M {M} x T {T}); FLOPs/token {fl_mt / 1e9:.1f} G (6P, MegaTrain) / "
       f"{fl_attn / 1e9:.1f} G (with attention); 326 TFLOPS (1.2 x MegaTrain's 272) = {326e12 / fl_mt:,.0f} tokens/s")
-print(f"  largest Llama-family model this host holds at all: {p_max / 1e9:.1f} B parameters (16 P <= host_bytes - pool + disk)")
+print(f"  the deepest model of this width this host holds at all: n_layer {L_max}, {p_max / 1e9:.2f} B parameters "
+      f"(published copies + pool in RAM, the rest of the state in RAM + disk; BENCH_N_LAYER=max runs it)")
 for r in refuse:
     print("  REFUSED: " + r)
 sys.exit(2 if refuse else 0)
@@ -195,7 +221,7 @@ if ((plan_rc == 2)); then echo "bench_large.sh: the plan refuses this shape on t
 if ((DRY)); then log "--dry-run: plan only (written to $OUT/plan.json)"; exit 0; fi
 
 pj() { "$PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$OUT/plan.json" "$1"; }
-HOST_BYTES=$(pj host_bytes); PARAMS=$(pj params); EXPORT_FITS=$(pj export_fits)
+HOST_BYTES=$(pj host_bytes); PARAMS=$(pj params); EXPORT_FITS=$(pj export_fits); PLAN_N_LAYER=$(pj n_layer)
 
 # ---- binaries and libraries ---------------------------------------------------------------
 if [[ ${#ARGS[@]} -ge 1 ]]; then ROOT=$(cd "${ARGS[0]}" && pwd)
@@ -274,6 +300,7 @@ YAML
 cat > "$WORK/job.yaml" <<YAML
 model:
   preset: $PRESET
+  n_layer: $PLAN_N_LAYER
   seq_len: $T
 optim:
   lr: 1.0e-5
