@@ -50,8 +50,13 @@
 #               BENCH_RAM_BYTES / BENCH_DISK_FREE_BYTES it plans for the target host
 #               (128 GiB RAM, 64 GB disk of which 54 GB free), not the machine it runs on.
 # Environment: BENCH_PRESET (qwen2.5-7b; any Llama-family preset), BENCH_T (1024),
-#   BENCH_B (micro-batch sequences, 8), BENCH_M (micro-batches per step, 20: 163,840
-#   tokens per step, MegaTrain's scale), BENCH_WARMUP (1), BENCH_STEPS (timed steps, 2),
+#   BENCH_B (micro-batch sequences, 8), BENCH_M (micro-batches per step; auto: the most
+#   up to 16 whose stash fits: 16 = 131,072 tokens per step at Qwen2.5-7B, near
+#   MegaTrain's 1-GPU 158 x 1024; bounded by the device stash,
+#   which the plan checks: (n_layer + 1) x tokens x d_model fp32 layer outputs, 54.5 GB
+#   at Qwen2.5-7B, must leave BENCH_GPU_RESERVE_GB (12) of the GPU's memory for weights,
+#   gradients and workspace; BENCH_GPU_BYTES overrides the GPU's size, nvidia-smi's
+#   memory.total, or 78 GiB with --dry-run), BENCH_WARMUP (1), BENCH_STEPS (timed steps, 2),
 #   BENCH_N_LAYER (the preset's depth; a number, or "max": the deepest model of the
 #   preset's width this host holds, issue 27 item 4's "largest Llama-family shape that
 #   trains on that host at all"; one shape per run: the 9 minutes do not hold two),
@@ -72,7 +77,8 @@
 # (issue 27 item 2: the non-finite guard's undo copies, 12 B/param = 91 GB at 7.6B in
 # the tree this was written in, the publish buffers, gradient slots); the 24 GB reserve
 # assumes they are. Without that the host runs out of RAM and the summary says the run
-# failed. B and M are fixed here (the micro-batch planner of item 3 is not used).
+# failed. B is fixed and M fits the device stash (the micro-batch planner of item 3,
+# which would weigh the measured transfer and update rates, is not used).
 #
 # STATUS: written without a GPU (no device was lent to the session that wrote it). Its
 # CPU-side parts are checked there: `bash -n` and --dry-run. Not yet run on a GPU.
@@ -96,10 +102,11 @@ PRESET=${BENCH_PRESET:-qwen2.5-7b}
 DEVICE=${BENCH_DEVICE:-cuda:0}
 N_LAYER=${BENCH_N_LAYER:-}
 SSD_MB=${BENCH_SSD_TEST_MB:-4096}
-T=${BENCH_T:-1024}; B=${BENCH_B:-8}; M=${BENCH_M:-20}
+T=${BENCH_T:-1024}; B=${BENCH_B:-8}; M=${BENCH_M:-auto}
 WARMUP=${BENCH_WARMUP:-1}; STEPS=${BENCH_STEPS:-2}
 TOTAL_TIMEOUT=${BENCH_TOTAL_TIMEOUT:-530}
-for v in T B M STEPS TOTAL_TIMEOUT SSD_MB; do
+[[ "$M" == auto ]] || [[ "$M" =~ ^[1-9][0-9]*$ ]] || { echo "bench_large.sh: BENCH_M must be auto or a positive integer, not '$M'" >&2; exit 64; }
+for v in T B STEPS TOTAL_TIMEOUT SSD_MB; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "bench_large.sh: BENCH_$v must be a positive integer, not '${!v}'" >&2; exit 64; }
 done
 [[ "$WARMUP" =~ ^[0-9]+$ ]] || { echo "bench_large.sh: BENCH_WARMUP must be >= 0, not '$WARMUP'" >&2; exit 64; }
@@ -112,11 +119,16 @@ mkdir -p "$OUT"
 
 # ---- the plan: budget arithmetic (python3, standard library only) ------------------------
 if ((DRY)); then
+  GPU_BYTES=${BENCH_GPU_BYTES:-$((78 * 1024 * 1024 * 1024))}
   RAM=${BENCH_RAM_BYTES:-$((128 * 1024 * 1024 * 1024 - 4 * 1000 * 1000 * 1000))}  # 128 GiB less ~4 GB for the OS
   DISK=${BENCH_DISK_FREE_BYTES:-54000000000}
   SPILL_DIR=${BENCH_SPILL_DIR:-/tmp/l2l-bench-large/spill}
 else
   RAM=${BENCH_RAM_BYTES:-$(awk '/^MemAvailable:/ { printf "%d", $2 * 1024 }' /proc/meminfo)}
+  if [[ -n "${BENCH_GPU_BYTES:-}" ]]; then GPU_BYTES=$BENCH_GPU_BYTES
+  elif [[ "$DEVICE" == cuda:* ]] && command -v nvidia-smi >/dev/null; then
+    GPU_BYTES=$(($(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | head -1) * 1024 * 1024))
+  else GPU_BYTES=0; fi  # 0: not checked (BENCH_DEVICE=cpu)
   WORK=$(mktemp -d "${TMPDIR:-/tmp}/l2l-bench-large.XXXXXX")
   SPILL_DIR=${BENCH_SPILL_DIR:-$WORK/spill}
   mkdir -p "$SPILL_DIR"
@@ -124,10 +136,11 @@ else
 fi
 plan_rc=0
 "$PYTHON" - "$CFGS/models/$PRESET.yaml" "$RAM" "$DISK" "${BENCH_HOST_RESERVE_GB:-24}" "${BENCH_DISK_MARGIN_GB:-6}" \
-    "$T" "$B" "$M" "$OUT/plan.json" "$N_LAYER" <<'PY' > "$OUT/plan.txt" || plan_rc=$?
+    "$T" "$B" "$M" "$OUT/plan.json" "$N_LAYER" "$GPU_BYTES" "${BENCH_GPU_RESERVE_GB:-12}" <<'PY' > "$OUT/plan.txt" || plan_rc=$?
 import json, math, re, sys
-path, ram, disk, reserve_gb, margin_gb, T, B, M, out, n_layer = sys.argv[1:]
-ram, disk, T, B, M = int(ram), int(disk), int(T), int(B), int(M)
+path, ram, disk, reserve_gb, margin_gb, T, B, M, out, n_layer, gpu, gpu_reserve_gb = sys.argv[1:]
+gpu, gpu_reserve = int(gpu), float(gpu_reserve_gb) * 1e9
+ram, disk, T, B = int(ram), int(disk), int(T), int(B)
 reserve, margin = float(reserve_gb) * 1e9, float(margin_gb) * 1e9
 spec = {}
 for line in open(path):
@@ -174,11 +187,21 @@ elif n_layer:
     L = int(n_layer)
 layers, P, paged, published, state, pool, host_bytes, ram_state, ssd = budget(L)
 export = 2 * P                                                       # bf16 HF export for MegaTrain
+if M == "auto":  # the most micro-batches up to 16 whose device stash fits (at least 1)
+    M = 16
+    while M > 1 and gpu and (L + 1) * B * M * T * C * 4 > gpu - gpu_reserve:
+        M -= 1
+M = int(M)
 tok = B * M * T
 fl_mt = 6 * P                                                        # MegaTrain's count per token
 fl_attn = 6 * P + 12 * L * C * T                                     # with attention (PaLM)
 p_max = budget(L_max)[1] if L_max else 0
+stash = (L + 1) * tok * C * 4                                       # device stash: fp32 layer outputs
 refuse = []
+if gpu and stash > gpu - gpu_reserve:
+    refuse.append("the device stash of %d layer outputs x %d tokens x d_model %d fp32 is %d bytes; the GPU's %d "
+                  "less %d for weights, gradients and workspace does not hold it: lower BENCH_M or BENCH_B"
+                  % (L + 1, tok, C, stash, gpu, gpu_reserve))
 if ram_state < 0:
     refuse.append("memory.host_bytes=%d (MemAvailable %d - reserve %d) cannot hold the published bf16 copies "
                   "(%d) and the staging pool (%d)" % (host_bytes, ram, reserve, published, pool))
@@ -191,7 +214,7 @@ plan = dict(preset=path, n_layer=L, n_layer_max=L_max, params=P, layers=len(laye
             host_bytes=host_bytes, pool_bytes_upper=pool, ram_state_bytes=max(0, ram_state),
             ssd_bytes=ssd, disk_free=disk, disk_margin=int(margin),
             export_bf16_bytes=export, export_fits=(ssd + export <= disk_for_ssd),
-            tokens_per_step=tok, T=T, B=B, M=M,
+            tokens_per_step=tok, T=T, B=B, M=M, device_stash_bytes=stash, gpu_bytes=gpu,
             flops_per_token_megatrain=fl_mt, flops_per_token_with_attention=fl_attn,
             ssd_bytes_per_step_expected=2 * ssd,
             tokens_per_s_for_326_tflops=326e12 / fl_mt,
@@ -207,6 +230,9 @@ print(f"  host: MemAvailable {ram / G:.1f} GB - reserve {reserve / G:.0f} GB -> 
 print(f"  SSD tier: {ssd / G:.1f} GB of the spill dir's {disk / G:.1f} GB free (margin {margin / G:.0f} GB); "
       f"~{2 * ssd / G:.1f} GB read + written per step (each spilled page once each way)")
 print(f"  bf16 HF export for MegaTrain: {export / G:.1f} GB ({'fits' if ssd + export <= disk_for_ssd else 'does NOT fit'} beside the spill file)")
+print(f"  device stash: {L + 1} layer outputs x {tok:,} tokens x {C} x 4 B = {stash / G:.1f} GB of the GPU's "
+      f"{gpu / G:.1f} GB (reserve {gpu_reserve / G:.0f} GB for weights, gradients, workspace)" if gpu else
+      f"  device stash: {stash / G:.1f} GB (no GPU size given: not checked)")
 print(f"  tokens/step {tok:,} (B {B} x M {M} x T {T}); FLOPs/token {fl_mt / 1e9:.1f} G (6P, MegaTrain) / "
       f"{fl_attn / 1e9:.1f} G (with attention); 326 TFLOPS (1.2 x MegaTrain's 272) = {326e12 / fl_mt:,.0f} tokens/s")
 print(f"  the deepest model of this width this host holds at all: n_layer {L_max}, {p_max / 1e9:.2f} B parameters "
@@ -221,7 +247,7 @@ if ((plan_rc == 2)); then echo "bench_large.sh: the plan refuses this shape on t
 if ((DRY)); then log "--dry-run: plan only (written to $OUT/plan.json)"; exit 0; fi
 
 pj() { "$PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$OUT/plan.json" "$1"; }
-HOST_BYTES=$(pj host_bytes); PARAMS=$(pj params); EXPORT_FITS=$(pj export_fits); PLAN_N_LAYER=$(pj n_layer)
+HOST_BYTES=$(pj host_bytes); PARAMS=$(pj params); EXPORT_FITS=$(pj export_fits); PLAN_N_LAYER=$(pj n_layer); M=$(pj M)  # BENCH_M=auto resolved
 
 # ---- binaries and libraries ---------------------------------------------------------------
 if [[ ${#ARGS[@]} -ge 1 ]]; then ROOT=$(cd "${ARGS[0]}" && pwd)
