@@ -130,6 +130,7 @@ else
     GPU_BYTES=$(($(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0 | head -1) * 1024 * 1024))
   else GPU_BYTES=0; fi  # 0: not checked (BENCH_DEVICE=cpu)
   WORK=$(mktemp -d "${TMPDIR:-/tmp}/l2l-bench-large.XXXXXX")
+  trap 'rm -rf "$WORK"' EXIT  # until the full cleanup below replaces it
   SPILL_DIR=${BENCH_SPILL_DIR:-$WORK/spill}
   mkdir -p "$SPILL_DIR"
   DISK=${BENCH_DISK_FREE_BYTES:-$(df -B1 --output=avail "$SPILL_DIR" | tail -1 | tr -d ' ')}
