@@ -154,13 +154,15 @@ Result<CtlWritten> CtlClient::Checkpoint(const std::string& dir) {
 
 Result<CtlWritten> CtlClient::Export(const std::string& path) { return Export(path, "", ""); }
 
-Result<CtlWritten> CtlClient::Export(const std::string& path, const std::string& format, const std::string& dtype) {
+Result<CtlWritten> CtlClient::Export(const std::string& path, const std::string& format, const std::string& dtype,
+                                     int64_t max_shard_bytes) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, opts_.write_timeout);
   pb::ExportRequest req;
   req.set_path(path);
   req.set_format(format);
   req.set_dtype(dtype);
+  req.set_max_shard_bytes(max_shard_bytes);
   pb::ExportReply rep;
   L2L_RETURN_IF_ERROR(FromGrpc(impl_->stub->Export(&ctx, req, &rep), "Export", address_));
   return CtlWritten{rep.path(), 0, rep.bytes()};

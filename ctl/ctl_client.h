@@ -99,7 +99,9 @@ class CtlClient {
   Result<CtlWritten> Checkpoint(const std::string& dir);  // "" = the daemon's default
   Result<CtlWritten> Export(const std::string& path);
   // format: "safetensors" | "hf" | "gguf"; dtype "" = f32 (ExportRequest in control.proto).
-  Result<CtlWritten> Export(const std::string& path, const std::string& format, const std::string& dtype);
+  // max_shard_bytes: hf only, the largest safetensors shard (0 = the daemon's default, 5 GB).
+  Result<CtlWritten> Export(const std::string& path, const std::string& format, const std::string& dtype,
+                            int64_t max_shard_bytes = 0);
   Status Shutdown(bool abort_step, bool skip_checkpoint);
 
  private:

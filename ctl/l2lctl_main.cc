@@ -7,9 +7,12 @@
 //     watch [--steps N] [--timeout S] [--interval S]
 //                                    live progress (bar + ETA on a TTY, plain lines otherwise)
 //     checkpoint [--dir DIR]         durable checkpoint now (or at the step boundary)
-//     export [--format safetensors|hf|gguf] [--dtype f32|bf16|q8_0] PATH
+//     export [--format safetensors|hf|gguf] [--dtype f32|bf16|q8_0] [--max-shard-size SIZE] PATH
 //                                        weights: one safetensors file, a Hugging Face
-//                                        directory (from_pretrained) or a GGUF file
+//                                        directory (from_pretrained; sharded above SIZE,
+//                                        default 5GB, as transformers' max_shard_size:
+//                                        bytes, or KB/MB/GB = 1000^n, KiB/MiB/GiB = 1024^n)
+//                                        or a GGUF file
 //   (checkpoint/export paths are the daemon's: relative ones land in its state dir)
 //     pause | resume                 hold / release publishing of new layer versions
 //     stop [--abort-step] [--skip-checkpoint] [--no-wait]
@@ -32,10 +35,12 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -169,6 +174,37 @@ std::string Bytes(int64_t b) {
   char buf[32];
   std::snprintf(buf, sizeof(buf), u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
   return buf;
+}
+
+// A shard size as transformers' max_shard_size spells it: an integer count of bytes, or a
+// number with KB/MB/GB (powers of 1000) or KiB/MiB/GiB (powers of 1024), case-insensitive
+// ("5GB", "500MB", "1.5GiB", "20KB"). Positive, at most 2^62.
+Result<int64_t> ParseShardSize(const std::string& text) {
+  static constexpr std::pair<const char*, double> kUnits[] = {
+      {"kib", 1024.0}, {"mib", 1048576.0}, {"gib", 1073741824.0}, {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"b", 1}};
+  std::string s;
+  for (char ch : text) s += static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  double scale = 1;
+  for (const auto& [unit, mult] : kUnits) {
+    const size_t n = std::strlen(unit);
+    if (s.size() > n && s.compare(s.size() - n, n, unit) == 0) {
+      s.resize(s.size() - n);
+      scale = mult;
+      break;
+    }
+  }
+  // strtod (not from_chars: libc++ 14, scripts/tsa.sh, has no floating-point one); the
+  // whole rest must be the number, digits first (no sign, no "inf", no spaces).
+  char* end = nullptr;
+  const double v = s.empty() || !std::isdigit(static_cast<unsigned char>(s[0])) ? -1 : std::strtod(s.c_str(), &end);
+  const double bytes = v * scale;
+  if (v < 0 || end != s.c_str() + s.size() || !std::isfinite(bytes) || bytes < 1 ||
+      bytes > 4.6e18) {
+    return l2l::InvalidArgument("--max-shard-size '" + text +
+                           "' must be a positive size: bytes, or a number with KB, MB, GB (1000^n) or KiB, MiB, "
+                           "GiB (1024^n), e.g. 5GB");
+  }
+  return static_cast<int64_t>(bytes);
 }
 
 std::string Duration(double s) {
@@ -373,14 +409,23 @@ int CmdWatch(const Globals& g, const WatchFlags& w) {
 }
 
 int CmdWritten(const Globals& g, const std::string& what, const std::string& path, const std::string& format = "safetensors",
-               const std::string& dtype = "") {
+               const std::string& dtype = "", const std::string& max_shard_size = "") {
+  int64_t max_shard_bytes = 0;
+  if (!max_shard_size.empty()) {
+    if (format != "hf") {
+      return EmitError(g, l2l::InvalidArgument("--max-shard-size applies to --format hf only"), "", 64);
+    }
+    Result<int64_t> n = ParseShardSize(max_shard_size);
+    if (!n.ok()) return EmitError(g, n.status(), "", 64);
+    max_shard_bytes = *n;
+  }
   Target t;
   auto c = Dial(g, &t);
   if (!c.ok()) return EmitError(g, c.status(), t.address, kExitUnreachable);
   // Paths go to the daemon verbatim: it writes on its own host, resolves a relative path
   // under its state dir and confines absolute ones to it unless its config has
   // allow_absolute_paths (EpsCore::ResolveUserPath).
-  auto r = what == "checkpoint" ? (*c)->Checkpoint(path) : (*c)->Export(path, format, dtype);
+  auto r = what == "checkpoint" ? (*c)->Checkpoint(path) : (*c)->Export(path, format, dtype, max_shard_bytes);
   if (!r.ok()) return EmitRpcError(g, r.status(), t.address);
   if (g.json) {
     Json j = {{"ok", true}, {"address", t.address}, {"path", r->path}, {"bytes", r->bytes}};
@@ -479,13 +524,17 @@ int main(int argc, char** argv) {
   auto* ckpt = app.add_subcommand("checkpoint", "write a durable checkpoint now");
   ckpt->add_option("--dir", ckpt_dir,
                    "directory on the daemon's host, relative to its state dir (default: <checkpoint root>/step-N)");
-  std::string format = "safetensors", export_path, export_dtype;
+  std::string format = "safetensors", export_path, export_dtype, export_shard;
   auto* exp = app.add_subcommand("export", "write the weights: safetensors file, Hugging Face dir or GGUF file");
   exp->add_option("--format", format,
                   "safetensors (one file, l2l metadata), hf (a from_pretrained directory) or gguf (Llama family)")
       ->check(CLI::IsMember({"safetensors", "hf", "gguf"}));
   exp->add_option("--dtype", export_dtype, "f32 (default) or bf16; gguf also q8_0")
       ->check(CLI::IsMember({"f32", "bf16", "q8_0"}));
+  exp->add_option("--max-shard-size", export_shard,
+                  "hf: the largest safetensors shard, as transformers' max_shard_size (default 5GB; bytes, or "
+                  "KB/MB/GB = 1000^n, KiB/MiB/GiB = 1024^n); above it the weights are sharded with "
+                  "model.safetensors.index.json");
   exp->add_option("path", export_path,
                   "output file (directory for hf) on the daemon's host, relative to its state dir")->required();
   auto* pause = app.add_subcommand("pause", "stop publishing new layer versions (workers wait)");
@@ -507,7 +556,7 @@ int main(int argc, char** argv) {
   if (status->parsed()) return CmdStatus(g);
   if (watch->parsed()) return CmdWatch(g, wf);
   if (ckpt->parsed()) return CmdWritten(g, "checkpoint", ckpt_dir);
-  if (exp->parsed()) return CmdWritten(g, "export", export_path, format, export_dtype);
+  if (exp->parsed()) return CmdWritten(g, "export", export_path, format, export_dtype, export_shard);
   if (pause->parsed()) return CmdPublishing(g, Publishing::kPause);
   if (resume->parsed()) return CmdPublishing(g, Publishing::kResume);
   if (stop->parsed()) return CmdStop(g, sf);

@@ -498,6 +498,7 @@ class ControlService final : public control::Control::Service {
   struct ExportChoice {
     ExportFormat format = ExportFormat::kSafetensors;
     formats::GgmlType type = formats::GgmlType::kF32;  // kF32, kBF16 or (gguf) kQ8_0
+    int64_t max_shard_bytes = 0;                        // hf; 0 = HfExportOptions' default
     DType dtype() const { return type == formats::GgmlType::kBF16 ? DType::kBF16 : DType::kF32; }
   };
   static Result<ExportChoice> ParseExportChoice(const control::ExportRequest& req) {
@@ -508,6 +509,12 @@ class ControlService final : public control::Control::Service {
       if (!format.ok()) return InvalidArgument("format '" + f + "' must be safetensors, hf or gguf");
       c.format = *format;
     }
+    if (req.max_shard_bytes() < 0 || (req.max_shard_bytes() != 0 && c.format != ExportFormat::kHf)) {
+      return InvalidArgument("max_shard_bytes=" + std::to_string(req.max_shard_bytes()) +
+                             (req.max_shard_bytes() < 0 ? " must be >= 0 (0 = 5 GB)"
+                                                        : " applies to format hf only (sharded safetensors)"));
+    }
+    c.max_shard_bytes = req.max_shard_bytes();
     const bool gguf = c.format == ExportFormat::kGguf;
     const std::string d = req.dtype().empty() ? "f32" : req.dtype();
     if (gguf && d == "q8_0") {
@@ -564,6 +571,7 @@ class ControlService final : public control::Control::Service {
             HfExportOptions o;
             o.dtype = choice.dtype();
             o.imported_from = job.imported_from;
+            if (choice.max_shard_bytes > 0) o.max_shard_bytes = static_cast<uint64_t>(choice.max_shard_bytes);
             L2L_ASSIGN_OR_RETURN(int64_t written, ExportHf(p, job.model, read, o));
             if (!job.imported_from.empty() && tok::IsGgufFile(job.imported_from)) {
               // A GGUF import carries its tokenizer in metadata: write it as HF files.

@@ -6,7 +6,9 @@
 #   lib/      every non-system shared library they load (found with ldd): gRPC, protobuf,
 #             abseil, oneDNN, oneTBB, yaml-cpp, spdlog, fmt, libgomp, libcudart, ...
 #   src/      scripts/, configs/, tests/**/*.py, docs/gpu.md, so gpu_check.sh and
-#             bench_gpu.sh run from the unpacked tree
+#             bench_gpu.sh run from the unpacked tree; peers/megatrain (MegaTrain's
+#             Python code for bench_large.sh) when $MEGATRAIN_DIR or
+#             ../shared/peers/megatrain holds a checkout
 # Left out: glibc and the GCC base runtime (libc, libm, libpthread, libdl, librt,
 # ld-linux, libstdc++, libgcc_s: the target's own must be used), the driver (libcuda,
 # libnvidia-*), and cuBLAS/cuBLASLt (541 MB uncompressed; the GPU machine's CUDA 13
@@ -87,6 +89,13 @@ mkdir -p "$PKG/src/docs" && cp docs/gpu.md "$PKG/src/docs/" 2>/dev/null || true
 while IFS= read -r -d '' py; do
   mkdir -p "$PKG/src/$(dirname "$py")" && cp "$py" "$PKG/src/$py"
 done < <(find tests -name '*.py' -print0)
+# MegaTrain's code (~0.7 MB of Python), for bench_large.sh's side-by-side run, when a
+# checkout is at $MEGATRAIN_DIR or ../shared/peers/megatrain beside the source tree.
+mt=${MEGATRAIN_DIR:-$ROOT/../shared/peers/megatrain}
+if [[ -f "$mt/examples/sft/train.py" ]]; then
+  mkdir -p "$PKG/src/peers" && cp -r "$mt" "$PKG/src/peers/megatrain" && rm -rf "$PKG/src/peers/megatrain/.git"
+  echo "bundle.sh: MegaTrain from $mt in src/peers/megatrain"
+fi
 git -C "$ROOT" rev-parse HEAD > "$PKG/COMMIT" 2>/dev/null || echo unknown > "$PKG/COMMIT"
 # The newest glibc symbol version the binaries need: the target's glibc must be at least this.
 glibc_need=$(for f in "${bins[@]}" "$PKG"/lib/*; do objdump -T "$f" 2>/dev/null; done |

@@ -156,6 +156,70 @@ TEST_CASE("The Llama presets load - SmolLM2-135M has transformers' parameter cou
   CHECK(tiny->model.kv_heads() == 2);
 }
 
+// The parameter count of a Llama-family shape from its dimensions alone (the oracle of
+// the next test; ModelSpec::NumParams counts through the family's layout): embedding,
+// per block q/k/v/o (+ q/k/v biases), gate/up/down and two RMSNorms, the final norm, and
+// an untied head.
+int64_t LlamaCountFromShapes(int64_t V, int64_t C, int64_t L, int64_t H, int64_t KV, int64_t F, bool bias,
+                             bool tied) {
+  const int64_t hd = C / H, kv = KV * hd;
+  const int64_t block = C * C + 2 * C * kv + C * C + (bias ? C + 2 * kv : 0) + 3 * C * F + 2 * C;
+  return V * C + L * block + C + (tied ? 0 : V * C);
+}
+
+TEST_CASE("The 7B-class presets have Hugging Face's shapes and parameter counts", "[model_spec][config][llama]") {
+  const std::string models = std::string(L2L_SOURCE_DIR) + "/configs/models/";
+  struct Want {
+    const char* preset;
+    int64_t V, C, L, H, KV, F;
+    bool bias, tied;
+    double theta, eps;
+    RopeScalingType rope;
+    int64_t hf_params;  // sum(p.numel()) of the Hugging Face model card's checkpoint
+  };
+  const Want wants[] = {
+      {"qwen2.5-7b", 152064, 3584, 28, 28, 4, 18944, true, false, 1e6, 1e-6, RopeScalingType::kNone, 7615616512},
+      {"qwen2.5-1.5b", 151936, 1536, 28, 12, 2, 8960, true, true, 1e6, 1e-6, RopeScalingType::kNone, 1543714304},
+      {"llama-3.1-8b", 128256, 4096, 32, 32, 8, 14336, false, false, 5e5, 1e-5, RopeScalingType::kLlama3,
+       8030261248},
+  };
+  for (const Want& w : wants) {
+    INFO(w.preset);
+    auto cfg = LoadJobConfig(models + w.preset + ".yaml");
+    INFO(cfg.status().ToString());
+    REQUIRE(cfg.ok());
+    const ModelSpec& s = cfg->model;
+    CHECK(s.family == ModelFamily::kLlama);
+    CHECK(s.vocab_size == w.V);
+    CHECK(s.d_model == w.C);
+    CHECK(s.n_layer == w.L);
+    CHECK(s.n_head == w.H);
+    CHECK(s.kv_heads() == w.KV);
+    CHECK(s.d_ff == w.F);
+    CHECK(s.qkv_bias == w.bias);
+    CHECK(s.tied_embeddings == w.tied);
+    CHECK(s.rope_theta == w.theta);
+    CHECK(s.rms_norm_eps == w.eps);
+    CHECK(s.rope_scaling.type == w.rope);
+    CHECK(s.d_model / s.n_head == 128);
+    CHECK(LlamaCountFromShapes(w.V, w.C, w.L, w.H, w.KV, w.F, w.bias, w.tied) == w.hf_params);
+    CHECK(s.NumParams() == w.hf_params);
+    // config.json as transformers writes it: the architecture and the fields it reads.
+    const nlohmann::json c = models::Family(s.family).to_hf_config(s);
+    CHECK(c["architectures"][0] == (w.bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"));
+    CHECK(c["num_key_value_heads"] == w.KV);
+    CHECK(c["tie_word_embeddings"] == w.tied);
+  }
+  const ModelSpec llama = LoadJobConfig(models + "llama-3.1-8b.yaml")->model;
+  CHECK(llama.rope_scaling.factor == 8.0);
+  CHECK(llama.rope_scaling.low_freq_factor == 1.0);
+  CHECK(llama.rope_scaling.high_freq_factor == 4.0);
+  CHECK(llama.rope_scaling.original_max_position_embeddings == 8192);
+  const nlohmann::json c = models::Family(llama.family).to_hf_config(llama);
+  CHECK(c["rope_scaling"]["rope_type"] == "llama3");
+  CHECK(c["rope_scaling"]["factor"] == 8.0);
+}
+
 TEST_CASE("Hugging Face config.json maps to a spec and back - sliding windows are refused",
           "[model_spec][llama]") {
   const ModelSpec s = SmallLlama();

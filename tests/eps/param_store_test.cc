@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <thread>
 #include <vector>
 
+#include "common/config.h"
 #include "common/dtype.h"
 #include "common/shm.h"
 #include "eps_server/param_store.h"
@@ -127,6 +129,37 @@ TEST_CASE("ParamStore refuses a model larger than memory.host_bytes, with the nu
   CHECK(store.status().message().find(std::to_string(need)) != std::string::npos);
   opts.host_bytes = need;
   CHECK(ParamStore::Create(SmallSpec(), opts).ok());
+}
+
+TEST_CASE("The 7B-class presets need ~16 bytes of host state per parameter: 122 GB and 128 GB",
+          "[eps][param_store][large]") {
+  // fp32 master + AdamW m + v (12 B/param, in 4 MiB pages) and the two published bf16
+  // copies (2 x 2 B/param) workers fetch: the figure issue 27 and docs/performance.md
+  // give, and what memory.host_bytes plus the SSD tier must hold.
+  struct Want {
+    const char* preset;
+    int64_t params;
+    double gb;  // 16 B/param, in 1e9 bytes
+  };
+  for (const Want& w : {Want{"qwen2.5-7b", 7615616512, 121.85}, Want{"llama-3.1-8b", 8030261248, 128.48}}) {
+    INFO(w.preset);
+    auto cfg = LoadJobConfig(std::string(L2L_SOURCE_DIR) + "/configs/models/" + w.preset + ".yaml");
+    REQUIRE(cfg.ok());
+    REQUIRE(cfg->model.NumParams() == w.params);
+    ParamStoreOptions o;  // 4 MiB pages, bf16 published copies
+    REQUIRE(o.publish_dtype == DType::kBF16);
+    const size_t need = ParamStore::RequiredHostBytes(cfg->model, o);
+    const auto p = static_cast<size_t>(w.params);
+    const size_t layers = static_cast<size_t>(cfg->model.NumLayers());
+    INFO("state " << need << " bytes = " << double(need) / double(p) << " B/param");
+    CHECK(need >= 16 * p);
+    // Page rounding (3 kinds x one partial page per layer) and the segment headers only.
+    CHECK(need <= 16 * p + 3 * layers * o.page_bytes + (size_t{1} << 20));
+    CHECK(std::abs(double(need) / 1e9 - w.gb) < 0.5);
+    // f32 published copies: 20 B/param.
+    o.publish_dtype = DType::kF32;
+    CHECK(ParamStore::RequiredHostBytes(cfg->model, o) >= 20 * p);
+  }
 }
 
 TEST_CASE("ParamStore readers never see a torn layer while versions are published",

@@ -3,7 +3,9 @@ real processes (l2l-eps + one CPU l2l-worker), against Hugging Face transformers
 
   import_oracle.py BIN_DIR WORK_DIR synthetic   (a) HF dirs (f32, sharded, bf16) of a
         random LlamaForCausalLM and Qwen2ForCausalLM, (b) GGUF F32 / Q8_0 files written by
-        the gguf package, (c) export hf / gguf after training steps, (d) malformed inputs
+        the gguf package, (c) export hf / gguf after training steps (hf also sharded with
+        --max-shard-size: shard names, index, tensors bit-equal to the single file,
+        transformers' logits equal, re-imported by l2l), (d) malformed inputs
   import_oracle.py BIN_DIR WORK_DIR smollm2 GGUF  (e) the real SmolLM2-135M GGUF
   import_oracle.py BIN_DIR WORK_DIR gguf_tokenizer TOKENIZER_TOOL  (f) export --format gguf
         of HF-dir imports writes their byte-level BPE tokenizer as tokenizer.ggml.*
@@ -340,6 +342,50 @@ def malformed(bin_dir, work, good_dir, model):
     print(f"ok: contradicting YAML: refused: {last}")
 
 
+def check_sharded_export(d, want_tensors, want_model, toks, limit):
+    """`l2lctl export --format hf --max-shard-size` at `limit` bytes: HF's shard names and
+    index, every tensor bit-equal to the unsharded export's, and transformers' logits
+    equal to those of the unsharded export's model."""
+    import safetensors.torch as st
+    if os.path.exists(os.path.join(d, "model.safetensors")):
+        fail(f"{d}: a sharded export also has model.safetensors")
+    index = json.load(open(os.path.join(d, "model.safetensors.index.json")))
+    shards = sorted(glob.glob(os.path.join(d, "model-*-of-*.safetensors")))
+    n = len(shards)
+    names = [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    if n < 3 or [os.path.basename(f) for f in shards] != names:
+        fail(f"{d}: shard files {[os.path.basename(f) for f in shards]}, want {n} >= 3 named as transformers does")
+    got = {}
+    for f in shards:
+        t = st.load_file(f)
+        size = sum(v.numel() * v.element_size() for v in t.values())
+        if size > limit and len(t) > 1:
+            fail(f"{f}: {size} bytes of tensors in a shard of at most {limit}")
+        for k in t:
+            if index["weight_map"].get(k) != os.path.basename(f):
+                fail(f"{d}: weight_map[{k}] = {index['weight_map'].get(k)}, but the tensor is in {f}")
+        got.update(t)
+    if set(index["weight_map"]) != set(got):
+        fail(f"{d}: weight_map names {sorted(set(index['weight_map']) ^ set(got))} without a tensor (or the reverse)")
+    total = sum(v.numel() * v.element_size() for v in got.values())
+    if index["metadata"]["total_size"] != total:
+        fail(f"{d}: metadata.total_size {index['metadata']['total_size']}, tensors hold {total} bytes")
+    if got.keys() != want_tensors.keys() or any(not torch.equal(got[k], want_tensors[k]) for k in got):
+        fail(f"{d}: the sharded tensors differ from the single-file export's")
+    hs, info = transformers.AutoModelForCausalLM.from_pretrained(d, output_loading_info=True, torch_dtype=torch.float32)
+    for k in ["missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs"]:
+        if info[k]:
+            fail(f"from_pretrained({d}): {k} = {info[k]}")
+    x = torch.tensor([toks[:T]])
+    hs.eval()
+    want_model.eval()
+    with torch.no_grad():
+        if not torch.equal(hs(input_ids=x).logits, want_model(input_ids=x).logits):
+            fail(f"{d}: transformers' logits of the sharded export differ from the single-file export's")
+    print(f"ok: export hf --max-shard-size {limit}: {n} shards + model.safetensors.index.json "
+          f"({total} bytes), tensors bit-equal to the single file, transformers' logits equal")
+
+
 # ---- main ------------------------------------------------------------------------------
 
 def synthetic(bin_dir, work):
@@ -405,6 +451,15 @@ def synthetic(bin_dir, work):
     r.ctl("checkpoint")
     r.ctl("export", "--format", "hf", "exp-hf")
     r.ctl("export", "--format", "hf", "--dtype", "bf16", "exp-hf-bf16")
+    # Sharded: ~99 KB of f32 weights at 20 KB shards (transformers' spelling of the size).
+    r.ctl("export", "--format", "hf", "--max-shard-size", "20KB", "exp-hf-sharded")
+    for bad, needles in [(["--max-shard-size", "5XB", "x"], ["--max-shard-size", "5XB"]),
+                         (["--max-shard-size", "0", "x"], ["--max-shard-size", "positive"]),
+                         (["--format", "gguf", "--max-shard-size", "1MB", "x.gguf"], ["--format hf only"])]:
+        argv = [os.path.join(bin_dir, "l2lctl"), "--eps", r.addr, "export"] + (["--format", "hf"] if "--format" not in bad else []) + bad
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        if p.returncode != 64 or not all(n in p.stderr for n in needles):
+            fail(f"l2lctl {' '.join(argv[3:])}: want exit 64 naming {needles}, got {p.returncode}: {p.stderr.strip()}")
     r.ctl("export", "--format", "gguf", "exp.gguf")
     r.ctl("export", "--format", "gguf", "--dtype", "q8_0", "exp-q8.gguf")
     r.stop()
@@ -449,7 +504,13 @@ def synthetic(bin_dir, work):
     if a.keys() != b.keys() or any(not torch.equal(a[k], b[k]) for k in a):
         fail("--resume of an imported job: the exported weights differ from before the restart")
     print("ok: --resume of an imported job restores the trained weights without the imported file")
-    check_close("export hf f32 (re-imported by l2l)", l2l_first_loss(bin_dir, work, "reimp-hf", exp), want, 1e-5)
+    check_sharded_export(os.path.join(r.state, "exp-hf-sharded"), a, hm, toks, 20000)
+    reimp = l2l_first_loss(bin_dir, work, "reimp-hf", exp)
+    check_close("export hf f32 (re-imported by l2l)", reimp, want, 1e-5)
+    reimp_sharded = l2l_first_loss(bin_dir, work, "reimp-hf-sharded", os.path.join(r.state, "exp-hf-sharded"))
+    if reimp_sharded != reimp:
+        fail(f"the sharded export re-imported by l2l: loss {reimp_sharded!r}, the single file's {reimp!r}")
+    print(f"ok: export hf sharded (re-imported by l2l): loss {reimp_sharded:.8f}, equal to the single file's")
     hb = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(r.state, "exp-hf-bf16"),
                                                            torch_dtype=torch.float32)
     check_close("export hf bf16 (re-imported by l2l)",

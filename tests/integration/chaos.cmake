@@ -8,6 +8,8 @@
 #  * chaos_last_step (labels integration, chaos): last_step_test.py, a few seconds.
 #  * chaos_final_step_{shm,grpc} (labels integration, chaos): final_step_test.py, a few
 #    seconds: workers exit 0 only once the last step's checkpoint is written.
+#  * spill_resume_{qwen2.5-7b,llama-3.1-8b} (labels integration, chaos, spill):
+#    spill_resume_test.py, kill -9 + --resume with spilled state, a few seconds.
 #  * chaos_stalled_worker_{shm,grpc} (labels integration, chaos): stalled_worker_test.py,
 #    a few seconds: a worker stopped mid-push past the heartbeat timeout rejoins.
 #  * netns (labels integration, netns): netns_test.py, the daemon and a worker in two
@@ -49,6 +51,15 @@ foreach(transport shm grpc)
            COMMAND ${L2L_CHAOS_PYTHON} ${l2l_chaos_dir}/stalled_worker_test.py ${CMAKE_BINARY_DIR}/bin
                    --transport ${transport})
   set_tests_properties(chaos_stalled_worker_${transport} PROPERTIES LABELS "integration;chaos" TIMEOUT 300)
+endforeach()
+# Resume at 7B-class shapes (reduced width) with the state 3x memory.host_bytes: the
+# daemon SIGKILLed mid-step after a checkpoint, --resume rebuilds the SSD tier; final
+# weights and master/m/v equal an uninterrupted in-RAM run bit for bit (issue 27 item 6).
+foreach(shape qwen2.5-7b llama-3.1-8b)
+  add_test(NAME spill_resume_${shape}
+           COMMAND ${L2L_CHAOS_PYTHON} ${l2l_chaos_dir}/spill_resume_test.py ${CMAKE_BINARY_DIR}/bin
+                   --shape ${shape})
+  set_tests_properties(spill_resume_${shape} PROPERTIES LABELS "integration;chaos;spill" TIMEOUT 300)
 endforeach()
 if(EXISTS ${l2l_chaos_dir}/netns_test.py)
   add_test(NAME netns COMMAND ${L2L_CHAOS_PYTHON} ${l2l_chaos_dir}/netns_test.py ${CMAKE_BINARY_DIR}/bin)

@@ -4,6 +4,8 @@
 // come from the test's own AdamW reference (eps_test_util.h).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <unistd.h>
@@ -382,11 +384,14 @@ struct LocalDaemon {
     o.allow_absolute_paths = allow_abs;
     return o;
   }
-  grpc::Status Export(const std::string& path, const std::string& dtype, ctl::ExportReply* rep) {
+  grpc::Status Export(const std::string& path, const std::string& dtype, ctl::ExportReply* rep,
+                      const std::string& format = "", int64_t max_shard_bytes = 0) {
     grpc::ClientContext c;
     ctl::ExportRequest req;
     req.set_path(path);
     req.set_dtype(dtype);
+    req.set_format(format);
+    req.set_max_shard_bytes(max_shard_bytes);
     return control->Export(&c, req, rep);
   }
   grpc::Status CreateJob(const JobConfig& job, const std::string& init) {
@@ -456,6 +461,31 @@ TEST_CASE("EPS Export writes HF-named safetensors inside the state dir and Creat
     CHECK(d.Export("x.safetensors", "f16", &rep).error_code() == grpc::StatusCode::INVALID_ARGUMENT);
     // An absolute path inside the state dir is fine.
     CHECK(d.Export(state + "/inside.safetensors", "", &rep).ok());
+  }
+  SECTION("hf export shards at max_shard_bytes as transformers names them; other formats refuse it") {
+    REQUIRE(d.Export("hf-sharded", "", &rep, "hf", 4096).ok());
+    const std::string dir = state + "/hf-sharded";
+    CHECK(fs::exists(dir + "/model.safetensors.index.json"));
+    CHECK(!fs::exists(dir + "/model.safetensors"));
+    std::vector<std::string> shards;
+    for (const auto& e : fs::directory_iterator(dir)) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind("model-", 0) == 0) shards.push_back(n);
+    }
+    std::sort(shards.begin(), shards.end());
+    REQUIRE(shards.size() >= 2);
+    char want[64];
+    std::snprintf(want, sizeof(want), "model-00001-of-%05zu.safetensors", shards.size());
+    CHECK(shards.front() == want);
+    // 0 is transformers' 5 GB: one file.
+    REQUIRE(d.Export("hf-one", "", &rep, "hf", 0).ok());
+    CHECK(fs::exists(state + "/hf-one/model.safetensors"));
+    CHECK(!fs::exists(state + "/hf-one/model.safetensors.index.json"));
+    CHECK(d.Export("x.safetensors", "", &rep, "", 4096).error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(d.Export("x.gguf", "", &rep, "gguf", 4096).error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    const grpc::Status neg = d.Export("hf-neg", "", &rep, "hf", -1);
+    CHECK(neg.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(neg.error_message().find("max_shard_bytes=-1") != std::string::npos);
   }
   SECTION("absolute paths outside need allow_absolute_paths") {
     LocalDaemon open(state, /*allow_abs=*/true);
