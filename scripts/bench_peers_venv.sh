@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Python environment of the peer benchmarks (scripts/bench_peers.sh): a venv with
-# PyTorch 2.x and DeepSpeed from PyPI, used on the CPU only. PyPI's x86_64 torch wheel is
+# PyTorch 2.x and DeepSpeed from PyPI (and transformers + gguf for the sampling peer,
+# scripts/bench_sample.sh), used on the CPU only. PyPI's x86_64 torch wheel is
 # the CUDA build (a ~5 GB venv), so the venv lives in a cache outside the repository and is
 # reused across runs. Bench only: no test and no CI job uses it.
 #
@@ -9,7 +10,7 @@
 # Interpreter: $L2L_PEERS_PYTHON, default /usr/bin/python3 (DeepSpeedCPUAdam compiles its
 # op with ninja at first use and needs the interpreter's C headers: Python.h must exist).
 set -euo pipefail
-PINS="torch==2.9.1 deepspeed==0.18.2 ninja numpy (+ cpu_adam op)"
+PINS="torch==2.9.1 deepspeed==0.18.2 ninja numpy transformers==4.46.3 gguf==0.10.0 (+ cpu_adam op)"
 VENV=${L2L_PEERS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/l2l/peers-venv}
 BASE=${L2L_PEERS_PYTHON:-/usr/bin/python3}
 PY="$VENV/bin/python3"
@@ -29,7 +30,7 @@ flock 9
   "$PY" -m pip install -q --disable-pip-version-check --upgrade pip setuptools wheel
   # shellcheck disable=SC2086
   "$PY" -m pip install -q --disable-pip-version-check ${PINS%% (*}
-  "$PY" -c 'import torch, deepspeed, ninja, numpy'
+  "$PY" -c 'import torch, deepspeed, ninja, numpy, transformers, gguf'
   # Build DeepSpeedCPUAdam's op now (minutes), not inside the first timed run. A build
   # killed half-way leaves torch's lock file behind and the next load waits on it forever:
   # remove ~/.cache/torch_extensions/*/cpu_adam to start over.

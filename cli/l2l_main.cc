@@ -1,0 +1,275 @@
+// l2l: the front door. One command per task a user has; the programs it runs (l2l-eps,
+// l2l-worker, l2lctl, l2l-tokenize, l2l-eval, l2l-sample) stay for operators and scripts.
+//
+//   l2l finetune --model M --data D [--out DIR] [--steps N] [--seq-len T] [--batch B]
+//                [--lr X] [--val-fraction F] [--device cpu|cuda:N ...] [--threads N]
+//                [--export hf|safetensors|gguf|none] [--no-eval] [--resume] [--quiet|--json]
+//       M: a Hugging Face directory or a GGUF file. D: text, SFT JSONL (.jsonl: prompt /
+//       completion or messages, the loss on completions only) or an llm.c tokens file
+//       (.bin). Tokenizes D with M's tokenizer (the last F held out), writes DIR/job.yaml,
+//       measures held-out perplexity before, trains through the relay (l2l-eps + one
+//       worker per --device), exports DIR/model-hf, measures perplexity after, and prints
+//       a summary as its last lines.
+//   l2l run JOB.yaml [--out DIR] [--device ...] [--threads N] [--export F] [--resume] [--quiet|--json]
+//       the same for a job file written by hand (docs/finetune.md).
+//   l2l eval | sample | tokenize ARGS...   = l2l-eval | l2l-sample | l2l-tokenize ARGS...
+//   l2l export | status ARGS...           = l2lctl export | status ARGS... (a running daemon)
+//
+// Ctrl-C during training checkpoints and stops cleanly (a second Ctrl-C: stop now); run
+// again with --resume (same --out) to continue. Exit status: 0 done, 1 failed, 130
+// interrupted (checkpointed), 64 bad usage.
+// main() only parses flags, builds objects and runs (STYLE.md).
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "cli/job_runner.h"
+#include "common/child_process.h"
+#include "common/status.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace cli = l2l::cli;
+
+constexpr int kExitUsage = 64;
+
+struct FinetuneFlags {
+  std::string model, data, out = "l2l-out";
+  int64_t steps = 30, seq_len = 256, batch = 4, micro_batches = 1;
+  double lr = 1e-4, val_fraction = 0.1;
+  bool no_eval = false;
+};
+
+struct CommonFlags {
+  std::string out = "l2l-out", export_format = "hf";
+  std::vector<std::string> devices;
+  int threads = 0;
+  bool resume = false, quiet = false, json = false;
+};
+
+std::string BinDir() {
+  std::error_code ec;
+  const fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : self.parent_path().string();
+}
+
+std::string Abs(const std::string& p) { return fs::absolute(p).lexically_normal().string(); }
+
+// Runs a program to completion with its output in `log`; an error carries the log's tail.
+l2l::Status RunQuiet(const std::vector<std::string>& argv, const std::string& log, const std::string& what) {
+  L2L_ASSIGN_OR_RETURN(std::unique_ptr<l2l::ChildProcess> p, l2l::ChildProcess::Spawn(argv, log));
+  l2l::Result<int> rc = p->Wait(std::chrono::hours(24));
+  if (!rc.ok()) return rc.status();
+  if (*rc != 0) return l2l::Internal(what + " failed (exit " + std::to_string(*rc) + "):\n" + p->LogTail(1200));
+  return l2l::Status::Ok();
+}
+
+// l2l-eval's perplexity of `model` on `data` (NaN when it cannot be measured).
+double Perplexity(const std::string& bin, const std::string& model, const std::string& data, int64_t context,
+                  const std::string& log) {
+  std::error_code ec;
+  fs::remove(log, ec);
+  if (!RunQuiet({bin + "/l2l-eval", "--model", model, "--data", data, "--context", std::to_string(context)}, log,
+                "l2l-eval")
+           .ok()) {
+    return std::nan("");
+  }
+  std::ifstream f(log);
+  std::string line;
+  std::smatch m;
+  static const std::regex re("perplexity ([0-9.eE+-]+)");
+  while (std::getline(f, line)) {
+    if (std::regex_search(line, m, re)) return std::stod(m[1]);
+  }
+  return std::nan("");
+}
+
+cli::RunOptions ToRunOptions(const CommonFlags& c, const std::string& job) {
+  cli::RunOptions o;
+  o.job_path = job;
+  o.out = c.out;
+  o.bin_dir = BinDir();
+  o.resume = c.resume;
+  if (!c.devices.empty()) o.devices = c.devices;
+  o.threads = c.threads;
+  o.quiet = c.quiet;
+  o.json = c.json;
+  o.export_format = c.export_format;
+  return o;
+}
+
+void PrintRunSummary(const cli::RunResult& r, const std::string& out) {
+  switch (r.end) {
+    case cli::RunResult::End::kFinished:
+      std::printf("l2l: finished %lld steps in %.0f s\n", (long long)r.steps, r.seconds);
+      if (!r.export_path.empty()) std::printf("l2l: model: %s\n", r.export_path.c_str());
+      break;
+    case cli::RunResult::End::kInterrupted:
+      std::printf("l2l: interrupted at step %lld after %.0f s; %s\n", (long long)r.steps, r.seconds,
+                  r.checkpoint.empty() ? "no checkpoint was written"
+                                       : ("checkpoint " + r.checkpoint + "; continue with --resume --out " + out).c_str());
+      break;
+    case cli::RunResult::End::kFailed:
+      std::printf("l2l: failed after %.0f s\n", r.seconds);
+      break;
+  }
+  std::printf("l2l: logs: %s/eps.log, %s/worker-0.log; run log: %s/state/run.jsonl\n", out.c_str(), out.c_str(),
+              out.c_str());
+}
+
+int Fail(const l2l::Status& s) {
+  std::fprintf(stderr, "l2l: error: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+int CmdRun(const CommonFlags& c, const std::string& job) {
+  if (!c.resume && !fs::is_regular_file(job)) return Fail(l2l::NotFound("job file " + job + " does not exist"));
+  cli::RunOptions o = ToRunOptions(c, Abs(job));
+  o.allow_dirs.push_back(fs::path(Abs(job)).parent_path().string());
+  l2l::Result<cli::RunResult> r = cli::RunJob(o);
+  if (!r.ok()) return Fail(r.status());
+  PrintRunSummary(*r, Abs(c.out));
+  return cli::ExitStatus(*r);
+}
+
+int CmdFinetune(const CommonFlags& c, const FinetuneFlags& f) {
+  const std::string bin = BinDir(), out = Abs(c.out), model = Abs(f.model);
+  if (!fs::exists(model)) return Fail(l2l::NotFound("--model " + f.model + " does not exist"));
+  std::error_code ec;
+  fs::create_directories(out + "/data", ec);
+  const std::string job = out + "/job.yaml";
+  std::string train, val;
+  if (c.resume) {
+    if (!fs::exists(job)) return Fail(l2l::FailedPrecondition("--resume: " + out + " has no job.yaml"));
+    val = fs::exists(out + "/data/val.bin") ? out + "/data/val.bin" : "";
+  } else {
+    if (!fs::is_regular_file(f.data)) return Fail(l2l::NotFound("--data " + f.data + " is not a file"));
+    const std::string ext = fs::path(f.data).extension().string();
+    if (ext == ".bin") {
+      train = Abs(f.data);
+    } else {
+      train = out + "/data/train.bin";
+      val = f.val_fraction > 0 ? out + "/data/val.bin" : "";
+      std::vector<std::string> argv = {bin + "/l2l-tokenize", Abs(f.data), train, "--tokenizer", model};
+      if (ext == ".jsonl") argv.push_back("--jsonl");
+      if (!val.empty()) argv.insert(argv.end(), {"--val-fraction", std::to_string(f.val_fraction), "--val-output", val});
+      if (!c.quiet && !c.json) std::fprintf(stderr, "l2l: tokenizing %s with the model's tokenizer\n", f.data.c_str());
+      if (l2l::Status s = RunQuiet(argv, out + "/tokenize.log", "l2l-tokenize"); !s.ok()) return Fail(s);
+    }
+    const int64_t warmup = std::max<int64_t>(1, f.steps / 10);
+    std::ofstream y(job);
+    y << "# Written by `l2l finetune`: fine-tune " << model << " on " << Abs(f.data) << ".\n"
+      << "model:\n  from: " << model << "\n"
+      << "optim: {lr: " << f.lr << ", min_lr_ratio: 0.1, warmup_steps: " << warmup << ", total_steps: " << f.steps
+      << ", weight_decay: 0.0, grad_clip: 1.0}\n"
+      << "train: {steps: " << f.steps << ", micro_batch_size: " << f.batch << ", micro_batches: " << f.micro_batches
+      << ", seq_len: " << f.seq_len << ", seed: 1234, log_every: 1, checkpoint_every: 0}\n"
+      << "data: {train_path: " << train << "}\n";
+    if (!val.empty()) {
+      y << "eval: {data: " << val << ", every: " << std::max<int64_t>(1, f.steps / 3)
+        << ", tokens: " << f.batch * f.seq_len + 1 << "}\n";
+    }
+    if (!y.good()) return Fail(l2l::Internal("cannot write " + job));
+  }
+  const bool eval = !f.no_eval && !val.empty();
+  double before = std::nan("");
+  if (eval && !c.resume) {
+    if (!c.quiet && !c.json) std::fprintf(stderr, "l2l: held-out perplexity before fine-tuning...\n");
+    before = Perplexity(bin, model, val, f.seq_len, out + "/eval-before.log");
+  }
+  cli::RunOptions o = ToRunOptions(c, job);
+  o.allow_dirs = {fs::path(model).parent_path().string(), out + "/data"};
+  if (!train.empty()) o.allow_dirs.push_back(fs::path(train).parent_path().string());
+  l2l::Result<cli::RunResult> r = cli::RunJob(o);
+  if (!r.ok()) return Fail(r.status());
+  double after = std::nan("");
+  if (eval && r->end == cli::RunResult::End::kFinished && c.export_format == "hf") {
+    after = Perplexity(bin, r->export_path, val, f.seq_len, out + "/eval-after.log");
+  }
+  PrintRunSummary(*r, out);
+  if (eval && r->end == cli::RunResult::End::kFinished) {
+    std::printf("l2l: held-out perplexity %.4f -> %.4f\n", before, after);
+  }
+  return cli::ExitStatus(*r);
+}
+
+// `l2l eval ...` and friends: the program itself, with the rest of the arguments.
+int Forward(const std::string& program, const std::vector<std::string>& prefix, int argc, char** argv, int from) {
+  std::vector<std::string> args = {BinDir() + "/" + program};
+  args.insert(args.end(), prefix.begin(), prefix.end());
+  for (int i = from; i < argc; ++i) args.push_back(argv[i]);
+  std::vector<char*> cargs;
+  for (std::string& a : args) cargs.push_back(a.data());
+  cargs.push_back(nullptr);
+  execv(cargs[0], cargs.data());
+  std::fprintf(stderr, "l2l: cannot run %s: %s\n", args[0].c_str(), std::strerror(errno));
+  return 127;
+}
+
+void AddCommon(CLI::App* app, CommonFlags* c) {
+  app->add_option("--out", c->out, "output directory (job, data, state, logs, the model)")->capture_default_str();
+  app->add_option("--device", c->devices, "cpu or cuda:N, repeatable: one worker each (default cpu)");
+  app->add_option("--threads", c->threads, "CPU worker threads (0: all cores)");
+  app->add_option("--export", c->export_format, "format of the result: hf | safetensors | gguf | none")
+      ->check(CLI::IsMember({"hf", "safetensors", "gguf", "none"}))
+      ->capture_default_str();
+  app->add_flag("--resume", c->resume, "continue the run in --out from its last checkpoint");
+  auto* q = app->add_flag("--quiet", c->quiet, "no progress, only the summary");
+  app->add_flag("--json", c->json, "progress as JSON lines")->excludes(q);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 2) {
+    const std::string cmd = argv[1];
+    if (cmd == "eval" || cmd == "sample" || cmd == "tokenize") return Forward("l2l-" + cmd, {}, argc, argv, 2);
+    if (cmd == "export" || cmd == "status") return Forward("l2lctl", {cmd}, argc, argv, 2);
+  }
+  CLI::App app{"l2l: fine-tune, evaluate and sample models larger than your GPU"};
+  app.require_subcommand(1);
+  CommonFlags common;
+  FinetuneFlags ft;
+  auto* finetune = app.add_subcommand("finetune", "fine-tune a pretrained model on your data, end to end");
+  finetune->add_option("--model", ft.model, "Hugging Face directory or GGUF file")->required();
+  finetune->add_option("--data", ft.data, "text, SFT .jsonl or tokens .bin file")->required();
+  finetune->add_option("--steps", ft.steps, "optimizer steps")->capture_default_str()->check(CLI::PositiveNumber);
+  finetune->add_option("--seq-len", ft.seq_len, "tokens per sequence")->capture_default_str()->check(CLI::PositiveNumber);
+  finetune->add_option("--batch", ft.batch, "sequences per micro-batch")->capture_default_str()->check(CLI::PositiveNumber);
+  finetune->add_option("--micro-batches", ft.micro_batches, "micro-batches per step")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  finetune->add_option("--lr", ft.lr, "peak learning rate")->capture_default_str()->check(CLI::PositiveNumber);
+  finetune->add_option("--val-fraction", ft.val_fraction, "held-out tail of the data (0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.5));
+  finetune->add_flag("--no-eval", ft.no_eval, "skip the before/after perplexity");
+  AddCommon(finetune, &common);
+  std::string job;
+  auto* run = app.add_subcommand("run", "run a job file end to end");
+  run->add_option("job", job, "job YAML")->required();
+  AddCommon(run, &common);
+  app.footer(
+      "Also: l2l eval|sample|tokenize ARGS (= l2l-eval|l2l-sample|l2l-tokenize), l2l export|status ARGS (= l2lctl "
+      "export|status, for a running daemon).\nExit status: 0 done, 1 failed, 130 interrupted (checkpointed; "
+      "continue with --resume), 64 bad usage.");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : kExitUsage;
+  }
+  if (*finetune) return CmdFinetune(common, ft);
+  return CmdRun(common, job);
+}
