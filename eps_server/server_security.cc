@@ -105,6 +105,12 @@ class TokenServerCredentials final : public grpc::ServerCredentials {
   const ServerSecurity s_;
 };
 
+// True when every client of `api` must prove who it is: the token (both APIs) or a
+// client certificate (gRPC only).
+bool Authenticated(ExposedApi api, const ServerSecurity& s) {
+  return s.has_token() || (api == ExposedApi::kGrpc && s.mutual_tls());
+}
+
 std::string WaysOut(ExposedApi api) {
   if (api == ExposedApi::kGrpc) {
     return "Add client authentication: --token-file FILE (clients send 'authorization: Bearer <token>'; config "
@@ -148,14 +154,6 @@ bool IsLoopbackListen(const std::string& listen) {
   return listen.rfind("127.", 0) == 0 || listen.rfind("localhost:", 0) == 0 || listen.rfind("[::1]:", 0) == 0;
 }
 
-namespace {
-// True when every client of `api` must prove who it is: the token (both APIs) or a
-// client certificate (gRPC only).
-bool Authenticated(ExposedApi api, const ServerSecurity& s) {
-  return s.has_token() || (api == ExposedApi::kGrpc && s.mutual_tls());
-}
-}  // namespace
-
 Status CheckExposure(ExposedApi api, const std::string& listen, const ServerSecurity& s) {
   if (IsLoopbackListen(listen) || s.insecure || Authenticated(api, s)) return Status::Ok();
   const std::string what = api == ExposedApi::kGrpc ? "listen address " : "metrics address ";
@@ -164,8 +162,8 @@ Status CheckExposure(ExposedApi api, const std::string& listen, const ServerSecu
     risk = "no token protects the metrics endpoint";
   } else if (s.tls()) {
     risk = "TLS alone (--tls-cert/--tls-key without --tls-client-ca or --token-file) encrypts the connection but "
-           "authenticates no client: anyone who reaches it could stop the job, read "
-           "the weights or push gradients";
+           "authenticates no client: anyone who reaches it could stop the job, read the weights or push "
+           "gradients";
   } else {
     risk = "no client authentication protects the Control and Data APIs (anyone who reaches it could stop the "
            "job, read the weights or push gradients)";

@@ -62,11 +62,11 @@ std::shared_ptr<grpc::Channel> MakeEpsChannel(const std::string& address, const 
 std::string ClientCertificateHint(bool tls, bool has_client_cert) {
   if (!tls) return "";
   if (!has_client_cert) {
-    return " If the daemon requires client certificates (l2l-eps --tls-client-ca), it refuses this client at the "
+    return "; if the daemon requires client certificates (l2l-eps --tls-client-ca), it refuses this client at the "
            "TLS handshake (authentication failed: no client certificate): pass --tls-cert FILE --tls-key FILE "
            "signed by that CA.";
   }
-  return " If the daemon requires client certificates (l2l-eps --tls-client-ca), authentication fails at the TLS "
+  return "; if the daemon requires client certificates (l2l-eps --tls-client-ca), authentication fails at the TLS "
          "handshake when --tls-cert is not signed by that CA (or has expired).";
 }
 

@@ -31,7 +31,7 @@ std::shared_ptr<grpc::Channel> MakeEpsChannel(const std::string& address, const 
                                               const std::string& tls_cert_pem = {},
                                               const std::string& tls_key_pem = {});
 
-// A sentence (with a leading space) to add to a "cannot reach the daemon" error of a TLS
+// A clause (starting "; if") to add to a "cannot reach the daemon" error of a TLS
 // client: a daemon that requires client certificates (l2l-eps --tls-client-ca) ends the
 // TLS handshake of a client without one, or with one its CA did not sign, and the client
 // sees only an unreachable daemon. "" for plaintext (tls false).
