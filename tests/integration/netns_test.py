@@ -287,7 +287,8 @@ def mutual_tls_case(procs, net, work, job_yaml, cert, key, ref_export, runs):
     runs.append(run)
     ns = net.ns_worker
     cases = (("no client certificate", ["--tls-ca", cert]),
-             ("a client certificate another CA signed", ["--tls-ca", cert, "--tls-cert", rogue[0], "--tls-key", rogue[1]]))
+             ("a client certificate another CA signed",
+              ["--tls-ca", cert, "--tls-cert", rogue[0], "--tls-key", rogue[1]]))
     for i, (what, flags) in enumerate(cases):
         w = run.worker("intruder%d" % i, flags, hostname="l2l-netns-intruder", connect_timeout_ms=5000)
         code = w.wait(120)
