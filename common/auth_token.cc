@@ -107,6 +107,27 @@ Result<std::string> ReadPemFile(const std::string& path, const std::string& what
   return pem;
 }
 
+Result<ClientTlsFiles> ReadClientTlsFiles(const std::string& ca, const std::string& cert, const std::string& key) {
+  if (cert.empty() != key.empty()) {
+    return InvalidArgument(std::string(cert.empty() ? "--tls-key" : "--tls-cert") + " needs " +
+                           (cert.empty() ? "--tls-cert" : "--tls-key") +
+                           ": this client's certificate and its private key go together");
+  }
+  if (!cert.empty() && ca.empty()) {
+    return InvalidArgument("--tls-cert/--tls-key need --tls-ca CA.pem: a client certificate is only presented "
+                           "over TLS, and without --tls-ca the connection is plaintext");
+  }
+  ClientTlsFiles f;
+  if (!ca.empty()) {
+    L2L_ASSIGN_OR_RETURN(f.ca_pem, ReadPemFile(ca, "--tls-ca", /*private_key=*/false));
+  }
+  if (!cert.empty()) {
+    L2L_ASSIGN_OR_RETURN(f.cert_pem, ReadPemFile(cert, "--tls-cert", /*private_key=*/false));
+    L2L_ASSIGN_OR_RETURN(f.key_pem, ReadPemFile(key, "--tls-key", /*private_key=*/true));
+  }
+  return f;
+}
+
 bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   // Every byte of the longer string is visited; no early exit on a mismatch.
   const size_t n = a.size() > b.size() ? a.size() : b.size();

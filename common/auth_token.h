@@ -1,6 +1,7 @@
 // Secrets for the daemon's APIs, without gRPC: the shared bearer token (l2l-eps
 // --token-file, l2lctl / l2l-worker --token-file or $L2L_TOKEN_FILE) and PEM files for
-// TLS (server certificate and key, the CA a client trusts). The gRPC wiring lives in the
+// TLS (server certificate and key, the CA a client trusts, a client's own certificate and
+// key for a daemon that requires one: l2l-eps --tls-client-ca). The gRPC wiring lives in the
 // adapters (eps_server/server_security.cc, ctl/ctl_client.cc,
 // worker/eps_client_grpc.cc); the metrics HTTP server checks the same header.
 //
@@ -34,6 +35,19 @@ Result<std::string> ReadTokenFile(const std::string& path);
 // "-----BEGIN " block. private_key: refused when others (not only the group) may read
 // it ("chmod 600 PATH").
 Result<std::string> ReadPemFile(const std::string& path, const std::string& what, bool private_key);
+
+// A client's TLS material (l2lctl, l2l-worker): ca_pem verifies the daemon ("" =
+// plaintext); cert_pem + key_pem are presented to a daemon that requires client
+// certificates (mutual TLS; "" = none).
+struct ClientTlsFiles {
+  std::string ca_pem, cert_pem, key_pem;
+};
+
+// Reads the clients' --tls-ca, --tls-cert and --tls-key (each "" = not given).
+// Refused (InvalidArgument): --tls-cert without --tls-key or the reverse; either without
+// --tls-ca (a client certificate only travels over TLS). The key as ReadPemFile's
+// private_key (not readable by others).
+Result<ClientTlsFiles> ReadClientTlsFiles(const std::string& ca, const std::string& cert, const std::string& key);
 
 // a == b, taking time that depends only on the lengths.
 bool ConstantTimeEquals(std::string_view a, std::string_view b);

@@ -58,12 +58,13 @@ Result<std::unique_ptr<CtlClient>> CtlClient::Connect(const std::string& address
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   impl->channel = MakeEpsChannel(address, options.tls_ca_pem, options.token, args,  // proto/client_channel.h
-                                 options.tls_server_name);
+                                 options.tls_server_name, options.tls_cert_pem, options.tls_key_pem);
   if (!impl->channel->WaitForConnected(std::chrono::system_clock::now() + options.connect_timeout)) {
     return Unavailable("cannot reach l2l-eps at " + address + " within " +
                        std::to_string(options.connect_timeout.count()) + " ms" +
                        (options.tls_ca_pem.empty() ? "" : " (TLS: is the daemon's certificate signed by --tls-ca "
-                                                          "and valid for this host?)"));
+                                                          "and valid for this host?)") +
+                       ClientCertificateHint(!options.tls_ca_pem.empty(), !options.tls_cert_pem.empty()));
   }
   impl->stub = pb::Control::NewStub(impl->channel);
   return std::unique_ptr<CtlClient>(new CtlClient(address, options, std::move(impl)));

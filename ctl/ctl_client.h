@@ -34,6 +34,10 @@ struct CtlClientOptions {
   // tls_server_name when that is set: proto/client_channel.h).
   std::string tls_ca_pem;
   std::string tls_server_name;
+  // This client's PEM certificate chain and private key, for a daemon that requires
+  // client certificates (l2l-eps --tls-client-ca; mutual TLS). "" = none. Need tls_ca_pem.
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
 };
 
 struct CtlMemoryTier {

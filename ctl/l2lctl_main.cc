@@ -2,7 +2,8 @@
 // proto/control.proto, through ctl/ctl_client.h).
 //
 //   l2lctl [--eps HOST:PORT] [--state-dir DIR] [--json] [--connect-timeout-ms MS]
-//          [--token-file FILE] [--tls-ca CA.pem [--tls-server-name NAME]] COMMAND
+//          [--token-file FILE] [--tls-ca CA.pem [--tls-server-name NAME] [--tls-cert C --tls-key K]]
+//          COMMAND
 //     status                         one screen: step, loss, tokens/s, layers, workers, memory
 //     watch [--steps N] [--timeout S] [--interval S]
 //                                    live progress (bar + ETA on a TTY, plain lines otherwise)
@@ -23,14 +24,17 @@
 // Security (docs/operations.md "Security"): --token-file (default $L2L_TOKEN_FILE) sends
 // the daemon's shared token; --tls-ca makes the connection TLS, verified against CA.pem;
 // --tls-server-name NAME: the name the daemon's certificate must hold when it is not the
-// host dialled (e.g. --eps 10.0.0.5:PORT, certificate for eps.internal).
+// host dialled (e.g. --eps 10.0.0.5:PORT, certificate for eps.internal); --tls-cert and
+// --tls-key (with --tls-ca; the key not readable by others): this client's certificate,
+// for a daemon that requires one (l2l-eps --tls-client-ca, mutual TLS).
 //
 // Exit status: 0 ok; 1 the daemon refused or failed the command (also: it wants a token
 // and got none or a wrong one); 2 the daemon cannot be reached (within
 // --connect-timeout-ms, default 3000; also a plaintext client of a TLS daemon) or no
 // address is known; 3 watch timed out before the job (or --steps) finished; 64 bad usage
 // (also an unreadable or group/world-readable token file, an unreadable CA file,
-// --tls-server-name without --tls-ca).
+// --tls-server-name without --tls-ca, --tls-cert without --tls-key or --tls-ca, a --tls-key
+// others may read).
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -68,11 +72,13 @@ struct Globals {
   std::string eps, state_dir;
   bool json = false;
   int connect_timeout_ms = 3000;
-  std::string token_file, tls_ca, tls_server_name;  // flags
-  std::string token, tls_ca_pem;    // what they hold (LoadSecrets)
+  std::string token_file, tls_ca, tls_server_name, tls_cert, tls_key;  // flags
+  std::string token;             // what they hold (LoadSecrets)
+  l2l::ClientTlsFiles tls;
 };
 
-// Reads --token-file (else $L2L_TOKEN_FILE) and --tls-ca; checks --tls-server-name has one.
+// Reads --token-file (else $L2L_TOKEN_FILE), --tls-ca and --tls-cert/--tls-key; checks
+// --tls-server-name and the client certificate have a CA.
 Status LoadSecrets(Globals* g) {
   if (!g->tls_server_name.empty() && g->tls_ca.empty()) {
     return l2l::InvalidArgument("--tls-server-name " + g->tls_server_name +
@@ -85,11 +91,9 @@ Status LoadSecrets(Globals* g) {
     if (!t.ok()) return t.status().WithContext(g->token_file.empty() ? "$L2L_TOKEN_FILE" : "--token-file");
     g->token = *t;
   }
-  if (!g->tls_ca.empty()) {
-    auto ca = l2l::ReadPemFile(g->tls_ca, "--tls-ca", /*private_key=*/false);
-    if (!ca.ok()) return ca.status();
-    g->tls_ca_pem = *ca;
-  }
+  auto tls = l2l::ReadClientTlsFiles(g->tls_ca, g->tls_cert, g->tls_key);
+  if (!tls.ok()) return tls.status();
+  g->tls = std::move(tls).value();
   return Status::Ok();
 }
 
@@ -144,8 +148,10 @@ Result<std::unique_ptr<CtlClient>> Dial(const Globals& g, Target* target) {
   l2l::eps::CtlClientOptions o;
   o.connect_timeout = std::chrono::milliseconds(g.connect_timeout_ms);
   o.token = g.token;
-  o.tls_ca_pem = g.tls_ca_pem;
+  o.tls_ca_pem = g.tls.ca_pem;
   o.tls_server_name = g.tls_server_name;
+  o.tls_cert_pem = g.tls.cert_pem;
+  o.tls_key_pem = g.tls.key_pem;
   auto c = CtlClient::Connect(target->address, o);
   if (!c.ok()) {
     return l2l::Unavailable(
@@ -153,13 +159,20 @@ Result<std::unique_ptr<CtlClient>> Dial(const Globals& g, Target* target) {
         std::to_string(g.connect_timeout_ms) + " ms.\n  Check: is l2l-eps running (systemctl status l2l-eps, "
         "pgrep -a l2l-eps)? Is the port in its state dir's eps.port current (a crashed daemon leaves a stale "
         "one)? Override with --eps HOST:PORT or --state-dir DIR." +
-        (g.tls_ca_pem.empty() ? "\n  If the daemon serves TLS (--tls-cert), pass --tls-ca CA.pem."
+        (g.tls.ca_pem.empty() ? "\n  If the daemon serves TLS (--tls-cert), pass --tls-ca CA.pem."
                               : "\n  TLS: is the daemon's certificate signed by --tls-ca and valid for " +
                                     (g.tls_server_name.empty()
                                          ? target->address + "? (If it names another host, pass "
                                                              "--tls-server-name NAME.)"
                                          : "--tls-server-name " + g.tls_server_name + "?") +
-                                    " Does the daemon serve TLS at all?"));
+                                    " Does the daemon serve TLS at all?" +
+                                    (g.tls.cert_pem.empty()
+                                         ? "\n  If the daemon requires client certificates (l2l-eps --tls-client-ca), "
+                                           "it refuses this client at the TLS handshake (authentication failed: no "
+                                           "client certificate): pass --tls-cert FILE --tls-key FILE signed by that CA."
+                                         : "\n  If the daemon requires client certificates (l2l-eps --tls-client-ca), "
+                                           "authentication fails at the TLS handshake when --tls-cert is not signed "
+                                           "by that CA (or has expired).")));
   }
   return c;
 }
@@ -512,6 +525,10 @@ int main(int argc, char** argv) {
   app.add_option("--tls-ca", g.tls_ca, "PEM CA certificate: connect with TLS and verify the daemon against it");
   app.add_option("--tls-server-name", g.tls_server_name,
                  "with --tls-ca: the name the daemon's certificate must hold (default: the host dialled)");
+  app.add_option("--tls-cert", g.tls_cert,
+                 "with --tls-ca and --tls-key: this client's PEM certificate, for a daemon that requires client "
+                 "certificates (l2l-eps --tls-client-ca)");
+  app.add_option("--tls-key", g.tls_key, "the PEM private key of --tls-cert (mode 0600: not readable by others)");
   app.add_flag_callback("--help-env", l2l::PrintEnvHelpAndExit, l2l::kHelpEnvDoc);
 
   auto* status = app.add_subcommand("status", "step, loss, tokens/s, layer versions, workers, memory");

@@ -45,6 +45,7 @@ Status ReadSecurity(YamlMap* root, EpsConfig* c) {
   L2L_ASSIGN_OR_RETURN(YamlMap tls, root->Map("tls"));
   L2L_RETURN_IF_ERROR(tls.Get("cert", &c->tls_cert));
   L2L_RETURN_IF_ERROR(tls.Get("key", &c->tls_key));
+  L2L_RETURN_IF_ERROR(tls.Get("client_ca", &c->tls_client_ca));
   L2L_RETURN_IF_ERROR(tls.Finish());
   L2L_ASSIGN_OR_RETURN(YamlMap auth, root->Map("auth"));
   L2L_RETURN_IF_ERROR(auth.Get("token_file", &c->auth_token_file));
@@ -108,6 +109,10 @@ Status EpsConfig::Validate() const {
   if ((tls_cert.empty()) != (tls_key.empty())) {
     return InvalidArgument("tls.cert and tls.key must be given together (got " +
                            std::string(tls_cert.empty() ? "tls.key only" : "tls.cert only") + ")");
+  }
+  if (!tls_client_ca.empty() && tls_cert.empty()) {
+    return InvalidArgument("tls.client_ca (--tls-client-ca) needs tls.cert and tls.key (--tls-cert/--tls-key): "
+                           "client certificates are only asked for over TLS");
   }
   if (spill_queue_depth < 1 || spill_queue_depth > 4096) {
     return InvalidArgument("spill.queue_depth=" + std::to_string(spill_queue_depth) + " must be in 1..4096");

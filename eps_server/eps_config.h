@@ -38,13 +38,17 @@ struct EpsConfig {
   // Export/Checkpoint/CreateJob rpc paths may be absolute paths outside state_dir.
   bool allow_absolute_paths = false;
 
-  // Security (both gRPC services). Binding beyond loopback needs TLS (cert + key) or a
-  // shared token, else the daemon refuses to start unless `insecure` is set.
+  // Security (both gRPC services). Binding beyond loopback needs client authentication:
+  // a shared token, or mutual TLS (cert + key + client_ca); TLS alone authenticates no
+  // client and is refused there. Without either the daemon refuses to start unless
+  // `insecure` is set (eps_server/server_security.h).
   std::string tls_cert;                 // tls.cert: PEM server certificate chain file
   std::string tls_key;                  // tls.key: PEM private key file (mode 0600)
+  std::string tls_client_ca;            // tls.client_ca: PEM CA(s); clients must present a
+                                        // certificate signed by one (mutual TLS; needs tls.cert)
   std::string auth_token_file;          // auth.token_file: file holding the shared token;
                                         // clients send it as "authorization: Bearer <t>"
-  bool insecure = false;                // permit non-loopback binding without TLS/token
+  bool insecure = false;                // permit non-loopback binding without client auth
 
   // SSD tier (spill.*): pages of master/m/v beyond memory.host_bytes live in files in
   // spill.dir (eps_server/spill_tier.h). Empty dir = no spilling (the daemon refuses to

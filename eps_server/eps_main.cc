@@ -7,7 +7,8 @@
 // <state_dir>/eps.port. Tells systemd READY/STATUS/STOPPING (no-op without systemd).
 // A bad config or an unreadable/corrupt checkpoint exits 1 with a message naming the
 // file, before anything is written; so does a non-loopback --listen/--metrics-listen
-// without TLS or a token (unless --insecure), before anything is bound
+// without client authentication (--token-file, or mutual TLS: --tls-cert/--tls-key with
+// --tls-client-ca; TLS alone does not count) unless --insecure, before anything is bound
 // (eps_server/server_security.h).
 #include <signal.h>
 #include <systemd/sd-daemon.h>
@@ -50,7 +51,7 @@ struct Flags {
   int workers = 0;
   int64_t host_bytes = -1;
   bool allow_remote = false;
-  std::string tls_cert, tls_key, token_file;
+  std::string tls_cert, tls_key, tls_client_ca, token_file;
   bool insecure = false;
   std::string spill_dir;
   std::string metrics_listen;
@@ -62,13 +63,17 @@ void AddFlags(CLI::App* app, Flags* f) {
   app->add_option("--resume", f->resume, "checkpoint directory, or checkpoint root (uses its `latest`)");
   app->add_option("--listen", f->listen, "host:port to listen on (default 127.0.0.1:0)");
   app->add_flag("--allow-remote", f->allow_remote,
-                "deprecated, no effect: a non-loopback --listen needs TLS, --token-file or --insecure");
+                "deprecated, no effect: a non-loopback --listen needs --token-file, --tls-client-ca or --insecure");
   app->add_option("--tls-cert", f->tls_cert, "PEM certificate chain: serve gRPC over TLS (tls.cert; with --tls-key)");
   app->add_option("--tls-key", f->tls_key, "PEM private key of --tls-cert, not readable by others (tls.key)");
+  app->add_option("--tls-client-ca", f->tls_client_ca,
+                  "PEM CA certificate(s): require every gRPC client to present a certificate signed by it "
+                  "(mutual TLS; tls.client_ca; needs --tls-cert/--tls-key)");
   app->add_option("--token-file", f->token_file,
                   "file (mode 0600) with a shared token every client must send as 'authorization: Bearer "
                   "<token>' on gRPC and metrics (auth.token_file)");
-  app->add_flag("--insecure", f->insecure, "allow a non-loopback --listen / --metrics-listen without TLS or token");
+  app->add_flag("--insecure", f->insecure,
+                "allow a non-loopback --listen / --metrics-listen without client authentication (token or mTLS)");
   app->add_option("--state-dir", f->state_dir, "state directory (eps.port is written there)");
   app->add_option("--workers", f->workers, "expected workers");
   app->add_option("--host-bytes", f->host_bytes, "memory budget for model + optimizer state");
@@ -92,6 +97,7 @@ Result<eps::EpsConfig> LoadConfig(const Flags& f) {
   if (f.allow_remote) cfg.allow_remote = true;
   if (!f.tls_cert.empty()) cfg.tls_cert = f.tls_cert;
   if (!f.tls_key.empty()) cfg.tls_key = f.tls_key;
+  if (!f.tls_client_ca.empty()) cfg.tls_client_ca = f.tls_client_ca;
   if (!f.token_file.empty()) cfg.auth_token_file = f.token_file;
   if (f.insecure) cfg.insecure = true;
   if (!f.state_dir.empty()) cfg.state_dir = f.state_dir;
@@ -348,7 +354,7 @@ int main(int argc, char** argv) {
   if (Status s = eps::CheckStartupExposure(cfg.listen, flags.metrics_listen, *security); !s.ok()) return Fail(s);
   if (cfg.allow_remote) {
     L2L_LOG_WARN("--allow-remote / allow_remote is deprecated and has no effect: a non-loopback address "
-                 "needs TLS or a token (or --insecure)");
+                 "needs a token or mutual TLS (or --insecure)");
   }
 
   // 2. The job (--resume or --job), read and validated before anything else happens.

@@ -30,8 +30,9 @@ inline constexpr size_t kMaxChunkBytes = size_t{4} << 20;  // data bytes per str
 
 struct ServerOptions {
   std::string listen = "127.0.0.1:0";  // host:port; port 0 = any free port
-  // TLS and/or the bearer token (eps_server/server_security.h). A non-loopback `listen`
-  // without either is refused unless security.insecure.
+  // TLS (mutual with a client CA) and/or the bearer token (eps_server/server_security.h).
+  // A non-loopback `listen` without client authentication (token or mutual TLS) is
+  // refused unless security.insecure.
   ServerSecurity security;
 };
 

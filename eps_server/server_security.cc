@@ -85,8 +85,12 @@ class TokenServerCredentials final : public grpc::ServerCredentials {
     grpc_server_credentials* c = nullptr;
     if (s_.tls()) {
       grpc_ssl_pem_key_cert_pair pair{s_.tls_key_pem.c_str(), s_.tls_cert_pem.c_str()};
-      c = grpc_ssl_server_credentials_create_ex(nullptr, &pair, 1, GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-                                                nullptr);
+      c = s_.mutual_tls()
+              ? grpc_ssl_server_credentials_create_ex(s_.tls_client_ca_pem.c_str(), &pair, 1,
+                                                      GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY,
+                                                      nullptr)
+              : grpc_ssl_server_credentials_create_ex(nullptr, &pair, 1, GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+                                                      nullptr);
     } else {
       c = grpc_insecure_server_credentials_create();
     }
@@ -101,11 +105,19 @@ class TokenServerCredentials final : public grpc::ServerCredentials {
   const ServerSecurity s_;
 };
 
+// True when every client of `api` must prove who it is: the token (both APIs) or a
+// client certificate (gRPC only).
+bool Authenticated(ExposedApi api, const ServerSecurity& s) {
+  return s.has_token() || (api == ExposedApi::kGrpc && s.mutual_tls());
+}
+
 std::string WaysOut(ExposedApi api) {
   if (api == ExposedApi::kGrpc) {
-    return "Choose one: --tls-cert FILE --tls-key FILE (TLS; config tls.cert/tls.key), --token-file FILE "
-           "(clients send 'authorization: Bearer <token>'; config auth.token_file), or --insecure "
-           "(accept unauthenticated access, trusted networks only; config insecure: true)";
+    return "Add client authentication: --token-file FILE (clients send 'authorization: Bearer <token>'; config "
+           "auth.token_file; use it with --tls-cert FILE --tls-key FILE so the token is not sent in clear text), "
+           "or --tls-client-ca CA.pem with --tls-cert FILE --tls-key FILE (mutual TLS: clients present a "
+           "certificate signed by CA.pem with their --tls-cert/--tls-key; config tls.client_ca), or, on a "
+           "trusted network only, --insecure (accept unauthenticated access; config insecure: true)";
   }
   return "The metrics endpoint has no TLS. Choose one: --token-file FILE (scrapers send "
          "'Authorization: Bearer <token>'; config auth.token_file) or --insecure (unauthenticated, trusted "
@@ -121,9 +133,16 @@ Result<ServerSecurity> LoadServerSecurity(const EpsConfig& cfg) {
     return InvalidArgument("--tls-cert and --tls-key must be given together (got only " +
                            std::string(cfg.tls_cert.empty() ? "--tls-key" : "--tls-cert") + ")");
   }
+  if (!cfg.tls_client_ca.empty() && cfg.tls_cert.empty()) {
+    return InvalidArgument("--tls-client-ca (tls.client_ca) needs --tls-cert and --tls-key: client certificates "
+                           "are only asked for over TLS");
+  }
   if (!cfg.tls_cert.empty()) {
     L2L_ASSIGN_OR_RETURN(s.tls_cert_pem, ReadPemFile(cfg.tls_cert, "--tls-cert (tls.cert)", false));
     L2L_ASSIGN_OR_RETURN(s.tls_key_pem, ReadPemFile(cfg.tls_key, "--tls-key (tls.key)", true));
+  }
+  if (!cfg.tls_client_ca.empty()) {
+    L2L_ASSIGN_OR_RETURN(s.tls_client_ca_pem, ReadPemFile(cfg.tls_client_ca, "--tls-client-ca (tls.client_ca)", false));
   }
   if (!cfg.auth_token_file.empty()) {
     L2L_ASSIGN_OR_RETURN(s.token, ReadTokenFile(cfg.auth_token_file));
@@ -136,13 +155,19 @@ bool IsLoopbackListen(const std::string& listen) {
 }
 
 Status CheckExposure(ExposedApi api, const std::string& listen, const ServerSecurity& s) {
-  if (IsLoopbackListen(listen) || s.insecure || s.has_token()) return Status::Ok();
-  if (api == ExposedApi::kGrpc && s.tls()) return Status::Ok();
+  if (IsLoopbackListen(listen) || s.insecure || Authenticated(api, s)) return Status::Ok();
   const std::string what = api == ExposedApi::kGrpc ? "listen address " : "metrics address ";
-  const std::string risk = api == ExposedApi::kGrpc
-                               ? "neither TLS nor a token protects the Control and Data APIs (anyone who "
-                                 "reaches it could stop the job, read the weights or push gradients)"
-                               : "no token protects the metrics endpoint";
+  std::string risk;
+  if (api == ExposedApi::kMetrics) {
+    risk = "no token protects the metrics endpoint";
+  } else if (s.tls()) {
+    risk = "TLS alone (--tls-cert/--tls-key without --tls-client-ca or --token-file) encrypts the connection but "
+           "authenticates no client: anyone who reaches it could stop the job, read the weights or push "
+           "gradients";
+  } else {
+    risk = "no client authentication protects the Control and Data APIs (anyone who reaches it could stop the "
+           "job, read the weights or push gradients)";
+  }
   return PermissionDenied("refusing to start: " + what + listen + " is not loopback and " + risk + ". " +
                           WaysOut(api) + ".");
 }
@@ -150,9 +175,10 @@ Status CheckExposure(ExposedApi api, const std::string& listen, const ServerSecu
 std::string ExposureWarning(ExposedApi api, const std::string& listen, const ServerSecurity& s) {
   if (IsLoopbackListen(listen)) return "";
   const char* name = api == ExposedApi::kGrpc ? "the gRPC APIs" : "the metrics endpoint";
-  if (!s.has_token() && !(api == ExposedApi::kGrpc && s.tls())) {
+  if (!Authenticated(api, s)) {
     return std::string("INSECURE (--insecure): ") + name + " on " + listen +
-           " accept anyone who can reach them, without TLS or a token";
+           " accept anyone who can reach them, without a token or a client certificate" +
+           (api == ExposedApi::kGrpc && s.tls() ? " (TLS encrypts but authenticates no client)" : "");
   }
   if (s.has_token() && !(api == ExposedApi::kGrpc && s.tls())) {
     return std::string(name) + " on " + listen +
@@ -179,7 +205,9 @@ Status CheckStartupExposure(const std::string& listen, const std::string& metric
 std::shared_ptr<grpc::ServerCredentials> MakeServerCredentials(const ServerSecurity& s) {
   if (s.has_token()) return std::make_shared<TokenServerCredentials>(s);
   if (s.tls()) {
-    grpc::SslServerCredentialsOptions o(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    grpc::SslServerCredentialsOptions o(s.mutual_tls() ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                                       : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+    o.pem_root_certs = s.tls_client_ca_pem;
     o.pem_key_cert_pairs.push_back({s.tls_key_pem, s.tls_cert_pem});
     return grpc::SslServerCredentials(o);
   }

@@ -142,6 +142,10 @@ struct ClientOptions {
   std::string token;
   std::string tls_ca_pem;
   std::string tls_server_name;
+  // This worker's PEM certificate chain and private key, presented to an EPS that requires
+  // client certificates (l2l-eps --tls-client-ca; mutual TLS). "" = none; need tls_ca_pem.
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
   // Sent at Register: this worker's device takes layer updates (worker/device_updater.h).
   OptimizerOffer optimizer;
 };

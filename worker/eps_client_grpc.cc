@@ -72,7 +72,7 @@ Result<GrpcEpsClient::ImplPtr> GrpcEpsClient::Connect(const std::string& address
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   impl->channel = MakeEpsChannel(address, options.tls_ca_pem, options.token, args,  // proto/client_channel.h
-                                 options.tls_server_name);
+                                 options.tls_server_name, options.tls_cert_pem, options.tls_key_pem);
   impl->stub = data::Data::NewStub(impl->channel);
   L2L_RETURN_IF_ERROR(Register(impl.get(), options, -1, reg, shm));
   return impl;
@@ -125,7 +125,8 @@ Status GrpcEpsClient::Register(Impl* impl, const ClientOptions& options, int32_t
     if (st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED || st.error_code() == grpc::StatusCode::UNAVAILABLE) {
       return Unavailable("EPS at " + address + " unreachable for " +
                          std::to_string(options.connect_timeout.count()) + " ms: " + st.error_message() +
-                         (options.tls_ca_pem.empty() ? " (if the EPS serves TLS, pass --tls-ca CA.pem)" : ""));
+                         (options.tls_ca_pem.empty() ? " (if the EPS serves TLS, pass --tls-ca CA.pem)" : "") +
+                         ClientCertificateHint(!options.tls_ca_pem.empty(), !options.tls_cert_pem.empty()));
     }
     if (st.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
       return PermissionDenied("the daemon at " + address +

@@ -12,7 +12,8 @@
 //              [--config FILE] [--threads N] [--compute fp32|bf16]
 //              [--transport auto|shm|grpc] [--name NAME] [--connect-timeout-ms MS]
 //              [--steps N] [--log-level info] [--token-file FILE] [--tls-ca CA.pem]
-//              [--tls-server-name NAME] [--push-deadline-floor-ms MS] [--push-min-mib-per-s R]
+//              [--tls-server-name NAME] [--tls-cert CERT.pem --tls-key KEY.pem]
+//              [--push-deadline-floor-ms MS] [--push-min-mib-per-s R]
 //              [--device-updates auto|on|off]
 //
 // --device-updates (default auto: on for a CUDA device, off on the CPU backend, whose
@@ -38,7 +39,9 @@
 // --token-file (default $L2L_TOKEN_FILE): the EPS's shared token, sent on every call;
 // --tls-ca: connect with TLS and verify the EPS against CA.pem (docs/operations.md
 // "Security"); --tls-server-name NAME: the name the EPS's certificate must hold when it is
-// not the host of --eps (needs --tls-ca). --push-deadline-floor-ms and --push-min-mib-per-s:
+// not the host of --eps (needs --tls-ca); --tls-cert/--tls-key (with --tls-ca; the key not
+// readable by others): this worker's certificate, for an EPS that requires client
+// certificates (l2l-eps --tls-client-ca, mutual TLS). --push-deadline-floor-ms and --push-min-mib-per-s:
 // a gRPC gradient push fails (DEADLINE_EXCEEDED) after floor + its bytes at that rate
 // (default 60 s + 1 s per 8 MiB; worker/eps_client.h).
 // Exit status: 0 when the job's steps are done, the EPS stopped the job or a signal asked
@@ -127,7 +130,7 @@ struct Flags {
   std::string recompute;             // overrides train.recompute when set
   int64_t activation_budget_mb = -1; // overrides train.activation_budget_mb when >= 0
   std::string log_level = "info";
-  std::string token_file, tls_ca, tls_server_name;
+  std::string token_file, tls_ca, tls_server_name, tls_cert, tls_key;
 };
 
 // --compute fp32|bf16: the CPU backend's matrix-product precision (its names are
@@ -193,9 +196,10 @@ Result<Options> ResolveOptions(const Flags& f, CpuGemmPrecision compute) {
   if (const std::string tf = l2l::TokenFileFromFlagOrEnv(f.token_file); !tf.empty()) {
     L2L_ASSIGN_OR_RETURN(copts.token, l2l::ReadTokenFile(tf));
   }
-  if (!f.tls_ca.empty()) {
-    L2L_ASSIGN_OR_RETURN(copts.tls_ca_pem, l2l::ReadPemFile(f.tls_ca, "--tls-ca", false));
-  }
+  L2L_ASSIGN_OR_RETURN(l2l::ClientTlsFiles tls, l2l::ReadClientTlsFiles(f.tls_ca, f.tls_cert, f.tls_key));
+  copts.tls_ca_pem = std::move(tls.ca_pem);
+  copts.tls_cert_pem = std::move(tls.cert_pem);
+  copts.tls_key_pem = std::move(tls.key_pem);
   if (!f.tls_server_name.empty() && f.tls_ca.empty()) {
     return l2l::InvalidArgument("--tls-server-name " + f.tls_server_name +
                                 " needs --tls-ca CA.pem: it names the host the EPS's TLS certificate must hold, "
@@ -621,6 +625,10 @@ int main(int argc, char** argv) {
   app.add_option("--tls-ca", f.tls_ca, "PEM CA certificate: connect with TLS and verify the EPS against it");
   app.add_option("--tls-server-name", f.tls_server_name,
                  "with --tls-ca: the name the EPS's certificate must hold (default: the host of --eps)");
+  app.add_option("--tls-cert", f.tls_cert,
+                 "with --tls-ca and --tls-key: this worker's PEM certificate, for an EPS that requires client "
+                 "certificates (l2l-eps --tls-client-ca)");
+  app.add_option("--tls-key", f.tls_key, "the PEM private key of --tls-cert (mode 0600: not readable by others)");
   app.add_flag_callback("--help-env", l2l::PrintEnvHelpAndExit, l2l::kHelpEnvDoc);
   CLI11_PARSE(app, argc, argv);
 

@@ -13,6 +13,14 @@ with openssl) and a shared token.
      l2l-train-ref, to the relay tests' tolerance).
   3. From the worker's namespace: l2lctl and l2l-worker with a wrong token, and without
      TLS, must be refused; with TLS and the token l2lctl works (the control case).
+  4. Mutual TLS (issue 28), on the same link: l2l-eps on 10.231.0.1 with TLS alone (no
+     token, no --tls-client-ca) must refuse to start (exit 1, naming --tls-client-ca and
+     --token-file, nothing written); with --tls-client-ca (no token) a worker without a
+     client certificate, and one whose certificate another CA signed, must be refused
+     (non-zero exit, naming authentication), so must l2lctl without one; a worker with a
+     valid client certificate trains the job, its final weights equal the reference run's
+     bit for bit, and it is the only worker the daemon ever saw. The CAs and certificates
+     are made here with openssl; no private key is committed.
 
 Needs root and `ip netns` (iproute2). Where network namespaces cannot be made (no root,
 no CAP_SYS_ADMIN, no iproute2) it prints a loud SKIPPED banner and exits 77, which ctest
@@ -134,6 +142,35 @@ def make_cert(work):
     return cert, key
 
 
+def openssl(argv, what):
+    r = subprocess.run(["openssl"] + argv, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise Failure("openssl (%s) failed: %s" % (what, r.stderr))
+
+
+def make_client_ca(work, name):
+    """A CA for client certificates (self-signed): (cert, key), the key mode 0600."""
+    cert, key = os.path.join(work, name + "-ca.pem"), os.path.join(work, name + "-ca-key.pem")
+    openssl(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
+             "-subj", "/CN=" + name, "-keyout", key, "-out", cert], "CA " + name)
+    os.chmod(key, 0o600)
+    return cert, key
+
+
+def make_client_cert(work, name, ca):
+    """A client certificate (extendedKeyUsage clientAuth) signed by ca = (cert, key)."""
+    cert, key = os.path.join(work, name + "-client.pem"), os.path.join(work, name + "-client-key.pem")
+    csr, ext = os.path.join(work, name + ".csr"), os.path.join(work, name + "-ext.cnf")
+    with open(ext, "w") as f:
+        f.write("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n")
+    openssl(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", "/CN=" + name,
+             "-keyout", key, "-out", csr], "client key " + name)
+    openssl(["x509", "-req", "-in", csr, "-CA", ca[0], "-CAkey", ca[1], "-CAcreateserial", "-days", "2", "-extfile",
+             ext, "-out", cert], "sign " + name)
+    os.chmod(key, 0o600)
+    return cert, key
+
+
 def write_secret(path, text):
     with open(path, "w") as f:
         f.write(text + "\n")
@@ -144,7 +181,9 @@ def write_secret(path, text):
 class Run:
     """One daemon in the daemon's namespace; workers in the worker's namespace."""
 
-    def __init__(self, procs, net, work, name, job_yaml, cert, key, token):
+    def __init__(self, procs, net, work, name, job_yaml, cert, key, token, server_auth=None, ctl_flags=None):
+        """server_auth: l2l-eps's authentication flags (default: TLS + the token);
+        ctl_flags: those of l2lctl and the workers (default: the CA + the token)."""
         self.procs, self.net, self.name = procs, net, name
         self.state = os.path.join(work, name + "-state")
         os.makedirs(self.state)
@@ -155,12 +194,13 @@ class Run:
         self.eps = procs.spawn(name + "-eps", [
             procs.bin("l2l-eps"), "--config", cfg, "--job", job_yaml, "--state-dir", self.state,
             "--job-id", "%s-%d" % (name, os.getpid()), "--workers", "1", "--listen", EPS_IP + ":0",
-            "--tls-cert", cert, "--tls-key", key, "--token-file", token], prefix=net.exec_prefix(net.ns_eps))
+            "--tls-cert", cert, "--tls-key", key] + (["--token-file", token] if server_auth is None else server_auth),
+            prefix=net.exec_prefix(net.ns_eps))
         port = l2l_procs.wait_port(self.state, self.eps, 120)
         if port is None:
             raise Failure("%s: l2l-eps did not start:\n%s" % (name, self.eps.tail()))
         self.addr = "%s:%d" % (EPS_IP, port)
-        self.ctl_flags = ["--tls-ca", cert, "--token-file", token]
+        self.ctl_flags = ["--tls-ca", cert, "--token-file", token] if ctl_flags is None else ctl_flags
 
     def worker(self, name, auth=None, hostname="l2l-netns-worker", connect_timeout_ms=60000):
         """auth: the TLS and token flags (default: the right CA and token)."""
@@ -219,6 +259,67 @@ def close_to(got_path, ref_path, rtol=1e-5, atol=5e-6):
             if q > worst:
                 worst, where = q, name
     return "" if worst <= 1.0 else "worst |l2l - ref| / (atol + rtol |ref|) = %.3g in %s" % (worst, where)
+
+
+def mutual_tls_case(procs, net, work, job_yaml, cert, key, ref_export, runs):
+    """Step 4 (see the module's docstring); returns the refusal lines."""
+    refusals = []
+    # TLS alone beyond loopback: refused at start-up, before anything is bound or written.
+    state = os.path.join(work, "tls-alone-state")
+    p = procs.spawn("tls-alone-eps", [procs.bin("l2l-eps"), "--job", job_yaml, "--state-dir", state,
+                                      "--listen", EPS_IP + ":0", "--tls-cert", cert, "--tls-key", key],
+                    prefix=net.exec_prefix(net.ns_eps))
+    code = p.wait(60)
+    log = p.log()
+    if code != 1 or "--tls-client-ca" not in log or "--token-file" not in log or "listening on" in log:
+        raise Failure("l2l-eps with TLS alone on %s: exit %s, expected 1 naming --tls-client-ca and --token-file:\n%s"
+                      % (EPS_IP, code, p.tail()))
+    if os.path.exists(state):
+        raise Failure("l2l-eps with TLS alone wrote its state dir before refusing")
+    refusals.append("l2l-eps with TLS alone on %s: exit %d: %s" % (EPS_IP, code, " ".join(log.split())[:160]))
+
+    ca = make_client_ca(work, "clients")
+    valid = make_client_cert(work, "netns-worker", ca)
+    rogue = make_client_cert(work, "netns-intruder", make_client_ca(work, "rogue"))
+    valid_flags = ["--tls-ca", cert, "--tls-cert", valid[0], "--tls-key", valid[1]]
+    run = Run(procs, net, work, "mtls", job_yaml, cert, key, None, server_auth=["--tls-client-ca", ca[0]],
+              ctl_flags=valid_flags)
+    runs.append(run)
+    ns = net.ns_worker
+    cases = (("no client certificate", ["--tls-ca", cert]),
+             ("a client certificate another CA signed",
+              ["--tls-ca", cert, "--tls-cert", rogue[0], "--tls-key", rogue[1]]))
+    for i, (what, flags) in enumerate(cases):
+        w = run.worker("intruder%d" % i, flags, hostname="l2l-netns-intruder", connect_timeout_ms=5000)
+        code = w.wait(120)
+        last = w.tail(1)
+        if code is None or code == 0 or "authentication" not in last:
+            raise Failure("mutual TLS: a worker with %s: exit %s, expected a refusal naming authentication:\n%s"
+                          % (what, code, w.tail()))
+        refusals.append("l2l-worker with %s (mutual TLS): exit %d: ...%s" % (
+            what, code, " ".join(last.split())[-330:]))
+        code, out, err = run.ctl(["--connect-timeout-ms", "3000", "status"], ns=ns, flags=flags)
+        if code == 0 or "authentication" not in err:
+            raise Failure("mutual TLS: l2lctl with %s: exit %d, expected a refusal naming authentication: %s %s"
+                          % (what, code, out, err))
+        refusals.append("l2lctl with %s (mutual TLS): exit %d: ...%s" % (what, code, " ".join(err.split())[-250:]))
+    w = run.worker("w0")  # the valid certificate (the run's flags)
+    code = w.wait(300)
+    if code != 0:
+        raise Failure("mutual TLS: the worker with a valid client certificate exited %s:\n%s" % (code, w.tail()))
+    got = run.finish()
+    diff = l2l_procs.compare_weights(got, ref_export)
+    if diff:
+        raise Failure("mutual TLS: final weights differ from the reference run: " + diff)
+    st = run.status()
+    if [x["name"] for x in st["workers"]] != ["w0"]:
+        raise Failure("mutual TLS: a worker without a valid certificate registered: %s" % st["workers"])
+    for line in refusals:
+        print("netns: refused: " + line)
+    print("netns: mutual TLS: a worker in %s with a valid client certificate trained %d steps over %s (weights equal "
+          "the reference run); without one, or with another CA's, it was refused" % (ns, STEPS, run.addr))
+    run.stop()
+    return refusals
 
 
 def main():
@@ -363,8 +464,12 @@ def main():
         for line in refusals:
             print("netns: refused: " + line)
         run.stop()
+
+        # 4. Mutual TLS.
+        refusals += mutual_tls_case(procs, net, work, job_yaml, cert, key, ref_export, runs)
         print("netns: passed in %.1f s: link cut %.1f s > heartbeat %.1f s, worker lost and rejoined, final weights "
-              "equal the uninterrupted run bit for bit and the reference trainer within rtol 1e-5; %d refusals" % (
+              "equal the uninterrupted run bit for bit and the reference trainer within rtol 1e-5; mutual TLS: a "
+              "worker with a valid client certificate trained to the same weights; %d refusals" % (
                   time.monotonic() - t0, down_s, HEARTBEAT_MS / 1000, len(refusals)))
         ok = True
     except Failure as e:

@@ -1,9 +1,12 @@
 // Security defaults of l2l-eps and its clients (docs/operations.md "Security"), against
 // real processes on loopback (tests/integration/harness.h). One test case per refusal:
-//  * a non-loopback --listen / --metrics-listen without TLS or a token: l2l-eps exits 1
-//    before binding or writing anything, naming the address and the three ways out
-//    (the positive side, --insecure / TLS / token, is checked in-process and through a
-//    start that fails later for another reason: no test binds beyond 127.0.0.1);
+//  * a non-loopback --listen / --metrics-listen without client authentication: l2l-eps
+//    exits 1 before binding or writing anything, naming the address and the ways out;
+//    TLS alone (no --tls-client-ca, no token) is refused the same way, naming
+//    --tls-client-ca and --token-file (the positive side, --insecure / token / mutual TLS,
+//    is checked in-process and through a start that fails later for another reason: no
+//    test here binds beyond 127.0.0.1; tests/integration/netns_test.py does, in network
+//    namespaces);
 //  * a token file readable by group or others, or empty (daemon and l2lctl);
 //  * a daemon with a token: Control and Data calls without it or with a wrong one end
 //    UNAUTHENTICATED, with it they succeed; grpc.health.v1 stays open; l2lctl and
@@ -13,6 +16,12 @@
 //    works, plaintext or a wrong CA fails; a worker over TLS + token trains; a certificate
 //    naming only eps.test verifies from 127.0.0.1 with --tls-server-name eps.test (l2lctl
 //    and a training worker), not without it or with another name; the flag needs --tls-ca;
+//  * mutual TLS (--tls-client-ca; a CA and client certificates made here with openssl):
+//    l2lctl and l2l-worker without a client certificate, or with one another CA signed,
+//    are refused at the handshake (exit 2, naming authentication and --tls-cert); with a
+//    valid one l2lctl works and the worker trains; with a token too, both are needed; the
+//    clients' --tls-cert/--tls-key need each other and --tls-ca, and a key others may
+//    read is refused;
 //  * checkpoint paths escaping the state dir ('..', a symlink) are refused;
 //  * shared-memory segments (published weights, a worker's gradients) are mode 0600.
 #include <catch2/catch.hpp>
@@ -200,6 +209,47 @@ std::pair<std::string, std::string> MakeCert(const TempDir& dir, const std::stri
 
 bool Has(const std::string& haystack, const std::string& needle) { return haystack.find(needle) != std::string::npos; }
 
+// Runs `cmd` (openssl) with its output in dir/<log>; REQUIREs success.
+void OpenSsl(const TempDir& dir, const std::string& cmd, const std::string& log) {
+  const int rc = std::system((cmd + " >'" + dir.File(log) + "' 2>&1").c_str());
+  INFO("openssl (scripts/setup.sh installs it) failed: " << cmd << "\n" << Slurp(dir.File(log)));
+  REQUIRE(rc == 0);
+}
+
+// A certificate authority for client certificates (self-signed, CA:TRUE; key mode
+// 0600), made at test time: no private key is committed. Returns {cert, key}.
+std::pair<std::string, std::string> MakeCa(const TempDir& dir, const std::string& name) {
+  const std::string cert = dir.File(name + "-ca.pem"), key = dir.File(name + "-ca-key.pem");
+  OpenSsl(dir,
+          "openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 -subj /CN=" + name +
+              " -keyout '" + key + "' -out '" + cert + "'",
+          name + "-ca-openssl.log");
+  fs::permissions(key, k600, fs::perm_options::replace);
+  return {cert, key};
+}
+
+// A client certificate (CN=`name`, extendedKeyUsage clientAuth) signed by `ca` (MakeCa's
+// {cert, key}); key mode 0600. Returns {cert, key}.
+std::pair<std::string, std::string> MakeClientCert(const TempDir& dir, const std::string& name,
+                                                   const std::pair<std::string, std::string>& ca) {
+  const std::string cert = dir.File(name + "-client.pem"), key = dir.File(name + "-client-key.pem");
+  const std::string csr = dir.File(name + ".csr"), ext = dir.File(name + "-ext.cnf");
+  {
+    std::ofstream f(ext);
+    f << "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=clientAuth\n";
+  }
+  OpenSsl(dir,
+          "openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=" + name + " -keyout '" +
+              key + "' -out '" + csr + "'",
+          name + "-csr-openssl.log");
+  OpenSsl(dir,
+          "openssl x509 -req -in '" + csr + "' -CA '" + ca.first + "' -CAkey '" + ca.second +
+              "' -CAcreateserial -days 2 -extfile '" + ext + "' -out '" + cert + "'",
+          name + "-sign-openssl.log");
+  fs::permissions(key, k600, fs::perm_options::replace);
+  return {cert, key};
+}
+
 }  // namespace
 
 TEST_CASE("l2l-eps refuses a non-loopback listen address without TLS or a token, before binding",
@@ -246,29 +296,47 @@ TEST_CASE("l2l-eps refuses a non-loopback metrics address without a token, befor
   CHECK(!fs::exists(state));
 }
 
-TEST_CASE("The flags --insecure, TLS or a token let a non-loopback address past the check (no bind)",
+// Changed with issue 28: TLS alone (a server certificate, no client CA, no token) used to
+// pass this check; it authenticates no client, so beyond loopback it is now refused.
+TEST_CASE("The flags --insecure, a token or mutual TLS let a non-loopback address past the check, TLS alone "
+          "does not (no bind)",
           "[integration][security]") {
   using eps::CheckExposure;
   using eps::ExposedApi;
-  eps::ServerSecurity none, insecure, tls, token;
+  eps::ServerSecurity none, insecure, tls, mtls, token, tls_insecure;
   insecure.insecure = true;
   tls.tls_cert_pem = "-----BEGIN CERTIFICATE-----";
   tls.tls_key_pem = "-----BEGIN PRIVATE KEY-----";
+  mtls = tls;
+  mtls.tls_client_ca_pem = "-----BEGIN CERTIFICATE----- (client CA)";
+  tls_insecure = tls;
+  tls_insecure.insecure = true;
   token.token = "t0ken";
   for (const std::string addr : {"0.0.0.0:7500", "10.1.2.3:7500", "myhost:7500", "[::]:7500"}) {
     INFO(addr);
     const Status refused = CheckExposure(ExposedApi::kGrpc, addr, none);
     CHECK(refused.code() == StatusCode::kPermissionDenied);
     CHECK(Has(refused.message(), addr));
+    CHECK(Has(refused.message(), "--tls-client-ca"));
+    CHECK(Has(refused.message(), "--token-file"));
     CHECK(CheckExposure(ExposedApi::kGrpc, addr, insecure).ok());
-    CHECK(CheckExposure(ExposedApi::kGrpc, addr, tls).ok());
+    const Status tls_alone = CheckExposure(ExposedApi::kGrpc, addr, tls);
+    CHECK(tls_alone.code() == StatusCode::kPermissionDenied);
+    CHECK(Has(tls_alone.message(), addr));
+    CHECK(Has(tls_alone.message(), "authenticates no client"));
+    CHECK(Has(tls_alone.message(), "--tls-client-ca"));
+    CHECK(Has(tls_alone.message(), "--token-file"));
+    CHECK(CheckExposure(ExposedApi::kGrpc, addr, mtls).ok());
     CHECK(CheckExposure(ExposedApi::kGrpc, addr, token).ok());
+    CHECK(CheckExposure(ExposedApi::kGrpc, addr, tls_insecure).ok());
     CHECK(CheckExposure(ExposedApi::kMetrics, addr, tls).code() == StatusCode::kPermissionDenied);
+    CHECK(CheckExposure(ExposedApi::kMetrics, addr, mtls).code() == StatusCode::kPermissionDenied);
     CHECK(CheckExposure(ExposedApi::kMetrics, addr, token).ok());
     CHECK(CheckExposure(ExposedApi::kMetrics, addr, insecure).ok());
     CHECK(Has(eps::ExposureWarning(ExposedApi::kGrpc, addr, insecure), "INSECURE"));
+    CHECK(Has(eps::ExposureWarning(ExposedApi::kGrpc, addr, tls_insecure), "authenticates no client"));
     CHECK(Has(eps::ExposureWarning(ExposedApi::kGrpc, addr, token), "clear text"));
-    CHECK(eps::ExposureWarning(ExposedApi::kGrpc, addr, tls).empty());
+    CHECK(eps::ExposureWarning(ExposedApi::kGrpc, addr, mtls).empty());
   }
   for (const std::string addr : {"127.0.0.1:0", "127.0.0.5:9", "localhost:7500", "[::1]:7500"}) {
     INFO(addr);
@@ -304,6 +372,55 @@ TEST_CASE("The flags --insecure, TLS or a token let a non-loopback address past 
   sec = eps::LoadServerSecurity(*cfg);
   REQUIRE(sec.ok());
   CHECK(!CheckExposure(ExposedApi::kGrpc, cfg->listen, *sec).ok());
+  // tls.client_ca: mutual TLS from the config file; it needs tls.cert.
+  const auto [cert, key] = MakeCert(*dir, "cfg");
+  const auto [ca, ca_key] = MakeCa(*dir, "cfg-ca");
+  cfg = eps::ParseEpsConfig("listen: 0.0.0.0:7500\ntls:\n  cert: " + cert + "\n  key: " + key + "\n", "<test>");
+  REQUIRE(cfg.ok());
+  sec = eps::LoadServerSecurity(*cfg);
+  REQUIRE(sec.ok());
+  CHECK(!CheckExposure(ExposedApi::kGrpc, cfg->listen, *sec).ok());
+  cfg = eps::ParseEpsConfig(
+      "listen: 0.0.0.0:7500\ntls:\n  cert: " + cert + "\n  key: " + key + "\n  client_ca: " + ca + "\n", "<test>");
+  REQUIRE(cfg.ok());
+  sec = eps::LoadServerSecurity(*cfg);
+  INFO(sec.status().ToString());
+  REQUIRE(sec.ok());
+  CHECK(sec->mutual_tls());
+  CHECK(CheckExposure(ExposedApi::kGrpc, cfg->listen, *sec).ok());
+  auto no_cert = eps::ParseEpsConfig("tls:\n  client_ca: " + ca + "\n", "<test>");
+  REQUIRE(!no_cert.ok());
+  CHECK(Has(no_cert.status().message(), "tls.client_ca"));
+  CHECK(Has(no_cert.status().message(), "tls.cert"));
+}
+
+TEST_CASE("l2l-eps refuses TLS alone on a non-loopback listen address, before binding", "[integration][security]") {
+  auto dir = MakeDir("refuse-tls-alone");
+  const std::string state = dir->File("state");
+  const auto [cert, key] = MakeCert(*dir, "server");
+  auto p = Process::Spawn({BinaryPath("l2l-eps"), "--listen", "0.0.0.0:0", "--state-dir", state, "--tls-cert", cert,
+                           "--tls-key", key},
+                          dir->File("eps.log"));
+  REQUIRE(p.ok());
+  auto code = (*p)->Wait(20s);
+  REQUIRE(code.ok());
+  const std::string log = (*p)->Log();
+  INFO(log);
+  CHECK(*code == 1);
+  CHECK(Has(log, "0.0.0.0:0"));
+  CHECK(Has(log, "authenticates no client"));
+  CHECK(Has(log, "--tls-client-ca"));
+  CHECK(Has(log, "--token-file"));
+  CHECK(!Has(log, "listening on"));
+  CHECK(!fs::exists(state));
+  // --tls-client-ca needs the daemon's own certificate.
+  const auto [ca, ca_key] = MakeCa(*dir, "ca");
+  const Run r = Exec(*dir, "l2l-eps", {"--listen", "127.0.0.1:0", "--state-dir", state, "--tls-client-ca", ca});
+  INFO(r.out << r.err);
+  CHECK(r.code == 1);
+  CHECK(Has(r.err, "--tls-client-ca"));
+  CHECK(Has(r.err, "--tls-cert"));
+  CHECK(!fs::exists(state));
 }
 
 TEST_CASE("A token file readable by group or others, or empty, is refused", "[integration][security]") {
@@ -488,6 +605,134 @@ TEST_CASE("TLS: l2lctl with --tls-ca works, plaintext or another CA fails, a wor
     CHECK(ok.code == 0);
     CHECK(Has(ok.out, "step 2/2"));
     StopDaemon(d);
+  }
+}
+
+TEST_CASE("Mutual TLS: a client without a certificate or with one another CA signed is refused, a valid one works",
+          "[integration][security]") {
+  auto dir = MakeDir("mtls");
+  const auto [cert, key] = MakeCert(*dir, "server");
+  const auto ca = MakeCa(*dir, "clients");
+  const auto rogue_ca = MakeCa(*dir, "rogue");
+  const auto [client_cert, client_key] = MakeClientCert(*dir, "worker", ca);
+  const auto [rogue_cert, rogue_key] = MakeClientCert(*dir, "intruder", rogue_ca);
+  const JobConfig job = TinyJob(dir->File("train.bin"), 2);
+  const std::vector<std::string> valid = {"--tls-ca", cert, "--tls-cert", client_cert, "--tls-key", client_key};
+  const std::vector<std::string> rogue = {"--tls-ca", cert, "--tls-cert", rogue_cert, "--tls-key", rogue_key};
+  const std::vector<std::string> no_cert = {"--tls-ca", cert};
+  auto with = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+  {
+    DaemonOptions o;
+    o.transport = l2l::Transport::kGrpc;  // the worker's layers and gradients go over the mTLS channel
+    o.extra_args = {"--tls-cert", cert, "--tls-key", key, "--tls-client-ca", ca.first};
+    auto eps = EpsDaemon::Start(job, o, *dir);
+    INFO(eps.status().ToString());
+    REQUIRE(eps.ok());
+    EpsDaemon& d = **eps;
+    const std::string addr = d.address();
+    const std::vector<std::string> quick = {"--eps", addr, "--connect-timeout-ms", "1000"};
+
+    // l2lctl: no client certificate, or one the daemon's CA did not sign: refused at the
+    // handshake; the error names authentication and the flags to pass.
+    const Run none = Exec(*dir, "l2lctl", with(with(quick, no_cert), {"status"}));
+    INFO(none.out << none.err);
+    CHECK(none.code == 2);
+    CHECK(Has(none.err, "authentication failed: no client certificate"));
+    CHECK(Has(none.err, "--tls-cert FILE --tls-key FILE"));
+    const Run other = Exec(*dir, "l2lctl", with(with(quick, rogue), {"status"}));
+    INFO(other.out << other.err);
+    CHECK(other.code == 2);
+    CHECK(Has(other.err, "authentication fails"));
+    // The server certificate is not a client certificate of the clients' CA either.
+    const Run server_as_client =
+        Exec(*dir, "l2lctl", with(quick, {"--tls-ca", cert, "--tls-cert", cert, "--tls-key", key, "status"}));
+    CHECK(server_as_client.code == 2);
+    // A raw plaintext stub gets nowhere (UNAVAILABLE: no TLS handshake).
+    CHECK(ControlCode(addr, "") == grpc::StatusCode::UNAVAILABLE);
+    const Run ok = Exec(*dir, "l2lctl", with({"--eps", addr}, with(valid, {"status", "--json"})));
+    INFO(ok.out << ok.err);
+    CHECK(ok.code == 0);
+    CHECK(Has(ok.out, "\"job_id\":\"" + d.job_id() + "\""));
+
+    // l2l-worker: refused without a certificate and with the rogue one (exit 2 after the
+    // bounded retry, naming authentication), trains with the valid one.
+    for (const auto& [what, flags] : {std::pair{"no-cert", no_cert}, std::pair{"rogue", rogue}}) {
+      auto w = StartWorker(addr, what, dir->File(std::string(what) + ".log"),
+                           with({"--connect-timeout-ms", "1500"}, flags));
+      REQUIRE(w.ok());
+      auto c = (*w)->Wait(30s);
+      REQUIRE(c.ok());
+      INFO(what << ": " << (*w)->Log());
+      CHECK(*c == 2);
+      CHECK(Has((*w)->Log(), "authentication"));
+      CHECK(Has((*w)->Log(), "--tls-client-ca"));
+    }
+    auto w = StartWorker(addr, "valid", dir->File("valid.log"), valid);
+    REQUIRE(w.ok());
+    auto c = (*w)->Wait(60s);
+    REQUIRE(c.ok());
+    INFO((*w)->LogTail());
+    CHECK(*c == 0);
+    CHECK(ParseSummary((*w)->Log()).at("steps") == 2);
+    const Run done = Exec(*dir, "l2lctl", with({"--eps", addr}, with(valid, {"status", "--json"})));
+    INFO(done.out << done.err);
+    CHECK(done.code == 0);
+    CHECK(Has(done.out, "\"step\":2"));
+    // Only the valid worker ever registered.
+    CHECK(Has(done.out, "\"name\":\"valid\""));
+    CHECK(!Has(done.out, "\"name\":\"no-cert\""));
+    CHECK(!Has(done.out, "\"name\":\"rogue\""));
+    StopDaemon(d);
+  }
+  {
+    // Mutual TLS and a token together: each is required.
+    const std::string tok = WriteFile(dir->File("token"), "mtls-token\n", k600);
+    DaemonOptions o;
+    o.extra_args = {"--tls-cert", cert, "--tls-key", key, "--tls-client-ca", ca.first, "--token-file", tok};
+    auto eps = EpsDaemon::Start(job, o, *dir);
+    INFO(eps.status().ToString());
+    REQUIRE(eps.ok());
+    EpsDaemon& d = **eps;
+    const std::string addr = d.address();
+    const Run cert_only = Exec(*dir, "l2lctl", with({"--eps", addr}, with(valid, {"status"})));
+    INFO(cert_only.out << cert_only.err);
+    CHECK(cert_only.code == 1);
+    CHECK(Has(cert_only.err, "requires a token"));
+    const Run token_only = Exec(*dir, "l2lctl",
+                                with({"--eps", addr, "--connect-timeout-ms", "1000", "--token-file", tok},
+                                     with(no_cert, {"status"})));
+    INFO(token_only.out << token_only.err);
+    CHECK(token_only.code == 2);
+    const Run both = Exec(*dir, "l2lctl", with({"--eps", addr, "--token-file", tok}, with(valid, {"status"})));
+    INFO(both.out << both.err);
+    CHECK(both.code == 0);
+    StopDaemon(d);
+  }
+  // The clients' flags: certificate and key together, with --tls-ca; a key others may
+  // read is refused (as the daemon's --tls-key), before any connection.
+  const std::string loose_key = WriteFile(dir->File("loose-key.pem"), Slurp(client_key),
+                                          k600 | fs::perms::group_read | fs::perms::others_read);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> usage = {
+      {{"--tls-ca", cert, "--tls-cert", client_cert}, "--tls-cert needs --tls-key"},
+      {{"--tls-ca", cert, "--tls-key", client_key}, "--tls-key needs --tls-cert"},
+      {{"--tls-cert", client_cert, "--tls-key", client_key}, "need --tls-ca"},
+      {{"--tls-ca", cert, "--tls-cert", client_cert, "--tls-key", loose_key}, "chmod 600 " + loose_key},
+  };
+  for (const auto& [flags, says] : usage) {
+    const Run r = Exec(*dir, "l2lctl", with({"--eps", "127.0.0.1:1"}, with(flags, {"status"})));
+    INFO(says << ": " << r.out << r.err);
+    CHECK(r.code == 64);
+    CHECK(Has(r.err, says));
+    auto w = StartWorker("127.0.0.1:1", "usage", dir->File("usage.log"), flags);
+    REQUIRE(w.ok());
+    auto c = (*w)->Wait(30s);
+    REQUIRE(c.ok());
+    INFO((*w)->Log());
+    CHECK(*c == 1);
+    CHECK(Has((*w)->Log(), says));
   }
 }
 
