@@ -6,7 +6,8 @@
 //                [--export hf|safetensors|gguf|none] [--no-eval] [--resume] [--quiet|--json]
 //       M: a Hugging Face directory or a GGUF file. D: text, SFT JSONL (.jsonl: prompt /
 //       completion or messages, the loss on completions only) or an llm.c tokens file
-//       (.bin). Tokenizes D with M's tokenizer (the last F held out), writes DIR/job.yaml,
+//       (.bin). Tokenizes D with M's tokenizer (bytes when a directory has no
+//       tokenizer.json; the last F held out), writes DIR/job.yaml,
 //       measures held-out perplexity before, trains through the relay (l2l-eps + one
 //       worker per --device), exports DIR/model-hf, measures perplexity after, and prints
 //       a summary as its last lines.
@@ -161,7 +162,12 @@ int CmdFinetune(const CommonFlags& c, const FinetuneFlags& f) {
     } else {
       train = out + "/data/train.bin";
       val = f.val_fraction > 0 ? out + "/data/val.bin" : "";
-      std::vector<std::string> argv = {bin + "/l2l-tokenize", Abs(f.data), train, "--tokenizer", model};
+      std::vector<std::string> argv = {bin + "/l2l-tokenize", Abs(f.data), train};
+      // The model's own tokenizer: a GGUF file, or a directory's tokenizer.json; a model
+      // without one (a byte-level model of 256 ids) is tokenized by bytes.
+      if (!fs::is_directory(model) || fs::exists(model + "/tokenizer.json")) {
+        argv.insert(argv.end(), {"--tokenizer", model});
+      }
       if (ext == ".jsonl") argv.push_back("--jsonl");
       if (!val.empty()) argv.insert(argv.end(), {"--val-fraction", std::to_string(f.val_fraction), "--val-output", val});
       if (!c.quiet && !c.json) std::fprintf(stderr, "l2l: tokenizing %s with the model's tokenizer\n", f.data.c_str());
