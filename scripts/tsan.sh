@@ -17,8 +17,12 @@ TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/scripts/
 # The Catch2 binary runs without ctest: its skip line from the cases' own marker
 # ("L2L-SKIPPED:", tests/testing/cpu_bf16_mode.h), the same rule in CI as ctest_skips.py.
 skips=$(grep -c "L2L-SKIPPED:" "$log" || true)
-line="tsan: SKIPPED: ${skips} test cases$( ((skips)) && grep "L2L-SKIPPED:" "$log" | sed 's/^ */; /' | tr -d '\n')"
+if [ "$skips" -eq 0 ]; then
+  line="tsan: SKIPPED: none"
+else
+  line="tsan: SKIPPED: $skips test cases$(grep "L2L-SKIPPED:" "$log" | sed 's/^ */; /' | tr -d '\n')"
+fi
 echo "$line"
 if [ -n "${L2L_SKIP_SUMMARY:-}" ]; then echo "$line" >> "$L2L_SKIP_SUMMARY"; fi
-if [ "${CI:-}" = "true" ] && ((skips)); then echo "tsan: FAILED: CI=true and a case skipped"; exit 1; fi
+if [ "${CI:-}" = "true" ] && [ "$skips" -gt 0 ]; then echo "tsan: FAILED: CI=true and a case skipped"; exit 1; fi
 echo "tsan.sh: done in $(( $(date +%s) - start )) s"
