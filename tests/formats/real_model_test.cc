@@ -74,11 +74,11 @@ void StreamAllTensors(const ModelReader& r, const std::string& cmd, const std::s
 //  * heap_bytes: bytes malloc has handed out and not been given back (glibc's mallinfo2,
 //    all arenas: chunks in use + mmapped chunks): what a reader allocates and keeps. (Under
 //    ASan its own allocator serves malloc and this stays 0; the plain build checks it.)
-// Not VmRSS: it also counts heap that glibc keeps after free (its mmap threshold grows
-// with each large free, so later large temporaries come from the brk heap and stay
+// Not VmRSS: it also counts heap that glibc may keep after free (its mmap threshold grows
+// with each large free, so later large temporaries can come from the brk heap and stay
 // resident) and the shared libraries' pages, which differ by machine and allocator
-// history: +40-50 MB on a 2-core AMD EPYC (Zen 4) against +~1 MB elsewhere, with nothing
-// kept by the reader.
+// history: reported +40-50 MB on a 2-core AMD EPYC Zen 4 (issue 28) where another 2-core
+// AMD EPYC measured +0 KiB (2026-11-27), the same reader on both.
 struct Held {
   int64_t file_bytes = -1, anon_bytes = -1, vm_rss = -1, heap_bytes = -1;
 };
