@@ -46,6 +46,6 @@ echo "asan.sh: build done in $(( built - start )) s"
 #   label gpu/emu  GPU tests: CPU-only build (scripts/emu_test.sh runs them on the emulator)
 #   label fuzz     the corpus replays: scripts/fuzz.sh runs the targets themselves
 cd "$BUILD_DIR"
-ctest -L 'unit|integration' -LE 'oracle|gpu|emu|fuzz' --output-on-failure --no-tests=error \
-  -j "$(nproc)" "$@"
+bash "$root/scripts/ctest_stage.sh" asan -L 'unit|integration' -LE 'oracle|gpu|emu|fuzz' \
+  --output-on-failure --no-tests=error -j "$(nproc)" "$@"
 echo "asan.sh: tests done in $(( $(date +%s) - built )) s; total $(( $(date +%s) - start )) s"

@@ -356,6 +356,15 @@ Result<CpuGemmPrecision> ResolveCpuGemm(CpuGemmPrecision requested) {
   L2L_ASSIGN_OR_RETURN(const std::optional<MathIsa> cap, EnvEnum(EnvVar::kCpuIsa, ParseMathIsa));
   const CpuGemmPrecision gemm = env.value_or(requested);
   if (gemm == CpuGemmPrecision::kBf16 && !CpuHasBf16Gemm()) {
+    // Tests on CPUs without AVX512_BF16 still run the mode's numerics (slowly) where
+    // oneDNN can: its AVX-512 emulation of bf16.
+    L2L_ASSIGN_OR_RETURN(const bool fallback, EnvBool(EnvVar::kCpuBf16Fallback));
+    if (fallback) {
+      if (DnnlHasBf16Matmul()) return gemm;
+      return FailedPrecondition(
+          "cpu backend: L2L_CPU_BF16_FALLBACK=1 but oneDNN has no bf16 matmul on this CPU (it needs "
+          "AVX-512 at least; ONEDNN_MAX_CPU_ISA may cap it): bf16 GEMMs (AVX512_BF16 missing) cannot run here");
+    }
     return FailedPrecondition(
         std::string("cpu backend: bf16 GEMMs (L2L_CPU_GEMM=bf16 or --compute bf16) need a CPU with "
                     "AVX512_BF16 (or AMX-BF16); ") +

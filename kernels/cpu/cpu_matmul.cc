@@ -60,6 +60,18 @@ void SetOmpThreads(int n) {
   if (fn != nullptr && n > 0) fn(n);
 }
 
+bool DnnlHasBf16Matmul() {
+  try {
+    const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+    const memory::desc a({16, 16}, memory::data_type::bf16, memory::format_tag::ab);
+    const memory::desc c({16, 16}, memory::data_type::f32, memory::format_tag::ab);
+    dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), engine);
+    return true;
+  } catch (const dnnl::error&) {
+    return false;  // unimplemented: no bf16 support at this ISA
+  }
+}
+
 void GemmStrides(bool trans_a, bool trans_b, int64_t lda, int64_t ldb, int64_t ldc, MatStrides* sa,
                  MatStrides* sb, MatStrides* sc) {
   // op(A)[m][k] = A[m*lda + k], or A[k*lda + m] when transposed; same for B.

@@ -105,6 +105,11 @@ class DnnlMatmul {
 void GemmStrides(bool trans_a, bool trans_b, int64_t lda, int64_t ldb, int64_t ldc, MatStrides* sa,
                  MatStrides* sb, MatStrides* sc);
 
+// Whether oneDNN can make a bf16 x bf16 -> fp32 matmul on this CPU: its AVX512_BF16 / AMX
+// kernels, or its emulation of bf16 on plain AVX-512 (oneDNN 2.x has no bf16 matmul below
+// AVX-512). Respects oneDNN's ONEDNN_MAX_CPU_ISA cap.
+bool DnnlHasBf16Matmul();
+
 // Sets the calling thread's OpenMP thread count (no-op when no OpenMP runtime is loaded).
 void SetOmpThreads(int n);
 

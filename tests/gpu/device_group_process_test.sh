@@ -2,8 +2,9 @@
 # l2l-worker --devices as operators run it: a real l2l-eps (shared-memory transport) and
 # ONE l2l-worker driving a device group of 2 GPUs (on the CUDA emulator: 2 emulated
 # devices, its NCCL), the tiny model, 3 synchronous steps. Passes when the worker logs
-# the group, finishes every step with a finite, falling-or-level loss, the daemon's
-# layers all reach version 3 (it saw one worker), and both stop cleanly.
+# the group, finishes every step with a finite, falling-or-level loss, the daemon reports
+# step 3 of 3 with every layer at version 3 (l2lctl --json status: one publish per step,
+# one worker), and both stop cleanly.
 # Usage: device_group_process_test.sh BIN_DIR CONFIG_DIR   (ctest passes both)
 set -euo pipefail
 BIN=$1
@@ -77,6 +78,19 @@ assert l[-1] <= l[0] + 1e-3, l
 PY
 status=$("$BIN/l2lctl" --state-dir "$WORK/eps" status 2>&1) || { echo "$status"; fail "l2lctl status failed"; }
 echo "$status"
+# The daemon's own account (l2lctl --json status): step 3 of 3, and every layer at
+# version 3: one publish per step per layer, so the group's gradients arrived as ONE
+# worker's (a second registration or a step applied twice would show another number).
+json=$("$BIN/l2lctl" --state-dir "$WORK/eps" --json status 2>&1) || { echo "$json"; fail "l2lctl --json status failed"; }
+python3 - "$json" <<'PY' || fail "the daemon's step or layer versions are not 3: $json"
+import json, sys
+s = json.loads(sys.argv[1])
+v = s["layer_version"]
+print("layer versions:", v, "step", s["step"], "of", s["total_steps"], "workers", len(s["workers"]))
+assert s["step"] == 3 and s["total_steps"] == 3, s
+assert len(v) >= 3 and all(x == 3 for x in v), v
+assert len(s["workers"]) <= 1, s["workers"]
+PY
 timeout 60 "$BIN/l2lctl" --state-dir "$WORK/eps" stop --skip-checkpoint --wait 45 > "$WORK/stop.log" 2>&1 ||
   { cat "$WORK/stop.log"; fail "l2lctl stop failed"; }
 wait "$EPS_PID" || fail "l2l-eps exited with status $?"

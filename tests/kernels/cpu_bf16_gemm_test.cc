@@ -17,8 +17,10 @@
 //  * Attention: the fp32 CPU backend on host-rounded qkv (and dout), plus per-element
 //    bounds for the rounding of the probabilities P and the softmax gradient dS
 //    (Bf16AttentionBounds), as the CUDA bf16 test does.
-// Where the CPU lacks AVX512_BF16 the numeric cases check the refusal instead (the mode
-// cannot run there) and say so.
+// Where the CPU lacks AVX512_BF16 each numeric case checks the refusal, then runs the same
+// numerics against the same oracles on oneDNN's AVX-512 emulation of bf16
+// (L2L_CPU_BF16_FALLBACK=1), or, where oneDNN cannot (no AVX-512), is counted as skipped
+// (tests/testing/cpu_bf16_mode.h).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -37,6 +39,7 @@
 #include "kernels/cpu/cpu_matmul.h"
 #include "tests/kernels/kernel_test_util.h"
 #include "tests/testing/bf16_reference.h"
+#include "tests/testing/cpu_bf16_mode.h"
 #include "tests/testing/scoped_env.h"
 
 namespace l2l::kernels {
@@ -48,6 +51,7 @@ using l2l::testing::Bf16AttentionBounds;
 using l2l::testing::CpuAttentionProbs;
 using l2l::testing::ExpectWithin;
 using l2l::testing::CheckBf16Gemm;
+using l2l::testing::CpuBf16Mode;
 using l2l::testing::RoundedBf16;
 using l2l::testing::ScopedEnv;
 
@@ -56,18 +60,6 @@ std::unique_ptr<Backend> Bf16Cpu(int threads) {
   INFO(be.status().ToString());
   REQUIRE(be.ok());
   return std::move(be).value();
-}
-
-// True when the bf16 mode can run here; otherwise checks that it is refused, with a
-// message naming the missing ISA, and says that the numeric checks did not run.
-bool Bf16Runs() {
-  if (CpuHasBf16Gemm()) return true;
-  auto be = CreateCpuBackend(CpuBackendOptions{.num_threads = 1, .gemm = CpuGemmPrecision::kBf16});
-  REQUIRE(!be.ok());
-  CHECK(be.status().code() == StatusCode::kFailedPrecondition);
-  CHECK(be.status().message().find("AVX512_BF16") != std::string::npos);
-  WARN("this CPU has no AVX512_BF16: bf16 GEMM mode refused (checked); its numerics not run here");
-  return false;
 }
 
 TEST_CASE("FloatToBf16Span rounds to nearest even on every ISA path, as FloatToBf16",
@@ -115,7 +107,8 @@ TEST_CASE("FloatToBf16Span rounds to nearest even on every ISA path, as FloatToB
 
 TEST_CASE("bf16 Gemm equals the product of host-rounded inputs and differs from fp32",
           "[kernels][cpu][bf16]") {
-  if (!Bf16Runs()) return;
+  const CpuBf16Mode bf16_mode;
+  if (!bf16_mode.runs()) return;
   const bool ta = GENERATE(false, true);
   const bool tb = GENERATE(false, true);
   // The second and third are split into row / column blocks over the two threads.
@@ -147,7 +140,8 @@ TEST_CASE("bf16 Gemm equals the product of host-rounded inputs and differs from 
 }
 
 TEST_CASE("bf16 LinearForward keeps its fp32 epilogues (bias, GELU, residual)", "[kernels][cpu][bf16]") {
-  if (!Bf16Runs()) return;
+  const CpuBf16Mode bf16_mode;
+  if (!bf16_mode.runs()) return;
   const int64_t N = 200, IC = 96, OC = 160;
   std::mt19937 rng(11);
   const auto x = RandomVec(rng, N * IC), w = RandomVec(rng, OC * IC), bias = RandomVec(rng, OC);
@@ -177,7 +171,8 @@ TEST_CASE("bf16 LinearForward keeps its fp32 epilogues (bias, GELU, residual)", 
 
 TEST_CASE("bf16 DnnlMatmul: batched, transposed and strided operands, one primitive per shape",
           "[kernels][cpu][bf16]") {
-  if (!Bf16Runs()) return;
+  const CpuBf16Mode bf16_mode;
+  if (!bf16_mode.runs()) return;
   const int64_t B0 = 2, B1 = 3, M = 70, N = 45, K = 90;
   // A column-major per matrix (a transposed view), B with neither stride 1 (every
   // other element of a wider buffer), C with padded rows.
@@ -221,18 +216,20 @@ TEST_CASE("bf16 DnnlMatmul: batched, transposed and strided operands, one primit
   INFO("worst |got - oracle| / (alpha sum|a||b|) = " << worst);
   CHECK(bad == 0);
   // A plain product of a model's shape runs on oneDNN's AMX or AVX512_BF16 kernels, not
-  // its reference code.
+  // its reference code (on the emulation path: not its reference code either).
   const MatStrides pa{0, 0, 384, 1}, pb{0, 0, 1536, 1}, pc{0, 0, 1536, 1};
   const std::string impl = mm.ImplName(1, 1, 2048, 1536, 384, 1.0f, pa, pb, 0.0f, pc);
   INFO("oneDNN implementation: " << impl);
   CHECK(impl.find("ref") == std::string::npos);
+  if (!bf16_mode.native()) return;
   CHECK((impl.find("amx") != std::string::npos || impl.find("bf16") != std::string::npos ||
          impl.find("gemm:jit") != std::string::npos));
 }
 
 TEST_CASE("bf16 attention matches the fp32 cpu on bf16-rounded inputs within P and dS rounding",
           "[kernels][cpu][bf16][attention]") {
-  if (!Bf16Runs()) return;
+  const CpuBf16Mode bf16_mode;
+  if (!bf16_mode.runs()) return;
   // B, T, NH, NKV, hs: several query strips (a partial last one), and grouped-query.
   const auto a = GENERATE(std::vector<int64_t>{2, 130, 4, 4, 16}, std::vector<int64_t>{1, 100, 6, 2, 8});
   const int64_t B = a[0], T = a[1], NH = a[2], NKV = a[3], hs = a[4];
@@ -308,7 +305,8 @@ TEST_CASE("L2L_CPU_GEMM selects the mode for backends made by name, bad values a
     REQUIRE(be.ok());
     CHECK((*be)->name().find("gemm bf16") == std::string::npos);
   }
-  if (!Bf16Runs()) return;
+  const CpuBf16Mode bf16_mode;
+  if (!bf16_mode.runs()) return;
   ScopedEnv env("L2L_CPU_GEMM", "bf16");
   auto be = CreateBackend("cpu");
   REQUIRE(be.ok());

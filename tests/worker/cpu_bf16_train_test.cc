@@ -6,8 +6,10 @@
 // elsewhere) within bf16 tolerances, and the bf16 reference trainer for the relay (the
 // relay's invariant: it equals mini-batch training on the same data). The data and the
 // small GPT are those of the CUDA bf16 tests (tests/gpu/train_util.h), so the numbers
-// here compare with theirs. Where the CPU lacks AVX512_BF16 the cases check the refusal
-// instead (tests/kernels/cpu_bf16_gemm_test.cc covers the message) and say so.
+// here compare with theirs. Where the CPU lacks AVX512_BF16 each case checks the refusal,
+// then runs the same numerics on oneDNN's AVX-512 emulation of bf16
+// (L2L_CPU_BF16_FALLBACK=1), or, where oneDNN cannot (no AVX-512), is counted as skipped
+// (tests/testing/cpu_bf16_mode.h).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 
 #include "kernels/backend.h"
 #include "tests/gpu/train_util.h"
+#include "tests/testing/cpu_bf16_mode.h"
 #include "worker/reference/reference_trainer.h"
 
 namespace l2l::worker {
@@ -26,15 +29,18 @@ namespace {
 using gpu_test::LearnableBatches;
 using gpu_test::SmallJob;
 
-bool Bf16Runs() {
-  if (kernels::CpuHasBf16Gemm()) return true;
+using testing::CpuBf16Mode;
+
+// The reference trainer refuses bf16 where the backend does (checked before the mode's
+// fallback is turned on).
+void CheckTrainerRefusesBf16() {
+  if (kernels::CpuHasBf16Gemm()) return;
+  testing::ScopedEnv off("L2L_CPU_BF16_FALLBACK", "");
   ReferenceTrainerOptions o;
   o.cpu_gemm = kernels::CpuGemmPrecision::kBf16;
   auto t = ReferenceTrainer::Create(SmallJob(), o);
   REQUIRE(!t.ok());
   CHECK(t.status().code() == StatusCode::kFailedPrecondition);
-  WARN("this CPU has no AVX512_BF16: bf16 training refused (checked); its numerics not run here");
-  return false;
 }
 
 std::unique_ptr<ReferenceTrainer> Trainer(const JobConfig& cfg, kernels::CpuGemmPrecision gemm) {
@@ -70,7 +76,9 @@ std::vector<float> Losses(ReferenceTrainer& t, const JobConfig& cfg, int steps) 
 // to ~1e-7 with themselves), and the loss within 1e-3 relative (measured ~1e-5).
 TEST_CASE("bf16 GEMMs on the cpu: reference trainer gradients within bf16 tolerance of fp32",
           "[worker][bf16]") {
-  if (!Bf16Runs()) return;
+  CheckTrainerRefusesBf16();
+  const CpuBf16Mode bf16_mode;
+  if (!bf16_mode.runs()) return;
   const JobConfig cfg = SmallJob();
   std::mt19937 rng(7);
   const auto batches = LearnableBatches(rng, cfg);
@@ -101,7 +109,9 @@ TEST_CASE("bf16 GEMMs on the cpu: reference trainer gradients within bf16 tolera
 // test (tests/gpu/bf16_gemm_test.cc; its reasoning: bf16 unit roundoff 2^-8, the loss
 // moving with it as a random walk, 10 AdamW steps amplifying gradient differences).
 TEST_CASE("bf16 GEMMs on the cpu: reference trainer losses track fp32 for 10 steps", "[worker][bf16]") {
-  if (!Bf16Runs()) return;
+  CheckTrainerRefusesBf16();
+  const CpuBf16Mode bf16_mode;
+  if (!bf16_mode.runs()) return;
   const JobConfig cfg = SmallJob();
   auto fp = Trainer(cfg, kernels::CpuGemmPrecision::kFp32);
   auto bf = Trainer(cfg, kernels::CpuGemmPrecision::kBf16);
@@ -141,7 +151,9 @@ TEST_CASE("bf16 GEMMs on the cpu: reference trainer losses track fp32 for 10 ste
 // bf16-vs-fp32 envelope, so a stale layer or a mis-scaled gradient, which move the loss
 // by percents, still fail).
 TEST_CASE("bf16 GEMMs on the cpu: the relay trains like the reference trainer", "[worker][bf16][relay]") {
-  if (!Bf16Runs()) return;
+  CheckTrainerRefusesBf16();
+  const CpuBf16Mode bf16_mode;
+  if (!bf16_mode.runs()) return;
   const JobConfig cfg = SmallJob();
   const int steps = 8;
   auto ref = Trainer(cfg, kernels::CpuGemmPrecision::kBf16);
