@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -198,7 +199,13 @@ Result<RunResult> RunJob(const RunOptions& o) {
     eps->Wait(300s).status().IgnoreError();
     for (auto& w : workers) w->Stop();
     result.end = RunResult::End::kInterrupted;
-    if (fs::exists(state + "/checkpoints/latest")) result.checkpoint = state + "/checkpoints/latest";
+    // The checkpoint the stop wrote (the daemon is gone: read its `latest`).
+    std::ifstream latest(state + "/checkpoints/latest");
+    std::string name;
+    if (latest >> name && name.rfind("step-", 0) == 0) {
+      result.checkpoint = state + "/checkpoints/" + name;
+      result.steps = std::strtoll(name.c_str() + 5, nullptr, 10);
+    }
     result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     return result;
   }
