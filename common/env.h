@@ -37,6 +37,7 @@ enum class EnvVar {
   kTokenFile,        // L2L_TOKEN_FILE
   kEps,              // L2L_EPS
   kStateDir,         // L2L_STATE_DIR
+  kMaxFileBytes,     // L2L_MAX_FILE_BYTES
   kCpuIsa,           // L2L_CPU_ISA
   kCpuGemm,          // L2L_CPU_GEMM
   kCpuPin,           // L2L_CPU_PIN

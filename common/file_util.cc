@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <utility>
 
+#include "common/env.h"
 #include "common/logging.h"
 
 namespace l2l {
@@ -159,10 +160,41 @@ MappedFile::~MappedFile() {
   }
 }
 
+Result<uint64_t> MaxFileBytes() {
+  L2L_ASSIGN_OR_RETURN(const int64_t v, EnvInt(EnvVar::kMaxFileBytes));
+  if (v < 1) return EnvError(EnvInfo(EnvVar::kMaxFileBytes), std::to_string(v), "a byte count of at least 1");
+  return static_cast<uint64_t>(v);
+}
+
+std::string FileCapMessage(const std::string& what, uint64_t size, uint64_t max, const std::string& kind) {
+  return what + ": " + std::to_string(size) + " bytes, more than the " + std::to_string(max) + "-byte limit on " +
+         kind + " (L2L_MAX_FILE_BYTES; set it higher to read a larger file)";
+}
+
 Result<std::string> ReadFileToString(const std::string& path) {
+  L2L_ASSIGN_OR_RETURN(const uint64_t max, MaxFileBytes());
+  return ReadFileToString(path, max);
+}
+
+Result<std::string> ReadFileToString(const std::string& path, uint64_t max_bytes) {
+  constexpr const char* kKind = "files read whole";
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("open", path, errno);
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return ErrnoError("fstat", path, err);
+  }
   std::string out;
+  if (S_ISREG(st.st_mode)) {
+    const uint64_t size = static_cast<uint64_t>(st.st_size);
+    if (size > max_bytes) {
+      ::close(fd);
+      return InvalidArgument(FileCapMessage(path, size, max_bytes, kKind));
+    }
+    out.reserve(static_cast<size_t>(size));
+  }
   char buf[65536];
   for (;;) {
     const ssize_t r = ::read(fd, buf, sizeof(buf));
@@ -173,6 +205,11 @@ Result<std::string> ReadFileToString(const std::string& path) {
       return ErrnoError("read", path, err);
     }
     if (r == 0) break;
+    if (static_cast<uint64_t>(r) > max_bytes - out.size()) {  // grew past the cap, or not a regular file
+      ::close(fd);
+      return InvalidArgument(FileCapMessage(path, out.size() + static_cast<uint64_t>(r), max_bytes, kKind) +
+                             "; counted while reading: the file grows or is not a regular file");
+    }
     out.append(buf, static_cast<size_t>(r));
   }
   ::close(fd);

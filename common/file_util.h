@@ -5,7 +5,8 @@
 //                     fsync, rename over the target, fsync of the directory. A writer
 //                     dropped before Commit() removes its temp file.
 //   MappedFile        read-only mmap of a whole file (empty files map to no bytes).
-//   ReadFileToString  small files (configs).
+//   ReadFileToString  a file read whole into memory (configs, YAML, tokenizer.json,
+//                     JSON indexes and manifests), capped at MaxFileBytes().
 // Errors name the operation and the path (ErrnoError).
 //
 // Ownership: each object owns its descriptor / mapping; move-only.
@@ -69,6 +70,19 @@ class MappedFile {
   size_t size_ = 0;
 };
 
+// The largest file ReadFileToString reads, and the most memory one GGUF file's metadata
+// arrays may take (common/formats/gguf.cc): $L2L_MAX_FILE_BYTES, default 1 GiB (see
+// common/env.h). A value below 1 is INVALID_ARGUMENT naming the variable.
+Result<uint64_t> MaxFileBytes();
+// The message of a refusal by that cap: "<what>: <size> bytes, more than the <max>-byte
+// limit on <kind> (L2L_MAX_FILE_BYTES; set it higher to ...)".
+std::string FileCapMessage(const std::string& what, uint64_t size, uint64_t max, const std::string& kind);
+
+// The whole file, refused before reading when it is larger than `max_bytes` (stat size;
+// a file that grows while read, a pipe or a /dev file, is refused once it passes the cap):
+// INVALID_ARGUMENT naming the file, its size and the cap.
+Result<std::string> ReadFileToString(const std::string& path, uint64_t max_bytes);
+// The same, with max_bytes = MaxFileBytes().
 Result<std::string> ReadFileToString(const std::string& path);
 
 // fsync(2) of a directory, so renames and creations inside it survive a crash.

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <map>
 
+#include "common/json_util.h"
+
 namespace l2l {
 namespace {
 
@@ -126,10 +128,11 @@ std::string JsonTypeError(const SpecField& f, const json& v, const char* expecte
 
 Status FieldFromJson(const SpecField& f, const json& v, ModelSpec* spec) {
   switch (f.type) {
-    case SpecType::kInt:
+    case SpecType::kInt: {
       if (!v.is_number_integer()) return InvalidArgument(JsonTypeError(f, v, "an integer"));
-      At<int64_t>(spec, f) = v.get<int64_t>();
+      L2L_ASSIGN_OR_RETURN(At<int64_t>(spec, f), JsonInt<int64_t>(v, "model spec " + std::string(f.key)));
       return Status::Ok();
+    }
     case SpecType::kFloat:
       if (!v.is_number()) return InvalidArgument(JsonTypeError(f, v, "a number"));
       At<double>(spec, f) = v.get<double>();

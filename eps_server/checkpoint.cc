@@ -20,6 +20,7 @@
 
 #include "common/fault_point.h"
 #include "common/file_util.h"
+#include "common/json_util.h"
 #include "common/formats/model_io.h"
 #include "common/logging.h"
 
@@ -28,22 +29,14 @@ namespace {
 
 using nlohmann::json;
 
-// A JSON integer that fits T; anything else (a float such as 1.4e21, whose conversion
-// would overflow, a string, out of range) throws, and the caller reports a corrupt
-// manifest naming `key`.
+// A JSON integer that fits T (common/json_util.h); anything else (a float such as
+// 1.4e21, a string, out of range) throws, and the caller reports a corrupt manifest naming
+// `key`.
 template <typename T>
 T JsonInt(const json& j, const char* key) {
-  const json& v = j.at(key);
-  bool fits = false;
-  if (v.is_number_unsigned()) {
-    fits = v.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<T>::max());
-  } else if (v.is_number_integer()) {
-    const int64_t x = v.get<int64_t>();
-    fits = x >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
-           (x < 0 || static_cast<uint64_t>(x) <= static_cast<uint64_t>(std::numeric_limits<T>::max()));
-  }
-  if (!fits) throw std::invalid_argument(std::string("\"") + key + "\" = " + v.dump() + " is not an integer in range");
-  return v.get<T>();
+  Result<T> v = ::l2l::JsonInt<T>(j.at(key), std::string("\"") + key + "\"");
+  if (!v.ok()) throw std::invalid_argument(v.status().message());
+  return *v;
 }
 
 namespace fs = std::filesystem;

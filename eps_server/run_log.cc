@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_util.h"
 #include "common/logging.h"
 
 namespace l2l::eps {
@@ -62,7 +63,9 @@ Result<StepRecord> ParseLine(const std::string& line, const std::string& where) 
   if (j.is_discarded() || !j.is_object()) return DataLoss(where + ": not a JSON object");
   if (!j.contains("step") || !j["step"].is_number_integer()) return DataLoss(where + ": no integer 'step'");
   StepRecord r;
-  r.step = j["step"].get<int64_t>();
+  Result<int64_t> step = JsonInt<int64_t>(j["step"], where + ": 'step'");
+  if (!step.ok()) return DataLoss(step.status().message());
+  r.step = *step;
   if (j.contains("time") && j["time"].is_number()) r.time = j["time"].get<double>();
   for (const Field& f : kFields) {
     if (!j.contains(f.name)) continue;

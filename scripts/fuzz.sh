@@ -11,6 +11,11 @@
 # plus its work corpus outside git, where it adds what it finds:
 # ${L2L_FUZZ_WORK:-$HOME/.cache/l2l-fuzz}/TARGET/corpus; a crash, leak, UB report or
 # timeout is written to .../TARGET/crashes/ and fails the run. Prints the executions run.
+# Memory: inputs are at most L2L_FUZZ_MAX_LEN bytes (default 16384, above every seed), and
+# a parser may allocate at most 10x its input, with a floor libFuzzer can tell apart from
+# its own and the sanitizers' memory: one allocation past max(64 MB, 10 x max_len)
+# (-malloc_limit_mb; a table sized by a hostile id, a GGUF array count) or a resident set
+# past 1024 MB (-rss_limit_mb; many small allocations) is a finding, like a crash.
 # L2L_FUZZ_SEED=N fixes libFuzzer's seed (CI sets 1, so that a CI run is reproducible
 # and a longer local run with the same seed covers what CI will try); unset, each run
 # explores from a random seed.
@@ -61,6 +66,10 @@ cmake --build "$BUILD_DIR" --target "${bins[@]}" -j "${L2L_JOBS:-2}"
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:strict_init_order=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1:suppressions=$root/scripts/ubsan.supp}"
 export LSAN_OPTIONS="${LSAN_OPTIONS:-suppressions=$root/scripts/lsan.supp}"
+max_len="${L2L_FUZZ_MAX_LEN:-16384}"
+malloc_mb=$(( (10 * max_len + (1 << 20) - 1) >> 20 ))
+[ "$malloc_mb" -ge 64 ] || malloc_mb=64
+rss_mb=1024
 seed_arg=()
 if [ -n "${L2L_FUZZ_SEED:-}" ]; then seed_arg=(-seed="$L2L_FUZZ_SEED"); fi
 failed=()
@@ -71,9 +80,10 @@ for t in "${targets[@]}"; do
   mkdir -p "$WORK/$t/corpus" "$WORK/$t/crashes"
   log="$WORK/$t/last.log"
   rc=0
-  # -timeout: an input that takes 20 s is a hang (reported like a crash); -rss_limit_mb
-  # and -malloc_limit_mb: an input that makes the reader allocate > 2 GiB is a finding.
-  "$BUILD_DIR/fuzz/l2l_fuzz_$t" -max_total_time="$secs" -timeout=20 -rss_limit_mb=2048 \
+  # -timeout: an input that takes 20 s is a hang (reported like a crash); the memory
+  # limits: see the header.
+  "$BUILD_DIR/fuzz/l2l_fuzz_$t" -max_total_time="$secs" -timeout=20 -max_len="$max_len" \
+    -malloc_limit_mb="$malloc_mb" -rss_limit_mb="$rss_mb" \
     -print_final_stats=1 "${seed_arg[@]}" -artifact_prefix="$WORK/$t/crashes/" \
     "$WORK/$t/corpus" "tests/fuzz/corpus/$t" >"$log" 2>&1 || rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *\([0-9]*\).*/\1/p' "$log" | tail -1)

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
+#include "common/json_util.h"
 #include "common/formats/tokens_file.h"
 
 namespace l2l::tok {
@@ -49,10 +50,9 @@ Status AppendClassifyLine(const WordPieceTokenizer& tok, std::string_view line, 
   if (j.is_discarded() || !j.is_object()) return InvalidArgument(where + ": not a JSON object");
   auto lit = j.find("label");
   if (lit == j.end()) return InvalidArgument(where + ": no \"label\"");
-  if (!lit->is_number_integer() || lit->get<int64_t>() < 0 || lit->get<int64_t>() > (int64_t{1} << 30)) {
-    return InvalidArgument(where + ": \"label\" " + lit->dump() + " is not a non-negative integer class index");
-  }
-  const int32_t label = static_cast<int32_t>(lit->get<int64_t>());
+  Result<int64_t> lab = JsonToInt(*lit, 0, int64_t{1} << 30, where + ": \"label\"");
+  if (!lab.ok()) return InvalidArgument(lab.status().message() + " (a label is a non-negative integer class index)");
+  const int32_t label = static_cast<int32_t>(*lab);
   const bool pair = j.contains("text_a") || j.contains("text_b");
   if (pair && j.contains("text")) return InvalidArgument(where + ": both \"text\" and \"text_a\"/\"text_b\"");
   const size_t L = static_cast<size_t>(rows->max_len);

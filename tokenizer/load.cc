@@ -3,12 +3,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string_view>
 #include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
+#include "common/json_util.h"
 
 namespace l2l::tok {
 
@@ -162,13 +164,14 @@ Result<GgufMetadata> GgufTokenizerMetadataFromHf(const std::string& dir, int64_t
 
   L2L_ASSIGN_OR_RETURN(json config, ReadJsonObject((fs::path(dir) / "config.json").string()));
   L2L_ASSIGN_OR_RETURN(json tconfig, ReadJsonObject((fs::path(dir) / "tokenizer_config.json").string()));
-  // config.json's id for `key` (an int, or the first of a list); -1 when absent.
-  auto config_id = [&](const char* key) -> int64_t {
-    if (!config.is_object() || !config.contains(key)) return -1;
+  // config.json's id for `key` (an int, or the first of a list); -1 when absent or null.
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  auto config_id = [&](const char* key) -> Result<int64_t> {
+    if (!config.is_object() || !config.contains(key) || config.at(key).is_null()) return -1;
     const json& v = config.at(key);
-    if (v.is_number_integer()) return v.get<int64_t>();
-    if (v.is_array() && !v.empty() && v[0].is_number_integer()) return v[0].get<int64_t>();
-    return -1;
+    const std::string where = config_path + ": " + key;
+    if (v.is_array()) return v.empty() ? -1 : JsonToInt(v[0], 0, std::numeric_limits<int64_t>::max(), where + "[0]");
+    return JsonToInt(v, 0, std::numeric_limits<int64_t>::max(), where);
   };
   // tokenizer_config.json's pad_token as an id; -1 when absent.
   auto pad_from_tconfig = [&]() -> int64_t {
@@ -183,9 +186,12 @@ Result<GgufMetadata> GgufTokenizerMetadataFromHf(const std::string& dir, int64_t
     }
     return -1;
   };
-  const int64_t bos = spec.bos_id >= 0 ? spec.bos_id : config_id("bos_token_id");
-  const int64_t eos = spec.eos_id >= 0 ? spec.eos_id : config_id("eos_token_id");
-  const int64_t pad = pad_from_tconfig() >= 0 ? pad_from_tconfig() : config_id("pad_token_id");
+  L2L_ASSIGN_OR_RETURN(const int64_t config_bos, config_id("bos_token_id"));
+  L2L_ASSIGN_OR_RETURN(const int64_t config_eos, config_id("eos_token_id"));
+  L2L_ASSIGN_OR_RETURN(const int64_t config_pad, config_id("pad_token_id"));
+  const int64_t bos = spec.bos_id >= 0 ? spec.bos_id : config_bos;
+  const int64_t eos = spec.eos_id >= 0 ? spec.eos_id : config_eos;
+  const int64_t pad = pad_from_tconfig() >= 0 ? pad_from_tconfig() : config_pad;
   const bool add_bos = spec.prefix_ids.size() == 1 && spec.prefix_ids[0] == bos;
   const bool add_eos = spec.suffix_ids.size() == 1 && spec.suffix_ids[0] == eos;
   if ((!spec.prefix_ids.empty() && !add_bos) || (!spec.suffix_ids.empty() && !add_eos)) {

@@ -30,6 +30,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -58,13 +59,17 @@ l2l::Result<std::optional<l2l::tok::Tokenizer>> LoadTokenizer(const std::string&
   return std::optional<l2l::tok::Tokenizer>(std::move(tok));
 }
 
+// The input's bytes. The input is mapped, not read whole: it is data of any size (the
+// tokens written take up to 4x its bytes), not a config under L2L_MAX_FILE_BYTES.
+std::string_view AsText(const l2l::MappedFile& f) { return {reinterpret_cast<const char*>(f.data()), f.size()}; }
+
 // Calls fn(line, "file:N") for every non-blank line of `text`.
 template <typename Fn>
-l2l::Status ForEachLine(const std::string& text, const std::string& file, Fn fn) {
+l2l::Status ForEachLine(std::string_view text, const std::string& file, Fn fn) {
   size_t line_no = 0, begin = 0;
   while (begin < text.size()) {
     size_t end = text.find('\n', begin);
-    if (end == std::string::npos) end = text.size();
+    if (end == std::string_view::npos) end = text.size();
     const std::string_view line(text.data() + begin, end - begin);
     ++line_no;
     begin = end + 1;
@@ -85,7 +90,8 @@ l2l::Status RunClassify(const Options& o) {
     return l2l::InvalidArgument(o.tokenizer + ": model.type \"" + type + "\"; --task " + o.task + " needs a WordPiece (BERT) tokenizer");
   }
   L2L_ASSIGN_OR_RETURN(l2l::tok::WordPieceTokenizer tok, l2l::tok::WordPieceTokenizer::FromTokenizerJson(o.tokenizer));
-  L2L_ASSIGN_OR_RETURN(std::string text, l2l::ReadFileToString(o.input));
+  L2L_ASSIGN_OR_RETURN(const l2l::MappedFile input, l2l::MappedFile::Open(o.input));
+  const std::string_view text = AsText(input);
   l2l::tok::ClassifyRows rows;
   rows.max_len = o.max_len;
   const bool mlm = o.task == "mlm";
@@ -136,7 +142,8 @@ l2l::Status Run(const Options& o) {
   L2L_ASSIGN_OR_RETURN(std::optional<l2l::tok::Tokenizer> tok,
                        wp.has_value() ? l2l::Result<std::optional<l2l::tok::Tokenizer>>(std::nullopt) : LoadTokenizer(o.tokenizer));
   const int64_t vocab = wp.has_value() ? wp->vocab_size() : tok.has_value() ? tok->vocab_size() : l2l::kByteVocabSize;
-  L2L_ASSIGN_OR_RETURN(std::string text, l2l::ReadFileToString(o.input));
+  L2L_ASSIGN_OR_RETURN(const l2l::MappedFile input, l2l::MappedFile::Open(o.input));
+  const std::string_view text = AsText(input);
   if (text.empty()) return l2l::InvalidArgument(o.input + " is empty: nothing to tokenize");
 
   std::vector<uint32_t> tokens;
@@ -145,7 +152,7 @@ l2l::Status Run(const Options& o) {
     size_t line_no = 0, begin = 0;
     while (begin < text.size()) {
       size_t end = text.find('\n', begin);
-      if (end == std::string::npos) end = text.size();
+      if (end == std::string_view::npos) end = text.size();
       const std::string_view line(text.data() + begin, end - begin);
       ++line_no;
       begin = end + 1;

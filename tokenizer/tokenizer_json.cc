@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/file_util.h"
+#include "tokenizer/json_ids.h"
 #include "tokenizer/regex_split.h"
 #include "tokenizer/tokenizer.h"
 
@@ -28,22 +29,6 @@ std::string Str(const json& j, const char* key) {
   auto it = j.find(key);
   return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
-// A token id: a JSON integer in [0, 2^31 - 1). Floats (5.5e108 would overflow the
-// conversion), strings and negative or huge values are INVALID_ARGUMENT naming `where`.
-Result<int32_t> TokenId(const json& j, const std::string& where) {
-  constexpr int64_t kLimit = (int64_t{1} << 31) - 1;
-  if (j.is_number_unsigned()) {
-    const uint64_t u = j.get<uint64_t>();
-    if (u < static_cast<uint64_t>(kLimit)) return static_cast<int32_t>(u);
-  } else if (j.is_number_integer()) {
-    const int64_t v = j.get<int64_t>();
-    if (v >= 0 && v < kLimit) return static_cast<int32_t>(v);
-  } else {
-    return InvalidArgument(where + " = " + j.dump() + " is not an integer token id");
-  }
-  return InvalidArgument(where + " = " + j.dump() + " is out of range");
-}
-
 bool Bool(const json& j, const char* key, bool def) {
   auto it = j.find(key);
   return it != j.end() && it->is_boolean() ? it->get<bool>() : def;
@@ -104,8 +89,8 @@ Status ParseNormalizer(const json& j, const std::string& where, std::vector<Norm
   return Status::Ok();
 }
 
-Status ParsePostProcessor(const json& j, const std::string& where, const BpeSpec& spec,
-                          std::vector<int32_t>* prefix, std::vector<int32_t>* suffix) {
+Status ParsePostProcessor(const json& j, const std::string& where, int64_t n_ids, std::vector<int32_t>* prefix,
+                          std::vector<int32_t>* suffix) {
   if (j.is_null()) return Status::Ok();
   const std::string type = Str(j, "type");
   if (type == "ByteLevel") return Status::Ok();  // offsets only
@@ -113,13 +98,15 @@ Status ParsePostProcessor(const json& j, const std::string& where, const BpeSpec
     const json& list = j.at("processors");
     for (size_t i = 0; i < list.size(); ++i) {
       L2L_RETURN_IF_ERROR(
-          ParsePostProcessor(list[i], where + ".processors[" + std::to_string(i) + "]", spec, prefix, suffix));
+          ParsePostProcessor(list[i], where + ".processors[" + std::to_string(i) + "]", n_ids, prefix, suffix));
     }
     return Status::Ok();
   }
   if (type == "RobertaProcessing" || type == "BertProcessing") {
-    prefix->push_back(j.at("cls").at(1).get<int32_t>());
-    suffix->push_back(j.at("sep").at(1).get<int32_t>());
+    L2L_ASSIGN_OR_RETURN(const int32_t cls, JsonTokenId(j.at("cls").at(1), n_ids, where + ".cls[1]"));
+    L2L_ASSIGN_OR_RETURN(const int32_t sep, JsonTokenId(j.at("sep").at(1), n_ids, where + ".sep[1]"));
+    prefix->push_back(cls);
+    suffix->push_back(sep);
     return Status::Ok();
   }
   if (type == "TemplateProcessing") {
@@ -141,7 +128,12 @@ Status ParsePostProcessor(const json& j, const std::string& where, const BpeSpec
         return InvalidArgument(where + ".single[" + std::to_string(i) + "]: special token \"" + name +
                                "\" is not in special_tokens");
       }
-      for (const json& id : it->at("ids")) (seen_sequence ? suffix : prefix)->push_back(id.get<int32_t>());
+      const json& ids = it->at("ids");
+      for (size_t k = 0; k < ids.size(); ++k) {
+        L2L_ASSIGN_OR_RETURN(const int32_t id,
+                             JsonTokenId(ids[k], n_ids, where + ".special_tokens[\"" + name + "\"].ids[" + std::to_string(k) + "]"));
+        (seen_sequence ? suffix : prefix)->push_back(id);
+      }
     }
     return Status::Ok();
   }
@@ -176,8 +168,10 @@ Result<BpeSpec> SpecFromJson(const json& root, const std::string& what) {
     return Unimplemented(what + ": model.dropout is not supported (encoding would be random)");
   }
   spec.ignore_merges = Bool(model, "ignore_merges", false);
+  if (!model.at("vocab").is_object()) return InvalidArgument(what + ": model.vocab is not an object {token: id}");
+  const int64_t n_ids = TokenizerJsonIdCount(root);
   for (const auto& [tok, id_json] : model.at("vocab").items()) {
-    L2L_ASSIGN_OR_RETURN(const int32_t id, TokenId(id_json, what + ": model.vocab[\"" + tok + "\"]"));
+    L2L_ASSIGN_OR_RETURN(const int32_t id, JsonTokenId(id_json, n_ids, what + ": model.vocab[\"" + tok + "\"]"));
     if (static_cast<size_t>(id) >= spec.tokens.size()) spec.tokens.resize(static_cast<size_t>(id) + 1);
     if (!spec.tokens[id].empty()) {
       return InvalidArgument(what + ": model.vocab id " + std::to_string(id) + " is given to both \"" + spec.tokens[id] +
@@ -203,9 +197,11 @@ Result<BpeSpec> SpecFromJson(const json& root, const std::string& what) {
     }
   }
   if (root.contains("added_tokens")) {
-    for (const json& a : root.at("added_tokens")) {
+    const json& list = root.at("added_tokens");
+    for (size_t i = 0; i < list.size(); ++i) {
+      const json& a = list[i];
       AddedToken t;
-      L2L_ASSIGN_OR_RETURN(t.id, TokenId(a.at("id"), what + ": added_tokens[].id"));
+      L2L_ASSIGN_OR_RETURN(t.id, JsonTokenId(a.at("id"), n_ids, what + ": added_tokens[" + std::to_string(i) + "].id"));
       t.content = a.at("content").get<std::string>();
       t.special = Bool(a, "special", false);
       t.lstrip = Bool(a, "lstrip", false);
@@ -218,7 +214,7 @@ Result<BpeSpec> SpecFromJson(const json& root, const std::string& what) {
   if (root.contains("normalizer")) L2L_RETURN_IF_ERROR(ParseNormalizer(root.at("normalizer"), what + ": normalizer", &spec.normalizers));
   if (root.contains("pre_tokenizer")) L2L_RETURN_IF_ERROR(ParsePreTokenizer(root.at("pre_tokenizer"), what + ": pre_tokenizer", &spec.pre_tokenizer));
   if (root.contains("post_processor")) {
-    L2L_RETURN_IF_ERROR(ParsePostProcessor(root.at("post_processor"), what + ": post_processor", spec, &spec.prefix_ids, &spec.suffix_ids));
+    L2L_RETURN_IF_ERROR(ParsePostProcessor(root.at("post_processor"), what + ": post_processor", n_ids, &spec.prefix_ids, &spec.suffix_ids));
   }
   if (root.contains("decoder")) L2L_RETURN_IF_ERROR(CheckDecoder(root.at("decoder"), what + ": decoder"));
   if (spec.prefix_ids.size() == 1) spec.bos_id = spec.prefix_ids[0];

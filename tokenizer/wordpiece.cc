@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 #include <unordered_map>
 #include <unordered_set>
 #include <utility>
@@ -22,6 +23,8 @@
 #include <unicode/utf8.h>
 
 #include "common/file_util.h"
+#include "common/json_util.h"
+#include "tokenizer/json_ids.h"
 #include "tokenizer/utf8.h"
 
 namespace l2l::tok {
@@ -358,8 +361,16 @@ struct WordPieceTokenizer::Impl {
     return e;
   }
 
+  // A template's "type_id": absent is 0; token type ids are stored as bytes (rows files).
+  static Result<int32_t> TypeId(const json& item, const std::string& where) {
+    auto it = item.find("type_id");
+    if (it == item.end() || it->is_null()) return 0;
+    L2L_ASSIGN_OR_RETURN(const int64_t t, JsonToInt(*it, 0, 255, where + ".type_id"));
+    return static_cast<int32_t>(t);
+  }
+
   Status ParseTemplate(const json& list, const json& specials, const std::string& where, bool is_pair,
-                       std::vector<TemplatePiece>* out) {
+                       int64_t n_ids, std::vector<TemplatePiece>* out) {
     bool seen[2] = {false, false};
     for (size_t i = 0; i < list.size(); ++i) {
       const json& item = list[i];
@@ -371,14 +382,20 @@ struct WordPieceTokenizer::Impl {
         p.sequence = id == "A" ? 0 : 1;
         if (p.sequence == 1 && !is_pair) return InvalidArgument(at + ": a single-sequence template names sequence B");
         seen[p.sequence] = true;
-        p.type_id = item.at("Sequence").value("type_id", 0);
+        L2L_ASSIGN_OR_RETURN(p.type_id, TypeId(item.at("Sequence"), at + ".Sequence"));
       } else if (item.contains("SpecialToken")) {
         p.special = true;
         const std::string name = item.at("SpecialToken").at("id").get<std::string>();
         auto it = specials.find(name);
         if (it == specials.end()) return InvalidArgument(at + ": special token \"" + name + "\" is not in special_tokens");
-        p.ids = it->at("ids").get<std::vector<int32_t>>();
-        p.type_id = item.at("SpecialToken").value("type_id", 0);
+        const json& ids = it->at("ids");
+        if (!ids.is_array()) return InvalidArgument(at + ": special_tokens[\"" + name + "\"].ids is not a list");
+        for (size_t k = 0; k < ids.size(); ++k) {
+          L2L_ASSIGN_OR_RETURN(const int32_t id, JsonTokenId(ids[k], n_ids, at + ": special_tokens[\"" + name + "\"].ids[" +
+                                                                                    std::to_string(k) + "]"));
+          p.ids.push_back(id);
+        }
+        L2L_ASSIGN_OR_RETURN(p.type_id, TypeId(item.at("SpecialToken"), at + ".SpecialToken"));
       } else {
         return InvalidArgument(at + ": neither Sequence nor SpecialToken");
       }
@@ -397,12 +414,14 @@ struct WordPieceTokenizer::Impl {
     L2L_RETURN_IF_ERROR(CheckKeys(model, what + ": model", {"type", "unk_token", "continuing_subword_prefix",
                                                               "max_input_chars_per_word", "vocab"}));
     prefix = Str(model, "continuing_subword_prefix", "##");
-    max_chars = model.value("max_input_chars_per_word", int64_t{100});
+    if (auto m = model.find("max_input_chars_per_word"); m != model.end() && !m->is_null()) {
+      L2L_ASSIGN_OR_RETURN(max_chars, JsonToInt(*m, 0, std::numeric_limits<int64_t>::max(),
+                                                what + ": model.max_input_chars_per_word"));
+    }
+    if (!model.at("vocab").is_object()) return InvalidArgument(what + ": model.vocab is not an object {token: id}");
+    const int64_t n_ids = TokenizerJsonIdCount(root);
     for (const auto& [tok, id_json] : model.at("vocab").items()) {
-      const int64_t id = id_json.get<int64_t>();
-      if (id < 0 || id >= (int64_t{1} << 31) - 1) {
-        return InvalidArgument(what + ": model.vocab[\"" + tok + "\"] = " + std::to_string(id) + " is out of range");
-      }
+      L2L_ASSIGN_OR_RETURN(const int32_t id, JsonTokenId(id_json, n_ids, what + ": model.vocab[\"" + tok + "\"]"));
       if (static_cast<size_t>(id) >= tokens.size()) tokens.resize(static_cast<size_t>(id) + 1);
       if (!tokens[id].empty()) {
         return InvalidArgument(what + ": model.vocab id " + std::to_string(id) + " is given to both \"" + tokens[id] +
@@ -425,11 +444,10 @@ struct WordPieceTokenizer::Impl {
           if (a.value(flag, false)) return Unimplemented(at + "." + flag + " true is not supported by the WordPiece tokenizer");
         }
         AddedTok t;
-        t.id = a.at("id").get<int32_t>();
+        L2L_ASSIGN_OR_RETURN(t.id, JsonTokenId(a.at("id"), n_ids, at + ".id"));
         t.content = a.at("content").get<std::string>();
         t.special = a.value("special", false);
         t.normalized = a.value("normalized", !t.special);
-        if (t.id < 0) return InvalidArgument(at + ".id is negative");
         if (t.content.empty()) return InvalidArgument(at + ".content is empty");
         if (static_cast<size_t>(t.id) >= tokens.size()) {
           tokens.resize(static_cast<size_t>(t.id) + 1);
@@ -476,13 +494,13 @@ struct WordPieceTokenizer::Impl {
       if (type == "TemplateProcessing") {
         L2L_RETURN_IF_ERROR(CheckKeys(post, what + ": post_processor", {"type", "single", "pair", "special_tokens"}));
         const json& specials = post.at("special_tokens");
-        L2L_RETURN_IF_ERROR(ParseTemplate(post.at("single"), specials, what + ": post_processor.single", false, &single));
-        L2L_RETURN_IF_ERROR(ParseTemplate(post.at("pair"), specials, what + ": post_processor.pair", true, &pair));
+        L2L_RETURN_IF_ERROR(ParseTemplate(post.at("single"), specials, what + ": post_processor.single", false, n_ids, &single));
+        L2L_RETURN_IF_ERROR(ParseTemplate(post.at("pair"), specials, what + ": post_processor.pair", true, n_ids, &pair));
         has_template = true;
       } else if (type == "BertProcessing") {
         L2L_RETURN_IF_ERROR(CheckKeys(post, what + ": post_processor", {"type", "sep", "cls"}));
-        const int32_t cls = post.at("cls").at(1).get<int32_t>();
-        const int32_t sep = post.at("sep").at(1).get<int32_t>();
+        L2L_ASSIGN_OR_RETURN(const int32_t cls, JsonTokenId(post.at("cls").at(1), n_ids, what + ": post_processor.cls[1]"));
+        L2L_ASSIGN_OR_RETURN(const int32_t sep, JsonTokenId(post.at("sep").at(1), n_ids, what + ": post_processor.sep[1]"));
         auto sp = [](int32_t id, int32_t type) { TemplatePiece p; p.special = true; p.ids = {id}; p.type_id = type; return p; };
         auto sq = [](int s) { TemplatePiece p; p.sequence = s; p.type_id = s; return p; };
         single = {sp(cls, 0), sq(0), sp(sep, 0)};

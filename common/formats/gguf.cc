@@ -5,9 +5,11 @@
 #include "common/formats/gguf.h"
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "common/dtype.h"
+#include "common/file_util.h"
 #include "common/formats/mapped_pages.h"
 
 namespace l2l::formats {
@@ -58,11 +60,35 @@ size_t ScalarSize(GgufValueType t) {
     case GgufValueType::kF64:
       return 8;
     case GgufValueType::kString:  // u64 length, at least
-    case GgufValueType::kArray:   // u32 type + u64 count, at least
       return 8;
+    case GgufValueType::kArray:   // u32 type + u64 count, at least
+      return 12;
   }
   return 0;
 }
+
+// What one array element takes in memory once read, whatever its size in the file:
+// integers widen to int64 (GgufValue::ints), floats to double, strings and nested arrays
+// are objects (a string's characters come from the file bytes, one for one).
+size_t InMemorySize(GgufValueType t) {
+  switch (t) {
+    case GgufValueType::kString: return sizeof(std::string);
+    case GgufValueType::kArray: return sizeof(GgufValue);
+    case GgufValueType::kF32:
+    case GgufValueType::kF64: return sizeof(double);
+    default: return sizeof(int64_t);
+  }
+}
+
+// The memory the metadata arrays of one file may take, checked before each array is
+// allocated: an array at most kMaxExpansion times the file bytes left after its header
+// (its elements come out of them; 8 = a u8 array read into int64 values), and all arrays
+// together at most `cap` (MaxFileBytes(), L2L_MAX_FILE_BYTES), however large the file.
+constexpr uint64_t kMaxExpansion = 8;
+struct MetadataBudget {
+  uint64_t cap = 0;
+  uint64_t used = 0;
+};
 
 bool ValidValueType(uint32_t t) { return t <= static_cast<uint32_t>(GgufValueType::kF64); }
 
@@ -128,7 +154,32 @@ Status ReadScalarInt(Cursor& c, GgufValueType t, int64_t* out, const std::string
   }
 }
 
-Status ReadValue(Cursor& c, GgufValueType t, GgufValue* v, const std::string& what, uint32_t depth) {
+// Refuses an array of n elements of type `elem` whose in-memory estimate exceeds the
+// budget (see MetadataBudget), before anything is allocated for it; else charges it.
+Status ChargeArray(const Cursor& c, GgufValueType elem, uint64_t n, size_t at, const std::string& what,
+                   MetadataBudget* budget) {
+  const uint64_t per = InMemorySize(elem);
+  const uint64_t need = n > UINT64_MAX / per ? UINT64_MAX : n * per;
+  const uint64_t left = c.left();
+  const uint64_t relative = left > UINT64_MAX / kMaxExpansion ? UINT64_MAX : left * kMaxExpansion;
+  const std::string head = c.path() + ": " + what + ": array of " + std::to_string(n) + " " + GgufValueTypeName(elem) +
+                           " at byte " + std::to_string(at) + " would take " + std::to_string(need) + " bytes in memory";
+  if (need > relative) {
+    return DataLoss(head + ", more than " + std::to_string(kMaxExpansion) + "x the " + std::to_string(left) +
+                    " file bytes after it (corrupt)");
+  }
+  if (need > budget->cap - budget->used) {
+    return InvalidArgument(head + "; with the " + std::to_string(budget->used) +
+                           " bytes of the arrays before it, more than the " + std::to_string(budget->cap) +
+                           "-byte limit on one GGUF file's metadata (L2L_MAX_FILE_BYTES; set it higher to read "
+                           "a larger file)");
+  }
+  budget->used += need;
+  return Status::Ok();
+}
+
+Status ReadValue(Cursor& c, GgufValueType t, GgufValue* v, const std::string& what, uint32_t depth,
+                 MetadataBudget* budget) {
   v->type = t;
   switch (t) {
     case GgufValueType::kF32: {
@@ -161,6 +212,17 @@ Status ReadValue(Cursor& c, GgufValueType t, GgufValue* v, const std::string& wh
         return DataLoss(c.path() + ": " + what + ": array of " + std::to_string(n) + " " + GgufValueTypeName(v->elem) +
                         " at byte " + std::to_string(at) + " runs past the end of the file (truncated or corrupt)");
       }
+      L2L_RETURN_IF_ERROR(ChargeArray(c, v->elem, n, at, what, budget));
+      const size_t count = static_cast<size_t>(n);
+      if (v->elem == GgufValueType::kString) {
+        v->strings.reserve(count);
+      } else if (v->elem == GgufValueType::kF32 || v->elem == GgufValueType::kF64) {
+        v->floats.reserve(count);
+      } else if (v->elem == GgufValueType::kArray) {
+        v->arrays.reserve(count);
+      } else {
+        v->ints.reserve(count);
+      }
       const std::string ew = what + " element";
       for (uint64_t k = 0; k < n; ++k) {
         if (v->elem == GgufValueType::kString) {
@@ -169,11 +231,11 @@ Status ReadValue(Cursor& c, GgufValueType t, GgufValue* v, const std::string& wh
           v->strings.push_back(std::move(s));
         } else if (v->elem == GgufValueType::kF32 || v->elem == GgufValueType::kF64) {
           GgufValue e;
-          L2L_RETURN_IF_ERROR(ReadValue(c, v->elem, &e, ew, depth + 1));
+          L2L_RETURN_IF_ERROR(ReadValue(c, v->elem, &e, ew, depth + 1, budget));
           v->floats.push_back(e.f);
         } else if (v->elem == GgufValueType::kArray) {
           GgufValue e;
-          L2L_RETURN_IF_ERROR(ReadValue(c, v->elem, &e, ew, depth + 1));
+          L2L_RETURN_IF_ERROR(ReadValue(c, v->elem, &e, ew, depth + 1, budget));
           v->arrays.push_back(std::move(e));
         } else {
           int64_t x;
@@ -310,6 +372,8 @@ Status GgufReader::Parse() {
                     "-byte file can hold (truncated or corrupt)");
   }
 
+  MetadataBudget budget;
+  L2L_ASSIGN_OR_RETURN(budget.cap, MaxFileBytes());
   for (uint64_t k = 0; k < n_kv; ++k) {
     std::string key;
     L2L_RETURN_IF_ERROR(c.ReadString(&key, "metadata key #" + std::to_string(k)));
@@ -321,7 +385,7 @@ Status GgufReader::Parse() {
       return DataLoss(p + ": " + what + ": unknown value type " + std::to_string(t) + " at byte " + std::to_string(at));
     }
     GgufValue v;
-    L2L_RETURN_IF_ERROR(ReadValue(c, static_cast<GgufValueType>(t), &v, what, 0));
+    L2L_RETURN_IF_ERROR(ReadValue(c, static_cast<GgufValueType>(t), &v, what, 0, &budget));
     if (kv_.count(key)) return DataLoss(p + ": metadata key '" + key + "' appears twice");
     keys_.push_back(key);
     kv_.emplace(key, std::move(v));

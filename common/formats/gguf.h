@@ -15,8 +15,9 @@
 // header before returning: magic, version, every length and count against the bytes left,
 // value types, tensor dims (1..4, non-negative, no overflow), known ggml type, ne[0] a
 // multiple of the block size, offsets aligned and inside the file, no duplicate names or
-// keys. Every error names the file, and the key or tensor and the byte offset where there
-// is one. Dequantization to fp32 follows ggml's reference (ggml-quants.c) for F32, F16,
+// keys; metadata arrays bounded by their in-memory size before they are allocated (at most
+// 8x the file bytes after the array, and L2L_MAX_FILE_BYTES for all arrays of a file).
+// Every error names the file, and the key or tensor and the byte offset where there is one. Dequantization to fp32 follows ggml's reference (ggml-quants.c) for F32, F16,
 // BF16, Q8_0, Q4_0 and Q4_1; other ggml types are listed but fail when read as fp32.
 //
 // Ownership: GgufReader owns its mapping; move-only. GgufValue is a value.

@@ -8,6 +8,7 @@
 #include <exception>
 
 #include "common/file_util.h"
+#include "common/json_util.h"
 
 namespace l2l::formats {
 namespace {
@@ -23,7 +24,7 @@ class Fields {
     const json* v = Find(key);
     if (v == nullptr) return Status::Ok();
     if (!v->is_number_integer()) return Wrong(key, *v, "an integer");
-    *out = v->get<int64_t>();
+    L2L_ASSIGN_OR_RETURN(*out, JsonInt<int64_t>(*v, path_ + ": key '" + key + "'"));
     return Status::Ok();
   }
   Status Float(const char* key, std::optional<double>* out) {
@@ -86,7 +87,8 @@ Status ParseRopeScaling(const json& v, const std::string& path, RopeScaling* rs)
   }
   if (const json* n = f.Find("original_max_position_embeddings")) {
     if (!n->is_number_integer()) return f.Wrong(key + ".original_max_position_embeddings", *n, "an integer");
-    rs->original_max_position_embeddings = n->get<int64_t>();
+    L2L_ASSIGN_OR_RETURN(rs->original_max_position_embeddings,
+                         JsonInt<int64_t>(*n, path + ": key '" + key + ".original_max_position_embeddings'"));
   }
   return Status::Ok();
 }
@@ -132,11 +134,14 @@ Result<ModelConfig> ParseHfConfig(const std::string& text, const std::string& pa
   L2L_RETURN_IF_ERROR(f.Int("bos_token_id", &c.bos_token_id));
   if (const json* e = f.Find("eos_token_id")) {
     if (e->is_number_integer()) {
-      c.eos_token_ids.push_back(e->get<int64_t>());
+      L2L_ASSIGN_OR_RETURN(const int64_t id, JsonInt<int64_t>(*e, path + ": key 'eos_token_id'"));
+      c.eos_token_ids.push_back(id);
     } else if (e->is_array()) {
-      for (const json& x : *e) {
+      for (size_t i = 0; i < e->size(); ++i) {
+        const json& x = (*e)[i];
         if (!x.is_number_integer()) return f.Wrong("eos_token_id", *e, "an integer or a list of integers");
-        c.eos_token_ids.push_back(x.get<int64_t>());
+        L2L_ASSIGN_OR_RETURN(const int64_t id, JsonInt<int64_t>(x, path + ": key 'eos_token_id[" + std::to_string(i) + "]'"));
+        c.eos_token_ids.push_back(id);
       }
     } else {
       return f.Wrong("eos_token_id", *e, "an integer or a list of integers");

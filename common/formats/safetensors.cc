@@ -9,9 +9,12 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <set>
 
 #include <nlohmann/json.hpp>
+
+#include "common/json_util.h"
 
 namespace l2l {
 namespace {
@@ -138,15 +141,21 @@ Status SafeTensorsReader::Parse() {
     if (dt == nullptr) return DataLoss(where + ": unknown dtype '" + t.dtype_name + "'");
     t.dtype = dt->ours;
     t.element_size = dt->size;
-    for (const json& d : entry["shape"]) {
-      if (!d.is_number_unsigned()) return DataLoss(where + ": shape " + entry["shape"].dump() + " has a non-integer or negative dimension");
-      t.shape.push_back(static_cast<int64_t>(d.get<uint64_t>()));
+    const json& shape = entry["shape"];
+    for (size_t i = 0; i < shape.size(); ++i) {
+      if (!shape[i].is_number_unsigned()) return DataLoss(where + ": shape " + JsonSnippet(shape) + " has a non-integer or negative dimension");
+      Result<int64_t> d = JsonToInt(shape[i], 0, std::numeric_limits<int64_t>::max(), where + ": shape[" + std::to_string(i) + "]");
+      if (!d.ok()) return DataLoss(d.status().message());
+      t.shape.push_back(*d);
     }
     const json& offs = entry["data_offsets"];
     if (!offs[0].is_number_unsigned() || !offs[1].is_number_unsigned()) {
-      return DataLoss(where + ": data_offsets " + offs.dump() + " must be non-negative integers");
+      return DataLoss(where + ": data_offsets " + JsonSnippet(offs) + " must be non-negative integers");
     }
-    const uint64_t begin = offs[0].get<uint64_t>(), end = offs[1].get<uint64_t>();
+    Result<uint64_t> begin_r = JsonInt<uint64_t>(offs[0], where + ": data_offsets[0]");
+    Result<uint64_t> end_r = JsonInt<uint64_t>(offs[1], where + ": data_offsets[1]");
+    if (!begin_r.ok() || !end_r.ok()) return DataLoss((begin_r.ok() ? end_r : begin_r).status().message());
+    const uint64_t begin = *begin_r, end = *end_r;
     if (begin > end) return DataLoss(where + ": data_offsets " + offs.dump() + " has begin > end");
     if (end > data_size) {
       return DataLoss(where + ": data_offsets " + offs.dump() + " run past the " + std::to_string(data_size) +

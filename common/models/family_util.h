@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/json_util.h"
 #include "common/model_spec.h"
 #include "common/rng.h"
 
@@ -84,17 +85,22 @@ Status HfField(const nlohmann::json& config, const std::string& origin, const ch
   if (it == config.end() || it->is_null()) {
     return required ? InvalidArgument(origin + ": config.json lacks \"" + std::string(key) + "\"") : Status::Ok();
   }
-  try {
-    if constexpr (std::is_same_v<T, bool>) {
-      if (!it->is_boolean()) throw std::runtime_error("not a boolean");
-    } else if constexpr (std::is_integral_v<T>) {
-      if (!it->is_number_integer()) throw std::runtime_error("not an integer");
-    } else if constexpr (std::is_floating_point_v<T>) {
-      if (!it->is_number()) throw std::runtime_error("not a number");
+  const std::string what = origin + ": config.json \"" + std::string(key) + "\"";
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    // A float (4096.0, 1e300) or an integer outside T is refused (common/json_util.h).
+    if (!it->is_number_integer()) return InvalidArgument(what + "=" + JsonSnippet(*it) + ": not an integer");
+    L2L_ASSIGN_OR_RETURN(*out, JsonInt<T>(*it, what));
+  } else {
+    try {
+      if constexpr (std::is_same_v<T, bool>) {
+        if (!it->is_boolean()) throw std::runtime_error("not a boolean");
+      } else if constexpr (std::is_floating_point_v<T>) {
+        if (!it->is_number()) throw std::runtime_error("not a number");
+      }
+      *out = it->get<T>();
+    } catch (const std::exception& e) {
+      return InvalidArgument(what + "=" + JsonSnippet(*it) + ": " + e.what());
     }
-    *out = it->get<T>();
-  } catch (const std::exception& e) {
-    return InvalidArgument(origin + ": config.json \"" + std::string(key) + "\"=" + it->dump() + ": " + e.what());
   }
   return Status::Ok();
 }

@@ -15,6 +15,7 @@
 #include "common/formats/gguf.h"
 #include "common/formats/gguf_writer.h"
 #include "tests/common/temp_dir.h"
+#include "tests/testing/scoped_env.h"
 #include "tests/formats/oracle_util.h"
 
 namespace l2l::formats {
@@ -300,6 +301,84 @@ TEST_CASE("A GGUF tensor whose element count or byte size overflows 64 bits is r
     INFO("message: " << r.status().ToString());
     for (const char* n : {"tensor 'w.big'", "overflows 64 bits"}) CHECK(r.status().message().find(n) != std::string::npos);
     CHECK(r.status().message().find(path) != std::string::npos);
+  }
+}
+
+// A GGUF file with only metadata: each entry is (key, type, value bytes).
+std::string MetadataOnlyGguf(const std::vector<std::pair<std::string, std::string>>& kvs) {
+  std::string b = "GGUF";
+  Put<uint32_t>(&b, 3);  // version
+  Put<uint64_t>(&b, 0);  // tensors
+  Put<uint64_t>(&b, kvs.size());
+  for (const auto& [key, typed_value] : kvs) {
+    Put<uint64_t>(&b, key.size());
+    b += key;
+    b += typed_value;
+  }
+  return b;
+}
+
+// The typed value of an array of n elements of `elem`, each `elem_bytes`.
+std::string ArrayValue(GgufValueType elem, uint64_t n, const std::string& elem_bytes) {
+  std::string v;
+  Put<uint32_t>(&v, static_cast<uint32_t>(GgufValueType::kArray));
+  Put<uint32_t>(&v, static_cast<uint32_t>(elem));
+  Put<uint64_t>(&v, n);
+  for (uint64_t i = 0; i < n; ++i) v += elem_bytes;
+  return v;
+}
+
+TEST_CASE("GGUF metadata arrays are bounded by their in-memory size: per file byte and per file",
+          "[formats][gguf]") {
+  testing::ScopedEnv unset("L2L_MAX_FILE_BYTES", "");
+  TempDir dir;
+  auto open = [&](const std::string& name, const std::string& bytes) {
+    const std::string path = dir.File(name);
+    std::ofstream(path, std::ios::binary) << bytes;
+    return GgufReader::Open(path);
+  };
+  // 4000 empty arrays: 12 bytes each in the file, a GgufValue (> 100 bytes) each in memory,
+  // more than 8x the file. Before, the reader built them all.
+  std::string empty_u8;
+  Put<uint32_t>(&empty_u8, static_cast<uint32_t>(GgufValueType::kU8));
+  Put<uint64_t>(&empty_u8, 0);
+  const Result<GgufReader> nested =
+      open("nested.gguf", MetadataOnlyGguf({{"x.nested", ArrayValue(GgufValueType::kArray, 4000, empty_u8)}}));
+  REQUIRE_FALSE(nested.ok());
+  INFO(nested.status().ToString());
+  CHECK(nested.status().code() == StatusCode::kDataLoss);
+  for (const char* part : {"metadata 'x.nested'", "array of 4000 ARRAY", "bytes in memory", "8x"}) {
+    CHECK(nested.status().message().find(part) != std::string::npos);
+  }
+  // Real metadata arrays stay well inside: strings (4x), i32 (2x), u8 (8x) read.
+  std::string str3;
+  Put<uint64_t>(&str3, 3);
+  str3 += "abc";
+  std::string i32;
+  Put<int32_t>(&i32, 7);
+  const std::string ok_file = MetadataOnlyGguf({{"t.tokens", ArrayValue(GgufValueType::kString, 3000, str3)},
+                                                {"t.types", ArrayValue(GgufValueType::kI32, 3000, i32)},
+                                                {"t.flags", ArrayValue(GgufValueType::kU8, 3000, std::string(1, '\1'))}});
+  {
+    const Result<GgufReader> ok = open("ok.gguf", ok_file);
+    INFO((ok.ok() ? std::string() : ok.status().ToString()));
+    REQUIRE(ok.ok());
+    CHECK(ok->GetStringArray("t.tokens")->size() == 3000);
+    CHECK(ok->GetIntArray("t.flags")->at(2999) == 1);
+  }
+  // The same file under a cap on one file's metadata that holds the strings
+  // (3000 * sizeof(std::string) bytes) but not the int32s (3000 * 8 more) as well.
+  {
+    const std::string strings = std::to_string(3000 * sizeof(std::string));
+    const std::string limit = std::to_string(3000 * sizeof(std::string) + 4000);
+    testing::ScopedEnv cap("L2L_MAX_FILE_BYTES", limit);
+    const Result<GgufReader> capped = open("ok.gguf", ok_file);
+    REQUIRE_FALSE(capped.ok());
+    INFO(capped.status().ToString());
+    for (const std::string& part : {std::string("metadata 't.types'"), "with the " + strings + " bytes of the arrays before it",
+                                    limit + "-byte limit", std::string("L2L_MAX_FILE_BYTES")}) {
+      CHECK(capped.status().message().find(part) != std::string::npos);
+    }
   }
 }
 

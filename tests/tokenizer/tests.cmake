@@ -34,3 +34,11 @@ l2l_add_oracle_test(tokenizer.classify_oracle SCRIPT tokenizer/wordpiece_oracle.
                     ARGS --only classify --tool "'$<TARGET_FILE:l2l_tokenizer_tool>'" --tokenize "'$<TARGET_FILE:l2l-tokenize>'"
                          --minilm @MODEL@ --work "'${CMAKE_CURRENT_BINARY_DIR}/tokenizer_classify_oracle'"
                     LABELS unit oracle TIMEOUT 900)
+# l2l-tokenize on hostile tokenizer.json files (a vocab id of 2^31-2 in a 60-byte file,
+# float / negative / huge ids in the vocab, added tokens and post-processor, a 2 GiB
+# sparse file) exits 1 naming the entry, under a memory limit (ulimit -v, or the
+# sanitizer's allocation cap in sanitizer builds); valid tokenizers exit 0 under it.
+add_test(NAME tokenizer.cli_bounded_ids
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/bounded_ids_test.sh $<TARGET_FILE:l2l-tokenize>
+                 "${L2L_SANITIZE}")
+set_tests_properties(tokenizer.cli_bounded_ids PROPERTIES LABELS "unit" TIMEOUT 120)

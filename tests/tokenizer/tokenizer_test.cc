@@ -228,7 +228,40 @@ TEST_CASE("tokenizer.json features we do not implement are refused, not approxim
                   R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}, "added_tokens": [{"id": 1e300, "content": "x"}]})",
                   "t.json")
                   .status(),
-              StatusCode::kInvalidArgument, {"t.json", "added_tokens[].id"});
+              StatusCode::kInvalidArgument, {"t.json", "added_tokens[0].id"});
+}
+
+TEST_CASE("tokenizer.json ids are bounded by the file's entries: a huge id is refused, not allocated",
+          "[tokenizer][json]") {
+  // A vocab of n entries and m added tokens has ids below n + m. Before, one vocab id of
+  // 2^31 - 2 in a 60-byte file resized a 2^31-entry table (std::bad_alloc, SIGABRT).
+  auto load = [](const std::string& vocab, const std::string& rest = "") {
+    return Tokenizer::FromTokenizerJsonText(R"({"model": {"type": "BPE", "vocab": )" + vocab + R"(, "merges": []})" + rest + "}",
+                                            "b.json")
+        .status();
+  };
+  ExpectError(load(R"({"a": 2147483646})"), StatusCode::kInvalidArgument,
+              {"b.json", "model.vocab[\"a\"] = 2147483646", "out of range", "0 to 0"});
+  ExpectError(load(R"({"a": 0, "b": 2})"), StatusCode::kInvalidArgument, {"model.vocab[\"b\"] = 2", "0 to 1"});
+  // An added token's id counts: 2 vocab entries + 1 added token reach id 2, not 3.
+  const std::string added2 = R"(, "added_tokens": [{"id": 2, "content": "<x>", "special": true}])";
+  const std::string added3 = R"(, "added_tokens": [{"id": 3, "content": "<x>", "special": true}])";
+  ExpectError(load(R"({"a": 0, "b": 1})", added3), StatusCode::kInvalidArgument, {"added_tokens[0].id = 3", "0 to 2"});
+  ExpectError(load(R"({"a": 0, "b": 1})", R"(, "added_tokens": [{"id": 2.0, "content": "<x>"}])"),
+              StatusCode::kInvalidArgument, {"added_tokens[0].id = 2.0", "not an integer"});
+  // The post-processor's ids are bounded and checked as integers too.
+  ExpectError(load(R"({"a": 0})", R"(, "post_processor": {"type": "BertProcessing", "cls": ["a", 1e300], "sep": ["a", 0]})"),
+              StatusCode::kInvalidArgument, {"post_processor.cls[1]", "not an integer"});
+  ExpectError(load(R"({"a": 0})", R"(, "post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "s"}}, {"Sequence": {"id": "A"}}], "special_tokens": {"s": {"ids": [4294967295]}}})"),
+              StatusCode::kInvalidArgument, {"special_tokens[\"s\"].ids[0] = 4294967295", "out of range"});
+  // In bounds, the same shapes load (the check refuses nothing a dense file has).
+  auto ok = Tokenizer::FromTokenizerJsonText(
+      R"({"model": {"type": "BPE", "vocab": {"a": 0, "b": 1}, "merges": []})" + added2 +
+          R"(, "pre_tokenizer": {"type": "ByteLevel"}})",
+      "ok.json");
+  INFO((ok.ok() ? std::string() : ok.status().ToString()));
+  REQUIRE(ok.ok());
+  CHECK(*ok->Encode("ab<x>", false) == Ids{0, 1, 2});
 }
 
 TEST_CASE("SFT lines give ids and a mask over the completion, and bad lines name where they are", "[tokenizer][sft]") {

@@ -143,6 +143,44 @@ TEST_CASE("WordPiece: unsupported tokenizer.json fields are errors naming the fi
   ExpectError(Tokenizer::FromTokenizerJsonText(TinyJson().dump(), "tiny").status(), {"WordPieceTokenizer"});
 }
 
+TEST_CASE("WordPiece: ids and numbers are checked integers, ids below the file's entry count", "[wordpiece]") {
+  // TinyJson has 14 vocab entries and 5 added tokens: ids run from 0 to 18. Before, a vocab
+  // id of 2^31 - 2 resized a 2^31-entry table and a float id was converted unchecked.
+  auto err = [](json j) { return WordPieceTokenizer::FromTokenizerJsonText(j.dump(), "tiny").status(); };
+  json j = TinyJson();
+  j["model"]["vocab"]["hello"] = 2147483646;
+  ExpectError(err(j), {"tiny: model.vocab[\"hello\"] = 2147483646", "out of range", "0 to 18"});
+  j = TinyJson();
+  j["model"]["vocab"]["hello"] = 19;
+  ExpectError(err(j), {"model.vocab[\"hello\"] = 19", "0 to 18"});
+  j = TinyJson();
+  j["model"]["vocab"]["hello"] = 13.5;
+  ExpectError(err(j), {"model.vocab[\"hello\"] = 13.5", "not an integer"});
+  j = TinyJson();
+  j["model"]["vocab"]["hello"] = -1;
+  ExpectError(err(j), {"model.vocab[\"hello\"] = -1", "out of range"});
+  j = TinyJson();
+  j["added_tokens"][2]["id"] = 2147483646;
+  ExpectError(err(j), {"added_tokens[2].id = 2147483646", "out of range"});
+  j = TinyJson();
+  j["added_tokens"][2]["id"] = 1e300;
+  ExpectError(err(j), {"added_tokens[2].id", "not an integer"});
+  j = TinyJson();
+  j["post_processor"]["cls"][1] = 2.5;
+  ExpectError(err(j), {"post_processor.cls[1] = 2.5", "not an integer"});
+  j = TinyJson();
+  j["post_processor"] = json::parse(R"({"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "[CLS]", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0.5}}],
+      "pair": [], "special_tokens": {"[CLS]": {"id": "[CLS]", "ids": [2], "tokens": ["[CLS]"]}}})");
+  ExpectError(err(j), {"post_processor.single[1].Sequence.type_id = 0.5", "not an integer"});
+  j["post_processor"]["single"][1]["Sequence"]["type_id"] = 0;
+  j["post_processor"]["special_tokens"]["[CLS]"]["ids"] = {4294967296};
+  ExpectError(err(j), {"special_tokens[\"[CLS]\"].ids[0] = 4294967296", "out of range"});
+  j = TinyJson();
+  j["model"]["max_input_chars_per_word"] = 1e30;
+  ExpectError(err(j), {"model.max_input_chars_per_word", "not an integer"});
+}
+
 TEST_CASE("Classify rows: padding, LongestFirst truncation, files round trip, errors", "[wordpiece]") {
   const WordPieceTokenizer tok = Make(TinyJson());
   ClassifyRows rows;
