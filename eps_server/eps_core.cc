@@ -166,6 +166,7 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   bi.workers = opts_.expected_workers;
   bi.grad_slots = std::clamp(opts_.grad_slots, 1, kMaxGradSlots);
   bi.shm = opts_.transport != Transport::kGrpc;
+  bi.global_clip = job.train.clip == ClipMode::kGlobal && job.optim.grad_clip > 0;
   bi.spill = !opts_.spill.dir.empty();
   if (bi.spill) {
     // A spill file left by the previous run of this job is reused: its space counts.

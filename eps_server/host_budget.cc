@@ -67,7 +67,7 @@ Result<HostBudget> PlanHostBudget(const HostBudgetInputs& in) {
     b.pipeline_undo_budget = in.guard_bytes;
     b.guard_carved = in.host_bytes > 0;
   }
-  b.guard_bytes = UpdatePipeline::GuardBytes(in.layer_numel, b.pipeline_undo_budget, &b.undo_layers);
+  b.guard_bytes = UpdatePipeline::GuardBytes(in.layer_numel, b.pipeline_undo_budget, in.global_clip, &b.undo_layers);
   b.store_host_bytes = in.host_bytes == 0 ? 0 : in.host_bytes - (b.guard_carved ? in.guard_bytes : 0);
 
   // What the store needs in all; beyond its budget it goes to SSD (with the staging pool

@@ -9,8 +9,9 @@
 //                fp32): the shm weight segment, always RAM, inside host_bytes
 //   staging      the SSD tier's pool (>= one layer's spilled pages), inside host_bytes
 //   guard        the non-finite guard (update_pipeline.h): 12 B/param of undo copies when
-//                memory.guard_bytes is 0 (beside host_bytes); with guard_bytes > 0 at most
-//                guard_bytes (>= 4 B/param), taken out of host_bytes
+//                memory.guard_bytes is 0 (beside host_bytes; 16 with global clip, whose
+//                reduced gradients are held until the last norm); with guard_bytes > 0 at
+//                most guard_bytes (>= 4 B/param), taken out of host_bytes
 //   grad slots   per shm worker grad_slots x the largest layer x 4 B (beside host_bytes)
 // Refusals (RESOURCE_EXHAUSTED / INVALID_ARGUMENT, the message has the sum):
 //   * guard_bytes > 0 below 4 B/param, or not below host_bytes;
@@ -40,6 +41,7 @@ struct HostBudgetInputs {
   int workers = 1;
   int grad_slots = 4;               // per shm worker
   bool shm = true;                  // gradient segments exist (not with the grpc transport)
+  bool global_clip = false;         // train.clip global: undo layers also hold their reduced gradient
   bool spill = false;               // spill.dir set
   uint64_t disk_free_bytes = 0;     // statvfs of spill.dir
   uint64_t ram_bytes = 0;           // physical memory (0 = unknown: not checked)

@@ -33,29 +33,32 @@ struct UpdatePipeline::Impl {
 
 namespace {
 // Which layers get an undo copy under `budget` (see update_pipeline.h): every layer
-// needs 4 B/param (its reduced gradient, when deferred); an undo copy costs 8 more. The
-// layers whose gradients come first in backward (the last index down) are upgraded
-// while the rest of the budget allows.
-std::vector<bool> UndoPlan(const std::vector<size_t>& numel, size_t budget) {
+// needs 4 B/param (its reduced gradient, when deferred); an undo copy costs 8 more (12
+// with global clip, where an undo layer's reduced gradient is held too until the last
+// norm). The layers whose gradients come first in backward (the last index down) are
+// upgraded while the rest of the budget allows.
+std::vector<bool> UndoPlan(const std::vector<size_t>& numel, size_t budget, bool global_clip) {
+  const size_t upgrade = global_clip ? 12 : 8;
   std::vector<bool> undo(numel.size(), true);
   if (budget == SIZE_MAX) return undo;
   size_t all4 = 0;
   for (size_t n : numel) all4 += 4 * n;
   size_t extra = budget > all4 ? budget - all4 : 0;
   for (size_t i = numel.size(); i-- > 0;) {
-    undo[i] = 8 * numel[i] <= extra;
-    if (undo[i]) extra -= 8 * numel[i];
+    undo[i] = upgrade * numel[i] <= extra;
+    if (undo[i]) extra -= upgrade * numel[i];
   }
   return undo;
 }
 }  // namespace
 
-size_t UpdatePipeline::GuardBytes(const std::vector<size_t>& layer_numel, size_t budget, int64_t* undo_layers) {
-  const std::vector<bool> undo = UndoPlan(layer_numel, budget);
+size_t UpdatePipeline::GuardBytes(const std::vector<size_t>& layer_numel, size_t budget, bool global_clip,
+                                  int64_t* undo_layers) {
+  const std::vector<bool> undo = UndoPlan(layer_numel, budget, global_clip);
   size_t bytes = 0;
   int64_t n = 0;
   for (size_t l = 0; l < undo.size(); ++l) {
-    bytes += (undo[l] ? 12 : 4) * layer_numel[l];
+    bytes += (undo[l] ? (global_clip ? 16 : 12) : 4) * layer_numel[l];
     n += undo[l] ? 1 : 0;
   }
   if (undo_layers != nullptr) *undo_layers = n;
@@ -77,7 +80,7 @@ UpdatePipeline::UpdatePipeline(ParamStore* store, const JobConfig& job, int num_
   {
     std::vector<size_t> numel;
     for (int64_t l = 0; l < store->num_layers(); ++l) numel.push_back(store->layout(l).numel);
-    const std::vector<bool> undo = UndoPlan(numel, undo_budget_bytes);
+    const std::vector<bool> undo = UndoPlan(numel, undo_budget_bytes, global_clip());
     for (size_t l = 0; l < undo.size(); ++l) layers_[l].deferred = !undo[l];
   }
   completed_step_ = start_step;

@@ -146,10 +146,12 @@ class UpdatePipeline {
   // reduced gradients (4 B/param); SIZE_MAX = every layer gets an undo copy (no deferral).
   UpdatePipeline(ParamStore* store, const JobConfig& job, int num_workers, int64_t start_step,
                  size_t undo_budget_bytes = SIZE_MAX);
-  // Bytes the guard needs with budget b: 12 B/param for the undo layers, 4 for the rest
-  // (the plan the constructor makes); and the least budget that works (every layer
-  // deferred: 4 B/param). For the daemon's start-up arithmetic (eps_server/host_budget.h).
-  static size_t GuardBytes(const std::vector<size_t>& layer_numel, size_t budget, int64_t* undo_layers);
+  // Bytes the guard needs with budget b: 12 B/param for the undo layers (16 with global
+  // clip: their reduced gradient is held too), 4 for the rest (the plan the constructor
+  // makes); and the least budget that works (every layer deferred: 4 B/param). For the
+  // daemon's start-up arithmetic (eps_server/host_budget.h).
+  static size_t GuardBytes(const std::vector<size_t>& layer_numel, size_t budget, bool global_clip,
+                           int64_t* undo_layers);
   static size_t MinGuardBytes(const std::vector<size_t>& layer_numel);
   ~UpdatePipeline();  // waits for running updates, releases waiting gradients
 

@@ -127,13 +127,18 @@ std::vector<std::vector<float>> RunPipeline(const JobConfig& job, const Grads& g
 // Undo budgets for the bounded guard (update_pipeline.h): 0 -> unbounded (every layer has
 // an undo copy), 1 -> the least (every layer deferred), 2 -> undo copies for the two
 // layers whose gradients come first (the last two), the rest deferred.
-size_t UndoBudget(const ParamStore& ps, int kind, int64_t* undo_layers) {
+// An undo copy costs 8 B/param beyond the deferred 4 (12 with global clip).
+size_t UndoBudget(const ParamStore& ps, const JobConfig& job, int kind, int64_t* undo_layers) {
   std::vector<size_t> numel;
   for (int64_t l = 0; l < ps.num_layers(); ++l) numel.push_back(ps.layout(l).numel);
+  const bool global = job.train.clip == l2l::ClipMode::kGlobal && job.optim.grad_clip > 0;
   size_t b = SIZE_MAX;
   if (kind == 1) b = UpdatePipeline::MinGuardBytes(numel);
-  if (kind == 2) b = UpdatePipeline::MinGuardBytes(numel) + 8 * (numel[numel.size() - 1] + numel[numel.size() - 2]);
-  UpdatePipeline::GuardBytes(numel, b, undo_layers);
+  if (kind == 2) {
+    b = UpdatePipeline::MinGuardBytes(numel) + (global ? 12 : 8) * (numel[numel.size() - 1] + numel[numel.size() - 2]);
+  }
+  const size_t bytes = UpdatePipeline::GuardBytes(numel, b, global, undo_layers);
+  if (b != SIZE_MAX) CHECK(bytes <= b);  // the plan stays inside its budget
   return b;
 }
 
@@ -147,7 +152,7 @@ TEST_CASE("UpdatePipeline with a bounded undo budget publishes the unbounded res
   const JobConfig job = SmallJob(clip);
   auto probe = MakeStore(job);
   int64_t undo_layers = -1;
-  const size_t budget = UndoBudget(*probe, kind, &undo_layers);
+  const size_t budget = UndoBudget(*probe, job, kind, &undo_layers);
   CHECK(undo_layers == (kind == 1 ? 0 : 2));  // the plan the budget asks for
   const Grads g = MakeGrads(*probe, 3, 2, 5);
   const std::vector<int64_t> mbs = {2, 3};
@@ -344,7 +349,7 @@ TEST_CASE("UpdatePipeline skips a step with a non-finite gradient in every layer
   // are updated before it arrives (eager), the bottom ones after.
   g[1][1][ps->num_layers() / 2][17] = bad;
   int64_t undo_layers = 0;
-  UpdatePipeline pipe(ps.get(), job, 2, 0, UndoBudget(*ps, kind, &undo_layers));
+  UpdatePipeline pipe(ps.get(), job, 2, 0, UndoBudget(*ps, job, kind, &undo_layers));
   std::mutex events_mu;
   std::vector<SkipEvent> events;  // GUARDED_BY(events_mu): on_skip runs on an update thread
   pipe.set_on_skip([&](const SkipEvent& e) {
@@ -389,7 +394,7 @@ TEST_CASE("UpdatePipeline skips a step whose reported loss is NaN and pauses aft
   auto ps = MakeStore(job);
   const Grads g = MakeGrads(*ps, 4, 2, 5);
   int64_t undo_layers = 0;
-  UpdatePipeline pipe(ps.get(), job, 2, 0, UndoBudget(*ps, kind, &undo_layers));
+  UpdatePipeline pipe(ps.get(), job, 2, 0, UndoBudget(*ps, job, kind, &undo_layers));
   pipe.set_gate_on_losses(true);
   auto step = [&](int64_t s, double loss1) {
     for (int w : {0, 1}) PushStep(pipe, *ps, g, s, w);

@@ -457,7 +457,7 @@ TEST_CASE("With its state on SSD and a bounded guard the EPS equals an unspilled
   po.page_bytes = page;
   po.publish_dtype = DType::kBF16;
   const size_t published = eps::ParamStore::RequiredHostBytes(job.model, po) - state;
-  const size_t guard = eps::UpdatePipeline::MinGuardBytes(numel) + 8 * numel.back();
+  const size_t guard = eps::UpdatePipeline::MinGuardBytes(numel) + 12 * numel.back();  // (8 + 4 global clip)
   const size_t pool = 3 * max_pages * page;  // the least: one layer's master + m + v
   auto dir = testing::TempDir::Create("l2l-guard-spill");
   REQUIRE(dir.ok());
