@@ -157,7 +157,13 @@ Status ReadTrain(YamlMap* root, TrainingConfig* t) {
   L2L_ASSIGN_OR_RETURN(YamlMap m, root->Map("train"));
   L2L_RETURN_IF_ERROR(m.Get("steps", &t->steps, kPositive));
   L2L_RETURN_IF_ERROR(m.Get("micro_batch_size", &t->micro_batch_size, kPositive));
-  L2L_RETURN_IF_ERROR(m.Get("micro_batches", &t->micro_batches, kPositive));
+  if (m.Has("micro_batches") && m.node()["micro_batches"].IsScalar() &&
+      m.node()["micro_batches"].Scalar() == "auto") {
+    t->micro_batches_auto = true;  // the worker plans it (common/micro_batch_plan.h)
+    m.Accept("micro_batches");
+  } else {
+    L2L_RETURN_IF_ERROR(m.Get("micro_batches", &t->micro_batches, kPositive));
+  }
   L2L_RETURN_IF_ERROR(m.Get("seq_len", &t->seq_len, kNonNegative));
   L2L_RETURN_IF_ERROR(m.Get("seed", &t->seed));
   L2L_RETURN_IF_ERROR(m.Get("log_every", &t->log_every, kPositive));
@@ -452,7 +458,7 @@ std::string JobConfigToYaml(const JobConfig& cfg) {
   os << "train:\n"
      << "  steps: " << t.steps << "\n"
      << "  micro_batch_size: " << t.micro_batch_size << "\n"
-     << "  micro_batches: " << t.micro_batches << "\n"
+     << "  micro_batches: " << (t.micro_batches_auto ? std::string("auto") : std::to_string(t.micro_batches)) << "\n"
      << "  seq_len: " << t.seq_len << "\n"
      << "  seed: " << t.seed << "\n"
      << "  log_every: " << t.log_every << "\n"

@@ -28,6 +28,10 @@ struct TrainingConfig {
   int64_t steps = 100;             // optimizer steps to run
   int64_t micro_batch_size = 4;    // B: sequences per micro-batch
   int64_t micro_batches = 2;       // M: micro-batches per worker per step (accumulated)
+  // `micro_batches: auto`: each worker picks M at start from its measured rates
+  // (common/micro_batch_plan.h; worker_main.cc logs the choice and why); until then
+  // micro_batches keeps its default.
+  bool micro_batches_auto = false;
   int64_t seq_len = 0;             // T per sequence; 0 = model.seq_len
   uint64_t seed = 1234;            // init and data order
   int64_t log_every = 1;           // steps between progress lines

@@ -30,6 +30,7 @@ Status ReadPublishDtype(YamlMap* root, std::optional<DType>* out) {
 Status ReadMemory(YamlMap* root, EpsConfig* c) {
   L2L_ASSIGN_OR_RETURN(YamlMap m, root->Map("memory"));
   L2L_RETURN_IF_ERROR(m.Get("host_bytes", &c->host_bytes, kNonNegative));
+  L2L_RETURN_IF_ERROR(m.Get("guard_bytes", &c->guard_bytes, kNonNegative));
   L2L_RETURN_IF_ERROR(m.Get("page_bytes", &c->page_bytes, kPositive));
   return m.Finish();
 }

@@ -24,6 +24,9 @@ struct EpsConfig {
   std::string state_dir = "/tmp/l2l-eps";  // eps.port is written here
   std::string job_id = "default";       // names shm segments /l2l-<job_id>-*
   int64_t host_bytes = 0;               // memory.host_bytes: budget, 0 = unlimited
+  int64_t guard_bytes = 0;              // memory.guard_bytes: the non-finite guard's undo
+                                        // copies, taken out of host_bytes; 0 = unbounded
+                                        // (12 B/param beside host_bytes); >= 4 B/param
   int64_t page_bytes = 4 << 20;         // memory.page_bytes: state page size
   std::optional<DType> publish_dtype;   // none = the job's; f32 | bf16 overrides
   int32_t expected_workers = 1;         // workers every update waits for

@@ -119,6 +119,10 @@ struct CoreOptions {
   std::string job_id = "job";        // names the shm segments: /l2l-<job_id>-...
   int32_t expected_workers = 1;      // workers every update waits for
   size_t host_bytes = 0;             // memory budget (0 = unlimited)
+  // memory.guard_bytes: the non-finite guard's undo copies / held gradients
+  // (update_pipeline.h), taken out of host_bytes; 0 = unbounded undo copies (12 B/param)
+  // beside host_bytes. Checked at CreateJob with the rest (eps_server/host_budget.h).
+  size_t guard_bytes = 0;
   size_t page_bytes = kDefaultPageBytes;
   Transport transport = Transport::kAuto;  // auto | grpc: grpc never offers shm
   int grad_slots = 4;                // gradient ring slots per shm worker (<= kMaxGradSlots)

@@ -141,6 +141,7 @@ eps::CoreOptions CoreOptionsFrom(const eps::EpsConfig& cfg) {
   co.job_id = cfg.job_id;
   co.expected_workers = cfg.expected_workers;
   co.host_bytes = static_cast<size_t>(cfg.host_bytes);
+  co.guard_bytes = static_cast<size_t>(cfg.guard_bytes);
   co.page_bytes = static_cast<size_t>(cfg.page_bytes);
   co.transport = cfg.transport;
   co.state_dir = cfg.state_dir;

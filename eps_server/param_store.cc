@@ -14,6 +14,9 @@
 #include <utility>
 #include <thread>
 
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/task_arena.h>
+
 #include "common/logging.h"
 
 namespace l2l::eps {
@@ -233,13 +236,39 @@ Status ParamStore::WriteMasterZeroMoments(int64_t layer, const float* master) {
   return WriteLayer(layer, master, nullptr, nullptr);
 }
 
-Status ParamStore::InitFromSeed(uint64_t seed) {
-  std::vector<float> master(max_layer_numel());
-  for (int64_t l = 0; l < num_layers(); ++l) {
-    InitLayerParams(spec_, layouts_[l], seed, master.data());
-    L2L_RETURN_IF_ERROR(WriteMasterZeroMoments(l, master.data()));
-  }
-  return Status::Ok();
+Status ParamStore::InitFromSeed(uint64_t seed, size_t scratch_bytes) {
+  // Every layer has its own counter-based stream (InitLayerParams), so layers are
+  // initialised in parallel with the values of a serial pass: as many at a time as
+  // scratch_bytes holds layer buffers (at least one, at most the TBB threads). At 7B the
+  // serial pass was the bulk of start-up (one core drawing 7.6 G normals).
+  const size_t layer_bytes = std::max<size_t>(1, max_layer_numel() * sizeof(float));
+  const int k = static_cast<int>(std::clamp<size_t>(scratch_bytes / layer_bytes, 1,
+                                                    static_cast<size_t>(tbb::this_task_arena::max_concurrency())));
+  std::vector<std::vector<float>> bufs(static_cast<size_t>(k));
+  std::vector<int> free_bufs;
+  for (int i = 0; i < k; ++i) free_bufs.push_back(i);
+  std::mutex mu;
+  Status first;
+  tbb::task_arena arena(k);  // at most k layers in flight: the free list never runs dry
+  arena.execute([&] {
+    tbb::parallel_for(int64_t{0}, num_layers(), int64_t{1}, [&](int64_t l) {
+      int b;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first.ok()) return;
+        b = free_bufs.back();
+        free_bufs.pop_back();
+      }
+      std::vector<float>& master = bufs[static_cast<size_t>(b)];
+      master.resize(max_layer_numel());
+      InitLayerParams(spec_, layouts_[l], seed, master.data());
+      Status st = WriteMasterZeroMoments(l, master.data());
+      std::lock_guard<std::mutex> lock(mu);
+      if (!st.ok() && first.ok()) first = st;
+      free_bufs.push_back(b);
+    });
+  });
+  return first;
 }
 
 void* ParamStore::SlotData(int64_t layer, uint32_t slot) const {

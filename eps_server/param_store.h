@@ -125,8 +125,10 @@ class ParamStore {
   // and v zero. Every initial state but a checkpoint's is written this way
   // (eps_server/job_start.h, InitFromSeed).
   Status WriteMasterZeroMoments(int64_t layer, const float* master);
-  // Fills every layer's master with InitLayerParams(seed), zero moments.
-  Status InitFromSeed(uint64_t seed);
+  // Fills every layer's master with InitLayerParams(seed), zero moments. Layers run in
+  // parallel, each through a layer-sized buffer: as many as scratch_bytes holds (at
+  // least one); the values do not depend on it.
+  Status InitFromSeed(uint64_t seed, size_t scratch_bytes = 0);
 
   // The SSD tier, or null when nothing is spilled.
   SpillTier* tier() const { return tier_.get(); }

@@ -31,12 +31,58 @@ struct UpdatePipeline::Impl {
   std::unique_ptr<tbb::flow::function_node<Task>> node;
 };
 
+namespace {
+// Which layers get an undo copy under `budget` (see update_pipeline.h): every layer
+// needs 4 B/param (its reduced gradient, when deferred); an undo copy costs 8 more (12
+// with global clip, where an undo layer's reduced gradient is held too until the last
+// norm). The layers whose gradients come first in backward (the last index down) are
+// upgraded while the rest of the budget allows.
+std::vector<bool> UndoPlan(const std::vector<size_t>& numel, size_t budget, bool global_clip) {
+  const size_t upgrade = global_clip ? 12 : 8;
+  std::vector<bool> undo(numel.size(), true);
+  if (budget == SIZE_MAX) return undo;
+  size_t all4 = 0;
+  for (size_t n : numel) all4 += 4 * n;
+  size_t extra = budget > all4 ? budget - all4 : 0;
+  for (size_t i = numel.size(); i-- > 0;) {
+    undo[i] = upgrade * numel[i] <= extra;
+    if (undo[i]) extra -= upgrade * numel[i];
+  }
+  return undo;
+}
+}  // namespace
+
+size_t UpdatePipeline::GuardBytes(const std::vector<size_t>& layer_numel, size_t budget, bool global_clip,
+                                  int64_t* undo_layers) {
+  const std::vector<bool> undo = UndoPlan(layer_numel, budget, global_clip);
+  size_t bytes = 0;
+  int64_t n = 0;
+  for (size_t l = 0; l < undo.size(); ++l) {
+    bytes += (undo[l] ? (global_clip ? 16 : 12) : 4) * layer_numel[l];
+    n += undo[l] ? 1 : 0;
+  }
+  if (undo_layers != nullptr) *undo_layers = n;
+  return bytes;
+}
+
+size_t UpdatePipeline::MinGuardBytes(const std::vector<size_t>& layer_numel) {
+  size_t bytes = 0;
+  for (size_t n : layer_numel) bytes += 4 * n;
+  return bytes;
+}
+
 UpdatePipeline::UpdatePipeline(ParamStore* store, const JobConfig& job, int num_workers,
-                               int64_t start_step)
+                               int64_t start_step, size_t undo_budget_bytes)
     : store_(store), job_(job), impl_(std::make_unique<Impl>()) {
   for (int i = 0; i < num_workers; ++i) members_[i] = Range{0, INT64_MAX};
   layers_.resize(store->num_layers());
   for (auto& l : layers_) l.step = start_step;
+  {
+    std::vector<size_t> numel;
+    for (int64_t l = 0; l < store->num_layers(); ++l) numel.push_back(store->layout(l).numel);
+    const std::vector<bool> undo = UndoPlan(numel, undo_budget_bytes, global_clip());
+    for (size_t l = 0; l < undo.size(); ++l) layers_[l].deferred = !undo[l];
+  }
   completed_step_ = start_step;
   stats_.completed_step = start_step;
   last_complete_ = std::chrono::steady_clock::now();
@@ -74,20 +120,27 @@ UpdatePipeline::UpdatePipeline(ParamStore* store, const JobConfig& job, int num_
           const float* one = dst;
           n2 += kernels::ReducedSumSquares(&one, 1, s.n, scale);
         }
-        std::lock_guard<std::mutex> lock(mu_);
-        LayerState& ls = layers_[t.layer];
-        for (auto& [w, g] : ls.arrived) {  // entries stay: they still catch duplicates
-          if (g.release) g.release();
-          g.release = nullptr;
-          g.data = nullptr;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          LayerState& ls = layers_[t.layer];
+          for (auto& [w, g] : ls.arrived) {  // entries stay: they still catch duplicates
+            if (g.release) g.release();
+            g.release = nullptr;
+            g.data = nullptr;
+          }
+          ls.reduced = std::move(reduced);
+          ls.reduced_mb = mb;
+          ls.norm2 = n2;
+          ls.nonfinite = !std::isfinite(n2);  // NaN or Inf anywhere in the reduced gradient
+          --running_;
+          if (global_clip()) {
+            if (++norms_in_step_ == static_cast<int64_t>(layers_.size())) LaunchAllGlobalLocked();
+          } else {
+            MaybeCommitLocked();  // a deferred layer (bounded undo): checked, waits for the verdict
+          }
+          cv_.notify_all();
         }
-        ls.reduced = std::move(reduced);
-        ls.reduced_mb = mb;
-        ls.norm2 = n2;
-        ls.nonfinite = !std::isfinite(n2);  // NaN or Inf anywhere in the reduced gradient
-        if (++norms_in_step_ == static_cast<int64_t>(layers_.size())) LaunchAllGlobalLocked();
-        --running_;
-        cv_.notify_all();
+        NotifySkips();
         return tbb::flow::continue_msg();
       });
   constructed_.store(true, std::memory_order_release);
@@ -172,11 +225,14 @@ void UpdatePipeline::MaybeScheduleLocked(int64_t layer) {
     if (r.first <= ls.step && ls.step <= r.last && ls.arrived.count(w) == 0) return;
   }
   ls.scheduled = true;
-  if (job_.train.clip == ClipMode::kGlobal && job_.optim.grad_clip > 0) {
+  const bool per_layer = job_.train.clip == ClipMode::kPerLayer && job_.optim.grad_clip > 0;
+  if (global_clip() || ls.deferred) {
+    // Global clip: reduce + norm first. Deferred (bounded undo): reduce + check, and the
+    // update waits for the step's verdict (MaybeCommitLocked launches it).
+    if (!global_clip()) ls.coef = per_layer ? -1.0f : 1.0f;
     ++running_;
     impl_->node->try_put(Task{layer, TaskKind::kNorm, 0.0f});
   } else {
-    const bool per_layer = job_.train.clip == ClipMode::kPerLayer && job_.optim.grad_clip > 0;
     LaunchLocked(layer, per_layer ? -1.0f : 1.0f);
   }
 }
@@ -222,9 +278,11 @@ Status UpdatePipeline::RunOffloaded(OffloadedUpdater* updater, int64_t layer, co
     std::memcpy(m.data() + s.begin, s.m, s.n * sizeof(float));
     std::memcpy(v.data() + s.begin, s.v, s.n * sizeof(float));
   }
-  std::memcpy(undo, p.data(), numel * sizeof(float));
-  std::memcpy(undo + numel, m.data(), numel * sizeof(float));
-  std::memcpy(undo + 2 * numel, v.data(), numel * sizeof(float));
+  if (undo != nullptr) {  // null: a deferred layer, updated after the step's verdict
+    std::memcpy(undo, p.data(), numel * sizeof(float));
+    std::memcpy(undo + numel, m.data(), numel * sizeof(float));
+    std::memcpy(undo + 2 * numel, v.data(), numel * sizeof(float));
+  }
   bool finite = true;
   for (size_t i = 0; i < numel; ++i) {
     float gs = grads[0][i];
@@ -274,8 +332,9 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
         mb += g.micro_batches;
       }
     }
-    // Allocated on the layer's first update and kept: no page faults per step.
-    if (!ls.undo) ls.undo.reset(new float[3 * numel]);
+    // Allocated on the layer's first update and kept: no page faults per step. A
+    // deferred layer (bounded undo) has none: it runs after the step's verdict.
+    if (!ls.deferred && !ls.undo) ls.undo.reset(new float[3 * numel]);
     undo = ls.undo.get();
   }
   const int ng = static_cast<int>(grads.size());
@@ -328,9 +387,11 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
     const size_t k = it.lo - it.s->begin;  // offset inside the span
     const size_t n = it.hi - it.lo;
     // Undo copy of the range, taken just before the pass that overwrites it (cache-hot).
-    std::memcpy(undo + it.lo, it.s->master + k, n * sizeof(float));
-    std::memcpy(undo + numel + it.lo, it.s->m + k, n * sizeof(float));
-    std::memcpy(undo + 2 * numel + it.lo, it.s->v + k, n * sizeof(float));
+    if (undo != nullptr) {
+      std::memcpy(undo + it.lo, it.s->master + k, n * sizeof(float));
+      std::memcpy(undo + numel + it.lo, it.s->m + k, n * sizeof(float));
+      std::memcpy(undo + 2 * numel + it.lo, it.s->v + k, n * sizeof(float));
+    }
     std::vector<const float*> g(grads.size());
     for (size_t w = 0; w < grads.size(); ++w) g[w] = grads[w] + it.lo;
     if (!kernels::AdamWUpdate(WithDecay(a, it.decay), it.s->master + k, it.s->m + k, it.s->v + k, g.data(),
@@ -372,7 +433,7 @@ void UpdatePipeline::MaybeCommitLocked() {
   if (layers_.empty() || !failure_.ok()) return;
   const int64_t step = layers_[0].step;
   for (const LayerState& l : layers_) {
-    if (!l.applied || l.step != step) return;
+    if (l.step != step || !(l.applied || DeferredReadyLocked(l))) return;
   }
   std::string reason;
   if (gate_on_losses_) {
@@ -393,11 +454,28 @@ void UpdatePipeline::MaybeCommitLocked() {
     if (layers_[l].nonfinite) reason = "non-finite gradient in layer " + std::to_string(l);
   }
   if (reason.empty()) {
+    // Bounded undo: the verdict is commit, so the deferred layers' updates run now, all
+    // at once and past the gate's queue (a Freeze waits for them: a started commit always
+    // ends, and no deferred layer is ever applied without its step committing). A closed
+    // gate holds them until Release (which calls this again).
+    bool launched = false;
+    for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) {
+      LayerState& ls = layers_[l];
+      if (!DeferredReadyLocked(ls)) continue;
+      if (gate_closed_) return;
+      ls.deferred_launched = true;
+      launched = true;
+      ++running_;
+      impl_->node->try_put(Task{l, TaskKind::kUpdate, ls.coef});
+    }
+    if (launched) return;  // the last of them commits (RunUpdate -> here, all applied)
     for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) store_->EndPublish(l, step + 1);
     stats_.consecutive_skips = 0;
   } else {
     for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) {
-      if (Status s = RestoreLayerLocked(l, step + 1); !s.ok()) {
+      // A deferred layer was never touched: its old weights are published as t+1.
+      Status s = layers_[l].applied ? RestoreLayerLocked(l, step + 1) : store_->PublishMaster(l, step + 1);
+      if (!s.ok()) {
         // The state of layer l is not what it was: nothing more may move.
         L2L_LOG_ERROR("update pipeline failed: {}", s.ToString());
         if (failure_.ok()) failure_ = s;
@@ -426,8 +504,10 @@ void UpdatePipeline::MaybeCommitLocked() {
     LayerState& ls = layers_[l];
     ls.applied = false;
     ls.nonfinite = false;
+    ls.deferred_launched = false;
     ls.pending_out = nullptr;
     FinishUpdateLocked(l, ls.busy_s);
+    ls.busy_s = 0;  // a deferred layer of a skipped step ran nothing
   }
   losses_.erase(losses_.begin(), losses_.upper_bound(step));
 }
@@ -441,6 +521,9 @@ Status UpdatePipeline::RestoreLayerLocked(int64_t l, int64_t version) {
   }
   const DType dt = store_->publish_dtype();
   const float* undo = ls.undo.get();
+  if (undo == nullptr) {  // a deferred layer applied by a commit that then failed
+    return Internal("layer " + std::to_string(l) + " has no undo copy (its update ran after the step's verdict)");
+  }
   for (const StateSpan& s : lease->spans()) {
     std::memcpy(s.master, undo + s.begin, s.n * sizeof(float));
     std::memcpy(s.m, undo + numel + s.begin, s.n * sizeof(float));
@@ -680,7 +763,7 @@ bool UpdatePipeline::DropWorker(int32_t worker_id, int64_t min_step) {
       it = l.arrived.erase(it);
     }
   }
-  if (norms_in_step_ == static_cast<int64_t>(layers_.size())) {
+  if (global_clip() && norms_in_step_ == static_cast<int64_t>(layers_.size())) {
     LaunchAllGlobalLocked();
   } else {
     for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) MaybeScheduleLocked(l);
@@ -694,8 +777,15 @@ void UpdatePipeline::LaunchAllGlobalLocked() {
   const float coef = ClipCoefficient(std::sqrt(total), job_.optim.grad_clip);
   norms_in_step_ = 0;
   for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) {
-    if (!layers_[l].applied) LaunchLocked(l, coef);
+    LayerState& ls = layers_[l];
+    if (ls.applied) continue;
+    if (ls.deferred) {
+      ls.coef = coef;  // launched by the step's verdict (MaybeCommitLocked)
+    } else {
+      LaunchLocked(l, coef);
+    }
   }
+  MaybeCommitLocked();  // every layer deferred: the verdict may be in already
 }
 
 void UpdatePipeline::ResetToStep(int64_t step) {
@@ -708,6 +798,7 @@ void UpdatePipeline::ResetToStep(int64_t step) {
   for (auto& l : layers_) {
     l.step = step;
     l.nonfinite = false;
+    l.deferred_launched = false;
   }
   losses_.clear();
   completed_step_ = step;
@@ -803,6 +894,7 @@ void UpdatePipeline::Release() {
   auto deferred = std::move(deferred_);
   deferred_.clear();
   for (auto& [layer, coef] : deferred) LaunchLocked(layer, coef);
+  MaybeCommitLocked();  // bounded undo: a commit the gate held launches its deferred layers
 }
 
 PipelineStats UpdatePipeline::stats() const {

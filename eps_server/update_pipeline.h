@@ -23,7 +23,17 @@
 // reported a loss for it (ReportLoss). Commit: all layers publish version t+1 at once.
 // Skip (any non-finite gradient, global-clip norm or loss): every layer's master/m/v
 // is restored from its undo copy and version t+1 is published with the old weights, so
-// workers go on while the state is bit-identical to before the step. After
+// workers go on while the state is bit-identical to before the step.
+// Bounded undo (undo_budget_bytes, the daemon's memory.guard_bytes): undo copies are
+// given, once, to the layers whose gradients come first in a step (the head down), as
+// many as fit the budget at 12 B per parameter beside 4 B per parameter for every other
+// layer. The other layers are "deferred": their gradient is reduced into one fp32 sum
+// (4 B/param; the workers' slots go back at once) and checked, and their AdamW runs
+// only once the step's verdict is in (every gradient checked, every loss reported):
+// commit -> the deferred updates run (past the gate: a started commit always ends), then
+// all layers publish t+1; skip -> the speculative layers are restored from their undo
+// copies and the deferred ones were never touched. Bit-identical either way; the cost
+// is that the deferred layers' updates are exposed after the last gradient. After
 // training.skip_pause_after skips in a row the gate closes at that boundary (a pause
 // with a reason in stats(); ClearSkipPause() resumes). A layer's gradient buffers are
 // released as soon as it is applied (a worker's shm slots are few). Applied layers
@@ -132,7 +142,17 @@ struct SkipEvent {
 class UpdatePipeline {
  public:
   // start_step: versions every layer is published at (0, or the resume step).
-  UpdatePipeline(ParamStore* store, const JobConfig& job, int num_workers, int64_t start_step);
+  // undo_budget_bytes: host bytes for undo copies (12 B/param) and deferred layers'
+  // reduced gradients (4 B/param); SIZE_MAX = every layer gets an undo copy (no deferral).
+  UpdatePipeline(ParamStore* store, const JobConfig& job, int num_workers, int64_t start_step,
+                 size_t undo_budget_bytes = SIZE_MAX);
+  // Bytes the guard needs with budget b: 12 B/param for the undo layers (16 with global
+  // clip: their reduced gradient is held too), 4 for the rest (the plan the constructor
+  // makes); and the least budget that works (every layer deferred: 4 B/param). For the
+  // daemon's start-up arithmetic (eps_server/host_budget.h).
+  static size_t GuardBytes(const std::vector<size_t>& layer_numel, size_t budget, bool global_clip,
+                           int64_t* undo_layers);
+  static size_t MinGuardBytes(const std::vector<size_t>& layer_numel);
   ~UpdatePipeline();  // waits for running updates, releases waiting gradients
 
   // Accepts a gradient. Errors (the ref is released before returning):
@@ -281,6 +301,9 @@ class UpdatePipeline {
     void* pending_out = nullptr;              // begun publish slot (BeginPublish)
     double busy_s = 0;                        // seconds of the applied update
     std::unique_ptr<float[]> undo;            // (3*numel) master, m, v before the update
+    // Bounded undo: no undo copy; the update waits for the step's verdict (see top).
+    bool deferred = false;
+    bool deferred_launched = false;           // verdict was commit: its update is running
   };
   struct Impl;
 
@@ -300,6 +323,13 @@ class UpdatePipeline {
   // Undoes every applied, uncommitted layer (ResetToStep: the step is abandoned).
   void UndoAppliedLocked() REQUIRES(mu_);  // REQUIRES: running_ == 0
   void NotifySkips() EXCLUDES(mu_);
+  // Deferred layers: reduce the workers' gradients into ls.reduced, check them (the
+  // kNorm task; also the global clip's norm). Ready: reduced and waiting for the verdict.
+  bool DeferredReadyLocked(const LayerState& l) const REQUIRES(mu_) {
+    // norm2 is -1 until checked, and NaN for a NaN gradient (which is checked: skip).
+    return l.deferred && !l.applied && !l.reduced.empty() && !(l.norm2 < 0) && !l.deferred_launched;
+  }
+  bool global_clip() const { return job_.train.clip == ClipMode::kGlobal && job_.optim.grad_clip > 0; }
 
   // Set (release) at the end of the constructor, read (acquire) first thing in every
   // task: TBB orders construction before the tasks inside uninstrumented libtbb; this

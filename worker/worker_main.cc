@@ -80,6 +80,7 @@
 #include "worker/device_updater.h"
 #include "worker/eps_client.h"
 #include "worker/eval_set.h"
+#include "worker/micro_batch_auto.h"
 #include "worker/relay.h"
 #include "worker/step_runner.h"
 
@@ -368,6 +369,14 @@ class Worker {
   Status BuildRunner(const Options& o) {
     L2L_ASSIGN_OR_RETURN(backends_, MakeBackends(f_, o));
     L2L_ASSIGN_OR_RETURN(ropts_, RelayOptionsFor(job_, f_));
+    if (job_.train.micro_batches_auto) {
+      // train.micro_batches: auto -> measured and planned here (worker/micro_batch_auto.h).
+      std::string why;
+      L2L_RETURN_IF_ERROR(w::ResolveAutoMicroBatches(backends_[0].get(), ropts_.activation_budget_bytes,
+                                                     static_cast<int>(backends_.size()), &job_, &why)
+                              .status());
+      L2L_LOG_INFO("{}", why);
+    }
     std::vector<l2l::kernels::Backend*> raw;
     for (auto& be : backends_) raw.push_back(be.get());
     L2L_ASSIGN_OR_RETURN(runner_, w::CreateStepRunner(client_.get(), raw, job_, ropts_));

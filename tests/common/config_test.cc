@@ -52,6 +52,7 @@ void RequireEqual(const JobConfig& a, const JobConfig& b) {
   CHECK(a.train.steps == b.train.steps);
   CHECK(a.train.micro_batch_size == b.train.micro_batch_size);
   CHECK(a.train.micro_batches == b.train.micro_batches);
+  CHECK(a.train.micro_batches_auto == b.train.micro_batches_auto);
   CHECK(a.train.seq_len == b.train.seq_len);
   CHECK(a.train.seed == b.train.seed);
   CHECK(a.train.log_every == b.train.log_every);
@@ -142,6 +143,22 @@ publish_dtype: bf16
   Result<JobConfig> d = ParseJobConfig(JobConfigToYaml(JobConfig{}), "<defaults>");
   REQUIRE(d.ok());
   RequireEqual(JobConfig{}, *d);
+}
+
+TEST_CASE("train.micro_batches: auto is kept (for the worker's planner) and round-trips", "[config]") {
+  TempDir dir;
+  Result<JobConfig> a = ParseIn(dir, "train: {steps: 3, micro_batches: auto}\n");
+  INFO(a.status().ToString());
+  REQUIRE(a.ok());
+  CHECK(a->train.micro_batches_auto);
+  CHECK(a->train.micro_batches == TrainingConfig{}.micro_batches);  // until the worker plans it
+  const std::string text = JobConfigToYaml(*a);
+  CHECK(text.find("micro_batches: auto") != std::string::npos);
+  Result<JobConfig> b = ParseJobConfig(text, "<roundtrip>");
+  REQUIRE(b.ok());
+  RequireEqual(*a, *b);
+  // Any other word is still an error naming the key.
+  ExpectError(ParseIn(dir, "train: {micro_batches: many}\n"), {"train.micro_batches"});
 }
 
 TEST_CASE("Malformed YAML is rejected with the parser's file:line", "[config][errors]") {

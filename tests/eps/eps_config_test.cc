@@ -31,6 +31,16 @@ TEST_CASE("publish_dtype: empty keeps the job's, f32 and bf16 override, others a
   CHECK(bad.status().message().find("publish_dtype") != std::string::npos);
 }
 
+TEST_CASE("memory.guard_bytes is read (0 = unbounded undo copies) and must not be negative", "[eps][config]") {
+  auto cfg = ParseEpsConfig("memory:\n  host_bytes: 1000000\n  guard_bytes: 400000\n", "<t>");
+  REQUIRE(cfg.ok());
+  CHECK(cfg->guard_bytes == 400000);
+  CHECK(ParseEpsConfig("listen: 127.0.0.1:0\n", "<t>")->guard_bytes == 0);
+  auto bad = ParseEpsConfig("memory:\n  guard_bytes: -1\n", "<t>");
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("memory.guard_bytes") != std::string::npos);
+}
+
 TEST_CASE("The daemon config's errors name file:line and the key path, as the job config's do", "[eps][config]") {
   auto expect = [](const std::string& yaml, std::initializer_list<const char*> parts) {
     auto cfg = ParseEpsConfig(yaml, "<t>");

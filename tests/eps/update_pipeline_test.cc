@@ -86,12 +86,13 @@ std::vector<std::vector<float>> Reference(const JobConfig& job, const ParamStore
 // Runs the pipeline, pushing each step's gradients in an order chosen by `order_seed`
 // (layers in backward order per worker, workers interleaved at random).
 std::vector<std::vector<float>> RunPipeline(const JobConfig& job, const Grads& g,
-                                            const std::vector<int64_t>& mbs, uint32_t order_seed) {
+                                            const std::vector<int64_t>& mbs, uint32_t order_seed,
+                                            size_t undo_budget = SIZE_MAX) {
   auto ps = MakeStore(job);
   const int W = static_cast<int>(g[0].size());
   const int64_t L = ps->num_layers();
   {
-    UpdatePipeline pipe(ps.get(), job, W, 0);
+    UpdatePipeline pipe(ps.get(), job, W, 0, undo_budget);
     std::mt19937 rng(order_seed);
     for (size_t step = 0; step < g.size(); ++step) {
       std::vector<int64_t> next(W, L - 1);
@@ -123,7 +124,45 @@ std::vector<std::vector<float>> RunPipeline(const JobConfig& job, const Grads& g
   return out;
 }
 
+// Undo budgets for the bounded guard (update_pipeline.h): 0 -> unbounded (every layer has
+// an undo copy), 1 -> the least (every layer deferred), 2 -> undo copies for the two
+// layers whose gradients come first (the last two), the rest deferred.
+// An undo copy costs 8 B/param beyond the deferred 4 (12 with global clip).
+size_t UndoBudget(const ParamStore& ps, const JobConfig& job, int kind, int64_t* undo_layers) {
+  std::vector<size_t> numel;
+  for (int64_t l = 0; l < ps.num_layers(); ++l) numel.push_back(ps.layout(l).numel);
+  const bool global = job.train.clip == l2l::ClipMode::kGlobal && job.optim.grad_clip > 0;
+  size_t b = SIZE_MAX;
+  if (kind == 1) b = UpdatePipeline::MinGuardBytes(numel);
+  if (kind == 2) {
+    b = UpdatePipeline::MinGuardBytes(numel) + (global ? 12 : 8) * (numel[numel.size() - 1] + numel[numel.size() - 2]);
+  }
+  const size_t bytes = UpdatePipeline::GuardBytes(numel, b, global, undo_layers);
+  if (b != SIZE_MAX) CHECK(bytes <= b);  // the plan stays inside its budget
+  return b;
+}
+
 }  // namespace
+
+TEST_CASE("UpdatePipeline with a bounded undo budget publishes the unbounded result bit for bit",
+          "[eps][pipeline][nonfinite]") {
+  const std::string clip = GENERATE("none", "per_layer", "global");
+  const int kind = GENERATE(1, 2);
+  INFO("clip=" << clip << " budget kind=" << kind);
+  const JobConfig job = SmallJob(clip);
+  auto probe = MakeStore(job);
+  int64_t undo_layers = -1;
+  const size_t budget = UndoBudget(*probe, job, kind, &undo_layers);
+  CHECK(undo_layers == (kind == 1 ? 0 : 2));  // the plan the budget asks for
+  const Grads g = MakeGrads(*probe, 3, 2, 5);
+  const std::vector<int64_t> mbs = {2, 3};
+  const auto want = Reference(job, *probe, g, mbs);
+  const auto a = RunPipeline(job, g, mbs, 7, budget);
+  for (size_t l = 0; l < want.size(); ++l) {
+    INFO("layer " << l);
+    CHECK(std::memcmp(a[l].data(), want[l].data(), want[l].size() * 4) == 0);
+  }
+}
 
 TEST_CASE("UpdatePipeline publishes exactly AdamW of the summed gradients, in any arrival order",
           "[eps][pipeline]") {
@@ -299,7 +338,9 @@ TEST_CASE("UpdatePipeline skips a step with a non-finite gradient in every layer
           "[eps][pipeline][nonfinite]") {
   const std::string clip = GENERATE("none", "per_layer", "global");
   const float bad = GENERATE(std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity());
-  INFO("clip=" << clip << " bad=" << bad);
+  // Undo budget (UndoBudget): unbounded, none (every layer deferred), the top two layers.
+  const int kind = GENERATE(0, 1, 2);
+  INFO("clip=" << clip << " bad=" << bad << " budget kind=" << kind);
   JobConfig job = SmallJob(clip);
   job.train.skip_pause_after = 0;
   auto ps = MakeStore(job);
@@ -307,7 +348,8 @@ TEST_CASE("UpdatePipeline skips a step with a non-finite gradient in every layer
   // Step 1: worker 1's gradient of the middle layer holds one bad value; the top layers
   // are updated before it arrives (eager), the bottom ones after.
   g[1][1][ps->num_layers() / 2][17] = bad;
-  UpdatePipeline pipe(ps.get(), job, 2, 0);
+  int64_t undo_layers = 0;
+  UpdatePipeline pipe(ps.get(), job, 2, 0, UndoBudget(*ps, job, kind, &undo_layers));
   std::mutex events_mu;
   std::vector<SkipEvent> events;  // GUARDED_BY(events_mu): on_skip runs on an update thread
   pipe.set_on_skip([&](const SkipEvent& e) {
@@ -345,11 +387,14 @@ TEST_CASE("UpdatePipeline skips a step with a non-finite gradient in every layer
 
 TEST_CASE("UpdatePipeline skips a step whose reported loss is NaN and pauses after K skips in a row",
           "[eps][pipeline][nonfinite]") {
+  const int kind = GENERATE(0, 1, 2);  // undo budget (UndoBudget)
+  INFO("budget kind=" << kind);
   JobConfig job = SmallJob("per_layer");
   job.train.skip_pause_after = 2;
   auto ps = MakeStore(job);
   const Grads g = MakeGrads(*ps, 4, 2, 5);
-  UpdatePipeline pipe(ps.get(), job, 2, 0);
+  int64_t undo_layers = 0;
+  UpdatePipeline pipe(ps.get(), job, 2, 0, UndoBudget(*ps, job, kind, &undo_layers));
   pipe.set_gate_on_losses(true);
   auto step = [&](int64_t s, double loss1) {
     for (int w : {0, 1}) PushStep(pipe, *ps, g, s, w);

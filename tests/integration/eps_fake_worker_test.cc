@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -19,8 +20,11 @@
 #include "common/dtype.h"
 #include "eps_server/eps_core.h"
 #include "eps_server/grpc_server.h"
+#include "eps_server/param_store.h"
+#include "eps_server/update_pipeline.h"
 #include "proto/data.grpc.pb.h"
 #include "tests/integration/eps_test_util.h"
+#include "tests/testing/temp_dir.h"
 #include "worker/eps_client.h"
 
 namespace l2l {
@@ -32,8 +36,10 @@ JobConfig TinyJob(DType dt) { return epstest::TinyJob(dt, 3); }
 
 struct Daemon {
   explicit Daemon(const JobConfig& job, int workers, const std::string& transport = "auto")
-      : core(MakeOpts(workers, transport)) {
-    L2L_CHECK(core.CreateJob(job).ok());
+      : Daemon(job, MakeOpts(workers, transport)) {}
+  Daemon(const JobConfig& job, const eps::CoreOptions& opts) : core(opts) {
+    const Status created = core.CreateJob(job);
+    L2L_CHECK(created.ok()) << created.ToString();
     eps::ServerOptions so;
     auto s = eps::EpsGrpcServer::Start(&core, so);
     L2L_CHECK(s.ok()) << s.status().ToString();
@@ -422,6 +428,76 @@ TEST_CASE("EPS skips a step with a NaN gradient or a NaN loss: masters bit-ident
   CHECK(st.state == "running");
   CHECK(st.pipeline.consecutive_skips == 0);
   for (float x : StateOf(d.core)) REQUIRE(std::isfinite(x));
+}
+
+TEST_CASE("With its state on SSD and a bounded guard the EPS equals an unspilled run bit for bit, NaN steps included",
+          "[integration][eps][nonfinite][spill]") {
+  // The daemon under test keeps ~1/4 of the state's pages in RAM (the rest in the spill
+  // file), and memory.guard_bytes gives an undo copy to the head only: every other
+  // layer is deferred (update_pipeline.h). The reference daemon has neither. A NaN
+  // gradient (step 1) and a NaN loss (step 2) must leave both states exactly where they
+  // were, and the good steps around them must agree bit for bit.
+  const std::string clip = GENERATE(std::string("global"), std::string("none"));
+  INFO("clip " << clip);
+  JobConfig job = TinyJob(DType::kBF16);
+  job.train.clip = ParseClipMode(clip).value();
+  job.train.steps = 10;
+  job.train.skip_pause_after = 0;
+  const auto layouts = BuildLayout(job.model);
+  std::vector<size_t> numel;
+  for (const auto& l : layouts) numel.push_back(l.numel);
+  const size_t page = 8192;
+  size_t pages = 0, max_pages = 0;
+  for (size_t n : numel) {
+    pages += (n * 4 + page - 1) / page;
+    max_pages = std::max(max_pages, (n * 4 + page - 1) / page);
+  }
+  const size_t state = 3 * pages * page;
+  eps::ParamStoreOptions po;
+  po.page_bytes = page;
+  po.publish_dtype = DType::kBF16;
+  const size_t published = eps::ParamStore::RequiredHostBytes(job.model, po) - state;
+  const size_t guard = eps::UpdatePipeline::MinGuardBytes(numel) + 12 * numel.back();  // (8 + 4 global clip)
+  const size_t pool = 3 * max_pages * page;  // the least: one layer's master + m + v
+  auto dir = testing::TempDir::Create("l2l-guard-spill");
+  REQUIRE(dir.ok());
+  eps::CoreOptions o = Daemon::MakeOpts(1, "grpc");
+  o.page_bytes = page;
+  o.guard_bytes = guard;
+  o.host_bytes = published + guard + pool + state / 4;
+  o.spill.dir = (*dir)->path();
+  o.spill.block_bytes = 4096;
+  o.spill.queue_depth = 8;
+  o.spill.prefetch_layers = 1;
+  o.spill.pool_bytes = pool;
+  Daemon spilled(job, o);
+  Daemon plain(job, Daemon::MakeOpts(1, "grpc"));
+  INFO("state " << state << " B, ssd " << spilled.core.store()->ssd_bytes() << " B");
+  CHECK(spilled.core.store()->ssd_bytes() * 2 >= state);  // >= half the state on SSD
+  CHECK(plain.core.store()->ssd_bytes() == 0);
+  auto a = Connect(spilled.address, "grpc");
+  auto b = Connect(plain.address, "grpc");
+  auto step = [&](int64_t s, bool poison, double loss) {
+    FakeStep(a.get(), s, poison, loss);
+    FakeStep(b.get(), s, poison, loss);
+    REQUIRE(spilled.core.pipeline()->WaitForStep(s + 1, 10s));
+    REQUIRE(plain.core.pipeline()->WaitForStep(s + 1, 10s));
+  };
+  step(0, false, 2.0);
+  const auto at1 = StateOf(plain.core);
+  CHECK(StateOf(spilled.core) == at1);
+  step(1, true, 2.0);  // NaN gradient in the middle layer: skipped
+  CHECK(StateOf(plain.core) == at1);
+  CHECK(StateOf(spilled.core) == at1);
+  step(2, false, std::nan(""));  // NaN loss: skipped
+  CHECK(StateOf(spilled.core) == at1);
+  CHECK(spilled.core.GetStatus().pipeline.skipped_steps == 2);
+  step(3, false, 2.0);
+  step(4, false, 2.0);
+  const auto at5 = StateOf(plain.core);
+  CHECK(at5 != at1);
+  CHECK(StateOf(spilled.core) == at5);
+  CHECK(spilled.core.store()->tier() != nullptr);
 }
 
 TEST_CASE("EPS refuses initial weights that are not finite, naming layer and tensor", "[integration][eps][nonfinite]") {

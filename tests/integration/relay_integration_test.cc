@@ -51,6 +51,37 @@ TEST_CASE("l2l-eps + l2l-worker processes train like the reference trainer",
   CHECK((*eps)->ShmSegments().empty());
 }
 
+TEST_CASE("train.micro_batches: auto is planned by the worker on the CPU backend, logged, and trained with",
+          "[integration][relay][planner]") {
+  Run r = Prepare("mb-auto");
+  r.job.train.micro_batches_auto = true;
+  r.job.train.steps = 3;
+  DaemonOptions o;
+  o.workers = 1;
+  auto eps = EpsDaemon::Start(r.job, o, *r.dir);
+  INFO(eps.status().ToString());
+  REQUIRE(eps.ok());
+  const std::vector<std::string> logs = RunWorkers(**eps, *r.dir, 1);
+  const std::string& log = logs[0];
+  // "micro_batches auto: M (binding: B); per layer: transfer ... measured on cpu ...".
+  const size_t at = log.find("micro_batches auto: ");
+  INFO(log);
+  REQUIRE(at != std::string::npos);
+  const int64_t m = std::stoll(log.substr(at + std::string("micro_batches auto: ").size()));
+  CHECK(m >= 1);
+  CHECK(m <= 64);
+  CHECK(log.find("(binding: ", at) != std::string::npos);
+  CHECK(log.find("measured on cpu", at) != std::string::npos);
+  CHECK(log.find("host AdamW", at) != std::string::npos);
+  REQUIRE(ParseProgress(log).size() == static_cast<size_t>(r.job.train.steps));
+  // The chosen M is what the worker trained with: the reference with that M agrees.
+  JobConfig planned = r.job;
+  planned.train.micro_batches_auto = false;
+  planned.train.micro_batches = m;
+  RequireClose(planned, Exported(**eps, r.job.model), Reference(planned, 1));
+  REQUIRE((*eps)->Shutdown().ok());
+}
+
 TEST_CASE("l2l-eps + l2l-worker processes train a Llama-family model like the reference trainer",
           "[integration][relay][llama]") {
   Run r = Prepare("equiv-llama");
