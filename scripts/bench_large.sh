@@ -22,10 +22,13 @@
 # Budget arithmetic (plan): P parameters; the daemon holds fp32 master + AdamW m + v =
 # 12 B/param in 4 MiB pages (per layer, rounded up) and two published bf16 copies (4
 # B/param, always in RAM: workers fetch them). memory.host_bytes = the host's
-# MemAvailable minus BENCH_HOST_RESERVE_GB (default 24: the worker's pinned staging and
-# gradient buffers, the daemon's gradient slots, page cache, the OS); what of the 12
-# B/param does not fit beside the published copies and the staging pool goes to the
-# SSD tier, which must fit the spill dir's free space minus BENCH_DISK_MARGIN_GB (6).
+# MemAvailable minus BENCH_HOST_RESERVE_GB (default 16: the worker's pinned staging and
+# gradient buffers, the daemon's gradient slots, page cache, the OS); inside it, the
+# non-finite guard's budget memory.guard_bytes (BENCH_GUARD_BYTES; default 4.08 B/param,
+# the daemon's minimum: each layer's gradient held until the step's verdict, no undo
+# copies); what of the 12 B/param does not fit beside the guard, the published copies
+# and the staging pool goes to the SSD tier, which must fit the spill dir's free space
+# minus BENCH_DISK_MARGIN_GB (6).
 # A state beyond RAM + disk is refused up front with the numbers (exit 2), before
 # anything starts. The plan also gives the largest Llama-family model this host holds
 # at all (16 P <= host_bytes - pool + disk).
@@ -73,11 +76,9 @@
 # figures measured so far are still written); 2 the plan refuses the shape (arithmetic
 # printed); 64 bad usage.
 #
-# Depends on: the daemon's per-parameter buffers outside memory.host_bytes being bounded
-# (issue 27 item 2: the non-finite guard's undo copies, 12 B/param = 91 GB at 7.6B in
-# the tree this was written in, the publish buffers, gradient slots); the 24 GB reserve
-# assumes they are. Without that the host runs out of RAM and the summary says the run
-# failed. B is fixed and M fits the device stash (the micro-batch planner of item 3,
+# Depends on: the daemon's per-parameter buffers being inside memory.host_bytes: the
+# guard's are (memory.guard_bytes, docs/architecture.md "Host memory budget"); the
+# gradient slots and the worker's pinned staging are what the 16 GB reserve is for. B is fixed and M fits the device stash (the micro-batch planner of item 3,
 # which would weigh the measured transfer and update rates, is not used).
 #
 # STATUS: written without a GPU (no device was lent to the session that wrote it). Its
@@ -136,10 +137,12 @@ else
   DISK=${BENCH_DISK_FREE_BYTES:-$(df -B1 --output=avail "$SPILL_DIR" | tail -1 | tr -d ' ')}
 fi
 plan_rc=0
-"$PYTHON" - "$CFGS/models/$PRESET.yaml" "$RAM" "$DISK" "${BENCH_HOST_RESERVE_GB:-24}" "${BENCH_DISK_MARGIN_GB:-6}" \
-    "$T" "$B" "$M" "$OUT/plan.json" "$N_LAYER" "$GPU_BYTES" "${BENCH_GPU_RESERVE_GB:-12}" <<'PY' > "$OUT/plan.txt" || plan_rc=$?
+"$PYTHON" - "$CFGS/models/$PRESET.yaml" "$RAM" "$DISK" "${BENCH_HOST_RESERVE_GB:-16}" "${BENCH_DISK_MARGIN_GB:-6}" \
+    "$T" "$B" "$M" "$OUT/plan.json" "$N_LAYER" "$GPU_BYTES" "${BENCH_GPU_RESERVE_GB:-12}" "${BENCH_GUARD_BYTES:-0}" \
+    <<'PY' > "$OUT/plan.txt" || plan_rc=$?
 import json, math, re, sys
-path, ram, disk, reserve_gb, margin_gb, T, B, M, out, n_layer, gpu, gpu_reserve_gb = sys.argv[1:]
+path, ram, disk, reserve_gb, margin_gb, T, B, M, out, n_layer, gpu, gpu_reserve_gb, guard_fixed = sys.argv[1:]
+guard_fixed = int(float(guard_fixed))
 gpu, gpu_reserve = int(gpu), float(gpu_reserve_gb) * 1e9
 ram, disk, T, B = int(ram), int(disk), int(T), int(B)
 reserve, margin = float(reserve_gb) * 1e9, float(margin_gb) * 1e9
@@ -166,10 +169,17 @@ def budget(L):
     published = sum(2 * 2 * n for n in layers)                       # two bf16 copies
     state = paged + published
     pool = 2 * 3 * math.ceil(max(layers) * 4 / PAGE) * PAGE          # prefetch 1: two layers' pages
-    host_bytes = int(min(ram - reserve, state))
-    ram_state = host_bytes - published - pool
+    # The non-finite guard's undo copies come out of host_bytes (memory.guard_bytes, the
+    # daemon's minimum 4 B/param plus 2%: every layer's update deferred to the step's verdict).
+    guard = guard_fixed if guard_fixed > 0 else int(4.08 * sum(layers))
+    host_bytes = int(min(ram - reserve, state + guard))
+    ram_state = host_bytes - guard - published - pool
     ssd = 0 if host_bytes >= state else paged - ram_state
     return layers, sum(layers), paged, published, state, pool, host_bytes, ram_state, ssd
+
+
+def guard_of(L):
+    return guard_fixed if guard_fixed > 0 else int(4.08 * budget(L)[1])
 
 
 def fits(L):
@@ -212,7 +222,7 @@ elif ssd > disk_for_ssd:
 plan = dict(preset=path, n_layer=L, n_layer_max=L_max, params=P, layers=len(layers), largest_layer_params=max(layers),
             state_bytes=state, master_m_v_bytes=paged, published_bf16_bytes=published,
             bytes_per_param=state / P, host_ram_available=ram, host_reserve=int(reserve),
-            host_bytes=host_bytes, pool_bytes_upper=pool, ram_state_bytes=max(0, ram_state),
+            host_bytes=host_bytes, guard_bytes=guard_of(L), pool_bytes_upper=pool, ram_state_bytes=max(0, ram_state),
             ssd_bytes=ssd, disk_free=disk, disk_margin=int(margin),
             export_bf16_bytes=export, export_fits=(ssd + export <= disk_for_ssd),
             tokens_per_step=tok, T=T, B=B, M=M, device_stash_bytes=stash, gpu_bytes=gpu,
@@ -227,7 +237,8 @@ print(f"plan: {path.split('/')[-1]}{'' if L == int(spec['n_layer']) else f' at n
 print(f"  state: fp32 master + AdamW m + v {paged / G:.1f} GB (12 B/param in 4 MiB pages) + two published "
       f"bf16 copies {published / G:.1f} GB = {state / G:.1f} GB ({state / P:.2f} B/param)")
 print(f"  host: MemAvailable {ram / G:.1f} GB - reserve {reserve / G:.0f} GB -> memory.host_bytes {host_bytes / G:.1f} GB"
-      f" = published {published / G:.1f} + staging pool <= {pool / G:.1f} + state pages in RAM {max(0, ram_state) / G:.1f}")
+      f" = guard (undo / deferred gradients) {guard_of(L) / G:.1f} + published {published / G:.1f} + staging pool <= "
+      f"{pool / G:.1f} + state pages in RAM {max(0, ram_state) / G:.1f}")
 print(f"  SSD tier: {ssd / G:.1f} GB of the spill dir's {disk / G:.1f} GB free (margin {margin / G:.0f} GB); "
       f"~{2 * ssd / G:.1f} GB read + written per step (each spilled page once each way)")
 print(f"  bf16 HF export for MegaTrain: {export / G:.1f} GB ({'fits' if ssd + export <= disk_for_ssd else 'does NOT fit'} beside the spill file)")
@@ -248,7 +259,7 @@ if ((plan_rc == 2)); then echo "bench_large.sh: the plan refuses this shape on t
 if ((DRY)); then log "--dry-run: plan only (written to $OUT/plan.json)"; exit 0; fi
 
 pj() { "$PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$OUT/plan.json" "$1"; }
-HOST_BYTES=$(pj host_bytes); PARAMS=$(pj params); EXPORT_FITS=$(pj export_fits); PLAN_N_LAYER=$(pj n_layer); M=$(pj M)  # BENCH_M=auto resolved
+HOST_BYTES=$(pj host_bytes); GUARD_BYTES=$(pj guard_bytes); PARAMS=$(pj params); EXPORT_FITS=$(pj export_fits); PLAN_N_LAYER=$(pj n_layer); M=$(pj M)  # BENCH_M=auto resolved
 
 # ---- binaries and libraries ---------------------------------------------------------------
 if [[ ${#ARGS[@]} -ge 1 ]]; then ROOT=$(cd "${ARGS[0]}" && pwd)
@@ -319,6 +330,7 @@ mkdir -p "$WORK/eps"
 cat > "$WORK/eps.yaml" <<YAML
 memory:
   host_bytes: $HOST_BYTES
+  guard_bytes: $GUARD_BYTES
   page_bytes: 4194304
 spill:
   dir: $SPILL_DIR
