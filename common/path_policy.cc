@@ -94,6 +94,12 @@ Status ConfineJobPaths(JobConfig* job, const PathRoots& roots, const std::string
     L2L_ASSIGN_OR_RETURN(job->model_from, ConfinePath("model.from", job->model_from, base_dir, roots.models,
                                                       kAllowModelsHint));
   }
+  // imported_from (a job's YAML may carry it: checkpoints, CreateJob): Export copies the
+  // tokenizer files of that model directory.
+  if (!job->imported_from.empty()) {
+    L2L_ASSIGN_OR_RETURN(job->imported_from, ConfinePath("imported_from", job->imported_from, base_dir, roots.models,
+                                                         kAllowModelsHint));
+  }
   std::string* data[] = {&job->data.train_path, &job->data.val_path, &job->eval.data_path};
   const char* keys[] = {"data.train_path", "data.val_path", "eval.data"};
   for (int i = 0; i < 3; ++i) {

@@ -31,7 +31,7 @@ struct JobConfig;  // common/config.h
 // The allowed roots, by what the files are for. Entries are directories; a path is
 // allowed when it resolves to the root itself or to something below it.
 struct PathRoots {
-  std::vector<std::string> models;   // paths.models: model.from, init_safetensors
+  std::vector<std::string> models;   // paths.models: model.from, init_safetensors, imported_from
   std::vector<std::string> data;     // paths.data: data.train_path, data.val_path, eval.data
   std::vector<std::string> presets;  // paths.presets: model.preset given as a path to a .yaml file
 
@@ -64,7 +64,8 @@ inline constexpr std::string_view kAllowPresetsHint =
     "paths.presets in the daemon config, or l2l-eps --allow-presets DIR";
 
 // Confines the files a parsed job names, replacing each by its resolved path: model.from
-// (against roots.models) and data.train_path, data.val_path, eval.data (against
+// and imported_from (whose tokenizer files Export copies) against roots.models, and
+// data.train_path, data.val_path, eval.data (against
 // roots.data). Relative paths were made absolute by the parser, so `base_dir` only
 // matters for jobs built in code. model.preset is confined while the job is parsed
 // (common/config.h ParseJobConfig's `roots`).

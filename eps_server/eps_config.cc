@@ -71,15 +71,14 @@ Status ReadPaths(YamlMap* root, EpsConfig* c) {
   std::vector<std::string>* lists[] = {&c->paths.models, &c->paths.data, &c->paths.presets};
   const char* keys[] = {"models", "data", "presets"};
   for (int i = 0; i < 3; ++i) {
-    if (!m.Has(keys[i])) {
-      m.Accept(keys[i]);
-      continue;
-    }
-    const YAML::Node node = m.node()[keys[i]];
     m.Accept(keys[i]);
+    if (!m.Has(keys[i])) continue;
+    const YAML::Node node = m.node()[keys[i]];
     lists[i]->clear();
     if (node.IsNull()) continue;
-    if (!node.IsScalar() && !node.IsSequence()) return m.Error(keys[i], "expected a directory or a list of directories");
+    if (!node.IsScalar() && !node.IsSequence()) {
+      return m.Error(keys[i], "expected a directory or a list of directories");
+    }
     for (const YAML::Node& e : node.IsScalar() ? std::vector<YAML::Node>{node}
                                                : std::vector<YAML::Node>(node.begin(), node.end())) {
       if (!e.IsScalar() || e.Scalar().empty()) return m.Error(keys[i], "expected directory names (non-empty strings)");

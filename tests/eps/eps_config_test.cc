@@ -2,11 +2,13 @@
 // configs/ loads, publish_dtype "" means "the job's", and bad values name key and line.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "common/dtype.h"
 #include "eps_server/eps_config.h"
+#include "tests/testing/temp_dir.h"
 
 namespace l2l::eps {
 namespace {
@@ -66,6 +68,12 @@ TEST_CASE("paths.models / data / presets: lists of directories, relative to the 
   auto nested = ParseEpsConfig("paths:\n  data: {a: b}\n", "<t>");
   REQUIRE_FALSE(nested.ok());
   CHECK(nested.status().message().find("<t>:2") != std::string::npos);
+  testing::TempDir tmp("l2l-epscfg");
+  auto file = LoadEpsConfig(tmp.Write("eps.yaml", "paths:\n  data: [corpus, /abs]\n  models: ../m\n"));
+  REQUIRE(file.ok());
+  CHECK(file->paths.data == std::vector<std::string>{tmp.path() + "/corpus", "/abs"});
+  CHECK(file->paths.models ==
+        std::vector<std::string>{std::filesystem::path(tmp.path() + "/../m").lexically_normal().string()});
   auto shipped = LoadEpsConfig(std::string(L2L_SOURCE_DIR) + "/configs/eps.yaml");
   REQUIRE(shipped.ok());
   CHECK(shipped->paths.data.empty());  // the state dir and a job file's directory only

@@ -1,8 +1,9 @@
 // Every path a job names is confined (common/path_policy.h, docs/operations.md "Files a
 // job may name"), checked against the daemon and worker as operators run them:
 //  * over the CreateJob rpc (an in-process daemon behind its real gRPC server): each of
-//    data.train_path, data.val_path, eval.data, model.from, model.preset and
-//    init_safetensors escaping the state dir by '..', by an absolute path and by a
+//    data.train_path, data.val_path, eval.data, model.from, model.preset,
+//    init_safetensors and imported_from (Export copies that directory's tokenizer files)
+//    escaping the state dir by '..', by an absolute path and by a
 //    symlink inside the state dir is PERMISSION_DENIED, naming the key and the allowed
 //    roots and nothing of the file (a file starting "SECRET": today's eval.data error
 //    printed "magic 1380140371", its first four bytes); no job is created;
@@ -129,6 +130,7 @@ std::string JobNaming(const std::string& key, const std::string& path) {
   JobConfig job = epstest::TinyJob();
   if (key == "model.from") return "model: {from: " + path + "}\n";
   if (key == "model.preset") return "model: {preset: " + path + "}\n";
+  if (key == "imported_from") job.imported_from = path;
   if (key == "data.train_path") job.data.train_path = path;
   if (key == "data.val_path") job.data.val_path = path;
   if (key == "eval.data") {
@@ -149,6 +151,7 @@ std::vector<Escape> Escapes(const Layout& l) {
       {"data.val_path", "../outside/secret.bin", l.outside + "/secret.bin", "link.bin"},
       {"eval.data", "../outside/secret.bin", l.outside + "/secret.bin", "link.bin"},
       {"model.from", "../outside/model", l.outside + "/model", "link-model"},
+      {"imported_from", "../outside/model", l.outside + "/model", "link-model"},
       {"model.preset", "../outside/secret.yaml", l.outside + "/secret.yaml", "link.yaml"},
       {"init_safetensors", "../outside/secret.safetensors", l.outside + "/secret.safetensors", "link.safetensors"},
   };
