@@ -28,7 +28,6 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "common/formats/model_io.h"
 #include "eps_server/eps_core.h"
 #include "eps_server/grpc_server.h"
 #include "proto/control.grpc.pb.h"
@@ -206,7 +205,7 @@ TEST_CASE("Export and Checkpoint targets escaping the state dir are refused nami
   CHECK(!fs::exists(l.outside + "/ckpt"));
 }
 
-TEST_CASE("paths.data lets a CreateJob name files in a listed directory; Register sends the roots",
+TEST_CASE("paths.data lets a CreateJob name files in a listed directory, and Register sends the roots",
           "[integration][security][paths]") {
   Layout l;
   auto data_dir = TempDir::Create("l2l-paths-data");
