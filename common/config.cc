@@ -8,7 +8,10 @@
 //   3. <config dir>/../models/NAME.yaml             (configs/jobs/x.yaml -> configs/models/)
 //   4. <config dir>/../configs/models/NAME.yaml     (a config beside the repo's configs/)
 //   5. <config dir>/configs/models/NAME.yaml        (a config in the repo root)
-// NAME may instead be a path ending in ".yaml" (relative to the config's directory).
+// NAME may instead be a path ending in ".yaml" (relative to the config's directory);
+// when the job's paths are confined (the daemon's paths.presets, common/path_policy.h)
+// such a path must lie inside an allowed root, checked before the file is opened. A bare
+// NAME cannot leave the lookup directories above.
 // Keys given beside `preset:` override the preset's values. A preset file holds only a
 // `model:` section and cannot name another preset.
 //
@@ -27,6 +30,7 @@
 #include "common/formats/tokens_file.h"
 #include "common/model_spec_table.h"
 #include "common/models/registry.h"
+#include "common/path_policy.h"
 #include "common/yaml_util.h"
 
 namespace l2l {
@@ -57,10 +61,13 @@ bool ValidPresetName(const std::string& name) {
   return true;
 }
 
+// A preset named by a path to its file rather than by its name.
+bool IsPresetPath(const std::string& name) { return name.size() > 5 && name.compare(name.size() - 5, 5, ".yaml") == 0; }
+
 Result<std::string> FindPreset(const std::string& name, const std::string& base_dir) {
   const fs::path base = base_dir.empty() ? fs::path(".") : fs::path(base_dir);
   std::vector<fs::path> candidates;
-  if (name.size() > 5 && name.compare(name.size() - 5, 5, ".yaml") == 0) {
+  if (IsPresetPath(name)) {
     candidates.push_back(fs::path(name).is_absolute() ? fs::path(name) : base / name);
   } else {
     if (!ValidPresetName(name)) {
@@ -98,7 +105,7 @@ std::string ResolvePath(const std::string& p, const std::string& base_dir) {
 // files only) it records the path and the keys set beside it in *import and leaves the
 // validation to ResolveModelFrom (common/pretrained/pretrained.h).
 Status ReadModel(YamlMap* root, const std::string& base_dir, bool allow_preset, ModelSpec* spec,
-                 JobConfig* import = nullptr) {
+                 JobConfig* import = nullptr, const PathRoots* roots = nullptr) {
   if (!root->Has("model")) {
     root->Accept("model");
     return Status::Ok();
@@ -121,7 +128,14 @@ Status ReadModel(YamlMap* root, const std::string& base_dir, bool allow_preset, 
   }
   if (!preset.empty()) {
     if (!allow_preset) return m.Error("preset", "a preset file cannot name another preset");
-    Result<std::string> path = FindPreset(preset, base_dir);
+    std::string lookup = preset;
+    if (roots != nullptr && IsPresetPath(preset)) {  // a path: confined before it is looked at
+      Result<std::string> allowed =
+          ConfinePath("model.preset", preset, base_dir, roots->presets, kAllowPresetsHint);
+      if (!allowed.ok()) return allowed.status().WithContext(m.Where("preset"));
+      lookup = *allowed;
+    }
+    Result<std::string> path = FindPreset(lookup, base_dir);
     if (!path.ok()) return m.Error("preset", path.status().message());
     L2L_ASSIGN_OR_RETURN(YamlDoc doc, LoadYamlFile(*path));
     L2L_ASSIGN_OR_RETURN(YamlMap proot, YamlMap::Wrap(doc.root, doc.origin, ""));
@@ -213,7 +227,10 @@ Status ReadEval(YamlMap* root, const std::string& base_dir, EvalConfig* e) {
 // Applies every section present in `doc` onto *cfg, then runs the cross-field checks;
 // with check_files also CheckEvalData (a job file a user loads on this host; not a job
 // text from the daemon, a checkpoint manifest or an rpc, whose files may live elsewhere).
-Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg, bool check_files) {
+// With `roots`, the paths the job names are confined (common/path_policy.h) before any
+// of them is opened.
+Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg, bool check_files,
+                const PathRoots* roots = nullptr) {
   // An empty document (nothing, whitespace or comments only) is a mistake (a truncated
   // or wrong file), not a request for every default.
   if (!doc.root.IsDefined() || doc.root.IsNull()) {
@@ -221,7 +238,7 @@ Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg,
                            "a job needs at least its model, e.g. configs/quickstart.yaml");
   }
   L2L_ASSIGN_OR_RETURN(YamlMap root, YamlMap::Wrap(doc.root, doc.origin, ""));
-  L2L_RETURN_IF_ERROR(ReadModel(&root, base_dir, /*allow_preset=*/true, &cfg->model, cfg));
+  L2L_RETURN_IF_ERROR(ReadModel(&root, base_dir, /*allow_preset=*/true, &cfg->model, cfg, roots));
   L2L_RETURN_IF_ERROR(ReadOptim(&root, &cfg->optim));
   L2L_RETURN_IF_ERROR(ReadTrain(&root, &cfg->train));
   L2L_RETURN_IF_ERROR(ReadData(&root, base_dir, &cfg->data));
@@ -237,6 +254,9 @@ Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg,
   }
   L2L_RETURN_IF_ERROR(ReadMlm(&root, &cfg->mlm));
   L2L_RETURN_IF_ERROR(root.Finish());
+  if (roots != nullptr) {
+    if (Status st = ConfineJobPaths(cfg, *roots, base_dir); !st.ok()) return st.WithContext(doc.origin);
+  }
   if (!cfg->model_from.empty()) return Status::Ok();  // the model comes with ResolveModelFrom
   // The per-field reads above check what one value can; JobConfig::Validate is the one
   // place for the rest. Its message starts "section.key=value"; point at that key's line.
@@ -387,18 +407,19 @@ Status CheckEvalData(const JobConfig& job) {
   return Status::Ok();
 }
 
-Result<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::string& origin, const std::string& base_dir) {
+Result<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::string& origin, const std::string& base_dir,
+                                 const PathRoots* roots) {
   L2L_ASSIGN_OR_RETURN(YamlDoc doc, ParseYaml(yaml_text, origin));
   JobConfig cfg;
-  L2L_RETURN_IF_ERROR(ApplyDoc(doc, base_dir, &cfg, /*check_files=*/false));
+  L2L_RETURN_IF_ERROR(ApplyDoc(doc, base_dir, &cfg, /*check_files=*/false, roots));
   return cfg;
 }
 
-Result<JobConfig> LoadJobConfig(const std::string& path) {
+Result<JobConfig> LoadJobConfig(const std::string& path, const PathRoots* roots) {
   L2L_ASSIGN_OR_RETURN(YamlDoc doc, LoadYamlFile(path));
   JobConfig cfg;
   const std::string dir = fs::path(path).parent_path().string();
-  L2L_RETURN_IF_ERROR(ApplyDoc(doc, dir.empty() ? "." : dir, &cfg, /*check_files=*/true));
+  L2L_RETURN_IF_ERROR(ApplyDoc(doc, dir.empty() ? "." : dir, &cfg, /*check_files=*/true, roots));
   return cfg;
 }
 

@@ -24,6 +24,8 @@
 
 namespace l2l {
 
+struct PathRoots;  // common/path_policy.h
+
 struct TrainingConfig {
   int64_t steps = 100;             // optimizer steps to run
   int64_t micro_batch_size = 4;    // B: sequences per micro-batch
@@ -141,10 +143,14 @@ Status CheckEvalData(const JobConfig& job);
 // from configs/models/NAME.yaml's model (lookup order: $L2L_CONFIG_DIR/models, then
 // models/, ../models/, ../configs/models/, configs/models/ beside the config file; see
 // config.cc). Errors name file, line and key.
-Result<JobConfig> LoadJobConfig(const std::string& path);
-// Same, from a string (`origin` names it in errors, e.g. "<rpc CreateJob>").
+// With `roots` (the daemon), every path the job names is confined to them
+// (common/path_policy.h ConfineJobPaths; a model.preset path too) before any is opened:
+// a path outside is PermissionDenied naming the key and the roots.
+Result<JobConfig> LoadJobConfig(const std::string& path, const PathRoots* roots = nullptr);
+// Same, from a string (`origin` names it in errors, e.g. "<rpc CreateJob>"); relative
+// paths resolve against `base_dir`.
 Result<JobConfig> ParseJobConfig(const std::string& yaml_text, const std::string& origin,
-                                 const std::string& base_dir = ".");
+                                 const std::string& base_dir = ".", const PathRoots* roots = nullptr);
 // Serialises to YAML that ParseJobConfig reads back to an equal JobConfig.
 std::string JobConfigToYaml(const JobConfig& cfg);
 

@@ -3,7 +3,9 @@
 // See eps_config.h.
 #include "eps_server/eps_config.h"
 
+#include <filesystem>
 #include <limits>
+#include <vector>
 
 #include "common/yaml_util.h"
 
@@ -65,6 +67,29 @@ Status ReadSpill(YamlMap* root, EpsConfig* c) {
   return m.Finish();
 }
 
+// `paths: {models: [DIR...], data: [...], presets: [...]}` (a single DIR is a list of one).
+Status ReadPaths(YamlMap* root, EpsConfig* c) {
+  L2L_ASSIGN_OR_RETURN(YamlMap m, root->Map("paths"));
+  std::vector<std::string>* lists[] = {&c->paths.models, &c->paths.data, &c->paths.presets};
+  const char* keys[] = {"models", "data", "presets"};
+  for (int i = 0; i < 3; ++i) {
+    m.Accept(keys[i]);
+    if (!m.Has(keys[i])) continue;
+    const YAML::Node node = m.node()[keys[i]];
+    lists[i]->clear();
+    if (node.IsNull()) continue;
+    if (!node.IsScalar() && !node.IsSequence()) {
+      return m.Error(keys[i], "expected a directory or a list of directories");
+    }
+    for (const YAML::Node& e : node.IsScalar() ? std::vector<YAML::Node>{node}
+                                               : std::vector<YAML::Node>(node.begin(), node.end())) {
+      if (!e.IsScalar() || e.Scalar().empty()) return m.Error(keys[i], "expected directory names (non-empty strings)");
+      lists[i]->push_back(e.Scalar());
+    }
+  }
+  return m.Finish();
+}
+
 // Reads every key of the document into *c; unknown keys are errors naming file:line.
 Status ApplyDoc(const YamlDoc& doc, EpsConfig* c) {
   L2L_ASSIGN_OR_RETURN(YamlMap root, YamlMap::Wrap(doc.root, doc.origin, ""));
@@ -86,6 +111,7 @@ Status ApplyDoc(const YamlDoc& doc, EpsConfig* c) {
   L2L_RETURN_IF_ERROR(ReadCheckpoint(&root, c));
   L2L_RETURN_IF_ERROR(ReadSecurity(&root, c));
   L2L_RETURN_IF_ERROR(ReadSpill(&root, c));
+  L2L_RETURN_IF_ERROR(ReadPaths(&root, c));
   L2L_RETURN_IF_ERROR(root.Finish());
   // The reads check what one value can; Validate the rest ("key=value ..." messages,
   // pointed at that key's line).
@@ -144,6 +170,13 @@ Result<EpsConfig> LoadEpsConfig(const std::string& path) {
   L2L_ASSIGN_OR_RETURN(YamlDoc doc, LoadYamlFile(path));
   EpsConfig c;
   L2L_RETURN_IF_ERROR(ApplyDoc(doc, &c));
+  // paths.*: relative to the config file's directory.
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  for (std::vector<std::string>* list : {&c.paths.models, &c.paths.data, &c.paths.presets}) {
+    for (std::string& p : *list) {
+      if (std::filesystem::path(p).is_relative()) p = (dir / p).lexically_normal().string();
+    }
+  }
   return c;
 }
 

@@ -13,6 +13,7 @@
 
 #include "common/dtype.h"
 #include "common/modes.h"
+#include "common/path_policy.h"
 #include "common/status.h"
 
 namespace l2l::eps {
@@ -38,8 +39,14 @@ struct EpsConfig {
   std::string checkpoint_dir;           // "" = <state_dir>/checkpoints
   int64_t checkpoint_every = 0;         // steps; 0 = the job's training.checkpoint_every
                                         // (0 there too: only on request and at exit)
-  // Export/Checkpoint/CreateJob rpc paths may be absolute paths outside state_dir.
+  // Export/Checkpoint rpc paths may be absolute paths outside state_dir.
   bool allow_absolute_paths = false;
+  // paths.models, paths.data, paths.presets: the directories a job may name files in
+  // (common/path_policy.h). The state dir is always allowed, and for a job from a local
+  // file (--job) that file's directory; nothing else unless listed here. Relative entries
+  // in a config file are resolved against its directory; l2l-eps --allow-models DIR,
+  // --allow-data DIR, --allow-presets DIR add entries.
+  PathRoots paths;
 
   // Security (both gRPC services). Binding beyond loopback needs client authentication:
   // a shared token, or mutual TLS (cert + key + client_ca); TLS alone authenticates no

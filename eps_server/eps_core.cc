@@ -14,6 +14,7 @@
 
 #include "common/adamw.h"
 #include "common/logging.h"
+#include "common/path_policy.h"
 #include "eps_server/checkpoint.h"
 #include "eps_server/eps_core_internal.h"
 #include "eps_server/host_budget.h"
@@ -45,6 +46,15 @@ Status CheckFinite(const ParamStore& store, const std::string& origin) {
     }
   }
   return Status::Ok();
+}
+
+// Registration::data_roots: the job's own (a confined job), else the state dir and the
+// directories of the job's data files (a job from a checkpoint or from code).
+std::vector<std::string> WorkerDataRoots(const JobConfig& job, const JobStart& start, const std::string& state_dir) {
+  if (!start.data_roots.empty()) return start.data_roots;
+  std::vector<std::string> dirs = {state_dir.empty() ? "." : state_dir};
+  for (const auto& [key, path] : JobDataPaths(job)) dirs.push_back(std::filesystem::path(path).parent_path().string());
+  return CanonicalRoots(dirs);
 }
 
 }  // namespace
@@ -214,6 +224,7 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
     pipeline_ = std::move(pipeline);
     job_ = job;
     start_ = start;
+    data_roots_ = WorkerDataRoots(job, start, opts_.state_dir);
     restore_dir_ = start.checkpoint_dir;
     restore_step_ = start.step;
     last_checkpoint_ = start.checkpoint_dir;
@@ -375,6 +386,10 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
   Registration r;
   r.worker_id = id;
   r.job = job();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    r.data_roots = data_roots_;
+  }
   r.data_world = opts_.expected_workers;
   r.transport = (want != Transport::kGrpc && shm_possible) ? Transport::kShm : Transport::kGrpc;
   for (int64_t l = 0; l < store_->num_layers(); ++l) r.layer_numel.push_back(store_->layout(l).numel);

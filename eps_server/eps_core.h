@@ -66,12 +66,14 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
 #include "common/thread_annotations.h"
 #include "common/config.h"
 #include "common/modes.h"
+#include "common/path_policy.h"
 #include "common/thread_annotations.h"
 #include "common/shm.h"
 #include "common/status.h"
@@ -129,7 +131,10 @@ struct CoreOptions {
   std::string state_dir;             // Export/Checkpoint rpc paths are confined here; "" = cwd
   std::string checkpoint_dir;        // default checkpoint root; "" = <state_dir>/checkpoints
   int64_t checkpoint_every = 0;      // steps; 0 = the job's train.checkpoint_every
-  bool allow_absolute_paths = false; // rpc paths outside state_dir allowed
+  bool allow_absolute_paths = false; // Export/Checkpoint rpc paths outside state_dir allowed
+  // The daemon config's paths.models / paths.data / paths.presets: where a job may name
+  // files (common/path_policy.h); the state dir is always allowed too (job_path_roots).
+  PathRoots paths;
   int64_t heartbeat_timeout_ms = 0;  // 0 = no liveness checking
   OnWorkerLoss on_worker_loss = OnWorkerLoss::kPause;
   // SSD tier (eps_server/spill_tier.h); spill.dir "" = none. job_id is filled in.
@@ -168,6 +173,9 @@ struct Registration {
   Transport transport = Transport::kGrpc;  // kShm | kGrpc
   std::string weight_segment, gradient_segment;
   std::vector<int64_t> layer_numel;
+  // The directories the worker may read the job's data files from (canonical): the
+  // job's JobStart::data_roots, or the state dir and its data files' own directories.
+  std::vector<std::string> data_roots;
   // Random, never 0, new at every (re)registration and daemon start: Deregister must name
   // it, so a stale client (a process exiting after its daemon was replaced on the same
   // address, or one whose id a replacement took) cannot remove the worker now holding it.
@@ -290,10 +298,12 @@ class EpsCore {
                                           const std::function<Status(int64_t, float*)>& read_layer)>& write);
   // The job's config (valid once CreateJob succeeded).
   JobConfig job_config() const;
-  // Resolves an rpc-given output path: relative paths live under state_dir (no ".."
-  // components, no symlink leading out: PERMISSION_DENIED); absolute paths only inside
-  // state_dir unless allow_absolute_paths.
-  Result<std::string> ResolveUserPath(const std::string& path) const;
+  // Resolves an rpc-given output path (Export, Checkpoint --dir) through
+  // common/path_policy.h ConfinePath: relative paths live under state_dir; the resolved
+  // path (symlinks of its existing prefix followed, so a link pointing out is seen) must
+  // lie inside state_dir, else PERMISSION_DENIED naming `key` and the state dir; an
+  // absolute path may lie anywhere when allow_absolute_paths.
+  Result<std::string> ResolveUserPath(const std::string& path, std::string_view key = "path") const;
 
   // Shutdown: finishes the step in flight (waits up to `finish_timeout`; abort_step:
   // does not wait) and writes a final checkpoint into the checkpoint root unless
@@ -314,6 +324,11 @@ class EpsCore {
     return job_;
   }
   std::string checkpoint_root() const;
+  // The roots every path of a job must lie in: CoreOptions::paths with the state dir
+  // added to each list (ChooseJobStart adds a job file's own directory).
+  PathRoots job_path_roots() const;
+  // Where a CreateJob request's relative paths resolve: the state dir ("." when unset).
+  std::string user_base_dir() const { return opts_.state_dir.empty() ? "." : opts_.state_dir; }
 
  private:
   struct ShmWorker;
@@ -358,6 +373,7 @@ class EpsCore {
   mutable std::mutex mu_;
   std::condition_variable cv_;                      // StepDone / state changes
   JobConfig job_ GUARDED_BY(mu_);  // once set
+  std::vector<std::string> data_roots_ GUARDED_BY(mu_);  // Registration::data_roots
   bool has_job_ = false;
   JobStart start_;                                  // the restore point's origin
   std::unique_ptr<ParamStore> store_;

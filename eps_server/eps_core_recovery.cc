@@ -7,6 +7,7 @@
 #include "common/fault_point.h"
 #include "common/formats/model_io.h"
 #include "common/logging.h"
+#include "common/path_policy.h"
 #include "eps_server/checkpoint.h"
 #include "eps_server/eps_core.h"
 #include "eps_server/eps_core_internal.h"
@@ -16,16 +17,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-
-// True when `p` is `root` or below it (both canonical).
-bool Inside(const fs::path& p, const fs::path& root) {
-  auto r = root.begin(), q = p.begin();
-  for (; r != root.end(); ++r, ++q) {
-    if (r->empty()) continue;  // trailing separator
-    if (q == p.end() || *q != *r) return false;
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -38,33 +29,23 @@ std::string EpsCore::checkpoint_root() const {
   return (opts_.state_dir.empty() ? std::string(".") : opts_.state_dir) + "/checkpoints";
 }
 
-Result<std::string> EpsCore::ResolveUserPath(const std::string& path) const {
-  if (path.empty()) return InvalidArgument("empty path");
-  std::error_code ec;
-  const fs::path state = fs::weakly_canonical(fs::absolute(opts_.state_dir.empty() ? "." : opts_.state_dir), ec);
-  if (ec) return InvalidArgument("state_dir " + opts_.state_dir + ": " + ec.message());
-  fs::path p(path);
-  if (p.is_relative()) {
-    for (const auto& part : p) {
-      if (part == "..") {
-        return PermissionDenied("path '" + path + "' has a '..' component; paths are confined to the state dir " +
-                                state.string());
-      }
-    }
-    p = state / p;
+PathRoots EpsCore::job_path_roots() const {
+  PathRoots roots = opts_.paths;
+  roots.AddToAll(user_base_dir());
+  return roots;
+}
+
+Result<std::string> EpsCore::ResolveUserPath(const std::string& path, std::string_view key) const {
+  if (path.empty()) return InvalidArgument(std::string(key) + ": empty path");
+  const std::string state = opts_.state_dir.empty() ? "." : opts_.state_dir;
+  if (opts_.allow_absolute_paths && fs::path(path).is_absolute()) {
+    std::string real = ResolveAllowedPath(path, "");
+    if (real.empty()) return InvalidArgument(std::string(key) + " '" + path + "' cannot be resolved");
+    return real;
   }
-  // Resolves symlinks of every existing prefix, so a link pointing out is seen.
-  const fs::path real = fs::weakly_canonical(p, ec);
-  if (ec) return InvalidArgument("path '" + path + "': " + ec.message());
-  if (!Inside(real, state)) {
-    if (fs::path(path).is_absolute() && opts_.allow_absolute_paths) return real.string();
-    return PermissionDenied("path '" + path + "' resolves to " + real.string() + ", outside the state dir " +
-                            state.string() +
-                            (fs::path(path).is_absolute() ? " (set allow_absolute_paths: true in the daemon config "
-                                                            "to write elsewhere)"
-                                                          : " (a symlink leads out)"));
-  }
-  return real.string();
+  return ConfinePath(key, path, state, {state},
+                     "the daemon's state dir; allow_absolute_paths: true in the daemon config lets absolute "
+                     "paths out");
 }
 
 Result<UpdatePipeline::FreezeGuard> EpsCore::HoldAtBoundary(std::chrono::milliseconds timeout) {
@@ -146,7 +127,7 @@ Result<CheckpointResult> EpsCore::Checkpoint(const std::string& dir_arg) {
   if (!has_job()) return FailedPrecondition("no job to checkpoint (CreateJob first)");
   std::string dir;
   if (!dir_arg.empty()) {
-    L2L_ASSIGN_OR_RETURN(dir, ResolveUserPath(dir_arg));
+    L2L_ASSIGN_OR_RETURN(dir, ResolveUserPath(dir_arg, "Checkpoint dir"));
   }
   std::lock_guard<std::mutex> rlock(recovery_mu_);
   L2L_ASSIGN_OR_RETURN(UpdatePipeline::FreezeGuard gate, HoldAtBoundary(std::chrono::minutes(10)));
@@ -161,7 +142,7 @@ Result<int64_t> EpsCore::Export(const std::string& path_arg, DType dtype) {
   if (dtype != DType::kF32 && dtype != DType::kBF16) {
     return InvalidArgument(std::string("export dtype ") + DTypeName(dtype) + " is not supported (f32 or bf16)");
   }
-  L2L_ASSIGN_OR_RETURN(std::string path, ResolveUserPath(path_arg));
+  L2L_ASSIGN_OR_RETURN(std::string path, ResolveUserPath(path_arg, "Export path"));
   std::lock_guard<std::mutex> rlock(recovery_mu_);
   L2L_ASSIGN_OR_RETURN(UpdatePipeline::FreezeGuard gate, HoldAtBoundary(std::chrono::minutes(10)));
   const int64_t step = gate.frozen().step;
@@ -183,7 +164,7 @@ Result<int64_t> EpsCore::ExportWith(
     const std::string& path_arg,
     const std::function<Result<int64_t>(const std::string&, int64_t, const std::function<Status(int64_t, float*)>&)>& write) {
   if (!has_job()) return FailedPrecondition("no job to export (CreateJob first)");
-  L2L_ASSIGN_OR_RETURN(std::string path, ResolveUserPath(path_arg));
+  L2L_ASSIGN_OR_RETURN(std::string path, ResolveUserPath(path_arg, "Export path"));
   std::lock_guard<std::mutex> rlock(recovery_mu_);
   L2L_ASSIGN_OR_RETURN(UpdatePipeline::FreezeGuard gate, HoldAtBoundary(std::chrono::minutes(10)));
   const int64_t step = gate.frozen().step;

@@ -10,6 +10,10 @@
 // without client authentication (--token-file, or mutual TLS: --tls-cert/--tls-key with
 // --tls-client-ca; TLS alone does not count) unless --insecure, before anything is bound
 // (eps_server/server_security.h).
+// Paths: every file a job names (model.from, init_safetensors, a model.preset path, the
+// data and eval files) must lie in paths.models / paths.data / paths.presets (or
+// --allow-models / --allow-data / --allow-presets), the state dir, or for --job the job
+// file's directory; common/path_policy.h.
 #include <signal.h>
 #include <systemd/sd-daemon.h>
 
@@ -22,6 +26,7 @@
 #include <fstream>
 #include <optional>
 #include <thread>
+#include <vector>
 
 #include "common/adamw.h"
 #include "common/config.h"
@@ -55,6 +60,7 @@ struct Flags {
   bool insecure = false;
   std::string spill_dir;
   std::string metrics_listen;
+  std::vector<std::string> allow_models, allow_data, allow_presets;  // added to paths.*
 };
 
 void AddFlags(CLI::App* app, Flags* f) {
@@ -84,6 +90,13 @@ void AddFlags(CLI::App* app, Flags* f) {
                   "SSD tier: directory for state pages beyond --host-bytes (spill.dir)");
   app->add_option("--metrics-listen", f->metrics_listen,
                   "host:port to serve Prometheus GET /metrics on (default off; port 0 = any free port)");
+  app->add_option("--allow-models", f->allow_models,
+                  "directory jobs may name model.from / init_safetensors files in (paths.models; repeatable)");
+  app->add_option("--allow-data", f->allow_data,
+                  "directory jobs may name data.train_path / data.val_path / eval.data files in (paths.data; "
+                  "repeatable)");
+  app->add_option("--allow-presets", f->allow_presets,
+                  "directory jobs may name model.preset .yaml files in (paths.presets; repeatable)");
   app->add_flag_callback("--help-env", l2l::PrintEnvHelpAndExit, l2l::kHelpEnvDoc);
 }
 
@@ -110,6 +123,9 @@ Result<eps::EpsConfig> LoadConfig(const Flags& f) {
   }
   if (!f.job_id.empty()) cfg.job_id = f.job_id;
   if (!f.spill_dir.empty()) cfg.spill_dir = f.spill_dir;
+  cfg.paths.models.insert(cfg.paths.models.end(), f.allow_models.begin(), f.allow_models.end());
+  cfg.paths.data.insert(cfg.paths.data.end(), f.allow_data.begin(), f.allow_data.end());
+  cfg.paths.presets.insert(cfg.paths.presets.end(), f.allow_presets.begin(), f.allow_presets.end());
   L2L_RETURN_IF_ERROR(cfg.Validate());
   return cfg;
 }
@@ -125,6 +141,12 @@ Result<std::optional<eps::PlannedJob>> LoadInitialJob(const Flags& f, eps::EpsCo
   eps::JobSource source;
   source.checkpoint = f.resume;
   source.job_file = f.job_path;
+  // Every path of --job's file confined to paths.*, the state dir and the file's own
+  // directory (common/path_policy.h); a checkpoint's job was confined when created.
+  PathRoots roots = cfg->paths;
+  roots.AddToAll(cfg->state_dir);
+  source.roots = &roots;
+  source.base_dir = cfg->state_dir;
   L2L_ASSIGN_OR_RETURN(eps::PlannedJob plan, eps::ChooseJobStart(source));
   if (!f.resume.empty() && f.workers <= 0 && plan.checkpoint_workers != cfg->expected_workers) {
     L2L_LOG_INFO("resume: {} expected worker(s) as in the checkpoint", plan.checkpoint_workers);
@@ -148,6 +170,7 @@ eps::CoreOptions CoreOptionsFrom(const eps::EpsConfig& cfg) {
   co.checkpoint_dir = cfg.checkpoint_dir;
   co.checkpoint_every = cfg.checkpoint_every;
   co.allow_absolute_paths = cfg.allow_absolute_paths;
+  co.paths = cfg.paths;
   co.heartbeat_timeout_ms = cfg.heartbeat_timeout_ms;
   co.update_deadline = std::chrono::milliseconds(cfg.update_deadline_ms);
   co.on_worker_loss = cfg.on_worker_loss;

@@ -194,6 +194,7 @@ class DataService final : public data::Data::Service {
     rep->set_gradient_segment(r->gradient_segment);
     rep->set_publish_dtype(ToProto(r->job.publish_dtype));
     for (int64_t n : r->layer_numel) rep->add_layer_numel(n);
+    for (const std::string& root : r->data_roots) rep->add_data_roots(root);
     return grpc::Status::OK;
   }
 
@@ -455,11 +456,14 @@ class ControlService final : public control::Control::Service {
 
   grpc::Status CreateJob(grpc::ServerContext*, const control::CreateJobRequest* req,
                          control::CreateJobReply* rep) override {
-    // The job and its start (model.from or init_safetensors, confined like every path).
+    // The job and its start; every path it names is confined to the daemon's paths.*
+    // roots (the state dir among them), relative ones resolved against the state dir.
     JobSource source;
     source.job_yaml = req->config_yaml();
     source.init_safetensors = req->init_safetensors();
-    source.confine = [this](const std::string& path) { return core_->ResolveUserPath(path); };
+    const PathRoots roots = core_->job_path_roots();
+    source.roots = &roots;
+    source.base_dir = core_->user_base_dir();
     auto plan = ChooseJobStart(source);
     if (!plan.ok()) return ToGrpc(plan.status());
     Status s = core_->CreateJob(plan->job, plan->start);
@@ -534,7 +538,7 @@ class ControlService final : public control::Control::Service {
     const Result<ExportChoice> choice = ParseExportChoice(*req);
     if (!choice.ok()) return ToGrpc(choice.status().WithContext("Export"));
     if (choice->format != ExportFormat::kSafetensors) return ExportPretrained(req, *choice, rep);
-    auto path = core_->ResolveUserPath(req->path());
+    auto path = core_->ResolveUserPath(req->path(), "Export path");
     if (!path.ok()) return ToGrpc(path.status().WithContext("Export"));
     auto bytes = core_->Export(req->path(), choice->dtype());
     if (!bytes.ok()) return ToGrpc(bytes.status().WithContext("Export"));
@@ -547,7 +551,7 @@ class ControlService final : public control::Control::Service {
   grpc::Status ExportPretrained(const control::ExportRequest* req, const ExportChoice& choice,
                                 control::ExportReply* rep) {
     const bool hf = choice.format == ExportFormat::kHf;
-    auto path = core_->ResolveUserPath(req->path());
+    auto path = core_->ResolveUserPath(req->path(), "Export path");
     if (!path.ok()) return ToGrpc(path.status().WithContext("Export"));
     if (!core_->has_job()) return ToGrpc(FailedPrecondition("Export: no job to export (CreateJob first)"));
     const JobConfig job = core_->job_config();

@@ -1,6 +1,8 @@
 // See eps_server/job_start.h.
 #include "eps_server/job_start.h"
 
+#include <filesystem>
+#include <optional>
 #include <utility>
 
 #include "common/formats/model_io.h"
@@ -95,37 +97,46 @@ Result<PlannedJob> ChooseJobStart(const JobSource& source) {
     return plan;
   }
   const bool from_file = !source.job_file.empty();
+  // The roots: the caller's, and a job file's own directory.
+  std::optional<PathRoots> roots;
+  if (source.roots != nullptr) {
+    roots = *source.roots;
+    if (from_file) {
+      const std::string dir = std::filesystem::path(source.job_file).parent_path().string();
+      roots->AddToAll(ResolveAllowedPath(dir.empty() ? "." : dir, ""));
+    }
+  }
+  const PathRoots* confined = roots ? &*roots : nullptr;
   if (from_file) {
-    L2L_ASSIGN_OR_RETURN(plan.job, LoadJobConfig(source.job_file));
+    L2L_ASSIGN_OR_RETURN(plan.job, LoadJobConfig(source.job_file, confined));
   } else {
-    L2L_ASSIGN_OR_RETURN(plan.job, ParseJobConfig(source.job_yaml, "<rpc " + source.request + ">"));
+    L2L_ASSIGN_OR_RETURN(plan.job, ParseJobConfig(source.job_yaml, "<rpc " + source.request + ">", source.base_dir,
+                                                  confined));
   }
   // An error names the job file, or the request's field.
   auto where = [&](const std::string& field) { return from_file ? source.job_file : source.request + " " + field; };
-  // A path the caller names, confined when the caller says how.
-  auto resolve = [&](const std::string& path, const std::string& field) -> Result<std::string> {
-    if (!source.confine) return path;
-    auto confined = source.confine(path);
-    if (!confined.ok()) return confined.status().WithContext(where(field));
-    return confined;
-  };
   if (!plan.job.model_from.empty()) {
-    // model.from: the file gives the model and its weights.
+    // model.from (confined by the parse): the file gives the model and its weights.
     if (!source.init_safetensors.empty()) {
       return InvalidArgument((from_file ? source.job_file : source.request) +
                              ": model.from and init_safetensors are exclusive");
     }
-    L2L_ASSIGN_OR_RETURN(std::string path, resolve(source.confine ? plan.job.model_from_written : plan.job.model_from,
-                                                   "model.from"));
+    const std::string path = plan.job.model_from;
     auto model = ResolveModelFrom(&plan.job, path);
     if (!model.ok()) return model.status().WithContext(where("model.from"));
     plan.start = FromPretrained(*model);
   } else if (!source.init_safetensors.empty()) {
-    L2L_ASSIGN_OR_RETURN(std::string path, resolve(source.init_safetensors, "init_safetensors"));
+    std::string path = source.init_safetensors;
+    if (confined != nullptr) {
+      auto allowed = ConfinePath("init_safetensors", path, source.base_dir, confined->models, kAllowModelsHint);
+      if (!allowed.ok()) return allowed.status().WithContext(from_file ? source.job_file : source.request);
+      path = *allowed;
+    }
     auto start = FromSafetensors(path, plan.job.model);
     if (!start.ok()) return start.status().WithContext(where("init_safetensors " + path));
     plan.start = std::move(start).value();
   }
+  if (confined != nullptr) plan.start.data_roots = CanonicalRoots(confined->data);
   return plan;
 }
 

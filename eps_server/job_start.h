@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/path_policy.h"
 #include "common/status.h"
 
 namespace l2l {
@@ -45,6 +46,11 @@ struct JobStart {
   std::string description = "seed";        // for logs: "seed", "checkpoint DIR", "FILE"
   std::string checkpoint_dir;              // when resumed from a checkpoint: its directory
   std::vector<std::string> data_positions; // by worker id, at the start of `step`
+  // The directories the job's data files were confined to (canonical; RegisterReply
+  // data_roots: workers refuse data paths outside them). Empty: the core sends its state
+  // dir and the directories of the job's own data files (a job from a checkpoint or
+  // from code: the operator's).
+  std::vector<std::string> data_roots;
 };
 
 // A checkpoint as ReadCheckpointManifest read it: its step, directory and the workers'
@@ -78,10 +84,16 @@ struct JobSource {
   std::string request = "CreateJob";
   // A safetensors file of the job's model; exclusive with model.from in the job.
   std::string init_safetensors;
-  // Confines the paths a request names (model.from as written, init_safetensors): the
-  // CreateJob rpc passes EpsCore::ResolveUserPath. Null: model.from as resolved against
-  // the job file, init_safetensors as given.
-  std::function<Result<std::string>(const std::string&)> confine;
+  // The directories the job's paths must lie in (common/path_policy.h: model.from,
+  // init_safetensors, a model.preset path, data.train_path, data.val_path, eval.data),
+  // checked before any is opened; a job file's own directory is added to every list.
+  // Null: nothing confined (tests and tools on the user's own files). l2l-eps always
+  // passes its paths.* roots, the state dir among them. A checkpoint's job is not
+  // re-checked: it was confined when it was created.
+  const PathRoots* roots = nullptr;
+  // Where a request's relative paths resolve (l2l-eps: its state dir); a job file's
+  // resolve against the file's directory.
+  std::string base_dir = ".";
 };
 
 // The job to create and its start.

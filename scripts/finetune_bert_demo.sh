@@ -90,6 +90,7 @@ YAML
 threads=()
 [ -n "${BERT_DEMO_THREADS:-}" ] && threads=(--threads "$BERT_DEMO_THREADS")
 start=$(date +%s)
+RELAY_EPS_ARGS=(--allow-models "$(dirname "$MODEL")")  # the data is beside the job file
 relay_start "$BIN" "$JOB" "$OUT_DIR" "${threads[@]}"
 relay_wait
 echo "bert-demo: fine-tuned $STEPS steps in $(( $(date +%s) - start )) s"

@@ -88,6 +88,7 @@ data: {train_path: $PWD/$DATA_DIR/train.bin}
 eval: {data: $PWD/$DATA_DIR/val.bin, every: 10, tokens: $((4 * T + 1))}
 YAML
 start=$(date +%s)
+RELAY_EPS_ARGS=(--allow-models "$(dirname "$GGUF")" --allow-data "$PWD/$DATA_DIR")
 relay_start "$BIN" "$JOB" "$OUT_DIR" "${threads[@]}"
 relay_wait
 echo "quickstart: fine-tuned $STEPS steps in $(( $(date +%s) - start )) s"

@@ -54,6 +54,7 @@ run_training() {
   local wargs=() wopts=()
   if [ -n "${QUICKSTART_STEPS:-}" ]; then wargs+=(--steps "$QUICKSTART_STEPS"); wopts+=(--steps "$QUICKSTART_STEPS"); fi
   if [ -n "${QUICKSTART_THREADS:-}" ]; then wargs+=(--threads "$QUICKSTART_THREADS"); fi
+  RELAY_EPS_ARGS=(--allow-data "$PWD/$DATA_DIR")  # the config's data lives in data/, not configs/
   relay_start "$BUILD_DIR/bin" "$CONFIG" "$OUT_DIR" "${wargs[@]}"
   relay_wait "${wopts[@]}"
   tail -1 "$OUT_DIR/worker.log"

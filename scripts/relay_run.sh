@@ -10,6 +10,10 @@
 #   relay_stop                                              # stops the daemon (no checkpoint: the
 #                                                           # caller checkpoints or exports first)
 # Logs: OUT_DIR/eps.log, OUT_DIR/worker.log; state: OUT_DIR/eps-state.
+# RELAY_EPS_ARGS (an array, optional): extra l2l-eps flags, e.g. (--allow-data DIR
+# --allow-models DIR) for a job naming files outside its own directory (the daemon reads
+# only files under the job file's directory, its state dir and those it is given:
+# docs/operations.md "Files a job may name").
 relay_start() {
   local bin=$1 job=$2 out=$3
   shift 3
@@ -21,7 +25,7 @@ relay_start() {
   rm -rf "$RELAY_STATE"
   mkdir -p "$RELAY_STATE"
   "$bin/l2l-eps" --job "$job" --state-dir "$RELAY_STATE" --job-id "quickstart-$$" --workers 1 \
-    > "$out/eps.log" 2>&1 &
+    ${RELAY_EPS_ARGS[@]+"${RELAY_EPS_ARGS[@]}"} > "$out/eps.log" 2>&1 &
   RELAY_EPS_PID=$!
   RELAY_WORKER_PID=""
   trap 'kill ${RELAY_WORKER_PID:-} ${RELAY_EPS_PID:-} 2>/dev/null || true' EXIT

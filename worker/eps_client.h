@@ -42,6 +42,9 @@ struct WorkerRegistration {
   std::string data_position;    // opaque data-loader position to resume from ("" = start)
   Transport transport = Transport::kGrpc;  // kShm or kGrpc: how layers and gradients travel
   uint64_t registration_id = 0;  // the EPS's nonce for this registration (Deregister sends it)
+  // The directories the job's data files may lie in (RegisterReply.data_roots): the
+  // worker refuses data paths outside them before opening any (common/path_policy.h).
+  std::vector<std::string> data_roots;
 };
 
 struct LayerWeights {

@@ -145,6 +145,7 @@ Status GrpcEpsClient::Register(Impl* impl, const ClientOptions& options, int32_t
   reg->data_rank = rep.data_rank();
   reg->data_world = rep.data_world();
   reg->data_position = rep.data_position();
+  reg->data_roots.assign(rep.data_roots().begin(), rep.data_roots().end());
   Result<Transport> transport = ParseTransport(rep.transport());
   if (!transport.ok() || *transport == Transport::kAuto) {
     return Internal("Register reply from " + address + ": transport '" + rep.transport() + "' is not shm or grpc");

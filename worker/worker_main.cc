@@ -32,6 +32,9 @@
 // On a GPU the same mode is L2L_CUDA_GEMM=bf16.
 // --config FILE: a job YAML on this host; its data.train_path replaces the EPS's (the
 // tokens file may live elsewhere on another host) and its model must equal the EPS's.
+// The job's data files as the EPS sent them (data.train_path, data.val_path, eval.data)
+// must lie inside the data directories it sent with them (RegisterReply.data_roots,
+// common/path_policy.h), checked before any is opened; else exit 1 naming the key.
 // Progress lines go to stdout:
 //   step 12/100 loss 4.1234 tok/s 5321 step_s 0.77 wait_layer 0.01 wait_push 0.00 lag 0 eta 68s
 // and, at exit, one summary line the integration tests parse:
@@ -73,6 +76,7 @@
 #include "common/env.h"
 #include "common/logging.h"
 #include "common/name_table.h"
+#include "common/path_policy.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "worker/data_loader.h"
@@ -271,6 +275,22 @@ Result<std::unique_ptr<w::EpsClient>> Connect(const Flags& f, const Options& o, 
                                         std::to_string(f.connect_timeout_ms) + " ms)");
 }
 
+// Confines the data files of the job the daemon sent (train, val, eval) to the roots it
+// sent with it, replacing each by its resolved path, before any is opened: a daemon
+// whose job names a file outside its own paths.data is refused here too.
+Status ConfineDataPaths(const std::vector<std::string>& roots, l2l::JobConfig* job) {
+  std::string* paths[] = {&job->data.train_path, &job->data.val_path, &job->eval.data_path};
+  const char* keys[] = {"data.train_path", "data.val_path", "eval.data"};
+  for (int i = 0; i < 3; ++i) {
+    if (paths[i]->empty()) continue;
+    auto allowed = l2l::ConfinePath(keys[i], *paths[i], "", roots,
+                                    "the daemon's paths.data, sent at Register; the worker reads nothing else");
+    if (!allowed.ok()) return allowed.status().WithContext("the job from the EPS");
+    *paths[i] = *allowed;
+  }
+  return Status::Ok();
+}
+
 // Applies --config: the local data path, after checking it describes the same model.
 Status ApplyLocalConfig(const std::string& path, l2l::JobConfig* job) {
   L2L_ASSIGN_OR_RETURN(l2l::JobConfig local, l2l::LoadJobConfig(path));
@@ -357,6 +377,7 @@ class Worker {
       updater_.reset();
     }
     job_ = reg.job;
+    L2L_RETURN_IF_ERROR(ConfineDataPaths(reg.data_roots, &job_));
     if (!f_.config.empty()) L2L_RETURN_IF_ERROR(ApplyLocalConfig(f_.config, &job_));
     total_steps_ = f_.steps >= 0 ? f_.steps : job_.train.steps;
     L2L_LOG_INFO("registered as worker {} of {} (transport {}, data shard {}/{}, start step {})",

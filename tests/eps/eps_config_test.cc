@@ -2,10 +2,13 @@
 // configs/ loads, publish_dtype "" means "the job's", and bad values name key and line.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <string>
+#include <vector>
 
 #include "common/dtype.h"
 #include "eps_server/eps_config.h"
+#include "tests/testing/temp_dir.h"
 
 namespace l2l::eps {
 namespace {
@@ -58,6 +61,32 @@ TEST_CASE("The daemon config's errors name file:line and the key path, as the jo
   auto empty = ParseEpsConfig("# only a comment\n", "<t>");
   REQUIRE(empty.ok());
   CHECK(empty->expected_workers == 1);
+}
+
+TEST_CASE("paths.models / data / presets: lists of directories, relative to the config file", "[eps][config]") {
+  auto c = ParseEpsConfig("paths:\n  models: /m\n  data: [/d1, /d2]\n  presets: []\n", "<t>");
+  REQUIRE(c.ok());
+  CHECK(c->paths.models == std::vector<std::string>{"/m"});
+  CHECK(c->paths.data == std::vector<std::string>{"/d1", "/d2"});
+  CHECK(c->paths.presets.empty());
+  auto none = ParseEpsConfig("listen: 127.0.0.1:0\n", "<t>");
+  REQUIRE(none.ok());
+  CHECK((none->paths.models.empty() && none->paths.data.empty() && none->paths.presets.empty()));
+  auto typo = ParseEpsConfig("paths:\n  dta: [/d]\n", "<t>");
+  REQUIRE_FALSE(typo.ok());
+  CHECK(typo.status().message().find("paths.dta") != std::string::npos);
+  auto nested = ParseEpsConfig("paths:\n  data: {a: b}\n", "<t>");
+  REQUIRE_FALSE(nested.ok());
+  CHECK(nested.status().message().find("<t>:2") != std::string::npos);
+  testing::TempDir tmp("l2l-epscfg");
+  auto file = LoadEpsConfig(tmp.Write("eps.yaml", "paths:\n  data: [corpus, /abs]\n  models: ../m\n"));
+  REQUIRE(file.ok());
+  CHECK(file->paths.data == std::vector<std::string>{tmp.path() + "/corpus", "/abs"});
+  CHECK(file->paths.models ==
+        std::vector<std::string>{std::filesystem::path(tmp.path() + "/../m").lexically_normal().string()});
+  auto shipped = LoadEpsConfig(std::string(L2L_SOURCE_DIR) + "/configs/eps.yaml");
+  REQUIRE(shipped.ok());
+  CHECK(shipped->paths.data.empty());  // the state dir and a job file's directory only
 }
 
 }  // namespace

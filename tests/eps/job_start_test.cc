@@ -212,26 +212,26 @@ TEST_CASE("ChooseJobStart: model.from, init_safetensors or the seed, errors nami
     CHECK(bad.status().message().rfind(source.job_file + ": ", 0) == 0);
     CHECK(bad.status().message().find("n_layer=2") != std::string::npos);
   }
-  SECTION("a request: paths confined, errors naming the field") {
+  SECTION("a request: paths confined to the roots, resolved against the base dir, errors naming the field") {
     JobSource source;
-    std::vector<std::string> asked;
-    source.confine = [&](const std::string& p) -> Result<std::string> {
-      asked.push_back(p);
-      if (p.find("..") != std::string::npos) return PermissionDenied(p + " leaves the state dir");
-      return tmp.File(p);
-    };
+    PathRoots roots;
+    roots.AddToAll(tmp.path());
+    source.roots = &roots;
+    source.base_dir = tmp.path();
+    const std::string real = std::filesystem::canonical(tmp.path()).string();
     source.job_yaml = "model: {from: src}\ntrain: {seq_len: 16}\n";
     auto plan = ChooseJobStart(source);
     REQUIRE(plan.ok());
-    CHECK(asked == std::vector<std::string>{"src"});
-    CHECK(plan->start.description == tmp.File("src"));
+    CHECK(plan->start.description == real + "/src");
+    CHECK(plan->start.data_roots == std::vector<std::string>{real});
     CheckFreshStart(plan->start, spec, weights);
 
     source.job_yaml = "model: {from: ../elsewhere}\n";
     auto escape = ChooseJobStart(source);
     REQUIRE(!escape.ok());
     CHECK(escape.status().code() == StatusCode::kPermissionDenied);
-    CHECK(escape.status().message().rfind("CreateJob model.from: ", 0) == 0);
+    CHECK(escape.status().message().rfind("<rpc CreateJob>: model.from: refused: allowed only inside [" + real + "]",
+                                          0) == 0);
 
     source.job_yaml = "model: {from: src}\n";
     source.init_safetensors = "model.safetensors";
@@ -242,13 +242,20 @@ TEST_CASE("ChooseJobStart: model.from, init_safetensors or the seed, errors nami
     source.job_yaml = JobConfigToYaml(seeded);
     plan = ChooseJobStart(source);
     REQUIRE(plan.ok());
-    CHECK(plan->start.description == tmp.File("model.safetensors"));
+    CHECK(plan->start.description == real + "/model.safetensors");
     CheckFreshStart(plan->start, spec, weights);
+
+    source.init_safetensors = "../model.safetensors";
+    auto out = ChooseJobStart(source);
+    REQUIRE(!out.ok());
+    CHECK(out.status().code() == StatusCode::kPermissionDenied);
+    CHECK(out.status().message().rfind("CreateJob: init_safetensors: refused: allowed only inside [" + real + "]",
+                                       0) == 0);
 
     source.init_safetensors = "missing.safetensors";
     auto missing = ChooseJobStart(source);
     REQUIRE(!missing.ok());
-    CHECK(missing.status().message().rfind("CreateJob init_safetensors " + tmp.File("missing.safetensors"), 0) == 0);
+    CHECK(missing.status().message().rfind("CreateJob init_safetensors " + real + "/missing.safetensors", 0) == 0);
   }
   SECTION("neither: the seed") {
     JobSource source;

@@ -67,7 +67,9 @@ class Run:
     """One l2l-eps (--job) + one l2l-worker; returns step losses; can export."""
 
     def __init__(self, bin_dir, work, name, model_from, steps=1, lr=1e-3, extra_model="", eps_args=()):
-        self.eps_args = list(eps_args)
+        # The model file may live outside the work dir (the fetched SmolLM2 in the model
+        # cache): its directory is listed for the daemon (paths.models).
+        self.eps_args = ["--allow-models", os.path.dirname(os.path.abspath(model_from))] + list(eps_args)
         self.bin, self.state = bin_dir, os.path.join(work, "state-" + name)
         shutil.rmtree(self.state, ignore_errors=True)
         os.makedirs(self.state)

@@ -203,7 +203,11 @@ TEST_CASE("l2lctl status, pause, checkpoint, export and stop drive a real l2l-ep
   CHECK(Ctl(*dir, {"--eps", addr, "export", "--format", "onnx", out}).code == 64);
   const CtlRun refused = Ctl(*dir, {"--eps", addr, "export", dir->File("outside.safetensors")});
   CHECK(refused.code == 1);
-  CHECK(refused.err.find("outside.safetensors") != std::string::npos);
+  // The reason names the key and the allowed directory, nothing of the refused file
+  // (common/path_policy.h).
+  CHECK(refused.err.find("Export path: refused: allowed only inside [") != std::string::npos);
+  CHECK(refused.err.find(fs::canonical(d.state_dir()).string()) != std::string::npos);
+  CHECK(refused.err.find("outside.safetensors") == std::string::npos);
   CHECK(!fs::exists(dir->File("outside.safetensors")));
 
   // stop: the daemon exits 0 and l2lctl waited for it.
