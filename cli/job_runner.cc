@@ -14,6 +14,8 @@
 #include <thread>
 
 #include "common/child_process.h"
+#include "common/config.h"
+#include "common/path_policy.h"
 #include "ctl/ctl_client.h"
 
 namespace l2l::cli {
@@ -117,7 +119,18 @@ Result<RunResult> RunJob(const RunOptions& o) {
   } else {
     eps_argv.insert(eps_argv.end(), {"--job", o.job_path});
   }
-  // (allow_dirs: wired to the daemon's path roots once they exist)
+  if (!o.resume) {
+    // The daemon reads only inside the directories it is given (docs/operations.md "Files
+    // a job may name"); the user who runs `l2l` named these files, so their directories are
+    // allowed: the model's and each data file's.
+    L2L_ASSIGN_OR_RETURN(JobConfig job, LoadJobConfig(o.job_path));
+    auto dir_of = [](const std::string& p) { return fs::path(p).parent_path().string(); };
+    if (!job.model_from.empty()) {
+      const std::string from = job.model_from;
+      eps_argv.insert(eps_argv.end(), {"--allow-models", fs::is_directory(from) ? from : dir_of(from)});
+    }
+    for (const auto& [key, path] : JobDataPaths(job)) eps_argv.insert(eps_argv.end(), {"--allow-data", dir_of(path)});
+  }
   L2L_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> eps, ChildProcess::Spawn(eps_argv, eps_log, true));
   Say(o, std::string(o.resume ? "resuming" : "starting") + " l2l-eps (log " + eps_log + ")");
   Result<std::string> addr = WaitForPort(*eps, state, eps_log);

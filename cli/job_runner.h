@@ -9,6 +9,10 @@
 // (the run can continue with --resume); a second one stops every child at once. The
 // children run in their own process group, so a terminal's Ctrl-C reaches only `l2l`.
 //
+// The daemon is allowed to read the job's model (model.from) and data files where they
+// are (their directories become --allow-models / --allow-data), since the user who runs
+// `l2l` named them.
+//
 // Files under `out`: state/ (the daemon's state dir: eps.port, checkpoints/, run.jsonl),
 // eps.log, worker-N.log, and the export (model-hf/ by default).
 //
@@ -33,7 +37,6 @@ struct RunOptions {
   int threads = 0;             // CPU worker threads (0: all cores)
   bool quiet = false, json = false;
   std::string export_format = "hf";  // hf | safetensors | gguf | none
-  std::vector<std::string> allow_dirs;  // directories the job's files are in (daemon's allowed roots)
 };
 
 struct RunResult {

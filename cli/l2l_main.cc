@@ -137,7 +137,6 @@ int Fail(const l2l::Status& s) {
 int CmdRun(const CommonFlags& c, const std::string& job) {
   if (!c.resume && !fs::is_regular_file(job)) return Fail(l2l::NotFound("job file " + job + " does not exist"));
   cli::RunOptions o = ToRunOptions(c, Abs(job));
-  o.allow_dirs.push_back(fs::path(Abs(job)).parent_path().string());
   l2l::Result<cli::RunResult> r = cli::RunJob(o);
   if (!r.ok()) return Fail(r.status());
   PrintRunSummary(*r, Abs(c.out));
@@ -195,8 +194,6 @@ int CmdFinetune(const CommonFlags& c, const FinetuneFlags& f) {
     before = Perplexity(bin, model, val, f.seq_len, out + "/eval-before.log");
   }
   cli::RunOptions o = ToRunOptions(c, job);
-  o.allow_dirs = {fs::path(model).parent_path().string(), out + "/data"};
-  if (!train.empty()) o.allow_dirs.push_back(fs::path(train).parent_path().string());
   l2l::Result<cli::RunResult> r = cli::RunJob(o);
   if (!r.ok()) return Fail(r.status());
   double after = std::nan("");
