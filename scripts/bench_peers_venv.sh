@@ -10,7 +10,7 @@
 # Interpreter: $L2L_PEERS_PYTHON, default /usr/bin/python3 (DeepSpeedCPUAdam compiles its
 # op with ninja at first use and needs the interpreter's C headers: Python.h must exist).
 set -euo pipefail
-PINS="torch==2.9.1 deepspeed==0.18.2 ninja numpy transformers==4.46.3 gguf==0.10.0 (+ cpu_adam op)"
+PINS="torch==2.9.1 deepspeed==0.18.2 ninja numpy<2 transformers==4.46.3 gguf==0.10.0 sentencepiece==0.2.0 (+ cpu_adam op)"
 VENV=${L2L_PEERS_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/l2l/peers-venv}
 BASE=${L2L_PEERS_PYTHON:-/usr/bin/python3}
 PY="$VENV/bin/python3"
