@@ -13,28 +13,7 @@
 
 namespace l2l::eps {
 
-double MeasureCpuUpdateRate(size_t n) {
-  std::vector<float> p(n, 0.5f), m(n, 0.f), v(n, 0.f), g(n, 1e-3f);
-  std::vector<uint16_t> out(n);
-  AdamWStepArgs a;  // the optimizer's defaults, weight decay off
-  a.lr = 1e-3f;
-  // As the pipeline runs it: chunks in parallel on the TBB threads, over buffers far
-  // larger than the caches (the caller's n), so memory bandwidth limits it as it does
-  // the real update. One untimed pass brings the pages in; the timed one is the steady state.
-  auto pass = [&] {
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, n, size_t{1} << 16), [&](const tbb::blocked_range<size_t>& r) {
-      const float* grads[] = {g.data() + r.begin()};
-      (void)kernels::AdamWUpdate(a, p.data() + r.begin(), m.data() + r.begin(), v.data() + r.begin(), grads, 1,
-                                 r.size(), DType::kBF16, out.data() + r.begin());
-    });
-  };
-  pass();
-  const auto t0 = std::chrono::steady_clock::now();
-  a.t = 2;
-  pass();
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return s > 0 ? static_cast<double>(n) / s : 0;
-}
+double MeasureCpuUpdateRate(size_t n) { return kernels::MeasureAdamWUpdateRate(n); }
 
 double MeasureCopyBytesPerSecond(size_t bytes) {
   std::vector<char> src(bytes, 1), dst(bytes, 0);

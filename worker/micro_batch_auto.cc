@@ -23,25 +23,7 @@ double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 
 // The daemon's update as update_pipeline.cc runs it (parallel chunks, exact AdamW, bf16
 // publish), over buffers beyond the caches; the second pass is timed.
-double HostUpdateRate(size_t n) {
-  std::vector<float> p(n, 0.5f), m(n, 0.f), v(n, 0.f), g(n, 1e-3f);
-  std::vector<uint16_t> out(n);
-  AdamWStepArgs a;
-  a.lr = 1e-3f;
-  auto pass = [&] {
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, n, size_t{1} << 16), [&](const tbb::blocked_range<size_t>& r) {
-      const float* grads[] = {g.data() + r.begin()};
-      (void)kernels::AdamWUpdate(a, p.data() + r.begin(), m.data() + r.begin(), v.data() + r.begin(), grads, 1,
-                                 r.size(), DType::kBF16, out.data() + r.begin());
-    });
-  };
-  pass();
-  const auto t0 = Clock::now();
-  a.t = 2;
-  pass();
-  const double s = Since(t0);
-  return s > 0 ? static_cast<double>(n) / s : 0;
-}
+double HostUpdateRate(size_t n) { return kernels::MeasureAdamWUpdateRate(n); }
 
 }  // namespace
 

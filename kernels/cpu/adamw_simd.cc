@@ -11,8 +11,13 @@
 #endif
 #include <immintrin.h>
 
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+
+#include <chrono>
 #include <cmath>
 #include <cstring>
+#include <vector>
 
 namespace l2l::kernels {
 namespace {
@@ -230,6 +235,26 @@ double ReducedSumSquares(const float* const* grads, int num_grads, size_t n, flo
     s += g * g;
   }
   return s;
+}
+
+double MeasureAdamWUpdateRate(size_t n) {
+  std::vector<float> p(n, 0.5f), m(n, 0.f), v(n, 0.f), g(n, 1e-3f);
+  std::vector<uint16_t> out(n);
+  AdamWStepArgs a;  // the optimizer's defaults, weight decay off
+  a.lr = 1e-3f;
+  auto pass = [&] {
+    tbb::parallel_for(tbb::blocked_range<size_t>(0, n, size_t{1} << 16), [&](const tbb::blocked_range<size_t>& r) {
+      const float* grads[] = {g.data() + r.begin()};
+      (void)AdamWUpdate(a, p.data() + r.begin(), m.data() + r.begin(), v.data() + r.begin(), grads, 1, r.size(),
+                        DType::kBF16, out.data() + r.begin());
+    });
+  };
+  pass();
+  const auto t0 = std::chrono::steady_clock::now();
+  a.t = 2;
+  pass();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return s > 0 ? static_cast<double>(n) / s : 0;
 }
 
 }  // namespace l2l::kernels

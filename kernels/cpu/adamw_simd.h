@@ -64,4 +64,11 @@ bool AdamWUpdateFast(const AdamWStepArgs& a, float* param, float* m, float* v, c
 // gradient (clipping).
 double ReducedSumSquares(const float* const* grads, int num_grads, size_t n, float scale);
 
+// Parameters per second of AdamWUpdate (exact arithmetic, one gradient, bf16 copy out) as
+// the daemon's pipeline runs it: chunks in parallel on the TBB threads, over n-element
+// buffers (far larger than the caches, so memory bandwidth limits it as it does the real
+// update). One untimed pass brings the pages in; the timed one is the steady state. Used
+// by the daemon's optimizer split and the worker's micro-batch planner.
+double MeasureAdamWUpdateRate(size_t n);
+
 }  // namespace l2l::kernels
