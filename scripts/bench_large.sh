@@ -22,7 +22,7 @@
 # Budget arithmetic (plan): P parameters; the daemon holds fp32 master + AdamW m + v =
 # 12 B/param in 4 MiB pages (per layer, rounded up) and two published bf16 copies (4
 # B/param, always in RAM: workers fetch them). memory.host_bytes = the host's
-# MemAvailable minus BENCH_HOST_RESERVE_GB (default 16: the worker's pinned staging and
+# MemAvailable minus BENCH_HOST_RESERVE_GB (default 12: the worker's pinned staging and
 # gradient buffers, the daemon's gradient slots, page cache, the OS); inside it, the
 # non-finite guard's budget memory.guard_bytes (BENCH_GUARD_BYTES; default 4.08 B/param,
 # the daemon's minimum: each layer's gradient held until the step's verdict, no undo
@@ -78,7 +78,7 @@
 #
 # Depends on: the daemon's per-parameter buffers being inside memory.host_bytes: the
 # guard's are (memory.guard_bytes, docs/architecture.md "Host memory budget"); the
-# gradient slots and the worker's pinned staging are what the 16 GB reserve is for. B is fixed and M fits the device stash (the micro-batch planner of item 3,
+# gradient slots and the worker's pinned staging are what the 12 GB reserve is for. B is fixed and M fits the device stash (the micro-batch planner of item 3,
 # which would weigh the measured transfer and update rates, is not used).
 #
 # STATUS: written without a GPU (no device was lent to the session that wrote it). Its
@@ -137,7 +137,7 @@ else
   DISK=${BENCH_DISK_FREE_BYTES:-$(df -B1 --output=avail "$SPILL_DIR" | tail -1 | tr -d ' ')}
 fi
 plan_rc=0
-"$PYTHON" - "$CFGS/models/$PRESET.yaml" "$RAM" "$DISK" "${BENCH_HOST_RESERVE_GB:-16}" "${BENCH_DISK_MARGIN_GB:-6}" \
+"$PYTHON" - "$CFGS/models/$PRESET.yaml" "$RAM" "$DISK" "${BENCH_HOST_RESERVE_GB:-12}" "${BENCH_DISK_MARGIN_GB:-6}" \
     "$T" "$B" "$M" "$OUT/plan.json" "$N_LAYER" "$GPU_BYTES" "${BENCH_GPU_RESERVE_GB:-12}" "${BENCH_GUARD_BYTES:-0}" \
     <<'PY' > "$OUT/plan.txt" || plan_rc=$?
 import json, math, re, sys
