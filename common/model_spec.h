@@ -77,7 +77,7 @@ struct ModelSpec {
   // Llama family only (GPT-2 requires the defaults).
   int64_t n_kv_heads = 0;       // key/value heads (grouped-query attention); 0 = n_head
   double rope_theta = 10000.0;  // RoPE base
-  RopeScaling rope_scaling;
+  RopeScaling rope_scaling = {};
   double rms_norm_eps = 1e-6;   // RMSNorm epsilon
   bool qkv_bias = false;        // q/k/v projections have biases (Qwen2)
 

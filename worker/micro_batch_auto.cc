@@ -99,7 +99,11 @@ Result<MicroBatchPlanInputs> MeasurePlanInputs(kernels::Backend* be, const JobCo
 
 Result<MicroBatchPlan> ResolveAutoMicroBatches(kernels::Backend* backend, size_t activation_budget_bytes,
                                                int devices, JobConfig* job, std::string* line) {
-  if (!job->train.micro_batches_auto) return MicroBatchPlan{.micro_batches = 0};
+  if (!job->train.micro_batches_auto) {
+    MicroBatchPlan none;
+    none.micro_batches = 0;
+    return none;
+  }
   L2L_ASSIGN_OR_RETURN(MicroBatchPlanInputs in, MeasurePlanInputs(backend, *job, activation_budget_bytes, devices));
   L2L_ASSIGN_OR_RETURN(MicroBatchPlan plan, PlanMicroBatches(in));
   job->train.micro_batches = plan.micro_batches;
