@@ -256,7 +256,7 @@ publish_dtype: bf16
 YAML
   } > "$dir/job.yaml"
   EPS_JOB="bench$$$name"; EPS_NAME=$name
-  "$BIN/l2l-eps" --job "$dir/job.yaml" --state-dir "$dir/eps" --workers 1 --job-id "$EPS_JOB" \
+  "$BIN/l2l-eps" --job "$dir/job.yaml" --state-dir "$dir/eps" --workers 1 --job-id "$EPS_JOB" --allow-data "$WORK" \
       > "$dir/eps.log" 2>&1 &
   EPS_PID=$!; pids+=("$EPS_PID"); EPS_LIVE="$dir/eps"
   local start_limit; start_limit=$(limit_for "$EPS_START_TIMEOUT"); ((start_limit > 0)) || start_limit=20
