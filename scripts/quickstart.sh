@@ -15,7 +15,7 @@
 #      the run.
 # The setup and build steps write their output to OUT_DIR/setup.log and OUT_DIR/build.log
 # (the path is printed; on failure the log's tail is shown), and only the programs the
-# quickstart runs are built (not the tests or the CUDA emulator).
+# quickstart runs are built, and `l2l` (not the tests or the CUDA emulator).
 # About 10-15 minutes on 2 cores after the build. `scripts/quickstart.sh --toy` runs the old
 # demo instead: a byte-level GPT trained from scratch (scripts/quickstart_toy.sh).
 #
@@ -51,7 +51,7 @@ quiet() {
 }
 if [ "${L2L_SKIP_SETUP:-0}" != 1 ]; then quiet "installing Debian packages" "$OUT_DIR/setup.log" bash scripts/setup.sh; fi
 quiet "building l2l" "$OUT_DIR/build.log" env L2L_BUILD_DIR="$BUILD_DIR" \
-  L2L_BUILD_TARGETS="l2l-eps l2l-worker l2lctl l2l-tokenize l2l-eval l2l-sample" bash scripts/build.sh
+  L2L_BUILD_TARGETS="l2l l2l-eps l2l-worker l2lctl l2l-tokenize l2l-eval l2l-sample" bash scripts/build.sh
 GGUF=$(bash scripts/fetch_models.sh smollm2)
 echo "quickstart: model $GGUF"
 
