@@ -135,8 +135,11 @@ Result<RunResult> RunJob(const RunOptions& o) {
   Say(o, std::string(o.resume ? "resuming" : "starting") + " l2l-eps (log " + eps_log + ")");
   Result<std::string> addr = WaitForPort(*eps, state, eps_log);
   if (!addr.ok()) {
-    result.end = g_interrupts > 0 ? RunResult::End::kInterrupted : RunResult::End::kFailed;
-    return addr.status();
+    if (g_interrupts == 0) return addr.status();
+    eps->Stop();  // interrupted while it started: nothing to checkpoint yet
+    result.end = RunResult::End::kInterrupted;
+    result.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    return result;
   }
   std::vector<std::unique_ptr<ChildProcess>> workers;
   std::vector<std::string> worker_logs;

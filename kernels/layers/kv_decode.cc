@@ -56,7 +56,8 @@ Result<std::unique_ptr<KvDecoder>> KvDecoder::Create(Backend* be, const ModelSpe
 Status KvDecoder::Init() {
   const int64_t S = max_len_, C = spec_.d_model, NH = spec_.n_head;
   const int64_t KW = spec_.kv_heads() * spec_.head_dim();
-  L2L_ASSIGN_OR_RETURN(LayerWorkspace ws, LayerWorkspace::Create(be_, spec_, 1, S));
+  // The head only ever sees one row (the last position), so one row of logits.
+  L2L_ASSIGN_OR_RETURN(LayerWorkspace ws, LayerWorkspace::Create(be_, spec_, 1, S, /*head_rows=*/1));
   ws_ = std::make_unique<LayerWorkspace>(std::move(ws));
   auto alloc = [&](DeviceBuffer* b, size_t bytes) -> Status {
     L2L_ASSIGN_OR_RETURN(*b, DeviceBuffer::Create(be_, bytes));

@@ -18,7 +18,8 @@
 // order); tests/kernels/kv_decode_test.cc holds the bound.
 //
 // Memory: 2 x n_layer x max_len x n_kv_heads x head_dim floats of cache, one layer
-// workspace for (1, max_len), two (max_len, C) activation buffers, all on the backend
+// workspace for (1, max_len) with one row of head logits, two (max_len, C) activation
+// buffers, all on the backend
 // (max_len: the longest context asked for, at most seq_len).
 // Ownership: borrows the backend and the weights (device pointers, valid for its life).
 // Thread-safety: one thread.
