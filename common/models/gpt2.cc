@@ -172,6 +172,7 @@ const FamilyInfo& Gpt2Family() {
       .to_hf_config = &ToHfConfig,
       // Non-parameter attention buffers (causal masks) in older hub checkpoints.
       .hf_ignored_suffixes = {".attn.bias", ".attn.masked_bias"},
+      .hf_weights_in_out = true,  // Conv1D
   };
   return kInfo;
 }

@@ -72,6 +72,10 @@ struct FamilyInfo {
   // Tensors (our names) a headless checkpoint may hold that the chosen head does not use
   // (BERT's pooler under a masked-LM head): skipped on import, as transformers does.
   std::vector<std::string> hf_unused_base_tensors = {};
+  // The family's Hugging Face linear weights are stored (in, out) (GPT-2's Conv1D) rather
+  // than torch.nn.Linear's (out, in): a LoRA delta B A (out, in) is added transposed, and
+  // PEFT adapters of it say fan_in_fan_out: true.
+  bool hf_weights_in_out = false;
   // An encoder (bidirectional attention, token types and a padding mask; masked-LM or
   // classification tasks, no next-token task): BERT. Decoders are causal LMs.
   bool encoder = false;

@@ -1,0 +1,81 @@
+// A LoRA adapter as plain data, and merging it into a model's weights.
+//
+// An adapter is a set of low-rank updates of linear weights: for a module with base weight
+// W (out, in), delta W = scale * B A with A (r, in), B (out, r) and scale = alpha / r
+// (alpha / sqrt(r) with rsLoRA). Modules are named as Hugging Face names them in the
+// *ForCausalLM model ("model.layers.3.self_attn.q_proj", "transformer.h.0.attn.c_attn"),
+// the names PEFT's adapter files use after "base_model.model.". The writers
+// (peft_adapter.h, gguf_lora.h) and the reader (peft_adapter.h) speak this struct, so the
+// LoRA core hands its trained A and B over as is.
+//
+// Merging: l2l's layers hold each linear weight in the family's Hugging Face orientation
+// ((out, in) for torch.nn.Linear; (in, out) for GPT-2's Conv1D, FamilyInfo::
+// hf_weights_in_out), so W += scale * B A, or its transpose, is added in place to a layer's
+// flat fp32 buffer (BuildLayout order). MatchLoraToModel checks an adapter against a model
+// before anything is merged: every module a 2-D weight of the model with the adapter's
+// (out, in), errors naming the module, its shapes and the model's.
+//
+// Thread-safety: plain values and free functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/model_spec.h"
+#include "common/status.h"
+
+namespace l2l::formats {
+
+struct LoraModuleWeights {
+  std::string module;  // "model.layers.3.self_attn.q_proj"
+  int64_t in = 0;      // the base linear's input features
+  int64_t out = 0;     // and output features
+  std::vector<float> a;  // (r, in) row-major: PEFT's lora_A.weight
+  std::vector<float> b;  // (out, r) row-major: PEFT's lora_B.weight
+};
+
+struct LoraAdapter {
+  int64_t r = 0;                            // rank
+  double alpha = 0;                         // lora_alpha
+  bool use_rslora = false;                  // scale alpha / sqrt(r) instead of alpha / r
+  double dropout = 0;                       // lora_dropout (training only; recorded)
+  std::vector<std::string> target_modules;  // PEFT's target_modules: "q_proj", "v_proj", ...
+  std::string base_model;                   // base_model_name_or_path ("" when unknown)
+  ModelFamily family = ModelFamily::kLlama;  // the base model's family (writers need it)
+  std::vector<LoraModuleWeights> modules;
+
+  double scale() const;  // alpha / r, or alpha / sqrt(r) with use_rslora
+};
+
+// r > 0, finite alpha, dropout in [0, 1), at least one module, unique non-empty module
+// names, in/out > 0, a.size() == r*in, b.size() == r*out, finite values.
+Status ValidateLoraAdapter(const LoraAdapter& adapter);
+
+// The Hugging Face module name of one of spec's 2-D weights: "layers.3.self_attn.q_proj.weight"
+// -> "model.layers.3.self_attn.q_proj" (the family's hf_base_prefix; "lm_head" for the
+// untied head).
+std::string HfModuleName(const ModelSpec& spec, const ParamInfo& param);
+
+// Where a module lives in a model.
+struct LoraTarget {
+  int64_t layer = 0;               // index into the layout
+  const ParamInfo* param = nullptr;  // a 2-D weight of layout[layer] (points into `layout`)
+};
+
+// One target per adapter.modules entry, in its order. Errors (InvalidArgument, naming the
+// module): a module that is no 2-D weight of the model (the message lists a few module
+// names the model has), or whose (out, in) differs from the weight's.
+Result<std::vector<LoraTarget>> MatchLoraToModel(const ModelSpec& spec, const std::vector<LayerLayout>& layout,
+                                                 const LoraAdapter& adapter);
+
+// W += scale * B A for every module of `adapter` in layer `layer` (layout[layer].numel
+// floats at `data`, fp32; the product accumulated in double). The adapter is matched
+// against the model first (MatchLoraToModel's errors).
+Status MergeLoraIntoLayer(const ModelSpec& spec, const std::vector<LayerLayout>& layout, const LoraAdapter& adapter,
+                          int64_t layer, float* data);
+
+// The same for a whole model held as one buffer per layer (BuildLayout order).
+Status MergeLoraIntoModel(const ModelSpec& spec, const LoraAdapter& adapter, std::vector<std::vector<float>>* layers);
+
+}  // namespace l2l::formats
