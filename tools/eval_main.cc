@@ -1,5 +1,6 @@
 // l2l-eval: loss and perplexity of a model on a tokens file, on the CPU backend.
 //   l2l-eval --model PATH | --checkpoint DIR --data TOKENS [--tokens N] [--context T] [--batch B]
+//            [--adapter DIR]
 // PATH is a Hugging Face dir, a GGUF file or an l2l safetensors file (a checkpoint also
 // works there); DIR a checkpoint directory or root. The first N tokens of the file (all
 // by default) are cut into in-order, non-overlapping windows of T+1 tokens starting at
@@ -8,6 +9,8 @@
 // within the window. The loss is the mean cross-entropy over every scored target (a
 // "<TOKENS>.mask" loss mask, when present, leaves out targets whose mask byte is 0);
 // perplexity = exp(loss). One output line; errors are one line naming what is wrong.
+// --adapter DIR merges a PEFT LoRA adapter directory into the weights first (fp32,
+// W += (alpha / r) B A; tools/inference_model.h ApplyAdapter).
 //
 // Encoder (BERT) models read classification rows instead (common/formats/rows_file.h: TOKENS,
 // TOKENS.types, TOKENS.attn, TOKENS.labels; l2l-tokenize --task classify | mlm):
@@ -43,7 +46,7 @@ namespace t = l2l::tools;
 namespace w = l2l::worker;
 
 struct Flags {
-  std::string model, checkpoint, data;
+  std::string model, checkpoint, data, adapter;
   int64_t tokens = 0, context = 0, batch = 4, rows = 0;
   uint64_t seed = 1234;
   l2l::MlmConfig mlm;
@@ -137,6 +140,7 @@ l2l::Status Run(const Flags& f) {
       f.model.empty() ? t::LoadCheckpointModel(f.checkpoint) : t::LoadInferenceModel(f.model, f.head);
   if (!loaded.ok()) return loaded.status();
   t::InferenceModel m = std::move(*loaded);
+  if (!f.adapter.empty()) L2L_RETURN_IF_ERROR(t::ApplyAdapter(&m, f.adapter));
   if (l2l::models::IsEncoder(m.spec)) return RunEncoder(f, std::move(m));
   const int64_t seq_len = m.spec.seq_len, V = m.spec.vocab_size;
   if (f.context > seq_len) {
@@ -178,6 +182,7 @@ int main(int argc, char** argv) {
   mo->excludes(co);
   app.add_option("--data", f.data, "tokens file (l2l-tokenize; TOKENS.mask is honoured), or rows files for a BERT model")
       ->required();
+  app.add_option("--adapter", f.adapter, "PEFT LoRA adapter directory merged into the model's weights");
   app.add_option("--tokens", f.tokens, "evaluate the first N tokens (0: all)")->check(CLI::NonNegativeNumber);
   app.add_option("--context", f.context, "window length T (default min(seq_len, 1024))")
       ->check(CLI::NonNegativeNumber);

@@ -10,7 +10,9 @@
 #include <filesystem>
 
 #include "common/config.h"
+#include "common/formats/lora_adapter.h"
 #include "common/formats/model_io.h"
+#include "common/formats/peft_adapter.h"
 #include "common/pretrained/pretrained.h"
 #include "eps_server/checkpoint.h"
 #include "tokenizer/load.h"
@@ -142,6 +144,15 @@ Result<InferenceModel> LoadInferenceModel(const std::string& path, const Pretrai
   return m;
 }
 
+Status ApplyAdapter(InferenceModel* m, const std::string& dir) {
+  Result<formats::LoraAdapter> adapter = formats::ReadPeftAdapter(dir);
+  if (!adapter.ok()) return adapter.status().WithContext("--adapter");
+  Status s = formats::MergeLoraIntoModel(m->spec, *adapter, &m->layers);
+  if (!s.ok()) return s.WithContext("--adapter " + dir + " on " + DescribeModel(*m));
+  m->adapter = dir;
+  return Status::Ok();
+}
+
 Result<std::unique_ptr<worker::ReferenceTrainer>> CreateInferenceTrainer(InferenceModel* m) {
   JobConfig cfg;
   cfg.model = m->spec;
@@ -158,6 +169,7 @@ Result<std::unique_ptr<worker::ReferenceTrainer>> CreateInferenceTrainer(Inferen
 std::string DescribeModel(const InferenceModel& m) {
   std::string s = std::string(ModelSourceKindName(m.kind)) + " " + m.path;
   if (m.step >= 0) s += " (step " + std::to_string(m.step) + ")";
+  if (!m.adapter.empty()) s += " + adapter " + m.adapter;
   return s;
 }
 

@@ -34,6 +34,7 @@ struct InferenceModel {
   std::string path;            // the model as resolved (for a checkpoint: its step directory)
   std::string tokenizer_path;  // model dir, tokenizer.json or GGUF; "" when none is known
   int64_t step = -1;           // a checkpoint's optimizer step; -1 otherwise
+  std::string adapter;         // a LoRA adapter merged into `layers` (ApplyAdapter); "" = none
 };
 
 // Detects the kind of `path` (directory with manifest.json or `latest`: checkpoint;
@@ -45,11 +46,17 @@ Result<InferenceModel> LoadInferenceModel(const std::string& path, const Pretrai
 // A checkpoint directory or checkpoint root only.
 Result<InferenceModel> LoadCheckpointModel(const std::string& path);
 
+// Reads the PEFT LoRA adapter directory `dir` (common/formats/peft_adapter.h) and merges it
+// into m's fp32 weights: W += scale * B A for every module (l2l-eval / l2l-sample
+// --adapter). An adapter that does not fit the model (a module name it lacks, other
+// shapes) fails before any weight changes, naming the module, and the adapter dir.
+Status ApplyAdapter(InferenceModel* m, const std::string& dir);
+
 // A CPU ReferenceTrainer over m's weights (moved out of m->layers), used for its forward
 // pass only (Evaluate, Probs).
 Result<std::unique_ptr<worker::ReferenceTrainer>> CreateInferenceTrainer(InferenceModel* m);
 
-// "hf PATH", "checkpoint DIR (step N)", ... for messages.
+// "hf PATH", "checkpoint DIR (step N)", "... + adapter DIR", ... for messages.
 std::string DescribeModel(const InferenceModel& m);
 
 }  // namespace l2l::tools

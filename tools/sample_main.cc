@@ -1,11 +1,14 @@
 // l2l-sample: generates text from a model on the CPU backend.
 //   l2l-sample MODEL [--tokenizer PATH] [--prompt TEXT | --prompt-ids I,J,...] [--tokens N]
 //              [--temperature T] [--top-k K] [--top-p P] [--seed S] [--ignore-eos] [--ids]
+//              [--adapter DIR]
 // MODEL is a Hugging Face dir, a GGUF file, a checkpoint directory or root, or an l2l
 // safetensors file (tools/inference_model.h). Text is encoded and decoded with the model's
 // tokenizer: --tokenizer when given, else the model path itself (HF dir, GGUF) or the
 // checkpoint job's imported_from; a model without one uses the byte-level tokenizer when
 // its vocabulary is 256 and otherwise needs --prompt-ids (the sample is then ids only).
+// --adapter DIR merges a PEFT LoRA adapter directory into the weights first (fp32;
+// tools/inference_model.h ApplyAdapter); the tokenizer stays the model's.
 // Generation stops at the tokenizer's EOS id (unless --ignore-eos). --temperature 0 is
 // greedy. --ids also prints the prompt and generated token ids, one line each.
 // Decoders sample with a key/value cache (kernels/layers/kv_decode.h: the prompt once, then
@@ -33,7 +36,7 @@ namespace t = l2l::tools;
 namespace w = l2l::worker;
 
 struct Flags {
-  std::string model, tokenizer, prompt = "The ", prompt_ids;
+  std::string model, tokenizer, prompt = "The ", prompt_ids, adapter;
   int64_t tokens = 200, top_k = 40;
   float temperature = 0.8f, top_p = 1.0f;
   uint64_t seed = 1;
@@ -89,6 +92,7 @@ std::string JoinIds(const std::vector<int32_t>& ids, size_t from) {
 
 l2l::Status Run(const Flags& f) {
   L2L_ASSIGN_OR_RETURN(t::InferenceModel m, t::LoadInferenceModel(f.model));
+  if (!f.adapter.empty()) L2L_RETURN_IF_ERROR(t::ApplyAdapter(&m, f.adapter));
   const int64_t V = m.spec.vocab_size;
   const std::string tok_path = !f.tokenizer.empty() ? f.tokenizer : m.tokenizer_path;
   std::optional<l2l::tok::Tokenizer> tok;
@@ -173,6 +177,7 @@ int main(int argc, char** argv) {
   Flags f;
   app.add_option("model", f.model, "Hugging Face dir, GGUF file, checkpoint dir/root or l2l safetensors")
       ->required();
+  app.add_option("--adapter", f.adapter, "PEFT LoRA adapter directory merged into the model's weights");
   app.add_option("--tokenizer", f.tokenizer, "model dir, tokenizer.json or GGUF (default: the model's own)");
   auto* po = app.add_option("--prompt", f.prompt, "text the sample starts from")->capture_default_str();
   app.add_option("--prompt-ids", f.prompt_ids, "comma-separated token ids the sample starts from")->excludes(po);

@@ -33,3 +33,10 @@ add_test(NAME tools.bert_finetune
          COMMAND bash -c
                  "set -e; rm -rf '${CMAKE_CURRENT_BINARY_DIR}/bert_finetune'; BERT_DEMO_STEPS=30 BERT_DEMO_OUT='${CMAKE_CURRENT_BINARY_DIR}/bert_finetune' L2L_BUILD_DIR='${CMAKE_BINARY_DIR}' bash '${CMAKE_SOURCE_DIR}/scripts/finetune_bert_demo.sh'")
 set_tests_properties(tools.bert_finetune PROPERTIES LABELS "integration;oracle" TIMEOUT 1800)
+# tools.adapter: l2l-eval / l2l-sample --adapter DIR (a PEFT LoRA adapter saved by peft
+# 0.13.2 itself on tiny random Llama and GPT-2 models) against peft's merge_and_unload
+# saved as a Hugging Face dir: loss rel <= 1e-5 (against l2l-eval of the merged dir and
+# transformers on it), equal greedy ids, mismatched adapters refused naming the module.
+l2l_add_oracle_test(tools.adapter SCRIPT tools/adapter_oracle.py WORKDIR tools_adapter
+                    ARGS "'$<TARGET_FILE_DIR:l2l-eval>'" @WORKDIR@
+                    LABELS unit oracle TIMEOUT 600)
