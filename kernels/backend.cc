@@ -53,6 +53,10 @@ Result<std::vector<std::unique_ptr<DeviceCollective>>> CreateDeviceCollectives(
 #endif
 }
 
+Status Backend::DequantizeBlocks(float*, const void*, QuantFormat format, int64_t) {
+  return Unimplemented(name() + " has no DequantizeBlocks (" + ToString(format) + ")");
+}
+
 // ---- asynchronous transfers: defaults for backends without them (the CPU backend) -------
 
 Result<std::unique_ptr<CopyQueue>> Backend::CreateCopyQueue() {

@@ -37,6 +37,7 @@
 
 #include "common/adamw.h"
 #include "common/dtype.h"
+#include "common/quant_blocks.h"
 #include "common/status.h"
 
 namespace l2l::kernels {
@@ -351,6 +352,18 @@ class Backend {
   virtual void AttentionBackwardMasked(float* dqkv, float* scratch, const float* dout,
                                        const float* qkv, const float* att, int64_t B, int64_t T,
                                        int64_t C, int64_t NH);
+
+  // ---- quantized weights (a LoRA job's frozen base; common/quant_blocks.h) ------------
+  // out (n) fp32 = blocks dequantized: n / block_elems whole blocks of `format`
+  // (QuantizedBytes(format, n) bytes), both device memory of this backend; bit-equal to
+  // common/quant_blocks.h Dequantize on every backend. A run of whole blocks is
+  // self-contained, so a caller may dequantize a whole layer (a scratch of the layer's
+  // floats: 4 bytes per parameter beside its 0.5625 (NF4, Q4_0) or 1.0625 (Q8_0)) or only
+  // the rows one GEMM tile reads (blocks + first_block * block_bytes, when a row's length
+  // is a multiple of the block size) into a scratch of the tile's floats. An exception
+  // to "ops do not fail": InvalidArgument when n is not whole blocks, UNIMPLEMENTED on a
+  // backend without the op (the default).
+  virtual Status DequantizeBlocks(float* out, const void* blocks, QuantFormat format, int64_t n);
 
   // ---- asynchronous transfers (optional; see the header comment) ----------------------
   // True when CreateCopyQueue/CreateEvent work (and PinHostRange may).

@@ -157,6 +157,19 @@ void CpuBackend::Scale(float* x, float alpha, int64_t n) {
   });
 }
 
+Status CpuBackend::DequantizeBlocks(float* out, const void* blocks, QuantFormat format, int64_t n) {
+  L2L_RETURN_IF_ERROR(QuantizedBytes(format, n).status());
+  const QuantFormatInfo info = Info(format);
+  const auto* in = static_cast<const uint8_t*>(blocks);
+  InArena([&] {
+    ParallelFor(n / info.block_elems, RowGrain(info.block_elems), [&](int64_t b0, int64_t b1) {
+      Dequantize(format, in + b0 * info.block_bytes, (b1 - b0) * info.block_elems, out + b0 * info.block_elems)
+          .IgnoreError();  // whole blocks: cannot fail
+    });
+  });
+  return Status::Ok();
+}
+
 void CpuBackend::GeluForward(float* out, const float* inp, int64_t n) {
   InArena([&] {
     ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) {

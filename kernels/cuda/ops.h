@@ -46,6 +46,14 @@ void LaunchCrossEntropyBackward(float* dlogits, const float* probs, const int32_
 void LaunchCastF32ToBf16(uint16_t* dst, const float* src, int64_t n, cudaStream_t s);
 void LaunchCastBf16ToF32(float* dst, const uint16_t* src, int64_t n, cudaStream_t s);
 
+// ---- quant.cu: common/quant_blocks.h's block formats (the same layouts; this header does
+// not include it: .cu files are nvcc C++17). Dequantized bit-equal to its CPU code (one
+// fp32 multiply per element).
+enum class BlockFormat { kNf4, kQ4_0, kQ8_0 };
+// out (n) = blocks dequantized; REQUIRES: n a multiple of the format's block size (64
+// NF4, 32 Q4_0 / Q8_0).
+void LaunchDequantizeBlocks(float* out, const uint8_t* blocks, BlockFormat format, int64_t n, cudaStream_t s);
+
 // ---- reduce.cu -------------------------------------------------------------------
 // Deterministic column sums: `groups` blocks of rows each write a partial row of sums to
 // `scratch` (groups, cols), then one pass adds the partials in a fixed order. This says
