@@ -151,7 +151,10 @@ Result<LoraAdapter> ReadPeftAdapter(const std::string& dir) {
   std::map<std::string, size_t> index;  // module -> position in adapter.modules
   auto module_of = [&](const std::string& module) -> LoraModuleWeights& {
     auto [it, fresh] = index.emplace(module, adapter.modules.size());
-    if (fresh) adapter.modules.push_back(LoraModuleWeights{module});
+    if (fresh) {
+      adapter.modules.emplace_back();
+      adapter.modules.back().module = module;
+    }
     return adapter.modules[it->second];
   };
   for (const SafeTensorInfo& t : st.tensors()) {
