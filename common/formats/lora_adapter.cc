@@ -151,4 +151,15 @@ Status MergeLoraIntoModel(const ModelSpec& spec, const LoraAdapter& adapter, std
   return Status::Ok();
 }
 
+Result<LayerReader> MergedLayerReader(const ModelSpec& spec, LayerReader read,
+                                      std::shared_ptr<const LoraAdapter> adapter) {
+  auto layout = std::make_shared<const std::vector<LayerLayout>>(BuildLayout(spec));
+  L2L_RETURN_IF_ERROR(ValidateLoraAdapter(*adapter));
+  L2L_RETURN_IF_ERROR(MatchLoraToModel(spec, *layout, *adapter).status());
+  return LayerReader([spec, read = std::move(read), adapter = std::move(adapter), layout](int64_t l, float* out) {
+    L2L_RETURN_IF_ERROR(read(l, out));
+    return MergeLoraIntoLayer(spec, *layout, *adapter, l, out);
+  });
+}
+
 }  // namespace l2l::formats

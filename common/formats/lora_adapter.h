@@ -19,6 +19,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -77,5 +79,13 @@ Status MergeLoraIntoLayer(const ModelSpec& spec, const std::vector<LayerLayout>&
 
 // The same for a whole model held as one buffer per layer (BuildLayout order).
 Status MergeLoraIntoModel(const ModelSpec& spec, const LoraAdapter& adapter, std::vector<std::vector<float>>* layers);
+
+// A layer reader (the shape of common/pretrained's LayerSource: fill layer l's
+// layout-numel floats) that returns `read`'s layer with `adapter` merged in: ExportHf /
+// ExportGguf of it write the merged model (l2lctl export --merge). The adapter is matched
+// against spec here, so a misfit fails before any layer is read.
+using LayerReader = std::function<Status(int64_t layer, float* out)>;
+Result<LayerReader> MergedLayerReader(const ModelSpec& spec, LayerReader read,
+                                      std::shared_ptr<const LoraAdapter> adapter);
 
 }  // namespace l2l::formats

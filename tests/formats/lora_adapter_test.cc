@@ -233,6 +233,20 @@ TEST_CASE("Merging adds scale * B A to the weight, transposed for Conv1D", "[for
       for (float v : l) changed += v != 1.0f;
     }
     CHECK(changed <= static_cast<size_t>(m.out * m.in));
+    // The same through a layer reader (what an export with --merge pulls).
+    Result<LayerReader> merged = MergedLayerReader(
+        spec,
+        [&](int64_t l, float* out) {
+          std::fill(out, out + layout[static_cast<size_t>(l)].numel, 1.0f);
+          return Status::Ok();
+        },
+        std::make_shared<const LoraAdapter>(a));
+    REQUIRE(merged.ok());
+    for (size_t l = 0; l < layout.size(); ++l) {
+      std::vector<float> got(layout[l].numel);
+      REQUIRE((*merged)(static_cast<int64_t>(l), got.data()).ok());
+      CHECK(got == layers[l]);
+    }
   }
 }
 
