@@ -259,7 +259,7 @@ void QuantizeQ5_0(const float* x, uint8_t* blocks, size_t n) {
     for (int j = 0; j < 32; ++j) {
       const double v = static_cast<double>(xb[j]) * static_cast<double>(id) + 16.5;
       const float t = std::trunc(static_cast<float>(v));
-      q[j] = static_cast<uint8_t>(std::clamp(static_cast<int>(t), 0, 31));
+      q[j] = !(t >= 0.0f) ? 0 : t >= 31.0f ? 31 : static_cast<uint8_t>(t);  // NaN -> 0, never UB
     }
     uint32_t qh = 0;
     for (int j = 0; j < 16; ++j) {

@@ -204,7 +204,8 @@ def random_blocks(rng, qt, n_blocks):
     b = rng.integers(0, 256, size=(n_blocks, ts), dtype=np.uint8)
     if qt == QT.Q8_K:
         d = (rng.standard_normal(n_blocks) * 0.01).astype(np.float32)
-        d[2:6] = np.array([1e-40, -3e-42, -0.0, 3.0e30], np.float32)  # fp32 subnormals, -0, large
+        k = max(0, min(4, n_blocks - 2))
+        d[2:2 + k] = np.array([1e-40, -3e-42, -0.0, 3.0e30], np.float32)[:k]  # fp32 subnormals, -0, large
         b[:, :4] = d.view(np.uint8).reshape(n_blocks, 4)
     else:
         special = np.array([0x0001, 0x03ff, 0x8001, 0x8200, 0x0000, 0x8000, 0x7bff, 0xfbff, 0x0400, 0x3c00],

@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/formats/gguf.h"
+#include "common/formats/gguf_recipe.h"
 #include "common/formats/gguf_writer.h"
 #include "tests/common/temp_dir.h"
 #include "tests/testing/scoped_env.h"
@@ -534,6 +535,47 @@ TEST_CASE("GGUF metadata arrays are bounded by their in-memory size: per file by
                                     limit + "-byte limit", std::string("L2L_MAX_FILE_BYTES")}) {
       CHECK(capped.status().message().find(part) != std::string::npos);
     }
+  }
+}
+
+TEST_CASE("The Q4_K_M mix gives each tensor llama.cpp's type (llama-quant.cpp, Q4_K_M, no imatrix)",
+          "[formats][gguf]") {
+  // 8 layers: use_more_bits picks 0 and 7 (first / last eighth) and 3, 6 ((i - 1) % 3 == 2).
+  std::vector<int64_t> more;
+  for (int64_t i = 0; i < 8; ++i) {
+    if (UseMoreBits(i, 8)) more.push_back(i);
+  }
+  CHECK(more == std::vector<int64_t>{0, 3, 6, 7});
+  // 30 layers (SmolLM2-135M): 0-2, 26-29 and 5, 8, ..., 23: 14 layers.
+  int n30 = 0;
+  for (int64_t i = 0; i < 30; ++i) n30 += UseMoreBits(i, 30) ? 1 : 0;
+  CHECK(n30 == 14);
+  struct Case {
+    const char* name;
+    std::vector<int64_t> shape;
+    bool has_output;
+    GgmlType want;
+  };
+  const std::vector<Case> cases = {
+      {"output.weight", {1000, 512}, true, GgmlType::kQ6_K},
+      {"output.weight", {1000, 576}, true, GgmlType::kQ8_0},      // rows not whole super-blocks
+      {"token_embd.weight", {1000, 512}, true, GgmlType::kQ4_K},  // untied: an ordinary weight
+      {"token_embd.weight", {1000, 512}, false, GgmlType::kQ6_K}, // tied: it is the output
+      {"token_embd.weight", {1000, 576}, false, GgmlType::kQ8_0},
+      {"blk.3.attn_v.weight", {128, 512}, true, GgmlType::kQ6_K},
+      {"blk.2.attn_v.weight", {128, 512}, true, GgmlType::kQ4_K},
+      {"blk.7.ffn_down.weight", {512, 1024}, true, GgmlType::kQ6_K},
+      {"blk.6.ffn_down.weight", {512, 576}, true, GgmlType::kQ8_0},  // Q6_K's fallback
+      {"blk.1.ffn_down.weight", {512, 576}, true, GgmlType::kQ5_0},  // Q4_K's fallback
+      {"blk.0.attn_q.weight", {512, 512}, true, GgmlType::kQ4_K},    // only attn_v / ffn_down get more
+      {"blk.0.ffn_up.weight", {64, 96}, true, GgmlType::kQ5_0},
+      {"blk.0.ffn_up.weight", {64, 40}, true, GgmlType::kF16},       // not even whole 32-blocks
+      {"blk.0.attn_norm.weight", {512}, true, GgmlType::kF32},
+      {"blk.0.attn_q.bias", {512}, true, GgmlType::kF32},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name << " row " << c.shape.back() << " has_output " << c.has_output);
+    CHECK(GgmlTypeName(Q4KMTensorType(c.name, c.shape, 8, c.has_output)) == std::string(GgmlTypeName(c.want)));
   }
 }
 
