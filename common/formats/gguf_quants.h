@@ -9,8 +9,11 @@
 //   Q4_K  y = (d * sc6) * q4 - (dmin * m6)           Q5_K as Q4_K with q5
 //   Q6_K  y = (d * (int8)sc) * (q6 - 32)             Q8_K y = d(fp32) * q8 (bsums unused)
 //   Q5_0  y = (q5 - 16) * d                          Q5_1 y = q5 * d + m
-// gguf_quants.cc is compiled with -ffp-contract=off (common/formats/CMakeLists.txt) so no
-// compiler fuses a product and a sum into one FMA rounding.
+// Every product before the last rounding step is exact in fp32 (an fp16 scale has 11
+// significant bits, the 6-8-bit sub-scales and the levels fit in the rest), so only the
+// final product or difference rounds and the grouping above cannot change a result; even
+// so gguf_quants.cc is compiled with -ffp-contract=off (common/formats/CMakeLists.txt), so
+// no compiler fuses a product and a sum into one FMA.
 //
 // Quantizers (for export): Q5_0 as ggml's quantize_row_q5_0_ref (the bytes gguf.quants
 // produces); Q4_K and Q6_K by llama.cpp's reference search, written from its description
