@@ -1,8 +1,11 @@
 // Tests for common/formats/gguf.h and gguf_writer.h against the `gguf` python package
 // (tests/formats/gguf_oracle.py): files written by GGUFWriter read with every metadata
-// type, dequantized values equal to gguf.quants.dequantize bit for bit, llama.cpp's q/k
-// permutation undone, files we write read back by GGUFReader with gguf's own quantizer's
-// bytes, and every malformed file rejected with a message naming the file and the tensor.
+// type, dequantized values equal to gguf.quants.dequantize bit for bit (F32 ... Q4_1 from
+// gguf's quantizer; Q5_0, Q5_1 and the K-quants from random blocks with edge-case scales),
+// llama.cpp's q/k permutation undone, files we write read back by GGUFReader with gguf's
+// own quantizer's bytes (Q4_K / Q6_K, which gguf cannot quantize: decoded as we decode
+// them, within stated error bounds), llama.cpp's Q4_K_M type choices, and every malformed
+// file rejected with a message naming the file and the tensor.
 #include <cmath>
 #include <cstring>
 #include <fstream>
