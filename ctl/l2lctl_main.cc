@@ -8,7 +8,7 @@
 //     watch [--steps N] [--timeout S] [--interval S]
 //                                    live progress (bar + ETA on a TTY, plain lines otherwise)
 //     checkpoint [--dir DIR]         durable checkpoint now (or at the step boundary)
-//     export [--format safetensors|hf|gguf] [--dtype f32|bf16|q8_0] [--max-shard-size SIZE] PATH
+//     export [--format safetensors|hf|gguf] [--dtype f32|bf16|f16|q8_0|q4_k_m] [--max-shard-size SIZE] PATH
 //                                        weights: one safetensors file, a Hugging Face
 //                                        directory (from_pretrained; sharded above SIZE,
 //                                        default 5GB, as transformers' max_shard_size:
@@ -546,8 +546,10 @@ int main(int argc, char** argv) {
   exp->add_option("--format", format,
                   "safetensors (one file, l2l metadata), hf (a from_pretrained directory) or gguf (Llama family)")
       ->check(CLI::IsMember({"safetensors", "hf", "gguf"}));
-  exp->add_option("--dtype", export_dtype, "f32 (default) or bf16; gguf also q8_0")
-      ->check(CLI::IsMember({"f32", "bf16", "q8_0"}));
+  exp->add_option("--dtype,--type", export_dtype,
+                  "f32 (default) or bf16; gguf also f16, q8_0 and q4_k_m (llama.cpp's Q4_K_M mix: Q4_K, Q6_K for "
+                  "output and some attn_v/ffn_down, docs/finetune.md)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_k_m"}));
   exp->add_option("--max-shard-size", export_shard,
                   "hf: the largest safetensors shard, as transformers' max_shard_size (default 5GB; bytes, or "
                   "KB/MB/GB = 1000^n, KiB/MiB/GiB = 1024^n); above it the weights are sharded with "

@@ -493,15 +493,16 @@ class ControlService final : public control::Control::Service {
     return grpc::Status::OK;
   }
 
-  // The Export request's format and dtype, parsed once. dtype "" is f32; q8_0 is for
-  // gguf only. `type` holds all three dtypes (GGUF's names); the other formats take its
-  // DType.
+  // The Export request's format and dtype, parsed once. dtype "" is f32; f16, q8_0 and
+  // q4_k_m (llama.cpp's mix) are for gguf only. `type` holds the GGUF type (GGUF's names);
+  // the other formats take its DType.
   enum class ExportFormat { kSafetensors, kHf, kGguf };
   static constexpr std::pair<ExportFormat, const char*> kExportFormats[] = {
       {ExportFormat::kSafetensors, "safetensors"}, {ExportFormat::kHf, "hf"}, {ExportFormat::kGguf, "gguf"}};
   struct ExportChoice {
     ExportFormat format = ExportFormat::kSafetensors;
-    formats::GgmlType type = formats::GgmlType::kF32;  // kF32, kBF16 or (gguf) kQ8_0
+    formats::GgmlType type = formats::GgmlType::kF32;  // kF32, kBF16 or (gguf) kF16, kQ8_0
+    bool q4_k_m = false;                                // gguf: the Q4_K_M mix (type unused)
     int64_t max_shard_bytes = 0;                        // hf; 0 = HfExportOptions' default
     DType dtype() const { return type == formats::GgmlType::kBF16 ? DType::kBF16 : DType::kF32; }
   };
@@ -525,9 +526,17 @@ class ControlService final : public control::Control::Service {
       c.type = formats::GgmlType::kQ8_0;
       return c;
     }
+    if (gguf && d == "f16") {
+      c.type = formats::GgmlType::kF16;
+      return c;
+    }
+    if (gguf && d == "q4_k_m") {
+      c.q4_k_m = true;
+      return c;
+    }
     const Result<DType> dt = ParseDType(d);
     if (!dt.ok() || (*dt != DType::kF32 && *dt != DType::kBF16)) {
-      return InvalidArgument("dtype '" + d + "' must be f32 or bf16" + (gguf ? " or q8_0" : ""));
+      return InvalidArgument("dtype '" + d + "' must be f32 or bf16" + (gguf ? ", f16, q8_0 or q4_k_m" : ""));
     }
     c.type = *dt == DType::kBF16 ? formats::GgmlType::kBF16 : formats::GgmlType::kF32;
     return c;
@@ -586,6 +595,7 @@ class ControlService final : public control::Control::Service {
           }
           GgufExportOptions o;
           o.type = choice.type;
+          o.q4_k_m = choice.q4_k_m;
           o.imported_from = job.imported_from;
           o.name = "l2l step " + std::to_string(step);
           o.metadata = tokenizer_md;

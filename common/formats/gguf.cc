@@ -10,6 +10,7 @@
 
 #include "common/dtype.h"
 #include "common/file_util.h"
+#include "common/formats/gguf_quants.h"
 #include "common/formats/mapped_pages.h"
 
 namespace l2l::formats {
@@ -23,14 +24,17 @@ struct TraitsEntry {
   GgmlTypeTraits t;
 };
 // ggml's type table (ggml.c type_traits; gguf-py GGML_QUANT_SIZES).
+// What DequantizeToF32 converts (the types whose to_f32 is true), for error messages.
+constexpr const char* kReadableTypes = "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K";
+
 const TraitsEntry kTraits[] = {
     {0, {"F32", 1, 4, true}},          {1, {"F16", 1, 2, true}},
     {2, {"Q4_0", 32, 18, true}},       {3, {"Q4_1", 32, 20, true}},
-    {6, {"Q5_0", 32, 22, false}},      {7, {"Q5_1", 32, 24, false}},
+    {6, {"Q5_0", 32, 22, true}},       {7, {"Q5_1", 32, 24, true}},
     {8, {"Q8_0", 32, 34, true}},       {9, {"Q8_1", 32, 40, false}},
-    {10, {"Q2_K", 256, 84, false}},    {11, {"Q3_K", 256, 110, false}},
-    {12, {"Q4_K", 256, 144, false}},   {13, {"Q5_K", 256, 176, false}},
-    {14, {"Q6_K", 256, 210, false}},   {15, {"Q8_K", 256, 292, false}},
+    {10, {"Q2_K", 256, 84, true}},     {11, {"Q3_K", 256, 110, true}},
+    {12, {"Q4_K", 256, 144, true}},    {13, {"Q5_K", 256, 176, true}},
+    {14, {"Q6_K", 256, 210, true}},    {15, {"Q8_K", 256, 292, true}},
     {16, {"IQ2_XXS", 256, 66, false}}, {17, {"IQ2_XS", 256, 74, false}},
     {18, {"IQ3_XXS", 256, 98, false}}, {19, {"IQ1_S", 256, 50, false}},
     {20, {"IQ4_NL", 32, 18, false}},   {21, {"IQ3_S", 256, 110, false}},
@@ -546,7 +550,7 @@ Status GgufReader::ReadF32(const std::string& name, float* out, size_t n) const 
     return InvalidArgument(path() + ": tensor '" + name + "' has " + std::to_string(t->numel()) +
                            " elements (ne=" + NeText(t->ne) + "), the destination " + std::to_string(n));
   }
-  Status s = DequantizeToF32(t->type, Raw(*t).data(), out, n);
+  Status s = DequantizeToF32(t->type, Raw(*t), out, n);
   ReleaseMappedPages({file_.data(), file_.size()}, Raw(*t));
   if (!s.ok()) return s.WithContext(path() + ": tensor '" + name + "'");
   return s;
@@ -650,10 +654,49 @@ Status DequantizeToF32(uint32_t type, const uint8_t* data, float* out, size_t n)
     case GgmlType::kQ4_1:
       DequantizeQ4_1(data, out, n);
       return Status::Ok();
+    case GgmlType::kQ5_0:
+      DequantizeQ5_0(data, out, n);
+      return Status::Ok();
+    case GgmlType::kQ5_1:
+      DequantizeQ5_1(data, out, n);
+      return Status::Ok();
+    case GgmlType::kQ2_K:
+      DequantizeQ2_K(data, out, n);
+      return Status::Ok();
+    case GgmlType::kQ3_K:
+      DequantizeQ3_K(data, out, n);
+      return Status::Ok();
+    case GgmlType::kQ4_K:
+      DequantizeQ4_K(data, out, n);
+      return Status::Ok();
+    case GgmlType::kQ5_K:
+      DequantizeQ5_K(data, out, n);
+      return Status::Ok();
+    case GgmlType::kQ6_K:
+      DequantizeQ6_K(data, out, n);
+      return Status::Ok();
+    case GgmlType::kQ8_K:
+      DequantizeQ8_K(data, out, n);
+      return Status::Ok();
     default:
-      return Unimplemented(std::string("tensor type ") + tr->name +
-                           " cannot be read as fp32 (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)");
+      return Unimplemented(std::string("tensor type ") + tr->name + " cannot be read as fp32 (supported: " +
+                           kReadableTypes + ")");
   }
+}
+
+Status DequantizeToF32(uint32_t type, std::span<const uint8_t> data, float* out, size_t n) {
+  const auto tr = GgmlTraits(type);
+  if (!tr) return InvalidArgument("unknown ggml tensor type " + std::to_string(type));
+  if (n % tr->block_size != 0) {
+    return InvalidArgument(std::to_string(n) + " elements are not whole " + tr->name + " blocks");
+  }
+  const uint64_t want = static_cast<uint64_t>(n / tr->block_size) * tr->type_size;
+  if (data.size() != want) {
+    return DataLoss(std::string(tr->name) + ": " + std::to_string(n) + " elements take " + std::to_string(want) +
+                    " bytes (" + std::to_string(n / tr->block_size) + " blocks of " + std::to_string(tr->type_size) +
+                    "), the data holds " + std::to_string(data.size()));
+  }
+  return DequantizeToF32(type, data.data(), out, n);
 }
 
 // ---- Llama q/k permutation ------------------------------------------------------------

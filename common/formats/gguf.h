@@ -17,8 +17,11 @@
 // multiple of the block size, offsets aligned and inside the file, no duplicate names or
 // keys; metadata arrays bounded by their in-memory size before they are allocated (at most
 // 8x the file bytes after the array, and L2L_MAX_FILE_BYTES for all arrays of a file).
-// Every error names the file, and the key or tensor and the byte offset where there is one. Dequantization to fp32 follows ggml's reference (ggml-quants.c) for F32, F16,
-// BF16, Q8_0, Q4_0 and Q4_1; other ggml types are listed but fail when read as fp32.
+// Every error names the file, and the key or tensor and the byte offset where there is one.
+// Dequantization to fp32 follows ggml's reference (ggml-quants.c) bit for bit for F32, F16,
+// BF16, Q8_0, Q4_0, Q4_1 (here) and Q5_0, Q5_1, Q2_K..Q6_K, Q8_K (gguf_quants.h); the other
+// ggml types (IQ*, I8..I64, F64, the Q4_0_x_y repacks) are listed but fail when read as
+// fp32, naming the type and the tensor.
 //
 // Ownership: GgufReader owns its mapping; move-only. GgufValue is a value.
 // Thread-safety: a reader is immutable after Open() and can be read from any thread.
@@ -173,8 +176,11 @@ void DequantizeQ4_1(const uint8_t* blocks, float* out, size_t n);
 // (ties away from zero, computed as x * (1/d) in fp32).
 void QuantizeQ8_0(const float* x, uint8_t* blocks, size_t n);
 // Any supported type: n elements from `data` (numel elements of a tensor, ne[0] a
-// multiple of the block size). Unimplemented for types whose to_f32 is false.
+// multiple of the block size). Unimplemented for types whose to_f32 is false. The first
+// form trusts that data holds n / block_size blocks; the second checks data.size()
+// against that (DataLoss naming the type and both sizes).
 Status DequantizeToF32(uint32_t type, const uint8_t* data, float* out, size_t n);
+Status DequantizeToF32(uint32_t type, std::span<const uint8_t> data, float* out, size_t n);
 
 // ---- Llama's q/k row permutation -----------------------------------------------------
 // llama.cpp's convert_hf_to_gguf.py stores Llama-architecture attn_q / attn_k weights (and

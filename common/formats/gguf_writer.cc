@@ -8,6 +8,7 @@
 
 #include "common/dtype.h"
 #include "common/file_util.h"
+#include "common/formats/gguf_quants.h"
 
 namespace l2l::formats {
 namespace {
@@ -127,13 +128,19 @@ Status GgufWriter::AddTensor(GgufTensorToWrite t) {
     case GgmlType::kBF16:
       break;
     case GgmlType::kQ8_0:
-      if (t.shape.back() % 32 != 0) {
-        return InvalidArgument(where + ": Q8_0 needs rows of a multiple of 32 elements, got " +
-                               std::to_string(t.shape.back()));
+    case GgmlType::kQ5_0:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ6_K: {
+      const uint32_t block = GgmlTraits(static_cast<uint32_t>(t.type))->block_size;
+      if (t.shape.back() % block != 0) {
+        return InvalidArgument(where + ": " + GgmlTypeName(t.type) + " needs rows of a multiple of " +
+                               std::to_string(block) + " elements, got " + std::to_string(t.shape.back()));
       }
       break;
+    }
     default:
-      return Unimplemented(where + ": writing type " + GgmlTypeName(t.type) + " (supported: F32, F16, BF16, Q8_0)");
+      return Unimplemented(where + ": writing type " + GgmlTypeName(t.type) +
+                           " (supported: F32, F16, BF16, Q8_0, Q5_0, Q4_K, Q6_K)");
   }
   tensors_.push_back(std::move(t));
   return Status::Ok();
@@ -192,8 +199,14 @@ Status GgufWriter::Write(const std::string& path) {
         L2L_RETURN_IF_ERROR(w.Append(enc.data(), nb));
         break;
       case GgmlType::kQ8_0:
+      case GgmlType::kQ5_0:
+      case GgmlType::kQ4_K:
+      case GgmlType::kQ6_K:
         enc.resize(nb);
-        QuantizeQ8_0(x, enc.data(), n);
+        if (t.type == GgmlType::kQ8_0) QuantizeQ8_0(x, enc.data(), n);
+        if (t.type == GgmlType::kQ5_0) QuantizeQ5_0(x, enc.data(), n);
+        if (t.type == GgmlType::kQ4_K) QuantizeQ4_K(x, enc.data(), n);
+        if (t.type == GgmlType::kQ6_K) QuantizeQ6_K(x, enc.data(), n);
         L2L_RETURN_IF_ERROR(w.Append(enc.data(), nb));
         break;
       default:

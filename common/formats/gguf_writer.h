@@ -1,5 +1,6 @@
 // GGUF (version 3) writer: metadata of every value type and tensors stored as F32, F16,
-// BF16 or Q8_0 (quantized as ggml's quantize_row_q8_0_ref), each tensor's data aligned to
+// BF16, Q8_0 (quantized as ggml's quantize_row_q8_0_ref), Q5_0 (as quantize_row_q5_0_ref)
+// or Q4_K / Q6_K (gguf_quants.h's quantizers), each tensor's data aligned to
 // `alignment` (written as general.alignment when it is not the default 32).
 //
 // Use: Set() metadata (order kept; setting a key twice replaces its value in place),
@@ -29,7 +30,8 @@ namespace l2l::formats {
 struct GgufTensorToWrite {
   std::string name;
   std::vector<int64_t> shape;        // row-major; 1..4 dims
-  GgmlType type = GgmlType::kF32;    // kF32, kF16, kBF16 or kQ8_0 (shape.back() % 32 == 0)
+  // kF32, kF16, kBF16, kQ8_0 / kQ5_0 (shape.back() % 32 == 0), kQ4_K / kQ6_K (% 256 == 0)
+  GgmlType type = GgmlType::kF32;
   const float* f32 = nullptr;        // numel values, or ...
   std::function<Result<const float*>()> f32_source = nullptr;  // ... called once, in file order
 };

@@ -236,7 +236,7 @@ Status ModelReader::CheckShape(const std::string& name, const std::vector<int64_
   }
   if (!t->to_f32) {
     return Unimplemented(FileOf(name) + ": tensor '" + name + "' has dtype " + t->dtype + ", which l2l cannot convert to fp32 (" +
-                         (format_ == ModelFormat::kGguf ? "GGUF: F32, F16, BF16, Q8_0, Q4_0, Q4_1" : "safetensors: F32, BF16, F16") + ")");
+                         (format_ == ModelFormat::kGguf ? "GGUF: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, Q8_K" : "safetensors: F32, BF16, F16") + ")");
   }
   return Status::Ok();
 }

@@ -7,14 +7,14 @@
 //   config()   ModelConfig (common/formats/model_config.h)
 //   tensors()  (name, row-major shape, dtype as the file names it: "BF16", "Q4_1", ...)
 //   ReadF32    one tensor converted to fp32 (F32/F16/BF16 safetensors; F32/F16/BF16/
-//              Q8_0/Q4_0/Q4_1 GGUF), nothing else resident.
+//              Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q2_K..Q6_K/Q8_K GGUF), nothing else resident.
 //
 // Open validates everything it can before returning, so an importer can fail before
 // writing any state: config.json types, the index (every shard present and holding the
 // tensors the index assigns it, no shard tensor missing from the index, shard names
 // without '/'), every safetensors header and GGUF header (lengths, offsets, sizes).
 // Tensors of dtypes l2l does not convert (I64 buffers such as BERT's position_ids, GGUF
-// K-quants) are listed with to_f32 = false; CheckShape() rejects them, so an importer that
+// IQ* types) are listed with to_f32 = false; CheckShape() rejects them, so an importer that
 // calls CheckShape on every tensor it needs before writing anything fails early, naming
 // the tensor, its dtype and the file. Errors name the file (the shard for a tensor) and
 // the tensor or key.

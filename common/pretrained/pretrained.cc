@@ -15,6 +15,7 @@
 
 #include "common/config.h"
 #include "common/file_util.h"
+#include "common/formats/gguf_recipe.h"
 #include "common/formats/gguf_writer.h"
 #include "common/formats/hf_writer.h"
 #include "common/formats/model_config.h"
@@ -307,9 +308,10 @@ Result<int64_t> ExportGguf(const std::string& path, const ModelSpec& spec, const
     return Unimplemented(std::string("GGUF export of the ") + ToString(spec.family) +
                          " family is not supported (Llama family only; use --format hf)");
   }
-  if (o.type != GgmlType::kF32 && o.type != GgmlType::kBF16 && o.type != GgmlType::kQ8_0) {
+  if (!o.q4_k_m && o.type != GgmlType::kF32 && o.type != GgmlType::kF16 && o.type != GgmlType::kBF16 &&
+      o.type != GgmlType::kQ8_0) {
     return InvalidArgument(std::string("GGUF export type ") + formats::GgmlTypeName(o.type) +
-                           " is not supported (f32, bf16, q8_0)");
+                           " is not supported (f32, f16, bf16, q8_0, q4_k_m)");
   }
   L2L_RETURN_IF_ERROR(spec.Validate());
   formats::ModelConfig c;
@@ -336,7 +338,13 @@ Result<int64_t> ExportGguf(const std::string& path, const ModelSpec& spec, const
   formats::GgufWriter w;
   L2L_RETURN_IF_ERROR(formats::AddConfigToGguf(c, &w));
   w.Set("general.name", formats::GgufValue::String(o.name));
-  w.Set("general.file_type", formats::GgufValue::U32(o.type == GgmlType::kQ8_0 ? 7 : o.type == GgmlType::kBF16 ? 32 : 0));
+  // llama.h's llama_ftype: ALL_F32 0, MOSTLY_F16 1, MOSTLY_Q8_0 7, MOSTLY_Q4_K_M 15, MOSTLY_BF16 32.
+  const uint32_t file_type = o.q4_k_m                     ? formats::kGgufFileTypeQ4_K_M
+                             : o.type == GgmlType::kQ8_0 ? 7
+                             : o.type == GgmlType::kF16  ? 1
+                             : o.type == GgmlType::kBF16 ? 32
+                                                         : 0;
+  w.Set("general.file_type", formats::GgufValue::U32(file_type));
   std::optional<formats::GgufReader> src;
   if (!o.imported_from.empty() && !IsDir(o.imported_from)) {
     Result<formats::GgufReader> g = formats::GgufReader::Open(o.imported_from);
@@ -351,6 +359,12 @@ Result<int64_t> ExportGguf(const std::string& path, const ModelSpec& spec, const
   const models::FamilyInfo* arch_family = nullptr;
   const models::GgufArch* arch = models::FindGgufArchitecture(c.model_type, &arch_family);
   const bool permute = arch != nullptr && arch->permuted_qk;
+  bool has_output = false;  // an untied head: the Q4_K_M mix gives token_embd Q6_K otherwise
+  for (const LayerLayout& lay : cache.layout()) {
+    for (const ParamInfo& p : lay.params) {
+      has_output |= formats::HfToGgufName(fam, HfTensorName(spec, p)) == std::optional<std::string>("output.weight");
+    }
+  }
   for (const LayerLayout& lay : cache.layout()) {
     for (const ParamInfo& p : lay.params) {
       const std::string hf = HfTensorName(spec, p);
@@ -360,6 +374,7 @@ Result<int64_t> ExportGguf(const std::string& path, const ModelSpec& spec, const
       t.name = *name;
       t.shape = p.shape;
       t.type = p.shape.size() == 2 && (o.type != GgmlType::kQ8_0 || p.shape.back() % 32 == 0) ? o.type : GgmlType::kF32;
+      if (o.q4_k_m) t.type = formats::Q4KMTensorType(t.name, p.shape, spec.n_layer, has_output);
       const int64_t l = lay.index;
       const ParamInfo* pp = &p;
       int64_t heads = 0;

@@ -104,7 +104,11 @@ Result<int64_t> ExportHf(const std::string& dir, const ModelSpec& spec, const La
                          const HfExportOptions& options = {});
 
 struct GgufExportOptions {
-  formats::GgmlType type = formats::GgmlType::kF32;  // kF32, kBF16 or kQ8_0 for 2-D weights
+  // kF32, kF16, kBF16 or kQ8_0 for 2-D weights (rows that are not whole Q8_0 blocks: F32);
+  // ignored when q4_k_m is set.
+  formats::GgmlType type = formats::GgmlType::kF32;
+  // llama.cpp's Q4_K_M mix, tensor by tensor (common/formats/gguf_recipe.h).
+  bool q4_k_m = false;
   std::string imported_from;   // a GGUF: its tokenizer.* metadata is copied
   // Written after the keys above, replacing any of the same name: the tokenizer of a
   // Hugging Face import as GGUF metadata (tok::GgufTokenizerMetadataFromHf).

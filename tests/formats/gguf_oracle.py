@@ -4,8 +4,13 @@ hand-made GGUF builder written here from the format description for malformed fi
 Run with the oracle venv's python (scripts/oracle_venv.sh).
 
   gguf_oracle.py fixtures OUTDIR       GGUF files + expected fp32 values + manifest.json
-  gguf_oracle.py check_written SPEC    a file l2l wrote, read back with GGUFReader
+                                       (kquant.gguf: random Q5_0/Q5_1/Q2_K..Q6_K/Q8_K blocks)
+  gguf_oracle.py check_written SPEC    a file l2l wrote, read back with GGUFReader (quantized
+                                       bytes equal gguf's quantizer's; Q4_K/Q6_K, which gguf
+                                       cannot quantize: gguf's decoding equals l2l's and the
+                                       error is within the spec's bound)
   gguf_oracle.py real_config GGUF      metadata of a real file as gguf reads it (JSON)
+  gguf_oracle.py real_tensor_list GGUF names, ne and types of a file's tensors (JSON)
   gguf_oracle.py real_tensors GGUF     compares tensors l2l streams on stdin with
                                        gguf.quants.dequantize, bit for bit
   gguf_oracle.py real_hf_config DIR    config (transformers AutoConfig) + tensor shapes
@@ -142,6 +147,7 @@ def fixtures(out_dir):
     k.tofile(os.path.join(out_dir, "hf.k.f32"))
     qb.tofile(os.path.join(out_dir, "hf.qb.f32"))
     manifest["perm"] = {"n_head": n_head, "n_kv": n_kv, "head_dim": hd, "hidden": hid}
+    manifest["kquant"] = kquant_fixtures(out_dir)
 
     # Malformed files, each built by hand around one defect.
     u32 = lambda v: struct.pack("<I", v)
@@ -158,7 +164,12 @@ def fixtures(out_dir):
         "bad_kv_type": hand_gguf([("k.bad", 13, u32(1))], good_t),
         "huge_string": hand_gguf([("k.str", 8, struct.pack("<Q", 1 << 40))], good_t),
         "bad_alignment": hand_gguf([("general.alignment", 4, u32(24))], good_t),
+        "bad_row_k": hand_gguf([arch], [("w.row96", [96, 2], 12, 0)]),
     }
+    # Well-formed files with tensors of types l2l does not dequantize (IQ2_XXS: 66-byte
+    # blocks of 256; I32): they open, and reading them fails naming the type and tensor.
+    with open(os.path.join(out_dir, "unreadable.gguf"), "wb") as f:
+        f.write(hand_gguf([arch], [("w.iq2", [256, 2], 16, 0), ("w.i32", [8], 26, 160)]))
     good = hand_gguf([arch], good_t)
     bad["truncated_data"] = good[:-10]
     bad["truncated_header"] = good[:40]
@@ -167,6 +178,75 @@ def fixtures(out_dir):
             f.write(b)
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         json.dump(manifest, f)
+
+
+# ---- K-quants and Q5_0 / Q5_1: random blocks ------------------------------------------
+
+# Byte offsets of each type's fp16 scale fields (d, dmin / m) in a block (ggml-common.h).
+HALF_FIELDS = {QT.Q5_0: [0], QT.Q5_1: [0, 2], QT.Q2_K: [80, 82], QT.Q3_K: [108], QT.Q4_K: [0, 2],
+               QT.Q5_K: [0, 2], QT.Q6_K: [208]}
+
+
+def q8_k_reference(raw):
+    """llama.cpp's dequantize_row_q8_K, written from its definition (gguf 0.10.0 has no
+    Q8_K): block = fp32 d, int8 qs[256], int16 bsums[16] (unused); y = d * qs."""
+    b = np.ascontiguousarray(raw).view(np.uint8).reshape(-1, 292)
+    d = b[:, :4].copy().view(np.float32)
+    qs = b[:, 4:260].copy().view(np.int8).astype(np.float32)
+    return (d * qs).reshape(-1)
+
+
+def random_blocks(rng, qt, n_blocks):
+    """Random bytes in every field, the scales replaced by chosen fp16 (fp32 for Q8_K)
+    values: ordinary, negative, subnormal, zero, -0, the largest finite; never inf/NaN.
+    The first two blocks are all zero and all-zero-but-scales."""
+    bs, ts = gguf.GGML_QUANT_SIZES[qt]
+    b = rng.integers(0, 256, size=(n_blocks, ts), dtype=np.uint8)
+    if qt == QT.Q8_K:
+        d = (rng.standard_normal(n_blocks) * 0.01).astype(np.float32)
+        k = max(0, min(4, n_blocks - 2))
+        d[2:2 + k] = np.array([1e-40, -3e-42, -0.0, 3.0e30], np.float32)[:k]  # fp32 subnormals, -0, large
+        b[:, :4] = d.view(np.uint8).reshape(n_blocks, 4)
+    else:
+        special = np.array([0x0001, 0x03ff, 0x8001, 0x8200, 0x0000, 0x8000, 0x7bff, 0xfbff, 0x0400, 0x3c00],
+                           np.uint16)
+        for off in HALF_FIELDS[qt]:
+            h = (rng.standard_normal(n_blocks) * 0.02).astype(np.float16).view(np.uint16)
+            k = min(len(special), n_blocks - 2)
+            h[2:2 + k] = rng.permutation(special)[:k]
+            b[:, off:off + 2] = h.view(np.uint8).reshape(n_blocks, 2)
+    b[0, :] = 0
+    b[1, :] = 0
+    if qt != QT.Q8_K:
+        for off in HALF_FIELDS[qt]:
+            b[1, off:off + 2] = np.array([0x3c00], np.uint16).view(np.uint8)  # d = 1, levels all 0
+    return b
+
+
+def kquant_fixtures(out_dir):
+    """kquant.gguf: one tensor per type of random blocks (raw bytes through GGUFWriter),
+    <name>.f32 = gguf.quants.dequantize (Q8_K: q8_k_reference). Returns the manifest part."""
+    rng = np.random.default_rng(4321)
+    w = gguf.GGUFWriter(os.path.join(out_dir, "kquant.gguf"), "llama")
+    expected = {}
+    types = [QT.Q5_0, QT.Q5_1, QT.Q2_K, QT.Q3_K, QT.Q4_K, QT.Q5_K, QT.Q6_K, QT.Q8_K]
+    for qt in types:
+        bs, ts = gguf.GGML_QUANT_SIZES[qt]
+        rows, cols = (6, 4 * bs) if bs == 256 else (10, 8 * bs)
+        raw = random_blocks(rng, qt, rows * cols // bs).reshape(rows, cols // bs * ts)
+        name = "kq." + qt.name.lower()
+        w.add_tensor(name, raw, raw_dtype=qt)
+        deq = q8_k_reference(raw) if qt == QT.Q8_K else gguf.quants.dequantize(raw, qt)
+        deq = np.asarray(deq, dtype=np.float32).reshape(rows, cols)
+        if not np.all(np.isfinite(deq)):
+            fail(f"{name}: the fixture has non-finite values")
+        deq.tofile(os.path.join(out_dir, name + ".f32"))
+        expected[name] = {"shape": [rows, cols], "type": int(qt)}
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return expected
 
 
 # ---- files l2l wrote -----------------------------------------------------------------
@@ -221,15 +301,31 @@ def check_written(spec_path):
             got = np.asarray(t.data).reshape(src.shape)
             ok = np.array_equal(got.view(np.uint16), src.astype(np.float16).view(np.uint16))
         else:
-            # Quantized (and BF16): the stored bytes equal gguf's own quantizer's output.
-            want = gguf.quants.quantize(src, qt)
-            got = np.asarray(t.data).view(np.uint8).reshape(want.shape)
-            ok = np.array_equal(got, want)
+            got = np.asarray(t.data).view(np.uint8)
+            if qt in (QT.Q4_K, QT.Q6_K):
+                # gguf 0.10.0 has no quantizer for these: what counts is how gguf decodes
+                # our bytes (against l2l's reader below and the source's error bound).
+                ok = True
+            else:
+                # Quantized (and BF16): the stored bytes equal gguf's own quantizer's output.
+                want = gguf.quants.quantize(src, qt)
+                ok = np.array_equal(got.reshape(want.shape), want)
             if ok:
-                deq = gguf.quants.dequantize(got, qt)
+                deq = np.asarray(gguf.quants.dequantize(got, qt), np.float32).reshape(src.shape)
                 err = np.abs(deq - src).max()
                 if qt == QT.Q8_0 and err > np.abs(src).max() / 127 * 0.51 + 1e-6:
                     fail(f"{ts['name']}: Q8_0 error {err} beyond half a step")
+                if "l2l_f32" in ts:  # what l2l's reader decodes from the same bytes
+                    ours = np.fromfile(ts["l2l_f32"], dtype=np.float32).reshape(src.shape)
+                    if not np.array_equal(ours.view(np.uint32), deq.view(np.uint32)):
+                        i = int(np.argmax(ours.reshape(-1).view(np.uint32) != deq.reshape(-1).view(np.uint32)))
+                        fail(f"{ts['name']}: element {i}: l2l decodes {ours.reshape(-1)[i]!r}, "
+                             f"gguf {deq.reshape(-1)[i]!r}")
+                if "max_rel_rms" in ts:
+                    rel = float(np.sqrt(np.mean((deq.astype(np.float64) - src) ** 2) / np.mean(src.astype(np.float64) ** 2)))
+                    print(f"{ts['name']}: {qt.name} relative RMS error {rel:.5f} (bound {ts['max_rel_rms']})")
+                    if rel > ts["max_rel_rms"]:
+                        fail(f"{ts['name']}: {qt.name} relative RMS error {rel} above {ts['max_rel_rms']}")
         if not ok:
             fail(f"{ts['name']}: {qt.name} data differs from gguf's")
     print(f"ok: {len(spec['tensors'])} tensors, {len(spec['metadata'])} keys")
@@ -251,6 +347,11 @@ def real_config(path):
     out["tokens_head"] = field_value(r, "tokenizer.ggml.tokens")[:50]
     out["tensors"] = [{"name": t.name, "ne": [int(d) for d in t.shape], "type": int(t.tensor_type)} for t in r.tensors]
     print(json.dumps(out))
+
+
+def real_tensor_list(path):
+    r = gguf.GGUFReader(path)
+    print(json.dumps([{"name": t.name, "ne": [int(d) for d in t.shape], "type": int(t.tensor_type)} for t in r.tensors]))
 
 
 def compare_stream(want_fn, names, what):
@@ -305,4 +406,4 @@ def real_hf_tensors(d):
 if __name__ == "__main__":
     cmd = sys.argv[1]
     {"fixtures": fixtures, "check_written": check_written, "real_config": real_config,
-     "real_tensors": real_tensors, "real_hf_config": real_hf_config, "real_hf_tensors": real_hf_tensors}[cmd](*sys.argv[2:])
+     "real_tensor_list": real_tensor_list, "real_tensors": real_tensors, "real_hf_config": real_hf_config, "real_hf_tensors": real_hf_tensors}[cmd](*sys.argv[2:])

