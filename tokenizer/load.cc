@@ -47,6 +47,18 @@ Result<GgufVocab> GgufVocabFromReader(const formats::GgufReader& gguf) {
     L2L_ASSIGN_OR_RETURN(bool b, gguf.GetBool("tokenizer.ggml.add_eos_token"));
     v.add_eos = b;
   }
+  if (gguf.Get("tokenizer.ggml.add_space_prefix") != nullptr) {
+    L2L_ASSIGN_OR_RETURN(bool b, gguf.GetBool("tokenizer.ggml.add_space_prefix"));
+    v.add_space_prefix = b;
+  }
+  if (gguf.Get("tokenizer.ggml.unknown_token_id") != nullptr) {
+    L2L_ASSIGN_OR_RETURN(uint64_t id, gguf.GetUInt("tokenizer.ggml.unknown_token_id"));
+    v.unk_id = static_cast<int64_t>(id);
+  }
+  if (gguf.Get("tokenizer.ggml.scores") != nullptr) {
+    L2L_ASSIGN_OR_RETURN(std::vector<double> scores, gguf.GetFloatArray("tokenizer.ggml.scores"));
+    v.scores.assign(scores.begin(), scores.end());
+  }
   return v;
 }
 

@@ -2,11 +2,16 @@
 // See tokenizer/tokenizer.h.
 //
 // Supported: model BPE (vocab; merges as "a b" strings or [a, b] pairs; ignore_merges;
-// byte_fallback false; no subword prefix/suffix, no dropout), normalizer null / NFC / NFD /
+// no subword prefix/suffix, no dropout), normalizer null / NFC / NFD /
 // NFKC / NFKD / Sequence of them, pre-tokenizer
 // ByteLevel / Split (Regex or String pattern) / Digits / Sequence of them, decoder
 // ByteLevel (or a Sequence holding only ByteLevel), post-processor null / ByteLevel /
-// TemplateProcessing / RobertaProcessing / BertProcessing / Sequence of them. Anything
+// TemplateProcessing / RobertaProcessing / BertProcessing / Sequence of them. With
+// model.byte_fallback true the tokenizer is SentencePiece-style (Llama 2, Gemma): then the
+// normalizer may also hold Prepend("▁") and Replace(" ", "▁"), the pre-tokenizer may be
+// Metaspace (replacement "▁"; prepend_scheme always / first / never; split) or a Split,
+// and the decoder is a Sequence of Replace("▁", " "), ByteFallback, Fuse, Strip(" ", 1, 0)
+// or Metaspace; model.unk_token and fuse_unk are honoured. Anything
 // else is an error naming the field, so a tokenizer we would encode differently is
 // refused rather than silently approximated.
 //
@@ -18,6 +23,7 @@
 #include "common/file_util.h"
 #include "tokenizer/json_ids.h"
 #include "tokenizer/regex_split.h"
+#include "tokenizer/spm.h"
 #include "tokenizer/tokenizer.h"
 
 namespace l2l::tok {
@@ -152,6 +158,105 @@ Status CheckDecoder(const json& j, const std::string& where) {
   return Unimplemented(where + ": decoder type \"" + type + "\" is not supported (ByteLevel is)");
 }
 
+// ---- SentencePiece-style (byte_fallback) pieces --------------------------------------
+
+constexpr const char* kSpace = "\xE2\x96\x81";  // "▁"
+
+bool IsStringPattern(const json& j, const char* s) {
+  return j.is_object() && j.contains("String") && j.at("String").is_string() && j.at("String").get<std::string>() == s;
+}
+
+Status ParseSpmNormalizer(const json& j, const std::string& where, BpeSpec* spec) {
+  if (j.is_null()) return Status::Ok();
+  const std::string type = Str(j, "type");
+  if (type == "Sequence") {
+    const json& list = j.at("normalizers");
+    for (size_t i = 0; i < list.size(); ++i) {
+      L2L_RETURN_IF_ERROR(ParseSpmNormalizer(list[i], where + ".normalizers[" + std::to_string(i) + "]", spec));
+    }
+    return Status::Ok();
+  }
+  if (type == "Prepend") {
+    if (Str(j, "prepend") != kSpace) return Unimplemented(where + ": Prepend of anything but \"▁\" is not supported");
+    spec->space_prefix = SpacePrefix::kAlways;
+    return Status::Ok();
+  }
+  if (type == "Replace") {
+    if (!IsStringPattern(j.at("pattern"), " ") || Str(j, "content") != kSpace) {
+      return Unimplemented(where + ": only Replace(\" \", \"▁\") is supported");
+    }
+    spec->escape_spaces = true;
+    return Status::Ok();
+  }
+  auto n = ParseNormalization(type);
+  if (!n.ok()) return n.status().WithContext(where);
+  if (spec->escape_spaces || spec->space_prefix != SpacePrefix::kNone) {
+    return Unimplemented(where + ": a Unicode normalizer after Prepend / Replace is not supported");
+  }
+  spec->normalizers.push_back(*n);
+  return Status::Ok();
+}
+
+Status ParseSpmPreTokenizer(const json& j, const std::string& where, BpeSpec* spec) {
+  if (j.is_null()) return Status::Ok();
+  const std::string type = Str(j, "type");
+  if (type == "Sequence") {
+    const json& list = j.at("pretokenizers");
+    for (size_t i = 0; i < list.size(); ++i) {
+      L2L_RETURN_IF_ERROR(ParseSpmPreTokenizer(list[i], where + ".pretokenizers[" + std::to_string(i) + "]", spec));
+    }
+    return Status::Ok();
+  }
+  if (type == "Metaspace") {
+    if (Str(j, "replacement") != kSpace) return Unimplemented(where + ": a Metaspace replacement other than \"▁\"");
+    if (!spec->pre_tokenizer.empty() || spec->escape_spaces || spec->space_prefix != SpacePrefix::kNone) {
+      return Unimplemented(where + ": Metaspace after other pre-tokenizers or space normalizers is not supported");
+    }
+    std::string scheme = Str(j, "prepend_scheme");
+    if (scheme.empty()) scheme = Bool(j, "add_prefix_space", true) ? "always" : "never";  // tokenizers < 0.14
+    if (scheme == "always") {
+      spec->space_prefix = SpacePrefix::kMetaspaceAlways;
+    } else if (scheme == "first") {
+      spec->space_prefix = SpacePrefix::kMetaspaceFirst;
+    } else if (scheme != "never") {
+      return InvalidArgument(where + ".prepend_scheme: \"" + scheme + "\" (always, first, never)");
+    }
+    spec->escape_spaces = true;
+    spec->metaspace_split = Bool(j, "split", true);
+    return Status::Ok();
+  }
+  if (type == "Split") return ParsePreTokenizer(j, where, &spec->pre_tokenizer);
+  return Unimplemented(where + ": pre-tokenizer type \"" + type +
+                       "\" in a SentencePiece-style tokenizer is not supported (Metaspace, Split, Sequence are)");
+}
+
+Status ParseSpmDecoder(const json& j, const std::string& where, BpeSpec* spec) {
+  if (j.is_null()) return Status::Ok();
+  const std::string type = Str(j, "type");
+  if (type == "Sequence") {
+    const json& list = j.at("decoders");
+    for (size_t i = 0; i < list.size(); ++i) {
+      L2L_RETURN_IF_ERROR(ParseSpmDecoder(list[i], where + ".decoders[" + std::to_string(i) + "]", spec));
+    }
+    return Status::Ok();
+  }
+  if (type == "ByteFallback" || type == "Fuse") return Status::Ok();
+  if (type == "Replace" && IsStringPattern(j.at("pattern"), kSpace) && Str(j, "content") == " ") return Status::Ok();
+  if (type == "Strip" && Str(j, "content") == " " && j.value("start", 0) <= 1 && j.value("stop", 0) == 0) {
+    spec->decode_strip_space = j.value("start", 0) == 1;
+    return Status::Ok();
+  }
+  if (type == "Metaspace" && Str(j, "replacement") == kSpace) {
+    std::string scheme = Str(j, "prepend_scheme");
+    if (scheme.empty()) scheme = Bool(j, "add_prefix_space", true) ? "always" : "never";
+    spec->decode_strip_space = scheme != "never";
+    return Status::Ok();
+  }
+  return Unimplemented(where + ": decoder type \"" + type +
+                       "\" in a SentencePiece-style tokenizer is not supported (Replace(\"▁\", \" \"), ByteFallback, "
+                       "Fuse, Strip(\" \", 1, 0), Metaspace are)");
+}
+
 Result<BpeSpec> SpecFromJson(const json& root, const std::string& what) {
   BpeSpec spec;
   const json& model = root.at("model");
@@ -160,7 +265,12 @@ Result<BpeSpec> SpecFromJson(const json& root, const std::string& what) {
     return Unimplemented(what + ": model.type \"" + mtype + "\" is not supported (only BPE)" +
                          (mtype == "WordPiece" ? "; a WordPiece (BERT) tokenizer loads with tok::WordPieceTokenizer" : ""));
   }
-  if (Bool(model, "byte_fallback", false)) return Unimplemented(what + ": model.byte_fallback true is not supported");
+  if (Bool(model, "byte_fallback", false)) {
+    spec.model = BpeModel::kSentencePiece;
+    spec.escape_spaces = false;  // set by a Replace normalizer or a Metaspace pre-tokenizer
+    spec.fuse_unk = Bool(model, "fuse_unk", false);
+  }
+  const bool spm = spec.model == BpeModel::kSentencePiece;
   if (!Str(model, "continuing_subword_prefix").empty() || !Str(model, "end_of_word_suffix").empty()) {
     return Unimplemented(what + ": model.continuing_subword_prefix / end_of_word_suffix are not supported");
   }
@@ -211,12 +321,24 @@ Result<BpeSpec> SpecFromJson(const json& root, const std::string& what) {
       spec.added_tokens.push_back(std::move(t));
     }
   }
-  if (root.contains("normalizer")) L2L_RETURN_IF_ERROR(ParseNormalizer(root.at("normalizer"), what + ": normalizer", &spec.normalizers));
-  if (root.contains("pre_tokenizer")) L2L_RETURN_IF_ERROR(ParsePreTokenizer(root.at("pre_tokenizer"), what + ": pre_tokenizer", &spec.pre_tokenizer));
+  if (spm) {
+    if (root.contains("normalizer")) L2L_RETURN_IF_ERROR(ParseSpmNormalizer(root.at("normalizer"), what + ": normalizer", &spec));
+    if (root.contains("pre_tokenizer")) L2L_RETURN_IF_ERROR(ParseSpmPreTokenizer(root.at("pre_tokenizer"), what + ": pre_tokenizer", &spec));
+    if (root.contains("decoder")) L2L_RETURN_IF_ERROR(ParseSpmDecoder(root.at("decoder"), what + ": decoder", &spec));
+    const std::string unk = Str(model, "unk_token");
+    if (!unk.empty()) {
+      auto it = model.at("vocab").find(unk);
+      if (it == model.at("vocab").end()) return InvalidArgument(what + ": model.unk_token \"" + unk + "\" is not in model.vocab");
+      L2L_ASSIGN_OR_RETURN(spec.unk_id, JsonTokenId(*it, n_ids, what + ": model.vocab[\"" + unk + "\"]"));
+    }
+  } else {
+    if (root.contains("normalizer")) L2L_RETURN_IF_ERROR(ParseNormalizer(root.at("normalizer"), what + ": normalizer", &spec.normalizers));
+    if (root.contains("pre_tokenizer")) L2L_RETURN_IF_ERROR(ParsePreTokenizer(root.at("pre_tokenizer"), what + ": pre_tokenizer", &spec.pre_tokenizer));
+  }
   if (root.contains("post_processor")) {
     L2L_RETURN_IF_ERROR(ParsePostProcessor(root.at("post_processor"), what + ": post_processor", n_ids, &spec.prefix_ids, &spec.suffix_ids));
   }
-  if (root.contains("decoder")) L2L_RETURN_IF_ERROR(CheckDecoder(root.at("decoder"), what + ": decoder"));
+  if (!spm && root.contains("decoder")) L2L_RETURN_IF_ERROR(CheckDecoder(root.at("decoder"), what + ": decoder"));
   if (spec.prefix_ids.size() == 1) spec.bos_id = spec.prefix_ids[0];
   return spec;
 }
@@ -321,9 +443,62 @@ const char* NormalizationName(Normalization n) {
   return "NFC";
 }
 
+// A SentencePiece spec's merges: every split of a piece (not control, not byte) into two
+// pieces, ordered by the piece's score, highest first (ties: the longer left part, the
+// longer right part, then by id and the parts' ids), as transformers' generate_merges
+// makes them. With merges already in
+// the spec, those.
+std::vector<std::pair<std::string, std::string>> SpmMerges(const BpeSpec& spec) {
+  if (spec.scores.empty()) return spec.merges;
+  std::unordered_map<std::string_view, int32_t> ids;
+  auto mergeable = [&](size_t id) {
+    const int32_t type = spec.token_types.empty() ? 1 : spec.token_types[id];
+    return !spec.tokens[id].empty() && type != 3 && type != 6;
+  };
+  for (size_t id = 0; id < spec.tokens.size(); ++id) {
+    if (mergeable(id)) ids.emplace(spec.tokens[id], static_cast<int32_t>(id));
+  }
+  struct M {
+    float score;
+    int32_t id, left, right;
+    size_t split, left_chars, right_chars;  // split: bytes; *_chars: code points
+  };
+  auto chars = [](std::string_view s) {
+    size_t n = 0;
+    for (char c : s) n += (static_cast<unsigned char>(c) >> 6) != 0x2;
+    return n;
+  };
+  std::vector<M> all;
+  for (size_t id = 0; id < spec.tokens.size(); ++id) {
+    if (!mergeable(id)) continue;
+    const std::string_view t = spec.tokens[id];
+    for (size_t k = 1; k < t.size(); ++k) {
+      if ((static_cast<unsigned char>(t[k]) >> 6) == 0x2) continue;  // inside a character
+      auto l = ids.find(t.substr(0, k));
+      auto r = ids.find(t.substr(k));
+      if (l != ids.end() && r != ids.end()) {
+        all.push_back({spec.scores[id], static_cast<int32_t>(id), l->second, r->second, k, chars(t.substr(0, k)),
+                       chars(t.substr(k))});
+      }
+    }
+  }
+  std::stable_sort(all.begin(), all.end(), [](const M& a, const M& b) {
+    if (a.score != b.score) return a.score > b.score;
+    if (a.left_chars != b.left_chars) return a.left_chars > b.left_chars;
+    if (a.right_chars != b.right_chars) return a.right_chars > b.right_chars;
+    if (a.id != b.id) return a.id < b.id;
+    return a.left != b.left ? a.left < b.left : a.right < b.right;
+  });
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(all.size());
+  for (const M& m : all) out.emplace_back(spec.tokens[m.id].substr(0, m.split), spec.tokens[m.id].substr(m.split));
+  return out;
+}
+
 }  // namespace
 
 std::string BpeSpecToTokenizerJson(const BpeSpec& spec) {
+  const bool spm = spec.model == BpeModel::kSentencePiece;
   json added = json::array();
   std::vector<std::string> content(spec.tokens);  // id -> token text, added tokens included
   for (const AddedToken& t : spec.added_tokens) {
@@ -339,6 +514,13 @@ std::string BpeSpecToTokenizerJson(const BpeSpec& spec) {
     json list = json::array();
     for (Normalization n : spec.normalizers) list.push_back({{"type", NormalizationName(n)}});
     normalizer = {{"type", "Sequence"}, {"normalizers", list}};
+  }
+  if (spm) {
+    json list = json::array();
+    for (Normalization n : spec.normalizers) list.push_back({{"type", NormalizationName(n)}});
+    if (spec.space_prefix == SpacePrefix::kAlways) list.push_back({{"type", "Prepend"}, {"prepend", kSpace}});
+    if (spec.escape_spaces) list.push_back({{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSpace}});
+    normalizer = list.empty() ? json(nullptr) : json{{"type", "Sequence"}, {"normalizers", list}};
   }
   json steps = json::array();
   for (const PreTokenizerStep& s : spec.pre_tokenizer) {
@@ -372,19 +554,29 @@ std::string BpeSpecToTokenizerJson(const BpeSpec& spec) {
     if (!spec.tokens[id].empty()) vocab[spec.tokens[id]] = id;
   }
   json merges = json::array();
-  for (const auto& [a, b] : spec.merges) merges.push_back({a, b});
+  for (const auto& [a, b] : spm ? SpmMerges(spec) : spec.merges) merges.push_back({a, b});
+  json decoder = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+  if (spm) {
+    json list = {{{"type", "Replace"}, {"pattern", {{"String", kSpace}}}, {"content", " "}},
+                 {{"type", "ByteFallback"}},
+                 {{"type", "Fuse"}}};
+    if (spec.decode_strip_space) list.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+    decoder = {{"type", "Sequence"}, {"decoders", list}};
+  }
+  const bool has_unk = spm && spec.unk_id >= 0 && static_cast<size_t>(spec.unk_id) < content.size();
   const json root = {
       {"version", "1.0"},
       {"truncation", nullptr},
       {"padding", nullptr},
       {"added_tokens", added},
       {"normalizer", normalizer},
-      {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", steps}}},
+      {"pre_tokenizer", steps.empty() ? json(nullptr) : json{{"type", "Sequence"}, {"pretokenizers", steps}}},
       {"post_processor", post},
-      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"decoder", decoder},
       {"model",
-       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
-        {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false},
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", has_unk ? json(content[spec.unk_id]) : json(nullptr)},
+        {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr}, {"fuse_unk", spm && spec.fuse_unk},
+        {"byte_fallback", spm},
         {"ignore_merges", spec.ignore_merges}, {"vocab", vocab}, {"merges", merges}}},
   };
   return root.dump(1);
@@ -429,21 +621,69 @@ Result<GgufPreRules> PreRulesForGgufPre(std::string_view pre) {
   return r;
 }
 
-Result<BpeSpec> Tokenizer::SpecFromGguf(const GgufVocab& v, const std::string& what) {
-  if (v.model != "gpt2") {
-    return Unimplemented(what + ": tokenizer.ggml.model \"" + v.model + "\" is not supported (only gpt2: byte-level BPE)");
+namespace {
+
+// tokenizer.ggml.model "llama": SentencePiece BPE driven by the token scores, as llama.cpp's
+// llm_tokenizer_spm runs it (add_space_prefix default true, BOS added by default).
+Result<BpeSpec> SpmSpecFromGguf(const GgufVocab& v, const std::string& what) {
+  const size_t n = v.tokens.size();
+  if (v.scores.empty()) {
+    return InvalidArgument(what + ": tokenizer.ggml.scores is missing or empty (a \"llama\" (SentencePiece) "
+                           "tokenizer merges by score)");
   }
-  if (v.tokens.empty()) return InvalidArgument(what + ": tokenizer.ggml.tokens is empty");
-  if (!v.token_types.empty() && v.token_types.size() != v.tokens.size()) {
-    return InvalidArgument(what + ": tokenizer.ggml.token_type has " + std::to_string(v.token_types.size()) +
-                           " entries, tokenizer.ggml.tokens " + std::to_string(v.tokens.size()));
+  if (v.scores.size() != n) {
+    return InvalidArgument(what + ": tokenizer.ggml.scores has " + std::to_string(v.scores.size()) +
+                           " entries, tokenizer.ggml.tokens " + std::to_string(n));
   }
-  auto rules = PreRulesForGgufPre(v.pre);
-  if (!rules.ok()) return rules.status().WithContext(what);
+  BpeSpec spec;
+  spec.model = BpeModel::kSentencePiece;
+  spec.tokens = v.tokens;
+  spec.scores = v.scores;
+  spec.token_types = v.token_types;
+  for (size_t id = 0; id < v.token_types.size(); ++id) {
+    const int32_t type = v.token_types[id];
+    if (type < 0 || type > 6) {
+      return InvalidArgument(what + ": tokenizer.ggml.token_type[" + std::to_string(id) + "] is " + std::to_string(type) +
+                             " (0 undefined, 1 normal, 2 unknown, 3 control, 4 user defined, 5 unused, 6 byte)");
+    }
+    if (type == 6 && ParseByteToken(v.tokens[id]) < 0) {
+      return InvalidArgument(what + ": tokenizer.ggml.tokens[" + std::to_string(id) + "] \"" + v.tokens[id] +
+                             "\" has token type 6 (byte) but is not <0xNN>");
+    }
+    if (type == 2 || type == 3 || type == 4) {
+      if (v.tokens[id].empty()) {
+        return InvalidArgument(what + ": tokenizer.ggml.tokens[" + std::to_string(id) + "] is empty but has token type " +
+                               std::to_string(type));
+      }
+      AddedToken t;
+      t.id = static_cast<int32_t>(id);
+      t.content = v.tokens[id];
+      t.special = type != 4;
+      spec.added_tokens.push_back(std::move(t));
+    }
+  }
+  const bool space_prefix = v.add_space_prefix.value_or(true);
+  spec.space_prefix = space_prefix ? SpacePrefix::kAlways : SpacePrefix::kNone;
+  spec.escape_spaces = true;
+  spec.decode_strip_space = space_prefix;
+  if (v.unk_id >= static_cast<int64_t>(n)) {
+    return InvalidArgument(what + ": tokenizer.ggml.unknown_token_id " + std::to_string(v.unk_id) +
+                           " is not below the vocabulary size " + std::to_string(n));
+  }
+  spec.unk_id = static_cast<int32_t>(v.unk_id);
+  return spec;
+}
+
+}  // namespace
+
+namespace {
+
+// tokenizer.ggml.model "gpt2": byte-level BPE, split rules from tokenizer.ggml.pre.
+Result<BpeSpec> ByteLevelSpecFromGguf(const GgufVocab& v, const GgufPreRules& rules, const std::string& what) {
   BpeSpec spec;
   spec.tokens = v.tokens;
-  spec.pre_tokenizer = rules->steps;
-  spec.ignore_merges = rules->ignore_merges;
+  spec.pre_tokenizer = rules.steps;
+  spec.ignore_merges = rules.ignore_merges;
   spec.merges.reserve(v.merges.size());
   for (size_t i = 0; i < v.merges.size(); ++i) {
     const std::string& s = v.merges[i];
@@ -464,6 +704,31 @@ Result<BpeSpec> Tokenizer::SpecFromGguf(const GgufVocab& v, const std::string& w
       spec.added_tokens.push_back(std::move(t));
     }
   }
+  return spec;
+}
+
+}  // namespace
+
+Result<BpeSpec> Tokenizer::SpecFromGguf(const GgufVocab& v, const std::string& what) {
+  if (v.model != "gpt2" && v.model != "llama") {
+    return Unimplemented(what + ": tokenizer.ggml.model \"" + v.model +
+                         "\" is not supported (gpt2: byte-level BPE; llama: SentencePiece BPE)");
+  }
+  if (v.tokens.empty()) return InvalidArgument(what + ": tokenizer.ggml.tokens is empty");
+  if (!v.token_types.empty() && v.token_types.size() != v.tokens.size()) {
+    return InvalidArgument(what + ": tokenizer.ggml.token_type has " + std::to_string(v.token_types.size()) +
+                           " entries, tokenizer.ggml.tokens " + std::to_string(v.tokens.size()));
+  }
+  BpeSpec spec;
+  bool add_bos_default = true;  // llama.cpp: SentencePiece vocabularies add BOS unless the file says not
+  if (v.model == "llama") {
+    L2L_ASSIGN_OR_RETURN(spec, SpmSpecFromGguf(v, what));
+  } else {
+    auto rules = PreRulesForGgufPre(v.pre);
+    if (!rules.ok()) return rules.status().WithContext(what);
+    add_bos_default = rules->add_bos_default;
+    L2L_ASSIGN_OR_RETURN(spec, ByteLevelSpecFromGguf(v, *rules, what));
+  }
   const auto check_id = [&](int64_t id, const char* key) -> Status {
     if (id >= static_cast<int64_t>(v.tokens.size())) {
       return InvalidArgument(what + ": " + key + " " + std::to_string(id) + " is not below the vocabulary size " +
@@ -475,7 +740,7 @@ Result<BpeSpec> Tokenizer::SpecFromGguf(const GgufVocab& v, const std::string& w
   L2L_RETURN_IF_ERROR(check_id(v.eos_id, "tokenizer.ggml.eos_token_id"));
   spec.bos_id = static_cast<int32_t>(v.bos_id);
   spec.eos_id = static_cast<int32_t>(v.eos_id);
-  if (v.add_bos.value_or(rules->add_bos_default)) {
+  if (v.add_bos.value_or(add_bos_default)) {
     if (v.bos_id < 0) return InvalidArgument(what + ": tokenizer.ggml.add_bos_token is set but there is no bos_token_id");
     spec.prefix_ids.push_back(static_cast<int32_t>(v.bos_id));
   }
