@@ -27,7 +27,13 @@ Cases (each: ids equal token for token, and where noted decode round-trips):
     / pre-tokenizer Metaspace prepend_scheme "first"; decoder Replace / ByteFallback / Fuse
     / Strip; "<s> $A" template) loaded by Tokenizer::FromTokenizerJson, against HF.
 
+  * gemma sft (with --tokenize): l2l-tokenize --jsonl with the GGUF as --tokenizer formats
+    messages with Gemma 3's chat template: ids equal transformers' apply_chat_template with
+    that template (tests/tokenizer/fixtures/gemma3_chat_template.jinja), the loss mask marks
+    each assistant turn's content and its <end_of_turn>; non-alternating roles are refused.
+
 usage: spm_oracle.py --tool BUILD/tests/l2l_tokenizer_tool --gemma GEMMA.gguf --work DIR [--only NAME]
+                     [--tokenize BUILD/bin/l2l-tokenize]
 """
 import argparse
 import json
@@ -239,12 +245,83 @@ def check_synthetic(args):
     return ok
 
 
+GEMMA_SFT_LINES = [
+    {"messages": [{"role": "system", "content": "You are terse. "}, {"role": "user", "content": "What is 2+2?"},
+                  {"role": "assistant", "content": "4."}]},
+    {"messages": [{"role": "user", "content": "  leading spaces\nand\n\nnewlines \u00e9\u4e2d\U0001F600  "},
+                  {"role": "assistant", "content": "\nStarts with a newline;\tends with spaces  "},
+                  {"role": "user", "content": "Again: 1234567 <start_of_turn>"},
+                  {"role": "assistant", "content": "Digits 89,\u00a0<b>html</b> and   runs\n\n\n"}]},
+    {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]},
+]
+
+
+def check_sft_gemma(args):
+    """l2l-tokenize --jsonl --tokenizer GEMMA.gguf against transformers' apply_chat_template with
+    Gemma 3's chat template (tests/tokenizer/fixtures/gemma3_chat_template.jinja, the
+    chat_template of google/gemma-3 tokenizer_config.json; the GGUF carries none) on the HF
+    tokenizer: ids equal; the mask marks exactly the tokens of each assistant turn's trimmed
+    content and its <end_of_turn> (spans found by rendering the conversation up to each turn)."""
+    from transformers import PreTrainedTokenizerFast
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "fixtures", "gemma3_chat_template.jinja"), encoding="utf-8") as f:
+        template = f.read()
+    hf = PreTrainedTokenizerFast(tokenizer_file=os.path.join(args.work, "gemma3-hf.json"), bos_token="<bos>",
+                                 eos_token="<eos>")
+    src = os.path.join(args.work, "gemma-sft.jsonl")
+    with open(src, "w", encoding="utf-8") as f:
+        for line in GEMMA_SFT_LINES:
+            f.write(json.dumps(line) + "\n")
+    want_ids, want_mask = [], []
+    for line in GEMMA_SFT_LINES:
+        msgs = line["messages"]
+        text = hf.apply_chat_template(msgs, chat_template=template, tokenize=False)
+        ids = hf.apply_chat_template(msgs, chat_template=template, tokenize=True)
+        enc = hf.backend_tokenizer.encode(text, add_special_tokens=False)
+        assert list(enc.ids) == list(ids), "apply_chat_template ids differ from encoding its text"
+        spans = []
+        for k, m in enumerate(msgs):
+            if m["role"] != "assistant":
+                continue
+            before = hf.apply_chat_template(msgs[:k], chat_template=template, tokenize=False)
+            upto = hf.apply_chat_template(msgs[:k + 1], chat_template=template, tokenize=False)
+            begin = len(before) + len("<start_of_turn>model\n")
+            assert upto.endswith("<end_of_turn>\n") and text.startswith(upto)
+            spans.append((begin, len(upto) - 1))
+        want_ids += list(ids)
+        want_mask += [1 if any(b <= o[0] < e for b, e in spans) else 0 for o in enc.offsets]
+    out = os.path.join(args.work, "gemma-sft.bin")
+    proc = hf_oracle.subprocess.run([args.tokenize, src, out, "--jsonl", "--tokenizer", args.gemma], capture_output=True, text=True)
+    if proc.returncode != 0:
+        print("gemma sft: l2l-tokenize failed: " + proc.stderr.strip())
+        return False
+    got_ids, got_mask = hf_oracle.read_tokens(out), hf_oracle.read_mask(out + ".mask")
+    if got_ids != want_ids or got_mask != want_mask:
+        k = next((k for k in range(min(len(got_ids), len(want_ids))) if got_ids[k] != want_ids[k] or got_mask[k] != want_mask[k]),
+                 min(len(got_ids), len(want_ids)))
+        print("gemma sft: differs at token %d (%d vs %d tokens): ours %r / mask %r, HF %r / mask %r"
+              % (k, len(got_ids), len(want_ids), got_ids[k:k + 6], got_mask[k:k + 6], want_ids[k:k + 6], want_mask[k:k + 6]))
+        return False
+    # Roles that do not alternate are refused, naming the line and message.
+    bad = os.path.join(args.work, "gemma-bad.jsonl")
+    with open(bad, "w", encoding="utf-8") as f:
+        f.write(json.dumps({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]}) + "\n")
+    proc = hf_oracle.subprocess.run([args.tokenize, bad, out, "--jsonl", "--tokenizer", args.gemma], capture_output=True, text=True)
+    if proc.returncode == 0 or (bad + ":1") not in proc.stderr or "messages[1]" not in proc.stderr:
+        print("gemma sft: non-alternating roles gave exit %d: %r" % (proc.returncode, proc.stderr))
+        return False
+    print("gemma sft: OK: %d tokens equal apply_chat_template's ids (Gemma 3 template), %d target tokens in the mask; "
+          "bad roles -> %s" % (len(got_ids), sum(got_mask), proc.stderr.strip()))
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tool", required=True)
     ap.add_argument("--gemma", required=True)
     ap.add_argument("--work", required=True)
     ap.add_argument("--only", default="")
+    ap.add_argument("--tokenize", default="", help="BUILD/bin/l2l-tokenize: also check --jsonl with the Gemma template")
     args = ap.parse_args()
     os.makedirs(args.work, exist_ok=True)
     docs, sizes, train_docs = hf_oracle.corpus(GEMMA_SPECIALS)
@@ -265,6 +342,8 @@ def main():
         if args.only and name != args.only:
             continue
         ok &= hf_oracle.check(name, json_path, tool_args, docs, args, sizes)
+    if args.tokenize and (not args.only or args.only.startswith("gemma3")):
+        ok &= check_sft_gemma(args)
     if not args.only or args.only == "gemma3-gguf":
         # The tokenizer.json we export for the GGUF encodes in HF as we do.
         out_dir = os.path.join(args.work, "gemma3-exported")

@@ -49,6 +49,9 @@ set_tests_properties(tokenizer.cli_bounded_ids PROPERTIES LABELS "unit" TIMEOUT 
 # `sentencepiece` on a ModelProto of the same pieces), our tokenizer.json export of the GGUF
 # loaded by HF, and Llama-2-style tokenizer.json files (Prepend/Replace normalizer; Metaspace)
 # trained here with byte fallback and fused <unk>; ids token for token, decode round trip.
+# And l2l-tokenize --jsonl with the GGUF: Gemma 3's chat template (ids equal transformers'
+# apply_chat_template; mask on each assistant turn and its <end_of_turn>).
 l2l_add_oracle_test(tokenizer.spm_oracle SCRIPT tokenizer/spm_oracle.py FETCH gemma3 WORKDIR tokenizer_spm_oracle
-                    ARGS --tool "'$<TARGET_FILE:l2l_tokenizer_tool>'" --gemma @MODEL@ --work @WORKDIR@
+                    ARGS --tool "'$<TARGET_FILE:l2l_tokenizer_tool>'" --tokenize "'$<TARGET_FILE:l2l-tokenize>'"
+                         --gemma @MODEL@ --work @WORKDIR@
                     LABELS unit oracle TIMEOUT 900)
