@@ -143,6 +143,10 @@ Result<GgufMetadata> GgufTokenizerMetadataFromHf(const std::string& dir, int64_t
   if (!fs::exists(json_path, ec)) return GgufMetadata{};
   L2L_ASSIGN_OR_RETURN(BpeSpec spec, Tokenizer::SpecFromTokenizerJson(dir));
   const std::string what = json_path + " as GGUF tokenizer metadata";
+  if (spec.model == BpeModel::kSentencePiece) {
+    return Unimplemented(what + ": a SentencePiece-style (byte_fallback) tokenizer.json has merges but no scores; "
+                         "its GGUF form (tokenizer.ggml.model \"llama\", merged by score) is not written");
+  }
   if (!spec.normalizers.empty()) return Unimplemented(what + ": llama.cpp's gpt2 tokenizer has no normalizer");
   const std::string pre = GgufPreName(spec.pre_tokenizer);
   if (pre.empty()) {
