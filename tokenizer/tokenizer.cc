@@ -534,6 +534,7 @@ void Tokenizer::Impl::InitAdded(const BpeSpec& spec) {
 }
 
 Status Tokenizer::Impl::InitSpmVocab(const BpeSpec& spec, const std::string& what) {
+  vocab.reserve(spec.tokens.size());
   for (size_t id = 0; id < spec.tokens.size(); ++id) {
     const std::string& t = spec.tokens[id];
     if (t.empty()) continue;

@@ -21,10 +21,10 @@ Cases (each: ids equal token for token, and where noted decode round-trips):
     and decode must round-trip.
   * gemma3-exported: the tokenizer.json we write for the GGUF (BpeSpecToTokenizerJson: what
     an HF export of a GGUF-imported Gemma carries) loaded by HF `tokenizers` gives our ids.
-  * llama2-legacy / llama2-metaspace: Llama-2-style tokenizer.json files trained here with
+  * llama2-legacy / llama2-metaspace(-split): Llama-2-style tokenizer.json files trained here with
     `tokenizers` (BPE, byte_fallback, <0xNN> byte tokens with some bytes left out so that
     4-byte characters fall to <unk>, fuse_unk; normalizer Prepend("▁") + Replace(" ", "▁")
-    / pre-tokenizer Metaspace prepend_scheme "first"; decoder Replace / ByteFallback / Fuse
+    / pre-tokenizer Metaspace prepend_scheme "first", or "always" with split; decoder Replace / ByteFallback / Fuse
     / Strip; "<s> $A" template) loaded by Tokenizer::FromTokenizerJson, against HF.
 
   * gemma sft (with --tokenize): l2l-tokenize --jsonl with the GGUF as --tokenizer formats
@@ -178,12 +178,14 @@ def llama2_configs(args, train_docs):
     Metaspace prepend_scheme first), with <0xNN> byte tokens for all bytes but 0xF0-0xF4 (the
     lead bytes of 4-byte characters: those become <unk>, fused)."""
     out = {}
-    for name in ("llama2-legacy", "llama2-metaspace"):
+    for name in ("llama2-legacy", "llama2-metaspace", "llama2-metaspace-split"):
         tok = Tokenizer(models.BPE(unk_token="<unk>", fuse_unk=True, byte_fallback=True))
         if name == "llama2-legacy":
             tok.normalizer = normalizers.Sequence([normalizers.Prepend(SPACE), normalizers.Replace(" ", SPACE)])
-        else:
+        elif name == "llama2-metaspace":
             tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="first", split=False)
+        else:  # a piece per word: "▁" starts each (as tokenizers' Metaspace split=True)
+            tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement=SPACE, prepend_scheme="always", split=True)
         trainer = trainers.BpeTrainer(vocab_size=3000, special_tokens=["<unk>", "<s>", "</s>"], limit_alphabet=200,
                                       show_progress=False)
         tok.train_from_iterator(train_docs, trainer=trainer)
