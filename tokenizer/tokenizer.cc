@@ -534,6 +534,8 @@ void Tokenizer::Impl::InitAdded(const BpeSpec& spec) {
 }
 
 Status Tokenizer::Impl::InitSpmVocab(const BpeSpec& spec, const std::string& what) {
+  L2L_ASSIGN_OR_RETURN(SpmModel m, SpmModel::Create(spec, what));  // checks types and scores against tokens
+  spm = std::move(m);
   vocab.reserve(spec.tokens.size());
   for (size_t id = 0; id < spec.tokens.size(); ++id) {
     const std::string& t = spec.tokens[id];
@@ -543,8 +545,6 @@ Status Tokenizer::Impl::InitSpmVocab(const BpeSpec& spec, const std::string& wha
     id_bytes[id] = SpmPieceBytes(t, byte_token);
     vocab.emplace(id_bytes[id], static_cast<int32_t>(id));  // TokenId: the first id of these bytes
   }
-  L2L_ASSIGN_OR_RETURN(SpmModel m, SpmModel::Create(spec, what));
-  spm = std::move(m);
   InitAdded(spec);
   if (spec.unk_id >= 0 && (static_cast<size_t>(spec.unk_id) >= id_known.size() || !id_known[spec.unk_id])) {
     return InvalidArgument(what + ": the unknown token id " + std::to_string(spec.unk_id) + " is not a token");

@@ -124,6 +124,13 @@ TEST_CASE("Bad SentencePiece GGUF metadata is refused naming the file and key", 
   v = TinySpm();
   v.unk_id = 99;
   ExpectError(Tokenizer::FromGguf(v, "m.gguf").status(), StatusCode::kInvalidArgument, {"m.gguf", "unknown_token_id 99"});
+  auto spec = Tokenizer::SpecFromGguf(TinySpm(), "t");  // a BpeSpec made by hand is checked as well
+  REQUIRE(spec.ok());
+  spec->token_types.pop_back();
+  ExpectError(Tokenizer::Create(*spec, "spec").status(), StatusCode::kInvalidArgument, {"spec", "14 token types for 15 tokens"});
+  spec->token_types.push_back(4);
+  spec->scores.pop_back();
+  ExpectError(Tokenizer::Create(*spec, "spec").status(), StatusCode::kInvalidArgument, {"spec", "14 scores for 15 tokens"});
   v = TinySpm();
   v.tokens[8] = "";
   v.token_types[8] = 3;
