@@ -19,6 +19,8 @@ Cases (each: ids equal token for token, and where noted decode round-trips):
         `sentencepiece` library, on the text between control tokens (SentencePiece does not
         match control tokens in text; HF and llama.cpp do) — the original algorithm;
     and decode must round-trip.
+  * gemma3-hf-json: that HF tokenizer.json itself (Gemma's own tokenizer.json shape: 262,144
+    pieces, merges by rank) loaded by Tokenizer::FromTokenizerJson.
   * gemma3-exported: the tokenizer.json we write for the GGUF (BpeSpecToTokenizerJson: what
     an HF export of a GGUF-imported Gemma carries) loaded by HF `tokenizers` gives our ids.
   * llama2-legacy / llama2-metaspace(-split): Llama-2-style tokenizer.json files trained here with
@@ -170,7 +172,7 @@ def gemma_configs(args, docs):
         k = next((k for k in range(min(len(a), len(b))) if a[k] != b[k]), min(len(a), len(b)))
         print("  first: document %d token %d: spm %r vs HF %r" % (diff[0], k, a[k:k + 6], b[k:k + 6]))
         ok = False
-    return ok, {"gemma3-gguf": (p, ["--load", args.gemma])}
+    return ok, {"gemma3-gguf": (p, ["--load", args.gemma]), "gemma3-hf-json": (p, ["--json", p])}
 
 
 def llama2_configs(args, train_docs):

@@ -46,7 +46,8 @@ set_tests_properties(tokenizer.cli_bounded_ids PROPERTIES LABELS "unit" TIMEOUT 
 # Gemma 3 270M GGUF (scripts/fetch_models.sh gemma3: tokenizer.ggml.model "llama", scores,
 # token types, no merges) through LoadTokenizer against HF `tokenizers` built from the
 # GGUF's pieces by transformers' GemmaConverter recipe (itself checked against Google's
-# `sentencepiece` on a ModelProto of the same pieces), our tokenizer.json export of the GGUF
+# `sentencepiece` on a ModelProto of the same pieces) and loaded by us as tokenizer.json too,
+# our tokenizer.json export of the GGUF
 # loaded by HF, and Llama-2-style tokenizer.json files (Prepend/Replace normalizer; Metaspace)
 # trained here with byte fallback and fused <unk>; ids token for token, decode round trip.
 # And l2l-tokenize --jsonl with the GGUF: Gemma 3's chat template (ids equal transformers'
