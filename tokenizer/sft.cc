@@ -149,9 +149,15 @@ Result<SftExample> EncodeSftLine(const Tokenizer* tok, std::string_view line, co
   const size_t n_suffix = tok->suffix_ids().size();
   ex.mask.assign(ex.ids.size(), 0);
   size_t pos = 0;
+  const bool spm = tok->model() == BpeModel::kSentencePiece;
   for (size_t i = n_prefix; i + n_suffix < ex.ids.size(); ++i) {
     if (f.IsTarget(pos)) ex.mask[i] = 1;
-    pos += tok->TokenBytes(ex.ids[i]).size();
+    const std::string& bytes = tok->TokenBytes(ex.ids[i]);
+    size_t n = bytes.size();
+    // A SentencePiece "▁" prefix (Llama 2: before the text and after each added token)
+    // is a space the text does not have.
+    if (spm && n > 0 && bytes[0] == ' ' && (pos >= f.text.size() || f.text[pos] != ' ')) --n;
+    pos += n;
   }
   if (pos != f.text.size()) {
     return Internal(where + ": the tokens' bytes (" + std::to_string(pos) + ") do not spell the " +

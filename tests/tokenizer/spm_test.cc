@@ -226,5 +226,20 @@ TEST_CASE("SFT messages with a Gemma tokenizer use Gemma's chat template and mas
               StatusCode::kInvalidArgument, {"d.jsonl:2", "messages[0]", "alternate"});
 }
 
+TEST_CASE("SFT masks line up with a SentencePiece tokenizer that adds a space prefix", "[tokenizer][spm][sft]") {
+  GgufVocab v = TinySpm();
+  v.add_space_prefix = true;
+  auto t = Tokenizer::FromGguf(v, "llama2-like");
+  REQUIRE(t.ok());
+  auto ex = EncodeSftLine(&*t, R"({"prompt": "ab ", "completion": "ab</s>b"})", "d.jsonl:1");
+  INFO(ex.status().ToString());
+  REQUIRE(ex.ok());
+  // <s> | "▁ab▁ab" -> ▁ab ▁ab | </s> | "▁b" -> ▁ b | EOS
+  CHECK(ex->ids == Ids{1, 12, 12, 2, 6, 8, 2});
+  // Targets: the completion's bytes start at "ab" after "ab " (the second ▁ab holds the
+  // prompt's space as its first byte, so it is a prompt token), then </s>, ▁ (prefix), b, EOS.
+  CHECK(ex->mask == std::vector<uint8_t>{0, 0, 0, 1, 1, 1, 1});
+}
+
 }  // namespace
 }  // namespace l2l::tok
