@@ -150,19 +150,24 @@ Result<SftExample> EncodeSftLine(const Tokenizer* tok, std::string_view line, co
   ex.mask.assign(ex.ids.size(), 0);
   size_t pos = 0;
   const bool spm = tok->model() == BpeModel::kSentencePiece;
-  for (size_t i = n_prefix; i + n_suffix < ex.ids.size(); ++i) {
+  for (size_t i = n_prefix; i + n_suffix < ex.ids.size() && pos <= f.text.size(); ++i) {
     if (f.IsTarget(pos)) ex.mask[i] = 1;
     const std::string& bytes = tok->TokenBytes(ex.ids[i]);
     size_t n = bytes.size();
     // A SentencePiece "▁" prefix (Llama 2: before the text and after each added token)
-    // is a space the text does not have.
-    if (spm && n > 0 && bytes[0] == ' ' && (pos >= f.text.size() || f.text[pos] != ' ')) --n;
+    // is a space the text does not have: a token that does not spell the text here but
+    // does without its first space holds it.
+    if (spm && n > 0 && bytes[0] == ' ' && f.text.compare(pos, n, bytes) != 0 &&
+        f.text.compare(pos, n - 1, bytes, 1, n - 1) == 0) {
+      --n;
+    }
     pos += n;
   }
   if (pos != f.text.size()) {
     return Internal(where + ": the tokens' bytes (" + std::to_string(pos) + ") do not spell the " +
                     std::to_string(f.text.size()) + "-byte formatted text (a tokenizer that adds or strips "
-                    "whitespace cannot be masked by position)");
+                    "whitespace, or gives an unknown token such as <unk> for characters it cannot spell, cannot be "
+                    "masked by position)");
   }
   if (add_eos) {
     ex.ids.push_back(tok->eos_id());

@@ -319,6 +319,42 @@ def check_sft_gemma(args):
     return True
 
 
+def check_sft_llama2(args):
+    """l2l-tokenize --jsonl with the llama2-legacy tokenizer.json (ChatML tokens added, a "▁"
+    prefix before the text and after every added token): ids equal HF's encoding of the
+    formatted lines and the mask is the one HF's offsets give (hf_oracle.expected_sft)."""
+    p = os.path.join(args.work, "llama2-legacy.json")
+    tok = Tokenizer.from_file(p)
+    # (This vocabulary spells 4-byte characters as <unk>, whose bytes are not the text's: SFT
+    # refuses such lines, so the emoji is left out here.)
+    lines = json.loads(json.dumps(hf_oracle.SFT_LINES).replace("\\ud83d\\ude00", "!"))
+    assert "\U0001F600" not in json.dumps(lines, ensure_ascii=False)
+    src = os.path.join(args.work, "llama2-sft.jsonl")
+    with open(src, "w", encoding="utf-8") as f:
+        for line in lines:
+            f.write(json.dumps(line) + "\n")
+    out = os.path.join(args.work, "llama2-sft.bin")
+    proc = hf_oracle.subprocess.run([args.tokenize, src, out, "--jsonl", "--tokenizer", p], capture_output=True, text=True)
+    if proc.returncode != 0:
+        print("llama2 sft: l2l-tokenize failed: " + proc.stderr.strip())
+        return False
+    want_ids, want_mask = [], []
+    for line in lines:
+        i, m = hf_oracle.expected_sft(tok, line, None)
+        want_ids += i
+        want_mask += m
+    got_ids, got_mask = hf_oracle.read_tokens(out), hf_oracle.read_mask(out + ".mask")
+    if got_ids != want_ids or got_mask != want_mask:
+        k = next((k for k in range(min(len(got_ids), len(want_ids))) if got_ids[k] != want_ids[k] or got_mask[k] != want_mask[k]),
+                 min(len(got_ids), len(want_ids)))
+        print("llama2 sft: differs at token %d (%d vs %d tokens): ours %r / mask %r, HF %r / mask %r"
+              % (k, len(got_ids), len(want_ids), got_ids[k:k + 6], got_mask[k:k + 6], want_ids[k:k + 6], want_mask[k:k + 6]))
+        return False
+    print("llama2 sft: OK: %d tokens (ChatML with a ▁ prefix after each added token) equal HF's, %d target tokens"
+          % (len(got_ids), sum(got_mask)))
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tool", required=True)
@@ -348,6 +384,8 @@ def main():
         ok &= hf_oracle.check(name, json_path, tool_args, docs, args, sizes)
     if args.tokenize and (not args.only or args.only.startswith("gemma3")):
         ok &= check_sft_gemma(args)
+    if args.tokenize and (not args.only or args.only.startswith("llama2")):
+        ok &= check_sft_llama2(args)
     if not args.only or args.only == "gemma3-gguf":
         # The tokenizer.json we export for the GGUF encodes in HF as we do.
         out_dir = os.path.join(args.work, "gemma3-exported")
