@@ -16,7 +16,11 @@
 // refused rather than silently approximated.
 //
 // Thread-safety: free functions over their arguments.
+#include <algorithm>
 #include <filesystem>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
