@@ -47,6 +47,18 @@ Result<GgufVocab> GgufVocabFromReader(const formats::GgufReader& gguf) {
     L2L_ASSIGN_OR_RETURN(bool b, gguf.GetBool("tokenizer.ggml.add_eos_token"));
     v.add_eos = b;
   }
+  if (gguf.Get("tokenizer.ggml.add_space_prefix") != nullptr) {
+    L2L_ASSIGN_OR_RETURN(bool b, gguf.GetBool("tokenizer.ggml.add_space_prefix"));
+    v.add_space_prefix = b;
+  }
+  if (gguf.Get("tokenizer.ggml.unknown_token_id") != nullptr) {
+    L2L_ASSIGN_OR_RETURN(uint64_t id, gguf.GetUInt("tokenizer.ggml.unknown_token_id"));
+    v.unk_id = static_cast<int64_t>(id);
+  }
+  if (gguf.Get("tokenizer.ggml.scores") != nullptr) {
+    L2L_ASSIGN_OR_RETURN(std::vector<double> scores, gguf.GetFloatArray("tokenizer.ggml.scores"));
+    v.scores.assign(scores.begin(), scores.end());
+  }
   return v;
 }
 
@@ -131,6 +143,10 @@ Result<GgufMetadata> GgufTokenizerMetadataFromHf(const std::string& dir, int64_t
   if (!fs::exists(json_path, ec)) return GgufMetadata{};
   L2L_ASSIGN_OR_RETURN(BpeSpec spec, Tokenizer::SpecFromTokenizerJson(dir));
   const std::string what = json_path + " as GGUF tokenizer metadata";
+  if (spec.model == BpeModel::kSentencePiece) {
+    return Unimplemented(what + ": a SentencePiece-style (byte_fallback) tokenizer.json has merges but no scores; "
+                         "its GGUF form (tokenizer.ggml.model \"llama\", merged by score) is not written");
+  }
   if (!spec.normalizers.empty()) return Unimplemented(what + ": llama.cpp's gpt2 tokenizer has no normalizer");
   const std::string pre = GgufPreName(spec.pre_tokenizer);
   if (pre.empty()) {

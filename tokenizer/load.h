@@ -1,6 +1,8 @@
 // One entry point for "the tokenizer of this model": a Hugging Face model directory (its
 // tokenizer.json + tokenizer_config.json), a tokenizer.json file, or a GGUF file (the
-// tokenizer.ggml.* metadata, split rules from tokenizer.ggml.pre as llama.cpp maps them).
+// tokenizer.ggml.* metadata: tokenizer.ggml.model "gpt2" with split rules from
+// tokenizer.ggml.pre as llama.cpp maps them, or "llama", SentencePiece BPE from
+// tokenizer.ggml.scores / token_type / add_space_prefix; the architecture does not matter).
 // Used by l2l-tokenize, l2l-eval and l2l-sample so that text is tokenized exactly as the
 // model was trained on it.
 //
@@ -46,7 +48,8 @@ Status WriteHfTokenizerFromGguf(const std::string& gguf_path, const std::string&
 // tokenizer_config.json has one. LoadTokenizer of a GGUF holding these keys encodes as the
 // tokenizer.json does.
 // An empty list when `dir` has no tokenizer.json; Unimplemented, naming what, when the
-// tokenizer has no GGUF form (not byte-level BPE, a normalizer, a pre-tokenizer none of the
+// tokenizer has no GGUF form (not byte-level BPE: SentencePiece-style tokenizer.json files
+// have no scores, a normalizer, a pre-tokenizer none of the
 // names above runs, ignore_merges unlike that name's, prefix/suffix ids other than BOS/EOS);
 // InvalidArgument when it holds more ids than `vocab_size`.
 using GgufMetadata = std::vector<std::pair<std::string, formats::GgufValue>>;

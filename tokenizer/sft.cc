@@ -26,6 +26,41 @@ struct Formatter {
   }
 };
 
+// Jinja's `trim` (Python's str.strip()): whitespace off both ends. Python's whitespace:
+// \t-\r, \x1c-\x1f, space, U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F,
+// U+205F, U+3000.
+std::string_view Trim(std::string_view s) {
+  auto ws_len_at = [&](size_t i) -> size_t {  // length of a whitespace character at i, or 0
+    const auto c = static_cast<unsigned char>(s[i]);
+    if ((c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20)) return 1;
+    auto is = [&](std::string_view u) { return s.compare(i, u.size(), u) == 0 ? u.size() : 0; };
+    for (std::string_view u : {"\xC2\x85", "\xC2\xA0", "\xE1\x9A\x80", "\xE2\x80\xA8", "\xE2\x80\xA9", "\xE2\x80\xAF",
+                               "\xE2\x81\x9F", "\xE3\x80\x80"}) {
+      if (size_t n = is(u)) return n;
+    }
+    if (c == 0xE2 && i + 2 < s.size() && static_cast<unsigned char>(s[i + 1]) == 0x80 &&
+        static_cast<unsigned char>(s[i + 2]) >= 0x80 && static_cast<unsigned char>(s[i + 2]) <= 0x8A) {
+      return 3;  // U+2000-U+200A
+    }
+    return 0;
+  };
+  size_t b = 0;
+  while (b < s.size()) {
+    const size_t n = ws_len_at(b);
+    if (n == 0) break;
+    b += n;
+  }
+  size_t e = s.size();
+  while (e > b) {
+    size_t k = e - 1;  // back up to a character start
+    while (k > b && (static_cast<unsigned char>(s[k]) >> 6) == 0x2 && e - k < 3) --k;
+    const size_t n = ws_len_at(k);
+    if (n == 0 || k + n != e) break;
+    e = k;
+  }
+  return s.substr(b, e - b);
+}
+
 Result<std::string> StringField(const json& obj, const char* key, const std::string& where) {
   auto it = obj.find(key);
   if (it == obj.end()) return InvalidArgument(where + ": missing \"" + key + "\"");
@@ -35,11 +70,18 @@ Result<std::string> StringField(const json& obj, const char* key, const std::str
 
 }  // namespace
 
+ChatFormat ChatFormatOf(const Tokenizer* tok) {
+  if (tok == nullptr) return ChatFormat::kPlain;
+  if (tok->TokenId("<|im_start|>").has_value() && tok->TokenId("<|im_end|>").has_value()) return ChatFormat::kChatMl;
+  if (tok->TokenId("<start_of_turn>").has_value() && tok->TokenId("<end_of_turn>").has_value()) return ChatFormat::kGemma;
+  return ChatFormat::kPlain;
+}
+
 Result<SftExample> EncodeSftLine(const Tokenizer* tok, std::string_view line, const std::string& where) {
   const json obj = json::parse(line.begin(), line.end(), nullptr, /*allow_exceptions=*/false);
   if (obj.is_discarded()) return InvalidArgument(where + ": not valid JSON");
   if (!obj.is_object()) return InvalidArgument(where + ": not a JSON object");
-  const bool chatml = tok != nullptr && tok->TokenId("<|im_start|>").has_value() && tok->TokenId("<|im_end|>").has_value();
+  const ChatFormat format = ChatFormatOf(tok);
   Formatter f;
   if (obj.contains("messages")) {
     if (obj.contains("prompt") || obj.contains("completion")) {
@@ -47,13 +89,33 @@ Result<SftExample> EncodeSftLine(const Tokenizer* tok, std::string_view line, co
     }
     const json& msgs = obj.at("messages");
     if (!msgs.is_array() || msgs.empty()) return InvalidArgument(where + ": \"messages\" is not a non-empty array");
-    for (size_t i = 0; i < msgs.size(); ++i) {
+    // Gemma: a leading system message is folded into the first user turn.
+    std::string gemma_prefix;
+    size_t first = 0;
+    if (format == ChatFormat::kGemma) {
+      if (tok->prefix_ids().empty() && tok->TokenId("<bos>").has_value()) f.Add("<bos>", false);
+      if (msgs[0].is_object() && msgs[0].value("role", json()) == "system") {
+        L2L_ASSIGN_OR_RETURN(std::string content, StringField(msgs[0], "content", where + ": messages[0]"));
+        gemma_prefix = content + "\n\n";
+        first = 1;
+      }
+    }
+    for (size_t i = first; i < msgs.size(); ++i) {
       const std::string w = where + ": messages[" + std::to_string(i) + "]";
       if (!msgs[i].is_object()) return InvalidArgument(w + " is not an object");
       L2L_ASSIGN_OR_RETURN(std::string role, StringField(msgs[i], "role", w));
       L2L_ASSIGN_OR_RETURN(std::string content, StringField(msgs[i], "content", w));
       const bool assistant = role == "assistant";
-      if (chatml) {
+      if (format == ChatFormat::kGemma) {
+        // Gemma 3's chat template: roles alternate user / assistant ("model"), content trimmed.
+        if ((role == "user") != ((i - first) % 2 == 0)) {
+          return InvalidArgument(w + ": role \"" + role + "\": the Gemma chat template needs the roles to alternate "
+                                 "user/assistant/user/... (after an optional leading system message)");
+        }
+        f.Add("<start_of_turn>" + (assistant ? std::string("model") : role) + "\n" + (i == first ? gemma_prefix : ""), false);
+        f.Add(std::string(Trim(content)) + "<end_of_turn>", assistant);
+        f.Add("\n", false);
+      } else if (format == ChatFormat::kChatMl) {
         f.Add("<|im_start|>" + role + "\n", false);
         f.Add(content + "<|im_end|>", assistant);
         f.Add("\n", false);
@@ -87,14 +149,25 @@ Result<SftExample> EncodeSftLine(const Tokenizer* tok, std::string_view line, co
   const size_t n_suffix = tok->suffix_ids().size();
   ex.mask.assign(ex.ids.size(), 0);
   size_t pos = 0;
-  for (size_t i = n_prefix; i + n_suffix < ex.ids.size(); ++i) {
+  const bool spm = tok->model() == BpeModel::kSentencePiece;
+  for (size_t i = n_prefix; i + n_suffix < ex.ids.size() && pos <= f.text.size(); ++i) {
     if (f.IsTarget(pos)) ex.mask[i] = 1;
-    pos += tok->TokenBytes(ex.ids[i]).size();
+    const std::string& bytes = tok->TokenBytes(ex.ids[i]);
+    size_t n = bytes.size();
+    // A SentencePiece "▁" prefix (Llama 2: before the text and after each added token)
+    // is a space the text does not have: a token that does not spell the text here but
+    // does without its first space holds it.
+    if (spm && n > 0 && bytes[0] == ' ' && f.text.compare(pos, n, bytes) != 0 &&
+        f.text.compare(pos, n - 1, bytes, 1, n - 1) == 0) {
+      --n;
+    }
+    pos += n;
   }
   if (pos != f.text.size()) {
     return Internal(where + ": the tokens' bytes (" + std::to_string(pos) + ") do not spell the " +
                     std::to_string(f.text.size()) + "-byte formatted text (a tokenizer that adds or strips "
-                    "whitespace cannot be masked by position)");
+                    "whitespace, or gives an unknown token such as <unk> for characters it cannot spell, cannot be "
+                    "masked by position)");
   }
   if (add_eos) {
     ex.ids.push_back(tok->eos_id());

@@ -1,8 +1,11 @@
 // Supervised fine-tuning data: one JSONL line ({"prompt","completion"} or
 // {"messages":[{"role","content"}...]}) -> token ids and a loss mask (1 = a training
 // target). Messages use the ChatML template ("<|im_start|>ROLE\nCONTENT<|im_end|>\n") when
-// the tokenizer has <|im_start|> and <|im_end|>, plain concatenation otherwise; see
-// docs/formats.md for the exact rules.
+// the tokenizer has <|im_start|> and <|im_end|>; Gemma 3's ("<bos><start_of_turn>user\n
+// PROMPT<end_of_turn>\n<start_of_turn>model\nRESPONSE<end_of_turn>\n", content trimmed, a
+// leading system message folded into the first user turn, roles alternating) when it has
+// <start_of_turn> and <end_of_turn>; plain concatenation otherwise; see docs/formats.md for
+// the exact rules.
 //
 // The formatted string is encoded in one piece (so ids equal the tokenizer's encoding of
 // that string), and each token's mask comes from the span holding its first byte: the
@@ -26,6 +29,10 @@ struct SftExample {
   std::vector<int32_t> ids;    // its tokens (BOS first when the tokenizer adds one)
   std::vector<uint8_t> mask;   // per token: 1 = trained on (completion / assistant), 0 = context
 };
+
+// The chat template messages get with `tokenizer` (nullptr: the byte-level tokenizer).
+enum class ChatFormat { kPlain, kChatMl, kGemma };
+ChatFormat ChatFormatOf(const Tokenizer* tokenizer);
 
 // One JSONL line. `tokenizer` == nullptr means the byte-level tokenizer (ids = bytes, plain
 // concatenation). `where` ("data.jsonl:12") prefixes every error.

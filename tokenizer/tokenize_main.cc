@@ -1,7 +1,9 @@
 // l2l-tokenize: turns a text file (or SFT JSONL) into a tokens file (docs/formats.md),
 // with the byte-level tokenizer (one token per byte, vocabulary 256; the default) or a
-// model's BPE tokenizer (--tokenizer: a model directory holding tokenizer.json, the
-// tokenizer.json file, or a GGUF file's tokenizer.ggml.* metadata), optionally splitting off the last fraction as a validation file.
+// model's tokenizer (--tokenizer: a model directory holding tokenizer.json, the
+// tokenizer.json file, or a GGUF file's tokenizer.ggml.* metadata; byte-level or
+// SentencePiece-style BPE, or WordPiece), optionally splitting off the last fraction as a
+// validation file.
 //
 //   l2l-tokenize INPUT OUTPUT.bin [--tokenizer PATH] [--jsonl]
 //                [--val-fraction 0.1 --val-output VAL.bin]

@@ -1,5 +1,6 @@
-// Byte-level BPE: tables, added-token matching, pre-tokenization, merges, decoding.
-// See tokenizer/tokenizer.h.
+// BPE tokenizers: tables, added-token matching, pre-tokenization, byte-level merges,
+// decoding; the SentencePiece merges themselves are in tokenizer/spm.cc. See
+// tokenizer/tokenizer.h.
 //
 // Thread-safety: see the header. The word cache is the only mutable state.
 #include "tokenizer/tokenizer.h"
@@ -9,12 +10,14 @@
 #include <deque>
 #include <mutex>
 #include <queue>
+#include <unordered_map>
 
 #include <unicode/bytestream.h>
 #include <unicode/normalizer2.h>
 #include <unicode/stringpiece.h>
 
 #include "tokenizer/regex_split.h"
+#include "tokenizer/spm.h"
 #include "tokenizer/utf8.h"
 
 namespace l2l::tok {
@@ -127,22 +130,36 @@ uint64_t PairKey(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_ca
 struct Piece {
   std::string_view text;
   int32_t added_id = -1;
+  bool at_start = false;  // text at the start of the input (Metaspace prepend_scheme "first")
 };
 
-// Leftmost-longest matcher over a set of added tokens.
+// Leftmost-longest matcher over a set of added tokens. At each position it looks the text
+// up once per distinct token length among the tokens starting with that byte (Gemma has
+// 6,000 "<unusedN>" tokens starting with '<': scanning them all at every '<' of HTML made
+// encoding 30x slower).
 struct AddedMatcher {
-  std::vector<const AddedToken*> by_first[256];  // longest first
+  std::unordered_map<std::string_view, const AddedToken*> by_content;  // the first token of each content
+  std::vector<size_t> lengths[256];  // by first byte: the distinct lengths, longest first
   bool empty = true;
   void Add(const AddedToken* t) {
     if (t->content.empty()) return;
-    by_first[static_cast<unsigned char>(t->content[0])].push_back(t);
+    if (by_content.emplace(t->content, t).second) lengths[static_cast<unsigned char>(t->content[0])].push_back(t->content.size());
     empty = false;
   }
   void Finish() {
-    for (auto& v : by_first) {
-      std::stable_sort(v.begin(), v.end(),
-                       [](const AddedToken* a, const AddedToken* b) { return a->content.size() > b->content.size(); });
+    for (auto& v : lengths) {
+      std::sort(v.begin(), v.end(), std::greater<size_t>());
+      v.erase(std::unique(v.begin(), v.end()), v.end());
     }
+  }
+  // The longest token at s[i], or nullptr.
+  const AddedToken* LongestAt(std::string_view s, size_t i) const {
+    for (size_t len : lengths[static_cast<unsigned char>(s[i])]) {
+      if (len > s.size() - i) continue;
+      auto it = by_content.find(s.substr(i, len));
+      if (it != by_content.end()) return it->second;
+    }
+    return nullptr;
   }
   // HF AddedVocabulary::find_matches on `s`, appending pieces to `out`.
   void Split(std::string_view s, std::vector<Piece>* out) const {
@@ -152,13 +169,7 @@ struct AddedMatcher {
     }
     size_t start_offset = 0, i = 0;
     while (i < s.size()) {
-      const AddedToken* best = nullptr;
-      for (const AddedToken* t : by_first[static_cast<unsigned char>(s[i])]) {
-        if (s.compare(i, t->content.size(), t->content) == 0) {
-          best = t;
-          break;
-        }
-      }
+      const AddedToken* best = LongestAt(s, i);
       if (best == nullptr) {
         ++i;
         continue;
@@ -271,6 +282,12 @@ std::optional<std::string> ByteLevelToBytes(std::string_view token) {
 // ---- Impl ----------------------------------------------------------------------------
 
 struct Tokenizer::Impl {
+  BpeModel model = BpeModel::kByteLevel;
+  std::optional<SpmModel> spm;         // kSentencePiece: the merges
+  SpacePrefix space_prefix = SpacePrefix::kNone;
+  bool escape_spaces = false;          // kSentencePiece: ' ' -> "▁"
+  bool metaspace = false;              // prefix and escape at pre-tokenization (Metaspace), not normalization
+  bool decode_strip_space = false;
   std::vector<std::string> id_bytes;   // id -> raw bytes (decode)
   std::vector<uint8_t> id_known;       // id has a token
   std::vector<uint8_t> id_added;       // id is an added token
@@ -297,15 +314,23 @@ struct Tokenizer::Impl {
   // Create's two halves: ids, vocabulary, merges and added tokens; then normalizers,
   // pre-tokenizer steps and the post-processor's ids.
   Status InitVocab(const BpeSpec& spec, const std::string& what);
+  Status InitSpmVocab(const BpeSpec& spec, const std::string& what);
+  void InitAdded(const BpeSpec& spec);  // added tokens, their matchers and decoded bytes
   Status InitPipeline(const BpeSpec& spec, const std::string& what);
   // `text` normalized; a view of `text` itself when it already is (the common case).
   Result<std::string_view> Normalize(std::string_view text, std::deque<std::string>* arena) const;
+  // kSentencePiece: the "▁" prefix (per space_prefix) and ' ' -> "▁" applied to a piece.
+  std::string_view SpmEscape(std::string_view text, bool at_start, std::deque<std::string>* arena) const;
   // Runs pre-tokenizer steps [step, end) on `text` depth first, BPE-encoding each final
   // word into `out` as soon as it is cut (memory does not grow with the text).
   Status PreTokenizeAndEncode(size_t step, std::string_view text, std::vector<int32_t>* out) const;
 };
 
 void Tokenizer::Impl::BpeWord(std::string_view word, std::vector<int32_t>* out) const {
+  if (spm.has_value()) {
+    spm->EncodePiece(word, out);
+    return;
+  }
   if (ignore_merges) {
     auto it = vocab.find(word);
     if (it != vocab.end()) {
@@ -397,6 +422,23 @@ Result<std::string_view> Tokenizer::Impl::Normalize(std::string_view text, std::
   return text;
 }
 
+std::string_view Tokenizer::Impl::SpmEscape(std::string_view text, bool at_start, std::deque<std::string>* arena) const {
+  if (text.empty()) return text;
+  const bool starts_space = text[0] == ' ' || text.substr(0, kSpmSpace.size()) == kSpmSpace;
+  bool prefix = false;
+  switch (space_prefix) {
+    case SpacePrefix::kNone: break;
+    case SpacePrefix::kAlways: prefix = true; break;
+    case SpacePrefix::kMetaspaceAlways: prefix = !starts_space; break;
+    case SpacePrefix::kMetaspaceFirst: prefix = at_start && !starts_space; break;
+  }
+  if (!prefix && (!escape_spaces || text.find(' ') == std::string_view::npos)) return text;
+  std::string out = prefix ? std::string(kSpmSpace) : std::string();
+  out += escape_spaces ? EscapeSpmSpaces(text) : std::string(text);
+  arena->push_back(std::move(out));
+  return arena->back();
+}
+
 Status Tokenizer::Impl::PreTokenizeAndEncode(size_t step, std::string_view text, std::vector<int32_t>* out) const {
   if (text.empty()) return Status::Ok();
   if (step == steps.size()) {
@@ -435,6 +477,8 @@ Status Tokenizer::Impl::InitVocab(const BpeSpec& spec, const std::string& what) 
   id_known.assign(static_cast<size_t>(n_ids), 0);
   id_added.assign(static_cast<size_t>(n_ids), 0);
   std::fill(std::begin(byte_id), std::end(byte_id), -1);
+  model = spec.model;
+  if (model == BpeModel::kSentencePiece) return InitSpmVocab(spec, what);
   for (size_t id = 0; id < spec.tokens.size(); ++id) {
     const std::string& t = spec.tokens[id];
     if (t.empty()) continue;
@@ -472,19 +516,52 @@ Status Tokenizer::Impl::InitVocab(const BpeSpec& spec, const std::string& what) 
     merges[PairKey(ia, ib)] = {static_cast<int32_t>(r), inew};
   }
   ignore_merges = spec.ignore_merges;
+  InitAdded(spec);
+  return Status::Ok();
+}
+
+void Tokenizer::Impl::InitAdded(const BpeSpec& spec) {
   added = spec.added_tokens;
   for (const AddedToken& t : added) {
     id_known[t.id] = 1;
     id_added[t.id] = 1;
-    // HF decodes an added token through the ByteLevel decoder, which falls back to the
-    // raw text when a character is outside the byte alphabet.
-    std::optional<std::string> bytes = ByteLevelToBytes(t.content);
-    id_bytes[t.id] = bytes.has_value() ? *bytes : t.content;
+    if (model == BpeModel::kSentencePiece) {
+      // tokenizers' Replace("▁", " ") decoder sees added tokens too.
+      id_bytes[t.id] = SpmPieceBytes(t.content, /*byte_token=*/false);
+    } else {
+      // HF decodes an added token through the ByteLevel decoder, which falls back to the
+      // raw text when a character is outside the byte alphabet.
+      std::optional<std::string> bytes = ByteLevelToBytes(t.content);
+      id_bytes[t.id] = bytes.has_value() ? *bytes : t.content;
+    }
     added_by_content[t.content] = t.id;
   }
   for (const AddedToken& t : added) (t.normalized ? normalized_matcher : raw_matcher).Add(&t);
   raw_matcher.Finish();
   normalized_matcher.Finish();
+}
+
+Status Tokenizer::Impl::InitSpmVocab(const BpeSpec& spec, const std::string& what) {
+  L2L_ASSIGN_OR_RETURN(SpmModel m, SpmModel::Create(spec, what));  // checks types and scores against tokens
+  spm = std::move(m);
+  vocab.reserve(spec.tokens.size());
+  for (size_t id = 0; id < spec.tokens.size(); ++id) {
+    const std::string& t = spec.tokens[id];
+    if (t.empty()) continue;
+    id_known[id] = 1;
+    const bool byte_token = spec.token_types.empty() || spec.token_types[id] == 6;
+    id_bytes[id] = SpmPieceBytes(t, byte_token);
+    vocab.emplace(id_bytes[id], static_cast<int32_t>(id));  // TokenId: the first id of these bytes
+  }
+  InitAdded(spec);
+  if (spec.unk_id >= 0 && (static_cast<size_t>(spec.unk_id) >= id_known.size() || !id_known[spec.unk_id])) {
+    return InvalidArgument(what + ": the unknown token id " + std::to_string(spec.unk_id) + " is not a token");
+  }
+  space_prefix = spec.space_prefix;
+  escape_spaces = spec.escape_spaces;
+  metaspace = spec.metaspace_split || space_prefix == SpacePrefix::kMetaspaceAlways ||
+              space_prefix == SpacePrefix::kMetaspaceFirst;
+  decode_strip_space = spec.decode_strip_space;
   return Status::Ok();
 }
 
@@ -499,6 +576,9 @@ Status Tokenizer::Impl::InitPipeline(const BpeSpec& spec, const std::string& wha
     const PreTokenizerStep& s = spec.pre_tokenizer[i];
     CompiledStep cs{s, std::nullopt};
     if (s.kind == PreTokenizerStep::Kind::kByteLevel) {
+      if (model == BpeModel::kSentencePiece) {
+        return InvalidArgument(what + ": a ByteLevel pre-tokenizer in a SentencePiece (byte_fallback) tokenizer is not supported");
+      }
       byte_level = true;
       if (s.use_regex) {
         L2L_ASSIGN_OR_RETURN(Regex re, Regex::Compile(kGpt2Regex, what + ": ByteLevel pre-tokenizer"));
@@ -516,8 +596,14 @@ Status Tokenizer::Impl::InitPipeline(const BpeSpec& spec, const std::string& wha
     }
     steps.push_back(std::move(cs));
   }
-  if (!byte_level) {
-    return InvalidArgument(what + ": no ByteLevel pre-tokenizer: only byte-level BPE tokenizers are supported");
+  if (model == BpeModel::kSentencePiece && spec.metaspace_split) {
+    // Metaspace split=true: a piece per "▁" and the text after it.
+    L2L_ASSIGN_OR_RETURN(Regex re, Regex::Compile(std::string(kSpmSpace), what + ": Metaspace split"));
+    steps.push_back(CompiledStep{PreTokenizerStep::Split(std::string(kSpmSpace), SplitBehavior::kMergedWithNext), std::move(re)});
+  }
+  if (!byte_level && model == BpeModel::kByteLevel) {
+    return InvalidArgument(what + ": no ByteLevel pre-tokenizer: only byte-level BPE tokenizers are supported "
+                           "(and SentencePiece-style BPE with model.byte_fallback true)");
   }
   for (const auto* ids : {&spec.prefix_ids, &spec.suffix_ids}) {
     for (int32_t id : *ids) {
@@ -548,19 +634,26 @@ Result<std::vector<int32_t>> Tokenizer::Encode(std::string_view text, bool add_s
   std::deque<std::string> arena;
   std::vector<Piece> raw_pieces, pieces;
   m.raw_matcher.Split(text, &raw_pieces);
-  for (const Piece& p : raw_pieces) {
+  const bool spm = m.model == BpeModel::kSentencePiece;
+  for (size_t i = 0; i < raw_pieces.size(); ++i) {
+    const Piece& p = raw_pieces[i];
     if (p.added_id >= 0) {
       pieces.push_back(p);
     } else {
       L2L_ASSIGN_OR_RETURN(std::string_view normalized, m.Normalize(p.text, &arena));
+      // SentencePiece normalizers (Prepend("▁"), Replace(" ", "▁")) run here.
+      if (spm && !m.metaspace) normalized = m.SpmEscape(normalized, i == 0, &arena);
       m.normalized_matcher.Split(normalized, &pieces);
     }
   }
+  if (!pieces.empty()) pieces[0].at_start = true;
   for (const Piece& p : pieces) {
     if (p.added_id >= 0) {
       out.push_back(p.added_id);
     } else {
-      L2L_RETURN_IF_ERROR(m.PreTokenizeAndEncode(0, p.text, &out));
+      // The Metaspace pre-tokenizer runs here, after added tokens are cut out.
+      const std::string_view piece = spm && m.metaspace ? m.SpmEscape(p.text, p.at_start, &arena) : p.text;
+      L2L_RETURN_IF_ERROR(m.PreTokenizeAndEncode(0, piece, &out));
     }
   }
   if (add_special) out.insert(out.end(), m.suffix_ids.begin(), m.suffix_ids.end());
@@ -578,6 +671,7 @@ Result<std::string> Tokenizer::Decode(std::span<const int32_t> ids) const {
     }
     out += m.id_bytes[id];
   }
+  if (m.decode_strip_space && !out.empty() && out[0] == ' ') out.erase(0, 1);  // decoder Strip(" ", 1, 0)
   return out;
 }
 
@@ -598,6 +692,7 @@ const std::string& Tokenizer::TokenBytes(int32_t id) const {
 bool Tokenizer::IsAddedToken(int32_t id) const {
   return id >= 0 && static_cast<size_t>(id) < impl_->id_added.size() && impl_->id_added[id];
 }
+BpeModel Tokenizer::model() const { return impl_->model; }
 int32_t Tokenizer::bos_id() const { return impl_->bos_id; }
 int32_t Tokenizer::eos_id() const { return impl_->eos_id; }
 std::span<const int32_t> Tokenizer::prefix_ids() const { return impl_->prefix_ids; }

@@ -1,7 +1,17 @@
-// Byte-level BPE tokenizer, as Hugging Face `tokenizers` defines it in tokenizer.json
-// (model type BPE, ByteLevel/Split/Digits pre-tokenizers, added tokens, ByteLevel
-// decoder, TemplateProcessing post-processor) and as llama.cpp runs a GGUF file's
-// `tokenizer.ggml.*` vocabulary (split rules chosen by `tokenizer.ggml.pre`).
+// BPE tokenizers of two flavours behind one class:
+//  * byte-level BPE, as Hugging Face `tokenizers` defines it in tokenizer.json (model type
+//    BPE, ByteLevel/Split/Digits pre-tokenizers, added tokens, ByteLevel decoder,
+//    TemplateProcessing post-processor) and as llama.cpp runs a GGUF file's
+//    `tokenizer.ggml.*` vocabulary with tokenizer.ggml.model "gpt2" (split rules chosen by
+//    `tokenizer.ggml.pre`);
+//  * SentencePiece-style BPE (Llama 2, Gemma): spaces become U+2581 "▁", an optional "▁"
+//    prefix, words merged on Unicode characters, characters without a token spelled as
+//    <0xNN> byte tokens. From a GGUF with tokenizer.ggml.model "llama" merges follow the
+//    token scores (the highest-scoring pair first, leftmost on ties: SentencePiece's BPE
+//    and llama.cpp's llm_tokenizer_spm); from a tokenizer.json (model BPE with
+//    byte_fallback true, normalizer Replace(" ", "▁") / Prepend("▁") or a Metaspace
+//    pre-tokenizer, decoder Replace / ByteFallback / Fuse / Strip) they follow the merges'
+//    ranks as `tokenizers` does. See tokenizer/spm.h.
 //
 // Pipeline of Encode(text):
 //   1. added tokens are cut out of the text first (leftmost-longest match; tokens with
@@ -14,9 +24,11 @@
 //      mapping is applied to the vocabulary once at load, so words are never remapped),
 //      through a word -> ids cache;
 //   4. the post-processor's prefix / suffix ids (e.g. BOS) are added when add_special.
-// Decode(ids) concatenates each token's bytes (the ByteLevel decoder): for any text,
-// Decode(Encode(text, false)) == text when the tokenizer neither normalizes, adds a prefix
-// space nor strips whitespace around added tokens.
+// Decode(ids) concatenates each token's bytes (the ByteLevel decoder; for SentencePiece
+// "▁" -> " ", <0xNN> -> that byte, then one leading space stripped when the tokenizer adds
+// a prefix space): for any text, Decode(Encode(text, false)) == text when the tokenizer
+// neither normalizes, adds a prefix space after an added token nor strips whitespace
+// around added tokens.
 //
 // Ownership: a Tokenizer owns its tables and its cache; move-only.
 // Thread-safety: Encode and Decode are const and may run from several threads at once
@@ -81,10 +93,27 @@ extern const char* const kGpt2Regex;
 extern const char* const kLlama3Regex;  // (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|...
 extern const char* const kQwen2Regex;   // as Llama-3 with \p{N} (one digit per word)
 
-// Everything a byte-level BPE tokenizer is made of, as plain data: what tokenizer.json or
-// a GGUF file's metadata hold. `tokens` are in the byte-level alphabet (GPT-2's
-// bytes_to_unicode: 'Ġ' for a space), as both formats store them.
+// Which flavour of BPE a BpeSpec describes.
+enum class BpeModel {
+  kByteLevel,      // GPT-2 byte alphabet, pre-tokenizer with a ByteLevel step
+  kSentencePiece,  // "▁" for spaces, merges on characters, <0xNN> byte fallback
+};
+
+// Where a SentencePiece tokenizer puts a "▁" before a piece of text (a piece: the text
+// between two added tokens).
+enum class SpacePrefix {
+  kNone,
+  kAlways,           // every piece (GGUF add_space_prefix; the Prepend("▁") normalizer)
+  kMetaspaceAlways,  // every piece not already starting with "▁" (Metaspace "always")
+  kMetaspaceFirst,   // only the piece at the start of the text, when not "▁" already
+};
+
+// Everything a BPE tokenizer is made of, as plain data: what tokenizer.json or a GGUF
+// file's metadata hold. For kByteLevel `tokens` are in the byte-level alphabet (GPT-2's
+// bytes_to_unicode: 'Ġ' for a space), as both formats store them; for kSentencePiece they
+// are SentencePiece pieces ("▁the", "<0x0A>").
 struct BpeSpec {
+  BpeModel model = BpeModel::kByteLevel;
   std::vector<std::string> tokens;  // id -> token text; "" for an id the vocab skips
   std::vector<std::pair<std::string, std::string>> merges;  // in rank order (rank 0 first)
   bool ignore_merges = false;       // a word that is itself a token is that token
@@ -95,20 +124,35 @@ struct BpeSpec {
   std::vector<int32_t> suffix_ids;  // ... and after it
   int32_t bos_id = -1;              // -1: none (informational; prefix_ids decide encoding)
   int32_t eos_id = -1;
+
+  // kSentencePiece only.
+  std::vector<float> scores;        // per id; non-empty: merge by score (GGUF), else by merges' rank
+  std::vector<int32_t> token_types;  // per id (GGUF types; empty: all normal): 3 control, 6 byte
+  int32_t unk_id = -1;               // a character with neither a token nor byte tokens; -1: dropped
+  bool fuse_unk = false;             // consecutive unknown characters give one unk (tokenizers)
+  bool escape_spaces = true;         // ' ' -> "▁" before merging
+  SpacePrefix space_prefix = SpacePrefix::kNone;
+  bool metaspace_split = false;      // Metaspace split=true: pieces split before each "▁"
+  bool decode_strip_space = false;   // Decode drops one leading space (decoder Strip)
 };
 
 // A GGUF file's tokenizer metadata, as the GGUF reader hands it over.
 struct GgufVocab {
   std::vector<std::string> tokens;   // tokenizer.ggml.tokens
   std::vector<std::string> merges;   // tokenizer.ggml.merges, "left right"
-  std::vector<int32_t> token_types;  // tokenizer.ggml.token_type (empty: all normal);
-                                     // 3 = control and 4 = user defined are added tokens
-  std::string model = "gpt2";        // tokenizer.ggml.model: only "gpt2" (byte-level BPE)
+  std::vector<int32_t> token_types;  // tokenizer.ggml.token_type (empty: all normal); 1 normal,
+                                     // 2 unknown, 3 control, 4 user defined (2-4: added
+                                     // tokens), 5 unused, 6 byte (<0xNN>)
+  std::vector<float> scores;         // tokenizer.ggml.scores (required for "llama")
+  std::string model = "gpt2";        // tokenizer.ggml.model: "gpt2" (byte-level BPE) or
+                                     // "llama" (SentencePiece BPE)
   std::string pre;                   // tokenizer.ggml.pre ("" = "default")
   int64_t bos_id = -1;               // tokenizer.ggml.bos_token_id (-1: absent)
   int64_t eos_id = -1;               // tokenizer.ggml.eos_token_id
   std::optional<bool> add_bos;       // tokenizer.ggml.add_bos_token (absent: as llama.cpp)
   std::optional<bool> add_eos;       // tokenizer.ggml.add_eos_token
+  std::optional<bool> add_space_prefix;  // tokenizer.ggml.add_space_prefix ("llama"; absent: true)
+  int64_t unk_id = -1;               // tokenizer.ggml.unknown_token_id
 };
 
 // The pre-tokenizer and flags llama.cpp uses for a `tokenizer.ggml.pre` name: "gpt-2",
@@ -125,7 +169,11 @@ Result<GgufPreRules> PreRulesForGgufPre(std::string_view pre);
 // `spec` as a Hugging Face tokenizer.json (model BPE, Split / ByteLevel pre-tokenizers,
 // normalizers, added tokens, a TemplateProcessing post-processor for prefix / suffix ids,
 // ByteLevel decoder) that `tokenizers` loads and encodes as Tokenizer::Create(spec) does:
-// what an export of a GGUF-imported model writes beside its weights.
+// what an export of a GGUF-imported model writes beside its weights. A SentencePiece spec
+// with scores becomes model BPE with byte_fallback and merges made from the scores (as
+// transformers' SentencePiece converters make them: every split of a token into two
+// tokens, ordered by the token's score), normalizer Prepend / Replace, decoder Replace /
+// ByteFallback / Fuse (/ Strip).
 std::string BpeSpecToTokenizerJson(const BpeSpec& spec);
 
 class Tokenizer {
@@ -164,6 +212,8 @@ class Tokenizer {
   // The raw bytes of one token.
   const std::string& TokenBytes(int32_t id) const;
   bool IsAddedToken(int32_t id) const;
+  // The flavour (byte-level or SentencePiece BPE).
+  BpeModel model() const;
   int32_t bos_id() const;
   int32_t eos_id() const;
   std::span<const int32_t> prefix_ids() const;

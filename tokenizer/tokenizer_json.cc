@@ -1,17 +1,26 @@
-// tokenizer.json (Hugging Face `tokenizers`) -> BpeSpec, and GGUF metadata -> BpeSpec.
-// See tokenizer/tokenizer.h.
+// tokenizer.json (Hugging Face `tokenizers`) -> BpeSpec, and BpeSpec -> tokenizer.json
+// (GGUF metadata -> BpeSpec is tokenizer/gguf_spec.cc). See tokenizer/tokenizer.h.
 //
 // Supported: model BPE (vocab; merges as "a b" strings or [a, b] pairs; ignore_merges;
-// byte_fallback false; no subword prefix/suffix, no dropout), normalizer null / NFC / NFD /
+// no subword prefix/suffix, no dropout), normalizer null / NFC / NFD /
 // NFKC / NFKD / Sequence of them, pre-tokenizer
 // ByteLevel / Split (Regex or String pattern) / Digits / Sequence of them, decoder
 // ByteLevel (or a Sequence holding only ByteLevel), post-processor null / ByteLevel /
-// TemplateProcessing / RobertaProcessing / BertProcessing / Sequence of them. Anything
+// TemplateProcessing / RobertaProcessing / BertProcessing / Sequence of them. With
+// model.byte_fallback true the tokenizer is SentencePiece-style (Llama 2, Gemma): then the
+// normalizer may also hold Prepend("▁") and Replace(" ", "▁"), the pre-tokenizer may be
+// Metaspace (replacement "▁"; prepend_scheme always / first / never; split) or a Split,
+// and the decoder is a Sequence of Replace("▁", " "), ByteFallback, Fuse, Strip(" ", 1, 0)
+// or Metaspace; model.unk_token and fuse_unk are honoured. Anything
 // else is an error naming the field, so a tokenizer we would encode differently is
 // refused rather than silently approximated.
 //
 // Thread-safety: free functions over their arguments.
+#include <algorithm>
 #include <filesystem>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -152,6 +161,105 @@ Status CheckDecoder(const json& j, const std::string& where) {
   return Unimplemented(where + ": decoder type \"" + type + "\" is not supported (ByteLevel is)");
 }
 
+// ---- SentencePiece-style (byte_fallback) pieces --------------------------------------
+
+constexpr const char* kSpace = "\xE2\x96\x81";  // "▁"
+
+bool IsStringPattern(const json& j, const char* s) {
+  return j.is_object() && j.contains("String") && j.at("String").is_string() && j.at("String").get<std::string>() == s;
+}
+
+Status ParseSpmNormalizer(const json& j, const std::string& where, BpeSpec* spec) {
+  if (j.is_null()) return Status::Ok();
+  const std::string type = Str(j, "type");
+  if (type == "Sequence") {
+    const json& list = j.at("normalizers");
+    for (size_t i = 0; i < list.size(); ++i) {
+      L2L_RETURN_IF_ERROR(ParseSpmNormalizer(list[i], where + ".normalizers[" + std::to_string(i) + "]", spec));
+    }
+    return Status::Ok();
+  }
+  if (type == "Prepend") {
+    if (Str(j, "prepend") != kSpace) return Unimplemented(where + ": Prepend of anything but \"▁\" is not supported");
+    spec->space_prefix = SpacePrefix::kAlways;
+    return Status::Ok();
+  }
+  if (type == "Replace") {
+    if (!IsStringPattern(j.at("pattern"), " ") || Str(j, "content") != kSpace) {
+      return Unimplemented(where + ": only Replace(\" \", \"▁\") is supported");
+    }
+    spec->escape_spaces = true;
+    return Status::Ok();
+  }
+  auto n = ParseNormalization(type);
+  if (!n.ok()) return n.status().WithContext(where);
+  if (spec->escape_spaces || spec->space_prefix != SpacePrefix::kNone) {
+    return Unimplemented(where + ": a Unicode normalizer after Prepend / Replace is not supported");
+  }
+  spec->normalizers.push_back(*n);
+  return Status::Ok();
+}
+
+Status ParseSpmPreTokenizer(const json& j, const std::string& where, BpeSpec* spec) {
+  if (j.is_null()) return Status::Ok();
+  const std::string type = Str(j, "type");
+  if (type == "Sequence") {
+    const json& list = j.at("pretokenizers");
+    for (size_t i = 0; i < list.size(); ++i) {
+      L2L_RETURN_IF_ERROR(ParseSpmPreTokenizer(list[i], where + ".pretokenizers[" + std::to_string(i) + "]", spec));
+    }
+    return Status::Ok();
+  }
+  if (type == "Metaspace") {
+    if (Str(j, "replacement") != kSpace) return Unimplemented(where + ": a Metaspace replacement other than \"▁\"");
+    if (!spec->pre_tokenizer.empty() || spec->escape_spaces || spec->space_prefix != SpacePrefix::kNone) {
+      return Unimplemented(where + ": Metaspace after other pre-tokenizers or space normalizers is not supported");
+    }
+    std::string scheme = Str(j, "prepend_scheme");
+    if (scheme.empty()) scheme = Bool(j, "add_prefix_space", true) ? "always" : "never";  // tokenizers < 0.14
+    if (scheme == "always") {
+      spec->space_prefix = SpacePrefix::kMetaspaceAlways;
+    } else if (scheme == "first") {
+      spec->space_prefix = SpacePrefix::kMetaspaceFirst;
+    } else if (scheme != "never") {
+      return InvalidArgument(where + ".prepend_scheme: \"" + scheme + "\" (always, first, never)");
+    }
+    spec->escape_spaces = true;
+    spec->metaspace_split = Bool(j, "split", true);
+    return Status::Ok();
+  }
+  if (type == "Split") return ParsePreTokenizer(j, where, &spec->pre_tokenizer);
+  return Unimplemented(where + ": pre-tokenizer type \"" + type +
+                       "\" in a SentencePiece-style tokenizer is not supported (Metaspace, Split, Sequence are)");
+}
+
+Status ParseSpmDecoder(const json& j, const std::string& where, BpeSpec* spec) {
+  if (j.is_null()) return Status::Ok();
+  const std::string type = Str(j, "type");
+  if (type == "Sequence") {
+    const json& list = j.at("decoders");
+    for (size_t i = 0; i < list.size(); ++i) {
+      L2L_RETURN_IF_ERROR(ParseSpmDecoder(list[i], where + ".decoders[" + std::to_string(i) + "]", spec));
+    }
+    return Status::Ok();
+  }
+  if (type == "ByteFallback" || type == "Fuse") return Status::Ok();
+  if (type == "Replace" && IsStringPattern(j.at("pattern"), kSpace) && Str(j, "content") == " ") return Status::Ok();
+  if (type == "Strip" && Str(j, "content") == " " && j.value("start", 0) <= 1 && j.value("stop", 0) == 0) {
+    spec->decode_strip_space = j.value("start", 0) == 1;
+    return Status::Ok();
+  }
+  if (type == "Metaspace" && Str(j, "replacement") == kSpace) {
+    std::string scheme = Str(j, "prepend_scheme");
+    if (scheme.empty()) scheme = Bool(j, "add_prefix_space", true) ? "always" : "never";
+    spec->decode_strip_space = scheme != "never";
+    return Status::Ok();
+  }
+  return Unimplemented(where + ": decoder type \"" + type +
+                       "\" in a SentencePiece-style tokenizer is not supported (Replace(\"▁\", \" \"), ByteFallback, "
+                       "Fuse, Strip(\" \", 1, 0), Metaspace are)");
+}
+
 Result<BpeSpec> SpecFromJson(const json& root, const std::string& what) {
   BpeSpec spec;
   const json& model = root.at("model");
@@ -160,7 +268,12 @@ Result<BpeSpec> SpecFromJson(const json& root, const std::string& what) {
     return Unimplemented(what + ": model.type \"" + mtype + "\" is not supported (only BPE)" +
                          (mtype == "WordPiece" ? "; a WordPiece (BERT) tokenizer loads with tok::WordPieceTokenizer" : ""));
   }
-  if (Bool(model, "byte_fallback", false)) return Unimplemented(what + ": model.byte_fallback true is not supported");
+  if (Bool(model, "byte_fallback", false)) {
+    spec.model = BpeModel::kSentencePiece;
+    spec.escape_spaces = false;  // set by a Replace normalizer or a Metaspace pre-tokenizer
+    spec.fuse_unk = Bool(model, "fuse_unk", false);
+  }
+  const bool spm = spec.model == BpeModel::kSentencePiece;
   if (!Str(model, "continuing_subword_prefix").empty() || !Str(model, "end_of_word_suffix").empty()) {
     return Unimplemented(what + ": model.continuing_subword_prefix / end_of_word_suffix are not supported");
   }
@@ -211,12 +324,24 @@ Result<BpeSpec> SpecFromJson(const json& root, const std::string& what) {
       spec.added_tokens.push_back(std::move(t));
     }
   }
-  if (root.contains("normalizer")) L2L_RETURN_IF_ERROR(ParseNormalizer(root.at("normalizer"), what + ": normalizer", &spec.normalizers));
-  if (root.contains("pre_tokenizer")) L2L_RETURN_IF_ERROR(ParsePreTokenizer(root.at("pre_tokenizer"), what + ": pre_tokenizer", &spec.pre_tokenizer));
+  if (spm) {
+    if (root.contains("normalizer")) L2L_RETURN_IF_ERROR(ParseSpmNormalizer(root.at("normalizer"), what + ": normalizer", &spec));
+    if (root.contains("pre_tokenizer")) L2L_RETURN_IF_ERROR(ParseSpmPreTokenizer(root.at("pre_tokenizer"), what + ": pre_tokenizer", &spec));
+    if (root.contains("decoder")) L2L_RETURN_IF_ERROR(ParseSpmDecoder(root.at("decoder"), what + ": decoder", &spec));
+    const std::string unk = Str(model, "unk_token");
+    if (!unk.empty()) {
+      auto it = model.at("vocab").find(unk);
+      if (it == model.at("vocab").end()) return InvalidArgument(what + ": model.unk_token \"" + unk + "\" is not in model.vocab");
+      L2L_ASSIGN_OR_RETURN(spec.unk_id, JsonTokenId(*it, n_ids, what + ": model.vocab[\"" + unk + "\"]"));
+    }
+  } else {
+    if (root.contains("normalizer")) L2L_RETURN_IF_ERROR(ParseNormalizer(root.at("normalizer"), what + ": normalizer", &spec.normalizers));
+    if (root.contains("pre_tokenizer")) L2L_RETURN_IF_ERROR(ParsePreTokenizer(root.at("pre_tokenizer"), what + ": pre_tokenizer", &spec.pre_tokenizer));
+  }
   if (root.contains("post_processor")) {
     L2L_RETURN_IF_ERROR(ParsePostProcessor(root.at("post_processor"), what + ": post_processor", n_ids, &spec.prefix_ids, &spec.suffix_ids));
   }
-  if (root.contains("decoder")) L2L_RETURN_IF_ERROR(CheckDecoder(root.at("decoder"), what + ": decoder"));
+  if (!spm && root.contains("decoder")) L2L_RETURN_IF_ERROR(CheckDecoder(root.at("decoder"), what + ": decoder"));
   if (spec.prefix_ids.size() == 1) spec.bos_id = spec.prefix_ids[0];
   return spec;
 }
@@ -321,9 +446,62 @@ const char* NormalizationName(Normalization n) {
   return "NFC";
 }
 
+// A SentencePiece spec's merges: every split of a piece (not control, not byte) into two
+// pieces, ordered by the piece's score, highest first (ties: the longer left part, the
+// longer right part, then by id and the parts' ids), as transformers' generate_merges
+// makes them. With merges already in
+// the spec, those.
+std::vector<std::pair<std::string, std::string>> SpmMerges(const BpeSpec& spec) {
+  if (spec.scores.empty()) return spec.merges;
+  std::unordered_map<std::string_view, int32_t> ids;
+  auto mergeable = [&](size_t id) {
+    const int32_t type = spec.token_types.empty() ? 1 : spec.token_types[id];
+    return !spec.tokens[id].empty() && type != 3 && type != 6;
+  };
+  for (size_t id = 0; id < spec.tokens.size(); ++id) {
+    if (mergeable(id)) ids.emplace(spec.tokens[id], static_cast<int32_t>(id));
+  }
+  struct M {
+    float score;
+    int32_t id, left, right;
+    size_t split, left_chars, right_chars;  // split: bytes; *_chars: code points
+  };
+  auto chars = [](std::string_view s) {
+    size_t n = 0;
+    for (char c : s) n += (static_cast<unsigned char>(c) >> 6) != 0x2;
+    return n;
+  };
+  std::vector<M> all;
+  for (size_t id = 0; id < spec.tokens.size(); ++id) {
+    if (!mergeable(id)) continue;
+    const std::string_view t = spec.tokens[id];
+    for (size_t k = 1; k < t.size(); ++k) {
+      if ((static_cast<unsigned char>(t[k]) >> 6) == 0x2) continue;  // inside a character
+      auto l = ids.find(t.substr(0, k));
+      auto r = ids.find(t.substr(k));
+      if (l != ids.end() && r != ids.end()) {
+        all.push_back({spec.scores[id], static_cast<int32_t>(id), l->second, r->second, k, chars(t.substr(0, k)),
+                       chars(t.substr(k))});
+      }
+    }
+  }
+  std::stable_sort(all.begin(), all.end(), [](const M& a, const M& b) {
+    if (a.score != b.score) return a.score > b.score;
+    if (a.left_chars != b.left_chars) return a.left_chars > b.left_chars;
+    if (a.right_chars != b.right_chars) return a.right_chars > b.right_chars;
+    if (a.id != b.id) return a.id < b.id;
+    return a.left != b.left ? a.left < b.left : a.right < b.right;
+  });
+  std::vector<std::pair<std::string, std::string>> out;
+  out.reserve(all.size());
+  for (const M& m : all) out.emplace_back(spec.tokens[m.id].substr(0, m.split), spec.tokens[m.id].substr(m.split));
+  return out;
+}
+
 }  // namespace
 
 std::string BpeSpecToTokenizerJson(const BpeSpec& spec) {
+  const bool spm = spec.model == BpeModel::kSentencePiece;
   json added = json::array();
   std::vector<std::string> content(spec.tokens);  // id -> token text, added tokens included
   for (const AddedToken& t : spec.added_tokens) {
@@ -339,6 +517,13 @@ std::string BpeSpecToTokenizerJson(const BpeSpec& spec) {
     json list = json::array();
     for (Normalization n : spec.normalizers) list.push_back({{"type", NormalizationName(n)}});
     normalizer = {{"type", "Sequence"}, {"normalizers", list}};
+  }
+  if (spm) {
+    json list = json::array();
+    for (Normalization n : spec.normalizers) list.push_back({{"type", NormalizationName(n)}});
+    if (spec.space_prefix == SpacePrefix::kAlways) list.push_back({{"type", "Prepend"}, {"prepend", kSpace}});
+    if (spec.escape_spaces) list.push_back({{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSpace}});
+    normalizer = list.empty() ? json(nullptr) : json{{"type", "Sequence"}, {"normalizers", list}};
   }
   json steps = json::array();
   for (const PreTokenizerStep& s : spec.pre_tokenizer) {
@@ -372,123 +557,32 @@ std::string BpeSpecToTokenizerJson(const BpeSpec& spec) {
     if (!spec.tokens[id].empty()) vocab[spec.tokens[id]] = id;
   }
   json merges = json::array();
-  for (const auto& [a, b] : spec.merges) merges.push_back({a, b});
+  for (const auto& [a, b] : spm ? SpmMerges(spec) : spec.merges) merges.push_back({a, b});
+  json decoder = {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
+  if (spm) {
+    json list = {{{"type", "Replace"}, {"pattern", {{"String", kSpace}}}, {"content", " "}},
+                 {{"type", "ByteFallback"}},
+                 {{"type", "Fuse"}}};
+    if (spec.decode_strip_space) list.push_back({{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}});
+    decoder = {{"type", "Sequence"}, {"decoders", list}};
+  }
+  const bool has_unk = spm && spec.unk_id >= 0 && static_cast<size_t>(spec.unk_id) < content.size();
   const json root = {
       {"version", "1.0"},
       {"truncation", nullptr},
       {"padding", nullptr},
       {"added_tokens", added},
       {"normalizer", normalizer},
-      {"pre_tokenizer", {{"type", "Sequence"}, {"pretokenizers", steps}}},
+      {"pre_tokenizer", steps.empty() ? json(nullptr) : json{{"type", "Sequence"}, {"pretokenizers", steps}}},
       {"post_processor", post},
-      {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
+      {"decoder", decoder},
       {"model",
-       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
-        {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false},
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", has_unk ? json(content[spec.unk_id]) : json(nullptr)},
+        {"continuing_subword_prefix", nullptr}, {"end_of_word_suffix", nullptr}, {"fuse_unk", spm && spec.fuse_unk},
+        {"byte_fallback", spm},
         {"ignore_merges", spec.ignore_merges}, {"vocab", vocab}, {"merges", merges}}},
   };
   return root.dump(1);
-}
-
-// ---- GGUF ----------------------------------------------------------------------------
-
-Result<GgufPreRules> PreRulesForGgufPre(std::string_view pre) {
-  // llama.cpp's regexes (llama-vocab.cpp, llm_tokenizer_bpe), applied one after another,
-  // each splitting every piece the previous one left (matches and gaps isolated).
-  static const char* const kLlamaCppGpt2 = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))";
-  static const char* const kLlamaCppLlama3 =
-      R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  static const char* const kLlamaCppQwen2 =
-      R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-  GgufPreRules r;
-  auto split = [&](const char* re) { r.steps.push_back(PreTokenizerStep::Split(re)); };
-  if (pre == "default" || pre.empty()) {
-    split(R"([\p{P}\$\+<=>\^~\|]+)");
-    split(kLlamaCppGpt2);
-    split(R"(\p{N}+)");
-    split(R"([0-9][0-9][0-9])");
-  } else if (pre == "llama3" || pre == "llama-v3" || pre == "llama-bpe" || pre == "falcon3") {
-    split(kLlamaCppLlama3);
-    r.ignore_merges = true;
-    r.add_bos_default = true;
-  } else if (pre == "qwen2" || pre == "megrez" || pre == "stablelm2") {
-    split(kLlamaCppQwen2);
-  } else if (pre == "smollm" || pre == "starcoder" || pre == "refact" || pre == "command-r" || pre == "codeshell" ||
-             pre == "exaone" || pre == "minerva-7b") {
-    split(R"(\p{N})");
-    split(kLlamaCppGpt2);
-  } else if (pre == "gpt-2" || pre == "phi-2" || pre == "roberta-bpe" || pre == "mpt" || pre == "olmo" ||
-             pre == "jais") {
-    split(kLlamaCppGpt2);
-  } else {
-    return Unimplemented("tokenizer.ggml.pre \"" + std::string(pre) +
-                         "\" is not supported (supported: default, gpt-2, llama-bpe/llama3, qwen2, smollm and "
-                         "their llama.cpp aliases)");
-  }
-  r.steps.push_back(PreTokenizerStep::ByteLevel(/*add_prefix_space=*/false, /*use_regex=*/false));
-  return r;
-}
-
-Result<BpeSpec> Tokenizer::SpecFromGguf(const GgufVocab& v, const std::string& what) {
-  if (v.model != "gpt2") {
-    return Unimplemented(what + ": tokenizer.ggml.model \"" + v.model + "\" is not supported (only gpt2: byte-level BPE)");
-  }
-  if (v.tokens.empty()) return InvalidArgument(what + ": tokenizer.ggml.tokens is empty");
-  if (!v.token_types.empty() && v.token_types.size() != v.tokens.size()) {
-    return InvalidArgument(what + ": tokenizer.ggml.token_type has " + std::to_string(v.token_types.size()) +
-                           " entries, tokenizer.ggml.tokens " + std::to_string(v.tokens.size()));
-  }
-  auto rules = PreRulesForGgufPre(v.pre);
-  if (!rules.ok()) return rules.status().WithContext(what);
-  BpeSpec spec;
-  spec.tokens = v.tokens;
-  spec.pre_tokenizer = rules->steps;
-  spec.ignore_merges = rules->ignore_merges;
-  spec.merges.reserve(v.merges.size());
-  for (size_t i = 0; i < v.merges.size(); ++i) {
-    const std::string& s = v.merges[i];
-    const size_t sp = s.size() > 1 ? s.find(' ', 1) : std::string::npos;  // as llama.cpp
-    if (sp == std::string::npos) {
-      return InvalidArgument(what + ": tokenizer.ggml.merges[" + std::to_string(i) + "] \"" + s + "\" is not \"a b\"");
-    }
-    spec.merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
-  }
-  // llama.cpp matches unknown (2), control (3) and user-defined (4) tokens in the text.
-  for (size_t id = 0; id < v.token_types.size(); ++id) {
-    const int32_t type = v.token_types[id];
-    if (type == 2 || type == 3 || type == 4) {
-      AddedToken t;
-      t.id = static_cast<int32_t>(id);
-      t.content = v.tokens[id];
-      t.special = type != 4;
-      spec.added_tokens.push_back(std::move(t));
-    }
-  }
-  const auto check_id = [&](int64_t id, const char* key) -> Status {
-    if (id >= static_cast<int64_t>(v.tokens.size())) {
-      return InvalidArgument(what + ": " + key + " " + std::to_string(id) + " is not below the vocabulary size " +
-                             std::to_string(v.tokens.size()));
-    }
-    return Status::Ok();
-  };
-  L2L_RETURN_IF_ERROR(check_id(v.bos_id, "tokenizer.ggml.bos_token_id"));
-  L2L_RETURN_IF_ERROR(check_id(v.eos_id, "tokenizer.ggml.eos_token_id"));
-  spec.bos_id = static_cast<int32_t>(v.bos_id);
-  spec.eos_id = static_cast<int32_t>(v.eos_id);
-  if (v.add_bos.value_or(rules->add_bos_default)) {
-    if (v.bos_id < 0) return InvalidArgument(what + ": tokenizer.ggml.add_bos_token is set but there is no bos_token_id");
-    spec.prefix_ids.push_back(static_cast<int32_t>(v.bos_id));
-  }
-  if (v.add_eos.value_or(false)) {
-    if (v.eos_id < 0) return InvalidArgument(what + ": tokenizer.ggml.add_eos_token is set but there is no eos_token_id");
-    spec.suffix_ids.push_back(static_cast<int32_t>(v.eos_id));
-  }
-  return spec;
-}
-
-Result<Tokenizer> Tokenizer::FromGguf(const GgufVocab& v, const std::string& what) {
-  L2L_ASSIGN_OR_RETURN(BpeSpec spec, SpecFromGguf(v, what));
-  return Create(std::move(spec), what);
 }
 
 }  // namespace l2l::tok

@@ -101,6 +101,20 @@ l2l::tok::GgufVocab ByteVocab(const std::string& pre) {
   return v;
 }
 
+// A SentencePiece vocabulary (tokenizer.ggml.model "llama"): <unk>, <s>, </s>, byte
+// tokens for \n and the bytes of "é", and scored pieces.
+l2l::tok::GgufVocab SpmVocab() {
+  l2l::tok::GgufVocab v;
+  v.model = "llama";
+  v.tokens = {"<unk>", "<s>", "</s>", "<0x0A>", "<0xC3>", "<0xA9>", "\xE2\x96\x81", "a", "b", "ab", "\xE2\x96\x81" "ab", "  "};
+  v.scores = {0, 0, 0, 0, 0, 0, -1, -2, -3, -4, -5, 0};
+  v.token_types = {2, 3, 3, 6, 6, 6, 1, 1, 1, 1, 1, 4};
+  v.bos_id = 1;
+  v.eos_id = 2;
+  v.unk_id = 0;
+  return v;
+}
+
 void JobConfigSeeds() {
   Put("job_config", "tiny.yaml", l2l::JobConfigToYaml(TinyJob()));
   l2l::JobConfig llama = TinyJob();
@@ -184,6 +198,21 @@ void GgufSeeds() {
   Check(bare.AddTensor({"x", {3}, f::GgmlType::kF32, x.data()}), "gguf bare");
   Check(bare.Write(tmp), "gguf write bare");
   Put("gguf", "bare.gguf", Slurp(tmp));
+  f::GgufWriter spm;
+  spm.Set("general.architecture", f::GgufValue::String("gemma3"));
+  const l2l::tok::GgufVocab sv = SpmVocab();
+  spm.Set("tokenizer.ggml.model", f::GgufValue::String("llama"));
+  spm.Set("tokenizer.ggml.tokens", f::GgufValue::StringArray(sv.tokens));
+  spm.Set("tokenizer.ggml.scores",
+          f::GgufValue::FloatArray(f::GgufValueType::kF32, std::vector<double>(sv.scores.begin(), sv.scores.end())));
+  spm.Set("tokenizer.ggml.token_type",
+          f::GgufValue::IntArray(f::GgufValueType::kI32, std::vector<int64_t>(sv.token_types.begin(), sv.token_types.end())));
+  spm.Set("tokenizer.ggml.bos_token_id", f::GgufValue::U32(1));
+  spm.Set("tokenizer.ggml.unknown_token_id", f::GgufValue::U32(0));
+  spm.Set("tokenizer.ggml.add_space_prefix", f::GgufValue::Bool(true));
+  Check(spm.AddTensor({"x", {3}, f::GgmlType::kF32, x.data()}), "gguf spm");
+  Check(spm.Write(tmp), "gguf write spm");
+  Put("gguf", "spm_tok.gguf", Slurp(tmp));
   fs::remove(tmp);
 }
 
@@ -193,6 +222,9 @@ void TokenizerSeeds() {
     Check(spec.status(), std::string("bpe spec ") + pre);
     if (spec.ok()) Put("tokenizer_json", std::string("bpe_") + pre + ".json", l2l::tok::BpeSpecToTokenizerJson(*spec));
   }
+  auto spm = l2l::tok::Tokenizer::SpecFromGguf(SpmVocab());
+  Check(spm.status(), "spm spec");
+  if (spm.ok()) Put("tokenizer_json", "spm.json", l2l::tok::BpeSpecToTokenizerJson(*spm));
   json vocab = json::object();
   const char* toks[] = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "un", "##aff", "##able", "hello", ","};
   for (int i = 0; i < 10; ++i) vocab[toks[i]] = i;

@@ -42,3 +42,17 @@ add_test(NAME tokenizer.cli_bounded_ids
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/tokenizer/bounded_ids_test.sh $<TARGET_FILE:l2l-tokenize>
                  "${L2L_SANITIZE}")
 set_tests_properties(tokenizer.cli_bounded_ids PROPERTIES LABELS "unit" TIMEOUT 120)
+# SentencePiece-style BPE (tokenizer/spm.h) on the same >= 1 MB of varied text: the real
+# Gemma 3 270M GGUF (scripts/fetch_models.sh gemma3: tokenizer.ggml.model "llama", scores,
+# token types, no merges) through LoadTokenizer against HF `tokenizers` built from the
+# GGUF's pieces by transformers' GemmaConverter recipe (itself checked against Google's
+# `sentencepiece` on a ModelProto of the same pieces) and loaded by us as tokenizer.json too,
+# our tokenizer.json export of the GGUF
+# loaded by HF, and Llama-2-style tokenizer.json files (Prepend/Replace normalizer; Metaspace)
+# trained here with byte fallback and fused <unk>; ids token for token, decode round trip.
+# And l2l-tokenize --jsonl with the GGUF: Gemma 3's chat template (ids equal transformers'
+# apply_chat_template; mask on each assistant turn and its <end_of_turn>).
+l2l_add_oracle_test(tokenizer.spm_oracle SCRIPT tokenizer/spm_oracle.py FETCH gemma3 WORKDIR tokenizer_spm_oracle
+                    ARGS --tool "'$<TARGET_FILE:l2l_tokenizer_tool>'" --tokenize "'$<TARGET_FILE:l2l-tokenize>'"
+                         --gemma @MODEL@ --work @WORKDIR@
+                    LABELS unit oracle TIMEOUT 900)

@@ -188,8 +188,10 @@ TEST_CASE("GGUF vocabularies take llama.cpp's split rules from tokenizer.ggml.pr
   w.merges = {"12"};
   ExpectError(Tokenizer::FromGguf(w, "m.gguf").status(), StatusCode::kInvalidArgument, {"merges[0]", "\"12\""});
   w = v;
-  w.model = "llama";
-  ExpectError(Tokenizer::FromGguf(w, "m.gguf").status(), StatusCode::kUnimplemented, {"\"llama\"", "gpt2"});
+  w.model = "bert";
+  ExpectError(Tokenizer::FromGguf(w, "m.gguf").status(), StatusCode::kUnimplemented, {"\"bert\"", "gpt2", "llama"});
+  w.model = "llama";  // SentencePiece: merges by score, so scores are required (tokenizer/spm_test.cc)
+  ExpectError(Tokenizer::FromGguf(w, "m.gguf").status(), StatusCode::kInvalidArgument, {"m.gguf", "tokenizer.ggml.scores"});
   w = v;
   w.bos_id = 999;
   ExpectError(Tokenizer::FromGguf(w, "m.gguf").status(), StatusCode::kInvalidArgument, {"bos_token_id 999"});

@@ -9,6 +9,8 @@
 //       = Decode(ids, skip_special=true))
 //   l2l_tokenizer_tool export-gguf --gguf-meta META.json --out TOKENIZER.json
 //       (BpeSpecToTokenizerJson of the GGUF spec, for HF to load)
+//   l2l_tokenizer_tool export-hf --gguf FILE.gguf --out DIR
+//       (WriteHfTokenizerFromGguf: DIR/tokenizer.json + tokenizer_config.json)
 //   l2l_tokenizer_tool encode (--json TOKENIZER.json | --gguf-meta META.json | --load PATH)
 //       --docs DOCS.json --out IDS.json [--no-special] [--no-roundtrip]
 //       [--roundtrip-skip TEXT]... [--repeat N]
@@ -220,6 +222,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "error: %s\n", e.what());
       return 1;
     }
+  }
+  if (argc == 6 && std::string(argv[1]) == "export-hf" && std::string(argv[2]) == "--gguf" &&
+      std::string(argv[4]) == "--out") {
+    const l2l::Status st = l2l::tok::WriteHfTokenizerFromGguf(argv[3], argv[5]);
+    if (!st.ok()) std::fprintf(stderr, "%s\n", st.ToString().c_str());
+    return st.ok() ? 0 : 1;
   }
   if (argc >= 2 && std::string(argv[1]) == "wordpiece") {
     try {
