@@ -182,8 +182,12 @@ def check_variant(d, chk):
     o = meta["steps"]["noclip"]
     after = load_file(os.path.join(d, "after_noclip.safetensors"))
     ps = {k: torch.nn.Parameter(torch.tensor(v, dtype=torch.float32)) for k, v in weights.items()}
+    # Mixtral: an expert that got no token has .grad None (set_to_none semantics).
+    hit = hit_experts(model, spec, inputs) if arch == "MixtralForCausalLM" else None
     for k, p in ps.items():
-        p.grad = torch.tensor(grads[k], dtype=torch.float32)
+        ex = expert_of(k)
+        p.grad = None if hit is not None and ex is not None and ex not in hit else \
+            torch.tensor(grads[k], dtype=torch.float32)
     decay = [p for p in ps.values() if p.dim() == 2]
     no_decay = [p for p in ps.values() if p.dim() != 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
@@ -198,6 +202,14 @@ def check_variant(d, chk):
     chk.true("the step moved the weights (max %.2e)" % moved, moved > 1e-3)
     if arch == "MixtralForCausalLM":
         check_moe_steps(d, meta, model, key, weights, inputs, targets, chk)
+
+
+def expert_of(name):
+    """(layer, expert) of a Mixtral expert tensor's name, else None."""
+    parts = name.split(".")
+    if "experts" not in parts:
+        return None
+    return int(parts[parts.index("layers") + 1]), int(parts[parts.index("experts") + 1])
 
 
 def mixtral_loss(model, spec, inputs, targets):
@@ -235,12 +247,6 @@ def check_moe_steps(d, meta, model, key, weights, inputs, targets, chk):
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"], foreach=False)
-
-    def expert_of(name):
-        parts = name.split(".")
-        if "experts" not in parts:
-            return None
-        return int(parts[parts.index("layers") + 1]), int(parts[parts.index("experts") + 1])
 
     starved = set((l, e) for l in range(L) for e in range(E))
     for i, st in enumerate(meta["moe_steps"]):
