@@ -172,6 +172,7 @@ TEST_CASE("A checkpoint manifest keeps the per-expert step counts", "[eps][check
   const std::string path = (*dir)->File("step-3");
   REQUIRE(WriteCheckpoint(*ps, meta, path, false).ok());
   auto m = ReadCheckpointManifest(path);
+  INFO(m.status().ToString());
   REQUIRE(m.ok());
   CHECK(m->meta.expert_steps == meta.expert_steps);
 
