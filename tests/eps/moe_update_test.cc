@@ -27,6 +27,9 @@ JobConfig MoeJob() {
                                                          .total_steps = 10, .weight_decay = 0.1f});
   j.model.family = ModelFamily::kLlama;
   j.model.tied_embeddings = false;
+  // Explicit: a checkpoint's job_yaml writes n_kv_heads' effective value, its model_spec
+  // the stored one, and ReadCheckpointManifest compares them (0 would differ from 4).
+  j.model.n_kv_heads = 2;
   j.model.num_experts = 4;
   j.model.experts_per_token = 1;
   j.publish_dtype = DType::kF32;

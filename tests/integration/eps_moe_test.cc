@@ -32,6 +32,9 @@ JobConfig MoeJob() {
   JobConfig j = testing::GptJob({64, 16, 32, 2, 4, 24}, {.lr = 1e-2f, .weight_decay = 0.1f});
   j.model.family = ModelFamily::kLlama;
   j.model.tied_embeddings = false;
+  // Explicit: a checkpoint's job_yaml writes n_kv_heads' effective value, its model_spec
+  // the stored one, and ReadCheckpointManifest compares them (0 would differ from 4).
+  j.model.n_kv_heads = 2;
   j.model.num_experts = 4;
   j.model.experts_per_token = 1;
   j.publish_dtype = DType::kF32;
@@ -128,7 +131,7 @@ TEST_CASE("EPS updates only reported experts, checkpoints their step counts and 
     CHECK(ck->step == 2);
     ckpt = ck->dir;
     for (int64_t l = 0; l < L; ++l) trained.push_back(Master(core, l));
-    core.Stop();
+    c.reset();  // deregisters while the core runs
   }
   auto manifest = eps::ReadCheckpointManifest(ckpt);
   REQUIRE(manifest.ok());
