@@ -6,6 +6,7 @@
 
 #include "common/adamw.h"
 #include "common/dtype.h"
+#include "common/logging.h"
 
 namespace l2l::worker {
 namespace {
@@ -29,6 +30,9 @@ class FakeEpsClient : public EpsClient {
     return eps_->Push(reg_.worker_id, layer, step, micro_batches, grad, numel);
   }
   Status StepDone(const StepReport& report) override { return eps_->Done(reg_.worker_id, report); }
+  Status ReportExperts(int64_t step, const std::vector<uint8_t>& touched) override {
+    return eps_->Experts(step, touched);
+  }
 
  private:
   FakeEps* eps_;
@@ -44,6 +48,7 @@ Result<std::unique_ptr<FakeEps>> FakeEps::Create(const JobConfig& job, const Fak
   std::unique_ptr<FakeEps> eps(new FakeEps(job, options));
   std::lock_guard<std::mutex> lk(eps->mu_);
   eps->layers_.resize(eps->layouts_.size());
+  eps->expert_steps_.assign(static_cast<size_t>(job.model.n_layer * job.model.num_experts), 0);
   for (size_t l = 0; l < eps->layouts_.size(); ++l) {
     Layer& layer = eps->layers_[l];
     const size_t n = eps->layouts_[l].numel;
@@ -134,9 +139,29 @@ void FakeEps::Apply(int64_t step, const std::vector<int64_t>& which) {
     const float grad_scale = static_cast<float>(scale) * coef;
     layer.prev_master = layer.master;
     const AdamWStepArgs args = AdamWStepArgsAt(o, step, grad_scale);
+    const std::vector<ExpertRange> experts = ExpertRanges(job_.model, layouts_[l]);
+    const int64_t E = job_.model.num_experts, block = layouts_[l].block;
+    const std::vector<uint8_t>* touched = nullptr;
+    if (!experts.empty()) {
+      auto it = touched_.find(step);
+      L2L_CHECK(it != touched_.end()) << "fake EPS: block " << block << "'s gradient of step " << step
+                                      << " came before any ReportExperts of the step";
+      touched = &it->second;
+    }
     for (const ParamInfo& info : layouts_[l].params) {
+      AdamWStepArgs a = WithDecay(args, info.decay);
+      for (size_t e = 0; e < experts.size(); ++e) {
+        if (info.offset < experts[e].begin || info.offset >= experts[e].end) continue;
+        const size_t k = static_cast<size_t>(block * E) + e;
+        a.t = (*touched)[k] ? expert_steps_[k] + 1 : 0;  // 0: no token this step, skipped
+      }
+      if (a.t == 0) continue;
       AdamWStep(layer.master.data() + info.offset, p.sum.data() + info.offset, layer.m.data() + info.offset,
-                layer.v.data() + info.offset, info.numel, WithDecay(args, info.decay));
+                layer.v.data() + info.offset, info.numel, a);
+    }
+    for (size_t e = 0; e < experts.size(); ++e) {
+      const size_t k = static_cast<size_t>(block * E) + e;
+      if ((*touched)[k]) ++expert_steps_[k];
     }
     layer.last_grad.resize(p.sum.size());
     for (size_t i = 0; i < p.sum.size(); ++i) layer.last_grad[i] = static_cast<float>(p.sum[i] * scale);
@@ -257,6 +282,23 @@ int64_t FakeEps::Version(int64_t layer) const {
 std::vector<float> FakeEps::LastGradient(int64_t layer) const {
   std::lock_guard<std::mutex> lk(mu_);
   return layers_.at(layer).last_grad;
+}
+
+Status FakeEps::Experts(int64_t step, const std::vector<uint8_t>& touched) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (job_.model.num_experts == 0 || touched.size() != expert_steps_.size()) {
+    return InvalidArgument("fake EPS: ReportExperts with " + std::to_string(touched.size()) + " entries, the job has " +
+                           std::to_string(expert_steps_.size()) + " experts");
+  }
+  std::vector<uint8_t>& t = touched_[step];
+  t.resize(touched.size(), 0);
+  for (size_t i = 0; i < t.size(); ++i) t[i] |= touched[i] ? 1 : 0;
+  return Status::Ok();
+}
+
+std::vector<int64_t> FakeEps::expert_steps() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return expert_steps_;
 }
 
 std::vector<float> FakeEps::WeightsBeforeLastUpdate(int64_t layer) const {

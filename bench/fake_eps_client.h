@@ -5,7 +5,9 @@
 // call. When every worker has pushed its step-t gradient of a layer it reduces them (sum,
 // divide by the total micro-batch count), clips per train.clip ("global" waits for every
 // layer of the step), applies common/adamw.h's AdamWStep and publishes version t+1 in
-// job.publish_dtype (f32 or bf16).
+// job.publish_dtype (f32 or bf16). Mixture-of-experts jobs: the experts the workers
+// reported (ReportExperts, ORed) are updated, the others skipped, each expert with its
+// own AdamW step count (as the real EPS and torch.optim.AdamW with .grad None).
 //
 // lazy_updates = true makes it the stalest EPS the contract allows: a version is
 // published only when an AcquireLayer needs it, so a lock-free worker receives exactly
@@ -73,6 +75,8 @@ class FakeEps {
   std::vector<AcquireRecord> acquires() const;
   std::vector<StepReport> reports(int32_t worker) const;
   double optimizer_seconds() const;  // time spent reducing + AdamW + publishing
+  // Mixture-of-experts jobs: updates each expert has had (n_layer x num_experts).
+  std::vector<int64_t> expert_steps() const;
   const JobConfig& job() const { return job_; }
 
  private:
@@ -106,6 +110,7 @@ class FakeEps {
   Status Push(int32_t worker, int64_t layer, int64_t step, int64_t micro_batches, const float* grad,
               size_t numel);
   Status Done(int32_t worker, const StepReport& report);
+  Status Experts(int64_t step, const std::vector<uint8_t>& touched);
 
   const JobConfig job_;
   const FakeEpsOptions opt_;
@@ -120,6 +125,8 @@ class FakeEps {
   std::vector<AcquireRecord> acquires_;                         // GUARDED_BY(mu_)
   std::map<int32_t, std::vector<StepReport>> reports_;          // GUARDED_BY(mu_)
   double optimizer_s_ = 0;                                      // GUARDED_BY(mu_)
+  std::map<int64_t, std::vector<uint8_t>> touched_;             // GUARDED_BY(mu_) step -> OR of reports
+  std::vector<int64_t> expert_steps_;                           // GUARDED_BY(mu_)
   bool stopped_ = false;                                        // GUARDED_BY(mu_)
 };
 

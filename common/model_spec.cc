@@ -5,6 +5,8 @@
 // Thread-safety: pure functions.
 #include "common/model_spec.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <sstream>
 
 #include "common/models/family_util.h"
@@ -107,6 +109,27 @@ const ParamInfo* LayerLayout::Find(const std::string& suffix) const {
     if (p.name.compare(dot + 1, std::string::npos, suffix) == 0) return &p;
   }
   return nullptr;
+}
+
+std::vector<ExpertRange> ExpertRanges(const ModelSpec& spec, const LayerLayout& layout) {
+  std::vector<ExpertRange> out;
+  if (spec.num_experts <= 0 || layout.kind != LayerKind::kBlock) return out;
+  out.assign(static_cast<size_t>(spec.num_experts), ExpertRange{SIZE_MAX, 0});
+  for (const ParamInfo& p : layout.params) {
+    const size_t at = p.name.find(".experts.");
+    if (at == std::string::npos) continue;
+    const size_t first = at + 9, dot = p.name.find('.', first);
+    if (dot == std::string::npos) continue;
+    const int64_t e = std::stoll(p.name.substr(first, dot - first));
+    L2L_CHECK(e >= 0 && e < spec.num_experts) << "expert tensor " << p.name << " outside num_experts";
+    ExpertRange& r = out[static_cast<size_t>(e)];
+    r.begin = std::min(r.begin, p.offset);
+    r.end = std::max(r.end, p.offset + p.numel);
+  }
+  for (size_t e = 0; e < out.size(); ++e) {
+    L2L_CHECK(out[e].end > out[e].begin) << "layer " << layout.index << " has no tensors of expert " << e;
+  }
+  return out;
 }
 
 std::vector<LayerLayout> BuildLayout(const ModelSpec& spec) { return models::Family(spec.family).build_layout(spec); }

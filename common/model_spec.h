@@ -81,6 +81,19 @@ struct ModelSpec {
   double rms_norm_eps = 1e-6;   // RMSNorm epsilon
   bool qkv_bias = false;        // q/k/v projections have biases (Qwen2)
 
+  // Mixture of experts (Llama family; 0 experts = the dense SwiGLU MLP, every other MoE
+  // field at its default). Each block's MLP is a router (E, C) and E SwiGLU experts of
+  // width d_ff; a token runs through the experts_per_token experts of largest router
+  // probability (softmax over all E logits in fp32), weighted by those probabilities
+  // renormalised to sum 1 when norm_topk_prob (Mixtral always). With output_router_logits
+  // the loss adds router_aux_loss_coef times Hugging Face's load_balancing_loss_func over
+  // all blocks' router logits (kernels/layers/moe.h).
+  int64_t num_experts = 0;            // E (config.json num_local_experts)
+  int64_t experts_per_token = 0;      // k (num_experts_per_tok), 1 <= k <= E when E > 0
+  bool norm_topk_prob = true;         // renormalise the k weights (Mixtral: always)
+  double router_aux_loss_coef = 0.001;  // the aux loss's weight (HF's default)
+  bool output_router_logits = false;  // add the aux loss (HF: only then is it computed)
+
   // BERT family only (the others require the defaults).
   int64_t type_vocab_size = 2;  // rows of the token-type (segment) embedding
   double layer_norm_eps = 1e-12;  // every LayerNorm's epsilon
@@ -98,6 +111,7 @@ struct ModelSpec {
   std::vector<LayerKind> LayerKinds() const;
   int64_t head_dim() const { return d_model / n_head; }
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_head; }
+  bool moe() const { return num_experts > 0; }
   // Total trainable parameters (a tied embedding counted once).
   int64_t NumParams() const;
   // Training FLOPs per token of a forward + backward pass over sequences of `T` tokens
@@ -129,6 +143,15 @@ struct LayerLayout {
   // ("attn.c_proj.weight"; a bare "c_proj.weight" is ambiguous and matches nothing).
   const ParamInfo* Find(const std::string& suffix) const;
 };
+
+// The [begin, end) element range of each expert of a mixture-of-experts block (the
+// tensors named "...experts.<e>.*", contiguous per expert), indexed by expert; empty for a
+// layer without experts. Optimizers use it to skip an expert that got no token in a step
+// (torch.optim.AdamW skips a parameter whose .grad is None).
+struct ExpertRange {
+  size_t begin = 0, end = 0;
+};
+std::vector<ExpertRange> ExpertRanges(const ModelSpec& spec, const LayerLayout& layout);
 
 // One layout per layer, in model order (the family's). REQUIRES: spec.Validate().ok().
 std::vector<LayerLayout> BuildLayout(const ModelSpec& spec);

@@ -109,6 +109,7 @@ std::string ManifestJson(const CheckpointMeta& meta, const std::vector<Checkpoin
     ws.push_back({{"id", w.id}, {"name", w.name}, {"data_position", w.data_position}});
   }
   j["workers"] = ws;
+  if (!meta.expert_steps.empty()) j["expert_steps"] = meta.expert_steps;
   return j.dump(1) + "\n";
 }
 
@@ -269,10 +270,22 @@ Result<CheckpointManifest> ReadCheckpointManifest(const std::string& dir) {
       cw.data_position = w.at("data_position").get<std::string>();
       m.meta.workers.push_back(cw);
     }
+    if (j.contains("expert_steps")) {
+      for (const auto& s : j.at("expert_steps")) {
+        if (!s.is_number_integer() || s.get<int64_t>() < 0) return DataLoss(path + ": expert_steps holds " + s.dump());
+        m.meta.expert_steps.push_back(s.get<int64_t>());
+      }
+    }
   } catch (const std::exception& e) {
     return DataLoss(path + ": corrupt manifest: " + e.what());
   }
   if (m.meta.step < 0) return DataLoss(path + ": negative step");
+  const ModelSpec& ms = m.meta.job.model;
+  if (m.meta.expert_steps.size() != static_cast<size_t>(ms.n_layer * ms.num_experts)) {
+    return DataLoss(path + ": expert_steps has " + std::to_string(m.meta.expert_steps.size()) +
+                    " entries, the model has " + std::to_string(ms.n_layer * ms.num_experts) +
+                    " experts (model.n_layer x model.num_experts)");
+  }
   const auto layouts = BuildLayout(m.meta.job.model);
   if (layouts.size() != m.layers.size()) {
     return DataLoss(path + ": " + std::to_string(m.layers.size()) + " layer files listed, the model has " +

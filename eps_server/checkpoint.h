@@ -2,7 +2,8 @@
 //
 //   <root>/step-<N>/layer-<LLLL>.bin   per layer: 64-byte header, then fp32 master,
 //                                      AdamW m, AdamW v (numel each, little-endian)
-//   <root>/step-<N>/manifest.json      written last: format, step, the full job config
+//   <root>/step-<N>/manifest.json      written last: format, step, the full job config,
+//                                      per-expert AdamW step counts (MoE jobs)
 //                                      (optimizer, schedule, seed), expected workers,
 //                                      per layer file/numel/bytes/crc32, per worker id
 //                                      name + data-loader position (the data-order RNG
@@ -53,6 +54,10 @@ struct CheckpointMeta {
   JobConfig job;                          // the job (model, optimizer, training, data)
   int32_t expected_workers = 1;
   std::vector<CheckpointWorker> workers;  // by id
+  // Mixture-of-experts jobs: AdamW steps each expert has had (n_layer x num_experts,
+  // block-major; an expert skipped in a step did not count it); empty otherwise.
+  // manifest.json "expert_steps", required for such a job.
+  std::vector<int64_t> expert_steps;
 };
 
 struct CheckpointLayerFile {

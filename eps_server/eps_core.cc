@@ -217,6 +217,7 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
                                                    budget.pipeline_undo_budget);
   pipeline->set_on_failure([this](const Status& s) { OnPipelineFailure(s); });
   pipeline->set_gate_on_losses(true);
+  if (!start.expert_steps.empty()) L2L_RETURN_IF_ERROR(pipeline->set_expert_steps(start.expert_steps));
   if (opts_.on_skip) pipeline->set_on_skip(opts_.on_skip);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -589,6 +590,14 @@ Status EpsCore::SubmitGradient(int32_t worker_id, int64_t layer, int64_t step, i
   ref.micro_batches = micro_batches;
   ref.release = [owned]() mutable { owned.reset(); };
   return pipeline_->Submit(layer, step, std::move(ref));
+}
+
+Status EpsCore::ReportExperts(int32_t worker_id, int64_t step, const std::vector<uint8_t>& touched) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    L2L_RETURN_IF_ERROR(CheckWorker(worker_id));
+  }
+  return pipeline_->ReportExperts(worker_id, step, touched);
 }
 
 Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t tokens,

@@ -257,6 +257,9 @@ class EpsCore {
   // Takes ownership of a received gradient buffer.
   Status SubmitGradient(int32_t worker_id, int64_t layer, int64_t step, int64_t micro_batches,
                         std::vector<float> grad);
+  // Mixture-of-experts jobs: the experts worker_id's forward of `step` routed tokens to
+  // (UpdatePipeline::ReportExperts).
+  Status ReportExperts(int32_t worker_id, int64_t step, const std::vector<uint8_t>& touched);
   Status StepDone(int32_t worker_id, int64_t step, double loss, int64_t tokens,
                   const std::string& data_position, bool* stop, const StepTimes& times = {},
                   const StepEval& eval = {});

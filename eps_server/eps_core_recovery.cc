@@ -83,6 +83,7 @@ Result<CheckpointResult> EpsCore::WriteCheckpointLocked(int64_t step, const std:
   meta.step = step;
   meta.job = job();
   meta.expected_workers = opts_.expected_workers;
+  meta.expert_steps = pipeline_->expert_steps();  // frozen at the boundary: the counts of `step`
   {
     // Each member's position at the start of `step` comes with its StepDone(step-1),
     // which may trail the step's last gradient by a moment.
@@ -342,10 +343,16 @@ Status EpsCore::Rollback(int32_t lost_id, bool restore) {
   } else if (!dir.empty()) {
     L2L_ASSIGN_OR_RETURN(CheckpointManifest m, ReadCheckpointManifest(dir));
     L2L_RETURN_IF_ERROR(LoadCheckpointState(m, store_.get()));
+    L2L_RETURN_IF_ERROR(pipeline_->set_expert_steps(m.meta.expert_steps));
   } else if (start_.load) {
     L2L_RETURN_IF_ERROR(start_.load(store_.get()));
+    if (!start_.expert_steps.empty()) L2L_RETURN_IF_ERROR(pipeline_->set_expert_steps(start_.expert_steps));
   } else {
     L2L_RETURN_IF_ERROR(store_->InitFromSeed(job().train.seed));
+  }
+  if (restore && start_.expert_steps.empty() && dir.empty()) {
+    // Back to the job's start: every expert at step 0.
+    L2L_RETURN_IF_ERROR(pipeline_->set_expert_steps(std::vector<int64_t>(pipeline_->expert_steps().size(), 0)));
   }
   if (restore) {
     for (int64_t l = 0; l < store_->num_layers(); ++l) L2L_RETURN_IF_ERROR(store_->PublishMaster(l, step));

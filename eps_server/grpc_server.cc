@@ -360,6 +360,12 @@ class DataService final : public data::Data::Service {
     return ToGrpc(s);
   }
 
+  grpc::Status ReportExperts(grpc::ServerContext*, const data::ReportExpertsRequest* req,
+                             data::ReportExpertsReply*) override {
+    const std::string& t = req->touched();
+    return ToGrpc(core_->ReportExperts(req->worker_id(), req->step(), std::vector<uint8_t>(t.begin(), t.end())));
+  }
+
   grpc::Status Deregister(grpc::ServerContext*, const data::DeregisterRequest* req,
                           data::DeregisterReply*) override {
     return ToGrpc(core_->Deregister(req->worker_id(), req->registration_id(),

@@ -17,6 +17,7 @@ JobStart FromCheckpoint(CheckpointManifest manifest) {
   start.step = manifest.meta.step;
   start.checkpoint_dir = manifest.dir;
   start.description = "checkpoint " + manifest.dir;
+  start.expert_steps = manifest.meta.expert_steps;
   for (const CheckpointWorker& w : manifest.meta.workers) {
     if (w.id < 0) continue;
     if (start.data_positions.size() <= static_cast<size_t>(w.id)) start.data_positions.resize(w.id + 1);

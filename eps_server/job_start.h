@@ -46,6 +46,8 @@ struct JobStart {
   std::string description = "seed";        // for logs: "seed", "checkpoint DIR", "FILE"
   std::string checkpoint_dir;              // when resumed from a checkpoint: its directory
   std::vector<std::string> data_positions; // by worker id, at the start of `step`
+  // Mixture-of-experts jobs from a checkpoint: each expert's AdamW step count (empty: 0).
+  std::vector<int64_t> expert_steps;
   // The directories the job's data files were confined to (canonical; RegisterReply
   // data_roots: workers refuse data paths outside them). Empty: the core sends its state
   // dir and the directories of the job's own data files (a job from a checkpoint or

@@ -77,6 +77,7 @@ UpdatePipeline::UpdatePipeline(ParamStore* store, const JobConfig& job, int num_
   for (int i = 0; i < num_workers; ++i) members_[i] = Range{0, INT64_MAX};
   layers_.resize(store->num_layers());
   for (auto& l : layers_) l.step = start_step;
+  expert_steps_.assign(static_cast<size_t>(job.model.n_layer * job.model.num_experts), 0);
   {
     std::vector<size_t> numel;
     for (int64_t l = 0; l < store->num_layers(); ++l) numel.push_back(store->layout(l).numel);
@@ -318,6 +319,11 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
   float* undo = nullptr;
   OffloadedUpdater* updater = nullptr;  // this layer's update runs through it (set_offload)
   const size_t numel = store_->layout(layer).numel;
+  // Mixture-of-experts block: each expert's AdamW step count this step, 0 = no token
+  // anywhere (skipped: its master/m/v stay, its published copy is the old weights).
+  const std::vector<ExpertRange> experts = ExpertRanges(job_.model, store_->layout(layer));
+  std::vector<int64_t> expert_t(experts.size(), 0);
+  bool missing_report = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (offloader_ != nullptr && offload_[static_cast<size_t>(layer)]) updater = offloader_;
@@ -336,6 +342,24 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
     // deferred layer (bounded undo) has none: it runs after the step's verdict.
     if (!ls.deferred && !ls.undo) ls.undo.reset(new float[3 * numel]);
     undo = ls.undo.get();
+    if (!experts.empty()) {
+      const auto t = experts_touched_.find(step);
+      if (t == experts_touched_.end()) {
+        missing_report = true;
+      } else {
+        const int64_t E = job_.model.num_experts, block = store_->layout(layer).block;
+        for (int64_t e = 0; e < E; ++e) {
+          const size_t k = static_cast<size_t>(block * E + e);
+          expert_t[static_cast<size_t>(e)] = t->second[k] ? expert_steps_[k] + 1 : 0;
+        }
+      }
+      updater = nullptr;  // per-expert step counts: the fused pass only
+    }
+  }
+  if (missing_report) {
+    FailUpdate(FailedPrecondition("update of mixture-of-experts block layer " + std::to_string(layer) + " step " +
+                                  std::to_string(step) + ": no worker reported the step's experts (ReportExperts)"));
+    return;
   }
   const int ng = static_cast<int>(grads.size());
   const float inv_mb = 1.0f / static_cast<float>(mb);
@@ -364,12 +388,17 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
   const DType dt = store_->publish_dtype();
   char* out = static_cast<char*>(store_->BeginPublish(layer));
   // Work items: (span, tensor) intersections, so weight decay follows ParamInfo::decay.
-  struct Item { const StateSpan* s; size_t lo, hi; bool decay; };
+  // t: the AdamW step count (a.t), 0 = an expert without tokens (copied, not updated).
+  struct Item { const StateSpan* s; size_t lo, hi; bool decay; int64_t t; };
   std::vector<Item> items;
   for (const StateSpan& s : spans) {
     for (const ParamInfo& p : layout.params) {
       const size_t lo = std::max(s.begin, p.offset), hi = std::min(s.begin + s.n, p.offset + p.numel);
-      if (lo < hi) items.push_back({&s, lo, hi, p.decay});
+      int64_t t = a.t;
+      for (size_t e = 0; e < experts.size(); ++e) {
+        if (p.offset >= experts[e].begin && p.offset < experts[e].end) t = expert_t[e];
+      }
+      if (lo < hi) items.push_back({&s, lo, hi, p.decay, t});
     }
   }
   std::atomic<bool> nonfinite{false};
@@ -392,9 +421,20 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
       std::memcpy(undo + numel + it.lo, it.s->m + k, n * sizeof(float));
       std::memcpy(undo + 2 * numel + it.lo, it.s->v + k, n * sizeof(float));
     }
+    if (it.t == 0) {  // an expert without tokens: publish its weights unchanged
+      char* o = out + it.lo * DTypeSize(dt);
+      if (dt == DType::kBF16) {
+        FloatToBf16(it.s->master + k, reinterpret_cast<uint16_t*>(o), n);
+      } else {
+        std::memcpy(o, it.s->master + k, n * sizeof(float));
+      }
+      return;
+    }
     std::vector<const float*> g(grads.size());
     for (size_t w = 0; w < grads.size(); ++w) g[w] = grads[w] + it.lo;
-    if (!kernels::AdamWUpdate(WithDecay(a, it.decay), it.s->master + k, it.s->m + k, it.s->v + k, g.data(),
+    AdamWStepArgs ai = WithDecay(a, it.decay);
+    ai.t = it.t;
+    if (!kernels::AdamWUpdate(ai, it.s->master + k, it.s->m + k, it.s->v + k, g.data(),
                               ng, n, dt, out + it.lo * DTypeSize(dt))) {
       nonfinite.store(true, std::memory_order_relaxed);
     }
@@ -471,6 +511,9 @@ void UpdatePipeline::MaybeCommitLocked() {
     if (launched) return;  // the last of them commits (RunUpdate -> here, all applied)
     for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) store_->EndPublish(l, step + 1);
     stats_.consecutive_skips = 0;
+    if (const auto t = experts_touched_.find(step); t != experts_touched_.end()) {
+      for (size_t k = 0; k < expert_steps_.size(); ++k) expert_steps_[k] += t->second[k] ? 1 : 0;
+    }
   } else {
     for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) {
       // A deferred layer was never touched: its old weights are published as t+1.
@@ -510,6 +553,7 @@ void UpdatePipeline::MaybeCommitLocked() {
     ls.busy_s = 0;  // a deferred layer of a skipped step ran nothing
   }
   losses_.erase(losses_.begin(), losses_.upper_bound(step));
+  experts_touched_.erase(experts_touched_.begin(), experts_touched_.upper_bound(step));
 }
 
 Status UpdatePipeline::RestoreLayerLocked(int64_t l, int64_t version) {
@@ -788,6 +832,39 @@ void UpdatePipeline::LaunchAllGlobalLocked() {
   MaybeCommitLocked();  // every layer deferred: the verdict may be in already
 }
 
+Status UpdatePipeline::ReportExperts(int32_t worker_id, int64_t step, const std::vector<uint8_t>& touched) {
+  const size_t n = static_cast<size_t>(job_.model.n_layer * job_.model.num_experts);
+  if (n == 0 || touched.size() != n) {
+    return InvalidArgument("ReportExperts from worker " + std::to_string(worker_id) + ": " +
+                           std::to_string(touched.size()) + " entries, the job has " + std::to_string(n) +
+                           " experts (model.n_layer x model.num_experts)");
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!layers_.empty() && step < layers_[0].step) {
+    return FailedPrecondition("ReportExperts(step " + std::to_string(step) + ") from worker " +
+                              std::to_string(worker_id) + ": the EPS is at step " + std::to_string(layers_[0].step));
+  }
+  std::vector<uint8_t>& t = experts_touched_[step];
+  t.resize(n, 0);
+  for (size_t i = 0; i < n; ++i) t[i] |= touched[i] != 0 ? 1 : 0;
+  return Status::Ok();
+}
+
+std::vector<int64_t> UpdatePipeline::expert_steps() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return expert_steps_;
+}
+
+Status UpdatePipeline::set_expert_steps(std::vector<int64_t> steps) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (steps.size() != expert_steps_.size()) {
+    return InvalidArgument("expert step counts: " + std::to_string(steps.size()) + " entries, the job has " +
+                           std::to_string(expert_steps_.size()) + " experts");
+  }
+  expert_steps_ = std::move(steps);
+  return Status::Ok();
+}
+
 void UpdatePipeline::ResetToStep(int64_t step) {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -795,6 +872,7 @@ void UpdatePipeline::ResetToStep(int64_t step) {
   }
   DropWorker(-1);
   std::lock_guard<std::mutex> lock(mu_);
+  experts_touched_.erase(experts_touched_.lower_bound(step), experts_touched_.end());  // redone: reported again
   for (auto& l : layers_) {
     l.step = step;
     l.nonfinite = false;

@@ -42,6 +42,18 @@
 // gradient comes last (the embedding) is the one the next forward needs first, so
 // holding the publishes back costs nothing (docs/architecture.md has the figures).
 //
+// Mixture of experts (job.model.num_experts > 0): every worker reports which experts its
+// forward of a step routed tokens to (ReportExperts, before it pushes any block gradient
+// of the step); the reports are ORed per step. A block's update applies AdamW only to the
+// experts some worker reported, each with its own step count (bias correction); the
+// others keep master, m and v untouched and are published unchanged: torch.optim.AdamW
+// skipping a parameter whose .grad is None (zero_grad(set_to_none=True), and Hugging
+// Face's Mixtral runs only the experts that got tokens). The counts advance when the step
+// commits (a skipped step advances none) and are part of the checkpoint (expert_steps).
+// A zero gradient is NOT taken as "untouched": an expert with tokens may have one.
+// Such blocks always run the fused pass (never the interleaved optimizer: it takes one
+// step count per layer).
+//
 // Gate: Hold() stops new updates from starting at the next step boundary (for
 // checkpoints and Pause); gradients keep being accepted and wait. Release() resumes.
 //
@@ -284,6 +296,16 @@ class UpdatePipeline {
   void ResetToStep(int64_t step);
   std::vector<int32_t> workers() const;
 
+  // Mixture of experts (see the top): worker `worker_id`'s experts of `step`, n_layer *
+  // num_experts bytes block-major (non-zero: got a token). INVALID_ARGUMENT for a job
+  // without experts or a wrong size; FAILED_PRECONDITION for a step already committed.
+  Status ReportExperts(int32_t worker_id, int64_t step, const std::vector<uint8_t>& touched);
+  // AdamW steps each expert has had (n_layer * num_experts; empty without experts), for
+  // checkpoints; set_expert_steps restores them on resume (REQUIRES: frozen or before
+  // gradients flow; a wrong size is INVALID_ARGUMENT).
+  std::vector<int64_t> expert_steps() const;
+  Status set_expert_steps(std::vector<int64_t> steps);
+
  private:
   struct LayerState {
     int64_t step = 0;                         // step whose gradients it now collects
@@ -370,6 +392,8 @@ class UpdatePipeline {
   std::function<void(const SkipEvent&)> on_skip_ GUARDED_BY(mu_);
   Status failure_ GUARDED_BY(mu_);  // first fatal error
   std::function<void(const Status&)> on_failure_ GUARDED_BY(mu_);
+  std::map<int64_t, std::vector<uint8_t>> experts_touched_ GUARDED_BY(mu_);  // step -> OR of reports
+  std::vector<int64_t> expert_steps_ GUARDED_BY(mu_);                        // committed per-expert steps
   void FailUpdate(Status s) EXCLUDES(mu_);
 };
 

@@ -151,6 +151,13 @@ void Backend::RopeBackward(float*, const float*, const float*, int64_t, int64_t,
 void Backend::AdamW(float*, const float*, float*, float*, int64_t, const AdamWStepArgs&) {
   NotImplemented(*this, "AdamW");
 }
+void Backend::GatherRows(float*, const float*, const int32_t*, const float*, int64_t, int64_t) {
+  NotImplemented(*this, "GatherRows");
+}
+void Backend::ScatterAddRows(float*, const float*, const int32_t*, const float*, int64_t, int64_t) {
+  NotImplemented(*this, "ScatterAddRows");
+}
+void Backend::RowDot(float*, const float*, const float*, int64_t, int64_t) { NotImplemented(*this, "RowDot"); }
 void Backend::SwiGLUForward(float*, const float*, int64_t, int64_t) {
   NotImplemented(*this, "SwiGLUForward");
 }

@@ -365,6 +365,22 @@ class Backend {
   // backend without the op (the default).
   virtual Status DequantizeBlocks(float* out, const void* blocks, QuantFormat format, int64_t n);
 
+  // ---- mixture-of-experts ops (kernels/layers/moe.cc) -----------------------------------
+  // Not pure, as the Llama-family ops (defaults abort naming the op and the backend).
+  // idx (n) int32 device row indices; scale (n) device floats or nullptr (all 1).
+  //
+  // dst (n,C) = scale[i] * src[idx[i]] (rows gathered, optionally scaled; dst is
+  // overwritten and must not alias src).
+  virtual void GatherRows(float* dst, const float* src, const int32_t* idx, const float* scale,
+                          int64_t n, int64_t C);
+  // dst[idx[i]] (C) += scale[i] * src[i] for i in [0, n), the product rounded to fp32 before
+  // the sum (torch's index_add_ of src * scale). REQUIRES the idx distinct (so every dst row
+  // gets at most one term per call: deterministic).
+  virtual void ScatterAddRows(float* dst, const float* src, const int32_t* idx, const float* scale,
+                              int64_t n, int64_t C);
+  // out (n) = sum_c a[i,c] * b[i,c], accumulated in fp32 in column order (one row at a time).
+  virtual void RowDot(float* out, const float* a, const float* b, int64_t n, int64_t C);
+
   // ---- asynchronous transfers (optional; see the header comment) ----------------------
   // True when CreateCopyQueue/CreateEvent work (and PinHostRange may).
   // One AdamW step over n device-resident floats, in place: bitwise common/adamw.h

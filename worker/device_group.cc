@@ -249,6 +249,11 @@ class RankClient final : public EpsClient {
   Status StepDone(const StepReport&) override {
     return FailedPrecondition("device group: the group reports its steps, not a rank");
   }
+  // Each rank reports its own routing (the EPS ORs reports; every rank reports before the
+  // group's reduce-scattered pushes, which need every rank's backward).
+  Status ReportExperts(int64_t step, const std::vector<uint8_t>& touched) override {
+    return client_->ReportExperts(step, touched);
+  }
   bool rejoin_requested() const override { return client_->rejoin_requested(); }
 
  private:

@@ -175,6 +175,15 @@ class EpsClient {
 
   virtual Status StepDone(const StepReport& report) = 0;
 
+  // Mixture-of-experts jobs: the experts (n_layer x num_experts, block-major, 1 = got a
+  // token) this worker's forward of `step` routed tokens to. The relay calls it after the
+  // forward and before it pushes any block gradient of the step; the EPS updates only the
+  // experts some worker reported (proto/data.proto ReportExperts). Returns once the EPS
+  // holds it. Default: UNIMPLEMENTED (a transport without it cannot train such a model).
+  virtual Status ReportExperts(int64_t step, const std::vector<uint8_t>& touched) {
+    return Unimplemented("this EPS transport cannot report the experts a step used (mixture-of-experts jobs)");
+  }
+
   // ---- shared host memory (optional; the shm transport has it) -------------------------
   // Sets the observer (nullptr: none) and calls observer->Mapped for every region mapped
   // now. The caller keeps the observer alive until it sets another one; setting nullptr

@@ -399,6 +399,17 @@ Status GrpcEpsClient::StepDone(const StepReport& r) {
   return FromGrpc(impl_->stub->StepDone(&ctx, req, &rep), "StepDone(step " + std::to_string(r.step) + ")");
 }
 
+Status GrpcEpsClient::ReportExperts(int64_t step, const std::vector<uint8_t>& touched) {
+  data::ReportExpertsRequest req;
+  req.set_worker_id(reg_.worker_id);
+  req.set_step(step);
+  req.set_touched(std::string(touched.begin(), touched.end()));
+  data::ReportExpertsReply rep;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  return FromGrpc(impl_->stub->ReportExperts(&ctx, req, &rep), "ReportExperts(step " + std::to_string(step) + ")");
+}
+
 // One Deregister rpc naming this registration; wait: DeregisterRequest.wait_final_ms.
 Status GrpcEpsClient::SendDeregister(std::chrono::milliseconds wait, std::chrono::milliseconds deadline) {
   data::DeregisterRequest req;

@@ -53,6 +53,7 @@ class GrpcEpsClient : public EpsClient {
   Status PushGradient(int64_t layer, int64_t step, int64_t micro_batches, const float* grad,
                       size_t numel) override;
   Status StepDone(const StepReport& report) override;
+  Status ReportExperts(int64_t step, const std::vector<uint8_t>& touched) override;
   // Tells the EPS this worker leaves (also done by the destructor, best effort).
   Status Deregister();
   Status LeaveAfterLastStep(std::chrono::milliseconds wait) override;

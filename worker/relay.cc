@@ -137,7 +137,7 @@ const int32_t* Relay::Targets(int64_t u) const {
   return tokens_.i32() + static_cast<size_t>(2 * u + 1) * static_cast<size_t>(B_ * T_);
 }
 
-layers::SequenceInputs Relay::Seq(int64_t u) const {
+layers::SequenceInputs Relay::SeqInputs(int64_t u) const {
   layers::SequenceInputs seq;
   if (static_cast<size_t>(u) >= seq_present_.size()) return seq;
   // Without token types or a mask seq_buf_ may hold no buffer: no pointer arithmetic on null.
@@ -145,6 +145,12 @@ layers::SequenceInputs Relay::Seq(int64_t u) const {
   const int32_t* base = seq_buf_.i32() + static_cast<size_t>(2 * u) * static_cast<size_t>(B_ * T_);
   if (seq_present_[u].first) seq.token_types = base;
   if (seq_present_[u].second) seq.attention_mask = base + static_cast<size_t>(B_ * T_);
+  return seq;
+}
+
+layers::SequenceInputs Relay::Seq(int64_t u) const {
+  layers::SequenceInputs seq = SeqInputs(u);
+  if (spec_.moe() && static_cast<size_t>(u) < moe_stats_.size()) seq.moe = &moe_stats_[static_cast<size_t>(u)];
   return seq;
 }
 
@@ -286,6 +292,14 @@ Status Relay::RunStepImpl(int64_t step, const std::vector<MicroBatch>& mbs, doub
 
   ResidentLayer emb;
   L2L_RETURN_IF_ERROR(Forward(step, &emb));
+  if (spec_.moe()) {
+    // The experts this step's forward routed tokens to, before any block gradient leaves.
+    std::vector<uint8_t> touched(static_cast<size_t>(spec_.n_layer * spec_.num_experts), 0);
+    for (const layers::MoeStats& s : moe_stats_) {
+      for (size_t i = 0; i < touched.size(); ++i) touched[i] |= s.touched[i];
+    }
+    L2L_RETURN_IF_ERROR(client_->ReportExperts(step, touched));
+  }
   L2L_RETURN_IF_ERROR(HeadAndBackward(step, &emb, loss_sum));
   L2L_RETURN_IF_ERROR(pusher_->WaitAll(&times_.wait_push));
   ring_ticket_[0] = ring_ticket_[1] = -1;
@@ -322,6 +336,14 @@ Result<ResidentLayer> Relay::NextLayer(int64_t step, int64_t layer) {
 Status Relay::Forward(int64_t step, ResidentLayer* emb) {
   const int64_t L = spec_.n_layer;
   L2L_ASSIGN_OR_RETURN(*emb, NextLayer(step, 0));
+  if (spec_.moe()) {
+    moe_stats_.resize(static_cast<size_t>(M_));
+    for (layers::MoeStats& s : moe_stats_) {
+      s.Reset(spec_);
+      // The relay's head takes loss scale 1 (the EPS divides by the micro-batches).
+      s.aux_grad_scale = static_cast<float>(spec_.router_aux_loss_coef);
+    }
+  }
   auto t = Clock::now();
   for (int64_t u = 0; u < M_; ++u) {
     layers::EmbeddingForward(*be_, spec_, layouts_[0], emb->params, Inputs(u),
@@ -383,8 +405,13 @@ Status Relay::HeadAndBackward(int64_t step, ResidentLayer* emb, double* loss_sum
   float* dwte = spec_.tied_embeddings ? emb_grad_.f32() + wte->offset : nullptr;     // (V,C)
   for (int64_t u = 0; u < M_; ++u) {
     const float* in = stash_->Load(L, u);  // (B,T,C)
-    *loss_sum += layers::HeadForwardBackward(*be_, spec_, head, h.params, wte_w, in, Targets(u),
-                                             1.0f, dact_[u], hgrad, dwte, B_, T_, *ws_);
+    float loss = layers::HeadForwardBackward(*be_, spec_, head, h.params, wte_w, in, Targets(u), 1.0f, dact_[u],
+                                             hgrad, dwte, B_, T_, *ws_);
+    if (spec_.moe() && spec_.output_router_logits) {  // Hugging Face: loss += coef * aux (fp32)
+      loss += static_cast<float>(spec_.router_aux_loss_coef) *
+              static_cast<float>(layers::MoeAuxLoss(spec_, moe_stats_[static_cast<size_t>(u)]));
+    }
+    *loss_sum += loss;
   }
   // Eval micro-batches: loss only (the head averages over the scored targets of each).
   const size_t n = static_cast<size_t>(B_ * T_);

@@ -43,6 +43,7 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "kernels/layers/layers.h"
+#include "kernels/layers/moe.h"
 #include "worker/data_loader.h"  // MicroBatch
 #include "worker/eps_client.h"
 #include "worker/host_pinner.h"
@@ -124,7 +125,8 @@ class Relay final : public StepRunner {
   const int32_t* Inputs(int64_t u) const;   // (B,T) device
   const int32_t* Targets(int64_t u) const;  // (B,T) device
   // Micro-batch u's token types / attention mask on the device (null where it has none).
-  layers::SequenceInputs Seq(int64_t u) const;
+  layers::SequenceInputs Seq(int64_t u) const;        // SeqInputs + the MoE stats of u
+  layers::SequenceInputs SeqInputs(int64_t u) const;  // token types and mask of u
   // Block `layer`'s kept intermediates for micro-batch u; null where the plan recomputes.
   layers::SavedActivations* Kept(int64_t layer, int64_t u);
 
@@ -151,6 +153,9 @@ class Relay final : public StepRunner {
   // first step whose micro-batches carry them (encoder families).
   kernels::DeviceBuffer seq_buf_;
   std::vector<std::pair<bool, bool>> seq_present_;  // per micro-batch: types, mask given
+  // Mixture-of-experts models: per micro-batch routing statistics of this step (reset at
+  // its forward; kernels/layers/moe.h), mutable because Seq() hands out pointers to them.
+  mutable std::vector<layers::MoeStats> moe_stats_;
   // In-job validation: (E, 2, B,T) int32 inputs then targets per eval micro-batch, and
   // (E+1, B,T,C) activations (eval_act_[j] holds micro-batch j's output of the layer
   // last run; eval_spare_ is the block output buffer swapped in). Sized for the largest

@@ -198,6 +198,14 @@ Result<ModelConfig> ConfigFromGguf(const GgufReader& g) {
     *out = v;
     return Status::Ok();
   };
+  if (g.Get(a + "expert_count") != nullptr) {
+    L2L_ASSIGN_OR_RETURN(uint64_t experts, g.GetUInt(a + "expert_count"));
+    if (experts > 0) {
+      return Unimplemented(g.path() + ": " + a + "expert_count=" + std::to_string(experts) +
+                           ": mixture-of-experts GGUF files (3-D ffn_*_exps tensors) are not imported; use the "
+                           "model's Hugging Face checkpoint (MixtralForCausalLM)");
+    }
+  }
   L2L_RETURN_IF_ERROR(get_int(a + "embedding_length", &c.hidden_size));
   L2L_RETURN_IF_ERROR(get_int(a + "block_count", &c.num_hidden_layers));
   L2L_RETURN_IF_ERROR(get_int(a + "attention.head_count", &c.num_attention_heads));

@@ -1,5 +1,6 @@
 // The Llama family (Hugging Face LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM
-// without sliding window): metadata for the registry. Linear weights keep nn.Linear's
+// without sliding window, MixtralForCausalLM: the same blocks with a mixture-of-experts
+// MLP): metadata for the registry. Linear weights keep nn.Linear's
 // layout, W (out, in), y = x @ W^T; the names are the Hugging Face ones without "model.".
 //
 //   0              Embedding   embed_tokens (V, C)  (no position table: RoPE)
@@ -11,9 +12,15 @@
 //                              mlp.gate_proj (F, C), mlp.up_proj (F, C) [adjacent: (2F, C)],
 //                              mlp.down_proj (C, F)
 //   n_layer+1      Head        norm (C); lm_head (V, C) only when embeddings are untied.
+// With num_experts = E > 0 (Mixtral) the mlp.* tensors are replaced by
+//                              block_sparse_moe.gate.weight (E, C) (the router), then per
+//                              expert e: block_sparse_moe.experts.e.w1.weight (F, C) (gate),
+//                              .w3.weight (F, C) (up) [adjacent: (2F, C)], .w2.weight (C, F)
+//                              (down); experts are contiguous, 3FC floats apart.
 // The adjacency lets the kernels run q|k|v and gate|up as one product each.
 //
 // Thread-safety: pure functions and an immutable table entry.
+#include <algorithm>
 #include <cmath>
 
 #include "common/models/family_util.h"
@@ -21,6 +28,34 @@
 
 namespace l2l::models {
 namespace {
+
+// The mixture-of-experts fields: all defaults without experts; 1 <= k <= E with them.
+Status ValidateMoe(const ModelSpec& s) {
+  const ModelSpec d;
+  if (s.num_experts < 0 || s.num_experts > 4096) {
+    return InvalidArgument(Field("num_experts", s.num_experts) + " must be in [0, 4096] (0: a dense MLP)");
+  }
+  if (s.num_experts > 0 && s.qkv_bias) {
+    return InvalidArgument("model.qkv_bias with model.num_experts > 0 is not supported (Mixtral has no q/k/v biases)");
+  }
+  if (s.num_experts == 0) {
+    if (s.experts_per_token != 0 || s.norm_topk_prob != d.norm_topk_prob ||
+        s.router_aux_loss_coef != d.router_aux_loss_coef || s.output_router_logits != d.output_router_logits) {
+      return InvalidArgument("model.experts_per_token, norm_topk_prob, router_aux_loss_coef and output_router_logits "
+                             "need model.num_experts > 0 (a mixture-of-experts model)");
+    }
+    return Status::Ok();
+  }
+  if (s.experts_per_token < 1 || s.experts_per_token > s.num_experts) {
+    return InvalidArgument(Field("experts_per_token", s.experts_per_token) + " must be in [1, " +
+                           Field("num_experts", s.num_experts) + "]");
+  }
+  if (!(s.router_aux_loss_coef >= 0) || !std::isfinite(s.router_aux_loss_coef)) {
+    return InvalidArgument("model.router_aux_loss_coef=" + std::to_string(s.router_aux_loss_coef) +
+                           " must be a number >= 0");
+  }
+  return Status::Ok();
+}
 
 Status Validate(const ModelSpec& s) {
   const int64_t kv = s.kv_heads();
@@ -54,8 +89,11 @@ Status Validate(const ModelSpec& s) {
     }
   }
   if (Status st = RequireNoBertFields(s); !st.ok()) return st;
+  if (Status st = ValidateMoe(s); !st.ok()) return st;
   const double C = double(s.d_model), W = double(s.n_head + 2 * kv) * s.head_dim();
-  const double total = double(s.vocab_size) * C * 2 + double(s.n_layer) * (W * C + C * C + 3.0 * C * s.d_ff);
+  const double experts = double(std::max<int64_t>(1, s.num_experts));
+  const double total = double(s.vocab_size) * C * 2 +
+                       double(s.n_layer) * (W * C + C * C + 3.0 * C * s.d_ff * experts + double(s.num_experts) * C);
   if (total > 1e15) {
     return InvalidArgument("model is too large (" + std::to_string(total) + " parameters); check model.d_model / n_layer");
   }
@@ -65,14 +103,17 @@ Status Validate(const ModelSpec& s) {
 int64_t NumParams(const ModelSpec& s) {
   const int64_t C = s.d_model, F = s.d_ff, hs = s.head_dim(), kv = s.kv_heads();
   const int64_t W = (s.n_head + 2 * kv) * hs;
-  const int64_t block = C + W * C + (s.qkv_bias ? W : 0) + C * C + C + 3 * C * F;
+  const int64_t mlp = s.moe() ? s.num_experts * (C + 3 * C * F) : 3 * C * F;  // router + experts
+  const int64_t block = C + W * C + (s.qkv_bias ? W : 0) + C * C + C + mlp;
   return s.vocab_size * C + s.n_layer * block + C + (s.tied_embeddings ? 0 : s.vocab_size * C);
 }
 
 double TrainFlopsPerToken(const ModelSpec& s, int64_t T) {
   const double C = double(s.d_model), F = double(s.d_ff), L = double(s.n_layer);
   const double W = double(s.n_head + 2 * s.kv_heads()) * double(s.head_dim());
-  const double matmul_params = L * (W * C + C * C + 3.0 * C * F) + double(s.vocab_size) * C;
+  // A mixture of experts runs the router and k of its E experts per token.
+  const double mlp = s.moe() ? double(s.num_experts) * C + double(s.experts_per_token) * 3.0 * C * F : 3.0 * C * F;
+  const double matmul_params = L * (W * C + C * C + mlp) + double(s.vocab_size) * C;
   return 6.0 * matmul_params + 12.0 * L * double(T) * C;
 }
 
@@ -105,9 +146,20 @@ std::vector<LayerLayout> BuildLayout(const ModelSpec& spec) {
     }
     AddParam(&b, h + "self_attn.o_proj.weight", {C, q}, true);
     AddParam(&b, h + "post_attention_layernorm.weight", {C}, false);
-    AddParam(&b, h + "mlp.gate_proj.weight", {F, C}, true);
-    AddParam(&b, h + "mlp.up_proj.weight", {F, C}, true);
-    AddParam(&b, h + "mlp.down_proj.weight", {C, F}, true);
+    if (spec.moe()) {
+      const std::string m = h + "block_sparse_moe.";
+      AddParam(&b, m + "gate.weight", {spec.num_experts, C}, true);
+      for (int64_t e = 0; e < spec.num_experts; ++e) {
+        const std::string x = m + "experts." + std::to_string(e) + ".";
+        AddParam(&b, x + "w1.weight", {F, C}, true);
+        AddParam(&b, x + "w3.weight", {F, C}, true);
+        AddParam(&b, x + "w2.weight", {C, F}, true);
+      }
+    } else {
+      AddParam(&b, h + "mlp.gate_proj.weight", {F, C}, true);
+      AddParam(&b, h + "mlp.up_proj.weight", {F, C}, true);
+      AddParam(&b, h + "mlp.down_proj.weight", {C, F}, true);
+    }
     layers.push_back(std::move(b));
   }
 
@@ -175,7 +227,20 @@ Result<ModelSpec> FromHfConfig(const nlohmann::json& c, const std::string& origi
       if (bias) return InvalidArgument(origin + ": " + key + "=true is not supported (Llama layers have no such biases)");
     }
   }
-  if (arch == "MistralForCausalLM") {
+  if (arch == "MixtralForCausalLM") {
+    L2L_RETURN_IF_ERROR(HfField(c, origin, "num_local_experts", &s.num_experts, true));
+    L2L_RETURN_IF_ERROR(HfField(c, origin, "num_experts_per_tok", &s.experts_per_token, true));
+    L2L_RETURN_IF_ERROR(HfField(c, origin, "router_aux_loss_coef", &s.router_aux_loss_coef, false));
+    L2L_RETURN_IF_ERROR(HfField(c, origin, "output_router_logits", &s.output_router_logits, false));
+    double jitter = 0.0;
+    L2L_RETURN_IF_ERROR(HfField(c, origin, "router_jitter_noise", &jitter, false));
+    if (jitter != 0.0) {
+      return InvalidArgument(origin + ": router_jitter_noise=" + std::to_string(jitter) +
+                             " is not supported (the router has no input noise in l2l)");
+    }
+    if (s.num_experts <= 0) return InvalidArgument(origin + ": num_local_experts must be positive");
+  }
+  if (arch == "MistralForCausalLM" || arch == "MixtralForCausalLM") {
     int64_t window = 0;
     L2L_RETURN_IF_ERROR(HfField(c, origin, "sliding_window", &window, false));
     if (window > 0 && window < s.seq_len) {
@@ -210,9 +275,10 @@ Result<ModelSpec> FromHfConfig(const nlohmann::json& c, const std::string& origi
 }
 
 nlohmann::json ToHfConfig(const ModelSpec& s) {
-  const char* arch = s.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+  const char* arch = s.moe() ? "MixtralForCausalLM" : s.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
+  const char* type = s.moe() ? "mixtral" : s.qkv_bias ? "qwen2" : "llama";
   nlohmann::json c = {{"architectures", {arch}},
-                      {"model_type", s.qkv_bias ? "qwen2" : "llama"},
+                      {"model_type", type},
                       {"vocab_size", s.vocab_size},
                       {"max_position_embeddings", s.seq_len},
                       {"hidden_size", s.d_model},
@@ -227,7 +293,14 @@ nlohmann::json ToHfConfig(const ModelSpec& s) {
                       {"attention_dropout", 0.0},
                       {"tie_word_embeddings", s.tied_embeddings},
                       {"torch_dtype", "float32"}};
-  if (s.qkv_bias) {
+  if (s.moe()) {
+    c["num_local_experts"] = s.num_experts;
+    c["num_experts_per_tok"] = s.experts_per_token;
+    c["router_aux_loss_coef"] = s.router_aux_loss_coef;
+    c["output_router_logits"] = s.output_router_logits;
+    c["router_jitter_noise"] = 0.0;
+    c["sliding_window"] = nullptr;
+  } else if (s.qkv_bias) {
     c["use_sliding_window"] = false;
   } else {
     c["attention_bias"] = false;
@@ -258,7 +331,7 @@ const FamilyInfo& LlamaFamily() {
   static const FamilyInfo kInfo{
       .family = ModelFamily::kLlama,
       .name = "llama",
-      .hf_architectures = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM"},
+      .hf_architectures = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "MixtralForCausalLM"},
       .hf_base_prefix = "model.",
       .hf_file_prefix = "model.",
       .embedding_table = "embed_tokens.weight",
@@ -281,7 +354,10 @@ const FamilyInfo& LlamaFamily() {
                            {"ffn_gate", "mlp.gate_proj"},         {"ffn_up", "mlp.up_proj"},
                            {"ffn_down", "mlp.down_proj"}},
       .hf_block_prefix = "model.layers.",
-      .gguf_export_architecture = [](const ModelSpec& s) { return s.qkv_bias ? "qwen2" : "llama"; },
+      // No GGUF export of a mixture of experts (llama.cpp stacks the experts in 3-D tensors).
+      .gguf_export_architecture = [](const ModelSpec& s) -> const char* {
+        return s.moe() ? nullptr : s.qkv_bias ? "qwen2" : "llama";
+      },
   };
   return kInfo;
 }

@@ -308,6 +308,10 @@ Result<int64_t> ExportGguf(const std::string& path, const ModelSpec& spec, const
     return Unimplemented(std::string("GGUF export of the ") + ToString(spec.family) +
                          " family is not supported (Llama family only; use --format hf)");
   }
+  if (fam.gguf_export_architecture(spec) == nullptr) {
+    return Unimplemented("GGUF export of a mixture-of-experts model (model.num_experts=" +
+                         std::to_string(spec.num_experts) + ") is not supported; use --format hf");
+  }
   if (!o.q4_k_m && o.type != GgmlType::kF32 && o.type != GgmlType::kF16 && o.type != GgmlType::kBF16 &&
       o.type != GgmlType::kQ8_0) {
     return InvalidArgument(std::string("GGUF export type ") + formats::GgmlTypeName(o.type) +

@@ -126,6 +126,13 @@ class CpuBackend final : public Backend {
                             const float* att, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                             int64_t hs) override;
 
+  // Mixture-of-experts ops (cpu_llama_ops.cc).
+  void GatherRows(float* dst, const float* src, const int32_t* idx, const float* scale, int64_t n,
+                  int64_t C) override;
+  void ScatterAddRows(float* dst, const float* src, const int32_t* idx, const float* scale,
+                      int64_t n, int64_t C) override;
+  void RowDot(float* out, const float* a, const float* b, int64_t n, int64_t C) override;
+
   // BERT-family ops (cpu_bert_ops.cc).
   void LayerNormForwardEps(float* out, float* mean, float* rstd, const float* inp,
                            const float* weight, const float* bias, int64_t N, int64_t C,

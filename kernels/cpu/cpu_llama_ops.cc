@@ -41,6 +41,60 @@ void CpuBackend::TokenEmbeddingBackward(float* dwte, const float* dout, const in
   });
 }
 
+// ---- mixture-of-experts row ops ----------------------------------------------------------
+// Rows are independent (ScatterAddRows' indices are distinct), so any split is exact.
+
+void CpuBackend::GatherRows(float* dst, const float* src, const int32_t* idx, const float* scale,
+                            int64_t n, int64_t C) {
+  InArena([&] {
+    ParallelFor(n, RowGrain(C), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const float* s = src + int64_t(idx[i]) * C;
+        float* d = dst + i * C;
+        if (scale == nullptr) {
+          for (int64_t c = 0; c < C; ++c) d[c] = s[c];
+        } else {
+          const float w = scale[i];
+          for (int64_t c = 0; c < C; ++c) d[c] = s[c] * w;
+        }
+      }
+    });
+  });
+}
+
+void CpuBackend::ScatterAddRows(float* dst, const float* src, const int32_t* idx, const float* scale,
+                                int64_t n, int64_t C) {
+  InArena([&] {
+    ParallelFor(n, RowGrain(C), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const float* s = src + i * C;
+        float* d = dst + int64_t(idx[i]) * C;
+        if (scale == nullptr) {
+          for (int64_t c = 0; c < C; ++c) d[c] += s[c];
+        } else {
+          const float w = scale[i];
+          for (int64_t c = 0; c < C; ++c) {
+            const float t = s[c] * w;  // rounded, as torch multiplies before index_add_
+            d[c] += t;
+          }
+        }
+      }
+    });
+  });
+}
+
+void CpuBackend::RowDot(float* out, const float* a, const float* b, int64_t n, int64_t C) {
+  InArena([&] {
+    ParallelFor(n, RowGrain(C), [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        float acc = 0.0f;
+        for (int64_t c = 0; c < C; ++c) acc += a[i * C + c] * b[i * C + c];
+        out[i] = acc;
+      }
+    });
+  });
+}
+
 // ---- RMSNorm ---------------------------------------------------------------------------
 
 void CpuBackend::RMSNormForward(float* out, float* rstd, const float* inp, const float* weight,

@@ -318,6 +318,22 @@ class CudaBackend final : public Backend {
                                hs, stream());
   }
 
+  // ---- mixture-of-experts ops (kernels/backend.h; kernels in llama_ops.cu) -------------
+  void GatherRows(float* dst, const float* src, const int32_t* idx, const float* scale, int64_t n,
+                  int64_t C) override {
+    MakeCurrent();
+    LaunchGatherRows(dst, src, idx, scale, n, C, stream());
+  }
+  void ScatterAddRows(float* dst, const float* src, const int32_t* idx, const float* scale,
+                      int64_t n, int64_t C) override {
+    MakeCurrent();
+    LaunchScatterAddRows(dst, src, idx, scale, n, C, stream());
+  }
+  void RowDot(float* out, const float* a, const float* b, int64_t n, int64_t C) override {
+    MakeCurrent();
+    LaunchRowDot(out, a, b, n, C, stream());
+  }
+
   // ---- BERT-family ops (kernels/backend.h; kernels in bert_ops.cu, reduce.cu,
   // softmax.cu, attention.cc) -----------------------------------------------------------
   void LayerNormForwardEps(float* out, float* mean, float* rstd, const float* inp,

@@ -63,7 +63,56 @@ __global__ void SwiGLUBackwardKernel(float* dgate_up, const float* dout, const f
   }
 }
 
+__global__ void GatherRowsKernel(float* dst, const float* src, const int32_t* idx, const float* scale,
+                                 int64_t n, int64_t C) {
+  L2L_GRID_STRIDE(i, n * C) {
+    const int64_t r = i / C, c = i - r * C;
+    const float v = src[int64_t{idx[r]} * C + c];
+    dst[i] = scale == nullptr ? v : v * scale[r];
+  }
+}
+
+// Distinct idx: each destination element has one writer per launch.
+__global__ void ScatterAddRowsKernel(float* dst, const float* src, const int32_t* idx, const float* scale,
+                                     int64_t n, int64_t C) {
+  L2L_GRID_STRIDE(i, n * C) {
+    const int64_t r = i / C, c = i - r * C;
+    const float v = scale == nullptr ? src[i] : __fmul_rn(src[i], scale[r]);  // no fused multiply-add
+    float* d = dst + int64_t{idx[r]} * C + c;
+    *d = __fadd_rn(*d, v);
+  }
+}
+
+// One thread per row, columns in order (matches the CPU's fp32 order).
+__global__ void RowDotKernel(float* out, const float* a, const float* b, int64_t n, int64_t C) {
+  L2L_GRID_STRIDE(r, n) {
+    float acc = 0.0f;
+    for (int64_t c = 0; c < C; ++c) acc = __fadd_rn(acc, __fmul_rn(a[r * C + c], b[r * C + c]));
+    out[r] = acc;
+  }
+}
+
 }  // namespace
+
+void LaunchGatherRows(float* dst, const float* src, const int32_t* idx, const float* scale, int64_t n,
+                      int64_t C, cudaStream_t s) {
+  if (n <= 0 || C <= 0) return;
+  L2L_LAUNCH(GatherRowsKernel, GridFor(n * C), kThreads, 0, s)(dst, src, idx, scale, n, C);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchScatterAddRows(float* dst, const float* src, const int32_t* idx, const float* scale,
+                          int64_t n, int64_t C, cudaStream_t s) {
+  if (n <= 0 || C <= 0) return;
+  L2L_LAUNCH(ScatterAddRowsKernel, GridFor(n * C), kThreads, 0, s)(dst, src, idx, scale, n, C);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchRowDot(float* out, const float* a, const float* b, int64_t n, int64_t C, cudaStream_t s) {
+  if (n <= 0) return;
+  L2L_LAUNCH(RowDotKernel, GridFor(n), kThreads, 0, s)(out, a, b, n, C);
+  L2L_CUDA_CHECK_LAUNCH();
+}
 
 void LaunchTokenEmbeddingForward(float* out, const int32_t* tokens, const float* wte, int64_t N,
                                  int64_t C, cudaStream_t s) {

@@ -127,6 +127,13 @@ void LaunchSwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F,
 // dgate_up (N,2F) += [dout * up * silu'(gate) | dout * silu(gate)].
 void LaunchSwiGLUBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
                           int64_t F, cudaStream_t s);
+// Mixture-of-experts row ops (llama_ops.cu; kernels/backend.h GatherRows, ScatterAddRows,
+// RowDot). scale may be nullptr (all 1). One thread per output element (RowDot: per row).
+void LaunchGatherRows(float* dst, const float* src, const int32_t* idx, const float* scale, int64_t n,
+                      int64_t C, cudaStream_t s);
+void LaunchScatterAddRows(float* dst, const float* src, const int32_t* idx, const float* scale,
+                          int64_t n, int64_t C, cudaStream_t s);
+void LaunchRowDot(float* out, const float* a, const float* b, int64_t n, int64_t C, cudaStream_t s);
 // RMSNorm (reduce.cu): out (N,C) = inp * rstd * weight, rstd (N). One block per row.
 void LaunchRMSNormForward(float* out, float* rstd, const float* inp, const float* weight,
                           int64_t N, int64_t C, float eps, cudaStream_t s);

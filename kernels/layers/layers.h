@@ -59,6 +59,11 @@ class LayerWorkspace {
   kernels::DeviceBuffer losses;                    // (N)
   kernels::DeviceBuffer g0, g1, g2, g3;            // (N, max(3C,F)) gradient scratch
   kernels::DeviceBuffer rope_cos, rope_sin;        // (T, hs/2) rotary tables (Llama)
+  // Mixture of experts (kernels/layers/moe.h; only with spec.num_experts > 0), k = experts
+  // per token: router logits / their gradient (N,E); the expert-grouped token rows (N*k
+  // int32), their weights and the weights' gradients (N*k); gathered rows, expert output,
+  // gradient rows (N,C) each.
+  kernels::DeviceBuffer moe_router, moe_idx, moe_w, moe_dw, moe_x, moe_y, moe_g;
 
  private:
   int64_t B_ = 0, T_ = 0, head_rows_ = 0;
@@ -71,6 +76,8 @@ Result<int64_t> HeadChunkRows(const ModelSpec& spec, int64_t N);
 
 // Per-micro-batch inputs beside the token ids, read by the families that use them (BERT):
 // device pointers to (B,T) int32 arrays, valid during the call. GPT-2 and Llama ignore them.
+struct MoeStats;  // moe.h
+
 struct SequenceInputs {
   const int32_t* token_types = nullptr;     // segment ids in [0, type_vocab_size); nullptr: all 0
   const int32_t* attention_mask = nullptr;  // 1 = real token, 0 = padding; nullptr: all real
@@ -78,6 +85,11 @@ struct SequenceInputs {
   // embedding adds wpe[position_offset + t]. Blocks ignore it (their block_decode takes
   // the position).
   int64_t position_offset = 0;
+  // Mixture-of-experts models: the micro-batch's routing statistics (kernels/layers/moe.h),
+  // filled by BlockForward and read by BlockBackward (the aux loss's gradient needs every
+  // block's counts; MoeStats::touched says which experts got tokens). nullptr: not recorded
+  // (evaluation, decoding); a backward with spec.output_router_logits then aborts.
+  MoeStats* moe = nullptr;
 };
 
 // ---- Embedding (layer 0): tokens -> hidden --------------------------------------

@@ -12,11 +12,14 @@
 //   fch (N,2F) gate|up        fch_gelu (N,F) silu(gate)*up
 //   logits (N,V), losses (N)  g0..g3 (N, max(W, 2F)) gradient scratch
 //   rope_cos, rope_sin (T, hs/2) the rotary tables of positions 0..T-1
+// A mixture-of-experts spec (num_experts > 0) replaces the MLP by kernels/layers/moe.h's
+// (fch, fch_gelu hold one expert's rows at a time; its moe_* regions beside).
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "kernels/layers/kv_decode.h"
+#include "kernels/layers/moe.h"
 #include "kernels/layers/registry.h"
 
 namespace l2l::layers {
@@ -87,6 +90,7 @@ Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_
       {&ws->g1, g},              {&ws->g2, g},                  {&ws->g3, g},
       {&ws->rope_cos, t * half * f}, {&ws->rope_sin, t * half * f}};
   for (const Want& w : wants) L2L_RETURN_IF_ERROR(AllocInto(backend, w.buf, w.bytes));
+  if (spec.moe()) L2L_RETURN_IF_ERROR(AllocMoeWorkspace(backend, spec, B * T, ws));
   const std::vector<double> inv = InverseFrequencies(spec);
   std::vector<float> cos(t * half), sin(t * half);
   for (size_t p = 0; p < t; ++p) {
@@ -105,17 +109,33 @@ Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_
 // Views of a block's flat parameter (or gradient) buffer.
 struct BlockViews {
   float *ln1, *qkv_w, *qkv_b, *o_w, *ln2, *gate_up_w, *down_w;
+  MoeWeights moe;  // num_experts > 0 (gate_up_w, down_w null then)
 };
 
 BlockViews Views(const ModelSpec& spec, const LayerLayout& layout, const float* base) {
   float* p = const_cast<float*>(base);
-  return BlockViews{p + Off(layout, "input_layernorm.weight"),
-                    p + Off(layout, "self_attn.q_proj.weight"),  // q|k|v weights adjacent (W,C)
-                    spec.qkv_bias ? p + Off(layout, "self_attn.q_proj.bias") : nullptr,
-                    p + Off(layout, "self_attn.o_proj.weight"),
-                    p + Off(layout, "post_attention_layernorm.weight"),
-                    p + Off(layout, "mlp.gate_proj.weight"),  // gate|up adjacent (2F,C)
-                    p + Off(layout, "mlp.down_proj.weight")};
+  BlockViews v{p + Off(layout, "input_layernorm.weight"),
+               p + Off(layout, "self_attn.q_proj.weight"),  // q|k|v weights adjacent (W,C)
+               spec.qkv_bias ? p + Off(layout, "self_attn.q_proj.bias") : nullptr,
+               p + Off(layout, "self_attn.o_proj.weight"),
+               p + Off(layout, "post_attention_layernorm.weight"),
+               nullptr,
+               nullptr,
+               {}};
+  if (!spec.moe()) {
+    v.gate_up_w = p + Off(layout, "mlp.gate_proj.weight");  // gate|up adjacent (2F,C)
+    v.down_w = p + Off(layout, "mlp.down_proj.weight");
+    return v;
+  }
+  v.moe.router = p + Off(layout, "block_sparse_moe.gate.weight");
+  // Experts are contiguous (common/models/llama.cc): w1|w3 (2F,C) adjacent, then w2 (C,F).
+  const size_t first = Off(layout, "block_sparse_moe.experts.0.w1.weight");
+  const size_t stride = size_t(3 * spec.d_ff * spec.d_model), down = size_t(2 * spec.d_ff * spec.d_model);
+  for (int64_t e = 0; e < spec.num_experts; ++e) {
+    v.moe.gate_up.push_back(p + first + size_t(e) * stride);
+    v.moe.down.push_back(p + first + size_t(e) * stride + down);
+  }
+  return v;
 }
 
 // Forward internals of a block up to (and including) fch_gelu, into ws.
@@ -139,6 +159,7 @@ void BlockInternals(Backend& be, const ModelSpec& spec, const BlockViews& w, con
   // x1 = x + attn
   be.LinearForward(ws.resid2.f32(), ws.atty.f32(), w.o_w, true, nullptr, N, C, C, nullptr, in);
   be.RMSNormForward(ws.ln2.f32(), ws.ln2_rstd.f32(), ws.resid2.f32(), w.ln2, N, C, eps);
+  if (spec.moe()) return;  // the MoE MLP runs from ln2 (MoeOut)
   be.Gemm(false, true, N, 2 * F, C, 1.0f, ws.ln2.f32(), C, w.gate_up_w, C, 0.0f, ws.fch.f32(), 2 * F);
   be.SwiGLUForward(ws.fch_gelu.f32(), ws.fch.f32(), N, F);
 }
@@ -155,11 +176,22 @@ void FamilyEmbeddingBackward(Backend& be, const ModelSpec& spec, const LayerLayo
   be.TokenEmbeddingBackward(dparams + Off(layout, "embed_tokens.weight"), dout, tokens, B * T, spec.d_model);
 }
 
+// out (N,C) = x1 + moe(ln2) for a mixture-of-experts block (after BlockInternals).
+void MoeOut(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const BlockViews& w, float* out,
+            int64_t N, LayerWorkspace& ws, MoeStats* stats) {
+  MoeForward(be, spec, w.moe, ws.ln2.f32(), ws.g3.f32(), N, ws, stats, layout.block);
+  be.Add(out, ws.resid2.f32(), ws.g3.f32(), N * spec.d_model);  // HF: residual + moe output
+}
+
 void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
-                  const float* in, float* out, int64_t B, int64_t T, LayerWorkspace& ws, const SequenceInputs&) {
+                  const float* in, float* out, int64_t B, int64_t T, LayerWorkspace& ws, const SequenceInputs& seq) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   const BlockViews w = Views(spec, layout, params);
   BlockInternals(be, spec, w, in, B, T, ws);
+  if (spec.moe()) {
+    MoeOut(be, spec, layout, w, out, N, ws, seq.moe);
+    return;
+  }
   // out = x1 + down(h); `in` is no longer read, so out may alias it.
   be.LinearForward(out, ws.fch_gelu.f32(), w.down_w, true, nullptr, N, F, C, nullptr, ws.resid2.f32());
 }
@@ -168,13 +200,17 @@ void FamilyBlockDecode(Backend& be, const ModelSpec& spec, const LayerLayout& la
                        const float* in, float* out, LayerWorkspace& ws, const KvStep& kv) {
   const BlockViews w = Views(spec, layout, params);
   BlockInternals(be, spec, w, in, 1, 1, ws, &kv);
+  if (spec.moe()) {
+    MoeOut(be, spec, layout, w, out, 1, ws, nullptr);
+    return;
+  }
   be.LinearForward(out, ws.fch_gelu.f32(), w.down_w, true, nullptr, 1, spec.d_ff, spec.d_model, nullptr,
                    ws.resid2.f32());
 }
 
 void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
                    const float* in, const float* dout, float* din, float* dparams, int64_t B, int64_t T,
-                   LayerWorkspace& ws, const SequenceInputs&, bool recompute) {
+                   LayerWorkspace& ws, const SequenceInputs& seq, bool recompute) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T, W = QkvWidth(spec);
   const int64_t NH = spec.n_head, NKV = spec.kv_heads(), hs = spec.head_dim();
   const BlockViews w = Views(spec, layout, params);
@@ -185,13 +221,19 @@ void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& 
   float* g1 = ws.g1.f32();
   float* g2 = ws.g2.f32();
   float* dres = ws.g3.f32();  // (N,C) gradient of the residual stream
-  // MLP: out = x1 + down(silu(gate(rms_2(x1))) * up(rms_2(x1))).
-  be.Gemm(true, false, C, F, N, 1.0f, dout, C, ws.fch_gelu.f32(), F, 1.0f, d.down_w, F);  // dW_down (C,F) +=
-  be.Gemm(false, false, N, F, C, 1.0f, dout, C, w.down_w, F, 0.0f, g0, F);                // dh (N,F)
-  be.Zero(g1, N * 2 * F * sizeof(float));
-  be.SwiGLUBackward(g1, g0, ws.fch.f32(), N, F);                                          // dgate|dup (N,2F)
-  be.Gemm(true, false, 2 * F, C, N, 1.0f, g1, 2 * F, ws.ln2.f32(), C, 1.0f, d.gate_up_w, C);  // (2F,C) +=
-  be.Gemm(false, false, N, C, 2 * F, 1.0f, g1, 2 * F, w.gate_up_w, C, 0.0f, g2, C);         // dln2 (N,C)
+  if (spec.moe()) {
+    // MLP: out = x1 + moe(rms_2(x1)); dln2 (N,C) from the experts and the router.
+    be.Zero(g2, N * C * sizeof(float));
+    MoeBackward(be, spec, w.moe, d.moe, ws.ln2.f32(), dout, g2, N, ws, seq.moe);
+  } else {
+    // MLP: out = x1 + down(silu(gate(rms_2(x1))) * up(rms_2(x1))).
+    be.Gemm(true, false, C, F, N, 1.0f, dout, C, ws.fch_gelu.f32(), F, 1.0f, d.down_w, F);  // dW_down (C,F) +=
+    be.Gemm(false, false, N, F, C, 1.0f, dout, C, w.down_w, F, 0.0f, g0, F);                // dh (N,F)
+    be.Zero(g1, N * 2 * F * sizeof(float));
+    be.SwiGLUBackward(g1, g0, ws.fch.f32(), N, F);                                          // dgate|dup (N,2F)
+    be.Gemm(true, false, 2 * F, C, N, 1.0f, g1, 2 * F, ws.ln2.f32(), C, 1.0f, d.gate_up_w, C);  // (2F,C) +=
+    be.Gemm(false, false, N, C, 2 * F, 1.0f, g1, 2 * F, w.gate_up_w, C, 0.0f, g2, C);         // dln2 (N,C)
+  }
   be.CopyDeviceToDevice(dres, dout, N * C * sizeof(float));
   be.RMSNormBackward(dres, d.ln2, g2, ws.resid2.f32(), w.ln2, ws.ln2_rstd.f32(), N, C);  // dx1
   // Attention: x1 = x + o_proj(gqa(rope(qkv(rms_1(x))))).

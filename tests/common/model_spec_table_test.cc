@@ -59,7 +59,12 @@ std::vector<ModelSpec> FamilySpecs() {
   ModelSpec bert_cls = bert;
   bert_cls.num_labels = 5;
   bert_cls.tied_embeddings = false;
-  return {gpt2, llama, llama_linear, bert, bert_cls};
+  ModelSpec mixtral = llama_linear;  // MixtralForCausalLM: a mixture of experts
+  mixtral.num_experts = 4;
+  mixtral.experts_per_token = 2;
+  mixtral.router_aux_loss_coef = 0.02;
+  mixtral.output_router_logits = true;
+  return {gpt2, llama, llama_linear, bert, bert_cls, mixtral};
 }
 
 std::vector<ModelSpec> PresetSpecs() {

@@ -112,6 +112,43 @@ TEST_CASE("l2l-eps + l2l-worker processes train a Llama-family model like the re
   CHECK((*eps)->ShmSegments().empty());
 }
 
+TEST_CASE("l2l-eps + l2l-worker processes train a mixture-of-experts model like the reference trainer",
+          "[integration][relay][moe]") {
+  Run r = Prepare("equiv-moe");
+  // 32 experts, top-1, 96 tokens a step per worker: in every block some experts get no
+  // token in a step and are skipped (the workers report which got tokens), and which ones
+  // varies from step to step (per-expert AdamW step counts). With the auxiliary loss.
+  r.job.model.family = ModelFamily::kLlama;
+  r.job.model.n_kv_heads = 2;
+  r.job.model.tied_embeddings = false;
+  r.job.model.d_ff = 16;
+  r.job.model.num_experts = 32;
+  r.job.model.experts_per_token = 1;
+  r.job.model.output_router_logits = true;
+  r.job.model.router_aux_loss_coef = 0.05;
+  REQUIRE(r.job.Validate().ok());
+  const Transport transport = GENERATE(Transport::kAuto, Transport::kGrpc);
+  int workers = GENERATE(1, 2);
+  INFO("transport " << ToString(transport) << ", " << workers << " worker(s)");
+  DaemonOptions o;
+  o.workers = workers;
+  o.transport = transport;
+  auto eps = EpsDaemon::Start(r.job, o, *r.dir);
+  INFO(eps.status().ToString());
+  REQUIRE(eps.ok());
+  const std::vector<std::string> logs = RunWorkers(**eps, *r.dir, workers);
+  for (const std::string& log : logs) {
+    REQUIRE(ParseProgress(log).size() == static_cast<size_t>(r.job.train.steps));
+  }
+  const auto ref = TrainedReference(r.job, workers, r.job.train.steps);
+  int64_t skipped = 0;  // expert updates the reference skipped
+  for (int64_t n : ref->expert_steps()) skipped += r.job.train.steps - n;
+  INFO("expert updates skipped over the run: " << skipped);
+  CHECK(skipped > 0);
+  RequireClose(r.job, Exported(**eps, r.job.model), ref->params());
+  REQUIRE((*eps)->Shutdown().ok());
+}
+
 TEST_CASE("Worker peak memory grows with depth only by the stash", "[integration][memory]") {
   // Narrow layers, many tokens: the stash (L+1 x M x B*T*C floats) dominates what depth
   // adds. gRPC transport, so layer bytes are the worker's own short-lived buffers (with

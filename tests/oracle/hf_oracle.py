@@ -4,7 +4,7 @@ Reads what `l2l-oracle-dump --hf --out DIR` wrote (see worker/reference/oracle_d
 variant, our initial weights under their Hugging Face names, random tokens, our loss,
 our gradients and our weights after one AdamW step. For each variant it builds the
 transformers class the dump names (GPT2LMHeadModel, LlamaForCausalLM, Qwen2ForCausalLM,
-MistralForCausalLM, BertForMaskedLM, BertForSequenceClassification) from a config.json made here from our spec, loads our
+MistralForCausalLM, MixtralForCausalLM, BertForMaskedLM, BertForSequenceClassification) from a config.json made here from our spec, loads our
 model.safetensors with from_pretrained (no missing or unexpected keys allowed), runs it
 in float64 and checks:
 
@@ -13,6 +13,14 @@ in float64 and checks:
   gradients  per tensor: max |ours - ref| <= 1e-4 * max |ref|   (every parameter)
   AdamW      one torch.optim.AdamW step (decay on 2-D weights only) from the same fp32
              weights and OUR gradients: |ours - torch| <= 1e-5 absolute
+  Mixtral    (mixture of experts; loss = cross-entropy + router_aux_loss_coef * the model's
+             own aux_loss when output_router_logits) also three AdamW steps: at each step
+             the weights we had, HF's loss and gradients at them, the experts HF routed
+             tokens to (ours must be the same), and torch.optim.AdamW fed our gradients
+             with .grad = None for every expert that got no token (zero_grad(set_to_none=
+             True) semantics: such an expert is skipped, moments and step count included);
+             after three steps |ours - torch| <= 1e-5, the starved expert bit-identical
+             to its initial weights and absent from the optimizer's state.
 
 Must run with the oracle venv's python (scripts/oracle_venv.sh); a missing package is a
 failure, never a skip. HF_HUB_OFFLINE=1: nothing is fetched.
@@ -78,6 +86,12 @@ def hf_config(arch, spec):
     if arch == "MistralForCausalLM":
         assert not spec["qkv_bias"]
         return transformers.MistralConfig(sliding_window=None, **common)
+    if arch == "MixtralForCausalLM":
+        assert not spec["qkv_bias"] and spec.get("norm_topk_prob", True)
+        return transformers.MixtralConfig(
+            sliding_window=None, num_local_experts=spec["num_experts"], num_experts_per_tok=spec["experts_per_token"],
+            router_aux_loss_coef=spec.get("router_aux_loss_coef", 0.001),
+            output_router_logits=spec.get("output_router_logits", False), router_jitter_noise=0.0, **common)
     raise ValueError("unknown architecture " + arch)
 
 
@@ -141,6 +155,9 @@ def check_variant(d, chk):
                         labels=labels)
             total = total + out.loss / M
             continue
+        if arch == "MixtralForCausalLM":
+            total = total + mixtral_loss(model, spec, inputs[u], targets[u]) / M
+            continue
         logits = model(input_ids=inputs[u], use_cache=False).logits
         total = total + F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets[u].reshape(-1)) / M
     total.backward()
@@ -150,7 +167,8 @@ def check_variant(d, chk):
     for name in sorted(grads):
         if key(name) not in params:
             continue
-        ref = params[key(name)].grad.numpy()
+        g = params[key(name)].grad
+        ref = np.zeros(grads[name].shape) if g is None else g.numpy()  # None: an expert without tokens
         scale = float(np.max(np.abs(ref)))
         if name.endswith("attention.self.key.bias"):
             # The softmax over keys is invariant to q . b_k (the same for every key): the
@@ -164,8 +182,12 @@ def check_variant(d, chk):
     o = meta["steps"]["noclip"]
     after = load_file(os.path.join(d, "after_noclip.safetensors"))
     ps = {k: torch.nn.Parameter(torch.tensor(v, dtype=torch.float32)) for k, v in weights.items()}
+    # Mixtral: an expert that got no token has .grad None (set_to_none semantics).
+    hit = hit_experts(model, spec, inputs) if arch == "MixtralForCausalLM" else None
     for k, p in ps.items():
-        p.grad = torch.tensor(grads[k], dtype=torch.float32)
+        ex = expert_of(k)
+        p.grad = None if hit is not None and ex is not None and ex not in hit else \
+            torch.tensor(grads[k], dtype=torch.float32)
     decay = [p for p in ps.values() if p.dim() == 2]
     no_decay = [p for p in ps.values() if p.dim() != 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
@@ -178,6 +200,102 @@ def check_variant(d, chk):
         moved = max(moved, float(np.max(np.abs(ref - weights[name]))))
         chk.close("AdamW " + name, after[name], ref, 1e-5, 0.0)
     chk.true("the step moved the weights (max %.2e)" % moved, moved > 1e-3)
+    if arch == "MixtralForCausalLM":
+        check_moe_steps(d, meta, model, key, weights, inputs, targets, chk)
+
+
+def expert_of(name):
+    """(layer, expert) of a Mixtral expert tensor's name, else None."""
+    parts = name.split(".")
+    if "experts" not in parts:
+        return None
+    return int(parts[parts.index("layers") + 1]), int(parts[parts.index("experts") + 1])
+
+
+def mixtral_loss(model, spec, inputs, targets):
+    """One micro-batch's loss as MixtralForCausalLM forms it: cross-entropy (our targets, not
+    shifted) plus router_aux_loss_coef * aux_loss when output_router_logits."""
+    out = model(input_ids=inputs, use_cache=False, output_router_logits=spec.get("output_router_logits", False))
+    logits = out.logits
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    if spec.get("output_router_logits", False):
+        loss = loss + model.config.router_aux_loss_coef * out.aux_loss
+    return loss
+
+
+def hit_experts(model, spec, inputs):
+    """(layer, expert) pairs that got at least one token in any micro-batch, from HF's router."""
+    hit = set()
+    k = spec["experts_per_token"]
+    with torch.no_grad():
+        for u in range(inputs.shape[0]):
+            out = model(input_ids=inputs[u], use_cache=False, output_router_logits=True)
+            for layer, logits in enumerate(out.router_logits):
+                probs = F.softmax(logits, dim=-1, dtype=torch.float)
+                for e in torch.topk(probs, k, dim=-1).indices.flatten().tolist():
+                    hit.add((layer, e))
+    return hit
+
+
+def check_moe_steps(d, meta, model, key, weights, inputs, targets, chk):
+    spec = meta["spec"]
+    E, L = spec["num_experts"], spec["n_layer"]
+    o = meta["steps"]["noclip"]
+    ps = {k: torch.nn.Parameter(torch.tensor(v, dtype=torch.float32)) for k, v in weights.items()}
+    decay = [p for p in ps.values() if p.dim() == 2]
+    no_decay = [p for p in ps.values() if p.dim() != 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": o["weight_decay"]},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=o["lr"], betas=(o["beta1"], o["beta2"]), eps=o["eps"], foreach=False)
+
+    starved = set((l, e) for l in range(L) for e in range(E))
+    for i, st in enumerate(meta["moe_steps"]):
+        ours = load_file(os.path.join(d, "steps", "step%d_weights.safetensors" % i))
+        for name in sorted(ps):
+            chk.close("step %d: our weights before the step, %s" % (i, name), ours[name],
+                      ps[name].detach().numpy(), 1e-5, 0.0)
+        # HF at our weights of this step: routing, loss and gradients.
+        model.load_state_dict({key(n): torch.tensor(w, dtype=torch.float64) for n, w in ours.items()})
+        model.zero_grad(set_to_none=True)
+        hit = hit_experts(model, spec, inputs)
+        touched = set((l, e) for l in range(L) for e in range(E) if st["touched"][l * E + e])
+        chk.true("step %d: experts with tokens: ours %s, HF %s" % (i, sorted(touched), sorted(hit)), touched == hit)
+        starved -= hit
+        total = 0.0
+        for u in range(inputs.shape[0]):
+            total = total + mixtral_loss(model, spec, inputs[u], targets[u]) / inputs.shape[0]
+        total.backward()
+        chk.close("step %d: loss" % i, st["loss"], total.item(), 0.0, 1e-5)
+        g = load_file(os.path.join(d, "steps", "step%d_grads.safetensors" % i))
+        params = dict(model.named_parameters())
+        for name in sorted(g):
+            hg = params[key(name)].grad
+            ref = np.zeros(g[name].shape) if hg is None else hg.numpy()
+            chk.close("step %d: grad %s" % (i, name), g[name], ref, 1e-4 * float(np.max(np.abs(ref))) + 1e-12, 0.0)
+        # torch AdamW on our gradients, .grad None for experts without tokens.
+        for name, p in ps.items():
+            ex = expert_of(name)
+            p.grad = None if ex is not None and ex not in hit else torch.tensor(g[name], dtype=torch.float32)
+        for group in opt.param_groups:
+            group["lr"] = st["lr"]
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    chk.true("an expert got no token in any step (the starved case is exercised): %s" % sorted(starved),
+             len(starved) > 0)
+    after = load_file(os.path.join(d, "after_3steps.safetensors"))
+    for name in sorted(ps):
+        chk.close("3 AdamW steps " + name, after[name], ps[name].detach().numpy(), 1e-5, 0.0)
+        if expert_of(name) in starved:
+            chk.true("starved expert %s unchanged and without optimizer state" % name,
+                     np.array_equal(after[name], weights[name]) and len(opt.state[ps[name]]) == 0)
+    counts = {}
+    for name, p in ps.items():
+        ex = expert_of(name)
+        if ex is not None and name.endswith("w1.weight"):
+            counts[ex] = int(opt.state[p]["step"]) if len(opt.state[p]) else 0
+    ours = meta["expert_steps"]
+    chk.true("per-expert step counts: ours %s, torch %s" % (ours, counts),
+             all(ours[l * E + e] == counts[(l, e)] for (l, e) in counts))
 
 
 def main():
@@ -189,8 +307,8 @@ def main():
     root = sys.argv[1]
     variants = sorted(v for v in os.listdir(root) if os.path.isfile(os.path.join(root, v, "meta.json")))
     archs = set(json.load(open(os.path.join(root, v, "meta.json")))["hf_architecture"] for v in variants)
-    want = {"GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "BertForMaskedLM",
-            "BertForSequenceClassification"}
+    want = {"GPT2LMHeadModel", "LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "MixtralForCausalLM",
+            "BertForMaskedLM", "BertForSequenceClassification"}
     chk.true("variants cover %s" % sorted(want), want <= archs)
     for v in variants:
         check_variant(os.path.join(root, v), chk)

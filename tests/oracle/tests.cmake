@@ -12,7 +12,9 @@ set_tests_properties(oracle.torch_reference PROPERTIES LABELS "unit;oracle" TIME
 
 # Hugging Face transformers oracle (label "unit;oracle"): l2l-oracle-dump --hf writes
 # GPT-2, Llama (GQA/MQA/MHA, tied and untied, llama3 and linear rope scaling), Qwen2
-# (q/k/v biases), Mistral, BertForMaskedLM and BertForSequenceClassification (token
+# (q/k/v biases), Mistral, Mixtral (mixture of experts with and without the load-balancing
+# loss, an expert starved of tokens; three AdamW steps with .grad None for idle experts),
+# BertForMaskedLM and BertForSequenceClassification (token
 # types, padded sequences) variants; tests/oracle/hf_oracle.py loads each into the
 # transformers class with from_pretrained and compares loss, every gradient and one AdamW
 # step. The interpreter comes from scripts/oracle_venv.sh: a missing venv fails the test.

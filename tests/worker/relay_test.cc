@@ -138,6 +138,7 @@ struct RelayRun {
   std::vector<Status> status;                   // per worker
   std::vector<int64_t> kept_blocks;             // per worker: blocks keeping intermediates
   std::vector<double> recompute_s;              // per worker: the last step's recompute time
+  std::vector<int64_t> expert_steps;            // mixture of experts: the EPS's per-expert steps
 };
 
 // Trains `steps` steps with `workers` relays (one thread and one 1-thread CPU backend
@@ -206,6 +207,7 @@ RelayRun RunRelays(const JobConfig& job, int workers, int steps, FakeEpsOptions 
     run.last_from.push_back((*eps)->WeightsBeforeLastUpdate(l));
   }
   run.acquires = (*eps)->acquires();
+  run.expert_steps = (*eps)->expert_steps();
   return run;
 }
 
@@ -213,6 +215,7 @@ struct RefRun {
   std::vector<std::vector<float>> params;
   std::vector<double> losses;
   int64_t kept_blocks = 0;  // blocks keeping their intermediates
+  std::vector<int64_t> expert_steps;  // mixture of experts: per-expert AdamW steps
 };
 
 // The oracle: one ReferenceTrainer fed, each step, the union of the `shards` shards'
@@ -237,6 +240,7 @@ RefRun RunReference(const JobConfig& job, int shards, int steps, size_t budget_b
   }
   run.params = (*ref)->params();
   run.kept_blocks = (*ref)->activation_plan().kept_blocks;
+  run.expert_steps = (*ref)->expert_steps();
   return run;
 }
 
@@ -353,6 +357,61 @@ TEST_CASE("Relay trains a Llama-family model exactly like the reference trainer"
     double mean = 0;
     for (int w = 0; w < workers; ++w) mean += relay.losses[w][s] / workers;
     CHECK(mean == Approx(ref.losses[s]).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("Relay trains a mixture-of-experts model exactly like the reference trainer, skipping idle experts",
+          "[worker][relay][moe]") {
+  // 16 experts, top-1, few tokens a step: most experts get no token in a given step (the
+  // EPS and the reference skip them, torch.optim.AdamW's .grad None), and which ones
+  // varies from step to step (each expert keeps its own AdamW step count).
+  JobConfig job = TinyLlamaJob();
+  job.model.num_experts = 16;
+  job.model.experts_per_token = 1;
+  job.model.d_ff = 16;
+  job.train.micro_batch_size = 1;
+  job.train.micro_batches = 2;
+  job.train.seq_len = 4;
+  const int workers = GENERATE(1, 2);
+  SECTION("with the auxiliary loss, global clipping") {
+    job.model.output_router_logits = true;
+    job.model.router_aux_loss_coef = 0.05;
+  }
+  SECTION("without it, no clipping") { job.train.clip = ClipMode::kNone; }
+  REQUIRE(job.Validate().ok());
+  INFO(workers << " worker(s)");
+  const int steps = 4;
+  RelayRun relay = RunRelays(job, workers, steps);
+  RequireAllOk(relay);
+  RefRun ref = RunReference(job, workers, steps);
+  RequireMatches(job, relay, ref);
+  for (int s = 0; s < steps; ++s) {
+    double mean = 0;
+    for (int w = 0; w < workers; ++w) mean += relay.losses[w][s] / workers;
+    CHECK(mean == Approx(ref.losses[s]).epsilon(1e-5));
+  }
+  CHECK(relay.expert_steps == ref.expert_steps);
+  int64_t never = 0, some = 0;  // experts updated in no step, in some but not all steps
+  for (int64_t n : ref.expert_steps) {
+    never += n == 0 ? 1 : 0;
+    some += n > 0 && n < steps ? 1 : 0;
+  }
+  INFO("experts never updated: " << never << ", updated in some steps: " << some);
+  CHECK(some > 0);
+  // An expert that never got a token is exactly its initial weights (no weight decay).
+  if (never > 0) {
+    const std::vector<LayerLayout> layouts = BuildLayout(job.model);
+    for (int64_t b = 0; b < job.model.n_layer; ++b) {
+      const LayerLayout& L = layouts[static_cast<size_t>(1 + b)];
+      std::vector<float> init(L.numel);
+      InitLayerParams(job.model, L, job.train.seed, init.data());
+      const std::vector<ExpertRange> ranges = ExpertRanges(job.model, L);
+      for (int64_t e = 0; e < job.model.num_experts; ++e) {
+        if (ref.expert_steps[static_cast<size_t>(b * job.model.num_experts + e)] != 0) continue;
+        const ExpertRange& r = ranges[static_cast<size_t>(e)];
+        CHECK(std::equal(init.begin() + r.begin, init.begin() + r.end, relay.params[1 + b].begin() + r.begin));
+      }
+    }
   }
 }
 

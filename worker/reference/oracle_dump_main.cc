@@ -24,6 +24,13 @@
 // holds token_types and attention_mask; masked-LM targets are -1 except at ~1/3 of the
 // real tokens, a classification label sits at position 0).
 //
+// MixtralForCausalLM (E=4 experts, top-2, with and without the auxiliary load-balancing
+// loss): the embeddings' channel 0 is shifted up and block 0's router row of expert 3 reads
+// it negatively, so that expert never gets a token in block 0; these variants also write
+// three AdamW steps (weights before each, our gradients of each, the weights after:
+// steps/step<i>_{weights,grads}.safetensors, after_3steps.safetensors) for the oracle's
+// set_to_none AdamW loop (an expert without tokens is skipped, moments included).
+//
 // The weights are GPT-2's initialisation made larger and non-trivial (matrices x5, every
 // bias and LayerNorm parameter perturbed) so that every path of the backward matters.
 #include <cmath>
@@ -180,6 +187,18 @@ void MakeEncoderBatches(const l2l::JobConfig& c, uint64_t seed, std::vector<w::M
   }
 }
 
+// Mixture of experts: embeddings' channel 0 += 3 (so every token's normed channel 0 is
+// large and positive in block 0) and block 0's router row of the last expert = -10 at
+// channel 0, 0 elsewhere: that expert is never in a token's top k in block 0.
+void StarveExpert(const l2l::ModelSpec& spec, std::vector<std::vector<float>>* weights) {
+  const std::vector<l2l::LayerLayout> layouts = l2l::BuildLayout(spec);
+  const l2l::ParamInfo& emb = l2l::EmbeddingTable(spec, layouts[0]);
+  for (int64_t v = 0; v < spec.vocab_size; ++v) (*weights)[0][emb.offset + v * spec.d_model] += 3.0f;
+  const l2l::ParamInfo* router = layouts[1].Find("block_sparse_moe.gate.weight");
+  float* row = (*weights)[1].data() + router->offset + (spec.num_experts - 1) * spec.d_model;
+  for (int64_t c = 0; c < spec.d_model; ++c) row[c] = c == 0 ? -10.0f : 0.0f;
+}
+
 struct HfVariant {
   std::string name;
   std::string architecture;  // the transformers class that must reproduce it
@@ -215,6 +234,14 @@ std::vector<HfVariant> HfVariants(uint64_t seed) {
     v.push_back({"qwen2_bias_untied", "Qwen2ForCausalLM", c});
   }
   v.push_back({"mistral_gqa", "MistralForCausalLM", LlamaJob(false, 2, seed)});
+  for (bool aux : {false, true}) {
+    l2l::JobConfig c = LlamaJob(false, 2, seed);
+    c.model.num_experts = 4;
+    c.model.experts_per_token = 2;
+    c.model.output_router_logits = aux;
+    if (aux) c.model.router_aux_loss_coef = 0.25;  // large enough that its gradient shows
+    v.push_back({aux ? "mixtral_aux" : "mixtral_noaux", "MixtralForCausalLM", c});
+  }
   v.push_back({"bert_mlm", "BertForMaskedLM", BertJob(0, seed)});
   v.push_back({"bert_classify", "BertForSequenceClassification", BertJob(3, seed)});
   return v;
@@ -228,7 +255,8 @@ Status DumpVariant(const std::string& dir, const l2l::JobConfig& job, uint64_t s
   l2l::JobConfig cfg = job;
   const bool tied = cfg.model.tied_embeddings;
   const l2l::ModelSpec& spec = cfg.model;
-  const std::vector<std::vector<float>> weights = OracleWeights(spec, seed);
+  std::vector<std::vector<float>> weights = OracleWeights(spec, seed);
+  if (spec.moe()) StarveExpert(spec, &weights);
   std::vector<w::MicroBatch> mbs = OracleBatches(cfg, seed);
   const bool encoder = l2l::models::IsEncoder(spec);
   if (encoder) MakeEncoderBatches(cfg, seed, &mbs);
@@ -289,6 +317,22 @@ Status DumpVariant(const std::string& dir, const l2l::JobConfig& job, uint64_t s
     o["grad_norm"] = s->last_grad_norm();
     o["clip_coefficient"] = s->last_clip_coefficient();
     meta["steps"][which] = o;
+  }
+  if (spec.moe()) {
+    // Three steps: the weights before each and our gradients of each, then the result.
+    L2L_ASSIGN_OR_RETURN(auto s, w::ReferenceTrainer::Create(cfg, weights));
+    std::filesystem::create_directories(dir + "/steps", ec);
+    nlohmann::json steps = nlohmann::json::array();
+    for (int i = 0; i < 3; ++i) {
+      const std::string stem = dir + "/steps/step" + std::to_string(i);
+      L2L_RETURN_IF_ERROR(l2l::SaveModel(stem + "_weights.safetensors", spec, s->params()));
+      L2L_ASSIGN_OR_RETURN(float step_loss, s->Step(mbs));
+      L2L_RETURN_IF_ERROR(l2l::SaveModel(stem + "_grads.safetensors", spec, s->grads()));
+      steps.push_back({{"loss", step_loss}, {"touched", s->experts_touched()}, {"lr", l2l::LearningRate(cfg.optim, i)}});
+    }
+    L2L_RETURN_IF_ERROR(l2l::SaveModel(dir + "/after_3steps.safetensors", spec, s->params()));
+    meta["moe_steps"] = steps;
+    meta["expert_steps"] = s->expert_steps();
   }
   std::ofstream out(dir + "/meta.json");
   out << meta.dump(2) << "\n";

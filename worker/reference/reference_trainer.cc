@@ -11,6 +11,7 @@
 #include "common/formats/model_io.h"
 #include "common/logging.h"
 #include "common/models/registry.h"
+#include "kernels/layers/moe.h"
 
 namespace l2l::worker {
 
@@ -83,6 +84,10 @@ Status ReferenceTrainer::Init(const JobConfig& cfg, std::vector<std::vector<floa
     L2L_ASSIGN_OR_RETURN(backend_, kernels::CreateBackend(opts.device));
   }
   params_ = std::move(params);
+  if (cfg.model.moe()) {
+    touched_.assign(static_cast<size_t>(cfg.model.n_layer * cfg.model.num_experts), 0);
+    expert_steps_.assign(touched_.size(), 0);
+  }
   for (const LayerLayout& l : layouts_) {
     m_.emplace_back(l.numel, 0.0f);
     v_.emplace_back(l.numel, 0.0f);
@@ -174,7 +179,13 @@ float ReferenceTrainer::RunMicroBatch(const MicroBatch& mb, float loss_scale, bo
   const size_t n = static_cast<size_t>(B * T);
   be.CopyToDevice(d_targets_.data(), mb.targets.data(), n * sizeof(int32_t));
   // Forward: acts_[0] = embedding, acts_[i+1] = block i (acts_[i]).
-  const layers::SequenceInputs seq = EmbedInputs(mb);
+  layers::SequenceInputs seq = EmbedInputs(mb);
+  layers::MoeStats moe;  // this micro-batch's routing (mixture-of-experts models)
+  if (spec.moe()) {
+    moe.Reset(spec);
+    moe.aux_grad_scale = static_cast<float>(spec.router_aux_loss_coef) * loss_scale;
+    seq.moe = &moe;
+  }
   // Block layer index l = 1 + i keeps its intermediates (for this backward) when planned.
   auto kept = [&](int64_t i) -> layers::SavedActivations* {
     return backward && plan_.Keeps(1 + i) ? &kept_[static_cast<size_t>(1 + i - plan_.first_kept)] : nullptr;
@@ -187,10 +198,15 @@ float ReferenceTrainer::RunMicroBatch(const MicroBatch& mb, float loss_scale, bo
   const float* wte = d_params_[0].f32() + EmbeddingTable(spec, layouts_[0]).offset;
   float* dwte = spec.tied_embeddings ? d_grads_[0].f32() + EmbeddingTable(spec, layouts_[0]).offset : nullptr;
   float* dcur = backward ? d_dact_a_.f32() : nullptr;
-  const float loss =
+  float loss =
       layers::HeadForwardBackward(be, spec, head, d_params_.back().f32(), wte, acts_[L].f32(), d_targets_.i32(),
                                   loss_scale, dcur, backward ? d_grads_.back().f32() : nullptr, dwte, B, T, *ws_);
+  if (spec.moe() && spec.output_router_logits) {
+    // Hugging Face: loss += router_aux_loss_coef * aux (in fp32).
+    loss += static_cast<float>(spec.router_aux_loss_coef) * static_cast<float>(layers::MoeAuxLoss(spec, moe));
+  }
   if (!backward) return loss;
+  for (size_t i = 0; i < touched_.size(); ++i) touched_[i] |= moe.touched[i];
 
   // Backward: dcur holds dL/d(acts_[i+1]); each block recomputes from acts_[i].
   float* dnext = d_dact_b_.f32();
@@ -209,6 +225,7 @@ Result<float> ReferenceTrainer::ForwardBackward(const std::vector<MicroBatch>& b
   for (size_t u = 0; u < batches.size(); ++u) L2L_RETURN_IF_ERROR(CheckBatch(batches[u], u));
   if (backward) {
     for (size_t l = 0; l < layouts_.size(); ++l) backend_->Zero(d_grads_[l].data(), layouts_[l].numel * sizeof(float));
+    std::fill(touched_.begin(), touched_.end(), uint8_t{0});
   }
   const float loss_scale = 1.0f / static_cast<float>(batches.size());
   double loss_sum = 0.0;
@@ -267,11 +284,27 @@ void ReferenceTrainer::ApplyUpdate() {
   }
   last_clip_ = coef[0];
 
+  const ModelSpec& spec = cfg_.model;
   for (size_t l = 0; l < layouts_.size(); ++l) {
     const AdamWStepArgs args = AdamWStepArgsAt(o, step_, coef[l]);
+    // A mixture-of-experts block's experts: one without tokens this step is skipped
+    // (torch.optim.AdamW with .grad None: no decay, no moment update, no step count).
+    const std::vector<ExpertRange> experts = ExpertRanges(spec, layouts_[l]);
+    const int64_t block = layouts_[l].block;
     for (const ParamInfo& p : layouts_[l].params) {
+      AdamWStepArgs a = WithDecay(args, p.decay);
+      for (size_t e = 0; e < experts.size(); ++e) {
+        if (p.offset < experts[e].begin || p.offset >= experts[e].end) continue;
+        const size_t k = static_cast<size_t>(block * spec.num_experts) + e;
+        a.t = touched_[k] ? expert_steps_[k] + 1 : 0;  // 0: no token this step, skipped
+      }
+      if (a.t == 0) continue;
       AdamWStep(params_[l].data() + p.offset, g[l].data() + p.offset, m_[l].data() + p.offset,
-                v_[l].data() + p.offset, p.numel, WithDecay(args, p.decay));
+                v_[l].data() + p.offset, p.numel, a);
+    }
+    for (size_t e = 0; e < experts.size(); ++e) {
+      const size_t k = static_cast<size_t>(block * spec.num_experts) + e;
+      if (touched_[k]) ++expert_steps_[k];
     }
   }
   UploadParams();

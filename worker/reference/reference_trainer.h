@@ -88,6 +88,12 @@ class ReferenceTrainer {
 
   // Optimizer steps taken so far (the next step's 0-based index).
   int64_t step() const { return step_; }
+  // Mixture-of-experts models (empty otherwise), (n_layer x E) each: whether expert e of
+  // block b got a token in the last ComputeGradients/Step (its gradient is "not None";
+  // Step updates only those, as torch.optim.AdamW skips a parameter whose .grad is None),
+  // and how many updates each expert has had (its AdamW bias-correction count).
+  const std::vector<uint8_t>& experts_touched() const { return touched_; }
+  const std::vector<int64_t>& expert_steps() const { return expert_steps_; }
   // Clip coefficient and global gradient norm of the last Step (1 / norm with clip=none).
   float last_clip_coefficient() const { return last_clip_; }
   double last_grad_norm() const { return last_norm_; }
@@ -142,6 +148,8 @@ class ReferenceTrainer {
   std::vector<layers::SavedActivations> kept_;  // blocks plan_.first_kept..n_layer
 
   int64_t step_ = 0;
+  std::vector<uint8_t> touched_;        // see experts_touched()
+  std::vector<int64_t> expert_steps_;   // see expert_steps()
   float last_clip_ = 1.0f;
   double last_norm_ = 0.0;
 };
