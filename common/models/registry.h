@@ -1,5 +1,5 @@
 // The model-family registry: everything l2l knows about a family's metadata, in one table
-// entry per family (one file per family beside this one: gpt2.cc, llama.cc, bert.cc). ModelSpec's
+// entry per family (one file per family beside this one: gpt2.cc, llama.cc, bert.cc, gemma3.cc). ModelSpec's
 // functions (common/model_spec.h) dispatch here; the family's kernels are registered the
 // same way in kernels/layers/registry.h.
 //
@@ -84,6 +84,10 @@ struct FamilyInfo {
   std::vector<NamePair> gguf_block_names = {};
   const char* hf_block_prefix = "";
   const char* (*gguf_export_architecture)(const ModelSpec& spec) = nullptr;
+  // GGUF files store every norm weight (our names ending in "norm.weight") plus this:
+  // llama.cpp's converter adds Gemma's 1 of x * (1 + w) into the file. Import subtracts
+  // it, export adds it. 0: stored as is.
+  float gguf_norm_shift = 0.0f;
 };
 
 // The entry of `family`; every ModelFamily value has one.
@@ -108,5 +112,6 @@ const std::vector<const FamilyInfo*>& AllFamilies();
 const FamilyInfo& Gpt2Family();
 const FamilyInfo& LlamaFamily();
 const FamilyInfo& BertFamily();
+const FamilyInfo& Gemma3Family();
 
 }  // namespace l2l::models

@@ -19,6 +19,7 @@
 #include "common/formats/hf_writer.h"
 #include "common/formats/model_config.h"
 #include "common/model_spec_table.h"
+#include "common/models/family_util.h"
 #include "common/models/registry.h"
 
 namespace l2l {
@@ -65,17 +66,29 @@ Result<std::unique_ptr<Pretrained>> Pretrained::Open(const std::string& path, co
     formats::ModelConfig hc = c;
     hc.architecture = arch->hf_architecture;
     hc.model_type = arch->hf_model_type;
-    if (hc.head_dim && hc.hidden_size && hc.num_attention_heads && *hc.num_attention_heads > 0 &&
-        *hc.head_dim != *hc.hidden_size / *hc.num_attention_heads) {
-      return InvalidArgument(c.source + ": attention.key_length=" + std::to_string(*hc.head_dim) +
-                             " differs from embedding_length/head_count, which l2l requires");
+    // The head size: attention.key_length, else embedding_length / head_count.
+    std::optional<int64_t> head = hc.head_dim;
+    if (!head && hc.hidden_size && hc.num_attention_heads && *hc.num_attention_heads > 0) {
+      head = *hc.hidden_size / *hc.num_attention_heads;
     }
-    if (hc.rope_dimension_count && hc.hidden_size && hc.num_attention_heads && *hc.num_attention_heads > 0 &&
-        *hc.rope_dimension_count != *hc.hidden_size / *hc.num_attention_heads) {
+    if (hc.rope_dimension_count && head && *hc.rope_dimension_count != *head) {
       return InvalidArgument(c.source + ": rope.dimension_count=" + std::to_string(*hc.rope_dimension_count) +
-                             " (partial rotary embeddings) is not supported");
+                             " differs from the head size " + std::to_string(*head) +
+                             " (partial rotary embeddings are not supported)");
     }
     json j = formats::HfConfigJson(hc);
+    if (hc.model_type == "gemma3_text") {
+      // What llama.cpp's gemma3 fixes instead of storing: one global block in 6, local
+      // RoPE base 10000, scores scaled by key_length^-1/2 (the 27B, 62 blocks: by
+      // (embedding_length / head_count)^-1/2, as its query_pre_attn_scalar 168).
+      j["sliding_window_pattern"] = 6;
+      j["rope_local_base_freq"] = 10000.0;
+      if (head) j["query_pre_attn_scalar"] = *head;
+      if (hc.num_hidden_layers == 62 && hc.hidden_size && hc.num_attention_heads) {
+        j["query_pre_attn_scalar"] = *hc.hidden_size / *hc.num_attention_heads;
+      }
+      if (!hc.sliding_window) j["sliding_window"] = nullptr;
+    }
     L2L_ASSIGN_OR_RETURN(p->spec_, models::SpecFromHfConfig(j, c.source));
   }
   p->layout_ = BuildLayout(p->spec_);
@@ -158,6 +171,10 @@ Status Pretrained::LoadLayer(int64_t l, float* out) const {
     if (name.empty()) continue;
     float* dst = out + param.offset;
     L2L_RETURN_IF_ERROR(reader_->ReadF32(name, dst, param.numel));
+    const float shift = models::Family(spec_.family).gguf_norm_shift;
+    if (shift != 0.0f && reader_->format() == ModelFormat::kGguf && models::EndsWith(param.name, "norm.weight")) {
+      for (size_t i = 0; i < param.numel; ++i) dst[i] -= shift;  // the file holds w + shift
+    }
     for (size_t i = 0; i < param.numel; ++i) {
       if (!std::isfinite(dst[i])) {
         return InvalidArgument(reader_->FileOf(name) + ": tensor '" + name + "' holds a non-finite value (" +
@@ -324,6 +341,18 @@ Result<int64_t> ExportGguf(const std::string& path, const ModelSpec& spec, const
   c.max_position_embeddings = spec.seq_len;
   c.rope_theta = spec.rope_theta;
   c.rms_norm_eps = spec.rms_norm_eps;
+  if (spec.head_size > 0) c.head_dim = spec.head_dim();
+  if (spec.sliding_window > 0) c.sliding_window = spec.sliding_window;
+  if (spec.family == ModelFamily::kGemma3 &&
+      (spec.sliding_window_pattern != 6 || spec.rope_local_theta != 10000.0 ||
+       (spec.query_pre_attn_scalar != 0 && spec.query_pre_attn_scalar != double(spec.head_dim())))) {
+    return Unimplemented(path + ": GGUF gemma3 fixes sliding_window_pattern 6, rope_local_theta 10000 and "
+                         "query_pre_attn_scalar = the head size; this model differs: export --format hf");
+  }
+  if (spec.family == ModelFamily::kLlama && spec.sliding_window > 0) {
+    return Unimplemented(path + ": a sliding window has no GGUF form for " + std::string(c.model_type) +
+                         " in l2l's reader; export --format hf");
+  }
   if (spec.rope_scaling.type == RopeScalingType::kLinear) {
     formats::RopeScaling rs;
     rs.type = "linear";
@@ -365,8 +394,15 @@ Result<int64_t> ExportGguf(const std::string& path, const ModelSpec& spec, const
       int64_t heads = 0;
       if (permute && (t.name.find(".attn_q.") != std::string::npos)) heads = spec.n_head;
       if (permute && (t.name.find(".attn_k.") != std::string::npos)) heads = spec.kv_heads();
-      t.f32_source = [&cache, l, pp, heads]() -> Result<const float*> {
+      const float shift = models::EndsWith(p.name, "norm.weight") ? fam.gguf_norm_shift : 0.0f;
+      t.f32_source = [&cache, l, pp, heads, shift]() -> Result<const float*> {
         L2L_ASSIGN_OR_RETURN(const float* v, cache.Tensor(l, *pp));
+        if (shift != 0.0f) {  // the family's GGUF form of a norm weight (Gemma: 1 + w)
+          std::vector<float>* s = cache.scratch();
+          s->assign(v, v + pp->numel);
+          for (float& x : *s) x += shift;
+          return static_cast<const float*>(s->data());
+        }
         if (heads == 0) return v;
         std::vector<float>* s = cache.scratch();
         s->assign(pp->numel, 0.0f);

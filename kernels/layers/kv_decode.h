@@ -49,8 +49,9 @@ struct KvStep {
 // For block_decode: appends the new row's k and v (in qkv (W) = q | k | v with NH and
 // NKV heads of hs) to the cache at kv.pos, then out (NH*hs) = causal attention of q over
 // positions [0, kv.pos]: per kv group, scores = q_g K_g^T / sqrt(hs), softmax, P V_g.
+// window > 0 (a sliding block): only positions (kv.pos - window, kv.pos].
 void AttendCached(kernels::Backend& be, const float* qkv, int64_t NH, int64_t NKV, int64_t hs, const KvStep& kv,
-                  float* out);
+                  float* out, int64_t window = 0);
 
 class KvDecoder {
  public:
