@@ -98,7 +98,7 @@ struct ModelSpec {
 
   // Gemma 3 only (the others require the defaults).
   double rope_local_theta = 10000.0;  // RoPE base of the sliding (local) blocks
-  double query_pre_attn_scalar = 0;   // attention scores scaled by its -1/2; 0 = head size
+  double query_pre_attn_scalar = 256.0;  // attention scores scaled by its -1/2 (Gemma3TextConfig's default)
 
   // BERT family only (the others require the defaults).
   int64_t type_vocab_size = 2;  // rows of the token-type (segment) embedding

@@ -43,9 +43,9 @@ Status Validate(const ModelSpec& s) {
       return InvalidArgument(std::string("model.") + name + "=" + std::to_string(v) + " must be a number > 0");
     }
   }
-  if (!(s.query_pre_attn_scalar >= 0) || !std::isfinite(s.query_pre_attn_scalar)) {
+  if (!(s.query_pre_attn_scalar > 0) || !std::isfinite(s.query_pre_attn_scalar)) {
     return InvalidArgument("model.query_pre_attn_scalar=" + std::to_string(s.query_pre_attn_scalar) +
-                           " must be >= 0 (0: the head size)");
+                           " must be a number > 0");
   }
   if (!s.qk_norm) return InvalidArgument("model.qk_norm=false: Gemma 3 always normalises q and k (set it true)");
   if (s.qkv_bias) return InvalidArgument("model.qkv_bias=true is not supported by gemma3 (no attention biases)");
@@ -252,7 +252,6 @@ Result<ModelSpec> FromHfConfig(const nlohmann::json& c, const std::string& origi
   // survives its own config.json.
   if (s.n_kv_heads == s.n_head) s.n_kv_heads = 0;
   if (s.n_head > 0 && s.d_model % s.n_head == 0 && s.head_size == s.d_model / s.n_head) s.head_size = 0;
-  if (s.query_pre_attn_scalar == double(s.head_dim())) s.query_pre_attn_scalar = 0;
   L2L_RETURN_IF_ERROR(ReadRopeScaling(c, origin, &s.rope_scaling));
   if (const auto lt = c.find("layer_types"); lt != c.end() && !lt->is_null()) {
     L2L_RETURN_IF_ERROR(PatternFromLayerTypes(*lt, origin, &s));
@@ -281,8 +280,7 @@ nlohmann::json ToHfConfig(const ModelSpec& s) {
                       {"rms_norm_eps", s.rms_norm_eps},
                       {"rope_theta", s.rope_theta},
                       {"rope_local_base_freq", s.rope_local_theta},
-                      {"query_pre_attn_scalar",
-                       s.query_pre_attn_scalar > 0 ? s.query_pre_attn_scalar : double(s.head_dim())},
+                      {"query_pre_attn_scalar", s.query_pre_attn_scalar},
                       {"sliding_window", s.sliding_window > 0 ? nlohmann::json(s.sliding_window) : nlohmann::json()},
                       {"layer_types", layer_types},
                       {"attention_bias", false},

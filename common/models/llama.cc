@@ -190,8 +190,10 @@ Result<ModelSpec> FromHfConfig(const nlohmann::json& c, const std::string& origi
     bool window = false;
     L2L_RETURN_IF_ERROR(HfField(c, origin, "use_sliding_window", &window, false));
     if (window) {
-      L2L_RETURN_IF_ERROR(HfField(c, origin, "sliding_window", &s.sliding_window, true));
-      L2L_RETURN_IF_ERROR(HfField(c, origin, "max_window_layers", &s.max_window_layers, true));
+      s.sliding_window = 4096;  // Qwen2Config's / Qwen3Config's defaults
+      s.max_window_layers = 28;
+      L2L_RETURN_IF_ERROR(HfField(c, origin, "sliding_window", &s.sliding_window, false));
+      L2L_RETURN_IF_ERROR(HfField(c, origin, "max_window_layers", &s.max_window_layers, false));
       if (s.sliding_window <= 0) {
         return InvalidArgument(origin + ": use_sliding_window=true with sliding_window=" +
                                std::to_string(s.sliding_window) + " (must be > 0)");

@@ -345,7 +345,7 @@ Result<int64_t> ExportGguf(const std::string& path, const ModelSpec& spec, const
   if (spec.sliding_window > 0) c.sliding_window = spec.sliding_window;
   if (spec.family == ModelFamily::kGemma3 &&
       (spec.sliding_window_pattern != 6 || spec.rope_local_theta != 10000.0 ||
-       (spec.query_pre_attn_scalar != 0 && spec.query_pre_attn_scalar != double(spec.head_dim())))) {
+       spec.query_pre_attn_scalar != double(spec.head_dim()))) {
     return Unimplemented(path + ": GGUF gemma3 fixes sliding_window_pattern 6, rope_local_theta 10000 and "
                          "query_pre_attn_scalar = the head size; this model differs: export --format hf");
   }

@@ -163,8 +163,7 @@ PlusOne FormPlusOne(Backend& be, const ModelSpec& spec, const BlockViews& w, Lay
 // becomes query_pre_attn_scalar^-1/2 (1 when the scalar is the head size).
 float QueryScale(const ModelSpec& s) {
   const double hs = double(s.head_dim());
-  const double q = s.query_pre_attn_scalar > 0 ? s.query_pre_attn_scalar : hs;
-  return static_cast<float>(std::sqrt(hs) / std::sqrt(q));
+  return static_cast<float>(std::sqrt(hs) / std::sqrt(s.query_pre_attn_scalar));
 }
 
 struct QkRaw {
