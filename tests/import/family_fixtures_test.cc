@@ -8,12 +8,14 @@
 // gradient rel <= 1e-4 in the max norm). Then the HF export of the imported weights: the
 // exported config.json states what the fixture's does for every key l2l models, and the
 // exported tensors have the fixture's names and shapes, bit-equal values. (That
-// transformers 4.57 loads the export is checked where the fixtures are made:
-// make_family_fixtures.py --check-export.)
+// transformers 4.57 loads the export, <build>/family_exports/<name>, and computes the
+// fixture's loss is checked where the fixtures are made: make_family_fixtures.py
+// --check-export.)
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
@@ -23,7 +25,6 @@
 #include "common/config.h"
 #include "common/formats/safetensors.h"
 #include "common/pretrained/pretrained.h"
-#include "tests/common/temp_dir.h"
 #include "worker/reference/reference_trainer.h"
 
 using namespace l2l;
@@ -118,8 +119,10 @@ void CheckExport(const std::string& name) {
   Result<std::unique_ptr<Pretrained>> p = Pretrained::Open(dir);
   REQUIRE(p.ok());
   const std::vector<std::vector<float>> layers = LoadAll(**p);
-  testing::TempDir tmp;
-  const std::string out = tmp.path() + "/export-" + name;
+  // Left in the build folder for `make_family_fixtures.py --check-export` (transformers
+  // loads them); replaced on every run.
+  const std::string out = std::string(L2L_BINARY_DIR) + "/family_exports/" + name;
+  std::filesystem::remove_all(out);
   Result<int64_t> bytes = ExportHf(out, (*p)->spec(), [&layers](int64_t l, float* dst) {
     std::copy(layers[l].begin(), layers[l].end(), dst);
     return Status::Ok();
