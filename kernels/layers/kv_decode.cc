@@ -41,8 +41,8 @@ Result<std::unique_ptr<KvDecoder>> KvDecoder::Create(Backend* be, const ModelSpe
                                                      std::vector<const float*> params, int64_t max_len) {
   L2L_RETURN_IF_ERROR(spec.Validate());
   if (LayersFor(spec.family).block_decode == nullptr) {
-    return FailedPrecondition("a " + std::string(ToString(spec.family)) +
-                              " model has no KV-cache decoding (not a causal decoder)");
+    return FailedPrecondition("a " + std::string(ToString(spec.family)) + " model has no KV-cache decoding" +
+                              (spec.family == ModelFamily::kBert ? " (not a causal decoder)" : " (not implemented yet)"));
   }
   if (params.size() != static_cast<size_t>(spec.n_layer + 2)) {
     return InvalidArgument("KvDecoder: " + std::to_string(params.size()) + " layers of weights, the model has " +
