@@ -304,6 +304,29 @@ nlohmann::json ToHfConfig(const ModelSpec& s) {
   return c;
 }
 
+// llama.cpp's gemma3 fixes these instead of storing them: one global block in 6, local
+// RoPE base 10000, scores scaled by key_length^-1/2 (the 27B, 62 blocks: by
+// (embedding_length / head_count)^-1/2, its query_pre_attn_scalar 168).
+void GgufHfConfigDefaults(nlohmann::json* c) {
+  (*c)["sliding_window_pattern"] = 6;
+  (*c)["rope_local_base_freq"] = 10000.0;
+  if (c->contains("head_dim")) (*c)["query_pre_attn_scalar"] = (*c)["head_dim"];
+  const auto n = [&](const char* k) { return c->contains(k) && (*c)[k].is_number_integer() ? (*c)[k].get<int64_t>() : 0; };
+  if (n("num_hidden_layers") == 62 && n("num_attention_heads") > 0) {
+    (*c)["query_pre_attn_scalar"] = n("hidden_size") / n("num_attention_heads");
+  }
+  if (!c->contains("sliding_window")) (*c)["sliding_window"] = nullptr;
+}
+
+Status GgufExportCheck(const ModelSpec& s) {
+  if (s.sliding_window_pattern != 6 || s.rope_local_theta != 10000.0 ||
+      s.query_pre_attn_scalar != double(s.head_dim())) {
+    return Unimplemented("GGUF gemma3 fixes sliding_window_pattern 6, rope_local_theta 10000 and "
+                         "query_pre_attn_scalar = the head size; this model differs: export --format hf");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 const FamilyInfo& Gemma3Family() {
@@ -339,6 +362,8 @@ const FamilyInfo& Gemma3Family() {
       .hf_block_prefix = "model.layers.",
       .gguf_export_architecture = [](const ModelSpec&) { return "gemma3"; },
       .gguf_norm_shift = 1.0f,
+      .gguf_hf_config_defaults = &GgufHfConfigDefaults,
+      .gguf_export_check = &GgufExportCheck,
   };
   return kInfo;
 }

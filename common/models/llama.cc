@@ -327,6 +327,14 @@ nlohmann::json ToHfConfig(const ModelSpec& s) {
   return c;
 }
 
+Status GgufExportCheck(const ModelSpec& s) {
+  if (s.sliding_window > 0) {
+    return Unimplemented("a sliding window has no GGUF form in l2l's writer and reader for the llama family; "
+                         "export --format hf");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 const FamilyInfo& LlamaFamily() {
@@ -359,6 +367,7 @@ const FamilyInfo& LlamaFamily() {
                            {"attn_k_norm", "self_attn.k_norm"}},
       .hf_block_prefix = "model.layers.",
       .gguf_export_architecture = [](const ModelSpec& s) { return s.qk_norm ? "qwen3" : s.qkv_bias ? "qwen2" : "llama"; },
+      .gguf_export_check = &GgufExportCheck,
   };
   return kInfo;
 }

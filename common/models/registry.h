@@ -88,6 +88,14 @@ struct FamilyInfo {
   // llama.cpp's converter adds Gemma's 1 of x * (1 + w) into the file. Import subtracts
   // it, export adds it. 0: stored as is.
   float gguf_norm_shift = 0.0f;
+  // Optional: what llama.cpp fixes for the family's GGUF architecture instead of storing
+  // it, added to the config.json an import derives from GGUF metadata (`config` holds
+  // hidden_size, num_attention_heads, num_hidden_layers, head_dim when the file states
+  // them). Gemma 3: the global-block pattern, the local RoPE base, the query scale.
+  void (*gguf_hf_config_defaults)(nlohmann::json* config) = nullptr;
+  // Optional: OK when a GGUF of the family can state `spec`, else UNIMPLEMENTED naming
+  // what it cannot (a Llama-family sliding window; Gemma 3 settings llama.cpp fixes).
+  Status (*gguf_export_check)(const ModelSpec& spec) = nullptr;
 };
 
 // The entry of `family`; every ModelFamily value has one.

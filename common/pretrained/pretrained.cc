@@ -77,17 +77,11 @@ Result<std::unique_ptr<Pretrained>> Pretrained::Open(const std::string& path, co
                              " (partial rotary embeddings are not supported)");
     }
     json j = formats::HfConfigJson(hc);
-    if (hc.model_type == "gemma3_text") {
-      // What llama.cpp's gemma3 fixes instead of storing: one global block in 6, local
-      // RoPE base 10000, scores scaled by key_length^-1/2 (the 27B, 62 blocks: by
-      // (embedding_length / head_count)^-1/2, as its query_pre_attn_scalar 168).
-      j["sliding_window_pattern"] = 6;
-      j["rope_local_base_freq"] = 10000.0;
-      if (head) j["query_pre_attn_scalar"] = *head;
-      if (hc.num_hidden_layers == 62 && hc.hidden_size && hc.num_attention_heads) {
-        j["query_pre_attn_scalar"] = *hc.hidden_size / *hc.num_attention_heads;
-      }
-      if (!hc.sliding_window) j["sliding_window"] = nullptr;
+    if (head && !j.contains("head_dim")) j["head_dim"] = *head;
+    const models::FamilyInfo* arch_family = nullptr;
+    models::FindGgufArchitecture(c.model_type, &arch_family);
+    if (arch_family != nullptr && arch_family->gguf_hf_config_defaults != nullptr) {
+      arch_family->gguf_hf_config_defaults(&j);
     }
     L2L_ASSIGN_OR_RETURN(p->spec_, models::SpecFromHfConfig(j, c.source));
   }
@@ -343,24 +337,8 @@ Result<int64_t> ExportGguf(const std::string& path, const ModelSpec& spec, const
   c.rms_norm_eps = spec.rms_norm_eps;
   if (spec.head_size > 0) c.head_dim = spec.head_dim();
   if (spec.sliding_window > 0) c.sliding_window = spec.sliding_window;
-  if (spec.family == ModelFamily::kGemma3 &&
-      (spec.sliding_window_pattern != 6 || spec.rope_local_theta != 10000.0 ||
-       spec.query_pre_attn_scalar != double(spec.head_dim()))) {
-    return Unimplemented(path + ": GGUF gemma3 fixes sliding_window_pattern 6, rope_local_theta 10000 and "
-                         "query_pre_attn_scalar = the head size; this model differs: export --format hf");
-  }
-  if (spec.family == ModelFamily::kLlama && spec.sliding_window > 0) {
-    return Unimplemented(path + ": a sliding window has no GGUF form for " + std::string(c.model_type) +
-                         " in l2l's reader; export --format hf");
-  }
-  if (spec.rope_scaling.type == RopeScalingType::kLinear) {
-    formats::RopeScaling rs;
-    rs.type = "linear";
-    rs.factor = spec.rope_scaling.factor;
-    c.rope_scaling = rs;
-  } else if (spec.rope_scaling.type != RopeScalingType::kNone) {
-    return Unimplemented(path + ": rope_scaling type " + std::string(ToString(spec.rope_scaling.type)) +
-                         " has no GGUF metadata form (llama.cpp stores a rope_freqs tensor); export --format hf");
+  if (fam.gguf_export_check != nullptr) {
+    if (Status st = fam.gguf_export_check(spec); !st.ok()) return st.WithContext(path);
   }
   formats::GgufWriter w;
   L2L_RETURN_IF_ERROR(formats::AddConfigToGguf(c, &w));

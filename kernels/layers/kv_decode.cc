@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "common/models/registry.h"
 #include "kernels/layers/registry.h"
 
 namespace l2l::layers {
@@ -42,7 +43,7 @@ Result<std::unique_ptr<KvDecoder>> KvDecoder::Create(Backend* be, const ModelSpe
   L2L_RETURN_IF_ERROR(spec.Validate());
   if (LayersFor(spec.family).block_decode == nullptr) {
     return FailedPrecondition("a " + std::string(ToString(spec.family)) + " model has no KV-cache decoding" +
-                              (spec.family == ModelFamily::kBert ? " (not a causal decoder)" : " (not implemented yet)"));
+                              (models::IsEncoder(spec) ? " (not a causal decoder)" : " (not implemented yet)"));
   }
   if (params.size() != static_cast<size_t>(spec.n_layer + 2)) {
     return InvalidArgument("KvDecoder: " + std::to_string(params.size()) + " layers of weights, the model has " +
