@@ -194,7 +194,7 @@ TEST_CASE("HF export of the fixture families keeps their config.json and tensors
 // 1 + w, as llama.cpp's converter stores them, and read back as w), Qwen3 (q/k norms,
 // attention.key_length != embedding_length / head_count); a sliding window has no GGUF
 // form in l2l's writer for the Llama family: refused.
-TEST_CASE("GGUF export of Gemma 3 and Qwen3 fixtures re-imports; Mistral's window is refused", "[import][fixtures][gguf]") {
+TEST_CASE("GGUF export of Gemma 3 and Qwen3 fixtures re-imports, a Mistral window is refused", "[import][fixtures][gguf]") {
   for (const char* name : {"gemma3", "qwen3", "mistral_window"}) {
     INFO("fixture " << name);
     Result<std::unique_ptr<Pretrained>> p = Pretrained::Open(FixtureDir(name));
