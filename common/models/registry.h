@@ -53,7 +53,7 @@ struct FamilyInfo {
   std::vector<LayerLayout> (*build_layout)(const ModelSpec&);
   void (*init_layer)(const ModelSpec&, const LayerLayout&, uint64_t seed, float* out);
   // The spec of a Hugging Face config.json of one of hf_architectures (`origin` names the
-  // file in errors); refuses what the family cannot compute (e.g. sliding windows).
+  // file in errors); refuses what the family cannot compute (e.g. Gemma 3 logit softcapping).
   Result<ModelSpec> (*from_hf_config)(const nlohmann::json& config, const std::string& origin);
   // The config.json transformers needs to build the model of `spec` (its architecture
   // chosen by the spec, e.g. Qwen2ForCausalLM for a Llama spec with q/k/v biases).
