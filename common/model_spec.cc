@@ -71,7 +71,8 @@ Status ModelSpec::Validate() const {
   if (n_layer <= 0) return Bad(Field("n_layer", n_layer) + " must be positive");
   if (n_head <= 0) return Bad(Field("n_head", n_head) + " must be positive");
   if (d_ff <= 0) return Bad(Field("d_ff", d_ff) + " must be positive");
-  if (d_model % n_head != 0) {
+  if (head_size < 0) return Bad(Field("head_size", head_size) + " must be >= 0 (0: d_model / n_head)");
+  if (head_size == 0 && d_model % n_head != 0) {
     return Bad(Field("n_head", n_head) + " does not divide " + Field("d_model", d_model));
   }
   return models::Family(family).validate(*this);

@@ -39,9 +39,11 @@ enum class ModelFamily {
            // grouped-query attention, SwiGLU MLP, no biases but optional q/k/v biases
   kBert,   // BertForMaskedLM / BertForSequenceClassification: bidirectional post-LN
            // encoder, learned positions + token types, erf GELU, padding mask
+  kGemma3, // Gemma3ForCausalLM: scaled embeddings, (1+w) RMSNorms around both branches,
+           // q/k norms, GELU-tanh gated MLP, interleaved sliding-window / global layers
 };
-const char* ToString(ModelFamily family);  // "gpt2" | "llama" | "bert"
-// "gpt2" | "llama" | "bert"; anything else is INVALID_ARGUMENT listing the known families.
+const char* ToString(ModelFamily family);  // "gpt2" | "llama" | "bert" | "gemma3"
+// "gpt2" | "llama" | "bert" | "gemma3"; anything else is INVALID_ARGUMENT listing the known families.
 Result<ModelFamily> ParseModelFamily(std::string_view text);
 
 // Rotary-embedding frequency scaling, as Hugging Face's config.json `rope_scaling`
@@ -93,6 +95,22 @@ struct ModelSpec {
   bool norm_topk_prob = true;         // renormalise the k weights (Mixtral: always)
   double router_aux_loss_coef = 0.001;  // the aux loss's weight (HF's default)
   bool output_router_logits = false;  // add the aux loss (HF: only then is it computed)
+  // Llama and Gemma 3 (GPT-2 and BERT require the defaults; 0 / false keep a Llama spec
+  // exactly what it was before these fields existed).
+  int64_t head_size = 0;        // attention head size; 0 = d_model / n_head (Qwen3, Gemma 3)
+  bool qk_norm = false;         // RMSNorm over each q and k head before RoPE (Qwen3; Gemma 3: true)
+  // Sliding-window attention: in a sliding block, query i sees keys j with
+  // i - sliding_window < j <= i (Hugging Face's sliding_window). 0 = none.
+  int64_t sliding_window = 0;
+  // Which blocks slide (0-based block i): i >= max_window_layers (Qwen2's
+  // max_window_layers; Mistral 0) and, when sliding_window_pattern > 0, (i + 1) %
+  // sliding_window_pattern != 0 (Gemma 3: every pattern-th block is global).
+  int64_t max_window_layers = 0;
+  int64_t sliding_window_pattern = 0;
+
+  // Gemma 3 only (the others require the defaults).
+  double rope_local_theta = 10000.0;  // RoPE base of the sliding (local) blocks
+  double query_pre_attn_scalar = 256.0;  // attention scores scaled by its -1/2 (Gemma3TextConfig's default)
 
   // BERT family only (the others require the defaults).
   int64_t type_vocab_size = 2;  // rows of the token-type (segment) embedding
@@ -109,7 +127,14 @@ struct ModelSpec {
   // The kind of layer `index` (0..NumLayers()-1), and all of them in model order.
   LayerKind KindOf(int64_t index) const;
   std::vector<LayerKind> LayerKinds() const;
-  int64_t head_dim() const { return d_model / n_head; }
+  int64_t head_dim() const { return head_size > 0 ? head_size : d_model / n_head; }
+  // Whether block `block` (0-based) attends through the sliding window, and its window
+  // (0: full causal attention).
+  bool SlidingBlock(int64_t block) const {
+    return sliding_window > 0 && block >= max_window_layers &&
+           (sliding_window_pattern <= 0 || (block + 1) % sliding_window_pattern != 0);
+  }
+  int64_t WindowOf(int64_t block) const { return SlidingBlock(block) ? sliding_window : 0; }
   int64_t kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_head; }
   bool moe() const { return num_experts > 0; }
   // Total trainable parameters (a tied embedding counted once).

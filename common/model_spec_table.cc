@@ -15,6 +15,8 @@ using json = nlohmann::json;
 
 constexpr uint32_t kLlama = FamilyBit(ModelFamily::kLlama);
 constexpr uint32_t kBert = FamilyBit(ModelFamily::kBert);
+constexpr uint32_t kGemma3 = FamilyBit(ModelFamily::kGemma3);
+constexpr uint32_t kRope = kLlama | kGemma3;  // the rotary-embedding decoders
 constexpr IntRange kPositive{.min = 1};
 constexpr IntRange kNonNegative{.min = 0};
 constexpr FloatRange kAboveZero{.min = 0, .min_exclusive = true};
@@ -43,12 +45,12 @@ const std::vector<SpecField> kSpecFields = {
      "intermediate_size", "feed_forward_length", "F: the MLP's hidden width"},
     {"tied_embeddings", SpecType::kBool, kEveryFamily, L2L_MEMBER(tied_embeddings), kAnyInt, kAnyFloat, true, false,
      false, nullptr, "tie_word_embeddings", "", "the head reads the embedding matrix (GGUF: no output.weight)"},
-    {"n_kv_heads", SpecType::kInt, kLlama, L2L_MEMBER(n_kv_heads), kNonNegative, kAnyFloat, false, false, false,
+    {"n_kv_heads", SpecType::kInt, kRope, L2L_MEMBER(n_kv_heads), kNonNegative, kAnyFloat, false, false, false,
      [](const ModelSpec& s) { return s.kv_heads(); }, "num_key_value_heads", "attention.head_count_kv",
      "key/value heads of grouped-query attention; 0 = n_head"},
-    {"rope_theta", SpecType::kFloat, kLlama, L2L_MEMBER(rope_theta), kAnyInt, kAboveZero, false, false, false, nullptr,
+    {"rope_theta", SpecType::kFloat, kRope, L2L_MEMBER(rope_theta), kAnyInt, kAboveZero, false, false, false, nullptr,
      "rope_theta", "rope.freq_base", "the RoPE base"},
-    {"rms_norm_eps", SpecType::kFloat, kLlama, L2L_MEMBER(rms_norm_eps), kAnyInt, kAboveZero, false, false, false,
+    {"rms_norm_eps", SpecType::kFloat, kRope, L2L_MEMBER(rms_norm_eps), kAnyInt, kAboveZero, false, false, false,
      nullptr, "rms_norm_eps", "attention.layer_norm_rms_epsilon", "RMSNorm epsilon"},
     {"qkv_bias", SpecType::kBool, kLlama, L2L_MEMBER(qkv_bias), kAnyInt, kAnyFloat, false, false, false, nullptr,
      "attention_bias", "", "q/k/v projections have biases (Qwen2; GGUF: a blk.0.attn_q.bias tensor)"},
@@ -63,18 +65,36 @@ const std::vector<SpecField> kSpecFields = {
      "mixture of experts: weight of the load-balancing loss"},
     {"output_router_logits", SpecType::kBool, kLlama, L2L_MEMBER(output_router_logits), kAnyInt, kAnyFloat, false,
      true, false, nullptr, "output_router_logits", "", "mixture of experts: add the load-balancing loss"},
-    {"rope_scaling.type", SpecType::kRopeType, kLlama, L2L_MEMBER(rope_scaling.type), kAnyInt, kAnyFloat, false, false,
+    {"rope_scaling.type", SpecType::kRopeType, kRope, L2L_MEMBER(rope_scaling.type), kAnyInt, kAnyFloat, false, false,
      true, nullptr, "rope_scaling.rope_type", "rope.scaling.type", "none | linear | llama3"},
-    {"rope_scaling.factor", SpecType::kFloat, kLlama, L2L_MEMBER(rope_scaling.factor), kAnyInt, FloatRange{.min = 1},
+    {"rope_scaling.factor", SpecType::kFloat, kRope, L2L_MEMBER(rope_scaling.factor), kAnyInt, FloatRange{.min = 1},
      false, false, false, nullptr, "rope_scaling.factor", "rope.scaling.factor", "context extension factor (>= 1)"},
-    {"rope_scaling.low_freq_factor", SpecType::kFloat, kLlama, L2L_MEMBER(rope_scaling.low_freq_factor), kAnyInt,
+    {"rope_scaling.low_freq_factor", SpecType::kFloat, kRope, L2L_MEMBER(rope_scaling.low_freq_factor), kAnyInt,
      kAboveZero, false, false, false, nullptr, "rope_scaling.low_freq_factor", "", "llama3 scaling"},
-    {"rope_scaling.high_freq_factor", SpecType::kFloat, kLlama, L2L_MEMBER(rope_scaling.high_freq_factor), kAnyInt,
+    {"rope_scaling.high_freq_factor", SpecType::kFloat, kRope, L2L_MEMBER(rope_scaling.high_freq_factor), kAnyInt,
      kAboveZero, false, false, false, nullptr, "rope_scaling.high_freq_factor", "", "llama3 scaling"},
-    {"rope_scaling.original_max_position_embeddings", SpecType::kInt, kLlama,
+    {"rope_scaling.original_max_position_embeddings", SpecType::kInt, kRope,
      L2L_MEMBER(rope_scaling.original_max_position_embeddings), kPositive, kAnyFloat, false, false, false, nullptr,
      "rope_scaling.original_max_position_embeddings", "rope.scaling.original_context_length",
      "llama3: the pre-extension context length"},
+    {"head_size", SpecType::kInt, kRope, L2L_MEMBER(head_size), kNonNegative, kAnyFloat, false, false, false,
+     nullptr, "head_dim", "attention.key_length",
+     "attention head size; 0 = d_model / n_head", true},
+    {"qk_norm", SpecType::kBool, kRope, L2L_MEMBER(qk_norm), kAnyInt, kAnyFloat, false, false, false, nullptr, "", "",
+     "RMSNorm over each q and k head before RoPE (Qwen3; Gemma 3 always)", true},
+    {"sliding_window", SpecType::kInt, kRope, L2L_MEMBER(sliding_window), kNonNegative, kAnyFloat, false, false, false,
+     nullptr, "sliding_window", "attention.sliding_window",
+     "sliding blocks: query i sees keys (i - sliding_window, i]; 0 = none", true},
+    {"max_window_layers", SpecType::kInt, kRope, L2L_MEMBER(max_window_layers), kNonNegative, kAnyFloat, false, false,
+     false, nullptr, "max_window_layers", "", "blocks below this index never slide (Qwen2)", true},
+    {"sliding_window_pattern", SpecType::kInt, kRope, L2L_MEMBER(sliding_window_pattern), kNonNegative, kAnyFloat,
+     false, false, false, nullptr, "sliding_window_pattern", "",
+     "> 0: every pattern-th block is global, the others slide (Gemma 3: 6)", true},
+    {"rope_local_theta", SpecType::kFloat, kGemma3, L2L_MEMBER(rope_local_theta), kAnyInt, kAboveZero, false, false,
+     false, nullptr, "rope_local_base_freq", "", "Gemma 3: the RoPE base of the sliding blocks", true},
+    {"query_pre_attn_scalar", SpecType::kFloat, kGemma3, L2L_MEMBER(query_pre_attn_scalar), kAnyInt, kAboveZero, false,
+     false, false, nullptr, "query_pre_attn_scalar", "", "Gemma 3: attention scores scaled by its -1/2",
+     true},
     {"type_vocab_size", SpecType::kInt, kBert, L2L_MEMBER(type_vocab_size), kPositive, kAnyFloat, false, false, false,
      nullptr, "type_vocab_size", "", "rows of the token-type (segment) embedding"},
     {"layer_norm_eps", SpecType::kFloat, kBert, L2L_MEMBER(layer_norm_eps), kAnyInt, kAboveZero, false, false, false,
@@ -286,7 +306,7 @@ void WriteSpecYaml(const ModelSpec& spec, int indent, std::ostream& os) {
   const std::string pad(static_cast<size_t>(indent), ' ');
   std::string open_group;
   for (const SpecField& f : kSpecFields) {
-    if (!FamilyUses(spec, f)) continue;
+    if (!FamilyUses(spec, f) || (f.omit_default && IsDefault(spec, f))) continue;
     const std::string group(SpecGroup(f));
     if (group.empty()) {
       os << pad << f.key << ": " << YamlValue(spec, f) << "\n";
@@ -303,7 +323,7 @@ void WriteSpecYaml(const ModelSpec& spec, int indent, std::ostream& os) {
 json SpecToJson(const ModelSpec& spec) {
   json j = json::object();
   for (const SpecField& f : kSpecFields) {
-    if (!FamilyUses(spec, f) || (f.json_omit_default && IsDefault(spec, f))) continue;
+    if (!FamilyUses(spec, f) || ((f.json_omit_default || f.omit_default) && IsDefault(spec, f))) continue;
     const std::string group(SpecGroup(f));
     if (group.empty()) {
       j[f.key] = FieldToJson(spec, f);

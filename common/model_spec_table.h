@@ -68,6 +68,10 @@ struct SpecField {
   const char* hf_key;    // transformers' PretrainedConfig attribute ("" = none)
   const char* gguf_key;  // GGUF metadata "<arch>." + this ("" = none)
   const char* doc;       // one line
+  // Written (YAML and JSON) only when it differs from the default: fields added after
+  // specs were first written (head_size, sliding_window, ...), so the files and the wire
+  // YAML of every spec that leaves them at their defaults stay what they were.
+  bool omit_default = false;
 };
 
 // Every field, in the order YAML and JSON are written.

@@ -176,6 +176,29 @@ void Backend::AttentionBackwardGqa(float* dqkv, float* scratch, const float* dou
   AttentionBackward(dqkv, scratch, dout, qkv, att, B, T, NH * hs, NH);
 }
 
+void Backend::AttentionForwardGqaWindow(float* out, float* att, const float* qkv, int64_t B,
+                                        int64_t T, int64_t NH, int64_t NKV, int64_t hs,
+                                        int64_t window) {
+  if (window > 0 && window < T) NotImplemented(*this, "AttentionForwardGqaWindow (sliding-window attention)");
+  AttentionForwardGqa(out, att, qkv, B, T, NH, NKV, hs);
+}
+void Backend::AttentionBackwardGqaWindow(float* dqkv, float* scratch, const float* dout,
+                                         const float* qkv, const float* att, int64_t B, int64_t T,
+                                         int64_t NH, int64_t NKV, int64_t hs, int64_t window) {
+  if (window > 0 && window < T) NotImplemented(*this, "AttentionBackwardGqaWindow (sliding-window attention)");
+  AttentionBackwardGqa(dqkv, scratch, dout, qkv, att, B, T, NH, NKV, hs);
+}
+void Backend::GegluForward(float*, const float*, int64_t, int64_t) { NotImplemented(*this, "GegluForward"); }
+void Backend::GegluBackward(float*, const float*, const float*, int64_t, int64_t) {
+  NotImplemented(*this, "GegluBackward");
+}
+void Backend::Copy2D(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
+                     int64_t cols) {
+  for (int64_t r = 0; r < rows; ++r) {
+    CopyDeviceToDevice(dst + r * dst_ld, src + r * src_ld, static_cast<size_t>(cols) * sizeof(float));
+  }
+}
+
 // ---- BERT-family ops: defaults for backends that do not implement them yet ----------------
 
 void Backend::LayerNormForwardEps(float* out, float* mean, float* rstd, const float* inp,

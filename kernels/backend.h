@@ -319,6 +319,30 @@ class Backend {
                                     const float* qkv, const float* att, int64_t B, int64_t T,
                                     int64_t NH, int64_t NKV, int64_t hs);
 
+  // The same with a sliding window (Mistral, Qwen2/3 sliding blocks, Gemma 3's local
+  // blocks): query t sees keys j with t - window < j <= t (Hugging Face's
+  // sliding-window mask). window <= 0 or >= T is the plain causal attention, and then
+  // these delegate to the forms above (the same bits). Default: that delegation, and an
+  // abort naming the op for a window < T.
+  virtual void AttentionForwardGqaWindow(float* out, float* att, const float* qkv, int64_t B,
+                                         int64_t T, int64_t NH, int64_t NKV, int64_t hs,
+                                         int64_t window);
+  virtual void AttentionBackwardGqaWindow(float* dqkv, float* scratch, const float* dout,
+                                          const float* qkv, const float* att, int64_t B,
+                                          int64_t T, int64_t NH, int64_t NKV, int64_t hs,
+                                          int64_t window);
+  // GeGLU (Gemma): gate_up (N,2F) holds gate | up per row; out (N,F) = gelu_tanh(gate) * up,
+  // gelu_tanh as GeluForward (PyTorch's gelu(approximate="tanh")).
+  virtual void GegluForward(float* out, const float* gate_up, int64_t N, int64_t F);
+  // dgate_up (N,2F) += [dout * up * gelu_tanh'(gate) | dout * gelu_tanh(gate)].
+  virtual void GegluBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
+                             int64_t F);
+  // Strided 2-D copy: dst row r (cols floats at dst + r*dst_ld) = src row r (at src +
+  // r*src_ld), r < rows; the regions must not overlap. Default: one CopyDeviceToDevice
+  // per row.
+  virtual void Copy2D(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
+                      int64_t cols);
+
   // ---- BERT-family ops -------------------------------------------------------------------
   // Not pure, as the Llama-family ops: a backend that lacks them inherits defaults
   // (backend.cc) that abort naming the op and the backend.

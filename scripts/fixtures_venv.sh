@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The Python environment that MAKES committed reference fixtures for model families whose
 # Hugging Face classes need a newer transformers than the oracle venv's 4.46.3 (which runs on
-# Debian's torch 1.13): Gemma3, Qwen3, Qwen3-MoE, Mixtral and Mistral with a sliding window.
+# Debian's torch 1.13): Gemma3, Qwen3, Qwen3-MoE, Mixtral and Mistral with a sliding window
+# (and gguf 0.17: the peers venv's gguf 0.10 cannot map a gemma3 GGUF for transformers).
 # It is the benchmark peers venv (scripts/bench_peers_venv.sh: PyTorch 2.x) with a newer
 # transformers layered over it (a .pth file puts the peers venv's site-packages after this
 # venv's own). Never used by CI or by ctest: the fixtures it makes are committed with the
@@ -12,7 +13,7 @@
 # Idempotent (a stamp holding the pins). Fails (non-zero, one line on stderr) when it cannot.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-PINS="transformers==4.57.1 peft==0.17.1"
+PINS="transformers==4.57.1 peft==0.17.1 gguf==0.17.1"
 VENV=${L2L_FIXTURES_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/l2l/fixtures-venv}
 PY="$VENV/bin/python3"
 STAMP="$VENV/.l2l-pins"

@@ -37,6 +37,8 @@ Status Validate(const ModelSpec& s) {
   if (s.rope_scaling.type != RopeScalingType::kNone) {
     return InvalidArgument("model.rope_scaling needs model.family=llama (BERT has learned positions)");
   }
+  if (Status st = RequireNoAttentionVariantFields(s, "BERT"); !st.ok()) return st;
+  if (Status st = RequireNoGemma3Fields(s); !st.ok()) return st;
   if (s.type_vocab_size <= 0) return InvalidArgument(Field("type_vocab_size", s.type_vocab_size) + " must be positive");
   if (s.num_labels < 0) return InvalidArgument(Field("num_labels", s.num_labels) + " must be >= 0 (0: masked-LM head)");
   if (!(s.layer_norm_eps > 0) || !std::isfinite(s.layer_norm_eps)) {

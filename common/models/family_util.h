@@ -96,6 +96,46 @@ inline Status RequireNoBertFields(const ModelSpec& s) {
   return Status::Ok();
 }
 
+// The fields of the Llama-family attention variants (head size, q/k norms, sliding
+// windows) must keep their defaults in the families without them (GPT-2, BERT).
+inline Status RequireNoAttentionVariantFields(const ModelSpec& s, const char* family) {
+  const ModelSpec d;
+  const std::string needs = std::string(" needs model.family=llama or gemma3 (") + family + " has none)";
+  if (s.head_size != d.head_size) return InvalidArgument(Field("head_size", s.head_size) + needs);
+  if (s.qk_norm) return InvalidArgument("model.qk_norm=true" + needs);
+  if (s.sliding_window != d.sliding_window) return InvalidArgument(Field("sliding_window", s.sliding_window) + needs);
+  if (s.max_window_layers != d.max_window_layers) {
+    return InvalidArgument(Field("max_window_layers", s.max_window_layers) + needs);
+  }
+  if (s.sliding_window_pattern != d.sliding_window_pattern) {
+    return InvalidArgument(Field("sliding_window_pattern", s.sliding_window_pattern) + needs);
+  }
+  return Status::Ok();
+}
+
+// The Gemma-3-only fields must keep their defaults in the other families.
+inline Status RequireNoGemma3Fields(const ModelSpec& s) {
+  const ModelSpec d;
+  if (s.rope_local_theta != d.rope_local_theta) {
+    return InvalidArgument("model.rope_local_theta=" + std::to_string(s.rope_local_theta) + " needs model.family=gemma3");
+  }
+  if (s.query_pre_attn_scalar != d.query_pre_attn_scalar) {
+    return InvalidArgument("model.query_pre_attn_scalar=" + std::to_string(s.query_pre_attn_scalar) +
+                           " needs model.family=gemma3");
+  }
+  return Status::Ok();
+}
+
+// The shared checks of the attention variant fields (Llama, Gemma 3).
+inline Status ValidateAttentionVariant(const ModelSpec& s) {
+  if (s.sliding_window < 0) return InvalidArgument(Field("sliding_window", s.sliding_window) + " must be >= 0 (0: none)");
+  if (s.max_window_layers < 0) return InvalidArgument(Field("max_window_layers", s.max_window_layers) + " must be >= 0");
+  if (s.sliding_window_pattern < 0) {
+    return InvalidArgument(Field("sliding_window_pattern", s.sliding_window_pattern) + " must be >= 0 (0: every block)");
+  }
+  return Status::Ok();
+}
+
 // Reads config[key] into *out when present (`required`: absent is an error); the error
 // names the file and the key.
 template <typename T>

@@ -24,6 +24,8 @@ Status Validate(const ModelSpec& s) {
     return InvalidArgument("model.rope_scaling needs model.family=llama (GPT-2 has learned positions)");
   }
   if (Status st = RequireNoBertFields(s); !st.ok()) return st;
+  if (Status st = RequireNoAttentionVariantFields(s, "GPT-2"); !st.ok()) return st;
+  if (Status st = RequireNoGemma3Fields(s); !st.ok()) return st;
   const double total = static_cast<double>(s.vocab_size) * s.d_model * 2 + static_cast<double>(s.seq_len) * s.d_model +
                        static_cast<double>(s.n_layer) * (12.0 * s.d_model * s.d_model + 2.0 * s.d_model * s.d_ff);
   if (total > 1e15) {

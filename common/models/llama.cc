@@ -1,6 +1,7 @@
-// The Llama family (Hugging Face LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM
-// without sliding window, MixtralForCausalLM: the same blocks with a mixture-of-experts
-// MLP): metadata for the registry. Linear weights keep nn.Linear's
+// The Llama family (Hugging Face LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM,
+// Qwen3ForCausalLM; sliding windows as Mistral / Qwen2 / Qwen3 configure them;
+// MixtralForCausalLM: the same blocks with a mixture-of-experts MLP): metadata for the
+// registry. Linear weights keep nn.Linear's
 // layout, W (out, in), y = x @ W^T; the names are the Hugging Face ones without "model.".
 //
 //   0              Embedding   embed_tokens (V, C)  (no position table: RoPE)
@@ -8,7 +9,8 @@
 //                              self_attn.{q,k,v}_proj.weight (NH*hs | NKV*hs | NKV*hs, C)
 //                              [adjacent: one (W, C) matrix, W = (NH + 2 NKV) hs],
 //                              self_attn.{q,k,v}_proj.bias (only with qkv_bias; adjacent),
-//                              self_attn.o_proj (C, C), post_attention_layernorm (C),
+//                              self_attn.{q,k}_norm (hs each; only with qk_norm: Qwen3),
+//                              self_attn.o_proj (C, NH*hs), post_attention_layernorm (C),
 //                              mlp.gate_proj (F, C), mlp.up_proj (F, C) [adjacent: (2F, C)],
 //                              mlp.down_proj (C, F)
 //   n_layer+1      Head        norm (C); lm_head (V, C) only when embeddings are untied.
@@ -37,6 +39,10 @@ Status ValidateMoe(const ModelSpec& s) {
   }
   if (s.num_experts > 0 && s.qkv_bias) {
     return InvalidArgument("model.qkv_bias with model.num_experts > 0 is not supported (Mixtral has no q/k/v biases)");
+  }
+  if (s.num_experts > 0 && (s.qk_norm || s.sliding_window > 0)) {
+    return Unimplemented("model.qk_norm or model.sliding_window with model.num_experts > 0 (Qwen3-MoE, a windowed "
+                         "Mixtral) is not supported yet: l2l's mixture of experts is Mixtral's shape");
   }
   if (s.num_experts == 0) {
     if (s.experts_per_token != 0 || s.norm_topk_prob != d.norm_topk_prob ||
@@ -67,6 +73,17 @@ Status Validate(const ModelSpec& s) {
     return InvalidArgument("model.d_model/n_head=" + std::to_string(s.head_dim()) +
                            " (the head size) must be even for rotary embeddings");
   }
+  if (Status st = ValidateAttentionVariant(s); !st.ok()) return st;
+  if (s.sliding_window_pattern != 0) {
+    return InvalidArgument(Field("sliding_window_pattern", s.sliding_window_pattern) +
+                           " needs model.family=gemma3 (Llama-family windows slide from max_window_layers on)");
+  }
+  if (s.max_window_layers > 0 && !s.qkv_bias && !s.qk_norm) {
+    return InvalidArgument(Field("max_window_layers", s.max_window_layers) +
+                           " needs qkv_bias or qk_norm: only Qwen2 and Qwen3 keep the first blocks global "
+                           "(Mistral slides every block)");
+  }
+  if (Status st = RequireNoGemma3Fields(s); !st.ok()) return st;
   if (!(s.rope_theta > 0) || !std::isfinite(s.rope_theta)) {
     return InvalidArgument("model.rope_theta=" + std::to_string(s.rope_theta) + " must be a number > 0");
   }
@@ -93,7 +110,8 @@ Status Validate(const ModelSpec& s) {
   const double C = double(s.d_model), W = double(s.n_head + 2 * kv) * s.head_dim();
   const double experts = double(std::max<int64_t>(1, s.num_experts));
   const double total = double(s.vocab_size) * C * 2 +
-                       double(s.n_layer) * (W * C + C * C + 3.0 * C * s.d_ff * experts + double(s.num_experts) * C);
+                       double(s.n_layer) * (W * C + C * double(s.n_head) * s.head_dim() +
+                                            3.0 * C * s.d_ff * experts + double(s.num_experts) * C);
   if (total > 1e15) {
     return InvalidArgument("model is too large (" + std::to_string(total) + " parameters); check model.d_model / n_layer");
   }
@@ -102,19 +120,20 @@ Status Validate(const ModelSpec& s) {
 
 int64_t NumParams(const ModelSpec& s) {
   const int64_t C = s.d_model, F = s.d_ff, hs = s.head_dim(), kv = s.kv_heads();
-  const int64_t W = (s.n_head + 2 * kv) * hs;
+  const int64_t W = (s.n_head + 2 * kv) * hs, q = s.n_head * hs;
   const int64_t mlp = s.moe() ? s.num_experts * (C + 3 * C * F) : 3 * C * F;  // router + experts
-  const int64_t block = C + W * C + (s.qkv_bias ? W : 0) + C * C + C + mlp;
+  const int64_t block = C + W * C + (s.qkv_bias ? W : 0) + (s.qk_norm ? 2 * hs : 0) + C * q + C + mlp;
   return s.vocab_size * C + s.n_layer * block + C + (s.tied_embeddings ? 0 : s.vocab_size * C);
 }
 
 double TrainFlopsPerToken(const ModelSpec& s, int64_t T) {
   const double C = double(s.d_model), F = double(s.d_ff), L = double(s.n_layer);
   const double W = double(s.n_head + 2 * s.kv_heads()) * double(s.head_dim());
+  const double q = double(s.n_head * s.head_dim());  // = C unless head_size is set
   // A mixture of experts runs the router and k of its E experts per token.
   const double mlp = s.moe() ? double(s.num_experts) * C + double(s.experts_per_token) * 3.0 * C * F : 3.0 * C * F;
-  const double matmul_params = L * (W * C + C * C + mlp) + double(s.vocab_size) * C;
-  return 6.0 * matmul_params + 12.0 * L * double(T) * C;
+  const double matmul_params = L * (W * C + C * q + mlp) + double(s.vocab_size) * C;
+  return 6.0 * matmul_params + 12.0 * L * double(T) * q;
 }
 
 std::vector<LayerLayout> BuildLayout(const ModelSpec& spec) {
@@ -143,6 +162,10 @@ std::vector<LayerLayout> BuildLayout(const ModelSpec& spec) {
       AddParam(&b, h + "self_attn.q_proj.bias", {q}, false);
       AddParam(&b, h + "self_attn.k_proj.bias", {kv}, false);
       AddParam(&b, h + "self_attn.v_proj.bias", {kv}, false);
+    }
+    if (spec.qk_norm) {
+      AddParam(&b, h + "self_attn.q_norm.weight", {hs}, false);
+      AddParam(&b, h + "self_attn.k_norm.weight", {hs}, false);
     }
     AddParam(&b, h + "self_attn.o_proj.weight", {C, q}, true);
     AddParam(&b, h + "post_attention_layernorm.weight", {C}, false);
@@ -205,20 +228,34 @@ Result<ModelSpec> FromHfConfig(const nlohmann::json& c, const std::string& origi
   std::string act = "silu";
   L2L_RETURN_IF_ERROR(HfField(c, origin, "hidden_act", &act, false));
   if (act != "silu") return InvalidArgument(origin + ": hidden_act=" + act + " is not supported (SwiGLU needs silu)");
-  if (s.n_head > 0 && s.d_model % s.n_head == 0) {
-    int64_t head_dim = s.d_model / s.n_head;
+  if (s.n_head > 0) {
+    int64_t head_dim = 0;
     L2L_RETURN_IF_ERROR(HfField(c, origin, "head_dim", &head_dim, false));
-    if (head_dim != s.d_model / s.n_head) {
-      return InvalidArgument(origin + ": head_dim=" + std::to_string(head_dim) + " differs from hidden_size/num_attention_heads=" +
-                             std::to_string(s.d_model / s.n_head) + ", which l2l requires");
-    }
+    // Set only when it differs from hidden_size/num_attention_heads (0 means that).
+    if (head_dim > 0 && (s.d_model % s.n_head != 0 || head_dim != s.d_model / s.n_head)) s.head_size = head_dim;
   }
-  if (arch == "Qwen2ForCausalLM") {
-    s.qkv_bias = true;  // Qwen2's q/k/v projections always have biases
+  if (arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM") {
+    s.qkv_bias = arch == "Qwen2ForCausalLM";  // Qwen2's q/k/v projections always have biases
+    s.qk_norm = arch == "Qwen3ForCausalLM";   // Qwen3 normalises every q and k head
+    if (s.qk_norm) {
+      bool bias = false;
+      L2L_RETURN_IF_ERROR(HfField(c, origin, "attention_bias", &bias, false));
+      if (bias) return InvalidArgument(origin + ": attention_bias=true is not supported (Qwen3 then biases o_proj too)");
+    }
+    // transformers 4.57: sliding_window applies when use_sliding_window, to the blocks
+    // i >= max_window_layers (layer_types "sliding_attention").
     bool window = false;
     L2L_RETURN_IF_ERROR(HfField(c, origin, "use_sliding_window", &window, false));
     if (window) {
-      return InvalidArgument(origin + ": use_sliding_window=true: sliding-window attention is not supported");
+      s.sliding_window = 4096;  // Qwen2Config's / Qwen3Config's defaults
+      s.max_window_layers = 28;
+      L2L_RETURN_IF_ERROR(HfField(c, origin, "sliding_window", &s.sliding_window, false));
+      L2L_RETURN_IF_ERROR(HfField(c, origin, "max_window_layers", &s.max_window_layers, false));
+      if (s.sliding_window <= 0) {
+        return InvalidArgument(origin + ": use_sliding_window=true with sliding_window=" +
+                               std::to_string(s.sliding_window) + " (must be > 0)");
+      }
+      if (s.max_window_layers >= s.n_layer) s.max_window_layers = 0, s.sliding_window = 0;  // no block slides
     }
   } else {
     for (const char* key : {"attention_bias", "mlp_bias"}) {
@@ -240,12 +277,38 @@ Result<ModelSpec> FromHfConfig(const nlohmann::json& c, const std::string& origi
     }
     if (s.num_experts <= 0) return InvalidArgument(origin + ": num_local_experts must be positive");
   }
-  if (arch == "MistralForCausalLM" || arch == "MixtralForCausalLM") {
+  if (arch == "MixtralForCausalLM") {
     int64_t window = 0;
     L2L_RETURN_IF_ERROR(HfField(c, origin, "sliding_window", &window, false));
     if (window > 0 && window < s.seq_len) {
       return InvalidArgument(origin + ": sliding_window=" + std::to_string(window) + " < max_position_embeddings=" +
                              std::to_string(s.seq_len) + ": sliding-window attention is not supported");
+    }
+  }
+  if (arch == "MistralForCausalLM") {
+    // Every Mistral block slides (transformers 4.57 MistralAttention).
+    L2L_RETURN_IF_ERROR(HfField(c, origin, "sliding_window", &s.sliding_window, false));
+    if (s.sliding_window < 0) {
+      return InvalidArgument(origin + ": sliding_window=" + std::to_string(s.sliding_window) + " must be > 0 or null");
+    }
+  }
+  // A window as long as the context changes nothing: left out, so such a spec stays
+  // what it was (Mistral 7B v0.2+ configs: null; v0.1: 4096 of 32768).
+  if (s.sliding_window >= s.seq_len) s.sliding_window = 0, s.max_window_layers = 0;
+  // transformers >= 4.57 also writes the per-block kinds: they must be what the fields give.
+  if (const auto lt = c.find("layer_types"); lt != c.end() && !lt->is_null()) {
+    if (!lt->is_array() || int64_t(lt->size()) != s.n_layer) {
+      return InvalidArgument(origin + ": layer_types is not a list of num_hidden_layers entries");
+    }
+    for (int64_t i = 0; i < s.n_layer; ++i) {
+      const std::string want = s.SlidingBlock(i) ? "sliding_attention" : "full_attention";
+      const nlohmann::json& e = (*lt)[size_t(i)];
+      // A window >= the context is full attention whatever the entry says.
+      if (!e.is_string() || (e.get<std::string>() != want && !(s.sliding_window == 0 && e == "sliding_attention"))) {
+        return InvalidArgument(origin + ": layer_types[" + std::to_string(i) + "]=" + e.dump() + " but the config's " +
+                               "sliding_window / use_sliding_window / max_window_layers give " + want +
+                               " (per-block patterns other than those are not supported)");
+      }
     }
   }
   const auto rs = c.find("rope_scaling");
@@ -274,11 +337,24 @@ Result<ModelSpec> FromHfConfig(const nlohmann::json& c, const std::string& origi
   return s;
 }
 
+// The Hugging Face class of a spec: Mixtral (experts), Qwen3 (q/k norms), Qwen2 (q/k/v biases), Mistral (a
+// sliding window in every block), else Llama.
+const char* HfArchitecture(const ModelSpec& s) {
+  if (s.moe()) return "MixtralForCausalLM";
+  if (s.qk_norm) return "Qwen3ForCausalLM";
+  if (s.qkv_bias) return "Qwen2ForCausalLM";
+  return s.sliding_window > 0 ? "MistralForCausalLM" : "LlamaForCausalLM";
+}
+
 nlohmann::json ToHfConfig(const ModelSpec& s) {
-  const char* arch = s.moe() ? "MixtralForCausalLM" : s.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
-  const char* type = s.moe() ? "mixtral" : s.qkv_bias ? "qwen2" : "llama";
+  const std::string arch = HfArchitecture(s);
+  const char* model_type = arch == "Qwen3ForCausalLM"   ? "qwen3"
+                           : arch == "Qwen2ForCausalLM" ? "qwen2"
+                           : arch == "MistralForCausalLM" ? "mistral"
+                           : arch == "MixtralForCausalLM" ? "mixtral"
+                                                          : "llama";
   nlohmann::json c = {{"architectures", {arch}},
-                      {"model_type", type},
+                      {"model_type", model_type},
                       {"vocab_size", s.vocab_size},
                       {"max_position_embeddings", s.seq_len},
                       {"hidden_size", s.d_model},
@@ -300,11 +376,24 @@ nlohmann::json ToHfConfig(const ModelSpec& s) {
     c["output_router_logits"] = s.output_router_logits;
     c["router_jitter_noise"] = 0.0;
     c["sliding_window"] = nullptr;
-  } else if (s.qkv_bias) {
-    c["use_sliding_window"] = false;
+  } else if (s.qkv_bias || s.qk_norm) {
+    c["use_sliding_window"] = s.sliding_window > 0;
+    if (s.sliding_window > 0) {
+      c["sliding_window"] = s.sliding_window;
+      c["max_window_layers"] = s.max_window_layers;
+    }
+    if (s.qk_norm) c["attention_bias"] = false;
+    if (s.qk_norm || s.sliding_window > 0) {  // as transformers 4.57 writes them (older ones ignore them)
+      nlohmann::json types = nlohmann::json::array();
+      for (int64_t i = 0; i < s.n_layer; ++i) types.push_back(s.SlidingBlock(i) ? "sliding_attention" : "full_attention");
+      c["layer_types"] = types;
+    }
   } else {
-    c["attention_bias"] = false;
-    c["mlp_bias"] = false;
+    if (s.sliding_window > 0) c["sliding_window"] = s.sliding_window;
+    if (arch == "LlamaForCausalLM") {
+      c["attention_bias"] = false;
+      c["mlp_bias"] = false;
+    }
   }
   const RopeScaling& r = s.rope_scaling;
   switch (r.type) {
@@ -325,13 +414,22 @@ nlohmann::json ToHfConfig(const ModelSpec& s) {
   return c;
 }
 
+Status GgufExportCheck(const ModelSpec& s) {
+  if (s.sliding_window > 0) {
+    return Unimplemented("a sliding window has no GGUF form in l2l's writer and reader for the llama family; "
+                         "export --format hf");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 const FamilyInfo& LlamaFamily() {
   static const FamilyInfo kInfo{
       .family = ModelFamily::kLlama,
       .name = "llama",
-      .hf_architectures = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "MixtralForCausalLM"},
+      .hf_architectures = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM",
+                           "MixtralForCausalLM"},
       .hf_base_prefix = "model.",
       .hf_file_prefix = "model.",
       .embedding_table = "embed_tokens.weight",
@@ -346,18 +444,21 @@ const FamilyInfo& LlamaFamily() {
       // "mistral" files unpermuted, as it always has, and Qwen2 is not permuted.
       .gguf_architectures = {{"llama", "LlamaForCausalLM", "llama", true},
                              {"mistral", "LlamaForCausalLM", "llama", false},
-                             {"qwen2", "Qwen2ForCausalLM", "qwen2", false}},
+                             {"qwen2", "Qwen2ForCausalLM", "qwen2", false},
+                             {"qwen3", "Qwen3ForCausalLM", "qwen3", false}},
       .gguf_global_names = {{"token_embd", "model.embed_tokens"}, {"output_norm", "model.norm"}, {"output", "lm_head"}},
       .gguf_block_names = {{"attn_norm", "input_layernorm"},      {"attn_q", "self_attn.q_proj"},
                            {"attn_k", "self_attn.k_proj"},        {"attn_v", "self_attn.v_proj"},
                            {"attn_output", "self_attn.o_proj"},   {"ffn_norm", "post_attention_layernorm"},
                            {"ffn_gate", "mlp.gate_proj"},         {"ffn_up", "mlp.up_proj"},
-                           {"ffn_down", "mlp.down_proj"}},
+                           {"ffn_down", "mlp.down_proj"},         {"attn_q_norm", "self_attn.q_norm"},
+                           {"attn_k_norm", "self_attn.k_norm"}},
       .hf_block_prefix = "model.layers.",
       // No GGUF export of a mixture of experts (llama.cpp stacks the experts in 3-D tensors).
       .gguf_export_architecture = [](const ModelSpec& s) -> const char* {
-        return s.moe() ? nullptr : s.qkv_bias ? "qwen2" : "llama";
+        return s.moe() ? nullptr : s.qk_norm ? "qwen3" : s.qkv_bias ? "qwen2" : "llama";
       },
+      .gguf_export_check = &GgufExportCheck,
   };
   return kInfo;
 }

@@ -6,7 +6,7 @@
 namespace l2l::models {
 
 const std::vector<const FamilyInfo*>& AllFamilies() {
-  static const std::vector<const FamilyInfo*> kAll = {&Gpt2Family(), &LlamaFamily(), &BertFamily()};
+  static const std::vector<const FamilyInfo*> kAll = {&Gpt2Family(), &LlamaFamily(), &BertFamily(), &Gemma3Family()};
   return kAll;
 }
 

@@ -1,5 +1,5 @@
 // The model-family registry: everything l2l knows about a family's metadata, in one table
-// entry per family (one file per family beside this one: gpt2.cc, llama.cc, bert.cc). ModelSpec's
+// entry per family (one file per family beside this one: gpt2.cc, llama.cc, bert.cc, gemma3.cc). ModelSpec's
 // functions (common/model_spec.h) dispatch here; the family's kernels are registered the
 // same way in kernels/layers/registry.h.
 //
@@ -53,7 +53,7 @@ struct FamilyInfo {
   std::vector<LayerLayout> (*build_layout)(const ModelSpec&);
   void (*init_layer)(const ModelSpec&, const LayerLayout&, uint64_t seed, float* out);
   // The spec of a Hugging Face config.json of one of hf_architectures (`origin` names the
-  // file in errors); refuses what the family cannot compute (e.g. sliding windows).
+  // file in errors); refuses what the family cannot compute (e.g. Gemma 3 logit softcapping).
   Result<ModelSpec> (*from_hf_config)(const nlohmann::json& config, const std::string& origin);
   // The config.json transformers needs to build the model of `spec` (its architecture
   // chosen by the spec, e.g. Qwen2ForCausalLM for a Llama spec with q/k/v biases).
@@ -88,6 +88,18 @@ struct FamilyInfo {
   std::vector<NamePair> gguf_block_names = {};
   const char* hf_block_prefix = "";
   const char* (*gguf_export_architecture)(const ModelSpec& spec) = nullptr;
+  // GGUF files store every norm weight (our names ending in "norm.weight") plus this:
+  // llama.cpp's converter adds Gemma's 1 of x * (1 + w) into the file. Import subtracts
+  // it, export adds it. 0: stored as is.
+  float gguf_norm_shift = 0.0f;
+  // Optional: what llama.cpp fixes for the family's GGUF architecture instead of storing
+  // it, added to the config.json an import derives from GGUF metadata (`config` holds
+  // hidden_size, num_attention_heads, num_hidden_layers, head_dim when the file states
+  // them). Gemma 3: the global-block pattern, the local RoPE base, the query scale.
+  void (*gguf_hf_config_defaults)(nlohmann::json* config) = nullptr;
+  // Optional: OK when a GGUF of the family can state `spec`, else UNIMPLEMENTED naming
+  // what it cannot (a Llama-family sliding window; Gemma 3 settings llama.cpp fixes).
+  Status (*gguf_export_check)(const ModelSpec& spec) = nullptr;
 };
 
 // The entry of `family`; every ModelFamily value has one.
@@ -112,5 +124,6 @@ const std::vector<const FamilyInfo*>& AllFamilies();
 const FamilyInfo& Gpt2Family();
 const FamilyInfo& LlamaFamily();
 const FamilyInfo& BertFamily();
+const FamilyInfo& Gemma3Family();
 
 }  // namespace l2l::models

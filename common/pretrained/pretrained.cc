@@ -20,6 +20,7 @@
 #include "common/formats/hf_writer.h"
 #include "common/formats/model_config.h"
 #include "common/model_spec_table.h"
+#include "common/models/family_util.h"
 #include "common/models/registry.h"
 
 namespace l2l {
@@ -66,17 +67,23 @@ Result<std::unique_ptr<Pretrained>> Pretrained::Open(const std::string& path, co
     formats::ModelConfig hc = c;
     hc.architecture = arch->hf_architecture;
     hc.model_type = arch->hf_model_type;
-    if (hc.head_dim && hc.hidden_size && hc.num_attention_heads && *hc.num_attention_heads > 0 &&
-        *hc.head_dim != *hc.hidden_size / *hc.num_attention_heads) {
-      return InvalidArgument(c.source + ": attention.key_length=" + std::to_string(*hc.head_dim) +
-                             " differs from embedding_length/head_count, which l2l requires");
+    // The head size: attention.key_length, else embedding_length / head_count.
+    std::optional<int64_t> head = hc.head_dim;
+    if (!head && hc.hidden_size && hc.num_attention_heads && *hc.num_attention_heads > 0) {
+      head = *hc.hidden_size / *hc.num_attention_heads;
     }
-    if (hc.rope_dimension_count && hc.hidden_size && hc.num_attention_heads && *hc.num_attention_heads > 0 &&
-        *hc.rope_dimension_count != *hc.hidden_size / *hc.num_attention_heads) {
+    if (hc.rope_dimension_count && head && *hc.rope_dimension_count != *head) {
       return InvalidArgument(c.source + ": rope.dimension_count=" + std::to_string(*hc.rope_dimension_count) +
-                             " (partial rotary embeddings) is not supported");
+                             " differs from the head size " + std::to_string(*head) +
+                             " (partial rotary embeddings are not supported)");
     }
     json j = formats::HfConfigJson(hc);
+    if (head && !j.contains("head_dim")) j["head_dim"] = *head;
+    const models::FamilyInfo* arch_family = nullptr;
+    models::FindGgufArchitecture(c.model_type, &arch_family);
+    if (arch_family != nullptr && arch_family->gguf_hf_config_defaults != nullptr) {
+      arch_family->gguf_hf_config_defaults(&j);
+    }
     L2L_ASSIGN_OR_RETURN(p->spec_, models::SpecFromHfConfig(j, c.source));
   }
   p->layout_ = BuildLayout(p->spec_);
@@ -159,6 +166,10 @@ Status Pretrained::LoadLayer(int64_t l, float* out) const {
     if (name.empty()) continue;
     float* dst = out + param.offset;
     L2L_RETURN_IF_ERROR(reader_->ReadF32(name, dst, param.numel));
+    const float shift = models::Family(spec_.family).gguf_norm_shift;
+    if (shift != 0.0f && reader_->format() == ModelFormat::kGguf && models::EndsWith(param.name, "norm.weight")) {
+      for (size_t i = 0; i < param.numel; ++i) dst[i] -= shift;  // the file holds w + shift
+    }
     for (size_t i = 0; i < param.numel; ++i) {
       if (!std::isfinite(dst[i])) {
         return InvalidArgument(reader_->FileOf(name) + ": tensor '" + name + "' holds a non-finite value (" +
@@ -330,14 +341,10 @@ Result<int64_t> ExportGguf(const std::string& path, const ModelSpec& spec, const
   c.max_position_embeddings = spec.seq_len;
   c.rope_theta = spec.rope_theta;
   c.rms_norm_eps = spec.rms_norm_eps;
-  if (spec.rope_scaling.type == RopeScalingType::kLinear) {
-    formats::RopeScaling rs;
-    rs.type = "linear";
-    rs.factor = spec.rope_scaling.factor;
-    c.rope_scaling = rs;
-  } else if (spec.rope_scaling.type != RopeScalingType::kNone) {
-    return Unimplemented(path + ": rope_scaling type " + std::string(ToString(spec.rope_scaling.type)) +
-                         " has no GGUF metadata form (llama.cpp stores a rope_freqs tensor); export --format hf");
+  if (spec.head_size > 0) c.head_dim = spec.head_dim();
+  if (spec.sliding_window > 0) c.sliding_window = spec.sliding_window;
+  if (fam.gguf_export_check != nullptr) {
+    if (Status st = fam.gguf_export_check(spec); !st.ok()) return st.WithContext(path);
   }
   formats::GgufWriter w;
   L2L_RETURN_IF_ERROR(formats::AddConfigToGguf(c, &w));
@@ -384,8 +391,15 @@ Result<int64_t> ExportGguf(const std::string& path, const ModelSpec& spec, const
       int64_t heads = 0;
       if (permute && (t.name.find(".attn_q.") != std::string::npos)) heads = spec.n_head;
       if (permute && (t.name.find(".attn_k.") != std::string::npos)) heads = spec.kv_heads();
-      t.f32_source = [&cache, l, pp, heads]() -> Result<const float*> {
+      const float shift = models::EndsWith(p.name, "norm.weight") ? fam.gguf_norm_shift : 0.0f;
+      t.f32_source = [&cache, l, pp, heads, shift]() -> Result<const float*> {
         L2L_ASSIGN_OR_RETURN(const float* v, cache.Tensor(l, *pp));
+        if (shift != 0.0f) {  // the family's GGUF form of a norm weight (Gemma: 1 + w)
+          std::vector<float>* s = cache.scratch();
+          s->assign(v, v + pp->numel);
+          for (float& x : *s) x += shift;
+          return static_cast<const float*>(s->data());
+        }
         if (heads == 0) return v;
         std::vector<float>* s = cache.scratch();
         s->assign(pp->numel, 0.0f);

@@ -31,6 +31,10 @@
 // ~10x the product's own time on these blocks): scores are scaled in fp32 before the
 // softmax, and dS carries the scale before it is cast (the dq and dk products then run
 // with alpha 1).
+// Sliding window (AttentionForwardGqaWindow): row t sees keys (t - window, t]. A strip
+// then starts its keys at k0 = max(0, i0 - window + 1) (its block is (rows, i1 - k0)), and
+// each row's softmax runs on its own span of the block, the rest of the row zeroed. With
+// no window k0 = 0 and every span starts at column 0: the same operations as before.
 // Thread-safety: as every Backend, one thread at a time.
 #include <algorithm>
 #include <cmath>
@@ -68,22 +72,37 @@ uint16_t* ThreadBlock16(int which, int64_t elems) {
 }
 
 struct Strip {
-  int64_t i0, rows;  // query rows [i0, i0 + rows); keys [0, i0 + rows)
+  int64_t i0, rows;  // query rows [i0, i0 + rows); keys [k0, i0 + rows)
+  int64_t k0;        // the strip's first key (0 without a window)
+  int64_t keys() const { return i0 + rows - k0; }
+  // Row t = i0 + i sees keys [Lo(t), t]: block columns [Lo(t) - k0, t - k0].
+  int64_t Lo(int64_t t, int64_t window) const { return window > 0 ? std::max<int64_t>(0, t - window + 1) : 0; }
 };
 
-std::vector<Strip> Strips(int64_t T) {
+// window <= 0: none.
+std::vector<Strip> Strips(int64_t T, int64_t window) {
   std::vector<Strip> s;
-  for (int64_t i0 = 0; i0 < T; i0 += kQueryTile) s.push_back({i0, std::min(kQueryTile, T - i0)});
+  for (int64_t i0 = 0; i0 < T; i0 += kQueryTile) {
+    s.push_back({i0, std::min(kQueryTile, T - i0), window > 0 ? std::max<int64_t>(0, i0 - window + 1) : 0});
+  }
   return s;
+}
+
+// Zeroes row[0, a) and row[b, keys).
+void ZeroOutside(float* row, int64_t a, int64_t b, int64_t keys) {
+  std::fill(row, row + a, 0.0f);
+  std::fill(row + b, row + keys, 0.0f);
 }
 
 }  // namespace
 
 void CpuBackend::CausalAttentionForward(float* out, float* lse, const float* qkv, int64_t B,
-                                        int64_t T, int64_t NH, int64_t NKV, int64_t hs) {
+                                        int64_t T, int64_t NH, int64_t NKV, int64_t hs,
+                                        int64_t window) {
+  if (window >= T) window = 0;
   const int64_t rep = NH / NKV, C = NH * hs, W = C + 2 * NKV * hs, ld = StripLd(T);
   const float scale = 1.0f / std::sqrt(float(hs));
-  const std::vector<Strip> strips = Strips(T);
+  const std::vector<Strip> strips = Strips(T, window);
   const int64_t n_strips = int64_t(strips.size());
   const bool bf16 = matmul_->bf16();
   const float s_alpha = bf16 ? 1.0f : scale;  // bf16: scaled in the softmax loop
@@ -92,7 +111,7 @@ void CpuBackend::CausalAttentionForward(float* out, float* lse, const float* qkv
   };
   std::vector<Plans> plans(n_strips);
   for (int64_t si = 0; si < n_strips; ++si) {
-    const int64_t rows = strips[si].rows, keys = strips[si].i0 + rows;
+    const int64_t rows = strips[si].rows, keys = strips[si].keys();
     // S (rows, keys) = scale * q_strip @ k^T ; out_strip (rows, hs) = P @ v.
     plans[si].s = matmul_->Prepare(rows, keys, hs, s_alpha, MatStrides{0, 0, W, 1},
                                    MatStrides{0, 0, 1, W}, 0.0f, MatStrides{0, 0, ld, 1});
@@ -114,31 +133,32 @@ void CpuBackend::CausalAttentionForward(float* out, float* lse, const float* qkv
         const int64_t si = n_strips - 1 - task % n_strips, bh = task / n_strips;
         const int64_t b = bh / NH, h = bh % NH, g = h / rep;
         const Strip st = strips[si];
-        const int64_t keys = st.i0 + st.rows;
+        const int64_t keys = st.keys(), kr = st.k0 * W;  // kr: the first key's row offset
         const float* base = qkv + b * T * W;
         const uint16_t* base16 = bf16 ? qkv16 + b * T * W : nullptr;
         if (bf16) {
-          matmul_->Execute(plans[si].s, base16 + st.i0 * W + h * hs, base16 + C + g * hs, S);
+          matmul_->Execute(plans[si].s, base16 + st.i0 * W + h * hs, base16 + kr + C + g * hs, S);
         } else {
-          matmul_->Execute(plans[si].s, base + st.i0 * W + h * hs, base + C + g * hs, S);
+          matmul_->Execute(plans[si].s, base + st.i0 * W + h * hs, base + kr + C + g * hs, S);
         }
         float* row_lse = lse + bh * T + st.i0;
         for (int64_t i = 0; i < st.rows; ++i) {
-          const int64_t n = st.i0 + i + 1;  // row t = i0 + i sees keys [0, t]
-          float* row = S + i * ld;
+          const int64_t t = st.i0 + i, a = st.Lo(t, window) - st.k0;
+          const int64_t n = t - st.k0 + 1 - a;  // row t sees block columns [a, a + n)
+          float* row = S + i * ld + a;
           if (bf16) ScaleSpan(row, scale, n);
           const float mx = MaxSpan(row, n);
           const double sum = ExpShiftSumSpan(row, row, mx, n);
           ScaleSpan(row, float(1.0 / sum), n);
-          std::fill(row + n, row + keys, 0.0f);
+          ZeroOutside(S + i * ld, a, a + n, keys);
           row_lse[i] = mx + float(std::log(sum));
         }
         float* o = out + b * T * C + st.i0 * C + h * hs;
         if (bf16) {
           FloatToBf16Span(S16, S, (st.rows - 1) * ld + keys);
-          matmul_->Execute(plans[si].pv, S16, base16 + C + NKV * hs + g * hs, o);
+          matmul_->Execute(plans[si].pv, S16, base16 + kr + C + NKV * hs + g * hs, o);
         } else {
-          matmul_->Execute(plans[si].pv, S, base + C + NKV * hs + g * hs, o);
+          matmul_->Execute(plans[si].pv, S, base + kr + C + NKV * hs + g * hs, o);
         }
       }
     });
@@ -147,10 +167,11 @@ void CpuBackend::CausalAttentionForward(float* out, float* lse, const float* qkv
 
 void CpuBackend::CausalAttentionBackward(float* dqkv, const float* dout, const float* qkv,
                                          const float* lse, int64_t B, int64_t T, int64_t NH,
-                                         int64_t NKV, int64_t hs) {
+                                         int64_t NKV, int64_t hs, int64_t window) {
+  if (window >= T) window = 0;
   const int64_t rep = NH / NKV, C = NH * hs, W = C + 2 * NKV * hs, ld = StripLd(T);
   const float scale = 1.0f / std::sqrt(float(hs));
-  const std::vector<Strip> strips = Strips(T);
+  const std::vector<Strip> strips = Strips(T, window);
   const int64_t n_strips = int64_t(strips.size());
   const MatStrides qkv_rows{0, 0, W, 1}, qkv_t{0, 0, 1, W}, out_rows{0, 0, C, 1};
   const MatStrides blk{0, 0, ld, 1}, blk_t{0, 0, 1, ld};
@@ -161,7 +182,7 @@ void CpuBackend::CausalAttentionBackward(float* dqkv, const float* dout, const f
   };
   std::vector<Plans> plans(n_strips);
   for (int64_t si = 0; si < n_strips; ++si) {
-    const int64_t rows = strips[si].rows, keys = strips[si].i0 + rows;
+    const int64_t rows = strips[si].rows, keys = strips[si].keys();
     Plans& p = plans[si];
     p.s = matmul_->Prepare(rows, keys, hs, alpha, qkv_rows, qkv_t, 0.0f, blk);      // q k^T
     p.dp = matmul_->Prepare(rows, keys, hs, 1.0f, out_rows, qkv_t, 0.0f, blk);      // dout v^T
@@ -199,43 +220,44 @@ void CpuBackend::CausalAttentionBackward(float* dqkv, const float* dout, const f
           const float* row_lse_h = lse + (b * NH + h) * T;
           for (int64_t si = 0; si < n_strips; ++si) {
             const Strip st = strips[si];
-            const int64_t keys = st.i0 + st.rows;
+            const int64_t keys = st.keys(), kr = st.k0 * W;  // kr: the first key's row offset
             const Plans& p = plans[si];
             const float* q = base + st.i0 * W + h * hs;
             const float* d_out = dout + b * T * C + st.i0 * C + h * hs;
             const uint16_t* q16 = bf16 ? base16 + st.i0 * W + h * hs : nullptr;
             const uint16_t* d_out16 = bf16 ? dout16 + b * T * C + st.i0 * C + h * hs : nullptr;
             if (bf16) {
-              matmul_->Execute(p.s, q16, k16, P);
-              matmul_->Execute(p.dp, d_out16, v16, D);
+              matmul_->Execute(p.s, q16, k16 + kr, P);
+              matmul_->Execute(p.dp, d_out16, v16 + kr, D);
             } else {
-              matmul_->Execute(p.s, q, k, P);
-              matmul_->Execute(p.dp, d_out, v, D);
+              matmul_->Execute(p.s, q, k + kr, P);
+              matmul_->Execute(p.dp, d_out, v + kr, D);
             }
             for (int64_t i = 0; i < st.rows; ++i) {
-              const int64_t n = st.i0 + i + 1;
-              float* pr = P + i * ld;
-              float* dr = D + i * ld;
+              const int64_t t = st.i0 + i, a = st.Lo(t, window) - st.k0;
+              const int64_t n = t - st.k0 + 1 - a;  // row t's block columns [a, a + n)
+              float* pr = P + i * ld + a;
+              float* dr = D + i * ld + a;
               if (bf16) ScaleSpan(pr, scale, n);
-              ExpShiftSumSpan(pr, pr, row_lse_h[st.i0 + i], n);  // probabilities
+              ExpShiftSumSpan(pr, pr, row_lse_h[t], n);  // probabilities
               const float dot = DotSpan(pr, dr, n);
               SoftmaxGradSpan(dr, pr, dot, n);
               if (bf16) ScaleSpan(dr, scale, n);  // (p * (d - dot)) * scale, as one expression
-              std::fill(pr + n, pr + keys, 0.0f);
-              std::fill(dr + n, dr + keys, 0.0f);
+              ZeroOutside(P + i * ld, a, a + n, keys);
+              ZeroOutside(D + i * ld, a, a + n, keys);
             }
             float* dq = dbase + st.i0 * W + h * hs;
             if (bf16) {
               const int64_t n16 = (st.rows - 1) * ld + keys;
               FloatToBf16Span(P16, P, n16);
               FloatToBf16Span(D16, D, n16);
-              matmul_->Execute(p.dv, P16, d_out16, dv);
-              matmul_->Execute(p.dq, D16, k16, dq);
-              matmul_->Execute(p.dk, D16, q16, dk);
+              matmul_->Execute(p.dv, P16, d_out16, dv + kr);
+              matmul_->Execute(p.dq, D16, k16 + kr, dq);
+              matmul_->Execute(p.dk, D16, q16, dk + kr);
             } else {
-              matmul_->Execute(p.dv, P, d_out, dv);
-              matmul_->Execute(p.dq, D, k, dq);
-              matmul_->Execute(p.dk, D, q, dk);
+              matmul_->Execute(p.dv, P, d_out, dv + kr);
+              matmul_->Execute(p.dq, D, k + kr, dq);
+              matmul_->Execute(p.dk, D, q, dk + kr);
             }
           }
         }
@@ -247,27 +269,41 @@ void CpuBackend::CausalAttentionBackward(float* dqkv, const float* dout, const f
 void CpuBackend::AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
                                   int64_t C, int64_t NH) {
   L2L_CHECK(NH > 0 && C % NH == 0) << "AttentionForward: NH=" << NH << " does not divide C=" << C;
-  CausalAttentionForward(out, att, qkv, B, T, NH, NH, C / NH);
+  CausalAttentionForward(out, att, qkv, B, T, NH, NH, C / NH, 0);
 }
 
 void CpuBackend::AttentionBackward(float* dqkv, float* /*scratch*/, const float* dout,
                                    const float* qkv, const float* att, int64_t B, int64_t T,
                                    int64_t C, int64_t NH) {
   L2L_CHECK(NH > 0 && C % NH == 0) << "AttentionBackward: NH=" << NH << " does not divide C=" << C;
-  CausalAttentionBackward(dqkv, dout, qkv, att, B, T, NH, NH, C / NH);
+  CausalAttentionBackward(dqkv, dout, qkv, att, B, T, NH, NH, C / NH, 0);
 }
 
 void CpuBackend::AttentionForwardGqa(float* out, float* att, const float* qkv, int64_t B, int64_t T,
                                      int64_t NH, int64_t NKV, int64_t hs) {
   L2L_CHECK(NKV > 0 && NH % NKV == 0) << "AttentionForwardGqa: NKV=" << NKV << " does not divide NH=" << NH;
-  CausalAttentionForward(out, att, qkv, B, T, NH, NKV, hs);
+  CausalAttentionForward(out, att, qkv, B, T, NH, NKV, hs, 0);
 }
 
 void CpuBackend::AttentionBackwardGqa(float* dqkv, float* /*scratch*/, const float* dout,
                                       const float* qkv, const float* att, int64_t B, int64_t T,
                                       int64_t NH, int64_t NKV, int64_t hs) {
   L2L_CHECK(NKV > 0 && NH % NKV == 0) << "AttentionBackwardGqa: NKV=" << NKV << " does not divide NH=" << NH;
-  CausalAttentionBackward(dqkv, dout, qkv, att, B, T, NH, NKV, hs);
+  CausalAttentionBackward(dqkv, dout, qkv, att, B, T, NH, NKV, hs, 0);
+}
+
+void CpuBackend::AttentionForwardGqaWindow(float* out, float* att, const float* qkv, int64_t B,
+                                           int64_t T, int64_t NH, int64_t NKV, int64_t hs,
+                                           int64_t window) {
+  L2L_CHECK(NKV > 0 && NH % NKV == 0) << "AttentionForwardGqaWindow: NKV=" << NKV << " does not divide NH=" << NH;
+  CausalAttentionForward(out, att, qkv, B, T, NH, NKV, hs, window);
+}
+
+void CpuBackend::AttentionBackwardGqaWindow(float* dqkv, float* /*scratch*/, const float* dout,
+                                            const float* qkv, const float* att, int64_t B, int64_t T,
+                                            int64_t NH, int64_t NKV, int64_t hs, int64_t window) {
+  L2L_CHECK(NKV > 0 && NH % NKV == 0) << "AttentionBackwardGqaWindow: NKV=" << NKV << " does not divide NH=" << NH;
+  CausalAttentionBackward(dqkv, dout, qkv, att, B, T, NH, NKV, hs, window);
 }
 
 }  // namespace l2l::kernels

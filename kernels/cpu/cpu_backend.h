@@ -125,6 +125,14 @@ class CpuBackend final : public Backend {
   void AttentionBackwardGqa(float* dqkv, float* scratch, const float* dout, const float* qkv,
                             const float* att, int64_t B, int64_t T, int64_t NH, int64_t NKV,
                             int64_t hs) override;
+  void AttentionForwardGqaWindow(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                                 int64_t NH, int64_t NKV, int64_t hs, int64_t window) override;
+  void AttentionBackwardGqaWindow(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                                  const float* att, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                  int64_t hs, int64_t window) override;
+  void GegluForward(float* out, const float* gate_up, int64_t N, int64_t F) override;
+  void GegluBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
+                     int64_t F) override;
 
   // Mixture-of-experts ops (cpu_llama_ops.cc).
   void GatherRows(float* dst, const float* src, const int32_t* idx, const float* scale, int64_t n,
@@ -153,11 +161,13 @@ class CpuBackend final : public Backend {
 
  private:
   // Blocked causal attention for multi-head (NKV == NH) and grouped-query attention:
-  // qkv rows of (NH + 2 NKV) * hs, out rows of NH * hs, lse (B, NH, T) log-sum-exps.
+  // qkv rows of (NH + 2 NKV) * hs, out rows of NH * hs, lse (B, NH, T) log-sum-exps;
+  // window > 0: sliding-window attention (keys (t - window, t]), 0: none.
   void CausalAttentionForward(float* out, float* lse, const float* qkv, int64_t B, int64_t T,
-                              int64_t NH, int64_t NKV, int64_t hs);
+                              int64_t NH, int64_t NKV, int64_t hs, int64_t window);
   void CausalAttentionBackward(float* dqkv, const float* dout, const float* qkv, const float* lse,
-                               int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs);
+                               int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs,
+                               int64_t window);
 
   // Runs f inside this backend's arena (at most num_threads_ TBB workers).
   template <typename F>

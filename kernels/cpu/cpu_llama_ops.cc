@@ -5,6 +5,7 @@
 // not depend on the thread count. SwiGLU's sigmoid and the norms run vectorised
 // (cpu_math.h). Thread-safety: as every Backend, one thread at a time.
 #include <cmath>
+#include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_math.h"
@@ -184,6 +185,42 @@ void CpuBackend::SwiGLUBackward(float* dgate_up, const float* dout, const float*
         const float* g = gate_up + n * 2 * F;
         float* dg = dgate_up + n * 2 * F;
         SwiGLUBackwardSpan(dg, dg + F, g, g + F, dout + n * F, F);
+      }
+    });
+  });
+}
+
+// ---- GeGLU (Gemma) -------------------------------------------------------------------------
+
+void CpuBackend::GegluForward(float* out, const float* gate_up, int64_t N, int64_t F) {
+  InArena([&] {
+    ParallelFor(N, RowGrain(F), [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        float* o = out + n * F;
+        const float* u = gate_up + n * 2 * F + F;
+        GeluForwardSpan(o, gate_up + n * 2 * F, F);
+        for (int64_t f = 0; f < F; ++f) o[f] *= u[f];
+      }
+    });
+  });
+}
+
+void CpuBackend::GegluBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
+                               int64_t F) {
+  InArena([&] {
+    ParallelFor(N, RowGrain(F), [&](int64_t n0, int64_t n1) {
+      thread_local std::vector<float> tmp;
+      if (int64_t(tmp.size()) < F) tmp.resize(F);
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* g = gate_up + n * 2 * F;
+        const float* u = g + F;
+        const float* d = dout + n * F;
+        float* dg = dgate_up + n * 2 * F;
+        float* du = dg + F;
+        for (int64_t f = 0; f < F; ++f) tmp[f] = d[f] * u[f];
+        GeluBackwardSpan(dg, g, tmp.data(), F);  // dg += gelu'(g) * dout * up
+        GeluForwardSpan(tmp.data(), g, F);
+        for (int64_t f = 0; f < F; ++f) du[f] += d[f] * tmp[f];
       }
     });
   });

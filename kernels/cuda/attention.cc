@@ -78,6 +78,7 @@ LtGemmArgs Args(const AttentionGemmMode& mode, bool ta, bool tb, int64_t M, int6
 struct SoftmaxKind {
   bool causal = true;
   const int32_t* key_mask = nullptr;  // (B,T), bidirectional only; nullptr: every key
+  int64_t window = 0;                 // causal only: > 0 a sliding window
 };
 
 void ForwardImpl(LtGemm& gemm, const AttentionGemmMode& mode, float* out, float* att,
@@ -97,7 +98,7 @@ void ForwardImpl(LtGemm& gemm, const AttentionGemmMode& mode, float* out, float*
     }
   }
   if (kind.causal) {
-    LaunchCausalSoftmaxForward(att, B * NH, T, s);
+    LaunchCausalSoftmaxForward(att, B * NH, T, s, kind.window);
   } else {
     LaunchMaskedSoftmaxForward(att, kind.key_mask, B, NH, T, s);
   }
@@ -118,7 +119,8 @@ void ForwardImpl(LtGemm& gemm, const AttentionGemmMode& mode, float* out, float*
 // only skips reading them.
 void BackwardImpl(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv, float* scratch,
                   const float* dout, const float* qkv, const float* att, int64_t B, int64_t T,
-                  int64_t NH, int64_t NKV, int64_t hs, bool causal, cudaStream_t s) {
+                  int64_t NH, int64_t NKV, int64_t hs, bool causal, cudaStream_t s,
+                  int64_t window = 0) {
   L2L_CHECK(NKV > 0 && NH % NKV == 0) << "attention: NKV=" << NKV << " does not divide NH=" << NH;
   const int64_t rep = NH / NKV, C = NH * hs, W = (NH + 2 * NKV) * hs, TT = T * T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -145,7 +147,7 @@ void BackwardImpl(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv, floa
   }
   // dS = scale * P * (dP - rowsum(P * dP)): the gradient w.r.t. the unscaled Q K^T.
   if (causal) {
-    LaunchCausalSoftmaxBackward(scratch, att, B * NH, T, scale, s);
+    LaunchCausalSoftmaxBackward(scratch, att, B * NH, T, scale, s, window);
   } else {
     LaunchSoftmaxBackward(scratch, att, B * NH, T, scale, s);
   }
@@ -169,14 +171,15 @@ void BackwardImpl(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv, floa
 
 void AttentionForwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* out, float* att,
                          const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                         int64_t hs, cudaStream_t s) {
-  ForwardImpl(gemm, mode, out, att, qkv, B, T, NH, NKV, hs, SoftmaxKind{}, s);
+                         int64_t hs, cudaStream_t s, int64_t window) {
+  ForwardImpl(gemm, mode, out, att, qkv, B, T, NH, NKV, hs, SoftmaxKind{.window = window}, s);
 }
 
 void AttentionBackwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv, float* scratch,
                           const float* dout, const float* qkv, const float* att, int64_t B,
-                          int64_t T, int64_t NH, int64_t NKV, int64_t hs, cudaStream_t s) {
-  BackwardImpl(gemm, mode, dqkv, scratch, dout, qkv, att, B, T, NH, NKV, hs, /*causal=*/true, s);
+                          int64_t T, int64_t NH, int64_t NKV, int64_t hs, cudaStream_t s,
+                          int64_t window) {
+  BackwardImpl(gemm, mode, dqkv, scratch, dout, qkv, att, B, T, NH, NKV, hs, /*causal=*/true, s, window);
 }
 
 void AttentionForwardMasked(LtGemm& gemm, const AttentionGemmMode& mode, float* out, float* att,

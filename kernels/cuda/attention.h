@@ -66,12 +66,15 @@ void AttentionBackward(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv,
 // Grouped-query forms (kernels/backend.h AttentionForwardGqa / AttentionBackwardGqa):
 // qkv and dqkv (B,T,W), out and dout (B,T,NH*hs), att and scratch (B,NH,T,T).
 // REQUIRES NKV > 0, NH % NKV == 0.
+// window > 0: sliding-window attention (keys t - window < j <= t; the masked softmax
+// zeroes the rest of the full (T,T) rows); 0: plain causal.
 void AttentionForwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* out, float* att,
                          const float* qkv, int64_t B, int64_t T, int64_t NH, int64_t NKV,
-                         int64_t hs, cudaStream_t s);
+                         int64_t hs, cudaStream_t s, int64_t window = 0);
 void AttentionBackwardGqa(LtGemm& gemm, const AttentionGemmMode& mode, float* dqkv, float* scratch,
                           const float* dout, const float* qkv, const float* att, int64_t B,
-                          int64_t T, int64_t NH, int64_t NKV, int64_t hs, cudaStream_t s);
+                          int64_t T, int64_t NH, int64_t NKV, int64_t hs, cudaStream_t s,
+                          int64_t window = 0);
 
 // Bidirectional multi-head attention with a key padding mask (kernels/backend.h
 // AttentionForwardMasked / AttentionBackwardMasked; the BERT family): the same products

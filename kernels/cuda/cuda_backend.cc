@@ -317,6 +317,39 @@ class CudaBackend final : public Backend {
     cuda::AttentionBackwardGqa(gemm_, attention_mode_, dqkv, scratch, dout, qkv, att, B, T, NH, NKV,
                                hs, stream());
   }
+  void AttentionForwardGqaWindow(float* out, float* att, const float* qkv, int64_t B, int64_t T,
+                                 int64_t NH, int64_t NKV, int64_t hs, int64_t window) override {
+    L2L_CHECK(NKV > 0 && NH % NKV == 0)
+        << name_ << " AttentionForwardGqaWindow: NKV=" << NKV << " does not divide NH=" << NH;
+    if (B <= 0 || T <= 0) return;
+    MakeCurrent();
+    cuda::AttentionForwardGqa(gemm_, attention_mode_, out, att, qkv, B, T, NH, NKV, hs, stream(),
+                              window >= T ? 0 : window);
+  }
+  void AttentionBackwardGqaWindow(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                                  const float* att, int64_t B, int64_t T, int64_t NH, int64_t NKV,
+                                  int64_t hs, int64_t window) override {
+    L2L_CHECK(NKV > 0 && NH % NKV == 0)
+        << name_ << " AttentionBackwardGqaWindow: NKV=" << NKV << " does not divide NH=" << NH;
+    if (B <= 0 || T <= 0) return;
+    MakeCurrent();
+    cuda::AttentionBackwardGqa(gemm_, attention_mode_, dqkv, scratch, dout, qkv, att, B, T, NH, NKV,
+                               hs, stream(), window >= T ? 0 : window);
+  }
+  void GegluForward(float* out, const float* gate_up, int64_t N, int64_t F) override {
+    MakeCurrent();
+    LaunchGegluForward(out, gate_up, N, F, stream());
+  }
+  void GegluBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
+                     int64_t F) override {
+    MakeCurrent();
+    LaunchGegluBackward(dgate_up, dout, gate_up, N, F, stream());
+  }
+  void Copy2D(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
+              int64_t cols) override {
+    MakeCurrent();
+    LaunchCopy2D(dst, dst_ld, src, src_ld, rows, cols, stream());
+  }
 
   // ---- mixture-of-experts ops (kernels/backend.h; kernels in llama_ops.cu) -------------
   void GatherRows(float* dst, const float* src, const int32_t* idx, const float* scale, int64_t n,

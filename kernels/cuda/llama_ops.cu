@@ -1,6 +1,6 @@
 // The Llama family's elementwise CUDA kernels: token embedding gather (no position
 // table), rotary position embedding in place (forward and its transposed rotation) and
-// SwiGLU forward/backward. Grid-stride loops with int64 indices; every output element is
+// SwiGLU and GeGLU forward/backward, a strided 2-D copy. Grid-stride loops with int64 indices; every output element is
 // written by one thread, so results are deterministic. RMSNorm lives in reduce.cu (it
 // needs the column-sum passes) and the token-embedding backward in embedding_backward.cu
 // (the sort). Launchers are declared in ops.h; each takes its stream and checks the
@@ -92,6 +92,43 @@ __global__ void RowDotKernel(float* out, const float* a, const float* b, int64_t
   }
 }
 
+// GELU, tanh form, and its derivative (the same formulas as elementwise.cu's GeluForward).
+__device__ __forceinline__ float GeluTanh(float x) {
+  const float k = 0.7978845608028654f;  // sqrt(2/pi)
+  return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+__device__ __forceinline__ float GeluTanhGrad(float x) {
+  const float k = 0.7978845608028654f;
+  const float th = tanhf(k * (x + 0.044715f * x * x * x));
+  return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
+__global__ void GegluForwardKernel(float* out, const float* gate_up, int64_t N, int64_t F) {
+  L2L_GRID_STRIDE(i, N * F) {
+    const int64_t n = i / F, f = i - n * F;
+    out[i] = GeluTanh(gate_up[n * 2 * F + f]) * gate_up[n * 2 * F + F + f];
+  }
+}
+
+__global__ void GegluBackwardKernel(float* dgate_up, const float* dout, const float* gate_up,
+                                    int64_t N, int64_t F) {
+  L2L_GRID_STRIDE(i, N * F) {
+    const int64_t n = i / F, f = i - n * F;
+    const int64_t gi = n * 2 * F + f, ui = gi + F;
+    const float g = gate_up[gi], u = gate_up[ui], d = dout[i];
+    dgate_up[gi] += GeluTanhGrad(g) * (d * u);
+    dgate_up[ui] += d * GeluTanh(g);
+  }
+}
+
+__global__ void Copy2DKernel(float* dst, int64_t dst_ld, const float* src, int64_t src_ld,
+                             int64_t rows, int64_t cols) {
+  L2L_GRID_STRIDE(i, rows * cols) {
+    const int64_t r = i / cols, c = i - r * cols;
+    dst[r * dst_ld + c] = src[r * src_ld + c];
+  }
+}
+
 }  // namespace
 
 void LaunchGatherRows(float* dst, const float* src, const int32_t* idx, const float* scale, int64_t n,
@@ -111,6 +148,26 @@ void LaunchScatterAddRows(float* dst, const float* src, const int32_t* idx, cons
 void LaunchRowDot(float* out, const float* a, const float* b, int64_t n, int64_t C, cudaStream_t s) {
   if (n <= 0) return;
   L2L_LAUNCH(RowDotKernel, GridFor(n), kThreads, 0, s)(out, a, b, n, C);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchGegluForward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s) {
+  if (N <= 0 || F <= 0) return;
+  L2L_LAUNCH(GegluForwardKernel, GridFor(N * F), kThreads, 0, s)(out, gate_up, N, F);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchGegluBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
+                         int64_t F, cudaStream_t s) {
+  if (N <= 0 || F <= 0) return;
+  L2L_LAUNCH(GegluBackwardKernel, GridFor(N * F), kThreads, 0, s)(dgate_up, dout, gate_up, N, F);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchCopy2D(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
+                  int64_t cols, cudaStream_t s) {
+  if (rows <= 0 || cols <= 0) return;
+  L2L_LAUNCH(Copy2DKernel, GridFor(rows * cols), kThreads, 0, s)(dst, dst_ld, src, src_ld, rows, cols);
   L2L_CUDA_CHECK_LAUNCH();
 }
 

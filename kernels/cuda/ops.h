@@ -79,11 +79,14 @@ void LaunchSumSquares(double* result, const float* x, int64_t n, double* scratch
 
 // ---- softmax.cu -------------------------------------------------------------------
 // att (rows, T, T) in place, rows = B*NH: row t keeps softmax over j <= t of att[t, j]
-// (already scaled), zeros for j > t.
-void LaunchCausalSoftmaxForward(float* att, int64_t rows, int64_t T, cudaStream_t s);
-// datt (rows,T,T) in place: datt = scale * att * (datt - sum_j att*datt), zero for j > t.
+// (already scaled), zeros for j > t. window > 0: only keys t - window < j <= t (a sliding
+// window), zeros elsewhere; 0: none.
+void LaunchCausalSoftmaxForward(float* att, int64_t rows, int64_t T, cudaStream_t s,
+                                int64_t window = 0);
+// datt (rows,T,T) in place: datt = scale * att * (datt - sum_j att*datt), zero for j > t
+// (and, with a window, for j <= t - window).
 void LaunchCausalSoftmaxBackward(float* datt, const float* att, int64_t rows, int64_t T,
-                                 float scale, cudaStream_t s);
+                                 float scale, cudaStream_t s, int64_t window = 0);
 // losses (N), probs (N,V) from logits (N,V), targets (N). A target outside [0,V) gives a
 // NaN loss (the kernel cannot return an error).
 void LaunchCrossEntropyForward(float* losses, float* probs, const float* logits,
@@ -134,6 +137,14 @@ void LaunchGatherRows(float* dst, const float* src, const int32_t* idx, const fl
 void LaunchScatterAddRows(float* dst, const float* src, const int32_t* idx, const float* scale,
                           int64_t n, int64_t C, cudaStream_t s);
 void LaunchRowDot(float* out, const float* a, const float* b, int64_t n, int64_t C, cudaStream_t s);
+// out (N,F) = gelu_tanh(gate) * up from gate_up (N,2F) (Gemma's GeGLU).
+void LaunchGegluForward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s);
+// dgate_up (N,2F) += [dout * up * gelu_tanh'(gate) | dout * gelu_tanh(gate)].
+void LaunchGegluBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
+                         int64_t F, cudaStream_t s);
+// dst row r (cols floats, stride dst_ld) = src row r (stride src_ld), r < rows.
+void LaunchCopy2D(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
+                  int64_t cols, cudaStream_t s);
 // RMSNorm (reduce.cu): out (N,C) = inp * rstd * weight, rstd (N). One block per row.
 void LaunchRMSNormForward(float* out, float* rstd, const float* inp, const float* weight,
                           int64_t N, int64_t C, float eps, cudaStream_t s);

@@ -11,35 +11,39 @@
 namespace l2l::kernels::cuda {
 namespace {
 
-// att (R*T, T) with R = B*NH: row r is query t = r % T. In place; j > t becomes 0.
-__global__ void CausalSoftmaxForwardKernel(float* att, int64_t total_rows, int64_t T) {
+// att (R*T, T) with R = B*NH: row r is query t = r % T. In place; keys outside [lo, t]
+// become 0, lo = max(0, t - window + 1) with a window (> 0), else 0.
+__global__ void CausalSoftmaxForwardKernel(float* att, int64_t total_rows, int64_t T, int64_t window) {
   const int lane = threadIdx.x & 31;
   const int64_t r = blockIdx.x * int64_t{blockDim.x / 32} + (threadIdx.x >> 5);
   if (r >= total_rows) return;  // whole warp leaves together
   const int64_t t = r % T;
+  const int64_t lo = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
   float* p = att + r * T;
   float mx = -INFINITY;
-  for (int64_t j = lane; j <= t; j += 32) mx = fmaxf(mx, p[j]);
+  for (int64_t j = lo + lane; j <= t; j += 32) mx = fmaxf(mx, p[j]);
   mx = WarpMax(mx);
   float sum = 0.0f;
-  for (int64_t j = lane; j <= t; j += 32) sum += expf(p[j] - mx);
+  for (int64_t j = lo + lane; j <= t; j += 32) sum += expf(p[j] - mx);
   const float inv = 1.0f / WarpSum(sum);
-  for (int64_t j = lane; j < T; j += 32) p[j] = j <= t ? expf(p[j] - mx) * inv : 0.0f;
+  for (int64_t j = lane; j < T; j += 32) p[j] = j >= lo && j <= t ? expf(p[j] - mx) * inv : 0.0f;
 }
 
-// datt = scale * att * (datt - <att, datt>) on j <= t, 0 past t. In place on datt.
+// datt = scale * att * (datt - <att, datt>) on [lo, t] (as the forward's), 0 elsewhere.
+// In place on datt.
 __global__ void CausalSoftmaxBackwardKernel(float* datt, const float* att, int64_t total_rows,
-                                            int64_t T, float scale) {
+                                            int64_t T, float scale, int64_t window) {
   const int lane = threadIdx.x & 31;
   const int64_t r = blockIdx.x * int64_t{blockDim.x / 32} + (threadIdx.x >> 5);
   if (r >= total_rows) return;
   const int64_t t = r % T;
+  const int64_t lo = window > 0 && t - window + 1 > 0 ? t - window + 1 : 0;
   float* d = datt + r * T;
   const float* p = att + r * T;
   float dot = 0.0f;
-  for (int64_t j = lane; j <= t; j += 32) dot += p[j] * d[j];
+  for (int64_t j = lo + lane; j <= t; j += 32) dot += p[j] * d[j];
   dot = WarpSum(dot);
-  for (int64_t j = lane; j < T; j += 32) d[j] = j <= t ? scale * p[j] * (d[j] - dot) : 0.0f;
+  for (int64_t j = lane; j < T; j += 32) d[j] = j >= lo && j <= t ? scale * p[j] * (d[j] - dot) : 0.0f;
 }
 
 // att (B*NH*T, T): row r belongs to sequence b = r / (NH*T). Keys j with
@@ -112,17 +116,17 @@ unsigned WarpRowBlocks(int64_t rows) {
 
 }  // namespace
 
-void LaunchCausalSoftmaxForward(float* att, int64_t rows, int64_t T, cudaStream_t s) {
+void LaunchCausalSoftmaxForward(float* att, int64_t rows, int64_t T, cudaStream_t s, int64_t window) {
   if (rows <= 0 || T <= 0) return;
-  L2L_LAUNCH(CausalSoftmaxForwardKernel, WarpRowBlocks(rows * T), kThreads, 0, s)(att, rows * T, T);
+  L2L_LAUNCH(CausalSoftmaxForwardKernel, WarpRowBlocks(rows * T), kThreads, 0, s)(att, rows * T, T, window);
   L2L_CUDA_CHECK_LAUNCH();
 }
 
 void LaunchCausalSoftmaxBackward(float* datt, const float* att, int64_t rows, int64_t T,
-                                 float scale, cudaStream_t s) {
+                                 float scale, cudaStream_t s, int64_t window) {
   if (rows <= 0 || T <= 0) return;
   L2L_LAUNCH(CausalSoftmaxBackwardKernel, WarpRowBlocks(rows * T), kThreads, 0, s)(
-      datt, att, rows * T, T, scale);
+      datt, att, rows * T, T, scale, window);
   L2L_CUDA_CHECK_LAUNCH();
 }
 

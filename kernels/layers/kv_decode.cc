@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "common/models/registry.h"
 #include "kernels/layers/registry.h"
 
 namespace l2l::layers {
@@ -13,19 +14,23 @@ namespace l2l::layers {
 using kernels::Backend;
 using kernels::DeviceBuffer;
 
-void AttendCached(Backend& be, const float* qkv, int64_t NH, int64_t NKV, int64_t hs, const KvStep& kv, float* out) {
-  const int64_t KW = NKV * hs, len = kv.pos + 1, G = NH / NKV;
+void AttendCached(Backend& be, const float* qkv, int64_t NH, int64_t NKV, int64_t hs, const KvStep& kv, float* out,
+                  int64_t window) {
+  const int64_t KW = NKV * hs, G = NH / NKV;
+  const int64_t lo = window > 0 ? std::max<int64_t>(0, kv.pos - window + 1) : 0, len = kv.pos + 1 - lo;
   be.CopyDeviceToDevice(kv.k + kv.pos * KW, qkv + NH * hs, KW * sizeof(float));
   be.CopyDeviceToDevice(kv.v + kv.pos * KW, qkv + NH * hs + KW, KW * sizeof(float));
+  const float* keys = kv.k + lo * KW;
+  const float* values = kv.v + lo * KW;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (int64_t g = 0; g < NKV; ++g) {  // scores (G, len) = q_g (G, hs) K_g^T; K_g rows KW apart
-    be.Gemm(false, true, G, len, hs, scale, qkv + g * G * hs, hs, kv.k + g * hs, KW, 0.0f, kv.scores + g * G * len,
+    be.Gemm(false, true, G, len, hs, scale, qkv + g * G * hs, hs, keys + g * hs, KW, 0.0f, kv.scores + g * G * len,
             len);
   }
   // Row softmax of the (NH, len) scores, in place (the cross-entropy op against targets 0).
   be.CrossEntropyForward(kv.losses, kv.scores, kv.scores, kv.zero_targets, NH, len);
   for (int64_t g = 0; g < NKV; ++g) {  // out_g (G, hs) = P_g (G, len) V_g (len, hs)
-    be.Gemm(false, false, G, hs, len, 1.0f, kv.scores + g * G * len, len, kv.v + g * hs, KW, 0.0f, out + g * G * hs,
+    be.Gemm(false, false, G, hs, len, 1.0f, kv.scores + g * G * len, len, values + g * hs, KW, 0.0f, out + g * G * hs,
             hs);
   }
 }
@@ -37,8 +42,8 @@ Result<std::unique_ptr<KvDecoder>> KvDecoder::Create(Backend* be, const ModelSpe
                                                      std::vector<const float*> params, int64_t max_len) {
   L2L_RETURN_IF_ERROR(spec.Validate());
   if (LayersFor(spec.family).block_decode == nullptr) {
-    return FailedPrecondition("a " + std::string(ToString(spec.family)) +
-                              " model has no KV-cache decoding (not a causal decoder)");
+    return FailedPrecondition("a " + std::string(ToString(spec.family)) + " model has no KV-cache decoding" +
+                              (models::IsEncoder(spec) ? " (not a causal decoder)" : " (not implemented yet)"));
   }
   if (params.size() != static_cast<size_t>(spec.n_layer + 2)) {
     return InvalidArgument("KvDecoder: " + std::to_string(params.size()) + " layers of weights, the model has " +

@@ -9,7 +9,8 @@
 // Built only from Backend ops (Gemm with strided operands, the cross-entropy op as a row
 // softmax, copies), so it runs on every backend (CPU; CUDA, and the CUDA emulator in
 // CI). Families: those whose kernels/layers/registry.h entry has block_decode (GPT-2,
-// Llama/Qwen2/Mistral/SmolLM); an encoder (BERT) is refused.
+// Llama/Qwen2/Qwen3/Mistral/SmolLM, sliding windows included); an encoder (BERT) and
+// Gemma 3 (not implemented yet) are refused.
 //
 // NextProbs(context) keeps the semantics of a full recompute of `context`: when the
 // cache holds a prefix of it, only the rest runs; otherwise (the caller's window slid,
@@ -49,8 +50,9 @@ struct KvStep {
 // For block_decode: appends the new row's k and v (in qkv (W) = q | k | v with NH and
 // NKV heads of hs) to the cache at kv.pos, then out (NH*hs) = causal attention of q over
 // positions [0, kv.pos]: per kv group, scores = q_g K_g^T / sqrt(hs), softmax, P V_g.
+// window > 0 (a sliding block): only positions (kv.pos - window, kv.pos].
 void AttendCached(kernels::Backend& be, const float* qkv, int64_t NH, int64_t NKV, int64_t hs, const KvStep& kv,
-                  float* out);
+                  float* out, int64_t window = 0);
 
 class KvDecoder {
  public:

@@ -100,7 +100,8 @@ void EmbeddingForward(kernels::Backend& be, const ModelSpec& spec, const LayerLa
                       const float* params, const int32_t* tokens, float* out, int64_t B, int64_t T,
                       const SequenceInputs& seq = {}, LayerWorkspace* ws = nullptr);
 // dparams (layout.numel) += gradient of the embedding's tensors from dout (B,T,C). BERT
-// recomputes its LayerNorm, so it also needs the layer's `params` and `ws`.
+// recomputes its LayerNorm, so it also needs the layer's `params` and `ws`; Gemma 3 needs
+// `ws` (scratch for its sqrt(C)-scaled gradient).
 void EmbeddingBackward(kernels::Backend& be, const ModelSpec& spec, const LayerLayout& layout,
                        const int32_t* tokens, const float* dout, float* dparams, int64_t B, int64_t T,
                        const SequenceInputs& seq = {}, const float* params = nullptr,
@@ -145,6 +146,8 @@ class SavedActivations {
 // ---- Transformer block: hidden -> hidden --------------------------------------------
 // GPT-2: x1 = x + attn_proj(attention(c_attn(ln_1(x)))); out = x1 + c_proj(gelu(c_fc(ln_2(x1)))).
 // Llama: x1 = x + o_proj(gqa(rope(qkv(rms_1(x))))); out = x1 + down(silu(gate(rms_2(x1))) * up(..)).
+// Gemma 3: x1 = x + rms_pa(o_proj(gqa(rope(qk_norm(qkv(rms_in(x))))))); out = x1 +
+//   rms_pf(down(gelu_tanh(gate(rms_ff(x1))) * up(..))) (kernels/layers/gemma3.cc).
 // BERT (post-LN, bidirectional, padded keys masked by seq.attention_mask):
 //   x1 = LN_1(x + dense(attention(qkv(x)))); out = LN_2(x1 + out_dense(gelu(inter_dense(x1)))).
 // save != nullptr (a SavedActivations of this ws, not filled): the block's intermediates

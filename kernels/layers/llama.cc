@@ -5,9 +5,13 @@
 // linear layer is y (N,out) = x (N,in) @ W^T; q|k|v and gate|up are adjacent in the flat
 // buffer and run as one product each.
 //
-// Workspace regions (N = B*T, W = (NH + 2*NKV)*hs, hs = C/NH):
-//   ln1 (N,C) rms_1(x)        ln1_rstd (N)       qkv (N,W) rotated q|k|v
-//   att, att_scratch (Backend::CausalAttention[Scratch]Floats)  atty (N,C) attention output
+// Workspace regions (N = B*T, W = (NH + 2*NKV)*hs, hs = head_dim(): C/NH unless head_size
+// is set, A = NH*hs the attention output width):
+//   ln1 (N,C) rms_1(x)        ln1_rstd (N)       qkv (N,W) rotated q|k|v; with qk_norm
+//     followed by q_raw (N*NH, hs), k_raw (N*NKV, hs) (the heads before their norms) and
+//     q_rstd (N*NH), k_rstd (N*NKV), so that they are kept with qkv
+//   (sliding blocks: Backend::AttentionForwardGqaWindow with spec.WindowOf(block))
+//   att, att_scratch (Backend::CausalAttention[Scratch]Floats)  atty (N,A) attention output
 //   resid2 (N,C) x1           ln2 (N,C) rms_2(x1)  ln2_rstd (N)
 //   fch (N,2F) gate|up        fch_gelu (N,F) silu(gate)*up
 //   logits (N,V), losses (N)  g0..g3 (N, max(W, 2F)) gradient scratch
@@ -29,6 +33,12 @@ using kernels::Backend;
 using kernels::DeviceBuffer;
 
 int64_t QkvWidth(const ModelSpec& s) { return (s.n_head + 2 * s.kv_heads()) * s.head_dim(); }
+
+// Floats of ws.qkv: the packed rows, and with qk_norm the raw heads and their rstd.
+size_t QkvFloats(const ModelSpec& s, size_t N) {
+  const size_t heads = static_cast<size_t>(s.n_head + s.kv_heads());
+  return N * QkvWidth(s) + (s.qk_norm ? N * heads * (s.head_dim() + 1) : 0);
+}
 
 // The inverse frequencies (hs/2) of rotary embeddings with the spec's theta and scaling,
 // as transformers' modeling_rope_utils.py computes them (default, linear, llama3), in
@@ -73,6 +83,7 @@ Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_
   const size_t N = static_cast<size_t>(B * T), C = spec.d_model, F = spec.d_ff;
   const size_t V = spec.vocab_size, t = static_cast<size_t>(T);
   const size_t W = static_cast<size_t>(QkvWidth(spec)), half = static_cast<size_t>(spec.head_dim() / 2);
+  const size_t A = static_cast<size_t>(spec.n_head * spec.head_dim());  // = C unless head_size is set
   const size_t g = N * std::max({W, 2 * F, C}) * f;
   // The causal attention's stash and scratch, as this backend needs them.
   const size_t att_floats = backend->CausalAttentionFloats(B, T, spec.n_head);
@@ -82,9 +93,9 @@ Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_
     size_t bytes;
   };
   const std::vector<Want> wants = {
-      {&ws->ln1, N * C * f},     {&ws->ln1_rstd, N * f},        {&ws->qkv, N * W * f},
+      {&ws->ln1, N * C * f},     {&ws->ln1_rstd, N * f},        {&ws->qkv, QkvFloats(spec, N) * f},
       {&ws->att, att_floats * f}, {&ws->att_scratch, scratch_floats * f},
-      {&ws->atty, N * C * f},    {&ws->resid2, N * C * f},      {&ws->ln2, N * C * f},
+      {&ws->atty, N * A * f},    {&ws->resid2, N * C * f},      {&ws->ln2, N * C * f},
       {&ws->ln2_rstd, N * f},    {&ws->fch, N * 2 * F * f},     {&ws->fch_gelu, N * F * f},
       {&ws->logits, static_cast<size_t>(ws->head_rows()) * V * f},  {&ws->losses, N * f},          {&ws->g0, g},
       {&ws->g1, g},              {&ws->g2, g},                  {&ws->g3, g},
@@ -108,7 +119,7 @@ Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_
 
 // Views of a block's flat parameter (or gradient) buffer.
 struct BlockViews {
-  float *ln1, *qkv_w, *qkv_b, *o_w, *ln2, *gate_up_w, *down_w;
+  float *ln1, *qkv_w, *qkv_b, *q_norm, *k_norm, *o_w, *ln2, *gate_up_w, *down_w;
   MoeWeights moe;  // num_experts > 0 (gate_up_w, down_w null then)
 };
 
@@ -117,6 +128,8 @@ BlockViews Views(const ModelSpec& spec, const LayerLayout& layout, const float* 
   BlockViews v{p + Off(layout, "input_layernorm.weight"),
                p + Off(layout, "self_attn.q_proj.weight"),  // q|k|v weights adjacent (W,C)
                spec.qkv_bias ? p + Off(layout, "self_attn.q_proj.bias") : nullptr,
+               spec.qk_norm ? p + Off(layout, "self_attn.q_norm.weight") : nullptr,
+               spec.qk_norm ? p + Off(layout, "self_attn.k_norm.weight") : nullptr,
                p + Off(layout, "self_attn.o_proj.weight"),
                p + Off(layout, "post_attention_layernorm.weight"),
                nullptr,
@@ -138,26 +151,80 @@ BlockViews Views(const ModelSpec& spec, const LayerLayout& layout, const float* 
   return v;
 }
 
+// Pointers into ws.qkv past the packed rows (qk_norm only; see the header comment).
+struct QkRaw {
+  float *q, *k, *q_rstd, *k_rstd;
+};
+QkRaw RawHeads(const ModelSpec& s, LayerWorkspace& ws, int64_t N) {
+  const int64_t NH = s.n_head, NKV = s.kv_heads(), hs = s.head_dim();
+  float* q = ws.qkv.f32() + N * QkvWidth(s);
+  float* k = q + N * NH * hs;
+  float* q_rstd = k + N * NKV * hs;
+  return QkRaw{q, k, q_rstd, q_rstd + N * NH};
+}
+
+// RMSNorm of every q and k head of qkv (N,W) in place (Qwen3), the raw heads and their
+// rstd kept in ws.qkv for the backward. ws.g0 is scratch.
+void QkNormForward(Backend& be, const ModelSpec& spec, const BlockViews& w, int64_t N, LayerWorkspace& ws) {
+  const int64_t NH = spec.n_head, NKV = spec.kv_heads(), hs = spec.head_dim(), W = QkvWidth(spec);
+  const float eps = static_cast<float>(spec.rms_norm_eps);
+  const QkRaw r = RawHeads(spec, ws, N);
+  float* qkv = ws.qkv.f32();
+  float* normed = ws.g0.f32();
+  be.Copy2D(r.q, NH * hs, qkv, W, N, NH * hs);
+  be.Copy2D(r.k, NKV * hs, qkv + NH * hs, W, N, NKV * hs);
+  be.RMSNormForward(normed, r.q_rstd, r.q, w.q_norm, N * NH, hs, eps);
+  be.Copy2D(qkv, W, normed, NH * hs, N, NH * hs);
+  be.RMSNormForward(normed, r.k_rstd, r.k, w.k_norm, N * NKV, hs, eps);
+  be.Copy2D(qkv + NH * hs, W, normed, NKV * hs, N, NKV * hs);
+}
+
+// dqkv (N,W): the q and k heads' gradients taken back through their norms, in place;
+// dparams' q_norm / k_norm +=. ws.g0 and ws.g2 are scratch.
+void QkNormBackward(Backend& be, const ModelSpec& spec, const BlockViews& w, const BlockViews& d, float* dqkv,
+                    int64_t N, LayerWorkspace& ws) {
+  const int64_t NH = spec.n_head, NKV = spec.kv_heads(), hs = spec.head_dim(), W = QkvWidth(spec);
+  const QkRaw r = RawHeads(spec, ws, N);
+  float* dnormed = ws.g0.f32();
+  float* draw = ws.g2.f32();
+  struct Part {
+    int64_t col, heads;
+    const float *raw, *rstd, *weight;
+    float* dweight;
+  };
+  for (const Part& p : {Part{0, NH, r.q, r.q_rstd, w.q_norm, d.q_norm}, Part{NH * hs, NKV, r.k, r.k_rstd, w.k_norm, d.k_norm}}) {
+    const int64_t width = p.heads * hs;
+    be.Copy2D(dnormed, width, dqkv + p.col, W, N, width);
+    be.Zero(draw, static_cast<size_t>(N * width) * sizeof(float));
+    be.RMSNormBackward(draw, p.dweight, dnormed, p.raw, p.weight, p.rstd, N * p.heads, hs);
+    be.Copy2D(dqkv + p.col, W, draw, width, N, width);
+  }
+}
+
 // Forward internals of a block up to (and including) fch_gelu, into ws.
 // With kv (B = T = 1, KV-cache decoding): the row is rotated for position kv->pos and
 // attends over the cache.
+// window: the block's sliding window (spec.WindowOf), 0 none.
 void BlockInternals(Backend& be, const ModelSpec& spec, const BlockViews& w, const float* in, int64_t B,
-                    int64_t T, LayerWorkspace& ws, const KvStep* kv = nullptr) {
+                    int64_t T, LayerWorkspace& ws, int64_t window, const KvStep* kv = nullptr) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T, W = QkvWidth(spec);
-  const int64_t NH = spec.n_head, NKV = spec.kv_heads(), hs = spec.head_dim();
+  const int64_t NH = spec.n_head, NKV = spec.kv_heads(), hs = spec.head_dim(), A = NH * hs;
   const float eps = static_cast<float>(spec.rms_norm_eps);
   be.RMSNormForward(ws.ln1.f32(), ws.ln1_rstd.f32(), in, w.ln1, N, C, eps);
   be.Gemm(false, true, N, W, C, 1.0f, ws.ln1.f32(), C, w.qkv_w, C, 0.0f, ws.qkv.f32(), W);
   if (w.qkv_b != nullptr) be.AddBias(ws.qkv.f32(), w.qkv_b, N, W);
+  if (spec.qk_norm) QkNormForward(be, spec, w, N, ws);
   const int64_t rope_row = kv != nullptr ? kv->pos * (hs / 2) : 0;  // the tables' row for position 0 of qkv
   be.RopeForward(ws.qkv.f32(), ws.rope_cos.f32() + rope_row, ws.rope_sin.f32() + rope_row, B, T, W, NH + NKV, hs);
-  if (kv == nullptr) {
+  if (kv == nullptr && window > 0) {
+    be.AttentionForwardGqaWindow(ws.atty.f32(), ws.att.f32(), ws.qkv.f32(), B, T, NH, NKV, hs, window);
+  } else if (kv == nullptr) {
     be.AttentionForwardGqa(ws.atty.f32(), ws.att.f32(), ws.qkv.f32(), B, T, NH, NKV, hs);
   } else {
-    AttendCached(be, ws.qkv.f32(), NH, NKV, hs, *kv, ws.atty.f32());
+    AttendCached(be, ws.qkv.f32(), NH, NKV, hs, *kv, ws.atty.f32(), window);
   }
   // x1 = x + attn
-  be.LinearForward(ws.resid2.f32(), ws.atty.f32(), w.o_w, true, nullptr, N, C, C, nullptr, in);
+  be.LinearForward(ws.resid2.f32(), ws.atty.f32(), w.o_w, true, nullptr, N, A, C, nullptr, in);
   be.RMSNormForward(ws.ln2.f32(), ws.ln2_rstd.f32(), ws.resid2.f32(), w.ln2, N, C, eps);
   if (spec.moe()) return;  // the MoE MLP runs from ln2 (MoeOut)
   be.Gemm(false, true, N, 2 * F, C, 1.0f, ws.ln2.f32(), C, w.gate_up_w, C, 0.0f, ws.fch.f32(), 2 * F);
@@ -187,7 +254,7 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
                   const float* in, float* out, int64_t B, int64_t T, LayerWorkspace& ws, const SequenceInputs& seq) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   const BlockViews w = Views(spec, layout, params);
-  BlockInternals(be, spec, w, in, B, T, ws);
+  BlockInternals(be, spec, w, in, B, T, ws, spec.WindowOf(layout.block));
   if (spec.moe()) {
     MoeOut(be, spec, layout, w, out, N, ws, seq.moe);
     return;
@@ -199,7 +266,7 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
 void FamilyBlockDecode(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
                        const float* in, float* out, LayerWorkspace& ws, const KvStep& kv) {
   const BlockViews w = Views(spec, layout, params);
-  BlockInternals(be, spec, w, in, 1, 1, ws, &kv);
+  BlockInternals(be, spec, w, in, 1, 1, ws, spec.WindowOf(layout.block), &kv);
   if (spec.moe()) {
     MoeOut(be, spec, layout, w, out, 1, ws, nullptr);
     return;
@@ -212,10 +279,11 @@ void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& 
                    const float* in, const float* dout, float* din, float* dparams, int64_t B, int64_t T,
                    LayerWorkspace& ws, const SequenceInputs& seq, bool recompute) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T, W = QkvWidth(spec);
-  const int64_t NH = spec.n_head, NKV = spec.kv_heads(), hs = spec.head_dim();
+  const int64_t NH = spec.n_head, NKV = spec.kv_heads(), hs = spec.head_dim(), A = NH * hs;
+  const int64_t window = spec.WindowOf(layout.block);
   const BlockViews w = Views(spec, layout, params);
   const BlockViews d = Views(spec, layout, dparams);
-  if (recompute) BlockInternals(be, spec, w, in, B, T, ws);
+  if (recompute) BlockInternals(be, spec, w, in, B, T, ws, window);
 
   float* g0 = ws.g0.f32();
   float* g1 = ws.g1.f32();
@@ -237,11 +305,17 @@ void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& 
   be.CopyDeviceToDevice(dres, dout, N * C * sizeof(float));
   be.RMSNormBackward(dres, d.ln2, g2, ws.resid2.f32(), w.ln2, ws.ln2_rstd.f32(), N, C);  // dx1
   // Attention: x1 = x + o_proj(gqa(rope(qkv(rms_1(x))))).
-  be.Gemm(true, false, C, C, N, 1.0f, dres, C, ws.atty.f32(), C, 1.0f, d.o_w, C);  // dW_o (C,C) +=
-  be.Gemm(false, false, N, C, C, 1.0f, dres, C, w.o_w, C, 0.0f, g0, C);           // datty (N,C)
+  be.Gemm(true, false, C, A, N, 1.0f, dres, C, ws.atty.f32(), A, 1.0f, d.o_w, A);  // dW_o (C,A) +=
+  be.Gemm(false, false, N, A, C, 1.0f, dres, C, w.o_w, A, 0.0f, g0, A);           // datty (N,A)
   be.Zero(g1, N * W * sizeof(float));
-  be.AttentionBackwardGqa(g1, ws.att_scratch.f32(), g0, ws.qkv.f32(), ws.att.f32(), B, T, NH, NKV, hs);
+  if (window > 0) {
+    be.AttentionBackwardGqaWindow(g1, ws.att_scratch.f32(), g0, ws.qkv.f32(), ws.att.f32(), B, T, NH, NKV, hs,
+                                  window);
+  } else {
+    be.AttentionBackwardGqa(g1, ws.att_scratch.f32(), g0, ws.qkv.f32(), ws.att.f32(), B, T, NH, NKV, hs);
+  }
   be.RopeBackward(g1, ws.rope_cos.f32(), ws.rope_sin.f32(), B, T, W, NH + NKV, hs);  // dqkv before rotation
+  if (spec.qk_norm) QkNormBackward(be, spec, w, d, g1, N, ws);
   if (d.qkv_b != nullptr) be.BiasBackward(d.qkv_b, g1, N, W);
   be.Gemm(true, false, W, C, N, 1.0f, g1, W, ws.ln1.f32(), C, 1.0f, d.qkv_w, C);  // dW_qkv (W,C) +=
   be.Gemm(false, false, N, C, W, 1.0f, g1, W, w.qkv_w, C, 0.0f, g2, C);           // dln1 (N,C)

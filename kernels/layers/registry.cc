@@ -4,7 +4,7 @@
 namespace l2l::layers {
 
 const FamilyLayers& LayersFor(ModelFamily family) {
-  for (const FamilyLayers* f : {&Gpt2Layers(), &LlamaLayers(), &BertLayers()}) {
+  for (const FamilyLayers* f : {&Gpt2Layers(), &LlamaLayers(), &BertLayers(), &Gemma3Layers()}) {
     if (f->family == family) return *f;
   }
   L2L_CHECK(false) << "model family " << ToString(family) << " has no kernels registered";

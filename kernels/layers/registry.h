@@ -1,7 +1,7 @@
 // The kernel half of the model-family registry: each family's layer implementations
 // (composed of Backend ops) in one table entry, looked up by ModelFamily. The metadata
 // half (layouts, names, init) is common/models/registry.h. layers.h's functions dispatch
-// here; one file per family defines its entry (gpt2.cc, llama.cc, bert.cc), registry.cc lists them.
+// here; one file per family defines its entry (gpt2.cc, llama.cc, bert.cc, gemma3.cc), registry.cc lists them.
 //
 // Also the helpers the family files share (views, checks, linear layers, the head's
 // cross-entropy). Thread-safety: immutable statics and pure functions of their arguments.
@@ -84,6 +84,7 @@ const FamilyLayers& LayersFor(ModelFamily family);
 const FamilyLayers& Gpt2Layers();
 const FamilyLayers& LlamaLayers();
 const FamilyLayers& BertLayers();
+const FamilyLayers& Gemma3Layers();
 
 // ---- helpers shared by the family files ----------------------------------------------------
 

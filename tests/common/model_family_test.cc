@@ -220,7 +220,7 @@ TEST_CASE("The 7B-class presets have Hugging Face's shapes and parameter counts"
   CHECK(c["rope_scaling"]["factor"] == 8.0);
 }
 
-TEST_CASE("Hugging Face config.json maps to a spec and back - sliding windows are refused",
+TEST_CASE("Hugging Face config.json maps to a spec and back - sliding windows as transformers 4.57 reads them",
           "[model_spec][llama]") {
   const ModelSpec s = SmallLlama();
   const nlohmann::json c = models::Family(s.family).to_hf_config(s);
@@ -247,15 +247,35 @@ TEST_CASE("Hugging Face config.json maps to a spec and back - sliding windows ar
 
   nlohmann::json mistral = smol;
   mistral["architectures"] = {"MistralForCausalLM"};
+  // Mistral: every block slides (a window as long as the context is none).
   mistral["sliding_window"] = 4096;
-  ExpectError(models::SpecFromHfConfig(mistral, "m/config.json").status(),
-              {"m/config.json", "sliding_window=4096", "not supported"});
+  auto ms = models::SpecFromHfConfig(mistral, "m/config.json");
+  REQUIRE(ms.ok());
+  CHECK(ms->sliding_window == 4096);
+  CHECK(ms->SlidingBlock(0));
+  CHECK(models::Family(ms->family).to_hf_config(*ms)["architectures"][0] == "MistralForCausalLM");
+  mistral["sliding_window"] = 8192;
+  CHECK(models::SpecFromHfConfig(mistral, "m/config.json")->sliding_window == 0);
   mistral["sliding_window"] = nullptr;
   CHECK(models::SpecFromHfConfig(mistral, "m/config.json").ok());
+  // Qwen2: use_sliding_window, the blocks from max_window_layers on (Qwen2Config's
+  // defaults: sliding_window 4096, max_window_layers 28); layer_types must agree.
   nlohmann::json qwen = smol;
   qwen["architectures"] = {"Qwen2ForCausalLM"};
   qwen["use_sliding_window"] = true;
-  ExpectError(models::SpecFromHfConfig(qwen, "q/config.json").status(), {"use_sliding_window", "not supported"});
+  auto qw = models::SpecFromHfConfig(qwen, "q/config.json");
+  REQUIRE(qw.ok());
+  CHECK(qw->sliding_window == 4096);
+  CHECK(qw->max_window_layers == 28);
+  CHECK_FALSE(qw->SlidingBlock(27));
+  CHECK(qw->SlidingBlock(28));
+  qwen["sliding_window"] = 0;
+  ExpectError(models::SpecFromHfConfig(qwen, "q/config.json").status(), {"q/config.json", "sliding_window=0"});
+  qwen["sliding_window"] = 1024;
+  qwen["layer_types"] = nlohmann::json::array();
+  for (int i = 0; i < 30; ++i) qwen["layer_types"].push_back(i % 2 ? "sliding_attention" : "full_attention");
+  ExpectError(models::SpecFromHfConfig(qwen, "q/config.json").status(), {"layer_types[1]", "not supported"});
+  qwen.erase("layer_types");
   qwen["use_sliding_window"] = false;
   auto qs = models::SpecFromHfConfig(qwen, "q/config.json");
   REQUIRE(qs.ok());

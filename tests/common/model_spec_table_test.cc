@@ -64,7 +64,30 @@ std::vector<ModelSpec> FamilySpecs() {
   mixtral.experts_per_token = 2;
   mixtral.router_aux_loss_coef = 0.02;
   mixtral.output_router_logits = true;
-  return {gpt2, llama, llama_linear, bert, bert_cls, mixtral};
+  // Qwen3: q/k norms, a head size that is not d_model / n_head, a sliding window from
+  // block 1 on; Mistral: a window in every block.
+  ModelSpec qwen3 = Shape(320, 96, 96, 2, 6, 160, false);
+  qwen3.family = ModelFamily::kLlama;
+  qwen3.n_kv_heads = 2;
+  qwen3.head_size = 24;
+  qwen3.qk_norm = true;
+  qwen3.sliding_window = 32;
+  qwen3.max_window_layers = 1;
+  qwen3.rope_theta = 1e6;
+  ModelSpec mistral = llama_linear;
+  mistral.sliding_window = 40;
+  ModelSpec gemma3 = Shape(300, 96, 64, 4, 4, 128, true);
+  gemma3.family = ModelFamily::kGemma3;
+  gemma3.n_kv_heads = 2;
+  gemma3.head_size = 24;
+  gemma3.qk_norm = true;
+  gemma3.sliding_window = 16;
+  gemma3.sliding_window_pattern = 2;
+  gemma3.rope_theta = 1e6;
+  gemma3.rope_local_theta = 5000.0;
+  gemma3.query_pre_attn_scalar = 20.0;
+  gemma3.rope_scaling = {RopeScalingType::kLinear, 8.0, 1.0, 4.0, 8192};
+  return {gpt2, llama, llama_linear, bert, bert_cls, mixtral, qwen3, mistral, gemma3};
 }
 
 std::vector<ModelSpec> PresetSpecs() {

@@ -26,3 +26,11 @@ l2l_add_oracle_test(import.gguf_tokenizer SCRIPT import/import_oracle.py WORKDIR
                     ARGS "'$<TARGET_FILE_DIR:l2l-eps>'" @WORKDIR@ gguf_tokenizer
                          "'$<TARGET_FILE:l2l_tokenizer_tool>'"
                     LABELS integration oracle TIMEOUT 900)
+# The real Gemma 3 270M GGUF (Q4_K_M: K-quant tensors) through l2l-eval against the
+# perplexity transformers 4.57 computed of the same file and token ids
+# (tests/fixtures/gemma3_270m/reference.json, made by tests/fixtures/make_gemma3_gguf_fixture.py).
+# A failed fetch fails the test. /usr/bin/python3 only (no packages).
+set(_gemma3_work ${CMAKE_CURRENT_BINARY_DIR}/import_gemma3_gguf)
+add_test(NAME import.gemma3_gguf
+         COMMAND bash -c "set -e; MODEL=$('${CMAKE_SOURCE_DIR}/scripts/fetch_models.sh' gemma3); rm -rf '${_gemma3_work}'; /usr/bin/python3 '${CMAKE_CURRENT_SOURCE_DIR}/import/gemma3_gguf_test.py' '$<TARGET_FILE:l2l-eval>' \"$MODEL\" '${_gemma3_work}'")
+set_tests_properties(import.gemma3_gguf PROPERTIES LABELS "integration;oracle" TIMEOUT 1200)

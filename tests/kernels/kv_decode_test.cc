@@ -133,6 +133,32 @@ TEST_CASE("KV-cache decoding equals the full forward of the context, token by to
   }
 }
 
+// Qwen3-style blocks (q/k head norms, a head size that is not d_model / n_head) whose
+// later blocks slide (window 6 of a 24-token context): the cached attention sees only the
+// window, as the full forward's windowed attention does.
+TEST_CASE("KV-cache decoding with q/k norms and a sliding window equals the full forward", "[layers][decode]") {
+  auto be = kernels::CreateCpuBackend(2);
+  ModelSpec s = Spec(ModelFamily::kLlama);
+  s.qkv_bias = false;
+  s.qk_norm = true;
+  s.head_size = 6;
+  s.sliding_window = 6;
+  s.max_window_layers = 1;
+  REQUIRE(s.Validate().ok());
+  const Model m(*be, s);
+  auto dec = KvDecoder::Create(be.get(), m.spec, m.ptrs);
+  REQUIRE(dec.ok());
+  std::mt19937 rng(9);
+  std::vector<int32_t> context = {3, 17, 42};
+  while (static_cast<int64_t>(context.size()) <= m.spec.seq_len) {
+    auto p = (*dec)->NextProbs(context);
+    REQUIRE(p.ok());
+    ExpectProbsClose(*p, m.FullProbs(*be, context), "context of " + std::to_string(context.size()));
+    context.push_back(static_cast<int32_t>(rng() % m.spec.vocab_size));
+  }
+  CHECK((*dec)->decoded_tokens() == m.spec.seq_len - 3);
+}
+
 TEST_CASE("KV-cache decoding refuses an encoder, bad contexts and ids", "[layers][decode]") {
   auto be = kernels::CreateCpuBackend(1);
   ModelSpec bert = Spec(ModelFamily::kBert);
