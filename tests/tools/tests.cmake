@@ -33,3 +33,10 @@ add_test(NAME tools.bert_finetune
          COMMAND bash -c
                  "set -e; rm -rf '${CMAKE_CURRENT_BINARY_DIR}/bert_finetune'; BERT_DEMO_STEPS=30 BERT_DEMO_OUT='${CMAKE_CURRENT_BINARY_DIR}/bert_finetune' L2L_BUILD_DIR='${CMAKE_BINARY_DIR}' bash '${CMAKE_SOURCE_DIR}/scripts/finetune_bert_demo.sh'")
 set_tests_properties(tools.bert_finetune PROPERTIES LABELS "integration;oracle" TIMEOUT 1800)
+# tools.chat_oracle: `l2l chat` on a random LlamaForCausalLM with a ChatML tokenizer trained
+# here and SmolLM2's chat template: a piped two-turn conversation's prompt ids equal
+# transformers' apply_chat_template, each greedy reply equals l2l-sample's on the same
+# prompt ids, --system and /reset work, an unknown --template is named (tests/tools/chat_oracle.py).
+l2l_add_oracle_test(tools.chat_oracle SCRIPT tools/chat_oracle.py WORKDIR chat_oracle
+                    ARGS "'$<TARGET_FILE_DIR:l2l>'" @WORKDIR@
+                    LABELS unit oracle TIMEOUT 600)
