@@ -115,6 +115,12 @@ cli::RunOptions ToRunOptions(const CommonFlags& c, const std::string& job) {
 
 using Clock = std::chrono::steady_clock;
 
+std::string FormatPpl(double p) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.4f", p);
+  return buf;
+}
+
 cli::Summary ToSummary(const cli::RunResult& r, const std::string& out, const CommonFlags& c, Clock::time_point t0) {
   cli::Summary s;
   s.end = r.end == cli::RunResult::End::kFinished      ? "finished"
@@ -215,7 +221,7 @@ int CmdFinetune(const CommonFlags& c, const FinetuneFlags& f) {
     progress.Note("held-out perplexity before fine-tuning (log " + out + "/eval-before.log)");
     before = Perplexity(bin, model, val, f.seq_len, out + "/eval-before.log");
     if (std::isnan(before)) progress.Warn("could not measure it: see " + out + "/eval-before.log");
-    else progress.Note("held-out perplexity before: " + std::to_string(before));
+    else progress.Note("held-out perplexity before: " + FormatPpl(before));
   }
   cli::RunOptions o = ToRunOptions(c, job);
   l2l::Result<cli::RunResult> r = cli::RunJob(o, &progress);
@@ -265,7 +271,9 @@ void AddCommon(CLI::App* app, CommonFlags* c) {
 int main(int argc, char** argv) {
   if (argc >= 2) {
     const std::string cmd = argv[1];
-    if (cmd == "eval" || cmd == "sample" || cmd == "chat" || cmd == "tokenize") return Forward("l2l-" + cmd, {}, argc, argv, 2);
+    if (cmd == "eval" || cmd == "sample" || cmd == "chat" || cmd == "tokenize") {
+      return Forward("l2l-" + cmd, {}, argc, argv, 2);
+    }
     if (cmd == "export" || cmd == "status") return Forward("l2lctl", {cmd}, argc, argv, 2);
   }
   CLI::App app{"l2l: fine-tune, evaluate and sample models larger than your GPU"};
@@ -292,8 +300,8 @@ int main(int argc, char** argv) {
   run->add_option("job", job, "job YAML")->required();
   AddCommon(run, &common);
   app.footer(
-      "Also: l2l eval|sample|chat|tokenize ARGS (= l2l-eval|l2l-sample|l2l-chat|l2l-tokenize), l2l export|status ARGS (= l2lctl "
-      "export|status, for a running daemon).\nExit status: 0 done, 1 failed, 130 interrupted (checkpointed; "
+      "Also: l2l eval|sample|chat|tokenize ARGS (= l2l-eval|l2l-sample|l2l-chat|l2l-tokenize), l2l export|status "
+      "ARGS (= l2lctl export|status, for a running daemon).\nExit status: 0 done, 1 failed, 130 interrupted (checkpointed; "
       "continue with --resume), 64 bad usage.");
   try {
     app.parse(argc, argv);

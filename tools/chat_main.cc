@@ -113,7 +113,9 @@ l2l::Status Run(const Flags& f) {
   }
   L2L_ASSIGN_OR_RETURN(ChatTemplate tmpl, PickTemplate(f, {tok_path, m.path}, tok));
   const std::optional<int32_t> eot = tok.TokenId(tmpl.end_of_turn());
-  if (!eot) return l2l::InvalidArgument("the tokenizer has no " + tmpl.end_of_turn() + " token (the template's end of turn)");
+  if (!eot) {
+    return l2l::InvalidArgument("the tokenizer has no " + tmpl.end_of_turn() + " token (the template's end of turn)");
+  }
   std::vector<int32_t> stops = {*eot};
   if (tok.eos_id() >= 0 && tok.eos_id() != *eot) stops.push_back(tok.eos_id());
   const std::string desc = t::DescribeModel(m);
