@@ -11,12 +11,16 @@ below) in tokenizer_config.json:
      0` (cut at the first end-of-turn / EOS id), and the text printed is their decoding;
   3. --system adds a system message (then the template's default one is left out), as HF's
      template does; /reset starts the conversation again; --template with an unknown name
-     fails naming it.
+     fails naming it;
+  4. a Qwen2.5-style template (its default system prompt written with Jinja's "\\n"
+     escapes, after a branch that renders the user's own system message): the prompt ids
+     equal apply_chat_template's with and without --system.
 usage: chat_oracle.py BIN_DIR WORK_DIR
 """
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -32,6 +36,20 @@ SMOLLM2_TEMPLATE = (
     "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
     "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+# The shape of Qwen2.5-Instruct's template without its tool branches: the newlines are
+# Jinja escapes (backslash-n), and "<|im_start|>system" appears first in an expression.
+QWEN_STYLE_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if not (message.role == 'system' and loop.first) %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
 MAX_TOKENS = 24
 
 
@@ -135,6 +153,28 @@ def main():
     p = run([l2l, "chat", d, "--template", "no-such-template"], stdin="", expect=1)
     if "no-such-template" not in p.stderr or "chatml" not in p.stderr:
         fail(f"an unknown template must be named, with the known ones:\n{p.stderr}")
+
+    print("4. a Qwen2.5-style template")
+    q = os.path.join(work, "chat-qwen-style")
+    shutil.rmtree(q, ignore_errors=True)
+    shutil.copytree(d, q)
+    cfg_path = os.path.join(q, "tokenizer_config.json")
+    cfg = json.load(open(cfg_path))
+    cfg["chat_template"] = QWEN_STYLE_TEMPLATE
+    json.dump(cfg, open(cfg_path, "w"))
+    hq = transformers.AutoTokenizer.from_pretrained(q)
+    for system in [None, "Be brief."]:
+        p = run([l2l, "chat", q, "--temperature", "0", "--max-tokens", "2", "--ids"] +
+                (["--system", system] if system else []), stdin="Hello there\n")
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user",
+                                                                                   "content": "Hello there"}]
+        want = hq.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        got = turns(p.stdout)
+        if not got or got[0][0] != want:
+            fail(f"Qwen-style template, system {system!r}: prompt ids differ from apply_chat_template's\n"
+                 f" l2l {got[0][0] if got else None}\n HF  {want}\n"
+                 f" HF text {hq.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)!r}")
+        print(f"   system {system!r}: {len(want)} prompt ids = HF's")
     print("OK")
 
 
