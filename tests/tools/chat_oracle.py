@@ -14,7 +14,11 @@ below) in tokenizer_config.json:
      fails naming it;
   4. a Qwen2.5-style template (its default system prompt written with Jinja's "\\n"
      escapes, after a branch that renders the user's own system message): the prompt ids
-     equal apply_chat_template's with and without --system.
+     equal apply_chat_template's with and without --system;
+  5. the end of turn: a copy of the model whose output rows of token X (the i-th id of a
+     reply, X new in it) and <|im_end|> are swapped says <|im_end|> where it said X: the
+     reply is the first i ids and <|im_end|>, its text their decoding, and the next turn's
+     prompt ids (holding that shorter reply) still equal apply_chat_template's.
 usage: chat_oracle.py BIN_DIR WORK_DIR
 """
 import json
@@ -25,6 +29,7 @@ import subprocess
 import sys
 
 os.environ["HF_HUB_OFFLINE"] = "1"
+import safetensors.torch
 import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -142,7 +147,7 @@ def main():
         return p
 
     print("1-2. two turns, the template's default system prompt")
-    check_conversation(["Hello there", "What is free software?"], [])
+    first = turns(check_conversation(["Hello there", "What is free software?"], []).stdout)[0][1]
     print("3. --system, /reset, a bad template name")
     check_conversation(["Who are you?"], ["--system", "You answer in one word."], system="You answer in one word.")
     p = run([l2l, "chat", d, "--temperature", "0", "--max-tokens", "4", "--ids"],
@@ -175,6 +180,31 @@ def main():
                  f" l2l {got[0][0] if got else None}\n HF  {want}\n"
                  f" HF text {hq.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)!r}")
         print(f"   system {system!r}: {len(want)} prompt ids = HF's")
+
+    print("5. the end of turn")
+    im_end = hf.convert_tokens_to_ids("<|im_end|>")
+    i = next(k for k in range(3, len(first)) if first[k] not in first[:k])  # a few ids in
+    x = first[i]
+    e = os.path.join(work, "chat-stops")
+    shutil.rmtree(e, ignore_errors=True)
+    shutil.copytree(d, e)
+    weights = safetensors.torch.load_file(os.path.join(e, "model.safetensors"))
+    head = weights["lm_head.weight"]
+    head[[x, im_end]] = head[[im_end, x]]
+    safetensors.torch.save_file(weights, os.path.join(e, "model.safetensors"), metadata={"format": "pt"})
+    p = run([l2l, "chat", e, "--temperature", "0", "--max-tokens", str(MAX_TOKENS), "--ids"],
+            stdin="Hello there\nWhat is free software?\n")
+    got = turns(p.stdout)
+    if len(got) != 2 or got[0][1] != first[:i] + [im_end]:
+        fail(f"the reply must stop at <|im_end|> after {first[:i]}: got {got[0][1] if got else None}\n{p.stdout}")
+    text = hf.decode(first[:i])
+    messages = [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": text},
+                {"role": "user", "content": "What is free software?"}]
+    if got[1][0] != hf.apply_chat_template(messages, add_generation_prompt=True, tokenize=True):
+        fail(f"turn 2 after a reply that ended at <|im_end|>: prompt ids differ from apply_chat_template's")
+    if text + "\nprompt ids: " not in p.stdout:
+        fail(f"the reply's text {text!r} (without <|im_end|>) expected:\n{p.stdout}")
+    print(f"   the reply stopped at <|im_end|> after {i} ids: {text!r}; the next turn's prompt ids = HF's")
     print("OK")
 
 
