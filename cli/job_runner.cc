@@ -115,6 +115,7 @@ Result<RunResult> RunJob(const RunOptions& o, Progress* progress) {
   } else {
     eps_argv.insert(eps_argv.end(), {"--job", o.job_path});
   }
+  bool imports = false;  // the job starts from a model file (model.from): the daemon imports it first
   if (!o.resume) {
     // The daemon reads only inside the directories it is given (docs/operations.md "Files
     // a job may name"); the user who runs `l2l` named these files, so their directories are
@@ -122,6 +123,7 @@ Result<RunResult> RunJob(const RunOptions& o, Progress* progress) {
     L2L_ASSIGN_OR_RETURN(JobConfig job, LoadJobConfig(o.job_path));
     auto dir_of = [](const std::string& p) { return fs::path(p).parent_path().string(); };
     if (!job.model_from.empty()) {
+      imports = true;
       const std::string from = job.model_from;
       eps_argv.insert(eps_argv.end(), {"--allow-models", fs::is_directory(from) ? from : dir_of(from)});
     }
@@ -129,7 +131,7 @@ Result<RunResult> RunJob(const RunOptions& o, Progress* progress) {
   }
   L2L_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> eps, ChildProcess::Spawn(eps_argv, eps_log, true));
   progress->Note(std::string(o.resume ? "resuming" : "starting") + " l2l-eps (log " + eps_log + ")" +
-                 (o.resume ? "" : "; it imports the model first"));
+                 (imports ? "; it imports the model first" : ""));
   Result<std::string> addr = WaitForPort(*eps, state, eps_log);
   if (!addr.ok()) {
     if (g_interrupts == 0) return addr.status();
