@@ -71,10 +71,6 @@ Result<std::string> WaitForPort(ChildProcess& eps, const std::string& state, con
   return Status(StatusCode::kDeadlineExceeded, "l2l-eps did not listen within 600 s" + Tail(eps, log));
 }
 
-void Say(const RunOptions& o, const std::string& line) {
-  if (!o.quiet && !o.json) std::fprintf(stderr, "l2l: %s\n", line.c_str());
-}
-
 }  // namespace
 
 int ExitStatus(const RunResult& r) {
@@ -89,7 +85,7 @@ int ExitStatus(const RunResult& r) {
   return 1;
 }
 
-Result<RunResult> RunJob(const RunOptions& o) {
+Result<RunResult> RunJob(const RunOptions& o, Progress* progress) {
   const auto t0 = Clock::now();
   RunResult result;
   std::error_code ec;
@@ -119,6 +115,7 @@ Result<RunResult> RunJob(const RunOptions& o) {
   } else {
     eps_argv.insert(eps_argv.end(), {"--job", o.job_path});
   }
+  bool imports = false;  // the job starts from a model file (model.from): the daemon imports it first
   if (!o.resume) {
     // The daemon reads only inside the directories it is given (docs/operations.md "Files
     // a job may name"); the user who runs `l2l` named these files, so their directories are
@@ -126,13 +123,15 @@ Result<RunResult> RunJob(const RunOptions& o) {
     L2L_ASSIGN_OR_RETURN(JobConfig job, LoadJobConfig(o.job_path));
     auto dir_of = [](const std::string& p) { return fs::path(p).parent_path().string(); };
     if (!job.model_from.empty()) {
+      imports = true;
       const std::string from = job.model_from;
       eps_argv.insert(eps_argv.end(), {"--allow-models", fs::is_directory(from) ? from : dir_of(from)});
     }
     for (const auto& [key, path] : JobDataPaths(job)) eps_argv.insert(eps_argv.end(), {"--allow-data", dir_of(path)});
   }
   L2L_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> eps, ChildProcess::Spawn(eps_argv, eps_log, true));
-  Say(o, std::string(o.resume ? "resuming" : "starting") + " l2l-eps (log " + eps_log + ")");
+  progress->Note(std::string(o.resume ? "resuming" : "starting") + " l2l-eps (log " + eps_log + ")" +
+                 (imports ? "; it imports the model first" : ""));
   Result<std::string> addr = WaitForPort(*eps, state, eps_log);
   if (!addr.ok()) {
     if (g_interrupts == 0) return addr.status();
@@ -151,16 +150,17 @@ Result<RunResult> RunJob(const RunOptions& o) {
     L2L_ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> w, ChildProcess::Spawn(argv, worker_logs.back(), true));
     workers.push_back(std::move(w));
   }
-  Say(o, std::to_string(workers.size()) + " l2l-worker(s) on " + o.devices[0] + (o.devices.size() > 1 ? ", ..." : "") +
-             " (logs " + worker_logs[0] + (workers.size() > 1 ? ", ..." : "") + ")");
-  std::unique_ptr<ChildProcess> watch;
-  if (!o.quiet) {
-    std::vector<std::string> argv = {o.bin_dir + "/l2lctl", "--eps", *addr};
-    if (o.json) argv.push_back("--json");
-    argv.push_back("watch");
-    L2L_ASSIGN_OR_RETURN(watch, ChildProcess::Spawn(argv, "", true));
-  }
+  progress->Note(std::to_string(workers.size()) + " l2l-worker(s) on " + o.devices[0] +
+                 (o.devices.size() > 1 ? ", ..." : "") + " (logs " + worker_logs[0] +
+                 (workers.size() > 1 ? ", ..." : "") + ")");
   L2L_ASSIGN_OR_RETURN(std::unique_ptr<CtlClient> ctl, CtlClient::Connect(*addr));
+  // The status, every 0.5 s on a terminal (the live line), else every second.
+  const auto poll_every = progress->mode() == ProgressMode::kLine ? 500ms : 1000ms;
+  auto next_poll = Clock::now();
+  auto poll = [&] {
+    if (progress->mode() == ProgressMode::kQuiet) return;
+    if (Result<CtlStatus> st = ctl->GetStatus(); st.ok()) progress->Update(*st);
+  };
 
   // Until every worker has left (the job's end), the daemon dies, or an interrupt.
   bool interrupted = false;
@@ -168,13 +168,12 @@ Result<RunResult> RunJob(const RunOptions& o) {
   for (;;) {
     if (g_interrupts > 0 && !interrupted) {
       interrupted = true;
-      if (watch) watch->Stop();
-      std::fprintf(stderr, "\nl2l: interrupted: checkpointing, then stopping (Ctrl-C again: stop now)\n");
+      progress->Note("interrupted: checkpointing, then stopping (Ctrl-C again: stop now)", /*even_quiet=*/true);
       Status s = ctl->Shutdown(/*abort_step=*/true, /*skip_checkpoint=*/false);
-      if (!s.ok()) std::fprintf(stderr, "l2l: the daemon did not take the stop request: %s\n", s.ToString().c_str());
+      if (!s.ok()) progress->Error("the daemon did not take the stop request: " + s.ToString());
     }
     if (g_interrupts > 1) {
-      std::fprintf(stderr, "l2l: stopping now, without a checkpoint\n");
+      progress->Warn("stopping now, without a checkpoint");
       for (auto& w : workers) w->Signal(SIGKILL);
       eps->Signal(SIGKILL);
       result.end = RunResult::End::kInterrupted;
@@ -200,13 +199,15 @@ Result<RunResult> RunJob(const RunOptions& o) {
         break;
       }
       if (all_done) break;
+      if (Clock::now() >= next_poll) {
+        poll();
+        next_poll = Clock::now() + poll_every;
+      }
     }
     std::this_thread::sleep_for(100ms);
   }
-  if (watch) {
-    if (!interrupted && failure.empty()) watch->Wait(3s).status().IgnoreError();
-    watch->Stop();
-  }
+  if (!interrupted && failure.empty()) poll();  // the last step
+  progress->EndLine();
   if (Result<CtlStatus> st = ctl->GetStatus(); st.ok()) {
     result.steps = st->step;
     result.checkpoint = st->last_checkpoint;
@@ -233,6 +234,7 @@ Result<RunResult> RunJob(const RunOptions& o) {
   // The job finished: export, then stop the daemon (no final checkpoint: the export is
   // the result; checkpoints taken during the job stay in state/checkpoints).
   if (o.export_format != "none") {
+    progress->Note("exporting the model (--export " + o.export_format + ")");
     const std::string name = o.export_format == "hf"            ? "model-hf"
                              : o.export_format == "safetensors" ? "model.safetensors"
                                                                 : "model.gguf";

@@ -1,9 +1,9 @@
 // JobRunner: runs one training job end to end on this host, for the `l2l` front door
 // (cli/l2l_main.cc): starts l2l-eps on the job file with a state directory under the
-// output directory, one l2l-worker per device (the CPU when no GPU is asked for), shows
-// progress with `l2lctl watch` (a live line on a terminal, plain lines otherwise, JSON
-// lines with --json, nothing with --quiet), and when the job ends exports the weights (a
-// Hugging Face directory by default) and stops the daemon.
+// output directory, one l2l-worker per device (the CPU when no GPU is asked for), polls
+// the daemon's status into a Progress (cli/progress.h: a live line on a terminal, plain
+// lines otherwise, JSON lines with --json, nothing with --quiet), and when the job ends
+// exports the weights (a Hugging Face directory by default) and stops the daemon.
 //
 // Interrupts: the first SIGINT/SIGTERM asks the daemon for a checkpoint and a clean stop
 // (the run can continue with --resume); a second one stops every child at once. The
@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/progress.h"
 #include "common/status.h"
 
 namespace l2l::cli {
@@ -31,11 +32,10 @@ namespace l2l::cli {
 struct RunOptions {
   std::string job_path;        // the job YAML
   std::string out;             // output directory (created)
-  std::string bin_dir;         // where l2l-eps, l2l-worker, l2lctl live
+  std::string bin_dir;         // where l2l-eps and l2l-worker live
   bool resume = false;         // continue from out/state/checkpoints (its `latest`)
   std::vector<std::string> devices = {"cpu"};  // one worker per device
   int threads = 0;             // CPU worker threads (0: all cores)
-  bool quiet = false, json = false;
   std::string export_format = "hf";  // hf | safetensors | gguf | none
 };
 
@@ -47,8 +47,9 @@ struct RunResult {
   double seconds = 0;
 };
 
-// Runs the job; an error names what failed and points at the log that says why.
-Result<RunResult> RunJob(const RunOptions& opts);
+// Runs the job, reporting to `progress` (borrowed); an error names what failed and points
+// at the log that says why.
+Result<RunResult> RunJob(const RunOptions& opts, Progress* progress);
 
 // The exit status for a result: 0 finished, 130 interrupted (checkpointed), 1 failed.
 int ExitStatus(const RunResult& r);

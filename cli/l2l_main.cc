@@ -10,12 +10,15 @@
 //       tokenizer.json; the last F held out), writes DIR/job.yaml,
 //       measures held-out perplexity before, trains through the relay (l2l-eps + one
 //       worker per --device), exports DIR/model-hf, measures perplexity after, and prints
-//       a summary as its last lines.
+//       a summary as its last lines (also written to DIR/summary.json).
 //   l2l run JOB.yaml [--out DIR] [--device ...] [--threads N] [--export F] [--resume] [--quiet|--json]
 //       the same for a job file written by hand (docs/finetune.md).
-//   l2l eval | sample | tokenize ARGS...   = l2l-eval | l2l-sample | l2l-tokenize ARGS...
+//   l2l eval | sample | chat | tokenize ARGS...   = l2l-eval | l2l-sample | l2l-chat | l2l-tokenize ARGS...
 //   l2l export | status ARGS...           = l2lctl export | status ARGS... (a running daemon)
 //
+// Progress (cli/progress.h): a live line on a terminal, plain lines on a pipe, JSON lines
+// with --json, only the summary with --quiet; warnings and errors on stderr, in colour on
+// a terminal.
 // Ctrl-C during training checkpoints and stops cleanly (a second Ctrl-C: stop now); run
 // again with --resume (same --out) to continue. Exit status: 0 done, 1 failed, 130
 // interrupted (checkpointed), 64 bad usage.
@@ -23,6 +26,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <cmath>
 #include <cerrno>
 #include <cstdio>
@@ -35,6 +39,7 @@
 #include <vector>
 
 #include "cli/job_runner.h"
+#include "cli/progress.h"
 #include "common/child_process.h"
 #include "common/status.h"
 
@@ -104,57 +109,78 @@ cli::RunOptions ToRunOptions(const CommonFlags& c, const std::string& job) {
   o.resume = c.resume;
   if (!c.devices.empty()) o.devices = c.devices;
   o.threads = c.threads;
-  o.quiet = c.quiet;
-  o.json = c.json;
   o.export_format = c.export_format;
   return o;
 }
 
-void PrintRunSummary(const cli::RunResult& r, const std::string& out) {
-  switch (r.end) {
-    case cli::RunResult::End::kFinished:
-      std::printf("l2l: finished %lld steps in %.0f s\n", (long long)r.steps, r.seconds);
-      if (!r.export_path.empty()) std::printf("l2l: model: %s\n", r.export_path.c_str());
-      break;
-    case cli::RunResult::End::kInterrupted:
-      std::printf("l2l: interrupted at step %lld after %.0f s; %s\n", (long long)r.steps, r.seconds,
-                  r.checkpoint.empty() ? "no checkpoint was written"
-                                       : ("checkpoint " + r.checkpoint + "; continue with --resume --out " + out).c_str());
-      break;
-    case cli::RunResult::End::kFailed:
-      std::printf("l2l: failed after %.0f s\n", r.seconds);
-      break;
-  }
-  std::printf("l2l: logs: %s/eps.log, %s/worker-0.log; run log: %s/state/run.jsonl\n", out.c_str(), out.c_str(),
-              out.c_str());
+using Clock = std::chrono::steady_clock;
+
+std::string FormatPpl(double p) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.4f", p);
+  return buf;
 }
 
-int Fail(const l2l::Status& s) {
-  std::fprintf(stderr, "l2l: error: %s\n", s.ToString().c_str());
+cli::Summary ToSummary(const cli::RunResult& r, const std::string& out, const CommonFlags& c, Clock::time_point t0) {
+  cli::Summary s;
+  s.end = r.end == cli::RunResult::End::kFinished      ? "finished"
+          : r.end == cli::RunResult::End::kInterrupted ? "interrupted"
+                                                       : "failed";
+  s.steps = r.steps;
+  s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  s.export_path = r.export_path;
+  s.export_format = c.export_format;
+  s.checkpoint = r.checkpoint;
+  s.resume_hint = "--resume --out " + out;
+  s.out = out;
+  s.workers = c.devices.empty() ? 1 : static_cast<int>(c.devices.size());
+  return s;
+}
+
+// The summary, last; also into OUT/summary.json.
+void Finish(cli::Progress* progress, const cli::Summary& s) {
+  std::ofstream(s.out + "/summary.json") << cli::SummaryJson(s) << "\n";
+  progress->PrintSummary(s);
+}
+
+int Fail(cli::Progress* progress, const l2l::Status& s) {
+  progress->Error(s.ToString());
   return 1;
 }
 
+cli::Progress MakeProgress(const CommonFlags& c) {
+  return cli::Progress(cli::ChooseProgressMode(c.quiet, c.json, isatty(STDOUT_FILENO) != 0), stdout, stderr,
+                       isatty(STDERR_FILENO) != 0);
+}
+
 int CmdRun(const CommonFlags& c, const std::string& job) {
-  if (!c.resume && !fs::is_regular_file(job)) return Fail(l2l::NotFound("job file " + job + " does not exist"));
+  const auto t0 = Clock::now();
+  cli::Progress progress = MakeProgress(c);
+  if (!c.resume && !fs::is_regular_file(job)) {
+    return Fail(&progress, l2l::NotFound("job file " + job + " does not exist"));
+  }
   cli::RunOptions o = ToRunOptions(c, Abs(job));
-  l2l::Result<cli::RunResult> r = cli::RunJob(o);
-  if (!r.ok()) return Fail(r.status());
-  PrintRunSummary(*r, Abs(c.out));
+  l2l::Result<cli::RunResult> r = cli::RunJob(o, &progress);
+  if (!r.ok()) return Fail(&progress, r.status());
+  Finish(&progress, ToSummary(*r, Abs(c.out), c, t0));
   return cli::ExitStatus(*r);
 }
 
 int CmdFinetune(const CommonFlags& c, const FinetuneFlags& f) {
+  const auto t0 = Clock::now();
+  cli::Progress progress = MakeProgress(c);
+  auto fail = [&](const l2l::Status& s) { return Fail(&progress, s); };
   const std::string bin = BinDir(), out = Abs(c.out), model = Abs(f.model);
-  if (!fs::exists(model)) return Fail(l2l::NotFound("--model " + f.model + " does not exist"));
+  if (!fs::exists(model)) return fail(l2l::NotFound("--model " + f.model + " does not exist"));
   std::error_code ec;
   fs::create_directories(out + "/data", ec);
   const std::string job = out + "/job.yaml";
   std::string train, val;
   if (c.resume) {
-    if (!fs::exists(job)) return Fail(l2l::FailedPrecondition("--resume: " + out + " has no job.yaml"));
+    if (!fs::exists(job)) return fail(l2l::FailedPrecondition("--resume: " + out + " has no job.yaml"));
     val = fs::exists(out + "/data/val.bin") ? out + "/data/val.bin" : "";
   } else {
-    if (!fs::is_regular_file(f.data)) return Fail(l2l::NotFound("--data " + f.data + " is not a file"));
+    if (!fs::is_regular_file(f.data)) return fail(l2l::NotFound("--data " + f.data + " is not a file"));
     const std::string ext = fs::path(f.data).extension().string();
     if (ext == ".bin") {
       train = Abs(f.data);
@@ -169,8 +195,10 @@ int CmdFinetune(const CommonFlags& c, const FinetuneFlags& f) {
       }
       if (ext == ".jsonl") argv.push_back("--jsonl");
       if (!val.empty()) argv.insert(argv.end(), {"--val-fraction", std::to_string(f.val_fraction), "--val-output", val});
-      if (!c.quiet && !c.json) std::fprintf(stderr, "l2l: tokenizing %s with the model's tokenizer\n", f.data.c_str());
-      if (l2l::Status s = RunQuiet(argv, out + "/tokenize.log", "l2l-tokenize"); !s.ok()) return Fail(s);
+      progress.Note("tokenizing " + f.data + " with the model's tokenizer" +
+                    (val.empty() ? "" : " (the last " + std::to_string(static_cast<int>(f.val_fraction * 100 + 0.5)) +
+                                            "% held out)"));
+      if (l2l::Status s = RunQuiet(argv, out + "/tokenize.log", "l2l-tokenize"); !s.ok()) return fail(s);
     }
     const int64_t warmup = std::max<int64_t>(1, f.steps / 10);
     std::ofstream y(job);
@@ -185,25 +213,31 @@ int CmdFinetune(const CommonFlags& c, const FinetuneFlags& f) {
       y << "eval: {data: " << val << ", every: " << std::max<int64_t>(1, f.steps / 3)
         << ", tokens: " << f.batch * f.seq_len + 1 << "}\n";
     }
-    if (!y.good()) return Fail(l2l::Internal("cannot write " + job));
+    if (!y.good()) return fail(l2l::Internal("cannot write " + job));
   }
   const bool eval = !f.no_eval && !val.empty();
   double before = std::nan("");
   if (eval && !c.resume) {
-    if (!c.quiet && !c.json) std::fprintf(stderr, "l2l: held-out perplexity before fine-tuning...\n");
+    progress.Note("held-out perplexity before fine-tuning (log " + out + "/eval-before.log)");
     before = Perplexity(bin, model, val, f.seq_len, out + "/eval-before.log");
+    if (std::isnan(before)) progress.Warn("could not measure it: see " + out + "/eval-before.log");
+    else progress.Note("held-out perplexity before: " + FormatPpl(before));
   }
   cli::RunOptions o = ToRunOptions(c, job);
-  l2l::Result<cli::RunResult> r = cli::RunJob(o);
-  if (!r.ok()) return Fail(r.status());
+  l2l::Result<cli::RunResult> r = cli::RunJob(o, &progress);
+  if (!r.ok()) return fail(r.status());
   double after = std::nan("");
   if (eval && r->end == cli::RunResult::End::kFinished && c.export_format == "hf") {
+    progress.Note("held-out perplexity after fine-tuning (log " + out + "/eval-after.log)");
     after = Perplexity(bin, r->export_path, val, f.seq_len, out + "/eval-after.log");
+    if (std::isnan(after)) progress.Warn("could not measure it: see " + out + "/eval-after.log");
   }
-  PrintRunSummary(*r, out);
+  cli::Summary summary = ToSummary(*r, out, c, t0);
   if (eval && r->end == cli::RunResult::End::kFinished) {
-    std::printf("l2l: held-out perplexity %.4f -> %.4f\n", before, after);
+    summary.ppl_before = before;  // NaN on --resume (not measured by this run)
+    summary.ppl_after = after;
   }
+  Finish(&progress, summary);
   return cli::ExitStatus(*r);
 }
 
@@ -237,7 +271,9 @@ void AddCommon(CLI::App* app, CommonFlags* c) {
 int main(int argc, char** argv) {
   if (argc >= 2) {
     const std::string cmd = argv[1];
-    if (cmd == "eval" || cmd == "sample" || cmd == "tokenize") return Forward("l2l-" + cmd, {}, argc, argv, 2);
+    if (cmd == "eval" || cmd == "sample" || cmd == "chat" || cmd == "tokenize") {
+      return Forward("l2l-" + cmd, {}, argc, argv, 2);
+    }
     if (cmd == "export" || cmd == "status") return Forward("l2lctl", {cmd}, argc, argv, 2);
   }
   CLI::App app{"l2l: fine-tune, evaluate and sample models larger than your GPU"};
@@ -264,8 +300,8 @@ int main(int argc, char** argv) {
   run->add_option("job", job, "job YAML")->required();
   AddCommon(run, &common);
   app.footer(
-      "Also: l2l eval|sample|tokenize ARGS (= l2l-eval|l2l-sample|l2l-tokenize), l2l export|status ARGS (= l2lctl "
-      "export|status, for a running daemon).\nExit status: 0 done, 1 failed, 130 interrupted (checkpointed; "
+      "Also: l2l eval|sample|chat|tokenize ARGS (= l2l-eval|l2l-sample|l2l-chat|l2l-tokenize), l2l export|status "
+      "ARGS (= l2lctl export|status, for a running daemon).\nExit status: 0 done, 1 failed, 130 interrupted (checkpointed; "
       "continue with --resume), 64 bad usage.");
   try {
     app.parse(argc, argv);

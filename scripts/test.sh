@@ -11,6 +11,8 @@
 # In CI a skipped test fails its stage unless it may skip (scripts/ctest_skips.py says
 # which may, and why); outside CI skips are listed, not failed. A stage this script does
 # not run (L2L_TSAN=0 ...) is named in the summary too.
+# The main build has -Werror (-DL2L_WERROR=ON) in CI: the project's code builds with zero
+# warnings; L2L_WERROR=0|1 overrides (default: on with CI=true, off otherwise).
 # .ci/run sets CI=true itself; run `CI=true scripts/test.sh` for the same checks by hand.
 # Usage: scripts/test.sh [ctest args...]
 set -euo pipefail
@@ -24,9 +26,11 @@ trap 'rm -f "$L2L_SKIP_SUMMARY"' EXIT
 stages_off=0
 not_run() { echo "test.sh: stage $1 NOT RUN ($2)" | tee -a "$L2L_SKIP_SUMMARY"; stages_off=$((stages_off + 1)); }
 bash scripts/setup.sh
-bash scripts/build.sh
 tsan_default=0
 if [ "${CI:-}" = "true" ]; then tsan_default=1; fi
+werror=OFF
+[ "${L2L_WERROR:-$tsan_default}" = "1" ] && werror=ON
+bash scripts/build.sh -DL2L_WERROR="$werror"
 if [ "${L2L_TSAN:-$tsan_default}" = "1" ]; then bash "$root/scripts/tsan.sh"; else not_run tsan "L2L_TSAN=0; CI=${CI:-unset}"; fi
 if [ "${L2L_TSA:-$tsan_default}" = "1" ]; then bash "$root/scripts/tsa.sh"; else not_run tsa "L2L_TSA=0; CI=${CI:-unset}"; fi
 # ASan+UBSan unit/integration tests and ~30 s of fuzzing (scripts/asan.sh, scripts/fuzz.sh).

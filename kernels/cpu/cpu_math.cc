@@ -27,21 +27,42 @@ namespace {
 
 #if defined(__x86_64__) || defined(__i386__)
 #define L2L_HAVE_X86 1
+// Each ISA region: GCC's push_options + `#pragma GCC target`. Clang has neither pragma (it
+// warns -Wunknown-pragmas and would compile the region for the baseline ISA, as the ASan
+// and fuzz builds did): there the same target is an attribute on every function of the
+// region (`#pragma clang attribute`), so the always-inline helpers match their callers.
 namespace avx512 {
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma"))), \
+                             apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
+#endif
 #define L2L_VEC_FLOATS 16
 #include "kernels/cpu/cpu_math_impl.inc"
 #undef L2L_VEC_FLOATS
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 }  // namespace avx512
 namespace avx2 {
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
+#endif
 #define L2L_VEC_FLOATS 8
 #include "kernels/cpu/cpu_math_impl.inc"
 #undef L2L_VEC_FLOATS
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 }  // namespace avx2
 #endif
 

@@ -1,7 +1,10 @@
 """`l2l` (cli/l2l_main.cc), the front door, end to end on a tiny byte-level model (CPU):
   1. `l2l tokenize` (forwarded to l2l-tokenize) makes a tokens file; `l2l run JOB --export hf`
      trains 12 steps and exports a Hugging Face directory; its progress on a pipe is plain
-     `step k/12` lines, with --json JSON lines, with --quiet none; the summary is last.
+     `step k/12` lines, with --json JSON lines (the summary object last), with --quiet none;
+     the summary is last. On a terminal (a pseudo-terminal here) it is one live line redrawn
+     in place ("\r[###---] ... step k/12 ... tok/s ETA ...", no plain step lines), then the
+     summary; an error is red on a terminal and plain on a pipe.
   2. Ctrl-C: `l2l run` of the same job gets SIGINT after step 5: exit 130, a checkpoint,
      "continue with --resume"; `l2l run --resume` finishes, and its exported weights equal the
      uninterrupted run's bit for bit.
@@ -13,6 +16,7 @@ usage: l2l_cli_test.py BIN_DIR WORK_DIR"""
 import json
 import math
 import os
+import pty
 import re
 import shutil
 import signal
@@ -70,7 +74,44 @@ publish_dtype: f32
     pq = run(["run", job, "--out", os.path.join(work, "q"), "--quiet", "--threads", "1", "--export", "none"])
     if re.search(r"^step \d+/", pq.stdout, re.M) or pq.stderr.strip():
         fail(f"--quiet printed progress:\n{pq.stdout}\n{pq.stderr}")
+    if not records[-1].get("summary") or records[-1].get("end") != "finished" or not pj.stdout.strip().endswith("}"):
+        fail(f"--json: the summary object must come last:\n{pj.stdout}")
     run(["run", job, "--out", a], expect=1)  # a checkpoint is there: refused without --resume
+
+    # 1b. on a terminal: the live line. Pushes slowed by 40 ms so it is redrawn several times.
+    def run_pty(args, env=None):
+        master, slave = pty.openpty()
+        proc = subprocess.Popen([l2l] + args, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave, cwd=work,
+                                env=env)
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        os.close(master)
+        return proc.wait(timeout=600), b"".join(chunks).decode("utf-8", errors="replace")
+    rc, out = run_pty(["run", job, "--out", os.path.join(work, "t"), "--threads", "1", "--export", "none"],
+                      env=dict(os.environ, L2L_DELAY_AT="worker.push:40"))
+    if rc != 0:
+        fail(f"l2l run on a terminal: exit {rc}\n{out}")
+    live = re.findall(r"\r\[[#-]+\] +\d+% step (\d+)/12 ", out)
+    if len(set(live)) < 2 or live[-1] != "12" or "\x1b[K" not in out or "tok/s  ETA " not in out:
+        fail(f"a live line redrawn in place up to step 12/12 expected on a terminal, got steps {live}:\n{out!r}")
+    if re.search(r"^step \d+/12 loss", out, re.M):
+        fail(f"plain step lines on a terminal:\n{out!r}")
+    tail = out[out.rindex("\r["):]
+    lines = [x.strip() for x in tail.split("\n") if x.strip()]
+    if "l2l: finished 12 steps" not in tail or not lines[-1].startswith("l2l: logs:"):
+        fail(f"the summary must come after the live line, last:\n{tail!r}")
+    rc, out = run_pty(["run", os.path.join(work, "no-such-job.yaml")])
+    if rc != 1 or "\x1b[1;31ml2l: error:" not in out:
+        fail(f"an error on a terminal must stand out (red), exit 1:\n{out!r}")
+    print(f"terminal: a live line redrawn {len(live)} times, the summary last")
 
     # 2. SIGINT after step 5, then --resume: the same weights as the uninterrupted run.
     b = os.path.join(work, "b")
@@ -125,8 +166,8 @@ publish_dtype: f32
     run(["finetune", "--data", text], expect=64)
     run(["frobnicate"], expect=64)
     p = run(["run", os.path.join(work, "no-such-job.yaml")], expect=1)
-    if "no-such-job.yaml" not in p.stderr:
-        fail(f"a missing job file must be named:\n{p.stderr}")
+    if "no-such-job.yaml" not in p.stderr or "\x1b[" in p.stderr:
+        fail(f"a missing job file must be named (no colour on a pipe):\n{p.stderr}")
     print("OK")
 
 

@@ -40,3 +40,10 @@ set_tests_properties(tools.bert_finetune PROPERTIES LABELS "integration;oracle" 
 l2l_add_oracle_test(tools.adapter SCRIPT tools/adapter_oracle.py WORKDIR tools_adapter
                     ARGS "'$<TARGET_FILE_DIR:l2l-eval>'" @WORKDIR@
                     LABELS unit oracle TIMEOUT 600)
+# tools.chat_oracle: `l2l chat` on a random LlamaForCausalLM with a ChatML tokenizer trained
+# here and SmolLM2's chat template: a piped two-turn conversation's prompt ids equal
+# transformers' apply_chat_template, each greedy reply equals l2l-sample's on the same
+# prompt ids, --system and /reset work, an unknown --template is named (tests/tools/chat_oracle.py).
+l2l_add_oracle_test(tools.chat_oracle SCRIPT tools/chat_oracle.py WORKDIR chat_oracle
+                    ARGS "'$<TARGET_FILE_DIR:l2l>'" @WORKDIR@
+                    LABELS unit oracle TIMEOUT 600)
