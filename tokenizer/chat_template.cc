@@ -7,6 +7,7 @@
 #include "common/file_util.h"
 #include "common/formats/gguf.h"
 #include "tokenizer/load.h"
+#include "tokenizer/sft.h"
 
 namespace l2l::tok {
 namespace {
@@ -36,9 +37,35 @@ std::string RenderChatMl(const std::string& default_system, const std::vector<Ch
   return out;
 }
 
+// Gemma 3's template: "<bos>", then per message "<start_of_turn>ROLE\n" + trimmed content +
+// "<end_of_turn>\n" with assistant written "model"; a leading system message's content +
+// "\n\n" goes before the first user turn's content; the generation prompt is
+// "<start_of_turn>model\n". (Roles must alternate in HF's template; l2l chat only makes
+// alternating conversations.)
+std::string RenderGemma(const std::string& default_system, const std::vector<ChatMessage>& messages,
+                        bool add_generation_prompt) {
+  std::string out = "<bos>", prefix;
+  size_t first = 0;
+  if (!messages.empty() && messages[0].role == "system") {
+    prefix = messages[0].content + "\n\n";
+    first = 1;
+  } else if (!default_system.empty()) {
+    prefix = default_system + "\n\n";
+  }
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    out += "<start_of_turn>" + (m.role == "assistant" ? std::string("model") : m.role) + "\n";
+    if (i == first) out += prefix;
+    out += std::string(JinjaTrim(m.content)) + "<end_of_turn>\n";
+  }
+  if (add_generation_prompt) out += "<start_of_turn>model\n";
+  return out;
+}
+
 const std::vector<Format>& Formats() {
   static const std::vector<Format> formats = {
       {"chatml", "<|im_end|>", {"<|im_start|>", "<|im_end|>"}, "<|im_start|>system", RenderChatMl},
+      {"gemma", "<end_of_turn>", {"<start_of_turn>", "<end_of_turn>"}, nullptr, RenderGemma},
   };
   return formats;
 }

@@ -10,6 +10,10 @@
 //           "<|im_start|>assistant\n"; the turn ends at <|im_end|>. With a default system
 //           prompt, a conversation whose first message is not a system one starts with
 //           "<|im_start|>system\nDEFAULT<|im_end|>\n" (SmolLM2, Qwen2.5).
+//   gemma:  Gemma 3's: "<bos>", "<start_of_turn>ROLE\n" + trimmed content + "<end_of_turn>\n"
+//           (assistant written "model"; a system message folded into the first user turn
+//           with "\n\n"); the generation prompt is "<start_of_turn>model\n"; the turn ends
+//           at <end_of_turn>. The same text `l2l-tokenize --jsonl` trains on (tokenizer/sft.h).
 //
 // The rendered text is encoded with add_special = false (as apply_chat_template does:
 // a template that wants BOS writes it).

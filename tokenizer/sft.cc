@@ -26,10 +26,9 @@ struct Formatter {
   }
 };
 
-// Jinja's `trim` (Python's str.strip()): whitespace off both ends. Python's whitespace:
-// \t-\r, \x1c-\x1f, space, U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F,
-// U+205F, U+3000.
-std::string_view Trim(std::string_view s) {
+}  // namespace
+
+std::string_view JinjaTrim(std::string_view s) {
   auto ws_len_at = [&](size_t i) -> size_t {  // length of a whitespace character at i, or 0
     const auto c = static_cast<unsigned char>(s[i]);
     if ((c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20)) return 1;
@@ -60,6 +59,8 @@ std::string_view Trim(std::string_view s) {
   }
   return s.substr(b, e - b);
 }
+
+namespace {
 
 Result<std::string> StringField(const json& obj, const char* key, const std::string& where) {
   auto it = obj.find(key);
@@ -113,7 +114,7 @@ Result<SftExample> EncodeSftLine(const Tokenizer* tok, std::string_view line, co
                                  "user/assistant/user/... (after an optional leading system message)");
         }
         f.Add("<start_of_turn>" + (assistant ? std::string("model") : role) + "\n" + (i == first ? gemma_prefix : ""), false);
-        f.Add(std::string(Trim(content)) + "<end_of_turn>", assistant);
+        f.Add(std::string(JinjaTrim(content)) + "<end_of_turn>", assistant);
         f.Add("\n", false);
       } else if (format == ChatFormat::kChatMl) {
         f.Add("<|im_start|>" + role + "\n", false);

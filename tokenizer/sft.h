@@ -32,6 +32,11 @@ struct SftExample {
 
 // The chat template messages get with `tokenizer` (nullptr: the byte-level tokenizer).
 enum class ChatFormat { kPlain, kChatMl, kGemma };
+
+// Jinja's `trim` (Python's str.strip()): whitespace off both ends. Python's whitespace:
+// \t-\r, \x1c-\x1f, space, U+0085, U+00A0, U+1680, U+2000-U+200A, U+2028, U+2029, U+202F,
+// U+205F, U+3000. Gemma's chat template trims every message's content.
+std::string_view JinjaTrim(std::string_view s);
 ChatFormat ChatFormatOf(const Tokenizer* tokenizer);
 
 // One JSONL line. `tokenizer` == nullptr means the byte-level tokenizer (ids = bytes, plain

@@ -59,7 +59,7 @@ std::string JoinIds(const std::vector<int32_t>& ids) {
   return s;
 }
 
-// --template, else the model's own, else ChatML when the tokenizer has its tokens.
+// --template, else the model's own, else ChatML or Gemma's when the tokenizer has their tokens.
 l2l::Result<ChatTemplate> PickTemplate(const Flags& f, const std::vector<std::string>& paths,
                                        const l2l::tok::Tokenizer& tok) {
   if (!f.template_name.empty()) return ChatTemplate::ByName(f.template_name);
@@ -72,7 +72,12 @@ l2l::Result<ChatTemplate> PickTemplate(const Flags& f, const std::vector<std::st
     std::fprintf(stderr, "l2l-chat: the model has no chat template; using chatml (its tokenizer has <|im_start|>)\n");
     return ChatTemplate::ByName("chatml");
   }
-  return l2l::FailedPrecondition("the model has no chat template and its tokenizer is not ChatML's; pass --template");
+  if (tok.TokenId("<start_of_turn>") && tok.TokenId("<end_of_turn>")) {
+    std::fprintf(stderr, "l2l-chat: the model has no chat template; using gemma (its tokenizer has <start_of_turn>)\n");
+    return ChatTemplate::ByName("gemma");
+  }
+  return l2l::FailedPrecondition(
+      "the model has no chat template and its tokenizer is neither ChatML's nor Gemma's; pass --template");
 }
 
 // One reply to `prompt`: streams its text to stdout; returns its ids (the stop token last,

@@ -27,6 +27,28 @@ TEST_CASE("ChatML renders each message as <|im_start|>role, content, <|im_end|>"
   CHECK(t->Render({{"user", "Hi"}}, true) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
 }
 
+// The expected strings are what jinja2 (HF's settings: trim_blocks, lstrip_blocks) renders
+// from Gemma 3's own chat template (tests/tokenizer/fixtures/gemma3_chat_template.jinja,
+// as apply_chat_template does) for these messages, bos_token "<bos>": not worked out here.
+TEST_CASE("Gemma's template folds the system message into the first user turn and trims contents",
+          "[tokenizer][chat]") {
+  Result<ChatTemplate> t = ChatTemplate::ByName("gemma");
+  REQUIRE(t.ok());
+  CHECK(t->end_of_turn() == "<end_of_turn>");
+  CHECK(t->Render({{"system", "Be brief."}, {"user", "  Hi there \n"}, {"assistant", "Hello!"},
+                   {"user", "Capital of France?"}},
+                  true) ==
+        "<bos><start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<start_of_turn>model\nHello!<end_of_turn>\n"
+        "<start_of_turn>user\nCapital of France?<end_of_turn>\n<start_of_turn>model\n");
+  CHECK(t->Render({{"user", "One"}}, false) == "<bos><start_of_turn>user\nOne<end_of_turn>\n");
+  std::ifstream jinja(std::string(L2L_SOURCE_DIR) + "/tests/tokenizer/fixtures/gemma3_chat_template.jinja");
+  REQUIRE(jinja.good());
+  const std::string source((std::istreambuf_iterator<char>(jinja)), std::istreambuf_iterator<char>());
+  Result<ChatTemplate> from = ChatTemplate::FromJinja(source);
+  REQUIRE(from.ok());
+  CHECK(from->name() == "gemma");
+}
+
 TEST_CASE("A default system prompt opens a conversation that has no system message", "[tokenizer][chat]") {
   Result<ChatTemplate> t = ChatTemplate::ByName("chatml", "Be kind.");
   REQUIRE(t.ok());
