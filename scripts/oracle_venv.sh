@@ -12,7 +12,7 @@
 # pip when nothing changed. Fails (non-zero, one line on stderr) when the venv cannot be
 # made or a package cannot be installed: the tests that need it then fail, never skip.
 set -euo pipefail
-PINS="transformers==4.46.3 tokenizers==0.20.3 safetensors==0.4.5 gguf==0.10.0 sentencepiece==0.2.0"
+PINS="transformers==4.46.3 tokenizers==0.20.3 safetensors==0.4.5 gguf==0.10.0 sentencepiece==0.2.0 accelerate==0.34.2 peft==0.13.2"
 VENV=${L2L_ORACLE_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/l2l/oracle-venv}
 PY="$VENV/bin/python3"
 STAMP="$VENV/.l2l-pins"

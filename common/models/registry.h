@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/lora.h"
 #include "common/model_spec.h"
 #include "common/status.h"
 
@@ -84,6 +85,9 @@ struct FamilyInfo {
   std::vector<NamePair> gguf_block_names = {};
   const char* hf_block_prefix = "";
   const char* (*gguf_export_architecture)(const ModelSpec& spec) = nullptr;
+  // LoRA (common/lora.h): the block linears an adapter can target, by Hugging Face module
+  // name, in block order; nullptr: the family has no LoRA support.
+  std::vector<LoraTarget> (*lora_targets)(const ModelSpec& spec) = nullptr;
 };
 
 // The entry of `family`; every ModelFamily value has one.

@@ -59,6 +59,8 @@ class LayerWorkspace {
   kernels::DeviceBuffer losses;                    // (N)
   kernels::DeviceBuffer g0, g1, g2, g3;            // (N, max(3C,F)) gradient scratch
   kernels::DeviceBuffer rope_cos, rope_sin;        // (T, hs/2) rotary tables (Llama)
+  kernels::DeviceBuffer lora_u, lora_t;            // (N, r) LoRA scratch (kernels/layers/lora.h
+                                                   // ReserveLoraScratch); empty without LoRA
 
  private:
   int64_t B_ = 0, T_ = 0, head_rows_ = 0;
