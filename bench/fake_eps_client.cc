@@ -44,13 +44,20 @@ Result<std::unique_ptr<FakeEps>> FakeEps::Create(const JobConfig& job, const Fak
   std::unique_ptr<FakeEps> eps(new FakeEps(job, options));
   std::lock_guard<std::mutex> lk(eps->mu_);
   eps->layers_.resize(eps->layouts_.size());
+  const std::vector<LayerLayout> base = BuildLayout(job.model);
   for (size_t l = 0; l < eps->layouts_.size(); ++l) {
     Layer& layer = eps->layers_[l];
     const size_t n = eps->layouts_[l].numel;
-    layer.master.resize(n);
-    InitLayerParams(job.model, eps->layouts_[l], job.train.seed, layer.master.data());
-    layer.m.assign(n, 0.0f);
-    layer.v.assign(n, 0.0f);
+    layer.master.assign(n, 0.0f);
+    // The base as BuildLayout lays it out (a prefix of a LoRA layer), then a LoRA job's
+    // adapters and its base's rounding: what ReferenceTrainer::Create starts from.
+    InitLayerParams(job.model, base[l], job.train.seed, layer.master.data());
+    if (job.lora.enabled) InitLoraAdapters(job.lora, eps->layouts_[l], layer.master.data());
+    RoundFrozenBase(job.lora, eps->layouts_[l], layer.master.data());
+    // Optimizer state only for what trains (a LoRA job: adapters and saved modules).
+    const size_t t = TrainableRange(eps->layouts_[l]).numel;
+    layer.m.assign(t, 0.0f);
+    layer.v.assign(t, 0.0f);
     eps->Publish(&layer);
   }
   return eps;
@@ -134,9 +141,12 @@ void FakeEps::Apply(int64_t step, const std::vector<int64_t>& which) {
     const float grad_scale = static_cast<float>(scale) * coef;
     layer.prev_master = layer.master;
     const AdamWStepArgs args = AdamWStepArgsAt(o, step, grad_scale);
+    const size_t base = TrainableRange(layouts_[l]).offset;  // p.sum, m, v cover the trainable span
     for (const ParamInfo& info : layouts_[l].params) {
-      AdamWStep(layer.master.data() + info.offset, p.sum.data() + info.offset, layer.m.data() + info.offset,
-                layer.v.data() + info.offset, info.numel, WithDecay(args, info.decay));
+      if (!info.trainable) continue;
+      const size_t k = info.offset - base;
+      AdamWStep(layer.master.data() + info.offset, p.sum.data() + k, layer.m.data() + k, layer.v.data() + k,
+                info.numel, WithDecay(args, info.decay));
     }
     layer.last_grad.resize(p.sum.size());
     for (size_t i = 0; i < p.sum.size(); ++i) layer.last_grad[i] = static_cast<float>(p.sum[i] * scale);
@@ -214,10 +224,10 @@ Status FakeEps::Push(int32_t worker, int64_t layer, int64_t step, int64_t micro_
   if (layer < 0 || layer >= static_cast<int64_t>(layers_.size())) {
     return NotFound("fake EPS: gradient for unknown layer " + std::to_string(layer));
   }
-  if (numel != layouts_[layer].numel) {
+  const size_t want = TrainableRange(layouts_[layer]).numel;
+  if (numel != want) {
     return InvalidArgument("fake EPS: gradient of layer " + std::to_string(layer) + " has " +
-                           std::to_string(numel) + " floats, expected " +
-                           std::to_string(layouts_[layer].numel));
+                           std::to_string(numel) + " floats, expected " + std::to_string(want));
   }
   if (micro_batches <= 0) return InvalidArgument("fake EPS: micro_batches must be > 0");
   if (step < layers_[layer].version) {

@@ -29,11 +29,16 @@ std::string DoubleText(double x) {
 // The module name of a base weight: "layers.3.self_attn.q_proj.weight" -> "...q_proj".
 std::string ModuleOf(const std::string& weight) { return weight.substr(0, weight.size() - 7); }
 
-// The embedding/head tensor `module` + ".weight", or nullptr.
+// Whether the embedding/head tensor `p` belongs to module `module` ("lm_head" holds
+// "lm_head.weight", GPT-2's "ln_f" its weight and bias).
+bool InModule(const LayerLayout& layout, const ParamInfo& p, const std::string& module) {
+  return layout.kind != LayerKind::kBlock && p.name.compare(0, module.size() + 1, module + ".") == 0;
+}
+
+// The first embedding/head tensor of `module`, or nullptr.
 const ParamInfo* SavedTensor(const LayerLayout& layout, const std::string& module) {
-  if (layout.kind == LayerKind::kBlock) return nullptr;
   for (const ParamInfo& p : layout.params) {
-    if (p.name == module + ".weight") return &p;
+    if (InModule(layout, p, module)) return &p;
   }
   return nullptr;
 }
@@ -118,7 +123,8 @@ Status ValidateLora(const ModelSpec& spec, const LoraConfig& lora) {
       std::vector<std::string> ok;
       for (const LayerLayout* l : {&base.front(), &base.back()}) {
         for (const ParamInfo& p : l->params) {
-          if (p.name.size() > 7 && p.name.compare(p.name.size() - 7, 7, ".weight") == 0) ok.push_back(ModuleOf(p.name));
+          const std::string module = p.name.substr(0, p.name.rfind('.'));
+          if (ok.empty() || ok.back() != module) ok.push_back(module);
         }
       }
       std::string why = (m == "lm_head" && spec.tied_embeddings)
@@ -126,6 +132,20 @@ Status ValidateLora(const ModelSpec& spec, const LoraConfig& lora) {
                             : "";
       return InvalidArgument("lora.modules_to_save=" + ListText(lora.modules_to_save) + ": the model has no \"" + m +
                              "\"" + why + "; modules that can train in full: " + Join(ok));
+    }
+  }
+  // What trains must be one contiguous run of each layer (the gradient a worker pushes).
+  for (const LayerLayout& l : BuildLoraLayout(spec, lora)) {
+    int runs = 0;
+    bool prev = false;
+    for (const ParamInfo& p : l.params) {
+      if (p.trainable && !prev) ++runs;
+      prev = p.trainable;
+    }
+    if (runs > 1) {
+      return InvalidArgument("lora.modules_to_save=" + ListText(lora.modules_to_save) + ": layer " +
+                             std::to_string(l.index) + " (" + LayerKindName(l.kind) +
+                             ") would train tensors that are not adjacent; save its other modules too");
     }
   }
   return Status::Ok();
@@ -149,8 +169,8 @@ std::vector<LayerLayout> BuildLoraLayout(const ModelSpec& spec, const LoraConfig
   const std::set<std::string> saved(lora.modules_to_save.begin(), lora.modules_to_save.end());
   for (LayerLayout& l : layers) {
     for (ParamInfo& p : l.params) {
-      const bool weight = p.name.size() > 7 && p.name.compare(p.name.size() - 7, 7, ".weight") == 0;
-      const bool whole = l.kind != LayerKind::kBlock && weight && saved.count(ModuleOf(p.name)) > 0;
+      bool whole = false;
+      for (const std::string& m : saved) whole = whole || InModule(l, p, m);
       p.trainable = whole;
     }
     if (l.kind != LayerKind::kBlock) continue;
@@ -181,6 +201,18 @@ size_t BaseNumel(const LayerLayout& layout) {
     if (p.name.find(".lora_") == std::string::npos) n += p.numel;
   }
   return n;
+}
+
+TrainableSpan TrainableRange(const LayerLayout& layout) {
+  TrainableSpan s;
+  bool found = false;
+  for (const ParamInfo& p : layout.params) {
+    if (!p.trainable) continue;
+    if (!found) s.offset = p.offset;
+    found = true;
+    s.numel = p.offset + p.numel - s.offset;
+  }
+  return s;
 }
 
 size_t TrainableNumel(const LayerLayout& layout) {

@@ -91,6 +91,16 @@ std::vector<LayerLayout> BuildLoraLayout(const ModelSpec& spec, const LoraConfig
 // base_numel(layout) floats of a base buffer are a prefix of the LoRA buffer.
 size_t BaseNumel(const LayerLayout& layout);
 
+// Where a layer's trainable vector lies in its flat buffer: the trainable tensors are
+// contiguous in every LoRA layout (a block's adapters follow its base; an embedding or
+// head trains all of itself, a prefix or a suffix; ValidateLora refuses modules_to_save
+// that would split them). Without LoRA: {0, numel}. numel 0: nothing of the layer trains.
+struct TrainableSpan {
+  size_t offset = 0;
+  size_t numel = 0;
+};
+TrainableSpan TrainableRange(const LayerLayout& layout);
+
 // Floats of the layer's trainable vector (== numel without LoRA).
 size_t TrainableNumel(const LayerLayout& layout);
 // packed (TrainableNumel) = the trainable tensors of full (layout.numel), in layout order.

@@ -15,6 +15,10 @@ runs it in float64 and checks:
   gradients  per tensor: max |ours - ref| <= 1e-4 * max |ref|
   AdamW      one torch.optim.AdamW step (weight decay on every trainable tensor, all
              2-D) from the same fp32 values and OUR gradients: |ours - torch| <= 1e-5 abs
+  adapter    our PEFT adapter directory of the adapters after the step
+             (common/formats/peft_lora_writer.h) loads with PeftModel.from_pretrained with
+             no unexpected or missing adapter keys, holds exactly our values, and gives
+             the logits of the model our after-step adapters were copied into (1e-6 abs)
 
 A bf16 base (lora.base_dtype bf16): the dump's model.safetensors holds the bf16-rounded
 base l2l trains on, so the checks above hold with the same bounds; beside them the loss
@@ -70,12 +74,13 @@ def peft_model(meta, base_path, adapters):
     loaded = 0
     with torch.no_grad():
         for name, value in adapters.items():
-            if not (name.endswith(".lora_A") or name.endswith(".lora_B")):
-                continue
             module, ab = name.rsplit(".", 1)
-            layer = modules["base_model.model." + module]
-            getattr(layer, ab)["default"].weight.copy_(torch.tensor(value))
-            loaded += 1
+            if ab in ("lora_A", "lora_B"):
+                getattr(modules["base_model.model." + module], ab)["default"].weight.copy_(torch.tensor(value))
+                loaded += 1
+            else:  # a modules_to_save tensor ("lm_head.weight"): PEFT's trained copy
+                getattr(modules["base_model.model." + module].modules_to_save["default"], ab).copy_(
+                    torch.tensor(value))
     return pm.double(), info, loaded
 
 
@@ -141,6 +146,26 @@ def check_variant(d, chk):
         moved = max(moved, float(np.max(np.abs(ref - adapters[name]))))
         chk.close("AdamW " + name, after[name], ref, 1e-5, 0.0)
     chk.true("the step moved the adapters (max %.2e)" % moved, moved > 1e-3)
+
+    # ---- our PEFT adapter directory (the adapters after the step) ----
+    adir = os.path.join(d, "peft_adapter")
+    base, _ = load_base(meta["hf_architecture"], meta["spec"], os.path.join(d, "model.safetensors"))
+    loaded_pm = peft.PeftModel.from_pretrained(base, adir)
+    res = peft.set_peft_model_state_dict(loaded_pm, peft.load_peft_weights(adir))
+    chk.true("adapter dir: no unexpected keys %s" % res.unexpected_keys, not res.unexpected_keys)
+    missing = [k for k in res.missing_keys if "lora_" in k or ".modules_to_save." in k]
+    chk.true("adapter dir: no missing adapter keys %s" % missing, not missing)
+    got = {trainable_key(n): p.detach().numpy() for n, p in loaded_pm.named_parameters()
+           if "lora_" in n or ".modules_to_save." in n}
+    chk.true("adapter dir: holds exactly the trained tensors (%d)" % len(got), set(got) == set(after))
+    for name in sorted(set(got) & set(after)):
+        chk.true("adapter dir: %s equals ours after the step" % name, np.array_equal(got[name], after[name]))
+    ours_after, _, _ = peft_model(meta, os.path.join(d, "model.safetensors"), after)
+    inputs = torch.tensor(data["inputs"], dtype=torch.int64)
+    with torch.no_grad():
+        want = ours_after.float()(input_ids=inputs[0], use_cache=False).logits.numpy()
+        have = loaded_pm.float()(input_ids=inputs[0], use_cache=False).logits.numpy()
+    chk.close("adapter dir: logits of PeftModel.from_pretrained", have, want, 1e-6, 0.0)
 
     if meta["lora"]["base_dtype"] != "fp32":
         pm32, _, _ = peft_model(meta, os.path.join(d, "model_fp32.safetensors"), adapters)

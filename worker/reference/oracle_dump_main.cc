@@ -30,7 +30,8 @@
 // weights are model_fp32.safetensors), adapters.safetensors (A and B of every adapter,
 // non-zero B so that every gradient path matters, "<HF module>.lora_A" / ".lora_B", and
 // the modules_to_save tensors under their HF names), grads.safetensors and
-// after_noclip.safetensors with the same keys, data.safetensors and meta.json (+ lora).
+// after_noclip.safetensors with the same keys, peft_adapter/ (the adapters after the step
+// as a PEFT adapter directory), data.safetensors and meta.json (+ lora).
 //
 // The weights are GPT-2's initialisation made larger and non-trivial (matrices x5, every
 // bias and LayerNorm parameter perturbed) so that every path of the backward matters.
@@ -309,6 +310,8 @@ Status DumpLoraVariant(const std::string& dir, const l2l::JobConfig& cfg, uint64
   L2L_ASSIGN_OR_RETURN(float step_loss, s->Step(mbs));
   if (step_loss != loss) return l2l::Internal("loss of the step differs from ComputeGradients'");
   L2L_RETURN_IF_ERROR(WriteNamed(dir + "/after_noclip.safetensors", LoraTensors(cfg, layouts, s->params())));
+  // The adapters after the step as PEFT's own adapter directory (PeftModel.from_pretrained).
+  L2L_RETURN_IF_ERROR(s->SavePeftAdapter(dir + "/peft_adapter"));
   // The frozen base must not move.
   for (size_t l = 0; l < layouts.size(); ++l) {
     for (const l2l::ParamInfo& p : layouts[l].params) {

@@ -9,6 +9,7 @@
 
 #include "common/adamw.h"
 #include "common/formats/model_io.h"
+#include "common/formats/peft_lora_writer.h"
 #include "common/logging.h"
 #include "common/lora.h"
 #include "common/models/registry.h"
@@ -375,7 +376,18 @@ Status ReferenceTrainer::Probs(const MicroBatch& mb, float* probs) {
 }
 
 Status ReferenceTrainer::SaveSafetensors(const std::string& path) const {
+  if (cfg_.lora.enabled) {  // the base (BuildLayout's prefix of every LoRA layer)
+    std::vector<std::vector<float>> base;
+    for (size_t l = 0; l < layouts_.size(); ++l) {
+      base.emplace_back(params_[l].begin(), params_[l].begin() + BaseNumel(layouts_[l]));
+    }
+    return SaveModel(path, cfg_.model, base, DType::kF32, {{"l2l.step", std::to_string(step_)}});
+  }
   return SaveModel(path, cfg_.model, params_, DType::kF32, {{"l2l.step", std::to_string(step_)}});
+}
+
+Status ReferenceTrainer::SavePeftAdapter(const std::string& dir) const {
+  return WritePeftLoraAdapter(dir, cfg_.model, cfg_.lora, layouts_, params_);
 }
 
 }  // namespace l2l::worker
