@@ -93,8 +93,9 @@ Status ReferenceTrainer::Init(const JobConfig& cfg, std::vector<std::vector<floa
   }
   params_ = std::move(params);
   for (const LayerLayout& l : layouts_) {
-    m_.emplace_back(l.numel, 0.0f);
-    v_.emplace_back(l.numel, 0.0f);
+    // AdamW moments for what trains: the whole layer, or a LoRA layer's trainable span.
+    m_.emplace_back(TrainableRange(l).numel, 0.0f);
+    v_.emplace_back(TrainableRange(l).numel, 0.0f);
     L2L_ASSIGN_OR_RETURN(DeviceBuffer p, Buffer(backend_.get(), l.numel * sizeof(float)));
     L2L_ASSIGN_OR_RETURN(DeviceBuffer g, Buffer(backend_.get(), l.numel * sizeof(float)));
     backend_->Zero(g.data(), l.numel * sizeof(float));
@@ -293,8 +294,9 @@ void ReferenceTrainer::ApplyUpdate() {
     const AdamWStepArgs args = AdamWStepArgsAt(o, step_, coef[l]);
     for (const ParamInfo& p : layouts_[l].params) {
       if (!p.trainable) continue;
-      AdamWStep(params_[l].data() + p.offset, g[l].data() + p.offset, m_[l].data() + p.offset,
-                v_[l].data() + p.offset, p.numel, WithDecay(args, p.decay));
+      const size_t k = p.offset - TrainableRange(layouts_[l]).offset;  // in m_, v_
+      AdamWStep(params_[l].data() + p.offset, g[l].data() + p.offset, m_[l].data() + k, v_[l].data() + k, p.numel,
+                WithDecay(args, p.decay));
     }
   }
   UploadParams();

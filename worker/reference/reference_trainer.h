@@ -84,8 +84,8 @@ class ReferenceTrainer {
   Status Hidden(const MicroBatch& mb, float* hidden);
 
   // Host fp32 state, one flat buffer per layer (layout order: BuildLoraLayout, which is
-  // BuildLayout without LoRA). Valid until the next Step. A LoRA job keeps its m and v
-  // full-size for simplicity; only the trainable tensors' entries are used.
+  // BuildLayout without LoRA). Valid until the next Step. m and v cover what trains:
+  // the whole layer, or a LoRA layer's trainable span (common/lora.h TrainableRange).
   const std::vector<std::vector<float>>& params() const { return params_; }
   const std::vector<std::vector<float>>& m() const { return m_; }
   const std::vector<std::vector<float>>& v() const { return v_; }
