@@ -15,8 +15,9 @@ namespace {
 using kernels::Backend;
 using kernels::DeviceBuffer;
 
-// Backward of Linear: dW (IC,OC) += x^T @ dy (skipped when dw is null: a frozen LoRA base); db (OC) += colsum(dy) (skipped when db is
-// null: the caller fused it); dx (N,IC) = dy @ W^T (overwritten; skipped when dx is null).
+// Backward of Linear: dW (IC,OC) += x^T @ dy (skipped when dw is null: a frozen LoRA base);
+// db (OC) += colsum(dy) (skipped when db is null: the caller fused it); dx (N,IC) = dy @ W^T
+// (overwritten; skipped when dx is null).
 void LinearBackward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x,
                     const float* w, int64_t N, int64_t IC, int64_t OC) {
   if (dw != nullptr) be.Gemm(true, false, IC, OC, N, 1.0f, x, IC, dy, OC, 1.0f, dw, OC);

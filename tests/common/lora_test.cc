@@ -69,6 +69,17 @@ TEST_CASE("lora: keys load, round-trip, and their absence changes nothing", "[co
   CHECK(d->lora.base_dtype == LoraBaseDType::kF32);
   CHECK(Parse(dir, std::string(kGpt2) + "lora: {target: all-linear}\n").ok());
 
+  // --set overrides reach the section (and add it): lora.r, a target list.
+  JobConfig o = *d;
+  o.lora = LoraConfig{};
+  REQUIRE(ApplyOverride(&o, "lora.r=4").ok());
+  CHECK(o.lora.enabled);
+  CHECK(o.lora.r == 4);
+  REQUIRE(ApplyOverride(&o, "lora.target=[c_attn, c_fc]").ok());
+  CHECK(o.lora.target == std::vector<std::string>{"c_attn", "c_fc"});
+  CHECK(o.lora.r == 4);
+  CHECK_FALSE(ApplyOverride(&o, "lora.r=-1").ok());
+
   // Without the section: no lora, and the written YAML has no lora key.
   Result<JobConfig> n = Parse(dir, kGpt2);
   REQUIRE(n.ok());
