@@ -49,13 +49,20 @@ Result<std::unique_ptr<FakeEps>> FakeEps::Create(const JobConfig& job, const Fak
   std::lock_guard<std::mutex> lk(eps->mu_);
   eps->layers_.resize(eps->layouts_.size());
   eps->expert_steps_.assign(static_cast<size_t>(job.model.n_layer * job.model.num_experts), 0);
+  const std::vector<LayerLayout> base = BuildLayout(job.model);
   for (size_t l = 0; l < eps->layouts_.size(); ++l) {
     Layer& layer = eps->layers_[l];
     const size_t n = eps->layouts_[l].numel;
-    layer.master.resize(n);
-    InitLayerParams(job.model, eps->layouts_[l], job.train.seed, layer.master.data());
-    layer.m.assign(n, 0.0f);
-    layer.v.assign(n, 0.0f);
+    layer.master.assign(n, 0.0f);
+    // The base as BuildLayout lays it out (a prefix of a LoRA layer), then a LoRA job's
+    // adapters and its base's rounding: what ReferenceTrainer::Create starts from.
+    InitLayerParams(job.model, base[l], job.train.seed, layer.master.data());
+    if (job.lora.enabled) InitLoraAdapters(job.lora, eps->layouts_[l], layer.master.data());
+    RoundFrozenBase(job.lora, eps->layouts_[l], layer.master.data());
+    // Optimizer state only for what trains (a LoRA job: adapters and saved modules).
+    const size_t t = TrainableRange(eps->layouts_[l]).numel;
+    layer.m.assign(t, 0.0f);
+    layer.v.assign(t, 0.0f);
     eps->Publish(&layer);
   }
   return eps;
@@ -148,20 +155,23 @@ void FakeEps::Apply(int64_t step, const std::vector<int64_t>& which) {
                                       << " came before any ReportExperts of the step";
       touched = &it->second;
     }
+    const size_t base = TrainableRange(layouts_[l]).offset;  // p.sum, m, v cover the trainable span
     for (const ParamInfo& info : layouts_[l].params) {
+      if (!info.trainable) continue;
+      const size_t k = info.offset - base;
       AdamWStepArgs a = WithDecay(args, info.decay);
       for (size_t e = 0; e < experts.size(); ++e) {
         if (info.offset < experts[e].begin || info.offset >= experts[e].end) continue;
-        const size_t k = static_cast<size_t>(block * E) + e;
-        a.t = (*touched)[k] ? expert_steps_[k] + 1 : 0;  // 0: no token this step, skipped
+        const size_t x = static_cast<size_t>(block * E) + e;
+        a.t = (*touched)[x] ? expert_steps_[x] + 1 : 0;  // 0: no token this step, skipped
       }
       if (a.t == 0) continue;
-      AdamWStep(layer.master.data() + info.offset, p.sum.data() + info.offset, layer.m.data() + info.offset,
-                layer.v.data() + info.offset, info.numel, a);
+      AdamWStep(layer.master.data() + info.offset, p.sum.data() + k, layer.m.data() + k, layer.v.data() + k,
+                info.numel, a);
     }
     for (size_t e = 0; e < experts.size(); ++e) {
-      const size_t k = static_cast<size_t>(block * E) + e;
-      if ((*touched)[k]) ++expert_steps_[k];
+      const size_t x = static_cast<size_t>(block * E) + e;
+      if ((*touched)[x]) ++expert_steps_[x];
     }
     layer.last_grad.resize(p.sum.size());
     for (size_t i = 0; i < p.sum.size(); ++i) layer.last_grad[i] = static_cast<float>(p.sum[i] * scale);
@@ -239,10 +249,10 @@ Status FakeEps::Push(int32_t worker, int64_t layer, int64_t step, int64_t micro_
   if (layer < 0 || layer >= static_cast<int64_t>(layers_.size())) {
     return NotFound("fake EPS: gradient for unknown layer " + std::to_string(layer));
   }
-  if (numel != layouts_[layer].numel) {
+  const size_t want = TrainableRange(layouts_[layer]).numel;
+  if (numel != want) {
     return InvalidArgument("fake EPS: gradient of layer " + std::to_string(layer) + " has " +
-                           std::to_string(numel) + " floats, expected " +
-                           std::to_string(layouts_[layer].numel));
+                           std::to_string(numel) + " floats, expected " + std::to_string(want));
   }
   if (micro_batches <= 0) return InvalidArgument("fake EPS: micro_batches must be > 0");
   if (step < layers_[layer].version) {

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "common/config.h"
+#include "common/lora.h"
 #include "common/model_spec.h"
 #include "common/status.h"
 #include "worker/eps_client.h"
@@ -65,6 +66,8 @@ class FakeEps {
   int64_t Version(int64_t layer) const;
   // The reduced gradient of the last update applied to `layer`: sum over workers divided
   // by the total micro-batch count, before clipping. Empty before the first update.
+  // A LoRA job (common/lora.h): the gradient of the layer's trainable span only; its
+  // master and moments exist only for that span, the frozen base is never updated.
   std::vector<float> LastGradient(int64_t layer) const;
   // The master weights that update started from (the version the gradient was computed at).
   std::vector<float> WeightsBeforeLastUpdate(int64_t layer) const;
@@ -95,7 +98,7 @@ class FakeEps {
   };
 
   FakeEps(const JobConfig& job, const FakeEpsOptions& o)
-      : job_(job), opt_(o), layouts_(BuildLayout(job.model)) {}
+      : job_(job), opt_(o), layouts_(BuildLoraLayout(job.model, job.lora)) {}
   void Publish(Layer* layer) const;  // REQUIRES: mu_ held
   bool Complete(int64_t step, int64_t layer) const;  // REQUIRES: mu_ held
   // Applies step `step` to `layer` (and, with global clipping, to every layer) when all its

@@ -224,6 +224,45 @@ Status ReadEval(YamlMap* root, const std::string& base_dir, EvalConfig* e) {
   return m.Finish();
 }
 
+// A list of strings, or (for `target`) one string: `target: all-linear`.
+Status ReadStringList(YamlMap* m, const std::string& key, std::vector<std::string>* out) {
+  if (!m->Has(key)) return Status::Ok();
+  m->Accept(key);
+  const YAML::Node n = m->node()[key];
+  std::vector<std::string> v;
+  try {
+    if (n.IsScalar()) {
+      v.push_back(n.as<std::string>());
+    } else if (n.IsSequence()) {
+      for (const YAML::Node& e : n) {
+        if (!e.IsScalar()) return m->Error(key, m->KeyPath(key) + ": expected a list of names");
+        v.push_back(e.as<std::string>());
+      }
+    } else if (!n.IsNull()) {
+      return m->Error(key, m->KeyPath(key) + ": expected a list of names");
+    }
+  } catch (const std::exception& e) {
+    return m->Error(key, m->KeyPath(key) + ": " + e.what());
+  }
+  *out = std::move(v);
+  return Status::Ok();
+}
+
+// `lora: {r, alpha, dropout, target, base_dtype, init_seed, modules_to_save}`.
+Status ReadLora(YamlMap* root, LoraConfig* lora) {
+  if (!root->Has("lora")) return Status::Ok();
+  L2L_ASSIGN_OR_RETURN(YamlMap m, root->Map("lora"));
+  lora->enabled = true;
+  L2L_RETURN_IF_ERROR(m.Get("r", &lora->r));
+  L2L_RETURN_IF_ERROR(m.Get("alpha", &lora->alpha));
+  L2L_RETURN_IF_ERROR(m.Get("dropout", &lora->dropout));
+  L2L_RETURN_IF_ERROR(ReadStringList(&m, "target", &lora->target));
+  L2L_RETURN_IF_ERROR(m.GetEnum("base_dtype", &lora->base_dtype, ParseLoraBaseDType));
+  L2L_RETURN_IF_ERROR(m.Get("init_seed", &lora->init_seed));
+  L2L_RETURN_IF_ERROR(ReadStringList(&m, "modules_to_save", &lora->modules_to_save));
+  return m.Finish();
+}
+
 // Applies every section present in `doc` onto *cfg, then runs the cross-field checks;
 // with check_files also CheckEvalData (a job file a user loads on this host; not a job
 // text from the daemon, a checkpoint manifest or an rpc, whose files may live elsewhere).
@@ -253,6 +292,7 @@ Status ApplyDoc(const YamlDoc& doc, const std::string& base_dir, JobConfig* cfg,
     cfg->task = task;
   }
   L2L_RETURN_IF_ERROR(ReadMlm(&root, &cfg->mlm));
+  L2L_RETURN_IF_ERROR(ReadLora(&root, &cfg->lora));
   L2L_RETURN_IF_ERROR(root.Finish());
   if (roots != nullptr) {
     if (Status st = ConfineJobPaths(cfg, *roots, base_dir); !st.ok()) return st.WithContext(doc.origin);
@@ -332,7 +372,8 @@ Status JobConfig::Validate() const {
                                            "the bert family does not train (use l2l-eval)");
     }
   }
-  return ValidateTask();
+  L2L_RETURN_IF_ERROR(ValidateTask());
+  return ValidateLora(model, lora);
 }
 
 Status JobConfig::ValidateTask() const {
@@ -507,6 +548,22 @@ std::string JobConfigToYaml(const JobConfig& cfg) {
      << "  first_word_id: " << cfg.mlm.first_word_id << "\n"
      << "  probability: " << DoubleText(cfg.mlm.probability) << "\n";
   if (!cfg.imported_from.empty()) os << "imported_from: " << YamlQuote(cfg.imported_from) << "\n";
+  if (cfg.lora.enabled) {
+    const LoraConfig& l = cfg.lora;
+    auto list = [](const std::vector<std::string>& v) {
+      std::string out = "[";
+      for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + YamlQuote(v[i]);
+      return out + "]";
+    };
+    os << "lora:\n"
+       << "  r: " << l.r << "\n"
+       << "  alpha: " << DoubleText(l.alpha) << "\n"
+       << "  dropout: " << DoubleText(l.dropout) << "\n"
+       << "  target: " << list(l.target) << "\n"
+       << "  base_dtype: " << ToString(l.base_dtype) << "\n"
+       << "  init_seed: " << l.init_seed << "\n"
+       << "  modules_to_save: " << list(l.modules_to_save) << "\n";
+  }
   return os.str();
 }
 

@@ -18,6 +18,7 @@
 
 #include "common/adamw.h"
 #include "common/dtype.h"
+#include "common/lora.h"
 #include "common/model_spec.h"
 #include "common/modes.h"
 #include "common/status.h"
@@ -95,6 +96,10 @@ struct JobConfig {
   // mlm for a bert model with num_labels 0, classify for one with num_labels > 0, lm otherwise.
   std::optional<Task> task;
   MlmConfig mlm;
+  // `lora: {r, alpha, dropout, target, base_dtype, init_seed, modules_to_save}`
+  // (common/lora.h): train low-rank adapters on a frozen base. Absent: lora.enabled is
+  // false and the job trains every parameter.
+  LoraConfig lora;
 
   // `model.from: PATH`: a pretrained model (Hugging Face dir or GGUF file) gives the
   // architecture, the shapes and the initial weights. Parsing only records it (relative

@@ -154,6 +154,9 @@ struct ParamInfo {
   size_t offset = 0;            // in floats, inside the layer's flat buffer
   size_t numel = 0;
   bool decay = false;           // AdamW weight decay applies (2-D weights only)
+  // Trains (gradient + optimizer state). False only for the frozen base of a LoRA job
+  // (common/lora.h); every tensor of BuildLayout trains.
+  bool trainable = true;
 };
 
 struct LayerLayout {
@@ -162,6 +165,10 @@ struct LayerLayout {
   int64_t block = -1;       // block number for kBlock, else -1
   std::vector<ParamInfo> params;
   size_t numel = 0;         // floats in the flat buffer (sum of params' numel)
+  // LoRA (common/lora.h BuildLoraLayout): the adapters' rank and scale alpha / r; 0 = no
+  // adapters in this layer.
+  int64_t lora_r = 0;
+  float lora_scale = 0.0f;
 
   // The view named `suffix` (e.g. "ln_1.weight" or "wte.weight"); nullptr if absent.
   // Block tensors also answer to the name after their "<blocks>.N." prefix

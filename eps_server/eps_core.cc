@@ -151,6 +151,12 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   }
   L2L_RETURN_IF_ERROR(job.Validate());
   L2L_RETURN_IF_ERROR(CheckEvalData(job));
+  if (job.lora.enabled) {
+    // The param store keeps masters, moments and gradients for every parameter of a
+    // layer; a LoRA job's frozen base and adapter-only gradients are not wired in yet.
+    return Unimplemented("lora: the daemon does not run LoRA jobs in this build (a `lora:` section was given); "
+                         "LoRA trains with l2l-train-ref for now (docs/finetune.md, LoRA)");
+  }
   if (start.step < 0) return InvalidArgument("start step " + std::to_string(start.step) + " must be >= 0");
   const std::string prefix = "l2l-" + opts_.job_id + "-";
   auto removed = RemoveSegmentsWithPrefix(prefix);

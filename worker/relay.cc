@@ -8,6 +8,8 @@
 
 #include "common/clock.h"
 #include "common/logging.h"
+#include "common/lora.h"
+#include "kernels/layers/lora.h"
 #include "worker/data_loader.h"  // CheckSequenceInputs
 #include "worker/eval_set.h"  // ScoredTargets
 
@@ -36,7 +38,7 @@ Relay::Relay(EpsClient* client, kernels::Backend* backend, const JobConfig& job,
       job_(job),
       spec_(job.model),
       opt_(o),
-      layouts_(BuildLayout(job.model)),
+      layouts_(BuildLoraLayout(job.model, job.lora)),
       B_(job.train.micro_batch_size),
       T_(job.seq_len()),
       M_(job.train.micro_batches) {}
@@ -73,8 +75,12 @@ Status Relay::Init() {
     client_->SetHostRegionObserver(pinner_.get());
     pin_ = pinner_.get();
   }
+  if (job_.lora.enabled && (opt_.push_group.active() || opt_.fetch_group.active())) {
+    return Unimplemented("lora: a LoRA job runs on one device per worker in this build (no --devices group)");
+  }
   L2L_ASSIGN_OR_RETURN(layers::LayerWorkspace ws, layers::LayerWorkspace::Create(be_, spec_, B_, T_));
   ws_ = std::make_unique<layers::LayerWorkspace>(std::move(ws));
+  L2L_RETURN_IF_ERROR(layers::ReserveLoraScratch(be_, layouts_, ws_.get()));
   L2L_ASSIGN_OR_RETURN(stash_, Stash::Create(be_, opt_.stash, L + 1, M_, N * static_cast<size_t>(C)));
   L2L_ASSIGN_OR_RETURN(plan_, PlanActivations(*be_, spec_, *ws_, opt_.recompute, opt_.activation_budget_bytes, M_));
   for (int64_t i = 0; i < plan_.kept_blocks * M_; ++i) {
@@ -426,7 +432,10 @@ Status Relay::HeadAndBackward(int64_t step, ResidentLayer* emb, double* loss_sum
   times_.head += Seconds(t, Clock::now());
   prefetcher_->Release(h);
   if (spec_.tied_embeddings) prefetcher_->Release(*emb);
-  L2L_RETURN_IF_ERROR(Push(L + 1, step, hgrad, head.numel, &ring_ticket_[0]));
+  // What trains of each layer (all of it, or a LoRA job's adapters / saved modules) is
+  // one contiguous run of its gradient: that run is pushed (possibly empty).
+  const TrainableSpan hs = TrainableRange(head);
+  L2L_RETURN_IF_ERROR(Push(L + 1, step, hgrad + hs.offset, hs.numel, &ring_ticket_[0]));
 
   // ---- blocks in reverse: recompute, accumulate over micro-batches, push once ---------
   int buf = 1;
@@ -452,7 +461,8 @@ Status Relay::HeadAndBackward(int64_t step, ResidentLayer* emb, double* loss_sum
     be_->Synchronize();
     times_.backward += Seconds(t, Clock::now());
     prefetcher_->Release(p);
-    L2L_RETURN_IF_ERROR(Push(l, step, grad, layouts_[l].numel, &ring_ticket_[buf]));
+    const TrainableSpan bs = TrainableRange(layouts_[l]);
+    L2L_RETURN_IF_ERROR(Push(l, step, grad + bs.offset, bs.numel, &ring_ticket_[buf]));
     buf ^= 1;
   }
 
@@ -463,14 +473,15 @@ Status Relay::HeadAndBackward(int64_t step, ResidentLayer* emb, double* loss_sum
     L2L_ASSIGN_OR_RETURN(e, NextLayer(step, 0));
   }
   t = Clock::now();
-  for (int64_t u = 0; u < M_; ++u) {
+  const TrainableSpan es = TrainableRange(layouts_[0]);
+  for (int64_t u = 0; u < M_ && es.numel > 0; ++u) {  // a frozen embedding needs no gradient
     layers::EmbeddingBackward(*be_, spec_, layouts_[0], Inputs(u), dact_[u], emb_grad_.f32(), B_, T_, Seq(u),
                               needs_params ? e.params : nullptr, ws_.get());
   }
   be_->Synchronize();
   times_.backward += Seconds(t, Clock::now());
   if (needs_params) prefetcher_->Release(e);
-  return Push(0, step, emb_grad_.f32(), layouts_[0].numel, nullptr);
+  return Push(0, step, emb_grad_.f32() + es.offset, es.numel, nullptr);
 }
 
 }  // namespace l2l::worker

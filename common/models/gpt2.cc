@@ -91,6 +91,16 @@ std::vector<LayerLayout> BuildLayout(const ModelSpec& spec) {
   return layers;
 }
 
+// Conv1D weights are (in, out); PEFT's adapters are A (r, in), B (out, r) all the same.
+// "c_proj" is both attn.c_proj and mlp.c_proj (PEFT matches the name's end).
+std::vector<LoraTarget> LoraTargetsOf(const ModelSpec& spec) {
+  const int64_t C = spec.d_model, F = spec.d_ff;
+  return {{"c_attn", "attn.c_attn.weight", C, 3 * C},
+          {"c_proj", "attn.c_proj.weight", C, C},
+          {"c_fc", "mlp.c_fc.weight", C, F},
+          {"c_proj", "mlp.c_proj.weight", F, C}};
+}
+
 void InitLayer(const ModelSpec& spec, const LayerLayout& layout, uint64_t seed, float* out) {
   const float kStd = 0.02f;
   const float proj_std = kStd / static_cast<float>(std::sqrt(2.0 * static_cast<double>(spec.n_layer)));
@@ -175,6 +185,7 @@ const FamilyInfo& Gpt2Family() {
       // Non-parameter attention buffers (causal masks) in older hub checkpoints.
       .hf_ignored_suffixes = {".attn.bias", ".attn.masked_bias"},
       .hf_weights_in_out = true,  // Conv1D
+      .lora_targets = &LoraTargetsOf,
   };
   return kInfo;
 }

@@ -195,6 +195,15 @@ std::vector<LayerLayout> BuildLayout(const ModelSpec& spec) {
   return layers;
 }
 
+std::vector<LoraTarget> LoraTargetsOf(const ModelSpec& spec) {
+  const int64_t C = spec.d_model, F = spec.d_ff, hs = spec.head_dim();
+  const int64_t q = spec.n_head * hs, kv = spec.kv_heads() * hs;
+  return {{"q_proj", "self_attn.q_proj.weight", C, q},   {"k_proj", "self_attn.k_proj.weight", C, kv},
+          {"v_proj", "self_attn.v_proj.weight", C, kv},  {"o_proj", "self_attn.o_proj.weight", q, C},
+          {"gate_proj", "mlp.gate_proj.weight", C, F},   {"up_proj", "mlp.up_proj.weight", C, F},
+          {"down_proj", "mlp.down_proj.weight", F, C}};
+}
+
 void InitLayer(const ModelSpec&, const LayerLayout& layout, uint64_t seed, float* out) {
   const uint64_t layer_key = LayerKey(seed, layout.index);
   for (size_t k = 0; k < layout.params.size(); ++k) {
@@ -459,6 +468,7 @@ const FamilyInfo& LlamaFamily() {
         return s.moe() ? nullptr : s.qk_norm ? "qwen3" : s.qkv_bias ? "qwen2" : "llama";
       },
       .gguf_export_check = &GgufExportCheck,
+      .lora_targets = &LoraTargetsOf,
   };
   return kInfo;
 }

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/lora.h"
 #include "common/model_spec.h"
 #include "common/status.h"
 
@@ -100,6 +101,9 @@ struct FamilyInfo {
   // Optional: OK when a GGUF of the family can state `spec`, else UNIMPLEMENTED naming
   // what it cannot (a Llama-family sliding window; Gemma 3 settings llama.cpp fixes).
   Status (*gguf_export_check)(const ModelSpec& spec) = nullptr;
+  // LoRA (common/lora.h): the block linears an adapter can target, by Hugging Face module
+  // name, in block order; nullptr: the family has no LoRA support.
+  std::vector<LoraTarget> (*lora_targets)(const ModelSpec& spec) = nullptr;
 };
 
 // The entry of `family`; every ModelFamily value has one.

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kernels/layers/kv_decode.h"
+#include "kernels/layers/lora.h"
 #include "kernels/layers/registry.h"
 
 namespace l2l::layers {
@@ -14,11 +15,12 @@ namespace {
 using kernels::Backend;
 using kernels::DeviceBuffer;
 
-// Backward of Linear: dW (IC,OC) += x^T @ dy; db (OC) += colsum(dy) (skipped when db is
-// null: the caller fused it); dx (N,IC) = dy @ W^T (overwritten; skipped when dx is null).
+// Backward of Linear: dW (IC,OC) += x^T @ dy (skipped when dw is null: a frozen LoRA base);
+// db (OC) += colsum(dy) (skipped when db is null: the caller fused it); dx (N,IC) = dy @ W^T
+// (overwritten; skipped when dx is null).
 void LinearBackward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x,
                     const float* w, int64_t N, int64_t IC, int64_t OC) {
-  be.Gemm(true, false, IC, OC, N, 1.0f, x, IC, dy, OC, 1.0f, dw, OC);
+  if (dw != nullptr) be.Gemm(true, false, IC, OC, N, 1.0f, x, IC, dy, OC, 1.0f, dw, OC);
   if (db != nullptr) be.BiasBackward(db, dy, N, OC);
   if (dx != nullptr) be.Gemm(false, true, N, IC, OC, 1.0f, dy, OC, w, OC, 0.0f, dx, IC);
 }
@@ -41,13 +43,16 @@ BlockViews Views(const LayerLayout& layout, const float* base) {
 
 // Forward internals of a block up to (and including) fch_gelu, into ws.
 // With kv (B = T = 1, KV-cache decoding): the attention is the new row's over the cache.
-void BlockInternals(Backend& be, const ModelSpec& spec, const BlockViews& w, const float* in,
-                    int64_t B, int64_t T, LayerWorkspace& ws, const KvStep* kv = nullptr) {
+// With LoRA adapters in `layout`, each targeted linear adds its adapter (kernels/layers/lora.h).
+void BlockInternals(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
+                    const BlockViews& w, const float* in, int64_t B, int64_t T, LayerWorkspace& ws,
+                    const KvStep* kv = nullptr) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   be.LayerNormForward(ws.ln1.f32(), ws.ln1_mean.f32(), ws.ln1_rstd.f32(), in, w.ln1_w, w.ln1_b, N,
                       C);
   be.LinearForward(ws.qkv.f32(), ws.ln1.f32(), w.attn_w, false, w.attn_b, N, C, 3 * C, nullptr,
                    nullptr);  // (N,3C)
+  LoraForward(be, layout, params, "attn.c_attn.weight", ws.ln1.f32(), C, N, ws.qkv.f32(), 3 * C, 0, ws);
   if (kv == nullptr) {
     be.AttentionForward(ws.atty.f32(), ws.att.f32(), ws.qkv.f32(), B, T, C, spec.n_head);
   } else {
@@ -55,11 +60,17 @@ void BlockInternals(Backend& be, const ModelSpec& spec, const BlockViews& w, con
   }
   // x1 = x + attn
   be.LinearForward(ws.resid2.f32(), ws.atty.f32(), w.proj_w, false, w.proj_b, N, C, C, nullptr, in);
+  LoraForward(be, layout, params, "attn.c_proj.weight", ws.atty.f32(), C, N, ws.resid2.f32(), C, 0, ws);
   be.LayerNormForward(ws.ln2.f32(), ws.ln2_mean.f32(), ws.ln2_rstd.f32(), ws.resid2.f32(),
                       w.ln2_w, w.ln2_b, N, C);
-  // fch (N,F) and fch_gelu = gelu(fch)
-  be.LinearForward(ws.fch.f32(), ws.ln2.f32(), w.fc_w, false, w.fc_b, N, C, F, ws.fch_gelu.f32(),
-                   nullptr);
+  // fch (N,F) and fch_gelu = gelu(fch); an adapter on c_fc adds to fch before the GELU.
+  if (!HasLora(layout, "mlp.c_fc.weight")) {
+    be.LinearForward(ws.fch.f32(), ws.ln2.f32(), w.fc_w, false, w.fc_b, N, C, F, ws.fch_gelu.f32(), nullptr);
+  } else {
+    be.LinearForward(ws.fch.f32(), ws.ln2.f32(), w.fc_w, false, w.fc_b, N, C, F, nullptr, nullptr);
+    LoraForward(be, layout, params, "mlp.c_fc.weight", ws.ln2.f32(), C, N, ws.fch.f32(), F, 0, ws);
+    be.GeluForward(ws.fch_gelu.f32(), ws.fch.f32(), N * F);
+  }
 }
 
 Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_t T, LayerWorkspace* ws) {
@@ -104,18 +115,20 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
                   const float* in, float* out, int64_t B, int64_t T, LayerWorkspace& ws, const SequenceInputs&) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   const BlockViews w = Views(layout, params);
-  BlockInternals(be, spec, w, in, B, T, ws);
+  BlockInternals(be, spec, layout, params, w, in, B, T, ws);
   // out = x1 + mlp; `in` is no longer read, so out may alias it.
   be.LinearForward(out, ws.fch_gelu.f32(), w.mproj_w, false, w.mproj_b, N, F, C, nullptr,
                    ws.resid2.f32());
+  LoraForward(be, layout, params, "mlp.c_proj.weight", ws.fch_gelu.f32(), F, N, out, C, 0, ws);
 }
 
 void FamilyBlockDecode(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
                        const float* in, float* out, LayerWorkspace& ws, const KvStep& kv) {
   const BlockViews w = Views(layout, params);
-  BlockInternals(be, spec, w, in, 1, 1, ws, &kv);
+  BlockInternals(be, spec, layout, params, w, in, 1, 1, ws, &kv);
   be.LinearForward(out, ws.fch_gelu.f32(), w.mproj_w, false, w.mproj_b, 1, spec.d_ff, spec.d_model, nullptr,
                    ws.resid2.f32());
+  LoraForward(be, layout, params, "mlp.c_proj.weight", ws.fch_gelu.f32(), spec.d_ff, 1, out, spec.d_model, 0, ws);
 }
 
 void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
@@ -124,25 +137,32 @@ void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& 
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   const BlockViews w = Views(layout, params);
   const BlockViews d = Views(layout, dparams);
-  if (recompute) BlockInternals(be, spec, w, in, B, T, ws);
+  if (recompute) BlockInternals(be, spec, layout, params, w, in, B, T, ws);
+  // A LoRA layout freezes the base: no weight gradients for it (its norms' and biases'
+  // land in the unused frozen part of dparams), the adapters' instead.
+  const bool frozen = BaseFrozen(layout);
 
   float* g0 = ws.g0.f32();
   float* g1 = ws.g1.f32();
   float* g2 = ws.g2.f32();
   float* dres = ws.g3.f32();  // (N,C) gradient of the residual stream
   // MLP: out = x1 + c_proj(gelu(c_fc(ln_2(x1)))).
-  LinearBackward(be, g0, d.mproj_w, d.mproj_b, dout, ws.fch_gelu.f32(), w.mproj_w, N, F, C);
+  LinearBackward(be, g0, frozen ? nullptr : d.mproj_w, d.mproj_b, dout, ws.fch_gelu.f32(), w.mproj_w, N, F, C);
+  LoraBackward(be, layout, params, dparams, "mlp.c_proj.weight", ws.fch_gelu.f32(), F, dout, C, 0, g0, N, ws);
   be.GeluBackwardBias(g1, d.fc_b, ws.fch.f32(), g0, N, F);                        // dfch (N,F), dfc_b
-  LinearBackward(be, g2, d.fc_w, nullptr, g1, ws.ln2.f32(), w.fc_w, N, C, F);  // dln2 (N,C)
+  LinearBackward(be, g2, frozen ? nullptr : d.fc_w, nullptr, g1, ws.ln2.f32(), w.fc_w, N, C, F);  // dln2 (N,C)
+  LoraBackward(be, layout, params, dparams, "mlp.c_fc.weight", ws.ln2.f32(), C, g1, F, 0, g2, N, ws);
   be.CopyDeviceToDevice(dres, dout, N * C * sizeof(float));
   be.LayerNormBackward(dres, d.ln2_w, d.ln2_b, g2, ws.resid2.f32(), w.ln2_w, ws.ln2_mean.f32(),
                        ws.ln2_rstd.f32(), N, C);  // dx1 (N,C)
   // Attention: x1 = x + c_proj(attention(c_attn(ln_1(x)))).
-  LinearBackward(be, g0, d.proj_w, d.proj_b, dres, ws.atty.f32(), w.proj_w, N, C, C);  // datty
+  LinearBackward(be, g0, frozen ? nullptr : d.proj_w, d.proj_b, dres, ws.atty.f32(), w.proj_w, N, C, C);  // datty
+  LoraBackward(be, layout, params, dparams, "attn.c_proj.weight", ws.atty.f32(), C, dres, C, 0, g0, N, ws);
   be.Zero(g1, N * 3 * C * sizeof(float));
   be.AttentionBackward(g1, ws.att_scratch.f32(), g0, ws.qkv.f32(), ws.att.f32(), B, T, C,
                        spec.n_head);                                                  // dqkv (N,3C)
-  LinearBackward(be, g2, d.attn_w, d.attn_b, g1, ws.ln1.f32(), w.attn_w, N, C, 3 * C);  // dln1
+  LinearBackward(be, g2, frozen ? nullptr : d.attn_w, d.attn_b, g1, ws.ln1.f32(), w.attn_w, N, C, 3 * C);  // dln1
+  LoraBackward(be, layout, params, dparams, "attn.c_attn.weight", ws.ln1.f32(), C, g1, 3 * C, 0, g2, N, ws);
   be.LayerNormBackward(dres, d.ln1_w, d.ln1_b, g2, in, w.ln1_w, ws.ln1_mean.f32(), ws.ln1_rstd.f32(), N, C);
   // din may alias dout or in: both are fully consumed by now.
   be.CopyDeviceToDevice(din, dres, N * C * sizeof(float));

@@ -78,7 +78,7 @@ size_t LayerWorkspace::bytes() const {
   for (const DeviceBuffer* b : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &att_scratch, &atty, &resid2,
                                 &ln2, &ln2_mean, &ln2_rstd, &fch, &fch_gelu, &logits, &losses, &g0,
                                 &g1, &g2, &g3, &rope_cos, &rope_sin, &moe_router, &moe_idx, &moe_w,
-                                &moe_dw, &moe_x, &moe_y, &moe_g}) {
+                                &moe_dw, &moe_x, &moe_y, &moe_g, &lora_u, &lora_t}) {
     total += b->bytes();
   }
   return total;

@@ -64,6 +64,8 @@ class LayerWorkspace {
   // int32), their weights and the weights' gradients (N*k); gathered rows, expert output,
   // gradient rows (N,C) each.
   kernels::DeviceBuffer moe_router, moe_idx, moe_w, moe_dw, moe_x, moe_y, moe_g;
+  kernels::DeviceBuffer lora_u, lora_t;            // (N, r) LoRA scratch (kernels/layers/lora.h
+                                                   // ReserveLoraScratch); empty without LoRA
 
  private:
   int64_t B_ = 0, T_ = 0, head_rows_ = 0;

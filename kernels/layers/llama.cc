@@ -24,6 +24,7 @@
 
 #include "kernels/layers/kv_decode.h"
 #include "kernels/layers/moe.h"
+#include "kernels/layers/lora.h"
 #include "kernels/layers/registry.h"
 
 namespace l2l::layers {
@@ -205,14 +206,20 @@ void QkNormBackward(Backend& be, const ModelSpec& spec, const BlockViews& w, con
 // With kv (B = T = 1, KV-cache decoding): the row is rotated for position kv->pos and
 // attends over the cache.
 // window: the block's sliding window (spec.WindowOf), 0 none.
-void BlockInternals(Backend& be, const ModelSpec& spec, const BlockViews& w, const float* in, int64_t B,
-                    int64_t T, LayerWorkspace& ws, int64_t window, const KvStep* kv = nullptr) {
+// With LoRA adapters in `layout`, each targeted linear adds its adapter (kernels/layers/lora.h).
+void BlockInternals(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
+                    const BlockViews& w, const float* in, int64_t B, int64_t T, LayerWorkspace& ws,
+                    int64_t window, const KvStep* kv = nullptr) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T, W = QkvWidth(spec);
   const int64_t NH = spec.n_head, NKV = spec.kv_heads(), hs = spec.head_dim(), A = NH * hs;
   const float eps = static_cast<float>(spec.rms_norm_eps);
   be.RMSNormForward(ws.ln1.f32(), ws.ln1_rstd.f32(), in, w.ln1, N, C, eps);
   be.Gemm(false, true, N, W, C, 1.0f, ws.ln1.f32(), C, w.qkv_w, C, 0.0f, ws.qkv.f32(), W);
   if (w.qkv_b != nullptr) be.AddBias(ws.qkv.f32(), w.qkv_b, N, W);
+  const int64_t q = NH * hs, kvw = NKV * hs;
+  LoraForward(be, layout, params, "self_attn.q_proj.weight", ws.ln1.f32(), C, N, ws.qkv.f32(), W, 0, ws);
+  LoraForward(be, layout, params, "self_attn.k_proj.weight", ws.ln1.f32(), C, N, ws.qkv.f32(), W, q, ws);
+  LoraForward(be, layout, params, "self_attn.v_proj.weight", ws.ln1.f32(), C, N, ws.qkv.f32(), W, q + kvw, ws);
   if (spec.qk_norm) QkNormForward(be, spec, w, N, ws);
   const int64_t rope_row = kv != nullptr ? kv->pos * (hs / 2) : 0;  // the tables' row for position 0 of qkv
   be.RopeForward(ws.qkv.f32(), ws.rope_cos.f32() + rope_row, ws.rope_sin.f32() + rope_row, B, T, W, NH + NKV, hs);
@@ -225,9 +232,12 @@ void BlockInternals(Backend& be, const ModelSpec& spec, const BlockViews& w, con
   }
   // x1 = x + attn
   be.LinearForward(ws.resid2.f32(), ws.atty.f32(), w.o_w, true, nullptr, N, A, C, nullptr, in);
+  LoraForward(be, layout, params, "self_attn.o_proj.weight", ws.atty.f32(), A, N, ws.resid2.f32(), C, 0, ws);
   be.RMSNormForward(ws.ln2.f32(), ws.ln2_rstd.f32(), ws.resid2.f32(), w.ln2, N, C, eps);
   if (spec.moe()) return;  // the MoE MLP runs from ln2 (MoeOut)
   be.Gemm(false, true, N, 2 * F, C, 1.0f, ws.ln2.f32(), C, w.gate_up_w, C, 0.0f, ws.fch.f32(), 2 * F);
+  LoraForward(be, layout, params, "mlp.gate_proj.weight", ws.ln2.f32(), C, N, ws.fch.f32(), 2 * F, 0, ws);
+  LoraForward(be, layout, params, "mlp.up_proj.weight", ws.ln2.f32(), C, N, ws.fch.f32(), 2 * F, F, ws);
   be.SwiGLUForward(ws.fch_gelu.f32(), ws.fch.f32(), N, F);
 }
 
@@ -254,25 +264,28 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
                   const float* in, float* out, int64_t B, int64_t T, LayerWorkspace& ws, const SequenceInputs& seq) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   const BlockViews w = Views(spec, layout, params);
-  BlockInternals(be, spec, w, in, B, T, ws, spec.WindowOf(layout.block));
+  BlockInternals(be, spec, layout, params, w, in, B, T, ws, spec.WindowOf(layout.block));
   if (spec.moe()) {
     MoeOut(be, spec, layout, w, out, N, ws, seq.moe);
     return;
   }
   // out = x1 + down(h); `in` is no longer read, so out may alias it.
   be.LinearForward(out, ws.fch_gelu.f32(), w.down_w, true, nullptr, N, F, C, nullptr, ws.resid2.f32());
+  LoraForward(be, layout, params, "mlp.down_proj.weight", ws.fch_gelu.f32(), F, N, out, C, 0, ws);
 }
 
 void FamilyBlockDecode(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
                        const float* in, float* out, LayerWorkspace& ws, const KvStep& kv) {
   const BlockViews w = Views(spec, layout, params);
-  BlockInternals(be, spec, w, in, 1, 1, ws, spec.WindowOf(layout.block), &kv);
+  BlockInternals(be, spec, layout, params, w, in, 1, 1, ws, spec.WindowOf(layout.block), &kv);
   if (spec.moe()) {
     MoeOut(be, spec, layout, w, out, 1, ws, nullptr);
     return;
   }
   be.LinearForward(out, ws.fch_gelu.f32(), w.down_w, true, nullptr, 1, spec.d_ff, spec.d_model, nullptr,
                    ws.resid2.f32());
+  LoraForward(be, layout, params, "mlp.down_proj.weight", ws.fch_gelu.f32(), spec.d_ff, 1, out, spec.d_model, 0,
+              ws);
 }
 
 void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
@@ -283,7 +296,11 @@ void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& 
   const int64_t window = spec.WindowOf(layout.block);
   const BlockViews w = Views(spec, layout, params);
   const BlockViews d = Views(spec, layout, dparams);
-  if (recompute) BlockInternals(be, spec, w, in, B, T, ws, window);
+  if (recompute) BlockInternals(be, spec, layout, params, w, in, B, T, ws, window);
+  // A LoRA layout freezes the base: no weight gradients for it (its norms' and biases'
+  // land in the unused frozen part of dparams), the adapters' instead.
+  const bool frozen = BaseFrozen(layout);
+  const int64_t q = NH * hs, kvw = NKV * hs;
 
   float* g0 = ws.g0.f32();
   float* g1 = ws.g1.f32();
@@ -295,18 +312,22 @@ void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& 
     MoeBackward(be, spec, w.moe, d.moe, ws.ln2.f32(), dout, g2, N, ws, seq.moe);
   } else {
     // MLP: out = x1 + down(silu(gate(rms_2(x1))) * up(rms_2(x1))).
-    be.Gemm(true, false, C, F, N, 1.0f, dout, C, ws.fch_gelu.f32(), F, 1.0f, d.down_w, F);  // dW_down (C,F) +=
+    if (!frozen) be.Gemm(true, false, C, F, N, 1.0f, dout, C, ws.fch_gelu.f32(), F, 1.0f, d.down_w, F);  // dW_down +=
     be.Gemm(false, false, N, F, C, 1.0f, dout, C, w.down_w, F, 0.0f, g0, F);                // dh (N,F)
+    LoraBackward(be, layout, params, dparams, "mlp.down_proj.weight", ws.fch_gelu.f32(), F, dout, C, 0, g0, N, ws);
     be.Zero(g1, N * 2 * F * sizeof(float));
     be.SwiGLUBackward(g1, g0, ws.fch.f32(), N, F);                                          // dgate|dup (N,2F)
-    be.Gemm(true, false, 2 * F, C, N, 1.0f, g1, 2 * F, ws.ln2.f32(), C, 1.0f, d.gate_up_w, C);  // (2F,C) +=
+    if (!frozen) be.Gemm(true, false, 2 * F, C, N, 1.0f, g1, 2 * F, ws.ln2.f32(), C, 1.0f, d.gate_up_w, C);  // (2F,C) +=
     be.Gemm(false, false, N, C, 2 * F, 1.0f, g1, 2 * F, w.gate_up_w, C, 0.0f, g2, C);         // dln2 (N,C)
+    LoraBackward(be, layout, params, dparams, "mlp.gate_proj.weight", ws.ln2.f32(), C, g1, 2 * F, 0, g2, N, ws);
+    LoraBackward(be, layout, params, dparams, "mlp.up_proj.weight", ws.ln2.f32(), C, g1, 2 * F, F, g2, N, ws);
   }
   be.CopyDeviceToDevice(dres, dout, N * C * sizeof(float));
   be.RMSNormBackward(dres, d.ln2, g2, ws.resid2.f32(), w.ln2, ws.ln2_rstd.f32(), N, C);  // dx1
   // Attention: x1 = x + o_proj(gqa(rope(qkv(rms_1(x))))).
-  be.Gemm(true, false, C, A, N, 1.0f, dres, C, ws.atty.f32(), A, 1.0f, d.o_w, A);  // dW_o (C,A) +=
+  if (!frozen) be.Gemm(true, false, C, A, N, 1.0f, dres, C, ws.atty.f32(), A, 1.0f, d.o_w, A);  // dW_o (C,A) +=
   be.Gemm(false, false, N, A, C, 1.0f, dres, C, w.o_w, A, 0.0f, g0, A);           // datty (N,A)
+  LoraBackward(be, layout, params, dparams, "self_attn.o_proj.weight", ws.atty.f32(), A, dres, C, 0, g0, N, ws);
   be.Zero(g1, N * W * sizeof(float));
   if (window > 0) {
     be.AttentionBackwardGqaWindow(g1, ws.att_scratch.f32(), g0, ws.qkv.f32(), ws.att.f32(), B, T, NH, NKV, hs,
@@ -317,8 +338,11 @@ void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& 
   be.RopeBackward(g1, ws.rope_cos.f32(), ws.rope_sin.f32(), B, T, W, NH + NKV, hs);  // dqkv before rotation
   if (spec.qk_norm) QkNormBackward(be, spec, w, d, g1, N, ws);
   if (d.qkv_b != nullptr) be.BiasBackward(d.qkv_b, g1, N, W);
-  be.Gemm(true, false, W, C, N, 1.0f, g1, W, ws.ln1.f32(), C, 1.0f, d.qkv_w, C);  // dW_qkv (W,C) +=
+  if (!frozen) be.Gemm(true, false, W, C, N, 1.0f, g1, W, ws.ln1.f32(), C, 1.0f, d.qkv_w, C);  // dW_qkv (W,C) +=
   be.Gemm(false, false, N, C, W, 1.0f, g1, W, w.qkv_w, C, 0.0f, g2, C);           // dln1 (N,C)
+  LoraBackward(be, layout, params, dparams, "self_attn.q_proj.weight", ws.ln1.f32(), C, g1, W, 0, g2, N, ws);
+  LoraBackward(be, layout, params, dparams, "self_attn.k_proj.weight", ws.ln1.f32(), C, g1, W, q, g2, N, ws);
+  LoraBackward(be, layout, params, dparams, "self_attn.v_proj.weight", ws.ln1.f32(), C, g1, W, q + kvw, g2, N, ws);
   be.RMSNormBackward(dres, d.ln1, g2, in, w.ln1, ws.ln1_rstd.f32(), N, C);
   // din may alias dout or in: both are fully consumed by now.
   be.CopyDeviceToDevice(din, dres, N * C * sizeof(float));

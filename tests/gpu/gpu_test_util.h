@@ -23,6 +23,7 @@
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/layers/layers.h"
+#include "kernels/layers/lora.h"
 #include "tests/testing/bf16_reference.h"
 
 namespace l2l::gpu_test {
@@ -200,6 +201,9 @@ inline void ExpectBlockMatches(Backends& b, const ModelSpec& spec, const LayerLa
                                std::mt19937& rng) {
   const int64_t C = spec.d_model;
   Workspaces ws = MakeWorkspaces(b, spec, B, T);
+  // A LoRA block (kernels/layers/lora.h) needs its adapter scratch; nothing otherwise.
+  REQUIRE(layers::ReserveLoraScratch(b.cpu.get(), {block}, ws.cpu.get()).ok());
+  REQUIRE(layers::ReserveLoraScratch(b.gpu.get(), {block}, ws.gpu.get()).ok());
   Twin params = Twin::Of(b, param_values);
   Twin in = Twin::Of(b, RandomVec(rng, B * T * C));
   Twin out = Twin::Of(b, RandomVec(rng, B * T * C));

@@ -514,6 +514,18 @@ TEST_CASE("EPS refuses initial weights that are not finite, naming layer and ten
   CHECK_FALSE(core.has_job());
 }
 
+TEST_CASE("EPS refuses a LoRA job (not wired into the daemon yet), saying so", "[integration][eps][lora]") {
+  JobConfig job = TinyJob(DType::kF32);
+  job.lora.enabled = true;
+  job.lora.r = 2;
+  REQUIRE(job.Validate().ok());
+  eps::EpsCore core(Daemon::MakeOpts(1, "grpc"));
+  Status s = core.CreateJob(job);
+  CHECK(s.code() == StatusCode::kUnimplemented);
+  CHECK(s.message().find("lora: the daemon does not run LoRA jobs in this build") != std::string::npos);
+  CHECK_FALSE(core.has_job());
+}
+
 TEST_CASE("EPS API: every gradient header field is validated before its bytes are allocated",
           "[integration][eps][bad_input]") {
   BadInputFixture f;

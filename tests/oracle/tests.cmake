@@ -23,3 +23,15 @@ add_test(NAME oracle.hf_transformers
          COMMAND bash -c
                  "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); rm -rf '${_hf_oracle_dir}'; '$<TARGET_FILE:l2l-oracle-dump>' --hf --out '${_hf_oracle_dir}'; HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/oracle/hf_oracle.py' '${_hf_oracle_dir}'")
 set_tests_properties(oracle.hf_transformers PROPERTIES LABELS "unit;oracle" TIMEOUT 600)
+
+# Hugging Face PEFT oracle for LoRA (label "unit;oracle"): l2l-oracle-dump --lora writes
+# LoRA variants (Llama GQA untied with all-linear targets and lm_head in modules_to_save,
+# GPT-2 tied with its Conv1D c_attn / c_proj / c_fc, Llama with a bf16 base and three
+# targets); tests/oracle/peft_oracle.py wraps the transformers model with
+# peft.get_peft_model, loads our adapters and compares loss, the adapters' gradients and
+# one AdamW step. The interpreter comes from scripts/oracle_venv.sh (peft pinned there).
+set(_peft_oracle_dir ${CMAKE_CURRENT_BINARY_DIR}/peft_oracle_dump)
+add_test(NAME oracle.peft_lora
+         COMMAND bash -c
+                 "set -e; PY=$('${CMAKE_SOURCE_DIR}/scripts/oracle_venv.sh'); rm -rf '${_peft_oracle_dir}'; '$<TARGET_FILE:l2l-oracle-dump>' --lora --out '${_peft_oracle_dir}'; HF_HUB_OFFLINE=1 \"$PY\" '${CMAKE_CURRENT_SOURCE_DIR}/oracle/peft_oracle.py' '${_peft_oracle_dir}'")
+set_tests_properties(oracle.peft_lora PROPERTIES LABELS "unit;oracle" TIMEOUT 600)

@@ -30,9 +30,18 @@
 // three AdamW steps (weights before each, our gradients of each, the weights after:
 // steps/step<i>_{weights,grads}.safetensors, after_3steps.safetensors) for the oracle's
 // set_to_none AdamW loop (an expert without tokens is skipped, moments included).
+// With --lora it writes the variants tests/oracle/peft_oracle.py checks against Hugging
+// Face PEFT (LoRA adapters on a frozen base, common/lora.h): per variant model.safetensors
+// (the base as the trainer holds it: bf16-rounded for base_dtype bf16, whose unrounded
+// weights are model_fp32.safetensors), adapters.safetensors (A and B of every adapter,
+// non-zero B so that every gradient path matters, "<HF module>.lora_A" / ".lora_B", and
+// the modules_to_save tensors under their HF names), grads.safetensors and
+// after_noclip.safetensors with the same keys, peft_adapter/ (the adapters after the step
+// as a PEFT adapter directory), data.safetensors and meta.json (+ lora).
 //
 // The weights are GPT-2's initialisation made larger and non-trivial (matrices x5, every
 // bias and LayerNorm parameter perturbed) so that every path of the backward matters.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -47,6 +56,7 @@
 #include "common/config.h"
 #include "common/formats/model_io.h"
 #include "common/formats/safetensors.h"
+#include "common/lora.h"
 #include "common/models/registry.h"
 #include "common/status.h"
 #include "worker/reference/reference_trainer.h"
@@ -197,6 +207,174 @@ void StarveExpert(const l2l::ModelSpec& spec, std::vector<std::vector<float>>* w
   const l2l::ParamInfo* router = layouts[1].Find("block_sparse_moe.gate.weight");
   float* row = (*weights)[1].data() + router->offset + (spec.num_experts - 1) * spec.d_model;
   for (int64_t c = 0; c < spec.d_model; ++c) row[c] = c == 0 ? -10.0f : 0.0f;
+}
+
+struct LoraVariant {
+  std::string name;
+  std::string architecture;
+  l2l::JobConfig job;
+};
+
+std::vector<LoraVariant> LoraVariants(uint64_t seed) {
+  std::vector<LoraVariant> v;
+  {
+    l2l::JobConfig c = LlamaJob(false, 2, seed);  // GQA, untied head trained in full
+    c.lora.enabled = true;
+    c.lora.r = 4;
+    c.lora.alpha = 8;
+    c.lora.target = {"all-linear"};
+    c.lora.modules_to_save = {"lm_head"};
+    v.push_back({"llama_lora_untied", "LlamaForCausalLM", c});
+  }
+  {
+    l2l::JobConfig c = OracleJob(true, seed);  // GPT-2 Conv1D targets, tied embeddings
+    c.lora.enabled = true;
+    c.lora.r = 3;
+    c.lora.alpha = 12;
+    c.lora.target = {"c_attn", "c_proj", "c_fc"};
+    v.push_back({"gpt2_lora_tied", "GPT2LMHeadModel", c});
+  }
+  {
+    l2l::JobConfig c = LlamaJob(true, 2, seed);  // a bf16 base, some targets
+    c.lora.enabled = true;
+    c.lora.r = 5;
+    c.lora.alpha = 7;
+    c.lora.target = {"q_proj", "v_proj", "down_proj"};
+    c.lora.base_dtype = l2l::LoraBaseDType::kBF16;
+    v.push_back({"llama_lora_bf16", "LlamaForCausalLM", c});
+  }
+  return v;
+}
+
+// The adapters (and modules_to_save tensors) of `layers` under the oracle's keys.
+struct NamedTensors {
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<std::vector<float>> values;
+};
+
+NamedTensors LoraTensors(const l2l::JobConfig& c, const std::vector<l2l::LayerLayout>& layouts,
+                         const std::vector<std::vector<float>>& layers) {
+  NamedTensors out;
+  for (l2l::LoraAdapterTensors& t : l2l::ExtractLoraAdapters(c.model, c.lora, layouts, layers)) {
+    out.names.push_back(t.module + ".lora_A");
+    out.shapes.push_back({t.r, t.in});
+    out.values.push_back(std::move(t.A));
+    out.names.push_back(t.module + ".lora_B");
+    out.shapes.push_back({t.out, t.r});
+    out.values.push_back(std::move(t.B));
+  }
+  for (size_t l = 0; l < layouts.size(); ++l) {
+    if (layouts[l].kind == l2l::LayerKind::kBlock) continue;
+    for (const l2l::ParamInfo& p : layouts[l].params) {
+      if (!p.trainable) continue;
+      out.names.push_back(l2l::HfTensorName(c.model, p));
+      out.shapes.push_back(p.shape);
+      out.values.emplace_back(layers[l].begin() + p.offset, layers[l].begin() + p.offset + p.numel);
+    }
+  }
+  return out;
+}
+
+Status WriteNamed(const std::string& path, const NamedTensors& t) {
+  std::vector<l2l::TensorToWrite> w;
+  for (size_t i = 0; i < t.names.size(); ++i) w.push_back({t.names[i], t.shapes[i], l2l::DType::kF32, t.values[i].data()});
+  return l2l::WriteSafeTensors(path, w);
+}
+
+// The base prefix of every LoRA layer buffer (BuildLayout(spec) order and sizes).
+std::vector<std::vector<float>> BaseOf(const std::vector<l2l::LayerLayout>& layouts,
+                                       const std::vector<std::vector<float>>& layers) {
+  std::vector<std::vector<float>> out;
+  for (size_t l = 0; l < layouts.size(); ++l) {
+    out.emplace_back(layers[l].begin(), layers[l].begin() + l2l::BaseNumel(layouts[l]));
+  }
+  return out;
+}
+
+Status DumpLoraVariant(const std::string& dir, const l2l::JobConfig& cfg, uint64_t seed,
+                       const std::string& hf_architecture) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return l2l::ErrnoError("mkdir -p", dir, ec.value());
+  L2L_RETURN_IF_ERROR(cfg.Validate());
+  const l2l::ModelSpec& spec = cfg.model;
+  const std::vector<l2l::LayerLayout> layouts = l2l::BuildLoraLayout(spec, cfg.lora);
+  const std::vector<std::vector<float>> base = OracleWeights(spec, seed);
+  // Full LoRA buffers: the base, then A and B drawn in [-0.3, 0.3) (B non-zero: with
+  // PEFT's B = 0 the gradient of A would be 0 and its path untested).
+  std::vector<std::vector<float>> full;
+  const uint64_t key = SplitMix64(seed ^ 0x10BA);
+  for (size_t l = 0; l < layouts.size(); ++l) {
+    full.emplace_back(layouts[l].numel, 0.0f);
+    std::copy(base[l].begin(), base[l].end(), full.back().begin());
+    for (size_t i = base[l].size(); i < layouts[l].numel; ++i) {
+      full.back()[i] = static_cast<float>(0.3 * Sym(key + l, i));
+    }
+    l2l::RoundFrozenBase(cfg.lora, layouts[l], full.back().data());
+  }
+  std::vector<w::MicroBatch> mbs = OracleBatches(cfg, seed);
+  const int64_t M = cfg.train.micro_batches, B = cfg.train.micro_batch_size, T = cfg.seq_len();
+
+  L2L_ASSIGN_OR_RETURN(auto t, w::ReferenceTrainer::Create(cfg, full));
+  L2L_ASSIGN_OR_RETURN(float loss, t->ComputeGradients(mbs));
+  L2L_RETURN_IF_ERROR(l2l::SaveModel(dir + "/model.safetensors", spec, BaseOf(layouts, full)));
+  if (cfg.lora.base_dtype != l2l::LoraBaseDType::kF32) {
+    L2L_RETURN_IF_ERROR(l2l::SaveModel(dir + "/model_fp32.safetensors", spec, base));
+  }
+  L2L_RETURN_IF_ERROR(WriteNamed(dir + "/adapters.safetensors", LoraTensors(cfg, layouts, full)));
+  L2L_RETURN_IF_ERROR(WriteNamed(dir + "/grads.safetensors", LoraTensors(cfg, layouts, t->grads())));
+  L2L_ASSIGN_OR_RETURN(auto s, w::ReferenceTrainer::Create(cfg, full));
+  L2L_ASSIGN_OR_RETURN(float step_loss, s->Step(mbs));
+  if (step_loss != loss) return l2l::Internal("loss of the step differs from ComputeGradients'");
+  L2L_RETURN_IF_ERROR(WriteNamed(dir + "/after_noclip.safetensors", LoraTensors(cfg, layouts, s->params())));
+  // The adapters after the step as PEFT's own adapter directory (PeftModel.from_pretrained).
+  L2L_RETURN_IF_ERROR(s->SavePeftAdapter(dir + "/peft_adapter"));
+  // The frozen base must not move.
+  for (size_t l = 0; l < layouts.size(); ++l) {
+    for (const l2l::ParamInfo& p : layouts[l].params) {
+      if (p.trainable) continue;
+      for (size_t i = 0; i < p.numel; ++i) {
+        if (s->params()[l][p.offset + i] != full[l][p.offset + i]) {
+          return l2l::Internal("the frozen base tensor " + p.name + " changed in the step");
+        }
+      }
+    }
+  }
+
+  std::vector<float> inputs, targets;
+  for (int64_t u = 0; u < M; ++u) {
+    inputs.insert(inputs.end(), mbs[u].inputs.begin(), mbs[u].inputs.end());
+    targets.insert(targets.end(), mbs[u].targets.begin(), mbs[u].targets.end());
+  }
+  L2L_RETURN_IF_ERROR(l2l::WriteSafeTensors(dir + "/data.safetensors",
+                                            {{"inputs", {M, B, T}, l2l::DType::kF32, inputs.data()},
+                                             {"targets", {M, B, T}, l2l::DType::kF32, targets.data()}}));
+  nlohmann::json meta;
+  meta["spec"] = nlohmann::json::parse(l2l::ModelSpecToJson(spec));
+  meta["B"] = B;
+  meta["T"] = T;
+  meta["M"] = M;
+  meta["loss"] = loss;
+  meta["hf_architecture"] = hf_architecture;
+  std::vector<std::string> modules;
+  for (const l2l::LoraTarget& tg : l2l::ResolvedTargets(spec, cfg.lora)) {
+    if (std::find(modules.begin(), modules.end(), tg.module) == modules.end()) modules.push_back(tg.module);
+  }
+  meta["lora"] = {{"r", cfg.lora.r},
+                  {"alpha", cfg.lora.alpha},
+                  {"target_modules", modules},
+                  {"modules_to_save", cfg.lora.modules_to_save},
+                  {"base_dtype", l2l::ToString(cfg.lora.base_dtype)}};
+  nlohmann::json o = OptimJson(cfg, l2l::LearningRate(cfg.optim, 0));
+  o["grad_norm"] = s->last_grad_norm();
+  meta["steps"]["noclip"] = o;
+  std::ofstream out(dir + "/meta.json");
+  out << meta.dump(2) << "\n";
+  if (!out.good()) return l2l::ErrnoError("write", dir + "/meta.json", errno);
+  std::printf("l2l-oracle-dump: %s (LoRA r=%lld): loss %.6f\n", dir.c_str(), static_cast<long long>(cfg.lora.r),
+              loss);
+  return Status::Ok();
 }
 
 struct HfVariant {
@@ -351,7 +529,19 @@ int main(int argc, char** argv) {
   bool hf = false;
   app.add_option("--seed", seed, "weights and tokens seed")->capture_default_str();
   app.add_flag("--hf", hf, "write the Hugging Face transformers oracle's variants instead");
+  bool lora = false;
+  app.add_flag("--lora", lora, "write the PEFT (LoRA) oracle's variants instead");
   CLI11_PARSE(app, argc, argv);
+  if (lora) {
+    for (const LoraVariant& v : LoraVariants(seed)) {
+      const Status st = DumpLoraVariant(out + "/" + v.name, v.job, seed, v.architecture);
+      if (!st.ok()) {
+        std::fprintf(stderr, "l2l-oracle-dump: %s: %s\n", v.name.c_str(), st.ToString().c_str());
+        return 1;
+      }
+    }
+    return 0;
+  }
   if (hf) {
     for (const HfVariant& v : HfVariants(seed)) {
       const Status st = DumpVariant(out + "/" + v.name, v.job, seed, v.architecture);

@@ -9,9 +9,12 @@
 
 #include "common/adamw.h"
 #include "common/formats/model_io.h"
+#include "common/formats/peft_lora_writer.h"
 #include "common/logging.h"
+#include "common/lora.h"
 #include "common/models/registry.h"
 #include "kernels/layers/moe.h"
+#include "kernels/layers/lora.h"
 
 namespace l2l::worker {
 
@@ -65,12 +68,18 @@ Status ReferenceTrainer::Init(const JobConfig& cfg, std::vector<std::vector<floa
   cfg_ = cfg;
   budget_bytes_ = opts.activation_budget_bytes > 0 ? opts.activation_budget_bytes
                                                    : static_cast<size_t>(cfg.train.activation_budget_mb) << 20;
-  layouts_ = BuildLayout(cfg.model);
+  layouts_ = BuildLoraLayout(cfg.model, cfg.lora);
   if (params.size() != layouts_.size()) {
     return InvalidArgument("initial weights have " + std::to_string(params.size()) + " layers, model has " +
                            std::to_string(layouts_.size()));
   }
   for (size_t l = 0; l < layouts_.size(); ++l) {
+    if (cfg.lora.enabled && params[l].size() == BaseNumel(layouts_[l]) && params[l].size() != layouts_[l].numel) {
+      // Base weights only: the adapters start as PEFT's (A kaiming-uniform, B = 0).
+      params[l].resize(layouts_[l].numel, 0.0f);
+      InitLoraAdapters(cfg.lora, layouts_[l], params[l].data());
+    }
+    RoundFrozenBase(cfg.lora, layouts_[l], params[l].data());
     if (params[l].size() != layouts_[l].numel) {
       return InvalidArgument("initial weights of layer " + std::to_string(l) + " (" +
                              LayerKindName(layouts_[l].kind) + ") have " + std::to_string(params[l].size()) +
@@ -89,8 +98,9 @@ Status ReferenceTrainer::Init(const JobConfig& cfg, std::vector<std::vector<floa
     expert_steps_.assign(touched_.size(), 0);
   }
   for (const LayerLayout& l : layouts_) {
-    m_.emplace_back(l.numel, 0.0f);
-    v_.emplace_back(l.numel, 0.0f);
+    // AdamW moments for what trains: the whole layer, or a LoRA layer's trainable span.
+    m_.emplace_back(TrainableRange(l).numel, 0.0f);
+    v_.emplace_back(TrainableRange(l).numel, 0.0f);
     L2L_ASSIGN_OR_RETURN(DeviceBuffer p, Buffer(backend_.get(), l.numel * sizeof(float)));
     L2L_ASSIGN_OR_RETURN(DeviceBuffer g, Buffer(backend_.get(), l.numel * sizeof(float)));
     backend_->Zero(g.data(), l.numel * sizeof(float));
@@ -120,6 +130,7 @@ Status ReferenceTrainer::EnsureWorkspace(int64_t B, int64_t T) {
   const size_t hidden = n * static_cast<size_t>(cfg_.model.d_model) * sizeof(float);
   L2L_ASSIGN_OR_RETURN(layers::LayerWorkspace ws, layers::LayerWorkspace::Create(backend_.get(), cfg_.model, B, T));
   ws_ = std::make_unique<layers::LayerWorkspace>(std::move(ws));
+  L2L_RETURN_IF_ERROR(layers::ReserveLoraScratch(backend_.get(), layouts_, ws_.get()));
   L2L_ASSIGN_OR_RETURN(plan_, PlanActivations(*backend_, cfg_.model, *ws_, cfg_.train.recompute, budget_bytes_,
                                               /*micro_batches=*/1));
   for (int64_t i = 0; i < plan_.kept_blocks; ++i) {
@@ -215,8 +226,11 @@ float ReferenceTrainer::RunMicroBatch(const MicroBatch& mb, float loss_scale, bo
                           d_grads_[1 + i].f32(), B, T, *ws_, seq, kept(i));
     std::swap(dcur, dnext);
   }
-  layers::EmbeddingBackward(be, spec, layouts_[0], d_tokens_.i32(), dcur, d_grads_[0].f32(), B, T, seq,
-                            d_params_[0].f32(), ws_.get());
+  // A frozen embedding (LoRA without it in modules_to_save) needs no gradient.
+  if (TrainableNumel(layouts_[0]) > 0) {
+    layers::EmbeddingBackward(be, spec, layouts_[0], d_tokens_.i32(), dcur, d_grads_[0].f32(), B, T, seq,
+                              d_params_[0].f32(), ws_.get());
+  }
   return loss;
 }
 
@@ -272,8 +286,17 @@ void ReferenceTrainer::ApplyUpdate() {
   std::vector<float> coef(layouts_.size(), 1.0f);
   double total_sq = 0.0;
   std::vector<double> layer_sq(layouts_.size());
+  // Norms over the trainable vector (all of a layer but a LoRA job's frozen base), as the
+  // EPS sees it: the trainable tensors packed in layout order.
   for (size_t l = 0; l < layouts_.size(); ++l) {
-    layer_sq[l] = SumSquares(g[l].data(), g[l].size());
+    const size_t n = TrainableNumel(layouts_[l]);
+    if (n == layouts_[l].numel) {
+      layer_sq[l] = SumSquares(g[l].data(), g[l].size());
+    } else {
+      std::vector<float> packed(n);
+      PackTrainable(layouts_[l], g[l].data(), packed.data());
+      layer_sq[l] = SumSquares(packed.data(), n);
+    }
     total_sq += layer_sq[l];
   }
   last_norm_ = std::sqrt(total_sq);
@@ -292,19 +315,20 @@ void ReferenceTrainer::ApplyUpdate() {
     const std::vector<ExpertRange> experts = ExpertRanges(spec, layouts_[l]);
     const int64_t block = layouts_[l].block;
     for (const ParamInfo& p : layouts_[l].params) {
+      if (!p.trainable) continue;
+      const size_t k = p.offset - TrainableRange(layouts_[l]).offset;  // in m_, v_
       AdamWStepArgs a = WithDecay(args, p.decay);
       for (size_t e = 0; e < experts.size(); ++e) {
         if (p.offset < experts[e].begin || p.offset >= experts[e].end) continue;
-        const size_t k = static_cast<size_t>(block * spec.num_experts) + e;
-        a.t = touched_[k] ? expert_steps_[k] + 1 : 0;  // 0: no token this step, skipped
+        const size_t x = static_cast<size_t>(block * spec.num_experts) + e;
+        a.t = touched_[x] ? expert_steps_[x] + 1 : 0;  // 0: no token this step, skipped
       }
       if (a.t == 0) continue;
-      AdamWStep(params_[l].data() + p.offset, g[l].data() + p.offset, m_[l].data() + p.offset,
-                v_[l].data() + p.offset, p.numel, a);
+      AdamWStep(params_[l].data() + p.offset, g[l].data() + p.offset, m_[l].data() + k, v_[l].data() + k, p.numel, a);
     }
     for (size_t e = 0; e < experts.size(); ++e) {
-      const size_t k = static_cast<size_t>(block * spec.num_experts) + e;
-      if (touched_[k]) ++expert_steps_[k];
+      const size_t x = static_cast<size_t>(block * spec.num_experts) + e;
+      if (touched_[x]) ++expert_steps_[x];
     }
   }
   UploadParams();
@@ -386,7 +410,18 @@ Status ReferenceTrainer::Probs(const MicroBatch& mb, float* probs) {
 }
 
 Status ReferenceTrainer::SaveSafetensors(const std::string& path) const {
+  if (cfg_.lora.enabled) {  // the base (BuildLayout's prefix of every LoRA layer)
+    std::vector<std::vector<float>> base;
+    for (size_t l = 0; l < layouts_.size(); ++l) {
+      base.emplace_back(params_[l].begin(), params_[l].begin() + BaseNumel(layouts_[l]));
+    }
+    return SaveModel(path, cfg_.model, base, DType::kF32, {{"l2l.step", std::to_string(step_)}});
+  }
   return SaveModel(path, cfg_.model, params_, DType::kF32, {{"l2l.step", std::to_string(step_)}});
+}
+
+Status ReferenceTrainer::SavePeftAdapter(const std::string& dir) const {
+  return WritePeftLoraAdapter(dir, cfg_.model, cfg_.lora, layouts_, params_);
 }
 
 }  // namespace l2l::worker

@@ -48,12 +48,16 @@ struct ReferenceTrainerOptions {
 
 class ReferenceTrainer {
  public:
-  // Initialises every layer with InitLayerParams(model, layout, train.seed).
+  // Initialises every layer with InitLayerParams(model, layout, train.seed); a LoRA job
+  // (cfg.lora) then gets its adapters (InitLoraAdapters) and its base rounded to
+  // lora.base_dtype. LoRA: only the adapters and modules_to_save train (clip norms and
+  // AdamW over the trainable tensors; the frozen base never changes).
   // Fails on an invalid config or when the backend cannot be created.
   static Result<std::unique_ptr<ReferenceTrainer>> Create(const JobConfig& cfg,
                                                           const ReferenceTrainerOptions& opts = {});
   // Starts from the given weights: one flat fp32 buffer per layer in model order, each
-  // of BuildLayout(cfg.model)[l].numel floats.
+  // of BuildLayout(cfg.model)[l].numel floats; a LoRA job also takes full LoRA buffers
+  // (BuildLoraLayout sizes: the adapters as given).
   static Result<std::unique_ptr<ReferenceTrainer>> Create(const JobConfig& cfg,
                                                           std::vector<std::vector<float>> params,
                                                           const ReferenceTrainerOptions& opts = {});
@@ -79,7 +83,9 @@ class ReferenceTrainer {
   // BertModel) for the micro-batch's inputs, token types and attention mask.
   Status Hidden(const MicroBatch& mb, float* hidden);
 
-  // Host fp32 state, one flat buffer per layer (layout order). Valid until the next Step.
+  // Host fp32 state, one flat buffer per layer (layout order: BuildLoraLayout, which is
+  // BuildLayout without LoRA). Valid until the next Step. m and v cover what trains:
+  // the whole layer, or a LoRA layer's trainable span (common/lora.h TrainableRange).
   const std::vector<std::vector<float>>& params() const { return params_; }
   const std::vector<std::vector<float>>& m() const { return m_; }
   const std::vector<std::vector<float>>& v() const { return v_; }
@@ -109,7 +115,11 @@ class ReferenceTrainer {
   const ActivationPlan& activation_plan() const { return plan_; }
 
   // Writes the weights as Hugging Face GPT-2 safetensors (common/formats/model_io.h).
+  // A LoRA job: the base only (its frozen tensors and its modules_to_save as trained).
   Status SaveSafetensors(const std::string& path) const;
+  // A LoRA job: its adapters (and modules_to_save) as a PEFT adapter directory
+  // (common/formats/peft_lora_writer.h); an error without a lora section.
+  Status SavePeftAdapter(const std::string& dir) const;
 
  private:
   ReferenceTrainer() = default;

@@ -1,6 +1,7 @@
 // l2l-train-ref: trains a model with the single-process reference trainer (the oracle the
 // relay is checked against), printing progress, evaluating on the validation split,
-// saving Hugging Face GPT-2 safetensors and printing a generated sample.
+// saving Hugging Face GPT-2 safetensors (a LoRA job: a PEFT adapter directory, OUT/adapter)
+// and printing a generated sample.
 //
 //   l2l-train-ref --config configs/quickstart.yaml [--steps N] [--set key=value]...
 //                 [--out DIR] [--device cpu|cuda|cuda:N] [--threads N] [--prompt TEXT]
@@ -144,9 +145,16 @@ Status Run(const Flags& f) {
   std::error_code ec;
   std::filesystem::create_directories(f.out, ec);
   if (ec) return l2l::ErrnoError("mkdir -p", f.out, ec.value());
-  const std::string model_path = (std::filesystem::path(f.out) / "model.safetensors").string();
-  L2L_RETURN_IF_ERROR(trainer->SaveSafetensors(model_path));
-  std::printf("l2l-train-ref: saved %s\n", model_path.c_str());
+  if (cfg.lora.enabled) {
+    // A LoRA job: the trained adapters as a PEFT adapter directory (the base is unchanged).
+    const std::string adapter_dir = (std::filesystem::path(f.out) / "adapter").string();
+    L2L_RETURN_IF_ERROR(trainer->SavePeftAdapter(adapter_dir));
+    std::printf("l2l-train-ref: saved the LoRA adapter (PEFT) in %s\n", adapter_dir.c_str());
+  } else {
+    const std::string model_path = (std::filesystem::path(f.out) / "model.safetensors").string();
+    L2L_RETURN_IF_ERROR(trainer->SaveSafetensors(model_path));
+    std::printf("l2l-train-ref: saved %s\n", model_path.c_str());
+  }
 
   if (f.sample_tokens > 0) {
     if (cfg.model.vocab_size != l2l::kByteVocabSize) {
