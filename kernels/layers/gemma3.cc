@@ -28,11 +28,14 @@
 //   rope_cos, rope_sin             global tables (T,hs/2), local tables (T,hs/2); then
 //                                  rope_cos: ones (max(C,hs)); rope_sin: the (1 + w)
 //                                  vectors of the current layer (4C + 2hs)
-// No KV-cache decoding (block_decode unset): l2l-sample refuses Gemma 3 for now.
+// KV-cache decoding (block_decode, kernels/layers/kv_decode.h): the same internals for one
+// row at position kv.pos (its rotary rows from the block's tables), attending over the
+// cache (a sliding block only over its last sliding_window positions).
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "kernels/layers/kv_decode.h"
 #include "kernels/layers/registry.h"
 
 namespace l2l::layers {
@@ -179,8 +182,11 @@ QkRaw RawHeads(const ModelSpec& s, LayerWorkspace& ws, int64_t N) {
 
 // Forward internals (everything the backward reads), ending with post_ff (N,C) =
 // rms_pf(m_out) (its rstd kept in ws.ln2_mean): the block's output less x1.
+// With kv (B = T = 1, KV-cache decoding): the row is rotated for position kv->pos and
+// attends over the cache.
 void BlockInternals(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const BlockViews& w,
-                    const PlusOne& p1, const float* in, int64_t B, int64_t T, LayerWorkspace& ws, float* post_ff) {
+                    const PlusOne& p1, const float* in, int64_t B, int64_t T, LayerWorkspace& ws, float* post_ff,
+                    const KvStep* kv = nullptr) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T, W = QkvWidth(spec);
   const int64_t NH = spec.n_head, NKV = spec.kv_heads(), hs = spec.head_dim(), A = NH * hs;
   const float eps = static_cast<float>(spec.rms_norm_eps);
@@ -199,9 +205,11 @@ void BlockInternals(Backend& be, const ModelSpec& spec, const LayerLayout& layou
   be.Copy2D(qkv, W, normed, A, N, A);
   be.RMSNormForward(normed, r.k_rstd, r.k, p1.k_norm, N * NKV, hs, eps);
   be.Copy2D(qkv + A, W, normed, NKV * hs, N, NKV * hs);
-  const int64_t table = sliding ? ws.T() * (hs / 2) : 0;
+  const int64_t table = (sliding ? ws.T() * (hs / 2) : 0) + (kv != nullptr ? kv->pos * (hs / 2) : 0);
   be.RopeForward(qkv, ws.rope_cos.f32() + table, ws.rope_sin.f32() + table, B, T, W, NH + NKV, hs);
-  if (sliding) {
+  if (kv != nullptr) {
+    AttendCached(be, qkv, NH, NKV, hs, *kv, ws.atty.f32(), sliding ? spec.sliding_window : 0);
+  } else if (sliding) {
     be.AttentionForwardGqaWindow(ws.atty.f32(), ws.att.f32(), qkv, B, T, NH, NKV, hs, spec.sliding_window);
   } else {
     be.AttentionForwardGqa(ws.atty.f32(), ws.att.f32(), qkv, B, T, NH, NKV, hs);
@@ -246,6 +254,14 @@ void GemmaBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& la
   // out = x1 + rms_pf(m_out); `in` is no longer read once out is written, so out may alias it.
   BlockInternals(be, spec, layout, w, p1, in, B, T, ws, out);
   be.Add(out, ws.resid2.f32(), out, N * C);
+}
+
+void GemmaBlockDecode(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
+                      const float* in, float* out, LayerWorkspace& ws, const KvStep& kv) {
+  const BlockViews w = Views(layout, params);
+  const PlusOne p1 = FormPlusOne(be, spec, w, ws);
+  BlockInternals(be, spec, layout, w, p1, in, 1, 1, ws, out, &kv);
+  be.Add(out, ws.resid2.f32(), out, spec.d_model);
 }
 
 void GemmaBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
@@ -348,6 +364,7 @@ const FamilyLayers& Gemma3Layers() {
                       &LayerWorkspace::att, &LayerWorkspace::atty, &LayerWorkspace::ln1_mean,
                       &LayerWorkspace::resid2, &LayerWorkspace::ln2, &LayerWorkspace::ln2_rstd,
                       &LayerWorkspace::fch, &LayerWorkspace::fch_gelu, &LayerWorkspace::ln2_mean},
+      .block_decode = &GemmaBlockDecode,
   };
   return kLayers;
 }

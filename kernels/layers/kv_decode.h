@@ -9,8 +9,8 @@
 // Built only from Backend ops (Gemm with strided operands, the cross-entropy op as a row
 // softmax, copies), so it runs on every backend (CPU; CUDA, and the CUDA emulator in
 // CI). Families: those whose kernels/layers/registry.h entry has block_decode (GPT-2,
-// Llama/Qwen2/Qwen3/Mistral/SmolLM, sliding windows included); an encoder (BERT) and
-// Gemma 3 (not implemented yet) are refused.
+// Llama/Qwen2/Qwen3/Mistral/SmolLM/Mixtral, sliding windows included, Gemma 3); an encoder
+// (BERT) is refused.
 //
 // NextProbs(context) keeps the semantics of a full recompute of `context`: when the
 // cache holds a prefix of it, only the rest runs; otherwise (the caller's window slid,

@@ -4,7 +4,8 @@
 // 4/2, q/k/v biases, rotary): every next-token distribution of a growing context equals
 // the full forward within atol 2e-6 / rtol 1e-4 (the two differ only in GEMM shapes and
 // the attention's summation order, fp32); a context that is not an extension of the cache
-// (a slid window) is prefilled again and still equal; BERT is refused.
+// (a slid window) is prefilled again and still equal; Qwen3-style and Gemma 3 blocks with
+// sliding windows too; BERT is refused.
 #include <catch2/catch.hpp>
 
 #include <random>
@@ -157,6 +158,37 @@ TEST_CASE("KV-cache decoding with q/k norms and a sliding window equals the full
     context.push_back(static_cast<int32_t>(rng() % m.spec.vocab_size));
   }
   CHECK((*dec)->decoded_tokens() == m.spec.seq_len - 3);
+}
+
+// Gemma 3 blocks: (1 + w) norms, q/k norms, a query scale from query_pre_attn_scalar,
+// interleaved sliding (window 5, local rotary base) and global (linear-scaled rotary)
+// blocks, the embedding scaled by sqrt(C): the cached decode equals the full forward.
+TEST_CASE("KV-cache decoding of Gemma 3 (sliding and global blocks) equals the full forward", "[layers][decode]") {
+  auto be = kernels::CreateCpuBackend(2);
+  ModelSpec s = Spec(ModelFamily::kGemma3);
+  s.n_kv_heads = 2;
+  s.head_size = 6;
+  s.qk_norm = true;
+  s.sliding_window = 5;
+  s.sliding_window_pattern = 2;  // blocks 0 and 2 slide, block 1 is global
+  s.rope_theta = 500.0;
+  s.rope_local_theta = 100.0;
+  s.query_pre_attn_scalar = 20.0;
+  s.rope_scaling = {RopeScalingType::kLinear, 2.0, 1.0, 4.0, 8192};
+  REQUIRE(s.Validate().ok());
+  const Model m(*be, s);
+  auto dec = KvDecoder::Create(be.get(), m.spec, m.ptrs);
+  REQUIRE(dec.ok());
+  std::mt19937 rng(13);
+  std::vector<int32_t> context = {3, 17, 42, 8};
+  while (static_cast<int64_t>(context.size()) <= m.spec.seq_len) {
+    auto p = (*dec)->NextProbs(context);
+    REQUIRE(p.ok());
+    ExpectProbsClose(*p, m.FullProbs(*be, context), "context of " + std::to_string(context.size()));
+    context.push_back(static_cast<int32_t>(rng() % m.spec.vocab_size));
+  }
+  CHECK((*dec)->prefilled_tokens() == 4);
+  CHECK((*dec)->decoded_tokens() == m.spec.seq_len - 4);
 }
 
 TEST_CASE("KV-cache decoding refuses an encoder, bad contexts and ids", "[layers][decode]") {
