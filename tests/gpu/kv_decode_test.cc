@@ -1,6 +1,6 @@
 // KV-cache decoding (kernels/layers/kv_decode.h) on the CUDA backend (the emulator in CI)
-// against the same decoder on the CPU backend, for GPT-2 and Llama (GQA 4/2, q/k/v
-// biases, rotary): the next-token distribution after a 4-token prefill and after each of
+// against the same decoder on the CPU backend, for GPT-2, Llama (GQA 4/2, q/k/v
+// biases, rotary) and Gemma 3 (a sliding and a global block): the next-token distribution after a 4-token prefill and after each of
 // 12 decode steps agrees within atol 1e-6 / rtol 1e-3 (the CUDA-vs-CPU bound of the other
 // head tests; the CPU decoder itself equals the full forward, tests/kernels/kv_decode_test.cc).
 #include <catch2/catch.hpp>
@@ -15,7 +15,7 @@ namespace {
 
 TEST_CASE("cuda KV-cache decoding matches the cpu decoder", "[gpu][decode]") {
   Backends& b = Both();
-  for (ModelFamily family : {ModelFamily::kGpt2, ModelFamily::kLlama}) {
+  for (ModelFamily family : {ModelFamily::kGpt2, ModelFamily::kLlama, ModelFamily::kGemma3}) {
     INFO("family " << ToString(family));
     ModelSpec spec;
     spec.family = family;
@@ -29,6 +29,15 @@ TEST_CASE("cuda KV-cache decoding matches the cpu decoder", "[gpu][decode]") {
       spec.n_kv_heads = 2;
       spec.qkv_bias = true;
       spec.tied_embeddings = false;
+    }
+    if (family == ModelFamily::kGemma3) {  // a sliding block (window 5), then a global one
+      spec.n_kv_heads = 2;
+      spec.head_size = 6;
+      spec.qk_norm = true;
+      spec.sliding_window = 5;
+      spec.sliding_window_pattern = 2;
+      spec.rope_local_theta = 100.0;
+      spec.query_pre_attn_scalar = 20.0;
     }
     REQUIRE(spec.Validate().ok());
     std::vector<Twin> params;
