@@ -200,6 +200,7 @@ TEST_CASE("GGUF export of Gemma 3 and Qwen3 fixtures re-imports, a Mistral windo
     Result<std::unique_ptr<Pretrained>> p = Pretrained::Open(FixtureDir(name));
     REQUIRE(p.ok());
     const std::vector<std::vector<float>> layers = LoadAll(**p);
+    std::filesystem::create_directories(std::string(L2L_BINARY_DIR) + "/family_exports");
     const std::string out = std::string(L2L_BINARY_DIR) + "/family_exports/" + name + ".gguf";
     const LayerSource read = [&layers](int64_t l, float* dst) {
       std::copy(layers[l].begin(), layers[l].end(), dst);
