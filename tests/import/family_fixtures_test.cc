@@ -195,6 +195,22 @@ TEST_CASE("Qwen2 with a sliding window from max_window_layers matches transforme
 TEST_CASE("Qwen3-MoE (q/k norms, 4 experts top-2, normalised top-k, aux loss) matches transformers 4.57",
           "[import][fixtures][qwen3_moe]") {
   CheckFixture("qwen3_moe", ModelFamily::kLlama);
+  // The optimizer's per-expert ranges (the daemon skips an expert no token reached) cover
+  // Qwen3-MoE's mlp.experts.E.* tensors: E contiguous runs of gate, up, down (3 F C each).
+  Result<std::unique_ptr<Pretrained>> p = Pretrained::Open(FixtureDir("qwen3_moe"));
+  REQUIRE(p.ok());
+  const ModelSpec& s = (*p)->spec();
+  const LayerLayout& block = (*p)->layout()[1];
+  const std::vector<ExpertRange> r = ExpertRanges(s, block);
+  REQUIRE(r.size() == 4);
+  const ParamInfo* first = block.Find("mlp.experts.0.gate_proj.weight");
+  REQUIRE(first != nullptr);
+  for (size_t e = 0; e < r.size(); ++e) {
+    CHECK(r[e].begin == first->offset + e * size_t(3 * s.d_ff * s.d_model));
+    CHECK(r[e].end - r[e].begin == size_t(3 * s.d_ff * s.d_model));
+    CHECK(block.Find("mlp.experts." + std::to_string(e) + ".down_proj.weight")->offset + size_t(s.d_ff * s.d_model) ==
+          r[e].end);
+  }
 }
 
 TEST_CASE("Qwen3-MoE with norm_topk_prob false (raw top-k softmax weights, aux loss) matches transformers 4.57",
