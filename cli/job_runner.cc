@@ -239,7 +239,7 @@ Result<RunResult> RunJob(const RunOptions& o, Progress* progress) {
                              : o.export_format == "safetensors" ? "model.safetensors"
                                                                 : "model.gguf";
     fs::remove_all(state + "/" + name, ec);
-    Result<CtlWritten> w = ctl->Export(name, o.export_format, "");
+    Result<CtlWritten> w = ctl->Export(name, o.export_format, o.export_type);
     if (!w.ok()) {
       eps->Stop();
       return w.status().WithContext("export --format " + o.export_format);

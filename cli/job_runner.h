@@ -37,6 +37,7 @@ struct RunOptions {
   std::vector<std::string> devices = {"cpu"};  // one worker per device
   int threads = 0;             // CPU worker threads (0: all cores)
   std::string export_format = "hf";  // hf | safetensors | gguf | none
+  std::string export_type;           // l2lctl export --dtype (empty: f32); the daemon refuses a bad pair
 };
 
 struct RunResult {

@@ -58,7 +58,7 @@ struct FinetuneFlags {
 };
 
 struct CommonFlags {
-  std::string out = "l2l-out", export_format = "hf";
+  std::string out = "l2l-out", export_format = "hf", export_type;
   std::vector<std::string> devices;
   int threads = 0;
   bool resume = false, quiet = false, json = false;
@@ -110,6 +110,7 @@ cli::RunOptions ToRunOptions(const CommonFlags& c, const std::string& job) {
   if (!c.devices.empty()) o.devices = c.devices;
   o.threads = c.threads;
   o.export_format = c.export_format;
+  o.export_type = c.export_type;
   return o;
 }
 
@@ -261,6 +262,10 @@ void AddCommon(CLI::App* app, CommonFlags* c) {
   app->add_option("--export", c->export_format, "format of the result: hf | safetensors | gguf | none")
       ->check(CLI::IsMember({"hf", "safetensors", "gguf", "none"}))
       ->capture_default_str();
+  app->add_option("--export-type", c->export_type,
+                  "tensor type of the export (l2l export --dtype): f32 (default) or bf16; gguf also f16, q8_0 and "
+                  "q4_k_m (llama.cpp's Q4_K_M mix)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8_0", "q4_k_m"}));
   app->add_flag("--resume", c->resume, "continue the run in --out from its last checkpoint");
   auto* q = app->add_flag("--quiet", c->quiet, "no progress, only the summary");
   app->add_flag("--json", c->json, "progress as JSON lines")->excludes(q);

@@ -185,6 +185,17 @@ struct ExpertRange {
 };
 std::vector<ExpertRange> ExpertRanges(const ModelSpec& spec, const LayerLayout& layout);
 
+// A Llama-family mixture-of-experts block's tensor names (after "layers.N."): Mixtral's
+// block_sparse_moe.{gate, experts.e.{w1,w3,w2}}, or Qwen3-MoE's (qk_norm)
+// mlp.{gate, experts.e.{gate_proj,up_proj,down_proj}}. Each expert's gate, up, down.
+struct MoeNames {
+  const char *prefix, *gate, *up, *down;
+};
+inline MoeNames MoeTensorNames(const ModelSpec& spec) {
+  return spec.qk_norm ? MoeNames{"mlp.", "gate_proj", "up_proj", "down_proj"}
+                      : MoeNames{"block_sparse_moe.", "w1", "w3", "w2"};
+}
+
 // One layout per layer, in model order (the family's). REQUIRES: spec.Validate().ok().
 std::vector<LayerLayout> BuildLayout(const ModelSpec& spec);
 

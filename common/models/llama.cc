@@ -1,6 +1,7 @@
 // The Llama family (Hugging Face LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM,
 // Qwen3ForCausalLM; sliding windows as Mistral / Qwen2 / Qwen3 configure them;
-// MixtralForCausalLM: the same blocks with a mixture-of-experts MLP): metadata for the
+// MixtralForCausalLM and Qwen3MoeForCausalLM: the same blocks with a mixture-of-experts
+// MLP): metadata for the
 // registry. Linear weights keep nn.Linear's
 // layout, W (out, in), y = x @ W^T; the names are the Hugging Face ones without "model.".
 //
@@ -19,6 +20,9 @@
 //                              expert e: block_sparse_moe.experts.e.w1.weight (F, C) (gate),
 //                              .w3.weight (F, C) (up) [adjacent: (2F, C)], .w2.weight (C, F)
 //                              (down); experts are contiguous, 3FC floats apart.
+// Qwen3-MoE (E > 0 with qk_norm) has the same tensors under its own names: mlp.gate.weight
+//                              (E, C), then per expert mlp.experts.e.gate_proj (F, C),
+//                              .up_proj (F, C), .down_proj (C, F), F = moe_intermediate_size.
 // The adjacency lets the kernels run q|k|v and gate|up as one product each.
 //
 // Thread-safety: pure functions and an immutable table entry.
@@ -40,9 +44,9 @@ Status ValidateMoe(const ModelSpec& s) {
   if (s.num_experts > 0 && s.qkv_bias) {
     return InvalidArgument("model.qkv_bias with model.num_experts > 0 is not supported (Mixtral has no q/k/v biases)");
   }
-  if (s.num_experts > 0 && (s.qk_norm || s.sliding_window > 0)) {
-    return Unimplemented("model.qk_norm or model.sliding_window with model.num_experts > 0 (Qwen3-MoE, a windowed "
-                         "Mixtral) is not supported yet: l2l's mixture of experts is Mixtral's shape");
+  if (s.num_experts > 0 && s.sliding_window > 0) {
+    return Unimplemented("model.sliding_window with model.num_experts > 0 (a windowed Mixtral or Qwen3-MoE) is "
+                         "not supported yet");
   }
   if (s.num_experts == 0) {
     if (s.experts_per_token != 0 || s.norm_topk_prob != d.norm_topk_prob ||
@@ -170,13 +174,14 @@ std::vector<LayerLayout> BuildLayout(const ModelSpec& spec) {
     AddParam(&b, h + "self_attn.o_proj.weight", {C, q}, true);
     AddParam(&b, h + "post_attention_layernorm.weight", {C}, false);
     if (spec.moe()) {
-      const std::string m = h + "block_sparse_moe.";
+      const MoeNames n = MoeTensorNames(spec);
+      const std::string m = h + n.prefix;
       AddParam(&b, m + "gate.weight", {spec.num_experts, C}, true);
       for (int64_t e = 0; e < spec.num_experts; ++e) {
         const std::string x = m + "experts." + std::to_string(e) + ".";
-        AddParam(&b, x + "w1.weight", {F, C}, true);
-        AddParam(&b, x + "w3.weight", {F, C}, true);
-        AddParam(&b, x + "w2.weight", {C, F}, true);
+        AddParam(&b, x + n.gate + ".weight", {F, C}, true);
+        AddParam(&b, x + n.up + ".weight", {F, C}, true);
+        AddParam(&b, x + n.down + ".weight", {C, F}, true);
       }
     } else {
       AddParam(&b, h + "mlp.gate_proj.weight", {F, C}, true);
@@ -243,9 +248,10 @@ Result<ModelSpec> FromHfConfig(const nlohmann::json& c, const std::string& origi
     // Set only when it differs from hidden_size/num_attention_heads (0 means that).
     if (head_dim > 0 && (s.d_model % s.n_head != 0 || head_dim != s.d_model / s.n_head)) s.head_size = head_dim;
   }
-  if (arch == "Qwen2ForCausalLM" || arch == "Qwen3ForCausalLM") {
+  const bool qwen3 = arch == "Qwen3ForCausalLM" || arch == "Qwen3MoeForCausalLM";
+  if (arch == "Qwen2ForCausalLM" || qwen3) {
     s.qkv_bias = arch == "Qwen2ForCausalLM";  // Qwen2's q/k/v projections always have biases
-    s.qk_norm = arch == "Qwen3ForCausalLM";   // Qwen3 normalises every q and k head
+    s.qk_norm = qwen3;                        // Qwen3 (and Qwen3-MoE) normalises every q and k head
     if (s.qk_norm) {
       bool bias = false;
       L2L_RETURN_IF_ERROR(HfField(c, origin, "attention_bias", &bias, false));
@@ -285,6 +291,28 @@ Result<ModelSpec> FromHfConfig(const nlohmann::json& c, const std::string& origi
                              " is not supported (the router has no input noise in l2l)");
     }
     if (s.num_experts <= 0) return InvalidArgument(origin + ": num_local_experts must be positive");
+  }
+  if (arch == "Qwen3MoeForCausalLM") {
+    // transformers 4.57 Qwen3MoeConfig: every block sparse when decoder_sparse_step is 1 and
+    // mlp_only_layers is empty (the only layout l2l models); experts moe_intermediate_size wide.
+    L2L_RETURN_IF_ERROR(HfField(c, origin, "num_experts", &s.num_experts, true));
+    L2L_RETURN_IF_ERROR(HfField(c, origin, "num_experts_per_tok", &s.experts_per_token, true));
+    L2L_RETURN_IF_ERROR(HfField(c, origin, "moe_intermediate_size", &s.d_ff, true));
+    s.norm_topk_prob = false;  // Qwen3MoeConfig's default
+    L2L_RETURN_IF_ERROR(HfField(c, origin, "norm_topk_prob", &s.norm_topk_prob, false));
+    L2L_RETURN_IF_ERROR(HfField(c, origin, "router_aux_loss_coef", &s.router_aux_loss_coef, false));
+    L2L_RETURN_IF_ERROR(HfField(c, origin, "output_router_logits", &s.output_router_logits, false));
+    int64_t step = 1;
+    L2L_RETURN_IF_ERROR(HfField(c, origin, "decoder_sparse_step", &step, false));
+    if (step != 1) {
+      return InvalidArgument(origin + ": decoder_sparse_step=" + std::to_string(step) +
+                             " is not supported (every block must be sparse: 1)");
+    }
+    if (const auto m = c.find("mlp_only_layers"); m != c.end() && !m->is_null() && !(m->is_array() && m->empty())) {
+      return InvalidArgument(origin + ": mlp_only_layers=" + m->dump() +
+                             " is not supported (every block must be sparse: [])");
+    }
+    if (s.num_experts <= 0) return InvalidArgument(origin + ": num_experts must be positive");
   }
   if (arch == "MixtralForCausalLM") {
     int64_t window = 0;
@@ -349,7 +377,7 @@ Result<ModelSpec> FromHfConfig(const nlohmann::json& c, const std::string& origi
 // The Hugging Face class of a spec: Mixtral (experts), Qwen3 (q/k norms), Qwen2 (q/k/v biases), Mistral (a
 // sliding window in every block), else Llama.
 const char* HfArchitecture(const ModelSpec& s) {
-  if (s.moe()) return "MixtralForCausalLM";
+  if (s.moe()) return s.qk_norm ? "Qwen3MoeForCausalLM" : "MixtralForCausalLM";
   if (s.qk_norm) return "Qwen3ForCausalLM";
   if (s.qkv_bias) return "Qwen2ForCausalLM";
   return s.sliding_window > 0 ? "MistralForCausalLM" : "LlamaForCausalLM";
@@ -361,6 +389,7 @@ nlohmann::json ToHfConfig(const ModelSpec& s) {
                            : arch == "Qwen2ForCausalLM" ? "qwen2"
                            : arch == "MistralForCausalLM" ? "mistral"
                            : arch == "MixtralForCausalLM" ? "mixtral"
+                           : arch == "Qwen3MoeForCausalLM" ? "qwen3_moe"
                                                           : "llama";
   nlohmann::json c = {{"architectures", {arch}},
                       {"model_type", model_type},
@@ -378,7 +407,19 @@ nlohmann::json ToHfConfig(const ModelSpec& s) {
                       {"attention_dropout", 0.0},
                       {"tie_word_embeddings", s.tied_embeddings},
                       {"torch_dtype", "float32"}};
-  if (s.moe()) {
+  if (s.moe() && s.qk_norm) {  // Qwen3MoeConfig
+    c["num_experts"] = s.num_experts;
+    c["num_experts_per_tok"] = s.experts_per_token;
+    c["moe_intermediate_size"] = s.d_ff;
+    c["norm_topk_prob"] = s.norm_topk_prob;
+    c["router_aux_loss_coef"] = s.router_aux_loss_coef;
+    c["output_router_logits"] = s.output_router_logits;
+    c["decoder_sparse_step"] = 1;
+    c["mlp_only_layers"] = nlohmann::json::array();
+    c["attention_bias"] = false;
+    c["use_sliding_window"] = false;
+    c["sliding_window"] = nullptr;
+  } else if (s.moe()) {
     c["num_local_experts"] = s.num_experts;
     c["num_experts_per_tok"] = s.experts_per_token;
     c["router_aux_loss_coef"] = s.router_aux_loss_coef;
@@ -438,7 +479,7 @@ const FamilyInfo& LlamaFamily() {
       .family = ModelFamily::kLlama,
       .name = "llama",
       .hf_architectures = {"LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM", "Qwen3ForCausalLM",
-                           "MixtralForCausalLM"},
+                           "MixtralForCausalLM", "Qwen3MoeForCausalLM"},
       .hf_base_prefix = "model.",
       .hf_file_prefix = "model.",
       .embedding_table = "embed_tokens.weight",

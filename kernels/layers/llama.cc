@@ -141,9 +141,10 @@ BlockViews Views(const ModelSpec& spec, const LayerLayout& layout, const float* 
     v.down_w = p + Off(layout, "mlp.down_proj.weight");
     return v;
   }
-  v.moe.router = p + Off(layout, "block_sparse_moe.gate.weight");
-  // Experts are contiguous (common/models/llama.cc): w1|w3 (2F,C) adjacent, then w2 (C,F).
-  const size_t first = Off(layout, "block_sparse_moe.experts.0.w1.weight");
+  const MoeNames n = MoeTensorNames(spec);  // Mixtral's or Qwen3-MoE's
+  v.moe.router = p + Off(layout, (std::string(n.prefix) + "gate.weight").c_str());
+  // Experts are contiguous (common/models/llama.cc): gate|up (2F,C) adjacent, then down (C,F).
+  const size_t first = Off(layout, (std::string(n.prefix) + "experts.0." + n.gate + ".weight").c_str());
   const size_t stride = size_t(3 * spec.d_ff * spec.d_model), down = size_t(2 * spec.d_ff * spec.d_model);
   for (int64_t e = 0; e < spec.num_experts; ++e) {
     v.moe.gate_up.push_back(p + first + size_t(e) * stride);

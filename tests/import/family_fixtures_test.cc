@@ -1,8 +1,9 @@
 // The families whose Hugging Face classes need a newer transformers than the CI oracle
-// venv's (Gemma 3, Qwen3, Mistral and Qwen2 with sliding windows) against fixtures made by
-// transformers 4.57 itself (tests/fixtures/make_family_fixtures.py; committed under
-// tests/fixtures/families/ with the versions that made them): each tiny random model is
-// imported from its Hugging Face directory by l2l's importer (Pretrained::Open), its loss
+// venv's (Gemma 3, Qwen3, Mistral and Qwen2 with sliding windows, Qwen3-MoE with
+// norm_topk_prob both ways and the aux loss) against fixtures made by transformers 4.57
+// itself (tests/fixtures/make_family_fixtures.py; committed under tests/fixtures/families/
+// with the versions that made them): each tiny random model is imported from its Hugging
+// Face directory by l2l's importer (Pretrained::Open), its loss
 // and every parameter gradient computed by the reference trainer on the CPU backend (fp32)
 // for the fixture's token batch, and compared with transformers' (loss rel <= 1e-5, every
 // gradient rel <= 1e-4 in the max norm). Then the HF export of the imported weights: the
@@ -25,6 +26,7 @@
 #include "common/config.h"
 #include "common/formats/model_reader.h"
 #include "common/formats/safetensors.h"
+#include "common/models/registry.h"
 #include "common/pretrained/pretrained.h"
 #include "worker/reference/reference_trainer.h"
 
@@ -136,7 +138,9 @@ void CheckExport(const std::string& name) {
                           "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
                           "rms_norm_eps", "rope_theta", "tie_word_embeddings", "sliding_window", "use_sliding_window",
                           "max_window_layers", "layer_types", "query_pre_attn_scalar", "rope_local_base_freq",
-                          "hidden_activation", "hidden_act"}) {
+                          "hidden_activation", "hidden_act", "num_experts", "num_experts_per_tok",
+                          "moe_intermediate_size", "norm_topk_prob", "router_aux_loss_coef", "output_router_logits",
+                          "decoder_sparse_step", "mlp_only_layers"}) {
     if (!want.contains(key) || want[key].is_null()) {  // absent and null mean the same to transformers
       // (head_dim null: hidden_size / num_attention_heads, which l2l writes out.)
       const bool head_dim = std::string(key) == "head_dim" && got.contains(key) &&
@@ -145,6 +149,8 @@ void CheckExport(const std::string& name) {
       continue;
     }
     if (std::string(key) == "max_window_layers" && want.value("use_sliding_window", true) == false) continue;
+    // Qwen3-MoE's dense width is unused when every block is sparse (l2l writes the experts').
+    if (std::string(key) == "intermediate_size" && want.contains("moe_intermediate_size")) continue;
     INFO("config.json key " << key << ": fixture " << want[key].dump() << ", export "
                             << (got.contains(key) ? got[key].dump() : "(absent)"));
     REQUIRE(got.contains(key));
@@ -186,8 +192,51 @@ TEST_CASE("Qwen2 with a sliding window from max_window_layers matches transforme
   CheckFixture("qwen2_window", ModelFamily::kLlama);
 }
 
+TEST_CASE("Qwen3-MoE (q/k norms, 4 experts top-2, normalised top-k, aux loss) matches transformers 4.57",
+          "[import][fixtures][qwen3_moe]") {
+  CheckFixture("qwen3_moe", ModelFamily::kLlama);
+  // The optimizer's per-expert ranges (the daemon skips an expert no token reached) cover
+  // Qwen3-MoE's mlp.experts.E.* tensors: E contiguous runs of gate, up, down (3 F C each).
+  Result<std::unique_ptr<Pretrained>> p = Pretrained::Open(FixtureDir("qwen3_moe"));
+  REQUIRE(p.ok());
+  const ModelSpec& s = (*p)->spec();
+  const LayerLayout& block = (*p)->layout()[1];
+  const std::vector<ExpertRange> r = ExpertRanges(s, block);
+  REQUIRE(r.size() == 4);
+  const ParamInfo* first = block.Find("mlp.experts.0.gate_proj.weight");
+  REQUIRE(first != nullptr);
+  for (size_t e = 0; e < r.size(); ++e) {
+    CHECK(r[e].begin == first->offset + e * size_t(3 * s.d_ff * s.d_model));
+    CHECK(r[e].end - r[e].begin == size_t(3 * s.d_ff * s.d_model));
+    CHECK(block.Find("mlp.experts." + std::to_string(e) + ".down_proj.weight")->offset + size_t(s.d_ff * s.d_model) ==
+          r[e].end);
+  }
+}
+
+TEST_CASE("Qwen3-MoE with norm_topk_prob false (raw top-k softmax weights, aux loss) matches transformers 4.57",
+          "[import][fixtures][qwen3_moe]") {
+  CheckFixture("qwen3_moe_nonorm", ModelFamily::kLlama);
+}
+
+TEST_CASE("Qwen3-MoE configs l2l cannot model are refused, naming the key", "[import][fixtures][qwen3_moe]") {
+  nlohmann::json c;
+  std::ifstream(FixtureDir("qwen3_moe") + "/config.json") >> c;
+  REQUIRE(models::SpecFromHfConfig(c, "config.json").ok());
+  for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"decoder_sparse_step", 2}, {"mlp_only_layers", nlohmann::json::array({0})}}) {
+    nlohmann::json bad = c;
+    bad[key] = value;
+    Result<ModelSpec> s = models::SpecFromHfConfig(bad, "config.json");
+    INFO(key);
+    REQUIRE_FALSE(s.ok());
+    CHECK(s.status().message().find(key) != std::string::npos);
+  }
+}
+
 TEST_CASE("HF export of the fixture families keeps their config.json and tensors", "[import][fixtures][export]") {
-  for (const char* name : {"gemma3", "qwen3", "mistral_window", "qwen2_window"}) CheckExport(name);
+  for (const char* name : {"gemma3", "qwen3", "mistral_window", "qwen2_window", "qwen3_moe", "qwen3_moe_nonorm"}) {
+    CheckExport(name);
+  }
 }
 
 // GGUF export and re-import of the fixture families: Gemma 3 (norm weights written as
@@ -200,6 +249,7 @@ TEST_CASE("GGUF export of Gemma 3 and Qwen3 fixtures re-imports, a Mistral windo
     Result<std::unique_ptr<Pretrained>> p = Pretrained::Open(FixtureDir(name));
     REQUIRE(p.ok());
     const std::vector<std::vector<float>> layers = LoadAll(**p);
+    std::filesystem::create_directories(std::string(L2L_BINARY_DIR) + "/family_exports");
     const std::string out = std::string(L2L_BINARY_DIR) + "/family_exports/" + name + ".gguf";
     const LayerSource read = [&layers](int64_t l, float* dst) {
       std::copy(layers[l].begin(), layers[l].end(), dst);
