@@ -58,7 +58,13 @@ Result<std::unique_ptr<FakeEps>> FakeEps::Create(const JobConfig& job, const Fak
     // adapters and its base's rounding: what ReferenceTrainer::Create starts from.
     InitLayerParams(job.model, base[l], job.train.seed, layer.master.data());
     if (job.lora.enabled) InitLoraAdapters(job.lora, eps->layouts_[l], layer.master.data());
-    RoundFrozenBase(job.lora, eps->layouts_[l], layer.master.data());
+    L2L_RETURN_IF_ERROR(RoundToHeld(eps->layouts_[l], job.lora, layer.master.data()));
+    layer.plan = PlanFrozenBase(eps->layouts_[l], job.lora);
+    if (layer.plan.bytes > 0) {
+      auto record = std::make_shared<std::vector<uint8_t>>(layer.plan.bytes);
+      L2L_RETURN_IF_ERROR(EncodeFrozen(layer.plan, layer.master.data(), record->data()));
+      layer.record = std::move(record);
+    }
     // Optimizer state only for what trains (a LoRA job: adapters and saved modules).
     const size_t t = TrainableRange(eps->layouts_[l]).numel;
     layer.m.assign(t, 0.0f);
@@ -94,12 +100,15 @@ void FakeEps::Stop() {
 }
 
 void FakeEps::Publish(Layer* layer) const {
-  const size_t n = layer->master.size();
+  // As the daemon publishes: a LoRA layer's frozen record once, then its trainable span.
+  const bool split = layer->plan.bytes > 0;
+  const size_t off = split ? layer->plan.trainable.offset : 0;
+  const size_t n = split ? layer->plan.trainable.numel : layer->master.size();
   auto bytes = std::make_shared<std::vector<uint8_t>>(n * DTypeSize(job_.publish_dtype));
   if (job_.publish_dtype == DType::kF32) {
-    std::memcpy(bytes->data(), layer->master.data(), n * sizeof(float));
+    std::memcpy(bytes->data(), layer->master.data() + off, n * sizeof(float));
   } else {
-    ConvertFromFloat(layer->master.data(), job_.publish_dtype, bytes->data(), n);
+    ConvertFromFloat(layer->master.data() + off, job_.publish_dtype, bytes->data(), n);
   }
   layer->published = std::move(bytes);
 }
@@ -233,8 +242,12 @@ Result<LayerWeights> FakeEps::Acquire(int32_t worker, int64_t layer, int64_t min
   LayerWeights w;
   w.data = l.published->data();
   w.dtype = job_.publish_dtype;
-  w.numel = l.master.size();
+  w.numel = l.plan.bytes > 0 ? l.plan.trainable.numel : l.master.size();
   w.version = l.version;
+  if (l.record) {
+    w.frozen = l.record->data();
+    w.frozen_bytes = l.record->size();
+  }
   return w;
 }
 

@@ -35,6 +35,7 @@
 
 #include "common/config.h"
 #include "common/lora.h"
+#include "common/lora_frozen.h"
 #include "common/model_spec.h"
 #include "common/status.h"
 #include "worker/eps_client.h"
@@ -92,7 +93,11 @@ class FakeEps {
   struct Layer {
     std::vector<float> master, m, v;  // (numel)
     int64_t version = 0;
-    std::shared_ptr<const std::vector<uint8_t>> published;  // numel * DTypeSize bytes
+    // numel * DTypeSize bytes; a LoRA layer with a frozen base: its trainable span only,
+    // the base being `record` (common/lora_frozen.h), encoded once at Create.
+    std::shared_ptr<const std::vector<uint8_t>> published;
+    std::shared_ptr<const std::vector<uint8_t>> record;
+    FrozenPlan plan;
     std::vector<float> last_grad;     // (numel) see LastGradient()
     std::vector<float> prev_master;   // (numel) see WeightsBeforeLastUpdate()
   };

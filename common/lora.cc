@@ -81,10 +81,6 @@ Status ValidateLora(const ModelSpec& spec, const LoraConfig& lora) {
     return InvalidArgument("lora.dropout=" + DoubleText(lora.dropout) +
                            ": adapter dropout is not implemented in this build; use 0");
   }
-  if (lora.base_dtype == LoraBaseDType::kQ4 || lora.base_dtype == LoraBaseDType::kQ8) {
-    return InvalidArgument(std::string("lora.base_dtype=") + ToString(lora.base_dtype) +
-                           ": a block-quantized base is not implemented in this build; use bf16 or fp32");
-  }
   if (spec.moe()) {
     return InvalidArgument("lora: a mixture-of-experts model (model.num_experts=" + std::to_string(spec.num_experts) +
                            ") has no LoRA support in this build");
@@ -225,6 +221,22 @@ size_t TrainableNumel(const LayerLayout& layout) {
   return n;
 }
 
+LayerLayout TrainableLayout(const LayerLayout& layout) {
+  const TrainableSpan span = TrainableRange(layout);
+  if (span.offset == 0 && span.numel == layout.numel) return layout;
+  LayerLayout t = layout;
+  t.params.clear();
+  t.numel = 0;
+  for (const ParamInfo& p : layout.params) {
+    if (!p.trainable) continue;
+    ParamInfo q = p;
+    q.offset = p.offset - span.offset;
+    t.numel += q.numel;
+    t.params.push_back(std::move(q));
+  }
+  return t;
+}
+
 void PackTrainable(const LayerLayout& layout, const float* full, float* packed) {
   size_t k = 0;
   for (const ParamInfo& p : layout.params) {
@@ -260,14 +272,6 @@ void InitLoraAdapters(const LoraConfig& lora, const LayerLayout& layout, float* 
         full[p.offset + i] = static_cast<float>((2.0 * u - 1.0) * bound);
       }
     }
-  }
-}
-
-void RoundFrozenBase(const LoraConfig& lora, const LayerLayout& layout, float* full) {
-  if (!lora.enabled || lora.base_dtype != LoraBaseDType::kBF16) return;
-  for (const ParamInfo& p : layout.params) {
-    if (p.trainable) continue;
-    for (size_t i = 0; i < p.numel; ++i) full[p.offset + i] = Bf16ToFloat(FloatToBf16(full[p.offset + i]));
   }
 }
 

@@ -35,7 +35,7 @@
 namespace l2l {
 
 // How the frozen base is held: fp32, bf16 (rounded once; computed in fp32), or block
-// quantized (Q4 / Q8: not implemented in this build, refused by ValidateLora).
+// quantized: q4 = NF4, q8 = Q8_0 for the blocks' linears (common/lora_frozen.h).
 enum class LoraBaseDType { kF32, kBF16, kQ4, kQ8 };
 const char* ToString(LoraBaseDType d);                        // "fp32" | "bf16" | "q4" | "q8"
 Result<LoraBaseDType> ParseLoraBaseDType(std::string_view text);  // also accepts "f32"
@@ -72,8 +72,7 @@ std::vector<LoraTarget> LoraTargets(const ModelSpec& spec);
 
 // Checks `lora` against the model: r > 0, alpha > 0, dropout in [0, 1), every target a
 // module of the family (the message lists the family's), modules_to_save names a
-// module that can train in full, base_dtype fp32 or bf16 (q4 / q8: "not implemented in
-// this build"). Messages start "lora.<key>=<value>". OK when !lora.enabled.
+// module that can train in full. Messages start "lora.<key>=<value>". OK when !lora.enabled.
 Status ValidateLora(const ModelSpec& spec, const LoraConfig& lora);
 
 // The targets of `lora` resolved against the family (all-linear expanded), in the
@@ -103,6 +102,10 @@ TrainableSpan TrainableRange(const LayerLayout& layout);
 
 // Floats of the layer's trainable vector (== numel without LoRA).
 size_t TrainableNumel(const LayerLayout& layout);
+// The layout of the layer's trainable vector: its trainable tensors, offsets from the
+// span's start (what the daemon keeps masters, moments and gradients for; kind, index,
+// block and the LoRA fields as the layer's). The layout itself when everything trains.
+LayerLayout TrainableLayout(const LayerLayout& layout);
 // packed (TrainableNumel) = the trainable tensors of full (layout.numel), in layout order.
 void PackTrainable(const LayerLayout& layout, const float* full, float* packed);
 // The inverse: writes the trainable tensors of full from packed; frozen ones untouched.
@@ -114,9 +117,8 @@ void UnpackTrainable(const LayerLayout& layout, const float* packed, float* full
 // PEFT's exact values are not reproduced, the oracle loads ours); B = 0.
 void InitLoraAdapters(const LoraConfig& lora, const LayerLayout& layout, float* full);
 
-// Rounds the layer's frozen base tensors to base_dtype (bf16: round-to-nearest-even, the
-// values a bf16 base holds); fp32: nothing. The trainable tensors keep fp32.
-void RoundFrozenBase(const LoraConfig& lora, const LayerLayout& layout, float* full);
+// The values a frozen base holds (bf16-rounded, block-quantized): common/lora_frozen.h
+// RoundToHeld.
 
 // One trained adapter as PEFT names and shapes it (for exporters).
 struct LoraAdapterTensors {

@@ -10,7 +10,9 @@
 // Weight segment ("/l2l-<job>-w"), written by the EPS only, mapped read-only by workers:
 //   [WeightSegmentHeader][WeightLayerEntry x num_layers]  (padded to 4096)
 //   per layer: slot 0, slot 1, each slot_bytes (a multiple of 4096, so a CUDA worker
-//   can cudaHostRegister the segment and copy any slot with full PCIe speed).
+//   can cudaHostRegister the segment and copy any slot with full PCIe speed); a LoRA
+//   job's layers also have a frozen record (their base), before the slots. The slots
+//   of such a layer hold only its trainable span.
 // A slot is written only while its seq is odd and no reader pins it; readers pin the
 // (layer, slot) in their own gradient segment (WorkerPins) before using it, then
 // re-check seq. See eps_server/param_store.h for the protocol.
@@ -90,7 +92,7 @@ inline size_t RoundUpTo(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 // ---- Weight segment layout ---------------------------------------------------------
 inline constexpr uint64_t kWeightMagic = 0x31305447574c324cull;  // "L2LWGT01"
-inline constexpr uint32_t kShmLayoutVersion = 1;
+inline constexpr uint32_t kShmLayoutVersion = 2;  // 2: frozen records (LoRA)
 
 struct WeightSegmentHeader {
   uint64_t magic;
@@ -118,6 +120,12 @@ struct alignas(64) WeightLayerEntry {
   std::atomic<uint32_t> current;   // slot holding the newest version
   uint32_t reserved0;
   std::atomic<int64_t> version[2]; // version the slot holds; -1 = empty
+  // A LoRA job's frozen base of the layer (common/lora_frozen.h): one record, written
+  // before the layer's first publish and never again (readers need no pin for it);
+  // frozen_bytes 0: none (the slots hold the whole layer). A multiple of 4096 apart from
+  // the slots.
+  uint64_t frozen_offset;
+  uint64_t frozen_bytes;
 };
 
 inline WeightLayerEntry* WeightLayers(void* base) {

@@ -21,6 +21,7 @@
 #include "common/fault_point.h"
 #include "common/file_util.h"
 #include "common/json_util.h"
+#include "common/lora.h"
 #include "common/formats/model_io.h"
 #include "common/logging.h"
 
@@ -110,6 +111,9 @@ std::string ManifestJson(const CheckpointMeta& meta, const std::vector<Checkpoin
   }
   j["workers"] = ws;
   if (!meta.expert_steps.empty()) j["expert_steps"] = meta.expert_steps;
+  if (meta.job.lora.enabled) {
+    j["lora_base"] = {{"model_from", meta.job.model_from}, {"hash", meta.lora_base_hash}};
+  }
   return j.dump(1) + "\n";
 }
 
@@ -276,6 +280,7 @@ Result<CheckpointManifest> ReadCheckpointManifest(const std::string& dir) {
         m.meta.expert_steps.push_back(s.get<int64_t>());
       }
     }
+    if (j.contains("lora_base")) m.meta.lora_base_hash = j.at("lora_base").at("hash").get<std::string>();
   } catch (const std::exception& e) {
     return DataLoss(path + ": corrupt manifest: " + e.what());
   }
@@ -286,7 +291,12 @@ Result<CheckpointManifest> ReadCheckpointManifest(const std::string& dir) {
                     " entries, the model has " + std::to_string(ms.n_layer * ms.num_experts) +
                     " experts (model.n_layer x model.num_experts)");
   }
-  const auto layouts = BuildLayout(m.meta.job.model);
+  if (m.meta.job.lora.enabled && m.meta.lora_base_hash.size() != 16) {
+    return DataLoss(path + ": a LoRA job's manifest must name its base (lora_base.hash, 16 hex digits)");
+  }
+  // The state's layouts: a LoRA job keeps state for its trainable vectors only.
+  std::vector<LayerLayout> layouts;
+  for (const LayerLayout& l : BuildLoraLayout(m.meta.job.model, m.meta.job.lora)) layouts.push_back(TrainableLayout(l));
   if (layouts.size() != m.layers.size()) {
     return DataLoss(path + ": " + std::to_string(m.layers.size()) + " layer files listed, the model has " +
                     std::to_string(layouts.size()) + " layers");

@@ -58,6 +58,11 @@ struct CheckpointMeta {
   // block-major; an expert skipped in a step did not count it); empty otherwise.
   // manifest.json "expert_steps", required for such a job.
   std::vector<int64_t> expert_steps;
+  // LoRA jobs: the frozen base the adapters were trained on, by content (ParamStore::
+  // BaseHash of the encoded base; the base itself is the job's model.from, or its seed,
+  // and is not in the checkpoint). manifest.json "lora_base": {"model_from", "hash"},
+  // required for such a job; a resume whose base hashes differently is refused.
+  std::string lora_base_hash;
 };
 
 struct CheckpointLayerFile {

@@ -14,6 +14,8 @@
 
 #include "common/adamw.h"
 #include "common/logging.h"
+#include "common/lora.h"
+#include "common/lora_frozen.h"
 #include "common/path_policy.h"
 #include "eps_server/checkpoint.h"
 #include "eps_server/eps_core_internal.h"
@@ -151,12 +153,6 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   }
   L2L_RETURN_IF_ERROR(job.Validate());
   L2L_RETURN_IF_ERROR(CheckEvalData(job));
-  if (job.lora.enabled) {
-    // The param store keeps masters, moments and gradients for every parameter of a
-    // layer; a LoRA job's frozen base and adapter-only gradients are not wired in yet.
-    return Unimplemented("lora: the daemon does not run LoRA jobs in this build (a `lora:` section was given); "
-                         "LoRA trains with l2l-train-ref for now (docs/finetune.md, LoRA)");
-  }
   if (start.step < 0) return InvalidArgument("start step " + std::to_string(start.step) + " must be >= 0");
   const std::string prefix = "l2l-" + opts_.job_id + "-";
   auto removed = RemoveSegmentsWithPrefix(prefix);
@@ -174,7 +170,10 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   // Every host buffer that grows with the model, against host_bytes, guard_bytes, RAM
   // and the spill dir's free space, before anything is allocated (host_budget.h).
   HostBudgetInputs bi;
-  for (const LayerLayout& l : BuildLayout(job.model)) bi.layer_numel.push_back(l.numel);
+  for (const LayerLayout& l : BuildLoraLayout(job.model, job.lora)) {  // what trains; a LoRA base frozen
+    bi.layer_numel.push_back(TrainableNumel(l));
+    bi.frozen_bytes += RoundUpTo(PlanFrozenBase(l, job.lora).bytes, kShmAlign);
+  }
   bi.page_bytes = opts_.page_bytes;
   bi.publish_dtype = job.publish_dtype;
   bi.host_bytes = opts_.host_bytes;
@@ -197,6 +196,7 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   po.page_bytes = opts_.page_bytes;
   po.host_bytes = static_cast<size_t>(budget.store_host_bytes);
   po.publish_dtype = job.publish_dtype;
+  po.lora = job.lora;
   po.spill = opts_.spill;
   po.spill.job_id = opts_.job_id;
   if (opts_.transport != Transport::kGrpc) po.shm_name = "/" + prefix + "w";

@@ -84,6 +84,7 @@ Result<CheckpointResult> EpsCore::WriteCheckpointLocked(int64_t step, const std:
   meta.job = job();
   meta.expected_workers = opts_.expected_workers;
   meta.expert_steps = pipeline_->expert_steps();  // frozen at the boundary: the counts of `step`
+  meta.lora_base_hash = store_->BaseHash();
   {
     // Each member's position at the start of `step` comes with its StepDone(step-1),
     // which may trail the step's last gradient by a moment.
@@ -140,6 +141,10 @@ Result<CheckpointResult> EpsCore::Checkpoint(const std::string& dir_arg) {
 
 Result<int64_t> EpsCore::Export(const std::string& path_arg, DType dtype) {
   if (!has_job()) return FailedPrecondition("no job to export (CreateJob first)");
+  if (job().lora.enabled) {
+    return FailedPrecondition("a LoRA job's state is its adapters: export them (--format peft | gguf-lora) or the "
+                              "merged model (--merge)");
+  }
   if (dtype != DType::kF32 && dtype != DType::kBF16) {
     return InvalidArgument(std::string("export dtype ") + DTypeName(dtype) + " is not supported (f32 or bf16)");
   }
@@ -171,7 +176,8 @@ Result<int64_t> EpsCore::ExportWith(
   const int64_t step = gate.frozen().step;
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path(), ec);
-  Result<int64_t> r = write(path, step, [this](int64_t l, float* out) { return store_->ReadState(l, 0, out); });
+  // A LoRA job's layers whole (frozen base decoded, adapters as trained): ReadFullLayer.
+  Result<int64_t> r = write(path, step, [this](int64_t l, float* out) { return store_->ReadFullLayer(l, out); });
   gate.Reset();
   if (!r.ok()) return r.status().WithContext("export");
   L2L_LOG_INFO("exported step {} to {}", step, path);

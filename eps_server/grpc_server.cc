@@ -98,10 +98,15 @@ class PinnedSlot {
   const char* data() const { return static_cast<const char*>(pin_.data()); }
   size_t bytes() const { return pin_.bytes(); }
   int64_t version() const { return pin_.version(); }
-  // A slice of [off, off+n) that keeps the slot pinned until gRPC drops it.
+  // A LoRA layer's frozen record (sent before the slot's bytes); 0 bytes otherwise.
+  const char* frozen() const { return static_cast<const char*>(pin_.frozen_data()); }
+  size_t frozen_bytes() const { return pin_.frozen_bytes(); }
+  // A slice of [off, off+n) of the stream (the frozen record, then the slot) that keeps
+  // the slot pinned until gRPC drops it. REQUIRES: it does not cross the two.
   grpc::Slice SliceOf(size_t off, size_t n) {
     refs_.fetch_add(1);
-    return grpc::Slice(const_cast<char*>(data() + off), n, &PinnedSlot::Unref, this);
+    const char* p = off < frozen_bytes() ? frozen() + off : data() + (off - frozen_bytes());
+    return grpc::Slice(const_cast<char*>(p), n, &PinnedSlot::Unref, this);
   }
   static void Unref(void* p) {
     auto* s = static_cast<PinnedSlot*>(p);
@@ -265,17 +270,21 @@ class DataService final : public data::Data::Service {
     header.set_version(slot->version());
     header.set_dtype(ToProto(dt));
     header.set_numel(static_cast<int64_t>(slot->bytes() / DTypeSize(dt)));
+    header.set_frozen_bytes(static_cast<int64_t>(slot->frozen_bytes()));
     grpc::Status result = grpc::Status::OK;
+    const size_t total = slot->frozen_bytes() + slot->bytes();
     size_t off = 0;
     do {
-      const size_t n = std::min(kFetchChunkBytes, slot->bytes() - off);
+      // Chunks end at the boundary between the frozen record and the slot.
+      const size_t end = off < slot->frozen_bytes() ? slot->frozen_bytes() : total;
+      const size_t n = std::min(kFetchChunkBytes, end - off);
       header.set_offset(static_cast<int64_t>(off));
       if (ctx->IsCancelled() || !stream->Write(FrameLayerChunk(header, slot->SliceOf(off, n)))) {
         result = grpc::Status(grpc::StatusCode::CANCELLED, "client went away during FetchLayer");
         break;
       }
       off += n;
-    } while (off < slot->bytes());
+    } while (off < total);
     {
       std::lock_guard<std::mutex> lock(fetch_mu_);
       fetches_.erase(ctx);

@@ -24,7 +24,8 @@ std::string Gb(uint64_t v) {
 std::string HostBudget::Describe() const {
   std::string s = "host budget for " + N(params) + " params: state (fp32 master + m + v, 12 B/param in pages) " +
                   N(state_bytes) + " B (" + Gb(state_bytes) + "); published copies " + N(published_bytes) + " B (" +
-                  Gb(published_bytes) + "); staging pool >= " + N(staging_min_bytes) + " B; non-finite guard " +
+                  Gb(published_bytes) + (frozen_bytes > 0 ? ", of which a frozen LoRA base " + N(frozen_bytes) + " B" : "") +
+                  "); staging pool >= " + N(staging_min_bytes) + " B; non-finite guard " +
                   N(guard_bytes) + " B (" + Gb(guard_bytes) + ", undo copies for " + N(undo_layers) +
                   " layers at 12 B/param, the rest deferred at 4 B/param; " +
                   (guard_carved ? "inside" : "beside") + " memory.host_bytes); gradient slots " + N(grad_slot_bytes) +
@@ -47,7 +48,8 @@ Result<HostBudget> PlanHostBudget(const HostBudgetInputs& in) {
     b.params += n;
   }
   b.state_bytes = 3 * pages * in.page_bytes;
-  b.published_bytes = 2 * b.params * DTypeSize(in.publish_dtype);
+  b.frozen_bytes = in.frozen_bytes;
+  b.published_bytes = 2 * b.params * DTypeSize(in.publish_dtype) + in.frozen_bytes;
   b.staging_min_bytes = 3 * max_pages * in.page_bytes;
   b.grad_slot_bytes =
       in.shm ? static_cast<uint64_t>(std::max(in.workers, 0)) * std::max(in.grad_slots, 1) * max_numel * 4 : 0;

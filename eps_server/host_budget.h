@@ -6,7 +6,10 @@
 //   state        master + AdamW m + v, fp32, in page_bytes pages (12 B/param): RAM pages
 //                inside host_bytes, the rest on SSD (spill.dir)
 //   published    two copies per layer in the publish dtype (2 x 2 B/param bf16, 2 x 4
-//                fp32): the shm weight segment, always RAM, inside host_bytes
+//                fp32): the shm weight segment, always RAM, inside host_bytes; a LoRA
+//                job's frozen base records are in it too (one copy, common/lora_frozen.h:
+//                4 / 2 / 0.5625 / 1.0625 B per frozen param), and its state, published
+//                copies and guard count the trainable parameters only
 //   staging      the SSD tier's pool (>= one layer's spilled pages), inside host_bytes
 //   guard        the non-finite guard (update_pipeline.h): 12 B/param of undo copies when
 //                memory.guard_bytes is 0 (beside host_bytes; 16 with global clip, whose
@@ -33,7 +36,8 @@
 namespace l2l::eps {
 
 struct HostBudgetInputs {
-  std::vector<size_t> layer_numel;  // parameters per layer
+  std::vector<size_t> layer_numel;  // parameters per layer that train (all without LoRA)
+  uint64_t frozen_bytes = 0;        // a LoRA job's frozen records, all layers (4096-rounded)
   size_t page_bytes = 4 << 20;
   DType publish_dtype = DType::kBF16;
   size_t host_bytes = 0;            // memory.host_bytes (0 = unlimited)
@@ -50,7 +54,8 @@ struct HostBudgetInputs {
 struct HostBudget {
   uint64_t params = 0;
   uint64_t state_bytes = 0;       // 3 x pages x page_bytes
-  uint64_t published_bytes = 0;   // both copies (headers left out: < 1 page per layer)
+  uint64_t published_bytes = 0;   // both copies + frozen records (headers left out: < 1 page per layer)
+  uint64_t frozen_bytes = 0;      // of which a LoRA job's frozen base
   uint64_t staging_min_bytes = 0; // the smallest pool that holds the largest layer
   uint64_t guard_bytes = 0;       // what the guard will hold (plan of update_pipeline.h)
   int64_t undo_layers = 0;        // layers with an undo copy (the rest deferred)

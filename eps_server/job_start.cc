@@ -12,7 +12,7 @@
 
 namespace l2l::eps {
 
-JobStart FromCheckpoint(CheckpointManifest manifest) {
+JobStart FromCheckpoint(CheckpointManifest manifest, JobStart base) {
   JobStart start;
   start.step = manifest.meta.step;
   start.checkpoint_dir = manifest.dir;
@@ -24,7 +24,26 @@ JobStart FromCheckpoint(CheckpointManifest manifest) {
     start.data_positions[w.id] = w.data_position;
   }
   auto m = std::make_shared<const CheckpointManifest>(std::move(manifest));
-  start.load = [m](ParamStore* store) { return LoadCheckpointState(*m, store); };
+  if (!m->meta.job.lora.enabled) {
+    start.load = [m](ParamStore* store) { return LoadCheckpointState(*m, store); };
+    return start;
+  }
+  // A LoRA job: the frozen base from where the job had it (model.from or the seed), then
+  // the adapters' state from the checkpoint, if the base is the one they were trained on.
+  start.load = [m, base_load = std::move(base.load), what = base.description](ParamStore* store) -> Status {
+    if (base_load) {
+      L2L_RETURN_IF_ERROR(base_load(store).WithContext("loading the LoRA base " + what));
+    } else {
+      L2L_RETURN_IF_ERROR(store->InitFromSeed(m->meta.job.train.seed));
+    }
+    const std::string hash = store->BaseHash();
+    if (hash != m->meta.lora_base_hash) {
+      return FailedPrecondition("checkpoint " + m->dir + " holds LoRA adapters trained on a base with hash " +
+                                m->meta.lora_base_hash + ", but the base " + what + " hashes to " + hash +
+                                " (the file changed, or lora.base_dtype differs): resume needs the same base");
+    }
+    return LoadCheckpointState(*m, store);
+  };
   return start;
 }
 
@@ -38,13 +57,13 @@ JobStart FromPretrained(std::shared_ptr<const Pretrained> model) {
     }
     std::vector<float> master;
     for (int64_t l = 0; l < store->num_layers(); ++l) {
-      const size_t n = store->layout(l).numel;
+      const size_t n = store->base_numel(l);
       if (n != model->layout()[static_cast<size_t>(l)].numel) {
         return InvalidArgument(model->path() + ": layer " + std::to_string(l) + " size differs from the store's");
       }
       master.assign(n, 0.0f);
       L2L_RETURN_IF_ERROR(model->LoadLayer(l, master.data()));
-      L2L_RETURN_IF_ERROR(store->WriteMasterZeroMoments(l, master.data()));
+      L2L_RETURN_IF_ERROR(store->WriteInitialLayer(l, master.data()));
     }
     return Status::Ok();
   };
@@ -58,7 +77,7 @@ Result<JobStart> FromSafetensors(const std::string& path, const ModelSpec& spec)
   start.load = [path, spec](ParamStore* store) -> Status {
     L2L_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(path, spec));
     for (int64_t l = 0; l < store->num_layers(); ++l) {
-      L2L_RETURN_IF_ERROR(store->WriteMasterZeroMoments(l, m.layers[l].data()));
+      L2L_RETURN_IF_ERROR(store->WriteInitialLayer(l, m.layers[l].data()));
     }
     return Status::Ok();
   };
@@ -75,12 +94,12 @@ JobStart FromBuffers(std::vector<std::vector<float>> layers) {
                              std::to_string(store->num_layers()));
     }
     for (int64_t l = 0; l < store->num_layers(); ++l) {
-      if ((*copy)[l].size() != store->layout(l).numel) {
+      if ((*copy)[l].size() != store->base_numel(l)) {
         return InvalidArgument("initial weights of layer " + std::to_string(l) + " have " +
                                std::to_string((*copy)[l].size()) + " floats, expected " +
-                               std::to_string(store->layout(l).numel));
+                               std::to_string(store->base_numel(l)));
       }
-      L2L_RETURN_IF_ERROR(store->WriteMasterZeroMoments(l, (*copy)[l].data()));
+      L2L_RETURN_IF_ERROR(store->WriteInitialLayer(l, (*copy)[l].data()));
     }
     return Status::Ok();
   };
@@ -94,7 +113,17 @@ Result<PlannedJob> ChooseJobStart(const JobSource& source) {
     L2L_ASSIGN_OR_RETURN(CheckpointManifest m, ReadCheckpointManifest(dir));
     plan.job = m.meta.job;
     plan.checkpoint_workers = m.meta.expected_workers;
-    plan.start = FromCheckpoint(std::move(m));
+    JobStart base;  // a LoRA job's frozen base: its model.from (the seed when none)
+    base.description = "seed " + std::to_string(plan.job.train.seed);
+    if (plan.job.lora.enabled && !plan.job.model_from.empty()) {
+      auto model = ResolveModelFrom(&plan.job, plan.job.model_from);
+      if (!model.ok()) {
+        return model.status().WithContext("checkpoint " + dir + ": its LoRA job's base model.from (resume needs "
+                                          "the base the adapters were trained on)");
+      }
+      base = FromPretrained(*model);
+    }
+    plan.start = FromCheckpoint(std::move(m), std::move(base));
     return plan;
   }
   const bool from_file = !source.job_file.empty();

@@ -58,7 +58,10 @@ struct JobStart {
 // A checkpoint as ReadCheckpointManifest read it: its step, directory and the workers'
 // data positions; master, m and v are streamed from its layer files at load (sizes,
 // headers and crc32 checked then, eps_server/checkpoint.h).
-JobStart FromCheckpoint(CheckpointManifest manifest);
+// A LoRA job's checkpoint holds the adapters' state only: `base` (FromPretrained of the
+// job's model.from; an empty start: the seed) loads the frozen base first, and the load
+// fails (FAILED_PRECONDITION) when the base's hash is not the manifest's lora_base.hash.
+JobStart FromCheckpoint(CheckpointManifest manifest, JobStart base = {});
 
 // model.from: `model` as opened by ResolveModelFrom (shapes checked against the job).
 // Loads layer by layer: one layer's fp32 values and no more are held at a time, so a

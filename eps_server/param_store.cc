@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <utility>
 #include <thread>
@@ -24,10 +25,30 @@ namespace {
 
 size_t SlotBytes(size_t numel, DType dt) { return RoundUpTo(std::max<size_t>(numel, 1) * DTypeSize(dt), kShmAlign); }
 
-size_t WeightSegmentBytes(const std::vector<LayerLayout>& layouts, DType dt) {
+// layouts: the state's (trainable) layouts; plans: each layer's frozen record.
+size_t WeightSegmentBytes(const std::vector<LayerLayout>& layouts, const std::vector<FrozenPlan>& plans, DType dt) {
   size_t bytes = WeightHeaderBytes(layouts.size());
-  for (const auto& l : layouts) bytes += 2 * SlotBytes(l.numel, dt);
+  for (size_t l = 0; l < layouts.size(); ++l) {
+    bytes += 2 * SlotBytes(layouts[l].numel, dt) + RoundUpTo(plans[l].bytes, kShmAlign);
+  }
   return bytes;
+}
+
+// The store's three views of a job's layers (see param_store.h).
+struct StoreLayouts {
+  std::vector<LayerLayout> full, state;
+  std::vector<FrozenPlan> plans;
+  std::vector<size_t> base_numel;
+};
+StoreLayouts MakeStoreLayouts(const ModelSpec& spec, const LoraConfig& lora) {
+  StoreLayouts v;
+  v.full = BuildLoraLayout(spec, lora);
+  for (const LayerLayout& l : v.full) {
+    v.state.push_back(lora.enabled ? TrainableLayout(l) : l);
+    v.plans.push_back(PlanFrozenBase(l, lora));
+  }
+  for (const LayerLayout& l : BuildLayout(spec)) v.base_numel.push_back(l.numel);
+  return v;
 }
 
 size_t PagesFor(size_t numel, size_t page_floats) { return (numel + page_floats - 1) / page_floats; }
@@ -35,19 +56,27 @@ size_t PagesFor(size_t numel, size_t page_floats) { return (numel + page_floats 
 }  // namespace
 
 size_t ParamStore::RequiredHostBytes(const ModelSpec& spec, const ParamStoreOptions& opts) {
-  const auto layouts = BuildLayout(spec);
+  const StoreLayouts v = MakeStoreLayouts(spec, opts.lora);
   const size_t page_floats = opts.page_bytes / sizeof(float);
   size_t pages = 0;
-  for (const auto& l : layouts) pages += 3 * PagesFor(l.numel, page_floats);
-  return pages * opts.page_bytes + WeightSegmentBytes(layouts, opts.publish_dtype);
+  for (const auto& l : v.state) pages += 3 * PagesFor(l.numel, page_floats);
+  return pages * opts.page_bytes + WeightSegmentBytes(v.state, v.plans, opts.publish_dtype);
 }
 
 ParamStore::ParamStore(const ModelSpec& spec, const ParamStoreOptions& opts)
-    : spec_(spec), opts_(opts), layouts_(BuildLayout(spec)), pages_(opts.page_bytes, 0) {}
+    : spec_(spec), opts_(opts), pages_(opts.page_bytes, 0) {
+  StoreLayouts v = MakeStoreLayouts(spec, opts.lora);
+  full_layouts_ = std::move(v.full);
+  layouts_ = std::move(v.state);
+  frozen_plans_ = std::move(v.plans);
+  base_numel_ = std::move(v.base_numel);
+  frozen_written_.assign(layouts_.size(), 0);
+}
 
 Result<std::unique_ptr<ParamStore>> ParamStore::Create(const ModelSpec& spec,
                                                        const ParamStoreOptions& opts) {
   L2L_RETURN_IF_ERROR(spec.Validate());
+  L2L_RETURN_IF_ERROR(ValidateLora(spec, opts.lora));
   if (opts.page_bytes == 0 || opts.page_bytes % kShmAlign != 0) {
     return InvalidArgument("memory.page_bytes=" + std::to_string(opts.page_bytes) +
                            " must be a positive multiple of 4096");
@@ -77,7 +106,7 @@ Status ParamStore::Allocate() {
     // Placement first (the SSD tier is the likelier failure: a bad dir, a full disk).
     L2L_ASSIGN_OR_RETURN(TierPlan plan,
                          TierPlan::Make(layouts_, opts_.page_bytes, opts_.host_bytes,
-                                        WeightSegmentBytes(layouts_, opts_.publish_dtype), opts_.spill));
+                                        WeightSegmentBytes(layouts_, frozen_plans_, opts_.publish_dtype), opts_.spill));
     if (plan.any()) {
       L2L_ASSIGN_OR_RETURN(tier_, SpillTier::Create(layouts_, opts_.page_bytes, std::move(plan), opts_.spill));
     }
@@ -98,7 +127,7 @@ Status ParamStore::Allocate() {
       spans_[l].push_back(s);
     }
   }
-  weights_size_ = WeightSegmentBytes(layouts_, opts_.publish_dtype);
+  weights_size_ = WeightSegmentBytes(layouts_, frozen_plans_, opts_.publish_dtype);
   if (!opts_.shm_name.empty()) {
     L2L_ASSIGN_OR_RETURN(shm_, ShmSegment::Create(opts_.shm_name, weights_size_));
     weights_base_ = shm_.data();
@@ -121,6 +150,9 @@ Status ParamStore::Allocate() {
   WeightLayerEntry* entries = WeightLayers(weights_base_);
   for (size_t l = 0; l < layouts_.size(); ++l) {
     auto* e = new (&entries[l]) WeightLayerEntry();
+    e->frozen_offset = off;
+    e->frozen_bytes = frozen_plans_[l].bytes;
+    off += RoundUpTo(frozen_plans_[l].bytes, kShmAlign);
     e->numel = layouts_[l].numel;
     e->slot_bytes = SlotBytes(layouts_[l].numel, opts_.publish_dtype);
     for (int s = 0; s < 2; ++s) {
@@ -236,12 +268,53 @@ Status ParamStore::WriteMasterZeroMoments(int64_t layer, const float* master) {
   return WriteLayer(layer, master, nullptr, nullptr);
 }
 
+Status ParamStore::WriteInitialLayer(int64_t layer, const float* base) {
+  if (!lora()) return WriteMasterZeroMoments(layer, base);
+  const LayerLayout& full = full_layouts_[layer];
+  std::vector<float> values(full.numel, 0.0f);  // base tensors are a prefix of the LoRA layout
+  std::copy(base, base + base_numel_[layer], values.begin());
+  InitLoraAdapters(opts_.lora, full, values.data());
+  if (!frozen_written_[layer]) {
+    const FrozenPlan& plan = frozen_plans_[layer];
+    const WeightLayerEntry& e = WeightLayers(weights_base_)[layer];
+    L2L_RETURN_IF_ERROR(EncodeFrozen(plan, values.data(), static_cast<uint8_t*>(weights_base_) + e.frozen_offset)
+                            .WithContext("layer " + std::to_string(layer) + "'s frozen base"));
+    frozen_written_[layer] = 1;
+  }
+  std::vector<float> packed(layouts_[layer].numel);
+  PackTrainable(full, values.data(), packed.data());
+  return WriteMasterZeroMoments(layer, packed.data());
+}
+
+Status ParamStore::ReadFullLayer(int64_t layer, float* out) const {
+  if (!lora()) return ReadState(layer, 0, out);
+  const FrozenPlan& plan = frozen_plans_[layer];
+  const WeightLayerEntry& e = WeightLayers(weights_base_)[layer];
+  DecodeFrozen(plan, static_cast<const uint8_t*>(weights_base_) + e.frozen_offset, out);
+  return ReadState(layer, 0, out + plan.trainable.offset);
+}
+
+std::string ParamStore::BaseHash() const {
+  if (!lora()) return "";
+  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
+  for (size_t l = 0; l < layouts_.size(); ++l) {
+    const WeightLayerEntry& e = WeightLayers(weights_base_)[l];
+    const auto* p = static_cast<const uint8_t*>(weights_base_) + e.frozen_offset;
+    for (size_t i = 0; i < e.frozen_bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  }
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(h));
+  return text;
+}
+
 Status ParamStore::InitFromSeed(uint64_t seed, size_t scratch_bytes) {
   // Every layer has its own counter-based stream (InitLayerParams), so layers are
   // initialised in parallel with the values of a serial pass: as many at a time as
   // scratch_bytes holds layer buffers (at least one, at most the TBB threads). At 7B the
   // serial pass was the bulk of start-up (one core drawing 7.6 G normals).
-  const size_t layer_bytes = std::max<size_t>(1, max_layer_numel() * sizeof(float));
+  const std::vector<LayerLayout> base_layouts = BuildLayout(spec_);  // what the seed fills
+  const size_t max_base_numel = *std::max_element(base_numel_.begin(), base_numel_.end());
+  const size_t layer_bytes = std::max<size_t>(1, max_base_numel * sizeof(float));
   const int k = static_cast<int>(std::clamp<size_t>(scratch_bytes / layer_bytes, 1,
                                                     static_cast<size_t>(tbb::this_task_arena::max_concurrency())));
   std::vector<std::vector<float>> bufs(static_cast<size_t>(k));
@@ -260,9 +333,9 @@ Status ParamStore::InitFromSeed(uint64_t seed, size_t scratch_bytes) {
         free_bufs.pop_back();
       }
       std::vector<float>& master = bufs[static_cast<size_t>(b)];
-      master.resize(max_layer_numel());
-      InitLayerParams(spec_, layouts_[l], seed, master.data());
-      Status st = WriteMasterZeroMoments(l, master.data());
+      master.resize(max_base_numel);
+      InitLayerParams(spec_, base_layouts[static_cast<size_t>(l)], seed, master.data());
+      Status st = WriteInitialLayer(l, master.data());
       std::lock_guard<std::mutex> lock(mu);
       if (!st.ok() && first.ok()) first = st;
       free_bufs.push_back(b);
@@ -348,6 +421,8 @@ ParamStore::ReadPin& ParamStore::ReadPin::operator=(ReadPin&& o) noexcept {
     data_ = o.data_;
     version_ = o.version_;
     bytes_ = o.bytes_;
+    frozen_ = o.frozen_;
+    frozen_bytes_ = o.frozen_bytes_;
     o.count_ = nullptr;
     o.data_ = nullptr;
   }
@@ -403,6 +478,10 @@ Result<ParamStore::ReadPin> ParamStore::Acquire(int64_t layer, int64_t min_versi
         pin.data_ = SlotData(layer, s);
         pin.version_ = v;
         pin.bytes_ = layouts_[layer].numel * DTypeSize(opts_.publish_dtype);
+        if (e.frozen_bytes > 0) {
+          pin.frozen_ = static_cast<const char*>(weights_base_) + e.frozen_offset;
+          pin.frozen_bytes_ = e.frozen_bytes;
+        }
         return pin;
       }
       count.fetch_sub(1, std::memory_order_release);

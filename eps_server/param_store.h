@@ -21,6 +21,15 @@
 // slot, so nobody ever waits; a reader that still holds version t when t+2 is due
 // delays only that layer's publish.
 //
+// A LoRA job (ParamStoreOptions::lora, common/lora.h): the state is each layer's
+// TRAINABLE VECTOR only (adapters, modules_to_save; layout(l) is its TrainableLayout), so
+// masters, moments, gradients, checkpoints and the update pipeline see nothing else; the
+// frozen base lives once, encoded in base_dtype (common/lora_frozen.h), in a frozen
+// record per layer in the weight segment, written by WriteInitialLayer before the first
+// publish and never changed. Published slots hold the trainable span; readers get the
+// record beside it (ReadPin::frozen_data). Host bytes per frozen parameter: 4 (fp32),
+// 2 (bf16), 0.5625 (q4) or 1.0625 (q8) for block linears, 2 for the rest.
+//
 // Ownership: the store owns its pages and the weight segment (unlinked on destruction).
 // Thread-safety: different layers may be updated concurrently from different threads;
 // one writer per layer at a time (the update pipeline guarantees it); readers on any
@@ -37,6 +46,8 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/lora.h"
+#include "common/lora_frozen.h"
 #include "common/model_spec.h"
 #include "common/shm.h"
 #include "common/status.h"
@@ -55,6 +66,9 @@ struct ParamStoreOptions {
   // SSD tier: with spill.dir set, state pages that do not fit host_bytes live on SSD
   // (eps_server/spill_tier.h) instead of Create refusing.
   SpillOptions spill;
+  // A LoRA job: the state is the adapters (and modules_to_save); the base is frozen
+  // (see the file comment). Not enabled: every parameter trains.
+  LoraConfig lora;
 };
 
 // How a lease will use the layer's state.
@@ -79,7 +93,15 @@ class ParamStore {
 
   const ModelSpec& spec() const { return spec_; }
   int64_t num_layers() const { return static_cast<int64_t>(layouts_.size()); }
+  // The layout of what the store keeps state for: the whole layer, or a LoRA job's
+  // trainable vector (TrainableLayout of full_layout).
   const LayerLayout& layout(int64_t layer) const { return layouts_[layer]; }
+  // The layer as workers compute with it (BuildLoraLayout; == layout without LoRA).
+  const LayerLayout& full_layout(int64_t layer) const { return full_layouts_[layer]; }
+  const FrozenPlan& frozen_plan(int64_t layer) const { return frozen_plans_[layer]; }
+  bool lora() const { return opts_.lora.enabled; }
+  // Floats of BuildLayout(spec)[layer], what a model file or seed gives for the layer.
+  size_t base_numel(int64_t layer) const { return base_numel_[layer]; }
   size_t max_layer_numel() const;
   DType publish_dtype() const { return opts_.publish_dtype; }
   const std::string& shm_name() const { return opts_.shm_name; }
@@ -125,6 +147,21 @@ class ParamStore {
   // and v zero. Every initial state but a checkpoint's is written this way
   // (eps_server/job_start.h, InitFromSeed).
   Status WriteMasterZeroMoments(int64_t layer, const float* master);
+  // A fresh start of a layer from the base model's values (base_numel floats, as
+  // BuildLayout lays the layer out). Without LoRA: WriteMasterZeroMoments. A LoRA job:
+  // the adapters are initialised (InitLoraAdapters), the frozen tensors encoded into the
+  // layer's frozen record -- the first time only: the base never changes for the store's
+  // life, a rollback's reload keeps the record (and its hash) -- and the trainable
+  // vector written with zero moments.
+  Status WriteInitialLayer(int64_t layer, const float* base);
+  // The whole layer as workers compute with it (full_layout numel floats): the frozen
+  // record decoded, the master in its trainable span. For export; needs the caller to
+  // exclude the layer's writer, as ReadState.
+  Status ReadFullLayer(int64_t layer, float* out) const;
+  // A LoRA job's frozen base identity: FNV-1a 64 over every layer's record bytes (the
+  // encoded base, so a changed base file or base_dtype changes it), as 16 hex digits;
+  // "" without LoRA. REQUIRES: every layer's record written.
+  std::string BaseHash() const;
   // Fills every layer's master with InitLayerParams(seed), zero moments. Layers run in
   // parallel, each through a layer-sized buffer: as many as scratch_bytes holds (at
   // least one); the values do not depend on it.
@@ -157,6 +194,9 @@ class ParamStore {
     const void* data() const { return data_; }
     int64_t version() const { return version_; }
     size_t bytes() const { return bytes_; }
+    // The layer's frozen record (LoRA; never rewritten, needs no pin); null otherwise.
+    const void* frozen_data() const { return frozen_; }
+    size_t frozen_bytes() const { return frozen_bytes_; }
     void Release();
 
    private:
@@ -166,6 +206,8 @@ class ParamStore {
     const void* data_ = nullptr;
     int64_t version_ = -1;
     size_t bytes_ = 0;
+    const void* frozen_ = nullptr;
+    size_t frozen_bytes_ = 0;
   };
   // DEADLINE_EXCEEDED after timeout; ABORTED once Stop() was called; NOT_FOUND for a
   // bad layer; FAILED_PRECONDITION when epoch >= 0 and the store's epoch differs (a
@@ -204,7 +246,11 @@ class ParamStore {
 
   const ModelSpec spec_;
   const ParamStoreOptions opts_;
-  std::vector<LayerLayout> layouts_;
+  std::vector<LayerLayout> full_layouts_;  // BuildLoraLayout
+  std::vector<LayerLayout> layouts_;       // the state's (TrainableLayout)
+  std::vector<FrozenPlan> frozen_plans_;
+  std::vector<size_t> base_numel_;
+  std::vector<uint8_t> frozen_written_;    // per layer; each written by one thread
   PageAllocator pages_;
   std::vector<std::vector<StateSpan>> spans_;  // [layer][page]; null arrays: on SSD
   std::unique_ptr<SpillTier> tier_;            // null when nothing is spilled

@@ -71,6 +71,9 @@ class CopyQueue {
   // dst (n) fp32 = exact widening of src (n) of `dtype` (f32: a copy; bf16), both device
   // memory of this backend. UNIMPLEMENTED for a dtype the backend cannot widen.
   virtual Status WidenToF32(float* dst, const void* src, DType dtype, int64_t n) = 0;
+  // dst (n) fp32 = the blocks (QuantizedBytes(format, n) bytes) dequantized, as
+  // Backend::DequantizeBlocks, both device memory of this backend, on this queue.
+  virtual Status DequantizeBlocks(float* dst, const void* blocks, QuantFormat format, int64_t n) = 0;
   virtual void Record(Event* e) = 0;
   // Work queued on this queue after this call starts after `e`'s latest record is done
   // (no host wait).

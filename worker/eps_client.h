@@ -48,10 +48,15 @@ struct WorkerRegistration {
 };
 
 struct LayerWeights {
-  const void* data = nullptr;   // numel elements of dtype, the layer's flat buffer
+  const void* data = nullptr;   // numel elements of dtype: the layer's flat buffer, or
+                                // (frozen != nullptr) its trainable span only
   DType dtype = DType::kF32;
   size_t numel = 0;
   int64_t version = -1;
+  // A LoRA layer's frozen base (common/lora_frozen.h): its frozen record, frozen_bytes
+  // long, encoded as the job's PlanFrozenBase says; null for every other layer.
+  const void* frozen = nullptr;
+  size_t frozen_bytes = 0;
 };
 
 struct StepReport {

@@ -302,9 +302,12 @@ Result<LayerWeights> GrpcEpsClient::AcquireLayer(int64_t layer, int64_t min_vers
         w.numel = static_cast<size_t>(c.numel());
         w.version = c.version();
         if (c.numel() < 0 || c.numel() > (int64_t{1} << 36)) return nullptr;
-        total = w.numel * DTypeSize(w.dtype);
+        if (c.frozen_bytes() < 0 || c.frozen_bytes() > (int64_t{1} << 36) || c.frozen_bytes() % 64 != 0) return nullptr;
+        w.frozen_bytes = static_cast<size_t>(c.frozen_bytes());
+        total = w.frozen_bytes + w.numel * DTypeSize(w.dtype);
         buf.resize(total);  // a reused buffer: no zero-fill, no page faults
       }
+      if (static_cast<size_t>(c.frozen_bytes()) != w.frozen_bytes) return nullptr;
       if (c.version() != w.version || c.offset() < 0 || static_cast<size_t>(c.offset()) + n > total) return nullptr;
       received += n;
       return buf.data() + c.offset();
@@ -324,7 +327,9 @@ Result<LayerWeights> GrpcEpsClient::AcquireLayer(int64_t layer, int64_t min_vers
   std::lock_guard<std::mutex> lock(mu_);
   auto& slot = held_[layer];
   slot = std::move(buf);
-  w.data = slot.data();
+  // [frozen record][layer or trainable span]; the record's size is a multiple of 64.
+  w.data = slot.data() + w.frozen_bytes;
+  if (w.frozen_bytes > 0) w.frozen = slot.data();
   return w;
 }
 

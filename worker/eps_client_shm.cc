@@ -120,6 +120,14 @@ Result<LayerWeights> ShmEpsClient::AcquireLayer(int64_t layer, int64_t min_versi
         w.dtype = dt;
         w.numel = e.numel;
         w.version = v;
+        if (e.frozen_bytes > 0) {  // written before the first publish, never again: no pin
+          if (e.frozen_offset + e.frozen_bytes > weights_.size()) {
+            ReleaseLayer(layer);
+            return DataLoss("shm segment: layer " + std::to_string(layer) + "'s frozen record lies outside it");
+          }
+          w.frozen = static_cast<const char*>(weights_.data()) + e.frozen_offset;
+          w.frozen_bytes = e.frozen_bytes;
+        }
         return w;
       }
       pin.store(-1, std::memory_order_release);

@@ -40,11 +40,20 @@ Result<std::unique_ptr<LayerPrefetcher>> LayerPrefetcher::Create(EpsClient* clie
                                                                  std::vector<size_t> layer_numel,
                                                                  int ring_slots, DType fetch_dtype,
                                                                  const HostRegionPinner* pinner,
-                                                                 GroupRank group) {
+                                                                 GroupRank group,
+                                                                 std::vector<FrozenPlan> frozen) {
   if (layer_numel.size() < 2) return InvalidArgument("prefetcher needs at least 2 layers");
   if (ring_slots < 1) return InvalidArgument("prefetcher needs at least 1 ring slot");
+  if (!frozen.empty() && frozen.size() != layer_numel.size()) {
+    return InvalidArgument("prefetcher: " + std::to_string(frozen.size()) + " frozen plans for " +
+                           std::to_string(layer_numel.size()) + " layers");
+  }
+  if (!frozen.empty() && group.active()) {
+    return FailedPrecondition("prefetcher: a LoRA job's frozen base is not gathered across a device group");
+  }
   std::unique_ptr<LayerPrefetcher> p(
       new LayerPrefetcher(client, backend, std::move(layer_numel), fetch_dtype, pinner, group));
+  p->frozen_ = std::move(frozen);
   p->mode_ = ModeFor(*backend);
   p->direct_ = p->mode_ == CopyMode::kDirect;
   if (group.active() && p->mode_ != CopyMode::kAsync) {
@@ -70,11 +79,22 @@ Result<std::unique_ptr<LayerPrefetcher>> LayerPrefetcher::Create(EpsClient* clie
       }
       L2L_ASSIGN_OR_RETURN(slot.ready, backend->CreateEvent());
       L2L_ASSIGN_OR_RETURN(slot.freed, backend->CreateEvent());
+      size_t record = 0;  // the largest frozen record this slot receives
+      for (size_t l = 0; l < p->frozen_.size(); ++l) {
+        if ((l == 0) == (s == 0)) record = std::max(record, p->frozen_[l].bytes);
+      }
+      if (record > 0) {
+        L2L_ASSIGN_OR_RETURN(slot.frozen, kernels::DeviceBuffer::Create(backend, record));
+      }
     }
   }
   if (p->mode_ == CopyMode::kAsync) {
-    const size_t largest = std::max(ring_capacity, p->slots_[0].capacity);
-    L2L_ASSIGN_OR_RETURN(p->bounce_, backend->AllocHost(largest * sizeof(float)));
+    size_t bounce = std::max(ring_capacity, p->slots_[0].capacity) * sizeof(float);
+    for (size_t l = 0; l < p->frozen_.size(); ++l) {  // a record, then the trainable span in fp32
+      const FrozenPlan& f = p->frozen_[l];
+      if (f.bytes > 0) bounce = std::max(bounce, f.bytes + f.trainable.numel * sizeof(float));
+    }
+    L2L_ASSIGN_OR_RETURN(p->bounce_, backend->AllocHost(bounce));
     L2L_ASSIGN_OR_RETURN(p->copy_, backend->CreateCopyQueue());
   }
   p->thread_ = std::thread([raw = p.get()] { raw->Loop(); });
@@ -92,7 +112,7 @@ LayerPrefetcher::~LayerPrefetcher() {
 
 size_t LayerPrefetcher::device_bytes() const {
   size_t b = 0;
-  for (const Slot& s : slots_) b += s.device.bytes() + s.narrow.bytes();
+  for (const Slot& s : slots_) b += s.device.bytes() + s.narrow.bytes() + s.frozen.bytes();
   return b;
 }
 
@@ -161,6 +181,27 @@ Result<int64_t> LayerPrefetcher::Fetch(int64_t layer, int64_t min_version,
   L2L_ASSIGN_OR_RETURN(LayerWeights w, client_->AcquireLayer(layer, min_version, timeout));
   FaultPoint("worker.fetch");  // tests: die holding the layer
   const size_t want = layer_numel_[static_cast<size_t>(layer)];
+  if (!frozen_.empty() && frozen_[static_cast<size_t>(layer)].bytes > 0) {
+    const FrozenPlan& plan = frozen_[static_cast<size_t>(layer)];
+    if (w.frozen == nullptr || w.frozen_bytes != plan.bytes || w.numel != plan.trainable.numel ||
+        (w.data == nullptr && w.numel > 0)) {
+      client_->ReleaseLayer(layer);
+      return DataLoss("EPS sent layer " + std::to_string(layer) + " with a frozen record of " +
+                      std::to_string(w.frozen_bytes) + " bytes and " + std::to_string(w.numel) +
+                      " trainable elements; the job's LoRA layout says " + std::to_string(plan.bytes) + " and " +
+                      std::to_string(plan.trainable.numel));
+    }
+    Slot& s = slots_[static_cast<size_t>(slot)];
+    if (mode_ == CopyMode::kAsync) {
+      L2L_RETURN_IF_ERROR(FetchAsyncFrozen(layer, w, plan, s));  // releases the layer
+      return w.version;
+    }
+    float* dst = direct_ ? s.device.f32() : s.staging.data();
+    DecodeFrozen(plan, static_cast<const uint8_t*>(w.frozen), dst);
+    ConvertToFloat(w.data, w.dtype, dst + plan.trainable.offset, plan.trainable.numel);
+    client_->ReleaseLayer(layer);
+    return w.version;
+  }
   if (w.numel != want || w.data == nullptr) {
     client_->ReleaseLayer(layer);
     return DataLoss("EPS sent layer " + std::to_string(layer) + " with " + std::to_string(w.numel) +
@@ -232,6 +273,63 @@ Status LayerPrefetcher::FetchAsync(int64_t layer, const LayerWeights& w, Slot& s
   Status done = s.ready->Wait();
   if (held) client_->ReleaseLayer(layer);
   L2L_RETURN_IF_ERROR(st.WithContext("widening or gathering layer " + std::to_string(layer) + " on the device"));
+  return done.WithContext("copying layer " + std::to_string(layer) + " to the device");
+}
+
+Status LayerPrefetcher::FetchAsyncFrozen(int64_t layer, const LayerWeights& w, const FrozenPlan& plan, Slot& s) {
+  const size_t tn = plan.trainable.numel, es = DTypeSize(w.dtype);
+  const bool device_widen = w.dtype != DType::kF32 && w.dtype == fetch_dtype_ && s.narrow.data() != nullptr;
+  const bool pinned = pinner_ != nullptr && pinner_->Covers(w.frozen, w.frozen_bytes) &&
+                      (tn == 0 || ((w.dtype == DType::kF32 || device_widen) && pinner_->Covers(w.data, tn * es)));
+  const size_t up_es = device_widen ? es : sizeof(float);  // the trainable span as copied up
+  copy_->WaitFor(s.freed.get());
+  const void* record = w.frozen;
+  const void* trainable = w.data;
+  bool held = true;
+  if (!pinned) {
+    // Bounce: [record][trainable span, as published or fp32], then the DMA reads that.
+    char* b = static_cast<char*>(bounce_.data());
+    std::memcpy(b, w.frozen, w.frozen_bytes);
+    if (device_widen) {
+      std::memcpy(b + plan.bytes, w.data, tn * es);
+    } else {
+      ConvertToFloat(w.data, w.dtype, reinterpret_cast<float*>(b + plan.bytes), tn);
+    }
+    client_->ReleaseLayer(layer);
+    held = false;
+    record = b;
+    trainable = b + plan.bytes;
+    bounced_fetches_.fetch_add(1);
+  } else {
+    pinned_fetches_.fetch_add(1);
+  }
+  float* out = s.device.f32();
+  copy_->CopyToDevice(s.frozen.data(), record, plan.bytes);
+  Status st;
+  if (tn > 0) {
+    if (device_widen) {
+      copy_->CopyToDevice(s.narrow.data(), trainable, tn * up_es);
+      st = copy_->WidenToF32(out + plan.trainable.offset, s.narrow.data(), w.dtype, static_cast<int64_t>(tn));
+    } else {
+      copy_->CopyToDevice(out + plan.trainable.offset, trainable, tn * sizeof(float));
+    }
+  }
+  const char* dev_record = static_cast<const char*>(s.frozen.data());
+  for (const FrozenPiece& p : plan.pieces) {
+    if (!st.ok()) break;
+    const void* src = dev_record + p.byte_offset;
+    const int64_t n = static_cast<int64_t>(p.numel);
+    switch (p.enc) {
+      case FrozenEncoding::kF32: st = copy_->WidenToF32(out + p.offset, src, DType::kF32, n); break;
+      case FrozenEncoding::kBF16: st = copy_->WidenToF32(out + p.offset, src, DType::kBF16, n); break;
+      case FrozenEncoding::kNf4: st = copy_->DequantizeBlocks(out + p.offset, src, QuantFormat::kNf4, n); break;
+      case FrozenEncoding::kQ8_0: st = copy_->DequantizeBlocks(out + p.offset, src, QuantFormat::kQ8_0, n); break;
+    }
+  }
+  copy_->Record(s.ready.get());
+  Status done = s.ready->Wait();
+  if (held) client_->ReleaseLayer(layer);
+  L2L_RETURN_IF_ERROR(st.WithContext("decoding the frozen base of layer " + std::to_string(layer) + " on the device"));
   return done.WithContext("copying layer " + std::to_string(layer) + " to the device");
 }
 

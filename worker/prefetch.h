@@ -59,6 +59,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/lora_frozen.h"
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "worker/eps_client.h"
@@ -119,13 +120,21 @@ class LayerPrefetcher {
   // fetch_dtype: the dtype the EPS publishes (job.publish_dtype); the async mode keeps a
   // device buffer per slot for it when it is narrower than fp32 (another dtype still
   // works, widened on the host). pinner (may be null): which host memory is page-locked.
+  // frozen (a LoRA job; empty otherwise): each layer's PlanFrozenBase. A layer with a
+  // frozen record arrives as the record + its trainable span (LayerWeights::frozen); the
+  // record is copied as is and decoded into the slot's fp32 buffer where it lands (bf16
+  // widened, NF4 / Q8_0 blocks dequantized: kernels/backend.h CopyQueue::DequantizeBlocks
+  // in async mode, common/lora_frozen.h DecodeFrozen on the host otherwise), so the slot
+  // holds the whole layer in fp32 as for any other job. Device memory: each slot keeps
+  // one more buffer, the largest record it receives (0.56 B per quantized parameter).
   static Result<std::unique_ptr<LayerPrefetcher>> Create(EpsClient* client,
                                                          kernels::Backend* backend,
                                                          std::vector<size_t> layer_numel,
                                                          int ring_slots = 2,
                                                          DType fetch_dtype = DType::kF32,
                                                          const HostRegionPinner* pinner = nullptr,
-                                                         GroupRank group = {});
+                                                         GroupRank group = {},
+                                                         std::vector<FrozenPlan> frozen = {});
   ~LayerPrefetcher();
   LayerPrefetcher(const LayerPrefetcher&) = delete;
   LayerPrefetcher& operator=(const LayerPrefetcher&) = delete;
@@ -164,6 +173,7 @@ class LayerPrefetcher {
     kernels::DeviceBuffer device;  // (capacity) fp32
     std::vector<float> staging;    // staged mode: host copy
     kernels::DeviceBuffer narrow;  // async mode, fetch_dtype narrower than fp32: (capacity) of it
+    kernels::DeviceBuffer frozen;  // async mode, a LoRA job: the largest frozen record (bytes)
     std::unique_ptr<kernels::Event> ready;  // async: recorded on the copy queue after the fill
     std::unique_ptr<kernels::Event> freed;  // async: recorded on the compute stream at Release
     size_t capacity = 0;
@@ -182,10 +192,13 @@ class LayerPrefetcher {
   // Async mode's part of Fetch: queues the copy (and widening) of `w` into `s`, waits for
   // it. Releases the EPS's view itself (as soon as the bytes are no longer read).
   Status FetchAsync(int64_t layer, const LayerWeights& w, Slot& s);
+  // The same for a layer with a frozen record (plan.bytes > 0).
+  Status FetchAsyncFrozen(int64_t layer, const LayerWeights& w, const FrozenPlan& plan, Slot& s);
 
   EpsClient* client_;
   kernels::Backend* backend_;
   const std::vector<size_t> layer_numel_;
+  std::vector<FrozenPlan> frozen_;  // by layer; empty: no LoRA job (fixed after Create)
   const DType fetch_dtype_;
   const HostRegionPinner* pinner_;
   const GroupRank group_;

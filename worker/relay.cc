@@ -93,8 +93,13 @@ Status Relay::Init() {
 
   std::vector<size_t> numel;
   for (const LayerLayout& l : layouts_) numel.push_back(l.numel);
+  std::vector<FrozenPlan> frozen;  // a LoRA job: each layer's frozen base (common/lora_frozen.h)
+  if (job_.lora.enabled) {
+    for (const LayerLayout& l : layouts_) frozen.push_back(PlanFrozenBase(l, job_.lora));
+  }
   L2L_ASSIGN_OR_RETURN(prefetcher_, LayerPrefetcher::Create(client_, be_, numel, opt_.ring_slots,
-                                                            job_.publish_dtype, pin_, opt_.fetch_group));
+                                                            job_.publish_dtype, pin_, opt_.fetch_group,
+                                                            std::move(frozen)));
   const size_t max_numel = *std::max_element(numel.begin(), numel.end());
   // In a device group the gradient buffers hold the padded layer (the reduce-scatter's).
   const int gsize = opt_.push_group.active() ? opt_.push_group.size : 1;

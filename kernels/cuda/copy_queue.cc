@@ -9,6 +9,16 @@
 #include "kernels/cuda/ops.h"
 
 namespace l2l::kernels::cuda {
+
+BlockFormat ToBlockFormat(QuantFormat format) {
+  switch (format) {
+    case QuantFormat::kNf4: return BlockFormat::kNf4;
+    case QuantFormat::kQ4_0: return BlockFormat::kQ4_0;
+    case QuantFormat::kQ8_0: return BlockFormat::kQ8_0;
+  }
+  return BlockFormat::kNf4;
+}
+
 namespace {
 
 void SetDevice(int device) {
@@ -100,6 +110,14 @@ Status CudaCopyQueue::WidenToF32(float* dst, const void* src, DType dtype, int64
       return Unimplemented(std::string("cuda copy queue: no widening kernel for ") + DTypeName(dtype) +
                            " (the worker fetches f32 or bf16)");
   }
+}
+
+Status CudaCopyQueue::DequantizeBlocks(float* dst, const void* blocks, QuantFormat format, int64_t n) {
+  L2L_RETURN_IF_ERROR(QuantizedBytes(format, n).status());
+  if (n == 0) return Status::Ok();
+  MakeCurrent();
+  LaunchDequantizeBlocks(dst, static_cast<const uint8_t*>(blocks), ToBlockFormat(format), n, stream_.get());
+  return Status::Ok();
 }
 
 void CudaCopyQueue::Record(Event* e) {

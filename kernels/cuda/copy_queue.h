@@ -21,8 +21,12 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_resources.h"
+#include "kernels/cuda/ops.h"
 
 namespace l2l::kernels::cuda {
+
+// quant.cu's name for a common/quant_blocks.h format (the same block layouts).
+BlockFormat ToBlockFormat(QuantFormat format);
 
 // Created with cudaEventDisableTiming | cudaEventBlockingSync: the worker's prefetch and
 // push threads wait on these, and a blocking wait yields the core instead of spinning
@@ -53,6 +57,7 @@ class CudaCopyQueue final : public CopyQueue {
   void CopyToDevice(void* dst, const void* host_src, size_t bytes) override;
   void CopyToHost(void* host_dst, const void* src, size_t bytes) override;
   Status WidenToF32(float* dst, const void* src, DType dtype, int64_t n) override;
+  Status DequantizeBlocks(float* dst, const void* blocks, QuantFormat format, int64_t n) override;
   void Record(Event* e) override;
   void WaitFor(Event* e) override;
   cudaStream_t stream() const { return stream_.get(); }

@@ -159,14 +159,8 @@ class CudaBackend final : public Backend {
   }
   Status DequantizeBlocks(float* out, const void* blocks, QuantFormat format, int64_t n) override {
     L2L_RETURN_IF_ERROR(QuantizedBytes(format, n).status());
-    BlockFormat f = BlockFormat::kNf4;
-    switch (format) {
-      case QuantFormat::kNf4: f = BlockFormat::kNf4; break;
-      case QuantFormat::kQ4_0: f = BlockFormat::kQ4_0; break;
-      case QuantFormat::kQ8_0: f = BlockFormat::kQ8_0; break;
-    }
     MakeCurrent();
-    LaunchDequantizeBlocks(out, static_cast<const uint8_t*>(blocks), f, n, stream());
+    LaunchDequantizeBlocks(out, static_cast<const uint8_t*>(blocks), ToBlockFormat(format), n, stream());
     return Status::Ok();
   }
   void AdamW(float* p, const float* g, float* m, float* v, int64_t n, const AdamWStepArgs& args) override {

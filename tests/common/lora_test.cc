@@ -107,8 +107,11 @@ TEST_CASE("lora: bad values are refused naming the key, the line and what is acc
   ExpectError(Parse(dir, gpt2 + "lora:\n  target: [q_proj]\n"), {"no module \"q_proj\"", "c_attn, c_proj, c_fc"});
   ExpectError(Parse(dir, llama + "lora:\n  target: [all-linear, q_proj]\n"), {"all-linear stands alone"});
   ExpectError(Parse(dir, llama + "lora:\n  target: []\n"), {"lora.target=[]"});
-  ExpectError(Parse(dir, llama + "lora:\n  base_dtype: q4\n"), {"lora.base_dtype=q4", "not implemented in this build"});
-  ExpectError(Parse(dir, llama + "lora:\n  base_dtype: q8\n"), {"lora.base_dtype=q8", "not implemented in this build"});
+  for (const std::string q : {"q4", "q8"}) {  // block-quantized bases (common/lora_frozen.h)
+    const Result<JobConfig> r = Parse(dir, llama + "lora:\n  base_dtype: " + q + "\n");
+    INFO(r.status().ToString());
+    CHECK(r.ok());
+  }
   ExpectError(Parse(dir, llama + "lora:\n  base_dtype: int3\n"), {file + ":3", "lora.base_dtype", "bf16, fp32, q4"});
   ExpectError(Parse(dir, gpt2 + "lora:\n  modules_to_save: [lm_head]\n"),
               {"lora.modules_to_save", "\"lm_head\"", "tied", "wte"});

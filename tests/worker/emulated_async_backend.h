@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "common/dtype.h"
+#include "common/quant_blocks.h"
 #include "kernels/backend.h"
 
 namespace l2l::testing {
@@ -124,6 +125,16 @@ class EmuCopyQueue final : public kernels::CopyQueue {
       std::memset(dst, 0xff, static_cast<size_t>(n) * sizeof(float));
       std::this_thread::sleep_for(delay_);
       ConvertToFloat(src, dtype, dst, static_cast<size_t>(n));
+    });
+    return Status::Ok();
+  }
+  Status DequantizeBlocks(float* dst, const void* blocks, QuantFormat format, int64_t n) override {
+    L2L_RETURN_IF_ERROR(QuantizedBytes(format, n).status());
+    Count(&EmuStats::widenings);
+    Push([=, this] {
+      std::memset(dst, 0xff, static_cast<size_t>(n) * sizeof(float));
+      std::this_thread::sleep_for(delay_);
+      Dequantize(format, static_cast<const uint8_t*>(blocks), n, dst).IgnoreError();
     });
     return Status::Ok();
   }

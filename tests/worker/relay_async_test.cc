@@ -19,6 +19,7 @@
 
 #include "bench/fake_eps_client.h"
 #include "common/dtype.h"
+#include "common/lora.h"
 #include "kernels/backend.h"
 #include "tests/testing/batches.h"
 #include "tests/testing/jobs.h"
@@ -126,6 +127,46 @@ TEST_CASE("Relay on a backend with copy queues gives the bits of the plain CPU r
     CHECK(async.losses[s] == plain.losses[s]);  // bit-identical
   }
   CHECK(async.losses.back() < async.losses.front());  // it trains
+  for (size_t l = 0; l < plain.params.size(); ++l) {
+    INFO("layer " << l);
+    CHECK(async.params[l] == plain.params[l]);
+  }
+}
+
+TEST_CASE("Relay on copy queues decodes a LoRA job's frozen base as the CPU relay does",
+          "[worker][relay][async][lora]") {
+  // The frozen record goes up as bytes and is widened / dequantized on the copy queue
+  // (CopyQueue::WidenToF32, DequantizeBlocks); the CPU relay decodes it on the host
+  // (DecodeFrozen). Both must give the same bits.
+  JobConfig job = AsyncJob();
+  job.model.family = ModelFamily::kLlama;
+  job.model.n_kv_heads = 2;
+  job.model.tied_embeddings = false;
+  job.lora.enabled = true;
+  job.lora.r = 4;
+  job.lora.alpha = 8;
+  job.lora.modules_to_save = {"lm_head"};
+  job.lora.base_dtype = GENERATE(LoraBaseDType::kF32, LoraBaseDType::kBF16, LoraBaseDType::kQ4, LoraBaseDType::kQ8);
+  job.publish_dtype = GENERATE(DType::kF32, DType::kBF16);
+  CAPTURE(ToString(job.lora.base_dtype), DTypeName(job.publish_dtype));
+  REQUIRE(job.Validate().ok());
+  const int steps = 2;
+  auto cpu = kernels::CreateCpuBackend(1);
+  Run plain = Train(job, cpu.get(), steps);
+  testing::EmulatedAsyncBackend emu(1, {});
+  Run async = Train(job, &emu, steps);
+  CHECK(async.prefetch_mode == CopyMode::kAsync);
+  CHECK(async.bounced == steps * (2 * job.model.n_layer + 2));
+  {
+    std::lock_guard<std::mutex> lk(emu.stats().mu);
+    CHECK(emu.stats().widenings > 0);  // records decoded on the queue
+  }
+  REQUIRE(plain.losses.size() == async.losses.size());
+  for (size_t s = 0; s < plain.losses.size(); ++s) {
+    INFO("step " << s);
+    CHECK(std::isfinite(async.losses[s]));
+    CHECK(async.losses[s] == plain.losses[s]);
+  }
   for (size_t l = 0; l < plain.params.size(); ++l) {
     INFO("layer " << l);
     CHECK(async.params[l] == plain.params[l]);

@@ -865,6 +865,14 @@ TEST_CASE("Relay trains LoRA adapters like the reference trainer, the base froze
     job.lora.modules_to_save = {"lm_head"};
     job.train.clip = ClipMode::kPerLayer;
   }
+  SECTION("llama, all-linear, a 4-bit (NF4) base") {
+    job.lora.base_dtype = LoraBaseDType::kQ4;
+  }
+  SECTION("llama untied, an 8-bit (Q8_0) base, lm_head trained in full") {
+    job.model.tied_embeddings = false;
+    job.lora.base_dtype = LoraBaseDType::kQ8;
+    job.lora.modules_to_save = {"lm_head"};
+  }
   SECTION("gpt2 tied, c_attn + c_fc, bf16 base") {
     const LoraConfig lora = job.lora;
     job = TinyJob();

@@ -57,6 +57,7 @@
 #include "common/formats/model_io.h"
 #include "common/formats/safetensors.h"
 #include "common/lora.h"
+#include "common/lora_frozen.h"
 #include "common/models/registry.h"
 #include "common/status.h"
 #include "worker/reference/reference_trainer.h"
@@ -311,7 +312,7 @@ Status DumpLoraVariant(const std::string& dir, const l2l::JobConfig& cfg, uint64
     for (size_t i = base[l].size(); i < layouts[l].numel; ++i) {
       full.back()[i] = static_cast<float>(0.3 * Sym(key + l, i));
     }
-    l2l::RoundFrozenBase(cfg.lora, layouts[l], full.back().data());
+    L2L_RETURN_IF_ERROR(l2l::RoundToHeld(layouts[l], cfg.lora, full.back().data()));
   }
   std::vector<w::MicroBatch> mbs = OracleBatches(cfg, seed);
   const int64_t M = cfg.train.micro_batches, B = cfg.train.micro_batch_size, T = cfg.seq_len();

@@ -12,6 +12,7 @@
 #include "common/formats/peft_lora_writer.h"
 #include "common/logging.h"
 #include "common/lora.h"
+#include "common/lora_frozen.h"
 #include "common/models/registry.h"
 #include "kernels/layers/moe.h"
 #include "kernels/layers/lora.h"
@@ -79,12 +80,13 @@ Status ReferenceTrainer::Init(const JobConfig& cfg, std::vector<std::vector<floa
       params[l].resize(layouts_[l].numel, 0.0f);
       InitLoraAdapters(cfg.lora, layouts_[l], params[l].data());
     }
-    RoundFrozenBase(cfg.lora, layouts_[l], params[l].data());
     if (params[l].size() != layouts_[l].numel) {
       return InvalidArgument("initial weights of layer " + std::to_string(l) + " (" +
                              LayerKindName(layouts_[l].kind) + ") have " + std::to_string(params[l].size()) +
                              " floats, layout needs " + std::to_string(layouts_[l].numel));
     }
+    // The frozen base as the daemon holds it (bf16-rounded, block-quantized).
+    L2L_RETURN_IF_ERROR(RoundToHeld(layouts_[l], cfg.lora, params[l].data()));
   }
   if (opts.device == "cpu") {
     L2L_ASSIGN_OR_RETURN(backend_, kernels::CreateCpuBackend(kernels::CpuBackendOptions{
