@@ -18,6 +18,7 @@
 
 #include "common/adamw.h"
 #include "common/dtype.h"
+#include "common/lora.h"
 #include "eps_server/eps_core.h"
 #include "eps_server/grpc_server.h"
 #include "eps_server/param_store.h"
@@ -514,16 +515,25 @@ TEST_CASE("EPS refuses initial weights that are not finite, naming layer and ten
   CHECK_FALSE(core.has_job());
 }
 
-TEST_CASE("EPS refuses a LoRA job (not wired into the daemon yet), saying so", "[integration][eps][lora]") {
+TEST_CASE("EPS keeps a LoRA job's adapters as its state and refuses a plain export of it", "[integration][eps][lora]") {
   JobConfig job = TinyJob(DType::kF32);
   job.lora.enabled = true;
   job.lora.r = 2;
   REQUIRE(job.Validate().ok());
   eps::EpsCore core(Daemon::MakeOpts(1, "grpc"));
   Status s = core.CreateJob(job);
-  CHECK(s.code() == StatusCode::kUnimplemented);
-  CHECK(s.message().find("lora: the daemon does not run LoRA jobs in this build") != std::string::npos);
-  CHECK_FALSE(core.has_job());
+  INFO(s.ToString());
+  REQUIRE(s.ok());
+  const std::vector<LayerLayout> layouts = BuildLoraLayout(job.model, job.lora);
+  for (size_t l = 0; l < layouts.size(); ++l) {
+    CHECK(core.store()->layout(static_cast<int64_t>(l)).numel == TrainableNumel(layouts[l]));
+  }
+  CHECK(core.store()->layout(1).numel < BuildLayout(job.model)[1].numel);  // the base has no state
+  auto e = core.Export(core.ResolveUserPath("plain.safetensors").value(), DType::kF32);
+  REQUIRE_FALSE(e.ok());
+  CHECK(e.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(e.status().message().find("--format peft") != std::string::npos);
+  core.Stop();
 }
 
 TEST_CASE("EPS API: every gradient header field is validated before its bytes are allocated",
