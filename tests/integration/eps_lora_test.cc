@@ -188,6 +188,33 @@ TEST_CASE("A LoRA checkpoint names its base; resume refuses another base and res
     }
     core.Stop();
   }
+  // A job whose base file is gone cannot resume: the adapters need their base.
+  {
+    auto m = eps::ReadCheckpointManifest(ckpt);
+    REQUIRE(m.ok());
+    JobConfig from_file = job;
+    from_file.model_from = (*tmp)->File("gone/model.gguf");
+    eps::CheckpointMeta meta = m->meta;
+    meta.job = from_file;
+    // Rewrite the manifest's job as one that named a base file (now missing).
+    eps::EpsCore core(opts());
+    REQUIRE(core.CreateJob(job, eps::FromBuffers(base)).ok());
+    const std::string dir = (*tmp)->File("ckpt-with-file");
+    REQUIRE(eps::WriteCheckpoint(*core.store(), [&] {
+              eps::CheckpointMeta x = meta;
+              x.lora_base_hash = core.store()->BaseHash();
+              return x;
+            }(), dir, false)
+                .ok());
+    core.Stop();
+    eps::JobSource src;
+    src.checkpoint = dir;
+    auto plan = eps::ChooseJobStart(src);
+    REQUIRE_FALSE(plan.ok());
+    INFO(plan.status().ToString());
+    CHECK(plan.status().message().find("resume needs the base the adapters were trained on") != std::string::npos);
+    CHECK(plan.status().message().find("gone/model.gguf") != std::string::npos);
+  }
   // A manifest without its base is refused.
   {
     const std::string path = ckpt + "/manifest.json";
