@@ -30,9 +30,10 @@ LoraAdapter EmptyAdapter(const ModelSpec& spec, const LoraConfig& lora) {
   return a;
 }
 
-// Appends the adapters and saved tensors of one LoRA layer (`full`: layout.numel floats).
+// Appends the adapters of one LoRA layer (`full`: layout.numel floats) and, with
+// `saved`, its modules_to_save tensors.
 void AppendLayer(const ModelSpec& spec, const LoraConfig& lora, const LayerLayout& layout, std::vector<float> full,
-                 LoraAdapter* out) {
+                 bool saved, LoraAdapter* out) {
   const std::vector<LayerLayout> one = {layout};
   std::vector<std::vector<float>> layers;
   layers.push_back(std::move(full));
@@ -45,7 +46,7 @@ void AppendLayer(const ModelSpec& spec, const LoraConfig& lora, const LayerLayou
     m.b = std::move(t.B);
     out->modules.push_back(std::move(m));
   }
-  if (layout.kind == LayerKind::kBlock) return;  // modules_to_save are embedding / head tensors
+  if (!saved || layout.kind == LayerKind::kBlock) return;  // modules_to_save are embedding / head tensors
   for (const ParamInfo& p : layout.params) {
     if (!p.trainable) continue;
     LoraSavedTensor s;
@@ -68,7 +69,7 @@ Result<LoraAdapter> AdapterFromLayers(const ModelSpec& spec, const LoraConfig& l
     std::vector<float> full(layout.numel);
     L2L_RETURN_IF_ERROR(read_full_layer(layout.index, full.data())
                             .WithContext("LoRA export: reading layer " + std::to_string(layout.index)));
-    AppendLayer(spec, lora, layout, std::move(full), &adapter);
+    AppendLayer(spec, lora, layout, std::move(full), /*saved=*/true, &adapter);
   }
   L2L_RETURN_IF_ERROR(ValidateLoraAdapter(adapter).WithContext("LoRA export"));
   return adapter;
@@ -103,11 +104,13 @@ std::function<Status(int64_t, float*)> MergedLayerSource(const ModelSpec& spec, 
     std::vector<float> full(layout.numel);
     L2L_RETURN_IF_ERROR(st->read(l, full.data()).WithContext("LoRA merge: reading layer " + std::to_string(l)));
     // The base tensors are a prefix of the LoRA layout (common/lora.h): copy them (the
-    // modules_to_save tensors among them as trained), then add this layer's B A.
+    // modules_to_save tensors among them as trained, so the adapter of the layer need not
+    // carry them), then add this layer's B A.
     const size_t base = st->base_layouts[static_cast<size_t>(l)].numel;
     std::copy(full.begin(), full.begin() + static_cast<ptrdiff_t>(base), out);
     LoraAdapter adapter = EmptyAdapter(st->spec, st->lora);
-    AppendLayer(st->spec, st->lora, layout, std::move(full), &adapter);
+    adapter.modules_to_save.clear();
+    AppendLayer(st->spec, st->lora, layout, std::move(full), /*saved=*/false, &adapter);
     return MergeLoraIntoLayer(st->spec, st->base_layouts, adapter, l, out).WithContext("LoRA merge");
   };
 }
