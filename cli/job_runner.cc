@@ -116,6 +116,12 @@ Result<RunResult> RunJob(const RunOptions& o, Progress* progress) {
     eps_argv.insert(eps_argv.end(), {"--job", o.job_path});
   }
   bool imports = false;  // the job starts from a model file (model.from): the daemon imports it first
+  // A LoRA job (a `lora:` section) exports the merged model (--merge) and its adapter.
+  bool lora = false;
+  if (!o.job_path.empty()) {
+    Result<JobConfig> job = LoadJobConfig(o.job_path);
+    lora = job.ok() && job->lora.enabled;
+  }
   if (!o.resume) {
     // The daemon reads only inside the directories it is given (docs/operations.md "Files
     // a job may name"); the user who runs `l2l` named these files, so their directories are
@@ -239,15 +245,27 @@ Result<RunResult> RunJob(const RunOptions& o, Progress* progress) {
                              : o.export_format == "safetensors" ? "model.safetensors"
                                                                 : "model.gguf";
     fs::remove_all(state + "/" + name, ec);
-    Result<CtlWritten> w = ctl->Export(name, o.export_format, o.export_type);
+    Result<CtlWritten> w = ctl->Export(name, o.export_format, o.export_type, 0, /*merge=*/lora);
     if (!w.ok()) {
       eps->Stop();
-      return w.status().WithContext("export --format " + o.export_format);
+      return w.status().WithContext("export --format " + o.export_format + (lora ? " --merge" : ""));
     }
     fs::remove_all(out + "/" + name, ec);
     fs::rename(state + "/" + name, out + "/" + name, ec);
     if (ec) return Internal("moving the export into " + out + ": " + ec.message());
     result.export_path = out + "/" + name;
+    if (lora) {  // the adapter beside the merged model: DIR/adapter (PEFT)
+      progress->Note("exporting the LoRA adapter (--format peft adapter)");
+      fs::remove_all(state + "/adapter", ec);
+      Result<CtlWritten> a = ctl->Export("adapter", "peft", "");
+      if (!a.ok()) {
+        eps->Stop();
+        return a.status().WithContext("export --format peft");
+      }
+      fs::remove_all(out + "/adapter", ec);
+      fs::rename(state + "/adapter", out + "/adapter", ec);
+      if (ec) return Internal("moving the adapter into " + out + ": " + ec.message());
+    }
   }
   ctl->Shutdown(/*abort_step=*/false, /*skip_checkpoint=*/true).IgnoreError();
   eps->Wait(120s).status().IgnoreError();

@@ -14,7 +14,9 @@
 // `l2l` named them.
 //
 // Files under `out`: state/ (the daemon's state dir: eps.port, checkpoints/, run.jsonl),
-// eps.log, worker-N.log, and the export (model-hf/ by default).
+// eps.log, worker-N.log, and the export (model-hf/ by default). A LoRA job (a `lora:`
+// section in job_path) exports its merged model (l2lctl export --merge) and its PEFT
+// adapter as adapter/.
 //
 // Thread-safety: one per process (it owns the process's SIGINT/SIGTERM handling while it
 // runs).

@@ -156,7 +156,7 @@ Result<CtlWritten> CtlClient::Checkpoint(const std::string& dir) {
 Result<CtlWritten> CtlClient::Export(const std::string& path) { return Export(path, "", ""); }
 
 Result<CtlWritten> CtlClient::Export(const std::string& path, const std::string& format, const std::string& dtype,
-                                     int64_t max_shard_bytes) {
+                                     int64_t max_shard_bytes, bool merge) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, opts_.write_timeout);
   pb::ExportRequest req;
@@ -164,6 +164,7 @@ Result<CtlWritten> CtlClient::Export(const std::string& path, const std::string&
   req.set_format(format);
   req.set_dtype(dtype);
   req.set_max_shard_bytes(max_shard_bytes);
+  req.set_merge(merge);
   pb::ExportReply rep;
   L2L_RETURN_IF_ERROR(FromGrpc(impl_->stub->Export(&ctx, req, &rep), "Export", address_));
   return CtlWritten{rep.path(), 0, rep.bytes()};

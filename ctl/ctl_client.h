@@ -102,10 +102,11 @@ class CtlClient {
   Status Resume();
   Result<CtlWritten> Checkpoint(const std::string& dir);  // "" = the daemon's default
   Result<CtlWritten> Export(const std::string& path);
-  // format: "safetensors" | "hf" | "gguf"; dtype "" = f32 (ExportRequest in control.proto).
-  // max_shard_bytes: hf only, the largest safetensors shard (0 = the daemon's default, 5 GB).
+  // format: "safetensors" | "hf" | "gguf" | "peft" | "gguf-lora"; dtype "" = f32
+  // (ExportRequest in control.proto). max_shard_bytes: hf only, the largest safetensors
+  // shard (0 = the daemon's default, 5 GB). merge: a LoRA job's merged model.
   Result<CtlWritten> Export(const std::string& path, const std::string& format, const std::string& dtype,
-                            int64_t max_shard_bytes = 0);
+                            int64_t max_shard_bytes = 0, bool merge = false);
   Status Shutdown(bool abort_step, bool skip_checkpoint);
 
  private:

@@ -8,12 +8,15 @@
 //     watch [--steps N] [--timeout S] [--interval S]
 //                                    live progress (bar + ETA on a TTY, plain lines otherwise)
 //     checkpoint [--dir DIR]         durable checkpoint now (or at the step boundary)
-//     export [--format safetensors|hf|gguf] [--dtype f32|bf16|f16|q8_0|q4_k_m] [--max-shard-size SIZE] PATH
+//     export [--format safetensors|hf|gguf|peft|gguf-lora] [--merge]
+//            [--dtype f32|bf16|f16|q8_0|q4_k_m] [--max-shard-size SIZE] PATH
 //                                        weights: one safetensors file, a Hugging Face
 //                                        directory (from_pretrained; sharded above SIZE,
 //                                        default 5GB, as transformers' max_shard_size:
 //                                        bytes, or KB/MB/GB = 1000^n, KiB/MiB/GiB = 1024^n)
-//                                        or a GGUF file
+//                                        or a GGUF file; a LoRA job: its adapter (peft: a
+//                                        PEFT directory, gguf-lora: llama.cpp's GGUF LoRA)
+//                                        or, with --merge, the merged model in the others
 //   (checkpoint/export paths are the daemon's: relative ones land in its state dir)
 //     pause | resume                 hold / release publishing of new layer versions
 //     stop [--abort-step] [--skip-checkpoint] [--no-wait]
@@ -422,7 +425,7 @@ int CmdWatch(const Globals& g, const WatchFlags& w) {
 }
 
 int CmdWritten(const Globals& g, const std::string& what, const std::string& path, const std::string& format = "safetensors",
-               const std::string& dtype = "", const std::string& max_shard_size = "") {
+               const std::string& dtype = "", const std::string& max_shard_size = "", bool merge = false) {
   int64_t max_shard_bytes = 0;
   if (!max_shard_size.empty()) {
     if (format != "hf") {
@@ -438,7 +441,7 @@ int CmdWritten(const Globals& g, const std::string& what, const std::string& pat
   // Paths go to the daemon verbatim: it writes on its own host, resolves a relative path
   // under its state dir and confines absolute ones to it unless its config has
   // allow_absolute_paths (EpsCore::ResolveUserPath).
-  auto r = what == "checkpoint" ? (*c)->Checkpoint(path) : (*c)->Export(path, format, dtype, max_shard_bytes);
+  auto r = what == "checkpoint" ? (*c)->Checkpoint(path) : (*c)->Export(path, format, dtype, max_shard_bytes, merge);
   if (!r.ok()) return EmitRpcError(g, r.status(), t.address);
   if (g.json) {
     Json j = {{"ok", true}, {"address", t.address}, {"path", r->path}, {"bytes", r->bytes}};
@@ -448,10 +451,13 @@ int CmdWritten(const Globals& g, const std::string& what, const std::string& pat
     std::printf("checkpoint of step %lld written to %s (%s)\n", (long long)r->step,
                 r->path.empty() ? "the daemon's checkpoint dir" : r->path.c_str(), Bytes(r->bytes).c_str());
   } else {
-    const char* what_written = format == "hf"     ? "Hugging Face model directory"
-                               : format == "gguf" ? "GGUF"
-                                                  : "safetensors, Hugging Face tensor names";
-    std::printf("exported %s (%s, %s)\n", r->path.c_str(), Bytes(r->bytes).c_str(), what_written);
+    const char* what_written = format == "hf"          ? "Hugging Face model directory"
+                               : format == "gguf"      ? "GGUF"
+                               : format == "peft"      ? "PEFT LoRA adapter directory"
+                               : format == "gguf-lora" ? "GGUF LoRA adapter"
+                                                       : "safetensors, Hugging Face tensor names";
+    std::printf("exported %s (%s, %s%s)\n", r->path.c_str(), Bytes(r->bytes).c_str(), what_written,
+                merge ? ", LoRA merged" : "");
   }
   return 0;
 }
@@ -542,10 +548,15 @@ int main(int argc, char** argv) {
   ckpt->add_option("--dir", ckpt_dir,
                    "directory on the daemon's host, relative to its state dir (default: <checkpoint root>/step-N)");
   std::string format = "safetensors", export_path, export_dtype, export_shard;
+  bool export_merge = false;
   auto* exp = app.add_subcommand("export", "write the weights: safetensors file, Hugging Face dir or GGUF file");
   exp->add_option("--format", format,
-                  "safetensors (one file, l2l metadata), hf (a from_pretrained directory) or gguf (Llama family)")
-      ->check(CLI::IsMember({"safetensors", "hf", "gguf"}));
+                  "safetensors (one file, l2l metadata), hf (a from_pretrained directory), gguf (Llama family); "
+                  "a LoRA job: peft (a PEFT adapter directory) or gguf-lora (llama.cpp's GGUF LoRA file)")
+      ->check(CLI::IsMember({"safetensors", "hf", "gguf", "peft", "gguf-lora"}));
+  exp->add_flag("--merge", export_merge,
+                "a LoRA job: write the merged model (W + (alpha/r) B A) as safetensors, hf or gguf; without it a "
+                "LoRA job exports only --format peft or gguf-lora");
   exp->add_option("--dtype,--type", export_dtype,
                   "f32 (default) or bf16; gguf also f16, q8_0 and q4_k_m (llama.cpp's Q4_K_M mix: Q4_K, Q6_K for "
                   "output and some attn_v/ffn_down, docs/finetune.md)")
@@ -575,7 +586,7 @@ int main(int argc, char** argv) {
   if (status->parsed()) return CmdStatus(g);
   if (watch->parsed()) return CmdWatch(g, wf);
   if (ckpt->parsed()) return CmdWritten(g, "checkpoint", ckpt_dir);
-  if (exp->parsed()) return CmdWritten(g, "export", export_path, format, export_dtype, export_shard);
+  if (exp->parsed()) return CmdWritten(g, "export", export_path, format, export_dtype, export_shard, export_merge);
   if (pause->parsed()) return CmdPublishing(g, Publishing::kPause);
   if (resume->parsed()) return CmdPublishing(g, Publishing::kResume);
   if (stop->parsed()) return CmdStop(g, sf);

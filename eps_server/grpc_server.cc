@@ -15,10 +15,14 @@
 #include <map>
 #include <thread>
 
+#include "common/formats/gguf_lora.h"
+#include "common/formats/lora_export.h"
 #include "common/formats/model_io.h"
+#include "common/formats/peft_adapter.h"
 #include "common/name_table.h"
 #include "common/logging.h"
 #include "common/pretrained/pretrained.h"
+#include "eps_server/export_choice.h"
 #include "eps_server/job_start.h"
 #include "proto/adamw_proto.h"
 #include "proto/control.grpc.pb.h"
@@ -508,60 +512,14 @@ class ControlService final : public control::Control::Service {
     return grpc::Status::OK;
   }
 
-  // The Export request's format and dtype, parsed once. dtype "" is f32; f16, q8_0 and
-  // q4_k_m (llama.cpp's mix) are for gguf only. `type` holds the GGUF type (GGUF's names);
-  // the other formats take its DType.
-  enum class ExportFormat { kSafetensors, kHf, kGguf };
-  static constexpr std::pair<ExportFormat, const char*> kExportFormats[] = {
-      {ExportFormat::kSafetensors, "safetensors"}, {ExportFormat::kHf, "hf"}, {ExportFormat::kGguf, "gguf"}};
-  struct ExportChoice {
-    ExportFormat format = ExportFormat::kSafetensors;
-    formats::GgmlType type = formats::GgmlType::kF32;  // kF32, kBF16 or (gguf) kF16, kQ8_0
-    bool q4_k_m = false;                                // gguf: the Q4_K_M mix (type unused)
-    int64_t max_shard_bytes = 0;                        // hf; 0 = HfExportOptions' default
-    DType dtype() const { return type == formats::GgmlType::kBF16 ? DType::kBF16 : DType::kF32; }
-  };
-  static Result<ExportChoice> ParseExportChoice(const control::ExportRequest& req) {
-    ExportChoice c;
-    const std::string& f = req.format();
-    if (!f.empty()) {  // "" is safetensors
-      const Result<ExportFormat> format = ParseName(kExportFormats, f);
-      if (!format.ok()) return InvalidArgument("format '" + f + "' must be safetensors, hf or gguf");
-      c.format = *format;
-    }
-    if (req.max_shard_bytes() < 0 || (req.max_shard_bytes() != 0 && c.format != ExportFormat::kHf)) {
-      return InvalidArgument("max_shard_bytes=" + std::to_string(req.max_shard_bytes()) +
-                             (req.max_shard_bytes() < 0 ? " must be >= 0 (0 = 5 GB)"
-                                                        : " applies to format hf only (sharded safetensors)"));
-    }
-    c.max_shard_bytes = req.max_shard_bytes();
-    const bool gguf = c.format == ExportFormat::kGguf;
-    const std::string d = req.dtype().empty() ? "f32" : req.dtype();
-    if (gguf && d == "q8_0") {
-      c.type = formats::GgmlType::kQ8_0;
-      return c;
-    }
-    if (gguf && d == "f16") {
-      c.type = formats::GgmlType::kF16;
-      return c;
-    }
-    if (gguf && d == "q4_k_m") {
-      c.q4_k_m = true;
-      return c;
-    }
-    const Result<DType> dt = ParseDType(d);
-    if (!dt.ok() || (*dt != DType::kF32 && *dt != DType::kBF16)) {
-      return InvalidArgument("dtype '" + d + "' must be f32 or bf16" + (gguf ? ", f16, q8_0 or q4_k_m" : ""));
-    }
-    c.type = *dt == DType::kBF16 ? formats::GgmlType::kBF16 : formats::GgmlType::kF32;
-    return c;
-  }
-
   grpc::Status Export(grpc::ServerContext*, const control::ExportRequest* req,
                       control::ExportReply* rep) override {
-    const Result<ExportChoice> choice = ParseExportChoice(*req);
+    // Whether the job is a LoRA job decides what may be exported (eps_server/export_choice.h).
+    const bool lora = core_->has_job() && core_->job_config().lora.enabled;
+    const Result<ExportChoice> choice =
+        ParseExportChoice({req->format(), req->dtype(), req->max_shard_bytes(), req->merge()}, lora);
     if (!choice.ok()) return ToGrpc(choice.status().WithContext("Export"));
-    if (choice->format != ExportFormat::kSafetensors) return ExportPretrained(req, *choice, rep);
+    if (choice->format != ExportFormat::kSafetensors || choice->merge) return ExportWithChoice(req, *choice, rep);
     auto path = core_->ResolveUserPath(req->path(), "Export path");
     if (!path.ok()) return ToGrpc(path.status().WithContext("Export"));
     auto bytes = core_->Export(req->path(), choice->dtype());
@@ -571,16 +529,32 @@ class ControlService final : public control::Control::Service {
     return grpc::Status::OK;
   }
 
-  // Export --format hf | gguf (common/pretrained/pretrained.h), streamed at a step boundary.
-  grpc::Status ExportPretrained(const control::ExportRequest* req, const ExportChoice& choice,
+  // The size of a written file, or of the files of a written directory (not recursive).
+  static int64_t WrittenBytes(const std::string& path) {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(path, ec)) {
+      const auto n = std::filesystem::file_size(path, ec);
+      return ec ? 0 : static_cast<int64_t>(n);
+    }
+    int64_t total = 0;
+    for (const auto& e : std::filesystem::directory_iterator(path, ec)) {
+      if (e.is_regular_file(ec)) total += static_cast<int64_t>(e.file_size(ec));
+    }
+    return total;
+  }
+
+  // Export --format hf | gguf (common/pretrained/pretrained.h), a LoRA job's adapter
+  // (peft | gguf-lora: common/formats/lora_export.h AdapterFromLayers) or its merged model
+  // (--merge: MergedLayerSource under hf | gguf | safetensors), streamed at a step boundary.
+  grpc::Status ExportWithChoice(const control::ExportRequest* req, const ExportChoice& choice,
                                 control::ExportReply* rep) {
-    const bool hf = choice.format == ExportFormat::kHf;
     auto path = core_->ResolveUserPath(req->path(), "Export path");
     if (!path.ok()) return ToGrpc(path.status().WithContext("Export"));
     if (!core_->has_job()) return ToGrpc(FailedPrecondition("Export: no job to export (CreateJob first)"));
     const JobConfig job = core_->job_config();
     tok::GgufMetadata tokenizer_md;
-    if (!hf && !job.imported_from.empty() && std::filesystem::is_directory(job.imported_from)) {
+    if (choice.format == ExportFormat::kGguf && !job.imported_from.empty() &&
+        std::filesystem::is_directory(job.imported_from)) {
       // An HF import's tokenizer goes into the GGUF's metadata, so llama.cpp-based tools
       // tokenize as the model was trained. One GGUF cannot hold (not byte-level BPE, ...)
       // leaves the file without a tokenizer, said in the daemon's log.
@@ -595,12 +569,33 @@ class ControlService final : public control::Control::Service {
     }
     auto bytes = core_->ExportWith(
         req->path(), [&](const std::string& p, int64_t step, const LayerSource& read) -> Result<int64_t> {
-          if (hf) {
+          if (choice.format == ExportFormat::kPeft || choice.format == ExportFormat::kGgufLora) {
+            // read gives a LoRA job's whole layers (BuildLoraLayout): base + adapters.
+            L2L_ASSIGN_OR_RETURN(formats::LoraAdapter adapter, formats::AdapterFromLayers(job.model, job.lora, read));
+            if (choice.format == ExportFormat::kPeft) {
+              adapter.base_model = job.imported_from;
+              L2L_RETURN_IF_ERROR(formats::WritePeftAdapter(p, adapter));
+            } else {
+              formats::GgufLoraOptions o;
+              o.type = choice.type;
+              o.name = "l2l step " + std::to_string(step);
+              L2L_RETURN_IF_ERROR(formats::WriteGgufLora(p, job.model, adapter, o));
+            }
+            return WrittenBytes(p);
+          }
+          // A LoRA job's merged model; any other job's weights as they are.
+          const LayerSource source = choice.merge ? formats::MergedLayerSource(job.model, job.lora, read) : read;
+          if (choice.format == ExportFormat::kSafetensors) {
+            L2L_RETURN_IF_ERROR(SaveModelStreamed(p, job.model, source, choice.dtype(),
+                                                  {{"l2l.step", std::to_string(step)}}));
+            return WrittenBytes(p);
+          }
+          if (choice.format == ExportFormat::kHf) {
             HfExportOptions o;
             o.dtype = choice.dtype();
             o.imported_from = job.imported_from;
             if (choice.max_shard_bytes > 0) o.max_shard_bytes = static_cast<uint64_t>(choice.max_shard_bytes);
-            L2L_ASSIGN_OR_RETURN(int64_t written, ExportHf(p, job.model, read, o));
+            L2L_ASSIGN_OR_RETURN(int64_t written, ExportHf(p, job.model, source, o));
             if (!job.imported_from.empty() && tok::IsGgufFile(job.imported_from)) {
               // A GGUF import carries its tokenizer in metadata: write it as HF files.
               L2L_RETURN_IF_ERROR(tok::WriteHfTokenizerFromGguf(job.imported_from, p).WithContext(
@@ -614,7 +609,7 @@ class ControlService final : public control::Control::Service {
           o.imported_from = job.imported_from;
           o.name = "l2l step " + std::to_string(step);
           o.metadata = tokenizer_md;
-          return ExportGguf(p, job.model, read, o);
+          return ExportGguf(p, job.model, source, o);
         });
     if (!bytes.ok()) return ToGrpc(bytes.status().WithContext("Export"));
     rep->set_path(*path);

@@ -22,6 +22,14 @@ Status WriteGgufLora(const std::string& path, const ModelSpec& spec, const LoraA
                            " is not supported (f32, f16, bf16)");
   }
   L2L_RETURN_IF_ERROR(ValidateLoraAdapter(adapter));
+  if (!adapter.saved.empty()) {
+    std::string names;
+    for (const std::string& m : adapter.modules_to_save) names += (names.empty() ? "" : ", ") + m;
+    return InvalidArgument("GGUF LoRA: the adapter has modules_to_save (" + names +
+                           ") trained in full; a GGUF LoRA file holds lora_a / lora_b pairs only (as llama.cpp's "
+                           "convert_lora_to_gguf.py writes them); export the merged model instead (--format gguf "
+                           "--merge) or the PEFT adapter (--format peft)");
+  }
   L2L_RETURN_IF_ERROR(spec.Validate());
   const std::vector<LayerLayout> layout = BuildLayout(spec);
   L2L_RETURN_IF_ERROR(MatchLoraToModel(spec, layout, adapter).status());

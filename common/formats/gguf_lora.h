@@ -14,7 +14,9 @@
 // a->ne[1] == b->ne[0]). For an architecture whose attn_q / attn_k rows llama.cpp's
 // converter permutes (GgufArch::permuted_qk: "llama"), lora_b's rows are permuted the same
 // way (PermuteLlamaRows with num_attention_heads / num_key_value_heads): (P B) A = P (B A).
-// Families without a GGUF export (GPT-2, BERT) are refused (UNIMPLEMENTED).
+// Families without a GGUF export (GPT-2, BERT) are refused (UNIMPLEMENTED), and so are
+// adapters with modules_to_save tensors (InvalidArgument: the file holds lora_a / lora_b
+// pairs only, as llama.cpp's convert_lora_to_gguf.py writes them; export merged instead).
 //
 // Thread-safety: free function.
 #pragma once

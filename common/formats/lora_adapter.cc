@@ -1,6 +1,7 @@
 // LoRA adapters as plain data; merging into a model. See common/formats/lora_adapter.h.
 #include "common/formats/lora_adapter.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
@@ -13,6 +14,46 @@ namespace {
 constexpr std::string_view kWeightSuffix = ".weight";
 
 std::string Shape(int64_t a, int64_t b) { return "(" + std::to_string(a) + ", " + std::to_string(b) + ")"; }
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string s;
+  for (int64_t d : shape) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return "(" + s + ")";
+}
+
+// Whether the saved tensor `name` ("model.embed_tokens.weight") belongs to `module`
+// ("embed_tokens"): its name without the last component is the module or ends with
+// "." + module (PEFT's suffix match of modules_to_save).
+bool SavedOf(const std::string& name, const std::string& module) {
+  const size_t dot = name.rfind('.');
+  if (dot == std::string::npos) return false;
+  const std::string owner = name.substr(0, dot);
+  return owner == module || owner.ends_with("." + module);
+}
+
+// Where each saved tensor of `adapter` lives in the model (in adapter.saved's order).
+Result<std::vector<LoraTarget>> MatchSavedToModel(const ModelSpec& spec, const std::vector<LayerLayout>& layout,
+                                                  const LoraAdapter& adapter) {
+  std::vector<LoraTarget> out;
+  if (adapter.saved.empty()) return out;
+  std::map<std::string, LoraTarget> by_name;
+  for (const LayerLayout& lay : layout) {
+    for (const ParamInfo& p : lay.params) by_name[HfParameterName(spec, p)] = LoraTarget{lay.index, &p};
+  }
+  for (const LoraSavedTensor& t : adapter.saved) {
+    auto it = by_name.find(t.name);
+    if (it == by_name.end()) {
+      return InvalidArgument("LoRA adapter saved tensor (modules_to_save) " + t.name + " is not a tensor of this " +
+                             ToString(spec.family) + " model");
+    }
+    if (it->second.param->shape != t.shape) {
+      return InvalidArgument("LoRA adapter saved tensor (modules_to_save) " + t.name + " has shape " +
+                             ShapeText(t.shape) + ", the model's is " + ShapeText(it->second.param->shape));
+    }
+    out.push_back(it->second);
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -50,19 +91,53 @@ Status ValidateLoraAdapter(const LoraAdapter& a) {
       }
     }
   }
+  std::set<std::string> saved_names;
+  for (const LoraSavedTensor& t : a.saved) {
+    if (!saved_names.insert(t.name).second) {
+      return InvalidArgument("LoRA adapter: saved tensor " + t.name + " appears twice");
+    }
+    uint64_t n = 1;
+    for (int64_t d : t.shape) {
+      if (d <= 0) return InvalidArgument("LoRA adapter: saved tensor " + t.name + " has shape " + ShapeText(t.shape));
+      n *= static_cast<uint64_t>(d);
+    }
+    if (t.shape.empty() || t.values.size() != n) {
+      return InvalidArgument("LoRA adapter: saved tensor " + t.name + " holds " + std::to_string(t.values.size()) +
+                             " values, its shape " + ShapeText(t.shape) + " " + std::to_string(n));
+    }
+    bool owned = false;
+    for (const std::string& m : a.modules_to_save) owned = owned || SavedOf(t.name, m);
+    if (!owned) {
+      return InvalidArgument("LoRA adapter: saved tensor " + t.name + " belongs to no module of modules_to_save [" +
+                             [&] {
+                               std::string l;
+                               for (const std::string& m : a.modules_to_save) l += (l.empty() ? "" : ", ") + m;
+                               return l;
+                             }() + "]");
+    }
+    for (size_t i = 0; i < t.values.size(); ++i) {
+      if (!std::isfinite(t.values[i])) {
+        return InvalidArgument("LoRA adapter: saved tensor " + t.name + "[" + std::to_string(i) + "] is not finite");
+      }
+    }
+  }
+  for (const std::string& m : a.modules_to_save) {
+    bool any = false;
+    for (const LoraSavedTensor& t : a.saved) any = any || SavedOf(t.name, m);
+    if (!any) return InvalidArgument("LoRA adapter: modules_to_save lists " + m + " but no tensor of it is saved");
+  }
   return Status::Ok();
 }
 
-std::string HfModuleName(const ModelSpec& spec, const ParamInfo& param) {
+std::string HfParameterName(const ModelSpec& spec, const ParamInfo& param) {
   const models::FamilyInfo& f = models::Family(spec.family);
-  std::string name;
-  if (param.name == "lm_head.weight") {
-    name = param.name;
-  } else if (f.hf_tensor_name != nullptr) {
-    name = f.hf_tensor_name(spec, param);
-  } else {
-    name = std::string(f.hf_base_prefix) + param.name;
-  }
+  if (param.name == "lm_head.weight") return param.name;
+  if (f.hf_tensor_name != nullptr) return f.hf_tensor_name(spec, param);
+  return std::string(f.hf_base_prefix) + param.name;
+}
+
+std::string HfModuleName(const ModelSpec& spec, const ParamInfo& param) {
+  std::string name = HfParameterName(spec, param);
   if (name.size() > kWeightSuffix.size() && name.ends_with(kWeightSuffix)) name.resize(name.size() - kWeightSuffix.size());
   return name;
 }
@@ -101,6 +176,7 @@ Result<std::vector<LoraTarget>> MatchLoraToModel(const ModelSpec& spec, const st
     }
     targets.push_back(it->second);
   }
+  L2L_RETURN_IF_ERROR(MatchSavedToModel(spec, layout, adapter).status());
   return targets;
 }
 
@@ -128,6 +204,12 @@ Status MergeLoraIntoLayer(const ModelSpec& spec, const std::vector<LayerLayout>&
         dst = static_cast<float>(dst + scale * row[j]);
       }
     }
+  }
+  L2L_ASSIGN_OR_RETURN(std::vector<LoraTarget> saved, MatchSavedToModel(spec, layout, adapter));
+  for (size_t i = 0; i < saved.size(); ++i) {
+    if (saved[i].layer != layer) continue;
+    const std::vector<float>& v = adapter.saved[i].values;
+    std::copy(v.begin(), v.end(), data + saved[i].param->offset);
   }
   return Status::Ok();
 }

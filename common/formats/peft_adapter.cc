@@ -40,7 +40,7 @@ nlohmann::json ConfigJson(const LoraAdapter& a) {
       {"lora_dropout", a.dropout},
       {"megatron_config", nullptr},
       {"megatron_core", "megatron.core"},
-      {"modules_to_save", nullptr},
+      {"modules_to_save", a.modules_to_save.empty() ? nlohmann::json(nullptr) : nlohmann::json(a.modules_to_save)},
       {"peft_type", "LORA"},
       {"r", a.r},
       {"rank_pattern", nlohmann::json::object()},
@@ -79,8 +79,13 @@ Status ParseConfig(const nlohmann::json& j, const std::string& path, LoraAdapter
       return bad(key, "is set: per-module ranks / alphas are not supported");
     }
   }
-  if (j.contains("modules_to_save") && !j["modules_to_save"].is_null() && !j["modules_to_save"].empty()) {
-    return bad("modules_to_save", "is set: adapters with fully trained modules are not supported");
+  if (j.contains("modules_to_save") && !j["modules_to_save"].is_null()) {
+    const nlohmann::json& m = j["modules_to_save"];
+    if (!m.is_array()) return bad("modules_to_save", "must be null or a list of module names");
+    for (const nlohmann::json& e : m) {
+      if (!e.is_string() || e.get<std::string>().empty()) return bad("modules_to_save", "must hold module names");
+      a->modules_to_save.push_back(e.get<std::string>());
+    }
   }
   if (j.contains("target_modules")) {
     const nlohmann::json& t = j["target_modules"];
@@ -121,6 +126,13 @@ Status WritePeftAdapter(const std::string& dir, const LoraAdapter& adapter) {
     tensors.push_back(std::move(a));
     tensors.push_back(std::move(b));
   }
+  for (const LoraSavedTensor& t : adapter.saved) {  // PEFT's modules_to_save, under the tensor's own name
+    TensorToWrite w;
+    w.name = std::string(kKeyPrefix) + t.name;
+    w.shape = t.shape;
+    w.f32 = t.values.data();
+    tensors.push_back(std::move(w));
+  }
   L2L_RETURN_IF_ERROR(WriteSafeTensors((fs::path(dir) / kPeftWeightsFile).string(), tensors, {{"format", "pt"}}));
   const std::string config = ConfigJson(adapter).dump(2) + "\n";
   return WriteFileAtomic((fs::path(dir) / kPeftConfigFile).string(), config.data(), config.size());
@@ -160,11 +172,30 @@ Result<LoraAdapter> ReadPeftAdapter(const std::string& dir) {
   for (const SafeTensorInfo& t : st.tensors()) {
     const bool is_a = t.name.ends_with(kASuffix), is_b = t.name.ends_with(kBSuffix);
     const size_t prefix = sizeof(kKeyPrefix) - 1, suffix = sizeof(kASuffix) - 1;  // both suffixes are as long
-    if (!t.name.starts_with(kKeyPrefix) || !(is_a || is_b) || t.name.size() <= prefix + suffix) {
+    const bool lora = t.name.starts_with(kKeyPrefix) && (is_a || is_b) && t.name.size() > prefix + suffix;
+    bool saved = false;  // a modules_to_save tensor: base_model.model.<name of a tensor of such a module>
+    if (!lora && t.name.starts_with(kKeyPrefix) && t.name.find(".lora_") == std::string::npos) {
+      const std::string name = t.name.substr(prefix);
+      const size_t dot = name.rfind('.');
+      for (const std::string& m : adapter.modules_to_save) {
+        const std::string owner = dot == std::string::npos ? "" : name.substr(0, dot);
+        saved = saved || owner == m || owner.ends_with("." + m);
+      }
+    }
+    if (!lora && !saved) {
       return InvalidArgument(weights_path + ": unexpected tensor \"" + t.name + "\" (l2l reads " + kKeyPrefix +
-                             "<module>" + kASuffix + " / " + kBSuffix + " only)");
+                             "<module>" + kASuffix + " / " + kBSuffix +
+                             " and the tensors of adapter_config.json's modules_to_save only)");
     }
     if (!t.dtype) return InvalidArgument(weights_path + ": tensor " + t.name + " has dtype " + t.dtype_name + ", expected F32, BF16 or F16");
+    if (saved) {
+      LoraSavedTensor s;
+      s.name = t.name.substr(prefix);
+      s.shape = t.shape;
+      L2L_ASSIGN_OR_RETURN(s.values, st.ReadAsFloat(t.name));
+      adapter.saved.push_back(std::move(s));
+      continue;
+    }
     if (t.shape.size() != 2 || t.shape[is_a ? 0 : 1] != adapter.r) {
       std::string shape;
       for (int64_t d : t.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);

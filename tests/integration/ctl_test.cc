@@ -209,6 +209,19 @@ TEST_CASE("l2lctl status, pause, checkpoint, export and stop drive a real l2l-ep
   CHECK(refused.err.find(fs::canonical(d.state_dir()).string()) != std::string::npos);
   CHECK(refused.err.find("outside.safetensors") == std::string::npos);
   CHECK(!fs::exists(dir->File("outside.safetensors")));
+  // A job without `lora:` has no adapter to export and nothing to merge (exit status 1,
+  // the daemon's FAILED_PRECONDITION naming what to use; eps_server/export_choice.h).
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"--format", "peft", "adapter"},
+                                               std::vector<std::string>{"--format", "gguf-lora", "adapter.gguf"},
+                                               std::vector<std::string>{"--format", "hf", "--merge", "merged"}}) {
+    std::vector<std::string> argv = {"--eps", addr, "export"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const CtlRun r = Ctl(*dir, argv);
+    INFO(r.err);
+    CHECK(r.code == 1);
+    CHECK(r.err.find("no lora: section") != std::string::npos);
+    CHECK(!fs::exists(d.state_dir() + "/" + args.back()));
+  }
 
   // stop: the daemon exits 0 and l2lctl waited for it.
   const CtlRun s = Ctl(*dir, {"--eps", addr, "stop", "--skip-checkpoint", "--json"});

@@ -16,7 +16,7 @@ runs it in float64 and checks:
   AdamW      one torch.optim.AdamW step (weight decay on every trainable tensor, all
              2-D) from the same fp32 values and OUR gradients: |ours - torch| <= 1e-5 abs
   adapter    our PEFT adapter directory of the adapters after the step
-             (common/formats/peft_lora_writer.h) loads with PeftModel.from_pretrained with
+             (common/formats/lora_export.h + peft_adapter.h) loads with PeftModel.from_pretrained with
              no unexpected or missing adapter keys, holds exactly our values, and gives
              the logits of the model our after-step adapters were copied into (1e-6 abs)
 

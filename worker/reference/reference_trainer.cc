@@ -9,7 +9,8 @@
 
 #include "common/adamw.h"
 #include "common/formats/model_io.h"
-#include "common/formats/peft_lora_writer.h"
+#include "common/formats/lora_export.h"
+#include "common/formats/peft_adapter.h"
 #include "common/logging.h"
 #include "common/lora.h"
 #include "common/lora_frozen.h"
@@ -423,7 +424,13 @@ Status ReferenceTrainer::SaveSafetensors(const std::string& path) const {
 }
 
 Status ReferenceTrainer::SavePeftAdapter(const std::string& dir) const {
-  return WritePeftLoraAdapter(dir, cfg_.model, cfg_.lora, layouts_, params_);
+  L2L_ASSIGN_OR_RETURN(formats::LoraAdapter adapter,
+                       formats::AdapterFromLayers(cfg_.model, cfg_.lora, [this](int64_t l, float* out) {
+                         const std::vector<float>& p = params_[static_cast<size_t>(l)];
+                         std::copy(p.begin(), p.end(), out);
+                         return Status::Ok();
+                       }));
+  return formats::WritePeftAdapter(dir, adapter);
 }
 
 }  // namespace l2l::worker

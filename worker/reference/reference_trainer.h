@@ -118,7 +118,8 @@ class ReferenceTrainer {
   // A LoRA job: the base only (its frozen tensors and its modules_to_save as trained).
   Status SaveSafetensors(const std::string& path) const;
   // A LoRA job: its adapters (and modules_to_save) as a PEFT adapter directory
-  // (common/formats/peft_lora_writer.h); an error without a lora section.
+  // (common/formats/lora_export.h AdapterFromLayers + peft_adapter.h WritePeftAdapter);
+  // an error without a lora section.
   Status SavePeftAdapter(const std::string& dir) const;
 
  private:
