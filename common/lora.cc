@@ -68,6 +68,17 @@ std::vector<LoraTarget> LoraTargets(const ModelSpec& spec) {
   return f.lora_targets != nullptr ? f.lora_targets(spec) : std::vector<LoraTarget>{};
 }
 
+uint64_t LoraDropoutStream(uint64_t seed, int64_t step, int64_t block, int64_t micro_batch,
+                           std::string_view weight) {
+  uint64_t name = 0xCBF29CE484222325ull;  // FNV-1a 64 offset basis
+  for (const char c : weight) name = (name ^ static_cast<uint8_t>(c)) * 0x100000001B3ull;
+  uint64_t k = SplitMix64(seed ^ kLoraDropoutTag);
+  k = SplitMix64(k ^ static_cast<uint64_t>(step));
+  k = SplitMix64(k ^ static_cast<uint64_t>(block));
+  k = SplitMix64(k ^ static_cast<uint64_t>(micro_batch));
+  return SplitMix64(k ^ name);
+}
+
 Status ValidateLora(const ModelSpec& spec, const LoraConfig& lora) {
   if (!lora.enabled) return Status::Ok();
   if (lora.r <= 0) return InvalidArgument("lora.r=" + std::to_string(lora.r) + ": expected an integer > 0 (the rank)");
@@ -76,10 +87,6 @@ Status ValidateLora(const ModelSpec& spec, const LoraConfig& lora) {
   }
   if (!(lora.dropout >= 0 && lora.dropout < 1)) {
     return InvalidArgument("lora.dropout=" + DoubleText(lora.dropout) + ": expected a number in [0, 1)");
-  }
-  if (lora.dropout > 0) {
-    return InvalidArgument("lora.dropout=" + DoubleText(lora.dropout) +
-                           ": adapter dropout is not implemented in this build; use 0");
   }
   if (spec.moe()) {
     return InvalidArgument("lora: a mixture-of-experts model (model.num_experts=" + std::to_string(spec.num_experts) +

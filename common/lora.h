@@ -2,9 +2,10 @@
 // `lora:` section and what it does to a model's layer layouts.
 //
 // With LoRA a targeted linear y = W x (+ b) becomes y = W x (+ b) + s * B (A (dropout(x)))
-// with s = alpha / r, A (r, in) and B (out, r). W and every other base tensor are FROZEN
-// (no gradient, no optimizer state); A and B train, and so do the tensors named in
-// modules_to_save (the embedding table, an untied lm_head), in full.
+// with s = alpha / r, A (r, in) and B (out, r) (dropout: LoraDropoutStream below). W and
+// every other base tensor are FROZEN (no gradient, no optimizer state); A and B train,
+// and so do the tensors named in modules_to_save (the embedding table, an untied
+// lm_head), in full.
 //
 // Layout: BuildLoraLayout keeps the base layout of every layer (same names, same offsets)
 // and appends, per targeted linear of a block, "<module>.lora_A.weight" (r, in) then
@@ -69,6 +70,26 @@ struct LoraTarget {
 
 // The family's targetable linears (empty: the family has no LoRA support).
 std::vector<LoraTarget> LoraTargets(const ModelSpec& spec);
+
+// Adapter dropout (PEFT's lora_dropout, training only): the adapter sees dropout(x), the
+// base W x the undropped x; inverted dropout, a kept element is scaled by 1 / (1 - p).
+// The mask is never stored: it is counter-based, a pure function of its key, so the
+// backward (and every backend, and an independent implementation such as the PEFT
+// oracle's, tests/oracle/peft_oracle.py) regenerates it. For the adapter of block
+// weight `weight` (LoraTarget::weight, e.g. "self_attn.q_proj.weight") of block `block`
+// (0-based), in optimizer step `step` (0-based), for micro-batch `micro_batch` (its index
+// among the step's micro-batches of all workers: data_rank * train.micro_batches + the
+// worker's local index, the order the reference trainer receives them in), with the
+// job's train.seed as `seed` (the run's training randomness, like the data order; not
+// lora.init_seed, which only says where the adapters start), the mask stream is
+//   k = SplitMix64(seed ^ kLoraDropoutTag)
+//   k = SplitMix64(k ^ step);  k = SplitMix64(k ^ block);  k = SplitMix64(k ^ micro_batch)
+//   stream = SplitMix64(k ^ FNV-1a-64(weight))       (integers as uint64, arithmetic mod 2^64)
+// and element (n, c) of the adapter's (N, in) input, N = B*T rows in (b, t) order, is
+// kept when common/rng.h DropoutKeep(stream, n * in + c, DropoutThreshold(p)).
+inline constexpr uint64_t kLoraDropoutTag = 0x4C6F524144726F70ull;  // "LoRADrop"
+uint64_t LoraDropoutStream(uint64_t seed, int64_t step, int64_t block, int64_t micro_batch,
+                           std::string_view weight);
 
 // Checks `lora` against the model: r > 0, alpha > 0, dropout in [0, 1), every target a
 // module of the family (the message lists the family's), modules_to_save names a

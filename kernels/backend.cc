@@ -199,6 +199,11 @@ void Backend::Copy2D(float* dst, int64_t dst_ld, const float* src, int64_t src_l
   }
 }
 
+void Backend::CounterDropout(float*, int64_t, const float*, int64_t, int64_t, int64_t, uint64_t, uint32_t, float,
+                             bool) {
+  NotImplemented(*this, "CounterDropout");
+}
+
 // ---- BERT-family ops: defaults for backends that do not implement them yet ----------------
 
 void Backend::LayerNormForwardEps(float* out, float* mean, float* rstd, const float* inp,

@@ -345,6 +345,18 @@ class Backend {
   // per row.
   virtual void Copy2D(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
                       int64_t cols);
+  // Inverted dropout with a counter-based mask (LoRA's adapter dropout,
+  // kernels/layers/lora.h). For n < N, c < C and element index i = n*C + c:
+  //   keep(i) = (SplitMix64(stream + i) >> 40) >= threshold   (common/rng.h SplitMix64,
+  //             uint64 arithmetic mod 2^64: a 24-bit uniform draw against
+  //             threshold = floor(p * 2^24), so P(keep) = 1 - threshold / 2^24)
+  //   out[n*ldo + c] = keep(i) ? x[n*ldx + c] * scale : 0      (accumulate: += instead)
+  // The mask is a pure function of (stream, i): every backend draws the same bits, and a
+  // backward regenerates its forward's mask from the same stream. out and x must not
+  // overlap. Default: aborts naming the op.
+  virtual void CounterDropout(float* out, int64_t ldo, const float* x, int64_t ldx, int64_t N,
+                              int64_t C, uint64_t stream, uint32_t threshold, float scale,
+                              bool accumulate);
 
   // ---- BERT-family ops -------------------------------------------------------------------
   // Not pure, as the Llama-family ops: a backend that lacks them inherits defaults

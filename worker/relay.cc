@@ -80,7 +80,7 @@ Status Relay::Init() {
   }
   L2L_ASSIGN_OR_RETURN(layers::LayerWorkspace ws, layers::LayerWorkspace::Create(be_, spec_, B_, T_));
   ws_ = std::make_unique<layers::LayerWorkspace>(std::move(ws));
-  L2L_RETURN_IF_ERROR(layers::ReserveLoraScratch(be_, layouts_, ws_.get()));
+  L2L_RETURN_IF_ERROR(layers::ReserveLoraScratch(be_, layouts_, ws_.get(), job_.lora.dropout));
   L2L_ASSIGN_OR_RETURN(stash_, Stash::Create(be_, opt_.stash, L + 1, M_, N * static_cast<size_t>(C)));
   L2L_ASSIGN_OR_RETURN(plan_, PlanActivations(*be_, spec_, *ws_, opt_.recompute, opt_.activation_budget_bytes, M_));
   for (int64_t i = 0; i < plan_.kept_blocks * M_; ++i) {
@@ -162,6 +162,12 @@ layers::SequenceInputs Relay::SeqInputs(int64_t u) const {
 layers::SequenceInputs Relay::Seq(int64_t u) const {
   layers::SequenceInputs seq = SeqInputs(u);
   if (spec_.moe() && static_cast<size_t>(u) < moe_stats_.size()) seq.moe = &moe_stats_[static_cast<size_t>(u)];
+  // LoRA dropout: micro-batch u of this worker is data_rank * M + u of the step's global
+  // order (the reference trainer's), so 1 and W workers draw the same masks.
+  if (job_.lora.enabled && job_.lora.dropout > 0) {
+    seq.lora_dropout = {job_.lora.dropout, job_.train.seed, dropout_step_,
+                        int64_t{client_->registration().data_rank} * M_ + u};
+  }
   return seq;
 }
 
@@ -268,6 +274,7 @@ Status Relay::UploadEval(const std::vector<MicroBatch>& eval) {
 
 Status Relay::RunStepImpl(int64_t step, const std::vector<MicroBatch>& mbs, double* loss_sum) {
   const int64_t L = spec_.n_layer;
+  dropout_step_ = step;
   // The order the relay uses layers in: forward 0..L, head, backward L..1 (the
   // embedding's backward needs only tokens; layer 0 stays resident for a tied head).
   std::vector<int64_t> schedule;

@@ -125,7 +125,8 @@ class Relay final : public StepRunner {
   const int32_t* Inputs(int64_t u) const;   // (B,T) device
   const int32_t* Targets(int64_t u) const;  // (B,T) device
   // Micro-batch u's token types / attention mask on the device (null where it has none).
-  layers::SequenceInputs Seq(int64_t u) const;        // SeqInputs + the MoE stats of u
+  // SeqInputs + the MoE stats of u + its LoRA dropout key (training micro-batches only).
+  layers::SequenceInputs Seq(int64_t u) const;
   layers::SequenceInputs SeqInputs(int64_t u) const;  // token types and mask of u
   // Block `layer`'s kept intermediates for micro-batch u; null where the plan recomputes.
   layers::SavedActivations* Kept(int64_t layer, int64_t u);
@@ -177,6 +178,7 @@ class Relay final : public StepRunner {
   VersionStats versions_;
   RelayTimes times_;
   int64_t versions_acquired_in_step_ = 0;  // layers taken from the prefetcher this step
+  int64_t dropout_step_ = 0;  // the step in progress (the LoRA dropout mask's key)
   double block_forward_s_ = 0;  // this step's blocks forward (the recompute estimate)
 };
 

@@ -5,6 +5,7 @@
 #include "common/adamw.h"
 #include "common/env.h"
 #include "common/name_table.h"
+#include "common/rng.h"
 
 #include <tbb/blocked_range.h>
 #include <tbb/parallel_for.h>
@@ -153,6 +154,23 @@ void CpuBackend::Scale(float* x, float alpha, int64_t n) {
   InArena([&] {
     ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) x[i] *= alpha;
+    });
+  });
+}
+
+void CpuBackend::CounterDropout(float* out, int64_t ldo, const float* x, int64_t ldx, int64_t N, int64_t C,
+                                uint64_t stream, uint32_t threshold, float scale, bool accumulate) {
+  InArena([&] {
+    ParallelFor(N, RowGrain(C), [&](int64_t n0, int64_t n1) {
+      for (int64_t n = n0; n < n1; ++n) {
+        const float* xr = x + n * ldx;
+        float* o = out + n * ldo;
+        const uint64_t row = stream + static_cast<uint64_t>(n * C);
+        for (int64_t c = 0; c < C; ++c) {
+          const float v = DropoutKeep(row, static_cast<uint64_t>(c), threshold) ? xr[c] * scale : 0.0f;
+          o[c] = accumulate ? o[c] + v : v;
+        }
+      }
     });
   });
 }

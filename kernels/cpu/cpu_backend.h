@@ -72,6 +72,8 @@ class CpuBackend final : public Backend {
   void Add(float* out, const float* a, const float* b, int64_t n) override;
   void Axpy(float* dst, const float* src, float alpha, int64_t n) override;
   void Scale(float* x, float alpha, int64_t n) override;
+  void CounterDropout(float* out, int64_t ldo, const float* x, int64_t ldx, int64_t N, int64_t C,
+                      uint64_t stream, uint32_t threshold, float scale, bool accumulate) override;
   // common/quant_blocks.h Dequantize over chunks of blocks in parallel.
   Status DequantizeBlocks(float* out, const void* blocks, QuantFormat format, int64_t n) override;
   // common/adamw.h AdamWStep over chunks in parallel (elementwise: the same bits).

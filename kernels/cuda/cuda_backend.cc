@@ -157,6 +157,11 @@ class CudaBackend final : public Backend {
     MakeCurrent();
     LaunchScale(x, alpha, n, stream());
   }
+  void CounterDropout(float* out, int64_t ldo, const float* x, int64_t ldx, int64_t N, int64_t C,
+                      uint64_t stream_key, uint32_t threshold, float scale, bool accumulate) override {
+    MakeCurrent();
+    LaunchCounterDropout(out, ldo, x, ldx, N, C, stream_key, threshold, scale, accumulate, stream());
+  }
   Status DequantizeBlocks(float* out, const void* blocks, QuantFormat format, int64_t n) override {
     L2L_RETURN_IF_ERROR(QuantizedBytes(format, n).status());
     MakeCurrent();

@@ -1,5 +1,6 @@
 // Elementwise CUDA kernels (grid-stride loops, int64 indices): add/axpy/scale, GELU,
-// bias add, embedding forward, cross-entropy backward, f32<->bf16 casts. Launchers are
+// bias add, embedding forward, cross-entropy backward, f32<->bf16 casts, counter-based
+// dropout (LoRA's adapter input). Launchers are
 // declared in ops.h; each takes its stream and checks the launch.
 #include <cuda_bf16.h>
 
@@ -30,6 +31,29 @@ __global__ void ScaleMatrixKernel(float* c, float alpha, int64_t rows, int64_t c
   L2L_GRID_STRIDE(i, rows * cols) {
     float& v = c[(i / cols) * ld + i % cols];
     v = alpha == 0.0f ? 0.0f : v * alpha;  // beta == 0 means "do not read C" (BLAS)
+  }
+}
+
+// common/rng.h SplitMix64 and DropoutKeep, repeated for the device (this file is nvcc
+// C++17 and does not include common/); tests/gpu/lora_test.cc checks the bits agree.
+__device__ __forceinline__ uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// One thread per element of (N, C); keep(i), i = n*C + c, as kernels/backend.h
+// CounterDropout. __fmul_rn / __fadd_rn: no fused multiply-add, the CPU's rounding.
+__global__ void CounterDropoutKernel(float* out, int64_t ldo, const float* x, int64_t ldx, int64_t N,
+                                     int64_t C, uint64_t stream, uint32_t threshold, float scale,
+                                     bool accumulate) {
+  L2L_GRID_STRIDE(i, N * C) {
+    const int64_t n = i / C, c = i - n * C;
+    const bool keep = (SplitMix64(stream + static_cast<uint64_t>(i)) >> 40) >= threshold;
+    const float v = keep ? __fmul_rn(x[n * ldx + c], scale) : 0.0f;
+    float& o = out[n * ldo + c];
+    o = accumulate ? __fadd_rn(o, v) : v;
   }
 }
 
@@ -102,6 +126,14 @@ void LaunchAxpy(float* dst, const float* src, float alpha, int64_t n, cudaStream
 void LaunchScale(float* x, float alpha, int64_t n, cudaStream_t s) {
   if (n <= 0) return;
   L2L_LAUNCH(ScaleKernel, GridFor(n), kThreads, 0, s)(x, alpha, n);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchCounterDropout(float* out, int64_t ldo, const float* x, int64_t ldx, int64_t N, int64_t C,
+                          uint64_t stream, uint32_t threshold, float scale, bool accumulate, cudaStream_t s) {
+  if (N <= 0 || C <= 0) return;
+  L2L_LAUNCH(CounterDropoutKernel, GridFor(N * C), kThreads, 0, s)(out, ldo, x, ldx, N, C, stream, threshold,
+                                                                   scale, accumulate);
   L2L_CUDA_CHECK_LAUNCH();
 }
 

@@ -31,6 +31,9 @@ void LaunchAdamW(float* p, const float* g, float* m, float* v, int64_t n, const 
 // C (rows, cols) with leading dimension ld: C *= alpha (the K == 0 case of a GEMM).
 void LaunchScaleMatrix(float* c, float alpha, int64_t rows, int64_t cols, int64_t ld,
                        cudaStream_t s);
+// kernels/backend.h Backend::CounterDropout: out (N, ldo) (+)= keep(i) ? x * scale : 0.
+void LaunchCounterDropout(float* out, int64_t ldo, const float* x, int64_t ldx, int64_t N, int64_t C,
+                          uint64_t stream, uint32_t threshold, float scale, bool accumulate, cudaStream_t s);
 void LaunchGeluForward(float* out, const float* inp, int64_t n, cudaStream_t s);
 void LaunchGeluBackward(float* dinp, const float* inp, const float* dout, int64_t n,
                         cudaStream_t s);

@@ -78,7 +78,7 @@ size_t LayerWorkspace::bytes() const {
   for (const DeviceBuffer* b : {&ln1, &ln1_mean, &ln1_rstd, &qkv, &att, &att_scratch, &atty, &resid2,
                                 &ln2, &ln2_mean, &ln2_rstd, &fch, &fch_gelu, &logits, &losses, &g0,
                                 &g1, &g2, &g3, &rope_cos, &rope_sin, &moe_router, &moe_idx, &moe_w,
-                                &moe_dw, &moe_x, &moe_y, &moe_g, &lora_u, &lora_t}) {
+                                &moe_dw, &moe_x, &moe_y, &moe_g, &lora_u, &lora_t, &lora_x}) {
     total += b->bytes();
   }
   return total;
@@ -110,11 +110,26 @@ bool EmbeddingBackwardNeedsParams(const ModelSpec& spec) {
   return LayersFor(spec.family).embedding_backward_needs_params;
 }
 
+namespace {
+// Holds ws.lora_dropout at the call's value for a block call's duration (see layers.h).
+class DropoutScope {
+ public:
+  DropoutScope(LayerWorkspace& ws, const LoraDropout& d) : ws_(ws) { ws_.lora_dropout = d; }
+  ~DropoutScope() { ws_.lora_dropout = {}; }
+  DropoutScope(const DropoutScope&) = delete;
+  DropoutScope& operator=(const DropoutScope&) = delete;
+
+ private:
+  LayerWorkspace& ws_;
+};
+}  // namespace
+
 void BlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout,
                   const float* params, const float* in, float* out, int64_t B, int64_t T,
                   LayerWorkspace& ws, const SequenceInputs& seq, SavedActivations* save) {
   CheckKind(layout, LayerKind::kBlock, "BlockForward");
   CheckFits(ws, B, T, "BlockForward");
+  const DropoutScope dropout(ws, seq.lora_dropout);
   LayersFor(spec.family).block_forward(be, spec, layout, params, in, out, B, T, ws, seq);
   if (save != nullptr) {
     L2L_CHECK(!save->filled()) << "BlockForward: layer " << layout.index
@@ -129,6 +144,7 @@ void BlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& layout
                    SavedActivations* saved) {
   CheckKind(layout, LayerKind::kBlock, "BlockBackward");
   CheckFits(ws, B, T, "BlockBackward");
+  const DropoutScope dropout(ws, seq.lora_dropout);
   if (saved != nullptr) {
     L2L_CHECK(saved->filled()) << "BlockBackward: layer " << layout.index
                                << ": SavedActivations holds no forward (BlockForward without save?)";

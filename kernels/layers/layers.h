@@ -22,6 +22,18 @@
 
 namespace l2l::layers {
 
+// LoRA adapter dropout for one TRAINING micro-batch (kernels/layers/lora.h; the mask's
+// key is documented at common/lora.h LoraDropoutStream). p = 0 (the default) is none:
+// evaluation, sampling, KV decoding and full-parameter training leave it so, and then no
+// mask work is done at all.
+struct LoraDropout {
+  double p = 0;             // lora.dropout, in [0, 1)
+  uint64_t seed = 0;        // train.seed
+  int64_t step = 0;         // the optimizer step the micro-batch belongs to (0-based)
+  int64_t micro_batch = 0;  // its index among the step's micro-batches of ALL workers:
+                            // data_rank * train.micro_batches + local index
+};
+
 // Scratch for one micro-batch of shape (B, T) through any layer of `spec`.
 // Sized for the largest need: block internals (ln, qkv, attention probabilities, MLP)
 // and the head's logits/probabilities (B,T,V). The family allocates the regions it uses
@@ -66,6 +78,12 @@ class LayerWorkspace {
   kernels::DeviceBuffer moe_router, moe_idx, moe_w, moe_dw, moe_x, moe_y, moe_g;
   kernels::DeviceBuffer lora_u, lora_t;            // (N, r) LoRA scratch (kernels/layers/lora.h
                                                    // ReserveLoraScratch); empty without LoRA
+  kernels::DeviceBuffer lora_x;                    // (N, max adapter in) dropped adapter input;
+                                                   // empty unless lora.dropout > 0
+  // The LoRA dropout of the block call in progress: BlockForward / BlockBackward set it
+  // from SequenceInputs::lora_dropout for the call's duration and reset it to none after,
+  // so the adapters (kernels/layers/lora.h) read it without a parameter of their own.
+  LoraDropout lora_dropout;
 
  private:
   int64_t B_ = 0, T_ = 0, head_rows_ = 0;
@@ -92,6 +110,8 @@ struct SequenceInputs {
   // block's counts; MoeStats::touched says which experts got tokens). nullptr: not recorded
   // (evaluation, decoding); a backward with spec.output_router_logits then aborts.
   MoeStats* moe = nullptr;
+  // LoRA adapter dropout of a training micro-batch (blocks only); default: none.
+  LoraDropout lora_dropout;
 };
 
 // ---- Embedding (layer 0): tokens -> hidden --------------------------------------

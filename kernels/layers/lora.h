@@ -10,7 +10,15 @@
 //   forward   u = x A^T;  y[:, col:col+out] += s * u B^T
 //   backward  u = x A^T (recomputed);  t = dy[:, col:col+out] B
 //             dB += s * dy^T u;  dA += s * t^T x;  dx += s * t A
-// Dropout is not applied here (lora.dropout > 0 is refused in this build).
+// Dropout (lora.dropout = p > 0; ws.lora_dropout, set by BlockForward / BlockBackward from
+// SequenceInputs::lora_dropout for training micro-batches only): x above is replaced by
+// xd = dropout(x) (Backend::CounterDropout: kept elements times 1/(1-p)), written to
+// ws.lora_x, an (N, in) scratch per call (ReserveLoraScratch allocates N * max in floats
+// when dropout > 0); the base linear keeps reading x. The mask is keyed by
+// (train.seed, step, block, micro-batch, weight, element) (common/lora.h
+// LoraDropoutStream), so the backward regenerates the forward's mask instead of storing
+// it, and the input gradient goes through the same mask: dx += mask/(1-p) * (s * t A)
+// (s t A is first written to ws.lora_x). With p = 0 nothing of this runs.
 // Thread-safety: one thread per Backend.
 #pragma once
 
@@ -23,10 +31,12 @@
 
 namespace l2l::layers {
 
-// Allocates ws->lora_u and ws->lora_t for the adapters of `layouts` (their largest
-// lora_r) at the workspace's shape; nothing when no layout has adapters.
+// Allocates ws->lora_u and ws->lora_t, (N, r) each, for the adapters of `layouts` (their
+// largest lora_r) at the workspace's shape (N = B*T), and with dropout > 0 (the job's
+// lora.dropout) ws->lora_x, (N, in) for the largest adapter input width; nothing when no
+// layout has adapters.
 Status ReserveLoraScratch(kernels::Backend* backend, const std::vector<LayerLayout>& layouts,
-                          LayerWorkspace* ws);
+                          LayerWorkspace* ws, double dropout);
 
 // Whether the block's base tensors are frozen (the layout carries adapters): the family's
 // backward then skips their weight gradients.

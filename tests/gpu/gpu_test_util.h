@@ -196,28 +196,31 @@ inline std::vector<float> InitParams(const ModelSpec& spec, const LayerLayout& l
 // BlockForward, then the recomputing BlockBackward, on both backends from the same
 // parameters and the same random inputs (drawn from `rng` in this order: in, out, dout,
 // din, dparams): out, din and the accumulated dparams within atol 1e-4, rtol 1e-3.
+// `lora_dropout`: the LoRA adapter dropout of both calls (kernels/layers/lora.h).
 inline void ExpectBlockMatches(Backends& b, const ModelSpec& spec, const LayerLayout& block,
                                const std::vector<float>& param_values, int64_t B, int64_t T,
-                               std::mt19937& rng) {
+                               std::mt19937& rng, const layers::LoraDropout& lora_dropout = {}) {
   const int64_t C = spec.d_model;
   Workspaces ws = MakeWorkspaces(b, spec, B, T);
   // A LoRA block (kernels/layers/lora.h) needs its adapter scratch; nothing otherwise.
-  REQUIRE(layers::ReserveLoraScratch(b.cpu.get(), {block}, ws.cpu.get()).ok());
-  REQUIRE(layers::ReserveLoraScratch(b.gpu.get(), {block}, ws.gpu.get()).ok());
+  REQUIRE(layers::ReserveLoraScratch(b.cpu.get(), {block}, ws.cpu.get(), lora_dropout.p).ok());
+  REQUIRE(layers::ReserveLoraScratch(b.gpu.get(), {block}, ws.gpu.get(), lora_dropout.p).ok());
+  layers::SequenceInputs seq;
+  seq.lora_dropout = lora_dropout;
   Twin params = Twin::Of(b, param_values);
   Twin in = Twin::Of(b, RandomVec(rng, B * T * C));
   Twin out = Twin::Of(b, RandomVec(rng, B * T * C));
-  layers::BlockForward(*b.cpu, spec, block, params.c(), in.c(), out.c(), B, T, *ws.cpu);
-  layers::BlockForward(*b.gpu, spec, block, params.g(), in.g(), out.g(), B, T, *ws.gpu);
+  layers::BlockForward(*b.cpu, spec, block, params.c(), in.c(), out.c(), B, T, *ws.cpu, seq);
+  layers::BlockForward(*b.gpu, spec, block, params.g(), in.g(), out.g(), B, T, *ws.gpu, seq);
   ExpectTwinClose(b, out, 1e-4, 1e-3, "block out");
 
   Twin dout = Twin::Of(b, RandomVec(rng, B * T * C));
   Twin din = Twin::Of(b, RandomVec(rng, B * T * C));
   Twin dparams = Twin::Of(b, RandomVec(rng, block.numel, -0.01f, 0.01f));  // accumulates
   layers::BlockBackward(*b.cpu, spec, block, params.c(), in.c(), dout.c(), din.c(), dparams.c(), B,
-                        T, *ws.cpu);
+                        T, *ws.cpu, seq);
   layers::BlockBackward(*b.gpu, spec, block, params.g(), in.g(), dout.g(), din.g(), dparams.g(), B,
-                        T, *ws.gpu);
+                        T, *ws.gpu, seq);
   ExpectTwinClose(b, din, 1e-4, 1e-3, "block din");
   ExpectTwinClose(b, dparams, 1e-4, 1e-3, "block dparams");
 }

@@ -304,6 +304,10 @@ class EmulatedAsyncBackend final : public kernels::Backend {
                     int64_t hs) override {
     cpu_->RopeBackward(dx, c, s, B, T, stride, nh, hs);
   }
+  void CounterDropout(float* o, int64_t ldo, const float* x, int64_t ldx, int64_t N, int64_t C, uint64_t stream,
+                      uint32_t threshold, float scale, bool accumulate) override {
+    cpu_->CounterDropout(o, ldo, x, ldx, N, C, stream, threshold, scale, accumulate);
+  }
   void SwiGLUForward(float* o, const float* gu, int64_t N, int64_t F) override { cpu_->SwiGLUForward(o, gu, N, F); }
   void SwiGLUBackward(float* dgu, const float* d, const float* gu, int64_t N, int64_t F) override {
     cpu_->SwiGLUBackward(dgu, d, gu, N, F);

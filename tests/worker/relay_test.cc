@@ -881,8 +881,28 @@ TEST_CASE("Relay trains LoRA adapters like the reference trainer, the base froze
     job.lora.base_dtype = LoraBaseDType::kBF16;
     job.train.recompute = RecomputeMode::kNever;  // the backward from kept intermediates
   }
+  SECTION("llama, all-linear, adapter dropout 0.1") {
+    job.lora.dropout = 0.1;
+    // The masks are keyed by the global micro-batch (data_rank * M + u): the relay's
+    // workers together must draw the reference trainer's masks. Guard against a vacuous
+    // pass (dropout ignored on both sides): the reference's losses change with it.
+    JobConfig plain = job;
+    plain.lora.dropout = 0;
+    const RefRun without = RunReference(plain, workers, 2);
+    const RefRun with = RunReference(job, workers, 2);
+    CHECK(with.losses[0] == without.losses[0]);  // every B starts at 0: no adapter output yet
+    CHECK(with.losses[1] != without.losses[1]);  // dB saw the dropped inputs
+  }
+  SECTION("gpt2, c_attn + c_proj, adapter dropout 0.3, kept intermediates") {
+    const LoraConfig lora = job.lora;
+    job = TinyJob();
+    job.lora = lora;
+    job.lora.target = {"c_attn", "c_proj"};
+    job.lora.dropout = 0.3;
+    job.train.recompute = RecomputeMode::kNever;  // the backward regenerates the mask
+  }
   REQUIRE(job.Validate().ok());
-  INFO(workers << " worker(s), targets " << job.lora.target.size());
+  INFO(workers << " worker(s), targets " << job.lora.target.size() << ", dropout " << job.lora.dropout);
   const int steps = 3;
   RelayRun relay = RunRelays(job, workers, steps);
   RequireAllOk(relay);

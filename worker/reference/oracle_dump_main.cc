@@ -37,7 +37,8 @@
 // non-zero B so that every gradient path matters, "<HF module>.lora_A" / ".lora_B", and
 // the modules_to_save tensors under their HF names), grads.safetensors and
 // after_noclip.safetensors with the same keys, peft_adapter/ (the adapters after the step
-// as a PEFT adapter directory), data.safetensors and meta.json (+ lora).
+// as a PEFT adapter directory), data.safetensors and meta.json (+ lora). Two variants
+// train with adapter dropout 0.1 (meta lora.dropout, train_seed, step: the masks' key).
 //
 // The weights are GPT-2's initialisation made larger and non-trivial (matrices x5, every
 // bias and LayerNorm parameter perturbed) so that every path of the backward matters.
@@ -244,6 +245,26 @@ std::vector<LoraVariant> LoraVariants(uint64_t seed) {
     c.lora.base_dtype = l2l::LoraBaseDType::kBF16;
     v.push_back({"llama_lora_bf16", "LlamaForCausalLM", c});
   }
+  {
+    // Adapter dropout 0.1 (common/lora.h LoraDropoutStream): the oracle recomputes the
+    // masks from the documented formula in Python and puts them in PEFT's lora_dropout.
+    l2l::JobConfig c = LlamaJob(false, 2, seed);
+    c.lora.enabled = true;
+    c.lora.r = 4;
+    c.lora.alpha = 8;
+    c.lora.dropout = 0.1;
+    c.lora.target = {"all-linear"};
+    v.push_back({"llama_lora_dropout", "LlamaForCausalLM", c});
+  }
+  {
+    l2l::JobConfig c = OracleJob(true, seed);
+    c.lora.enabled = true;
+    c.lora.r = 3;
+    c.lora.alpha = 12;
+    c.lora.dropout = 0.1;
+    c.lora.target = {"c_attn", "c_proj", "c_fc"};
+    v.push_back({"gpt2_lora_dropout", "GPT2LMHeadModel", c});
+  }
   return v;
 }
 
@@ -366,7 +387,12 @@ Status DumpLoraVariant(const std::string& dir, const l2l::JobConfig& cfg, uint64
                   {"alpha", cfg.lora.alpha},
                   {"target_modules", modules},
                   {"modules_to_save", cfg.lora.modules_to_save},
-                  {"base_dtype", l2l::ToString(cfg.lora.base_dtype)}};
+                  {"base_dtype", l2l::ToString(cfg.lora.base_dtype)},
+                  // Adapter dropout: the masks' key (common/lora.h LoraDropoutStream) is
+                  // (train.seed, step 0, block, micro-batch u of data.safetensors, weight).
+                  {"dropout", cfg.lora.dropout},
+                  {"train_seed", cfg.train.seed},
+                  {"step", 0}};
   nlohmann::json o = OptimJson(cfg, l2l::LearningRate(cfg.optim, 0));
   o["grad_norm"] = s->last_grad_norm();
   meta["steps"]["noclip"] = o;

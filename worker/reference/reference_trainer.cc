@@ -133,7 +133,7 @@ Status ReferenceTrainer::EnsureWorkspace(int64_t B, int64_t T) {
   const size_t hidden = n * static_cast<size_t>(cfg_.model.d_model) * sizeof(float);
   L2L_ASSIGN_OR_RETURN(layers::LayerWorkspace ws, layers::LayerWorkspace::Create(backend_.get(), cfg_.model, B, T));
   ws_ = std::make_unique<layers::LayerWorkspace>(std::move(ws));
-  L2L_RETURN_IF_ERROR(layers::ReserveLoraScratch(backend_.get(), layouts_, ws_.get()));
+  L2L_RETURN_IF_ERROR(layers::ReserveLoraScratch(backend_.get(), layouts_, ws_.get(), cfg_.lora.dropout));
   L2L_ASSIGN_OR_RETURN(plan_, PlanActivations(*backend_, cfg_.model, *ws_, cfg_.train.recompute, budget_bytes_,
                                               /*micro_batches=*/1));
   for (int64_t i = 0; i < plan_.kept_blocks; ++i) {
@@ -186,7 +186,7 @@ Status ReferenceTrainer::CheckBatch(const MicroBatch& mb, size_t index) const {
   return CheckSequenceInputs(cfg_.model, mb, where);
 }
 
-float ReferenceTrainer::RunMicroBatch(const MicroBatch& mb, float loss_scale, bool backward) {
+float ReferenceTrainer::RunMicroBatch(const MicroBatch& mb, int64_t index, float loss_scale, bool backward) {
   kernels::Backend& be = *backend_;
   const ModelSpec& spec = cfg_.model;
   const int64_t B = mb.B, T = mb.T, L = spec.n_layer;
@@ -194,6 +194,9 @@ float ReferenceTrainer::RunMicroBatch(const MicroBatch& mb, float loss_scale, bo
   be.CopyToDevice(d_targets_.data(), mb.targets.data(), n * sizeof(int32_t));
   // Forward: acts_[0] = embedding, acts_[i+1] = block i (acts_[i]).
   layers::SequenceInputs seq = EmbedInputs(mb);
+  if (backward && cfg_.lora.enabled && cfg_.lora.dropout > 0) {  // training only
+    seq.lora_dropout = {cfg_.lora.dropout, cfg_.train.seed, step_, index};
+  }
   layers::MoeStats moe;  // this micro-batch's routing (mixture-of-experts models)
   if (spec.moe()) {
     moe.Reset(spec);
@@ -246,9 +249,9 @@ Result<float> ReferenceTrainer::ForwardBackward(const std::vector<MicroBatch>& b
   }
   const float loss_scale = 1.0f / static_cast<float>(batches.size());
   double loss_sum = 0.0;
-  for (const MicroBatch& mb : batches) {
-    L2L_RETURN_IF_ERROR(EnsureWorkspace(mb.B, mb.T));
-    loss_sum += RunMicroBatch(mb, loss_scale, backward);
+  for (size_t u = 0; u < batches.size(); ++u) {
+    L2L_RETURN_IF_ERROR(EnsureWorkspace(batches[u].B, batches[u].T));
+    loss_sum += RunMicroBatch(batches[u], static_cast<int64_t>(u), loss_scale, backward);
   }
   backend_->Synchronize();
   return static_cast<float>(loss_sum / static_cast<double>(batches.size()));

@@ -66,6 +66,10 @@ class ReferenceTrainer {
   // One optimizer step over `batches` (the M micro-batches of the mini-batch; M may
   // differ from train.micro_batches). Returns the mean loss over the micro-batches
   // (before the update). Errors: empty batches, shape mismatches, token ids out of range.
+  // LoRA dropout (lora.dropout > 0): batches[u] is micro-batch u of step step() in the
+  // mask's key (common/lora.h LoraDropoutStream); to match W relay workers, pass worker
+  // 0's micro-batches, then worker 1's, ... (data_rank order). ComputeGradients applies
+  // the same masks; Evaluate, Probs and Hidden none.
   Result<float> Step(const std::vector<MicroBatch>& batches);
 
   // Forward + backward only: leaves the mini-batch-mean gradient (unclipped) in
@@ -129,7 +133,9 @@ class ReferenceTrainer {
   Status CheckBatch(const MicroBatch& mb, size_t index) const;
   Status EnsureWorkspace(int64_t B, int64_t T);
   // Forward (and backward when `backward`) of one micro-batch; returns its mean loss.
-  float RunMicroBatch(const MicroBatch& mb, float loss_scale, bool backward);
+  // index: its position in the step's batches (the LoRA dropout mask's micro-batch key,
+  // common/lora.h; with dropout > 0 it applies when `backward` only).
+  float RunMicroBatch(const MicroBatch& mb, int64_t index, float loss_scale, bool backward);
   Result<float> ForwardBackward(const std::vector<MicroBatch>& batches, bool backward);
   void ApplyUpdate();
   // Embedding and blocks of `mb` (checked; targets may be anything) into acts_.
