@@ -83,7 +83,7 @@ class LayerWorkspace {
   // The LoRA dropout of the block call in progress: BlockForward / BlockBackward set it
   // from SequenceInputs::lora_dropout for the call's duration and reset it to none after,
   // so the adapters (kernels/layers/lora.h) read it without a parameter of their own.
-  LoraDropout lora_dropout;
+  LoraDropout lora_dropout = {};
 
  private:
   int64_t B_ = 0, T_ = 0, head_rows_ = 0;
@@ -111,7 +111,7 @@ struct SequenceInputs {
   // (evaluation, decoding); a backward with spec.output_router_logits then aborts.
   MoeStats* moe = nullptr;
   // LoRA adapter dropout of a training micro-batch (blocks only); default: none.
-  LoraDropout lora_dropout;
+  LoraDropout lora_dropout = {};
 };
 
 // ---- Embedding (layer 0): tokens -> hidden --------------------------------------
