@@ -32,7 +32,10 @@ std::string RenderChatMl(const std::string& default_system, const std::vector<Ch
   if (!default_system.empty() && (messages.empty() || messages[0].role != "system")) {
     out += "<|im_start|>system\n" + default_system + "<|im_end|>\n";
   }
-  for (const ChatMessage& m : messages) out += "<|im_start|>" + m.role + "\n" + m.content + "<|im_end|>\n";
+  for (const ChatMessage& m : messages) {
+    const ChatTurn t = ChatMlTurn(m.role, m.content);
+    out += t.open + t.body + t.close;
+  }
   if (add_generation_prompt) out += "<|im_start|>assistant\n";
   return out;
 }
@@ -53,10 +56,8 @@ std::string RenderGemma(const std::string& default_system, const std::vector<Cha
     prefix = default_system + "\n\n";
   }
   for (size_t i = first; i < messages.size(); ++i) {
-    const ChatMessage& m = messages[i];
-    out += "<start_of_turn>" + (m.role == "assistant" ? std::string("model") : m.role) + "\n";
-    if (i == first) out += prefix;
-    out += std::string(JinjaTrim(m.content)) + "<end_of_turn>\n";
+    const ChatTurn t = GemmaTurn(messages[i].role, messages[i].content, i == first ? prefix : "");
+    out += t.open + t.body + t.close;
   }
   if (add_generation_prompt) out += "<start_of_turn>model\n";
   return out;

@@ -18,6 +18,12 @@ struct Formatter {
     if (is_target && !s.empty()) target.emplace_back(text.size(), text.size() + s.size());
     text += s;
   }
+  // A chat turn: its body is a target when the message is the assistant's.
+  void Add(const ChatTurn& turn, bool assistant) {
+    Add(turn.open, false);
+    Add(turn.body, assistant);
+    Add(turn.close, false);
+  }
   bool IsTarget(size_t byte) const {
     for (const auto& [b, e] : target) {
       if (byte >= b && byte < e) return true;
@@ -58,6 +64,16 @@ std::string_view JinjaTrim(std::string_view s) {
     e = k;
   }
   return s.substr(b, e - b);
+}
+
+ChatTurn ChatMlTurn(std::string_view role, std::string_view content) {
+  return {"<|im_start|>" + std::string(role) + "\n", std::string(content) + "<|im_end|>", "\n"};
+}
+
+ChatTurn GemmaTurn(std::string_view role, std::string_view content, std::string_view prefix) {
+  return {"<start_of_turn>" + (role == "assistant" ? std::string("model") : std::string(role)) + "\n" +
+              std::string(prefix),
+          std::string(JinjaTrim(content)) + "<end_of_turn>", "\n"};
 }
 
 namespace {
@@ -113,13 +129,9 @@ Result<SftExample> EncodeSftLine(const Tokenizer* tok, std::string_view line, co
           return InvalidArgument(w + ": role \"" + role + "\": the Gemma chat template needs the roles to alternate "
                                  "user/assistant/user/... (after an optional leading system message)");
         }
-        f.Add("<start_of_turn>" + (assistant ? std::string("model") : role) + "\n" + (i == first ? gemma_prefix : ""), false);
-        f.Add(std::string(JinjaTrim(content)) + "<end_of_turn>", assistant);
-        f.Add("\n", false);
+        f.Add(GemmaTurn(role, content, i == first ? gemma_prefix : ""), assistant);
       } else if (format == ChatFormat::kChatMl) {
-        f.Add("<|im_start|>" + role + "\n", false);
-        f.Add(content + "<|im_end|>", assistant);
-        f.Add("\n", false);
+        f.Add(ChatMlTurn(role, content), assistant);
       } else {
         f.Add(content, assistant);
       }

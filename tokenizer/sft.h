@@ -39,6 +39,19 @@ enum class ChatFormat { kPlain, kChatMl, kGemma };
 std::string_view JinjaTrim(std::string_view s);
 ChatFormat ChatFormatOf(const Tokenizer* tokenizer);
 
+// One message as a chat template lays it out, open + body + close: body is what an
+// assistant message trains on (EncodeSftLine's mask), open and close are context. The one
+// layout both EncodeSftLine and ChatTemplate::Render (tokenizer/chat_template.h) write.
+struct ChatTurn {
+  std::string open, body, close;
+};
+// ChatML: "<|im_start|>ROLE\n" | CONTENT + "<|im_end|>" | "\n".
+ChatTurn ChatMlTurn(std::string_view role, std::string_view content);
+// Gemma 3: "<start_of_turn>ROLE\n" (assistant written "model") + `prefix` (a folded system
+// message's text + "\n\n" on the first user turn, else "") | JinjaTrim(CONTENT) +
+// "<end_of_turn>" | "\n".
+ChatTurn GemmaTurn(std::string_view role, std::string_view content, std::string_view prefix);
+
 // One JSONL line. `tokenizer` == nullptr means the byte-level tokenizer (ids = bytes, plain
 // concatenation). `where` ("data.jsonl:12") prefixes every error.
 Result<SftExample> EncodeSftLine(const Tokenizer* tokenizer, std::string_view line, const std::string& where);

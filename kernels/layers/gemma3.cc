@@ -37,6 +37,7 @@
 
 #include "kernels/layers/kv_decode.h"
 #include "kernels/layers/registry.h"
+#include "kernels/layers/rope.h"
 
 namespace l2l::layers {
 namespace {
@@ -45,31 +46,6 @@ using kernels::Backend;
 using kernels::DeviceBuffer;
 
 int64_t QkvWidth(const ModelSpec& s) { return (s.n_head + 2 * s.kv_heads()) * s.head_dim(); }
-
-// Inverse frequencies (hs/2) of rotary embeddings, as transformers' modeling_rope_utils.py
-// (default, linear, llama3), in double.
-std::vector<double> InverseFrequencies(int64_t dim, double theta, const RopeScaling& r) {
-  std::vector<double> inv(static_cast<size_t>(dim / 2));
-  for (int64_t i = 0; i < dim / 2; ++i) inv[i] = 1.0 / std::pow(theta, double(2 * i) / double(dim));
-  if (r.type == RopeScalingType::kLinear) {
-    for (double& f : inv) f /= r.factor;
-  } else if (r.type == RopeScalingType::kLlama3) {
-    const double old_len = double(r.original_max_position_embeddings);
-    const double low_wavelen = old_len / r.low_freq_factor, high_wavelen = old_len / r.high_freq_factor;
-    constexpr double kPi = 3.14159265358979323846;
-    for (double& f : inv) {
-      const double wavelen = 2.0 * kPi / f;
-      const double scaled = wavelen > low_wavelen ? f / r.factor : f;
-      if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
-        const double smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
-        f = (1.0 - smooth) * scaled / r.factor + smooth * scaled;
-      } else {
-        f = scaled;
-      }
-    }
-  }
-  return inv;
-}
 
 size_t QkvFloats(const ModelSpec& s, size_t N) {
   const size_t heads = static_cast<size_t>(s.n_head + s.kv_heads());
@@ -101,8 +77,8 @@ Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_
       {&ws->rope_sin, (2 * t * half + w1) * f}};
   for (const Want& w : wants) L2L_RETURN_IF_ERROR(AllocInto(backend, w.buf, w.bytes));
   std::vector<float> cos(2 * t * half + ones, 1.0f), sin(2 * t * half, 0.0f);
-  const std::vector<double> global = InverseFrequencies(hs, spec.rope_theta, spec.rope_scaling);
-  const std::vector<double> local = InverseFrequencies(hs, spec.rope_local_theta, RopeScaling{});
+  const std::vector<double> global = RopeInverseFrequencies(hs, spec.rope_theta, spec.rope_scaling);
+  const std::vector<double> local = RopeInverseFrequencies(hs, spec.rope_local_theta, RopeScaling{});
   for (size_t p = 0; p < t; ++p) {
     for (size_t i = 0; i < half; ++i) {
       cos[p * half + i] = static_cast<float>(std::cos(double(p) * global[i]));

@@ -26,6 +26,7 @@
 #include "kernels/layers/moe.h"
 #include "kernels/layers/lora.h"
 #include "kernels/layers/registry.h"
+#include "kernels/layers/rope.h"
 
 namespace l2l::layers {
 namespace {
@@ -39,44 +40,6 @@ int64_t QkvWidth(const ModelSpec& s) { return (s.n_head + 2 * s.kv_heads()) * s.
 size_t QkvFloats(const ModelSpec& s, size_t N) {
   const size_t heads = static_cast<size_t>(s.n_head + s.kv_heads());
   return N * QkvWidth(s) + (s.qk_norm ? N * heads * (s.head_dim() + 1) : 0);
-}
-
-// The inverse frequencies (hs/2) of rotary embeddings with the spec's theta and scaling,
-// as transformers' modeling_rope_utils.py computes them (default, linear, llama3), in
-// double precision.
-std::vector<double> InverseFrequencies(const ModelSpec& s) {
-  const int64_t dim = s.head_dim();
-  std::vector<double> inv(static_cast<size_t>(dim / 2));
-  for (int64_t i = 0; i < dim / 2; ++i) {
-    inv[i] = 1.0 / std::pow(s.rope_theta, double(2 * i) / double(dim));
-  }
-  const RopeScaling& r = s.rope_scaling;
-  switch (r.type) {
-    case RopeScalingType::kNone:
-      break;
-    case RopeScalingType::kLinear:
-      for (double& f : inv) f /= r.factor;
-      break;
-    case RopeScalingType::kLlama3: {
-      const double old_len = double(r.original_max_position_embeddings);
-      const double low_wavelen = old_len / r.low_freq_factor;
-      const double high_wavelen = old_len / r.high_freq_factor;
-      constexpr double kPi = 3.14159265358979323846;
-      for (double& f : inv) {
-        const double wavelen = 2.0 * kPi / f;
-        const double scaled = wavelen > low_wavelen ? f / r.factor : f;
-        const bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
-        if (medium) {
-          const double smooth = (old_len / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
-          f = (1.0 - smooth) * scaled / r.factor + smooth * scaled;
-        } else {
-          f = scaled;
-        }
-      }
-      break;
-    }
-  }
-  return inv;
 }
 
 Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_t T, LayerWorkspace* ws) {
@@ -103,7 +66,7 @@ Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_
       {&ws->rope_cos, t * half * f}, {&ws->rope_sin, t * half * f}};
   for (const Want& w : wants) L2L_RETURN_IF_ERROR(AllocInto(backend, w.buf, w.bytes));
   if (spec.moe()) L2L_RETURN_IF_ERROR(AllocMoeWorkspace(backend, spec, B * T, ws));
-  const std::vector<double> inv = InverseFrequencies(spec);
+  const std::vector<double> inv = RopeInverseFrequencies(spec.head_dim(), spec.rope_theta, spec.rope_scaling);
   std::vector<float> cos(t * half), sin(t * half);
   for (size_t p = 0; p < t; ++p) {
     for (size_t i = 0; i < half; ++i) {
