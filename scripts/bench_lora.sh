@@ -17,13 +17,15 @@
 # mode run ROUNDS times, alternating), MODEL (default: `scripts/fetch_models.sh smollm2`;
 # `preset:NAME`: the preset's shape with random weights, e.g. preset:smollm2-135m),
 # PUBLISH (bf16: the job's publish_dtype), OUT (runs/bench-lora: each run's eps.log,
-# worker.log, run.jsonl and the job are kept there; runs/ is gitignored).
+# worker.log, run.jsonl and the job are kept there; runs/ is gitignored), VOCAB (49152:
+# the random tokens' range) and P (134515008: the parameters B/param divides by), both
+# SmolLM2-135M's: set them for another model.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR="${L2L_BUILD_DIR:-build}"
 THREADS="${THREADS:-2}" STEPS="${STEPS:-4}" B="${B:-4}" T="${T:-128}" R="${R:-16}"
 MODES="${MODES:-full bf16 q8 q4}" ROUNDS="${ROUNDS:-1}" PUBLISH="${PUBLISH:-bf16}"
-OUT="${OUT:-runs/bench-lora}"
+OUT="${OUT:-runs/bench-lora}" VOCAB="${VOCAB:-49152}" P="${P:-134515008}"
 for b in l2l-eps l2l-worker; do
   [[ -x "$BUILD_DIR/bin/$b" ]] || { echo "bench_lora.sh: $BUILD_DIR/bin/$b missing: build it first" >&2; exit 1; }
 done
@@ -40,7 +42,7 @@ export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 mkdir -p "$OUT"
 OUT=$(realpath "$OUT")
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
-python3 scripts/random_tokens.py "$OUT/train.bin" $((1 << 20)) 49152 1
+python3 scripts/random_tokens.py "$OUT/train.bin" $((1 << 20)) "$VOCAB" 1
 
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores), $(free -g | awk '/^Mem:/ {print $2}') GiB RAM; worker threads $THREADS"
@@ -98,14 +100,15 @@ PY
 for r in $(seq "$ROUNDS"); do
   for mode in $MODES; do run "$mode" "$r"; done
 done | tee "$OUT/results"
-python3 - "$OUT/results" <<'PY'
+python3 - "$OUT/results" "$P" <<'PY'
 import collections, re, statistics as st, sys
 v = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     m = re.match(r"RESULT (\w+?)_(eps_hwm_bytes|tok_s) = (\S+)", line)
     if m: v[(m.group(1), m.group(2))].append(float(m.group(3)))
-P = 134515008  # SmolLM2-135M's parameters (configs/models/smollm2-135m.yaml)
-modes = sorted({k[0] for k in v}, key=lambda m: ["full", "fp32", "bf16", "q8", "q4"].index(m) if m in ["full", "fp32", "bf16", "q8", "q4"] else 9)
+P = int(sys.argv[2])  # the model's parameters (SmolLM2-135M: configs/models/smollm2-135m.yaml)
+order = ["full", "fp32", "bf16", "q8", "q4"]
+modes = sorted({k[0] for k in v}, key=lambda m: order.index(m) if m in order else len(order))
 for m in modes:
     h, t = st.median(v[(m, "eps_hwm_bytes")]), st.median(v[(m, "tok_s")])
     print("summary %s: eps peak RSS %.1f MB = %.2f B/param (of %d); tok/s %.1f" % (m, h / 1e6, h / P, P, t))
