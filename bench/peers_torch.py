@@ -6,6 +6,13 @@
   peers_torch.py llama V L C H KV F T B ITERS [fp32|bf16]
                                           the same for a Llama (SmolLM2-like: RMSNorm, RoPE,
                                           grouped-query attention, SwiGLU, tied head, no biases)
+  peers_torch.py peft_llama V L C H KV F T B ITERS R
+                                          LoRA training of the same Llama shape with Hugging
+                                          Face PEFT (LoraConfig r=R, alpha=2R, all-linear,
+                                          dropout 0) on transformers' LlamaForCausalLM (sdpa,
+                                          random weights, fp32): forward+backward alone
+                                          (peft_fwdbwd) and the whole step with AdamW on the
+                                          adapters (peft_step, torch.optim.AdamW fused)
   peers_torch.py gpt V L C H T B ITERS [fp32|bf16]
                                           GPT forward+backward, torch eager and torch.compile;
                                           bf16: the forward under torch.autocast("cpu",
@@ -220,6 +227,41 @@ def llama(V, L, C, H, KV, Fd, T, B, iters, dtype="fp32"):
     train_steps(Llama(V, L, C, H, KV, Fd, T), V, T, B, iters, dtype)
 
 
+def peft_llama(V, L, C, H, KV, Fd, T, B, iters, r):
+    """PEFT's LoRA on transformers' Llama, as a user fine-tunes with it (eager, fp32)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=V, hidden_size=C, intermediate_size=Fd, num_hidden_layers=L,
+                      num_attention_heads=H, num_key_value_heads=KV, max_position_embeddings=T,
+                      rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                      attention_bias=False, mlp_bias=False, use_cache=False)
+    base = LlamaForCausalLM(cfg).to(torch.float32)
+    base.config._attn_implementation = "sdpa"
+    model = get_peft_model(base, LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0,
+                                            target_modules="all-linear", bias="none",
+                                            task_type="CAUSAL_LM"))
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    print(f"# peft: {sum(p.numel() for p in model.parameters())} params, "
+          f"{sum(p.numel() for p in trainable)} trainable", flush=True)
+    idx = torch.randint(0, V, (B, T))
+    opt = torch.optim.AdamW(trainable, lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
+
+    def fwdbwd():
+        for p in trainable:
+            p.grad = None
+        model(input_ids=idx, labels=idx).loss.backward()
+
+    def step():
+        fwdbwd()
+        opt.step()
+    med, best = timed(fwdbwd, iters, warmup=2)
+    report("peft_fwdbwd", B * T, med, best)
+    med, best = timed(step, iters, warmup=1)
+    report("peft_step", B * T, med, best)
+
+
 if __name__ == "__main__":
     print(f"# torch {torch.__version__}, {torch.get_num_threads()} threads, "
           f"mkldnn {torch.backends.mkldnn.is_available()}, capability {torch.backends.cpu.get_cpu_capability()}",
@@ -237,5 +279,7 @@ if __name__ == "__main__":
         if len(a) > 10 and a[10] not in ("fp32", "bf16"):
             sys.exit(f"peers_torch.py: dtype {a[10]!r} is not fp32 or bf16")
         llama(*(int(x) for x in a[1:10]), *(a[10:11]))
+    elif a[0] == "peft_llama":
+        peft_llama(*(int(x) for x in a[1:11]))
     else:
-        sys.exit(f"peers_torch.py: unknown benchmark {a[0]!r} (adamw, adamw_job, gpt or llama)")
+        sys.exit(f"peers_torch.py: unknown benchmark {a[0]!r} (adamw, adamw_job, gpt, llama or peft_llama)")

@@ -26,6 +26,15 @@
 #   3. The whole system (l2l-eps + l2l-worker, shm) vs l2l's reference trainer on S2
 #      (scripts/bench_system.sh: alternating runs, the daemon's tokens/s, the per-step
 #      timeline medians), printed as `ratio system/reference_trainer = X`.
+#   4. LoRA (LORA=1): SmolLM2-135M's shape (random weights, fp32), r=16 all-linear
+#      (alpha 32, dropout 0), B=4 T=256, against Hugging Face PEFT 0.13.2's LoraModel on
+#      transformers' LlamaForCausalLM (sdpa, eager; peers_torch.py peft_llama): l2l's
+#      reference trainer's forward + backward (l2l-bench-train on the job with the lora
+#      section: the worker's kernels and LoRA code, no relay) vs PEFT's forward + backward
+#      (`ratio lora_worker_SmolLM2/peft_fwdbwd`), and the whole system's step (l2l-eps +
+#      one l2l-worker, scripts/bench_lora.sh MODEL=preset:smollm2-135m MODES=fp32: relay,
+#      AdamW on the adapters, every wait; the daemon's tokens/s) vs PEFT's step with
+#      torch.optim.AdamW(fused) on the adapters (`ratio lora_system_SmolLM2/peft_step`).
 #
 # Every comparison prints `ratio NAME = X` (X > 1: l2l is faster), from medians; the
 # worker step's l2l side is run before and after its peer (the mean of both medians).
@@ -34,7 +43,8 @@
 # ADAMW_PARAMS (33554432), JOB_GRADS (2), SHAPES ("S1 S2 SmolLM2"; empty: none), ADAMW (1; 0 skips AdamW),
 # SYSTEM (1; 0 skips the system vs reference trainer; SYSTEM_ROUNDS 3, SYSTEM_STEPS 5),
 # RECOMPUTE (empty: the config's train.recompute; always | never | auto: passed to
-# l2l-bench-train --recompute). The venv: scripts/bench_peers_venv.sh
+# l2l-bench-train --recompute), LORA (1; 0 skips the LoRA vs PEFT section; LORA_STEPS 5:
+# the system's steps, the first not counted). The venv: scripts/bench_peers_venv.sh
 # (~/.cache/l2l/peers-venv, built on first use: a ~5 GB download).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -58,7 +68,7 @@ trap 'rm -rf "$TMP"' EXIT
 
 echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores), $THREADS threads, load: $(cut -d' ' -f1-3 /proc/loadavg)"
-echo "command: THREADS=$THREADS ITERS=$ITERS GPT_ITERS=$GPT_ITERS ADAMW_PARAMS=$ADAMW_PARAMS SHAPES=\"$SHAPES\" ADAMW=$ADAMW SYSTEM=${SYSTEM:-1} BF16=$BF16 bash scripts/bench_peers.sh"
+echo "command: THREADS=$THREADS ITERS=$ITERS GPT_ITERS=$GPT_ITERS ADAMW_PARAMS=$ADAMW_PARAMS SHAPES=\"$SHAPES\" ADAMW=$ADAMW SYSTEM=${SYSTEM:-1} BF16=$BF16 LORA=${LORA:-1} bash scripts/bench_peers.sh"
 
 # RESULT lines -> value of one name.
 val() { sed -n "s/^RESULT $2 = //p" "$1" | tail -1; }
@@ -170,4 +180,22 @@ if [[ "${SYSTEM:-1}" == 1 ]]; then
   echo "---- whole system vs reference trainer, S2 ----"
   L2L_BUILD_DIR="$BUILD_DIR" THREADS="$THREADS" ROUNDS="${SYSTEM_ROUNDS:-3}" STEPS="${SYSTEM_STEPS:-5}" SHAPE=S2 \
     bash scripts/bench_system.sh || echo "ratio system/reference_trainer = n/a (bench_system.sh failed; see above)"
+fi
+
+if [[ "${LORA:-1}" == 1 ]]; then
+  shape=SmolLM2-lora V=49152 L=30 C=576 H=9 KV=3 FF=1536 T=256 B=4 LR=16
+  echo "---- LoRA vs PEFT, SmolLM2-135M shape: V=$V L=$L C=$C H=$H KV=$KV F=$FF T=$T B=$B, r=$LR all-linear ----"
+  printf 'model:\n  family: llama\n  vocab_size: %s\n  seq_len: %s\n  d_model: %s\n  n_layer: %s\n  n_head: %s\n  d_ff: %s\n  n_kv_heads: %s\n  rope_theta: 100000\n  rms_norm_eps: 1.0e-5\n  tied_embeddings: true\nlora: {r: %s, alpha: %s, target: all-linear, base_dtype: fp32}\n' \
+    "$V" "$T" "$C" "$L" "$H" "$FF" "$KV" "$LR" "$((2 * LR))" > "$TMP/$shape.yaml"
+  l2l_train "$TMP/l2l-$shape"
+  "$PY" bench/peers_torch.py peft_llama "$V" "$L" "$C" "$H" "$KV" "$FF" "$T" "$B" "$GPT_ITERS" "$LR" \
+    2>"$TMP/py-$shape.err" | tee "$TMP/py-$shape" || { echo "PEFT failed:"; tail -20 "$TMP/py-$shape.err"; }
+  l2l_train "$TMP/l2l-$shape-after"
+  ours=$(sandwich "$TMP/l2l-$shape" "$TMP/l2l-$shape-after")
+  echo "l2l LoRA worker step tok/s, mean of the medians before and after PEFT = ${ours:-n/a}"
+  ratio "lora_worker_SmolLM2/peft_fwdbwd" "$ours" "$(val "$TMP/py-$shape" peft_fwdbwd_median)"
+  L2L_BUILD_DIR="$BUILD_DIR" THREADS="$THREADS" STEPS="${LORA_STEPS:-5}" B="$B" T="$T" R="$LR" MODES=fp32 \
+    MODEL=preset:smollm2-135m PUBLISH=f32 OUT="$TMP/lora-system" bash scripts/bench_lora.sh | tee "$TMP/l2l-lora-system" \
+    || echo "bench_lora.sh failed; see above"
+  ratio "lora_system_SmolLM2/peft_step" "$(val "$TMP/l2l-lora-system" fp32_tok_s)" "$(val "$TMP/py-$shape" peft_step_median)"
 fi
