@@ -170,11 +170,26 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   // Every host buffer that grows with the model, against host_bytes, guard_bytes, RAM
   // and the spill dir's free space, before anything is allocated (host_budget.h).
   HostBudgetInputs bi;
+  size_t largest = 0;
   for (const LayerLayout& l : BuildLoraLayout(job.model, job.lora)) {  // what trains; a LoRA base frozen
     bi.layer_numel.push_back(TrainableNumel(l));
+    largest = std::max(largest, TrainableNumel(l) * sizeof(float));
     bi.frozen_bytes += RoundUpTo(PlanFrozenBase(l, job.lora).bytes, kShmAlign);
   }
-  bi.page_bytes = opts_.page_bytes;
+  // A LoRA job's trainable vectors are small (a SmolLM2 block's r=16 adapters: 0.65 MB):
+  // pages of memory.page_bytes (4 MiB) would be mostly empty and the budget would count
+  // them whole (6.4x the state written, measured). Its pages are halved while they still
+  // hold the largest vector (and stay a multiple of the spill tier's block and of 4096).
+  size_t page_bytes = opts_.page_bytes;
+  const size_t block = opts_.spill.dir.empty() ? kShmAlign : std::max(opts_.spill.block_bytes, kShmAlign);
+  while (job.lora.enabled && page_bytes / 2 >= largest && page_bytes / 2 >= block && (page_bytes / 2) % block == 0) {
+    page_bytes /= 2;
+  }
+  if (page_bytes != opts_.page_bytes) {
+    L2L_LOG_INFO("LoRA job: state pages of {} bytes (memory.page_bytes {}; the largest trainable vector is {} bytes)",
+                 page_bytes, opts_.page_bytes, largest);
+  }
+  bi.page_bytes = page_bytes;
   bi.publish_dtype = job.publish_dtype;
   bi.host_bytes = opts_.host_bytes;
   bi.guard_bytes = opts_.guard_bytes;
@@ -193,7 +208,7 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   L2L_ASSIGN_OR_RETURN(const HostBudget budget, PlanHostBudget(bi));
   L2L_LOG_INFO("{}", budget.Describe());
   ParamStoreOptions po;
-  po.page_bytes = opts_.page_bytes;
+  po.page_bytes = page_bytes;
   po.host_bytes = static_cast<size_t>(budget.store_host_bytes);
   po.publish_dtype = job.publish_dtype;
   po.lora = job.lora;

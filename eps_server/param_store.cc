@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -276,6 +277,15 @@ Status ParamStore::WriteInitialLayer(int64_t layer, const float* base) {
   InitLoraAdapters(opts_.lora, full, values.data());
   if (!frozen_written_[layer]) {
     const FrozenPlan& plan = frozen_plans_[layer];
+    // The base has no master for CreateJob's finiteness check to see: checked here.
+    for (const FrozenPiece& p : plan.pieces) {
+      for (size_t i = p.offset; i < p.offset + p.numel; ++i) {
+        if (!std::isfinite(values[i])) {
+          return InvalidArgument("layer " + std::to_string(layer) + "'s frozen base is not finite (element " +
+                                 std::to_string(i) + " of the layer)");
+        }
+      }
+    }
     const WeightLayerEntry& e = WeightLayers(weights_base_)[layer];
     L2L_RETURN_IF_ERROR(EncodeFrozen(plan, values.data(), static_cast<uint8_t*>(weights_base_) + e.frozen_offset)
                             .WithContext("layer " + std::to_string(layer) + "'s frozen base"));

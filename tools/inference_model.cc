@@ -79,6 +79,11 @@ Result<InferenceModel> LoadCheckpointModel(const std::string& path) {
   const std::string manifest_path = (fs::path(dir) / eps::kCheckpointManifest).string();
   const ModelSpec& spec = man.meta.job.model;
   L2L_RETURN_IF_ERROR(spec.Validate().WithContext(manifest_path));
+  if (man.meta.job.lora.enabled) {
+    return FailedPrecondition(manifest_path + ": a LoRA job's checkpoint holds its adapters, not the model; evaluate "
+                              "the base with the adapter (--model BASE --adapter DIR, after `l2lctl export --format "
+                              "peft DIR`) or the merged model (`l2lctl export --format hf --merge DIR`)");
+  }
   const std::vector<LayerLayout> layout = BuildLayout(spec);
   if (man.layers.size() != layout.size()) {
     return InvalidArgument(manifest_path + ": " + std::to_string(man.layers.size()) +

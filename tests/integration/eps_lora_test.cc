@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -214,6 +215,18 @@ TEST_CASE("A LoRA checkpoint names its base; resume refuses another base and res
     INFO(plan.status().ToString());
     CHECK(plan.status().message().find("resume needs the base the adapters were trained on") != std::string::npos);
     CHECK(plan.status().message().find("gone/model.gguf") != std::string::npos);
+  }
+  // A base with a non-finite value is refused before anything runs (it has no master for
+  // the usual finiteness check).
+  {
+    std::vector<std::vector<float>> bad = base;
+    bad[1][3] = std::numeric_limits<float>::infinity();
+    eps::EpsCore core(opts());
+    const Status s = core.CreateJob(job, eps::FromBuffers(bad));
+    INFO(s.ToString());
+    CHECK(s.code() == StatusCode::kInvalidArgument);
+    CHECK(s.message().find("layer 1's frozen base is not finite") != std::string::npos);
+    CHECK_FALSE(core.has_job());
   }
   // A manifest without its base is refused.
   {
