@@ -112,7 +112,8 @@ std::string ManifestJson(const CheckpointMeta& meta, const std::vector<Checkpoin
   j["workers"] = ws;
   if (!meta.expert_steps.empty()) j["expert_steps"] = meta.expert_steps;
   if (meta.job.lora.enabled) {
-    j["lora_base"] = {{"model_from", meta.job.model_from}, {"hash", meta.lora_base_hash}};
+    // The file the base came from (model.from, as ResolveModelFrom recorded it), or "".
+    j["lora_base"] = {{"model_from", meta.job.imported_from}, {"hash", meta.lora_base_hash}};
   }
   return j.dump(1) + "\n";
 }

@@ -113,13 +113,20 @@ Result<PlannedJob> ChooseJobStart(const JobSource& source) {
     L2L_ASSIGN_OR_RETURN(CheckpointManifest m, ReadCheckpointManifest(dir));
     plan.job = m.meta.job;
     plan.checkpoint_workers = m.meta.expected_workers;
-    JobStart base;  // a LoRA job's frozen base: its model.from (the seed when none)
+    JobStart base;  // a LoRA job's frozen base: the file it was imported from (the seed when none)
     base.description = "seed " + std::to_string(plan.job.train.seed);
-    if (plan.job.lora.enabled && !plan.job.model_from.empty()) {
-      auto model = ResolveModelFrom(&plan.job, plan.job.model_from);
+    if (plan.job.lora.enabled && !plan.job.imported_from.empty()) {
+      const std::string& path = plan.job.imported_from;
+      const std::string what = "checkpoint " + dir + ": its LoRA job's base " + path;
+      JobConfig probe = plan.job;  // ResolveModelFrom replaces the model by the file's
+      probe.model_from = path;
+      auto model = ResolveModelFrom(&probe, path);
       if (!model.ok()) {
-        return model.status().WithContext("checkpoint " + dir + ": its LoRA job's base model.from (resume needs "
-                                          "the base the adapters were trained on)");
+        return model.status().WithContext(what + " (resume needs the base the adapters were trained on)");
+      }
+      if (!(probe.model == plan.job.model)) {
+        return FailedPrecondition(what + " no longer holds the model the adapters were trained on (its config "
+                                  "differs): resume needs the same base");
       }
       base = FromPretrained(*model);
     }

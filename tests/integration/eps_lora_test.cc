@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
@@ -189,33 +190,6 @@ TEST_CASE("A LoRA checkpoint names its base; resume refuses another base and res
     }
     core.Stop();
   }
-  // A job whose base file is gone cannot resume: the adapters need their base.
-  {
-    auto m = eps::ReadCheckpointManifest(ckpt);
-    REQUIRE(m.ok());
-    JobConfig from_file = job;
-    from_file.model_from = (*tmp)->File("gone/model.gguf");
-    eps::CheckpointMeta meta = m->meta;
-    meta.job = from_file;
-    // Rewrite the manifest's job as one that named a base file (now missing).
-    eps::EpsCore core(opts());
-    REQUIRE(core.CreateJob(job, eps::FromBuffers(base)).ok());
-    const std::string dir = (*tmp)->File("ckpt-with-file");
-    REQUIRE(eps::WriteCheckpoint(*core.store(), [&] {
-              eps::CheckpointMeta x = meta;
-              x.lora_base_hash = core.store()->BaseHash();
-              return x;
-            }(), dir, false)
-                .ok());
-    core.Stop();
-    eps::JobSource src;
-    src.checkpoint = dir;
-    auto plan = eps::ChooseJobStart(src);
-    REQUIRE_FALSE(plan.ok());
-    INFO(plan.status().ToString());
-    CHECK(plan.status().message().find("resume needs the base the adapters were trained on") != std::string::npos);
-    CHECK(plan.status().message().find("gone/model.gguf") != std::string::npos);
-  }
   // A base with a non-finite value is refused before anything runs (it has no master for
   // the usual finiteness check).
   {
@@ -239,6 +213,88 @@ TEST_CASE("A LoRA checkpoint names its base; resume refuses another base and res
     auto m = eps::ReadCheckpointManifest(ckpt);
     REQUIRE_FALSE(m.ok());
     CHECK(m.status().message().find("lora_base.hash") != std::string::npos);
+  }
+}
+
+TEST_CASE("A LoRA job from a model file resumes only on that file, unchanged", "[integration][eps][lora]") {
+  // The base is a Hugging Face directory (the committed tiny Qwen3 fixture, copied): the
+  // checkpoint names it by model.from and hash; a changed or missing file is refused.
+  namespace fs = std::filesystem;
+  auto tmp = testing::TempDir::Create("l2l-eps-lora-file");
+  REQUIRE(tmp.ok());
+  const std::string base_dir = (*tmp)->File("base");
+  fs::create_directories(base_dir);
+  for (const char* f : {"config.json", "model.safetensors"}) {
+    fs::copy_file(std::string(L2L_SOURCE_DIR) + "/tests/fixtures/families/qwen3/" + f, base_dir + "/" + f);
+  }
+  const std::string tokens = (*tmp)->File("train.bin");
+  REQUIRE(WriteTokens(tokens, MakeTokens(4000, 64)).ok());
+  eps::JobSource src;
+  src.job_yaml = "model: {from: " + base_dir + "}\n"
+                 "train: {steps: 2, micro_batch_size: 1, micro_batches: 1, seq_len: 8}\n"
+                 "data: {train_path: " + tokens + "}\n"
+                 "lora: {r: 2, alpha: 4, target: all-linear, base_dtype: q4}\n";
+  auto plan = eps::ChooseJobStart(src);
+  INFO(plan.status().ToString());
+  REQUIRE(plan.ok());
+  static int counter = 0;
+  auto opts = [&] {
+    eps::CoreOptions o;
+    o.job_id = "lorafile" + std::to_string(getpid()) + "x" + std::to_string(counter++);
+    o.expected_workers = 1;
+    o.page_bytes = 8192;
+    o.transport = Transport::kGrpc;
+    o.state_dir = (*tmp)->path();
+    return o;
+  };
+  std::string ckpt;
+  {
+    eps::EpsCore core(opts());
+    REQUIRE(core.CreateJob(plan->job, plan->start).ok());
+    auto ck = core.Checkpoint("");
+    REQUIRE(ck.ok());
+    ckpt = ck->dir;
+    core.Stop();
+  }
+  auto resume = [&]() -> Status {
+    eps::JobSource r;
+    r.checkpoint = ckpt;
+    auto p = eps::ChooseJobStart(r);
+    if (!p.ok()) return p.status();
+    eps::EpsCore core(opts());
+    Status s = core.CreateJob(p->job, p->start);
+    core.Stop();
+    return s;
+  };
+  {
+    const Status s = resume();  // the same file
+    INFO(s.ToString());
+    CHECK(s.ok());
+  }
+  {
+    // One weight of the file changes (its last 4 bytes: a float of the last tensor).
+    const std::string f = base_dir + "/model.safetensors";
+    std::fstream io(f, std::ios::in | std::ios::out | std::ios::binary);
+    io.seekg(-4, std::ios::end);
+    float v = 0;
+    io.read(reinterpret_cast<char*>(&v), 4);
+    v += 0.25f;
+    io.seekp(-4, std::ios::end);
+    io.write(reinterpret_cast<const char*>(&v), 4);
+  }
+  {
+    const Status s = resume();
+    INFO(s.ToString());
+    CHECK(s.code() == StatusCode::kFailedPrecondition);
+    CHECK(s.message().find("resume needs the same base") != std::string::npos);
+  }
+  fs::remove_all(base_dir);
+  {
+    const Status s = resume();
+    INFO(s.ToString());
+    CHECK_FALSE(s.ok());
+    CHECK(s.message().find("resume needs the base the adapters were trained on") != std::string::npos);
+    CHECK(s.message().find(base_dir) != std::string::npos);
   }
 }
 
