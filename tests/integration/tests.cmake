@@ -14,9 +14,9 @@ include(${CMAKE_CURRENT_SOURCE_DIR}/integration/cli.cmake)
 # integration.lora_daemon_export (label lora_daemon): a LoRA job through the real daemon
 # and a CPU worker on a tiny random Llama saved by transformers, then `l2lctl export
 # --format peft | gguf-lora | hf --merge | safetensors --merge`, checked with transformers
-# + peft 0.13.2 and the gguf package (tests/integration/lora_daemon_export.py). Needs the
-# daemon to run LoRA jobs (eps_server); select with `ctest -L lora_daemon`.
+# + peft 0.13.2 and the gguf package (tests/integration/lora_daemon_export.py); also
+# `ctest -L lora_daemon`.
 l2l_add_oracle_test(integration.lora_daemon_export SCRIPT integration/lora_daemon_export.py
                     WORKDIR lora_daemon_export
                     ARGS "'$<TARGET_FILE_DIR:l2l-eps>'" @WORKDIR@
-                    LABELS lora_daemon TIMEOUT 900)
+                    LABELS "integration;oracle;lora_daemon" TIMEOUT 900)
