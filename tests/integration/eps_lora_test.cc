@@ -64,6 +64,18 @@ std::vector<std::vector<float>> CheckpointMasters(const JobConfig& job, const st
   return out;
 }
 
+// An in-process daemon's options: a fresh job id (so its shm names are its own), gRPC.
+eps::CoreOptions CoreOpts(const std::string& state_dir) {
+  static int counter = 0;
+  eps::CoreOptions o;
+  o.job_id = "lora" + std::to_string(getpid()) + "x" + std::to_string(counter++);
+  o.expected_workers = 1;
+  o.page_bytes = 8192;
+  o.transport = Transport::kGrpc;
+  o.state_dir = state_dir;
+  return o;
+}
+
 }  // namespace
 
 TEST_CASE("l2l-eps + l2l-worker processes train LoRA adapters like the reference trainer",
@@ -134,16 +146,7 @@ TEST_CASE("A LoRA checkpoint names its base; resume refuses another base and res
     other.push_back(base.back());
   }
   other[1][0] += 0.5f;  // one weight of block 0 differs
-  static int counter = 0;
-  auto opts = [&] {
-    eps::CoreOptions o;
-    o.job_id = "lora" + std::to_string(getpid()) + "x" + std::to_string(counter++);
-    o.expected_workers = 1;
-    o.page_bytes = 8192;
-    o.transport = Transport::kGrpc;
-    o.state_dir = (*tmp)->path();
-    return o;
-  };
+  auto opts = [&] { return CoreOpts((*tmp)->path()); };
   std::string ckpt;
   std::vector<std::vector<float>> masters;
   {
@@ -237,16 +240,7 @@ TEST_CASE("A LoRA job from a model file resumes only on that file, unchanged", "
   auto plan = eps::ChooseJobStart(src);
   INFO(plan.status().ToString());
   REQUIRE(plan.ok());
-  static int counter = 0;
-  auto opts = [&] {
-    eps::CoreOptions o;
-    o.job_id = "lorafile" + std::to_string(getpid()) + "x" + std::to_string(counter++);
-    o.expected_workers = 1;
-    o.page_bytes = 8192;
-    o.transport = Transport::kGrpc;
-    o.state_dir = (*tmp)->path();
-    return o;
-  };
+  auto opts = [&] { return CoreOpts((*tmp)->path()); };
   std::string ckpt;
   {
     eps::EpsCore core(opts());
