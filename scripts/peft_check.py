@@ -6,10 +6,12 @@ its held-out perplexity, scored as l2l-eval scores (windows of T+1 tokens starti
 multiples of T, each window's T targets given the tokens before them in the window).
 
 Run with the oracle venv (scripts/oracle_venv.sh: transformers 4.46.3, peft 0.13.2, gguf).
-Prints one line per fact; exits 1 when the adapter does not load cleanly (a missing or
-unexpected adapter key, no LoRA module) or the perplexity is not finite.
+Prints one line per fact; exits 1 when the base or the adapter does not load cleanly (a
+base weight transformers left uninitialised, an adapter tensor that lands on no module,
+no LoRA module) or the perplexity is not finite or not below --expect-below.
 
   peft_check.py --base MODEL.gguf|HF_DIR --adapter DIR --tokens VAL.bin [--context T] [--windows N]
+                [--expect-below PPL]
 """
 import argparse
 import math
@@ -39,6 +41,8 @@ def main():
     ap.add_argument("--tokens", required=True)
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--windows", type=int, default=0, help="score at most N windows (0: all)")
+    ap.add_argument("--expect-below", type=float, default=0,
+                    help="fail unless the perplexity is below this (the base's, before fine-tuning)")
     a = ap.parse_args()
 
     import torch
@@ -48,10 +52,26 @@ def main():
 
     torch.manual_seed(0)
     if os.path.isdir(a.base):
-        base = transformers.AutoModelForCausalLM.from_pretrained(a.base, torch_dtype=torch.float32)
+        base, info = transformers.AutoModelForCausalLM.from_pretrained(
+            a.base, torch_dtype=torch.float32, output_loading_info=True)
     else:
         d, f = os.path.split(os.path.abspath(a.base))
-        base = transformers.AutoModelForCausalLM.from_pretrained(d, gguf_file=f, torch_dtype=torch.float32)
+        base, info = transformers.AutoModelForCausalLM.from_pretrained(
+            d, gguf_file=f, torch_dtype=torch.float32, output_loading_info=True)
+    missing = list(info.get("missing_keys", []))
+    if missing == ["lm_head.weight"] and not os.path.isdir(a.base):
+        # A GGUF without output.weight has a tied head (SmolLM2); transformers 4.46's GGUF
+        # config does not say so, and would leave lm_head random.
+        import gguf
+        names = {t.name for t in gguf.GGUFReader(a.base).tensors}
+        if "output.weight" not in names:
+            base.config.tie_word_embeddings = True
+            base.lm_head.weight = base.get_input_embeddings().weight
+            missing = []
+            print("the GGUF has no output.weight: lm_head tied to the embedding")
+    if missing:
+        print("base weights transformers did not load:", missing[:10])
+        return 1
     base.eval()
     model = PeftModel.from_pretrained(base, a.adapter)
     model.eval()
@@ -84,7 +104,10 @@ def main():
     ppl = math.exp(nll / count)
     print(f"held-out perplexity with the PEFT adapter on the original base: {ppl:.4f} "
           f"({windows} windows of {T + 1} tokens)")
-    return 0 if math.isfinite(ppl) else 1
+    if not math.isfinite(ppl) or (a.expect_below > 0 and ppl >= a.expect_below):
+        print(f"FAILED: the perplexity is not below {a.expect_below}")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

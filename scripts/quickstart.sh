@@ -136,13 +136,15 @@ if [ "$LORA" = 1 ]; then
     tail -20 "$OUT_DIR/venv.log" >&2
     exit 1
   }
+  read -r ppl_before < <(/usr/bin/python3 -c 'import json, sys; print(json.load(open(sys.argv[1])).get("ppl_before", 0))' \
+    "$RUN_DIR/summary.json")
   if ! "$PY" scripts/peft_check.py --base "$GGUF" --adapter "$RUN_DIR/adapter" --tokens "$RUN_DIR/data/val.bin" \
-      --context "${SHAPE[1]}" > "$OUT_DIR/peft.log" 2>&1; then
+      --context "${SHAPE[1]}" --expect-below "$ppl_before" > "$OUT_DIR/peft.log" 2>&1; then
     say "FAILED: transformers + PEFT could not use the adapter; the end of $OUT_DIR/peft.log:" >&2
     tail -20 "$OUT_DIR/peft.log" >&2
     exit 1
   fi
-  grep -E "^peft|^held-out" "$OUT_DIR/peft.log" | sed 's/^/    /'
+  grep -E "^peft|^held-out|^the GGUF" "$OUT_DIR/peft.log" | sed 's/^/    /'
   say "  python: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(DIR, gguf_file=...), '$RUN_DIR/adapter')"
 fi
 say "  python: AutoModelForCausalLM.from_pretrained('$RUN_DIR/model-hf')"
