@@ -45,12 +45,15 @@ def main():
                     help="fail unless the perplexity is below this (the base's, before fine-tuning)")
     a = ap.parse_args()
 
+    import time
+    t0 = time.time()
     import torch
     import transformers
     import peft
     from peft import PeftModel
 
     torch.manual_seed(0)
+    torch.set_num_threads(os.cpu_count() or 1)  # Debian's torch 1.13 starts with 1
     if os.path.isdir(a.base):
         base, info = transformers.AutoModelForCausalLM.from_pretrained(
             a.base, torch_dtype=torch.float32, output_loading_info=True)
@@ -73,6 +76,7 @@ def main():
         print("base weights transformers did not load:", missing[:10])
         return 1
     base.eval()
+    t1 = time.time()
     model = PeftModel.from_pretrained(base, a.adapter)
     model.eval()
     # What PEFT put in: every adapter tensor in the file must land on a module.
@@ -88,6 +92,7 @@ def main():
             print("  not loaded:", k)
         return 1
 
+    t2 = time.time()
     toks = read_tokens(a.tokens)
     T = a.context
     windows = (len(toks) - 1) // T
@@ -102,6 +107,7 @@ def main():
             nll += loss.item()
             count += T
     ppl = math.exp(nll / count)
+    print(f"seconds: base {t1 - t0:.1f} (imports + load), adapter {t2 - t1:.1f}, scoring {time.time() - t2:.1f}")
     print(f"held-out perplexity with the PEFT adapter on the original base: {ppl:.4f} "
           f"({windows} windows of {T + 1} tokens)")
     if not math.isfinite(ppl) or (a.expect_below > 0 and ppl >= a.expect_below):
