@@ -105,7 +105,8 @@ void FakeEps::Publish(Layer* layer) const {
   const size_t off = split ? layer->plan.trainable.offset : 0;
   const size_t n = split ? layer->plan.trainable.numel : layer->master.size();
   auto bytes = std::make_shared<std::vector<uint8_t>>(n * DTypeSize(job_.publish_dtype));
-  if (job_.publish_dtype == DType::kF32) {
+  if (n == 0) {  // a LoRA layer with nothing to train: no bytes (and no null memcpy)
+  } else if (job_.publish_dtype == DType::kF32) {
     std::memcpy(bytes->data(), layer->master.data() + off, n * sizeof(float));
   } else {
     ConvertFromFloat(layer->master.data() + off, job_.publish_dtype, bytes->data(), n);

@@ -338,7 +338,8 @@ class DataService final : public data::Data::Service {
         return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                             where + ": received more than numel*4 = " + std::to_string(want) + " bytes");
       }
-      std::memcpy(reinterpret_cast<char*>(grad.data()) + got, c.data().data(), c.data().size());
+      // (A LoRA job's frozen layer pushes 0 floats: grad.data() may be null.)
+      if (!c.data().empty()) std::memcpy(reinterpret_cast<char*>(grad.data()) + got, c.data().data(), c.data().size());
       got += c.data().size();
     } while (reader->Read(&c));
     if (got != want) {

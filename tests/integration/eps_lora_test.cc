@@ -132,7 +132,7 @@ TEST_CASE("l2l-eps + l2l-worker processes train LoRA adapters like the reference
   CHECK((*eps)->ShmSegments().empty());
 }
 
-TEST_CASE("A LoRA checkpoint names its base; resume refuses another base and restores with the same",
+TEST_CASE("A LoRA checkpoint names its base, resume refuses another base and restores with the same",
           "[integration][eps][lora]") {
   auto tmp = testing::TempDir::Create("l2l-eps-lora");
   REQUIRE(tmp.ok());
