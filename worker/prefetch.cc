@@ -198,7 +198,7 @@ Result<int64_t> LayerPrefetcher::Fetch(int64_t layer, int64_t min_version,
     }
     float* dst = direct_ ? s.device.f32() : s.staging.data();
     DecodeFrozen(plan, static_cast<const uint8_t*>(w.frozen), dst);
-    ConvertToFloat(w.data, w.dtype, dst + plan.trainable.offset, plan.trainable.numel);
+    if (plan.trainable.numel > 0) ConvertToFloat(w.data, w.dtype, dst + plan.trainable.offset, plan.trainable.numel);
     client_->ReleaseLayer(layer);
     return w.version;
   }
@@ -290,7 +290,8 @@ Status LayerPrefetcher::FetchAsyncFrozen(int64_t layer, const LayerWeights& w, c
     // Bounce: [record][trainable span, as published or fp32], then the DMA reads that.
     char* b = static_cast<char*>(bounce_.data());
     std::memcpy(b, w.frozen, w.frozen_bytes);
-    if (device_widen) {
+    if (tn == 0) {  // nothing of the layer trains (w.data may be null)
+    } else if (device_widen) {
       std::memcpy(b + plan.bytes, w.data, tn * es);
     } else {
       ConvertToFloat(w.data, w.dtype, reinterpret_cast<float*>(b + plan.bytes), tn);
