@@ -70,8 +70,7 @@ std::vector<LoraTarget> LoraTargets(const ModelSpec& spec) {
 
 uint64_t LoraDropoutStream(uint64_t seed, int64_t step, int64_t block, int64_t micro_batch,
                            std::string_view weight) {
-  uint64_t name = 0xCBF29CE484222325ull;  // FNV-1a 64 offset basis
-  for (const char c : weight) name = (name ^ static_cast<uint8_t>(c)) * 0x100000001B3ull;
+  const uint64_t name = Fnv1a64(weight.data(), weight.size());
   uint64_t k = SplitMix64(seed ^ kLoraDropoutTag);
   k = SplitMix64(k ^ static_cast<uint64_t>(step));
   k = SplitMix64(k ^ static_cast<uint64_t>(block));

@@ -23,22 +23,21 @@ FrozenEncoding EncodingOf(const LayerLayout& layout, const ParamInfo& p, LoraBas
   return f == QuantFormat::kNf4 ? FrozenEncoding::kNf4 : FrozenEncoding::kQ8_0;
 }
 
+QuantFormat FormatOf(FrozenEncoding e) { return e == FrozenEncoding::kNf4 ? QuantFormat::kNf4 : QuantFormat::kQ8_0; }
+
 size_t EncodedBytes(FrozenEncoding e, size_t numel) {
   switch (e) {
     case FrozenEncoding::kF32: return numel * 4;
     case FrozenEncoding::kBF16: return numel * 2;
-    case FrozenEncoding::kNf4: return numel / static_cast<size_t>(kNf4BlockElems) * static_cast<size_t>(kNf4BlockBytes);
-    case FrozenEncoding::kQ8_0: {
-      const QuantFormatInfo i = Info(QuantFormat::kQ8_0);
-      return numel / static_cast<size_t>(i.block_elems) * static_cast<size_t>(i.block_bytes);
-    }
+    case FrozenEncoding::kNf4:
+    case FrozenEncoding::kQ8_0:  // whole blocks: EncodingOf chose a block format only then
+      return QuantizedBytes(FormatOf(e), static_cast<int64_t>(numel)).value();
   }
   return 0;
 }
 
 bool Quantized(FrozenEncoding e) { return e == FrozenEncoding::kNf4 || e == FrozenEncoding::kQ8_0; }
 
-QuantFormat FormatOf(FrozenEncoding e) { return e == FrozenEncoding::kNf4 ? QuantFormat::kNf4 : QuantFormat::kQ8_0; }
 
 }  // namespace
 

@@ -20,6 +20,7 @@
 #include <oneapi/tbb/task_arena.h>
 
 #include "common/logging.h"
+#include "common/rng.h"
 
 namespace l2l::eps {
 namespace {
@@ -306,11 +307,10 @@ Status ParamStore::ReadFullLayer(int64_t layer, float* out) const {
 
 std::string ParamStore::BaseHash() const {
   if (!lora()) return "";
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64
+  uint64_t h = kFnv1a64Basis;
   for (size_t l = 0; l < layouts_.size(); ++l) {
     const WeightLayerEntry& e = WeightLayers(weights_base_)[l];
-    const auto* p = static_cast<const uint8_t*>(weights_base_) + e.frozen_offset;
-    for (size_t i = 0; i < e.frozen_bytes; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+    h = Fnv1a64(static_cast<const uint8_t*>(weights_base_) + e.frozen_offset, e.frozen_bytes, h);
   }
   char text[17];
   std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(h));

@@ -21,6 +21,7 @@
 #include <mutex>
 
 #include "common/logging.h"
+#include "common/rng.h"
 #include "common/thread_annotations.h"
 
 namespace l2l::eps {
@@ -45,14 +46,6 @@ struct SpillHeader {
 };
 static_assert(sizeof(SpillHeader) <= kHeaderBytes);
 
-uint64_t Fnv1a(uint64_t h, const void* data, size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 // Page counts of the layers, numbered across layers in layer order (the same numbering
 // for each kind).
@@ -445,12 +438,12 @@ Result<std::unique_ptr<SpillTier>> SpillTier::Create(const std::vector<LayerLayo
   L2L_ASSIGN_OR_RETURN(I.pool, AlignedBufferPool::Create(page_bytes, static_cast<size_t>(p.pool_buffers)));
 
   I.layers.resize(layouts.size());
-  uint64_t fp = Fnv1a(1469598103934665603ull, opts.job_id.data(), opts.job_id.size());
+  uint64_t fp = Fnv1a64(opts.job_id.data(), opts.job_id.size());
   const uint64_t pb = page_bytes;
-  fp = Fnv1a(fp, &pb, sizeof(pb));
+  fp = Fnv1a64(&pb, sizeof(pb), fp);
   for (size_t l = 0; l < layouts.size(); ++l) {
     const uint64_t numel = layouts[l].numel;
-    fp = Fnv1a(fp, &numel, sizeof(numel));
+    fp = Fnv1a64(&numel, sizeof(numel), fp);
     for (size_t pg = 0; pg < p.slot[l].size(); ++pg) {
       for (int kind = 0; kind < 3; ++kind) {
         const int64_t s = p.slot[l][pg][kind];
