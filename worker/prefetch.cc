@@ -267,12 +267,16 @@ Status LayerPrefetcher::FetchAsync(int64_t layer, const LayerWeights& w, Slot& s
   if (device_widen && st.ok()) {
     st = copy_->WidenToF32(s.device.f32(), s.narrow.data(), w.dtype, static_cast<int64_t>(n));
   }
+  return CompleteFetch(layer, s, held, st, "widening or gathering");
+}
+
+Status LayerPrefetcher::CompleteFetch(int64_t layer, Slot& s, bool held, const Status& queued, const char* what) {
   copy_->Record(s.ready.get());
   // Wait here, on the prefetch thread, so the EPS's view (or the bounce buffer) is free
   // again before the next fetch; the compute thread never blocks on a copy.
   Status done = s.ready->Wait();
   if (held) client_->ReleaseLayer(layer);
-  L2L_RETURN_IF_ERROR(st.WithContext("widening or gathering layer " + std::to_string(layer) + " on the device"));
+  L2L_RETURN_IF_ERROR(queued.WithContext(std::string(what) + " layer " + std::to_string(layer) + " on the device"));
   return done.WithContext("copying layer " + std::to_string(layer) + " to the device");
 }
 
@@ -327,11 +331,7 @@ Status LayerPrefetcher::FetchAsyncFrozen(int64_t layer, const LayerWeights& w, c
       case FrozenEncoding::kQ8_0: st = copy_->DequantizeBlocks(out + p.offset, src, QuantFormat::kQ8_0, n); break;
     }
   }
-  copy_->Record(s.ready.get());
-  Status done = s.ready->Wait();
-  if (held) client_->ReleaseLayer(layer);
-  L2L_RETURN_IF_ERROR(st.WithContext("decoding the frozen base of layer " + std::to_string(layer) + " on the device"));
-  return done.WithContext("copying layer " + std::to_string(layer) + " to the device");
+  return CompleteFetch(layer, s, held, st, "decoding the frozen base of");
 }
 
 Result<ResidentLayer> LayerPrefetcher::Next(double* waited_s) {

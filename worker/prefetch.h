@@ -194,6 +194,9 @@ class LayerPrefetcher {
   Status FetchAsync(int64_t layer, const LayerWeights& w, Slot& s);
   // The same for a layer with a frozen record (plan.bytes > 0).
   Status FetchAsyncFrozen(int64_t layer, const LayerWeights& w, const FrozenPlan& plan, Slot& s);
+  // Both fetches' end: records "ready" after the queued copies, waits for it, releases the
+  // EPS's view when still held; `queued` is the queueing's status ("what layer N" names it).
+  Status CompleteFetch(int64_t layer, Slot& s, bool held, const Status& queued, const char* what);
 
   EpsClient* client_;
   kernels::Backend* backend_;
