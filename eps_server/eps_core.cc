@@ -3,7 +3,6 @@
 // eps_core.h.
 #include "eps_server/eps_core.h"
 
-#include <oneapi/tbb/parallel_for.h>
 
 #include <algorithm>
 #include <climits>
@@ -16,6 +15,7 @@
 #include "common/logging.h"
 #include "common/lora.h"
 #include "common/lora_frozen.h"
+#include "common/parallel_for.h"
 #include "common/path_policy.h"
 #include "eps_server/checkpoint.h"
 #include "eps_server/eps_core_internal.h"
@@ -229,7 +229,7 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
     // One writer per layer: the layers publish in parallel (the bf16 cast of 7.6 G
     // params is seconds on one core).
     std::vector<Status> published(static_cast<size_t>(store->num_layers()));
-    tbb::parallel_for(int64_t{0}, store->num_layers(), int64_t{1}, [&](int64_t l) {
+    ParallelForIndex(int64_t{0}, store->num_layers(), [&](int64_t l) {
       published[static_cast<size_t>(l)] = store->PublishMaster(l, start.step);
     });
     for (const Status& s : published) L2L_RETURN_IF_ERROR(s);

@@ -16,10 +16,10 @@
 #include <utility>
 #include <thread>
 
-#include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
 
 #include "common/logging.h"
+#include "common/parallel_for.h"
 #include "common/rng.h"
 
 namespace l2l::eps {
@@ -334,7 +334,7 @@ Status ParamStore::InitFromSeed(uint64_t seed, size_t scratch_bytes) {
   Status first;
   tbb::task_arena arena(k);  // at most k layers in flight: the free list never runs dry
   arena.execute([&] {
-    tbb::parallel_for(int64_t{0}, num_layers(), int64_t{1}, [&](int64_t l) {
+    ParallelForIndex(int64_t{0}, num_layers(), [&](int64_t l) {
       int b;
       {
         std::lock_guard<std::mutex> lock(mu);

@@ -3,16 +3,18 @@
 #include "eps_server/update_pipeline.h"
 
 #include <oneapi/tbb/flow_graph.h>
-#include <oneapi/tbb/parallel_for.h>
 
 #include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <deque>
 
 #include "common/adamw.h"
 #include "common/fault_point.h"
 #include "common/logging.h"
+#include "common/parallel_for.h"
+#include "common/tsan_annotate.h"
 #include "kernels/cpu/adamw_simd.h"
 
 namespace l2l::eps {
@@ -24,11 +26,39 @@ struct Task {
   TaskKind kind;
   float coef;  // clip coefficient for kUpdate; < 0: compute per layer
 };
+
+// TSan only: the graph's hand-off from Put to a body (a spawn inside libtbb; see
+// common/tsan_annotate.h). Acquired before the body reads anything, even its own capture
+// (the node's copy of the lambda, written by the constructing thread), so the address is
+// a global, shared by every pipeline (so under TSan two pipelines' hand-offs order each
+// other too, which TBB does not promise; no effect outside TSan builds).
+char graph_handoff;  // released again when a body ends (the destructor's join)
 }  // namespace
 
 struct UpdatePipeline::Impl {
   tbb::flow::graph graph;
-  std::unique_ptr<tbb::flow::function_node<Task>> node;
+  std::unique_ptr<tbb::flow::function_node<tbb::flow::continue_msg>> node;
+  // The tasks behind the node's messages, one per Put. The message carries nothing: a
+  // Task copied into it would live in TBB's task memory, written by the sender and read
+  // by the thread running the body, ordered only by a spawn inside libtbb (Debian's is
+  // uninstrumented: ThreadSanitizer reports the read as a race). This mutex orders them.
+  std::mutex mu;
+  std::deque<Task> queued GUARDED_BY(mu);
+
+  void Put(const Task& t) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      queued.push_back(t);
+    }
+    TsanHappensBefore(&graph_handoff);
+    node->try_put(tbb::flow::continue_msg());
+  }
+  Task Take() {
+    std::lock_guard<std::mutex> lock(mu);
+    const Task t = queued.front();  // never empty: one message per queued task
+    queued.pop_front();
+    return t;
+  }
 };
 
 namespace {
@@ -87,11 +117,14 @@ UpdatePipeline::UpdatePipeline(ParamStore* store, const JobConfig& job, int num_
   completed_step_ = start_step;
   stats_.completed_step = start_step;
   last_complete_ = std::chrono::steady_clock::now();
-  impl_->node = std::make_unique<tbb::flow::function_node<Task>>(
-      impl_->graph, tbb::flow::unlimited, [this](const Task& t) {
+  impl_->node = std::make_unique<tbb::flow::function_node<tbb::flow::continue_msg>>(
+      impl_->graph, tbb::flow::unlimited, [this](const tbb::flow::continue_msg&) {
+        TsanHappensAfter(&graph_handoff);
         constructed_.load(std::memory_order_acquire);
+        const Task t = impl_->Take();
         if (t.kind == TaskKind::kUpdate) {
           RunUpdate(t.layer, t.coef);
+          TsanHappensBefore(&graph_handoff);
           return tbb::flow::continue_msg();
         }
         // Global clip: reduce the workers' gradients into one buffer (summed in worker-id
@@ -142,6 +175,7 @@ UpdatePipeline::UpdatePipeline(ParamStore* store, const JobConfig& job, int num_
           cv_.notify_all();
         }
         NotifySkips();
+        TsanHappensBefore(&graph_handoff);
         return tbb::flow::continue_msg();
       });
   constructed_.store(true, std::memory_order_release);
@@ -149,6 +183,7 @@ UpdatePipeline::UpdatePipeline(ParamStore* store, const JobConfig& job, int num_
 
 UpdatePipeline::~UpdatePipeline() {
   impl_->graph.wait_for_all();
+  TsanHappensAfter(&graph_handoff);
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& l : layers_) {
     for (auto& [w, g] : l.arrived) {
@@ -232,7 +267,7 @@ void UpdatePipeline::MaybeScheduleLocked(int64_t layer) {
     // update waits for the step's verdict (MaybeCommitLocked launches it).
     if (!global_clip()) ls.coef = per_layer ? -1.0f : 1.0f;
     ++running_;
-    impl_->node->try_put(Task{layer, TaskKind::kNorm, 0.0f});
+    impl_->Put(Task{layer, TaskKind::kNorm, 0.0f});
   } else {
     LaunchLocked(layer, per_layer ? -1.0f : 1.0f);
   }
@@ -244,7 +279,7 @@ void UpdatePipeline::LaunchLocked(int64_t layer, float coef) {
     return;
   }
   ++running_;
-  impl_->node->try_put(Task{layer, TaskKind::kUpdate, coef});
+  impl_->Put(Task{layer, TaskKind::kUpdate, coef});
 }
 
 void UpdatePipeline::set_offload(std::vector<bool> on_device, OffloadedUpdater* updater) {
@@ -411,7 +446,7 @@ void UpdatePipeline::RunUpdate(int64_t layer, float coef) {
       return;
     }
   } else {
-  tbb::parallel_for(size_t{0}, items.size(), [&](size_t i) {
+  ParallelForIndex(size_t{0}, items.size(), [&](size_t i) {
     const Item& it = items[i];
     const size_t k = it.lo - it.s->begin;  // offset inside the span
     const size_t n = it.hi - it.lo;
@@ -506,7 +541,7 @@ void UpdatePipeline::MaybeCommitLocked() {
       ls.deferred_launched = true;
       launched = true;
       ++running_;
-      impl_->node->try_put(Task{l, TaskKind::kUpdate, ls.coef});
+      impl_->Put(Task{l, TaskKind::kUpdate, ls.coef});
     }
     if (launched) return;  // the last of them commits (RunUpdate -> here, all applied)
     for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) store_->EndPublish(l, step + 1);
