@@ -187,6 +187,9 @@ Status ReadTrain(YamlMap* root, TrainingConfig* t) {
   L2L_RETURN_IF_ERROR(m.Get("staleness", &t->staleness, kNonNegative));
   L2L_RETURN_IF_ERROR(m.GetEnum("clip", &t->clip, ParseClipMode));
   L2L_RETURN_IF_ERROR(m.GetEnum("stash", &t->stash, ParseStashPlacement));
+  std::string stash_dtype = DTypeName(t->stash_dtype);
+  L2L_RETURN_IF_ERROR(m.GetChoice("stash_dtype", &stash_dtype, {"f32", "bf16"}));
+  t->stash_dtype = ParseDType(stash_dtype).value();
   L2L_RETURN_IF_ERROR(m.GetEnum("recompute", &t->recompute, ParseRecomputeMode));
   L2L_RETURN_IF_ERROR(m.Get("activation_budget_mb", &t->activation_budget_mb, kNonNegative));
   return m.Finish();
@@ -353,6 +356,9 @@ Status JobConfig::Validate() const {
   if (t.staleness < 0) return bad("train.staleness", std::to_string(t.staleness), "an integer >= 0");
   if (publish_dtype != DType::kF32 && publish_dtype != DType::kBF16) {
     return bad("publish_dtype", DTypeName(publish_dtype), "f32 or bf16");
+  }
+  if (t.stash_dtype != DType::kF32 && t.stash_dtype != DType::kBF16) {
+    return bad("train.stash_dtype", DTypeName(t.stash_dtype), "f32 or bf16");
   }
   const EvalConfig& e = eval;
   if (!e.enabled()) {
@@ -530,6 +536,7 @@ std::string JobConfigToYaml(const JobConfig& cfg) {
      << "  staleness: " << t.staleness << "\n"
      << "  clip: " << ToString(t.clip) << "\n"
      << "  stash: " << ToString(t.stash) << "\n"
+     << "  stash_dtype: " << DTypeName(t.stash_dtype) << "\n"
      << "  recompute: " << ToString(t.recompute) << "\n"
      << "  activation_budget_mb: " << t.activation_budget_mb << "\n";
   os << "data:\n"

@@ -45,6 +45,13 @@ struct TrainingConfig {
   int64_t staleness = 1;           // lock-free bound s: a layer version >= t - s is used
   ClipMode clip = ClipMode::kGlobal;  // "none", "per_layer", "global"
   StashPlacement stash = StashPlacement::kDevice;  // "device" or "host" (pinned host memory on a GPU)
+  // dtype of the layer outputs the relay stashes (f32 | bf16). bf16: every training
+  // forward rounds each layer's output (the embedding's and every block's) to bf16 (round
+  // to nearest even) at the layer boundary, the next layer reads the rounded value, the
+  // stash holds it in half the bytes (device memory, or host memory and PCIe traffic with
+  // stash: host), and the backward treats the rounding as the identity (autocast's
+  // casts). The reference trainer rounds at the same places; evaluation never rounds.
+  DType stash_dtype = DType::kF32;
   RecomputeMode recompute = RecomputeMode::kAlways;  // "always", "never", "auto" (common/modes.h)
   // Memory for kept block intermediates (recompute never/auto), MiB; 0: the worker picks
   // (half the host RAM on the CPU backend, 4096 MiB on a GPU).

@@ -185,6 +185,13 @@ class Backend {
                              const float* bias, int64_t N, int64_t IC, int64_t OC, float* act,
                              const float* residual);
 
+  // ---- bf16 layer boundaries (train.stash_dtype bf16, worker/stash.h) --------------
+  // x (n) rounded in place to bf16 values (round to nearest even, exactly common/dtype.h's
+  // FloatToBf16), and those values' bf16 bits written to bits (n) unless bits is null.
+  virtual void RoundToBf16(float* x, uint16_t* bits, int64_t n) = 0;
+  // dst (n) = the exact fp32 widening of the bf16 bits src (n).
+  virtual void WidenBf16(float* dst, const uint16_t* src, int64_t n) = 0;
+
   // ---- elementwise ---------------------------------------------------------------
   // out = a + b (n). out may alias a or b.
   virtual void Add(float* out, const float* a, const float* b, int64_t n) = 0;

@@ -24,6 +24,7 @@ Result<RelayOptions> RelayOptions::FromJob(const JobConfig& job) {
   L2L_RETURN_IF_ERROR(job.Validate());
   RelayOptions o;
   o.stash = job.train.stash;
+  o.stash_dtype = job.train.stash_dtype;
   o.lockfree = job.train.mode == TrainMode::kLockfree;
   o.staleness = job.train.staleness;
   o.recompute = job.train.recompute;
@@ -81,7 +82,8 @@ Status Relay::Init() {
   L2L_ASSIGN_OR_RETURN(layers::LayerWorkspace ws, layers::LayerWorkspace::Create(be_, spec_, B_, T_));
   ws_ = std::make_unique<layers::LayerWorkspace>(std::move(ws));
   L2L_RETURN_IF_ERROR(layers::ReserveLoraScratch(be_, layouts_, ws_.get(), job_.lora.dropout));
-  L2L_ASSIGN_OR_RETURN(stash_, Stash::Create(be_, opt_.stash, L + 1, M_, N * static_cast<size_t>(C)));
+  L2L_ASSIGN_OR_RETURN(stash_, Stash::Create(be_, opt_.stash, L + 1, M_, N * static_cast<size_t>(C),
+                                                opt_.stash_dtype));
   L2L_ASSIGN_OR_RETURN(plan_, PlanActivations(*be_, spec_, *ws_, opt_.recompute, opt_.activation_budget_bytes, M_));
   for (int64_t i = 0; i < plan_.kept_blocks * M_; ++i) {
     Result<layers::SavedActivations> k = layers::SavedActivations::Create(be_, spec_, *ws_);
@@ -119,10 +121,10 @@ Status Relay::Init() {
   }
   if (pin_) {
     L2L_LOG_INFO("relay on {}: layers in and gradients out on copy streams (layers copied as "
-                 "published, {}{}), stash {}{}",
+                 "published, {}{}), stash {} {}{}",
                  be_->name(), DTypeName(job_.publish_dtype),
                  job_.publish_dtype == DType::kF32 ? "" : ", widened to f32 on the device",
-                 ToString(opt_.stash),
+                 ToString(opt_.stash), DTypeName(opt_.stash_dtype),
                  stash_->async() ? " (offloaded on its own copy stream)" : "");
   }
   return Status::Ok();

@@ -55,6 +55,7 @@ namespace l2l::worker {
 
 struct RelayOptions {
   StashPlacement stash = StashPlacement::kDevice;  // train.stash
+  DType stash_dtype = DType::kF32;                 // train.stash_dtype (f32 | bf16)
   bool lockfree = false;                           // train.mode is lockfree
   int64_t staleness = 1;                           // train.staleness (lock-free only)
   // Longest wait for one layer version before the step fails with DEADLINE_EXCEEDED.

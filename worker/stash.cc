@@ -16,40 +16,50 @@
 namespace l2l::worker {
 
 Result<std::unique_ptr<Stash>> Stash::Create(kernels::Backend* backend, StashPlacement placement,
-                                             int64_t slots, int64_t micro_batches, size_t floats) {
+                                             int64_t slots, int64_t micro_batches, size_t floats,
+                                             DType dtype) {
   if (slots <= 0 || micro_batches <= 0 || floats == 0) {
     return InvalidArgument("stash needs slots, micro_batches and floats > 0 (got " +
                            std::to_string(slots) + ", " + std::to_string(micro_batches) + ", " +
                            std::to_string(floats) + ")");
   }
-  std::unique_ptr<Stash> s(new Stash(backend, placement, slots, micro_batches, floats));
-  const size_t total_bytes =
-      static_cast<size_t>(slots) * static_cast<size_t>(micro_batches) * floats * sizeof(float);
-  if (placement == StashPlacement::kDevice) {
-    L2L_ASSIGN_OR_RETURN(s->device_, kernels::DeviceBuffer::Create(backend, total_bytes));
-    return s;
+  if (dtype != DType::kF32 && dtype != DType::kBF16) {
+    return InvalidArgument(std::string("stash dtype ") + DTypeName(dtype) + ": expected f32 or bf16");
   }
-  const bool async = backend->HasAsyncTransfers();
+  std::unique_ptr<Stash> s(new Stash(backend, placement, slots, micro_batches, floats, dtype));
+  const size_t total_bytes =
+      static_cast<size_t>(slots) * static_cast<size_t>(micro_batches) * s->tensor_bytes();
+  const bool host = placement == StashPlacement::kHost;
+  const bool async = host && backend->HasAsyncTransfers();
+  if (!host) {
+    L2L_ASSIGN_OR_RETURN(s->device_, kernels::DeviceBuffer::Create(backend, total_bytes));
+  }
+  if (!host && !s->bf16()) return s;  // the layers write and read the stash in place
   const int n = async ? 2 : 1;
   for (int k = 0; k < n; ++k) {
     L2L_ASSIGN_OR_RETURN(s->staging_in_[k], kernels::DeviceBuffer::Create(backend, floats * sizeof(float)));
     L2L_ASSIGN_OR_RETURN(s->staging_out_[k], kernels::DeviceBuffer::Create(backend, floats * sizeof(float)));
+    if (host && s->bf16()) {
+      L2L_ASSIGN_OR_RETURN(s->bits_in_[k], kernels::DeviceBuffer::Create(backend, floats * sizeof(uint16_t)));
+      L2L_ASSIGN_OR_RETURN(s->bits_out_[k], kernels::DeviceBuffer::Create(backend, floats * sizeof(uint16_t)));
+    }
   }
-  Result<kernels::HostBuffer> host = backend->AllocHost(total_bytes);
-  if (!host.ok() && async) {
+  if (!host) return s;
+  Result<kernels::HostBuffer> host_buf = backend->AllocHost(total_bytes);
+  if (!host_buf.ok() && async) {
     // Page-locked memory can run out (or be capped) long before host RAM does: fall back
     // to plain host memory (the base class's AllocHost). The copies stay correct; the
     // driver stages them, which is slower and may block the compute thread.
     L2L_LOG_WARN("stash: no page-locked host memory for {} MiB ({}); using pageable memory, "
                  "offload and reload copies will be slower",
-                 total_bytes >> 20, host.status().ToString());
-    host = backend->kernels::Backend::AllocHost(total_bytes);
+                 total_bytes >> 20, host_buf.status().ToString());
+    host_buf = backend->kernels::Backend::AllocHost(total_bytes);
   }
-  if (!host.ok()) {
-    return host.status().WithContext("stash: host memory for " + std::to_string(slots) + " layers x " +
-                                     std::to_string(micro_batches) + " micro-batches");
+  if (!host_buf.ok()) {
+    return host_buf.status().WithContext("stash: host memory for " + std::to_string(slots) + " layers x " +
+                                         std::to_string(micro_batches) + " micro-batches");
   }
-  s->host_ = std::move(host).value();
+  s->host_ = std::move(host_buf).value();
   if (async) {
     for (int k = 0; k < 2; ++k) {
       for (auto* e : {&s->in_ready_[k], &s->in_free_[k], &s->out_ready_[k], &s->out_free_[k]}) {
@@ -76,7 +86,7 @@ size_t Stash::Index(int64_t slot, int64_t u) const {
 
 float* Stash::OutputBuffer(int64_t slot, int64_t u) {
   const size_t i = Index(slot, u);
-  if (placement_ == StashPlacement::kDevice) return device_.f32() + i;
+  if (placement_ == StashPlacement::kDevice && !bf16()) return device_.f32() + i;
   if (!async()) return staging_out_[0].f32();
   if (!out_open_) {
     // A fresh tensor: the other one may still be offloading the previous commit. The
@@ -90,16 +100,28 @@ float* Stash::OutputBuffer(int64_t slot, int64_t u) {
 
 void Stash::Commit(int64_t slot, int64_t u) {
   const size_t i = Index(slot, u);
-  if (placement_ == StashPlacement::kDevice) return;
-  const size_t bytes = floats_ * sizeof(float);
+  if (placement_ == StashPlacement::kDevice) {
+    // bf16: round the output in place and keep its bits (the compute stream orders it).
+    if (bf16()) backend_->RoundToBf16(staging_out_[0].f32(), DeviceBits(i), static_cast<int64_t>(floats_));
+    return;
+  }
+  const size_t bytes = tensor_bytes();
+  const int64_t n = static_cast<int64_t>(floats_);
   if (!async()) {
-    backend_->CopyToHost(Host(i), staging_out_[0].data(), bytes);
+    if (bf16()) {
+      backend_->RoundToBf16(staging_out_[0].f32(), static_cast<uint16_t*>(bits_out_[0].data()), n);
+      backend_->CopyToHost(Host(i), bits_out_[0].data(), bytes);
+    } else {
+      backend_->CopyToHost(Host(i), staging_out_[0].data(), bytes);
+    }
   } else {
     L2L_CHECK(out_open_) << "stash Commit(" << slot << ", " << u << ") without OutputBuffer()";
     const int k = out_cur_;
+    // bits_out_[k] is free with staging_out_[k]: OutputBuffer() waited for its offload.
+    if (bf16()) backend_->RoundToBf16(staging_out_[k].f32(), static_cast<uint16_t*>(bits_out_[k].data()), n);
     backend_->RecordEvent(out_ready_[k].get());  // the layer's writes into staging_out_[k]
     copy_->WaitFor(out_ready_[k].get());
-    copy_->CopyToHost(Host(i), staging_out_[k].data(), bytes);
+    copy_->CopyToHost(Host(i), bf16() ? bits_out_[k].data() : staging_out_[k].data(), bytes);
     copy_->Record(out_free_[k].get());
     out_open_ = false;
   }
@@ -108,11 +130,21 @@ void Stash::Commit(int64_t slot, int64_t u) {
 
 const float* Stash::Load(int64_t slot, int64_t u) {
   const size_t i = Index(slot, u);
-  if (placement_ == StashPlacement::kDevice) return device_.f32() + i;
-  const size_t bytes = floats_ * sizeof(float);
+  const int64_t n = static_cast<int64_t>(floats_);
+  if (placement_ == StashPlacement::kDevice) {
+    if (!bf16()) return device_.f32() + i;
+    backend_->WidenBf16(staging_in_[0].f32(), DeviceBits(i), n);
+    return staging_in_[0].f32();
+  }
+  const size_t bytes = tensor_bytes();
   bytes_reloaded_ += bytes;
   if (!async()) {
-    backend_->CopyToDevice(staging_in_[0].data(), Host(i), bytes);
+    if (bf16()) {
+      backend_->CopyToDevice(bits_in_[0].data(), Host(i), bytes);
+      backend_->WidenBf16(staging_in_[0].f32(), static_cast<const uint16_t*>(bits_in_[0].data()), n);
+    } else {
+      backend_->CopyToDevice(staging_in_[0].data(), Host(i), bytes);
+    }
     return staging_in_[0].f32();
   }
   const int k = in_next_;
@@ -123,20 +155,29 @@ const float* Stash::Load(int64_t slot, int64_t u) {
   backend_->RecordEvent(in_free_[k ^ 1].get());
   copy_->WaitFor(in_free_[k].get());
   // Same queue as the offloads: a Load of what a Commit offloaded runs after that copy.
-  copy_->CopyToDevice(staging_in_[k].data(), Host(i), bytes);
+  if (bf16()) {
+    copy_->CopyToDevice(bits_in_[k].data(), Host(i), bytes);
+    const Status widened = copy_->WidenToF32(staging_in_[k].f32(), bits_in_[k].data(), DType::kBF16, n);
+    L2L_CHECK(widened.ok()) << "stash: bf16 widening on the copy queue: " << widened.ToString();
+  } else {
+    copy_->CopyToDevice(staging_in_[k].data(), Host(i), bytes);
+  }
   copy_->Record(in_ready_[k].get());
   backend_->WaitEvent(in_ready_[k].get());
   return staging_in_[k].f32();
 }
 
 size_t Stash::device_bytes() const {
-  return device_.bytes() + staging_in_[0].bytes() + staging_in_[1].bytes() + staging_out_[0].bytes() +
-         staging_out_[1].bytes();
+  size_t b = device_.bytes();
+  for (int k = 0; k < 2; ++k) {
+    b += staging_in_[k].bytes() + staging_out_[k].bytes() + bits_in_[k].bytes() + bits_out_[k].bytes();
+  }
+  return b;
 }
 
 size_t Stash::host_bytes() const {
   if (placement_ != StashPlacement::kHost) return 0;
-  return static_cast<size_t>(slots_) * static_cast<size_t>(micro_batches_) * floats_ * sizeof(float);
+  return static_cast<size_t>(slots_) * static_cast<size_t>(micro_batches_) * tensor_bytes();
 }
 
 namespace {

@@ -1,7 +1,16 @@
 // Stash: the layer outputs the relay keeps between its forward and backward passes
 // (only each layer's output survives, to bound memory; the backward recomputes
 // everything else from it). Slot s holds the output of layer s (embedding = 0, block i =
-// i+1) for every micro-batch u, each (B,T,C) fp32.
+// i+1) for every micro-batch u, each (B,T,C).
+//
+// Element type (`train.stash_dtype`): f32 keeps the outputs as computed. bf16 rounds each
+// one to bf16 (round to nearest even) at Commit(): the output tensor itself is rounded in
+// place (so whatever reads it sees what Load() will return) and the stash keeps the bf16
+// bits, half the bytes: half the device memory (kDevice), half the host memory and the
+// PCIe traffic (kHost; the copies move bf16, widened back to fp32 on the device, on the
+// copy queue when there is one). With bf16 every placement hands out staging tensors, as
+// kHost does: Load() widens into one, OutputBuffer() is another, and the pointer rules
+// below are kHost's.
 //
 // Placement (`train.stash`):
 //  * kDevice: the outputs live in backend memory; the layer writes straight into the
@@ -49,9 +58,11 @@ namespace l2l::worker {
 
 class Stash {
  public:
-  // slots: layer outputs kept (n_layer + 1); floats: B*T*C per micro-batch.
+  // slots: layer outputs kept (n_layer + 1); floats: B*T*C per micro-batch; dtype: the
+  // stored element type, f32 or bf16 (INVALID_ARGUMENT otherwise).
   static Result<std::unique_ptr<Stash>> Create(kernels::Backend* backend, StashPlacement placement,
-                                               int64_t slots, int64_t micro_batches, size_t floats);
+                                               int64_t slots, int64_t micro_batches, size_t floats,
+                                               DType dtype = DType::kF32);
   ~Stash();
   Stash(const Stash&) = delete;
   Stash& operator=(const Stash&) = delete;
@@ -64,6 +75,7 @@ class Stash {
   const float* Load(int64_t slot, int64_t u);
 
   StashPlacement placement() const { return placement_; }
+  DType dtype() const { return dtype_; }
   bool async() const { return copy_ != nullptr; }  // host placement on copy queues
   size_t device_bytes() const;  // backend memory held
   size_t host_bytes() const;    // host memory held (kHost only)
@@ -73,20 +85,27 @@ class Stash {
 
  private:
   Stash(kernels::Backend* backend, StashPlacement placement, int64_t slots, int64_t micro_batches,
-        size_t floats)
-      : backend_(backend), placement_(placement), slots_(slots), micro_batches_(micro_batches),
-        floats_(floats) {}
-  size_t Index(int64_t slot, int64_t u) const;
-  float* Host(size_t i) const { return host_.f32() + i; }
+        size_t floats, DType dtype)
+      : backend_(backend), placement_(placement), dtype_(dtype), slots_(slots),
+        micro_batches_(micro_batches), floats_(floats) {}
+  size_t Index(int64_t slot, int64_t u) const;  // element index of (slot, u)
+  bool bf16() const { return dtype_ == DType::kBF16; }
+  size_t elem_bytes() const { return bf16() ? sizeof(uint16_t) : sizeof(float); }
+  size_t tensor_bytes() const { return floats_ * elem_bytes(); }  // one stored (B,T,C)
+  void* Host(size_t i) const { return static_cast<char*>(host_.data()) + i * elem_bytes(); }
+  uint16_t* DeviceBits(size_t i) const { return static_cast<uint16_t*>(device_.data()) + i; }
 
   kernels::Backend* backend_;
   StashPlacement placement_;
+  DType dtype_;
   int64_t slots_, micro_batches_;
   size_t floats_;
-  kernels::DeviceBuffer device_;         // kDevice: slots*micro_batches*floats
-  kernels::DeviceBuffer staging_in_[2];  // kHost: (B,T,C) for Load() ([1]: async only)
-  kernels::DeviceBuffer staging_out_[2]; // kHost: (B,T,C) for OutputBuffer() ([1]: async only)
-  kernels::HostBuffer host_;             // kHost: slots*micro_batches*floats
+  kernels::DeviceBuffer device_;         // kDevice: slots*micro_batches*floats of dtype
+  kernels::DeviceBuffer staging_in_[2];  // kHost or bf16: fp32 (B,T,C) for Load() ([1]: async only)
+  kernels::DeviceBuffer staging_out_[2]; // kHost or bf16: fp32 (B,T,C) for OutputBuffer() ([1]: async only)
+  kernels::DeviceBuffer bits_in_[2];     // kHost bf16: the bf16 copy each way ([1]: async only)
+  kernels::DeviceBuffer bits_out_[2];
+  kernels::HostBuffer host_;             // kHost: slots*micro_batches*floats of dtype
   size_t bytes_offloaded_ = 0, bytes_reloaded_ = 0;
   // Async (host placement on a backend with copy queues):
   int in_next_ = 0;                 // staging_in_ the next Load() fills

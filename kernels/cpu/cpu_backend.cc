@@ -128,6 +128,26 @@ void CpuBackend::BiasBackward(float* dbias, const float* dout, int64_t N, int64_
 
 // ---- elementwise -----------------------------------------------------------------
 
+void CpuBackend::RoundToBf16(float* x, uint16_t* bits, int64_t n) {
+  InArena([&] {
+    ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) {
+        const uint16_t b = FloatToBf16(x[i]);
+        if (bits != nullptr) bits[i] = b;
+        x[i] = Bf16ToFloat(b);
+      }
+    });
+  });
+}
+
+void CpuBackend::WidenBf16(float* dst, const uint16_t* src, int64_t n) {
+  InArena([&] {
+    ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) dst[i] = Bf16ToFloat(src[i]);
+    });
+  });
+}
+
 void CpuBackend::Add(float* out, const float* a, const float* b, int64_t n) {
   InArena([&] {
     ParallelFor(n, kElemGrain, [&](int64_t i0, int64_t i1) { AddSpan(out + i0, a + i0, b + i0, i1 - i0); });

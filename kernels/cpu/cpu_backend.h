@@ -69,6 +69,8 @@ class CpuBackend final : public Backend {
   }
   size_t CausalAttentionScratchFloats(int64_t, int64_t, int64_t) const override { return 0; }
 
+  void RoundToBf16(float* x, uint16_t* bits, int64_t n) override;
+  void WidenBf16(float* dst, const uint16_t* src, int64_t n) override;
   void Add(float* out, const float* a, const float* b, int64_t n) override;
   void Axpy(float* dst, const float* src, float alpha, int64_t n) override;
   void Scale(float* x, float alpha, int64_t n) override;

@@ -145,6 +145,14 @@ class CudaBackend final : public Backend {
   }
 
   // ---- elementwise -----------------------------------------------------------------
+  void RoundToBf16(float* x, uint16_t* bits, int64_t n) override {
+    MakeCurrent();
+    LaunchRoundToBf16(x, bits, n, stream());
+  }
+  void WidenBf16(float* dst, const uint16_t* src, int64_t n) override {
+    MakeCurrent();
+    LaunchCastBf16ToF32(dst, src, n, stream());
+  }
   void Add(float* out, const float* a, const float* b, int64_t n) override {
     MakeCurrent();
     LaunchAdd(out, a, b, n, stream());

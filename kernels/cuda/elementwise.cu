@@ -109,6 +109,14 @@ __global__ void CastBf16ToF32Kernel(float* dst, const __nv_bfloat16* src, int64_
   L2L_GRID_STRIDE(i, n) dst[i] = __bfloat162float(src[i]);
 }
 
+__global__ void RoundToBf16Kernel(float* x, __nv_bfloat16* bits, int64_t n) {
+  L2L_GRID_STRIDE(i, n) {
+    const __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
+    if (bits != nullptr) bits[i] = b;
+    x[i] = __bfloat162float(b);
+  }
+}
+
 }  // namespace
 
 void LaunchAdd(float* out, const float* a, const float* b, int64_t n, cudaStream_t s) {
@@ -184,6 +192,12 @@ void LaunchCastF32ToBf16(uint16_t* dst, const float* src, int64_t n, cudaStream_
   if (n <= 0) return;
   L2L_LAUNCH(CastF32ToBf16Kernel, GridFor(n), kThreads, 0, s)(
       reinterpret_cast<__nv_bfloat16*>(dst), src, n);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchRoundToBf16(float* x, uint16_t* bits, int64_t n, cudaStream_t s) {
+  if (n <= 0) return;
+  L2L_LAUNCH(RoundToBf16Kernel, GridFor(n), kThreads, 0, s)(x, reinterpret_cast<__nv_bfloat16*>(bits), n);
   L2L_CUDA_CHECK_LAUNCH();
 }
 

@@ -48,6 +48,9 @@ void LaunchCrossEntropyBackward(float* dlogits, const float* probs, const int32_
 // bf16 stored as uint16_t; round to nearest even.
 void LaunchCastF32ToBf16(uint16_t* dst, const float* src, int64_t n, cudaStream_t s);
 void LaunchCastBf16ToF32(float* dst, const uint16_t* src, int64_t n, cudaStream_t s);
+// x (n) rounded in place to bf16 values (round to nearest even); their bits to bits
+// (n) unless null (Backend::RoundToBf16).
+void LaunchRoundToBf16(float* x, uint16_t* bits, int64_t n, cudaStream_t s);
 
 // ---- quant.cu: common/quant_blocks.h's block formats (the same layouts; this header does
 // not include it: .cu files are nvcc C++17). Dequantized bit-equal to its CPU code (one

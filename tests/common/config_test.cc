@@ -61,6 +61,7 @@ void RequireEqual(const JobConfig& a, const JobConfig& b) {
   CHECK(a.train.staleness == b.train.staleness);
   CHECK(a.train.clip == b.train.clip);
   CHECK(a.train.stash == b.train.stash);
+  CHECK(a.train.stash_dtype == b.train.stash_dtype);
   CHECK(a.train.recompute == b.train.recompute);
   CHECK(a.train.activation_budget_mb == b.train.activation_budget_mb);
   CHECK(a.data.train_path == b.data.train_path);
@@ -119,7 +120,7 @@ optim: {lr: 3.3e-4, min_lr_ratio: 0.07, warmup_steps: 11, total_steps: 999, beta
         eps: 1.0e-7, weight_decay: 0.01, grad_clip: -1, gpu_fraction: 0.33}
 train: {steps: 77, micro_batch_size: 3, micro_batches: 5, seq_len: 40, seed: 18446744073709551615,
         log_every: 7, checkpoint_every: 20, mode: lockfree, staleness: 2, clip: per_layer, stash: host,
-        recompute: auto, activation_budget_mb: 123}
+        stash_dtype: bf16, recompute: auto, activation_budget_mb: 123}
 data: {train_path: "tok ens/train.bin", val_path: /abs/val.bin}
 publish_dtype: bf16
 )");
@@ -134,6 +135,7 @@ publish_dtype: bf16
   CHECK(a->seq_len() == 40);
   CHECK(a->train.recompute == RecomputeMode::kAuto);
   CHECK(a->train.activation_budget_mb == 123);
+  CHECK(a->train.stash_dtype == DType::kBF16);
   const std::string text = JobConfigToYaml(*a);
   Result<JobConfig> b = ParseJobConfig(text, "<roundtrip>", "/elsewhere");
   INFO(text);
@@ -218,6 +220,7 @@ TEST_CASE("Values of the wrong type are rejected naming key, value and expected 
   ExpectError(ParseIn(dir, "train: 5\n"), {"job.yaml:1", "train", "expected a map"});
   ExpectError(ParseIn(dir, "train:\n  mode: async\n"), {"job.yaml:2", "train.mode", "'async'", "sync, lockfree"});
   ExpectError(ParseIn(dir, "publish_dtype: f64\n"), {"job.yaml:1", "publish_dtype", "'f64'"});
+  ExpectError(ParseIn(dir, "train:\n  stash_dtype: f16\n"), {"job.yaml:2", "train.stash_dtype", "'f16'", "f32, bf16"});
   ExpectError(ParseIn(dir, "train:\n  steps: 1\n  steps: 2\n"), {"job.yaml:3", "duplicate key train.steps"});
   ExpectError(ParseIn(dir, "- a\n- b\n"), {"expected a map"});
 }

@@ -186,6 +186,22 @@ TEST_CASE("cuda elementwise ops match the cpu", "[gpu]") {
   }
 }
 
+TEST_CASE("cuda RoundToBf16 and WidenBf16 give the cpu's bits", "[gpu]") {
+  Backends& b = Both();
+  const int64_t n = GENERATE(1, 1000, 1 << 20);
+  std::mt19937 rng(static_cast<unsigned>(n) + 11);
+  Twin x = Twin::Of(b, RandomVec(rng, n, -300.0f, 300.0f));
+  Twin bits = Twin::Of(b, std::vector<uint16_t>(static_cast<size_t>(n), 0));
+  b.cpu->RoundToBf16(x.c(), static_cast<uint16_t*>(bits.cpu.data()), n);
+  b.gpu->RoundToBf16(x.g(), static_cast<uint16_t*>(bits.gpu.data()), n);
+  CHECK(x.FromGpu(b) == x.FromCpu(b));
+  CHECK(bits.FromGpu<uint16_t>(b) == bits.FromCpu<uint16_t>(b));
+  Twin w = Twin::Of(b, std::vector<float>(static_cast<size_t>(n), 1.0f));
+  b.cpu->WidenBf16(w.c(), static_cast<const uint16_t*>(bits.cpu.data()), n);
+  b.gpu->WidenBf16(w.g(), static_cast<const uint16_t*>(bits.gpu.data()), n);
+  CHECK(w.FromGpu(b) == x.FromCpu(b));  // widening the bits gives the rounded values back
+}
+
 TEST_CASE("cuda AddBias and BiasBackward match the cpu", "[gpu]") {
   Backends& b = Both();
   const int64_t N = GENERATE(1, 77, 4096), OC = GENERATE(3, 768, 2304);

@@ -9,7 +9,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <random>
 
+#include "common/dtype.h"
 #include "kernels/backend.h"
 #include "tests/kernels/kernel_reference.h"
 #include "tests/kernels/kernel_test_util.h"
@@ -65,6 +67,45 @@ TEST_CASE("DeviceBuffer owns one allocation and moves it", "[kernels][backend]")
   REQUIRE_FALSE(huge.ok());
   CHECK(huge.status().code() == StatusCode::kResourceExhausted);
   CHECK(huge.status().message().find(std::to_string(size_t{1} << 62)) != std::string::npos);
+}
+
+// ---- bf16 layer boundaries ---------------------------------------------------------------
+
+TEST_CASE("RoundToBf16 rounds in place as common/dtype.h does and WidenBf16 is exact", "[kernels][cpu][bf16]") {
+  auto be = CreateCpuBackend(1);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1e3f, 1e3f);
+  // Random values (large enough for the backend's parallel chunks), then the cases where
+  // rounding is easy to get wrong: ties to even both ways, a carry into the exponent,
+  // denormals, signed zero, infinities, NaN, the largest finite float.
+  std::vector<float> x(70001);
+  for (float& v : x) v = u(rng);
+  const uint32_t specials[] = {0x3f808000u, 0x3f818000u, 0x3f7fffffu, 0x00000001u, 0x007fffffu,
+                               0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00001u, 0x7f7fffffu};
+  for (size_t k = 0; k < std::size(specials); ++k) std::memcpy(&x[k], &specials[k], 4);
+  std::vector<float> y = x;
+  std::vector<uint16_t> bits(x.size(), 0xdead);
+  be->RoundToBf16(y.data(), bits.data(), static_cast<int64_t>(y.size()));
+  size_t bad = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const uint16_t want = FloatToBf16(x[i]);
+    const float wantf = Bf16ToFloat(want);
+    const bool same = std::memcmp(&y[i], &wantf, 4) == 0 || (std::isnan(y[i]) && std::isnan(wantf));
+    if (bits[i] != want || !same) ++bad;
+  }
+  CHECK(bad == 0);
+  CHECK(bits[0] == 0x3f80);  // 1 + 2^-8: the tie goes to the even 1.0
+  CHECK(bits[1] == 0x3f82);  // 1 + 3*2^-8: the tie goes up, to even
+  // No bits requested: the same rounded values.
+  std::vector<float> z = x;
+  be->RoundToBf16(z.data(), nullptr, static_cast<int64_t>(z.size()));
+  CHECK(std::memcmp(z.data() + std::size(specials), y.data() + std::size(specials),
+                    (z.size() - std::size(specials)) * 4) == 0);
+  // Widening gives back exactly the rounded values.
+  std::vector<float> w(x.size());
+  be->WidenBf16(w.data(), bits.data(), static_cast<int64_t>(w.size()));
+  CHECK(std::memcmp(w.data() + std::size(specials), y.data() + std::size(specials),
+                    (w.size() - std::size(specials)) * 4) == 0);
 }
 
 // ---- GEMM ------------------------------------------------------------------------------

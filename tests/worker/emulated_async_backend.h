@@ -251,6 +251,8 @@ class EmulatedAsyncBackend final : public kernels::Backend {
   void BiasBackward(float* db, const float* d, int64_t N, int64_t OC) override {
     cpu_->BiasBackward(db, d, N, OC);
   }
+  void RoundToBf16(float* x, uint16_t* bits, int64_t n) override { cpu_->RoundToBf16(x, bits, n); }
+  void WidenBf16(float* d, const uint16_t* s, int64_t n) override { cpu_->WidenBf16(d, s, n); }
   void Add(float* o, const float* a, const float* b, int64_t n) override { cpu_->Add(o, a, b, n); }
   void Axpy(float* d, const float* s, float a, int64_t n) override { cpu_->Axpy(d, s, a, n); }
   void Scale(float* x, float a, int64_t n) override { cpu_->Scale(x, a, n); }

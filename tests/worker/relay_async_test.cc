@@ -133,6 +133,47 @@ TEST_CASE("Relay on a backend with copy queues gives the bits of the plain CPU r
   }
 }
 
+TEST_CASE("A bf16 stash on copy queues gives the bits of the plain CPU relay", "[worker][relay][async][stash]") {
+  JobConfig job = AsyncJob();
+  job.train.stash = GENERATE(StashPlacement::kDevice, StashPlacement::kHost);
+  job.train.stash_dtype = DType::kBF16;
+  CAPTURE(ToString(job.train.stash));
+  REQUIRE(job.Validate().ok());
+  const int steps = 3;
+  auto cpu = kernels::CreateCpuBackend(1);
+  Run plain = Train(job, cpu.get(), steps);
+  testing::EmulatedAsyncBackend emu(1, {});
+  Run async = Train(job, &emu, steps);
+  CHECK(async.stash_async == (job.train.stash == l2l::StashPlacement::kHost));
+  {
+    std::lock_guard<std::mutex> lk(emu.stats().mu);
+    // Host placement: each reload moved bf16 bits and was widened on the copy queue
+    // (publish_dtype is f32, so every widening is the stash's); device placement widens
+    // on the compute stream instead.
+    if (job.train.stash == l2l::StashPlacement::kHost) {
+      CHECK(emu.stats().widenings > 0);
+    } else {
+      CHECK(emu.stats().widenings == 0);
+    }
+  }
+  REQUIRE(plain.losses.size() == async.losses.size());
+  for (size_t s = 0; s < plain.losses.size(); ++s) {
+    INFO("step " << s);
+    CHECK(std::isfinite(async.losses[s]));
+    CHECK(async.losses[s] == plain.losses[s]);  // bit-identical
+  }
+  for (size_t l = 0; l < plain.params.size(); ++l) {
+    INFO("layer " << l);
+    CHECK(async.params[l] == plain.params[l]);
+  }
+  // And it differs from the fp32 stash (the rounding happened on both paths).
+  job.train.stash_dtype = DType::kF32;
+  Run f32 = Train(job, cpu.get(), steps);
+  bool differs = false;
+  for (size_t l = 0; l < f32.params.size(); ++l) differs = differs || f32.params[l] != plain.params[l];
+  CHECK(differs);
+}
+
 TEST_CASE("Relay on copy queues decodes a LoRA job's frozen base as the CPU relay does",
           "[worker][relay][async][lora]") {
   // The frozen record goes up as bytes and is widened / dequantized on the copy queue

@@ -207,9 +207,16 @@ float ReferenceTrainer::RunMicroBatch(const MicroBatch& mb, int64_t index, float
   auto kept = [&](int64_t i) -> layers::SavedActivations* {
     return backward && plan_.Keeps(1 + i) ? &kept_[static_cast<size_t>(1 + i - plan_.first_kept)] : nullptr;
   };
+  // train.stash_dtype bf16 (training only, as the relay's stash): each layer's output is
+  // rounded to bf16 where the relay's Stash::Commit rounds it; the backward passes the
+  // gradient through the rounding unchanged.
+  const bool round = backward && cfg_.train.stash_dtype == DType::kBF16;
+  const int64_t act_n = B * T * spec.d_model;
+  if (round) be.RoundToBf16(acts_[0].f32(), nullptr, act_n);
   for (int64_t i = 0; i < L; ++i) {
     layers::BlockForward(be, spec, layouts_[1 + i], d_params_[1 + i].f32(), acts_[i].f32(), acts_[i + 1].f32(), B,
                          T, *ws_, seq, kept(i));
+    if (round) be.RoundToBf16(acts_[i + 1].f32(), nullptr, act_n);
   }
   const LayerLayout& head = layouts_.back();
   const float* wte = d_params_[0].f32() + EmbeddingTable(spec, layouts_[0]).offset;
