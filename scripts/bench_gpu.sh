@@ -577,7 +577,7 @@ B, M, T, gpu, compile_mode, smoke, out, rates_status = sys.argv[5:13]
 names = {"eager": "PyTorch eager (bf16 autocast)", "compile": f"torch.compile ({compile_mode})",
          "l2l": "l2l (EPS + worker, bf16)"}
 print(f"bench_gpu.sh: RESULTS on {gpu}: {tps_step:,} tokens/step (B {B} x M {M} x T {T}) for every system;"
-      f" bf16 matmul peak {peak:.0f} TFLOP/s ({rates_status})" + ("  [SMOKE: tiny shapes, not a benchmark]" if smoke == "1" else ""))
+      f" bf16 matmul peak {peak:.4g} TFLOP/s ({rates_status})" + ("  [SMOKE: tiny shapes, not a benchmark]" if smoke == "1" else ""))
 print(f"  {'model':<13} {'system':<30} {'tokens/s':>10} {'peak mem':>11} {'tok/s vs eager':>15} {'mem vs eager':>13} {'MFU':>7}")
 verdicts = []
 for r in rows:
@@ -600,10 +600,11 @@ for r in rows:
             met = float(rt) >= 0.85 and float(rm) <= 0.3
             verdicts.append(f"{m}: {'MET' if met else 'MISSED'} ({rt}x tokens/s, {rm}x memory)")
         else:
-            verdicts.append(f"{m}: not judged (l2l or eager missing)")
+            verdicts.append(f"{m}: not judged (" + ("l2l failed" if not ok else "no PyTorch eager row" if not eager
+                                                    else "a peak memory figure is missing") + ")")
 print("  target (l2l vs PyTorch eager: >= 0.85x tokens/s at <= 0.3x peak device memory): " + "; ".join(verdicts))
 print("  MFU = tokens/s x FLOPs/token / the bf16 matmul peak; FLOPs/token = 6 x (params a token multiplies)"
-      " + 12 x layers x d x T: " + ", ".join(f"{m} {f['flops_per_token'] / 1e9:.2f} G" for m, f in flops.items()))
+      " + 12 x layers x d x T: " + ", ".join(f"{m} {f['flops_per_token'] / 1e9:.4g} G" for m, f in flops.items()))
 if out:
     with open(out, "w") as f:
         json.dump({"rows": rows, "flops": flops, "peak_tflops": peak, "tokens_per_step": tps_step,
@@ -631,13 +632,15 @@ elif [[ -s "$RATES" ]]; then
 import json, sys
 sim = [json.loads(l[6:]) for l in open(sys.argv[1]) if l.startswith("json: ")]
 measured, rates = json.loads(sys.argv[2]), json.load(open(sys.argv[3]))
+def g(k):
+    return f"{rates[k]:.4g}" if isinstance(rates.get(k), (int, float)) else "n/a"
 note = ""
 if sys.argv[4] == "1" or sys.argv[5]:
     note = "  [the model is the full preset shape; this run's shapes differ: not comparable]"
 print("bench_gpu.sh: MODEL vs MEASUREMENT, one device, per-device fetch, no interleave"
-      f" (l2l-bench-relay --simulate --rates-json: matmul {rates.get('matmul_tflops') or 0:.0f}, attention"
-      f" {rates.get('attention_tflops') or 0:.0f} TFLOP/s, H2D {rates.get('h2d_gbps') or 0:.1f}, D2H"
-      f" {rates.get('d2h_gbps') or 0:.1f} GB/s; the daemon's AdamW at the h100 preset's 8 G params/s){note}")
+      f" (l2l-bench-relay --simulate --rates-json: matmul {g('matmul_tflops')}, attention"
+      f" {g('attention_tflops')} TFLOP/s, H2D {g('h2d_gbps')}, D2H {g('d2h_gbps')} GB/s (n/a: the h100 preset's);"
+      f" the daemon's AdamW at the preset's 8 G params/s){note}")
 for j in sim:
     if j["devices"] != 1 or j["bandwidth_centric"] or j["interleave"]:
         continue

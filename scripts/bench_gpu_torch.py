@@ -228,6 +228,7 @@ def train(a):
             if s["family"] != "gpt2":
                 raise RuntimeError("--impl plain is GPT-2 only")
             model, blocks, loss_fn = plain_gpt2(torch, s, a.T)
+    model.to(dev)  # a no-op when the device context above placed it; some versions build on the CPU
     model.train()
     params = sum(p.numel() for p in model.parameters())
     fl = flops_json(a)
