@@ -591,7 +591,7 @@ for r in rows:
     rm = f"{mem / eager['peak_mib']:.3f}" if ok and eager and mem > 0 and eager["peak_mib"] > 0 else "n/a"
     fpt = flops.get(m, {}).get("flops_per_token", 0)
     mfu = f"{100 * r['tokens_per_s'] * fpt / (peak * 1e12):.3g}%" if ok and peak > 0 and fpt else "n/a"
-    tps = f"{r['tokens_per_s']:,.0f}" if ok else r["status"].split(" ")[0]
+    tps = f"{r['tokens_per_s']:,.0f}" if ok else ("TIMED OUT" if r["status"].startswith("TIMED") else r["status"].split(" ")[0])
     print(f"  {m:<13} {names[s]:<30} {tps:>10} {mem_s:>11} {rt:>15} {rm:>13} {mfu:>7}")
     if not ok:
         print(f"  {'':<13} {'':<30} {r['status']}")
@@ -602,7 +602,8 @@ for r in rows:
         else:
             verdicts.append(f"{m}: not judged (" + ("l2l failed" if not ok else "no PyTorch eager row" if not eager
                                                     else "a peak memory figure is missing") + ")")
-print("  target (l2l vs PyTorch eager: >= 0.85x tokens/s at <= 0.3x peak device memory): " + "; ".join(verdicts))
+print("  target (l2l vs PyTorch eager: >= 0.85x tokens/s at <= 0.3x peak device memory): " +
+      ("; ".join(verdicts) or "not judged (l2l not in BENCH_SYSTEMS)"))
 print("  MFU = tokens/s x FLOPs/token / the bf16 matmul peak; FLOPs/token = 6 x (params a token multiplies)"
       " + 12 x layers x d x T: " + ", ".join(f"{m} {f['flops_per_token'] / 1e9:.4g} G" for m, f in flops.items()))
 if out:
