@@ -3,8 +3,9 @@
 //
 //   l2l-bench-relay [--config configs/quickstart.yaml] [--set key=value]... [--threads N]
 //                   [--steps 5] [--warmup 1] [--stash device|host]
-//   l2l-bench-relay --simulate [--hw h100|dgx2] [--pcie-gbps X] ... (bench/relay_simulate.h):
-//                   the analytic multi-device model instead of a measurement
+//   l2l-bench-relay --simulate [--hw h100|dgx2] [--rates-json FILE] [--pcie-gbps X] ...
+//                   (bench/relay_simulate.h): the analytic multi-device model instead of a
+//                   measurement, from a preset, measured rates (FILE) and flags
 //
 // In one run, on the same synthetic token stream, model, initialisation and micro-batching:
 //  * the reference trainer (worker/reference/reference_trainer.h): tokens/s;
@@ -204,7 +205,15 @@ int main(int argc, char** argv) {
   app.add_option("--pcie-gbps", sf.pcie_gbps, "--simulate: PCIe GB/s per device and direction");
   app.add_option("--host-gbps", sf.host_gbps, "--simulate: aggregate host GB/s over all devices");
   app.add_option("--nvlink-gbps", sf.nvlink_gbps, "--simulate: device-to-device GB/s");
-  app.add_option("--tflops", sf.tflops, "--simulate: achieved TFLOP/s per device");
+  app.add_option("--tflops", sf.tflops, "--simulate: achieved matmul TFLOP/s per device");
+  app.add_option("--attention-tflops", sf.attention_tflops,
+                 "--simulate: the attention products' TFLOP/s (default: the matmul rate)");
+  app.add_option("--rates-json", sf.rates_json,
+                 "--simulate: measured rates over the preset (JSON object: matmul_tflops, attention_tflops, "
+                 "h2d_gbps, d2h_gbps, ...; scripts/bench_gpu.sh writes it); flags still override");
+  app.add_option("--shapes", sf.shapes, "--simulate: models (gpt2-xl, llama-7b, qwen2.5-1.5b; default the first two)")
+      ->delimiter(',');
+  app.add_option("--seq-len", sf.seq_len, "--simulate: tokens per sequence for every shape (default: each shape's)");
   app.add_option("--cpu-update", sf.cpu_update_g, "--simulate: daemon AdamW rate, G params/s");
   app.add_option("--cpu-cast", sf.cpu_cast_g, "--simulate: daemon fp32->bf16 rate, G params/s");
   app.add_option("--gpu-update", sf.gpu_update_g, "--simulate: device AdamW rate, G params/s");

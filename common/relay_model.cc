@@ -8,7 +8,8 @@ namespace l2l {
 namespace {
 
 struct ModelLayer {
-  double fwd_flops_per_token = 0;
+  double fwd_flops_per_token = 0;       // the matmuls (device_flops)
+  double fwd_attn_flops_per_token = 0;  // scores and weighted sum (attention_flops)
   double fetch_params = 0;   // parameters the devices read for it
   int64_t update_params = 0; // parameters whose update it owns
 };
@@ -16,18 +17,20 @@ struct ModelLayer {
 std::vector<ModelLayer> Layers(const RelayShape& s) {
   const double d = static_cast<double>(s.d_model), ff = static_cast<double>(s.d_ff);
   const double table = static_cast<double>(s.vocab) * d;
-  const double block = 4 * d * d + (s.gated_mlp ? 3 : 2) * d * ff;
+  const double kv = static_cast<double>(s.kv_dim > 0 ? s.kv_dim : s.d_model);
+  // q and o are d x d; k and v are d x kv (kv = d without grouped-query attention).
+  const double block = 2 * d * d + 2 * d * kv + (s.gated_mlp ? 3 : 2) * d * ff;
   std::vector<ModelLayer> out;
   // Embedding: a lookup (no FLOPs to speak of). A tied table is updated by the head layer
   // (its gradients are summed there); the embedding layer then owns the position table.
   const int64_t pos = s.tied_embeddings ? s.seq_len * s.d_model : 0;
-  out.push_back({0, table + static_cast<double>(pos),
+  out.push_back({0, 0, table + static_cast<double>(pos),
                  s.tied_embeddings ? std::max<int64_t>(pos, 1) : static_cast<int64_t>(table)});
   for (int64_t i = 0; i < s.n_layer; ++i) {
     // Matmuls 2 FLOPs per weight per token; attention scores and weighted sum 4*T*d.
-    out.push_back({2 * block + 4 * static_cast<double>(s.seq_len) * d, block, static_cast<int64_t>(block)});
+    out.push_back({2 * block, 4 * static_cast<double>(s.seq_len) * d, block, static_cast<int64_t>(block)});
   }
-  out.push_back({2 * table, table, static_cast<int64_t>(table)});  // head (+ final norm, negligible)
+  out.push_back({2 * table, 0, table, static_cast<int64_t>(table)});  // head (+ final norm, negligible)
   return out;
 }
 
@@ -35,6 +38,14 @@ std::vector<ModelLayer> Layers(const RelayShape& s) {
 
 RelayShape Gpt2XlShape() { return {"gpt2-xl", 48, 1600, 6400, 50257, 1024, false, true}; }
 RelayShape Llama7bShape() { return {"llama-7b", 32, 4096, 11008, 32000, 4096, true, false}; }
+RelayShape Qwen25_1_5bShape() { return {"qwen2.5-1.5b", 28, 1536, 8960, 151936, 1024, true, true, 256}; }
+
+Result<RelayShape> RelayShapeByName(const std::string& name) {
+  for (const RelayShape& s : {Gpt2XlShape(), Llama7bShape(), Qwen25_1_5bShape()}) {
+    if (s.name == name) return s;
+  }
+  return InvalidArgument("relay model: no shape '" + name + "' (gpt2-xl, llama-7b, qwen2.5-1.5b)");
+}
 
 RelayHardware H100TestbedHardware() {
   RelayHardware h;
@@ -73,6 +84,11 @@ Result<RelaySimResult> SimulateRelayStep(const RelayShape& shape, const RelayWor
                    hw.cpu_cast, hw.device_update}) {
     if (!(x > 0)) return InvalidArgument("relay model: every hardware rate must be > 0");
   }
+  if (!(hw.attention_flops >= 0)) return InvalidArgument("relay model: attention_flops must be >= 0 (0 = device_flops)");
+  if (shape.kv_dim < 0 || shape.kv_dim > shape.d_model) {
+    return InvalidArgument("relay model: shape '" + shape.name + "' has kv_dim outside [0, d_model]");
+  }
+
   const double n = opt.devices;
   const bool bwc = opt.bandwidth_centric && opt.devices > 1;
   const double tokens_per_device = static_cast<double>(work.tokens_per_step) / n;
@@ -80,7 +96,13 @@ Result<RelaySimResult> SimulateRelayStep(const RelayShape& shape, const RelayWor
   OptimizerModelInput in;
   double fetched = 0, fetch_time = 0;
   for (const ModelLayer& l : Layers(shape)) {
-    const double compute_f = l.fwd_flops_per_token * tokens_per_device / hw.device_flops;
+    // With no attention rate of its own the attention runs at the matmul rate (one sum,
+    // as before the rate was split).
+    const double compute_f =
+        hw.attention_flops > 0
+            ? l.fwd_flops_per_token * tokens_per_device / hw.device_flops +
+                  l.fwd_attn_flops_per_token * tokens_per_device / hw.attention_flops
+            : (l.fwd_flops_per_token + l.fwd_attn_flops_per_token) * tokens_per_device / hw.device_flops;
     const double compute_b = 3 * compute_f;  // backward (2x) + the recomputed forward
     const double w = l.fetch_params * work.publish_bytes;
     const double g = static_cast<double>(l.update_params) * work.grad_bytes;

@@ -4,6 +4,10 @@
 // reduce-scattered and each device pushes 1/N) and the interleaved optimizer
 // (common/optimizer_model.h) would buy, before a multi-GPU host measures it.
 //
+// Compute is the matmuls (2 FLOPs per weight per token) at `device_flops` plus the
+// attention products (4 x T x d per token) at `attention_flops` (the matmul rate when 0);
+// `l2l-bench-relay --simulate --rates-json` sets both, and the links, from rates that
+// scripts/bench_gpu.sh measures on the GPU.
 // Per layer, in forward: max(compute, weight fetch, all-gather); in backward: max(compute
 // with recompute, fetch, all-gather, reduce-scatter, gradient push) -- copies and
 // collectives run on their own streams, prefetched one layer ahead, so a layer costs its
@@ -35,9 +39,15 @@ struct RelayShape {
   int64_t n_layer = 0, d_model = 0, d_ff = 0, vocab = 0, seq_len = 0;
   bool gated_mlp = false;      // Llama's SwiGLU: three d x d_ff matrices instead of two
   bool tied_embeddings = true; // GPT-2: the head reads the embedding
+  int64_t kv_dim = 0;          // key/value width (grouped-query attention); 0 = d_model
 };
 RelayShape Gpt2XlShape();      // 48 layers, d 1600, d_ff 6400, vocab 50257, T 1024 (1.56 B)
 RelayShape Llama7bShape();     // 32 layers, d 4096, d_ff 11008, vocab 32000, T 4096 (6.7 B)
+// Qwen2.5-1.5B: 28 layers, d 1536, kv 256 (12 heads on 2), d_ff 8960, vocab 151936, tied,
+// at T 1024 (the GPU benchmark's sequence length, not the model's 32768 context).
+RelayShape Qwen25_1_5bShape();
+// The shape named `name` (gpt2-xl | llama-7b | qwen2.5-1.5b), or an error naming them.
+Result<RelayShape> RelayShapeByName(const std::string& name);
 
 // The host. Bandwidths bytes/s, rates params/s or FLOP/s.
 struct RelayHardware {
@@ -45,7 +55,8 @@ struct RelayHardware {
   double pcie_d2h = 0;           // per device, pinned
   double host_aggregate = 0;     // all devices' PCIe traffic together (host memory, switches)
   double nvlink = 0;             // device-to-device, per device, unidirectional
-  double device_flops = 0;       // achieved dense throughput per device
+  double device_flops = 0;       // achieved dense throughput per device (the matmuls)
+  double attention_flops = 0;    // the attention products' rate; 0 = device_flops
   double cpu_update = 0;         // daemon AdamW, all threads (params/s)
   double cpu_cast = 0;           // daemon fp32 -> publish dtype (params/s)
   double device_update = 0;      // AdamW on one device (params/s)

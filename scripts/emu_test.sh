@@ -14,7 +14,7 @@ start=$(date +%s)
 # Same ccache settings as scripts/build.sh: the worker/EPS objects come from the main build.
 export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$PWD}" CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}"
 cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DL2L_CUDA=EMU >/dev/null
-cmake --build "$BUILD_DIR" --target l2l_gpu_tests l2l_cuda_emu_tests l2l-eps l2l-worker l2lctl -j "${L2L_JOBS:-$(nproc)}"
+cmake --build "$BUILD_DIR" --target l2l_gpu_tests l2l_cuda_emu_tests l2l-eps l2l-worker l2lctl l2l-bench-relay -j "${L2L_JOBS:-$(nproc)}"
 root=$PWD
 cd "$BUILD_DIR"
 bash "$root/scripts/ctest_stage.sh" emu -L emu --output-on-failure --no-tests=error -j "$(nproc)" "$@"

@@ -16,12 +16,21 @@ properties, not by hard-coded numbers:
  * the interleaved optimizer chosen by the model is never slower than no interleave,
    and at --gpu-fraction 0 its step equals the no-interleave step exactly;
  * the table says it is a model, and bad flags exit non-zero.
-Both hardware presets (h100, dgx2) are checked. Exits non-zero on the first failure.
+Both hardware presets (h100, dgx2) are checked.
+--rates-json (measured rates, as scripts/bench_gpu.sh writes them): on one device the
+forward and backward times equal this file's own evaluation of the model's per-layer rule
+(each layer costs the slowest of its compute -- matmuls at matmul_tflops plus attention at
+attention_tflops -- its weight fetch at h2d_gbps and, in the backward, its gradient push at
+d2h_gbps) for GPT-2 XL and Qwen2.5-1.5B, once compute-bound and once link-bound; a
+different matmul rate moves the prediction, the file equals the same rates given as flags,
+flags override the file, and bad files are errors. Exits non-zero on the first failure.
 """
 import json
 import math
+import os
 import subprocess
 import sys
+import tempfile
 
 
 def fail(msg):
@@ -84,12 +93,129 @@ def check(binary, hw, extra, monotone):
                      % (hw, m, n, bwc, j["step_s"], base["step_s"]))
 
 
+# The shapes as published (Hugging Face configs), independent of common/relay_model.cc:
+# layers, d_model, d_ff, vocab, gated MLP, tied embeddings, key/value width.
+SHAPES = {
+    "gpt2-xl": (48, 1600, 6400, 50257, False, True, 1600),
+    "qwen2.5-1.5b": (28, 1536, 8960, 151936, True, True, 2 * 128),
+}
+
+
+def expected_one_device(name, T, tokens, r):
+    """forward_s, backward_s of one device fetching whole layers, from the model's rule."""
+    L, d, ff, V, gated, tied, kv = SHAPES[name]
+    mm, at = r["matmul_tflops"] * 1e12, r["attention_tflops"] * 1e12
+    h2d, d2h, host = r["h2d_gbps"] * 1e9, r["d2h_gbps"] * 1e9, r["host_gbps"] * 1e9
+    block = 2 * d * d + 2 * d * kv + (3 if gated else 2) * d * ff
+    pos = T * d if tied else 0
+    layers = [(0, 0, V * d + pos, max(pos, 1) if tied else V * d)]            # embedding
+    layers += [(2 * block, 4 * T * d, block, block)] * L                      # blocks
+    layers += [(2 * V * d, 0, V * d, V * d)]                                  # head
+    fwd = bwd = 0.0
+    for mm_flops, at_flops, fetch_params, update_params in layers:
+        compute = mm_flops * tokens / mm + at_flops * tokens / at
+        fetch = max(2 * fetch_params / h2d, 2 * fetch_params / host)           # bf16 published
+        push = max(4 * update_params / d2h, 4 * update_params / host)          # fp32 gradient
+        fwd += max(compute, fetch)
+        bwd += max(3 * compute, fetch, push)                                   # recompute + 2x
+    return fwd, bwd
+
+
+def write_json(obj):
+    fd, path = tempfile.mkstemp(suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        f.write(obj if isinstance(obj, str) else json.dumps(obj))
+    return path
+
+
+def check_rates(binary):
+    T, seqs = 1024, 16
+    common = ["--devices", "1", "--sequences", str(seqs), "--seq-len", str(T), "--shapes", "gpt2-xl,qwen2.5-1.5b"]
+    cases = {
+        "compute-bound": {"matmul_tflops": 640.0, "attention_tflops": 210.0, "h2d_gbps": 5000.0,
+                          "d2h_gbps": 4000.0, "host_gbps": 9000.0, "device": "test"},
+        "link-bound": {"matmul_tflops": 700.0, "attention_tflops": 350.0, "h2d_gbps": 3.0,
+                       "d2h_gbps": 2.0, "host_gbps": 500.0, "device": "test"},
+    }
+    files = []
+    try:
+        results = {}
+        for label, rates in cases.items():
+            path = write_json(rates)
+            files.append(path)
+            rows = run(binary, "--rates-json", path, *common)
+            if sorted({k[0] for k in rows}) != sorted(SHAPES):
+                fail("--shapes printed %r" % sorted({k[0] for k in rows}))
+            for m in SHAPES:
+                j = rows[(m, 1, False, False)]
+                fwd, bwd = expected_one_device(m, T, seqs * T, rates)
+                for what, got, want in (("forward_s", j["forward_s"], fwd), ("backward_s", j["backward_s"], bwd)):
+                    if not abs(got - want) <= 1e-9 * want:
+                        fail("%s %s: %s %r, the model's rule gives %r" % (label, m, what, got, want))
+                if j["tokens_per_step"] != seqs * T or j["seq_len"] != T:
+                    fail("%s %s: tokens_per_step %r seq_len %r" % (label, m, j["tokens_per_step"], j["seq_len"]))
+            results[label] = rows
+            # The same rates as flags give the same prediction, bit for bit (--pcie-gbps sets
+            # both directions; the file sets them apart, so compare a file whose h2d equals d2h).
+            same = dict(rates, d2h_gbps=rates["h2d_gbps"])
+            p2 = write_json(same)
+            files.append(p2)
+            flags = run(binary, "--tflops", str(rates["matmul_tflops"]), "--attention-tflops",
+                        str(rates["attention_tflops"]), "--host-gbps", str(rates["host_gbps"]),
+                        "--pcie-gbps", str(rates["h2d_gbps"]), *common)
+            if run(binary, "--rates-json", p2, *common) != flags:
+                fail("%s: --rates-json differs from the same rates given as flags" % label)
+        # A slower matmul rate moves the compute-bound prediction (and the rule above still holds).
+        slow = dict(cases["compute-bound"], matmul_tflops=320.0)
+        p3 = write_json(slow)
+        files.append(p3)
+        rows = run(binary, "--rates-json", p3, *common)
+        for m in SHAPES:
+            a, b = rows[(m, 1, False, False)]["step_s"], results["compute-bound"][(m, 1, False, False)]["step_s"]
+            if not a > b * 1.3:
+                fail("%s: halving matmul_tflops moved the compute-bound step only from %r to %r" % (m, b, a))
+            fwd, _ = expected_one_device(m, T, seqs * T, slow)
+            if not abs(rows[(m, 1, False, False)]["forward_s"] - fwd) <= 1e-9 * fwd:
+                fail("%s at 320 TFLOP/s: forward_s differs from the model's rule" % m)
+        # Flags override the file.
+        rows = run(binary, "--rates-json", p3, "--tflops", "640", *common)
+        for m in SHAPES:
+            if rows[(m, 1, False, False)]["forward_s"] != results["compute-bound"][(m, 1, False, False)]["forward_s"]:
+                fail("%s: --tflops did not override the file's matmul_tflops" % m)
+        # attention_tflops absent: the attention runs at the matmul rate.
+        p4 = write_json({k: v for k, v in cases["compute-bound"].items() if k != "attention_tflops"})
+        files.append(p4)
+        rows = run(binary, "--rates-json", p4, *common)
+        for m in SHAPES:
+            fwd, _ = expected_one_device(m, T, seqs * T, dict(cases["compute-bound"], attention_tflops=640.0))
+            if not abs(rows[(m, 1, False, False)]["forward_s"] - fwd) <= 1e-9 * fwd:
+                fail("%s: without attention_tflops the attention is not at the matmul rate" % m)
+        # Bad files are errors that name the problem.
+        for bad, why in (('{"matmul_tflops": "fast"}', "matmul_tflops"), ('{"h2d_gbps": -1}', "h2d_gbps"),
+                         ('{"device": "H100"}', "none of the rate keys"), ("[1, 2]", "not a JSON object"),
+                         ("{not json", "not valid JSON")):
+            pb = write_json(bad)
+            files.append(pb)
+            p = subprocess.run([binary, "--simulate", "--rates-json", pb], capture_output=True, text=True, timeout=60)
+            if p.returncode == 0 or why not in p.stderr:
+                fail("--rates-json %s: rc %d, stderr %r (wanted an error naming %r)" % (bad, p.returncode, p.stderr, why))
+        p = subprocess.run([binary, "--simulate", "--rates-json", "/nonexistent/rates.json"], capture_output=True,
+                           text=True, timeout=60)
+        if p.returncode == 0 or "/nonexistent/rates.json" not in p.stderr:
+            fail("a missing --rates-json file was not an error naming it")
+    finally:
+        for path in files:
+            os.unlink(path)
+
+
 def main():
     binary = sys.argv[1]
+    check_rates(binary)
     check(binary, "h100", ["--nvlink-gbps", "450"], monotone=True)
     check(binary, "dgx2", [], monotone=True)
     check(binary, "h100", [], monotone=False)
-    for bad in (["--hw", "tpu"], ["--gpu-fraction", "1.5"], ["--devices", "0"]):
+    for bad in (["--hw", "tpu"], ["--gpu-fraction", "1.5"], ["--devices", "0"], ["--shapes", "gpt5"],
+                ["--seq-len", "-1"]):
         p = subprocess.run([binary, "--simulate", *bad], capture_output=True, text=True, timeout=60)
         if p.returncode == 0:
             fail("--simulate %s succeeded" % " ".join(bad))

@@ -29,6 +29,34 @@ TEST_CASE("the model's shapes have the published parameter counts", "[common][re
   const RelayHardware hw = H100TestbedHardware();
   CHECK(static_cast<double>(Sim(Gpt2XlShape(), hw, 1, false, false).params) == Approx(1557611200.0).epsilon(1e-3));
   CHECK(static_cast<double>(Sim(Llama7bShape(), hw, 1, false, false).params) == Approx(6738415616.0).epsilon(1e-3));
+  // Qwen2.5-1.5B: 1,543,714,304 (configs/models/qwen2.5-1.5b.yaml); its k and v are 256 wide.
+  CHECK(static_cast<double>(Sim(Qwen25_1_5bShape(), hw, 1, false, false).params) == Approx(1543714304.0).epsilon(1e-3));
+  for (const char* name : {"gpt2-xl", "llama-7b", "qwen2.5-1.5b"}) {
+    Result<RelayShape> s = RelayShapeByName(name);
+    REQUIRE(s.ok());
+    CHECK(s->name == name);
+  }
+  CHECK(!RelayShapeByName("gpt-5").ok());
+}
+
+TEST_CASE("the attention's own rate: 0 is the matmul rate, a slower one costs only compute",
+          "[common][relay_model]") {
+  RelayHardware hw = H100TestbedHardware();
+  hw.pcie_h2d = hw.pcie_d2h = hw.host_aggregate = 1e15;  // compute binds every layer but the embedding
+  const RelaySimResult base = Sim(Gpt2XlShape(), hw, 1, false, false);
+  RelayHardware same = hw;
+  same.attention_flops = hw.device_flops;
+  CHECK(Sim(Gpt2XlShape(), same, 1, false, false).forward_s == Approx(base.forward_s).epsilon(1e-12));
+  RelayHardware slow = hw;
+  slow.attention_flops = hw.device_flops / 2;
+  // GPT-2 XL forward per token: 48 x 4 x 1024 x 1600 attention FLOPs; at half the rate they
+  // add their own time once more.
+  const double attn_s = 48.0 * 4 * 1024 * 1600 * (8 * 1024) / hw.device_flops;
+  CHECK(Sim(Gpt2XlShape(), slow, 1, false, false).forward_s == Approx(base.forward_s + attn_s).epsilon(1e-9));
+  slow.attention_flops = -1;
+  RelayWorkload w;
+  w.tokens_per_step = 1024;
+  CHECK(!SimulateRelayStep(Gpt2XlShape(), w, slow, RelaySimOptions{}).ok());
 }
 
 // More devices with bandwidth-centric fetch are never slower while the NVLink collectives
