@@ -68,12 +68,7 @@ __global__ void GeluForwardKernel(float* out, const float* inp, int64_t n) {
 
 __global__ void GeluBackwardKernel(float* dinp, const float* inp, const float* dout, int64_t n) {
   L2L_GRID_STRIDE(i, n) {
-    float x = inp[i];
-    float u = kGeluScale * (x + 0.044715f * x * x * x);
-    float th = tanhf(u);
-    float sech2 = 1.0f - th * th;
-    float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] += grad * dout[i];
+    dinp[i] += GeluTanhGrad(inp[i]) * dout[i];
   }
 }
 
