@@ -132,6 +132,15 @@ class CudaBackend final : public Backend {
     Status st = gemm_.Run(a, stream());
     L2L_CHECK(st.ok()) << name_ << " Gemm: " << st.ToString();
   }
+  // The GEMM (fp32, tf32 or bf16 as Gemm), then bias, residual or GELU in one pass over y
+  // (elementwise.cu) instead of AddBias + Add / GeluForward: the same bits as the default.
+  void LinearForward(float* y, const float* x, const float* w, bool trans_w, const float* bias,
+                     int64_t N, int64_t IC, int64_t OC, float* act, const float* residual) override {
+    L2L_CHECK(act == nullptr || residual == nullptr) << name_ << " LinearForward: act and residual are exclusive";
+    Gemm(false, trans_w, N, OC, IC, 1.0f, x, IC, w, trans_w ? IC : OC, 0.0f, y, OC);
+    MakeCurrent();
+    LaunchLinearEpilogue(y, bias, act, residual, N, OC, stream());
+  }
   void AddBias(float* out, const float* bias, int64_t N, int64_t OC) override {
     MakeCurrent();
     LaunchAddBias(out, bias, N, OC, stream());

@@ -39,6 +39,11 @@ void LaunchGeluBackward(float* dinp, const float* inp, const float* dout, int64_
                         cudaStream_t s);
 // out (N,OC) += bias (OC).
 void LaunchAddBias(float* out, const float* bias, int64_t N, int64_t OC, cudaStream_t s);
+// Backend::LinearForward's epilogue after its GEMM, in one pass over y (N,OC): y += bias
+// (when not null), then y += residual (when not null) or act = gelu_tanh(y) (when act is
+// not null). The same bits as LaunchAddBias, LaunchAdd and LaunchGeluForward in turn.
+void LaunchLinearEpilogue(float* y, const float* bias, float* act, const float* residual, int64_t N,
+                          int64_t OC, cudaStream_t s);
 // out (B,T,C) = wte[tokens] + wpe[t].
 void LaunchEmbeddingForward(float* out, const int32_t* tokens, const float* wte,
                             const float* wpe, int64_t B, int64_t T, int64_t C, cudaStream_t s);

@@ -111,10 +111,10 @@ __global__ void LayerNormBackwardFusedKernel(float* partial, float* dinp, const 
     float* dx = dinp + row * C;
     const float* base = dresid != nullptr ? dresid + row * C : dx;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const float xhat = (x[c] - m) * r;
-      dx[c] = base[c] + r * (dy[c] * weight[c] - sg - xhat * sgx);
-      sdw[c] += dy[c] * xhat;
-      sdb[c] += dy[c];
+      const float xhat = (x[c] - m) * r, d = dy[c];
+      dx[c] = base[c] + r * (d * weight[c] - sg - xhat * sgx);
+      sdw[c] += d * xhat;
+      sdb[c] += d;
     }
   }
   const int64_t groups = gridDim.x;
@@ -146,9 +146,9 @@ __global__ void RMSNormBackwardFusedKernel(float* partial, float* dinp, const fl
     float* dx = dinp + row * C;
     const float* base = dresid != nullptr ? dresid + row * C : dx;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-      const float norm = x[c] * r;
-      dx[c] = base[c] + r * (weight[c] * dy[c] - norm * mean_dot);
-      sdw[c] += norm * dy[c];
+      const float norm = x[c] * r, d = dy[c];
+      dx[c] = base[c] + r * (weight[c] * d - norm * mean_dot);
+      sdw[c] += norm * d;
     }
   }
   for (int64_t c = threadIdx.x; c < C; c += blockDim.x) partial[blockIdx.x * C + c] = sdw[c];

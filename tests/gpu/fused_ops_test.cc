@@ -4,12 +4,14 @@
 //     parameter-gradient partials together) for C up to kFused{Layer,Rms}NormMaxC, the
 //     two-pass kernels above (shapes on both sides of the limit);
 //   GeluBackwardBias: one pass writing the gradient and the bias partials;
-//   SwiGLUBackwardInto: the backward without the zeroing pass.
+//   SwiGLUBackwardInto: the backward without the zeroing pass;
+//   LinearForward: the GEMM, then bias + residual or bias + GELU in one pass.
 // Tolerances as conformance_test.cc (fp32 on both sides; the differences are summation
 // order): inputs gradients atol/rtol 1e-4, parameter gradients (column sums) 4e-4 / 1e-4,
 // elementwise 1e-5 / 1e-4. On the GPU itself the fused ops equal their composition bit for
 // bit (the residual forms run the same kernel as the accumulating ones; GeluBackwardBias
-// keeps BiasBackward's summation order). Label gpu (and emu on the emulator).
+// keeps BiasBackward's summation order; LinearForward's epilogue does AddBias, Add and
+// GeluForward's operations in their order). Label gpu (and emu on the emulator).
 #include <catch2/catch.hpp>
 
 #include <array>
@@ -141,6 +143,39 @@ TEST_CASE("cuda SwiGLUBackwardInto overwrites, matches the cpu and the gpu's Zer
   b.gpu->Zero(u.g(), u.bytes);
   b.gpu->SwiGLUBackward(u.g(), dout.g(), gu.g(), N, F);
   CHECK(u.FromGpu(b) == dgu.FromGpu(b));  // equal values (a -0 may stand for +0)
+}
+
+TEST_CASE("cuda LinearForward with its one-pass epilogue matches the cpu and the gpu's separate ops",
+          "[gpu][fused]") {
+  Backends& b = Both();
+  const int64_t N = GENERATE(1, 67), IC = 48, OC = GENERATE(7, 200);
+  const bool trans_w = GENERATE(false, true);
+  CAPTURE(N, OC, trans_w);
+  std::mt19937 rng(static_cast<unsigned>(N * 5 + OC + trans_w));
+  Twin x = Twin::Of(b, RandomVec(rng, N * IC)), w = Twin::Of(b, RandomVec(rng, IC * OC));
+  Twin bias = Twin::Of(b, RandomVec(rng, OC)), res = Twin::Of(b, RandomVec(rng, N * OC));
+  struct Form {
+    const char* name;
+    bool bias, act, residual;
+  };
+  for (const Form f : {Form{"plain", false, false, false}, Form{"bias", true, false, false},
+                       Form{"bias+gelu", true, true, false}, Form{"gelu", false, true, false},
+                       Form{"bias+residual", true, false, true}, Form{"residual", false, false, true}}) {
+    INFO(f.name);
+    Twin y = Twin::Of(b, RandomVec(rng, N * OC)), act = Twin::Of(b, RandomVec(rng, N * OC));
+    b.cpu->LinearForward(y.c(), x.c(), w.c(), trans_w, f.bias ? bias.c() : nullptr, N, IC, OC,
+                         f.act ? act.c() : nullptr, f.residual ? res.c() : nullptr);
+    b.gpu->LinearForward(y.g(), x.g(), w.g(), trans_w, f.bias ? bias.g() : nullptr, N, IC, OC,
+                         f.act ? act.g() : nullptr, f.residual ? res.g() : nullptr);
+    ExpectTwinClose(b, y, kGemmAtol, kGemmRtol, "LinearForward y");
+    if (f.act) ExpectTwinClose(b, act, kGemmAtol, kGemmRtol, "LinearForward act");
+    // The default (Gemm, AddBias, GeluForward / Add) on the GPU: the same bits.
+    Twin uy = Twin::Of(b, RandomVec(rng, N * OC)), uact = Twin::Of(b, RandomVec(rng, N * OC));
+    b.gpu->Backend::LinearForward(uy.g(), x.g(), w.g(), trans_w, f.bias ? bias.g() : nullptr, N, IC, OC,
+                                  f.act ? uact.g() : nullptr, f.residual ? res.g() : nullptr);
+    CHECK(uy.FromGpu(b) == y.FromGpu(b));
+    if (f.act) CHECK(uact.FromGpu(b) == act.FromGpu(b));
+  }
 }
 
 }  // namespace
