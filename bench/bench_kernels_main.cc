@@ -9,7 +9,9 @@
 //     dev VM oneDNN's GEMM kernels beat it (FMA latency there seems longer than 12
 //     chains cover), so read %fma as relative, and GFLOP/s as the figure;
 //   * whole BlockForward/BlockBackward (recompute included) time and GFLOP/s, and the
-//     causal attention's forward and backward alone.
+//     causal attention's forward and backward alone;
+//   * the fused elementwise backward ops (LayerNormBackwardResidual, RMSNormBackwardResidual,
+//     SwiGLUBackwardInto) against the copy / Zero + op they replace, at the block's shapes.
 // A benchmark, not a test: it never fails on speed. Runs in well under 30 s by default.
 #include <sys/wait.h>
 #include <unistd.h>
@@ -342,6 +344,53 @@ int Run(int argc, char** argv) {
               0.5 * att / taf / 1e9, 100.0 * taf / tf);
   std::printf("attention bwd : %8.2f ms  %6.1f GFLOP/s  (%.1f%% of the block backward)\n", tab * 1e3,
               att / tab / 1e9, 100.0 * tab / tb);
+
+  // The fused elementwise backward ops against the composition they replace, at the
+  // block's shapes (N rows of C; SwiGLU's gate|up rows of 2F): the residual-gradient
+  // norm backwards (copy + accumulate vs one pass) and SwiGLU's (Zero + accumulate vs
+  // one pass). Inputs are the workspace's (their values do not change the work).
+  std::vector<float> gamma(size_t(C), 1.0f), dgamma(size_t(C), 0.0f), dbeta(size_t(C), 0.0f),
+      gu(size_t(N * 2 * F)), dgu(gu.size()), dh(size_t(N * F)), stat_m(static_cast<size_t>(N)), stat_r(static_cast<size_t>(N)),
+      normed(x.size());
+  for (auto* v : {&gu, &dh})
+    for (float& f : *v) f = u(rng);
+  be->LayerNormForward(normed.data(), stat_m.data(), stat_r.data(), x.data(), gamma.data(), dbeta.data(), N, C);
+  const size_t nc_bytes = size_t(N * C) * sizeof(float);
+  struct Pair {
+    const char* name;
+    double unfused, fused;
+  };
+  const Pair pairs[] = {
+      {"LayerNormBackwardResidual",
+       BestTime([&] {
+         be->CopyDeviceToDevice(dx.data(), dy.data(), nc_bytes);
+         be->LayerNormBackward(dx.data(), dgamma.data(), dbeta.data(), normed.data(), x.data(), gamma.data(),
+                               stat_m.data(), stat_r.data(), N, C);
+       }, min_seconds),
+       BestTime([&] {
+         be->LayerNormBackwardResidual(dx.data(), dgamma.data(), dbeta.data(), dy.data(), normed.data(), x.data(),
+                                       gamma.data(), stat_m.data(), stat_r.data(), N, C);
+       }, min_seconds)},
+      {"RMSNormBackwardResidual",
+       BestTime([&] {
+         be->CopyDeviceToDevice(dx.data(), dy.data(), nc_bytes);
+         be->RMSNormBackward(dx.data(), dgamma.data(), normed.data(), x.data(), gamma.data(), stat_r.data(), N, C);
+       }, min_seconds),
+       BestTime([&] {
+         be->RMSNormBackwardResidual(dx.data(), dgamma.data(), dy.data(), normed.data(), x.data(), gamma.data(),
+                                     stat_r.data(), N, C);
+       }, min_seconds)},
+      {"SwiGLUBackwardInto",
+       BestTime([&] {
+         be->Zero(dgu.data(), dgu.size() * sizeof(float));
+         be->SwiGLUBackward(dgu.data(), dh.data(), gu.data(), N, F);
+       }, min_seconds),
+       BestTime([&] { be->SwiGLUBackwardInto(dgu.data(), dh.data(), gu.data(), N, F); }, min_seconds)},
+  };
+  std::printf("\n%-26s %12s %12s %8s\n", "fused op (vs composition)", "unfused ms", "fused ms", "speedup");
+  for (const Pair& p : pairs) {
+    std::printf("%-26s %12.3f %12.3f %7.2fx\n", p.name, p.unfused * 1e3, p.fused * 1e3, p.unfused / p.fused);
+  }
   return 0;
 }
 

@@ -121,6 +121,27 @@ void Backend::GeluBackwardBias(float* dinp, float* dbias, const float* inp, cons
   if (dbias != nullptr) BiasBackward(dbias, dinp, N, F);
 }
 
+void Backend::LayerNormBackwardResidual(float* dinp, float* dweight, float* dbias,
+                                        const float* dresid, const float* dout, const float* inp,
+                                        const float* weight, const float* mean, const float* rstd,
+                                        int64_t N, int64_t C) {
+  if (dinp != dresid) CopyDeviceToDevice(dinp, dresid, size_t(N * C) * sizeof(float));
+  LayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+}
+
+void Backend::RMSNormBackwardResidual(float* dinp, float* dweight, const float* dresid,
+                                      const float* dout, const float* inp, const float* weight,
+                                      const float* rstd, int64_t N, int64_t C) {
+  if (dinp != dresid) CopyDeviceToDevice(dinp, dresid, size_t(N * C) * sizeof(float));
+  RMSNormBackward(dinp, dweight, dout, inp, weight, rstd, N, C);
+}
+
+void Backend::SwiGLUBackwardInto(float* dgate_up, const float* dout, const float* gate_up,
+                                 int64_t N, int64_t F) {
+  Zero(dgate_up, size_t(N * 2 * F) * sizeof(float));
+  SwiGLUBackward(dgate_up, dout, gate_up, N, F);
+}
+
 void Backend::CrossEntropyForwardBackward(float* losses, float* dlogits, const float* logits,
                                           const int32_t* targets, float scale, int64_t N, int64_t V) {
   CrossEntropyForward(losses, dlogits, logits, targets, N, V);

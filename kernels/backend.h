@@ -227,6 +227,16 @@ class Backend {
   virtual void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                                  const float* inp, const float* weight, const float* mean,
                                  const float* rstd, int64_t N, int64_t C) = 0;
+  // LayerNormBackward with the residual stream's gradient folded in (a pre-LN block's
+  // "dx = dresid; dx += norm backward" in one pass instead of a copy and the op):
+  // dinp (N,C) = dresid + the gradient through the norm (OVERWRITTEN; dinp may alias
+  // dresid, nothing else); dweight (C) +=, dbias (C) += as LayerNormBackward. The same
+  // bits as CopyDeviceToDevice(dinp, dresid) then LayerNormBackward on every backend (the
+  // default runs exactly those).
+  virtual void LayerNormBackwardResidual(float* dinp, float* dweight, float* dbias,
+                                         const float* dresid, const float* dout, const float* inp,
+                                         const float* weight, const float* mean, const float* rstd,
+                                         int64_t N, int64_t C);
   // Causal multi-head self-attention. qkv (B,T,3C) holds q|k|v per row, each split in NH
   // heads of hs. out (B,T,C) = softmax(q k^T / sqrt(hs), causal) v per head (heads
   // concatenated). att (B,NH,T,T floats) is this backend's stash for its backward: pass it
@@ -291,6 +301,13 @@ class Backend {
   //   dweight (C) += sum_n dout * norm   (deterministic: rows summed in a fixed order)
   virtual void RMSNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                                const float* weight, const float* rstd, int64_t N, int64_t C);
+  // RMSNormBackward with the residual stream's gradient folded in, as
+  // LayerNormBackwardResidual: dinp (N,C) = dresid + the gradient through the norm
+  // (OVERWRITTEN; dinp may alias dresid, nothing else); dweight (C) += as RMSNormBackward.
+  // The same bits as CopyDeviceToDevice(dinp, dresid) then RMSNormBackward (the default).
+  virtual void RMSNormBackwardResidual(float* dinp, float* dweight, const float* dresid,
+                                       const float* dout, const float* inp, const float* weight,
+                                       const float* rstd, int64_t N, int64_t C);
   // Rotary position embedding, IN PLACE, Hugging Face's "rotate_half" convention. x holds
   // N = B*T rows, row n starting at x + n*row_stride, position t = n % T; each row has
   // n_heads heads of hs (even) contiguous floats from its start. For head element
@@ -314,6 +331,11 @@ class Backend {
   // silu'(g) = sigmoid(g) * (1 + g * (1 - sigmoid(g))).
   virtual void SwiGLUBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
                               int64_t F);
+  // SwiGLUBackward into a fresh gradient: dgate_up (N,2F) = [...] (OVERWRITTEN, not
+  // accumulated), without the separate zeroing pass. Equal to Zero then SwiGLUBackward
+  // (the default) value for value (0 + x == x; only a -0 may come out as +0 there).
+  virtual void SwiGLUBackwardInto(float* dgate_up, const float* dout, const float* gate_up,
+                                  int64_t N, int64_t F);
   // Causal grouped-query attention. qkv (B,T,W) holds per row q (NH heads of hs), then k
   // (NKV heads), then v (NKV heads). Query head h attends with key/value head
   // h / (NH/NKV) (Hugging Face's repeat_kv). out (B,T,NH*hs) = softmax(q k^T / sqrt(hs),

@@ -316,6 +316,21 @@ void CpuBackend::LayerNormBackward(float* dinp, float* dweight, float* dbias, co
   });
 }
 
+void CpuBackend::LayerNormBackwardResidual(float* dinp, float* dweight, float* dbias,
+                                           const float* dresid, const float* dout, const float* inp,
+                                           const float* weight, const float* mean, const float* rstd,
+                                           int64_t N, int64_t C) {
+  InArena([&] {
+    ReduceRowChunks(&row_partials_, N, C, {dweight, dbias}, [&](int64_t r0, int64_t r1, float* part) {
+      for (int64_t n = r0; n < r1; ++n) {
+        if (dinp != dresid) std::copy(dresid + n * C, dresid + (n + 1) * C, dinp + n * C);
+        LayerNormRowBackward(dinp + n * C, part, part + C, inp + n * C, dout + n * C, weight, mean[n], rstd[n],
+                             C);
+      }
+    });
+  });
+}
+
 // ---- cross-entropy -------------------------------------------------------------------
 
 namespace {

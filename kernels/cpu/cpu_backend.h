@@ -96,6 +96,11 @@ class CpuBackend final : public Backend {
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, const float* mean,
                          const float* rstd, int64_t N, int64_t C) override;
+  // The copy of dresid rides in the same row loop (each row copied, then its backward,
+  // while it is in cache): the same bits as the default's copy + LayerNormBackward.
+  void LayerNormBackwardResidual(float* dinp, float* dweight, float* dbias, const float* dresid,
+                                 const float* dout, const float* inp, const float* weight,
+                                 const float* mean, const float* rstd, int64_t N, int64_t C) override;
   void AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
                         int64_t NH) override;
   void AttentionBackward(float* dqkv, float* scratch, const float* dout, const float* qkv,
@@ -117,6 +122,9 @@ class CpuBackend final : public Backend {
                       int64_t C, float eps) override;
   void RMSNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                        const float* weight, const float* rstd, int64_t N, int64_t C) override;
+  void RMSNormBackwardResidual(float* dinp, float* dweight, const float* dresid, const float* dout,
+                               const float* inp, const float* weight, const float* rstd, int64_t N,
+                               int64_t C) override;
   void RopeForward(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
                    int64_t row_stride, int64_t n_heads, int64_t hs) override;
   void RopeBackward(float* dx, const float* cos, const float* sin, int64_t B, int64_t T,
@@ -124,6 +132,8 @@ class CpuBackend final : public Backend {
   void SwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F) override;
   void SwiGLUBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
                       int64_t F) override;
+  void SwiGLUBackwardInto(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
+                          int64_t F) override;
   void AttentionForwardGqa(float* out, float* att, const float* qkv, int64_t B, int64_t T,
                            int64_t NH, int64_t NKV, int64_t hs) override;
   void AttentionBackwardGqa(float* dqkv, float* scratch, const float* dout, const float* qkv,

@@ -132,6 +132,15 @@ class CudaBackend final : public Backend {
     Status st = gemm_.Run(a, stream());
     L2L_CHECK(st.ok()) << name_ << " Gemm: " << st.ToString();
   }
+  // The GEMM (fp32, tf32 or bf16 as Gemm), then bias, residual or GELU in one pass over y
+  // (elementwise.cu) instead of AddBias + Add / GeluForward: the same bits as the default.
+  void LinearForward(float* y, const float* x, const float* w, bool trans_w, const float* bias,
+                     int64_t N, int64_t IC, int64_t OC, float* act, const float* residual) override {
+    L2L_CHECK(act == nullptr || residual == nullptr) << name_ << " LinearForward: act and residual are exclusive";
+    Gemm(false, trans_w, N, OC, IC, 1.0f, x, IC, w, trans_w ? IC : OC, 0.0f, y, OC);
+    MakeCurrent();
+    LaunchLinearEpilogue(y, bias, act, residual, N, OC, stream());
+  }
   void AddBias(float* out, const float* bias, int64_t N, int64_t OC) override {
     MakeCurrent();
     LaunchAddBias(out, bias, N, OC, stream());
@@ -191,6 +200,17 @@ class CudaBackend final : public Backend {
     MakeCurrent();
     LaunchGeluBackward(dinp, inp, dout, n, stream());
   }
+  // One pass (reduce.cu): the default's Zero, GeluBackward and BiasBackward read and wrote
+  // dinp three times; the same summation order as BiasBackward.
+  void GeluBackwardBias(float* dinp, float* dbias, const float* inp, const float* dout, int64_t N,
+                        int64_t F) override {
+    if (N <= 0 || F <= 0) return;
+    MakeCurrent();
+    const int64_t groups = ColumnSumGroups(N);
+    float* scratch =
+        dbias != nullptr ? static_cast<float*>(Scratch(sizeof(float) * groups * F)) : nullptr;
+    LaunchGeluBackwardBias(dinp, dbias, inp, dout, N, F, scratch, groups, stream());
+  }
   double SumSquares(const float* x, int64_t n) override {
     if (n <= 0) return 0.0;
     MakeCurrent();
@@ -226,12 +246,18 @@ class CudaBackend final : public Backend {
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, const float* mean,
                          const float* rstd, int64_t N, int64_t C) override {
+    LayerNormBackwardResidual(dinp, dweight, dbias, nullptr, dout, inp, weight, mean, rstd, N, C);
+  }
+  // One pass when C <= kFusedLayerNormMaxC (reduce.cu); dresid null: accumulate into dinp.
+  void LayerNormBackwardResidual(float* dinp, float* dweight, float* dbias, const float* dresid,
+                                 const float* dout, const float* inp, const float* weight,
+                                 const float* mean, const float* rstd, int64_t N, int64_t C) override {
     if (N <= 0 || C <= 0) return;
     MakeCurrent();
-    const int64_t groups = ColumnSumGroups(N);
+    const int64_t groups = NormBackwardGroups(N, C, kFusedLayerNormMaxC);
     float* scratch = static_cast<float*>(Scratch(sizeof(float) * 2 * groups * C));
-    LaunchLayerNormBackward(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, scratch,
-                            groups, stream());
+    LaunchLayerNormBackward(dinp, dweight, dbias, dresid, dout, inp, weight, mean, rstd, N, C,
+                            scratch, groups, stream());
   }
   void AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
                         int64_t C, int64_t NH) override {
@@ -279,11 +305,18 @@ class CudaBackend final : public Backend {
   }
   void RMSNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                        const float* weight, const float* rstd, int64_t N, int64_t C) override {
+    RMSNormBackwardResidual(dinp, dweight, nullptr, dout, inp, weight, rstd, N, C);
+  }
+  // One pass when C <= kFusedRmsNormMaxC (reduce.cu); dresid null: accumulate into dinp.
+  void RMSNormBackwardResidual(float* dinp, float* dweight, const float* dresid, const float* dout,
+                               const float* inp, const float* weight, const float* rstd, int64_t N,
+                               int64_t C) override {
     if (N <= 0 || C <= 0) return;
     MakeCurrent();
-    const int64_t groups = ColumnSumGroups(N);
+    const int64_t groups = NormBackwardGroups(N, C, kFusedRmsNormMaxC);
     float* scratch = static_cast<float*>(Scratch(sizeof(float) * groups * C));
-    LaunchRMSNormBackward(dinp, dweight, dout, inp, weight, rstd, N, C, scratch, groups, stream());
+    LaunchRMSNormBackward(dinp, dweight, dresid, dout, inp, weight, rstd, N, C, scratch, groups,
+                          stream());
   }
   void RopeForward(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
                    int64_t row_stride, int64_t n_heads, int64_t hs) override {
@@ -304,7 +337,12 @@ class CudaBackend final : public Backend {
   void SwiGLUBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
                       int64_t F) override {
     MakeCurrent();
-    LaunchSwiGLUBackward(dgate_up, dout, gate_up, N, F, stream());
+    LaunchSwiGLUBackward(dgate_up, dout, gate_up, N, F, /*accumulate=*/true, stream());
+  }
+  void SwiGLUBackwardInto(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
+                          int64_t F) override {
+    MakeCurrent();
+    LaunchSwiGLUBackward(dgate_up, dout, gate_up, N, F, /*accumulate=*/false, stream());
   }
   void AttentionForwardGqa(float* out, float* att, const float* qkv, int64_t B, int64_t T,
                            int64_t NH, int64_t NKV, int64_t hs) override {

@@ -64,4 +64,21 @@ __device__ __forceinline__ float BlockMax(float v, float* smem) {
   return WarpMax(v);
 }
 
+inline constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+
+// GELU, tanh approximation (kernels/backend.h GeluForward). One definition for
+// GeluForward and the fused linear epilogue (elementwise.cu), so they give the same bits.
+__device__ __forceinline__ float GeluTanh(float x) {
+  return 0.5f * x * (1.0f + tanhf(kGeluScale * (x + 0.044715f * x * x * x)));
+}
+
+// d/dx of GeluTanh at x. Shared by GeluBackward (elementwise.cu) and the fused
+// GeluBackwardBias (reduce.cu).
+__device__ __forceinline__ float GeluTanhGrad(float x) {
+  float u = kGeluScale * (x + 0.044715f * x * x * x);
+  float th = tanhf(u);
+  float sech2 = 1.0f - th * th;
+  return 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 }  // namespace l2l::kernels::cuda

@@ -1,5 +1,5 @@
 // Elementwise CUDA kernels (grid-stride loops, int64 indices): add/axpy/scale, GELU,
-// bias add, embedding forward, cross-entropy backward, f32<->bf16 casts, counter-based
+// bias add, the linear layer's epilogue (bias + residual or GELU in one pass), embedding forward, cross-entropy backward, f32<->bf16 casts, counter-based
 // dropout (LoRA's adapter input). Launchers are
 // declared in ops.h; each takes its stream and checks the launch.
 #include <cuda_bf16.h>
@@ -57,23 +57,27 @@ __global__ void CounterDropoutKernel(float* out, int64_t ldo, const float* x, in
   }
 }
 
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
-
 __global__ void GeluForwardKernel(float* out, const float* inp, int64_t n) {
-  L2L_GRID_STRIDE(i, n) {
-    float x = inp[i];
-    out[i] = 0.5f * x * (1.0f + tanhf(kGeluScale * (x + 0.044715f * x * x * x)));
+  L2L_GRID_STRIDE(i, n) out[i] = GeluTanh(inp[i]);
+}
+
+// Backend::LinearForward's epilogue after the GEMM, one pass: y += bias (when not null);
+// then y += residual (when not null) or act = gelu(y) (when act is not null). The same
+// operations in the same order as AddBias, Add and GeluForward.
+__global__ void LinearEpilogueKernel(float* y, const float* bias, float* act, const float* residual,
+                                     int64_t N, int64_t OC) {
+  L2L_GRID_STRIDE(i, N * OC) {
+    float v = y[i];
+    if (bias != nullptr) v += bias[i % OC];
+    if (residual != nullptr) v = v + residual[i];
+    y[i] = v;
+    if (act != nullptr) act[i] = GeluTanh(v);
   }
 }
 
 __global__ void GeluBackwardKernel(float* dinp, const float* inp, const float* dout, int64_t n) {
   L2L_GRID_STRIDE(i, n) {
-    float x = inp[i];
-    float u = kGeluScale * (x + 0.044715f * x * x * x);
-    float th = tanhf(u);
-    float sech2 = 1.0f - th * th;
-    float grad = 0.5f * (1.0f + th) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] += grad * dout[i];
+    dinp[i] += GeluTanhGrad(inp[i]) * dout[i];
   }
 }
 
@@ -162,6 +166,13 @@ void LaunchGeluBackward(float* dinp, const float* inp, const float* dout, int64_
                         cudaStream_t s) {
   if (n <= 0) return;
   L2L_LAUNCH(GeluBackwardKernel, GridFor(n), kThreads, 0, s)(dinp, inp, dout, n);
+  L2L_CUDA_CHECK_LAUNCH();
+}
+
+void LaunchLinearEpilogue(float* y, const float* bias, float* act, const float* residual, int64_t N,
+                          int64_t OC, cudaStream_t s) {
+  if (N <= 0 || OC <= 0 || (bias == nullptr && act == nullptr && residual == nullptr)) return;
+  L2L_LAUNCH(LinearEpilogueKernel, GridFor(N * OC), kThreads, 0, s)(y, bias, act, residual, N, OC);
   L2L_CUDA_CHECK_LAUNCH();
 }
 

@@ -52,14 +52,15 @@ __global__ void SwiGLUForwardKernel(float* out, const float* gate_up, int64_t N,
 }
 
 __global__ void SwiGLUBackwardKernel(float* dgate_up, const float* dout, const float* gate_up,
-                                     int64_t N, int64_t F) {
+                                     int64_t N, int64_t F, bool accumulate) {
   L2L_GRID_STRIDE(i, N * F) {
     const int64_t n = i / F, f = i - n * F;
     const int64_t gi = n * 2 * F + f, ui = gi + F;
     const float g = gate_up[gi], u = gate_up[ui], d = dout[i];
     const float sg = Sigmoid(g);
-    dgate_up[gi] += d * u * sg * (1.0f + g * (1.0f - sg));
-    dgate_up[ui] += d * (g * sg);
+    const float dg = d * u * sg * (1.0f + g * (1.0f - sg)), du = d * (g * sg);
+    dgate_up[gi] = accumulate ? dgate_up[gi] + dg : dg;
+    dgate_up[ui] = accumulate ? dgate_up[ui] + du : du;
   }
 }
 
@@ -194,9 +195,10 @@ void LaunchSwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F,
 }
 
 void LaunchSwiGLUBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
-                          int64_t F, cudaStream_t s) {
+                          int64_t F, bool accumulate, cudaStream_t s) {
   if (N <= 0 || F <= 0) return;
-  L2L_LAUNCH(SwiGLUBackwardKernel, GridFor(N * F), kThreads, 0, s)(dgate_up, dout, gate_up, N, F);
+  L2L_LAUNCH(SwiGLUBackwardKernel, GridFor(N * F), kThreads, 0, s)(dgate_up, dout, gate_up, N, F,
+                                                                    accumulate);
   L2L_CUDA_CHECK_LAUNCH();
 }
 

@@ -39,6 +39,11 @@ void LaunchGeluBackward(float* dinp, const float* inp, const float* dout, int64_
                         cudaStream_t s);
 // out (N,OC) += bias (OC).
 void LaunchAddBias(float* out, const float* bias, int64_t N, int64_t OC, cudaStream_t s);
+// Backend::LinearForward's epilogue after its GEMM, in one pass over y (N,OC): y += bias
+// (when not null), then y += residual (when not null) or act = gelu_tanh(y) (when act is
+// not null). The same bits as LaunchAddBias, LaunchAdd and LaunchGeluForward in turn.
+void LaunchLinearEpilogue(float* y, const float* bias, float* act, const float* residual, int64_t N,
+                          int64_t OC, cudaStream_t s);
 // out (B,T,C) = wte[tokens] + wpe[t].
 void LaunchEmbeddingForward(float* out, const int32_t* tokens, const float* wte,
                             const float* wpe, int64_t B, int64_t T, int64_t C, cudaStream_t s);
@@ -73,11 +78,26 @@ void LaunchBiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, 
 void LaunchLayerNormForward(float* out, float* mean, float* rstd, const float* inp,
                             const float* weight, const float* bias, int64_t N, int64_t C,
                             float eps, cudaStream_t s);
-// dinp (N,C) +=, dweight (C) +=, dbias (C) +=. scratch: >= 2*groups*C floats.
-void LaunchLayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                             const float* inp, const float* weight, const float* mean,
-                             const float* rstd, int64_t N, int64_t C, float* scratch,
-                             int64_t groups, cudaStream_t s);
+// The norm backwards run in one pass (input gradient and parameter-gradient partials
+// together) for rows up to these widths (the block's shared accumulators), in two above.
+inline constexpr int64_t kFusedLayerNormMaxC = 4096;
+inline constexpr int64_t kFusedRmsNormMaxC = 8192;
+inline constexpr int64_t kFusedNormMaxGroups = 264;
+// Row groups (partials) the norm backward launchers use for N rows of C, with
+// max_fused_c = kFusedLayerNormMaxC or kFusedRmsNormMaxC: size their scratch with it.
+int64_t NormBackwardGroups(int64_t N, int64_t C, int64_t max_fused_c);
+// dinp (N,F) = gelu'(inp) * dout (overwritten); dbias (F) += its column sums (skipped
+// when null). One pass; the same summation order as LaunchBiasBackward.
+// scratch: >= groups*F floats, groups = ColumnSumGroups(N).
+void LaunchGeluBackwardBias(float* dinp, float* dbias, const float* inp, const float* dout,
+                            int64_t N, int64_t F, float* scratch, int64_t groups, cudaStream_t s);
+// dinp (N,C) = (dresid, or dinp itself when dresid is null) + the gradient through the
+// norm; dweight (C) +=, dbias (C) +=. dinp may alias dresid. scratch: >= 2*groups*C
+// floats, groups = NormBackwardGroups(N, C, kFusedLayerNormMaxC).
+void LaunchLayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dresid,
+                             const float* dout, const float* inp, const float* weight,
+                             const float* mean, const float* rstd, int64_t N, int64_t C,
+                             float* scratch, int64_t groups, cudaStream_t s);
 // *result (device double) = sum of x[i]^2 in double, fixed reduction order.
 // scratch: >= kSumSquaresBlocks doubles.
 inline constexpr int kSumSquaresBlocks = 264;
@@ -133,9 +153,10 @@ void LaunchRope(float* x, const float* cos, const float* sin, int64_t B, int64_t
                 int64_t row_stride, int64_t n_heads, int64_t hs, float sign, cudaStream_t s);
 // out (N,F) = silu(gate) * up from gate_up (N,2F).
 void LaunchSwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s);
-// dgate_up (N,2F) += [dout * up * silu'(gate) | dout * silu(gate)].
+// dgate_up (N,2F) += [dout * up * silu'(gate) | dout * silu(gate)] (accumulate), or =
+// (overwritten) when !accumulate.
 void LaunchSwiGLUBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
-                          int64_t F, cudaStream_t s);
+                          int64_t F, bool accumulate, cudaStream_t s);
 // Mixture-of-experts row ops (llama_ops.cu; kernels/backend.h GatherRows, ScatterAddRows,
 // RowDot). scale may be nullptr (all 1). One thread per output element (RowDot: per row).
 void LaunchGatherRows(float* dst, const float* src, const int32_t* idx, const float* scale, int64_t n,
@@ -154,10 +175,12 @@ void LaunchCopy2D(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, 
 // RMSNorm (reduce.cu): out (N,C) = inp * rstd * weight, rstd (N). One block per row.
 void LaunchRMSNormForward(float* out, float* rstd, const float* inp, const float* weight,
                           int64_t N, int64_t C, float eps, cudaStream_t s);
-// dinp (N,C) +=, dweight (C) += (deterministic column sums). scratch: >= groups*C floats.
-void LaunchRMSNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
-                           const float* weight, const float* rstd, int64_t N, int64_t C,
-                           float* scratch, int64_t groups, cudaStream_t s);
+// dinp (N,C) = (dresid, or dinp itself when dresid is null) + the gradient through the
+// norm; dweight (C) += (deterministic column sums). dinp may alias dresid.
+// scratch: >= groups*C floats, groups = NormBackwardGroups(N, C, kFusedRmsNormMaxC).
+void LaunchRMSNormBackward(float* dinp, float* dweight, const float* dresid, const float* dout,
+                           const float* inp, const float* weight, const float* rstd, int64_t N,
+                           int64_t C, float* scratch, int64_t groups, cudaStream_t s);
 
 // ---- bert_ops.cu (the BERT family's elementwise ops) ---------------------------------
 // out (n) = 0.5 x (1 + erf(x / sqrt(2))) (exact GELU).

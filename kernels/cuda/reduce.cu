@@ -1,6 +1,10 @@
-// Reduction kernels: bias backward (column sums), LayerNorm forward/backward (one warp
-// per row; parameter gradients as column sums), RMSNorm forward/backward (one block per
-// row; the weight gradient as column sums), sum of squares in double. Every
+// Reduction kernels: bias backward (column sums), the GELU backward with its bias
+// gradient in one pass, LayerNorm forward (one warp per row) and backward, RMSNorm forward
+// (one block per row) and backward, sum of squares in double. The norm backwards are one
+// pass when C fits the block's shared accumulators (ops.h kFused*NormMaxC): a block walks a
+// group of rows, writing each row's input gradient and adding its parameter-gradient
+// terms into per-column accumulators, then the groups' partials are summed; wider rows
+// take two passes (input kernel, then column sums). Every
 // reduction runs in a fixed order (partials per block, then a fixed-order pass), so the
 // results are bitwise reproducible run to run; no atomics. Launchers in ops.h.
 #include "kernels/cuda/cuda_check.h"
@@ -43,6 +47,111 @@ __global__ void ColumnSumFinalKernel(float* dst, const float* partial, int64_t g
     for (int64_t g = 0; g < groups; ++g) sum += partial[g * cols + c];
     dst[c] += sum;
   }
+}
+
+// The GELU backward with its bias gradient, one pass (the grid and summation order of
+// ColumnSumPartialKernel): dinp[r, c] = gelu'(inp) * dout (overwritten); partial[g, c] =
+// sum over the group's rows of that dinp (skipped when partial is null).
+__global__ void GeluBackwardBiasPartialKernel(float* partial, float* dinp, const float* inp,
+                                              const float* dout, int64_t N, int64_t cols,
+                                              int64_t rows_per_group) {
+  __shared__ float smem[kRowLanes][kColTile + 1];
+  const int64_t c = blockIdx.x * int64_t{kColTile} + threadIdx.x;
+  const int64_t r0 = blockIdx.y * rows_per_group;
+  const int64_t r1 = min(N, r0 + rows_per_group);
+  float acc = 0.0f;
+  if (c < cols) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) {
+      const int64_t i = r * cols + c;
+      const float g = GeluTanhGrad(inp[i]) * dout[i];
+      dinp[i] = g;
+      acc += g;
+    }
+  }
+  if (partial == nullptr) return;  // uniform over the block
+  smem[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < cols) {
+    float sum = 0.0f;
+    for (int i = 0; i < kRowLanes; ++i) sum += smem[i][threadIdx.x];
+    partial[blockIdx.y * cols + c] = sum;
+  }
+}
+
+// One pass of the LayerNorm backward for rows of C <= kFusedLayerNormMaxC: block g walks rows
+// [g*rows_per_group, ...) in order, the whole block on one row at a time (thread t owns
+// columns t, t + blockDim.x, ...). Per row: dinp = (dresid ? dresid : dinp) +
+// rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dout * weight; the owner thread adds
+// dout * xhat and dout into its columns' shared accumulators, which end as partial (2,
+// groups, C): [0] dweight terms, [1] dbias terms. Each element is read and written by
+// one thread, so dinp may alias dresid.
+__global__ void LayerNormBackwardFusedKernel(float* partial, float* dinp, const float* dresid,
+                                             const float* dout, const float* inp,
+                                             const float* weight, const float* mean,
+                                             const float* rstd, int64_t N, int64_t C,
+                                             int64_t rows_per_group) {
+  __shared__ float sdw[kFusedLayerNormMaxC];
+  __shared__ float sdb[kFusedLayerNormMaxC];
+  __shared__ float smem[32];
+  const int64_t r0 = blockIdx.x * rows_per_group;
+  const int64_t r1 = min(N, r0 + rows_per_group);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) sdw[c] = sdb[c] = 0.0f;
+  for (int64_t row = r0; row < r1; ++row) {
+    const float* x = inp + row * C;
+    const float* dy = dout + row * C;
+    const float m = mean[row], r = rstd[row];
+    float sg = 0.0f, sgx = 0.0f;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      float g = dy[c] * weight[c];
+      sg += g;
+      sgx += g * (x[c] - m) * r;
+    }
+    sg = BlockSum(sg, smem) / static_cast<float>(C);
+    sgx = BlockSum(sgx, smem) / static_cast<float>(C);
+    float* dx = dinp + row * C;
+    const float* base = dresid != nullptr ? dresid + row * C : dx;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const float xhat = (x[c] - m) * r, d = dy[c];
+      dx[c] = base[c] + r * (d * weight[c] - sg - xhat * sgx);
+      sdw[c] += d * xhat;
+      sdb[c] += d;
+    }
+  }
+  const int64_t groups = gridDim.x;
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    partial[blockIdx.x * C + c] = sdw[c];
+    partial[(groups + blockIdx.x) * C + c] = sdb[c];
+  }
+}
+
+// The RMSNorm backward's one pass, as LayerNormBackwardFusedKernel: dinp = (dresid ?
+// dresid : dinp) + rstd * (weight*dout - norm * mean(weight*dout*norm)), norm = x * rstd;
+// partial (groups, C): the groups' sums of dout * norm (the dweight terms).
+__global__ void RMSNormBackwardFusedKernel(float* partial, float* dinp, const float* dresid,
+                                           const float* dout, const float* inp,
+                                           const float* weight, const float* rstd, int64_t N,
+                                           int64_t C, int64_t rows_per_group) {
+  __shared__ float sdw[kFusedRmsNormMaxC];
+  __shared__ float smem[32];
+  const int64_t r0 = blockIdx.x * rows_per_group;
+  const int64_t r1 = min(N, r0 + rows_per_group);
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) sdw[c] = 0.0f;
+  for (int64_t row = r0; row < r1; ++row) {
+    const float* x = inp + row * C;
+    const float* dy = dout + row * C;
+    const float r = rstd[row];
+    float dot = 0.0f;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dot += (weight[c] * dy[c]) * (x[c] * r);
+    const float mean_dot = BlockSum(dot, smem) / static_cast<float>(C);
+    float* dx = dinp + row * C;
+    const float* base = dresid != nullptr ? dresid + row * C : dx;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const float norm = x[c] * r, d = dy[c];
+      dx[c] = base[c] + r * (weight[c] * d - norm * mean_dot);
+      sdw[c] += norm * d;
+    }
+  }
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) partial[blockIdx.x * C + c] = sdw[c];
 }
 
 // One warp per row. block 256 = 8 rows.
@@ -234,6 +343,25 @@ int64_t ColumnSumGroups(int64_t N) {
   return g < 1 ? 1 : (g > 64 ? 64 : g);
 }
 
+int64_t NormBackwardGroups(int64_t N, int64_t C, int64_t max_fused_c) {
+  if (C > max_fused_c) return ColumnSumGroups(N);
+  // One block per >= 8 rows, at most kFusedNormMaxGroups blocks (2 per SM of an H100):
+  // the rows of a group run one after another, so the groups are the parallelism.
+  int64_t g = (N + 7) / 8;
+  return g < 1 ? 1 : (g > kFusedNormMaxGroups ? kFusedNormMaxGroups : g);
+}
+
+void LaunchGeluBackwardBias(float* dinp, float* dbias, const float* inp, const float* dout,
+                            int64_t N, int64_t F, float* scratch, int64_t groups, cudaStream_t s) {
+  if (N <= 0 || F <= 0) return;
+  const int64_t rows_per_group = (N + groups - 1) / groups;
+  dim3 grid(static_cast<unsigned>((F + kColTile - 1) / kColTile), static_cast<unsigned>(groups));
+  L2L_LAUNCH(GeluBackwardBiasPartialKernel, grid, dim3(kColTile, kRowLanes), 0, s)(
+      dbias != nullptr ? scratch : nullptr, dinp, inp, dout, N, F, rows_per_group);
+  L2L_CUDA_CHECK_LAUNCH();
+  if (dbias != nullptr) LaunchColumnFinal(dbias, scratch, groups, F, s);
+}
+
 void LaunchBiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, float* scratch,
                         int64_t groups, cudaStream_t s) {
   if (N <= 0 || OC <= 0) return;
@@ -252,11 +380,23 @@ void LaunchLayerNormForward(float* out, float* mean, float* rstd, const float* i
   L2L_CUDA_CHECK_LAUNCH();
 }
 
-void LaunchLayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
-                             const float* inp, const float* weight, const float* mean,
-                             const float* rstd, int64_t N, int64_t C, float* scratch,
-                             int64_t groups, cudaStream_t s) {
+void LaunchLayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dresid,
+                             const float* dout, const float* inp, const float* weight,
+                             const float* mean, const float* rstd, int64_t N, int64_t C,
+                             float* scratch, int64_t groups, cudaStream_t s) {
   if (N <= 0 || C <= 0) return;
+  if (C <= kFusedLayerNormMaxC) {
+    const int64_t rows_per_group = (N + groups - 1) / groups;
+    L2L_LAUNCH(LayerNormBackwardFusedKernel, static_cast<unsigned>(groups), RowThreads(C), 0, s)(
+        scratch, dinp, dresid, dout, inp, weight, mean, rstd, N, C, rows_per_group);
+    L2L_CUDA_CHECK_LAUNCH();
+    LaunchColumnFinal(dweight, scratch, groups, C, s);
+    LaunchColumnFinal(dbias, scratch + groups * C, groups, C, s);
+    return;
+  }
+  if (dresid != nullptr && dresid != dinp) {
+    L2L_CUDA_CHECK(cudaMemcpyAsync(dinp, dresid, sizeof(float) * N * C, cudaMemcpyDeviceToDevice, s));
+  }
   const int rows_per_block = kThreads / 32;
   const auto blocks = static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block);
   L2L_LAUNCH(LayerNormBackwardInputKernel, blocks, kThreads, 0, s)(
@@ -279,10 +419,21 @@ void LaunchRMSNormForward(float* out, float* rstd, const float* inp, const float
   L2L_CUDA_CHECK_LAUNCH();
 }
 
-void LaunchRMSNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
-                           const float* weight, const float* rstd, int64_t N, int64_t C,
-                           float* scratch, int64_t groups, cudaStream_t s) {
+void LaunchRMSNormBackward(float* dinp, float* dweight, const float* dresid, const float* dout,
+                           const float* inp, const float* weight, const float* rstd, int64_t N,
+                           int64_t C, float* scratch, int64_t groups, cudaStream_t s) {
   if (N <= 0 || C <= 0) return;
+  if (C <= kFusedRmsNormMaxC) {
+    const int64_t rows_per_group = (N + groups - 1) / groups;
+    L2L_LAUNCH(RMSNormBackwardFusedKernel, static_cast<unsigned>(groups), RowThreads(C), 0, s)(
+        scratch, dinp, dresid, dout, inp, weight, rstd, N, C, rows_per_group);
+    L2L_CUDA_CHECK_LAUNCH();
+    LaunchColumnFinal(dweight, scratch, groups, C, s);
+    return;
+  }
+  if (dresid != nullptr && dresid != dinp) {
+    L2L_CUDA_CHECK(cudaMemcpyAsync(dinp, dresid, sizeof(float) * N * C, cudaMemcpyDeviceToDevice, s));
+  }
   L2L_LAUNCH(RMSNormBackwardInputKernel, static_cast<unsigned>(N), RowThreads(C), 0, s)(
       dinp, dout, inp, weight, rstd, C);
   L2L_CUDA_CHECK_LAUNCH();

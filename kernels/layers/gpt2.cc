@@ -152,9 +152,9 @@ void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& 
   be.GeluBackwardBias(g1, d.fc_b, ws.fch.f32(), g0, N, F);                        // dfch (N,F), dfc_b
   LinearBackward(be, g2, frozen ? nullptr : d.fc_w, nullptr, g1, ws.ln2.f32(), w.fc_w, N, C, F);  // dln2 (N,C)
   LoraBackward(be, layout, params, dparams, "mlp.c_fc.weight", ws.ln2.f32(), C, g1, F, 0, g2, N, ws);
-  be.CopyDeviceToDevice(dres, dout, N * C * sizeof(float));
-  be.LayerNormBackward(dres, d.ln2_w, d.ln2_b, g2, ws.resid2.f32(), w.ln2_w, ws.ln2_mean.f32(),
-                       ws.ln2_rstd.f32(), N, C);  // dx1 (N,C)
+  // dx1 (N,C) = dout + the gradient through ln_2, in one pass.
+  be.LayerNormBackwardResidual(dres, d.ln2_w, d.ln2_b, dout, g2, ws.resid2.f32(), w.ln2_w,
+                               ws.ln2_mean.f32(), ws.ln2_rstd.f32(), N, C);
   // Attention: x1 = x + c_proj(attention(c_attn(ln_1(x)))).
   LinearBackward(be, g0, frozen ? nullptr : d.proj_w, d.proj_b, dres, ws.atty.f32(), w.proj_w, N, C, C);  // datty
   LoraBackward(be, layout, params, dparams, "attn.c_proj.weight", ws.atty.f32(), C, dres, C, 0, g0, N, ws);

@@ -279,15 +279,14 @@ void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& 
     if (!frozen) be.Gemm(true, false, C, F, N, 1.0f, dout, C, ws.fch_gelu.f32(), F, 1.0f, d.down_w, F);  // dW_down +=
     be.Gemm(false, false, N, F, C, 1.0f, dout, C, w.down_w, F, 0.0f, g0, F);                // dh (N,F)
     LoraBackward(be, layout, params, dparams, "mlp.down_proj.weight", ws.fch_gelu.f32(), F, dout, C, 0, g0, N, ws);
-    be.Zero(g1, N * 2 * F * sizeof(float));
-    be.SwiGLUBackward(g1, g0, ws.fch.f32(), N, F);                                          // dgate|dup (N,2F)
+    be.SwiGLUBackwardInto(g1, g0, ws.fch.f32(), N, F);                                      // dgate|dup (N,2F)
     if (!frozen) be.Gemm(true, false, 2 * F, C, N, 1.0f, g1, 2 * F, ws.ln2.f32(), C, 1.0f, d.gate_up_w, C);  // (2F,C) +=
     be.Gemm(false, false, N, C, 2 * F, 1.0f, g1, 2 * F, w.gate_up_w, C, 0.0f, g2, C);         // dln2 (N,C)
     LoraBackward(be, layout, params, dparams, "mlp.gate_proj.weight", ws.ln2.f32(), C, g1, 2 * F, 0, g2, N, ws);
     LoraBackward(be, layout, params, dparams, "mlp.up_proj.weight", ws.ln2.f32(), C, g1, 2 * F, F, g2, N, ws);
   }
-  be.CopyDeviceToDevice(dres, dout, N * C * sizeof(float));
-  be.RMSNormBackward(dres, d.ln2, g2, ws.resid2.f32(), w.ln2, ws.ln2_rstd.f32(), N, C);  // dx1
+  // dx1 = dout + the gradient through ln2, in one pass.
+  be.RMSNormBackwardResidual(dres, d.ln2, dout, g2, ws.resid2.f32(), w.ln2, ws.ln2_rstd.f32(), N, C);
   // Attention: x1 = x + o_proj(gqa(rope(qkv(rms_1(x))))).
   if (!frozen) be.Gemm(true, false, C, A, N, 1.0f, dres, C, ws.atty.f32(), A, 1.0f, d.o_w, A);  // dW_o (C,A) +=
   be.Gemm(false, false, N, A, C, 1.0f, dres, C, w.o_w, A, 0.0f, g0, A);           // datty (N,A)
