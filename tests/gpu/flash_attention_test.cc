@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/train_util.h"
 #include "tests/testing/scoped_env.h"
 
 namespace l2l::gpu_test {
@@ -232,7 +233,7 @@ TEST_CASE("flash attention in bf16 mode (WMMA) matches the cpu on bf16-rounded i
                "dqkv");
 }
 
-TEST_CASE("L2L_CUDA_ATTENTION picks the attention; flash is the default where the head size allows",
+TEST_CASE("L2L_CUDA_ATTENTION picks the attention and flash is the default where the head size allows",
           "[gpu][flash]") {
   Both();
   const int64_t B = 2, T = 50, NH = 4;
@@ -258,6 +259,33 @@ TEST_CASE("L2L_CUDA_ATTENTION picks the attention; flash is the default where th
     REQUIRE_FALSE(be.ok());
     CHECK(be.status().message().find("L2L_CUDA_ATTENTION") != std::string::npos);
   }
+}
+
+// End to end with the fused kernel: GPT with 2 heads of 64 (training_test.cc's SmallSpec
+// has heads of 32, which take the GEMM path); the reference trainer and the relay (both
+// stash placements, recompute always / never) on cuda track the cpu for 10 steps at
+// training_test.cc's tolerance.
+JobConfig FlashGptJob() {
+  JobConfig cfg = testing::GptJob({512, 64, 128, 2, 2, 512}, {.micro_batch_size = 2, .micro_batches = 2,
+                                                             .seq_len = 64, .seed = 1234, .lr = 3e-3f});
+  REQUIRE(cfg.model.Validate().ok());
+  return cfg;
+}
+
+TEST_CASE("reference trainer and relay on cuda with flash attention track the cpu for 10 steps",
+          "[gpu][flash]") {
+  Backends& b = Both();
+  REQUIRE(b.gpu->name().find("attention flash") != std::string::npos);
+  JobConfig job = FlashGptJob();
+  REQUIRE(b.gpu->CausalAttentionFloats(2, 64, 2, 64) == static_cast<size_t>(2 * 2 * 64));
+  const auto cpu_train = TrainLosses(job, "cpu", 10);
+  const auto gpu_train = TrainLosses(job, "cuda:0", 10);
+  ExpectLossesTrack(gpu_train, cpu_train, 2e-3);
+  job.train.stash = GENERATE(StashPlacement::kDevice, StashPlacement::kHost);
+  job.train.recompute = GENERATE(RecomputeMode::kAlways, RecomputeMode::kNever);
+  CAPTURE(ToString(job.train.stash), ToString(job.train.recompute));
+  REQUIRE(job.Validate().ok());
+  ExpectLossesTrack(RelayLosses(job, b.gpu.get(), 10), RelayLosses(job, b.cpu.get(), 10), 2e-3);
 }
 
 }  // namespace
