@@ -223,10 +223,11 @@ class Backend {
   // Causal multi-head self-attention. qkv (B,T,3C) holds q|k|v per row, each split in NH
   // heads of hs. out (B,T,C) = softmax(q k^T / sqrt(hs), causal) v per head (heads
   // concatenated). att (B,NH,T,T floats) is this backend's stash for its backward: pass it
-  // unchanged to the same backend's AttentionBackward, do not read it. The CUDA backend
-  // stores the softmax probabilities (row t zero past t); the CPU backend only each row's
-  // log-sum-exp, at att[(b*NH + h)*T + t], and recomputes the probabilities in the
-  // backward. Softmax in fp32 with the max subtracted.
+  // unchanged to the same backend's AttentionBackward, do not read it. The CPU backend and
+  // the CUDA backend's fused kernel keep only each row's log-sum-exp, at
+  // att[(b*NH + h)*T + t], and recompute the probabilities in the backward; the CUDA
+  // GEMM path (L2L_CUDA_ATTENTION=gemm, or head sizes the fused kernel lacks) stores the
+  // softmax probabilities (row t zero past t). Size it with CausalAttentionFloats. Softmax in fp32 with the max subtracted.
   virtual void AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
                                 int64_t C, int64_t NH) = 0;
   // Floats the causal attention ops (AttentionForward/Backward and the Gqa forms) need in
