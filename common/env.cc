@@ -37,6 +37,8 @@ constexpr std::array<EnvVarInfo, kNumVars> kTable = {{
      "pin the CPU backend's TBB workers one per core of the process's affinity mask"},
     {EnvVar::kCudaGemm, "L2L_CUDA_GEMM", EnvType::kEnum, "fp32|tf32|bf16", "unset: the backend's options (fp32)",
      "CUDA backend", "the CUDA backend's GEMM precision; wins over the backend's options"},
+    {EnvVar::kCudaAttention, "L2L_CUDA_ATTENTION", EnvType::kEnum, "flash|gemm", "unset: the backend's options (flash)",
+     "CUDA backend", "the CUDA backend's attention: the fused kernel (head sizes 64, 80, 96, 128; others use gemm) or cuBLASLt GEMMs around a softmax storing (B,NH,T,T); wins over the backend's options"},
     {EnvVar::kHeadChunkMb, "L2L_HEAD_CHUNK_MB", EnvType::kInt, "MIB", "256", "CPU and CUDA backends (LM head)",
      "the LM head's logits are computed in row chunks of at most this many MiB (fp32), never B x T x V"},
     {EnvVar::kFaultAt, "L2L_FAULT_AT", EnvType::kString, "SITE:N[,SITE:N...]", "unset: none",

@@ -42,6 +42,7 @@ enum class EnvVar {
   kCpuGemm,          // L2L_CPU_GEMM
   kCpuPin,           // L2L_CPU_PIN
   kCudaGemm,         // L2L_CUDA_GEMM
+  kCudaAttention,    // L2L_CUDA_ATTENTION
   kHeadChunkMb,      // L2L_HEAD_CHUNK_MB
   kFaultAt,          // L2L_FAULT_AT
   kDelayAt,          // L2L_DELAY_AT

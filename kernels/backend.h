@@ -240,20 +240,25 @@ class Backend {
   // Causal multi-head self-attention. qkv (B,T,3C) holds q|k|v per row, each split in NH
   // heads of hs. out (B,T,C) = softmax(q k^T / sqrt(hs), causal) v per head (heads
   // concatenated). att (B,NH,T,T floats) is this backend's stash for its backward: pass it
-  // unchanged to the same backend's AttentionBackward, do not read it. The CUDA backend
-  // stores the softmax probabilities (row t zero past t); the CPU backend only each row's
-  // log-sum-exp, at att[(b*NH + h)*T + t], and recomputes the probabilities in the
-  // backward. Softmax in fp32 with the max subtracted.
+  // unchanged to the same backend's AttentionBackward, do not read it. The CPU backend and
+  // the CUDA backend's fused kernel keep only each row's log-sum-exp, at
+  // att[(b*NH + h)*T + t], and recompute the probabilities in the backward; the CUDA
+  // GEMM path (L2L_CUDA_ATTENTION=gemm, or head sizes the fused kernel lacks) stores the
+  // softmax probabilities (row t zero past t). Size it with CausalAttentionFloats. Softmax in fp32 with the max subtracted.
   virtual void AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
                                 int64_t C, int64_t NH) = 0;
   // Floats the causal attention ops (AttentionForward/Backward and the Gqa forms) need in
-  // `att` and in `scratch` for (B, T, NH): the layers allocate exactly these (and keep
-  // `att` per layer when activations are kept), so a backend that stashes less says so.
-  // Default: the full (B,NH,T,T) for both. The CPU backend: B*NH*T log-sum-exps, no scratch.
-  virtual size_t CausalAttentionFloats(int64_t B, int64_t T, int64_t NH) const {
+  // `att` and in `scratch` for (B, T, NH, head size hs): the layers allocate exactly these
+  // (and keep `att` per layer when activations are kept), so a backend that stashes less
+  // says so. Default: the full (B,NH,T,T) for both. The CPU backend: B*NH*T log-sum-exps,
+  // no scratch. The CUDA backend: B*NH*T for both with its fused kernel (head sizes it
+  // supports), else the default.
+  virtual size_t CausalAttentionFloats(int64_t B, int64_t T, int64_t NH, int64_t hs) const {
+    (void)hs;
     return static_cast<size_t>(B * NH) * static_cast<size_t>(T * T);
   }
-  virtual size_t CausalAttentionScratchFloats(int64_t B, int64_t T, int64_t NH) const {
+  virtual size_t CausalAttentionScratchFloats(int64_t B, int64_t T, int64_t NH, int64_t hs) const {
+    (void)hs;
     return static_cast<size_t>(B * NH) * static_cast<size_t>(T * T);
   }
   // dqkv (B,T,3C) += gradient through the attention, from dout (B,T,C) and the forward's
@@ -410,16 +415,27 @@ class Backend {
   // padding; nullptr = every key is real. Query t of sequence b attends to every key j with
   // key_mask[b,j] != 0 (a padded key's score is -inf before the softmax); a sequence needs
   // at least one real key. out (B,T,C) = softmax(q k^T / sqrt(hs) + mask) v per head;
-  // att (B,NH,T,T) the probabilities (0 at padded keys).
+  // att: MaskedAttentionFloats floats, the backend's stash for the backward (default and
+  // CPU: the (B,NH,T,T) probabilities, 0 at padded keys).
   virtual void AttentionForwardMasked(float* out, float* att, const float* qkv,
                                       const int32_t* key_mask, int64_t B, int64_t T, int64_t C,
                                       int64_t NH);
   // dqkv (B,T,3C) += gradient through AttentionForwardMasked from dout (B,T,C) and the
-  // forward's qkv and att (the mask is in att's zeros). scratch: (B,NH,T,T) floats the op
-  // may overwrite.
+  // forward's qkv and att (the mask is in att's zeros). scratch:
+  // MaskedAttentionScratchFloats floats the op may overwrite.
   virtual void AttentionBackwardMasked(float* dqkv, float* scratch, const float* dout,
                                        const float* qkv, const float* att, int64_t B, int64_t T,
                                        int64_t C, int64_t NH);
+  // Floats AttentionForwardMasked / AttentionBackwardMasked need in `att` and `scratch`
+  // (as CausalAttentionFloats). Default: (B,NH,T,T) each.
+  virtual size_t MaskedAttentionFloats(int64_t B, int64_t T, int64_t NH, int64_t hs) const {
+    (void)hs;
+    return static_cast<size_t>(B * NH) * static_cast<size_t>(T * T);
+  }
+  virtual size_t MaskedAttentionScratchFloats(int64_t B, int64_t T, int64_t NH, int64_t hs) const {
+    (void)hs;
+    return static_cast<size_t>(B * NH) * static_cast<size_t>(T * T);
+  }
 
   // ---- quantized weights (a LoRA job's frozen base; common/quant_blocks.h) ------------
   // out (n) fp32 = blocks dequantized: n / block_elems whole blocks of `format`

@@ -14,6 +14,8 @@
 #      utilisation = 6 x params x tokens/s over the bf16 GEMM peak measured here with
 #      torch.matmul on 8192^2 bf16 matrices, and peak device memory (the backend's own
 #      high-water mark and nvidia-smi's, polled);
+#   4b. times the attention ops ("[.flashbench]": the fused kernel and the GEMM path,
+#      fp32 and bf16) and PyTorch's scaled_dot_product_attention on the same shapes;
 #   5. on a host with 4 or more GPUs, the device-group conformance cases ("[group]":
 #      2- and 4-GPU groups equal one GPU and the reference trainer); with fewer it says
 #      in the summary that they did not run;
@@ -210,6 +212,45 @@ else
 fi
 fi
 
+# ---- 4b. attention timing: the fused kernel and the GEMM path vs PyTorch's SDPA --------------
+# The hidden "[.flashbench]" case (tests/gpu/flash_bench_test.cc) prints one flashbench:
+# line per (impl, mode, shape); torch.nn.functional.scaled_dot_product_attention (causal,
+# fp32 and bf16, k/v repeated for GQA) is timed here on the same shapes, the same way
+# (median of 5 after 2 warm-ups, forward and forward+backward).
+flash_rc=0
+if [[ "$SMOKE" == 1 ]]; then
+  flash_state="SKIPPED (smoke mode)"
+else
+  log "attention timing: l2l_gpu_tests [.flashbench], then torch SDPA"
+  flash_out=$(timeout --kill-after=15 "$BENCH_TIMEOUT" "$DIR/tests/l2l_gpu_tests" "[.flashbench]" --warn NoTests 2>&1) ||
+    flash_rc=$?
+  echo "$flash_out" | grep -E "^flashbench:|FAILED|error" || echo "$flash_out" | tail -20
+  "$PYTHON" - <<'PY' || log "WARNING: torch SDPA timing failed (output above)"
+import time, torch
+import torch.nn.functional as F
+def med(fn):
+    for _ in range(2): fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(5):
+        t0 = time.perf_counter(); fn(); torch.cuda.synchronize(); ts.append((time.perf_counter() - t0) * 1e3)
+    return sorted(ts)[2]
+for dtype, mode in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+    for B, T, NH, NKV, hs in ((4, 1024, 16, 16, 64), (4, 1024, 16, 16, 128), (2, 4096, 16, 16, 64), (2, 4096, 32, 8, 128)):
+        q = torch.randn(B, NH, T, hs, device="cuda", dtype=dtype, requires_grad=True)
+        k = torch.randn(B, NKV, T, hs, device="cuda", dtype=dtype, requires_grad=True)
+        v = torch.randn(B, NKV, T, hs, device="cuda", dtype=dtype, requires_grad=True)
+        do = torch.randn(B, NH, T, hs, device="cuda", dtype=dtype)
+        def fwd():
+            return F.scaled_dot_product_attention(q, k.repeat_interleave(NH // NKV, 1), v.repeat_interleave(NH // NKV, 1), is_causal=True)
+        def fwdbwd():
+            fwd().backward(do)
+        f = med(lambda: fwd()); fb = med(fwdbwd)
+        print(f"flashbench: impl=torch_sdpa mode={mode} B={B} T={T} NH={NH} NKV={NKV} hs={hs} fwd_ms={f:.3f} fwdbwd_ms={fb:.3f}")
+PY
+  flash_state=$([[ $flash_rc -eq 0 ]] && echo OK || echo "FAILED (rc $flash_rc)")
+fi
+
 # ---- 4. several GPUs: the device group (l2l-worker --devices) ---------------------------
 # Its conformance cases train 2- and 4-device groups against one device and the reference
 # trainer (NCCL all-gather of 1/n fetches, reduce-scatter of gradients). Step 5 measures
@@ -249,6 +290,7 @@ fi
 # ---- summary -------------------------------------------------------------------------
 echo "gpu_check.sh: conformance (ctest -L gpu): $([[ $test_rc -eq 0 ]] && echo PASSED || echo "FAILED (rc $test_rc)")"
 echo "gpu_check.sh: GPT-2-small training:       $([[ "$line" == skipped ]] && echo "SKIPPED (L2L_GPU_CHECK_SKIP_BENCH=1)" || { [[ $bench_rc -eq 0 && -n "$line" ]] && echo OK || echo "FAILED (rc $bench_rc)"; })"
+echo "gpu_check.sh: attention timing:          $flash_state"
 echo "gpu_check.sh: device group (--devices):   $group_state"
 echo "gpu_check.sh: device group throughput:    $groupbench_state"
-[[ $test_rc -eq 0 && $bench_rc -eq 0 && -n "$line" && $group_rc -eq 0 && $groupbench_rc -eq 0 ]]
+[[ $test_rc -eq 0 && $bench_rc -eq 0 && -n "$line" && $flash_rc -eq 0 && $group_rc -eq 0 && $groupbench_rc -eq 0 ]]

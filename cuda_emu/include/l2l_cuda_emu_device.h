@@ -13,6 +13,8 @@
 // Deadlocks and divergent warp collectives are reported as an asynchronous
 // cudaErrorLaunchFailure naming the kernel and block, and the launch is abandoned.
 //
+// The warp matrix (WMMA) API is in mma.h (include <mma.h>, as in CUDA).
+//
 // Not supported: dynamic shared memory (a launch with smem_bytes > 0 fails with
 // cudaErrorInvalidConfiguration), atomics, cooperative groups, texture memory.
 //

@@ -64,10 +64,10 @@ class CpuBackend final : public Backend {
 
   // Blocked causal attention (cpu_attention.cc): att keeps one log-sum-exp per row; the
   // backward recomputes the probabilities strip by strip and needs no scratch.
-  size_t CausalAttentionFloats(int64_t B, int64_t T, int64_t NH) const override {
+  size_t CausalAttentionFloats(int64_t B, int64_t T, int64_t NH, int64_t) const override {
     return static_cast<size_t>(B * NH * T);
   }
-  size_t CausalAttentionScratchFloats(int64_t, int64_t, int64_t) const override { return 0; }
+  size_t CausalAttentionScratchFloats(int64_t, int64_t, int64_t, int64_t) const override { return 0; }
 
   void RoundToBf16(float* x, uint16_t* bits, int64_t n) override;
   void WidenBf16(float* dst, const uint16_t* src, int64_t n) override;

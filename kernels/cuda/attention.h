@@ -7,8 +7,9 @@
 // row log-sum-exps and recomputes blocks). The two products are exactly what cuBLASLt's
 // tensor-core GEMMs do best; the softmax is one fused pass per row (max, exp-sum,
 // normalise, causal mask). The cost is computing the masked upper triangle of Q K^T
-// (about 2x the causal FLOPs of those two products) and the T x T memory: a flash-style
-// kernel storing log-sum-exps, as the CPU backend does, fits behind the same interface.
+// (about 2x the causal FLOPs of those two products) and the T x T memory; the backend's
+// default is the fused kernel of flash_attention.h where the head size allows, and this
+// path serves L2L_CUDA_ATTENTION=gemm and the other head sizes.
 //
 // Layout: qkv (B,T,3C) rows hold q|k|v, each NH heads of hs = C/NH. Head h of batch b
 // is the (T, hs) matrix at qkv + b*T*3C + {0,C,2C} + h*hs with row stride 3C, so the NH

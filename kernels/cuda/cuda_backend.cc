@@ -19,6 +19,7 @@
 #include "kernels/cuda/copy_queue.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_resources.h"
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
 
@@ -259,16 +260,55 @@ class CudaBackend final : public Backend {
     LaunchLayerNormBackward(dinp, dweight, dbias, dresid, dout, inp, weight, mean, rstd, N, C,
                             scratch, groups, stream());
   }
+  // ---- attention: the fused kernels (flash_attention.h) where the head size allows and
+  // L2L_CUDA_ATTENTION / the options say flash, else the GEMM path (attention.h).
+  bool UseFlash(int64_t hs) const {
+    return attention_ == CudaAttentionKind::kFlash && cuda::FlashSupportedHeadSize(hs);
+  }
+  cuda::FlashShape Flash(int64_t B, int64_t T, int64_t NH, int64_t NKV, int64_t hs) const {
+    cuda::FlashShape s;
+    s.B = B;
+    s.T = T;
+    s.NH = NH;
+    s.NKV = NKV;
+    s.hs = hs;
+    s.bf16 = precision_ == CudaGemmPrecision::kBf16;
+    return s;
+  }
+  size_t CausalAttentionFloats(int64_t B, int64_t T, int64_t NH, int64_t hs) const override {
+    return UseFlash(hs) ? static_cast<size_t>(B * NH * T) : Backend::CausalAttentionFloats(B, T, NH, hs);
+  }
+  size_t CausalAttentionScratchFloats(int64_t B, int64_t T, int64_t NH, int64_t hs) const override {
+    return UseFlash(hs) ? static_cast<size_t>(B * NH * T)
+                        : Backend::CausalAttentionScratchFloats(B, T, NH, hs);
+  }
+  // Flash: att holds the B*NH*T log-sum-exps, then the key mask (B*T int32; all -1 when
+  // none was given: nonzero is a real key), which the backward needs.
+  size_t MaskedAttentionFloats(int64_t B, int64_t T, int64_t NH, int64_t hs) const override {
+    return UseFlash(hs) ? static_cast<size_t>(B * NH * T + B * T) : Backend::MaskedAttentionFloats(B, T, NH, hs);
+  }
+  size_t MaskedAttentionScratchFloats(int64_t B, int64_t T, int64_t NH, int64_t hs) const override {
+    return UseFlash(hs) ? static_cast<size_t>(B * NH * T)
+                        : Backend::MaskedAttentionScratchFloats(B, T, NH, hs);
+  }
   void AttentionForward(float* out, float* att, const float* qkv, int64_t B, int64_t T,
                         int64_t C, int64_t NH) override {
     if (B <= 0 || T <= 0) return;
     MakeCurrent();
+    if (UseFlash(C / NH)) {
+      cuda::FlashAttentionForward(Flash(B, T, NH, NH, C / NH), out, att, qkv, stream());
+      return;
+    }
     cuda::AttentionForward(gemm_, attention_mode_, out, att, qkv, B, T, C, NH, stream());
   }
   void AttentionBackward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                          const float* att, int64_t B, int64_t T, int64_t C, int64_t NH) override {
     if (B <= 0 || T <= 0) return;
     MakeCurrent();
+    if (UseFlash(C / NH)) {
+      cuda::FlashAttentionBackward(Flash(B, T, NH, NH, C / NH), dqkv, scratch, dout, qkv, att, stream());
+      return;
+    }
     cuda::AttentionBackward(gemm_, attention_mode_, dqkv, scratch, dout, qkv, att, B, T, C, NH,
                             stream());
   }
@@ -350,6 +390,10 @@ class CudaBackend final : public Backend {
         << name_ << " AttentionForwardGqa: NKV=" << NKV << " does not divide NH=" << NH;
     if (B <= 0 || T <= 0) return;
     MakeCurrent();
+    if (UseFlash(hs)) {
+      cuda::FlashAttentionForward(Flash(B, T, NH, NKV, hs), out, att, qkv, stream());
+      return;
+    }
     cuda::AttentionForwardGqa(gemm_, attention_mode_, out, att, qkv, B, T, NH, NKV, hs, stream());
   }
   void AttentionBackwardGqa(float* dqkv, float* scratch, const float* dout, const float* qkv,
@@ -359,6 +403,10 @@ class CudaBackend final : public Backend {
         << name_ << " AttentionBackwardGqa: NKV=" << NKV << " does not divide NH=" << NH;
     if (B <= 0 || T <= 0) return;
     MakeCurrent();
+    if (UseFlash(hs)) {
+      cuda::FlashAttentionBackward(Flash(B, T, NH, NKV, hs), dqkv, scratch, dout, qkv, att, stream());
+      return;
+    }
     cuda::AttentionBackwardGqa(gemm_, attention_mode_, dqkv, scratch, dout, qkv, att, B, T, NH, NKV,
                                hs, stream());
   }
@@ -368,6 +416,12 @@ class CudaBackend final : public Backend {
         << name_ << " AttentionForwardGqaWindow: NKV=" << NKV << " does not divide NH=" << NH;
     if (B <= 0 || T <= 0) return;
     MakeCurrent();
+    if (UseFlash(hs)) {
+      cuda::FlashShape fs = Flash(B, T, NH, NKV, hs);
+      fs.window = window >= T ? 0 : window;
+      cuda::FlashAttentionForward(fs, out, att, qkv, stream());
+      return;
+    }
     cuda::AttentionForwardGqa(gemm_, attention_mode_, out, att, qkv, B, T, NH, NKV, hs, stream(),
                               window >= T ? 0 : window);
   }
@@ -378,6 +432,12 @@ class CudaBackend final : public Backend {
         << name_ << " AttentionBackwardGqaWindow: NKV=" << NKV << " does not divide NH=" << NH;
     if (B <= 0 || T <= 0) return;
     MakeCurrent();
+    if (UseFlash(hs)) {
+      cuda::FlashShape fs = Flash(B, T, NH, NKV, hs);
+      fs.window = window >= T ? 0 : window;
+      cuda::FlashAttentionBackward(fs, dqkv, scratch, dout, qkv, att, stream());
+      return;
+    }
     cuda::AttentionBackwardGqa(gemm_, attention_mode_, dqkv, scratch, dout, qkv, att, B, T, NH, NKV,
                                hs, stream(), window >= T ? 0 : window);
   }
@@ -443,6 +503,18 @@ class CudaBackend final : public Backend {
                               int64_t B, int64_t T, int64_t C, int64_t NH) override {
     if (B <= 0 || T <= 0) return;
     MakeCurrent();
+    if (UseFlash(C / NH)) {
+      cuda::FlashShape fs = Flash(B, T, NH, NH, C / NH);
+      fs.causal = false;
+      fs.key_mask = key_mask;
+      cuda::FlashAttentionForward(fs, out, att, qkv, stream());
+      int32_t* stash = reinterpret_cast<int32_t*>(att + B * NH * T);
+      const size_t bytes = sizeof(int32_t) * static_cast<size_t>(B * T);
+      L2L_CUDA_CHECK(key_mask != nullptr
+                         ? cudaMemcpyAsync(stash, key_mask, bytes, cudaMemcpyDeviceToDevice, stream())
+                         : cudaMemsetAsync(stash, 0xff, bytes, stream()));
+      return;
+    }
     cuda::AttentionForwardMasked(gemm_, attention_mode_, out, att, qkv, key_mask, B, T, C, NH,
                                  stream());
   }
@@ -451,6 +523,13 @@ class CudaBackend final : public Backend {
                                int64_t NH) override {
     if (B <= 0 || T <= 0) return;
     MakeCurrent();
+    if (UseFlash(C / NH)) {
+      cuda::FlashShape fs = Flash(B, T, NH, NH, C / NH);
+      fs.causal = false;
+      fs.key_mask = reinterpret_cast<const int32_t*>(att + B * NH * T);
+      cuda::FlashAttentionBackward(fs, dqkv, scratch, dout, qkv, att, stream());
+      return;
+    }
     cuda::AttentionBackwardMasked(gemm_, attention_mode_, dqkv, scratch, dout, qkv, att, B, T, C,
                                   NH, stream());
   }
@@ -551,6 +630,7 @@ class CudaBackend final : public Backend {
   CudaGemmPrecision precision_ = CudaGemmPrecision::kFp32;
   cublasComputeType_t compute_ = CUBLAS_COMPUTE_32F;
   AttentionGemmMode attention_mode_;
+  CudaAttentionKind attention_ = CudaAttentionKind::kFlash;
   CudaStream stream_;
   LtGemm gemm_;
   CudaBuffer scratch_;
@@ -584,6 +664,9 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
                        EnvEnum(EnvVar::kCudaGemm, ParseCudaGemmPrecision));
   const CudaGemmPrecision precision = env.value_or(opt.gemm);
   be->precision_ = precision;
+  L2L_ASSIGN_OR_RETURN(const std::optional<CudaAttentionKind> attention_env,
+                       EnvEnum(EnvVar::kCudaAttention, ParseCudaAttentionKind));
+  be->attention_ = attention_env.value_or(opt.attention);
   be->compute_ = precision == CudaGemmPrecision::kTf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                        : CUBLAS_COMPUTE_32F;
   be->attention_mode_.compute = be->compute_;
@@ -595,7 +678,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
   }
   be->name_ = "cuda:" + std::to_string(device) + " (" + prop.name + ", sm_" +
               std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
-              std::to_string(prop.totalGlobalMem >> 30) + " GiB, gemm " + ToString(precision) + ")";
+              std::to_string(prop.totalGlobalMem >> 30) + " GiB, gemm " + ToString(precision) +
+              ", attention " + ToString(be->attention_) + ")";
   L2L_ASSIGN_OR_RETURN(be->stream_, CudaStream::Create());
   L2L_ASSIGN_OR_RETURN(be->gemm_, LtGemm::Create(opt.gemm_workspace_bytes));
   L2L_ASSIGN_OR_RETURN(be->scratch_, CudaBuffer::Create(std::max<size_t>(opt.scratch_bytes, 4096)));
@@ -625,6 +709,10 @@ constexpr std::pair<CudaGemmPrecision, const char*> kCudaGemmNames[] = {
     {CudaGemmPrecision::kFp32, "fp32"}, {CudaGemmPrecision::kTf32, "tf32"}, {CudaGemmPrecision::kBf16, "bf16"}};
 const char* ToString(CudaGemmPrecision p) { return NameOf(kCudaGemmNames, p); }
 Result<CudaGemmPrecision> ParseCudaGemmPrecision(std::string_view s) { return ParseName(kCudaGemmNames, s); }
+constexpr std::pair<CudaAttentionKind, const char*> kCudaAttentionNames[] = {
+    {CudaAttentionKind::kFlash, "flash"}, {CudaAttentionKind::kGemm, "gemm"}};
+const char* ToString(CudaAttentionKind k) { return NameOf(kCudaAttentionNames, k); }
+Result<CudaAttentionKind> ParseCudaAttentionKind(std::string_view s) { return ParseName(kCudaAttentionNames, s); }
 
 int CudaDeviceCount() {
   int count = 0;

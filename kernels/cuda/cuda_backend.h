@@ -45,8 +45,19 @@ enum class CudaGemmPrecision { kFp32, kTf32, kBf16 };
 const char* ToString(CudaGemmPrecision p);                             // "fp32" | "tf32" | "bf16"
 Result<CudaGemmPrecision> ParseCudaGemmPrecision(std::string_view s);  // inverse of ToString
 
+// How the attention ops compute. kFlash: the fused kernels of kernels/cuda/
+// flash_attention.h (no (T,T) buffer; att keeps B*NH*T log-sum-exps) for head sizes 64,
+// 80, 96 and 128, the GEMM path for others; products in fp32 FMA, or bf16 WMMA with fp32
+// accumulation in the kBf16 GEMM mode (tf32 mode computes as fp32 there). kGemm:
+// kernels/cuda/attention.h (cuBLASLt GEMMs around a softmax, att the (B,NH,T,T)
+// probabilities). Environment override: L2L_CUDA_ATTENTION=flash|gemm (common/env.h).
+enum class CudaAttentionKind { kFlash, kGemm };
+const char* ToString(CudaAttentionKind k);                             // "flash" | "gemm"
+Result<CudaAttentionKind> ParseCudaAttentionKind(std::string_view s);  // inverse of ToString
+
 struct CudaBackendOptions {
   CudaGemmPrecision gemm = CudaGemmPrecision::kFp32;
+  CudaAttentionKind attention = CudaAttentionKind::kFlash;
   // cuBLASLt workspace (32 MiB is NVIDIA's recommendation for Hopper).
   size_t gemm_workspace_bytes = size_t{32} << 20;
   // Scratch for column-sum partials and the embedding-backward sort; grows (with a

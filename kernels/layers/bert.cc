@@ -75,8 +75,12 @@ void BlockInternals(Backend& be, const ModelSpec& spec, const BlockViews& w, con
 Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_t T, LayerWorkspace* ws) {
   const size_t f = sizeof(float);
   const size_t N = static_cast<size_t>(B * T), C = spec.d_model, F = spec.d_ff;
-  const size_t NH = spec.n_head, V = spec.vocab_size, t = static_cast<size_t>(T);
+  const size_t V = spec.vocab_size;
   const size_t g = N * std::max(3 * C, F) * f;
+  // The masked attention's stash and scratch, as this backend needs them.
+  const size_t att_floats = backend->MaskedAttentionFloats(B, T, spec.n_head, spec.d_model / spec.n_head);
+  const size_t scratch_floats =
+      std::max<size_t>(1, backend->MaskedAttentionScratchFloats(B, T, spec.n_head, spec.d_model / spec.n_head));
   const size_t logits = std::max(static_cast<size_t>(ws->head_rows()) * V, static_cast<size_t>(B) * static_cast<size_t>(spec.num_labels)) * f;
   struct Want {
     DeviceBuffer* buf;
@@ -84,7 +88,7 @@ Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_
   };
   const std::vector<Want> wants = {
       {&ws->ln1, N * C * f},          {&ws->ln1_mean, N * f},         {&ws->ln1_rstd, N * f},
-      {&ws->qkv, N * 3 * C * f},      {&ws->att, B * NH * t * t * f}, {&ws->att_scratch, B * NH * t * t * f},
+      {&ws->qkv, N * 3 * C * f},      {&ws->att, att_floats * f},      {&ws->att_scratch, scratch_floats * f},
       {&ws->atty, N * C * f},         {&ws->resid2, N * C * f},       {&ws->ln2, N * C * f},
       {&ws->ln2_mean, N * f},         {&ws->ln2_rstd, N * f},         {&ws->fch, N * F * f},
       {&ws->fch_gelu, N * F * f},     {&ws->logits, logits},          {&ws->losses, N * f},

@@ -58,8 +58,8 @@ Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_
   const size_t V = spec.vocab_size, t = static_cast<size_t>(T), half = hs / 2;
   const size_t W = static_cast<size_t>(QkvWidth(spec)), A = spec.n_head * hs;
   const size_t g = N * std::max({W, 2 * F, C}) * f;
-  const size_t att_floats = backend->CausalAttentionFloats(B, T, spec.n_head);
-  const size_t scratch_floats = std::max<size_t>(1, backend->CausalAttentionScratchFloats(B, T, spec.n_head));
+  const size_t att_floats = backend->CausalAttentionFloats(B, T, spec.n_head, static_cast<int64_t>(hs));
+  const size_t scratch_floats = std::max<size_t>(1, backend->CausalAttentionScratchFloats(B, T, spec.n_head, static_cast<int64_t>(hs)));
   const size_t ones = std::max(C, hs), w1 = 4 * C + 2 * hs;
   struct Want {
     DeviceBuffer* buf;

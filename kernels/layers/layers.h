@@ -61,7 +61,7 @@ class LayerWorkspace {
   // Shapes with N = B*T.
   kernels::DeviceBuffer ln1, ln1_mean, ln1_rstd;   // (N,C) (N) (N)
   kernels::DeviceBuffer qkv;                       // (N,3C)
-  kernels::DeviceBuffer att;                       // causal: Backend::CausalAttentionFloats; BERT: (B,NH,T,T)
+  kernels::DeviceBuffer att;                       // causal: Backend::CausalAttentionFloats; BERT: MaskedAttentionFloats
   kernels::DeviceBuffer att_scratch;               // causal: ...ScratchFloats; BERT: (B,NH,T,T)
   kernels::DeviceBuffer atty;                      // (N,C)
   kernels::DeviceBuffer resid2;                    // (N,C) input + attention branch

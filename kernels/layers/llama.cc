@@ -50,8 +50,8 @@ Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_
   const size_t A = static_cast<size_t>(spec.n_head * spec.head_dim());  // = C unless head_size is set
   const size_t g = N * std::max({W, 2 * F, C}) * f;
   // The causal attention's stash and scratch, as this backend needs them.
-  const size_t att_floats = backend->CausalAttentionFloats(B, T, spec.n_head);
-  const size_t scratch_floats = std::max<size_t>(1, backend->CausalAttentionScratchFloats(B, T, spec.n_head));
+  const size_t att_floats = backend->CausalAttentionFloats(B, T, spec.n_head, spec.head_dim());
+  const size_t scratch_floats = std::max<size_t>(1, backend->CausalAttentionScratchFloats(B, T, spec.n_head, spec.head_dim()));
   struct Want {
     DeviceBuffer* buf;
     size_t bytes;
