@@ -629,7 +629,7 @@ Status SpillTier::Flush() {
   UniqueLock lock(I.mu);
   I.cv.wait(lock.native(), [&]() REQUIRES(I.mu) {
     for (const auto& ly : I.layers) {
-      if (ly.st == Impl::St::kWriting) return false;
+      if (ly.st == Impl::St::kWriting || ly.st == Impl::St::kReading) return false;
     }
     return true;
   });

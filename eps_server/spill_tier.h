@@ -108,7 +108,8 @@ class SpillTier {
                std::vector<StateSpan>* out);
   // Ends the lease; dirty -> write the spilled pages back behind.
   void Unlease(int64_t layer, bool dirty);
-  // Waits until every write-behind finished (checkpoints, shutdown). Returns health().
+  // Waits until every write-behind and every read (prefetches included) finished
+  // (checkpoints, shutdown; tests use it for a settled cache). Returns health().
   Status Flush();
 
   Status health() const;  // OK, or the first write fault (sticky)

@@ -528,7 +528,9 @@ TEST_CASE("overwriting a copy's source before the copy completed fails the strea
   if (kDeliberateRaces) {
     // Without the wait, stream b overwrites the source while the (slow) copy runs.
     StickyGuard guard;
-    setenv("L2L_CUDA_EMU_COPY_DELAY_US", "150000", 1);
+    // The copy takes 1 s and the write comes 40 ms into it: a margin of 0.96 s for the
+    // scheduler (0.15 s failed under a loaded 2-core machine's ASan run).
+    setenv("L2L_CUDA_EMU_COPY_DELAY_US", "1000000", 1);
     REQUIRE_CUDA(cudaMemcpyAsync(dst.p, src.p, n * 4, cudaMemcpyDeviceToDevice, a.s));
     unsetenv("L2L_CUDA_EMU_COPY_DELAY_US");
     std::this_thread::sleep_for(std::chrono::milliseconds(40));

@@ -466,7 +466,12 @@ TEST_CASE("Leasing layer l prefetches layer l-1", "[eps][spill_tier]") {
   auto store = ParamStore::Create(spec, o);
   REQUIRE(store.ok());
   auto& ps = **store;
-  REQUIRE(ps.InitFromSeed(3).ok());  // layers 0..5 in order: 1 and 2 are not cached after
+  REQUIRE(ps.InitFromSeed(3).ok());  // layers 0..5 in order
+  REQUIRE(ps.tier()->Flush().ok());
+  // A settled cache without layers 1 and 2, whatever the init's read-aheads did (under
+  // load they finish late and may leave layer 2 cached): lease 5 then 4 (the pool holds
+  // two layers; with prefetch, 4's lease reads 3 ahead), then wait for every read.
+  for (int64_t l : {5, 4}) REQUIRE(ps.Lease(l, LeaseMode::kRead).ok());
   REQUIRE(ps.tier()->Flush().ok());
   const Shadow shadow = SeedShadow(spec, 3);
   REQUIRE(ps.tier()->plan().layer_spilled(1));
