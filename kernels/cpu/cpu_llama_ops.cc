@@ -192,32 +192,30 @@ void CpuBackend::SwiGLUForward(float* out, const float* gate_up, int64_t N, int6
   });
 }
 
+namespace {
+// Rows [0, N) of the SwiGLU backward: dgate_up accumulates, or (overwrite) each row is
+// zeroed right before its accumulate (cache-hot) instead of a Zero pass first.
+void SwiGLUBackwardRows(float* dgate_up, const float* dout, const float* gate_up, int64_t N, int64_t F,
+                        bool overwrite) {
+  ParallelFor(N, RowGrain(F), [&](int64_t n0, int64_t n1) {
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* g = gate_up + n * 2 * F;
+      float* dg = dgate_up + n * 2 * F;
+      if (overwrite) std::fill(dg, dg + 2 * F, 0.0f);
+      SwiGLUBackwardSpan(dg, dg + F, g, g + F, dout + n * F, F);
+    }
+  });
+}
+}  // namespace
+
 void CpuBackend::SwiGLUBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
                                 int64_t F) {
-  InArena([&] {
-    ParallelFor(N, RowGrain(F), [&](int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n) {
-        const float* g = gate_up + n * 2 * F;
-        float* dg = dgate_up + n * 2 * F;
-        SwiGLUBackwardSpan(dg, dg + F, g, g + F, dout + n * F, F);
-      }
-    });
-  });
+  InArena([&] { SwiGLUBackwardRows(dgate_up, dout, gate_up, N, F, /*overwrite=*/false); });
 }
 
 void CpuBackend::SwiGLUBackwardInto(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
                                     int64_t F) {
-  // Each row zeroed right before its accumulate (cache-hot) instead of a Zero pass first.
-  InArena([&] {
-    ParallelFor(N, RowGrain(F), [&](int64_t n0, int64_t n1) {
-      for (int64_t n = n0; n < n1; ++n) {
-        const float* g = gate_up + n * 2 * F;
-        float* dg = dgate_up + n * 2 * F;
-        std::fill(dg, dg + 2 * F, 0.0f);
-        SwiGLUBackwardSpan(dg, dg + F, g, g + F, dout + n * F, F);
-      }
-    });
-  });
+  InArena([&] { SwiGLUBackwardRows(dgate_up, dout, gate_up, N, F, /*overwrite=*/true); });
 }
 
 // ---- GeGLU (Gemma) -------------------------------------------------------------------------
