@@ -167,6 +167,27 @@ TEST_CASE("relay on cuda equals the cpu relay on a padded BERT", "[gpu][bert]") 
   ExpectLossesEqual(gpu, cpu);
 }
 
+// The fused attention's key-masked forms end to end (SmallBert's head size 12 takes the
+// GEMM path): the same padded BERT with 2 heads of 64 (d_model 128), where the CUDA
+// backend uses flash_attention.cu (its masked stash is B*NH*T log-sum-exps + the B*T key
+// mask, not (B,NH,T,T): checked first), through the reference trainer and the relay,
+// both heads, against the cpu at this file's fp32 tolerance.
+TEST_CASE("reference trainer and relay on cuda with flash attention equal the cpu on a padded BERT (head size 64)",
+          "[gpu][bert][flash]") {
+  Backends& b = Both();
+  const int64_t labels = GENERATE(0, 3);
+  CAPTURE(labels);
+  JobConfig job = BertJob(labels);
+  job.model.d_model = 128;
+  job.model.n_head = 2;
+  job.model.d_ff = 256;
+  REQUIRE(job.Validate().ok());
+  const int64_t B = job.train.micro_batch_size, T = job.train.seq_len, NH = job.model.n_head;
+  REQUIRE(b.gpu->MaskedAttentionFloats(B, T, NH, 64) < static_cast<size_t>(B * NH * T * T));
+  ExpectLossesEqual(BertTrainLosses(job, "cuda:0", kTrainSteps), BertTrainLosses(job, "cpu", kTrainSteps));
+  ExpectLossesEqual(BertRelayLosses(job, b.gpu.get(), kTrainSteps), BertRelayLosses(job, b.cpu.get(), kTrainSteps));
+}
+
 
 // ---- depth-flat device memory ------------------------------------------------------------
 
