@@ -87,9 +87,11 @@ Result<MicroBatchPlanInputs> MeasurePlanInputs(kernels::Backend* be, const JobCo
   }
   in.host_update_params_per_s = HostUpdateRate(std::clamp<size_t>(static_cast<size_t>(block), size_t{1} << 16,
                                                                   size_t{1} << 23));
-  // The stash keeps every block's input (fp32, B x T x C) for every micro-batch until
-  // the backward reaches it; on the host (train.stash: host) the device is not capped.
-  in.activation_bytes_per_micro_batch = static_cast<double>(B * T * C) * sizeof(float);
+  // The stash keeps every block's input (B x T x C of train.stash_dtype: f32, or bf16 in
+  // half the bytes) for every micro-batch until the backward reaches it; on the host
+  // (train.stash: host) the device is not capped.
+  in.activation_bytes_per_micro_batch =
+      static_cast<double>(B * T * C) * static_cast<double>(DTypeSize(job.train.stash_dtype));
   in.stash_layers = std::max<int64_t>(1, spec.n_layer);
   in.activation_budget_bytes = job.train.stash == StashPlacement::kDevice
                                    ? static_cast<double>(ActivationBudgetBytes(*be, activation_budget_bytes))

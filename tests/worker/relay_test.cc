@@ -34,6 +34,7 @@
 #include "kernels/backend.h"
 #include "tests/testing/jobs.h"
 #include "worker/data_loader.h"
+#include "worker/micro_batch_auto.h"
 #include "worker/reference/reference_trainer.h"
 #include "worker/relay.h"
 
@@ -796,6 +797,19 @@ TEST_CASE("A bf16 stash rounds every layer boundary as the reference trainer doe
   const size_t tensor = static_cast<size_t>(job.train.micro_batch_size * job.seq_len() * job.model.d_model);
   const size_t f32_stash = static_cast<size_t>(job.model.n_layer + 1) * job.train.micro_batches * tensor * 4;
   CHECK(f32.device_bytes[0] - device.device_bytes[0] == f32_stash / 2 - 2 * tensor * 4);
+}
+
+TEST_CASE("micro_batches auto plans a bf16 stash at 2 bytes per stashed value", "[worker][relay][stash][planner]") {
+  JobConfig job = TinyJob();
+  auto cpu = kernels::CreateCpuBackend(1);
+  const double values = static_cast<double>(job.train.micro_batch_size * job.seq_len() * job.model.d_model);
+  auto f32 = MeasurePlanInputs(cpu.get(), job, 0, 1);
+  REQUIRE(f32.ok());
+  CHECK(f32->activation_bytes_per_micro_batch == values * 4);
+  job.train.stash_dtype = DType::kBF16;
+  auto bf16 = MeasurePlanInputs(cpu.get(), job, 0, 1);
+  REQUIRE(bf16.ok());
+  CHECK(bf16->activation_bytes_per_micro_batch == values * 2);
 }
 
 TEST_CASE("Relay and reference trainer give the same bits in every recompute mode",
