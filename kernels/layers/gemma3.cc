@@ -258,7 +258,6 @@ void GemmaBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& l
   const float* m_out = ws.ln2_mean.f32();
   const float* o_out = ws.ln1_mean.f32();
   // MLP: out = x1 + rms_pf(down(geglu(gate_up(rms_ff(x1))))).
-  be.CopyDeviceToDevice(dres, dout, NC);
   be.Zero(g0, NC);
   be.RMSNormBackward(g0, d.post_ff, dout, m_out, p1.post_ff, m_out + N * C, N, C);          // dm_out (N,C)
   be.Gemm(true, false, C, F, N, 1.0f, g0, C, ws.fch_gelu.f32(), F, 1.0f, d.down_w, F);       // dW_down (C,F) +=
@@ -267,7 +266,8 @@ void GemmaBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& l
   be.GegluBackward(g2, g1, ws.fch.f32(), N, F);                                              // dgate|dup (N,2F)
   be.Gemm(true, false, 2 * F, C, N, 1.0f, g2, 2 * F, ws.ln2.f32(), C, 1.0f, d.gate_up_w, C);  // (2F,C) +=
   be.Gemm(false, false, N, C, 2 * F, 1.0f, g2, 2 * F, w.gate_up_w, C, 0.0f, g1, C);          // dln2 (N,C)
-  be.RMSNormBackward(dres, d.pre_ff, g1, ws.resid2.f32(), p1.pre_ff, ws.ln2_rstd.f32(), N, C);  // dx1
+  // dx1 = dout + the gradient through pre_ff, in one pass.
+  be.RMSNormBackwardResidual(dres, d.pre_ff, dout, g1, ws.resid2.f32(), p1.pre_ff, ws.ln2_rstd.f32(), N, C);
   // Attention: x1 = x + rms_pa(o_proj(attn(...))).
   be.Zero(g0, NC);
   be.RMSNormBackward(g0, d.post_attn, dres, o_out, p1.post_attn, o_out + N * C, N, C);  // do_out (N,C)

@@ -79,8 +79,9 @@ Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_
   const size_t V = spec.vocab_size;
   const size_t g = N * std::max(3 * C, F) * f;
   // The causal attention's stash and scratch, as this backend needs them.
-  const size_t att_floats = backend->CausalAttentionFloats(B, T, spec.n_head, static_cast<int64_t>(C) / spec.n_head);
-  const size_t scratch_floats = std::max<size_t>(1, backend->CausalAttentionScratchFloats(B, T, spec.n_head, static_cast<int64_t>(C) / spec.n_head));
+  const int64_t hs = static_cast<int64_t>(C) / spec.n_head;  // GPT-2's heads split C
+  const size_t att_floats = backend->CausalAttentionFloats(B, T, spec.n_head, hs);
+  const size_t scratch_floats = std::max<size_t>(1, backend->CausalAttentionScratchFloats(B, T, spec.n_head, hs));
   struct Want {
     DeviceBuffer* buf;
     size_t bytes;
