@@ -17,6 +17,20 @@ namespace {
 constexpr int kColTile = 32;   // columns per block (one warp-wide coalesced row segment)
 constexpr int kRowLanes = 8;   // rows processed in parallel per block
 
+// The block-wide column sums of the column-partial kernels (block (kColTile, kRowLanes)):
+// every thread puts its row lane's sum acc for its column into tile, and thread row 0 gets
+// back the sum over the lanes, in lane order (0 elsewhere). Contains a __syncthreads: call
+// it from every thread of the block.
+__device__ float SumRowLanes(float (&tile)[kRowLanes][kColTile + 1], float acc) {
+  tile[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  float sum = 0.0f;
+  if (threadIdx.y == 0) {
+    for (int i = 0; i < kRowLanes; ++i) sum += tile[i][threadIdx.x];
+  }
+  return sum;
+}
+
 // partial (groups, cols): partial[g, c] = sum over rows of group g of dout[r, c].
 // grid (ceil(cols/32), groups), block (32, 8).
 __global__ void ColumnSumPartialKernel(float* partial, const float* dout, int64_t N, int64_t cols,
@@ -29,13 +43,8 @@ __global__ void ColumnSumPartialKernel(float* partial, const float* dout, int64_
   if (c < cols) {
     for (int64_t r = r0 + threadIdx.y; r < r1; r += kRowLanes) acc += dout[r * cols + c];
   }
-  smem[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < cols) {
-    float sum = 0.0f;
-    for (int i = 0; i < kRowLanes; ++i) sum += smem[i][threadIdx.x];
-    partial[blockIdx.y * cols + c] = sum;
-  }
+  const float sum = SumRowLanes(smem, acc);
+  if (threadIdx.y == 0 && c < cols) partial[blockIdx.y * cols + c] = sum;
 }
 
 // dst (cols) += sum over g of partial (groups, cols), g in order.
@@ -69,13 +78,8 @@ __global__ void GeluBackwardBiasPartialKernel(float* partial, float* dinp, const
     }
   }
   if (partial == nullptr) return;  // uniform over the block
-  smem[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < cols) {
-    float sum = 0.0f;
-    for (int i = 0; i < kRowLanes; ++i) sum += smem[i][threadIdx.x];
-    partial[blockIdx.y * cols + c] = sum;
-  }
+  const float sum = SumRowLanes(smem, acc);
+  if (threadIdx.y == 0 && c < cols) partial[blockIdx.y * cols + c] = sum;
 }
 
 // One pass of the LayerNorm backward for rows of C <= kFusedLayerNormMaxC: block g walks rows
@@ -222,15 +226,8 @@ __global__ void LayerNormParamGradPartialKernel(float* partial, const float* dou
       ab += dy;
     }
   }
-  sw[threadIdx.y][threadIdx.x] = aw;
-  sb[threadIdx.y][threadIdx.x] = ab;
-  __syncthreads();
+  const float w = SumRowLanes(sw, aw), b = SumRowLanes(sb, ab);
   if (threadIdx.y == 0 && c < C) {
-    float w = 0.0f, b = 0.0f;
-    for (int i = 0; i < kRowLanes; ++i) {
-      w += sw[i][threadIdx.x];
-      b += sb[i][threadIdx.x];
-    }
     const int64_t groups = gridDim.y;
     partial[blockIdx.y * C + c] = w;
     partial[(groups + blockIdx.y) * C + c] = b;
@@ -290,13 +287,8 @@ __global__ void RMSNormWeightGradPartialKernel(float* partial, const float* dout
       aw += (inp[r * C + c] * rstd[r]) * dout[r * C + c];
     }
   }
-  sw[threadIdx.y][threadIdx.x] = aw;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float w = 0.0f;
-    for (int i = 0; i < kRowLanes; ++i) w += sw[i][threadIdx.x];
-    partial[blockIdx.y * C + c] = w;
-  }
+  const float w = SumRowLanes(sw, aw);
+  if (threadIdx.y == 0 && c < C) partial[blockIdx.y * C + c] = w;
 }
 
 __global__ void SumSquaresPartialKernel(double* partial, const float* x, int64_t n) {
