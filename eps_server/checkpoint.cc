@@ -73,7 +73,7 @@ Result<uint32_t> WriteLayerFile(const ParamStore& store, int64_t layer, const st
   L2L_ASSIGN_OR_RETURN(AtomicFileWriter w, AtomicFileWriter::Create(path));
   LayerFileHeader h{};
   h.magic = kLayerMagic;
-  h.layer = static_cast<uint64_t>(layer);
+  h.layer = static_cast<uint64_t>(store.model_layer(layer));  // a shard's files: model layers
   h.numel = store.layout(layer).numel;
   h.arrays = 3;
   uLong crc = crc32(0L, Z_NULL, 0);
@@ -169,6 +169,12 @@ Result<int64_t> WriteCheckpoint(const ParamStore& store, const CheckpointMeta& m
 
   std::vector<CheckpointLayerFile> files;
   int64_t total = 0;
+  if (store.num_layers() != store.model_num_layers()) {
+    return FailedPrecondition("checkpoint " + dir_in + ": this store is a shard (layers " +
+                              std::to_string(store.first_layer()) + ".." +
+                              std::to_string(store.first_layer() + store.num_layers() - 1) +
+                              "); a shard writes a part (WriteCheckpointPart)");
+  }
   for (int64_t l = 0; l < store.num_layers(); ++l) {
     CheckpointLayerFile f;
     f.file = LayerFileName(l);
@@ -188,6 +194,131 @@ Result<int64_t> WriteCheckpoint(const ParamStore& store, const CheckpointMeta& m
   if (update_latest) {
     const std::string latest = name + "\n";
     L2L_RETURN_IF_ERROR(WriteFileAtomic(parent + "/" + kCheckpointLatest, latest.data(), latest.size()));
+  }
+  return total;
+}
+
+std::string CheckpointPartDirName(int64_t step, int shard) {
+  return "." + CheckpointDirName(step) + ".part-" + std::to_string(shard);
+}
+
+Result<CheckpointPart> WriteCheckpointPart(const ParamStore& store, int shard, int64_t step, const std::string& root) {
+  L2L_RETURN_IF_ERROR(store.health().WithContext("checkpoint part of step " + std::to_string(step)));
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) return Status(StatusCode::kIoError, "cannot create checkpoint root " + root + ": " + ec.message());
+  CheckpointPart part;
+  part.shard = shard;
+  part.step = step;
+  part.dir = CheckpointPartDirName(step, shard);
+  static std::atomic<int> counter{0};
+  const std::string tmp = root + "/" + part.dir + ".tmp-" + std::to_string(::getpid()) + "-" +
+                          std::to_string(counter.fetch_add(1));
+  if (::mkdir(tmp.c_str(), 0755) != 0) return ErrnoError("mkdir", tmp, errno);
+  struct Cleanup {
+    std::string path;
+    bool armed = true;
+    ~Cleanup() {
+      if (!armed) return;
+      std::error_code e;
+      fs::remove_all(path, e);
+    }
+  } cleanup{tmp};
+  for (int64_t l = 0; l < store.num_layers(); ++l) {
+    CheckpointLayerFile f;
+    f.file = LayerFileName(store.model_layer(l));
+    f.numel = store.layout(l).numel;
+    L2L_ASSIGN_OR_RETURN(f.crc32, WriteLayerFile(store, l, tmp + "/" + f.file, &f.bytes));
+    part.bytes += static_cast<int64_t>(f.bytes);
+    part.model_layers.push_back(store.model_layer(l));
+    part.files.push_back(f);
+    FaultPoint("eps.checkpoint");  // tests: die with some layer files written
+  }
+  L2L_RETURN_IF_ERROR(FsyncDir(tmp));
+  L2L_RETURN_IF_ERROR(InstallDir(tmp, root + "/" + part.dir));
+  cleanup.armed = false;
+  L2L_RETURN_IF_ERROR(FsyncDir(root));
+  return part;
+}
+
+Result<int64_t> AssembleCheckpoint(const CheckpointMeta& meta, const std::vector<CheckpointPart>& parts,
+                                   const std::string& root, bool update_latest) {
+  const int64_t L = static_cast<int64_t>(BuildLayout(meta.job.model).size());
+  std::vector<const CheckpointLayerFile*> files(static_cast<size_t>(L), nullptr);
+  std::vector<const CheckpointPart*> owner(static_cast<size_t>(L), nullptr);
+  for (const CheckpointPart& p : parts) {
+    if (p.step != meta.step) {
+      return Internal("checkpoint part of shard " + std::to_string(p.shard) + " is of step " +
+                      std::to_string(p.step) + ", assembling step " + std::to_string(meta.step));
+    }
+    if (p.dir.empty() || p.dir.find('/') != std::string::npos || p.model_layers.size() != p.files.size()) {
+      return InvalidArgument("checkpoint part of shard " + std::to_string(p.shard) + " is malformed (dir '" + p.dir +
+                             "')");
+    }
+    for (size_t i = 0; i < p.files.size(); ++i) {
+      const int64_t l = p.model_layers[i];
+      if (l < 0 || l >= L || files[static_cast<size_t>(l)] != nullptr ||
+          p.files[i].file != LayerFileName(l)) {
+        return InvalidArgument("checkpoint part of shard " + std::to_string(p.shard) + " lists layer " +
+                               std::to_string(l) + " (" + p.files[i].file + "): out of range, or listed twice");
+      }
+      files[static_cast<size_t>(l)] = &p.files[i];
+      owner[static_cast<size_t>(l)] = &p;
+    }
+  }
+  for (int64_t l = 0; l < L; ++l) {
+    if (files[static_cast<size_t>(l)] == nullptr) {
+      return FailedPrecondition("checkpoint of step " + std::to_string(meta.step) + ": no shard's part holds layer " +
+                                std::to_string(l));
+    }
+  }
+  const std::string name = CheckpointDirName(meta.step);
+  static std::atomic<int> counter{0};
+  const std::string tmp = root + "/." + name + ".tmp-" + std::to_string(::getpid()) + "-" +
+                          std::to_string(counter.fetch_add(1));
+  if (::mkdir(tmp.c_str(), 0755) != 0) return ErrnoError("mkdir", tmp, errno);
+  struct Cleanup {
+    std::string path;
+    bool armed = true;
+    ~Cleanup() {
+      if (!armed) return;
+      std::error_code e;
+      fs::remove_all(path, e);
+    }
+  } cleanup{tmp};
+  // Each part's files are on disk (fsync'ed by their shard); a rename moves them in
+  // (the root is one shared filesystem). Sizes are checked first: a part that lost a
+  // file since it was reported must not make a checkpoint.
+  std::vector<CheckpointLayerFile> listed;
+  int64_t total = 0;
+  for (int64_t l = 0; l < L; ++l) {
+    const CheckpointLayerFile& f = *files[static_cast<size_t>(l)];
+    const std::string from = root + "/" + owner[static_cast<size_t>(l)]->dir + "/" + f.file;
+    std::error_code ec;
+    const uintmax_t size = fs::file_size(from, ec);
+    if (ec || size != f.bytes) {
+      return DataLoss("checkpoint part file " + from + (ec ? " is missing: " + ec.message()
+                                                           : " has " + std::to_string(size) + " bytes, its shard said " +
+                                                                 std::to_string(f.bytes)));
+    }
+    if (::rename(from.c_str(), (tmp + "/" + f.file).c_str()) != 0) return ErrnoError("rename", from, errno);
+    listed.push_back(f);
+    total += static_cast<int64_t>(f.bytes);
+  }
+  const std::string manifest = ManifestJson(meta, listed);
+  L2L_RETURN_IF_ERROR(WriteFileAtomic(tmp + "/" + kCheckpointManifest, manifest.data(), manifest.size()));
+  total += static_cast<int64_t>(manifest.size());
+  L2L_RETURN_IF_ERROR(FsyncDir(tmp));
+  L2L_RETURN_IF_ERROR(InstallDir(tmp, root + "/" + name));
+  cleanup.armed = false;
+  L2L_RETURN_IF_ERROR(FsyncDir(root));
+  if (update_latest) {
+    const std::string latest = name + "\n";
+    L2L_RETURN_IF_ERROR(WriteFileAtomic(root + "/" + kCheckpointLatest, latest.data(), latest.size()));
+  }
+  for (const CheckpointPart& p : parts) {  // now empty
+    std::error_code ec;
+    fs::remove_all(root + "/" + p.dir, ec);
   }
   return total;
 }
@@ -313,12 +444,13 @@ Result<CheckpointManifest> ReadCheckpointManifest(const std::string& dir) {
 }
 
 Status LoadCheckpointState(const CheckpointManifest& m, ParamStore* store) {
-  if (static_cast<int64_t>(m.layers.size()) != store->num_layers()) {
+  if (static_cast<int64_t>(m.layers.size()) != store->model_num_layers()) {
     return InvalidArgument("checkpoint " + m.dir + " has " + std::to_string(m.layers.size()) +
-                           " layers, the store " + std::to_string(store->num_layers()));
+                           " layers, the store " + std::to_string(store->model_num_layers()));
   }
-  for (int64_t l = 0; l < store->num_layers(); ++l) {
-    const CheckpointLayerFile& f = m.layers[l];
+  for (int64_t l = 0; l < store->num_layers(); ++l) {  // a shard loads its layers only
+    const int64_t ml = store->model_layer(l);
+    const CheckpointLayerFile& f = m.layers[static_cast<size_t>(ml)];
     const std::string path = m.dir + "/" + f.file;
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
@@ -349,8 +481,8 @@ Status LoadCheckpointState(const CheckpointManifest& m, ParamStore* store) {
     };
     LayerFileHeader h{};
     L2L_RETURN_IF_ERROR(read_all(&h, sizeof(h)));
-    if (h.magic != kLayerMagic || h.layer != static_cast<uint64_t>(l) || h.numel != f.numel || h.arrays != 3) {
-      return DataLoss("checkpoint layer file " + path + " has a bad header (expected layer " + std::to_string(l) +
+    if (h.magic != kLayerMagic || h.layer != static_cast<uint64_t>(ml) || h.numel != f.numel || h.arrays != 3) {
+      return DataLoss("checkpoint layer file " + path + " has a bad header (expected layer " + std::to_string(ml) +
                       " with " + std::to_string(f.numel) + " parameters)");
     }
     uLong crc = crc32(0L, Z_NULL, 0);

@@ -86,6 +86,28 @@ std::string CheckpointDirName(int64_t step);
 Result<int64_t> WriteCheckpoint(const ParamStore& store, const CheckpointMeta& meta,
                                 const std::string& dir, bool update_latest);
 
+// Sharded jobs (common/shard_plan.h): every shard writes the layer files of its layers
+// (named and headed by model layer) into a part directory <root>/.step-<N>.part-<K>
+// (written like a checkpoint: temp dir, fsync, rename); shard 0, once it holds every
+// shard's part, assembles them into an ordinary checkpoint <root>/step-<N> (the files
+// are renamed in, the manifest written last, then `latest`), so a checkpoint exists only
+// when every shard's part is on disk, and it resumes any sharding, or one daemon.
+// The root must be one filesystem that every shard sees.
+struct CheckpointPart {
+  int shard = 0;
+  int64_t step = 0;
+  std::string dir;                          // name inside the root
+  std::vector<int64_t> model_layers;        // per file
+  std::vector<CheckpointLayerFile> files;
+  int64_t bytes = 0;
+};
+std::string CheckpointPartDirName(int64_t step, int shard);
+Result<CheckpointPart> WriteCheckpointPart(const ParamStore& store, int shard, int64_t step, const std::string& root);
+// Errors: a layer no part holds or two parts hold, a part file missing or of another
+// size than its shard reported (nothing is installed then; `latest` is unchanged).
+Result<int64_t> AssembleCheckpoint(const CheckpointMeta& meta, const std::vector<CheckpointPart>& parts,
+                                   const std::string& root, bool update_latest);
+
 // Removes the temporary directories (".<name>.tmp-<pid>-<n>") that WriteCheckpoint left
 // in `root` when its process died mid-write (kill -9, OOM, power loss): those whose pid
 // is no longer a running process, and those named with this process's pid (call it

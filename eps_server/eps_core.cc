@@ -167,11 +167,38 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
     L2L_LOG_WARN("removed {} partial checkpoint(s) left in {} by a daemon killed while writing them", *stale,
                  checkpoint_root());
   }
+  // A shard holds its layers only (common/shard_plan.h): the same plan on every shard.
+  LayerRange own{0, -1};
+  std::vector<LayerRange> plan;
+  if (opts_.shard.sharded()) {
+    if (opts_.shards == nullptr) return Internal("a sharded daemon needs its shard link");
+    if (job.lora.enabled || job.model.num_experts > 0 || job.train.mode != TrainMode::kSync) {
+      return Unimplemented(std::string("this job cannot be sharded yet: ") +
+                           (job.lora.enabled          ? "a LoRA job (its state is small: run one l2l-eps)"
+                            : job.model.num_experts > 0 ? "a mixture-of-experts model (per-expert step counts)"
+                                                        : "train.mode lockfree (shards agree on each step's commit)"));
+    }
+    std::vector<int64_t> numel;
+    for (const LayerLayout& l : BuildLayout(job.model)) numel.push_back(static_cast<int64_t>(l.numel));
+    if (opts_.shard_layers.empty()) {
+      L2L_ASSIGN_OR_RETURN(plan, BalancedShardRanges(numel, opts_.shard.count));
+    } else {
+      L2L_ASSIGN_OR_RETURN(plan, ParseShardBoundaries(opts_.shard_layers, static_cast<int64_t>(numel.size()),
+                                                      opts_.shard.count));
+    }
+    L2L_RETURN_IF_ERROR(CheckShardRanges(plan, static_cast<int64_t>(numel.size())));
+    own = plan[static_cast<size_t>(opts_.shard.index)];
+    L2L_LOG_INFO("shard {} of {}: model layers {}..{} of {}", opts_.shard.index, opts_.shard.count, own.first,
+                 own.end() - 1, numel.size());
+  }
   // Every host buffer that grows with the model, against host_bytes, guard_bytes, RAM
   // and the spill dir's free space, before anything is allocated (host_budget.h).
   HostBudgetInputs bi;
   size_t largest = 0;
+  int64_t model_layer = -1;
   for (const LayerLayout& l : BuildLoraLayout(job.model, job.lora)) {  // what trains; a LoRA base frozen
+    ++model_layer;
+    if (own.count >= 0 && (model_layer < own.first || model_layer >= own.end())) continue;  // another shard's
     bi.layer_numel.push_back(TrainableNumel(l));
     largest = std::max(largest, TrainableNumel(l) * sizeof(float));
     bi.frozen_bytes += RoundUpTo(PlanFrozenBase(l, job.lora).bytes, kShmAlign);
@@ -214,6 +241,7 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   po.lora = job.lora;
   po.spill = opts_.spill;
   po.spill.job_id = opts_.job_id;
+  po.layers = own;
   if (opts_.transport != Transport::kGrpc) po.shm_name = "/" + prefix + "w";
   L2L_ASSIGN_OR_RETURN(auto store, ParamStore::Create(job.model, po));
   if (start.load) {
@@ -240,6 +268,11 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   pipeline->set_gate_on_losses(true);
   if (!start.expert_steps.empty()) L2L_RETURN_IF_ERROR(pipeline->set_expert_steps(start.expert_steps));
   if (opts_.on_skip) pipeline->set_on_skip(opts_.on_skip);
+  if (opts_.shard.sharded()) {
+    pipeline->set_coordinator(opts_.shards);
+    L2L_RETURN_IF_ERROR(opts_.shards->Start(job, plan, start.step, pipeline.get()));
+    shard_plan_ = plan;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     store_ = std::move(store);
@@ -370,7 +403,25 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
                               (same_host ? "the daemon is configured for grpc only"
                                          : "the worker is not on the daemon's host (boot id/hostname differ)"));
   }
-  if (info.previous_worker_id < 0) TakeOverDeadLocalWorkers();
+  // Sharded jobs: workers join shard 0 first (it gives the id and the shards' map),
+  // then every other shard with that id.
+  std::vector<ShardEndpointInfo> shard_map;
+  const bool other_shard = opts_.shard.sharded() && opts_.shard.index > 0;
+  if (opts_.shard.sharded()) {
+    if (!has_job()) return FailedPrecondition("the daemon has no job yet (CreateJob first)");
+    if (other_shard) {
+      if (info.shard_worker_id < 0) {
+        return opts_.shards->Endpoints().status();  // FAILED_PRECONDITION naming shard 0
+      }
+      if (info.shard_worker_id >= opts_.expected_workers) {
+        return InvalidArgument("shard_worker_id " + std::to_string(info.shard_worker_id) + ": the job has " +
+                               std::to_string(opts_.expected_workers) + " workers");
+      }
+    } else {
+      L2L_ASSIGN_OR_RETURN(shard_map, opts_.shards->Endpoints());  // UNAVAILABLE until all joined
+    }
+  }
+  if (info.previous_worker_id < 0 && !other_shard) TakeOverDeadLocalWorkers();
   int32_t id = -1;
   bool rejoin = false;
   UpdatePipeline::FreezeGuard rejoin_gate;  // a rejoin freezes updates until the worker is in
@@ -379,7 +430,22 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
     if (!has_job_) return FailedPrecondition("the daemon has no job yet (CreateJob first)");
     if (stopped_) return Aborted("the daemon is stopping");
     const int32_t n = static_cast<int32_t>(workers_.size());
-    if (info.previous_worker_id >= 0) {
+    if (other_shard) {
+      // The id shard 0 gave: a worker registers here in any order, so a later id waits
+      // (UNAVAILABLE: the worker retries) until the ids below it are in.
+      const int32_t want = info.shard_worker_id;
+      if (want > n) {
+        return Unavailable("worker " + std::to_string(want) + " registers with shard " +
+                           std::to_string(opts_.shard.index) + " after workers " + std::to_string(n) + ".." +
+                           std::to_string(want - 1) + ": waiting for them");
+      }
+      if (want < n && workers_[want]->info.state == WorkerState::kActive) {
+        return FailedPrecondition("worker " + std::to_string(want) + " is active on shard " +
+                                  std::to_string(opts_.shard.index) + "; a second process cannot take its id");
+      }
+      id = want;
+      rejoin = want < n;
+    } else if (info.previous_worker_id >= 0) {
       if (info.previous_worker_id >= n) {
         return NotFound("previous_worker_id " + std::to_string(info.previous_worker_id) + " was never registered (" +
                         std::to_string(n) + " workers registered)");
@@ -415,6 +481,8 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
   r.data_world = opts_.expected_workers;
   r.transport = (want != Transport::kGrpc && shm_possible) ? Transport::kShm : Transport::kGrpc;
   for (int64_t l = 0; l < store_->num_layers(); ++l) r.layer_numel.push_back(store_->layout(l).numel);
+  r.first_layer = store_->first_layer();
+  r.shards = std::move(shard_map);
   if (rejoin) {
     L2L_ASSIGN_OR_RETURN(r.start_step, PrepareRejoin(id, &rejoin_gate));
   } else {
@@ -455,7 +523,10 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
   }
   // Interleaved optimizer: a worker offering its device over shm takes layer updates.
   const bool had_offer = offers_.count(id) > 0;
-  if (info.optimizer.takes_updates && r.transport == Transport::kShm) {
+  if (info.optimizer.takes_updates && opts_.shard.sharded()) {
+    L2L_LOG_WARN("worker {} offers its device for updates: not used by a sharded job (each shard updates its layers)",
+                 id);
+  } else if (info.optimizer.takes_updates && r.transport == Transport::kShm) {
     Result<std::string> seg = updater_->AddWorker(id, info.optimizer);
     if (seg.ok()) {
       offers_[id] = info.optimizer;

@@ -79,6 +79,7 @@
 #include "common/status.h"
 #include "eps_server/job_start.h"
 #include "eps_server/param_store.h"
+#include "eps_server/shards.h"
 #include "eps_server/update_pipeline.h"
 #include "eps_server/worker_updater.h"
 
@@ -153,6 +154,15 @@ struct CoreOptions {
   // Interleaved optimizer: a layer update handed to a worker's device and not answered
   // this long after it was queued is run by the daemon instead (worker_updater.h).
   std::chrono::milliseconds update_deadline{30000};
+  // Sharded jobs (common/shard_plan.h, eps_server/shards.h): this daemon is shard K of
+  // N and holds that shard's layers only; shard_layers: an explicit plan ("" = balanced
+  // by bytes); shards: the link to the other shards (a ShardHub on shard 0, a ShardLink
+  // elsewhere), required when sharded, borrowed (outlives the core). The core's layer
+  // indices (store, pipeline, Registration::layer_numel, the data calls) are LOCAL: 0 is
+  // model layer Registration::first_layer.
+  ShardId shard;
+  std::string shard_layers;
+  ShardPeers* shards = nullptr;
 };
 
 struct RegisterInfo {
@@ -160,6 +170,7 @@ struct RegisterInfo {
   Transport transport = Transport::kAuto;  // what the worker asks for
   int32_t pid = 0;
   int32_t previous_worker_id = -1;  // re-registration (rejoin); -1 = new worker
+  int32_t shard_worker_id = -1;     // sharded jobs, shards K > 0: the id shard 0 gave it
   DeviceOffer optimizer;            // its offer to run layer updates (interleaved optimizer)
 };
 
@@ -180,6 +191,10 @@ struct Registration {
   // it, so a stale client (a process exiting after its daemon was replaced on the same
   // address, or one whose id a replacement took) cannot remove the worker now holding it.
   uint64_t registration_id = 0;
+  // Sharded jobs: every shard (shard 0's registration only) and this daemon's first
+  // model layer (layer_numel are its layers).
+  std::vector<ShardEndpointInfo> shards;
+  int64_t first_layer = 0;
 };
 
 struct WorkerInfo {
@@ -367,6 +382,12 @@ class EpsCore {
       REQUIRES(recovery_mu_);
   std::string PositionAt(int32_t id, int64_t step) const REQUIRES(mu_);
   int64_t checkpoint_every() const;
+  // Sharded jobs: this shard's part of the checkpoint of `step`, posted to shard 0;
+  // shard 0 then assembles every shard's part into `dir` (its checkpoint root's
+  // step-<N>). Returns what this daemon wrote.
+  Result<int64_t> WriteShardedCheckpoint(const CheckpointMeta& meta, const std::string& dir, bool latest)
+      REQUIRES(recovery_mu_);
+  std::vector<LayerRange> shard_plan_;  // sharded jobs: every shard's layers (CreateJob)
 
   const CoreOptions opts_;
   std::atomic<bool> stopped_{false};

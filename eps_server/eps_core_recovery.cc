@@ -106,7 +106,12 @@ Result<CheckpointResult> EpsCore::WriteCheckpointLocked(int64_t step, const std:
     }();
   }
   const auto t0 = std::chrono::steady_clock::now();
-  L2L_ASSIGN_OR_RETURN(int64_t bytes, WriteCheckpoint(*store_, meta, dir, latest));
+  int64_t bytes = 0;
+  if (opts_.shard.sharded()) {
+    L2L_ASSIGN_OR_RETURN(bytes, WriteShardedCheckpoint(meta, dir, latest));
+  } else {
+    L2L_ASSIGN_OR_RETURN(bytes, WriteCheckpoint(*store_, meta, dir, latest));
+  }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   L2L_LOG_INFO("checkpoint of step {} written to {} ({} bytes, {:.2f} s)", step, dir, bytes, secs);
   {
@@ -125,8 +130,31 @@ Result<CheckpointResult> EpsCore::WriteCheckpointLocked(int64_t step, const std:
   return CheckpointResult{dir, step, bytes};
 }
 
+Result<int64_t> EpsCore::WriteShardedCheckpoint(const CheckpointMeta& meta, const std::string& dir, bool latest) {
+  const std::string root = checkpoint_root();
+  if (dir != root + "/" + CheckpointDirName(meta.step)) {
+    return FailedPrecondition("a sharded job writes its checkpoints into its checkpoint root " + root +
+                              " (every shard writes its part there), not " + dir);
+  }
+  L2L_ASSIGN_OR_RETURN(CheckpointPart part, WriteCheckpointPart(*store_, opts_.shard.index, meta.step, root));
+  L2L_RETURN_IF_ERROR(opts_.shards->SubmitPart(part, std::chrono::minutes(2)));
+  if (opts_.shard.index > 0) {
+    L2L_LOG_INFO("shard {}: checkpoint part of step {} written to {}/{} ({} bytes); shard 0 assembles it",
+                 opts_.shard.index, meta.step, root, part.dir, part.bytes);
+    return part.bytes;
+  }
+  // Shard 0: the checkpoint exists once every shard's part is on disk.
+  L2L_ASSIGN_OR_RETURN(std::vector<CheckpointPart> parts, opts_.shards->WaitParts(meta.step, std::chrono::minutes(5)));
+  return AssembleCheckpoint(meta, parts, root, latest);
+}
+
 Result<CheckpointResult> EpsCore::Checkpoint(const std::string& dir_arg) {
   if (!has_job()) return FailedPrecondition("no job to checkpoint (CreateJob first)");
+  if (opts_.shard.sharded()) {
+    return FailedPrecondition(
+        "a sharded job checkpoints every train.checkpoint_every steps and at its end (each shard writes its part and "
+        "shard 0 assembles them); a checkpoint on request is not supported yet");
+  }
   std::string dir;
   if (!dir_arg.empty()) {
     L2L_ASSIGN_OR_RETURN(dir, ResolveUserPath(dir_arg, "Checkpoint dir"));
@@ -140,6 +168,10 @@ Result<CheckpointResult> EpsCore::Checkpoint(const std::string& dir_arg) {
 }
 
 Result<int64_t> EpsCore::Export(const std::string& path_arg, DType dtype) {
+  if (opts_.shard.sharded()) {
+    return FailedPrecondition("a sharded job's daemons each hold some layers: export from its checkpoint "
+                              "(l2l-eps --resume <checkpoint> with one daemon, or `l2l export`)");
+  }
   if (!has_job()) return FailedPrecondition("no job to export (CreateJob first)");
   if (job().lora.enabled) {
     return FailedPrecondition("a LoRA job's state is its adapters: export them (--format peft | gguf-lora) or the "
@@ -170,6 +202,10 @@ Result<int64_t> EpsCore::ExportWith(
     const std::string& path_arg,
     const std::function<Result<int64_t>(const std::string&, int64_t, const std::function<Status(int64_t, float*)>&)>& write) {
   if (!has_job()) return FailedPrecondition("no job to export (CreateJob first)");
+  if (opts_.shard.sharded()) {
+    return FailedPrecondition("a sharded job's daemons each hold some layers: export from its checkpoint "
+                              "(l2l-eps --resume <checkpoint> with one daemon)");
+  }
   L2L_ASSIGN_OR_RETURN(std::string path, ResolveUserPath(path_arg, "Export path"));
   std::lock_guard<std::mutex> rlock(recovery_mu_);
   L2L_ASSIGN_OR_RETURN(UpdatePipeline::FreezeGuard gate, HoldAtBoundary(std::chrono::minutes(10)));

@@ -31,6 +31,8 @@
 #include "common/adamw.h"
 #include "common/config.h"
 #include "common/env.h"
+#include "common/file_util.h"
+#include "common/shard_plan.h"
 #include "common/logging.h"
 #include "eps_server/eps_config.h"
 #include "eps_server/eps_core.h"
@@ -39,6 +41,7 @@
 #include "eps_server/metrics.h"
 #include "eps_server/run_log.h"
 #include "eps_server/server_security.h"
+#include "eps_server/shards.h"
 #include "eps_server/watchdog.h"
 
 namespace {
@@ -61,6 +64,8 @@ struct Flags {
   std::string spill_dir;
   std::string metrics_listen;
   std::vector<std::string> allow_models, allow_data, allow_presets;  // added to paths.*
+  // Sharded jobs (common/shard_plan.h, docs/operations.md "Running on a cluster").
+  std::string shard, shard_layers, coordinator, advertise, coordinator_ca;
 };
 
 void AddFlags(CLI::App* app, Flags* f) {
@@ -97,6 +102,19 @@ void AddFlags(CLI::App* app, Flags* f) {
                   "repeatable)");
   app->add_option("--allow-presets", f->allow_presets,
                   "directory jobs may name model.preset .yaml files in (paths.presets; repeatable)");
+  app->add_option("--shard", f->shard,
+                  "K/N: this daemon is shard K (0-based) of a job sharded over N daemons, owning a range of "
+                  "layers; shard 0 coordinates and is the address workers are given");
+  app->add_option("--shard-layers", f->shard_layers,
+                  "explicit plan: N-1 comma-separated first layers of shards 1..N-1 (default: balanced by bytes); "
+                  "the same on every shard");
+  app->add_option("--coordinator", f->coordinator, "shards K > 0: shard 0's host:port");
+  app->add_option("--advertise", f->advertise,
+                  "shards: the host:port workers and shard 0 dial for this shard (default: --listen's host "
+                  "and the bound port)");
+  app->add_option("--coordinator-ca", f->coordinator_ca,
+                  "shards K > 0: PEM CA that shard 0's TLS certificate must chain to (default: this shard's "
+                  "--tls-client-ca, else plaintext)");
   app->add_flag_callback("--help-env", l2l::PrintEnvHelpAndExit, l2l::kHelpEnvDoc);
 }
 
@@ -260,11 +278,12 @@ struct Servers {
 };
 
 Result<Servers> StartServers(eps::EpsCore* core, const eps::EpsConfig& cfg, const eps::ServerSecurity& security,
-                             const std::string& metrics_listen, eps::MetricsRegistry* metrics) {
+                             const std::string& metrics_listen, eps::MetricsRegistry* metrics, eps::ShardHub* hub) {
   Servers s;
   eps::ServerOptions so;
   so.listen = cfg.listen;
   so.security = security;
+  so.shard_hub = hub;
   L2L_ASSIGN_OR_RETURN(s.grpc, eps::EpsGrpcServer::Start(core, so));
   const std::string host = cfg.listen.substr(0, cfg.listen.rfind(':'));
   std::error_code ec;
@@ -386,6 +405,46 @@ int main(int argc, char** argv) {
   if (!loaded_job.ok()) return Fail(loaded_job.status());
   const std::optional<eps::PlannedJob> initial = std::move(loaded_job).value();
 
+  // 2b. A shard of a sharded job: its place and its link to the other shards.
+  ShardId shard_id;
+  std::unique_ptr<eps::ShardHub> hub;
+  std::unique_ptr<eps::ShardLink> link;
+  if (!flags.shard.empty()) {
+    Result<ShardId> id = ParseShardId(flags.shard);
+    if (!id.ok()) return Fail(id.status());
+    shard_id = *id;
+  }
+  if (shard_id.sharded()) {
+    if (!initial) {
+      return Fail(InvalidArgument("--shard " + flags.shard + ": a shard starts with --job FILE or --resume "
+                                  "CHECKPOINT (the same on every shard)"));
+    }
+    if (shard_id.index == 0) {
+      if (!flags.coordinator.empty()) return Fail(InvalidArgument("--coordinator is for shards K > 0, not shard 0"));
+      hub = std::make_unique<eps::ShardHub>(shard_id);
+    } else {
+      eps::ShardLinkOptions lo;
+      lo.id = shard_id;
+      lo.coordinator = flags.coordinator;
+      lo.token = security->token;
+      const std::string ca_file = !flags.coordinator_ca.empty() ? flags.coordinator_ca : cfg.tls_client_ca;
+      if (!ca_file.empty()) {
+        Result<std::string> ca = ReadFileToString(ca_file);
+        if (!ca.ok()) return Fail(ca.status().WithContext("--coordinator-ca"));
+        lo.tls_ca_pem = *ca;
+        if (security->mutual_tls()) {  // shard 0 asks for a client certificate: this shard's own
+          lo.tls_cert_pem = security->tls_cert_pem;
+          lo.tls_key_pem = security->tls_key_pem;
+        }
+      }
+      Result<std::unique_ptr<eps::ShardLink>> l = eps::ShardLink::Create(lo);
+      if (!l.ok()) return Fail(l.status());
+      link = std::move(l).value();
+    }
+  } else if (!flags.coordinator.empty() || !flags.shard_layers.empty()) {
+    return Fail(InvalidArgument("--coordinator and --shard-layers need --shard K/N with N > 1"));
+  }
+
   ShutdownSignals signals;
   signals.Block();
 
@@ -393,6 +452,14 @@ int main(int argc, char** argv) {
   // the daemon without a final checkpoint; it then exits 1 (systemd's
   // Restart=on-failure resumes from the last good checkpoint).
   eps::CoreOptions co = CoreOptionsFrom(cfg);
+  eps::ShardPeers* peers = hub ? static_cast<eps::ShardPeers*>(hub.get()) : link.get();
+  if (shard_id.sharded()) {
+    co.shard = shard_id;
+    co.shard_layers = flags.shard_layers;
+    co.shards = peers;
+    // Shards on one host must not share shared-memory or spill-file names.
+    co.job_id += "-s" + std::to_string(shard_id.index);
+  }
   std::atomic<eps::EpsGrpcServer*> fatal_srv{nullptr};
   co.on_fatal = [&fatal_srv](const Status&) {
     if (eps::EpsGrpcServer* s = fatal_srv.load(); s != nullptr) s->RequestShutdown(true, true);
@@ -405,21 +472,45 @@ int main(int argc, char** argv) {
   eps::MetricsRegistry metrics;
   FeedRunLogAndMetrics(&co, run_log->get(), &metrics);
   eps::EpsCore core(co);
+  // The peers' threads answer the core's pipeline: stopped before the core goes.
+  struct StopPeers {
+    eps::ShardPeers* p;
+    ~StopPeers() {
+      if (p != nullptr) p->Stop();
+    }
+  } stop_peers{peers};
   CollectCoreStatus(&core, &metrics);
   if (initial) {
     if (Status s = core.CreateJob(initial->job, initial->start); !s.ok()) return Fail(s);
   }
 
   // 4. Serve until a shutdown whose final checkpoint was written.
-  Result<Servers> servers = StartServers(&core, cfg, *security, flags.metrics_listen, &metrics);
+  Result<Servers> servers = StartServers(&core, cfg, *security, flags.metrics_listen, &metrics, hub.get());
   if (!servers.ok()) return Fail(servers.status());
   eps::EpsGrpcServer* srv = servers->grpc.get();
+  if (shard_id.sharded()) {
+    std::string advertise = flags.advertise;
+    if (advertise.empty()) {
+      const std::string host = cfg.listen.substr(0, cfg.listen.rfind(':'));
+      if (host == "0.0.0.0" || host == "[::]" || host.empty()) {
+        return Fail(InvalidArgument("--listen " + cfg.listen + " names no address workers can dial: give --advertise "
+                                    "HOST:PORT"));
+      }
+      advertise = host + ":" + std::to_string(srv->port());
+    }
+    if (hub) {
+      hub->set_self_address(advertise);
+    } else if (Status s = link->Join(advertise); !s.ok()) {
+      return Fail(s);
+    }
+  }
   fatal_srv.store(srv);  // no update (so no job failure) can run before workers reach us
   signals.Start(srv);
   ServeUntilShutdown(&core, srv, cfg);
 
   // 5. Shut down: the servers, then the job (its shared-memory segments go with it).
   srv->Shutdown();
+  if (peers != nullptr) peers->Stop();
   servers->metrics_http.reset();
   core.Stop();
   const std::string fatal = core.GetStatus().error;

@@ -27,6 +27,7 @@
 #include "proto/adamw_proto.h"
 #include "proto/control.grpc.pb.h"
 #include "proto/data.grpc.pb.h"
+#include "proto/shard.grpc.pb.h"
 #include "tokenizer/load.h"
 
 namespace l2l::eps {
@@ -34,6 +35,7 @@ namespace {
 
 namespace data = ::l2l::data::v1;
 namespace control = ::l2l::control::v1;
+namespace shardpb = ::l2l::shard::v1;
 
 static_assert(static_cast<int>(RejoinReason::kStepAbandoned) == data::REJOIN_REASON_STEP_ABANDONED &&
               static_cast<int>(RejoinReason::kDeclaredLost) == data::REJOIN_REASON_DECLARED_LOST &&
@@ -171,6 +173,7 @@ class DataService final : public data::Data::Service {
     }
     info.pid = req->pid();
     info.previous_worker_id = req->has_previous_worker_id() ? req->previous_worker_id() : -1;
+    info.shard_worker_id = req->has_shard_worker_id() ? req->shard_worker_id() : -1;
     if (req->has_optimizer() && req->optimizer().takes_updates()) {
       const data::OptimizerDevice& o = req->optimizer();
       const double rates[] = {o.update_params_per_s(), o.h2d_bytes_per_s(), o.d2h_bytes_per_s()};
@@ -204,6 +207,14 @@ class DataService final : public data::Data::Service {
     rep->set_publish_dtype(ToProto(r->job.publish_dtype));
     for (int64_t n : r->layer_numel) rep->add_layer_numel(n);
     for (const std::string& root : r->data_roots) rep->add_data_roots(root);
+    rep->set_first_layer(r->first_layer);
+    for (const ShardEndpointInfo& e : r->shards) {
+      auto* out = rep->add_shards();
+      out->set_index(e.index);
+      out->set_address(e.address);
+      out->set_first_layer(e.layers.first);
+      out->set_num_layers(e.layers.count);
+    }
     return grpc::Status::OK;
   }
 
@@ -643,6 +654,64 @@ class ControlService final : public control::Control::Service {
   std::chrono::steady_clock::time_point start_;
 };
 
+// l2l.shard.v1.Shards (proto/shard.proto): shard 0 of a sharded job serves the others.
+class ShardsService final : public shardpb::Shards::Service {
+ public:
+  explicit ShardsService(ShardHub* hub) : hub_(hub) {}
+
+  grpc::Status Join(grpc::ServerContext*, const shardpb::JoinRequest* req, shardpb::JoinReply*) override {
+    ShardHub::JoinInfo j;
+    j.shard = req->shard();
+    j.shards = req->shards();
+    j.layers = {req->first_layer(), req->num_layers()};
+    j.address = req->address();
+    j.job_hash = req->job_hash();
+    j.start_step = req->start_step();
+    j.instance = req->instance();
+    if (j.address.empty() || j.address.size() > 512) {
+      return ToGrpc(InvalidArgument("JoinRequest.address: expected host:port, got " +
+                                    std::to_string(j.address.size()) + " bytes"));
+    }
+    return ToGrpc(hub_->Join(j).WithContext("Join"));
+  }
+
+  grpc::Status StepFacts(grpc::ServerContext*, const shardpb::StepFactsRequest* req,
+                         shardpb::StepFactsReply* rep) override {
+    if (req->kind() == shardpb::FACT_CHECKPOINT) {
+      CheckpointPart part;
+      part.shard = req->shard();
+      part.step = req->step();
+      part.dir = req->part_dir();
+      if (req->files_size() > (1 << 20)) return ToGrpc(InvalidArgument("StepFactsRequest.files: too many"));
+      for (const auto& f : req->files()) {
+        part.model_layers.push_back(f.layer());
+        part.files.push_back({f.file(), f.numel(), f.bytes(), f.crc32()});
+        part.bytes += static_cast<int64_t>(f.bytes());
+      }
+      // The names are checked again where they are used (AssembleCheckpoint), inside the root.
+      if (part.dir != CheckpointPartDirName(part.step, part.shard)) {
+        return ToGrpc(InvalidArgument("StepFactsRequest.part_dir '" + part.dir + "': expected " +
+                                      CheckpointPartDirName(part.step, part.shard)));
+      }
+      return ToGrpc(hub_->SubmitPart(part, std::chrono::milliseconds(0)).WithContext("StepFacts"));
+    }
+    if (req->norm2_size() > (1 << 20)) return ToGrpc(InvalidArgument("StepFactsRequest.norm2: too many"));
+    const std::vector<double> norm2(req->norm2().begin(), req->norm2().end());
+    const int64_t wait_ms = std::clamp<int64_t>(req->wait_ms(), 0, 10000);
+    const auto kind = req->kind() == shardpb::FACT_NORMS ? ShardHub::Kind::kNorms : ShardHub::Kind::kVerdict;
+    Result<ShardHub::Decision> d = hub_->Facts(req->shard(), req->step(), kind, norm2, req->skip_reason(),
+                                               std::chrono::milliseconds(wait_ms));
+    if (!d.ok()) return ToGrpc(d.status().WithContext("StepFacts"));
+    rep->set_ready(d->ready);
+    rep->set_total_norm2(d->total_norm2);
+    rep->set_skip_reason(d->skip_reason);
+    return grpc::Status::OK;
+  }
+
+ private:
+  ShardHub* hub_;
+};
+
 }  // namespace
 
 Result<std::unique_ptr<EpsGrpcServer>> EpsGrpcServer::Start(EpsCore* core, const ServerOptions& opts) {
@@ -658,6 +727,10 @@ Result<std::unique_ptr<EpsGrpcServer>> EpsGrpcServer::Start(EpsCore* core, const
   b.AddListeningPort(opts.listen, MakeServerCredentials(opts.security), &s->port_);
   b.RegisterService(s->data_.get());
   b.RegisterService(s->control_.get());
+  if (opts.shard_hub != nullptr) {
+    s->shards_ = std::make_unique<ShardsService>(opts.shard_hub);
+    b.RegisterService(s->shards_.get());
+  }
   // A 4 MiB chunk plus its header fields exceeds gRPC's default 4 MiB message limit;
   // chunks above kMaxChunkBytes are rejected by the service with a clear message.
   b.SetMaxReceiveMessageSize(static_cast<int>(2 * kMaxChunkBytes + 4096));

@@ -34,6 +34,8 @@ struct ServerOptions {
   // A non-loopback `listen` without client authentication (token or mutual TLS) is
   // refused unless security.insecure.
   ServerSecurity security;
+  // Shard 0 of a sharded job: serve l2l.shard.v1.Shards for the other shards (borrowed).
+  ShardHub* shard_hub = nullptr;
 };
 
 class EpsGrpcServer {
@@ -72,7 +74,7 @@ class EpsGrpcServer {
 
  private:
   EpsGrpcServer() = default;
-  std::unique_ptr<grpc::Service> data_, control_;
+  std::unique_ptr<grpc::Service> data_, control_, shards_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   mutable std::mutex mu_;

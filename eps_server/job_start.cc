@@ -51,18 +51,19 @@ JobStart FromPretrained(std::shared_ptr<const Pretrained> model) {
   JobStart start;
   start.description = model->path();
   start.load = [model](ParamStore* store) -> Status {
-    if (store->num_layers() != static_cast<int64_t>(model->layout().size())) {
+    if (store->model_num_layers() != static_cast<int64_t>(model->layout().size())) {
       return InvalidArgument(model->path() + ": " + std::to_string(model->layout().size()) + " layers, the store has " +
-                             std::to_string(store->num_layers()));
+                             std::to_string(store->model_num_layers()));
     }
     std::vector<float> master;
-    for (int64_t l = 0; l < store->num_layers(); ++l) {
+    for (int64_t l = 0; l < store->num_layers(); ++l) {  // a shard: its layers only
+      const int64_t ml = store->model_layer(l);
       const size_t n = store->base_numel(l);
-      if (n != model->layout()[static_cast<size_t>(l)].numel) {
-        return InvalidArgument(model->path() + ": layer " + std::to_string(l) + " size differs from the store's");
+      if (n != model->layout()[static_cast<size_t>(ml)].numel) {
+        return InvalidArgument(model->path() + ": layer " + std::to_string(ml) + " size differs from the store's");
       }
       master.assign(n, 0.0f);
-      L2L_RETURN_IF_ERROR(model->LoadLayer(l, master.data()));
+      L2L_RETURN_IF_ERROR(model->LoadLayer(ml, master.data()));
       L2L_RETURN_IF_ERROR(store->WriteInitialLayer(l, master.data()));
     }
     return Status::Ok();
@@ -77,7 +78,7 @@ Result<JobStart> FromSafetensors(const std::string& path, const ModelSpec& spec)
   start.load = [path, spec](ParamStore* store) -> Status {
     L2L_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(path, spec));
     for (int64_t l = 0; l < store->num_layers(); ++l) {
-      L2L_RETURN_IF_ERROR(store->WriteInitialLayer(l, m.layers[l].data()));
+      L2L_RETURN_IF_ERROR(store->WriteInitialLayer(l, m.layers[store->model_layer(l)].data()));
     }
     return Status::Ok();
   };
@@ -89,17 +90,18 @@ JobStart FromBuffers(std::vector<std::vector<float>> layers) {
   JobStart start;
   start.description = "initial weights";
   start.load = [copy](ParamStore* store) -> Status {
-    if (static_cast<int64_t>(copy->size()) != store->num_layers()) {
+    if (static_cast<int64_t>(copy->size()) != store->model_num_layers()) {
       return InvalidArgument("initial weights have " + std::to_string(copy->size()) + " layers, the model has " +
-                             std::to_string(store->num_layers()));
+                             std::to_string(store->model_num_layers()));
     }
-    for (int64_t l = 0; l < store->num_layers(); ++l) {
-      if ((*copy)[l].size() != store->base_numel(l)) {
-        return InvalidArgument("initial weights of layer " + std::to_string(l) + " have " +
-                               std::to_string((*copy)[l].size()) + " floats, expected " +
+    for (int64_t l = 0; l < store->num_layers(); ++l) {  // a shard: its layers only
+      const std::vector<float>& w = (*copy)[static_cast<size_t>(store->model_layer(l))];
+      if (w.size() != store->base_numel(l)) {
+        return InvalidArgument("initial weights of layer " + std::to_string(store->model_layer(l)) + " have " +
+                               std::to_string(w.size()) + " floats, expected " +
                                std::to_string(store->base_numel(l)));
       }
-      L2L_RETURN_IF_ERROR(store->WriteInitialLayer(l, (*copy)[l].data()));
+      L2L_RETURN_IF_ERROR(store->WriteInitialLayer(l, w.data()));
     }
     return Status::Ok();
   };

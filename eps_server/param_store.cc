@@ -42,14 +42,20 @@ struct StoreLayouts {
   std::vector<FrozenPlan> plans;
   std::vector<size_t> base_numel;
 };
-StoreLayouts MakeStoreLayouts(const ModelSpec& spec, const LoraConfig& lora) {
+// A shard's store keeps the layers of `range` only (count < 0: all).
+StoreLayouts MakeStoreLayouts(const ModelSpec& spec, const LoraConfig& lora, LayerRange range) {
   StoreLayouts v;
-  v.full = BuildLoraLayout(spec, lora);
-  for (const LayerLayout& l : v.full) {
-    v.state.push_back(lora.enabled ? TrainableLayout(l) : l);
-    v.plans.push_back(PlanFrozenBase(l, lora));
+  std::vector<LayerLayout> full = BuildLoraLayout(spec, lora);
+  std::vector<LayerLayout> base = BuildLayout(spec);
+  const int64_t L = static_cast<int64_t>(full.size());
+  const int64_t first = std::clamp<int64_t>(range.first, 0, L);
+  const int64_t end = range.count < 0 ? L : std::clamp<int64_t>(range.end(), first, L);
+  for (int64_t l = first; l < end; ++l) {
+    v.full.push_back(full[static_cast<size_t>(l)]);
+    v.state.push_back(lora.enabled ? TrainableLayout(v.full.back()) : v.full.back());
+    v.plans.push_back(PlanFrozenBase(v.full.back(), lora));
+    v.base_numel.push_back(base[static_cast<size_t>(l)].numel);
   }
-  for (const LayerLayout& l : BuildLayout(spec)) v.base_numel.push_back(l.numel);
   return v;
 }
 
@@ -58,7 +64,7 @@ size_t PagesFor(size_t numel, size_t page_floats) { return (numel + page_floats 
 }  // namespace
 
 size_t ParamStore::RequiredHostBytes(const ModelSpec& spec, const ParamStoreOptions& opts) {
-  const StoreLayouts v = MakeStoreLayouts(spec, opts.lora);
+  const StoreLayouts v = MakeStoreLayouts(spec, opts.lora, opts.layers);
   const size_t page_floats = opts.page_bytes / sizeof(float);
   size_t pages = 0;
   for (const auto& l : v.state) pages += 3 * PagesFor(l.numel, page_floats);
@@ -67,7 +73,9 @@ size_t ParamStore::RequiredHostBytes(const ModelSpec& spec, const ParamStoreOpti
 
 ParamStore::ParamStore(const ModelSpec& spec, const ParamStoreOptions& opts)
     : spec_(spec), opts_(opts), pages_(opts.page_bytes, 0) {
-  StoreLayouts v = MakeStoreLayouts(spec, opts.lora);
+  StoreLayouts v = MakeStoreLayouts(spec, opts.lora, opts.layers);
+  first_layer_ = opts.layers.count < 0 ? 0 : opts.layers.first;
+  model_num_layers_ = static_cast<int64_t>(BuildLayout(spec).size());
   full_layouts_ = std::move(v.full);
   layouts_ = std::move(v.state);
   frozen_plans_ = std::move(v.plans);
@@ -79,6 +87,17 @@ Result<std::unique_ptr<ParamStore>> ParamStore::Create(const ModelSpec& spec,
                                                        const ParamStoreOptions& opts) {
   L2L_RETURN_IF_ERROR(spec.Validate());
   L2L_RETURN_IF_ERROR(ValidateLora(spec, opts.lora));
+  if (opts.layers.count >= 0) {
+    const int64_t L = static_cast<int64_t>(BuildLayout(spec).size());
+    if (opts.layers.first < 0 || opts.layers.count < 1 || opts.layers.end() > L) {
+      return InvalidArgument("shard layers " + std::to_string(opts.layers.first) + ".." +
+                             std::to_string(opts.layers.end() - 1) + " are not within the model's " +
+                             std::to_string(L) + " layers");
+    }
+    if (opts.lora.enabled) {
+      return Unimplemented("a LoRA job cannot be sharded: its state is the adapters only (run one l2l-eps)");
+    }
+  }
   if (opts.page_bytes == 0 || opts.page_bytes % kShmAlign != 0) {
     return InvalidArgument("memory.page_bytes=" + std::to_string(opts.page_bytes) +
                            " must be a positive multiple of 4096");
@@ -344,7 +363,7 @@ Status ParamStore::InitFromSeed(uint64_t seed, size_t scratch_bytes) {
       }
       std::vector<float>& master = bufs[static_cast<size_t>(b)];
       master.resize(max_base_numel);
-      InitLayerParams(spec_, base_layouts[static_cast<size_t>(l)], seed, master.data());
+      InitLayerParams(spec_, base_layouts[static_cast<size_t>(model_layer(l))], seed, master.data());
       Status st = WriteInitialLayer(l, master.data());
       std::lock_guard<std::mutex> lock(mu);
       if (!st.ok() && first.ok()) first = st;

@@ -49,6 +49,7 @@
 #include "common/lora.h"
 #include "common/lora_frozen.h"
 #include "common/model_spec.h"
+#include "common/shard_plan.h"
 #include "common/shm.h"
 #include "common/status.h"
 #include "common/thread_annotations.h"
@@ -69,6 +70,12 @@ struct ParamStoreOptions {
   // A LoRA job: the state is the adapters (and modules_to_save); the base is frozen
   // (see the file comment). Not enabled: every parameter trains.
   LoraConfig lora;
+  // A shard of a sharded job (common/shard_plan.h): the store holds layers
+  // [layers.first, layers.end()) of the model only, as its LOCAL layers 0..count-1
+  // (layout(0) is the model's layer `first`). count < 0: the whole model. Everything
+  // indexed by layer in this class is local; model_layer() maps back (seeded init,
+  // model files and checkpoint files are indexed by model layer).
+  LayerRange layers{0, -1};
 };
 
 // How a lease will use the layer's state.
@@ -92,7 +99,12 @@ class ParamStore {
   ~ParamStore();
 
   const ModelSpec& spec() const { return spec_; }
+  // Layers this store holds (a shard's: its range; see ParamStoreOptions::layers).
   int64_t num_layers() const { return static_cast<int64_t>(layouts_.size()); }
+  // The model's layer of local layer `layer`, and the model's layer count.
+  int64_t model_layer(int64_t layer) const { return first_layer_ + layer; }
+  int64_t first_layer() const { return first_layer_; }
+  int64_t model_num_layers() const { return model_num_layers_; }
   // The layout of what the store keeps state for: the whole layer, or a LoRA job's
   // trainable vector (TrainableLayout of full_layout).
   const LayerLayout& layout(int64_t layer) const { return layouts_[layer]; }
@@ -246,6 +258,8 @@ class ParamStore {
 
   const ModelSpec spec_;
   const ParamStoreOptions opts_;
+  int64_t first_layer_ = 0;       // model layer of local layer 0
+  int64_t model_num_layers_ = 0;  // layers of the whole model
   std::vector<LayerLayout> full_layouts_;  // BuildLoraLayout
   std::vector<LayerLayout> layouts_;       // the state's (TrainableLayout)
   std::vector<FrozenPlan> frozen_plans_;

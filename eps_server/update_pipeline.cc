@@ -511,6 +511,13 @@ void UpdatePipeline::MaybeCommitLocked() {
     if (l.step != step || !(l.applied || DeferredReadyLocked(l))) return;
   }
   std::string reason;
+  if (coordinator_ != nullptr) {
+    // A shard: this daemon's verdict is one of the shards'; the job's (shard 0's) decides.
+    if (const auto v = global_verdict_.find(step); v != global_verdict_.end()) {
+      reason = v->second;
+      return CommitOrSkipLocked(step, reason);
+    }
+  }
   if (gate_on_losses_) {
     const auto it = losses_.find(step);
     for (const auto& [w, r] : members_) {
@@ -526,8 +533,48 @@ void UpdatePipeline::MaybeCommitLocked() {
     }
   }
   for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()) && reason.empty(); ++l) {
-    if (layers_[l].nonfinite) reason = "non-finite gradient in layer " + std::to_string(l);
+    if (layers_[l].nonfinite) reason = "non-finite gradient in layer " + std::to_string(store_->model_layer(l));
   }
+  if (coordinator_ != nullptr) {
+    if (verdict_posted_ != step) {
+      verdict_posted_ = step;
+      coordinator_->PostVerdict(step, reason);  // answered by SetGlobalVerdict
+    }
+    return;
+  }
+  CommitOrSkipLocked(step, reason);
+}
+
+void UpdatePipeline::SetGlobalVerdict(int64_t step, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (layers_.empty() || step < layers_[0].step) return;  // a step already done (a resent answer)
+    global_verdict_[step] = reason;
+    MaybeCommitLocked();
+    cv_.notify_all();
+  }
+  NotifySkips();
+}
+
+void UpdatePipeline::SetGlobalNorm2(int64_t step, double total) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (layers_.empty() || step < layers_[0].step) return;
+    global_norm2_[step] = total;
+    if (global_clip() && norms_in_step_ == static_cast<int64_t>(layers_.size()) && layers_[0].step == step) {
+      LaunchAllGlobalLocked();
+    }
+    cv_.notify_all();
+  }
+  NotifySkips();
+}
+
+void UpdatePipeline::set_coordinator(StepCoordinator* c) {
+  std::lock_guard<std::mutex> lock(mu_);
+  coordinator_ = c;
+}
+
+void UpdatePipeline::CommitOrSkipLocked(int64_t step, const std::string& reason) {
   if (reason.empty()) {
     // Bounded undo: the verdict is commit, so the deferred layers' updates run now, all
     // at once and past the gate's queue (a Freeze waits for them: a started commit always
@@ -589,6 +636,8 @@ void UpdatePipeline::MaybeCommitLocked() {
   }
   losses_.erase(losses_.begin(), losses_.upper_bound(step));
   experts_touched_.erase(experts_touched_.begin(), experts_touched_.upper_bound(step));
+  global_verdict_.erase(global_verdict_.begin(), global_verdict_.upper_bound(step));
+  global_norm2_.erase(global_norm2_.begin(), global_norm2_.upper_bound(step));
 }
 
 Status UpdatePipeline::RestoreLayerLocked(int64_t l, int64_t version) {
@@ -852,7 +901,24 @@ bool UpdatePipeline::DropWorker(int32_t worker_id, int64_t min_step) {
 
 void UpdatePipeline::LaunchAllGlobalLocked() {
   double total = 0;
-  for (auto& l : layers_) total += l.norm2;  // layer order: deterministic
+  if (coordinator_ != nullptr) {
+    // A shard: the norm is over every shard's layers, summed by shard 0 in model layer
+    // order (the same sum, term for term, as one daemon's loop below).
+    const int64_t step = layers_[0].step;
+    const auto it = global_norm2_.find(step);
+    if (it == global_norm2_.end()) {
+      if (norms_posted_ != step) {
+        norms_posted_ = step;
+        std::vector<double> norm2;
+        for (const auto& l : layers_) norm2.push_back(l.norm2);
+        coordinator_->PostNorms(step, std::move(norm2));  // answered by SetGlobalNorm2
+      }
+      return;  // norms_in_step_ stays complete until the answer
+    }
+    total = it->second;
+  } else {
+    for (auto& l : layers_) total += l.norm2;  // layer order: deterministic
+  }
   const float coef = ClipCoefficient(std::sqrt(total), job_.optim.grad_clip);
   norms_in_step_ = 0;
   for (int64_t l = 0; l < static_cast<int64_t>(layers_.size()); ++l) {
@@ -914,6 +980,9 @@ void UpdatePipeline::ResetToStep(int64_t step) {
     l.deferred_launched = false;
   }
   losses_.clear();
+  global_verdict_.clear();
+  global_norm2_.clear();
+  verdict_posted_ = norms_posted_ = -1;
   completed_step_ = step;
   stats_.completed_step = step;
   layers_done_in_step_ = 0;

@@ -42,6 +42,12 @@
 // gradient comes last (the embedding) is the one the next forward needs first, so
 // holding the publishes back costs nothing (docs/architecture.md has the figures).
 //
+// Sharded jobs (common/shard_plan.h; set_coordinator): the pipeline holds this shard's
+// layers only, and the two decisions that need every layer are the job's, not this
+// daemon's: the global clip's norm (PostNorms -> SetGlobalNorm2) and each step's
+// verdict, commit or skip (PostVerdict -> SetGlobalVerdict). The undo copies make the
+// wait safe: applied layers wait for the verdict exactly as they wait for the losses.
+//
 // Mixture of experts (job.model.num_experts > 0): every worker reports which experts its
 // forward of a step routed tokens to (ReportExperts, before it pushes any block gradient
 // of the step); the reports are ORed per step. A block's update applies AdamW only to the
@@ -85,6 +91,21 @@
 #include "eps_server/state_span.h"
 
 namespace l2l::eps {
+
+// Where a shard's pipeline sends the facts of a step that every shard must agree on
+// (eps_server/shard_link.h). Both calls must return at once (they are made under the
+// pipeline's lock); the answer comes later, from another thread, through
+// SetGlobalNorm2 / SetGlobalVerdict.
+class StepCoordinator {
+ public:
+  virtual ~StepCoordinator() = default;
+  // Global clip: the squared norms of this shard's layers' reduced gradients for `step`
+  // (local layer order).
+  virtual void PostNorms(int64_t step, std::vector<double> norm2) = 0;
+  // Every layer of this shard applied (or checked) `step` and the losses are in:
+  // skip_reason "" = this shard would commit.
+  virtual void PostVerdict(int64_t step, const std::string& skip_reason) = 0;
+};
 
 // A tensor range of a layer's flat buffer and whether weight decay applies to it.
 struct DecayRange {
@@ -276,6 +297,14 @@ class UpdatePipeline {
   // Ends a pause caused by skip_pause_after skips in a row (no-op otherwise).
   void ClearSkipPause();
 
+  // Sharded jobs (see the top): set before gradients flow; null = decide alone.
+  void set_coordinator(StepCoordinator* c);
+  // The job's answers: the global clip's total squared norm of `step`, and its verdict
+  // ("" = commit, else the reason it is skipped). Answers for steps already done are
+  // ignored.
+  void SetGlobalNorm2(int64_t step, double total);
+  void SetGlobalVerdict(int64_t step, const std::string& reason);
+
   // Fatal errors: an update that cannot reach its layer's state (an SSD-tier I/O fault,
   // eps_server/spill_tier.h) publishes nothing and makes the pipeline failed: no update
   // starts after it, Submit returns the error, WaitForStep returns false, and
@@ -339,6 +368,7 @@ class UpdatePipeline {
   void LaunchAllGlobalLocked() REQUIRES(mu_);  // every layer's norm is in: launch all updates
   // Commits (or skips) the step when every layer applied it and its losses are in.
   void MaybeCommitLocked() REQUIRES(mu_);
+  void CommitOrSkipLocked(int64_t step, const std::string& reason) REQUIRES(mu_);
   // Restores layer `l`'s master/m/v from its undo copy and publishes `version` with the
   // restored weights into the begun slot. REQUIRES: nothing runs on `l`.
   Status RestoreLayerLocked(int64_t l, int64_t version) REQUIRES(mu_);
@@ -395,6 +425,11 @@ class UpdatePipeline {
   std::map<int64_t, std::vector<uint8_t>> experts_touched_ GUARDED_BY(mu_);  // step -> OR of reports
   std::vector<int64_t> expert_steps_ GUARDED_BY(mu_);                        // committed per-expert steps
   void FailUpdate(Status s) EXCLUDES(mu_);
+  StepCoordinator* coordinator_ GUARDED_BY(mu_) = nullptr;
+  int64_t verdict_posted_ GUARDED_BY(mu_) = -1;         // last step PostVerdict was sent for
+  int64_t norms_posted_ GUARDED_BY(mu_) = -1;           // last step PostNorms was sent for
+  std::map<int64_t, std::string> global_verdict_ GUARDED_BY(mu_);  // step -> the job's verdict
+  std::map<int64_t, double> global_norm2_ GUARDED_BY(mu_);         // step -> the job's norm^2
 };
 
 }  // namespace l2l::eps

@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "worker/eps_client_grpc.h"
+#include "worker/eps_client_sharded.h"
 #include "worker/eps_client_shm.h"
 
 namespace l2l::worker {
@@ -17,7 +18,8 @@ std::chrono::milliseconds PushGradientDeadline(const ClientOptions& options, siz
   return options.push_deadline_floor + std::chrono::milliseconds(static_cast<int64_t>(transfer_ms));
 }
 
-Result<std::unique_ptr<EpsClient>> ConnectEps(const std::string& address, const ClientOptions& options) {
+// One daemon (a shard's, or the only one).
+Result<std::unique_ptr<EpsClient>> ConnectEpsOne(const std::string& address, const ClientOptions& options) {
   WorkerRegistration reg;
   GrpcEpsClient::ShmInfo shm;
   L2L_ASSIGN_OR_RETURN(auto impl, GrpcEpsClient::Connect(address, options, &reg, &shm));
@@ -26,6 +28,12 @@ Result<std::unique_ptr<EpsClient>> ConnectEps(const std::string& address, const 
     return std::unique_ptr<EpsClient>(std::move(c));
   }
   return std::unique_ptr<EpsClient>(std::make_unique<GrpcEpsClient>(std::move(impl), reg, options));
+}
+
+Result<std::unique_ptr<EpsClient>> ConnectEps(const std::string& address, const ClientOptions& options) {
+  L2L_ASSIGN_OR_RETURN(std::unique_ptr<EpsClient> c, ConnectEpsOne(address, options));
+  if (c->registration().shards.empty()) return c;
+  return ShardedEpsClient::Create(std::move(c), options);
 }
 
 }  // namespace l2l::worker

@@ -45,6 +45,16 @@ struct WorkerRegistration {
   // The directories the job's data files may lie in (RegisterReply.data_roots): the
   // worker refuses data paths outside them before opening any (common/path_policy.h).
   std::vector<std::string> data_roots;
+  // Sharded jobs (RegisterReply.shards; worker/eps_client_sharded.h): every l2l-eps
+  // shard (from shard 0's reply; empty otherwise), and the first model layer of the
+  // daemon this registration is with (its layers are local 0..).
+  struct Shard {
+    int32_t index = 0;
+    std::string address;
+    int64_t first_layer = 0, num_layers = 0;
+  };
+  std::vector<Shard> shards;
+  int64_t first_layer = 0;
 };
 
 struct LayerWeights {
@@ -156,6 +166,8 @@ struct ClientOptions {
   std::string tls_key_pem;
   // Sent at Register: this worker's device takes layer updates (worker/device_updater.h).
   OptimizerOffer optimizer;
+  // Sharded jobs: the id shard 0 gave this worker, sent to the other shards (-1: none).
+  int32_t shard_worker_id = -1;
 };
 
 class EpsClient {
@@ -245,6 +257,8 @@ std::chrono::milliseconds PushGradientDeadline(const ClientOptions& options, siz
 
 // Registers with the EPS at `address` ("127.0.0.1:PORT") and returns a connected client.
 // Retries until options.connect_timeout, then fails with UNAVAILABLE naming the address.
+// A sharded job's shard 0 names the other shards: the client registers with each of them
+// too and routes every layer to its owner (worker/eps_client_sharded.h).
 Result<std::unique_ptr<EpsClient>> ConnectEps(const std::string& address,
                                               const ClientOptions& options);
 

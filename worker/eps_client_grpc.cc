@@ -88,6 +88,7 @@ Status GrpcEpsClient::Register(Impl* impl, const ClientOptions& options, int32_t
   req.set_transport(ToString(options.transport));
   req.set_pid(static_cast<int32_t>(getpid()));
   req.set_previous_worker_id(previous_worker_id);
+  if (options.shard_worker_id >= 0) req.set_shard_worker_id(options.shard_worker_id);
   if (options.optimizer.takes_updates) {
     auto* o = req.mutable_optimizer();
     o->set_takes_updates(true);
@@ -146,6 +147,11 @@ Status GrpcEpsClient::Register(Impl* impl, const ClientOptions& options, int32_t
   reg->data_world = rep.data_world();
   reg->data_position = rep.data_position();
   reg->data_roots.assign(rep.data_roots().begin(), rep.data_roots().end());
+  reg->first_layer = rep.first_layer();
+  reg->shards.clear();
+  for (const auto& e : rep.shards()) {
+    reg->shards.push_back({e.index(), e.address(), e.first_layer(), e.num_layers()});
+  }
   Result<Transport> transport = ParseTransport(rep.transport());
   if (!transport.ok() || *transport == Transport::kAuto) {
     return Internal("Register reply from " + address + ": transport '" + rep.transport() + "' is not shm or grpc");

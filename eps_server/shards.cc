@@ -1,0 +1,488 @@
+// ShardHub (shard 0) and ShardLink (the other shards): see shards.h.
+#include "eps_server/shards.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdio>
+#include <random>
+
+#include "common/logging.h"
+#include "common/rng.h"
+#include "proto/client_channel.h"
+#include "proto/shard.grpc.pb.h"
+
+namespace l2l::eps {
+namespace {
+
+namespace shard = ::l2l::shard::v1;
+
+std::string RangeText(const LayerRange& r) {
+  return "layers " + std::to_string(r.first) + ".." + std::to_string(r.end() - 1);
+}
+
+}  // namespace
+
+std::string JobHash(const JobConfig& job) {
+  const std::string yaml = JobConfigToYaml(job);
+  char text[17];
+  std::snprintf(text, sizeof(text), "%016llx",
+                static_cast<unsigned long long>(Fnv1a64(yaml.data(), yaml.size())));
+  return text;
+}
+
+// ---- ShardHub ---------------------------------------------------------------------------
+
+ShardHub::ShardHub(ShardId id) : id_(id), joined_(static_cast<size_t>(id.count)) {
+  dispatcher_ = std::thread([this] { DispatchLoop(); });
+}
+
+ShardHub::~ShardHub() { Stop(); }
+
+void ShardHub::set_self_address(const std::string& address) {
+  std::lock_guard<std::mutex> lock(mu_);
+  self_address_ = address;
+  if (joined_[0]) joined_[0]->address = address;
+}
+
+Status ShardHub::Start(const JobConfig& job, const std::vector<LayerRange>& plan, int64_t start_step,
+                       UpdatePipeline* pipeline) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (started_) return FailedPrecondition("shard 0 already has a job");
+  started_ = true;
+  job_hash_ = JobHash(job);
+  plan_ = plan;
+  start_step_ = start_step;
+  pipeline_ = pipeline;
+  JoinInfo self;
+  self.shard = 0;
+  self.shards = id_.count;
+  self.layers = plan[0];
+  self.address = self_address_;
+  self.job_hash = job_hash_;
+  self.start_step = start_step;
+  joined_[0] = self;
+  // Shards that joined before the job existed here were refused (no job yet): they retry.
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+Status ShardHub::Join(const JoinInfo& j) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopped_) return Aborted("shard 0 is stopping");
+  if (!started_) return Unavailable("shard 0 has no job yet");
+  const std::string who = "shard " + std::to_string(j.shard) + " (" + j.address + ")";
+  if (j.shards != id_.count) {
+    return InvalidArgument(who + " is started as one of " + std::to_string(j.shards) + " shards, shard 0 as one of " +
+                           std::to_string(id_.count) + ": give every shard the same --shard K/N");
+  }
+  if (j.shard <= 0 || j.shard >= id_.count) {
+    return InvalidArgument(who + ": shard index must be 1.." + std::to_string(id_.count - 1));
+  }
+  if (j.job_hash != job_hash_) {
+    return InvalidArgument(who + " runs another job (config hash " + j.job_hash + ", shard 0's " + job_hash_ +
+                           "): give every shard the same --job file or --resume checkpoint");
+  }
+  if (j.start_step != start_step_) {
+    return InvalidArgument(who + " starts at step " + std::to_string(j.start_step) + ", shard 0 at step " +
+                           std::to_string(start_step_) + ": resume every shard from the same checkpoint");
+  }
+  const LayerRange& want = plan_[static_cast<size_t>(j.shard)];
+  if (!(j.layers == want)) {
+    // The shards' plans differ (another --shard-layers): say how the two overlap or leave gaps.
+    std::vector<LayerRange> theirs = plan_;
+    theirs[static_cast<size_t>(j.shard)] = j.layers;
+    const Status gap = CheckShardRanges(theirs, plan_.back().end());
+    return InvalidArgument(who + " owns " + RangeText(j.layers) + ", shard 0's plan gives it " + RangeText(want) +
+                           (gap.ok() ? std::string() : " (" + gap.message() + ")") +
+                           ": give every shard the same --shard-layers");
+  }
+  if (joined_[static_cast<size_t>(j.shard)] && joined_[static_cast<size_t>(j.shard)]->instance != j.instance) {
+    L2L_LOG_WARN("shard {} joins again from {} (a restarted process)", j.shard, j.address);
+  }
+  joined_[static_cast<size_t>(j.shard)] = j;
+  L2L_LOG_INFO("shard {} of {} joined from {} ({})", j.shard, id_.count, j.address, RangeText(j.layers));
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+Result<std::vector<ShardEndpointInfo>> ShardHub::Endpoints() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ShardEndpointInfo> out;
+  std::string missing;
+  for (int k = 0; k < id_.count; ++k) {
+    const auto& j = joined_[static_cast<size_t>(k)];
+    if (!j || j->address.empty()) {
+      missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+      continue;
+    }
+    out.push_back({k, j->address, j->layers});
+  }
+  if (!missing.empty()) {
+    return Unavailable("the job's shards have not all joined shard 0 yet (missing: " + missing + " of " +
+                       std::to_string(id_.count) + ")");
+  }
+  return out;
+}
+
+Status ShardHub::PostLocked(int shard, int64_t step, Kind kind, const std::vector<double>& norm2,
+                            const std::string& reason) {
+  if (shard < 0 || shard >= id_.count) return InvalidArgument("shard " + std::to_string(shard) + " out of range");
+  if (kind == Kind::kNorms && static_cast<int64_t>(norm2.size()) != plan_[static_cast<size_t>(shard)].count) {
+    return InvalidArgument("shard " + std::to_string(shard) + " sent " + std::to_string(norm2.size()) +
+                           " gradient norms, it owns " + std::to_string(plan_[static_cast<size_t>(shard)].count) +
+                           " layers");
+  }
+  Entry& e = facts_[{static_cast<int>(kind), step}];
+  if (e.have.empty()) {
+    e.have.assign(static_cast<size_t>(id_.count), false);
+    e.norm2.resize(static_cast<size_t>(id_.count));
+    e.reason.resize(static_cast<size_t>(id_.count));
+  }
+  if (e.have[static_cast<size_t>(shard)]) return Status::Ok();  // a repeated post
+  e.have[static_cast<size_t>(shard)] = true;
+  e.norm2[static_cast<size_t>(shard)] = norm2;
+  e.reason[static_cast<size_t>(shard)] = reason;
+  if (++e.count < id_.count) return Status::Ok();
+  // Every shard's fact is in: the job's decision. Shard k's layers precede shard k+1's.
+  e.decision.ready = true;
+  double total = 0;
+  for (const auto& n : e.norm2) {
+    for (double v : n) total += v;  // model layer order, as one daemon sums
+  }
+  e.decision.total_norm2 = total;
+  for (const auto& r : e.reason) {
+    if (!r.empty()) {
+      e.decision.skip_reason = r;
+      break;
+    }
+  }
+  // This shard's own pipeline hears it from the dispatcher (it may be the caller now).
+  UpdatePipeline* p = pipeline_;
+  const Decision d = e.decision;
+  if (kind == Kind::kNorms) {
+    answers_.push_back([p, step, d] { p->SetGlobalNorm2(step, d.total_norm2); });
+  } else {
+    answers_.push_back([p, step, d] { p->SetGlobalVerdict(step, d.skip_reason); });
+  }
+  // Old steps' facts are no longer asked for.
+  facts_.erase(facts_.begin(), facts_.lower_bound({static_cast<int>(kind), step - 8}));
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+void ShardHub::PostNorms(int64_t step, std::vector<double> norm2) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status s = PostLocked(0, step, Kind::kNorms, norm2, ""); !s.ok()) {
+    L2L_LOG_ERROR("shard 0's own gradient norms: {}", s.ToString());
+  }
+}
+
+void ShardHub::PostVerdict(int64_t step, const std::string& skip_reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (Status s = PostLocked(0, step, Kind::kVerdict, {}, skip_reason); !s.ok()) {
+    L2L_LOG_ERROR("shard 0's own verdict: {}", s.ToString());
+  }
+}
+
+Result<ShardHub::Decision> ShardHub::Facts(int shard, int64_t step, Kind kind, const std::vector<double>& norm2,
+                                           const std::string& skip_reason, std::chrono::milliseconds wait) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!started_) return FailedPrecondition("shard 0 has no job yet");
+  if (shard <= 0 || shard >= id_.count || !joined_[static_cast<size_t>(shard)]) {
+    return FailedPrecondition("shard " + std::to_string(shard) + " has not joined");
+  }
+  L2L_RETURN_IF_ERROR(PostLocked(shard, step, kind, norm2, skip_reason));
+  const auto key = std::make_pair(static_cast<int>(kind), step);
+  cv_.wait_for(lock, wait, [&] {
+    const auto it = facts_.find(key);
+    return stopped_ || it == facts_.end() || it->second.decision.ready;
+  });
+  if (stopped_) return Aborted("shard 0 is stopping");
+  const auto it = facts_.find(key);
+  if (it == facts_.end()) return FailedPrecondition("step " + std::to_string(step) + " is long done");
+  return it->second.decision;
+}
+
+Status ShardHub::SubmitPart(const CheckpointPart& part, std::chrono::milliseconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (part.shard < 0 || part.shard >= id_.count) {
+    return InvalidArgument("checkpoint part from shard " + std::to_string(part.shard) + ": out of range");
+  }
+  auto& v = parts_[part.step];
+  v.resize(static_cast<size_t>(id_.count));
+  v[static_cast<size_t>(part.shard)] = part;
+  // Parts of steps far behind will never be assembled (a checkpoint that failed).
+  while (parts_.size() > 8) parts_.erase(parts_.begin());
+  cv_.notify_all();
+  return Status::Ok();
+}
+
+Result<std::vector<CheckpointPart>> ShardHub::WaitParts(int64_t step, std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto complete = [&] {
+    const auto it = parts_.find(step);
+    if (it == parts_.end() || it->second.size() != static_cast<size_t>(id_.count)) return false;
+    for (const auto& p : it->second) {
+      if (!p) return false;
+    }
+    return true;
+  };
+  cv_.wait_for(lock, timeout, [&] { return stopped_ || complete(); });
+  if (!complete()) {
+    std::string missing;
+    const auto it = parts_.find(step);
+    for (int k = 0; k < id_.count; ++k) {
+      if (it == parts_.end() || it->second.size() <= static_cast<size_t>(k) || !it->second[static_cast<size_t>(k)]) {
+        missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+      }
+    }
+    if (stopped_) return Aborted("shard 0 stopped while waiting for checkpoint parts of step " + std::to_string(step));
+    return Status(StatusCode::kDeadlineExceeded, "checkpoint of step " + std::to_string(step) +
+                                                     ": no part from shard(s) " + missing + " within " +
+                                                     std::to_string(timeout.count()) + " ms");
+  }
+  std::vector<CheckpointPart> out;
+  for (auto& p : parts_[step]) out.push_back(*p);
+  parts_.erase(step);
+  return out;
+}
+
+void ShardHub::DispatchLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopped_ || !answers_.empty(); });
+    if (stopped_) return;
+    std::function<void()> f = std::move(answers_.front());
+    answers_.pop_front();
+    lock.unlock();
+    f();
+    lock.lock();
+  }
+}
+
+void ShardHub::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+    cv_.notify_all();
+  }
+  if (dispatcher_.joinable()) dispatcher_.join();
+}
+
+// ---- ShardLink --------------------------------------------------------------------------
+
+struct ShardLink::Impl {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<shard::Shards::Stub> stub;
+};
+
+namespace {
+
+uint64_t NewInstance() {
+  std::random_device rd;
+  uint64_t v = 0;
+  while (v == 0) v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return v;
+}
+
+Status FromGrpcStatus(const grpc::Status& s, const std::string& what) {
+  if (s.ok()) return Status::Ok();
+  switch (s.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE: return Unavailable(what + ": " + s.error_message());
+    case grpc::StatusCode::DEADLINE_EXCEEDED: return Status(StatusCode::kDeadlineExceeded, what + ": " + s.error_message());
+    case grpc::StatusCode::INVALID_ARGUMENT: return InvalidArgument(what + ": " + s.error_message());
+    case grpc::StatusCode::FAILED_PRECONDITION: return FailedPrecondition(what + ": " + s.error_message());
+    case grpc::StatusCode::ABORTED: return Aborted(what + ": " + s.error_message());
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return PermissionDenied(what + ": " + s.error_message() +
+                              " (give every shard the same --token-file and TLS material)");
+    default: return Internal(what + ": " + s.error_message());
+  }
+}
+
+bool Retryable(const Status& s) {
+  return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded;
+}
+
+}  // namespace
+
+ShardLink::ShardLink(const ShardLinkOptions& opts)
+    : opts_(opts), impl_(std::make_unique<Impl>()), instance_(NewInstance()) {}
+
+Result<std::unique_ptr<ShardLink>> ShardLink::Create(const ShardLinkOptions& opts) {
+  if (opts.coordinator.empty()) {
+    return InvalidArgument("shard " + std::to_string(opts.id.index) + " of " + std::to_string(opts.id.count) +
+                           " needs --coordinator HOST:PORT (shard 0's address)");
+  }
+  std::unique_ptr<ShardLink> link(new ShardLink(opts));
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(16 << 20);
+  link->impl_->channel = MakeEpsChannel(opts.coordinator, opts.tls_ca_pem, opts.token, args, opts.tls_server_name,
+                                        opts.tls_cert_pem, opts.tls_key_pem);
+  link->impl_->stub = shard::Shards::NewStub(link->impl_->channel);
+  return link;
+}
+
+ShardLink::~ShardLink() { Stop(); }
+
+Status ShardLink::Start(const JobConfig& job, const std::vector<LayerRange>& plan, int64_t start_step,
+                        UpdatePipeline* pipeline) {
+  std::lock_guard<std::mutex> lock(mu_);
+  job_hash_ = JobHash(job);
+  range_ = plan[static_cast<size_t>(opts_.id.index)];
+  start_step_ = start_step;
+  pipeline_ = pipeline;
+  if (!sender_.joinable()) sender_ = std::thread([this] { SendLoop(); });
+  return Status::Ok();
+}
+
+Status ShardLink::Join(const std::string& advertise) {
+  shard::JoinRequest req;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    req.set_shard(opts_.id.index);
+    req.set_shards(opts_.id.count);
+    req.set_first_layer(range_.first);
+    req.set_num_layers(range_.count);
+    req.set_address(advertise);
+    req.set_job_hash(job_hash_);
+    req.set_start_step(start_step_);
+    req.set_instance(instance_);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + opts_.join_timeout;
+  Status last;
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    shard::JoinReply rep;
+    last = FromGrpcStatus(impl_->stub->Join(&ctx, req, &rep), "joining shard 0 at " + opts_.coordinator);
+    if (last.ok()) {
+      L2L_LOG_INFO("shard {} of {} joined shard 0 at {} as {}", opts_.id.index, opts_.id.count, opts_.coordinator,
+                   advertise);
+      return Status::Ok();
+    }
+    if (!Retryable(last) || std::chrono::steady_clock::now() >= deadline) break;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopped_; })) {
+        return Aborted("stopping");
+      }
+    }
+  }
+  return Retryable(last) ? Unavailable(last.message() + " (for " + std::to_string(opts_.join_timeout.count()) +
+                                       " ms; is shard 0 running?)")
+                         : last;
+}
+
+Result<std::vector<ShardEndpointInfo>> ShardLink::Endpoints() const {
+  return FailedPrecondition("this daemon is shard " + std::to_string(opts_.id.index) + " of " +
+                            std::to_string(opts_.id.count) + ": workers register with shard 0 at " + opts_.coordinator);
+}
+
+Status ShardLink::SubmitPart(const CheckpointPart& part, std::chrono::milliseconds timeout) {
+  shard::StepFactsRequest req;
+  req.set_shard(opts_.id.index);
+  req.set_instance(instance_);
+  req.set_step(part.step);
+  req.set_kind(shard::FACT_CHECKPOINT);
+  req.set_part_dir(part.dir);
+  for (size_t i = 0; i < part.files.size(); ++i) {
+    auto* f = req.add_files();
+    f->set_layer(part.model_layers[i]);
+    f->set_file(part.files[i].file);
+    f->set_numel(part.files[i].numel);
+    f->set_bytes(part.files[i].bytes);
+    f->set_crc32(part.files[i].crc32);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    shard::StepFactsReply rep;
+    Status s = FromGrpcStatus(impl_->stub->StepFacts(&ctx, req, &rep),
+                              "checkpoint part of step " + std::to_string(part.step) + " to shard 0");
+    if (s.ok() || !Retryable(s) || std::chrono::steady_clock::now() >= deadline) return s;
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopped_; })) return Aborted("stopping");
+  }
+}
+
+Result<std::vector<CheckpointPart>> ShardLink::WaitParts(int64_t, std::chrono::milliseconds) {
+  return Unimplemented("only shard 0 assembles checkpoints");
+}
+
+void ShardLink::PostNorms(int64_t step, std::vector<double> norm2) {
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.push_back(Fact{step, static_cast<int>(ShardHub::Kind::kNorms), std::move(norm2), ""});
+  cv_.notify_all();
+}
+
+void ShardLink::PostVerdict(int64_t step, const std::string& skip_reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.push_back(Fact{step, static_cast<int>(ShardHub::Kind::kVerdict), {}, skip_reason});
+  cv_.notify_all();
+}
+
+void ShardLink::SendLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stopped_ || !queue_.empty(); });
+    if (stopped_) return;
+    const Fact f = queue_.front();
+    UpdatePipeline* pipeline = pipeline_;
+    lock.unlock();
+    shard::StepFactsRequest req;
+    req.set_shard(opts_.id.index);
+    req.set_instance(instance_);
+    req.set_step(f.step);
+    req.set_kind(f.kind == static_cast<int>(ShardHub::Kind::kNorms) ? shard::FACT_NORMS : shard::FACT_VERDICT);
+    for (double v : f.norm2) req.add_norm2(v);
+    req.set_skip_reason(f.reason);
+    req.set_wait_ms(2000);
+    // Long polls until every shard's fact is in. Shard 0 unreachable: keep trying (the
+    // pipeline waits, as it waits for a slow worker; the workers' own deadlines and the
+    // operator see it in the log).
+    bool answered = false;
+    int failures = 0;
+    while (!answered) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(15));
+      shard::StepFactsReply rep;
+      const Status s = FromGrpcStatus(impl_->stub->StepFacts(&ctx, req, &rep),
+                                      "step " + std::to_string(f.step) + " facts to shard 0 at " + opts_.coordinator);
+      if (s.ok() && rep.ready()) {
+        if (f.kind == static_cast<int>(ShardHub::Kind::kNorms)) {
+          pipeline->SetGlobalNorm2(f.step, rep.total_norm2());
+        } else {
+          pipeline->SetGlobalVerdict(f.step, rep.skip_reason());
+        }
+        answered = true;
+        break;
+      }
+      if (!s.ok()) {
+        if (++failures == 1 || failures % 20 == 0) L2L_LOG_WARN("{} (retrying)", s.ToString());
+        if (s.code() == StatusCode::kInvalidArgument) {
+          L2L_LOG_ERROR("shard 0 refused this shard's step facts: {}", s.ToString());
+        }
+      }
+      std::unique_lock<std::mutex> wait_lock(mu_);
+      if (stopped_) return;
+      if (!s.ok()) cv_.wait_for(wait_lock, std::chrono::milliseconds(200), [&] { return stopped_; });
+      if (stopped_) return;
+    }
+    lock.lock();
+    if (!queue_.empty()) queue_.pop_front();
+  }
+}
+
+void ShardLink::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+    cv_.notify_all();
+  }
+  if (sender_.joinable()) sender_.join();
+}
+
+}  // namespace l2l::eps

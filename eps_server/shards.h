@@ -1,0 +1,192 @@
+// The l2l-eps shards of a sharded job talking to each other (common/shard_plan.h;
+// proto/shard.proto). Shard 0 holds a ShardHub: the shards' endpoints, and per step the
+// facts each shard posts (its layers' squared gradient norms, its verdict, its
+// checkpoint part) until every shard's is in, then the job's decision: the global
+// clip's total (summed over the shards' layers in model layer order, the same terms in
+// the same order as one daemon's sum, so the clip is bit-identical), and the verdict
+// (commit, or the first shard's reason to skip). Every other shard holds a ShardLink:
+// it joins shard 0 over gRPC and posts its facts there as long polls. Both are the
+// shard's UpdatePipeline's StepCoordinator and hand the decisions back to it
+// (SetGlobalNorm2 / SetGlobalVerdict) from their own thread, never from the caller's
+// (the pipeline posts under its lock).
+//
+// Checkpoints: each shard writes its part (eps_server/checkpoint.h WriteCheckpointPart)
+// and posts it; shard 0 waits for every part of the step and assembles the checkpoint,
+// so it exists only once every shard's layers are on disk.
+//
+// Not covered yet (docs/operations.md says so): a shard restarted mid-job is not
+// reconciled with the others (the job must be restarted from the last checkpoint with
+// --resume on every shard), and worker loss with rollback is each shard's own affair.
+//
+// Thread-safety: every method is thread-safe.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/config.h"
+#include "common/shard_plan.h"
+#include "common/status.h"
+#include "common/thread_annotations.h"
+#include "eps_server/checkpoint.h"
+#include "eps_server/update_pipeline.h"
+
+namespace l2l::eps {
+
+struct ShardEndpointInfo {
+  int index = 0;
+  std::string address;
+  LayerRange layers;
+};
+
+// The job's identity between shards: FNV-1a 64 of JobConfigToYaml(job), 16 hex digits.
+std::string JobHash(const JobConfig& job);
+
+// What CreateJob and the core need from the other shards, whichever side this is.
+class ShardPeers : public StepCoordinator {
+ public:
+  // The job exists here: its plan (every shard's range, by index), this shard's start
+  // step and the pipeline to answer. Called once, by EpsCore::CreateJob.
+  virtual Status Start(const JobConfig& job, const std::vector<LayerRange>& plan, int64_t start_step,
+                       UpdatePipeline* pipeline) = 0;
+  // Every shard, once all have joined (shard 0); UNAVAILABLE naming the missing ones
+  // before. Other shards: FAILED_PRECONDITION (workers register with shard 0).
+  virtual Result<std::vector<ShardEndpointInfo>> Endpoints() const = 0;
+  // This shard wrote its checkpoint part: the hub records it, a link sends it to shard 0
+  // (retrying up to `timeout`).
+  virtual Status SubmitPart(const CheckpointPart& part, std::chrono::milliseconds timeout) = 0;
+  // Shard 0: every shard's part of `step` (waits up to `timeout`; DEADLINE_EXCEEDED
+  // names the shards whose part is missing). Others: UNIMPLEMENTED.
+  virtual Result<std::vector<CheckpointPart>> WaitParts(int64_t step, std::chrono::milliseconds timeout) = 0;
+  // Wakes every wait (ABORTED) and joins the threads; no answer reaches the pipeline after.
+  virtual void Stop() = 0;
+};
+
+// Shard 0's side.
+class ShardHub : public ShardPeers {
+ public:
+  // self_address: where workers reach shard 0 (set once the server listens).
+  explicit ShardHub(ShardId id);
+  ~ShardHub() override;
+  void set_self_address(const std::string& address);
+
+  Status Start(const JobConfig& job, const std::vector<LayerRange>& plan, int64_t start_step,
+               UpdatePipeline* pipeline) override;
+  Result<std::vector<ShardEndpointInfo>> Endpoints() const override;
+  Status SubmitPart(const CheckpointPart& part, std::chrono::milliseconds timeout) override;
+  Result<std::vector<CheckpointPart>> WaitParts(int64_t step, std::chrono::milliseconds timeout) override;
+  void Stop() override;
+  void PostNorms(int64_t step, std::vector<double> norm2) override;
+  void PostVerdict(int64_t step, const std::string& skip_reason) override;
+
+  // From the Shards service (grpc_server.cc).
+  struct JoinInfo {
+    int shard = 0, shards = 0;
+    LayerRange layers;
+    std::string address, job_hash;
+    int64_t start_step = 0;
+    uint64_t instance = 0;
+  };
+  Status Join(const JoinInfo& j);
+  struct Decision {
+    bool ready = false;
+    double total_norm2 = 0;
+    std::string skip_reason;
+  };
+  enum class Kind { kNorms = 0, kVerdict = 1 };
+  // Records shard `shard`'s fact of `step` (kNorms: norm2, one per layer it owns;
+  // kVerdict: skip_reason) and waits up to `wait` for every shard's.
+  Result<Decision> Facts(int shard, int64_t step, Kind kind, const std::vector<double>& norm2,
+                         const std::string& skip_reason, std::chrono::milliseconds wait);
+
+ private:
+  struct Entry {
+    std::vector<bool> have;
+    std::vector<std::vector<double>> norm2;
+    std::vector<std::string> reason;
+    int count = 0;
+    Decision decision;
+  };
+  Status PostLocked(int shard, int64_t step, Kind kind, const std::vector<double>& norm2,
+                    const std::string& reason) REQUIRES(mu_);
+  void DispatchLoop();
+
+  const ShardId id_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopped_ GUARDED_BY(mu_) = false;
+  std::string self_address_ GUARDED_BY(mu_);
+  bool started_ GUARDED_BY(mu_) = false;
+  std::string job_hash_ GUARDED_BY(mu_);
+  std::vector<LayerRange> plan_ GUARDED_BY(mu_);
+  int64_t start_step_ GUARDED_BY(mu_) = 0;
+  UpdatePipeline* pipeline_ GUARDED_BY(mu_) = nullptr;
+  std::vector<std::optional<JoinInfo>> joined_ GUARDED_BY(mu_);  // by shard; [0] = this one
+  std::map<std::pair<int, int64_t>, Entry> facts_ GUARDED_BY(mu_);  // (kind, step)
+  std::map<int64_t, std::vector<std::optional<CheckpointPart>>> parts_ GUARDED_BY(mu_);
+  // Decisions for this shard's own pipeline, handed over by dispatcher_.
+  std::deque<std::function<void()>> answers_ GUARDED_BY(mu_);
+  std::thread dispatcher_;
+};
+
+// The other shards' side: a gRPC client of shard 0.
+struct ShardLinkOptions {
+  ShardId id;
+  std::string coordinator;  // shard 0's host:port
+  std::string advertise;    // this shard's address for workers (host:port)
+  // Shard 0's security, as a worker's (proto/client_channel.h).
+  std::string token, tls_ca_pem, tls_server_name, tls_cert_pem, tls_key_pem;
+  std::chrono::milliseconds join_timeout{120000};  // shard 0 may start later
+};
+
+class ShardLink : public ShardPeers {
+ public:
+  static Result<std::unique_ptr<ShardLink>> Create(const ShardLinkOptions& opts);
+  ~ShardLink() override;
+  Status Start(const JobConfig& job, const std::vector<LayerRange>& plan, int64_t start_step,
+               UpdatePipeline* pipeline) override;
+  // Joins shard 0 (retrying until join_timeout): after Start, once this shard listens.
+  Status Join(const std::string& advertise);
+  Result<std::vector<ShardEndpointInfo>> Endpoints() const override;
+  Status SubmitPart(const CheckpointPart& part, std::chrono::milliseconds timeout) override;
+  Result<std::vector<CheckpointPart>> WaitParts(int64_t step, std::chrono::milliseconds timeout) override;
+  void Stop() override;
+  void PostNorms(int64_t step, std::vector<double> norm2) override;
+  void PostVerdict(int64_t step, const std::string& skip_reason) override;
+
+  struct Impl;
+
+ private:
+  explicit ShardLink(const ShardLinkOptions& opts);
+  void SendLoop();
+  struct Fact {
+    int64_t step = 0;
+    int kind = 0;  // ShardHub::Kind
+    std::vector<double> norm2;
+    std::string reason;
+  };
+  const ShardLinkOptions opts_;
+  std::unique_ptr<Impl> impl_;
+  const uint64_t instance_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopped_ GUARDED_BY(mu_) = false;
+  std::string job_hash_ GUARDED_BY(mu_);
+  LayerRange range_ GUARDED_BY(mu_);
+  int64_t start_step_ GUARDED_BY(mu_) = 0;
+  UpdatePipeline* pipeline_ GUARDED_BY(mu_) = nullptr;
+  std::deque<Fact> queue_ GUARDED_BY(mu_);
+  std::thread sender_;
+};
+
+}  // namespace l2l::eps

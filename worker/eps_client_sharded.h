@@ -1,0 +1,59 @@
+// ShardedEpsClient: the EpsClient of a worker in a sharded job (common/shard_plan.h):
+// one client per l2l-eps shard (shm to a shard on this host, gRPC otherwise, as each
+// shard's registration says), and every layer routed to the shard that owns it under
+// that shard's local index. The relay sees one EPS with the whole model.
+//
+// Registration: shard 0 first (it gives the worker id and names the shards), then every
+// other shard with that id (ClientOptions::shard_worker_id). StepDone goes to every
+// shard (each gates its commits on the losses and keeps the data positions);
+// LeaveAfterLastStep leaves shard 0 last (it assembles the final checkpoint). A sharded
+// job updates on its shards: TakeUpdate is refused (the interleaved optimizer is off).
+//
+// Ownership: owns the per-shard clients. Thread-safety: as EpsClient.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "worker/eps_client.h"
+
+namespace l2l::worker {
+
+class ShardedEpsClient : public EpsClient {
+ public:
+  // shard0: the client registered with shard 0, whose registration names the shards.
+  // Connects to the others; errors name the shard and its address.
+  static Result<std::unique_ptr<EpsClient>> Create(std::unique_ptr<EpsClient> shard0, const ClientOptions& options);
+
+  const WorkerRegistration& registration() const override { return shards_[0].client->registration(); }
+  Result<LayerWeights> AcquireLayer(int64_t layer, int64_t min_version, std::chrono::milliseconds timeout) override;
+  void ReleaseLayer(int64_t layer) override;
+  Status PushGradient(int64_t layer, int64_t step, int64_t micro_batches, const float* grad, size_t numel) override;
+  Status StepDone(const StepReport& report) override;
+  void SetHostRegionObserver(HostRegionObserver* observer) override;
+  bool HasGradientSlots() const override;
+  Result<GradientSlot> ClaimGradientSlot(int64_t layer, size_t numel) override;
+  Status PublishGradientSlot(const GradientSlot& slot, int64_t layer, int64_t step, int64_t micro_batches,
+                             size_t numel) override;
+  void AbandonGradientSlot(const GradientSlot& slot) override;
+  Status Rejoin() override;
+  bool rejoin_requested() const override;
+  Status LeaveAfterLastStep(std::chrono::milliseconds wait) override;
+  Result<UpdateAssignment> TakeUpdate(std::chrono::milliseconds wait) override;
+
+ private:
+  struct Shard {
+    std::unique_ptr<EpsClient> client;
+    int64_t first = 0, count = 0;
+  };
+  ShardedEpsClient() = default;
+  // The owner of model layer `layer` (nullptr: out of range) and its local index.
+  Shard* Owner(int64_t layer, int64_t* local);
+  std::vector<Shard> shards_;
+  std::mutex mu_;
+  std::map<const void*, size_t> slot_shard_;  // GUARDED_BY(mu_): claimed slot -> shard
+};
+
+}  // namespace l2l::worker
