@@ -180,10 +180,10 @@ Status RunClusterSimulate(const SimulateFlags& f, const RelayHardware& hw, const
       }
     }
   }
-  std::printf("\n(tokens/s: the first column's, all workers together.) Published for comparison (seed 004, ZeRO-Infinity,\n"
-              "DGX-2 nodes of 16 V100, 800 Gb/s between nodes): section 7.3 / Fig. 5b, a 1T model on 4 nodes (64 GPUs):\n"
-              "over 2.8 PFLOP/s, 44 TFLOP/s per GPU; section 7.4 / Fig. 5c, 10B-100B models on one node (16 GPUs):\n"
-              "over 40 TFLOP/s per GPU. docs/performance.md sets them beside this table.\n");
+  std::printf("\n(tokens/s: the first column's, all workers together.) Published for comparison (seed 004,\n"
+              "ZeRO-Infinity, DGX-2 nodes of 16 V100, 800 Gb/s between nodes): section 7.3 / Fig. 5b, a 1T model\n"
+              "on 4 nodes (64 GPUs): over 2.8 PFLOP/s, 44 TFLOP/s per GPU; section 7.4 / Fig. 5c, 10B-100B models\n"
+              "on one node (16 GPUs): over 40 TFLOP/s per GPU. docs/performance.md sets them beside this table.\n");
   for (const nlohmann::json& j : lines) std::printf("json: %s\n", j.dump().c_str());
   return Status::Ok();
 }

@@ -55,7 +55,9 @@ Result<ClusterResult> SimulateClusterStep(const RelayShape& shape, const RelayHa
   if (shape.n_layer < 1 || shape.d_model < 1 || shape.d_ff < 1 || shape.vocab < 1 || shape.seq_len < 1) {
     return InvalidArgument("cluster model: shape '" + shape.name + "' has a size < 1");
   }
-  if (opt.workers < 1) return InvalidArgument("cluster model: workers must be >= 1, not " + std::to_string(opt.workers));
+  if (opt.workers < 1) {
+    return InvalidArgument("cluster model: workers must be >= 1, not " + std::to_string(opt.workers));
+  }
   if (opt.gpus_per_host < 1) {
     return InvalidArgument("cluster model: gpus_per_host must be >= 1, not " + std::to_string(opt.gpus_per_host));
   }
@@ -66,7 +68,9 @@ Result<ClusterResult> SimulateClusterStep(const RelayShape& shape, const RelayHa
                            shape.name + "'), not " + std::to_string(opt.shards));
   }
   if (!Positive(hosts.link_bytes_per_s)) return InvalidArgument("cluster model: link bandwidth must be > 0");
-  if (hosts.worker_nics < 1 || hosts.shard_nics < 1) return InvalidArgument("cluster model: NICs per host must be >= 1");
+  if (hosts.worker_nics < 1 || hosts.shard_nics < 1) {
+    return InvalidArgument("cluster model: NICs per host must be >= 1");
+  }
   if (!(hosts.shard_ram_bytes >= 0) || !std::isfinite(hosts.shard_ram_bytes)) {
     return InvalidArgument("cluster model: shard RAM must be >= 0 (0 = unlimited)");
   }

@@ -251,14 +251,15 @@ def check_cluster(binary):
         fail("%d cluster configurations printed, expected %d" % (len(rows), 3 * 4 * 4 * 4))
     for (link, w, s, layout, bwc), j in rows.items():
         if j["model"] != "llama-70b" or j["gpus_per_host"] != 8 or j["hosts"] != (w + 7) // 8:
-            fail("%r: model %r, %r GPUs per host, %r hosts" % ((link, w, s), j["model"], j["gpus_per_host"], j["hosts"]))
+            fail("%r: model %r, %r GPUs per host, %r hosts"
+                 % ((link, w, s), j["model"], j["gpus_per_host"], j["hosts"]))
         if abs(j["params"] - P70) > 1e-9 * P70:
             fail("llama-70b has %r parameters, expected %r" % (j["params"], P70))
         copies = j["hosts"] if bwc else w
         out, inn = sum(j["shard_nic_out_bytes"]), sum(j["shard_nic_in_bytes"])
         if abs(out - copies * 2 * 2 * P70) > 1e-9 * out or abs(inn - copies * 4 * P70) > 1e-9 * inn:
             fail("%r: the shards send %r and receive %r bytes per step; %d copies of 2 x bf16 layers and fp32 "
-                 "gradients are %r and %r" % ((link, w, s, layout, bwc), out, inn, copies, copies * 4 * P70,
+                 "gradients are %r and %r" % ((link, w, s, layout, bwc), out, inn, copies, copies * 2 * 2 * P70,
                                                copies * 4 * P70))
         if len(j["shard_nic_out_bytes"]) != s:
             fail("%r: %d shards listed" % ((link, w, s, layout, bwc), len(j["shard_nic_out_bytes"])))
@@ -266,7 +267,8 @@ def check_cluster(binary):
             fail("%r: tokens/s is not W x tokens per GPU / step" % ((link, w, s, layout, bwc),))
         if j["bottleneck"] not in j["seconds_by_resource"]:
             fail("%r: bottleneck %r is not a resource" % ((link, w, s, layout, bwc), j["bottleneck"]))
-        if abs(j["forward_s"] + j["backward_s"] + j["update_tail_s"] + j["overhead_s"] - j["step_s"]) > 1e-9 * j["step_s"]:
+        parts = j["forward_s"] + j["backward_s"] + j["update_tail_s"] + j["overhead_s"]
+        if abs(parts - j["step_s"]) > 1e-9 * j["step_s"]:
             fail("%r: the step is not forward + backward + tail + overhead" % ((link, w, s, layout, bwc),))
         # Doubling the shards halves each shard's traffic: stripes exactly, ranges up to one
         # layer (the embedding and the head are the largest: vocab x d).
@@ -274,7 +276,8 @@ def check_cluster(binary):
             twice = rows[(link, w, 2 * s, layout, bwc)]
             a, b = max(j["shard_nic_out_bytes"]), max(twice["shard_nic_out_bytes"])
             if layout == "stripe" and abs(b - a / 2) > 1e-9 * a:
-                fail("%r: striped over %d shards, a shard sends %r bytes, half of %r expected" % ((link, w, s), 2 * s, b, a))
+                fail("%r: striped over %d shards, a shard sends %r bytes, half of %r expected"
+                     % ((link, w, s), 2 * s, b, a))
             if layout == "range" and b > a / 2 + copies * 2 * 2 * TABLE70:
                 fail("%r: over %d ranges a shard sends %r bytes, more than half of %r plus a layer"
                      % ((link, w, s), 2 * s, b, a))
@@ -297,7 +300,8 @@ def check_cluster(binary):
         fail("at 1 Pb/s, 8 workers, 1 shard: %r, not compute" % fast[(1000000, 8, 1, "range", False)]["bottleneck"])
     # The overhead hook: (S - 1) x --shard-overhead-s on top, nothing else moves.
     base = run_cluster(binary, "--shards", "1,2,4", "--workers", "16", "--link-gbps", "100")
-    over = run_cluster(binary, "--shards", "1,2,4", "--workers", "16", "--link-gbps", "100", "--shard-overhead-s", "0.5")
+    over = run_cluster(binary, "--shards", "1,2,4", "--workers", "16", "--link-gbps", "100",
+                       "--shard-overhead-s", "0.5")
     for key, j in base.items():
         if abs(over[key]["step_s"] - j["step_s"] - 0.5 * (key[2] - 1)) > 1e-9 * j["step_s"]:
             fail("%r: --shard-overhead-s 0.5 moved the step from %r to %r" % (key, j["step_s"], over[key]["step_s"]))
@@ -307,15 +311,18 @@ def check_cluster(binary):
         fail("--simulate without --shards printed cluster lines (rc %d)" % p.returncode)
     # Bad flags name themselves.
     for bad, name in ((["--shards", "0"], "--shards"), (["--shards", "1", "--link-gbps", "-1"], "--link-gbps"),
-                      (["--shards", "1", "--link-gbps", "0"], "--link-gbps"), (["--shards", "1", "--workers", "0"], "--workers"),
+                      (["--shards", "1", "--link-gbps", "0"], "--link-gbps"),
+                      (["--shards", "1", "--workers", "0"], "--workers"),
                       (["--shards", "1", "--gpus-per-host", "0"], "--gpus-per-host"), (["--shards", "83"], "--shards"),
                       (["--shards", "1", "--shard-overhead-s", "-1"], "--shard-overhead-s"),
-                      (["--shards", "1", "--ssd-gbps", "0"], "--ssd-gbps"), (["--shards", "1", "--shard-nics", "0"], "--shard-nics"),
+                      (["--shards", "1", "--ssd-gbps", "0"], "--ssd-gbps"),
+                      (["--shards", "1", "--shard-nics", "0"], "--shard-nics"),
                       (["--shards", "1", "--gpu-sequences", "0"], "--gpu-sequences"),
                       (["--shards", "1", "--shard-ram-gb", "-5"], "--shard-ram-gb")):
         p = subprocess.run([binary, "--simulate", *bad], capture_output=True, text=True, timeout=60)
         if p.returncode == 0 or name not in p.stderr:
-            fail("--simulate %s: rc %d, stderr %r (wanted an error naming %s)" % (" ".join(bad), p.returncode, p.stderr, name))
+            fail("--simulate %s: rc %d, stderr %r (wanted an error naming %s)"
+                 % (" ".join(bad), p.returncode, p.stderr, name))
         if "json:" in p.stdout:
             fail("--simulate %s printed a table before its error" % " ".join(bad))
 
