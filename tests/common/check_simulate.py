@@ -298,6 +298,17 @@ def check_cluster(binary):
             fail("at 1 Pb/s %r is still NIC-bound" % (key,))
     if fast[(1000000, 8, 1, "range", False)]["bottleneck"] != "compute":
         fail("at 1 Pb/s, 8 workers, 1 shard: %r, not compute" % fast[(1000000, 8, 1, "range", False)]["bottleneck"])
+    # The shards update at the rates file's measured CPU AdamW rate: a slow one binds.
+    path = write_json({"cpu_update_g": 0.05})
+    try:
+        slow = run_cluster(binary, "--shards", "1", "--workers", "8", "--link-gbps", "1000000", "--shard-ram-gb", "0",
+                           "--rates-json", path)
+    finally:
+        os.unlink(path)
+    j = slow[(1000000, 8, 1, "range", False)]
+    if j["bottleneck"] != "shard update" or not j["shard_update_busy_s"][0] > P70 / 0.05e9:
+        fail("--rates-json cpu_update_g 0.05: bottleneck %r, update busy %r s (AdamW alone takes %r s)"
+             % (j["bottleneck"], j["shard_update_busy_s"], P70 / 0.05e9))
     # The overhead hook: (S - 1) x --shard-overhead-s on top, nothing else moves.
     base = run_cluster(binary, "--shards", "1,2,4", "--workers", "16", "--link-gbps", "100")
     over = run_cluster(binary, "--shards", "1,2,4", "--workers", "16", "--link-gbps", "100",
