@@ -29,7 +29,8 @@ this file counts itself: every (link, workers, shards, layout, fetch) configurat
 the shards together send W copies of the bf16 layers twice per step and receive W fp32
 gradients; doubling the shards halves each shard's traffic (contiguous ranges: up to one
 layer; stripes: exactly); at 25 Gb/s with 64 workers and 1 shard the shard NIC binds, and
-at 1 Tb/s no NIC does; --shard-overhead-s adds (S - 1) x itself; the single-host table
+at 1 Pb/s no NIC does; the shards update at the rates file's cpu_update_g;
+--shard-overhead-s adds (S - 1) x itself; the single-host table
 prints no cluster line; bad flags are errors naming the flag. Exits non-zero on the first
 failure.
 """
