@@ -6,6 +6,8 @@
 //   l2l-bench-relay --simulate [--hw h100|dgx2] [--rates-json FILE] [--pcie-gbps X] ...
 //                   (bench/relay_simulate.h): the analytic multi-device model instead of a
 //                   measurement, from a preset, measured rates (FILE) and flags
+//   l2l-bench-relay --simulate --shards 1,2,4,8 [--workers 8,16,32,64] [--link-gbps 25,100,400]
+//                   [--gpus-per-host 8] ...: the scale-out model (common/cluster_model.h)
 //
 // In one run, on the same synthetic token stream, model, initialisation and micro-batching:
 //  * the reference trainer (worker/reference/reference_trainer.h): tokens/s;
@@ -211,7 +213,8 @@ int main(int argc, char** argv) {
   app.add_option("--rates-json", sf.rates_json,
                  "--simulate: measured rates over the preset (JSON object: matmul_tflops, attention_tflops, "
                  "h2d_gbps, d2h_gbps, ...; scripts/bench_gpu.sh writes it); flags still override");
-  app.add_option("--shapes", sf.shapes, "--simulate: models (gpt2-xl, llama-7b, qwen2.5-1.5b; default the first two)")
+  app.add_option("--shapes", sf.shapes,
+                 "--simulate: models (gpt2-xl, llama-7b, qwen2.5-1.5b, llama-70b; default the first two)")
       ->delimiter(',');
   app.add_option("--seq-len", sf.seq_len, "--simulate: tokens per sequence for every shape (default: each shape's)");
   app.add_option("--cpu-update", sf.cpu_update_g, "--simulate: daemon AdamW rate, G params/s");
@@ -220,7 +223,30 @@ int main(int argc, char** argv) {
   app.add_option("--sequences", sf.sequences, "--simulate: global sequences per step");
   app.add_option("--gpu-fraction", sf.gpu_fraction, "--simulate: interleaved columns' share, auto or [0, 1]");
   app.add_option("--devices", sf.devices, "--simulate: device counts (default 1 2 4 8)")->delimiter(',');
+  // Scale-out (common/cluster_model.h): --shards switches the table to the cluster model.
+  app.add_option("--shards", sf.shards,
+                 "--simulate: shard host counts (l2l-eps daemons holding the state); switches to the scale-out "
+                 "model, whose default shape is llama-70b")
+      ->delimiter(',');
+  app.add_option("--workers", sf.workers, "--simulate --shards: GPU worker counts (default 8,16,32,64)")
+      ->delimiter(',');
+  app.add_option("--gpus-per-host", sf.gpus_per_host, "--simulate --shards: GPUs per worker host (default 8)");
+  app.add_option("--link-gbps", sf.link_gbps,
+                 "--simulate --shards: inter-host link speeds, Gb/s per NIC and direction (default 25,100,400)")
+      ->delimiter(',');
+  app.add_option("--worker-nics", sf.worker_nics, "--simulate --shards: NICs per worker host (default 1)");
+  app.add_option("--shard-nics", sf.shard_nics, "--simulate --shards: NICs per shard host (default 1)");
+  app.add_option("--gpu-sequences", sf.gpu_sequences, "--simulate --shards: sequences per GPU per step (default 4)");
+  app.add_option("--shard-ram-gb", sf.shard_ram_gb,
+                 "--simulate --shards: RAM per shard host for the state, GB (default 512; 0 = unlimited)");
+  app.add_option("--shard-ram-gbps", sf.shard_ram_gbps,
+                 "--simulate --shards: shard host memory bandwidth, GB/s (default: the preset's host bandwidth)");
+  app.add_option("--ssd-gbps", sf.ssd_gbps, "--simulate --shards: SSD GB/s per shard host, read + write (default 6)");
+  app.add_option("--shard-overhead-s", sf.shard_overhead_s,
+                 "--simulate --shards: seconds per step per shard beyond the first (default 0; to be calibrated by "
+                 "measuring 1 vs 2 vs 4 shards on one host)");
   CLI11_PARSE(app, argc, argv);
+  if (!sf.shards.empty() && app.count("--shapes") == 0) sf.shapes = {"llama-70b"};
   if (simulate) {
     Status st = l2l::bench::RunSimulate(sf);
     if (!st.ok()) {

@@ -4,6 +4,7 @@
 // Nothing is measured here: the rates come from a hardware preset (the seeds' hardware),
 // then from --rates-json (rates scripts/bench_gpu.sh measured on a GPU), then from flags.
 // Output: a human-readable table, then one "json: {...}" line per configuration.
+// With --shards, the scale-out table of bench/cluster_simulate.cc instead.
 #include "bench/relay_simulate.h"
 
 #include <cmath>
@@ -127,6 +128,7 @@ Status RunSimulate(const SimulateFlags& f) {
     shapes.push_back(*shape);
   }
 
+  if (!f.shards.empty()) return RunClusterSimulate(f, hw, shapes, rates_note);
   std::printf("MODEL, not a measurement: relay step time from common/relay_model.h\n");
   std::printf("hardware: PCIe %.0f GB/s per device H2D (%.0f D2H), host aggregate %.0f GB/s, NVLink %.0f GB/s,\n"
               "          %.0f TFLOP/s per device (matmuls), attention %.0f TFLOP/s,\n"

@@ -31,6 +31,20 @@ struct SimulateFlags {
   std::vector<int> devices = {1, 2, 4, 8};
   std::vector<std::string> shapes = {"gpt2-xl", "llama-7b"};  // common/relay_model.h names
   int64_t seq_len = 0;             // tokens per sequence; 0 = each shape's own
+
+  // Scale-out (common/cluster_model.h): a non-empty `shards` prints the cluster table
+  // instead of the single-host one (see RunClusterSimulate).
+  std::vector<int> shards;                       // S, state shard hosts (l2l-eps daemons)
+  std::vector<int> workers = {8, 16, 32, 64};    // W, GPU workers (one GPU each)
+  int gpus_per_host = 8;                         // G
+  std::vector<double> link_gbps = {25, 100, 400};  // one NIC, each direction, Gb/s
+  int worker_nics = 1;                           // NICs per worker host
+  int shard_nics = 1;                            // NICs per shard host
+  int64_t gpu_sequences = 4;                     // sequences per GPU per step
+  double shard_ram_gb = 512;                     // RAM per shard host for state, GB; 0 = unlimited
+  double shard_ram_gbps = 0;                     // shard memory bandwidth; 0 = the preset's host_gbps
+  double ssd_gbps = 6;                           // SSD per shard host, GB/s (read + write)
+  double shard_overhead_s = 0;                   // per step per extra shard (to be calibrated)
 };
 
 // The keys --rates-json reads, each a number > 0 (other keys, e.g. the device's name, are
@@ -44,5 +58,12 @@ std::vector<std::string> RatesJsonKeys();
 Result<std::vector<std::string>> ApplyRatesJson(const std::string& path, RelayHardware* hw);
 
 Status RunSimulate(const SimulateFlags& f);
+
+// The cluster table (bench/cluster_simulate.cc), called by RunSimulate when f.shards is
+// set, with the GPU rates already resolved (preset, rates file, flags) and the shapes
+// (seq_len applied); `rates_note` lists the keys the rates file set ("" = none). Errors
+// name the flag.
+Status RunClusterSimulate(const SimulateFlags& f, const RelayHardware& hw, const std::vector<RelayShape>& shapes,
+                          const std::string& rates_note);
 
 }  // namespace l2l::bench

@@ -5,22 +5,14 @@
 #include <cmath>
 
 namespace l2l {
-namespace {
 
-struct ModelLayer {
-  double fwd_flops_per_token = 0;       // the matmuls (device_flops)
-  double fwd_attn_flops_per_token = 0;  // scores and weighted sum (attention_flops)
-  double fetch_params = 0;   // parameters the devices read for it
-  int64_t update_params = 0; // parameters whose update it owns
-};
-
-std::vector<ModelLayer> Layers(const RelayShape& s) {
+std::vector<RelayLayer> RelayLayers(const RelayShape& s) {
   const double d = static_cast<double>(s.d_model), ff = static_cast<double>(s.d_ff);
   const double table = static_cast<double>(s.vocab) * d;
   const double kv = static_cast<double>(s.kv_dim > 0 ? s.kv_dim : s.d_model);
   // q and o are d x d; k and v are d x kv (kv = d without grouped-query attention).
   const double block = 2 * d * d + 2 * d * kv + (s.gated_mlp ? 3 : 2) * d * ff;
-  std::vector<ModelLayer> out;
+  std::vector<RelayLayer> out;
   // Embedding: a lookup (no FLOPs to speak of). A tied table is updated by the head layer
   // (its gradients are summed there); the embedding layer then owns the position table.
   const int64_t pos = s.tied_embeddings ? s.seq_len * s.d_model : 0;
@@ -34,17 +26,16 @@ std::vector<ModelLayer> Layers(const RelayShape& s) {
   return out;
 }
 
-}  // namespace
-
 RelayShape Gpt2XlShape() { return {"gpt2-xl", 48, 1600, 6400, 50257, 1024, false, true}; }
 RelayShape Llama7bShape() { return {"llama-7b", 32, 4096, 11008, 32000, 4096, true, false}; }
 RelayShape Qwen25_1_5bShape() { return {"qwen2.5-1.5b", 28, 1536, 8960, 151936, 1024, true, true, 256}; }
+RelayShape Llama70bShape() { return {"llama-70b", 80, 8192, 28672, 128256, 8192, true, false, 1024}; }
 
 Result<RelayShape> RelayShapeByName(const std::string& name) {
-  for (const RelayShape& s : {Gpt2XlShape(), Llama7bShape(), Qwen25_1_5bShape()}) {
+  for (const RelayShape& s : {Gpt2XlShape(), Llama7bShape(), Qwen25_1_5bShape(), Llama70bShape()}) {
     if (s.name == name) return s;
   }
-  return InvalidArgument("relay model: no shape '" + name + "' (gpt2-xl, llama-7b, qwen2.5-1.5b)");
+  return InvalidArgument("relay model: no shape '" + name + "' (gpt2-xl, llama-7b, qwen2.5-1.5b, llama-70b)");
 }
 
 RelayHardware H100TestbedHardware() {
@@ -95,7 +86,7 @@ Result<RelaySimResult> SimulateRelayStep(const RelayShape& shape, const RelayWor
   RelaySimResult r;
   OptimizerModelInput in;
   double fetched = 0, fetch_time = 0;
-  for (const ModelLayer& l : Layers(shape)) {
+  for (const RelayLayer& l : RelayLayers(shape)) {
     // With no attention rate of its own the attention runs at the matmul rate (one sum,
     // as before the rate was split).
     const double compute_f =

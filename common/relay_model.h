@@ -46,8 +46,22 @@ RelayShape Llama7bShape();     // 32 layers, d 4096, d_ff 11008, vocab 32000, T 
 // Qwen2.5-1.5B: 28 layers, d 1536, kv 256 (12 heads on 2), d_ff 8960, vocab 151936, tied,
 // at T 1024 (the GPU benchmark's sequence length, not the model's 32768 context).
 RelayShape Qwen25_1_5bShape();
-// The shape named `name` (gpt2-xl | llama-7b | qwen2.5-1.5b), or an error naming them.
+// Llama 3 70B: 80 layers, d 8192, 64 heads on 8 key/value heads (kv 1024), d_ff 28672,
+// vocab 128256, untied, at T 8192 (70.55 B).
+RelayShape Llama70bShape();
+// The shape named `name` (gpt2-xl | llama-7b | qwen2.5-1.5b | llama-70b), or an error
+// naming them.
 Result<RelayShape> RelayShapeByName(const std::string& name);
+
+// One unit the relay fetches, computes and updates: the embedding, each block, the head
+// (in that order; index 0 is the embedding).
+struct RelayLayer {
+  double fwd_flops_per_token = 0;       // the matmuls (device_flops)
+  double fwd_attn_flops_per_token = 0;  // scores and weighted sum (attention_flops)
+  double fetch_params = 0;              // parameters the devices read for it
+  int64_t update_params = 0;            // parameters whose update it owns
+};
+std::vector<RelayLayer> RelayLayers(const RelayShape& shape);
 
 // The host. Bandwidths bytes/s, rates params/s or FLOP/s.
 struct RelayHardware {

@@ -23,7 +23,16 @@ forward and backward times equal this file's own evaluation of the model's per-l
 attention_tflops -- its weight fetch at h2d_gbps and, in the backward, its gradient push at
 d2h_gbps) for GPT-2 XL and Qwen2.5-1.5B, once compute-bound and once link-bound; a
 different matmul rate moves the prediction, the file equals the same rates given as flags,
-flags override the file, and bad files are errors. Exits non-zero on the first failure.
+flags override the file, and bad files are errors.
+--shards (the scale-out model, common/cluster_model.h), for a 70B Llama whose parameters
+this file counts itself: every (link, workers, shards, layout, fetch) configuration once;
+the shards together send W copies of the bf16 layers twice per step and receive W fp32
+gradients; doubling the shards halves each shard's traffic (contiguous ranges: up to one
+layer; stripes: exactly); at 25 Gb/s with 64 workers and 1 shard the shard NIC binds, and
+at 1 Pb/s no NIC does; the shards update at the rates file's cpu_update_g;
+--shard-overhead-s adds (S - 1) x itself; the single-host table
+prints no cluster line; bad flags are errors naming the flag. Exits non-zero on the first
+failure.
 """
 import json
 import math
@@ -208,8 +217,131 @@ def check_rates(binary):
             os.unlink(path)
 
 
+# Llama 3 70B (Hugging Face config): layers, d, d_ff, kv width, vocab; untied, gated.
+L70, D70, FF70, KV70, V70 = 80, 8192, 28672, 1024, 128256
+BLOCK70 = 2 * D70 * D70 + 2 * D70 * KV70 + 3 * D70 * FF70
+TABLE70 = V70 * D70
+P70 = L70 * BLOCK70 + 2 * TABLE70  # 70,553,706,496 less the norms (1,318,912)
+
+
+def run_cluster(binary, *args):
+    p = subprocess.run([binary, "--simulate", *args], capture_output=True, text=True, timeout=60)
+    if p.returncode != 0:
+        fail("%s exited %d: %s" % (" ".join(args), p.returncode, p.stderr))
+    if "MODEL, not a measurement" not in p.stdout:
+        fail("the cluster table does not say it is a model")
+    rows = {}
+    for line in p.stdout.splitlines():
+        if line.startswith("json: "):
+            j = json.loads(line[len("json: "):])
+            if not j.get("cluster"):
+                fail("a single-host line in the cluster table: %r" % j)
+            key = (j["link_gbps"], j["workers"], j["shards"], j["layout"], j["host_bwc"])
+            if key in rows:
+                fail("cluster configuration printed twice: %r" % (key,))
+            if not (j["step_s"] > 0 and math.isfinite(j["step_s"])):
+                fail("bad step time for %r: %r" % (key, j["step_s"]))
+            rows[key] = j
+    return rows
+
+
+def check_cluster(binary):
+    links, workers, shards = (25, 100, 400), (8, 16, 32, 64), (1, 2, 4, 8)
+    rows = run_cluster(binary, "--shards", "1,2,4,8")  # defaults: llama-70b, 8-64 workers, 25/100/400 Gb/s
+    if len(rows) != len(links) * len(workers) * len(shards) * 4:
+        fail("%d cluster configurations printed, expected %d" % (len(rows), 3 * 4 * 4 * 4))
+    for (link, w, s, layout, bwc), j in rows.items():
+        if j["model"] != "llama-70b" or j["gpus_per_host"] != 8 or j["hosts"] != (w + 7) // 8:
+            fail("%r: model %r, %r GPUs per host, %r hosts"
+                 % ((link, w, s), j["model"], j["gpus_per_host"], j["hosts"]))
+        if abs(j["params"] - P70) > 1e-9 * P70:
+            fail("llama-70b has %r parameters, expected %r" % (j["params"], P70))
+        copies = j["hosts"] if bwc else w
+        out, inn = sum(j["shard_nic_out_bytes"]), sum(j["shard_nic_in_bytes"])
+        if abs(out - copies * 2 * 2 * P70) > 1e-9 * out or abs(inn - copies * 4 * P70) > 1e-9 * inn:
+            fail("%r: the shards send %r and receive %r bytes per step; %d copies of 2 x bf16 layers and fp32 "
+                 "gradients are %r and %r" % ((link, w, s, layout, bwc), out, inn, copies, copies * 2 * 2 * P70,
+                                               copies * 4 * P70))
+        if len(j["shard_nic_out_bytes"]) != s:
+            fail("%r: %d shards listed" % ((link, w, s, layout, bwc), len(j["shard_nic_out_bytes"])))
+        if abs(j["tokens_per_s"] - w * j["tokens_per_gpu"] / j["step_s"]) > 1e-9 * j["tokens_per_s"]:
+            fail("%r: tokens/s is not W x tokens per GPU / step" % ((link, w, s, layout, bwc),))
+        if j["bottleneck"] not in j["seconds_by_resource"]:
+            fail("%r: bottleneck %r is not a resource" % ((link, w, s, layout, bwc), j["bottleneck"]))
+        parts = j["forward_s"] + j["backward_s"] + j["update_tail_s"] + j["overhead_s"]
+        if abs(parts - j["step_s"]) > 1e-9 * j["step_s"]:
+            fail("%r: the step is not forward + backward + tail + overhead" % ((link, w, s, layout, bwc),))
+        # Doubling the shards halves each shard's traffic: stripes exactly, ranges up to one
+        # layer (the embedding and the head are the largest: vocab x d).
+        if s < 8:
+            twice = rows[(link, w, 2 * s, layout, bwc)]
+            a, b = max(j["shard_nic_out_bytes"]), max(twice["shard_nic_out_bytes"])
+            if layout == "stripe" and abs(b - a / 2) > 1e-9 * a:
+                fail("%r: striped over %d shards, a shard sends %r bytes, half of %r expected"
+                     % ((link, w, s), 2 * s, b, a))
+            if layout == "range" and b > a / 2 + copies * 2 * 2 * TABLE70:
+                fail("%r: over %d ranges a shard sends %r bytes, more than half of %r plus a layer"
+                     % ((link, w, s), 2 * s, b, a))
+    one = rows[(25, 64, 1, "range", False)]
+    if one["bottleneck"] != "shard NIC":
+        fail("25 Gb/s, 64 workers, 1 shard: the bottleneck is %r, not the shard NIC" % one["bottleneck"])
+    # 64 copies of every layer through one 25 Gb/s NIC: 2 bytes/param out in the forward,
+    # 4 in (the gradients) in the backward.
+    link = 25e9 / 8
+    if abs(one["forward_s"] - 64 * 2 * P70 / link) > 1e-9 * one["forward_s"] or \
+            abs(one["backward_s"] - 64 * 4 * P70 / link) > 1e-9 * one["backward_s"]:
+        fail("25 Gb/s, 64 workers, 1 shard: forward %r backward %r, the NIC's time is %r and %r"
+             % (one["forward_s"], one["backward_s"], 64 * 2 * P70 / link, 64 * 4 * P70 / link))
+    # A faster link: the bottleneck moves off the network (unlimited shard RAM: no SSD).
+    fast = run_cluster(binary, "--shards", "1,8", "--workers", "8,64", "--link-gbps", "1000000", "--shard-ram-gb", "0")
+    for key, j in fast.items():
+        if "NIC" in j["bottleneck"]:
+            fail("at 1 Pb/s %r is still NIC-bound" % (key,))
+    if fast[(1000000, 8, 1, "range", False)]["bottleneck"] != "compute":
+        fail("at 1 Pb/s, 8 workers, 1 shard: %r, not compute" % fast[(1000000, 8, 1, "range", False)]["bottleneck"])
+    # The shards update at the rates file's measured CPU AdamW rate: a slow one binds.
+    path = write_json({"cpu_update_g": 0.05})
+    try:
+        slow = run_cluster(binary, "--shards", "1", "--workers", "8", "--link-gbps", "1000000", "--shard-ram-gb", "0",
+                           "--rates-json", path)
+    finally:
+        os.unlink(path)
+    j = slow[(1000000, 8, 1, "range", False)]
+    if j["bottleneck"] != "shard update" or not j["shard_update_busy_s"][0] > P70 / 0.05e9:
+        fail("--rates-json cpu_update_g 0.05: bottleneck %r, update busy %r s (AdamW alone takes %r s)"
+             % (j["bottleneck"], j["shard_update_busy_s"], P70 / 0.05e9))
+    # The overhead hook: (S - 1) x --shard-overhead-s on top, nothing else moves.
+    base = run_cluster(binary, "--shards", "1,2,4", "--workers", "16", "--link-gbps", "100")
+    over = run_cluster(binary, "--shards", "1,2,4", "--workers", "16", "--link-gbps", "100",
+                       "--shard-overhead-s", "0.5")
+    for key, j in base.items():
+        if abs(over[key]["step_s"] - j["step_s"] - 0.5 * (key[2] - 1)) > 1e-9 * j["step_s"]:
+            fail("%r: --shard-overhead-s 0.5 moved the step from %r to %r" % (key, j["step_s"], over[key]["step_s"]))
+    # Without --shards the single-host table is printed, with no cluster line.
+    p = subprocess.run([binary, "--simulate"], capture_output=True, text=True, timeout=60)
+    if p.returncode != 0 or '"cluster"' in p.stdout:
+        fail("--simulate without --shards printed cluster lines (rc %d)" % p.returncode)
+    # Bad flags name themselves.
+    for bad, name in ((["--shards", "0"], "--shards"), (["--shards", "1", "--link-gbps", "-1"], "--link-gbps"),
+                      (["--shards", "1", "--link-gbps", "0"], "--link-gbps"),
+                      (["--shards", "1", "--workers", "0"], "--workers"),
+                      (["--shards", "1", "--gpus-per-host", "0"], "--gpus-per-host"), (["--shards", "83"], "--shards"),
+                      (["--shards", "1", "--shard-overhead-s", "-1"], "--shard-overhead-s"),
+                      (["--shards", "1", "--ssd-gbps", "0"], "--ssd-gbps"),
+                      (["--shards", "1", "--shard-nics", "0"], "--shard-nics"),
+                      (["--shards", "1", "--gpu-sequences", "0"], "--gpu-sequences"),
+                      (["--shards", "1", "--shard-ram-gb", "-5"], "--shard-ram-gb")):
+        p = subprocess.run([binary, "--simulate", *bad], capture_output=True, text=True, timeout=60)
+        if p.returncode == 0 or name not in p.stderr:
+            fail("--simulate %s: rc %d, stderr %r (wanted an error naming %s)"
+                 % (" ".join(bad), p.returncode, p.stderr, name))
+        if "json:" in p.stdout:
+            fail("--simulate %s printed a table before its error" % " ".join(bad))
+
+
 def main():
     binary = sys.argv[1]
+    check_cluster(binary)
     check_rates(binary)
     check(binary, "h100", ["--nvlink-gbps", "450"], monotone=True)
     check(binary, "dgx2", [], monotone=True)
