@@ -52,6 +52,8 @@ constexpr std::array<EnvVarInfo, kNumVars> kTable = {{
     {EnvVar::kTestUpdateFault, "L2L_TEST_UPDATE_FAULT", EnvType::kString, "hang[:N]|bad-done[:N]",
      "unset: none", "l2l-worker",
      "test only: the device-update thread hangs or answers wrongly after N updates"},
+    {EnvVar::kTestNanGradient, "L2L_TEST_NAN_GRADIENT", EnvType::kString, "LAYER:STEP", "unset: none", "l2l-worker",
+     "test only: the gradient this worker pushes for model layer LAYER at step STEP gets a NaN (the non-finite guard)"},
     {EnvVar::kCpuBf16Fallback, "L2L_CPU_BF16_FALLBACK", EnvType::kBool, "0|1", "0", "CPU backend",
      "test only: bf16 GEMMs on a CPU without AVX512_BF16 run on oneDNN's AVX-512 emulation (slow) instead of "
      "being refused"},

@@ -49,6 +49,7 @@ enum class EnvVar {
   kStopAt,           // L2L_STOP_AT
   kSpillFaults,      // L2L_SPILL_FAULTS
   kTestUpdateFault,  // L2L_TEST_UPDATE_FAULT
+  kTestNanGradient,  // L2L_TEST_NAN_GRADIENT
   kCpuBf16Fallback,  // L2L_CPU_BF16_FALLBACK
   kCount,            // not a variable
 };

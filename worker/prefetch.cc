@@ -3,10 +3,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/dtype.h"
+#include "common/env.h"
+#include "common/logging.h"
 #include "common/fault_point.h"
 
 namespace l2l::worker {
@@ -429,6 +435,28 @@ GradientPusher::~GradientPusher() {
   if (thread_.joinable()) thread_.join();
 }
 
+namespace {
+
+// L2L_TEST_NAN_GRADIENT=LAYER:STEP (common/env.h): the pushed gradient of that layer at
+// that step gets a NaN in its first element, so tests can make the non-finite guard fire
+// on one layer (one shard of a sharded job) only. Read once.
+bool PoisonedPush(int64_t layer, int64_t step) {
+  static const std::pair<int64_t, int64_t> at = [] {
+    const std::string v = EnvString(EnvVar::kTestNanGradient);
+    long long l = -1, s = -1;
+    if (!v.empty() && std::sscanf(v.c_str(), "%lld:%lld", &l, &s) != 2) {
+      L2L_LOG_WARN("L2L_TEST_NAN_GRADIENT='{}': expected LAYER:STEP; ignored", v);
+      l = s = -1;
+    }
+    return std::make_pair(static_cast<int64_t>(l), static_cast<int64_t>(s));
+  }();
+  if (at.first < 0 || layer != at.first || step != at.second) return false;
+  L2L_LOG_WARN("L2L_TEST_NAN_GRADIENT: a NaN in the gradient of layer {} at step {}", layer, step);
+  return true;
+}
+
+}  // namespace
+
 void GradientPusher::Loop() {
   std::unique_lock<std::mutex> lk(mu_);
   while (true) {
@@ -440,7 +468,11 @@ void GradientPusher::Loop() {
     const bool skip = !first_error_.ok() && !group_.active();
     lk.unlock();
     Status st;
-    if (!skip) {
+    if (!skip && mode_ != CopyMode::kAsync && job.numel > 0 && PoisonedPush(job.layer, job.step)) {
+      std::vector<float> poisoned(job.grad, job.grad + job.numel);
+      poisoned[0] = std::numeric_limits<float>::quiet_NaN();
+      st = client_->PushGradient(job.layer, job.step, job.micro_batches, poisoned.data(), job.numel);
+    } else if (!skip) {
       st = mode_ == CopyMode::kAsync
                ? PushAsync(job)
                : client_->PushGradient(job.layer, job.step, job.micro_batches, job.grad, job.numel);
@@ -507,6 +539,7 @@ Status GradientPusher::PushAsync(const Job& job) {
     if (slot.data != nullptr) client_->AbandonGradientSlot(slot);
     return st.WithContext("copying the gradient of layer " + std::to_string(job.layer) + " to the host");
   }
+  if (bytes > 0 && PoisonedPush(job.layer, job.step)) static_cast<float*>(dst)[0] = std::numeric_limits<float>::quiet_NaN();
   if (slot.data != nullptr) {
     if (!into_slot) std::memcpy(slot.data, dst, bytes);
     (into_slot ? slot_pushes_ : staged_pushes_).fetch_add(1);
