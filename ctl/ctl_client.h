@@ -74,6 +74,16 @@ struct CtlStatus {
   int64_t staleness_bound = 0, max_version_lag = 0;  // lock-free mode
   int64_t skipped_steps = 0, consecutive_skips = 0;  // non-finite gradient or loss
   std::string last_skip_reason, pause_reason;
+  // Sharded jobs: this daemon is shard `shard` of `shards` (1: not sharded) from model
+  // layer first_layer; shard 0 lists every shard.
+  int32_t shard = 0, shards = 1;
+  int64_t first_layer = 0;
+  struct Shard {
+    int32_t index = 0;
+    std::string address;
+    int64_t first_layer = 0, num_layers = 0;
+  };
+  std::vector<Shard> shard_map;
 };
 
 struct CtlHealth {

@@ -320,14 +320,102 @@ void PrintStatus(const CtlStatus& s, const std::string& address) {
 
 // ---- commands --------------------------------------------------------------------------
 
+// A sharded job (l2l-eps --shard): each shard's status, asked at the address shard 0
+// lists, with this command's token and TLS. An unreachable shard is shown as such.
+struct ShardView {
+  CtlStatus::Shard where;
+  Result<CtlStatus> status = l2l::Unavailable("not asked");
+};
+
+std::vector<ShardView> AskShards(const Globals& g, const CtlStatus& shard0) {
+  std::vector<ShardView> out;
+  for (const CtlStatus::Shard& m : shard0.shard_map) {
+    ShardView v;
+    v.where = m;
+    if (m.index == 0) {
+      v.status = shard0;
+    } else {
+      Globals one = g;
+      one.eps = m.address;
+      one.connect_timeout_ms = std::min<int64_t>(g.connect_timeout_ms, 3000);
+      Target t;
+      auto c = Dial(one, &t);
+      v.status = c.ok() ? (*c)->GetStatus() : Result<CtlStatus>(c.status());
+    }
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
+int64_t TierBytes(const CtlStatus& s, const std::string& tier) {
+  for (const auto& m : s.memory) {
+    if (m.tier == tier) return m.used_bytes;
+  }
+  return 0;
+}
+
+Json ShardsJson(const std::vector<ShardView>& shards) {
+  Json a = Json::array();
+  for (const ShardView& v : shards) {
+    Json j = {{"index", v.where.index}, {"address", v.where.address}, {"first_layer", v.where.first_layer},
+              {"num_layers", v.where.num_layers}, {"reachable", v.status.ok()}};
+    if (v.status.ok()) {
+      j["state"] = v.status->state;
+      j["step"] = v.status->step;
+      j["ram_bytes"] = TierBytes(*v.status, "ram");
+      j["ssd_bytes"] = TierBytes(*v.status, "ssd");
+      j["update_busy_s"] = v.status->update_busy_s;
+      j["update_exposed_s"] = v.status->update_exposed_s;
+      j["skipped_steps"] = v.status->skipped_steps;
+    } else {
+      j["error"] = v.status.status().message();
+    }
+    a.push_back(j);
+  }
+  return a;
+}
+
+void PrintShards(const std::vector<ShardView>& shards) {
+  std::printf("shards (%zu)\n", shards.size());
+  std::printf("  %2s  %-21s %-9s %-8s %7s %10s %10s %14s\n", "K", "ADDRESS", "LAYERS", "STATE", "STEP", "RAM", "SSD",
+              "UPDATE EXPOSED");
+  for (const ShardView& v : shards) {
+    const std::string layers =
+        std::to_string(v.where.first_layer) + "-" + std::to_string(v.where.first_layer + v.where.num_layers - 1);
+    if (!v.status.ok()) {
+      std::printf("  %2d  %-21s %-9s unreachable: %s\n", v.where.index, v.where.address.c_str(), layers.c_str(),
+                  v.status.status().message().substr(0, 80).c_str());
+      continue;
+    }
+    std::printf("  %2d  %-21s %-9s %-8s %7lld %10s %10s %12.3f s\n", v.where.index, v.where.address.c_str(),
+                layers.c_str(), v.status->state.c_str(), (long long)v.status->step,
+                Bytes(TierBytes(*v.status, "ram")).c_str(), Bytes(TierBytes(*v.status, "ssd")).c_str(),
+                v.status->update_exposed_s);
+  }
+}
+
 int CmdStatus(const Globals& g) {
   Target t;
   auto c = Dial(g, &t);
   if (!c.ok()) return EmitError(g, c.status(), t.address, kExitUnreachable);
   auto s = (*c)->GetStatus();
   if (!s.ok()) return EmitRpcError(g, s.status(), t.address);
-  if (g.json) std::printf("%s\n", StatusJson(*s, t.address).dump().c_str());
-  else PrintStatus(*s, t.address);
+  const std::vector<ShardView> shards = AskShards(g, *s);
+  if (g.json) {
+    Json j = StatusJson(*s, t.address);
+    j["shard"] = s->shard;
+    j["shards"] = s->shards;
+    j["first_layer"] = s->first_layer;
+    if (!shards.empty()) j["shard_status"] = ShardsJson(shards);
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    PrintStatus(*s, t.address);
+    if (s->shards > 1) {
+      std::printf("shard %d of %d (model layers from %lld)%s\n", s->shard, s->shards, (long long)s->first_layer,
+                  s->shard == 0 ? "" : ": ask shard 0 for the whole job");
+    }
+    if (!shards.empty()) PrintShards(shards);
+  }
   return 0;
 }
 

@@ -877,6 +877,11 @@ CoreStatus EpsCore::GetStatus() const {
   std::lock_guard<std::mutex> lock(mu_);
   CoreStatus s;
   s.job_id = opts_.job_id;
+  s.shard = opts_.shard;
+  if (opts_.shard.sharded() && opts_.shard.index == 0 && has_job_) {
+    if (auto e = opts_.shards->Endpoints(); e.ok()) s.shard_map = *e;
+  }
+  if (has_job_ && store_) s.first_layer = store_->first_layer();
   for (const auto& w : workers_) s.workers.push_back(w->info);
   s.last_checkpoint = last_checkpoint_;
   if (has_job_ && store_ && pipeline_) {

@@ -228,6 +228,11 @@ struct CoreStatus {
   std::vector<WorkerInfo> workers;
   int32_t members = 0;                  // workers the current step waits for
   std::string last_checkpoint;
+  // Sharded jobs: this daemon's place, its first model layer, and (shard 0, once every
+  // shard joined) every shard.
+  ShardId shard;
+  int64_t first_layer = 0;
+  std::vector<ShardEndpointInfo> shard_map;
 };
 
 struct CheckpointResult {

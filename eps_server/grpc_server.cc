@@ -424,6 +424,16 @@ class ControlService final : public control::Control::Service {
                          control::GetStatusReply* rep) override {
     const CoreStatus s = core_->GetStatus();
     rep->set_state(s.state);
+    rep->set_shard(s.shard.index);
+    rep->set_shards(s.shard.count);
+    rep->set_first_layer(s.first_layer);
+    for (const ShardEndpointInfo& e : s.shard_map) {
+      auto* m = rep->add_shard_map();
+      m->set_index(e.index);
+      m->set_address(e.address);
+      m->set_first_layer(e.layers.first);
+      m->set_num_layers(e.layers.count);
+    }
     rep->set_job_id(s.job_id);
     rep->set_step(s.step);
     rep->set_total_steps(s.total_steps);
