@@ -11,6 +11,7 @@ PACKAGES=(
   liburing-dev libsystemd-dev zlib1g-dev libpcre2-dev libicu-dev
   python3 python3-venv python3-torch python3-numpy python3-matplotlib
   fortunes-min fio openssl iproute2
+  slurm-wlm munge
   clang-14 libc++-14-dev libc++abi-14-dev libclang-rt-14-dev
 )
 
