@@ -15,8 +15,10 @@
 # filesystem, mode 0700) is made once by task 0; a requeued job keeps its SLURM_JOB_ID and
 # so its directory:
 #
-#   secrets/token, secrets/tls.crt, secrets/tls.key   mode 0600, made once (openssl),
-#                      never printed; the certificate's SANs are every node of the job
+#   secrets/           mode 0700: token (made once), tls.crt + tls.key (self-signed,
+#                      its names every node of the allocation: made once, and again
+#                      when a requeued run lands on other nodes), tls.names; files mode
+#                      0600, made with openssl by task 0, never printed
 #   eps.yaml           the daemon config (--eps-config's text + checkpoint.dir)
 #   checkpoints/       the checkpoint root every shard shares; when it has a `latest`,
 #                      every shard starts with --resume <root> instead of --job
@@ -171,25 +173,35 @@ node_names() {
 setup_job_dir() {
   mkdir -p "$JOB_DIR" && chmod 0700 "$JOB_DIR"
   mkdir -p "$CKPT" "$JOB_DIR/state" "$RUN_DIR"
-  if [ ! -d "$SECRETS" ]; then
-    local tmp=$JOB_DIR/.secrets.tmp-$$ san="DNS:localhost,IP:127.0.0.1" n
-    rm -rf "$tmp" && mkdir -m 0700 "$tmp"
-    while read -r n; do [ -z "$n" ] || san="$san,DNS:$n"; done < <(node_names; [ "$LISTEN_HOST" = "$NODE" ] || echo "$LISTEN_HOST")
-    IFS=',' read -ra extra <<<"$TLS_SANS"
-    for n in "${extra[@]}"; do
-      [ -z "$n" ] || { [[ $n =~ ^[0-9.]+$ ]] && san="$san,IP:$n" || san="$san,DNS:$n"; }
-    done
-    openssl rand -hex 32 >"$tmp/token" 2>/dev/null || die "openssl rand failed (making the job's token)"
+  mkdir -p "$SECRETS" && chmod 0700 "$SECRETS"
+  rm -f "$SECRETS"/.*.tmp-*  # left by a task 0 killed while writing (only task 0 writes here)
+  # The token: made once per job directory.
+  if [ ! -s "$SECRETS/token" ]; then
+    openssl rand -hex 32 >"$SECRETS/.token.tmp-$$" 2>/dev/null || die "openssl rand failed (making the job's token)"
+    chmod 0600 "$SECRETS/.token.tmp-$$" && mv -f "$SECRETS/.token.tmp-$$" "$SECRETS/token"
+    log "made the job's token in $SECRETS/token"
+  fi
+  # The certificate: its names are this allocation's nodes (+ --listen-host, --tls-san);
+  # made once, and again only when a requeued run lands on nodes it does not name.
+  local names n
+  names=$({ node_names; [ "$LISTEN_HOST" = "$NODE" ] || echo "$LISTEN_HOST"; tr ',' '\n' <<<"$TLS_SANS"; } |
+          grep -v '^$' | sort -u)
+  if [ ! -s "$SECRETS/tls.crt" ] || [ ! -s "$SECRETS/tls.key" ] || [ "$(cat "$SECRETS/tls.names" 2>/dev/null)" != "$names" ]; then
+    local san="DNS:localhost,IP:127.0.0.1" tmp=$SECRETS/.tls.tmp-$$
+    while read -r n; do
+      if [[ $n =~ ^[0-9.]+$ ]]; then san="$san,IP:$n"; else san="$san,DNS:$n"; fi
+    done <<<"$names"
     if ! openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 3650 \
          -subj "/CN=l2l-$SLURM_JOB_ID" -addext "subjectAltName=$san" \
-         -keyout "$tmp/tls.key" -out "$tmp/tls.crt" >"$tmp/openssl.log" 2>&1; then
-      cat "$tmp/openssl.log" >&2
+         -keyout "$tmp.key" -out "$tmp.crt" >"$tmp.log" 2>&1; then
+      cat "$tmp.log" >&2
       die "openssl could not make the job's TLS certificate"
     fi
-    rm -f "$tmp/openssl.log"
-    chmod 0600 "$tmp/token" "$tmp/tls.key" "$tmp/tls.crt"
-    mv -T "$tmp" "$SECRETS"  # atomic: the directory appears complete or not at all
-    log "made the job's token and TLS certificate (names: $san) in $SECRETS"
+    rm -f "$tmp.log"
+    chmod 0600 "$tmp.key" "$tmp.crt"
+    echo "$names" >"$tmp.names"
+    mv -f "$tmp.key" "$SECRETS/tls.key" && mv -f "$tmp.crt" "$SECRETS/tls.crt" && mv -f "$tmp.names" "$SECRETS/tls.names"
+    log "made the job's TLS certificate in $SECRETS (names: $san)"
   fi
   local cfg=$JOB_DIR/.eps.yaml.tmp-$$
   {
