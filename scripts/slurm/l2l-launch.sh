@@ -22,7 +22,8 @@
 #   eps.yaml           the daemon config (--eps-config's text + checkpoint.dir)
 #   checkpoints/       the checkpoint root every shard shares; when it has a `latest`,
 #                      every shard starts with --resume <root> instead of --job
-#   state/shard-K/     shard K's --state-dir (eps.port, run.jsonl)
+#   state/shard-K/     shard K's --state-dir (eps.port, run.jsonl); its --job-id (the
+#                      names of its shared memory) is l2l-<cluster>-<job id>-s<K>
 #   run-R/ready        this run's set-up is done (R = SLURM_RESTART_COUNT)
 #   run-R/shard-K      shard K's published HOST:PORT, written atomically once it listens
 #
@@ -231,7 +232,7 @@ run_shard() {
   [ "$PORT" -eq 0 ] || port=$((PORT + k))
   mkdir -p "$state"
   rm -f "$state/eps.port"  # a stale one (a requeued run) would be read as this run's
-  args=(--config "$JOB_DIR/eps.yaml" --state-dir "$state" --job-id "l2l-$SLURM_JOB_ID-s$k"
+  args=(--config "$JOB_DIR/eps.yaml" --state-dir "$state" --job-id "l2l-${SLURM_CLUSTER_NAME:+$SLURM_CLUSTER_NAME-}$SLURM_JOB_ID-s$k"
         --workers $((NTASKS - SHARDS)) --listen "$LISTEN_HOST:$port"
         --tls-cert "$SECRETS/tls.crt" --tls-key "$SECRETS/tls.key" --token-file "$SECRETS/token")
   if [ -f "$CKPT/latest" ]; then

@@ -98,7 +98,7 @@ class Cluster:
                            "--seed-file=" + os.path.join(m, "munged.seed")]
         with open(self.conf, "w") as f:
             f.write("""# made by tests/integration/slurm_test.py
-ClusterName=l2ltest
+ClusterName=l2l{pid}
 SlurmctldHost={node}(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={d_port}
@@ -129,7 +129,7 @@ KillWait=10
 MinJobAge=600
 NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} RealMemory=1000 State=UNKNOWN
 PartitionName=l2ltest Nodes={node} Default=YES MaxTime=INFINITE State=UP
-""".format(node=self.node, ctld_port=free_port(), d_port=free_port(), sock=self.socket, root=root, cpus=cpus))
+""".format(pid=os.getpid(), node=self.node, ctld_port=free_port(), d_port=free_port(), sock=self.socket, root=root, cpus=cpus))
 
     def run(self, argv, check=True, timeout=60):
         r = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=timeout, cwd=self.root)
@@ -401,10 +401,16 @@ def main():
         cluster.run(["scontrol", "requeue", str(job2)])
         with open(latest) as f:
             at = f.read().strip()
-        info = cluster.wait_state(job2, ("PENDING",), 60)
-        if info.get("Restarts") != "1":
-            raise Failure("job %d after scontrol requeue: %s" % (job2, info))
-        cluster.run(["scontrol", "update", "jobid=%d" % job2, "StartTime=now"])
+        deadline = time.monotonic() + 60
+        while True:  # requeued: Restarts=1, no longer COMPLETING
+            info = cluster.job(job2)
+            if info.get("Restarts") == "1" and info.get("JobState") not in ("COMPLETING", None):
+                break
+            if time.monotonic() > deadline:
+                raise Failure("job %d after scontrol requeue: %s" % (job2, info))
+            time.sleep(0.2)
+        if info.get("JobState") == "PENDING":  # held until BeginTime (2 minutes on 22.05): release it now
+            cluster.run(["scontrol", "update", "jobid=%d" % job2, "StartTime=now"], check=False)
         info = check_completed(cluster, work, job2, 240)
         out2 = job_output(work, job2)
         if info.get("Restarts") != "1":
@@ -433,6 +439,10 @@ def main():
             cluster.stop()
         alive = procs.close()
         left = tagged_pids(tag)
+        deadline = time.monotonic() + 15  # slurmstepd ends a moment after its job
+        while left and time.monotonic() < deadline:
+            time.sleep(0.5)
+            left = tagged_pids(tag)
         for pid in left:
             try:
                 os.kill(pid, signal.SIGKILL)
