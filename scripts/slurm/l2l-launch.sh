@@ -26,13 +26,15 @@
 #                      names of its shared memory) is l2l-<cluster>-<job id>-s<K>
 #   run-R/ready        this run's set-up is done (R = SLURM_RESTART_COUNT)
 #   run-R/shard-K      shard K's published HOST:PORT, written atomically once it listens
+#   run-R/shard-0.exit shard 0's daemon's exit status, once it has exited
 #
 # Other tasks wait for the files they need for at most --timeout seconds, then fail
-# naming the file. A shard watches its daemon (l2lctl watch: one progress line per step)
-# until the job is finished and its workers have left, then stops it (final checkpoint)
-# and exits with the daemon's status; a worker task is the worker's process (exec), so
-# its exit status is the task's. srun --kill-on-bad-exit=1 (l2l.sbatch) turns a failed
-# task into a failed step.
+# naming the file. Shard 0 watches its daemon (l2lctl watch: one progress line per step)
+# until the job is finished and its workers have left, then stops it (final checkpoint),
+# writes run-R/shard-0.exit and exits with the daemon's status; shards K > 0 are stopped
+# once that file appears (or end when their daemon does). A worker task is the worker's
+# process (exec): its exit status is the task's. srun --kill-on-bad-exit=1 (l2l.sbatch)
+# turns a failed task into a failed step.
 #
 # Options (each also an environment variable; the flag wins):
 #   --job FILE            L2L_JOB          the job YAML (required; read by the shards)
@@ -159,15 +161,19 @@ wait_file() {
   done
 }
 
-# The job's node names (for the certificate): scontrol expands SLURM_JOB_NODELIST.
+# The job's node names (for the certificate): scontrol expands SLURM_JOB_NODELIST; a
+# list without ranges ("a,b") is split here when scontrol cannot (no slurm.conf).
 node_names() {
-  if command -v scontrol >/dev/null 2>&1 && [ -n "${SLURM_JOB_NODELIST:-}" ]; then
-    scontrol show hostnames "$SLURM_JOB_NODELIST"
-  elif [ -n "${SLURM_JOB_NODELIST:-}" ] && [[ ! $SLURM_JOB_NODELIST =~ [][] ]]; then
-    tr ',' '\n' <<<"$SLURM_JOB_NODELIST"
-  else
-    die "cannot expand SLURM_JOB_NODELIST='${SLURM_JOB_NODELIST:-}' without scontrol"
+  local list=${SLURM_JOB_NODELIST:-}
+  [ -n "$list" ] || { echo "$me: error: SLURM_JOB_NODELIST is not set" >&2; return 1; }
+  if command -v scontrol >/dev/null 2>&1 && scontrol show hostnames "$list" 2>/dev/null; then
+    return 0
   fi
+  if [[ $list =~ [][] ]]; then
+    echo "$me: error: cannot expand SLURM_JOB_NODELIST='$list': \`scontrol show hostnames\` failed" >&2
+    return 1
+  fi
+  tr ',' '\n' <<<"$list"
 }
 
 # Task 0: the job directory, once per job (the secrets) and once per run (run-R/).
@@ -185,7 +191,8 @@ setup_job_dir() {
   # The certificate: its names are this allocation's nodes (+ --listen-host, --tls-san);
   # made once, and again only when a requeued run lands on nodes it does not name.
   local names n
-  names=$({ node_names; [ "$LISTEN_HOST" = "$NODE" ] || echo "$LISTEN_HOST"; tr ',' '\n' <<<"$TLS_SANS"; } |
+  names=$(node_names) || exit 2
+  names=$({ echo "$names"; [ "$LISTEN_HOST" = "$NODE" ] || echo "$LISTEN_HOST"; tr ',' '\n' <<<"$TLS_SANS"; } |
           grep -v '^$' | sort -u)
   if [ ! -s "$SECRETS/tls.crt" ] || [ ! -s "$SECRETS/tls.key" ] || [ "$(cat "$SECRETS/tls.names" 2>/dev/null)" != "$names" ]; then
     local san="DNS:localhost,IP:127.0.0.1" tmp=$SECRETS/.tls.tmp-$$
@@ -271,30 +278,50 @@ run_shard() {
   addr=$LISTEN_HOST:$(cat "$state/eps.port")
   echo "$addr" >"$RUN_DIR/.shard-$k.tmp-$$" && mv -f "$RUN_DIR/.shard-$k.tmp-$$" "$RUN_DIR/shard-$k"
   log "shard $k/$SHARDS: l2l-eps (pid $pid) listens on $addr, published in $RUN_DIR/shard-$k"
-  # Progress until the job is finished (l2lctl watch exits 0), then until its workers
-  # have left (they deregister after the last step's checkpoint), then stop it.
-  while kill -0 $pid 2>/dev/null; do
+  if [ "$k" -eq 0 ]; then watch_coordinator "$addr" $pid; else follow_coordinator "$addr" $pid; fi
+  local rc=0
+  wait $pid || rc=$?
+  # A wait cut short by a trapped signal: the daemon is still writing its checkpoint.
+  while kill -0 $pid 2>/dev/null; do rc=0; wait $pid || rc=$?; done
+  log "shard $k: l2l-eps exited $rc"
+  [ "$k" -ne 0 ] || { echo "$rc" >"$RUN_DIR/.shard-0.exit.tmp-$$" && mv -f "$RUN_DIR/.shard-0.exit.tmp-$$" "$RUN_DIR/shard-0.exit"; }
+  exit $rc
+}
+
+# Shard 0 (the coordinator; the only shard today): progress until the job is finished
+# (l2lctl watch exits 0), then until its workers have left (they deregister after the
+# last step's checkpoint), then stop it (final checkpoint).
+watch_coordinator() {
+  local addr=$1 pid=$2 i st
+  while kill -0 "$pid" 2>/dev/null; do
     if "${CTL[@]}" --eps "$addr" --connect-timeout-ms 10000 watch --interval "$WATCH_INTERVAL" </dev/null; then
-      local i st
       for ((i = 0; i < 600; ++i)); do
         st=$("${CTL[@]}" --eps "$addr" --json status 2>/dev/null || true)
         # The workers' states; the job's own is "finished" here.
         grep -qE '"state":"(active|rejoin)"' <<<"$st" || break
         sleep 0.2
       done
-      [ "$i" -lt 600 ] || log "shard $k: workers still registered 120 s after the end; stopping anyway"
-      log "shard $k: job finished; stopping l2l-eps (final checkpoint)"
-      "${CTL[@]}" --eps "$addr" stop --wait 600 || log "shard $k: l2lctl stop failed (exit $?)"
-      break
+      [ "$i" -lt 600 ] || log "shard 0: workers still registered 120 s after the end; stopping anyway"
+      log "shard 0: job finished; stopping l2l-eps (final checkpoint)"
+      "${CTL[@]}" --eps "$addr" stop --wait 600 || log "shard 0: l2lctl stop failed (exit $?)"
+      return
     fi
     sleep 1
   done
-  local rc=0
-  wait $pid || rc=$?
-  # A wait cut short by a trapped signal: the daemon is still writing its checkpoint.
-  while kill -0 $pid 2>/dev/null; do rc=0; wait $pid || rc=$?; done
-  log "shard $k: l2l-eps exited $rc"
-  exit $rc
+}
+
+# Shards K > 0 end after the coordinator: when its daemon has exited (run-R/shard-0.exit,
+# written by task 0), this one is stopped too, unless it has exited by itself.
+follow_coordinator() {
+  local addr=$1 pid=$2
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ -s "$RUN_DIR/shard-0.exit" ]; then
+      log "shard $PROCID: shard 0 exited $(cat "$RUN_DIR/shard-0.exit"); stopping l2l-eps"
+      "${CTL[@]}" --eps "$addr" stop --wait 600 || log "shard $PROCID: l2lctl stop failed (exit $?)"
+      return
+    fi
+    sleep 1
+  done
 }
 
 # ---- a worker -------------------------------------------------------------------------

@@ -8,6 +8,10 @@ ports, state, spool and logs; SLURM_CONF points every client at it).
 
   0. The launcher refuses bad input (no job file, --shards >= SLURM_NTASKS, a
      non-numeric value), exit 2 naming it, before starting anything.
+     And the l2l-eps command lines it builds, with a stub l2l-eps that records them: one
+     shard (no --shard flag), shard 1 of 2 (--shard 1/2, --coordinator <shard 0's
+     published address>, --advertise), and with a checkpoint root that has `latest`
+     (--resume instead of --job).
   1. A reference: the test's job (a 3-layer GPT from a seed on a token walk, 60 steps,
      a checkpoint every 5) run by one l2l-eps and two l2l-workers outside Slurm; its
      final checkpoint's layer files (fp32 master, AdamW m and v) are the oracle.
@@ -286,6 +290,58 @@ def launcher_refusals(work, job_yaml, bin_dir):
     return lines
 
 
+def shard_command_lines(work, job_yaml):
+    """Step 0b: the l2l-eps command lines the launcher builds, with a stub l2l-eps that
+    records its arguments and exits 3 (no Slurm needed): one shard (task 0: no --shard;
+    it also makes the job directory), shard 1 of 2 (--shard, --coordinator, --advertise)
+    and shard 1 of 2 with a checkpoint (--resume). Returns the lines."""
+    stub = os.path.join(work, "stub-bin")
+    os.makedirs(stub)
+    out = os.path.join(work, "stub-args")
+    for name, body in (("l2l-eps", 'printf "%%s\\n" "$*" > "%s"; exit 3' % out), ("l2l-worker", "exit 0"),
+                       ("l2lctl", "exit 0")):
+        with open(os.path.join(stub, name), "w") as f:
+            f.write("#!/bin/sh\n%s\n" % body)
+        os.chmod(os.path.join(stub, name), 0o755)
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "L2L_"))}
+    base.update(SLURM_NTASKS="4", SLURM_JOB_ID="5", SLURM_NODEID="0", SLURMD_NODENAME="node0",
+                SLURM_JOB_NODELIST="node0", SLURM_SUBMIT_DIR=work, L2L_BIN_DIR=stub, L2L_LAUNCH_TIMEOUT="5")
+    job_dir = os.path.join(work, "l2l-5")
+    lines = []
+
+    def run(what, env, want, unwanted):
+        if os.path.exists(out):
+            os.remove(out)
+        r = subprocess.run([LAUNCHER, "--job", job_yaml], capture_output=True, text=True, env=dict(base, **env),
+                           timeout=60)
+        args = open(out).read().strip() if os.path.exists(out) else ""
+        if r.returncode != 3 or not args:
+            raise Failure("launcher (%s) with a stub l2l-eps: exit %d (expected the stub's 3): %s" % (
+                what, r.returncode, r.stderr))
+        for w in want:
+            if w not in " %s " % args:
+                raise Failure("launcher (%s): l2l-eps got `%s`, without `%s`" % (what, args, w.strip()))
+        for u in unwanted:
+            if u in " %s " % args:
+                raise Failure("launcher (%s): l2l-eps got `%s`, with `%s`" % (what, args, u.strip()))
+        lines.append("%s: l2l-eps %s" % (what, args))
+
+    run("1 shard, task 0", {"SLURM_PROCID": "0", "SLURM_LOCALID": "0", "SLURM_NTASKS": "3"},
+        [" --job %s " % job_yaml, " --workers 2 ", " --listen node0:0 ", " --token-file %s/secrets/token " % job_dir],
+        [" --shard", " --coordinator", " --advertise", " --resume"])
+    with open(os.path.join(job_dir, "run-0", "shard-0"), "w") as f:
+        f.write("node0:7000\n")
+    two = {"SLURM_PROCID": "1", "SLURM_LOCALID": "1", "L2L_SHARDS": "2", "L2L_PORT": "7000"}
+    run("shard 1 of 2", two, [" --shard 1/2 ", " --coordinator node0:7000 ", " --advertise node0:7001 ",
+                              " --listen node0:7001 ", " --workers 2 ", " --job %s " % job_yaml], [" --resume"])
+    os.makedirs(os.path.join(job_dir, "checkpoints", "step-00000002"), exist_ok=True)
+    with open(os.path.join(job_dir, "checkpoints", "latest"), "w") as f:
+        f.write("step-00000002\n")
+    run("shard 1 of 2, a checkpoint", two, [" --shard 1/2 ", " --resume %s/checkpoints " % job_dir], [" --job "])
+    shutil.rmtree(job_dir)
+    return lines
+
+
 def submit(cluster, work, job_yaml, shards, extra_env=None):
     env = dict(cluster.env, L2L_JOB=job_yaml, L2L_SHARDS=str(shards), L2L_BIN_DIR=cluster.procs.bin_dir,
                L2L_LAUNCHER=LAUNCHER, L2L_WATCH_INTERVAL="1", L2L_WORKER_THREADS="1", L2L_LAUNCH_TIMEOUT="120",
@@ -363,6 +419,8 @@ def main():
 
         for line in launcher_refusals(work, job_yaml, procs.bin_dir):
             print("slurm: refused: " + line)
+        for line in shard_command_lines(work, job_yaml):
+            print("slurm: command line: " + line)
 
         ref_root = reference_run(procs, work, job_yaml)
         print("slurm: reference run outside Slurm (1 l2l-eps, %d workers, %d steps) done" % (WORKERS, STEPS))
