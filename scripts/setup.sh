@@ -9,8 +9,9 @@ PACKAGES=(
   libdnnl-dev ocl-icd-opencl-dev opencl-headers libtbb-dev catch2
   libyaml-cpp-dev libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev
   liburing-dev libsystemd-dev zlib1g-dev libpcre2-dev libicu-dev
-  python3 python3-venv python3-torch python3-numpy python3-matplotlib
+  python3 python3-venv python3-torch python3-numpy python3-matplotlib python3-yaml
   fortunes-min fio openssl iproute2
+  slurm-wlm munge
   clang-14 libc++-14-dev libc++abi-14-dev libclang-rt-14-dev
 )
 

@@ -16,6 +16,15 @@
 #    network namespaces over TLS + token, the link cut and restored. Needs root and
 #    `ip netns`; where namespaces cannot be made it exits 77 and ctest shows it skipped
 #    (with CI=true it fails instead).
+#  * slurm (labels integration, slurm): slurm_test.py, scripts/slurm/l2l.sbatch under a
+#    one-node Slurm cluster (slurm-wlm + munge) the test makes in a temporary directory:
+#    a run and a requeued run, both equal to a run outside Slurm bit for bit. About 20 s.
+#    Needs root and slurm-wlm/munge; otherwise it exits 77 (skipped; with CI=true it
+#    fails). The shard count is its --shards argument (1 until l2l-eps has --shard).
+#  * k8s_manifests (labels integration, k8s): k8s_manifest_test.py, deploy/k8s/ without a
+#    cluster: the manifests parse (PyYAML), their flags exist, make-secret.sh's material,
+#    and the pods' shard and worker commands run here (train, restart, resume). ~1 s.
+#    Without PyYAML (python3-yaml) it exits 77 (skipped; with CI=true it fails).
 # Without /usr/bin/python3 none of these is registered: a warning here (a configure error
 # in CI: tests/CMakeLists.txt).
 find_program(L2L_CHAOS_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
@@ -67,4 +76,12 @@ endforeach()
 if(EXISTS ${l2l_chaos_dir}/netns_test.py)
   add_test(NAME netns COMMAND ${L2L_CHAOS_PYTHON} ${l2l_chaos_dir}/netns_test.py ${CMAKE_BINARY_DIR}/bin)
   set_tests_properties(netns PROPERTIES LABELS "integration;netns" TIMEOUT 600 SKIP_RETURN_CODE 77)
+endif()
+if(EXISTS ${l2l_chaos_dir}/slurm_test.py)
+  add_test(NAME slurm COMMAND ${L2L_CHAOS_PYTHON} ${l2l_chaos_dir}/slurm_test.py ${CMAKE_BINARY_DIR}/bin --shards 1)
+  set_tests_properties(slurm PROPERTIES LABELS "integration;slurm" TIMEOUT 300 SKIP_RETURN_CODE 77)
+endif()
+if(EXISTS ${l2l_chaos_dir}/k8s_manifest_test.py)
+  add_test(NAME k8s_manifests COMMAND ${L2L_CHAOS_PYTHON} ${l2l_chaos_dir}/k8s_manifest_test.py ${CMAKE_BINARY_DIR}/bin)
+  set_tests_properties(k8s_manifests PROPERTIES LABELS "integration;k8s" TIMEOUT 120 SKIP_RETURN_CODE 77)
 endif()
