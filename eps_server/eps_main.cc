@@ -114,7 +114,8 @@ void AddFlags(CLI::App* app, Flags* f) {
                   "and the bound port)");
   app->add_option("--coordinator-ca", f->coordinator_ca,
                   "shards K > 0: PEM CA that shard 0's TLS certificate must chain to (default: this shard's "
-                  "--tls-client-ca, else plaintext)");
+                  "--tls-client-ca, else its own --tls-cert (one self-signed certificate for every shard), else "
+                  "plaintext)");
   app->add_flag_callback("--help-env", l2l::PrintEnvHelpAndExit, l2l::kHelpEnvDoc);
 }
 
@@ -427,7 +428,12 @@ int main(int argc, char** argv) {
       lo.id = shard_id;
       lo.coordinator = flags.coordinator;
       lo.token = security->token;
-      const std::string ca_file = !flags.coordinator_ca.empty() ? flags.coordinator_ca : cfg.tls_client_ca;
+      // shard 0's CA: --coordinator-ca, else the CA this shard checks clients against,
+      // else (one self-signed certificate for every shard, as scripts/slurm and
+      // deploy/k8s make) this shard's own certificate; plaintext without TLS.
+      const std::string ca_file = !flags.coordinator_ca.empty()  ? flags.coordinator_ca
+                                  : !cfg.tls_client_ca.empty() ? cfg.tls_client_ca
+                                                               : cfg.tls_cert;
       if (!ca_file.empty()) {
         Result<std::string> ca = ReadFileToString(ca_file);
         if (!ca.ok()) return Fail(ca.status().WithContext("--coordinator-ca"));

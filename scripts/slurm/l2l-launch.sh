@@ -239,7 +239,8 @@ run_shard() {
   [ "$PORT" -eq 0 ] || port=$((PORT + k))
   mkdir -p "$state"
   rm -f "$state/eps.port"  # a stale one (a requeued run) would be read as this run's
-  args=(--config "$JOB_DIR/eps.yaml" --state-dir "$state" --job-id "l2l-${SLURM_CLUSTER_NAME:+$SLURM_CLUSTER_NAME-}$SLURM_JOB_ID-s$k"
+  # (l2l-eps appends -s<K> to a shard's --job-id itself.)
+  args=(--config "$JOB_DIR/eps.yaml" --state-dir "$state" --job-id "l2l-${SLURM_CLUSTER_NAME:+$SLURM_CLUSTER_NAME-}$SLURM_JOB_ID"
         --workers $((NTASKS - SHARDS)) --listen "$LISTEN_HOST:$port"
         --tls-cert "$SECRETS/tls.crt" --tls-key "$SECRETS/tls.key" --token-file "$SECRETS/token")
   if [ -f "$CKPT/latest" ]; then
@@ -253,7 +254,7 @@ run_shard() {
     args+=(--shard "$k/$SHARDS")
     if [ "$k" -gt 0 ]; then
       wait_file "$RUN_DIR/shard-0" "shard 0's address, published by task 0"
-      args+=(--coordinator "$(cat "$RUN_DIR/shard-0")")
+      args+=(--coordinator "$(cat "$RUN_DIR/shard-0")" --coordinator-ca "$SECRETS/tls.crt")
       [ "$port" -eq 0 ] || args+=(--advertise "$LISTEN_HOST:$port")
     fi
   fi
@@ -288,7 +289,7 @@ run_shard() {
   exit $rc
 }
 
-# Shard 0 (the coordinator; the only shard today): progress until the job is finished
+# Shard 0 (the coordinator): progress until the job is finished
 # (l2lctl watch exits 0), then until its workers have left (they deregister after the
 # last step's checkpoint), then stop it (final checkpoint).
 watch_coordinator() {

@@ -440,6 +440,11 @@ def main():
         out1 = job_output(work, job1)
         job_dir = os.path.join(work, "l2l-%d" % job1)
         check_secrets(job_dir, out1)
+        for k in range(1, a.shards):  # the shards really split the model (and shard k joined shard 0)
+            if ("shard %d of %d: model layers" % (k, a.shards)) not in out1 or \
+                    ("shard %d of %d joined shard 0" % (k, a.shards)) not in out1:
+                raise Failure("job %d: shard %d of %d did not start with its layers and join shard 0" %
+                              (job1, k, a.shards))
         step, nfiles, nbytes = compare_final(os.path.join(job_dir, "checkpoints"), ref_root, "job %d" % job1)
         print("slurm: job %d (%d shard(s) + %d workers) COMPLETED in %.1f s; final checkpoint %s: %d layer files, "
               "%d bytes, equal to the reference bit for bit" % (job1, a.shards, WORKERS, time.monotonic() - t, step,
