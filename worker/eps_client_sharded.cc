@@ -47,6 +47,7 @@ Result<std::unique_ptr<EpsClient>> ShardedEpsClient::Create(std::unique_ptr<EpsC
     }
     c->shards_.push_back(std::move(sh));
   }
+  c->reg_ = reg;
   L2L_LOG_INFO("sharded job: {} shards, worker {}", c->shards_.size(), reg.worker_id);
   return std::unique_ptr<EpsClient>(std::move(c));
 }
@@ -141,16 +142,32 @@ void ShardedEpsClient::AbandonGradientSlot(const GradientSlot& slot) {
 }
 
 Status ShardedEpsClient::Rejoin() {
-  for (Shard& s : shards_) L2L_RETURN_IF_ERROR(s.client->Rejoin());
-  const WorkerRegistration& r0 = shards_[0].client->registration();
-  for (size_t k = 1; k < shards_.size(); ++k) {
-    if (shards_[k].client->registration().start_step != r0.start_step) {
+  // Only the shards that asked (a shard that lost this worker, or rolled back): the
+  // others still have it as an active member and would refuse a second registration.
+  std::vector<size_t> asked;
+  for (size_t k = 0; k < shards_.size(); ++k) {
+    if (shards_[k].client->rejoin_requested()) asked.push_back(k);
+  }
+  if (asked.empty()) {  // the caller saw a rejoin error before any heartbeat said so
+    for (size_t k = 0; k < shards_.size(); ++k) asked.push_back(k);
+  }
+  for (size_t k : asked) {
+    L2L_RETURN_IF_ERROR(shards_[k].client->Rejoin().WithContext("rejoining shard " + std::to_string(k)));
+  }
+  const WorkerRegistration& first = shards_[asked[0]].client->registration();
+  for (size_t k : asked) {
+    const int64_t at = shards_[k].client->registration().start_step;
+    if (at != first.start_step) {
       return FailedPrecondition("after a rejoin shard " + std::to_string(k) + " restarts this worker at step " +
-                                std::to_string(shards_[k].client->registration().start_step) + ", shard 0 at " +
-                                std::to_string(r0.start_step) +
+                                std::to_string(at) + ", shard " + std::to_string(asked[0]) + " at " +
+                                std::to_string(first.start_step) +
                                 " (the shards rolled back differently: restart the job from its last checkpoint)");
     }
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  reg_.start_step = first.start_step;
+  reg_.data_position = first.data_position;
+  reg_.registration_id = shards_[0].client->registration().registration_id;
   return Status::Ok();
 }
 

@@ -4,7 +4,9 @@
 // that shard's local index. The relay sees one EPS with the whole model.
 //
 // Registration: shard 0 first (it gives the worker id and names the shards), then every
-// other shard with that id (ClientOptions::shard_worker_id). StepDone goes to every
+// other shard with that id (ClientOptions::shard_worker_id). A shard that lost this
+// worker (its heartbeats cut off from that shard alone) asks it to rejoin: Rejoin
+// re-registers with the shards that asked, and the worker restarts where they say. StepDone goes to every
 // shard (each gates its commits on the losses and keeps the data positions);
 // LeaveAfterLastStep leaves shard 0 last (it assembles the final checkpoint). A sharded
 // job updates on its shards: TakeUpdate is refused (the interleaved optimizer is off).
@@ -27,7 +29,7 @@ class ShardedEpsClient : public EpsClient {
   // Connects to the others; errors name the shard and its address.
   static Result<std::unique_ptr<EpsClient>> Create(std::unique_ptr<EpsClient> shard0, const ClientOptions& options);
 
-  const WorkerRegistration& registration() const override { return shards_[0].client->registration(); }
+  const WorkerRegistration& registration() const override { return reg_; }
   Result<LayerWeights> AcquireLayer(int64_t layer, int64_t min_version, std::chrono::milliseconds timeout) override;
   void ReleaseLayer(int64_t layer) override;
   Status PushGradient(int64_t layer, int64_t step, int64_t micro_batches, const float* grad, size_t numel) override;
@@ -52,6 +54,9 @@ class ShardedEpsClient : public EpsClient {
   // The owner of model layer `layer` (nullptr: out of range) and its local index.
   Shard* Owner(int64_t layer, int64_t* local);
   std::vector<Shard> shards_;
+  // Shard 0's registration; a rejoin updates start_step and data_position from the
+  // shards that asked for it.
+  WorkerRegistration reg_;
   std::mutex mu_;
   std::map<const void*, size_t> slot_shard_;  // GUARDED_BY(mu_): claimed slot -> shard
 };
