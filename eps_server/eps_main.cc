@@ -406,6 +406,10 @@ int main(int argc, char** argv) {
   if (!loaded_job.ok()) return Fail(loaded_job.status());
   const std::optional<eps::PlannedJob> initial = std::move(loaded_job).value();
 
+  // Every thread from here on inherits the blocked SIGTERM/SIGINT (the hub's among them).
+  ShutdownSignals signals;
+  signals.Block();
+
   // 2b. A shard of a sharded job: its place and its link to the other shards.
   ShardId shard_id;
   std::unique_ptr<eps::ShardHub> hub;
@@ -450,9 +454,6 @@ int main(int argc, char** argv) {
   } else if (!flags.coordinator.empty() || !flags.shard_layers.empty()) {
     return Fail(InvalidArgument("--coordinator and --shard-layers need --shard K/N with N > 1"));
   }
-
-  ShutdownSignals signals;
-  signals.Block();
 
   // 3. The core, with its run log and metrics; a fatal job error (SSD-tier fault) stops
   // the daemon without a final checkpoint; it then exits 1 (systemd's
