@@ -14,12 +14,14 @@ exit 0 ("signal 15: shutting down").
   1. 2 shards (workers' transport auto: shm) and 3 shards (workers --transport grpc):
      bit-identical to the reference; the root holds step-* dirs and `latest` only (no
      .step-N.part-K left).
-  2. The SSD tier on shard 1 (--spill-dir, --host-bytes below its state): its status
-     shows state bytes in the "ssd" tier; still bit-identical.
-  3. Global clipping active (optim.grad_clip 1e-3: the clip coefficient is < 1 on every
-     step of this job, whose gradient norm is orders of magnitude larger; the result
-     differs from the default grad_clip's) and the non-finite guard firing on a layer of
-     shard 1 only (L2L_TEST_NAN_GRADIENT on both workers): both shards log the skipped
+  2. The SSD tier on shard 1 (--spill-dir, and a --host-bytes that cannot hold its state
+     beside its published copies): its status shows state bytes in the "ssd" tier;
+     still bit-identical.
+  3. Global clipping active (optim.grad_clip 1e-3; this job's global gradient norm is
+     between 1 and 3 on its largest step: grad_clip 1 changes its result, 3 does not, so
+     a step's norm would have to fall a thousandfold for the clip not to act; the test
+     checks that the result differs from train.clip none) and the non-finite guard
+     firing on a layer of shard 1 only (L2L_TEST_NAN_GRADIENT on both workers): both shards log the skipped
      step; bit-identical to a single daemon with the same variable, and different from a
      run without it.
   4. Resume: a sharded run (its workers slowed with L2L_DELAY_AT so the kill lands
@@ -84,7 +86,7 @@ class Ctx:
         self.job = self.write_job("job.yaml")
         self.ref = None  # the single-daemon reference of self.job (case 1 makes it)
 
-    def write_job(self, name, seed=None, grad_clip=None, checkpoint_every=EVERY):
+    def write_job(self, name, seed=None, grad_clip=None, clip=None, checkpoint_every=EVERY):
         path = os.path.join(self.work, name)
         l2l_procs.write_job(path, self.tokens, STEPS, checkpoint_every=checkpoint_every)
         with open(path) as f:
@@ -94,6 +96,8 @@ class Ctx:
             edits.append(("  seed: 77\n", "  seed: %d\n" % seed))
         if grad_clip is not None:
             edits.append(("  eps: 1.0e-6\n", "  eps: 1.0e-6\n  grad_clip: %s\n" % grad_clip))
+        if clip is not None:
+            edits.append(("  mode: sync\n", "  mode: sync\n  clip: %s\n" % clip))
         for old, new in edits:
             if text.count(old) != 1:
                 raise Failure("write_job's YAML changed: %r not found once in %s" % (old, path))
@@ -324,7 +328,6 @@ def case_spill(ctx):
 
 
 def case_clip_nonfinite(ctx):
-    ref_default = ctx.reference()
     job = ctx.write_job("job-clip.yaml", grad_clip=SMALL_CLIP)
     # The 2-shard run first: shard 1's first layer is where the NaN goes.
     r = Run(ctx, "sh2-nan", job, 2)
@@ -354,18 +357,22 @@ def case_clip_nonfinite(ctx):
     expect_same(r, ref_nan, r.name)
     r.check_root_clean()
     # The test's own controls: without the NaN the result differs (so a guard that did
-    # not fire would be noticed), and grad_clip 1e-3 differs from the default (so the
-    # clip acts: its coefficient is below 1 on some step; at 1e-3, on every step).
+    # not fire would be noticed), and without clipping (train.clip none) too (so the clip
+    # acts: its coefficient is below 1 on some step; at 1e-3, on every step). Per-layer
+    # clipping also differs from global in every layer file at this grad_clip, so shards
+    # that clipped with their own layers' norm would not equal the single daemon.
     ref_clip = Run(ctx, "ref-clip", job, 1)
     ref_clip.train()
     if "skipped" in ref_clip.eps[0].log():
         raise Failure("ref-clip: a step was skipped without the NaN:\n%s" % ref_clip.eps[0].tail())
     if not compare_checkpoints(ref_nan.final_dir(), ref_clip.final_dir()):
         raise Failure("the run with a NaN at step %d equals the run without it: the skip changed nothing" % NAN_STEP)
-    if not compare_checkpoints(ref_clip.final_dir(), ref_default.final_dir()):
-        raise Failure("grad_clip %s gives the same checkpoint as the default grad_clip: the clip never acted"
+    ref_none = Run(ctx, "ref-noclip", ctx.write_job("job-noclip.yaml", grad_clip=SMALL_CLIP, clip="none"), 1)
+    ref_none.train()
+    if not compare_checkpoints(ref_clip.final_dir(), ref_none.final_dir()):
+        raise Failure("grad_clip %s (global) gives the same checkpoint as train.clip none: the clip never acted"
                       % SMALL_CLIP)
-    return ("grad_clip %s (global; changes the result), a NaN in layer %d's gradient at step %d (shard 1 owns %d..%d, "
+    return ("grad_clip %s (global; the result differs from clip none), a NaN in layer %d's gradient at step %d (shard 1 owns %d..%d, "
             "shard 0 %d..%d): both shards logged the skipped step; the final checkpoint equals the single daemon's with "
             "the same NaN, and differs from the run without it" % (SMALL_CLIP, layer, NAN_STEP, first1, last1, first0,
                                                                    last0))
