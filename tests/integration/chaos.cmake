@@ -12,6 +12,10 @@
 #    spill_resume_test.py, kill -9 + --resume with spilled state, a few seconds.
 #  * chaos_stalled_worker_{shm,grpc} (labels integration, chaos): stalled_worker_test.py,
 #    a few seconds: a worker stopped mid-push past the heartbeat timeout rejoins.
+#  * shards (labels integration, shards): shards_test.py, sharded state (l2l-eps --shard
+#    K/N) against one daemon: 2 and 3 shards, the SSD tier on a shard, global clip and the
+#    non-finite guard, kill -9 + --resume, a shard killed mid-checkpoint, bad shard
+#    configurations. About 15 s on an idle machine.
 #  * netns (labels integration, netns): netns_test.py, the daemon and a worker in two
 #    network namespaces over TLS + token, the link cut and restored. Needs root and
 #    `ip netns`; where namespaces cannot be made it exits 77 and ctest shows it skipped
@@ -73,6 +77,9 @@ foreach(shape qwen2.5-7b llama-3.1-8b)
                    --shape ${shape})
   set_tests_properties(spill_resume_${shape} PROPERTIES LABELS "integration;chaos;spill" TIMEOUT 300)
 endforeach()
+# Sharded state (issue 31): every case bit-identical to a single daemon's run.
+add_test(NAME shards COMMAND ${L2L_CHAOS_PYTHON} ${l2l_chaos_dir}/shards_test.py ${CMAKE_BINARY_DIR}/bin)
+set_tests_properties(shards PROPERTIES LABELS "integration;shards" TIMEOUT 300)
 if(EXISTS ${l2l_chaos_dir}/netns_test.py)
   add_test(NAME netns COMMAND ${L2L_CHAOS_PYTHON} ${l2l_chaos_dir}/netns_test.py ${CMAKE_BINARY_DIR}/bin)
   set_tests_properties(netns PROPERTIES LABELS "integration;netns" TIMEOUT 600 SKIP_RETURN_CODE 77)

@@ -1,0 +1,597 @@
+#!/usr/bin/env python3
+"""Sharded state (issue 31) end to end: N l2l-eps daemons, each owning a contiguous range
+of the model's layers (l2l-eps --shard K/N; common/shard_plan.h), against one daemon.
+
+Every training case runs the tiny job of l2l_procs.write_job (5 layers: embedding, 3
+blocks, head; 8 steps, a checkpoint every 4) with two CPU workers, and compares the final
+checkpoint with a single-daemon reference run of the same job and the same workers: every
+layer-*.bin file byte for byte (master, AdamW m and v) and manifest.json equal except its
+"created_unix" and the workers' "name" fields. Every shard is given one checkpoint root
+(a daemon config file, --config); each writes its part there and shard 0 assembles the
+checkpoint. Daemons keep running after the job; they are stopped with SIGTERM and must
+exit 0 ("signal 15: shutting down").
+
+  1. 2 shards (workers' transport auto: shm) and 3 shards (workers --transport grpc):
+     bit-identical to the reference; the root holds step-* dirs and `latest` only (no
+     .step-N.part-K left).
+  2. The SSD tier on shard 1 (--spill-dir, and a --host-bytes that cannot hold its state
+     beside its published copies): its status shows state bytes in the "ssd" tier;
+     still bit-identical.
+  3. Global clipping active (optim.grad_clip 1e-3; this job's global gradient norm is
+     between 1 and 3 on its largest step: grad_clip 1 changes its result, 3 does not, so
+     a step's norm would have to fall a thousandfold for the clip not to act; the test
+     checks that the result differs from train.clip none) and the non-finite guard
+     firing on a layer of shard 1 only (L2L_TEST_NAN_GRADIENT on both workers): both shards log the skipped
+     step; bit-identical to a single daemon with the same variable, and different from a
+     run without it.
+  4. Resume: a sharded run (its workers slowed with L2L_DELAY_AT so the kill lands
+     between the checkpoints) SIGKILLed, every process, once step 4's checkpoint is
+     `latest`; every shard restarted with --resume ROOT and the workers again: the final
+     checkpoint equals the uninterrupted reference.
+  5. Checkpoint atomicity: shard 1 kills itself (L2L_FAULT_AT=eps.checkpoint) half-way
+     through writing its part of step 8: `latest` still names step 4 (equal to the
+     reference's step 4), step 8 is never assembled, shard 0 does not exit (it waits for
+     the part), no worker exits 0.
+  6. Bad shard configurations, each refused (non-zero exit, a message naming the
+     problem): a shard count other than shard 0's, another --shard-layers, another job,
+     --shard 2/2, --shard x, --coordinator without --shard; and a worker that cannot
+     reach shard 1 (started with --advertise 127.0.0.1:1) exits non-zero naming shard 1.
+
+About a minute on an idle 2-core machine. Every process started here is killed and reaped,
+and the jobs' shared-memory segments removed, on every exit path; the work dir is removed
+unless the test fails or --keep is given.
+
+Usage: shards_test.py BIN_DIR [--cases 1,2,...] [--keep]
+Exit 0 on success, 1 on any failure (with the logs' tails).
+"""
+import argparse
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import l2l_procs  # noqa: E402
+
+STEPS = 8
+EVERY = 4
+LAYERS = 5  # write_job's model: embedding, 3 blocks, head
+WORKERS = 2
+NAN_STEP = 5
+SMALL_CLIP = "0.001"
+# Shard 1 of 2 holds 3 layers (25472 parameters): 331776 state bytes at 4 KiB pages, and
+# with its published copies and the smallest staging pool it needs 385024 bytes of
+# memory.host_bytes. 520000 puts its state pages on the SSD tier (case 2 checks that).
+SPILL_HOST_BYTES = 520000
+
+
+class Failure(Exception):
+    pass
+
+
+class Ctx:
+    """What every case shares: the process table, the work dir, the job files."""
+
+    def __init__(self, procs, work):
+        self.procs, self.work = procs, work
+        self.shown = []  # the runs whose logs a failure prints
+        self.stop_failures = []  # daemons that did not stop cleanly on SIGTERM
+        self.tokens = os.path.join(work, "train.bin")
+        l2l_procs.write_tokens(self.tokens, 20000, 96)
+        self.job = self.write_job("job.yaml")
+        self.ref = None  # the single-daemon reference of self.job (case 1 makes it)
+
+    def write_job(self, name, seed=None, grad_clip=None, clip=None, checkpoint_every=EVERY):
+        path = os.path.join(self.work, name)
+        l2l_procs.write_job(path, self.tokens, STEPS, checkpoint_every=checkpoint_every)
+        with open(path) as f:
+            text = f.read()
+        edits = []
+        if seed is not None:
+            edits.append(("  seed: 77\n", "  seed: %d\n" % seed))
+        if grad_clip is not None:
+            edits.append(("  eps: 1.0e-6\n", "  eps: 1.0e-6\n  grad_clip: %s\n" % grad_clip))
+        if clip is not None:
+            edits.append(("  mode: sync\n", "  mode: sync\n  clip: %s\n" % clip))
+        for old, new in edits:
+            if text.count(old) != 1:
+                raise Failure("write_job's YAML changed: %r not found once in %s" % (old, path))
+            text = text.replace(old, new)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def reference(self):
+        if self.ref is None:
+            self.ref = Run(self, "ref", self.job, 1)
+            self.ref.train()
+        return self.ref
+
+
+class Run:
+    """One job: a single daemon (n == 1) or n shards, their workers, one checkpoint root."""
+
+    def __init__(self, ctx, name, job, n, shard_args=None, shard_env=None, shard_config=None):
+        self.ctx, self.procs, self.name, self.job, self.n = ctx, ctx.procs, name, job, n
+        self.dir = os.path.join(ctx.work, name)
+        os.makedirs(self.dir)
+        self.root = os.path.join(self.dir, "ckpt")
+        self.config = os.path.join(self.dir, "eps.yaml")
+        with open(self.config, "w") as f:
+            f.write("checkpoint:\n  dir: %s\n" % self.root)
+        # Extra flags / environment / config file per shard index.
+        self.shard_args = shard_args or {}
+        self.shard_env = shard_env or {}
+        self.shard_config = shard_config or {}
+        self.job_id = "%s-%d" % (name, os.getpid())  # the shm cleanup's glob needs "-<pid>-"
+        self.eps = [None] * n
+        self.addr = [None] * n
+        self.workers = []
+        self.starts = 0
+        ctx.shown.append(self)
+
+    def state(self, k):
+        return os.path.join(self.dir, "s%d" % k)
+
+    def start_shard(self, k, resume=False, args=None, env=None, wait=True):
+        """Starts shard k (the only daemon when n == 1); its Proc (wait: once it listens)."""
+        try:
+            os.unlink(os.path.join(self.state(k), "eps.port"))
+        except FileNotFoundError:
+            pass
+        argv = [self.procs.bin("l2l-eps"), "--state-dir", self.state(k), "--workers", str(WORKERS), "--job-id",
+                self.job_id, "--config", self.shard_config.get(k, self.config)]
+        argv += ["--resume", self.root] if resume else ["--job", self.job]
+        if self.n > 1:
+            argv += ["--shard", "%d/%d" % (k, self.n)]
+            if k > 0:
+                argv += ["--coordinator", self.addr[0]]
+        argv += self.shard_args.get(k, []) + list(args or [])
+        e = dict(self.shard_env.get(k, {}))
+        e.update(env or {})
+        self.starts += 1
+        p = self.procs.spawn("%s-eps%d-%d" % (self.name, k, self.starts), argv, env=e)
+        self.eps[k] = p
+        if wait:
+            port = l2l_procs.wait_port(self.state(k), p, 120)
+            if port is None:
+                raise Failure("%s: shard %d did not start (exit %s):\n%s" % (self.name, k, p.wait(0), p.tail()))
+            self.addr[k] = "127.0.0.1:%d" % port
+        return p
+
+    def start_daemons(self, resume=False):
+        for k in range(self.n):
+            self.start_shard(k, resume=resume)
+
+    def start_workers(self, transport="auto", env=None, args=()):
+        self.workers = []
+        for i in range(WORKERS):
+            argv = [self.procs.bin("l2l-worker"), "--eps", self.addr[0], "--device", "cpu", "--threads", "1",
+                    "--transport", transport, "--name", "w%d" % i, "--connect-timeout-ms", "60000"] + list(args)
+            self.starts += 1
+            self.workers.append(self.procs.spawn("%s-w%d-%d" % (self.name, i, self.starts), argv, env=env))
+
+    def wait_workers_ok(self, timeout=180):
+        deadline = time.monotonic() + timeout
+        for w in self.workers:
+            code = w.wait(max(1, deadline - time.monotonic()))
+            if code != 0:
+                raise Failure("%s: worker %s exited %s:\n%s" % (self.name, w.name, code, w.tail()))
+
+    def stop(self):
+        """SIGTERM to every running daemon; each must exit 0 after 'signal 15: shutting down'
+        (a failure is recorded in ctx.stop_failures: the case fails when it ends)."""
+        for p in self.eps:
+            if p is not None and p.running():
+                os.kill(p.pid, signal.SIGTERM)
+        bad = []
+        for k, p in enumerate(self.eps):
+            if p is None:
+                continue
+            code = p.wait(60)
+            if code != 0 or "signal 15: shutting down" not in p.log():
+                bad.append("shard %d (%s) exited %s after SIGTERM%s" % (
+                    k, p.name, code, "" if "signal 15: shutting down" in p.log()
+                    else ", without logging 'signal 15: shutting down' (killed by the signal's default action?)"))
+        # Reported when the case ends, after its checkpoints were compared.
+        self.ctx.stop_failures += ["%s: %s" % (self.name, b) for b in bad]
+
+    def train(self, transport="auto", worker_env=None):
+        """The whole job: daemons, workers to the end (exit 0), daemons stopped."""
+        self.start_daemons()
+        self.start_workers(transport, worker_env)
+        self.wait_workers_ok()
+        self.stop()
+
+    def shard_layers(self, k):
+        """(first, last) model layer of shard k, from its log line 'shard K of N: model layers A..B'."""
+        m = re.search(r"shard %d of %d: model layers (\d+)\.\.(\d+) of %d" % (k, self.n, LAYERS), self.eps[k].log())
+        if not m:
+            raise Failure("%s: shard %d's log names no layer range:\n%s" % (self.name, k, self.eps[k].tail()))
+        return int(m.group(1)), int(m.group(2))
+
+    def latest(self):
+        try:
+            with open(os.path.join(self.root, "latest")) as f:
+                return f.read().strip()
+        except OSError:
+            return None
+
+    def final_dir(self):
+        name = self.latest()
+        if name != "step-%08d" % STEPS:
+            raise Failure("%s: the root's latest is %r, not step %d's checkpoint (root: %s)" % (
+                self.name, name, STEPS, sorted(os.listdir(self.root))))
+        return os.path.join(self.root, name)
+
+    def check_root_clean(self):
+        want = ["latest"] + ["step-%08d" % s for s in range(EVERY, STEPS + 1, EVERY)]
+        got = sorted(os.listdir(self.root))
+        if got != sorted(want):
+            raise Failure("%s: the checkpoint root holds %s, want %s (no part or temporary dirs)" % (
+                self.name, got, sorted(want)))
+
+
+def manifest_for_compare(d):
+    with open(os.path.join(d, "manifest.json")) as f:
+        m = json.load(f)
+    m.pop("created_unix", None)
+    for w in m.get("workers", []):
+        w.pop("name", None)
+    return m
+
+
+def compare_checkpoints(got, ref):
+    """'' when checkpoint dirs `got` and `ref` hold the same layer files byte for byte and
+    the same manifest (less created_unix and worker names); else the differences."""
+    names = sorted(x for x in os.listdir(ref) if x.startswith("layer-"))
+    got_names = sorted(x for x in os.listdir(got) if x.startswith("layer-"))
+    if names != got_names or len(names) != LAYERS:
+        return "layer files %s vs the reference's %s" % (got_names, names)
+    diff = [n for n in names if l2l_procs.read_bytes(os.path.join(got, n)) != l2l_procs.read_bytes(os.path.join(ref, n))]
+    gm, rm = manifest_for_compare(got), manifest_for_compare(ref)
+    if gm != rm:
+        keys = sorted(k for k in set(gm) | set(rm) if gm.get(k) != rm.get(k))
+        diff.append("manifest.json fields %s (%s vs %s)" % (keys, {k: gm.get(k) for k in keys},
+                                                           {k: rm.get(k) for k in keys}))
+    return ", ".join(diff)
+
+
+def expect_same(run, ref, what):
+    d = compare_checkpoints(run.final_dir(), ref.final_dir())
+    if d:
+        raise Failure("%s: the final checkpoint differs from the single daemon's: %s" % (what, d))
+
+
+# ---- the cases ------------------------------------------------------------------------
+
+def case_bit_identical(ctx):
+    ref = ctx.reference()
+    ref.check_root_clean()
+    out = []
+    for n, transport in ((2, "auto"), (3, "grpc")):
+        r = Run(ctx, "sh%d-%s" % (n, transport), ctx.job, n)
+        r.train(transport)
+        ranges = [r.shard_layers(k) for k in range(n)]
+        if ranges[0][0] != 0 or ranges[-1][1] != LAYERS - 1 or any(
+                ranges[k][1] + 1 != ranges[k + 1][0] for k in range(n - 1)):
+            raise Failure("%s: the shards' ranges %s do not tile layers 0..%d" % (r.name, ranges, LAYERS - 1))
+        if transport == "auto" and "registered (shm)" not in r.eps[1].log():
+            raise Failure("%s: the workers did not use shm with shard 1:\n%s" % (r.name, r.eps[1].tail()))
+        if transport == "grpc" and ("registered (grpc)" not in r.eps[2].log() or "(shm)" in r.eps[2].log()):
+            raise Failure("%s: the workers did not use gRPC with shard 2:\n%s" % (r.name, r.eps[2].tail()))
+        expect_same(r, ref, r.name)
+        r.check_root_clean()
+        out.append("%d shards (%s, layers %s)" % (n, "shm" if transport == "auto" else transport,
+                                                    ", ".join("%d..%d" % x for x in ranges)))
+    return "%s: final checkpoints equal the single daemon's bit for bit; roots hold step dirs and latest only" % (
+        " and ".join(out))
+
+
+def case_spill(ctx):
+    ref = ctx.reference()
+    spill = os.path.join(ctx.work, "spill1")
+    os.makedirs(spill)
+    # 4 KiB state pages on shard 1 (the default 4 MiB would make the tiny model's state
+    # one page per array); the same checkpoint root.
+    r = Run(ctx, "sh2-spill", ctx.job, 2,
+            shard_args={1: ["--spill-dir", spill, "--host-bytes", str(SPILL_HOST_BYTES)]})
+    cfg1 = os.path.join(r.dir, "eps-s1.yaml")
+    with open(cfg1, "w") as f:
+        f.write("checkpoint:\n  dir: %s\nmemory:\n  page_bytes: 4096\nspill:\n  block_bytes: 4096\n" % r.root)
+    r.shard_config[1] = cfg1
+    r.start_daemons()
+    st = ctx.procs.status(r.addr[1])
+    if st is None:
+        raise Failure("%s: l2lctl status of shard 1 got no answer:\n%s" % (r.name, r.eps[1].tail()))
+    tiers = {m["tier"]: m["used_bytes"] for m in st.get("memory", [])}
+    if tiers.get("ssd", 0) <= 0:
+        raise Failure("%s: shard 1 (--host-bytes %d) holds no state on SSD: memory %s" % (
+            r.name, SPILL_HOST_BYTES, st.get("memory")))
+    m = re.search(r"spill tier: .*?(\d+ of \d+ master pages spilled)", r.eps[1].log())
+    if not m:
+        raise Failure("%s: shard 1 did not log its spill tier:\n%s" % (r.name, r.eps[1].tail()))
+    if "ssd" in {mm["tier"] for mm in (ctx.procs.status(r.addr[0]) or {}).get("memory", [])}:
+        raise Failure("%s: shard 0 (no --spill-dir) reports an SSD tier" % r.name)
+    r.start_workers()
+    r.wait_workers_ok()
+    r.stop()
+    expect_same(r, ref, r.name)
+    r.check_root_clean()
+    return "shard 1 with %d state bytes on SSD (%s, host_bytes %d): final checkpoint equals the single daemon's" % (
+        tiers["ssd"], m.group(1), SPILL_HOST_BYTES)
+
+
+def case_clip_nonfinite(ctx):
+    job = ctx.write_job("job-clip.yaml", grad_clip=SMALL_CLIP)
+    # The 2-shard run first: shard 1's first layer is where the NaN goes.
+    r = Run(ctx, "sh2-nan", job, 2)
+    r.start_daemons()
+    first1, last1 = r.shard_layers(1)
+    first0, last0 = r.shard_layers(0)
+    layer = first1
+    nan_env = {"L2L_TEST_NAN_GRADIENT": "%d:%d" % (layer, NAN_STEP)}
+    r.start_workers(env=nan_env)
+    r.wait_workers_ok()
+    r.stop()
+    skip = "step %d skipped, state unchanged: non-finite gradient in layer %d" % (NAN_STEP, layer)
+    for k in range(2):
+        log = r.eps[k].log()
+        if skip not in log:
+            raise Failure("%s: shard %d (layers %d..%d) did not log %r:\n%s" % (
+                r.name, k, *r.shard_layers(k), skip, r.eps[k].tail()))
+        if log.count("skipped, state unchanged") != 1:
+            raise Failure("%s: shard %d skipped %d steps, want 1" % (r.name, k, log.count("skipped, state unchanged")))
+    for w in r.workers:
+        if "L2L_TEST_NAN_GRADIENT: a NaN in the gradient of layer %d" % layer not in w.log():
+            raise Failure("%s: %s did not inject its NaN:\n%s" % (r.name, w.name, w.tail()))
+    ref_nan = Run(ctx, "ref-nan", job, 1)
+    ref_nan.train(worker_env=nan_env)
+    if skip not in ref_nan.eps[0].log():
+        raise Failure("ref-nan: the single daemon did not log %r" % skip)
+    expect_same(r, ref_nan, r.name)
+    r.check_root_clean()
+    # The test's own controls: without the NaN the result differs (so a guard that did
+    # not fire would be noticed), and without clipping (train.clip none) too (so the clip
+    # acts: its coefficient is below 1 on some step; at 1e-3, on every step). Per-layer
+    # clipping also differs from global in every layer file at this grad_clip, so shards
+    # that clipped with their own layers' norm would not equal the single daemon.
+    ref_clip = Run(ctx, "ref-clip", job, 1)
+    ref_clip.train()
+    if "skipped" in ref_clip.eps[0].log():
+        raise Failure("ref-clip: a step was skipped without the NaN:\n%s" % ref_clip.eps[0].tail())
+    if not compare_checkpoints(ref_nan.final_dir(), ref_clip.final_dir()):
+        raise Failure("the run with a NaN at step %d equals the run without it: the skip changed nothing" % NAN_STEP)
+    ref_none = Run(ctx, "ref-noclip", ctx.write_job("job-noclip.yaml", grad_clip=SMALL_CLIP, clip="none"), 1)
+    ref_none.train()
+    if not compare_checkpoints(ref_clip.final_dir(), ref_none.final_dir()):
+        raise Failure("grad_clip %s (global) gives the same checkpoint as train.clip none: the clip never acted"
+                      % SMALL_CLIP)
+    return ("grad_clip %s (global; the result differs from clip none), a NaN in layer %d's gradient at step %d (shard 1 owns %d..%d, "
+            "shard 0 %d..%d): both shards logged the skipped step; the final checkpoint equals the single daemon's with "
+            "the same NaN, and differs from the run without it" % (SMALL_CLIP, layer, NAN_STEP, first1, last1, first0,
+                                                                   last0))
+
+
+def case_resume(ctx):
+    ref = ctx.reference()
+    r = Run(ctx, "sh2-resume", ctx.job, 2)
+    r.start_daemons()
+    # Each layer fetch sleeps: tens of ms per step, so the kill lands between step 4's
+    # checkpoint and the end of the job.
+    r.start_workers(env={"L2L_DELAY_AT": "worker.fetch:40"})
+    deadline = time.monotonic() + 120
+    want = "step-%08d" % EVERY
+    while r.latest() != want:
+        if time.monotonic() > deadline or not all(p.running() for p in r.eps + r.workers):
+            raise Failure("%s: step %d's checkpoint did not become latest (latest %r; exits %s)" % (
+                r.name, EVERY, r.latest(), [p.wait(0) for p in r.eps + r.workers]))
+        time.sleep(0.01)
+    for p in r.workers + r.eps:
+        code = p.kill9()
+        if code != -signal.SIGKILL:
+            raise Failure("%s: %s exited %s before the SIGKILL (the job ran past the kill?):\n%s" % (
+                r.name, p.name, code, p.tail()))
+    if r.latest() != want or os.path.exists(os.path.join(r.root, "step-%08d" % STEPS)):
+        raise Failure("%s: after the kill latest is %r (root %s): the job got to step %d before it" % (
+            r.name, r.latest(), sorted(os.listdir(r.root)), STEPS))
+    steps_done = max([int(x) for x in re.findall(r"\] step (\d+) loss", r.eps[0].log())] or [-1]) + 1
+    r.start_daemons(resume=True)
+    for k in range(2):
+        if "start step %d" % EVERY not in r.eps[k].log():
+            raise Failure("%s: resumed shard %d does not start at step %d:\n%s" % (r.name, k, EVERY, r.eps[k].tail()))
+    r.start_workers()
+    r.wait_workers_ok()
+    r.stop()
+    expect_same(r, ref, r.name)
+    return ("2 shards SIGKILLed (daemons and workers) with step %d's checkpoint latest and %d steps done, every shard "
+            "resumed with --resume ROOT: the final checkpoint equals the uninterrupted single daemon's; root %s" % (
+                EVERY, steps_done, sorted(os.listdir(r.root))))
+
+
+def case_atomic(ctx):
+    ref = ctx.reference()
+    r = Run(ctx, "sh2-atomic", ctx.job, 2)
+    r.start_shard(0)
+    # Shard 1 (of 2) owns the layers after shard 0's. Its part of a checkpoint is one
+    # eps.checkpoint visit per layer file: those of step 4 come first; die after two of
+    # step 8's.
+    first0, last0 = r.shard_layers(0)
+    n1 = LAYERS - (last0 + 1)
+    if n1 < 2:
+        raise Failure("%s: shard 1 owns %d layer(s): no kill half-way through its part" % (r.name, n1))
+    fault = "eps.checkpoint:%d" % (n1 + 2)
+    r.start_shard(1, env={"L2L_FAULT_AT": fault})
+    r.start_workers()
+    code = r.eps[1].wait(120)
+    if code != -signal.SIGKILL or "injected SIGKILL at eps.checkpoint" not in r.eps[1].log():
+        raise Failure("%s: shard 1 (%s) was to die writing step %d's part; exit %s:\n%s" % (
+            r.name, fault, STEPS, code, r.eps[1].tail()))
+    if "checkpoint part of step %d written" % EVERY not in r.eps[1].log():
+        raise Failure("%s: shard 1 died, but not after writing step %d's part:\n%s" % (r.name, EVERY, r.eps[1].tail()))
+    # Shard 0 waits for the missing part; the workers must not be told the job is done.
+    time.sleep(3)
+    for w in r.workers:
+        w.wait(10)
+    final = os.path.join(r.root, "step-%08d" % STEPS)
+    if r.latest() != "step-%08d" % EVERY or os.path.exists(final):
+        raise Failure("%s: shard 1 died in step %d's part, yet latest is %r and the root holds %s" % (
+            r.name, STEPS, r.latest(), sorted(os.listdir(r.root))))
+    d = compare_checkpoints(os.path.join(r.root, "step-%08d" % EVERY), os.path.join(ref.root, "step-%08d" % EVERY))
+    if d:
+        raise Failure("%s: step %d's checkpoint differs from the single daemon's: %s" % (r.name, EVERY, d))
+    code0 = r.eps[0].wait(0)
+    codes = [w.wait(0) for w in r.workers]
+    if code0 is not None:
+        raise Failure("%s: shard 0 exited %s after shard 1 died (it should wait for the part):\n%s" % (
+            r.name, code0, r.eps[0].tail()))
+    if 0 in codes:
+        raise Failure("%s: a worker exited 0 although step %d's checkpoint was never assembled (exits %s):\n%s" % (
+            r.name, STEPS, codes, "\n".join(w.tail(10) for w in r.workers)))
+    leftover = sorted(x for x in os.listdir(r.root) if x.startswith(".step-%08d" % STEPS))
+    for p in r.workers + r.eps:
+        p.kill9()
+    return ("shard 1 SIGKILLed half-way through step %d's part (%s, %d layers): latest stays step %d (equal to the "
+            "single daemon's), step %d never assembled, shard 0 kept waiting, workers' exits %s (none 0); left in the "
+            "root: %s" % (STEPS, fault, n1, EVERY, STEPS, ["running" if c is None else c for c in codes],
+                          leftover or "nothing of step %d" % STEPS))
+
+
+def wait_log(proc, text, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while text not in proc.log():
+        if time.monotonic() > deadline or not proc.running():
+            raise Failure("%s: no %r in its log (exit %s):\n%s" % (what, text, proc.wait(0), proc.tail()))
+        time.sleep(0.05)
+
+
+def expect_refused(proc, fragment, what, timeout=60):
+    code = proc.wait(timeout)
+    if code is None:
+        raise Failure("%s: still running after %d s (should be refused with %r):\n%s" % (
+            what, timeout, fragment, proc.tail()))
+    if code == 0 or code < 0:
+        raise Failure("%s: exit %s (want a non-zero exit with a message):\n%s" % (what, code, proc.tail()))
+    if fragment not in proc.log():
+        raise Failure("%s: exit %d without %r in its message:\n%s" % (what, code, fragment, proc.tail()))
+
+
+def case_bad_configs(ctx):
+    r = Run(ctx, "bad", ctx.job, 2)
+    other_job = ctx.write_job("job-seed78.yaml", seed=78)
+    r.start_shard(0)
+    checks = 0
+    joins = [
+        ("shard 1 started as 1/3 (shard 0 is 0/2)", ["--shard", "1/3"], None,
+         "give every shard the same --shard K/N"),
+        ("shard 1 with --shard-layers 3 (shard 0 balanced)", ["--shard-layers", "3"], None,
+         "give every shard the same --shard-layers"),
+        ("shard 1 with another job (seed 78)", [], other_job, "runs another job"),
+    ]
+    for i, (what, args, job, fragment) in enumerate(joins):
+        argv = [ctx.procs.bin("l2l-eps"), "--state-dir", os.path.join(r.dir, "bad%d" % i), "--workers", "2",
+                "--job-id", r.job_id + "-b%d" % i, "--config", r.config, "--job", job or ctx.job,
+                "--coordinator", r.addr[0]]
+        argv += args if args and args[0] == "--shard" else ["--shard", "1/2"] + args
+        expect_refused(ctx.procs.spawn("bad-join%d" % i, argv), fragment, what)
+        checks += 1
+    if not r.eps[0].running():
+        raise Failure("shard 0 died after refusing bad shards:\n%s" % r.eps[0].tail())
+    flags = [
+        ("--shard 2/2", ["--shard", "2/2"], "--shard '2/2': need 0 <= K < N"),
+        ("--shard x", ["--shard", "x"], "--shard 'x': expected K/N"),
+        ("--coordinator without --shard", ["--coordinator", r.addr[0]], "need --shard K/N with N > 1"),
+    ]
+    for i, (what, args, fragment) in enumerate(flags):
+        argv = [ctx.procs.bin("l2l-eps"), "--state-dir", os.path.join(r.dir, "flag%d" % i), "--workers", "2",
+                "--job", ctx.job, "--job-id", r.job_id + "-f%d" % i] + args
+        p = ctx.procs.spawn("bad-flag%d" % i, argv)
+        expect_refused(p, fragment, what)
+        if os.path.exists(os.path.join(r.dir, "flag%d" % i, "eps.port")):
+            raise Failure("%s: refused, yet it listened (eps.port written)" % what)
+        checks += 1
+    # A shard whose advertised address nobody can dial: it joins shard 0 (which does not
+    # dial it), the workers cannot reach it.
+    r.start_shard(1, args=["--advertise", "127.0.0.1:1"])
+    wait_log(r.eps[1], "joined shard 0 at %s as 127.0.0.1:1" % r.addr[0], "shard 1 --advertise 127.0.0.1:1")
+    w = ctx.procs.spawn("bad-worker", [ctx.procs.bin("l2l-worker"), "--eps", r.addr[0], "--device", "cpu",
+                                       "--threads", "1", "--connect-timeout-ms", "2000"])
+    expect_refused(w, "shard 1 of 2 at 127.0.0.1:1", "a worker that cannot reach shard 1")
+    checks += 1
+    for p in r.eps:
+        p.kill9()
+    return "%d bad configurations refused with a message naming the problem (non-zero exit)" % checks
+
+
+CASES = {
+    1: ("bit_identical", case_bit_identical),
+    2: ("spill", case_spill),
+    3: ("clip_nonfinite", case_clip_nonfinite),
+    4: ("resume", case_resume),
+    5: ("atomic_checkpoint", case_atomic),
+    6: ("bad_configs", case_bad_configs),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("bin_dir")
+    ap.add_argument("--cases", default=",".join(str(c) for c in CASES), help="comma-separated case numbers")
+    ap.add_argument("--keep", action="store_true", help="keep the work dir")
+    a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    cases = [int(c) for c in a.cases.split(",") if c]
+    work = tempfile.mkdtemp(prefix="l2l-shards-")
+    procs = l2l_procs.Procs(a.bin_dir, work)
+    ok = True
+    t0 = time.monotonic()
+    try:
+        ctx = Ctx(procs, work)
+        for c in cases:
+            name, fn = CASES[c]
+            start = time.monotonic()
+            ctx.shown, ctx.stop_failures = [], []
+            try:
+                line = fn(ctx)
+                if ctx.stop_failures:
+                    raise Failure("the checks above passed (%s), but not every daemon stopped cleanly on SIGTERM: %s"
+                                  % (line, "; ".join(ctx.stop_failures)))
+                print("shards %d %s (%.1f s): %s" % (c, name, time.monotonic() - start, line), flush=True)
+            except Failure as e:
+                ok = False
+                print("shards %d %s: FAILED: %s" % (c, name, e), flush=True)
+                for run in ctx.shown:
+                    for p in run.eps + run.workers:
+                        if p is not None:
+                            print("---- %s (exit %s, tail)\n%s" % (p.name, p.wait(0), p.tail(15)))
+            finally:
+                # A failed case's processes must not disturb the next one.
+                for run in ctx.shown:
+                    for p in run.eps + run.workers:
+                        if p is not None and p.running():
+                            p.kill9()
+    finally:
+        alive = procs.close()
+        if alive:
+            print("shards: FAILED: processes outlived the test: %s" % alive)
+            ok = False
+        for seg in glob.glob("/dev/shm/l2l-*-%d-*" % os.getpid()):
+            try:
+                os.unlink(seg)
+            except OSError:
+                pass
+        if ok and not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print("shards: work dir kept: %s" % work)
+    print("shards: %s (%d cases, %.1f s)" % ("ok" if ok else "FAILED", len(cases), time.monotonic() - t0))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
