@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <string_view>
 
 namespace l2l {
 
@@ -106,14 +107,38 @@ Status ShmSegment::Unlink() {
   return Status::Ok();
 }
 
-Result<int> RemoveSegmentsWithPrefix(const std::string& prefix) {
-  if (prefix.empty()) return InvalidArgument("RemoveSegmentsWithPrefix: empty prefix");
+namespace {
+
+// "w", or 'g' / 'u' then digits, optionally 'r' and digits: what follows "l2l-<job>-".
+bool IsJobSegmentSuffix(std::string_view s) {
+  if (s == "w") return true;
+  if (s.size() < 2 || (s[0] != 'g' && s[0] != 'u')) return false;
+  size_t i = 1;
+  auto digits = [&] {
+    const size_t from = i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+    return i > from;
+  };
+  if (!digits()) return false;
+  if (i == s.size()) return true;
+  if (s[i] != 'r') return false;
+  ++i;
+  return digits() && i == s.size();
+}
+
+}  // namespace
+
+Result<int> RemoveJobSegments(const std::string& job_id) {
+  if (job_id.empty()) return InvalidArgument("RemoveJobSegments: empty job id");
+  const std::string prefix = "l2l-" + job_id + "-";
   DIR* d = opendir("/dev/shm");
   if (d == nullptr) return ErrnoError("opendir", "/dev/shm", errno);
   int removed = 0;
   while (struct dirent* e = readdir(d)) {
     std::string n = e->d_name;
-    if (n.compare(0, prefix.size(), prefix) != 0) continue;
+    if (n.compare(0, prefix.size(), prefix) != 0 || !IsJobSegmentSuffix(std::string_view(n).substr(prefix.size()))) {
+      continue;
+    }
     if (shm_unlink(("/" + n).c_str()) == 0) ++removed;
   }
   closedir(d);

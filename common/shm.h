@@ -4,7 +4,7 @@
 // Segments: ShmSegment::Create (the EPS: O_CREAT|O_EXCL, mode 0600, unlinked again by
 // the owner's destructor) and ShmSegment::Open (a worker: maps an existing segment,
 // read-only or read-write, never unlinks). Names look like "/l2l-<job_id>-w" (weights)
-// and "/l2l-<job_id>-g<worker>" (gradients); RemoveSegmentsWithPrefix cleans up what a
+// and "/l2l-<job_id>-g<worker>" (gradients); RemoveJobSegments cleans up what a
 // crashed run of the same job left in /dev/shm.
 //
 // Weight segment ("/l2l-<job>-w"), written by the EPS only, mapped read-only by workers:
@@ -68,9 +68,11 @@ class ShmSegment {
   bool owner_ = false;
 };
 
-// Removes every /dev/shm entry whose name starts with `prefix` (without the leading
-// '/', e.g. "l2l-myjob-"). Returns how many were removed.
-Result<int> RemoveSegmentsWithPrefix(const std::string& prefix);
+// Removes the /dev/shm segments a run of job `job_id` makes: "l2l-<job_id>-" followed by
+// exactly "w", "g<n>[r<n>]" or "u<n>[r<n>]" (weights, a worker's gradients, its update
+// exchange), and nothing else: another job whose id merely starts with this one's
+// ("job" and "job-s1", or "l2l" and "l2l-run7") keeps its segments. Returns how many.
+Result<int> RemoveJobSegments(const std::string& job_id);
 
 // Blocks while *word == expected, up to `timeout` (negative: forever). Works on
 // process-shared mappings (no FUTEX_PRIVATE_FLAG), also read-only ones. Returns true if

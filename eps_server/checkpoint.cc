@@ -15,6 +15,7 @@
 #include <ctime>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -131,6 +132,42 @@ Status InstallDir(const std::string& tmp, const std::string& dir) {
   return Status::Ok();
 }
 
+// A hidden sibling ".<name>.tmp-<pid>-<n>" of <parent>/<name> to write a checkpoint (or a
+// shard's part) into; removed when it goes out of scope unless Install() put it in place.
+class TempCheckpointDir {
+ public:
+  static Result<std::unique_ptr<TempCheckpointDir>> Make(const std::string& parent, const std::string& name) {
+    static std::atomic<int> counter{0};
+    auto t = std::unique_ptr<TempCheckpointDir>(new TempCheckpointDir());
+    t->parent_ = parent;
+    t->path_ = parent + "/." + name + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter.fetch_add(1));
+    if (::mkdir(t->path_.c_str(), 0755) != 0) {
+      const int err = errno;
+      t->armed_ = false;
+      return ErrnoError("mkdir", t->path_, err);
+    }
+    return t;
+  }
+  ~TempCheckpointDir() {
+    if (!armed_) return;
+    std::error_code e;
+    fs::remove_all(path_, e);
+  }
+  const std::string& path() const { return path_; }
+  // fsync the directory, rename it to `dir` (swapping out an existing one), fsync the parent.
+  Status Install(const std::string& dir) {
+    L2L_RETURN_IF_ERROR(FsyncDir(path_));
+    L2L_RETURN_IF_ERROR(InstallDir(path_, dir));
+    armed_ = false;
+    return FsyncDir(parent_);
+  }
+
+ private:
+  TempCheckpointDir() = default;
+  std::string parent_, path_;
+  bool armed_ = true;
+};
+
 }  // namespace
 
 std::string CheckpointDirName(int64_t step) {
@@ -152,20 +189,8 @@ Result<int64_t> WriteCheckpoint(const ParamStore& store, const CheckpointMeta& m
   std::error_code ec;
   fs::create_directories(parent, ec);
   if (ec) return Status(StatusCode::kIoError, "cannot create checkpoint root " + parent + ": " + ec.message());
-  static std::atomic<int> counter{0};
-  const std::string tmp = parent + "/." + name + ".tmp-" + std::to_string(::getpid()) + "-" +
-                          std::to_string(counter.fetch_add(1));
-  if (::mkdir(tmp.c_str(), 0755) != 0) return ErrnoError("mkdir", tmp, errno);
-  // Removes the temp directory unless it was installed.
-  struct Cleanup {
-    std::string path;
-    bool armed = true;
-    ~Cleanup() {
-      if (!armed) return;
-      std::error_code e;
-      fs::remove_all(path, e);
-    }
-  } cleanup{tmp};
+  L2L_ASSIGN_OR_RETURN(std::unique_ptr<TempCheckpointDir> temp, TempCheckpointDir::Make(parent, name));
+  const std::string& tmp = temp->path();
 
   std::vector<CheckpointLayerFile> files;
   int64_t total = 0;
@@ -187,10 +212,7 @@ Result<int64_t> WriteCheckpoint(const ParamStore& store, const CheckpointMeta& m
   const std::string manifest = ManifestJson(meta, files);
   L2L_RETURN_IF_ERROR(WriteFileAtomic(tmp + "/" + kCheckpointManifest, manifest.data(), manifest.size()));
   total += static_cast<int64_t>(manifest.size());
-  L2L_RETURN_IF_ERROR(FsyncDir(tmp));
-  L2L_RETURN_IF_ERROR(InstallDir(tmp, dir));
-  cleanup.armed = false;
-  L2L_RETURN_IF_ERROR(FsyncDir(parent));
+  L2L_RETURN_IF_ERROR(temp->Install(dir));
   if (update_latest) {
     const std::string latest = name + "\n";
     L2L_RETURN_IF_ERROR(WriteFileAtomic(parent + "/" + kCheckpointLatest, latest.data(), latest.size()));
@@ -211,19 +233,8 @@ Result<CheckpointPart> WriteCheckpointPart(const ParamStore& store, int shard, i
   part.shard = shard;
   part.step = step;
   part.dir = CheckpointPartDirName(step, shard);
-  static std::atomic<int> counter{0};
-  const std::string tmp = root + "/" + part.dir + ".tmp-" + std::to_string(::getpid()) + "-" +
-                          std::to_string(counter.fetch_add(1));
-  if (::mkdir(tmp.c_str(), 0755) != 0) return ErrnoError("mkdir", tmp, errno);
-  struct Cleanup {
-    std::string path;
-    bool armed = true;
-    ~Cleanup() {
-      if (!armed) return;
-      std::error_code e;
-      fs::remove_all(path, e);
-    }
-  } cleanup{tmp};
+  L2L_ASSIGN_OR_RETURN(std::unique_ptr<TempCheckpointDir> temp, TempCheckpointDir::Make(root, part.dir.substr(1)));
+  const std::string& tmp = temp->path();
   for (int64_t l = 0; l < store.num_layers(); ++l) {
     CheckpointLayerFile f;
     f.file = LayerFileName(store.model_layer(l));
@@ -234,10 +245,7 @@ Result<CheckpointPart> WriteCheckpointPart(const ParamStore& store, int shard, i
     part.files.push_back(f);
     FaultPoint("eps.checkpoint");  // tests: die with some layer files written
   }
-  L2L_RETURN_IF_ERROR(FsyncDir(tmp));
-  L2L_RETURN_IF_ERROR(InstallDir(tmp, root + "/" + part.dir));
-  cleanup.armed = false;
-  L2L_RETURN_IF_ERROR(FsyncDir(root));
+  L2L_RETURN_IF_ERROR(temp->Install(root + "/" + part.dir));
   return part;
 }
 
@@ -273,19 +281,8 @@ Result<int64_t> AssembleCheckpoint(const CheckpointMeta& meta, const std::vector
     }
   }
   const std::string name = CheckpointDirName(meta.step);
-  static std::atomic<int> counter{0};
-  const std::string tmp = root + "/." + name + ".tmp-" + std::to_string(::getpid()) + "-" +
-                          std::to_string(counter.fetch_add(1));
-  if (::mkdir(tmp.c_str(), 0755) != 0) return ErrnoError("mkdir", tmp, errno);
-  struct Cleanup {
-    std::string path;
-    bool armed = true;
-    ~Cleanup() {
-      if (!armed) return;
-      std::error_code e;
-      fs::remove_all(path, e);
-    }
-  } cleanup{tmp};
+  L2L_ASSIGN_OR_RETURN(std::unique_ptr<TempCheckpointDir> temp, TempCheckpointDir::Make(root, name));
+  const std::string& tmp = temp->path();
   // Each part's files are on disk (fsync'ed by their shard); a rename moves them in
   // (the root is one shared filesystem). Sizes are checked first: a part that lost a
   // file since it was reported must not make a checkpoint.
@@ -308,10 +305,7 @@ Result<int64_t> AssembleCheckpoint(const CheckpointMeta& meta, const std::vector
   const std::string manifest = ManifestJson(meta, listed);
   L2L_RETURN_IF_ERROR(WriteFileAtomic(tmp + "/" + kCheckpointManifest, manifest.data(), manifest.size()));
   total += static_cast<int64_t>(manifest.size());
-  L2L_RETURN_IF_ERROR(FsyncDir(tmp));
-  L2L_RETURN_IF_ERROR(InstallDir(tmp, root + "/" + name));
-  cleanup.armed = false;
-  L2L_RETURN_IF_ERROR(FsyncDir(root));
+  L2L_RETURN_IF_ERROR(temp->Install(root + "/" + name));
   if (update_latest) {
     const std::string latest = name + "\n";
     L2L_RETURN_IF_ERROR(WriteFileAtomic(root + "/" + kCheckpointLatest, latest.data(), latest.size()));

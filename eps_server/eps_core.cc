@@ -155,7 +155,7 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   L2L_RETURN_IF_ERROR(CheckEvalData(job));
   if (start.step < 0) return InvalidArgument("start step " + std::to_string(start.step) + " must be >= 0");
   const std::string prefix = "l2l-" + opts_.job_id + "-";
-  auto removed = RemoveSegmentsWithPrefix(prefix);
+  auto removed = RemoveJobSegments(opts_.job_id);
   if (removed.ok() && *removed > 0) {
     L2L_LOG_WARN("removed {} stale shared-memory segment(s) /{}* left by an earlier run", *removed, prefix);
   }

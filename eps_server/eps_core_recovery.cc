@@ -21,7 +21,12 @@ using namespace std::chrono_literals;
 }  // namespace
 
 int64_t EpsCore::checkpoint_every() const {
-  return opts_.checkpoint_every > 0 ? opts_.checkpoint_every : job_.train.checkpoint_every;
+  const int64_t every = opts_.checkpoint_every > 0 ? opts_.checkpoint_every : job_.train.checkpoint_every;
+  // A sharded job always checkpoints its last step as it completes: a final checkpoint
+  // written only at stop would need every shard stopped at once (shard 0 waits for the
+  // others' parts), and launchers stop shard 0 first.
+  if (every <= 0 && opts_.shard.sharded()) return std::max<int64_t>(1, job_.train.steps);
+  return every;
 }
 
 std::string EpsCore::checkpoint_root() const {
@@ -113,7 +118,13 @@ Result<CheckpointResult> EpsCore::WriteCheckpointLocked(int64_t step, const std:
     L2L_ASSIGN_OR_RETURN(bytes, WriteCheckpoint(*store_, meta, dir, latest));
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  L2L_LOG_INFO("checkpoint of step {} written to {} ({} bytes, {:.2f} s)", step, dir, bytes, secs);
+  if (opts_.shard.sharded() && opts_.shard.index > 0) {
+    L2L_LOG_INFO("checkpoint of step {}: this shard's part is durable ({} bytes, {:.2f} s); {} exists once shard 0 "
+                 "has assembled every part",
+                 step, bytes, secs, dir);
+  } else {
+    L2L_LOG_INFO("checkpoint of step {} written to {} ({} bytes, {:.2f} s)", step, dir, bytes, secs);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     restore_dir_ = dir;
@@ -364,6 +375,17 @@ void EpsCore::HandleLoss(int32_t id, WorkerState new_state) {
 }
 
 Status EpsCore::Rollback(int32_t lost_id, bool restore) {
+  if (opts_.shard.sharded()) {
+    // One shard cannot abandon a step alone: the others would go on with it and the
+    // shards' states would diverge. Fail-stop instead (no checkpoint of this state is
+    // assembled); every shard resumes from the last complete checkpoint.
+    Status s = FailedPrecondition(
+        "worker " + std::to_string(lost_id) + " was lost mid-step and shard " + std::to_string(opts_.shard.index) +
+        " would have to abandon the step; a sharded job does not roll back one shard alone: the job stops. "
+        "Restart every shard with --resume <checkpoint root> (the last complete checkpoint) and the workers");
+    OnPipelineFailure(s);
+    return s;
+  }
   std::string dir;
   int64_t step = 0;
   {

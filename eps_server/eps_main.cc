@@ -411,6 +411,8 @@ int main(int argc, char** argv) {
   signals.Block();
 
   // 2b. A shard of a sharded job: its place and its link to the other shards.
+  std::atomic<bool> coordinator_lost{false};
+  std::atomic<eps::EpsGrpcServer*> fatal_srv{nullptr};
   ShardId shard_id;
   std::unique_ptr<eps::ShardHub> hub;
   std::unique_ptr<eps::ShardLink> link;
@@ -447,6 +449,11 @@ int main(int argc, char** argv) {
           lo.tls_key_pem = security->tls_key_pem;
         }
       }
+      lo.on_coordinator_lost = [&coordinator_lost, &fatal_srv](const Status& s) {
+        std::fprintf(stderr, "l2l-eps: %s\n", s.ToString().c_str());
+        coordinator_lost.store(true);
+        if (eps::EpsGrpcServer* srv = fatal_srv.load(); srv != nullptr) srv->RequestShutdown(true, true);
+      };
       Result<std::unique_ptr<eps::ShardLink>> l = eps::ShardLink::Create(lo);
       if (!l.ok()) return Fail(l.status());
       link = std::move(l).value();
@@ -467,7 +474,6 @@ int main(int argc, char** argv) {
     // Shards on one host must not share shared-memory or spill-file names.
     co.job_id += "-s" + std::to_string(shard_id.index);
   }
-  std::atomic<eps::EpsGrpcServer*> fatal_srv{nullptr};
   co.on_fatal = [&fatal_srv](const Status&) {
     if (eps::EpsGrpcServer* s = fatal_srv.load(); s != nullptr) s->RequestShutdown(true, true);
   };
@@ -527,5 +533,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "l2l-eps: the job failed: %s\n", fatal.c_str());
     return 1;
   }
+  if (coordinator_lost.load()) return 1;
   return 0;
 }

@@ -227,6 +227,10 @@ Result<std::vector<CheckpointPart>> ShardHub::WaitParts(int64_t step, std::chron
     }
     return true;
   };
+  if (!complete() && !cv_.wait_for(lock, std::chrono::seconds(5), [&] { return stopped_ || complete(); })) {
+    L2L_LOG_INFO("checkpoint of step {}: waiting (up to {} s) for every shard's part", step,
+                 std::chrono::duration_cast<std::chrono::seconds>(timeout).count());
+  }
   cv_.wait_for(lock, timeout, [&] { return stopped_ || complete(); });
   if (!complete()) {
     std::string missing;
@@ -445,6 +449,7 @@ void ShardLink::SendLoop() {
     // operator see it in the log).
     bool answered = false;
     int failures = 0;
+    auto unreachable_since = std::chrono::steady_clock::time_point::max();
     while (!answered) {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(15));
@@ -459,6 +464,20 @@ void ShardLink::SendLoop() {
         }
         answered = true;
         break;
+      }
+      if (!s.ok() && Retryable(s)) {
+        const auto now = std::chrono::steady_clock::now();
+        if (unreachable_since == std::chrono::steady_clock::time_point::max()) unreachable_since = now;
+        if (now - unreachable_since >= opts_.lost_after && opts_.on_coordinator_lost) {
+          L2L_LOG_ERROR("shard 0 at {} unreachable for {} ms: this shard stops", opts_.coordinator,
+                        opts_.lost_after.count());
+          opts_.on_coordinator_lost(Unavailable(s.message() + " for " + std::to_string(opts_.lost_after.count()) +
+                                                " ms: the job's coordinator (shard 0) is gone; restart every shard "
+                                                "with --resume <checkpoint root>"));
+          return;
+        }
+      } else {
+        unreachable_since = std::chrono::steady_clock::time_point::max();
       }
       if (!s.ok()) {
         if (++failures == 1 || failures % 20 == 0) L2L_LOG_WARN("{} (retrying)", s.ToString());

@@ -147,6 +147,11 @@ struct ShardLinkOptions {
   // Shard 0's security, as a worker's (proto/client_channel.h).
   std::string token, tls_ca_pem, tls_server_name, tls_cert_pem, tls_key_pem;
   std::chrono::milliseconds join_timeout{120000};  // shard 0 may start later
+  // Called once (from the link's thread) when shard 0 stayed unreachable this long while
+  // a step's fact waited for it: the job cannot go on without its coordinator (l2l-eps
+  // stops, exit 1; every shard resumes from the last complete checkpoint).
+  std::chrono::milliseconds lost_after{120000};
+  std::function<void(const Status&)> on_coordinator_lost;
 };
 
 class ShardLink : public ShardPeers {

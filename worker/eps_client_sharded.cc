@@ -66,12 +66,19 @@ namespace {
 Status NoOwner(int64_t layer) { return NotFound("layer " + std::to_string(layer) + " is owned by no shard"); }
 }  // namespace
 
+Status ShardedEpsClient::Note(Shard* shard, Status s) {
+  if (!s.ok() && NeedsRejoin(s)) shard->asked_rejoin.store(true);
+  return s;
+}
+
 Result<LayerWeights> ShardedEpsClient::AcquireLayer(int64_t layer, int64_t min_version,
                                                     std::chrono::milliseconds timeout) {
   int64_t local = 0;
   Shard* s = Owner(layer, &local);
   if (s == nullptr) return NoOwner(layer);
-  return s->client->AcquireLayer(local, min_version, timeout);
+  Result<LayerWeights> r = s->client->AcquireLayer(local, min_version, timeout);
+  if (!r.ok()) return Note(s, r.status());
+  return r;
 }
 
 void ShardedEpsClient::ReleaseLayer(int64_t layer) {
@@ -84,13 +91,13 @@ Status ShardedEpsClient::PushGradient(int64_t layer, int64_t step, int64_t micro
   int64_t local = 0;
   Shard* s = Owner(layer, &local);
   if (s == nullptr) return NoOwner(layer);
-  return s->client->PushGradient(local, step, micro_batches, grad, numel);
+  return Note(s, s->client->PushGradient(local, step, micro_batches, grad, numel));
 }
 
 Status ShardedEpsClient::StepDone(const StepReport& report) {
   Status first;
   for (Shard& s : shards_) {
-    Status st = s.client->StepDone(report);
+    Status st = Note(&s, s.client->StepDone(report));
     if (!st.ok() && first.ok()) first = st;
   }
   return first;
@@ -111,7 +118,9 @@ Result<GradientSlot> ShardedEpsClient::ClaimGradientSlot(int64_t layer, size_t n
   int64_t local = 0;
   Shard* s = Owner(layer, &local);
   if (s == nullptr) return NoOwner(layer);
-  L2L_ASSIGN_OR_RETURN(GradientSlot slot, s->client->ClaimGradientSlot(local, numel));
+  Result<GradientSlot> claimed = s->client->ClaimGradientSlot(local, numel);
+  if (!claimed.ok()) return Note(s, claimed.status());
+  GradientSlot slot = *claimed;
   std::lock_guard<std::mutex> lock(mu_);
   slot_shard_[slot.data] = static_cast<size_t>(s - shards_.data());
   return slot;
@@ -126,7 +135,7 @@ Status ShardedEpsClient::PublishGradientSlot(const GradientSlot& slot, int64_t l
     std::lock_guard<std::mutex> lock(mu_);
     slot_shard_.erase(slot.data);
   }
-  return s->client->PublishGradientSlot(slot, local, step, micro_batches, numel);
+  return Note(s, s->client->PublishGradientSlot(slot, local, step, micro_batches, numel));
 }
 
 void ShardedEpsClient::AbandonGradientSlot(const GradientSlot& slot) {
@@ -146,7 +155,7 @@ Status ShardedEpsClient::Rejoin() {
   // others still have it as an active member and would refuse a second registration.
   std::vector<size_t> asked;
   for (size_t k = 0; k < shards_.size(); ++k) {
-    if (shards_[k].client->rejoin_requested()) asked.push_back(k);
+    if (shards_[k].client->rejoin_requested() || shards_[k].asked_rejoin.exchange(false)) asked.push_back(k);
   }
   if (asked.empty()) {  // the caller saw a rejoin error before any heartbeat said so
     for (size_t k = 0; k < shards_.size(); ++k) asked.push_back(k);
@@ -173,7 +182,7 @@ Status ShardedEpsClient::Rejoin() {
 
 bool ShardedEpsClient::rejoin_requested() const {
   for (const Shard& s : shards_) {
-    if (s.client->rejoin_requested()) return true;
+    if (s.client->rejoin_requested() || s.asked_rejoin.load()) return true;
   }
   return false;
 }

@@ -14,6 +14,7 @@
 // Ownership: owns the per-shard clients. Thread-safety: as EpsClient.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -49,10 +50,16 @@ class ShardedEpsClient : public EpsClient {
   struct Shard {
     std::unique_ptr<EpsClient> client;
     int64_t first = 0, count = 0;
+    std::atomic<bool> asked_rejoin{false};  // a call's error asked for a rejoin
+    Shard() = default;
+    Shard(Shard&& o) noexcept : client(std::move(o.client)), first(o.first), count(o.count) {}
   };
   ShardedEpsClient() = default;
   // The owner of model layer `layer` (nullptr: out of range) and its local index.
   Shard* Owner(int64_t layer, int64_t* local);
+  // A shard's call failed asking this worker to rejoin (before its heartbeat said so):
+  // Rejoin must re-register there. Returns s.
+  Status Note(Shard* shard, Status s);
   std::vector<Shard> shards_;
   // Shard 0's registration; a rejoin updates start_step and data_position from the
   // shards that asked for it.
