@@ -95,6 +95,16 @@ inline size_t RoundUpTo(size_t n, size_t a) { return (n + a - 1) / a * a; }
 // ---- Weight segment layout ---------------------------------------------------------
 inline constexpr uint64_t kWeightMagic = 0x31305447574c324cull;  // "L2LWGT01"
 inline constexpr uint32_t kShmLayoutVersion = 2;  // 2: frozen records (LoRA)
+// WeightSegmentHeader::stopped when the job failed (not an operator's stop).
+inline constexpr uint32_t kStoppedFailed = 2;
+// What a reader gets once `stopped` is set: ABORTED for a stop (the worker ends cleanly),
+// FAILED_PRECONDITION for a failed job (the worker exits non-zero).
+inline Status StoppedStatus(uint32_t stopped) {
+  return stopped == kStoppedFailed
+             ? FailedPrecondition("the EPS's job failed and stopped (its log says why); restart from the last "
+                                  "checkpoint")
+             : Aborted("the EPS stopped the job");
+}
 
 struct WeightSegmentHeader {
   uint64_t magic;
@@ -105,7 +115,8 @@ struct WeightSegmentHeader {
   // a reader that registered under another epoch must re-register before it reads on.
   std::atomic<uint32_t> epoch;
   uint64_t total_bytes;
-  std::atomic<uint32_t> stopped;   // 1: the job stopped; readers give up (ABORTED)
+  std::atomic<uint32_t> stopped;   // 1: the job stopped; readers give up (ABORTED);
+                                   // kStoppedFailed: the job failed (FAILED_PRECONDITION)
   std::atomic<uint32_t> wake_seq;  // futex word: bumped on every publish and on stop
   // The EPS process that owns the segment (0 = unknown). A same-host reader that waits
   // on a futex of this segment checks it is still alive (ProcessGone), so a daemon that

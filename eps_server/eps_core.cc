@@ -868,7 +868,9 @@ void EpsCore::OnPipelineFailure(const Status& s) {
   }
   L2L_LOG_ERROR("the job failed and stops without a final checkpoint (the last good one stays): {}",
                 s.ToString());
-  if (store_) store_->Stop();  // workers waiting for layers get ABORTED
+  if (store_) store_->Stop(/*failed=*/true);  // workers waiting for layers get FAILED_PRECONDITION
+  // The other shards cannot complete a step without this one: shard 0 stops the job too.
+  if (opts_.shard.sharded() && opts_.shard.index > 0 && opts_.shards != nullptr) opts_.shards->ReportFailure(s);
   cv_.notify_all();
   if (opts_.on_fatal) opts_.on_fatal(s);
 }

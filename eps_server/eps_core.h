@@ -339,6 +339,9 @@ class EpsCore {
   bool stopped() const { return stopped_.load(); }
 
   CoreStatus GetStatus() const;
+  // Fails the job from outside (another shard of a sharded job failed): as a pipeline
+  // failure, the daemon stops without a final checkpoint and exits 1.
+  void FailJob(const Status& s) { OnPipelineFailure(s); }
   ParamStore* store() { return store_.get(); }
   UpdatePipeline* pipeline() { return pipeline_.get(); }
   // A copy of the job (CreateJob sets it under mu_).

@@ -493,6 +493,7 @@ int main(int argc, char** argv) {
     }
   } stop_peers{peers};
   CollectCoreStatus(&core, &metrics);
+  if (hub) hub->set_on_shard_failed([&core](const Status& s) { core.FailJob(s); });
   if (initial) {
     if (Status s = core.CreateJob(initial->job, initial->start); !s.ok()) return Fail(s);
   }

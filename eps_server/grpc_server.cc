@@ -687,6 +687,14 @@ class ShardsService final : public shardpb::Shards::Service {
 
   grpc::Status StepFacts(grpc::ServerContext*, const shardpb::StepFactsRequest* req,
                          shardpb::StepFactsReply* rep) override {
+    if (req->kind() == shardpb::FACT_FAILED) {
+      if (req->shard() <= 0 || req->skip_reason().size() > 65536) {
+        return ToGrpc(InvalidArgument("StepFactsRequest: a failure report from shard " +
+                                      std::to_string(req->shard())));
+      }
+      hub_->ShardFailed(req->shard(), req->skip_reason());
+      return grpc::Status::OK;
+    }
     if (req->kind() == shardpb::FACT_CHECKPOINT) {
       CheckpointPart part;
       part.shard = req->shard();

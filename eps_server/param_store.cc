@@ -489,7 +489,7 @@ Result<ParamStore::ReadPin> ParamStore::Acquire(int64_t layer, int64_t min_versi
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     const uint32_t wake = hdr->wake_seq.load(std::memory_order_acquire);
-    if (hdr->stopped.load(std::memory_order_acquire)) return Aborted("job stopped");
+    if (const uint32_t st = hdr->stopped.load(std::memory_order_acquire); st != 0) return StoppedStatus(st);
     if (epoch >= 0 && hdr->epoch.load(std::memory_order_acquire) != static_cast<uint32_t>(epoch)) {
       return RejoinRequired(RejoinReason::kRolledBack, "the EPS rolled the state back while waiting for layer " + std::to_string(layer) +
                                 " version " + std::to_string(min_version) + "; re-register to redo the step");
@@ -548,10 +548,14 @@ void ParamStore::RemovePinSource(int32_t worker_id) {
   FutexWake(&unpin_seq_);
 }
 
-void ParamStore::Stop() {
+void ParamStore::Stop(bool failed) {
   if (weights_base_ == nullptr) return;
   auto* hdr = static_cast<WeightSegmentHeader*>(weights_base_);
-  hdr->stopped.store(1, std::memory_order_release);
+  uint32_t expected = 0;  // a failure after a plain stop still says failed; never the other way
+  if (!hdr->stopped.compare_exchange_strong(expected, failed ? kStoppedFailed : 1, std::memory_order_acq_rel) &&
+      failed) {
+    hdr->stopped.store(kStoppedFailed, std::memory_order_release);
+  }
   hdr->wake_seq.fetch_add(1, std::memory_order_release);
   FutexWake(&hdr->wake_seq);
 }

@@ -238,7 +238,9 @@ class ParamStore {
   void RemovePinSource(int32_t worker_id);
 
   // Marks the job stopped: readers waiting in Acquire (and shm clients) return ABORTED.
-  void Stop();
+  // failed: the job failed instead (a fatal error; common/shm.h kStoppedFailed): they get
+  // FAILED_PRECONDITION, so a worker does not take it for an operator's stop and exit 0.
+  void Stop(bool failed = false);
   bool stopped() const;
 
   // The weight segment's base (layout in common/shm.h), for tests and the transport.

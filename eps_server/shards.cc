@@ -251,6 +251,14 @@ Result<std::vector<CheckpointPart>> ShardHub::WaitParts(int64_t step, std::chron
   return out;
 }
 
+void ShardHub::ShardFailed(int shard, const std::string& why) {
+  L2L_LOG_ERROR("shard {} failed: {}", shard, why);
+  if (on_shard_failed_) {
+    on_shard_failed_(Aborted("shard " + std::to_string(shard) + " of " + std::to_string(id_.count) +
+                             " failed, so the job stops: " + why));
+  }
+}
+
 void ShardHub::DispatchLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
@@ -414,6 +422,19 @@ Status ShardLink::SubmitPart(const CheckpointPart& part, std::chrono::millisecon
 
 Result<std::vector<CheckpointPart>> ShardLink::WaitParts(int64_t, std::chrono::milliseconds) {
   return Unimplemented("only shard 0 assembles checkpoints");
+}
+
+void ShardLink::ReportFailure(const Status& s) {
+  shard::StepFactsRequest req;
+  req.set_shard(opts_.id.index);
+  req.set_instance(instance_);
+  req.set_kind(shard::FACT_FAILED);
+  req.set_skip_reason(s.ToString());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  shard::StepFactsReply rep;
+  const Status r = FromGrpcStatus(impl_->stub->StepFacts(&ctx, req, &rep), "telling shard 0 this shard failed");
+  if (!r.ok()) L2L_LOG_WARN("{}", r.ToString());
 }
 
 void ShardLink::PostNorms(int64_t step, std::vector<double> norm2) {

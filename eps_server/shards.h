@@ -70,6 +70,10 @@ class ShardPeers : public StepCoordinator {
   virtual Result<std::vector<CheckpointPart>> WaitParts(int64_t step, std::chrono::milliseconds timeout) = 0;
   // Wakes every wait (ABORTED) and joins the threads; no answer reaches the pipeline after.
   virtual void Stop() = 0;
+  // This shard's job failed (it stops): a link tells shard 0 (one try, bounded), which
+  // then stops the job too, so its workers are not left waiting for a step that cannot
+  // complete. The hub: nothing (the other shards lose their coordinator).
+  virtual void ReportFailure(const Status& s) {}
 };
 
 // Shard 0's side.
@@ -108,6 +112,10 @@ class ShardHub : public ShardPeers {
   // kVerdict: skip_reason) and waits up to `wait` for every shard's.
   Result<Decision> Facts(int shard, int64_t step, Kind kind, const std::vector<double>& norm2,
                          const std::string& skip_reason, std::chrono::milliseconds wait);
+  // Another shard's job failed (FACT_FAILED): calls the callback set here (l2l-eps: fail
+  // this shard's job too). Set before the server starts.
+  void set_on_shard_failed(std::function<void(const Status&)> f) { on_shard_failed_ = std::move(f); }
+  void ShardFailed(int shard, const std::string& why);
 
  private:
   struct Entry {
@@ -137,6 +145,7 @@ class ShardHub : public ShardPeers {
   // Decisions for this shard's own pipeline, handed over by dispatcher_.
   std::deque<std::function<void()>> answers_ GUARDED_BY(mu_);
   std::thread dispatcher_;
+  std::function<void(const Status&)> on_shard_failed_;
 };
 
 // The other shards' side: a gRPC client of shard 0.
@@ -168,6 +177,7 @@ class ShardLink : public ShardPeers {
   void Stop() override;
   void PostNorms(int64_t step, std::vector<double> norm2) override;
   void PostVerdict(int64_t step, const std::string& skip_reason) override;
+  void ReportFailure(const Status& s) override;
 
   struct Impl;
 

@@ -13,7 +13,7 @@ cmake --build "$BUILD_DIR" --target l2l_eps_tests -j "${L2L_JOBS:-2}"
 # halt_on_error: a race fails the run instead of only printing a report.
 log="$BUILD_DIR/tsan-tests.log"
 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1 suppressions=$PWD/scripts/tsan.supp" \
-  "$BUILD_DIR/tests/l2l_eps_tests" "[param_store],[pipeline],[spill_io],[spill_tier]" 2>&1 | tee "$log"
+  "$BUILD_DIR/tests/l2l_eps_tests" "[param_store],[pipeline],[spill_io],[spill_tier],[shards]" 2>&1 | tee "$log"
 # The Catch2 binary runs without ctest: its skip line from the cases' own marker
 # ("L2L-SKIPPED:", tests/testing/cpu_bf16_mode.h), the same rule in CI as ctest_skips.py.
 skips=$(grep -c "L2L-SKIPPED:" "$log" || true)

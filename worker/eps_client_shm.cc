@@ -103,7 +103,7 @@ Result<LayerWeights> ShmEpsClient::AcquireLayer(int64_t layer, int64_t min_versi
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
     const uint32_t wake = hdr->wake_seq.load(std::memory_order_acquire);
-    if (hdr->stopped.load(std::memory_order_acquire)) return Aborted("the EPS stopped the job");
+    if (const uint32_t st = hdr->stopped.load(std::memory_order_acquire); st != 0) return StoppedStatus(st);
     if (hdr->epoch.load(std::memory_order_acquire) != epoch_) {
       rejoin_requested_ = true;
       return RejoinRequired(RejoinReason::kRolledBack,
@@ -165,7 +165,7 @@ Status ShmEpsClient::DaemonGone() const {
 
 Status ShmEpsClient::SegmentClosed() {
   const auto* hdr = static_cast<const WeightSegmentHeader*>(weights_.data());
-  if (hdr->stopped.load(std::memory_order_acquire)) return Aborted("the EPS stopped the job");
+  if (const uint32_t st = hdr->stopped.load(std::memory_order_acquire); st != 0) return StoppedStatus(st);
   rejoin_requested_ = true;
   return RejoinRequired(RejoinReason::kDeclaredLost,
                         "the EPS closed this worker's gradient segment: it was declared lost (silent past the "

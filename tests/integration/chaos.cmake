@@ -23,9 +23,10 @@
 #  * netns_shards (labels integration, netns): netns_shards_test.py, a job sharded over
 #    two l2l-eps (shard 0 and shard 1 in two network namespaces) with a worker in a third
 #    and one beside shard 0, over TLS + token: final checkpoint equal to one daemon's bit
-#    for bit, shard 1 refusing l2lctl without the token or TLS. About 10 s. Same skip
-#    policy as netns. Its link-cut cases (--cases 2,3) are not registered: they fail today
-#    (see the script's docstring).
+#    for bit, shard 1 refusing l2lctl without the token or TLS; the worker's link to shard 1
+#    alone cut past the heartbeat: in the forward (w0 rejoins shard 1 only, final weights
+#    equal) and mid-push (shard 1 would abandon the step alone: the job fail-stops, every
+#    process exits non-zero). About 30 s. Same skip policy as netns.
 #  * slurm (labels integration, slurm): slurm_test.py, scripts/slurm/l2l.sbatch under a
 #    one-node Slurm cluster (slurm-wlm + munge) the test makes in a temporary directory:
 #    a run and a requeued run, both equal to a run outside Slurm bit for bit. About 20 s.
@@ -93,7 +94,7 @@ endif()
 if(EXISTS ${l2l_chaos_dir}/netns_shards_test.py)
   add_test(NAME netns_shards
            COMMAND ${L2L_CHAOS_PYTHON} ${l2l_chaos_dir}/netns_shards_test.py ${CMAKE_BINARY_DIR}/bin --workers 2
-                   --cases 1)
+                   --cases 1,2,3)
   set_tests_properties(netns_shards PROPERTIES LABELS "integration;netns" TIMEOUT 300 SKIP_RETURN_CODE 77)
 endif()
 if(EXISTS ${l2l_chaos_dir}/slurm_test.py)

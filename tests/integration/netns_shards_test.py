@@ -21,7 +21,7 @@ The reference is one l2l-eps with the same job and as many workers on 127.0.0.1.
      final checkpoint's layer files (fp32 master, AdamW m, v) equal the reference's bit
      for bit. From C, l2lctl to shard 1's address: without the token, and without TLS,
      refused; with both, it works.
-  2. (--cases 2; NOT registered: fails at times today) A shorter job (10 steps); w0 holds
+  2. (registered) A shorter job (10 steps); w0 holds
      each layer it fetches 250 ms (L2L_DELAY_AT=worker.fetch:250); right after shard 1
      commits step >= 2 (w0 is in the next step's forward pass) the B-C link is cut
      (ip link set down in C) for 2.8 s, longer than the shards' heartbeat timeout
@@ -29,24 +29,17 @@ The reference is one l2l-eps with the same job and as many workers on 127.0.0.1.
      had applied the step") and pauses at that step, shard 0 keeps w0 and commits
      nothing more; after the link comes back w0 rejoins shard 1 only, every worker exits
      0, the final checkpoint equals the reference bit for bit. Every wait is bounded.
-  3. (--cases 3; NOT registered) The same, with the cut while w0 is stopped
-     (L2L_STOP_AT=worker.push:17: step 3's second push, layer 4's gradient already in
-     shard 1's reduction) and continued right after the cut: shard 1 must report the
-     step abandoned ("every worker must re-register and redo"); the rest as case 2.
+  3. (registered) The same, with the cut while w0 is stopped (L2L_STOP_AT=worker.push:17:
+     step 3's second push, layer 4's gradient already in shard 1's reduction) and
+     continued right after the cut: shard 1 would have to abandon the step that shard 0
+     goes on with, so the job must stop: shard 1 fails, naming why ("does not roll back
+     one shard alone"), and exits non-zero; every worker exits non-zero, none 0, within
+     bounded waits (a sharded job then resumes from its last checkpoint on every shard;
+     shards_test.py case 4 checks that resume).
 
-What fails in cases 2 and 3 (found here; eps_server/ and worker/ are left as they are):
-  * A race in the worker's rejoin: when the relay's FetchLayer/PushGradient to shard 1
-    returns "declared lost ... re-register" before the heartbeat thread's reply set
-    shard 1's rejoin flag, ShardedEpsClient::Rejoin finds no shard that asked and
-    re-registers with every shard; shard 0, which never lost the worker, refuses
-    ("worker N is active; a second process cannot take its id") and l2l-worker exits 1.
-    Shard 0 then logs the worker as left ("continuing with the other workers") while
-    shard 1 stays paused for it: the job stops progressing (no wrong result is written;
-    the test's bounded wait fails). About 1 run in 3 with 1 worker, cases 2 and 3.
-  * With 2 workers, case 3: shard 1 abandons the step and asks every worker to redo
-    it, but w1 has finished that step on shard 0 and waits there for the next layer
-    version (which cannot come while shard 1 holds the step): w1 never acts on shard 1's
-    request and the job hangs (a rollback is each shard's own affair: eps_server/shards.h).
+Both used to fail (a rejoin race in the worker: fixed, the shard whose call asked for the
+rejoin is the one rejoined; and a step abandoned on one shard only hung the job: it now
+fail-stops, case 3).
 
 Needs root and `ip netns` (iproute2), unshare, openssl. Where network namespaces cannot
 be made it prints a loud SKIPPED banner and exits 77 (ctest: skipped); with CI=true in
@@ -370,6 +363,36 @@ def refusals(run):
     return lines
 
 
+def fail_stop(net, run, workers, st1, t_cut, lost_after):
+    """Case 3: shard 1 would have to abandon a step another shard goes on with: the job
+    must stop (no shard rolls back alone): shard 1 fails naming why and exits non-zero,
+    every worker exits non-zero (none 0), and shard 0, told, stops the job too (exit 1),
+    within bounded waits."""
+    if st1["state"] not in ("failed", "stopping"):
+        raise Failure("%s: a step abandoned on shard 1 alone must fail the job; shard 1 is %s" % (run.name,
+                                                                                                 st1["state"]))
+    code = run.shards[1].wait(60)
+    if code is None or code == 0:
+        raise Failure("%s: shard 1 did not exit non-zero after failing (%s):\n%s" % (run.name, code,
+                                                                                     run.shards[1].tail()))
+    if "does not roll back one shard alone" not in run.shards[1].log():
+        raise Failure("%s: shard 1's log does not say why the job stopped:\n%s" % (run.name, run.shards[1].tail()))
+    down_s = time.monotonic() - t_cut
+    net.set_bc(True)
+    codes = [w.wait(120) for w in workers]
+    if any(c is None or c == 0 for c in codes):
+        raise Failure("%s: after the job stopped the workers exited %s (every one must exit non-zero, none hang)" % (
+            run.name, codes))
+    code0 = run.shards[0].wait(60)  # told by shard 1, shard 0 stops the job too
+    if code0 is None or code0 == 0 or "failed, so the job stops" not in run.shards[0].log():
+        raise Failure("%s: shard 0 did not stop the job after shard 1 failed (exit %s):\n%s" % (
+            run.name, code0, run.shards[0].tail()))
+    print("netns_shards: %s: shard 1 lost w0 %.1f s after the cut mid-step (step %d abandoned there): the job "
+          "stopped: shard 1 exited %d naming why, the workers exited %s" % (run.name, lost_after, st1["step"], code,
+                                                                           codes))
+    return down_s, 0, 0
+
+
 def cut_case(procs, net, work, job_yaml, cert, key, token, ref, n_workers, window):
     """The B-C link cut for longer than the heartbeat timeout, then restored; the cut
     lands where `window` says:
@@ -417,12 +440,16 @@ def cut_case(procs, net, work, job_yaml, cert, key, token, ref, n_workers, windo
     lost_after, st1 = None, None
     while time.monotonic() - t_cut < 30:
         st1 = run.status(1)
-        if worker_state(st1, "w0") == "lost":
+        if worker_state(st1, "w0") == "lost" or (window == "partial" and not run.shards[1].running()):
             lost_after = time.monotonic() - t_cut
             break
         time.sleep(0.1)
+    if window == "partial" and st1 is None:  # shard 1 failed and exited before a status answered
+        st1 = {"state": "failed", "step": -1}
     if lost_after is None:
         raise Failure("%s: shard 1 did not declare w0 lost within 30 s of the cut: %s" % (run.name, st1))
+    if window == "partial":
+        return fail_stop(net, run, workers, st1, t_cut, lost_after)
     if st1["state"] != "paused":
         raise Failure("%s: with w0 lost shard 1 should be paused, it is %s" % (run.name, st1["state"]))
     time.sleep(1.0)  # well past the heartbeat timeout
@@ -527,13 +554,14 @@ def main():
             if case in cases:  # The B-C cut.
                 down_s, n, size = cut_case(procs, net, work, cut_job, cert, key, token, refs["ref-cut"], a.workers,
                                            window)
-                print("netns_shards: cut-%s: the final checkpoint's %d layer files equal the reference bit for bit" % (
-                    window, n))
+                if window == "forward":
+                    print("netns_shards: cut-%s: the final checkpoint's %d layer files equal the reference bit for "
+                          "bit" % (window, n))
         print("netns_shards: passed in %.1f s (cases %s, %s): %s" % (
             time.monotonic() - t0, a.cases, where,
             "; ".join(x for x in ("%d refusals" % len(lines) if "1" in cases else "",
-                                  "B-C cut %.1f s > heartbeat %.1f s, w0 lost by shard 1 only and rejoined" % (
-                                      down_s, HEARTBEAT_MS / 1000) if down_s else "") if x)))
+                                  "B-C cut %.1f s > heartbeat %.1f s, w0 lost by shard 1 only (case 2: rejoined there; case 3: the job "
+                                  "fail-stopped)" % (down_s, HEARTBEAT_MS / 1000) if down_s else "") if x)))
         ok = True
     except Failure as e:
         print("netns_shards: FAILED: %s" % e)
