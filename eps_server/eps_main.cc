@@ -422,6 +422,13 @@ int main(int argc, char** argv) {
     shard_id = *id;
   }
   if (shard_id.sharded()) {
+    if (cfg.on_worker_loss == OnWorkerLoss::kContinue) {
+      // Each shard decides a lost worker's step alone: "continue" could drop its gradients
+      // on one shard and keep them on another. "pause" waits for it on every shard.
+      return Fail(InvalidArgument("--shard " + flags.shard + ": on_worker_loss: continue is not supported by a "
+                                  "sharded job (the shards could complete a step from different workers); use "
+                                  "pause"));
+    }
     if (!initial) {
       return Fail(InvalidArgument("--shard " + flags.shard + ": a shard starts with --job FILE or --resume "
                                   "CHECKPOINT (the same on every shard)"));

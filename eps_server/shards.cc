@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <cstdio>
+#include <iterator>
 #include <random>
 
 #include "common/logging.h"
@@ -164,8 +165,10 @@ Status ShardHub::PostLocked(int shard, int64_t step, Kind kind, const std::vecto
   } else {
     answers_.push_back([p, step, d] { p->SetGlobalVerdict(step, d.skip_reason); });
   }
-  // Old steps' facts are no longer asked for.
-  facts_.erase(facts_.begin(), facts_.lower_bound({static_cast<int>(kind), step - 8}));
+  // Old steps' facts of this kind are no longer asked for.
+  for (auto it = facts_.begin(); it != facts_.end();) {
+    it = (it->first.first == static_cast<int>(kind) && it->first.second < step - 8) ? facts_.erase(it) : std::next(it);
+  }
   cv_.notify_all();
   return Status::Ok();
 }
