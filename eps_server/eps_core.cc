@@ -273,6 +273,7 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
     L2L_RETURN_IF_ERROR(opts_.shards->Start(job, plan, start.step, pipeline.get()));
     shard_plan_ = plan;
   }
+  job_steps_ = job.train.steps;
   {
     std::lock_guard<std::mutex> lock(mu_);
     store_ = std::move(store);

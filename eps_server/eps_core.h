@@ -396,6 +396,7 @@ class EpsCore {
   Result<int64_t> WriteShardedCheckpoint(const CheckpointMeta& meta, const std::string& dir, bool latest)
       REQUIRES(recovery_mu_);
   std::vector<LayerRange> shard_plan_;  // sharded jobs: every shard's layers (CreateJob)
+  int64_t job_steps_ = 0;  // the job's train.steps (set by CreateJob before any thread reads it)
 
   const CoreOptions opts_;
   std::atomic<bool> stopped_{false};

@@ -25,7 +25,7 @@ int64_t EpsCore::checkpoint_every() const {
   // A sharded job always checkpoints its last step as it completes: a final checkpoint
   // written only at stop would need every shard stopped at once (shard 0 waits for the
   // others' parts), and launchers stop shard 0 first.
-  if (every <= 0 && opts_.shard.sharded()) return std::max<int64_t>(1, job_.train.steps);
+  if (every <= 0 && opts_.shard.sharded()) return job_steps_ > 1 ? job_steps_ : 1;
   return every;
 }
 

@@ -189,14 +189,14 @@ void ShardHub::PostVerdict(int64_t step, const std::string& skip_reason) {
 
 Result<ShardHub::Decision> ShardHub::Facts(int shard, int64_t step, Kind kind, const std::vector<double>& norm2,
                                            const std::string& skip_reason, std::chrono::milliseconds wait) {
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   if (!started_) return FailedPrecondition("shard 0 has no job yet");
   if (shard <= 0 || shard >= id_.count || !joined_[static_cast<size_t>(shard)]) {
     return FailedPrecondition("shard " + std::to_string(shard) + " has not joined");
   }
   L2L_RETURN_IF_ERROR(PostLocked(shard, step, kind, norm2, skip_reason));
   const auto key = std::make_pair(static_cast<int>(kind), step);
-  cv_.wait_for(lock, wait, [&] {
+  cv_.wait_for(lock.native(), wait, [&]() REQUIRES(mu_) {
     const auto it = facts_.find(key);
     return stopped_ || it == facts_.end() || it->second.decision.ready;
   });
@@ -221,8 +221,8 @@ Status ShardHub::SubmitPart(const CheckpointPart& part, std::chrono::millisecond
 }
 
 Result<std::vector<CheckpointPart>> ShardHub::WaitParts(int64_t step, std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  auto complete = [&] {
+  UniqueLock lock(mu_);
+  auto complete = [&]() REQUIRES(mu_) {
     const auto it = parts_.find(step);
     if (it == parts_.end() || it->second.size() != static_cast<size_t>(id_.count)) return false;
     for (const auto& p : it->second) {
@@ -230,11 +230,12 @@ Result<std::vector<CheckpointPart>> ShardHub::WaitParts(int64_t step, std::chron
     }
     return true;
   };
-  if (!complete() && !cv_.wait_for(lock, std::chrono::seconds(5), [&] { return stopped_ || complete(); })) {
+  if (!complete() &&
+      !cv_.wait_for(lock.native(), std::chrono::seconds(5), [&]() REQUIRES(mu_) { return stopped_ || complete(); })) {
     L2L_LOG_INFO("checkpoint of step {}: waiting (up to {} s) for every shard's part", step,
                  std::chrono::duration_cast<std::chrono::seconds>(timeout).count());
   }
-  cv_.wait_for(lock, timeout, [&] { return stopped_ || complete(); });
+  cv_.wait_for(lock.native(), timeout, [&]() REQUIRES(mu_) { return stopped_ || complete(); });
   if (!complete()) {
     std::string missing;
     const auto it = parts_.find(step);
@@ -263,9 +264,9 @@ void ShardHub::ShardFailed(int shard, const std::string& why) {
 }
 
 void ShardHub::DispatchLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stopped_ || !answers_.empty(); });
+    cv_.wait(lock.native(), [&]() REQUIRES(mu_) { return stopped_ || !answers_.empty(); });
     if (stopped_) return;
     std::function<void()> f = std::move(answers_.front());
     answers_.pop_front();
@@ -379,8 +380,8 @@ Status ShardLink::Join(const std::string& advertise) {
     }
     if (!Retryable(last) || std::chrono::steady_clock::now() >= deadline) break;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopped_; })) {
+      UniqueLock lock(mu_);
+      if (cv_.wait_for(lock.native(), std::chrono::milliseconds(200), [&]() REQUIRES(mu_) { return stopped_; })) {
         return Aborted("stopping");
       }
     }
@@ -418,8 +419,10 @@ Status ShardLink::SubmitPart(const CheckpointPart& part, std::chrono::millisecon
     Status s = FromGrpcStatus(impl_->stub->StepFacts(&ctx, req, &rep),
                               "checkpoint part of step " + std::to_string(part.step) + " to shard 0");
     if (s.ok() || !Retryable(s) || std::chrono::steady_clock::now() >= deadline) return s;
-    std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_for(lock, std::chrono::milliseconds(200), [&] { return stopped_; })) return Aborted("stopping");
+    UniqueLock lock(mu_);
+    if (cv_.wait_for(lock.native(), std::chrono::milliseconds(200), [&]() REQUIRES(mu_) { return stopped_; })) {
+      return Aborted("stopping");
+    }
   }
 }
 
@@ -453,9 +456,9 @@ void ShardLink::PostVerdict(int64_t step, const std::string& skip_reason) {
 }
 
 void ShardLink::SendLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  UniqueLock lock(mu_);
   for (;;) {
-    cv_.wait(lock, [&] { return stopped_ || !queue_.empty(); });
+    cv_.wait(lock.native(), [&]() REQUIRES(mu_) { return stopped_ || !queue_.empty(); });
     if (stopped_) return;
     const Fact f = queue_.front();
     UpdatePipeline* pipeline = pipeline_;
@@ -509,9 +512,11 @@ void ShardLink::SendLoop() {
           L2L_LOG_ERROR("shard 0 refused this shard's step facts: {}", s.ToString());
         }
       }
-      std::unique_lock<std::mutex> wait_lock(mu_);
+      UniqueLock wait_lock(mu_);
       if (stopped_) return;
-      if (!s.ok()) cv_.wait_for(wait_lock, std::chrono::milliseconds(200), [&] { return stopped_; });
+      if (!s.ok()) {
+        cv_.wait_for(wait_lock.native(), std::chrono::milliseconds(200), [&]() REQUIRES(mu_) { return stopped_; });
+      }
       if (stopped_) return;
     }
     lock.lock();
