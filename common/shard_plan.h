@@ -25,6 +25,14 @@ struct LayerRange {
   bool operator==(const LayerRange&) const = default;
 };
 
+// One shard of a sharded job as the others see it: where it listens and the model
+// layers it owns (shard 0's registration and status list every shard this way).
+struct ShardEndpoint {
+  int index = 0;
+  std::string address;  // host:port, as the shard advertised it
+  LayerRange layers;
+};
+
 // This daemon's place in a sharded job. count 1 = not sharded (the whole model).
 struct ShardId {
   int index = 0;

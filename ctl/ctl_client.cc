@@ -104,7 +104,7 @@ Result<CtlStatus> CtlClient::GetStatus() {
   s.shard = rep.shard();
   s.shards = rep.shards() > 0 ? rep.shards() : 1;
   s.first_layer = rep.first_layer();
-  for (const auto& m : rep.shard_map()) s.shard_map.push_back({m.index(), m.address(), m.first_layer(), m.num_layers()});
+  for (const auto& m : rep.shard_map()) s.shard_map.push_back({m.index(), m.address(), {m.first_layer(), m.num_layers()}});
   s.tokens_per_s = rep.tokens_per_s();
   s.step_time_s = rep.step_time_s();
   s.update_busy_s = rep.update_busy_s();

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/shard_plan.h"
 #include "common/status.h"
 
 namespace l2l::eps {
@@ -78,12 +79,7 @@ struct CtlStatus {
   // layer first_layer; shard 0 lists every shard.
   int32_t shard = 0, shards = 1;
   int64_t first_layer = 0;
-  struct Shard {
-    int32_t index = 0;
-    std::string address;
-    int64_t first_layer = 0, num_layers = 0;
-  };
-  std::vector<Shard> shard_map;
+  std::vector<ShardEndpoint> shard_map;
 };
 
 struct CtlHealth {

@@ -323,13 +323,13 @@ void PrintStatus(const CtlStatus& s, const std::string& address) {
 // A sharded job (l2l-eps --shard): each shard's status, asked at the address shard 0
 // lists, with this command's token and TLS. An unreachable shard is shown as such.
 struct ShardView {
-  CtlStatus::Shard where;
+  l2l::ShardEndpoint where;
   Result<CtlStatus> status = l2l::Unavailable("not asked");
 };
 
 std::vector<ShardView> AskShards(const Globals& g, const CtlStatus& shard0) {
   std::vector<ShardView> out;
-  for (const CtlStatus::Shard& m : shard0.shard_map) {
+  for (const l2l::ShardEndpoint& m : shard0.shard_map) {
     ShardView v;
     v.where = m;
     if (m.index == 0) {
@@ -357,8 +357,8 @@ int64_t TierBytes(const CtlStatus& s, const std::string& tier) {
 Json ShardsJson(const std::vector<ShardView>& shards) {
   Json a = Json::array();
   for (const ShardView& v : shards) {
-    Json j = {{"index", v.where.index}, {"address", v.where.address}, {"first_layer", v.where.first_layer},
-              {"num_layers", v.where.num_layers}, {"reachable", v.status.ok()}};
+    Json j = {{"index", v.where.index}, {"address", v.where.address}, {"first_layer", v.where.layers.first},
+              {"num_layers", v.where.layers.count}, {"reachable", v.status.ok()}};
     if (v.status.ok()) {
       j["state"] = v.status->state;
       j["step"] = v.status->step;
@@ -381,7 +381,7 @@ void PrintShards(const std::vector<ShardView>& shards) {
               "UPDATE EXPOSED");
   for (const ShardView& v : shards) {
     const std::string layers =
-        std::to_string(v.where.first_layer) + "-" + std::to_string(v.where.first_layer + v.where.num_layers - 1);
+        std::to_string(v.where.layers.first) + "-" + std::to_string(v.where.layers.end() - 1);
     if (!v.status.ok()) {
       std::printf("  %2d  %-21s %-9s unreachable: %s\n", v.where.index, v.where.address.c_str(), layers.c_str(),
                   v.status.status().message().substr(0, 80).c_str());

@@ -406,7 +406,7 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
   }
   // Sharded jobs: workers join shard 0 first (it gives the id and the shards' map),
   // then every other shard with that id.
-  std::vector<ShardEndpointInfo> shard_map;
+  std::vector<ShardEndpoint> shard_map;
   const bool other_shard = opts_.shard.sharded() && opts_.shard.index > 0;
   if (opts_.shard.sharded()) {
     if (!has_job()) return FailedPrecondition("the daemon has no job yet (CreateJob first)");

@@ -193,7 +193,7 @@ struct Registration {
   uint64_t registration_id = 0;
   // Sharded jobs: every shard (shard 0's registration only) and this daemon's first
   // model layer (layer_numel are its layers).
-  std::vector<ShardEndpointInfo> shards;
+  std::vector<ShardEndpoint> shards;
   int64_t first_layer = 0;
 };
 
@@ -232,7 +232,7 @@ struct CoreStatus {
   // shard joined) every shard.
   ShardId shard;
   int64_t first_layer = 0;
-  std::vector<ShardEndpointInfo> shard_map;
+  std::vector<ShardEndpoint> shard_map;
 };
 
 struct CheckpointResult {

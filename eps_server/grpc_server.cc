@@ -208,7 +208,7 @@ class DataService final : public data::Data::Service {
     for (int64_t n : r->layer_numel) rep->add_layer_numel(n);
     for (const std::string& root : r->data_roots) rep->add_data_roots(root);
     rep->set_first_layer(r->first_layer);
-    for (const ShardEndpointInfo& e : r->shards) {
+    for (const ShardEndpoint& e : r->shards) {
       auto* out = rep->add_shards();
       out->set_index(e.index);
       out->set_address(e.address);
@@ -427,7 +427,7 @@ class ControlService final : public control::Control::Service {
     rep->set_shard(s.shard.index);
     rep->set_shards(s.shard.count);
     rep->set_first_layer(s.first_layer);
-    for (const ShardEndpointInfo& e : s.shard_map) {
+    for (const ShardEndpoint& e : s.shard_map) {
       auto* m = rep->add_shard_map();
       m->set_index(e.index);
       m->set_address(e.address);

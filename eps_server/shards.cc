@@ -106,9 +106,9 @@ Status ShardHub::Join(const JoinInfo& j) {
   return Status::Ok();
 }
 
-Result<std::vector<ShardEndpointInfo>> ShardHub::Endpoints() const {
+Result<std::vector<ShardEndpoint>> ShardHub::Endpoints() const {
   std::lock_guard<std::mutex> lock(mu_);
-  std::vector<ShardEndpointInfo> out;
+  std::vector<ShardEndpoint> out;
   std::string missing;
   for (int k = 0; k < id_.count; ++k) {
     const auto& j = joined_[static_cast<size_t>(k)];
@@ -391,7 +391,7 @@ Status ShardLink::Join(const std::string& advertise) {
                          : last;
 }
 
-Result<std::vector<ShardEndpointInfo>> ShardLink::Endpoints() const {
+Result<std::vector<ShardEndpoint>> ShardLink::Endpoints() const {
   return FailedPrecondition("this daemon is shard " + std::to_string(opts_.id.index) + " of " +
                             std::to_string(opts_.id.count) + ": workers register with shard 0 at " + opts_.coordinator);
 }

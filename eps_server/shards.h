@@ -43,12 +43,6 @@
 
 namespace l2l::eps {
 
-struct ShardEndpointInfo {
-  int index = 0;
-  std::string address;
-  LayerRange layers;
-};
-
 // The job's identity between shards: FNV-1a 64 of JobConfigToYaml(job), 16 hex digits.
 std::string JobHash(const JobConfig& job);
 
@@ -61,7 +55,7 @@ class ShardPeers : public StepCoordinator {
                        UpdatePipeline* pipeline) = 0;
   // Every shard, once all have joined (shard 0); UNAVAILABLE naming the missing ones
   // before. Other shards: FAILED_PRECONDITION (workers register with shard 0).
-  virtual Result<std::vector<ShardEndpointInfo>> Endpoints() const = 0;
+  virtual Result<std::vector<ShardEndpoint>> Endpoints() const = 0;
   // This shard wrote its checkpoint part: the hub records it, a link sends it to shard 0
   // (retrying up to `timeout`).
   virtual Status SubmitPart(const CheckpointPart& part, std::chrono::milliseconds timeout) = 0;
@@ -86,7 +80,7 @@ class ShardHub : public ShardPeers {
 
   Status Start(const JobConfig& job, const std::vector<LayerRange>& plan, int64_t start_step,
                UpdatePipeline* pipeline) override;
-  Result<std::vector<ShardEndpointInfo>> Endpoints() const override;
+  Result<std::vector<ShardEndpoint>> Endpoints() const override;
   Status SubmitPart(const CheckpointPart& part, std::chrono::milliseconds timeout) override;
   Result<std::vector<CheckpointPart>> WaitParts(int64_t step, std::chrono::milliseconds timeout) override;
   void Stop() override;
@@ -171,7 +165,7 @@ class ShardLink : public ShardPeers {
                UpdatePipeline* pipeline) override;
   // Joins shard 0 (retrying until join_timeout): after Start, once this shard listens.
   Status Join(const std::string& advertise);
-  Result<std::vector<ShardEndpointInfo>> Endpoints() const override;
+  Result<std::vector<ShardEndpoint>> Endpoints() const override;
   Status SubmitPart(const CheckpointPart& part, std::chrono::milliseconds timeout) override;
   Result<std::vector<CheckpointPart>> WaitParts(int64_t step, std::chrono::milliseconds timeout) override;
   void Stop() override;

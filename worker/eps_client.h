@@ -26,6 +26,7 @@
 
 #include "common/adamw.h"
 #include "common/config.h"
+#include "common/shard_plan.h"
 #include "common/status.h"
 
 namespace l2l::worker {
@@ -48,12 +49,7 @@ struct WorkerRegistration {
   // Sharded jobs (RegisterReply.shards; worker/eps_client_sharded.h): every l2l-eps
   // shard (from shard 0's reply; empty otherwise), and the first model layer of the
   // daemon this registration is with (its layers are local 0..).
-  struct Shard {
-    int32_t index = 0;
-    std::string address;
-    int64_t first_layer = 0, num_layers = 0;
-  };
-  std::vector<Shard> shards;
+  std::vector<ShardEndpoint> shards;
   int64_t first_layer = 0;
 };
 

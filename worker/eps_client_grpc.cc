@@ -150,7 +150,7 @@ Status GrpcEpsClient::Register(Impl* impl, const ClientOptions& options, int32_t
   reg->first_layer = rep.first_layer();
   reg->shards.clear();
   for (const auto& e : rep.shards()) {
-    reg->shards.push_back({e.index(), e.address(), e.first_layer(), e.num_layers()});
+    reg->shards.push_back({e.index(), e.address(), {e.first_layer(), e.num_layers()}});
   }
   Result<Transport> transport = ParseTransport(rep.transport());
   if (!transport.ok() || *transport == Transport::kAuto) {

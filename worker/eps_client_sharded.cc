@@ -14,16 +14,16 @@ Result<std::unique_ptr<EpsClient>> ShardedEpsClient::Create(std::unique_ptr<EpsC
   std::unique_ptr<ShardedEpsClient> c(new ShardedEpsClient());
   int64_t next = 0;
   for (size_t k = 0; k < reg.shards.size(); ++k) {
-    const WorkerRegistration::Shard& s = reg.shards[k];
-    if (s.index != static_cast<int32_t>(k) || s.first_layer != next || s.num_layers < 1) {
+    const ShardEndpoint& s = reg.shards[k];
+    if (s.index != static_cast<int>(k) || s.layers.first != next || s.layers.count < 1) {
       return InvalidArgument("shard 0's map of the job's shards is malformed at shard " + std::to_string(k) +
-                             " (index " + std::to_string(s.index) + ", layers from " + std::to_string(s.first_layer) +
+                             " (index " + std::to_string(s.index) + ", layers from " + std::to_string(s.layers.first) +
                              "; expected layer " + std::to_string(next) + ")");
     }
-    next += s.num_layers;
+    next += s.layers.count;
     Shard sh;
-    sh.first = s.first_layer;
-    sh.count = s.num_layers;
+    sh.first = s.layers.first;
+    sh.count = s.layers.count;
     if (k == 0) {
       sh.client = std::move(shard0);
     } else {

@@ -274,8 +274,7 @@ def run_scenario(name, bin_dir, transport, keep, body):
         if alive:
             print("%s: FAILED: processes outlived the test: %s" % (name, alive))
             ok = False
-        for seg in glob.glob("/dev/shm/l2l-*-%d-*" % os.getpid()):
-            os.unlink(seg)
+        l2l_procs.remove_segments(os.getpid())
         if ok and not keep:
             shutil.rmtree(work, ignore_errors=True)
         else:

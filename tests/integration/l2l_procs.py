@@ -8,6 +8,7 @@
 # Each child also gets PR_SET_PDEATHSIG(SIGKILL), so it dies with the test even when the
 # test itself is killed. Thread-safety: one thread.
 import ctypes
+import glob
 import json
 import os
 import signal
@@ -21,6 +22,29 @@ _PR_SET_PDEATHSIG = 1
 
 def _die_with_parent():
     _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class Failure(Exception):
+    """A check of an integration test failed (the tests catch it, print it and exit 1)."""
+
+
+def sh(argv, check=True):
+    """Runs argv (text output captured); with check, a non-zero exit raises Failure naming
+    the command and its error output."""
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if check and r.returncode != 0:
+        raise Failure("%s: exit %d: %s" % (" ".join(argv), r.returncode, (r.stderr or r.stdout).strip()))
+    return r
+
+
+def remove_segments(tag):
+    """Unlinks the /dev/shm segments of the daemons a test started with job ids holding
+    `tag` (l2l-*-<tag>-*: a killed daemon leaves its segments behind)."""
+    for seg in glob.glob("/dev/shm/l2l-*-%s-*" % tag):
+        try:
+            os.unlink(seg)
+        except OSError:
+            pass
 
 
 def write_tokens(path, n, vocab):

@@ -48,15 +48,8 @@ HEARTBEAT_MS = 1500
 STEPS = 30
 
 
-class Failure(Exception):
-    pass
-
-
-def sh(argv, check=True):
-    r = subprocess.run(argv, capture_output=True, text=True)
-    if check and r.returncode != 0:
-        raise Failure("%s: exit %d: %s" % (" ".join(argv), r.returncode, (r.stderr or r.stdout).strip()))
-    return r
+Failure = l2l_procs.Failure
+sh = l2l_procs.sh
 
 
 def skip(why):

@@ -45,7 +45,6 @@ Usage: shards_test.py BIN_DIR [--cases 1,2,...] [--keep]
 Exit 0 on success, 1 on any failure (with the logs' tails).
 """
 import argparse
-import glob
 import json
 import os
 import re
@@ -580,11 +579,7 @@ def main():
         if alive:
             print("shards: FAILED: processes outlived the test: %s" % alive)
             ok = False
-        for seg in glob.glob("/dev/shm/l2l-*-%d-*" % os.getpid()):
-            try:
-                os.unlink(seg)
-            except OSError:
-                pass
+        l2l_procs.remove_segments(os.getpid())
         if ok and not a.keep:
             shutil.rmtree(work, ignore_errors=True)
         else:
