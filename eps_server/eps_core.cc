@@ -270,6 +270,7 @@ Status EpsCore::CreateJob(const JobConfig& job, const JobStart& start) {
   if (opts_.on_skip) pipeline->set_on_skip(opts_.on_skip);
   if (opts_.shard.sharded()) {
     pipeline->set_coordinator(opts_.shards);
+    opts_.shards->set_on_rollback([this](const ShardPeers::Epoch& e) { RollbackToEpoch(e); });
     L2L_RETURN_IF_ERROR(opts_.shards->Start(job, plan, start.step, pipeline.get()));
     shard_plan_ = plan;
   }
@@ -484,6 +485,8 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
   for (int64_t l = 0; l < store_->num_layers(); ++l) r.layer_numel.push_back(store_->layout(l).numel);
   r.first_layer = store_->first_layer();
   r.shards = std::move(shard_map);
+  // Read under recovery_mu_ (held here): no rollback runs between it and start_step.
+  if (opts_.shard.sharded()) r.recovery_epoch = opts_.shards->epoch();
   if (rejoin) {
     L2L_ASSIGN_OR_RETURN(r.start_step, PrepareRejoin(id, &rejoin_gate));
   } else {

@@ -151,6 +151,9 @@ struct CoreOptions {
   // Called once per skipped step (a non-finite gradient or loss; the state is left as
   // it was), from an update or rpc thread with no core lock held; must be quick.
   std::function<void(const SkipEvent&)> on_skip;
+  // The state was rolled back to `step` (a lost worker, a sharded job's recovery): the
+  // steps from it on are redone (l2l-eps: the run log drops their lines).
+  std::function<void(int64_t step)> on_rollback;
   // Interleaved optimizer: a layer update handed to a worker's device and not answered
   // this long after it was queued is run by the daemon instead (worker_updater.h).
   std::chrono::milliseconds update_deadline{30000};
@@ -195,6 +198,7 @@ struct Registration {
   // model layer (layer_numel are its layers).
   std::vector<ShardEndpoint> shards;
   int64_t first_layer = 0;
+  int64_t recovery_epoch = 0;  // the epoch this shard's state is in (ShardPeers::epoch)
 };
 
 struct WorkerInfo {
@@ -386,6 +390,16 @@ class EpsCore {
   // Abandons the step in progress: every worker must re-register; restore: the state is
   // reloaded from the restore point, else it stays (the step applied nothing).
   Status Rollback(int32_t lost_id, bool restore) REQUIRES(recovery_mu_);  // and frozen
+  // Resets the pipeline to `step` and (restore) the state to the checkpoint in `dir`
+  // ("": the job's start); every active worker must rejoin (`why` tells it why).
+  Status RollBackTo(int64_t step, const std::string& dir, bool restore, const std::string& why)
+      REQUIRES(recovery_mu_);  // and frozen
+  // Sharded jobs: this shard lost a worker mid-step; asks shard 0 to roll every shard
+  // back and keeps `gate` (this shard frozen) until the rollback comes.
+  void RequestShardRollback(const std::string& why, UpdatePipeline::FreezeGuard gate) REQUIRES(recovery_mu_);
+  // Sharded jobs: shard 0 began recovery epoch e: roll this shard back to e.step (its
+  // checkpoint, or the job's start). From the shard peers' thread.
+  void RollbackToEpoch(const ShardPeers::Epoch& e);
   Result<CheckpointResult> WriteCheckpointLocked(int64_t step, const std::string& dir, bool latest)
       REQUIRES(recovery_mu_);
   std::string PositionAt(int32_t id, int64_t step) const REQUIRES(mu_);
@@ -424,6 +438,9 @@ class EpsCore {
   bool paused_by_operator_ GUARDED_BY(recovery_mu_) = false;
   bool paused_by_loss_ GUARDED_BY(recovery_mu_) = false;
   UpdatePipeline::FreezeGuard operator_hold_ GUARDED_BY(recovery_mu_);  // Pause until Resume
+  UpdatePipeline::FreezeGuard rollback_hold_ GUARDED_BY(recovery_mu_);  // sharded: until the rollback
+  std::atomic<int> rollback_pending_{0};   // RollbackToEpoch calls waiting for recovery_mu_
+  std::atomic<int64_t> rollbacks_{0};      // sharded rollbacks done (CheckpointLoop re-arms)
   std::atomic<bool> paused_{false};
   // Restore point for rollbacks: the newest checkpoint written/resumed ("" = job start).
   std::string restore_dir_ GUARDED_BY(mu_);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <filesystem>
+#include <thread>
 
 #include "common/fault_point.h"
 #include "common/formats/model_io.h"
@@ -96,6 +97,7 @@ Result<CheckpointResult> EpsCore::WriteCheckpointLocked(int64_t step, const std:
     std::unique_lock<std::mutex> lock(mu_);
     const bool ok = cv_.wait_for(lock, 60s, [&] {
       ASSERT_HELD(mu_);
+      if (rollback_pending_.load() > 0) return true;  // a sharded rollback wants recovery_mu_
       for (const auto& w : workers_) {
         if (w->info.state == WorkerState::kActive && w->member_last >= step && w->next_step < step) return false;
       }
@@ -103,6 +105,9 @@ Result<CheckpointResult> EpsCore::WriteCheckpointLocked(int64_t step, const std:
     });
     if (!ok) return Status(StatusCode::kDeadlineExceeded, "a worker did not report StepDone(" +
                                                               std::to_string(step - 1) + ") within 60 s");
+    if (rollback_pending_.load() > 0) {
+      return Aborted("checkpoint of step " + std::to_string(step) + " abandoned: every shard rolls back");
+    }
     [&] {  // still under `lock`
       ASSERT_HELD(mu_);
       for (const auto& w : workers_) {
@@ -130,6 +135,8 @@ Result<CheckpointResult> EpsCore::WriteCheckpointLocked(int64_t step, const std:
     restore_dir_ = dir;
     restore_step_ = step;
     last_checkpoint_ = dir;
+    // Shard 0: the checkpoint is complete (every part assembled): shards roll back here.
+    if (opts_.shard.sharded() && opts_.shard.index == 0) opts_.shards->SetRestorePoint(step);
     cv_.notify_all();  // a worker leaving after the last step waits for it (Deregister)
     // Positions before the restore point are no longer needed.
     for (auto& w : workers_) {
@@ -147,15 +154,19 @@ Result<int64_t> EpsCore::WriteShardedCheckpoint(const CheckpointMeta& meta, cons
     return FailedPrecondition("a sharded job writes its checkpoints into its checkpoint root " + root +
                               " (every shard writes its part there), not " + dir);
   }
+  // The recovery epoch this state is in (rollbacks wait for recovery_mu_, held here): a
+  // part of a state the shards abandoned meanwhile is refused, never assembled.
+  const int64_t epoch = opts_.shards->epoch();
   L2L_ASSIGN_OR_RETURN(CheckpointPart part, WriteCheckpointPart(*store_, opts_.shard.index, meta.step, root));
-  L2L_RETURN_IF_ERROR(opts_.shards->SubmitPart(part, std::chrono::minutes(2)));
+  L2L_RETURN_IF_ERROR(opts_.shards->SubmitPart(part, epoch, std::chrono::minutes(2)));
   if (opts_.shard.index > 0) {
     L2L_LOG_INFO("shard {}: checkpoint part of step {} written to {}/{} ({} bytes); shard 0 assembles it",
                  opts_.shard.index, meta.step, root, part.dir, part.bytes);
     return part.bytes;
   }
   // Shard 0: the checkpoint exists once every shard's part is on disk.
-  L2L_ASSIGN_OR_RETURN(std::vector<CheckpointPart> parts, opts_.shards->WaitParts(meta.step, std::chrono::minutes(5)));
+  L2L_ASSIGN_OR_RETURN(std::vector<CheckpointPart> parts,
+                       opts_.shards->WaitParts(meta.step, epoch, std::chrono::minutes(5)));
   return AssembleCheckpoint(meta, parts, root, latest);
 }
 
@@ -302,10 +313,12 @@ void EpsCore::TearDownShmWorker(int32_t id) {
 }
 
 void EpsCore::HandleLoss(int32_t id, WorkerState new_state) {
+  WorkerState was = WorkerState::kActive;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Worker& w = *workers_[id];
     if (w.info.state != WorkerState::kActive && w.info.state != WorkerState::kRejoin) return;
+    was = w.info.state;
     w.info.state = new_state;
   }
   // An update this worker holds falls back to the daemon now (the freeze below waits for
@@ -326,15 +339,31 @@ void EpsCore::HandleLoss(int32_t id, WorkerState new_state) {
   std::string what;
   // The job is complete: a worker leaving now is the normal end, not a loss.
   const bool job_done = new_state == WorkerState::kLeft && f.at_boundary && f.step >= steps;
+  // Sharded: every shard must make the same decision about the lost worker's step, and
+  // each sees the worker at its own point of the step. So a worker lost while active
+  // rolls every shard back to the job's last complete checkpoint (shard 0 decides; this
+  // shard stays frozen until then). One that had not rejoined since the last rollback
+  // contributed nothing since: no rollback.
+  const bool shard_rollback = opts_.shard.sharded() && !job_done && was == WorkerState::kActive;
   if (job_done) {
     pipeline_->DropWorker(id, f.step);
     what = "the job's last step was done";
+  } else if (shard_rollback) {
+    RequestShardRollback("worker " + std::to_string(id) + " " + ToString(new_state) + " at step " +
+                             std::to_string(f.step),
+                         std::move(gate));
+    what = "every shard rolls back to the job's last complete checkpoint (shard 0 decides)";
   } else if (next > f.step) {
     // It finished step t: its gradients of t are all in; drop only later ones.
     pipeline_->DropWorker(id, f.step + 1);
     what = "it had finished step " + std::to_string(f.step) + ", nothing abandoned";
   } else if (f.at_boundary && pipeline_->DropWorker(id, f.step)) {
     what = "its gradients of step " + std::to_string(f.step) + " were dropped (no layer had applied the step)";
+  } else if (opts_.shard.sharded()) {
+    RequestShardRollback("worker " + std::to_string(id) + " " + ToString(new_state) + " mid-step " +
+                             std::to_string(f.step),
+                         std::move(gate));
+    what = "every shard rolls back to the job's last complete checkpoint (shard 0 decides)";
   } else {
     // Partially applied, or (global clip) its gradients are already summed into the
     // step's reductions: abandon the step. At the boundary the state needs no restore.
@@ -375,28 +404,70 @@ void EpsCore::HandleLoss(int32_t id, WorkerState new_state) {
 }
 
 Status EpsCore::Rollback(int32_t lost_id, bool restore) {
-  if (opts_.shard.sharded()) {
-    // One shard cannot abandon a step alone: the others would go on with it and the
-    // shards' states would diverge. Fail-stop instead (no checkpoint of this state is
-    // assembled); every shard resumes from the last complete checkpoint.
-    Status s = FailedPrecondition(
-        "worker " + std::to_string(lost_id) + " was lost mid-step and shard " + std::to_string(opts_.shard.index) +
-        " would have to abandon the step; a sharded job does not roll back one shard alone: the job stops. "
-        "Restart every shard with --resume <checkpoint root> (the last complete checkpoint) and the workers");
-    OnPipelineFailure(s);
-    return s;
-  }
   std::string dir;
   int64_t step = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
     dir = restore_dir_;
     step = restore ? restore_step_ : pipeline_->stats().completed_step;
+  }
+  return RollBackTo(step, dir, restore, "step abandoned after worker " + std::to_string(lost_id) + " was lost");
+}
+
+void EpsCore::RequestShardRollback(const std::string& why, UpdatePipeline::FreezeGuard gate) {
+  // Frozen until the rollback: this shard must neither finish the step nor post a
+  // verdict or a checkpoint part of it (the others may have other gradients of it).
+  rollback_hold_ = std::move(gate);
+  opts_.shards->RequestRollback(why);
+}
+
+void EpsCore::RollbackToEpoch(const ShardPeers::Epoch& e) {
+  // A checkpoint write waiting for StepDone under recovery_mu_ gives way (its state is
+  // being abandoned); the hub aborts a wait for parts itself.
+  rollback_pending_.fetch_add(1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cv_.notify_all();
+  }
+  std::lock_guard<std::mutex> rlock(recovery_mu_);
+  rollback_pending_.fetch_sub(1);
+  if (stopped_ || !pipeline_->failure().ok()) return;
+  UpdatePipeline::FreezeGuard gate = pipeline_->FreezeNow();
+  rollback_hold_.Reset();
+  const std::string root = checkpoint_root();
+  // The step's checkpoint, or (no checkpoint yet in this run) the job's start.
+  const std::string dir = e.step == start_.step ? std::string() : root + "/" + CheckpointDirName(e.step);
+  opts_.shards->BeginRollback();
+  Status s = RollBackTo(e.step, dir, /*restore=*/true,
+                        "recovery epoch " + std::to_string(e.epoch) + " (" + e.reason + ")");
+  opts_.shards->EndRollback(e.epoch);
+  rollbacks_.fetch_add(1);
+  if (!s.ok()) {
+    gate.Reset();
+    OnPipelineFailure(s.WithContext("rolling shard " + std::to_string(opts_.shard.index) + " back to step " +
+                                    std::to_string(e.step)));
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    restore_dir_ = dir;
+    restore_step_ = e.step;
+    cv_.notify_all();
+  }
+  if (opts_.shard.index == 0) opts_.shards->SetRestorePoint(e.step);
+  gate.Reset();
+  UpdatePausedLocked();
+  L2L_LOG_WARN("shard {}: rolled back to step {} (recovery epoch {}: {}); every worker rejoins", opts_.shard.index,
+               e.step, e.epoch, e.reason);
+}
+
+Status EpsCore::RollBackTo(int64_t step, const std::string& dir, bool restore, const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
     for (auto& w : workers_) {
       if (w->info.state == WorkerState::kActive) {
         w->info.state = WorkerState::kRejoin;
-        w->rejoin_message = "step abandoned after worker " + std::to_string(lost_id) +
-                           " was lost; every worker restarts at step " + std::to_string(step);
+        w->rejoin_message = why + "; every worker restarts at step " + std::to_string(step);
       }
     }
   }
@@ -448,6 +519,7 @@ Status EpsCore::Rollback(int32_t lost_id, bool restore) {
   }
   reported_.clear();
   if (restore) L2L_LOG_WARN("rolled back to step {} ({})", step, dir.empty() ? start_.description : dir);
+  if (restore && opts_.on_rollback) opts_.on_rollback(step);
   return Status::Ok();
 }
 
@@ -519,9 +591,18 @@ void EpsCore::CheckpointLoop() {
   auto boundary_after = [&](int64_t done) { return std::min((done / every + 1) * every, steps); };
   // Writes the checkpoint of `step` (the gate is held there); the last step's failure
   // lets the workers waiting in Deregister go (the state stays in memory).
+  // false: a sharded rollback abandoned the write (the shards redo the step, and the
+  // checkpoint with it).
   auto write = [&](int64_t step) REQUIRES(recovery_mu_) {
+    const int64_t rollbacks = rollbacks_.load();
     auto r = WriteCheckpointLocked(step, checkpoint_root() + "/" + CheckpointDirName(step), true);
-    if (r.ok()) return;
+    if (r.ok()) return true;
+    if (opts_.shard.sharded() && (rollback_pending_.load() > 0 || rollbacks_.load() != rollbacks ||
+                                  r.status().code() == StatusCode::kAborted)) {
+      L2L_LOG_WARN("checkpoint of step {} abandoned: {} (written when the shards get there again)", step,
+                   r.status().message());
+      return false;
+    }
     L2L_LOG_ERROR("{} checkpoint of step {} failed: {}", step >= steps ? "the last step's" : "periodic", step,
                   r.status().ToString());
     if (step >= steps) {
@@ -531,6 +612,7 @@ void EpsCore::CheckpointLoop() {
       final_checkpoint_failed_ = true;
       cv_.notify_all();
     }
+    return true;
   };
   int64_t next = -1;  // the boundary a HoldAt is registered at (-1: none yet)
   while (!stopped_) {
@@ -561,14 +643,22 @@ void EpsCore::CheckpointLoop() {
     }
     if (stopped_) break;
     int64_t following = -1;
+    const int64_t rollbacks = rollbacks_.load();
+    bool abandoned = false;
     {
       UpdatePipeline::FreezeGuard gate = pipeline_->AdoptHeld(next);
       std::lock_guard<std::mutex> rlock(recovery_mu_);
-      write(next);
+      abandoned = !write(next);
       // The next boundary's hold goes in while the gate is still shut: a thread
       // descheduled after the gate opens could otherwise find the pipeline already past
       // it and skip that checkpoint (the last step's included).
-      if (next < steps && pipeline_->HoldAt(boundary_after(next))) following = boundary_after(next);
+      if (!abandoned && next < steps && pipeline_->HoldAt(boundary_after(next))) following = boundary_after(next);
+    }
+    if (abandoned) {
+      // Once the rollback is done, holds again from the step it went back to.
+      while (!stopped_ && pipeline_->failure().ok() && rollbacks_.load() == rollbacks) std::this_thread::sleep_for(20ms);
+      next = -1;
+      continue;
     }
     if (next >= steps) break;
     FaultPoint("eps.checkpoint_loop");  // tests: L2L_DELAY_AT deschedules this thread here

@@ -235,6 +235,9 @@ void FeedRunLogAndMetrics(eps::CoreOptions* co, eps::RunLog* run_log, eps::Metri
     if (Status st = run_log->Append(r); !st.ok()) L2L_LOG_WARN("run log: {}", st.ToString());
     eps::ObserveStepSeconds(metrics, s.wall_s);
   };
+  co->on_rollback = [run_log](int64_t step) {
+    if (Status st = run_log->Rewind(step); !st.ok()) L2L_LOG_WARN("run log: {}", st.ToString());
+  };
   co->on_skip = [run_log](const eps::SkipEvent& e) {
     eps::StepRecord r;
     r.step = e.step + 1;
@@ -422,13 +425,6 @@ int main(int argc, char** argv) {
     shard_id = *id;
   }
   if (shard_id.sharded()) {
-    if (cfg.on_worker_loss == OnWorkerLoss::kContinue) {
-      // Each shard decides a lost worker's step alone: "continue" could drop its gradients
-      // on one shard and keep them on another. "pause" waits for it on every shard.
-      return Fail(InvalidArgument("--shard " + flags.shard + ": on_worker_loss: continue is not supported by a "
-                                  "sharded job (the shards could complete a step from different workers); use "
-                                  "pause"));
-    }
     if (!initial) {
       return Fail(InvalidArgument("--shard " + flags.shard + ": a shard starts with --job FILE or --resume "
                                   "CHECKPOINT (the same on every shard)"));

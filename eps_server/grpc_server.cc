@@ -208,6 +208,7 @@ class DataService final : public data::Data::Service {
     for (int64_t n : r->layer_numel) rep->add_layer_numel(n);
     for (const std::string& root : r->data_roots) rep->add_data_roots(root);
     rep->set_first_layer(r->first_layer);
+    rep->set_recovery_epoch(r->recovery_epoch);
     for (const ShardEndpoint& e : r->shards) {
       auto* out = rep->add_shards();
       out->set_index(e.index);
@@ -669,7 +670,7 @@ class ShardsService final : public shardpb::Shards::Service {
  public:
   explicit ShardsService(ShardHub* hub) : hub_(hub) {}
 
-  grpc::Status Join(grpc::ServerContext*, const shardpb::JoinRequest* req, shardpb::JoinReply*) override {
+  grpc::Status Join(grpc::ServerContext*, const shardpb::JoinRequest* req, shardpb::JoinReply* rep) override {
     ShardHub::JoinInfo j;
     j.shard = req->shard();
     j.shards = req->shards();
@@ -682,7 +683,24 @@ class ShardsService final : public shardpb::Shards::Service {
       return ToGrpc(InvalidArgument("JoinRequest.address: expected host:port, got " +
                                     std::to_string(j.address.size()) + " bytes"));
     }
-    return ToGrpc(hub_->Join(j).WithContext("Join"));
+    Result<ShardPeers::Epoch> e = hub_->Join(j);
+    if (!e.ok()) return ToGrpc(e.status().WithContext("Join"));
+    rep->set_epoch(e->epoch);
+    rep->set_rollback_step(e->step);
+    rep->set_coordinator(hub_->instance());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Watch(grpc::ServerContext*, const shardpb::WatchRequest* req, shardpb::WatchReply* rep) override {
+    const int64_t wait_ms = std::clamp<int64_t>(req->wait_ms(), 0, 10000);
+    Result<ShardPeers::Epoch> e =
+        hub_->Watch(req->shard(), req->instance(), req->epoch(), std::chrono::milliseconds(wait_ms));
+    if (!e.ok()) return ToGrpc(e.status().WithContext("Watch"));
+    rep->set_epoch(e->epoch);
+    rep->set_rollback_step(e->step);
+    rep->set_reason(e->reason);
+    rep->set_coordinator(hub_->instance());
+    return grpc::Status::OK;
   }
 
   grpc::Status StepFacts(grpc::ServerContext*, const shardpb::StepFactsRequest* req,
@@ -694,6 +712,12 @@ class ShardsService final : public shardpb::Shards::Service {
       }
       hub_->ShardFailed(req->shard(), req->skip_reason());
       return grpc::Status::OK;
+    }
+    if (req->kind() == shardpb::FACT_ROLLBACK) {
+      if (req->skip_reason().size() > 65536) {
+        return ToGrpc(InvalidArgument("StepFactsRequest: a rollback request's reason is too long"));
+      }
+      return ToGrpc(hub_->ShardRollback(req->shard(), req->epoch(), req->skip_reason()).WithContext("StepFacts"));
     }
     if (req->kind() == shardpb::FACT_CHECKPOINT) {
       CheckpointPart part;
@@ -711,14 +735,14 @@ class ShardsService final : public shardpb::Shards::Service {
         return ToGrpc(InvalidArgument("StepFactsRequest.part_dir '" + part.dir + "': expected " +
                                       CheckpointPartDirName(part.step, part.shard)));
       }
-      return ToGrpc(hub_->SubmitPart(part, std::chrono::milliseconds(0)).WithContext("StepFacts"));
+      return ToGrpc(hub_->SubmitPart(part, req->epoch(), std::chrono::milliseconds(0)).WithContext("StepFacts"));
     }
     if (req->norm2_size() > (1 << 20)) return ToGrpc(InvalidArgument("StepFactsRequest.norm2: too many"));
     const std::vector<double> norm2(req->norm2().begin(), req->norm2().end());
     const int64_t wait_ms = std::clamp<int64_t>(req->wait_ms(), 0, 10000);
     const auto kind = req->kind() == shardpb::FACT_NORMS ? ShardHub::Kind::kNorms : ShardHub::Kind::kVerdict;
-    Result<ShardHub::Decision> d = hub_->Facts(req->shard(), req->step(), kind, norm2, req->skip_reason(),
-                                               std::chrono::milliseconds(wait_ms));
+    Result<ShardHub::Decision> d = hub_->Facts(req->shard(), req->epoch(), req->step(), kind, norm2,
+                                               req->skip_reason(), std::chrono::milliseconds(wait_ms));
     if (!d.ok()) return ToGrpc(d.status().WithContext("StepFacts"));
     rep->set_ready(d->ready);
     rep->set_total_norm2(d->total_norm2);

@@ -93,7 +93,23 @@ Result<std::unique_ptr<RunLog>> RunLog::Open(const std::string& state_dir, int64
   std::filesystem::create_directories(state_dir, ec);
   if (ec) return Status(StatusCode::kIoError, "create_directories(" + state_dir + "): " + ec.message());
   const std::string path = state_dir + "/" + kFileName;
+  int64_t last_step = 0;
+  L2L_ASSIGN_OR_RETURN(const int fd, OpenKeeping(path, resume_step, &last_step));
+  return std::unique_ptr<RunLog>(new RunLog(path, fd, last_step));
+}
 
+Status RunLog::Rewind(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (step >= last_step_) return Status::Ok();
+  int64_t last_step = 0;
+  L2L_ASSIGN_OR_RETURN(const int fd, OpenKeeping(path_, step, &last_step));
+  if (fd_ >= 0) close(fd_);
+  fd_ = fd;
+  last_step_ = last_step;
+  return Status::Ok();
+}
+
+Result<int> RunLog::OpenKeeping(const std::string& path, int64_t resume_step, int64_t* last_step_out) {
   // Keep the complete lines we want; rewrite the file only when something must go.
   int64_t last_step = 0;
   bool rewrite = false;
@@ -141,7 +157,8 @@ Result<std::unique_ptr<RunLog>> RunLog::Open(const std::string& state_dir, int64
   }
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoError("open", path, errno);
-  return std::unique_ptr<RunLog>(new RunLog(path, fd, last_step));
+  *last_step_out = last_step;
+  return fd;
 }
 
 RunLog::~RunLog() {

@@ -78,8 +78,15 @@ class RunLog {
   Status Append(const StepRecord& r);
   // fsync(2): call at checkpoints so the log is as durable as the checkpoint.
   Status Sync();
+  // The job's state went back to `step` steps done (a rollback): the lines of later steps
+  // go (the file is rewritten, as Open with resume_step does), and those steps are
+  // logged again as they are redone.
+  Status Rewind(int64_t step);
 
  private:
+  // Opens `path` for appending after dropping lines of steps > resume_step (>= 0) and a
+  // torn last line; *last_step: the last step kept.
+  static Result<int> OpenKeeping(const std::string& path, int64_t resume_step, int64_t* last_step);
   RunLog(std::string path, int fd, int64_t last_step) : path_(std::move(path)), fd_(fd), last_step_(last_step) {}
   const std::string path_;
   std::mutex mu_;

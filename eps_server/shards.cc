@@ -21,7 +21,53 @@ std::string RangeText(const LayerRange& r) {
   return "layers " + std::to_string(r.first) + ".." + std::to_string(r.end() - 1);
 }
 
+uint64_t NewInstance() {
+  std::random_device rd;
+  uint64_t v = 0;
+  while (v == 0) v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return v;
+}
+
+Status EpochOver(int64_t epoch, int64_t now) {
+  return Aborted("recovery epoch " + std::to_string(epoch) + " is over (shard 0 is in epoch " + std::to_string(now) +
+                 "): every shard rolls back");
+}
+
 }  // namespace
+
+// ---- ShardPeers: the epoch this shard's state is in ----------------------------------------
+
+void ShardPeers::BeginRollback() {
+  std::lock_guard<std::mutex> deliver(deliver_mu_);  // an answer being handed over finishes first
+  std::lock_guard<std::mutex> lock(epoch_mu_);
+  rolling_back_ = true;
+}
+
+void ShardPeers::EndRollback(int64_t epoch) {
+  std::lock_guard<std::mutex> lock(epoch_mu_);
+  rolling_back_ = false;
+  applied_epoch_ = std::max(applied_epoch_, epoch);
+}
+
+int64_t ShardPeers::epoch() const {
+  std::lock_guard<std::mutex> lock(epoch_mu_);
+  return applied_epoch_;
+}
+
+void ShardPeers::Deliver(int64_t epoch, const std::function<void()>& f) {
+  std::lock_guard<std::mutex> deliver(deliver_mu_);
+  {
+    std::lock_guard<std::mutex> lock(epoch_mu_);
+    if (rolling_back_ || epoch != applied_epoch_) return;
+  }
+  f();
+}
+
+bool ShardPeers::PostingEpoch(int64_t* epoch) const {
+  std::lock_guard<std::mutex> lock(epoch_mu_);
+  *epoch = applied_epoch_;
+  return !rolling_back_;
+}
 
 std::string JobHash(const JobConfig& job) {
   const std::string yaml = JobConfigToYaml(job);
@@ -33,7 +79,12 @@ std::string JobHash(const JobConfig& job) {
 
 // ---- ShardHub ---------------------------------------------------------------------------
 
-ShardHub::ShardHub(ShardId id) : id_(id), joined_(static_cast<size_t>(id.count)) {
+ShardHub::ShardHub(ShardId id)
+    : id_(id),
+      joined_(static_cast<size_t>(id.count)),
+      instance_(NewInstance()),
+      last_watch_(static_cast<size_t>(id.count), std::chrono::steady_clock::now()),
+      silent_(static_cast<size_t>(id.count), false) {
   dispatcher_ = std::thread([this] { DispatchLoop(); });
 }
 
@@ -53,6 +104,7 @@ Status ShardHub::Start(const JobConfig& job, const std::vector<LayerRange>& plan
   job_hash_ = JobHash(job);
   plan_ = plan;
   start_step_ = start_step;
+  restore_point_ = epoch_step_ = start_step;
   pipeline_ = pipeline;
   JoinInfo self;
   self.shard = 0;
@@ -67,7 +119,7 @@ Status ShardHub::Start(const JobConfig& job, const std::vector<LayerRange>& plan
   return Status::Ok();
 }
 
-Status ShardHub::Join(const JoinInfo& j) {
+Result<ShardPeers::Epoch> ShardHub::Join(const JoinInfo& j) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopped_) return Aborted("shard 0 is stopping");
   if (!started_) return Unavailable("shard 0 has no job yet");
@@ -83,7 +135,14 @@ Status ShardHub::Join(const JoinInfo& j) {
     return InvalidArgument(who + " runs another job (config hash " + j.job_hash + ", shard 0's " + job_hash_ +
                            "): give every shard the same --job file or --resume checkpoint");
   }
-  if (j.start_step != start_step_) {
+  const auto& prev = joined_[static_cast<size_t>(j.shard)];
+  const bool restarted = prev && prev->instance != j.instance;
+  if (restarted && j.start_step != restore_point_) {
+    return InvalidArgument(who + " restarted at step " + std::to_string(j.start_step) +
+                           ", but the job's last complete checkpoint is step " + std::to_string(restore_point_) +
+                           ": restart it with --resume <the job's checkpoint root> (every shard rolls back there)");
+  }
+  if (!prev && j.start_step != start_step_) {
     return InvalidArgument(who + " starts at step " + std::to_string(j.start_step) + ", shard 0 at step " +
                            std::to_string(start_step_) + ": resume every shard from the same checkpoint");
   }
@@ -97,13 +156,81 @@ Status ShardHub::Join(const JoinInfo& j) {
                            (gap.ok() ? std::string() : " (" + gap.message() + ")") +
                            ": give every shard the same --shard-layers");
   }
-  if (joined_[static_cast<size_t>(j.shard)] && joined_[static_cast<size_t>(j.shard)]->instance != j.instance) {
-    L2L_LOG_WARN("shard {} joins again from {} (a restarted process)", j.shard, j.address);
-  }
   joined_[static_cast<size_t>(j.shard)] = j;
-  L2L_LOG_INFO("shard {} of {} joined from {} ({})", j.shard, id_.count, j.address, RangeText(j.layers));
+  last_watch_[static_cast<size_t>(j.shard)] = std::chrono::steady_clock::now();
+  silent_[static_cast<size_t>(j.shard)] = false;
+  if (restarted) {
+    L2L_LOG_WARN("shard {} of {} restarted ({}, resumed at step {}): every shard rolls back to step {} and every "
+                 "worker rejoins",
+                 j.shard, id_.count, j.address, j.start_step, restore_point_);
+    BeginEpochLocked("shard " + std::to_string(j.shard) + " restarted");
+  } else {
+    L2L_LOG_INFO("shard {} of {} joined from {} ({})", j.shard, id_.count, j.address, RangeText(j.layers));
+  }
   cv_.notify_all();
+  return Epoch{epoch_, epoch_step_, epoch_reason_};
+}
+
+void ShardHub::BeginEpochLocked(const std::string& reason) {
+  ++epoch_;
+  epoch_step_ = restore_point_;
+  epoch_reason_ = reason;
+  facts_.clear();
+  parts_.clear();
+  if (on_rollback_) {
+    const Epoch e{epoch_, epoch_step_, reason};
+    answers_.push_back([this, e] { on_rollback_(e); });
+  }
+  cv_.notify_all();
+}
+
+void ShardHub::SetRestorePoint(int64_t step) {
+  std::lock_guard<std::mutex> lock(mu_);
+  restore_point_ = step;
+}
+
+void ShardHub::RequestRollback(const std::string& why) {
+  const int64_t seen = epoch();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopped_ || seen < epoch_) return;  // a rollback is already on its way
+  L2L_LOG_WARN("shard 0: {}: every shard rolls back to step {}", why, restore_point_);
+  BeginEpochLocked("shard 0: " + why);
+}
+
+Status ShardHub::ShardRollback(int shard, int64_t epoch, const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopped_) return Aborted("shard 0 is stopping");
+  if (!started_) return FailedPrecondition("shard 0 has no job yet");
+  if (epoch < epoch_) return Status::Ok();  // the rollback it asks for began already
+  L2L_LOG_WARN("shard {}: {}: every shard rolls back to step {}", shard, why, restore_point_);
+  BeginEpochLocked("shard " + std::to_string(shard) + ": " + why);
   return Status::Ok();
+}
+
+Result<ShardPeers::Epoch> ShardHub::Watch(int shard, uint64_t instance, int64_t epoch,
+                                          std::chrono::milliseconds wait) {
+  UniqueLock lock(mu_);
+  if (!started_) return FailedPrecondition("shard 0 has no job yet");
+  if (shard <= 0 || shard >= id_.count || !joined_[static_cast<size_t>(shard)]) {
+    return FailedPrecondition("shard " + std::to_string(shard) + " has not joined");
+  }
+  if (joined_[static_cast<size_t>(shard)]->instance != instance) {
+    return FailedPrecondition("shard " + std::to_string(shard) + " joined as another process");
+  }
+  auto alive = [&]() REQUIRES(mu_) {
+    const auto now = std::chrono::steady_clock::now();
+    if (silent_[static_cast<size_t>(shard)]) {
+      L2L_LOG_INFO("shard {} watches shard 0 again (after {} s)", shard,
+                   std::chrono::duration_cast<std::chrono::seconds>(now - last_watch_[static_cast<size_t>(shard)]).count());
+      silent_[static_cast<size_t>(shard)] = false;
+    }
+    last_watch_[static_cast<size_t>(shard)] = now;
+  };
+  alive();
+  cv_.wait_for(lock.native(), wait, [&]() REQUIRES(mu_) { return stopped_ || epoch_ > epoch; });
+  alive();
+  if (stopped_) return Aborted("shard 0 is stopping");
+  return Epoch{epoch_, epoch_step_, epoch_reason_};
 }
 
 Result<std::vector<ShardEndpoint>> ShardHub::Endpoints() const {
@@ -160,10 +287,11 @@ Status ShardHub::PostLocked(int shard, int64_t step, Kind kind, const std::vecto
   // This shard's own pipeline hears it from the dispatcher (it may be the caller now).
   UpdatePipeline* p = pipeline_;
   const Decision d = e.decision;
+  const int64_t ep = epoch_;
   if (kind == Kind::kNorms) {
-    answers_.push_back([p, step, d] { p->SetGlobalNorm2(step, d.total_norm2); });
+    answers_.push_back([this, ep, p, step, d] { Deliver(ep, [&] { p->SetGlobalNorm2(step, d.total_norm2); }); });
   } else {
-    answers_.push_back([p, step, d] { p->SetGlobalVerdict(step, d.skip_reason); });
+    answers_.push_back([this, ep, p, step, d] { Deliver(ep, [&] { p->SetGlobalVerdict(step, d.skip_reason); }); });
   }
   // Old steps' facts of this kind are no longer asked for.
   for (auto it = facts_.begin(); it != facts_.end();) {
@@ -174,40 +302,51 @@ Status ShardHub::PostLocked(int shard, int64_t step, Kind kind, const std::vecto
 }
 
 void ShardHub::PostNorms(int64_t step, std::vector<double> norm2) {
+  int64_t e = 0;
+  if (!PostingEpoch(&e)) return;  // the state being rolled back
   std::lock_guard<std::mutex> lock(mu_);
+  if (e != epoch_) return;
   if (Status s = PostLocked(0, step, Kind::kNorms, norm2, ""); !s.ok()) {
     L2L_LOG_ERROR("shard 0's own gradient norms: {}", s.ToString());
   }
 }
 
 void ShardHub::PostVerdict(int64_t step, const std::string& skip_reason) {
+  int64_t e = 0;
+  if (!PostingEpoch(&e)) return;
   std::lock_guard<std::mutex> lock(mu_);
+  if (e != epoch_) return;
   if (Status s = PostLocked(0, step, Kind::kVerdict, {}, skip_reason); !s.ok()) {
     L2L_LOG_ERROR("shard 0's own verdict: {}", s.ToString());
   }
 }
 
-Result<ShardHub::Decision> ShardHub::Facts(int shard, int64_t step, Kind kind, const std::vector<double>& norm2,
-                                           const std::string& skip_reason, std::chrono::milliseconds wait) {
+Result<ShardHub::Decision> ShardHub::Facts(int shard, int64_t epoch, int64_t step, Kind kind,
+                                           const std::vector<double>& norm2, const std::string& skip_reason,
+                                           std::chrono::milliseconds wait) {
   UniqueLock lock(mu_);
   if (!started_) return FailedPrecondition("shard 0 has no job yet");
   if (shard <= 0 || shard >= id_.count || !joined_[static_cast<size_t>(shard)]) {
     return FailedPrecondition("shard " + std::to_string(shard) + " has not joined");
   }
+  if (epoch != epoch_) return EpochOver(epoch, epoch_);
   L2L_RETURN_IF_ERROR(PostLocked(shard, step, kind, norm2, skip_reason));
   const auto key = std::make_pair(static_cast<int>(kind), step);
   cv_.wait_for(lock.native(), wait, [&]() REQUIRES(mu_) {
     const auto it = facts_.find(key);
-    return stopped_ || it == facts_.end() || it->second.decision.ready;
+    return stopped_ || epoch_ != epoch || it == facts_.end() || it->second.decision.ready;
   });
   if (stopped_) return Aborted("shard 0 is stopping");
+  if (epoch != epoch_) return EpochOver(epoch, epoch_);
   const auto it = facts_.find(key);
   if (it == facts_.end()) return FailedPrecondition("step " + std::to_string(step) + " is long done");
   return it->second.decision;
 }
 
-Status ShardHub::SubmitPart(const CheckpointPart& part, std::chrono::milliseconds) {
+Status ShardHub::SubmitPart(const CheckpointPart& part, int64_t epoch, std::chrono::milliseconds) {
   std::lock_guard<std::mutex> lock(mu_);
+  // A part written before a rollback holds state the shards abandoned: never assembled.
+  if (epoch != epoch_) return EpochOver(epoch, epoch_);
   if (part.shard < 0 || part.shard >= id_.count) {
     return InvalidArgument("checkpoint part from shard " + std::to_string(part.shard) + ": out of range");
   }
@@ -220,9 +359,11 @@ Status ShardHub::SubmitPart(const CheckpointPart& part, std::chrono::millisecond
   return Status::Ok();
 }
 
-Result<std::vector<CheckpointPart>> ShardHub::WaitParts(int64_t step, std::chrono::milliseconds timeout) {
+Result<std::vector<CheckpointPart>> ShardHub::WaitParts(int64_t step, int64_t epoch,
+                                                        std::chrono::milliseconds timeout) {
   UniqueLock lock(mu_);
   auto complete = [&]() REQUIRES(mu_) {
+    if (epoch != epoch_) return false;
     const auto it = parts_.find(step);
     if (it == parts_.end() || it->second.size() != static_cast<size_t>(id_.count)) return false;
     for (const auto& p : it->second) {
@@ -230,12 +371,13 @@ Result<std::vector<CheckpointPart>> ShardHub::WaitParts(int64_t step, std::chron
     }
     return true;
   };
-  if (!complete() &&
-      !cv_.wait_for(lock.native(), std::chrono::seconds(5), [&]() REQUIRES(mu_) { return stopped_ || complete(); })) {
+  auto done = [&]() REQUIRES(mu_) { return stopped_ || epoch != epoch_ || complete(); };
+  if (!complete() && !cv_.wait_for(lock.native(), std::chrono::seconds(5), done)) {
     L2L_LOG_INFO("checkpoint of step {}: waiting (up to {} s) for every shard's part", step,
                  std::chrono::duration_cast<std::chrono::seconds>(timeout).count());
   }
-  cv_.wait_for(lock.native(), timeout, [&]() REQUIRES(mu_) { return stopped_ || complete(); });
+  cv_.wait_for(lock.native(), timeout, done);
+  if (epoch != epoch_) return EpochOver(epoch, epoch_);
   if (!complete()) {
     std::string missing;
     const auto it = parts_.find(step);
@@ -266,8 +408,21 @@ void ShardHub::ShardFailed(int shard, const std::string& why) {
 void ShardHub::DispatchLoop() {
   UniqueLock lock(mu_);
   for (;;) {
-    cv_.wait(lock.native(), [&]() REQUIRES(mu_) { return stopped_ || !answers_.empty(); });
+    cv_.wait_for(lock.native(), std::chrono::seconds(1), [&]() REQUIRES(mu_) { return stopped_ || !answers_.empty(); });
     if (stopped_) return;
+    // A shard that stopped watching is down or cut off: the job cannot complete a step
+    // without it, and waits for it (restarted, it joins again and every shard rolls back).
+    const auto now = std::chrono::steady_clock::now();
+    for (int k = 1; k < id_.count && started_; ++k) {
+      const auto kk = static_cast<size_t>(k);
+      if (joined_[kk] && !silent_[kk] && now - last_watch_[kk] > kWatchTimeout) {
+        silent_[kk] = true;
+        L2L_LOG_WARN("shard {} ({}) has not watched shard 0 for {} s: it is down or cut off; the job waits for it "
+                     "(restarted with --resume <checkpoint root>, it rejoins and every shard rolls back to step {})",
+                     k, joined_[kk]->address, kWatchTimeout.count(), restore_point_);
+      }
+    }
+    if (answers_.empty()) continue;
     std::function<void()> f = std::move(answers_.front());
     answers_.pop_front();
     lock.unlock();
@@ -293,13 +448,6 @@ struct ShardLink::Impl {
 };
 
 namespace {
-
-uint64_t NewInstance() {
-  std::random_device rd;
-  uint64_t v = 0;
-  while (v == 0) v = (static_cast<uint64_t>(rd()) << 32) ^ rd();
-  return v;
-}
 
 Status FromGrpcStatus(const grpc::Status& s, const std::string& what) {
   if (s.ok()) return Status::Ok();
@@ -353,6 +501,12 @@ Status ShardLink::Start(const JobConfig& job, const std::vector<LayerRange>& pla
   return Status::Ok();
 }
 
+void ShardLink::RequestRollback(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  rollback_requests_.push_back(why);
+  cv_.notify_all();
+}
+
 Status ShardLink::Join(const std::string& advertise) {
   shard::JoinRequest req;
   {
@@ -374,8 +528,15 @@ Status ShardLink::Join(const std::string& advertise) {
     shard::JoinReply rep;
     last = FromGrpcStatus(impl_->stub->Join(&ctx, req, &rep), "joining shard 0 at " + opts_.coordinator);
     if (last.ok()) {
-      L2L_LOG_INFO("shard {} of {} joined shard 0 at {} as {}", opts_.id.index, opts_.id.count, opts_.coordinator,
-                   advertise);
+      // A restarted shard's state is already the epoch's (resumed from its step).
+      EndRollback(rep.epoch());
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        coordinator_ = rep.coordinator();
+        if (!watcher_.joinable() && !stopped_) watcher_ = std::thread([this] { WatchLoop(); });
+      }
+      L2L_LOG_INFO("shard {} of {} joined shard 0 at {} as {} (recovery epoch {})", opts_.id.index, opts_.id.count,
+                   opts_.coordinator, advertise, rep.epoch());
       return Status::Ok();
     }
     if (!Retryable(last) || std::chrono::steady_clock::now() >= deadline) break;
@@ -396,10 +557,11 @@ Result<std::vector<ShardEndpoint>> ShardLink::Endpoints() const {
                             std::to_string(opts_.id.count) + ": workers register with shard 0 at " + opts_.coordinator);
 }
 
-Status ShardLink::SubmitPart(const CheckpointPart& part, std::chrono::milliseconds timeout) {
+Status ShardLink::SubmitPart(const CheckpointPart& part, int64_t epoch, std::chrono::milliseconds timeout) {
   shard::StepFactsRequest req;
   req.set_shard(opts_.id.index);
   req.set_instance(instance_);
+  req.set_epoch(epoch);
   req.set_step(part.step);
   req.set_kind(shard::FACT_CHECKPOINT);
   req.set_part_dir(part.dir);
@@ -426,7 +588,7 @@ Status ShardLink::SubmitPart(const CheckpointPart& part, std::chrono::millisecon
   }
 }
 
-Result<std::vector<CheckpointPart>> ShardLink::WaitParts(int64_t, std::chrono::milliseconds) {
+Result<std::vector<CheckpointPart>> ShardLink::WaitParts(int64_t, int64_t, std::chrono::milliseconds) {
   return Unimplemented("only shard 0 assembles checkpoints");
 }
 
@@ -444,14 +606,18 @@ void ShardLink::ReportFailure(const Status& s) {
 }
 
 void ShardLink::PostNorms(int64_t step, std::vector<double> norm2) {
+  int64_t e = 0;
+  if (!PostingEpoch(&e)) return;  // the state being rolled back
   std::lock_guard<std::mutex> lock(mu_);
-  queue_.push_back(Fact{step, static_cast<int>(ShardHub::Kind::kNorms), std::move(norm2), ""});
+  queue_.push_back(Fact{e, step, static_cast<int>(ShardHub::Kind::kNorms), std::move(norm2), ""});
   cv_.notify_all();
 }
 
 void ShardLink::PostVerdict(int64_t step, const std::string& skip_reason) {
+  int64_t e = 0;
+  if (!PostingEpoch(&e)) return;
   std::lock_guard<std::mutex> lock(mu_);
-  queue_.push_back(Fact{step, static_cast<int>(ShardHub::Kind::kVerdict), {}, skip_reason});
+  queue_.push_back(Fact{e, step, static_cast<int>(ShardHub::Kind::kVerdict), {}, skip_reason});
   cv_.notify_all();
 }
 
@@ -461,51 +627,39 @@ void ShardLink::SendLoop() {
     cv_.wait(lock.native(), [&]() REQUIRES(mu_) { return stopped_ || !queue_.empty(); });
     if (stopped_) return;
     const Fact f = queue_.front();
+    queue_.pop_front();
     UpdatePipeline* pipeline = pipeline_;
     lock.unlock();
     shard::StepFactsRequest req;
     req.set_shard(opts_.id.index);
     req.set_instance(instance_);
+    req.set_epoch(f.epoch);
     req.set_step(f.step);
     req.set_kind(f.kind == static_cast<int>(ShardHub::Kind::kNorms) ? shard::FACT_NORMS : shard::FACT_VERDICT);
     for (double v : f.norm2) req.add_norm2(v);
     req.set_skip_reason(f.reason);
     req.set_wait_ms(2000);
-    // Long polls until every shard's fact is in. Shard 0 unreachable: keep trying (the
-    // pipeline waits, as it waits for a slow worker; the workers' own deadlines and the
-    // operator see it in the log).
-    bool answered = false;
+    // Long polls until every shard's fact is in, or the fact's epoch is over (a rollback:
+    // the fact is dropped). Shard 0 unreachable: keep trying (the pipeline waits, as it
+    // waits for a slow worker; the watch gives up on shard 0 after lost_after).
     int failures = 0;
-    auto unreachable_since = std::chrono::steady_clock::time_point::max();
-    while (!answered) {
+    while (epoch() == f.epoch) {
       grpc::ClientContext ctx;
       ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(15));
       shard::StepFactsReply rep;
       const Status s = FromGrpcStatus(impl_->stub->StepFacts(&ctx, req, &rep),
                                       "step " + std::to_string(f.step) + " facts to shard 0 at " + opts_.coordinator);
       if (s.ok() && rep.ready()) {
-        if (f.kind == static_cast<int>(ShardHub::Kind::kNorms)) {
-          pipeline->SetGlobalNorm2(f.step, rep.total_norm2());
-        } else {
-          pipeline->SetGlobalVerdict(f.step, rep.skip_reason());
-        }
-        answered = true;
+        Deliver(f.epoch, [&] {
+          if (f.kind == static_cast<int>(ShardHub::Kind::kNorms)) {
+            pipeline->SetGlobalNorm2(f.step, rep.total_norm2());
+          } else {
+            pipeline->SetGlobalVerdict(f.step, rep.skip_reason());
+          }
+        });
         break;
       }
-      if (!s.ok() && Retryable(s)) {
-        const auto now = std::chrono::steady_clock::now();
-        if (unreachable_since == std::chrono::steady_clock::time_point::max()) unreachable_since = now;
-        if (now - unreachable_since >= opts_.lost_after && opts_.on_coordinator_lost) {
-          L2L_LOG_ERROR("shard 0 at {} unreachable for {} ms: this shard stops", opts_.coordinator,
-                        opts_.lost_after.count());
-          opts_.on_coordinator_lost(Unavailable(s.message() + " for " + std::to_string(opts_.lost_after.count()) +
-                                                " ms: the job's coordinator (shard 0) is gone; restart every shard "
-                                                "with --resume <checkpoint root>"));
-          return;
-        }
-      } else {
-        unreachable_since = std::chrono::steady_clock::time_point::max();
-      }
+      if (s.code() == StatusCode::kAborted) break;  // its epoch is over (or shard 0 stops)
       if (!s.ok()) {
         if (++failures == 1 || failures % 20 == 0) L2L_LOG_WARN("{} (retrying)", s.ToString());
         if (s.code() == StatusCode::kInvalidArgument) {
@@ -520,7 +674,82 @@ void ShardLink::SendLoop() {
       if (stopped_) return;
     }
     lock.lock();
-    if (!queue_.empty()) queue_.pop_front();
+  }
+}
+
+void ShardLink::WatchLoop() {
+  auto unreachable_since = std::chrono::steady_clock::time_point::max();
+  int failures = 0;
+  auto lost = [&](const Status& why) {
+    L2L_LOG_ERROR("this shard stops: {}", why.ToString());
+    if (opts_.on_coordinator_lost) opts_.on_coordinator_lost(why);
+  };
+  for (;;) {
+    std::vector<std::string> requests;
+    uint64_t coordinator = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopped_) return;
+      requests.swap(rollback_requests_);
+      coordinator = coordinator_;
+    }
+    // A worker lost mid-step here: shard 0 begins a new epoch (unless one began since).
+    for (const std::string& why : requests) {
+      shard::StepFactsRequest req;
+      req.set_shard(opts_.id.index);
+      req.set_instance(instance_);
+      req.set_epoch(epoch());
+      req.set_kind(shard::FACT_ROLLBACK);
+      req.set_skip_reason(why);
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      shard::StepFactsReply rep;
+      const Status s = FromGrpcStatus(impl_->stub->StepFacts(&ctx, req, &rep), "asking shard 0 for a rollback");
+      if (!s.ok()) {
+        L2L_LOG_WARN("{} (retrying)", s.ToString());
+        std::lock_guard<std::mutex> lock(mu_);
+        rollback_requests_.push_back(why);
+      }
+    }
+    shard::WatchRequest req;
+    req.set_shard(opts_.id.index);
+    req.set_instance(instance_);
+    req.set_epoch(epoch());
+    req.set_wait_ms(1000);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    shard::WatchReply rep;
+    const Status s = FromGrpcStatus(impl_->stub->Watch(&ctx, req, &rep), "watching shard 0 at " + opts_.coordinator);
+    if (s.ok()) {
+      if (failures > 0) L2L_LOG_INFO("shard 0 at {} answers again (after {} failed watches)", opts_.coordinator, failures);
+      failures = 0;
+      unreachable_since = std::chrono::steady_clock::time_point::max();
+      if (rep.coordinator() != coordinator) {
+        return lost(FailedPrecondition("shard 0 at " + opts_.coordinator +
+                                       " restarted (another process answers): a restarted shard 0 does not take over "
+                                       "a running job; restart every shard with --resume <checkpoint root>"));
+      }
+      if (rep.epoch() > epoch()) {
+        L2L_LOG_WARN("shard 0 began recovery epoch {} ({}): rolling back to step {}", rep.epoch(), rep.reason(),
+                     rep.rollback_step());
+        if (on_rollback_) on_rollback_(Epoch{rep.epoch(), rep.rollback_step(), rep.reason()});
+      }
+      continue;
+    }
+    if (s.code() == StatusCode::kFailedPrecondition) {
+      // Shard 0 does not know this process (it restarted, or this one was replaced).
+      return lost(FailedPrecondition(s.message() + ": restart every shard with --resume <checkpoint root>"));
+    }
+    if (++failures == 1 || failures % 20 == 0) L2L_LOG_WARN("{} (retrying)", s.ToString());
+    const auto now = std::chrono::steady_clock::now();
+    if (unreachable_since == std::chrono::steady_clock::time_point::max()) unreachable_since = now;
+    if (now - unreachable_since >= opts_.lost_after) {
+      return lost(Unavailable(s.message() + " for " + std::to_string(opts_.lost_after.count()) +
+                              " ms: the job's coordinator (shard 0) is gone; restart every shard with --resume "
+                              "<checkpoint root>"));
+    }
+    UniqueLock lock(mu_);
+    cv_.wait_for(lock.native(), std::chrono::milliseconds(500), [&]() REQUIRES(mu_) { return stopped_; });
   }
 }
 
@@ -531,6 +760,7 @@ void ShardLink::Stop() {
     cv_.notify_all();
   }
   if (sender_.joinable()) sender_.join();
+  if (watcher_.joinable()) watcher_.join();
 }
 
 }  // namespace l2l::eps

@@ -51,6 +51,7 @@ struct WorkerRegistration {
   // daemon this registration is with (its layers are local 0..).
   std::vector<ShardEndpoint> shards;
   int64_t first_layer = 0;
+  int64_t recovery_epoch = 0;  // sharded jobs: the shard's recovery epoch (RegisterReply)
 };
 
 struct LayerWeights {
@@ -164,6 +165,10 @@ struct ClientOptions {
   OptimizerOffer optimizer;
   // Sharded jobs: the id shard 0 gave this worker, sent to the other shards (-1: none).
   int32_t shard_worker_id = -1;
+  // Sharded jobs: how long a rejoin waits for a shard that is down (restarted, it rejoins
+  // shard 0 and every shard rolls back) or for every shard to roll back, before the
+  // worker gives up (non-zero exit). It logs what it waits for every 10 s.
+  std::chrono::milliseconds shard_wait{600000};
 };
 
 class EpsClient {

@@ -148,6 +148,7 @@ Status GrpcEpsClient::Register(Impl* impl, const ClientOptions& options, int32_t
   reg->data_position = rep.data_position();
   reg->data_roots.assign(rep.data_roots().begin(), rep.data_roots().end());
   reg->first_layer = rep.first_layer();
+  reg->recovery_epoch = rep.recovery_epoch();
   reg->shards.clear();
   for (const auto& e : rep.shards()) {
     reg->shards.push_back({e.index(), e.address(), {e.first_layer(), e.num_layers()}});

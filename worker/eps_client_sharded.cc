@@ -2,6 +2,8 @@
 // eps_client_sharded.h.
 #include "worker/eps_client_sharded.h"
 
+#include <thread>
+
 #include "common/logging.h"
 
 namespace l2l::worker {
@@ -24,6 +26,7 @@ Result<std::unique_ptr<EpsClient>> ShardedEpsClient::Create(std::unique_ptr<EpsC
     Shard sh;
     sh.first = s.layers.first;
     sh.count = s.layers.count;
+    sh.address = s.address;
     if (k == 0) {
       sh.client = std::move(shard0);
     } else {
@@ -38,16 +41,24 @@ Result<std::unique_ptr<EpsClient>> ShardedEpsClient::Create(std::unique_ptr<EpsC
       sh.client = std::move(one).value();
     }
     const WorkerRegistration& r = sh.client->registration();
-    if (r.first_layer != sh.first || r.worker_id != reg.worker_id || r.start_step != reg.start_step) {
+    if (r.first_layer != sh.first || r.worker_id != reg.worker_id) {
       return FailedPrecondition("shard " + std::to_string(k) + " at " + s.address + " registered this worker as " +
                                 std::to_string(r.worker_id) + " from layer " + std::to_string(r.first_layer) +
-                                " at step " + std::to_string(r.start_step) + "; shard 0 says worker " +
-                                std::to_string(reg.worker_id) + ", layer " + std::to_string(sh.first) + ", step " +
-                                std::to_string(reg.start_step) + " (the shards run different jobs or states)");
+                                "; shard 0 says worker " + std::to_string(reg.worker_id) + ", layer " +
+                                std::to_string(sh.first) + " (the shards run different jobs)");
     }
     c->shards_.push_back(std::move(sh));
   }
   c->reg_ = reg;
+  c->shard_wait_ = options.shard_wait;
+  // A rollback under way while this worker registered (a shard still in an older
+  // recovery epoch): converge as a rejoin does, every shard registered once already.
+  bool same = true;
+  for (const Shard& s : c->shards_) {
+    const WorkerRegistration& r = s.client->registration();
+    same &= r.recovery_epoch == reg.recovery_epoch && r.start_step == reg.start_step;
+  }
+  if (!same) L2L_RETURN_IF_ERROR(c->Converge(std::vector<bool>(c->shards_.size(), true)));
   L2L_LOG_INFO("sharded job: {} shards, worker {}", c->shards_.size(), reg.worker_id);
   return std::unique_ptr<EpsClient>(std::move(c));
 }
@@ -68,7 +79,15 @@ Status NoOwner(int64_t layer) { return NotFound("layer " + std::to_string(layer)
 
 Status ShardedEpsClient::Note(Shard* shard, Status s) {
   if (!s.ok() && NeedsRejoin(s)) shard->asked_rejoin.store(true);
+  if (s.code() == StatusCode::kUnavailable && !shard->down.exchange(true)) {
+    L2L_LOG_WARN("shard {} at {} is unreachable ({}): waiting for it to come back", shard - shards_.data(),
+                 shard->address, s.message());
+  }
   return s;
+}
+
+bool ShardedEpsClient::Asked(const Shard& s) const {
+  return s.down.load() || s.asked_rejoin.load() || s.client->rejoin_requested();
 }
 
 Result<LayerWeights> ShardedEpsClient::AcquireLayer(int64_t layer, int64_t min_version,
@@ -150,39 +169,87 @@ void ShardedEpsClient::AbandonGradientSlot(const GradientSlot& slot) {
   shards_[k].client->AbandonGradientSlot(slot);
 }
 
-Status ShardedEpsClient::Rejoin() {
-  // Only the shards that asked (a shard that lost this worker, or rolled back): the
-  // others still have it as an active member and would refuse a second registration.
-  std::vector<size_t> asked;
-  for (size_t k = 0; k < shards_.size(); ++k) {
-    if (shards_[k].client->rejoin_requested() || shards_[k].asked_rejoin.exchange(false)) asked.push_back(k);
+Status ShardedEpsClient::Rejoin() { return Converge(std::vector<bool>(shards_.size(), false)); }
+
+Status ShardedEpsClient::Converge(std::vector<bool> fresh) {
+  // Re-registers with every shard that asks (or is down, once it answers again) until
+  // the registrations agree on the recovery epoch: a shard behind the others has yet to
+  // roll back, and asks once it has (it still holds this worker as an active member and
+  // would refuse a second registration before).
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  const auto deadline = start + shard_wait_;
+  auto since = [&] { return std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - start).count(); };
+  auto next_note = start + std::chrono::seconds(10);
+  const size_t n = shards_.size();
+  for (;;) {
+    int64_t newest = 0;
+    for (size_t k = 0; k < n; ++k) newest = std::max(newest, shards_[k].client->registration().recovery_epoch);
+    std::string waiting;
+    auto wait_for = [&](size_t k, const std::string& why) {
+      waiting += (waiting.empty() ? "" : ", ") + std::to_string(k) + " at " + shards_[k].address + " (" + why + ")";
+    };
+    for (size_t k = 0; k < n; ++k) {
+      Shard& s = shards_[k];
+      const bool behind = s.client->registration().recovery_epoch < newest;
+      if (!Asked(s) || (fresh[k] && !behind)) continue;
+      Status st = s.client->Rejoin();
+      if (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kDeadlineExceeded) {
+        s.down.store(true);
+        wait_for(k, "down");
+        continue;
+      }
+      L2L_RETURN_IF_ERROR(st.WithContext("rejoining shard " + std::to_string(k) + " at " + s.address));
+      s.down.store(false);
+      s.asked_rejoin.store(false);
+      fresh[k] = true;
+      newest = std::max(newest, s.client->registration().recovery_epoch);
+    }
+    if (waiting.empty()) {
+      bool any = false;
+      for (size_t k = 0; k < n; ++k) any |= fresh[k];
+      if (!any) waiting = "any shard to ask for the rejoin";
+      for (size_t k = 0; k < n && any; ++k) {
+        const int64_t e = shards_[k].client->registration().recovery_epoch;
+        if (e < newest) wait_for(k, "in recovery epoch " + std::to_string(e) + " of " + std::to_string(newest) +
+                                        ": to roll back");
+      }
+      if (waiting.empty()) break;  // every registration in the newest epoch
+    }
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      return Status(StatusCode::kDeadlineExceeded, "rejoining a sharded job: after " + std::to_string(since()) +
+                                                       " s still waiting for shard(s) " + waiting +
+                                                       " (l2l-worker --shard-wait-ms)");
+    }
+    if (now >= next_note) {
+      next_note = now + std::chrono::seconds(10);
+      L2L_LOG_WARN("rejoining: waiting {} s for shard(s) {} (the worker gives up after {} s)", since(), waiting,
+                   std::chrono::duration_cast<std::chrono::seconds>(shard_wait_).count());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
-  if (asked.empty()) {  // the caller saw a rejoin error before any heartbeat said so
-    for (size_t k = 0; k < shards_.size(); ++k) asked.push_back(k);
-  }
-  for (size_t k : asked) {
-    L2L_RETURN_IF_ERROR(shards_[k].client->Rejoin().WithContext("rejoining shard " + std::to_string(k)));
-  }
-  const WorkerRegistration& first = shards_[asked[0]].client->registration();
-  for (size_t k : asked) {
-    const int64_t at = shards_[k].client->registration().start_step;
-    if (at != first.start_step) {
-      return FailedPrecondition("after a rejoin shard " + std::to_string(k) + " restarts this worker at step " +
-                                std::to_string(at) + ", shard " + std::to_string(asked[0]) + " at " +
-                                std::to_string(first.start_step) +
-                                " (the shards rolled back differently: restart the job from its last checkpoint)");
+  const WorkerRegistration& r0 = shards_[0].client->registration();
+  for (size_t k = 1; k < n; ++k) {
+    const WorkerRegistration& r = shards_[k].client->registration();
+    if (r.start_step != r0.start_step) {
+      return FailedPrecondition("in recovery epoch " + std::to_string(r0.recovery_epoch) + " shard " +
+                                std::to_string(k) + " restarts this worker at step " + std::to_string(r.start_step) +
+                                ", shard 0 at step " + std::to_string(r0.start_step) +
+                                " (the shards' states differ: restart the job from its last checkpoint)");
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  reg_.start_step = first.start_step;
-  reg_.data_position = first.data_position;
-  reg_.registration_id = shards_[0].client->registration().registration_id;
+  reg_.start_step = r0.start_step;
+  reg_.data_position = r0.data_position;  // shard 0 keeps every position back to its last checkpoint
+  reg_.registration_id = r0.registration_id;
+  reg_.recovery_epoch = r0.recovery_epoch;
   return Status::Ok();
 }
 
 bool ShardedEpsClient::rejoin_requested() const {
   for (const Shard& s : shards_) {
-    if (s.client->rejoin_requested() || s.asked_rejoin.load()) return true;
+    if (Asked(s)) return true;
   }
   return false;
 }

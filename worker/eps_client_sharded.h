@@ -4,10 +4,16 @@
 // that shard's local index. The relay sees one EPS with the whole model.
 //
 // Registration: shard 0 first (it gives the worker id and names the shards), then every
-// other shard with that id (ClientOptions::shard_worker_id). A shard that lost this
-// worker (its heartbeats cut off from that shard alone) asks it to rejoin: Rejoin
-// re-registers with the shards that asked, and the worker restarts where they say. StepDone goes to every
-// shard (each gates its commits on the losses and keeps the data positions);
+// other shard with that id (ClientOptions::shard_worker_id).
+//
+// Recovery: a worker lost mid-step on any shard, or a shard restarted, rolls every shard
+// back to the job's last complete checkpoint (eps_server/shards.h), and then every shard
+// asks every worker to rejoin. A shard that cannot be reached (its process died) makes
+// rejoin_requested() true as well. Rejoin waits (up to ClientOptions::shard_wait,
+// logging what it waits for every 10 s) until every shard has asked, re-registering with
+// a down shard as soon as it answers again, then re-registers with all of them; the
+// worker restarts at the step they agree on, at shard 0's data position. StepDone goes
+// to every shard (each gates its commits on the losses and keeps the data positions);
 // LeaveAfterLastStep leaves shard 0 last (it assembles the final checkpoint). A sharded
 // job updates on its shards: TakeUpdate is refused (the interleaved optimizer is off).
 //
@@ -50,17 +56,27 @@ class ShardedEpsClient : public EpsClient {
   struct Shard {
     std::unique_ptr<EpsClient> client;
     int64_t first = 0, count = 0;
+    std::string address;
     std::atomic<bool> asked_rejoin{false};  // a call's error asked for a rejoin
+    std::atomic<bool> down{false};          // a call found it unreachable
     Shard() = default;
-    Shard(Shard&& o) noexcept : client(std::move(o.client)), first(o.first), count(o.count) {}
+    Shard(Shard&& o) noexcept
+        : client(std::move(o.client)), first(o.first), count(o.count), address(std::move(o.address)) {}
   };
   ShardedEpsClient() = default;
   // The owner of model layer `layer` (nullptr: out of range) and its local index.
   Shard* Owner(int64_t layer, int64_t* local);
-  // A shard's call failed asking this worker to rejoin (before its heartbeat said so):
-  // Rejoin must re-register there. Returns s.
+  // A shard's call failed asking this worker to rejoin (before its heartbeat said so), or
+  // found the shard unreachable: Rejoin must re-register there. Returns s.
   Status Note(Shard* shard, Status s);
+  // Whether shard k asked for a rejoin (or is down).
+  bool Asked(const Shard& s) const;
+  // Re-registers with the shards that ask (fresh: already registered in this round)
+  // until every registration is in the same recovery epoch; then the start steps must
+  // agree. Waits up to shard_wait_.
+  Status Converge(std::vector<bool> fresh);
   std::vector<Shard> shards_;
+  std::chrono::milliseconds shard_wait_{600000};
   // Shard 0's registration; a rejoin updates start_step and data_position from the
   // shards that asked for it.
   WorkerRegistration reg_;

@@ -10,7 +10,7 @@
 //
 //   l2l-worker --eps 127.0.0.1:PORT [--device cpu|cuda:N | --devices cuda:0,cuda:1,...]
 //              [--config FILE] [--threads N] [--compute fp32|bf16]
-//              [--transport auto|shm|grpc] [--name NAME] [--connect-timeout-ms MS]
+//              [--transport auto|shm|grpc] [--name NAME] [--connect-timeout-ms MS] [--shard-wait-ms MS]
 //              [--steps N] [--log-level info] [--token-file FILE] [--tls-ca CA.pem]
 //              [--tls-server-name NAME] [--tls-cert CERT.pem --tls-key KEY.pem]
 //              [--push-deadline-floor-ms MS] [--push-min-mib-per-s R]
@@ -129,6 +129,7 @@ struct Flags {
   std::string device_updates = "auto";  // offer the device for layer updates (interleaved optimizer)
   std::string name;
   int64_t connect_timeout_ms = 10000;
+  int64_t shard_wait_ms = 600000;
   int64_t push_deadline_floor_ms = 60000;
   double push_min_mib_per_s = 8.0;
   int64_t steps = -1;
@@ -190,6 +191,8 @@ Result<Options> ResolveOptions(const Flags& f, CpuGemmPrecision compute) {
   if (!transport.ok()) return transport.status().WithContext("--transport");
   copts.transport = *transport;
   copts.connect_timeout = std::chrono::milliseconds(f.connect_timeout_ms);
+  if (f.shard_wait_ms <= 0) return l2l::InvalidArgument("--shard-wait-ms " + std::to_string(f.shard_wait_ms) + ": must be positive");
+  copts.shard_wait = std::chrono::milliseconds(f.shard_wait_ms);
   if (f.push_deadline_floor_ms <= 0 || !(f.push_min_mib_per_s > 0)) {
     return l2l::InvalidArgument("--push-deadline-floor-ms " + std::to_string(f.push_deadline_floor_ms) +
                                 " and --push-min-mib-per-s " + std::to_string(f.push_min_mib_per_s) +
@@ -640,6 +643,9 @@ int main(int argc, char** argv) {
                  "(interleaved optimizer; shm only)");
   app.add_option("--name", f.name, "worker name shown in status (default hostname:pid)");
   app.add_option("--connect-timeout-ms", f.connect_timeout_ms, "how long to retry registering");
+  app.add_option("--shard-wait-ms", f.shard_wait_ms,
+                 "sharded jobs: how long a rejoin waits for a shard that is down or still rolling back before the "
+                 "worker gives up (default 600000)");
   app.add_option("--push-deadline-floor-ms", f.push_deadline_floor_ms,
                  "a gRPC gradient push may take this long plus its bytes at --push-min-mib-per-s");
   app.add_option("--push-min-mib-per-s", f.push_min_mib_per_s,

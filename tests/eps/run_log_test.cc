@@ -140,6 +140,21 @@ TEST_CASE("RunLog cuts a torn last line and drops steps past the resumed checkpo
     REQUIRE(lines.size() == 4);
     CHECK(lines.back().at("step") == 4);
   }
+  SECTION("rewound to step 3 by a rollback while open") {
+    dir.Write("run.jsonl", text);
+    auto log = RunLog::Open(dir.path());
+    REQUIRE(log.ok());
+    CHECK((*log)->Append(Full(4)).code() == StatusCode::kFailedPrecondition);  // 5 is logged
+    REQUIRE((*log)->Rewind(3).ok());
+    auto lines = ReadLines(dir.File("run.jsonl"));
+    REQUIRE(lines.size() == 3);
+    CHECK(lines.back().at("step") == 3);
+    REQUIRE((*log)->Append(Full(4)).ok());  // the redone step
+    REQUIRE((*log)->Rewind(9).ok());        // ahead of the log: nothing goes
+    lines = ReadLines(dir.File("run.jsonl"));
+    REQUIRE(lines.size() == 4);
+    CHECK(lines.back().at("step") == 4);
+  }
   SECTION("a corrupt line in the middle is an error naming path:line") {
     dir.Write("run.jsonl", "{\"step\":1}\nnot json\n");
     auto log = RunLog::Open(dir.path());

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <future>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -92,7 +93,7 @@ class LocalLink : public StepCoordinator {
       q_.pop_front();
       l.unlock();
       for (;;) {
-        auto d = hub_->Facts(1, f.step, f.kind == 0 ? ShardHub::Kind::kNorms : ShardHub::Kind::kVerdict, f.norm2,
+        auto d = hub_->Facts(1, /*epoch=*/0, f.step, f.kind == 0 ? ShardHub::Kind::kNorms : ShardHub::Kind::kVerdict, f.norm2,
                              f.reason, std::chrono::milliseconds(50));
         if (!d.ok()) {  // Catch2 is not thread-safe: the test thread checks errors()
           errors_.fetch_add(1);
@@ -291,13 +292,13 @@ TEST_CASE("ShardHub refuses a shard with another plan, job, start step or shard 
   ShardHub hub(ShardId{0, 2});
   const std::vector<LayerRange> plan = {{0, 2}, {2, 3}};
   ShardHub::JoinInfo j{1, 2, plan[1], "127.0.0.1:5", JobHash(job), 0, 1};
-  CHECK(hub.Join(j).code() == StatusCode::kUnavailable);  // no job yet: the shard retries
+  CHECK(hub.Join(j).status().code() == StatusCode::kUnavailable);  // no job yet: the shard retries
   REQUIRE(hub.Start(job, plan, 0, nullptr).ok());
   auto not_yet = hub.Endpoints();
   REQUIRE_FALSE(not_yet.ok());
   CHECK(not_yet.status().message().find("1 of 2)") != std::string::npos);
   auto refused = [&](ShardHub::JoinInfo bad, const std::string& says) {
-    Status s = hub.Join(bad);
+    Status s = hub.Join(bad).status();
     INFO(s.ToString());
     CHECK(s.code() == StatusCode::kInvalidArgument);
     CHECK(s.message().find(says) != std::string::npos);
@@ -328,4 +329,94 @@ TEST_CASE("ShardHub refuses a shard with another plan, job, start step or shard 
 }
 
 }  // namespace
+TEST_CASE("Recovery epochs: a restarted shard or a lost worker rolls every shard back; the old epoch's facts "
+          "and checkpoint parts are refused", "[shards]") {
+  const JobConfig job = Job();
+  ShardHub hub(ShardId{0, 2});
+  const std::vector<LayerRange> plan = {{0, 2}, {2, 3}};
+  // What l2l-eps's core does on a new epoch (from the hub's thread): roll back, then
+  // enter the epoch. Recorded for the test thread (no Catch2 calls off it).
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<ShardPeers::Epoch> seen;
+  hub.set_on_rollback([&](const ShardPeers::Epoch& e) {
+    hub.BeginRollback();
+    hub.EndRollback(e.epoch);
+    std::lock_guard<std::mutex> l(mu);
+    seen.push_back(e);
+    cv.notify_all();
+  });
+  auto wait_epoch = [&](size_t n) {
+    std::unique_lock<std::mutex> l(mu);
+    return cv.wait_for(l, std::chrono::seconds(10), [&] { return seen.size() >= n; });
+  };
+  REQUIRE(hub.Start(job, plan, 0, nullptr).ok());
+  ShardHub::JoinInfo j{1, 2, plan[1], "127.0.0.1:5", JobHash(job), 0, 7};
+  auto first = hub.Join(j);
+  REQUIRE(first.ok());
+  CHECK(first->epoch == 0);
+  hub.SetRestorePoint(4);  // shard 0 assembled step 4's checkpoint
+
+  // The same shard restarted (another instance) must resume at the restore point.
+  ShardHub::JoinInfo again = j;
+  again.instance = 8;
+  again.start_step = 2;
+  auto early = hub.Join(again);
+  REQUIRE_FALSE(early.ok());
+  CHECK(early.status().message().find("last complete checkpoint is step 4") != std::string::npos);
+  again.start_step = 4;
+  auto rejoined = hub.Join(again);
+  REQUIRE(rejoined.ok());
+  CHECK(rejoined->epoch == 1);
+  CHECK(rejoined->step == 4);
+  REQUIRE(wait_epoch(1));
+  CHECK(seen[0].epoch == 1);
+  CHECK(seen[0].step == 4);
+  CHECK(seen[0].reason.find("shard 1 restarted") != std::string::npos);
+  CHECK(hub.epoch() == 1);  // shard 0 rolled back (the callback entered the epoch)
+
+  // The old epoch's facts and parts are refused; the old process cannot watch.
+  auto stale = hub.Facts(1, 0, 5, ShardHub::Kind::kVerdict, {}, "", std::chrono::milliseconds(10));
+  CHECK(stale.status().code() == StatusCode::kAborted);
+  CheckpointPart part;
+  part.shard = 1;
+  part.step = 6;
+  CHECK(hub.SubmitPart(part, 0, std::chrono::milliseconds(0)).code() == StatusCode::kAborted);
+  CHECK(hub.Watch(1, 7, 0, std::chrono::milliseconds(10)).status().code() == StatusCode::kFailedPrecondition);
+  // A watch behind the epoch returns at once with it; one in it waits out its time.
+  const auto t0 = std::chrono::steady_clock::now();
+  auto w = hub.Watch(1, 8, 0, std::chrono::seconds(5));
+  REQUIRE(w.ok());
+  CHECK(w->epoch == 1);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));
+  auto w2 = hub.Watch(1, 8, 1, std::chrono::milliseconds(50));
+  REQUIRE(w2.ok());
+  CHECK(w2->epoch == 1);
+
+  // A part of epoch 1 is recorded; a rollback request of an older epoch is a no-op; one
+  // of the current epoch begins the next, which aborts a wait for parts and a fact's wait.
+  REQUIRE(hub.SubmitPart(part, 1, std::chrono::milliseconds(0)).ok());
+  CHECK(hub.ShardRollback(1, 0, "worker 0 lost (already handled)").ok());
+  CHECK(hub.epoch() == 1);
+  auto parts = std::async(std::launch::async, [&] { return hub.WaitParts(6, 1, std::chrono::seconds(20)); });
+  auto fact = std::async(std::launch::async, [&] {
+    return hub.Facts(1, 1, 6, ShardHub::Kind::kVerdict, {}, "", std::chrono::seconds(20));
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  REQUIRE(hub.ShardRollback(1, 1, "worker 0 lost mid-step 6").ok());
+  REQUIRE(parts.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  REQUIRE(fact.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
+  CHECK(parts.get().status().code() == StatusCode::kAborted);
+  CHECK(fact.get().status().code() == StatusCode::kAborted);
+  REQUIRE(wait_epoch(2));
+  CHECK(seen[1].epoch == 2);
+  CHECK(seen[1].step == 4);
+  CHECK(seen[1].reason.find("worker 0 lost mid-step 6") != std::string::npos);
+  // Shard 0's own request (its applied epoch is current) begins epoch 3.
+  hub.RequestRollback("worker 1 lost");
+  REQUIRE(wait_epoch(3));
+  CHECK(seen[2].epoch == 3);
+  hub.Stop();
+}
+
 }  // namespace l2l::eps

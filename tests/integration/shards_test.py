@@ -461,6 +461,63 @@ def case_atomic(ctx):
                           leftover or "nothing of step %d" % STEPS))
 
 
+def case_restart_in_place(ctx):
+    ref = ctx.reference()
+    out = []
+    for transport in ("auto", "grpc"):
+        r = Run(ctx, "sh2-inplace-%s" % transport, ctx.job, 2)
+        r.start_daemons()
+        r.start_workers(transport=transport, env={"L2L_DELAY_AT": "worker.fetch:40"})
+        # Into the second period, a step past the checkpoint committed: the shards roll back.
+        wait_log(r.eps[0], "] step %d loss" % (EVERY + 1), "%s: shard 0" % r.name, 120)
+        code = r.eps[1].kill9()
+        if code != -signal.SIGKILL:
+            raise Failure("%s: shard 1 exited %s before the SIGKILL:\n%s" % (r.name, code, r.eps[1].tail()))
+        done_before = max(int(x) for x in re.findall(r"\] step (\d+) loss", r.eps[0].log())) + 1
+        # The workers wait for it (they must not exit) while it is down.
+        time.sleep(2)
+        for w in r.workers:
+            if not w.running():
+                raise Failure("%s: worker %s exited %s while shard 1 was down:\n%s" % (r.name, w.name, w.wait(0),
+                                                                                          w.tail()))
+        r.start_shard(1, resume=True, args=["--listen", r.addr[1]])
+        r.wait_workers_ok()
+        if "restarted" not in r.eps[0].log() or "rolled back to step %d" % EVERY not in r.eps[0].log():
+            raise Failure("%s: shard 0 logs no restart of shard 1 and rollback to step %d:\n%s" % (
+                r.name, EVERY, r.eps[0].tail()))
+        waited = [w.name for w in r.workers if "shard 1 at" in w.log()]
+        r.stop()
+        expect_same(r, ref, r.name)
+        out.append("%s: shard 1 SIGKILLed after %d steps (latest step %d), restarted alone with --resume: workers "
+                   "waited (%s), every shard rolled back to step %d" % (transport, done_before, EVERY,
+                                                                        ", ".join(waited) or "none logged", EVERY))
+    return "; ".join(out) + "; the final checkpoints equal the uninterrupted single daemon's"
+
+
+def case_worker_loss(ctx):
+    ref = ctx.reference()
+    r = Run(ctx, "sh2-wloss", ctx.job, 2)
+    r.start_daemons()
+    r.start_workers(env={"L2L_DELAY_AT": "worker.fetch:40"})
+    wait_log(r.eps[0], "] step %d loss" % (EVERY + 1), "%s: shard 0" % r.name, 120)
+    victim = r.workers[1]
+    if victim.kill9() != -signal.SIGKILL:
+        raise Failure("%s: worker 1 exited before the SIGKILL:\n%s" % (r.name, victim.tail()))
+    # Its replacement (as a supervisor starts it) takes its place once a shard declares it lost.
+    argv = [r.procs.bin("l2l-worker"), "--eps", r.addr[0], "--device", "cpu", "--threads", "1", "--name", "w1",
+            "--connect-timeout-ms", "60000"]
+    r.starts += 1
+    r.workers[1] = r.procs.spawn("%s-w1-%d" % (r.name, r.starts), argv)
+    r.wait_workers_ok()
+    for k in range(2):
+        if "rolled back to step %d" % EVERY not in r.eps[k].log():
+            raise Failure("%s: shard %d did not roll back to step %d:\n%s" % (r.name, k, EVERY, r.eps[k].tail()))
+    r.stop()
+    expect_same(r, ref, r.name)
+    return ("worker 1 SIGKILLed mid-job after step %d's checkpoint, a replacement started: both shards rolled back to "
+            "step %d, the final checkpoint equals the uninterrupted single daemon's" % (EVERY, EVERY))
+
+
 def wait_log(proc, text, what, timeout=60):
     deadline = time.monotonic() + timeout
     while text not in proc.log():
@@ -534,6 +591,8 @@ CASES = {
     4: ("resume", case_resume),
     5: ("atomic_checkpoint", case_atomic),
     6: ("bad_configs", case_bad_configs),
+    7: ("restart_in_place", case_restart_in_place),
+    8: ("worker_loss", case_worker_loss),
 }
 
 
