@@ -256,7 +256,9 @@ bool ShardedEpsClient::rejoin_requested() const {
 
 Status ShardedEpsClient::LeaveAfterLastStep(std::chrono::milliseconds wait) {
   // Shard 0 last: it writes the final checkpoint's manifest once every part is in.
-  for (size_t k = shards_.size(); k-- > 0;) L2L_RETURN_IF_ERROR(shards_[k].client->LeaveAfterLastStep(wait));
+  for (size_t k = shards_.size(); k-- > 0;) {
+    L2L_RETURN_IF_ERROR(Note(&shards_[k], shards_[k].client->LeaveAfterLastStep(wait)));
+  }
   return Status::Ok();
 }
 

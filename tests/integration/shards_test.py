@@ -31,7 +31,16 @@ exit 0 ("signal 15: shutting down").
   5. Checkpoint atomicity: shard 1 kills itself (L2L_FAULT_AT=eps.checkpoint) half-way
      through writing its part of step 8: `latest` still names step 4 (equal to the
      reference's step 4), step 8 is never assembled, shard 0 does not exit (it waits for
-     the part), no worker exits 0.
+     the part), no worker exits 0. Then shard 1 alone is restarted with --resume ROOT on
+     its port: every shard rolls back to step 4, the workers (never restarted) rejoin, and
+     the final checkpoint equals the reference; the root is clean.
+  7. In-place recovery: shard 1 SIGKILLed mid-step after step 4's checkpoint (a step past
+     it committed), workers' transport auto (shm) and grpc: the workers keep running (they
+     wait for it), shard 1 alone restarted with --resume ROOT on its port: shard 0 logs
+     the restart, every shard rolls back to step 4, and the final checkpoint equals the
+     reference.
+  8. A worker SIGKILLed mid-step (shm), a replacement started as a supervisor would: both
+     shards roll back to step 4 and the final checkpoint equals the reference.
   6. Bad shard configurations, each refused (non-zero exit, a message naming the
      problem): a shard count other than shard 0's, another --shard-layers, another job,
      --shard 2/2, --shard x, --coordinator without --shard; and a worker that cannot
@@ -453,12 +462,18 @@ def case_atomic(ctx):
         raise Failure("%s: a worker exited 0 although step %d's checkpoint was never assembled (exits %s):\n%s" % (
             r.name, STEPS, codes, "\n".join(w.tail(10) for w in r.workers)))
     leftover = sorted(x for x in os.listdir(r.root) if x.startswith(".step-%08d" % STEPS))
-    for p in r.workers + r.eps:
-        p.kill9()
-    return ("shard 1 SIGKILLed half-way through step %d's part (%s, %d layers): latest stays step %d (equal to the "
+    # Restarted alone from the last complete checkpoint, shard 1 rejoins: every shard rolls
+    # back to step 4, the waiting workers rejoin, and the job ends as if never interrupted.
+    r.start_shard(1, resume=True, args=["--listen", r.addr[1]])
+    r.wait_workers_ok()
+    r.stop()
+    expect_same(r, ctx.reference(), r.name)
+    r.check_root_clean()
+    return ("shard 1 SIGKILLed half-way through step %d's part (%s, %d layers): latest stayed step %d (equal to the "
             "single daemon's), step %d never assembled, shard 0 kept waiting, workers' exits %s (none 0); left in the "
-            "root: %s" % (STEPS, fault, n1, EVERY, STEPS, ["running" if c is None else c for c in codes],
-                          leftover or "nothing of step %d" % STEPS))
+            "root: %s; then shard 1 restarted alone with --resume: the job finished, equal to the single daemon's, "
+            "the root clean" % (STEPS, fault, n1, EVERY, STEPS, ["running" if c is None else c for c in codes],
+                                leftover or "nothing of step %d" % STEPS))
 
 
 def case_restart_in_place(ctx):
