@@ -656,7 +656,9 @@ void EpsCore::CheckpointLoop() {
     }
     if (abandoned) {
       // Once the rollback is done, holds again from the step it went back to.
-      while (!stopped_ && pipeline_->failure().ok() && rollbacks_.load() == rollbacks) std::this_thread::sleep_for(20ms);
+      while (!stopped_ && pipeline_->failure().ok() && rollbacks_.load() == rollbacks) {
+        std::this_thread::sleep_for(20ms);
+      }
       next = -1;
       continue;
     }

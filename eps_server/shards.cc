@@ -220,8 +220,9 @@ Result<ShardPeers::Epoch> ShardHub::Watch(int shard, uint64_t instance, int64_t 
   auto alive = [&]() REQUIRES(mu_) {
     const auto now = std::chrono::steady_clock::now();
     if (silent_[static_cast<size_t>(shard)]) {
+      const auto gap = now - last_watch_[static_cast<size_t>(shard)];
       L2L_LOG_INFO("shard {} watches shard 0 again (after {} s)", shard,
-                   std::chrono::duration_cast<std::chrono::seconds>(now - last_watch_[static_cast<size_t>(shard)]).count());
+                   std::chrono::duration_cast<std::chrono::seconds>(gap).count());
       silent_[static_cast<size_t>(shard)] = false;
     }
     last_watch_[static_cast<size_t>(shard)] = now;
@@ -721,7 +722,9 @@ void ShardLink::WatchLoop() {
     shard::WatchReply rep;
     const Status s = FromGrpcStatus(impl_->stub->Watch(&ctx, req, &rep), "watching shard 0 at " + opts_.coordinator);
     if (s.ok()) {
-      if (failures > 0) L2L_LOG_INFO("shard 0 at {} answers again (after {} failed watches)", opts_.coordinator, failures);
+      if (failures > 0) {
+        L2L_LOG_INFO("shard 0 at {} answers again (after {} failed watches)", opts_.coordinator, failures);
+      }
       failures = 0;
       unreachable_since = std::chrono::steady_clock::time_point::max();
       if (rep.coordinator() != coordinator) {

@@ -191,7 +191,9 @@ Result<Options> ResolveOptions(const Flags& f, CpuGemmPrecision compute) {
   if (!transport.ok()) return transport.status().WithContext("--transport");
   copts.transport = *transport;
   copts.connect_timeout = std::chrono::milliseconds(f.connect_timeout_ms);
-  if (f.shard_wait_ms <= 0) return l2l::InvalidArgument("--shard-wait-ms " + std::to_string(f.shard_wait_ms) + ": must be positive");
+  if (f.shard_wait_ms <= 0) {
+    return l2l::InvalidArgument("--shard-wait-ms " + std::to_string(f.shard_wait_ms) + ": must be positive");
+  }
   copts.shard_wait = std::chrono::milliseconds(f.shard_wait_ms);
   if (f.push_deadline_floor_ms <= 0 || !(f.push_min_mib_per_s > 0)) {
     return l2l::InvalidArgument("--push-deadline-floor-ms " + std::to_string(f.push_deadline_floor_ms) +

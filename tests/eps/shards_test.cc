@@ -93,8 +93,8 @@ class LocalLink : public StepCoordinator {
       q_.pop_front();
       l.unlock();
       for (;;) {
-        auto d = hub_->Facts(1, /*epoch=*/0, f.step, f.kind == 0 ? ShardHub::Kind::kNorms : ShardHub::Kind::kVerdict, f.norm2,
-                             f.reason, std::chrono::milliseconds(50));
+        const auto kind = f.kind == 0 ? ShardHub::Kind::kNorms : ShardHub::Kind::kVerdict;
+        auto d = hub_->Facts(1, /*epoch=*/0, f.step, kind, f.norm2, f.reason, std::chrono::milliseconds(50));
         if (!d.ok()) {  // Catch2 is not thread-safe: the test thread checks errors()
           errors_.fetch_add(1);
           return;
