@@ -447,6 +447,16 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
       }
       id = want;
       rejoin = want < n;
+    } else if (info.previous_worker_id >= 0 && info.previous_worker_id >= n && opts_.shard.sharded() &&
+               info.previous_worker_id < opts_.expected_workers) {
+      // A restarted shard 0: the job's workers come back under their ids (they waited
+      // for it), in order, as they register with the other shards.
+      const int32_t want = info.previous_worker_id;
+      if (want > n) {
+        return Unavailable("worker " + std::to_string(want) + " registers again after workers " + std::to_string(n) +
+                           ".." + std::to_string(want - 1) + ": waiting for them");
+      }
+      id = want;
     } else if (info.previous_worker_id >= 0) {
       if (info.previous_worker_id >= n) {
         return NotFound("previous_worker_id " + std::to_string(info.previous_worker_id) + " was never registered (" +

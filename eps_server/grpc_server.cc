@@ -679,6 +679,8 @@ class ShardsService final : public shardpb::Shards::Service {
     j.job_hash = req->job_hash();
     j.start_step = req->start_step();
     j.instance = req->instance();
+    j.running = req->running();
+    j.epoch = req->epoch();
     if (j.address.empty() || j.address.size() > 512) {
       return ToGrpc(InvalidArgument("JoinRequest.address: expected host:port, got " +
                                     std::to_string(j.address.size()) + " bytes"));

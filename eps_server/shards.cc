@@ -136,13 +136,16 @@ Result<ShardPeers::Epoch> ShardHub::Join(const JoinInfo& j) {
                            "): give every shard the same --job file or --resume checkpoint");
   }
   const auto& prev = joined_[static_cast<size_t>(j.shard)];
-  const bool restarted = prev && prev->instance != j.instance;
+  // A shard that ran under a previous shard 0 (this one restarted): its state is ahead;
+  // it rolls back to this shard's restore point in an epoch past every one it saw.
+  const bool running = j.running && !(prev && prev->instance == j.instance);
+  const bool restarted = !running && prev && prev->instance != j.instance;
   if (restarted && j.start_step != restore_point_) {
     return InvalidArgument(who + " restarted at step " + std::to_string(j.start_step) +
                            ", but the job's last complete checkpoint is step " + std::to_string(restore_point_) +
                            ": restart it with --resume <the job's checkpoint root> (every shard rolls back there)");
   }
-  if (!prev && j.start_step != start_step_) {
+  if (!prev && !running && j.start_step != start_step_) {
     return InvalidArgument(who + " starts at step " + std::to_string(j.start_step) + ", shard 0 at step " +
                            std::to_string(start_step_) + ": resume every shard from the same checkpoint");
   }
@@ -159,7 +162,13 @@ Result<ShardPeers::Epoch> ShardHub::Join(const JoinInfo& j) {
   joined_[static_cast<size_t>(j.shard)] = j;
   last_watch_[static_cast<size_t>(j.shard)] = std::chrono::steady_clock::now();
   silent_[static_cast<size_t>(j.shard)] = false;
-  if (restarted) {
+  if (running) {
+    L2L_LOG_WARN("shard {} of {} ({}) joins this restarted shard 0 with its job running: every shard rolls back to "
+                 "step {} and every worker rejoins",
+                 j.shard, id_.count, j.address, restore_point_);
+    epoch_ = std::max(epoch_, j.epoch);
+    BeginEpochLocked("shard 0 restarted");
+  } else if (restarted) {
     L2L_LOG_WARN("shard {} of {} restarted ({}, resumed at step {}): every shard rolls back to step {} and every "
                  "worker rejoins",
                  j.shard, id_.count, j.address, j.start_step, restore_point_);
@@ -509,6 +518,24 @@ void ShardLink::RequestRollback(const std::string& why) {
 }
 
 Status ShardLink::Join(const std::string& advertise) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    advertise_ = advertise;
+  }
+  Result<ShardPeers::Epoch> e = JoinShard0(/*running=*/false, opts_.join_timeout);
+  if (!e.ok()) return e.status();
+  // A restarted shard's state is already the epoch's (resumed from its step).
+  EndRollback(e->epoch);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!watcher_.joinable() && !stopped_) watcher_ = std::thread([this] { WatchLoop(); });
+  }
+  L2L_LOG_INFO("shard {} of {} joined shard 0 at {} as {} (recovery epoch {})", opts_.id.index, opts_.id.count,
+               opts_.coordinator, advertise, e->epoch);
+  return Status::Ok();
+}
+
+Result<ShardPeers::Epoch> ShardLink::JoinShard0(bool running, std::chrono::milliseconds timeout) {
   shard::JoinRequest req;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -516,12 +543,14 @@ Status ShardLink::Join(const std::string& advertise) {
     req.set_shards(opts_.id.count);
     req.set_first_layer(range_.first);
     req.set_num_layers(range_.count);
-    req.set_address(advertise);
+    req.set_address(advertise_);
     req.set_job_hash(job_hash_);
     req.set_start_step(start_step_);
     req.set_instance(instance_);
   }
-  const auto deadline = std::chrono::steady_clock::now() + opts_.join_timeout;
+  req.set_running(running);
+  req.set_epoch(epoch());
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
   Status last;
   for (;;) {
     grpc::ClientContext ctx;
@@ -529,16 +558,9 @@ Status ShardLink::Join(const std::string& advertise) {
     shard::JoinReply rep;
     last = FromGrpcStatus(impl_->stub->Join(&ctx, req, &rep), "joining shard 0 at " + opts_.coordinator);
     if (last.ok()) {
-      // A restarted shard's state is already the epoch's (resumed from its step).
-      EndRollback(rep.epoch());
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        coordinator_ = rep.coordinator();
-        if (!watcher_.joinable() && !stopped_) watcher_ = std::thread([this] { WatchLoop(); });
-      }
-      L2L_LOG_INFO("shard {} of {} joined shard 0 at {} as {} (recovery epoch {})", opts_.id.index, opts_.id.count,
-                   opts_.coordinator, advertise, rep.epoch());
-      return Status::Ok();
+      std::lock_guard<std::mutex> lock(mu_);
+      coordinator_ = rep.coordinator();
+      return ShardPeers::Epoch{rep.epoch(), rep.rollback_step(), "shard 0 restarted"};
     }
     if (!Retryable(last) || std::chrono::steady_clock::now() >= deadline) break;
     {
@@ -548,7 +570,7 @@ Status ShardLink::Join(const std::string& advertise) {
       }
     }
   }
-  return Retryable(last) ? Unavailable(last.message() + " (for " + std::to_string(opts_.join_timeout.count()) +
+  return Retryable(last) ? Unavailable(last.message() + " (for " + std::to_string(timeout.count()) +
                                        " ms; is shard 0 running?)")
                          : last;
 }
@@ -728,9 +750,8 @@ void ShardLink::WatchLoop() {
       failures = 0;
       unreachable_since = std::chrono::steady_clock::time_point::max();
       if (rep.coordinator() != coordinator) {
-        return lost(FailedPrecondition("shard 0 at " + opts_.coordinator +
-                                       " restarted (another process answers): a restarted shard 0 does not take over "
-                                       "a running job; restart every shard with --resume <checkpoint root>"));
+        if (!RejoinRestartedShard0()) return;
+        continue;
       }
       if (rep.epoch() > epoch()) {
         L2L_LOG_WARN("shard 0 began recovery epoch {} ({}): rolling back to step {}", rep.epoch(), rep.reason(),
@@ -740,8 +761,9 @@ void ShardLink::WatchLoop() {
       continue;
     }
     if (s.code() == StatusCode::kFailedPrecondition) {
-      // Shard 0 does not know this process (it restarted, or this one was replaced).
-      return lost(FailedPrecondition(s.message() + ": restart every shard with --resume <checkpoint root>"));
+      // Shard 0 does not know this process: it restarted.
+      if (!RejoinRestartedShard0()) return;
+      continue;
     }
     if (++failures == 1 || failures % 20 == 0) L2L_LOG_WARN("{} (retrying)", s.ToString());
     const auto now = std::chrono::steady_clock::now();
@@ -754,6 +776,24 @@ void ShardLink::WatchLoop() {
     UniqueLock lock(mu_);
     cv_.wait_for(lock.native(), std::chrono::milliseconds(500), [&]() REQUIRES(mu_) { return stopped_; });
   }
+}
+
+bool ShardLink::RejoinRestartedShard0() {
+  L2L_LOG_WARN("shard 0 at {} restarted (another process answers): joining it again; this shard rolls back to the "
+               "step it resumed from",
+               opts_.coordinator);
+  Result<ShardPeers::Epoch> e = JoinShard0(/*running=*/true, opts_.lost_after);
+  if (!e.ok()) {
+    L2L_LOG_ERROR("this shard stops: {}", e.status().ToString());
+    if (opts_.on_coordinator_lost) {
+      opts_.on_coordinator_lost(e.status().WithContext("joining the restarted shard 0: restart every shard with "
+                                                       "--resume <checkpoint root>"));
+    }
+    return false;
+  }
+  L2L_LOG_WARN("joined the restarted shard 0: recovery epoch {}, rolling back to step {}", e->epoch, e->step);
+  if (on_rollback_) on_rollback_(*e);
+  return true;
 }
 
 void ShardLink::Stop() {

@@ -22,7 +22,10 @@
 // answers carry their epoch; those of an older one are dropped, so nothing decided
 // before a rollback reaches a pipeline after it. Shards other than 0 watch shard 0 (a
 // long poll that is also their liveness: shard 0 logs a shard that stopped watching).
-// Not covered: a restarted shard 0 (the others stop; every shard resumes together).
+// A restarted shard 0 (resumed from the last complete checkpoint on the same address):
+// the other shards' watches find another process answering; they join it again as
+// running shards, and it begins an epoch past theirs (every shard rolls back to its
+// step); the workers register with it again under their ids.
 
 // Thread-safety: every method is thread-safe.
 #pragma once
@@ -142,6 +145,8 @@ class ShardHub : public ShardPeers {
     std::string address, job_hash;
     int64_t start_step = 0;
     uint64_t instance = 0;
+    bool running = false;  // its job ran under a previous shard 0 (JoinRequest.running)
+    int64_t epoch = 0;     // running: the epoch its state is in
   };
   // A restarted shard (another instance) begins a new epoch: its start step must be the
   // restore point. The reply: the epoch it starts in.
@@ -253,6 +258,12 @@ class ShardLink : public ShardPeers {
   void SendLoop();
   // Watches shard 0 (liveness both ways, new epochs) and sends rollback requests.
   void WatchLoop();
+  // Joins shard 0 (retrying for up to `timeout`); running: this shard's job ran under a
+  // previous shard 0. The epoch the reply puts it in.
+  Result<ShardPeers::Epoch> JoinShard0(bool running, std::chrono::milliseconds timeout);
+  // Shard 0 restarted: join it again and roll back as it says; false: gave up (the
+  // coordinator-lost callback ran).
+  bool RejoinRestartedShard0();
   struct Fact {
     int64_t epoch = 0;
     int64_t step = 0;
@@ -273,6 +284,7 @@ class ShardLink : public ShardPeers {
   std::deque<Fact> queue_ GUARDED_BY(mu_);
   std::vector<std::string> rollback_requests_ GUARDED_BY(mu_);
   uint64_t coordinator_ GUARDED_BY(mu_) = 0;  // shard 0's instance (Join)
+  std::string advertise_ GUARDED_BY(mu_);      // this shard's address for workers
   std::thread sender_, watcher_;
 };
 

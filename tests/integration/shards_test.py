@@ -34,11 +34,11 @@ exit 0 ("signal 15: shutting down").
      the part), no worker exits 0. Then shard 1 alone is restarted with --resume ROOT on
      its port: every shard rolls back to step 4, the workers (never restarted) rejoin, and
      the final checkpoint equals the reference; the root is clean.
-  7. In-place recovery: shard 1 SIGKILLed mid-step after step 4's checkpoint (a step past
-     it committed), workers' transport auto (shm) and grpc: the workers keep running (they
-     wait for it), shard 1 alone restarted with --resume ROOT on its port: shard 0 logs
-     the restart, every shard rolls back to step 4, and the final checkpoint equals the
-     reference.
+  7. In-place recovery: shard 1 (workers' transport auto: shm; then grpc) and shard 0
+     (shm) SIGKILLed mid-step after step 4's checkpoint (a step past it committed): the
+     workers keep running (they wait for it), the shard alone restarted with --resume ROOT
+     on its port resumes at step 4, the other rolls back to step 4, and the final
+     checkpoint equals the reference.
   8. A worker SIGKILLed mid-step (shm), a replacement started as a supervisor would: both
      shards roll back to step 4 and the final checkpoint equals the reference.
   6. Bad shard configurations, each refused (non-zero exit, a message naming the
@@ -479,33 +479,38 @@ def case_atomic(ctx):
 def case_restart_in_place(ctx):
     ref = ctx.reference()
     out = []
-    for transport in ("auto", "grpc"):
-        r = Run(ctx, "sh2-inplace-%s" % transport, ctx.job, 2)
+    for victim, transport in ((1, "auto"), (1, "grpc"), (0, "auto")):
+        r = Run(ctx, "sh2-inplace-%d-%s" % (victim, transport), ctx.job, 2)
         r.start_daemons()
         r.start_workers(transport=transport, env={"L2L_DELAY_AT": "worker.fetch:40"})
         # Into the second period, a step past the checkpoint committed: the shards roll back.
         wait_log(r.eps[0], "] step %d loss" % (EVERY + 1), "%s: shard 0" % r.name, 120)
-        code = r.eps[1].kill9()
+        code = r.eps[victim].kill9()
         if code != -signal.SIGKILL:
-            raise Failure("%s: shard 1 exited %s before the SIGKILL:\n%s" % (r.name, code, r.eps[1].tail()))
+            raise Failure("%s: shard %d exited %s before the SIGKILL:\n%s" % (r.name, victim, code,
+                                                                            r.eps[victim].tail()))
         done_before = max(int(x) for x in re.findall(r"\] step (\d+) loss", r.eps[0].log())) + 1
         # The workers wait for it (they must not exit) while it is down.
         time.sleep(2)
         for w in r.workers:
             if not w.running():
-                raise Failure("%s: worker %s exited %s while shard 1 was down:\n%s" % (r.name, w.name, w.wait(0),
-                                                                                          w.tail()))
-        r.start_shard(1, resume=True, args=["--listen", r.addr[1]])
+                raise Failure("%s: worker %s exited %s while shard %d was down:\n%s" % (
+                    r.name, w.name, w.wait(0), victim, w.tail()))
+        r.start_shard(victim, resume=True, args=["--listen", r.addr[victim]])
         r.wait_workers_ok()
-        if "restarted" not in r.eps[0].log() or "rolled back to step %d" % EVERY not in r.eps[0].log():
-            raise Failure("%s: shard 0 logs no restart of shard 1 and rollback to step %d:\n%s" % (
-                r.name, EVERY, r.eps[0].tail()))
-        waited = [w.name for w in r.workers if "shard 1 at" in w.log()]
+        other = 1 - victim
+        if "rolled back to step %d" % EVERY not in r.eps[other].log():
+            raise Failure("%s: shard %d did not roll back to step %d:\n%s" % (r.name, other, EVERY,
+                                                                           r.eps[other].tail()))
+        if "start step %d" % EVERY not in r.eps[victim].log():
+            raise Failure("%s: the restarted shard %d does not start at step %d:\n%s" % (r.name, victim, EVERY,
+                                                                                        r.eps[victim].tail()))
+        waited = [w.name for w in r.workers if "shard %d at" % victim in w.log()]
         r.stop()
         expect_same(r, ref, r.name)
-        out.append("%s: shard 1 SIGKILLed after %d steps (latest step %d), restarted alone with --resume: workers "
-                   "waited (%s), every shard rolled back to step %d" % (transport, done_before, EVERY,
-                                                                        ", ".join(waited) or "none logged", EVERY))
+        out.append("shard %d (workers %s) SIGKILLed after %d steps (latest step %d), restarted alone with --resume: "
+                   "workers waited (%s), the other shard rolled back to step %d" % (
+                       victim, transport, done_before, EVERY, ", ".join(waited) or "none logged", EVERY))
     return "; ".join(out) + "; the final checkpoints equal the uninterrupted single daemon's"
 
 
