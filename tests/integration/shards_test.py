@@ -41,6 +41,9 @@ exit 0 ("signal 15: shutting down").
      checkpoint equals the reference.
   8. A worker SIGKILLed mid-step (shm), a replacement started as a supervisor would: both
      shards roll back to step 4 and the final checkpoint equals the reference.
+  9. on_worker_loss: continue: a worker SIGKILLed mid-step and not replaced: both shards
+     roll back to step 4 and go on without it; the final checkpoint equals one daemon's
+     whose second worker left after step 4 (l2l-worker --steps 4).
   6. Bad shard configurations, each refused (non-zero exit, a message naming the
      problem): a shard count other than shard 0's, another --shard-layers, another job,
      --shard 2/2, --shard x, --coordinator without --shard; and a worker that cannot
@@ -538,6 +541,51 @@ def case_worker_loss(ctx):
             "step %d, the final checkpoint equals the uninterrupted single daemon's" % (EVERY, EVERY))
 
 
+def case_continue(ctx):
+    # The reference: one daemon, on_worker_loss: continue, worker 1 leaving after step
+    # EVERY (--steps): the steps from EVERY on are worker 0's alone.
+    ref = Run(ctx, "ref-continue", ctx.job, 1)
+    r = Run(ctx, "sh2-continue", ctx.job, 2)
+    for run in (ref, r):
+        with open(run.config, "a") as f:
+            f.write("on_worker_loss: continue\n")
+
+    def worker(run, i, args=(), env=None):
+        argv = [run.procs.bin("l2l-worker"), "--eps", run.addr[0], "--device", "cpu", "--threads", "1", "--name",
+                "w%d" % i, "--connect-timeout-ms", "60000"] + list(args)
+        run.starts += 1
+        return run.procs.spawn("%s-w%d-%d" % (run.name, i, run.starts), argv, env=env)
+
+    ref.start_daemons()
+    ref.workers = [worker(ref, 0)]
+    wait_log(ref.workers[0], "registered as worker 0", "%s: w0" % ref.name)  # ids in start order here
+    ref.workers.append(worker(ref, 1, ["--steps", str(EVERY)]))
+    ref.wait_workers_ok()
+    ref.stop()
+    # Sharded: worker 1 SIGKILLed a step past step EVERY's checkpoint, never replaced:
+    # every shard rolls back to step EVERY and goes on with worker 0 alone.
+    r.start_daemons()
+    delay = {"L2L_DELAY_AT": "worker.fetch:40"}
+    r.workers = [worker(r, 0, env=delay), worker(r, 1, env=delay)]
+    wait_log(r.eps[0], "] step %d loss" % (EVERY + 1), "%s: shard 0" % r.name, 120)
+    # The process that holds id 1 (the ids follow the order of registration).
+    one = [w for w in r.workers if "registered as worker 1 " in w.log()]
+    if len(one) != 1:
+        raise Failure("%s: not one worker registered as worker 1: %s" % (r.name, [w.tail(5) for w in r.workers]))
+    if one[0].kill9() != -signal.SIGKILL:
+        raise Failure("%s: worker 1 exited before the SIGKILL:\n%s" % (r.name, one[0].tail()))
+    r.workers = [w for w in r.workers if w is not one[0]]
+    r.wait_workers_ok()
+    for k in range(2):
+        if "rolled back to step %d" % EVERY not in r.eps[k].log():
+            raise Failure("%s: shard %d did not roll back to step %d:\n%s" % (r.name, k, EVERY, r.eps[k].tail()))
+    r.stop()
+    expect_same(r, ref, r.name)
+    return ("on_worker_loss: continue: worker 1 SIGKILLed after step %d's checkpoint and not replaced: both shards "
+            "rolled back to step %d and went on with worker 0; the final checkpoint equals one daemon's whose worker 1 "
+            "left after step %d" % (EVERY, EVERY, EVERY))
+
+
 def wait_log(proc, text, what, timeout=60):
     deadline = time.monotonic() + timeout
     while text not in proc.log():
@@ -613,6 +661,7 @@ CASES = {
     6: ("bad_configs", case_bad_configs),
     7: ("restart_in_place", case_restart_in_place),
     8: ("worker_loss", case_worker_loss),
+    9: ("continue", case_continue),
 }
 
 
