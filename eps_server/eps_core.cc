@@ -826,11 +826,14 @@ Status EpsCore::Deregister(int32_t worker_id, uint64_t registration_id, std::chr
                         " steps have committed; ask again");
     }
     std::unique_lock<std::mutex> lock(mu_);
+    // A rollback meanwhile (a sharded job's recovery) asks the worker to redo steps.
+    auto rejoin = [&]() REQUIRES(mu_) { return workers_[worker_id]->info.state != WorkerState::kActive; };
     const bool ready = cv_.wait_for(lock, wait_final, [&] {
       ASSERT_HELD(mu_);
       return checkpoint_every() <= 0 || restore_step_ >= steps || final_checkpoint_failed_ || stopped_.load() ||
-             !fatal_.ok();
+             !fatal_.ok() || rejoin();
     });
+    if (ready && rejoin()) return CheckWorker(worker_id);
     if (!ready) {
       const int64_t newest = [&] {
         ASSERT_HELD(mu_);

@@ -470,6 +470,7 @@ Status EpsCore::RollBackTo(int64_t step, const std::string& dir, bool restore, c
         w->rejoin_message = why + "; every worker restarts at step " + std::to_string(step);
       }
     }
+    cv_.notify_all();  // a worker waiting to leave (Deregister) must rejoin instead
   }
   store_->BumpEpoch();  // wakes shm readers and in-process waiters with an error
   pipeline_->ResetToStep(step);

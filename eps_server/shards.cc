@@ -492,6 +492,10 @@ Result<std::unique_ptr<ShardLink>> ShardLink::Create(const ShardLinkOptions& opt
   std::unique_ptr<ShardLink> link(new ShardLink(opts));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(16 << 20);
+  // Shard 0 restarted on its address is found within a second (gRPC's default backoff
+  // grows to 2 minutes).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   link->impl_->channel = MakeEpsChannel(opts.coordinator, opts.tls_ca_pem, opts.token, args, opts.tls_server_name,
                                         opts.tls_cert_pem, opts.tls_key_pem);
   link->impl_->stub = shard::Shards::NewStub(link->impl_->channel);

@@ -71,6 +71,10 @@ Result<GrpcEpsClient::ImplPtr> GrpcEpsClient::Connect(const std::string& address
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // A daemon restarted on the same address (a sharded job's shard: the workers wait for
+  // it) is found within a second, not after gRPC's default backoff of up to 2 minutes.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   impl->channel = MakeEpsChannel(address, options.tls_ca_pem, options.token, args,  // proto/client_channel.h
                                  options.tls_server_name, options.tls_cert_pem, options.tls_key_pem);
   impl->stub = data::Data::NewStub(impl->channel);
@@ -264,7 +268,11 @@ void GrpcEpsClient::HeartbeatLoop(std::chrono::milliseconds interval) {
       if (++failures == 1 || failures % 10 == 0) {
         L2L_LOG_WARN("heartbeat to {} failed ({} in a row): {}", impl_->address, failures, st.error_message());
       }
-      if (NeedsRejoin(FromGrpc(st, "Heartbeat"))) rejoin_requested_ = true;
+      // NOT_FOUND: the daemon does not know this worker (it restarted: a sharded job's
+      // shard, which the worker registers with again).
+      if (NeedsRejoin(FromGrpc(st, "Heartbeat")) || st.error_code() == grpc::StatusCode::NOT_FOUND) {
+        rejoin_requested_ = true;
+      }
     } else {
       if (failures > 0) L2L_LOG_INFO("heartbeat to {} works again after {} failures", impl_->address, failures);
       failures = 0;
