@@ -329,7 +329,7 @@ TEST_CASE("ShardHub refuses a shard with another plan, job, start step or shard 
 }
 
 }  // namespace
-TEST_CASE("Recovery epochs: a restarted shard or a lost worker rolls every shard back; the old epoch's facts "
+TEST_CASE("Recovery epochs: a restarted shard or a lost worker rolls every shard back, and the old epoch's facts "
           "and checkpoint parts are refused", "[shards]") {
   const JobConfig job = Job();
   ShardHub hub(ShardId{0, 2});
