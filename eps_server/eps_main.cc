@@ -66,6 +66,7 @@ struct Flags {
   std::vector<std::string> allow_models, allow_data, allow_presets;  // added to paths.*
   // Sharded jobs (common/shard_plan.h, docs/operations.md "Running on a cluster").
   std::string shard, shard_layers, coordinator, advertise, coordinator_ca;
+  int64_t coordinator_timeout_ms = 120000;
 };
 
 void AddFlags(CLI::App* app, Flags* f) {
@@ -116,6 +117,9 @@ void AddFlags(CLI::App* app, Flags* f) {
                   "shards K > 0: PEM CA that shard 0's TLS certificate must chain to (default: this shard's "
                   "--tls-client-ca, else its own --tls-cert (one self-signed certificate for every shard), else "
                   "plaintext)");
+  app->add_option("--coordinator-timeout-ms", f->coordinator_timeout_ms,
+                  "shards K > 0: how long shard 0 may stay unreachable (killed and not restarted) before this "
+                  "shard stops with exit 1 (default 120000)");
   app->add_flag_callback("--help-env", l2l::PrintEnvHelpAndExit, l2l::kHelpEnvDoc);
 }
 
@@ -452,6 +456,12 @@ int main(int argc, char** argv) {
           lo.tls_key_pem = security->tls_key_pem;
         }
       }
+      if (flags.coordinator_timeout_ms < 1000) {
+        return Fail(InvalidArgument("--coordinator-timeout-ms " + std::to_string(flags.coordinator_timeout_ms) +
+                                    ": at least 1000"));
+      }
+      lo.lost_after = std::chrono::milliseconds(flags.coordinator_timeout_ms);
+      lo.join_timeout = std::max(lo.join_timeout, lo.lost_after);
       lo.on_coordinator_lost = [&coordinator_lost, &fatal_srv](const Status& s) {
         std::fprintf(stderr, "l2l-eps: %s\n", s.ToString().c_str());
         coordinator_lost.store(true);

@@ -44,6 +44,8 @@ exit 0 ("signal 15: shutting down").
   9. on_worker_loss: continue: a worker SIGKILLed mid-step and not replaced: both shards
      roll back to step 4 and go on without it; the final checkpoint equals one daemon's
      whose second worker left after step 4 (l2l-worker --steps 4).
+ 10. Shard 0 SIGKILLed and never restarted: shard 1 exits 1 after --coordinator-timeout-ms
+     naming the coordinator, the workers exit non-zero after --shard-wait-ms naming shard 0.
   6. Bad shard configurations, each refused (non-zero exit, a message naming the
      problem): a shard count other than shard 0's, another --shard-layers, another job,
      --shard 2/2, --shard x, --coordinator without --shard; and a worker that cannot
@@ -585,6 +587,37 @@ def case_continue(ctx):
             "left after step %d" % (EVERY, EVERY, EVERY))
 
 
+def case_coordinator_gone(ctx):
+    # Shard 0 SIGKILLed and never restarted: every other process gives up within its
+    # deadline, with a message naming what it waited for; none exits 0, none hangs.
+    r = Run(ctx, "sh2-gone", ctx.job, 2, shard_args={1: ["--coordinator-timeout-ms", "3000"]})
+    r.start_daemons()
+    for i in range(WORKERS):
+        r.starts += 1
+        r.workers.append(r.procs.spawn("%s-w%d-%d" % (r.name, i, r.starts), [
+            r.procs.bin("l2l-worker"), "--eps", r.addr[0], "--device", "cpu", "--threads", "1", "--name", "w%d" % i,
+            "--connect-timeout-ms", "2000", "--shard-wait-ms", "5000"], env={"L2L_DELAY_AT": "worker.fetch:40"}))
+    wait_log(r.eps[0], "] step 2 loss", "%s: shard 0" % r.name, 120)
+    if r.eps[0].kill9() != -signal.SIGKILL:
+        raise Failure("%s: shard 0 exited before the SIGKILL:\n%s" % (r.name, r.eps[0].tail()))
+    t0 = time.monotonic()
+    code1 = r.eps[1].wait(30)
+    t1 = time.monotonic() - t0
+    if code1 != 1 or "the job's coordinator (shard 0) is gone" not in r.eps[1].log():
+        raise Failure("%s: shard 1 exited %s after shard 0 was gone (want 1, naming the coordinator):\n%s" % (
+            r.name, code1, r.eps[1].tail()))
+    codes, lines = [], []
+    for w in r.workers:
+        codes.append(w.wait(60))
+        waited = [x for x in w.log().splitlines() if "still waiting for shard(s) 0" in x]
+        if codes[-1] in (None, 0) or not waited:
+            raise Failure("%s: worker %s exited %s (want non-zero, naming shard 0 it waited for):\n%s" % (
+                r.name, w.name, codes[-1], w.tail()))
+        lines.append(waited[-1].split("error: ", 1)[-1][:100])
+    return ("shard 0 SIGKILLed, not restarted: shard 1 stopped after %.1f s (exit 1, --coordinator-timeout-ms 3000); "
+            "the workers exited %s after --shard-wait-ms 5000: %s" % (t1, codes, lines[0]))
+
+
 def wait_log(proc, text, what, timeout=60):
     deadline = time.monotonic() + timeout
     while text not in proc.log():
@@ -661,6 +694,7 @@ CASES = {
     7: ("restart_in_place", case_restart_in_place),
     8: ("worker_loss", case_worker_loss),
     9: ("continue", case_continue),
+    10: ("coordinator_gone", case_coordinator_gone),
 }
 
 
