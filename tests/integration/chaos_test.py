@@ -702,7 +702,7 @@ def run_sharded(a, procs, work, rng, t_start, deadline, shown):
         raise Failure("a worker registered over shm with a shard although --transport grpc")
     if a.transport == "shm" and sum(1 for log in logs if "registered (shm)" in log) < a.shards:
         raise Failure("the workers did not register over shm with every shard")
-    waits = sum(len(re.findall(r"waiting for (it to come back|shard)", p.log())) for p in procs.all
+    waits = sum(len(re.findall(r"waiting [^\n]*?for (?:it to come back|shard)", p.log())) for p in procs.all
                 if p.name.startswith("chaos-w"))
     n_bytes = sum(os.path.getsize(os.path.join(c.final_dir(a.steps), x))
                   for x in os.listdir(c.final_dir(a.steps)) if x.startswith("layer-"))
