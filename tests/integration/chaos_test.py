@@ -513,7 +513,7 @@ class ShardedCluster(l2l_procs.ShardedJob):
     the root's latest checkpoint, the workers rejoin and redo the steps since); a worker
     that dies is started again with the same argv. Roles: sK (shard K), wI (worker I)."""
 
-    def __init__(self, procs, work, job, n, transport, worker_env, restart_failed_workers=False):
+    def __init__(self, procs, work, job, n, transport, worker_env, restart_failed_workers=False, restart_delay_s=0.0):
         ports = []
         while len(ports) < n:
             port = l2l_procs.free_port()
@@ -535,6 +535,7 @@ class ShardedCluster(l2l_procs.ShardedJob):
         # listed here instead of failing the test (to see past a first such failure).
         self.restart_failed_workers = restart_failed_workers
         self.failed_workers = []
+        self.restart_delay_s = restart_delay_s  # a dead shard stays down this long (--shard-restart-delay-s)
 
     def proc(self, role):
         return self.eps[int(role[1:])] if role[0] == "s" else self.workers[int(role[1:])]
@@ -593,6 +594,8 @@ class ShardedCluster(l2l_procs.ShardedJob):
                 what = "shard %s" % role[1:] if role[0] == "s" else "worker " + role
                 raise Failure("%s (%s) exited %s by itself at step %d (faults so far: %s)" % (
                     what, p.name, code, self.last_step, self.faults))
+            if role[0] == "s" and self.restart_delay_s > 0:
+                time.sleep(self.restart_delay_s)
             self.start_role(role)
             self.mark = self.progress()[1]
 
@@ -644,7 +647,8 @@ def run_sharded(a, procs, work, rng, t_start, deadline, shown):
     sys.stdout.flush()
 
     c = ShardedCluster(procs, work, job_yaml, a.shards, a.transport,
-                       {"L2L_DELAY_AT": "worker.fetch:%d" % FETCH_DELAY_MS}, a.worker_exits == "restart")
+                       {"L2L_DELAY_AT": "worker.fetch:%d" % FETCH_DELAY_MS}, a.worker_exits == "restart",
+                       a.shard_restart_delay_s)
     shown.append(c)
     for k in range(a.shards):
         c.start_role("s%d" % k, first=True)
@@ -674,7 +678,9 @@ def run_sharded(a, procs, work, rng, t_start, deadline, shown):
                 continue
             time.sleep(delay)
             p = c.proc(role)
-            if p.running():
+            # Not once the last step's checkpoint is written (the workers are leaving: the
+            # job is over, a kill now tests nothing; the fault stays "not reached").
+            if p.running() and c.latest() != "step-%08d" % a.steps:
                 pending.pop(0)
                 c.env_next.update(arm)
                 p.kill9()
@@ -683,7 +689,12 @@ def run_sharded(a, procs, work, rng, t_start, deadline, shown):
                 c.supervise(killed_by_us=(role,))
             continue
         time.sleep(0.02)
-    # The job is over: both workers exited 0. Every shard is up and stops cleanly.
+    # The job is over: both workers exited 0. Every shard is up (a shard restarted just
+    # now is given the time to listen, so that it handles SIGTERM) and stops cleanly.
+    for k in range(a.shards):
+        if l2l_procs.wait_port(c.state(k), c.eps[k], 60) is None:
+            raise Failure("after the workers exited 0, shard %d (%s) is not listening (exit %s)" % (
+                k, c.eps[k].name, c.eps[k].wait(0)))
     bad = c.stop()
     if bad:
         raise Failure("after the workers exited 0, not every shard stopped cleanly on SIGTERM: %s" % "; ".join(bad))
@@ -734,6 +745,9 @@ def main():
     ap.add_argument("--worker-exits", default="fail", choices=["fail", "restart"],
                     help="with --shards N: a worker exiting non-zero by itself fails the test (default), or is "
                          "restarted and listed (to see past a first such failure; the test then still fails)")
+    ap.add_argument("--shard-restart-delay-s", type=float, default=0.0,
+                    help="with --shards N: how long a dead shard stays down before its restart (default 0: at once, "
+                         "as Restart=always does)")
     ap.add_argument("--faults", type=int, help="default 16 (one daemon), 6 (sharded)")
     ap.add_argument("--steps", type=int, help="default 100 (one daemon), 12 (sharded)")
     ap.add_argument("--deadline-s", type=float, help="default 600 (one daemon), 240 (sharded)")
