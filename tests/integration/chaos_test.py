@@ -33,8 +33,9 @@ since). A dead worker is restarted with the same argv. Any other exit fails the 
 shard exiting by itself, a worker exiting non-zero. The job ends when both workers exit
 0; then every shard gets SIGTERM and must exit 0. Checked: the root's latest checkpoint
 (the last step's) equals the reference's bit for bit (layer files and manifest,
-l2l_procs.compare_checkpoints), the root holds no partial checkpoint, no shard removed a
-worker mid-job, no process outlives the test, no shm segment is left.
+l2l_procs.compare_checkpoints); every step loss a shard logged equals the reference's for
+that step; the root holds no partial checkpoint; no shard removed a worker mid-job; no
+process outlives the test; no shm segment is left.
 
 Usage: chaos_test.py BIN_DIR [--transport shm|grpc] [--seed N] [--faults N] [--steps N]
                      [--shards N] [--kill-shard0 yes|no] [--deadline-s S] [--keep]
@@ -621,9 +622,6 @@ class ShardedCluster(l2l_procs.ShardedJob):
                                                    (r[0] == "w" and self.worker_done[int(r[1:])]))
                    for r in self.roles)
 
-    def current(self):
-        return self.eps + self.workers
-
 
 def run_sharded(a, procs, work, rng, t_start, deadline, shown):
     """The chaos test of a job sharded over a.shards daemons: the summary line, or Failure."""
@@ -703,6 +701,19 @@ def run_sharded(a, procs, work, rng, t_start, deadline, shown):
     if d:
         raise Failure("the final checkpoint (%s) differs from the uninterrupted single daemon's: %s" % (
             c.final_dir(a.steps), d))
+    # Every step a shard logged as committed ("step N loss X", also steps a rollback undid
+    # later) was computed from the same weights and batches as the reference's step N:
+    # the same loss, to its 4 printed decimals.
+    ref_loss = dict(re.findall(r"\] step (\d+) loss ([0-9.]+)", ref.eps[0].log()))
+    wrong = []
+    for p in procs.all:
+        if p.name.startswith("chaos-eps"):
+            wrong += ["%s: step %s loss %s (reference %s)" % (p.name, n, x, ref_loss.get(n))
+                      for n, x in re.findall(r"\] step (\d+) loss ([0-9.]+)", p.log()) if ref_loss.get(n) != x]
+    if wrong:
+        raise Failure("the final checkpoint equals the reference's, but %d step losses logged by the shards differ "
+                      "from the uninterrupted run's (a step counted with a loss report it should not have): %s" % (
+                          len(wrong), "; ".join(wrong[:8])))
     # A checkpoint part or temporary dir cut short by a kill is removed by a later start or
     # rollback: the root holds complete step dirs and `latest` only.
     partial = sorted(x for x in os.listdir(c.root) if x != "latest" and not re.match(r"step-\d{8}$", x))
@@ -718,12 +729,14 @@ def run_sharded(a, procs, work, rng, t_start, deadline, shown):
     n_bytes = sum(os.path.getsize(os.path.join(c.final_dir(a.steps), x))
                   for x in os.listdir(c.final_dir(a.steps)) if x.startswith("layer-"))
     shard_kills = [kills["s%d" % k] for k in range(a.shards)]
-    line = ("chaos: seed %d (%s, %d shards): %d faults injected, %d survived (kill -9 from the test: shards %d "
+    # Every fault hit before the workers exited 0 (none once the last checkpoint is
+    # written), and the job went on to finish bit-identical: each one survived.
+    line = ("chaos: seed %d (%s, %d shards): %d faults injected, all survived (kill -9 from the test: shards %d "
             "(%s per shard), workers %d; at fault sites: %s); restarts: shards %d (%d before any checkpoint), "
             "workers %d; 'waiting for shard' logged %d times by the workers; the final checkpoint (%d layer bytes) "
             "equals the uninterrupted single daemon's bit for bit; no partial checkpoint left; %d scheduled faults "
             "not reached; %.1f s" % (
-                a.seed, a.transport, a.shards, len(c.faults), sum(1 for s, _ in c.faults if s < a.steps),
+                a.seed, a.transport, a.shards, len(c.faults),
                 sum(shard_kills), "/".join(str(x) for x in shard_kills), kills["w0"] + kills["w1"],
                 count_sites(c.site_fired), sum(c.starts_of["s%d" % k] for k in range(a.shards)) - a.shards,
                 c.resumed_without_checkpoint, c.starts_of["w0"] + c.starts_of["w1"] - 2, waits, n_bytes,

@@ -313,6 +313,10 @@ class ShardedJob:
     def state(self, k):
         return os.path.join(self.dir, "s%d" % k)
 
+    def current(self):
+        """The processes now in its roles (shards, then workers; None where not started)."""
+        return self.eps + self.workers
+
     def start_shard(self, k, resume=False, args=None, env=None, wait=True):
         """Starts shard k (the only daemon when n == 1), from the job file or (resume) the
         root's latest checkpoint; its Proc (wait: once it listens, else at once)."""
