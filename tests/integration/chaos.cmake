@@ -11,9 +11,9 @@
 #    of 6 kill -9s of a shard (K >= 1; shard 0 too with --kill-shard0 yes) or a worker,
 #    some restarted shards armed with a fault site (eps.checkpoint, eps.update); a dead
 #    shard is restarted at once and alone with --resume on its port (later with
-#    --shard-restart-delay-s S), a dead worker with the same argv; the final checkpoint and
-#    every logged step loss must equal an uninterrupted single daemon's. About 10-30 s
-#    each; a hang fails after 45 s without a step. Same L2L_CHAOS_SEED override.
+#    --shard-restart-delay-s S), a dead worker with the same argv; the final checkpoint
+#    must equal an uninterrupted single daemon's bit for bit. About 10-30 s each; a hang
+#    fails after 45 s without a step. Same L2L_CHAOS_SEED override.
 #  * chaos_last_step (labels integration, chaos): last_step_test.py, a few seconds.
 #  * chaos_final_step_{shm,grpc} (labels integration, chaos): final_step_test.py, a few
 #    seconds: workers exit 0 only once the last step's checkpoint is written.
