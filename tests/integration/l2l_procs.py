@@ -307,7 +307,7 @@ class ShardedJob:
         self.ports = ports
         self.eps = [None] * n
         self.addr = ["127.0.0.1:%d" % p for p in ports] if ports else [None] * n
-        self.workers = [None] * workers
+        self.workers = []  # worker i's Proc at index i (tests may also append their own)
         self.starts = 0
 
     def state(self, k):
@@ -356,10 +356,13 @@ class ShardedJob:
                 "--transport", transport, "--name", "w%d" % i, "--connect-timeout-ms",
                 str(connect_timeout_ms)] + list(args)
         self.starts += 1
-        self.workers[i] = self.procs.spawn("%s-w%d-%d" % (self.name, i, self.starts), argv, env=env)
-        return self.workers[i]
+        p = self.procs.spawn("%s-w%d-%d" % (self.name, i, self.starts), argv, env=env)
+        self.workers += [None] * (i + 1 - len(self.workers))
+        self.workers[i] = p
+        return p
 
     def start_workers(self, transport="auto", env=None, args=()):
+        self.workers = []
         for i in range(self.n_workers):
             self.start_worker(i, transport, env, args)
 
