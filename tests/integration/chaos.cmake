@@ -5,6 +5,15 @@
 #    of kill -9 of l2l-eps and both workers of a synchronous job, with restarts; the
 #    final state must equal an uninterrupted run bit for bit. About 30-40 s each on an
 #    idle machine. Another seed: L2L_CHAOS_SEED=N ctest -L chaos (or run the script).
+#  * chaos_shards_shm (2 shards), chaos_shards_grpc (3 shards) (labels integration,
+#    chaos): chaos_test.py --shards N, a job sharded over N l2l-eps (--shard K/N, one
+#    checkpoint root, a checkpoint every 2 of 12 steps) and two workers: a seeded schedule
+#    of 6 kill -9s of a shard (K >= 1; shard 0 too with --kill-shard0 yes) or a worker,
+#    some restarted shards armed with a fault site (eps.checkpoint, eps.update); a dead
+#    shard is restarted at once and alone with --resume on its port (later with
+#    --shard-restart-delay-s S), a dead worker with the same argv; the final checkpoint
+#    must equal an uninterrupted single daemon's bit for bit. About 10-30 s each; a hang
+#    fails after 45 s without a step. Same L2L_CHAOS_SEED override.
 #  * chaos_last_step (labels integration, chaos): last_step_test.py, a few seconds.
 #  * chaos_final_step_{shm,grpc} (labels integration, chaos): final_step_test.py, a few
 #    seconds: workers exit 0 only once the last step's checkpoint is written.
@@ -55,6 +64,16 @@ foreach(transport shm grpc)
            COMMAND sh -c "exec \"$0\" \"$1\" \"$2\" --transport ${transport} --seed \${L2L_CHAOS_SEED:-${seed}}"
                    ${L2L_CHAOS_PYTHON} ${l2l_chaos_dir}/chaos_test.py ${CMAKE_BINARY_DIR}/bin)
   set_tests_properties(chaos_${transport} PROPERTIES LABELS "integration;chaos" TIMEOUT 600)
+endforeach()
+# Sharded jobs (issue 31): shard and worker kills, the shards restarted alone.
+foreach(spec "shm;2;1" "grpc;3;2")
+  list(GET spec 0 transport)
+  list(GET spec 1 shards)
+  list(GET spec 2 seed)
+  add_test(NAME chaos_shards_${transport}
+           COMMAND sh -c "exec \"$0\" \"$1\" \"$2\" --shards ${shards} --transport ${transport} --seed \${L2L_CHAOS_SEED:-${seed}}"
+                   ${L2L_CHAOS_PYTHON} ${l2l_chaos_dir}/chaos_test.py ${CMAKE_BINARY_DIR}/bin)
+  set_tests_properties(chaos_shards_${transport} PROPERTIES LABELS "integration;chaos" TIMEOUT 300)
 endforeach()
 # The chaos test's rarest case made deterministic with L2L_FAULT_AT: a worker killed in
 # the last step after the other one reported it (gRPC).

@@ -1,7 +1,8 @@
 # Helpers for the python integration tests that drive real l2l processes (chaos_test.py,
-# netns_test.py): a small job and its tokens file, l2l-eps / l2l-worker / l2lctl started
-# the way an operator starts them, and a process table that kills and reaps everything it
-# started on every exit path.
+# shards_test.py, netns_test.py, ...): a small job and its tokens file, l2l-eps /
+# l2l-worker / l2lctl started the way an operator starts them (ShardedJob: one job on one
+# daemon or N shards sharing a checkpoint root), checkpoints compared byte for byte, and a
+# process table that kills and reaps everything it started on every exit path.
 #
 # Ownership: a Procs object owns every process it spawned; close() sends SIGKILL to the
 # ones still running, reaps them all and says whether any spawned pid is still alive.
@@ -11,7 +12,9 @@ import ctypes
 import glob
 import json
 import os
+import re
 import signal
+import socket
 import struct
 import subprocess
 import time
@@ -47,6 +50,14 @@ def remove_segments(tag):
             pass
 
 
+def free_port():
+    """A TCP port on 127.0.0.1 that was free a moment ago (for a --listen that must stay
+    the same across restarts; port 0 everywhere else)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def write_tokens(path, n, vocab):
     """An llm.c tokens file (version 1, uint16) holding a noisy walk over the vocabulary."""
     toks, x, cur = [], 12345, 0
@@ -59,6 +70,9 @@ def write_tokens(path, n, vocab):
     with open(path, "wb") as f:
         f.write(struct.pack("<256i", *header))
         f.write(struct.pack("<%dH" % n, *toks))
+
+
+JOB_LAYERS = 5  # write_job's model: embedding, 3 blocks, head
 
 
 def write_job(path, tokens_path, steps, checkpoint_every=0, extra=""):
@@ -236,3 +250,174 @@ def compare_weights(got_path, ref_path):
             first = next(i for i in range(len(r)) if g[i] != r[i]) // 4
             bad.append("%s: bytes differ from float %d on" % (name, first))
     return "; ".join(bad[:5]) + (" (and %d more)" % (len(bad) - 5) if len(bad) > 5 else "")
+
+
+def manifest_for_compare(d):
+    """Checkpoint dir d's manifest.json less what differs between equal runs: its
+    "created_unix" and the workers' "name" fields."""
+    with open(os.path.join(d, "manifest.json")) as f:
+        m = json.load(f)
+    m.pop("created_unix", None)
+    for w in m.get("workers", []):
+        w.pop("name", None)
+    return m
+
+
+def compare_checkpoints(got, ref, layers=JOB_LAYERS):
+    """'' when checkpoint dirs `got` and `ref` hold the same `layers` layer files byte for
+    byte (fp32 master, AdamW m and v) and the same manifest (manifest_for_compare); else
+    the differences."""
+    names = sorted(x for x in os.listdir(ref) if x.startswith("layer-"))
+    got_names = sorted(x for x in os.listdir(got) if x.startswith("layer-"))
+    if names != got_names or len(names) != layers:
+        return "layer files %s vs the reference's %s" % (got_names, names)
+    diff = [n for n in names if read_bytes(os.path.join(got, n)) != read_bytes(os.path.join(ref, n))]
+    gm, rm = manifest_for_compare(got), manifest_for_compare(ref)
+    if gm != rm:
+        keys = sorted(k for k in set(gm) | set(rm) if gm.get(k) != rm.get(k))
+        diff.append("manifest.json fields %s (%s vs %s)" % (keys, {k: gm.get(k) for k in keys},
+                                                           {k: rm.get(k) for k in keys}))
+    return ", ".join(diff)
+
+
+class ShardedJob:
+    """One job on n l2l-eps daemons and its workers, started the way an operator starts
+    them: n == 1 is a single daemon; n > 1 runs l2l-eps --shard K/N, shard K > 0 joining
+    shard 0 with --coordinator, the workers given shard 0 (--eps). Every daemon reads one
+    daemon config file naming one checkpoint root (checkpoint.dir: each shard writes its
+    part there, shard 0 assembles), and has a job id holding this process's pid (for
+    remove_segments). With `ports` (one per shard) shard K listens on 127.0.0.1:ports[K],
+    so a restarted shard is found where it was; without, on port 0 (read from eps.port).
+    Owns nothing itself: its processes are `procs`'."""
+
+    def __init__(self, procs, work, name, job, n, workers=2, ports=None, shard_args=None, shard_env=None,
+                 shard_config=None):
+        self.procs, self.name, self.job, self.n, self.n_workers = procs, name, job, n, workers
+        self.dir = os.path.join(work, name)
+        os.makedirs(self.dir)
+        self.root = os.path.join(self.dir, "ckpt")
+        self.config = os.path.join(self.dir, "eps.yaml")
+        with open(self.config, "w") as f:
+            f.write("checkpoint:\n  dir: %s\n" % self.root)
+        # Extra flags / environment / config file per shard index.
+        self.shard_args = shard_args or {}
+        self.shard_env = shard_env or {}
+        self.shard_config = shard_config or {}
+        self.job_id = "%s-%d" % (name, os.getpid())  # remove_segments' glob needs "-<pid>-"
+        self.ports = ports
+        self.eps = [None] * n
+        self.addr = ["127.0.0.1:%d" % p for p in ports] if ports else [None] * n
+        self.workers = []  # worker i's Proc at index i (tests may also append their own)
+        self.starts = 0
+
+    def state(self, k):
+        return os.path.join(self.dir, "s%d" % k)
+
+    def current(self):
+        """The processes now in its roles (shards, then workers; None where not started)."""
+        return self.eps + self.workers
+
+    def start_shard(self, k, resume=False, args=None, env=None, wait=True):
+        """Starts shard k (the only daemon when n == 1), from the job file or (resume) the
+        root's latest checkpoint; its Proc (wait: once it listens, else at once)."""
+        try:
+            os.unlink(os.path.join(self.state(k), "eps.port"))
+        except FileNotFoundError:
+            pass
+        argv = [self.procs.bin("l2l-eps"), "--state-dir", self.state(k), "--workers", str(self.n_workers),
+                "--job-id", self.job_id, "--config", self.shard_config.get(k, self.config)]
+        argv += ["--resume", self.root] if resume else ["--job", self.job]
+        if self.ports:
+            argv += ["--listen", self.addr[k]]
+        if self.n > 1:
+            argv += ["--shard", "%d/%d" % (k, self.n)]
+            if k > 0:
+                argv += ["--coordinator", self.addr[0]]
+        argv += self.shard_args.get(k, []) + list(args or [])
+        e = dict(self.shard_env.get(k, {}))
+        e.update(env or {})
+        self.starts += 1
+        p = self.procs.spawn("%s-eps%d-%d" % (self.name, k, self.starts), argv, env=e)
+        self.eps[k] = p
+        if wait:
+            port = wait_port(self.state(k), p, 120)
+            if port is None:
+                raise Failure("%s: shard %d did not start (exit %s):\n%s" % (self.name, k, p.wait(0), p.tail()))
+            self.addr[k] = "127.0.0.1:%d" % port
+        return p
+
+    def start_daemons(self, resume=False):
+        for k in range(self.n):
+            self.start_shard(k, resume=resume)
+
+    def start_worker(self, i, transport="auto", env=None, args=(), connect_timeout_ms=60000):
+        """Starts worker i (named wI) against shard 0; its Proc."""
+        argv = [self.procs.bin("l2l-worker"), "--eps", self.addr[0], "--device", "cpu", "--threads", "1",
+                "--transport", transport, "--name", "w%d" % i, "--connect-timeout-ms",
+                str(connect_timeout_ms)] + list(args)
+        self.starts += 1
+        p = self.procs.spawn("%s-w%d-%d" % (self.name, i, self.starts), argv, env=env)
+        self.workers += [None] * (i + 1 - len(self.workers))
+        self.workers[i] = p
+        return p
+
+    def start_workers(self, transport="auto", env=None, args=()):
+        self.workers = []
+        for i in range(self.n_workers):
+            self.start_worker(i, transport, env, args)
+
+    def wait_workers_ok(self, timeout=180):
+        deadline = time.monotonic() + timeout
+        for w in self.workers:
+            code = w.wait(max(1, deadline - time.monotonic()))
+            if code != 0:
+                raise Failure("%s: worker %s exited %s:\n%s" % (self.name, w.name, code, w.tail()))
+
+    def stop(self):
+        """SIGTERM to every running daemon; each must exit 0 after 'signal 15: shutting
+        down'. Returns the ones that did not, described (empty: all stopped cleanly)."""
+        for p in self.eps:
+            if p is not None and p.running():
+                os.kill(p.pid, signal.SIGTERM)
+        bad = []
+        for k, p in enumerate(self.eps):
+            if p is None:
+                continue
+            code = p.wait(60)
+            if code != 0 or "signal 15: shutting down" not in p.log():
+                bad.append("shard %d (%s) exited %s after SIGTERM%s" % (
+                    k, p.name, code, "" if "signal 15: shutting down" in p.log()
+                    else ", without logging 'signal 15: shutting down' (killed by the signal's default action?)"))
+        return bad
+
+    def train(self, transport="auto", worker_env=None):
+        """The whole job: daemons, workers to the end (exit 0), daemons stopped. Returns
+        stop()'s list."""
+        self.start_daemons()
+        self.start_workers(transport, worker_env)
+        self.wait_workers_ok()
+        return self.stop()
+
+    def shard_layers(self, k, layers=JOB_LAYERS):
+        """(first, last) model layer of shard k, from its log line 'shard K of N: model
+        layers A..B of L'."""
+        m = re.search(r"shard %d of %d: model layers (\d+)\.\.(\d+) of %d" % (k, self.n, layers), self.eps[k].log())
+        if not m:
+            raise Failure("%s: shard %d's log names no layer range:\n%s" % (self.name, k, self.eps[k].tail()))
+        return int(m.group(1)), int(m.group(2))
+
+    def latest(self):
+        """The root's `latest` (a step-* dir name), or None."""
+        try:
+            with open(os.path.join(self.root, "latest")) as f:
+                return f.read().strip()
+        except OSError:
+            return None
+
+    def final_dir(self, steps):
+        """The root's latest checkpoint dir, which must be step `steps`'s."""
+        name = self.latest()
+        if name != "step-%08d" % steps:
+            raise Failure("%s: the root's latest is %r, not step %d's checkpoint (root: %s)" % (
+                self.name, name, steps, sorted(os.listdir(self.root)) if os.path.isdir(self.root) else "missing"))
+        return os.path.join(self.root, name)

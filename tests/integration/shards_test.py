@@ -59,7 +59,6 @@ Usage: shards_test.py BIN_DIR [--cases 1,2,...] [--keep]
 Exit 0 on success, 1 on any failure (with the logs' tails).
 """
 import argparse
-import json
 import os
 import re
 import shutil
@@ -73,7 +72,7 @@ import l2l_procs  # noqa: E402
 
 STEPS = 8
 EVERY = 4
-LAYERS = 5  # write_job's model: embedding, 3 blocks, head
+LAYERS = l2l_procs.JOB_LAYERS  # write_job's model: embedding, 3 blocks, head
 WORKERS = 2
 NAN_STEP = 5
 SMALL_CLIP = "0.001"
@@ -83,8 +82,7 @@ SMALL_CLIP = "0.001"
 SPILL_HOST_BYTES = 520000
 
 
-class Failure(Exception):
-    pass
+Failure = l2l_procs.Failure
 
 
 class Ctx:
@@ -126,121 +124,25 @@ class Ctx:
         return self.ref
 
 
-class Run:
-    """One job: a single daemon (n == 1) or n shards, their workers, one checkpoint root."""
+class Run(l2l_procs.ShardedJob):
+    """One job: a single daemon (n == 1) or n shards, their workers, one checkpoint root;
+    registered with ctx (its logs shown on a failure, its stop's failures reported)."""
 
     def __init__(self, ctx, name, job, n, shard_args=None, shard_env=None, shard_config=None):
-        self.ctx, self.procs, self.name, self.job, self.n = ctx, ctx.procs, name, job, n
-        self.dir = os.path.join(ctx.work, name)
-        os.makedirs(self.dir)
-        self.root = os.path.join(self.dir, "ckpt")
-        self.config = os.path.join(self.dir, "eps.yaml")
-        with open(self.config, "w") as f:
-            f.write("checkpoint:\n  dir: %s\n" % self.root)
-        # Extra flags / environment / config file per shard index.
-        self.shard_args = shard_args or {}
-        self.shard_env = shard_env or {}
-        self.shard_config = shard_config or {}
-        self.job_id = "%s-%d" % (name, os.getpid())  # the shm cleanup's glob needs "-<pid>-"
-        self.eps = [None] * n
-        self.addr = [None] * n
-        self.workers = []
-        self.starts = 0
+        super().__init__(ctx.procs, ctx.work, name, job, n, workers=WORKERS, shard_args=shard_args,
+                         shard_env=shard_env, shard_config=shard_config)
+        self.ctx = ctx
         ctx.shown.append(self)
 
-    def state(self, k):
-        return os.path.join(self.dir, "s%d" % k)
-
-    def start_shard(self, k, resume=False, args=None, env=None, wait=True):
-        """Starts shard k (the only daemon when n == 1); its Proc (wait: once it listens)."""
-        try:
-            os.unlink(os.path.join(self.state(k), "eps.port"))
-        except FileNotFoundError:
-            pass
-        argv = [self.procs.bin("l2l-eps"), "--state-dir", self.state(k), "--workers", str(WORKERS), "--job-id",
-                self.job_id, "--config", self.shard_config.get(k, self.config)]
-        argv += ["--resume", self.root] if resume else ["--job", self.job]
-        if self.n > 1:
-            argv += ["--shard", "%d/%d" % (k, self.n)]
-            if k > 0:
-                argv += ["--coordinator", self.addr[0]]
-        argv += self.shard_args.get(k, []) + list(args or [])
-        e = dict(self.shard_env.get(k, {}))
-        e.update(env or {})
-        self.starts += 1
-        p = self.procs.spawn("%s-eps%d-%d" % (self.name, k, self.starts), argv, env=e)
-        self.eps[k] = p
-        if wait:
-            port = l2l_procs.wait_port(self.state(k), p, 120)
-            if port is None:
-                raise Failure("%s: shard %d did not start (exit %s):\n%s" % (self.name, k, p.wait(0), p.tail()))
-            self.addr[k] = "127.0.0.1:%d" % port
-        return p
-
-    def start_daemons(self, resume=False):
-        for k in range(self.n):
-            self.start_shard(k, resume=resume)
-
-    def start_workers(self, transport="auto", env=None, args=()):
-        self.workers = []
-        for i in range(WORKERS):
-            argv = [self.procs.bin("l2l-worker"), "--eps", self.addr[0], "--device", "cpu", "--threads", "1",
-                    "--transport", transport, "--name", "w%d" % i, "--connect-timeout-ms", "60000"] + list(args)
-            self.starts += 1
-            self.workers.append(self.procs.spawn("%s-w%d-%d" % (self.name, i, self.starts), argv, env=env))
-
-    def wait_workers_ok(self, timeout=180):
-        deadline = time.monotonic() + timeout
-        for w in self.workers:
-            code = w.wait(max(1, deadline - time.monotonic()))
-            if code != 0:
-                raise Failure("%s: worker %s exited %s:\n%s" % (self.name, w.name, code, w.tail()))
-
     def stop(self):
-        """SIGTERM to every running daemon; each must exit 0 after 'signal 15: shutting down'
-        (a failure is recorded in ctx.stop_failures: the case fails when it ends)."""
-        for p in self.eps:
-            if p is not None and p.running():
-                os.kill(p.pid, signal.SIGTERM)
-        bad = []
-        for k, p in enumerate(self.eps):
-            if p is None:
-                continue
-            code = p.wait(60)
-            if code != 0 or "signal 15: shutting down" not in p.log():
-                bad.append("shard %d (%s) exited %s after SIGTERM%s" % (
-                    k, p.name, code, "" if "signal 15: shutting down" in p.log()
-                    else ", without logging 'signal 15: shutting down' (killed by the signal's default action?)"))
-        # Reported when the case ends, after its checkpoints were compared.
+        """ShardedJob.stop(); a failure is recorded in ctx.stop_failures (the case fails
+        when it ends, after its checkpoints were compared)."""
+        bad = super().stop()
         self.ctx.stop_failures += ["%s: %s" % (self.name, b) for b in bad]
+        return bad
 
-    def train(self, transport="auto", worker_env=None):
-        """The whole job: daemons, workers to the end (exit 0), daemons stopped."""
-        self.start_daemons()
-        self.start_workers(transport, worker_env)
-        self.wait_workers_ok()
-        self.stop()
-
-    def shard_layers(self, k):
-        """(first, last) model layer of shard k, from its log line 'shard K of N: model layers A..B'."""
-        m = re.search(r"shard %d of %d: model layers (\d+)\.\.(\d+) of %d" % (k, self.n, LAYERS), self.eps[k].log())
-        if not m:
-            raise Failure("%s: shard %d's log names no layer range:\n%s" % (self.name, k, self.eps[k].tail()))
-        return int(m.group(1)), int(m.group(2))
-
-    def latest(self):
-        try:
-            with open(os.path.join(self.root, "latest")) as f:
-                return f.read().strip()
-        except OSError:
-            return None
-
-    def final_dir(self):
-        name = self.latest()
-        if name != "step-%08d" % STEPS:
-            raise Failure("%s: the root's latest is %r, not step %d's checkpoint (root: %s)" % (
-                self.name, name, STEPS, sorted(os.listdir(self.root))))
-        return os.path.join(self.root, name)
+    def final_dir(self, steps=STEPS):
+        return super().final_dir(steps)
 
     def check_root_clean(self):
         want = ["latest"] + ["step-%08d" % s for s in range(EVERY, STEPS + 1, EVERY)]
@@ -250,29 +152,7 @@ class Run:
                 self.name, got, sorted(want)))
 
 
-def manifest_for_compare(d):
-    with open(os.path.join(d, "manifest.json")) as f:
-        m = json.load(f)
-    m.pop("created_unix", None)
-    for w in m.get("workers", []):
-        w.pop("name", None)
-    return m
-
-
-def compare_checkpoints(got, ref):
-    """'' when checkpoint dirs `got` and `ref` hold the same layer files byte for byte and
-    the same manifest (less created_unix and worker names); else the differences."""
-    names = sorted(x for x in os.listdir(ref) if x.startswith("layer-"))
-    got_names = sorted(x for x in os.listdir(got) if x.startswith("layer-"))
-    if names != got_names or len(names) != LAYERS:
-        return "layer files %s vs the reference's %s" % (got_names, names)
-    diff = [n for n in names if l2l_procs.read_bytes(os.path.join(got, n)) != l2l_procs.read_bytes(os.path.join(ref, n))]
-    gm, rm = manifest_for_compare(got), manifest_for_compare(ref)
-    if gm != rm:
-        keys = sorted(k for k in set(gm) | set(rm) if gm.get(k) != rm.get(k))
-        diff.append("manifest.json fields %s (%s vs %s)" % (keys, {k: gm.get(k) for k in keys},
-                                                           {k: rm.get(k) for k in keys}))
-    return ", ".join(diff)
+compare_checkpoints = l2l_procs.compare_checkpoints
 
 
 def expect_same(run, ref, what):

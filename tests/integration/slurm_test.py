@@ -73,10 +73,7 @@ def skip(why):
     sys.exit(1 if in_ci else SKIP)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+free_port = l2l_procs.free_port
 
 
 class Cluster:
