@@ -422,6 +422,10 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
     } else {
       L2L_ASSIGN_OR_RETURN(shard_map, opts_.shards->Endpoints());  // UNAVAILABLE until all joined
     }
+    if (!opts_.shards->accepts_workers()) {
+      return Unavailable("shard " + std::to_string(opts_.shard.index) +
+                         (other_shard ? " has not joined shard 0 yet" : " is rolling back") + "; retry");
+    }
   }
   if (info.previous_worker_id < 0 && !other_shard) TakeOverDeadLocalWorkers();
   int32_t id = -1;
@@ -510,6 +514,9 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
     if (!rejoin) {
       auto w = std::make_unique<Worker>();
       w->next_step = r.start_step;
+      // The store's epoch now (a sharded shard may have rolled back before any worker
+      // came: its epoch is past 0), so its waits do not take this worker for a stale one.
+      w->epoch = store_->epoch();
       if (id < static_cast<int32_t>(start_.data_positions.size())) {
         w->position[r.start_step] = start_.data_positions[id];
       }

@@ -441,6 +441,7 @@ class EpsCore {
   UpdatePipeline::FreezeGuard rollback_hold_ GUARDED_BY(recovery_mu_);  // sharded: until the rollback
   std::atomic<int> rollback_pending_{0};   // RollbackToEpoch calls waiting for recovery_mu_
   std::atomic<int64_t> rollbacks_{0};      // sharded rollbacks done (CheckpointLoop re-arms)
+  std::atomic<int64_t> rearm_{-1};         // a hold RollbackToEpoch set for CheckpointLoop to adopt
   std::atomic<bool> paused_{false};
   // Restore point for rollbacks: the newest checkpoint written/resumed ("" = job start).
   std::string restore_dir_ GUARDED_BY(mu_);

@@ -442,6 +442,17 @@ void EpsCore::RollbackToEpoch(const ShardPeers::Epoch& e) {
                         "recovery epoch " + std::to_string(e.epoch) + " (" + e.reason + ")");
   opts_.shards->EndRollback(e.epoch);
   rollbacks_.fetch_add(1);
+  if (s.ok() && checkpoint_every() > 0 && e.step < job_steps_) {
+    // Every shard writes its part of each boundary again as it redoes the steps: the
+    // checkpoint loop may hold at a later one (it wrote this one in an earlier epoch).
+    // The hold goes in while frozen at e.step, so the redo cannot pass it; the loop
+    // adopts it (rearm_).
+    const int64_t every = checkpoint_every();
+    const int64_t b = std::min((e.step / every + 1) * every, job_steps_);
+    if (pipeline_->HoldAt(b)) {
+      if (const int64_t old = rearm_.exchange(b); old >= 0) pipeline_->CancelHoldAt(old);
+    }
+  }
   if (!s.ok()) {
     gate.Reset();
     OnPipelineFailure(s.WithContext("rolling shard " + std::to_string(opts_.shard.index) + " back to step " +
@@ -640,16 +651,24 @@ void EpsCore::CheckpointLoop() {
         continue;
       }
     }
+    int64_t rollbacks = rollbacks_.load();
     while (!stopped_ && !pipeline_->WaitHeld(next, 200ms)) {
+      // A sharded rollback went back before `next` and holds at the first boundary
+      // after its step (RollbackToEpoch): that is the one to wait for now.
+      if (const int64_t r = rearm_.exchange(-1); r >= 0) {
+        pipeline_->CancelHoldAt(next);
+        next = r;
+      }
+      rollbacks = rollbacks_.load();
     }
     if (stopped_) break;
     int64_t following = -1;
-    const int64_t rollbacks = rollbacks_.load();
     bool abandoned = false;
     {
       UpdatePipeline::FreezeGuard gate = pipeline_->AdoptHeld(next);
       std::lock_guard<std::mutex> rlock(recovery_mu_);
-      abandoned = !write(next);
+      // A rollback between the hold and the lock: the state is no longer step `next`'s.
+      abandoned = rollbacks_.load() != rollbacks || !write(next);
       // The next boundary's hold goes in while the gate is still shut: a thread
       // descheduled after the gate opens could otherwise find the pipeline already past
       // it and skip that checkpoint (the last step's included).
@@ -660,7 +679,7 @@ void EpsCore::CheckpointLoop() {
       while (!stopped_ && pipeline_->failure().ok() && rollbacks_.load() == rollbacks) {
         std::this_thread::sleep_for(20ms);
       }
-      next = -1;
+      next = rearm_.exchange(-1);  // -1: none; holds again from the step it went back to
       continue;
     }
     if (next >= steps) break;

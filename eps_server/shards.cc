@@ -163,10 +163,27 @@ Result<ShardPeers::Epoch> ShardHub::Join(const JoinInfo& j) {
   last_watch_[static_cast<size_t>(j.shard)] = std::chrono::steady_clock::now();
   silent_[static_cast<size_t>(j.shard)] = false;
   if (running) {
-    L2L_LOG_WARN("shard {} of {} ({}) joins this restarted shard 0 with its job running: every shard rolls back to "
-                 "step {} and every worker rejoins",
-                 j.shard, id_.count, j.address, restore_point_);
-    epoch_ = std::max(epoch_, j.epoch);
+    L2L_LOG_WARN("shard {} of {} ({}) joins this restarted shard 0 with its job running (recovery epoch {})",
+                 j.shard, id_.count, j.address, j.epoch);
+    running_epoch_ = std::max(running_epoch_, j.epoch);
+    awaiting_running_ = true;
+  }
+  if (awaiting_running_) {
+    // One epoch for them all, once every shard is back: each shard's join starting its
+    // own would roll the others back again while workers rejoin.
+    std::string missing;
+    for (int k = 1; k < id_.count; ++k) {
+      if (!joined_[static_cast<size_t>(k)]) missing += (missing.empty() ? "" : ", ") + std::to_string(k);
+    }
+    if (!missing.empty()) {
+      return Unavailable("shard 0 restarted: waiting for shard(s) " + missing + " to join again; then every shard "
+                         "rolls back to step " + std::to_string(restore_point_));
+    }
+    awaiting_running_ = false;
+    epoch_ = std::max(epoch_, running_epoch_);
+    L2L_LOG_WARN("every shard joined this restarted shard 0: every shard rolls back to step {} and every worker "
+                 "rejoins",
+                 restore_point_);
     BeginEpochLocked("shard 0 restarted");
   } else if (restarted) {
     L2L_LOG_WARN("shard {} of {} restarted ({}, resumed at step {}): every shard rolls back to step {} and every "
@@ -191,6 +208,12 @@ void ShardHub::BeginEpochLocked(const std::string& reason) {
     answers_.push_back([this, e] { on_rollback_(e); });
   }
   cv_.notify_all();
+}
+
+bool ShardHub::accepts_workers() const {
+  const int64_t applied = epoch();
+  std::lock_guard<std::mutex> lock(mu_);
+  return applied >= epoch_;
 }
 
 void ShardHub::SetRestorePoint(int64_t step) {
@@ -530,6 +553,7 @@ Status ShardLink::Join(const std::string& advertise) {
   if (!e.ok()) return e.status();
   // A restarted shard's state is already the epoch's (resumed from its step).
   EndRollback(e->epoch);
+  joined_.store(true);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!watcher_.joinable() && !stopped_) watcher_ = std::thread([this] { WatchLoop(); });

@@ -30,6 +30,7 @@
 // Thread-safety: every method is thread-safe.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -101,6 +102,11 @@ class ShardPeers : public StepCoordinator {
   // Shard 0: the step every shard rolls back to (the job's last complete checkpoint,
   // the start step before the first one). The core keeps it current.
   virtual void SetRestorePoint(int64_t step) {}
+  // Whether workers may register now (else they retry: UNAVAILABLE): not before this
+  // shard joined shard 0 (it learns the recovery epoch then), nor on shard 0 while its
+  // own rollback into the epoch it began is still to run (a registration must carry the
+  // epoch of the state it starts from).
+  virtual bool accepts_workers() const { return true; }
 
  protected:
   // Delivers an answer of `epoch` to the pipeline unless a rollback is under way or the
@@ -137,6 +143,7 @@ class ShardHub : public ShardPeers {
   void PostVerdict(int64_t step, const std::string& skip_reason) override;
   void RequestRollback(const std::string& why) override;
   void SetRestorePoint(int64_t step) override;
+  bool accepts_workers() const override;
 
   // From the Shards service (grpc_server.cc).
   struct JoinInfo {
@@ -207,6 +214,9 @@ class ShardHub : public ShardPeers {
   std::deque<std::function<void()>> answers_ GUARDED_BY(mu_);
   const uint64_t instance_;
   int64_t epoch_ GUARDED_BY(mu_) = 0;
+  // A restarted shard 0: running shards joining again; the newest epoch they were in.
+  bool awaiting_running_ GUARDED_BY(mu_) = false;
+  int64_t running_epoch_ GUARDED_BY(mu_) = 0;
   int64_t restore_point_ GUARDED_BY(mu_) = 0;
   int64_t epoch_step_ GUARDED_BY(mu_) = 0;
   std::string epoch_reason_ GUARDED_BY(mu_);
@@ -250,6 +260,7 @@ class ShardLink : public ShardPeers {
   void PostVerdict(int64_t step, const std::string& skip_reason) override;
   void ReportFailure(const Status& s) override;
   void RequestRollback(const std::string& why) override;
+  bool accepts_workers() const override { return joined_.load(); }
 
   struct Impl;
 
@@ -285,6 +296,7 @@ class ShardLink : public ShardPeers {
   std::vector<std::string> rollback_requests_ GUARDED_BY(mu_);
   uint64_t coordinator_ GUARDED_BY(mu_) = 0;  // shard 0's instance (Join)
   std::string advertise_ GUARDED_BY(mu_);      // this shard's address for workers
+  std::atomic<bool> joined_{false};
   std::thread sender_, watcher_;
 };
 

@@ -78,7 +78,9 @@ Status NoOwner(int64_t layer) { return NotFound("layer " + std::to_string(layer)
 }  // namespace
 
 Status ShardedEpsClient::Note(Shard* shard, Status s) {
-  if (!s.ok() && NeedsRejoin(s)) shard->asked_rejoin.store(true);
+  // NOT_FOUND "... is not registered": the shard restarted and does not know this worker.
+  const bool unknown = s.code() == StatusCode::kNotFound && s.message().find("is not registered") != std::string::npos;
+  if (!s.ok() && (NeedsRejoin(s) || unknown)) shard->asked_rejoin.store(true);
   if (s.code() == StatusCode::kUnavailable && !shard->down.exchange(true)) {
     L2L_LOG_WARN("shard {} at {} is unreachable ({}): waiting for it to come back", shard - shards_.data(),
                  shard->address, s.message());
@@ -193,15 +195,23 @@ Status ShardedEpsClient::Converge(std::vector<bool> fresh) {
       Shard& s = shards_[k];
       const bool behind = s.client->registration().recovery_epoch < newest;
       if (!Asked(s) || (fresh[k] && !behind)) continue;
+      s.asked_rejoin.store(false);  // an ask arriving from here on is a new one
       Status st = s.client->Rejoin();
       if (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kDeadlineExceeded) {
         s.down.store(true);
+        s.asked_rejoin.store(true);
         wait_for(k, "down");
+        continue;
+      }
+      if (st.code() == StatusCode::kFailedPrecondition &&
+          st.message().find("a second process cannot take its id") != std::string::npos) {
+        // A stale ask: the shard still holds this worker as active (its rollback is yet
+        // to come, and it asks again then).
+        wait_for(k, "to roll back");
         continue;
       }
       L2L_RETURN_IF_ERROR(st.WithContext("rejoining shard " + std::to_string(k) + " at " + s.address));
       s.down.store(false);
-      s.asked_rejoin.store(false);
       fresh[k] = true;
       newest = std::max(newest, s.client->registration().recovery_epoch);
     }
