@@ -529,7 +529,14 @@ Status EpsCore::RollBackTo(int64_t step, const std::string& dir, bool restore, c
       }
     }
   }
+  // The step summaries' sums hold reports of steps being redone: they start again.
   reported_.clear();
+  last_loss_sum_ = 0;
+  last_tokens_ = 0;
+  times_sum_ = StepTimes();
+  timeline_reports_ = 0;
+  val_loss_sum_ = 0;
+  val_tokens_ = 0;
   if (restore) L2L_LOG_WARN("rolled back to step {} ({})", step, dir.empty() ? start_.description : dir);
   if (restore && opts_.on_rollback) opts_.on_rollback(step);
   return Status::Ok();
@@ -626,6 +633,17 @@ void EpsCore::CheckpointLoop() {
     }
     return true;
   };
+  // At the job's end: one daemon is done. A shard stays on watch: a shard that died
+  // before the final checkpoint was assembled rolls every shard back, and this loop must
+  // write its part again (RollbackToEpoch's hold). The hold to adopt, or -1: stopping.
+  auto after_end = [&]() -> int64_t {
+    if (!opts_.shard.sharded()) return -1;
+    while (!stopped_) {
+      if (const int64_t r = rearm_.exchange(-1); r >= 0) return r;
+      std::this_thread::sleep_for(50ms);
+    }
+    return -1;
+  };
   int64_t next = -1;  // the boundary a HoldAt is registered at (-1: none yet)
   while (!stopped_) {
     if (next < 0) {
@@ -643,7 +661,9 @@ void EpsCore::CheckpointLoop() {
           Result<UpdatePipeline::FreezeGuard> held = HoldAtBoundary(60s);
           if (held.ok()) write(held->frozen().step);
         }
-        break;
+        next = after_end();
+        if (next < 0) break;
+        continue;
       }
       next = boundary_after(done);
       if (!pipeline_->HoldAt(next)) {
@@ -682,7 +702,11 @@ void EpsCore::CheckpointLoop() {
       next = rearm_.exchange(-1);  // -1: none; holds again from the step it went back to
       continue;
     }
-    if (next >= steps) break;
+    if (next >= steps) {
+      next = after_end();
+      if (next < 0) break;
+      continue;
+    }
     FaultPoint("eps.checkpoint_loop");  // tests: L2L_DELAY_AT deschedules this thread here
     next = following;
   }

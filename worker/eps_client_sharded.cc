@@ -265,8 +265,11 @@ bool ShardedEpsClient::rejoin_requested() const {
 }
 
 Status ShardedEpsClient::LeaveAfterLastStep(std::chrono::milliseconds wait) {
-  // Shard 0 last: it writes the final checkpoint's manifest once every part is in.
-  for (size_t k = shards_.size(); k-- > 0;) {
+  // Shard 0 first: it lets the worker go only once the final checkpoint is assembled
+  // (every shard's part on disk). Leaving another shard before could strand this worker
+  // there as "left" if a shard died before its part was in (every shard then rolls back
+  // and needs the worker again).
+  for (size_t k = 0; k < shards_.size(); ++k) {
     L2L_RETURN_IF_ERROR(Note(&shards_[k], shards_[k].client->LeaveAfterLastStep(wait)));
   }
   return Status::Ok();

@@ -14,7 +14,8 @@
 // a down shard as soon as it answers again, then re-registers with all of them; the
 // worker restarts at the step they agree on, at shard 0's data position. StepDone goes
 // to every shard (each gates its commits on the losses and keeps the data positions);
-// LeaveAfterLastStep leaves shard 0 last (it assembles the final checkpoint). A sharded
+// LeaveAfterLastStep leaves shard 0 first (it lets go only once the final checkpoint is
+// assembled from every shard's part), then the others. A sharded
 // job updates on its shards: TakeUpdate is refused (the interleaved optimizer is off).
 //
 // Ownership: owns the per-shard clients. Thread-safety: as EpsClient.

@@ -22,8 +22,8 @@ every 2 of 12 steps) and two workers (--eps <shard 0>, --transport as given; eac
 layer held 20 ms, L2L_DELAY_AT, so a step lasts ~0.2 s). The uninterrupted reference is
 one daemon with the same job. Faults the seed draws (6 by default), each once the job has
 committed a step since the previous one:
-  * kill -9 of shard k at a random moment of a step (k >= 1; k = 0 too with
-    --kill-shard0 yes), some of them with the restarted shard armed with a fault site
+  * kill -9 of shard k at a random moment of a step (any k; k >= 1 only with
+    --kill-shard0 no), some of them with the restarted shard armed with a fault site
     (eps.checkpoint, eps.update, as above);
   * kill -9 of one worker at a random moment.
 The supervisor here restarts a dead shard ALONE, with the same argv except --resume ROOT
@@ -763,8 +763,8 @@ def main():
     ap.add_argument("--transport", default="shm", choices=["shm", "grpc"])
     ap.add_argument("--seed", type=int, default=int(os.environ.get("L2L_CHAOS_SEED", "1")))
     ap.add_argument("--shards", type=int, default=1, help="1: one daemon; N >= 2: a job sharded over N daemons")
-    ap.add_argument("--kill-shard0", default="no", choices=["yes", "no"],
-                    help="with --shards N: whether shard 0 is among the shards killed")
+    ap.add_argument("--kill-shard0", default="yes", choices=["yes", "no"],
+                    help="with --shards N: whether shard 0 is among the shards killed (default yes)")
     ap.add_argument("--worker-exits", default="fail", choices=["fail", "restart"],
                     help="with --shards N: a worker exiting non-zero by itself fails the test (default), or is "
                          "restarted and listed (to see past a first such failure; the test then still fails)")
