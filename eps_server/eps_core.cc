@@ -840,7 +840,11 @@ Status EpsCore::Deregister(int32_t worker_id, uint64_t registration_id, std::chr
       return checkpoint_every() <= 0 || restore_step_ >= steps || final_checkpoint_failed_ || stopped_.load() ||
              !fatal_.ok() || rejoin();
     });
-    if (ready && rejoin()) return CheckWorker(worker_id);
+    const Status still = [&] {
+      ASSERT_HELD(mu_);
+      return ready && rejoin() ? CheckWorker(worker_id) : Status::Ok();
+    }();
+    if (!still.ok()) return still;
     if (!ready) {
       const int64_t newest = [&] {
         ASSERT_HELD(mu_);

@@ -70,6 +70,19 @@ SITES = {
 Failure = l2l_procs.Failure
 
 
+def site_fired(c, role, p, code):
+    """Whether `role` (cluster c's process p, exit code) died at the fault site it was armed
+    with; records it in c.site_fired and c.faults and disarms the role."""
+    fired = c.env_now.get(role) and "L2L_FAULT_AT: injected SIGKILL at" in p.log()
+    if not (fired and code == -signal.SIGKILL):
+        return False
+    site = c.env_now[role].split(":")[0]
+    c.site_fired.append((role, site))
+    c.faults.append((c.last_step, "%s at %s" % (role, site)))
+    c.env_now[role] = None
+    return True
+
+
 class Cluster:
     """One daemon and two workers on loopback, restarted as a supervisor would."""
 
@@ -146,12 +159,7 @@ class Cluster:
 
     def note_exit(self, role, p, code, killed_by_us):
         """Classifies an exit: a fault site firing, our kill, or something unexpected."""
-        fired = self.env_now.get(role) and "L2L_FAULT_AT: injected SIGKILL at" in p.log()
-        if fired and code == -signal.SIGKILL:
-            site = self.env_now[role].split(":")[0]
-            self.site_fired.append((role, site))
-            self.faults.append((self.last_step, "%s at %s" % (role, site)))
-            self.env_now[role] = None
+        if site_fired(self, role, p, code):
             return "site"
         if killed_by_us:
             return "kill"
@@ -584,12 +592,7 @@ class ShardedCluster(l2l_procs.ShardedJob):
     def note_exit(self, role, p, code, killed_by_us):
         """Classifies an exit: a fault site firing, our kill, a worker done, or unexpected
         (a shard exiting by itself, a worker exiting non-zero: both are failures)."""
-        fired = self.env_now.get(role) and "L2L_FAULT_AT: injected SIGKILL at" in p.log()
-        if fired and code == -signal.SIGKILL:
-            site = self.env_now[role].split(":")[0]
-            self.site_fired.append((role, site))
-            self.faults.append((self.last_step, "%s at %s" % (role, site)))
-            self.env_now[role] = None
+        if site_fired(self, role, p, code):
             return "site"
         if killed_by_us:
             return "kill"

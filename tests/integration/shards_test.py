@@ -360,6 +360,12 @@ def case_atomic(ctx):
                                 leftover or "nothing of step %d" % STEPS))
 
 
+def expect_rolled_back(r, shards):
+    for k in shards:
+        if "rolled back to step %d" % EVERY not in r.eps[k].log():
+            raise Failure("%s: shard %d did not roll back to step %d:\n%s" % (r.name, k, EVERY, r.eps[k].tail()))
+
+
 def case_restart_in_place(ctx):
     ref = ctx.reference()
     out = []
@@ -382,10 +388,7 @@ def case_restart_in_place(ctx):
                     r.name, w.name, w.wait(0), victim, w.tail()))
         r.start_shard(victim, resume=True, args=["--listen", r.addr[victim]])
         r.wait_workers_ok()
-        other = 1 - victim
-        if "rolled back to step %d" % EVERY not in r.eps[other].log():
-            raise Failure("%s: shard %d did not roll back to step %d:\n%s" % (r.name, other, EVERY,
-                                                                           r.eps[other].tail()))
+        expect_rolled_back(r, [1 - victim])
         if "start step %d" % EVERY not in r.eps[victim].log():
             raise Failure("%s: the restarted shard %d does not start at step %d:\n%s" % (r.name, victim, EVERY,
                                                                                         r.eps[victim].tail()))
@@ -413,9 +416,7 @@ def case_worker_loss(ctx):
     r.starts += 1
     r.workers[1] = r.procs.spawn("%s-w1-%d" % (r.name, r.starts), argv)
     r.wait_workers_ok()
-    for k in range(2):
-        if "rolled back to step %d" % EVERY not in r.eps[k].log():
-            raise Failure("%s: shard %d did not roll back to step %d:\n%s" % (r.name, k, EVERY, r.eps[k].tail()))
+    expect_rolled_back(r, range(2))
     r.stop()
     expect_same(r, ref, r.name)
     return ("worker 1 SIGKILLed mid-job after step %d's checkpoint, a replacement started: both shards rolled back to "
@@ -457,9 +458,7 @@ def case_continue(ctx):
         raise Failure("%s: worker 1 exited before the SIGKILL:\n%s" % (r.name, one[0].tail()))
     r.workers = [w for w in r.workers if w is not one[0]]
     r.wait_workers_ok()
-    for k in range(2):
-        if "rolled back to step %d" % EVERY not in r.eps[k].log():
-            raise Failure("%s: shard %d did not roll back to step %d:\n%s" % (r.name, k, EVERY, r.eps[k].tail()))
+    expect_rolled_back(r, range(2))
     r.stop()
     expect_same(r, ref, r.name)
     return ("on_worker_loss: continue: worker 1 SIGKILLed after step %d's checkpoint and not replaced: both shards "
