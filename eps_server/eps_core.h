@@ -404,6 +404,9 @@ class EpsCore {
       REQUIRES(recovery_mu_);
   std::string PositionAt(int32_t id, int64_t step) const REQUIRES(mu_);
   int64_t checkpoint_every() const;
+  // The first checkpoint boundary after `done` steps (every checkpoint_every(), and the
+  // job's last step).
+  int64_t CheckpointBoundaryAfter(int64_t done) const;
   // Sharded jobs: this shard's part of the checkpoint of `step`, posted to shard 0;
   // shard 0 then assembles every shard's part into `dir` (its checkpoint root's
   // step-<N>). Returns what this daemon wrote.

@@ -30,6 +30,11 @@ int64_t EpsCore::checkpoint_every() const {
   return every;
 }
 
+int64_t EpsCore::CheckpointBoundaryAfter(int64_t done) const {
+  const int64_t every = checkpoint_every();
+  return std::min((done / every + 1) * every, job_steps_);
+}
+
 std::string EpsCore::checkpoint_root() const {
   if (!opts_.checkpoint_dir.empty()) return opts_.checkpoint_dir;
   return (opts_.state_dir.empty() ? std::string(".") : opts_.state_dir) + "/checkpoints";
@@ -345,14 +350,17 @@ void EpsCore::HandleLoss(int32_t id, WorkerState new_state) {
   // shard stays frozen until then). One that had not rejoined since the last rollback
   // contributed nothing since: no rollback.
   const bool shard_rollback = opts_.shard.sharded() && !job_done && was == WorkerState::kActive;
-  if (job_done) {
-    pipeline_->DropWorker(id, f.step);
-    what = "the job's last step was done";
-  } else if (shard_rollback) {
+  auto request_shard_rollback = [&]() REQUIRES(recovery_mu_) {
     RequestShardRollback("worker " + std::to_string(id) + " " + ToString(new_state) + " at step " +
                              std::to_string(f.step),
                          std::move(gate));
     what = "every shard rolls back to the job's last complete checkpoint (shard 0 decides)";
+  };
+  if (job_done) {
+    pipeline_->DropWorker(id, f.step);
+    what = "the job's last step was done";
+  } else if (shard_rollback) {
+    request_shard_rollback();
   } else if (next > f.step) {
     // It finished step t: its gradients of t are all in; drop only later ones.
     pipeline_->DropWorker(id, f.step + 1);
@@ -360,10 +368,7 @@ void EpsCore::HandleLoss(int32_t id, WorkerState new_state) {
   } else if (f.at_boundary && pipeline_->DropWorker(id, f.step)) {
     what = "its gradients of step " + std::to_string(f.step) + " were dropped (no layer had applied the step)";
   } else if (opts_.shard.sharded()) {
-    RequestShardRollback("worker " + std::to_string(id) + " " + ToString(new_state) + " mid-step " +
-                             std::to_string(f.step),
-                         std::move(gate));
-    what = "every shard rolls back to the job's last complete checkpoint (shard 0 decides)";
+    request_shard_rollback();
   } else {
     // Partially applied, or (global clip) its gradients are already summed into the
     // step's reductions: abandon the step. At the boundary the state needs no restore.
@@ -447,8 +452,7 @@ void EpsCore::RollbackToEpoch(const ShardPeers::Epoch& e) {
     // checkpoint loop may hold at a later one (it wrote this one in an earlier epoch).
     // The hold goes in while frozen at e.step, so the redo cannot pass it; the loop
     // adopts it (rearm_).
-    const int64_t every = checkpoint_every();
-    const int64_t b = std::min((e.step / every + 1) * every, job_steps_);
+    const int64_t b = CheckpointBoundaryAfter(e.step);
     if (pipeline_->HoldAt(b)) {
       if (const int64_t old = rearm_.exchange(b); old >= 0) pipeline_->CancelHoldAt(old);
     }
@@ -605,9 +609,7 @@ void EpsCore::LivenessLoop() {
 // the period: a worker leaves the job only once that one is on disk (Deregister), so a
 // daemon that dies after the job's end resumes finished, with nobody left to wait for.
 void EpsCore::CheckpointLoop() {
-  const int64_t every = checkpoint_every();
   const int64_t steps = job().train.steps;
-  auto boundary_after = [&](int64_t done) { return std::min((done / every + 1) * every, steps); };
   // Writes the checkpoint of `step` (the gate is held there); the last step's failure
   // lets the workers waiting in Deregister go (the state stays in memory).
   // false: a sharded rollback abandoned the write (the shards redo the step, and the
@@ -665,7 +667,7 @@ void EpsCore::CheckpointLoop() {
         if (next < 0) break;
         continue;
       }
-      next = boundary_after(done);
+      next = CheckpointBoundaryAfter(done);
       if (!pipeline_->HoldAt(next)) {
         next = -1;
         continue;
@@ -692,7 +694,9 @@ void EpsCore::CheckpointLoop() {
       // The next boundary's hold goes in while the gate is still shut: a thread
       // descheduled after the gate opens could otherwise find the pipeline already past
       // it and skip that checkpoint (the last step's included).
-      if (!abandoned && next < steps && pipeline_->HoldAt(boundary_after(next))) following = boundary_after(next);
+      if (!abandoned && next < steps && pipeline_->HoldAt(CheckpointBoundaryAfter(next))) {
+        following = CheckpointBoundaryAfter(next);
+      }
     }
     if (abandoned) {
       // Once the rollback is done, holds again from the step it went back to.

@@ -719,7 +719,7 @@ class ShardsService final : public shardpb::Shards::Service {
       if (req->skip_reason().size() > 65536) {
         return ToGrpc(InvalidArgument("StepFactsRequest: a rollback request's reason is too long"));
       }
-      return ToGrpc(hub_->ShardRollback(req->shard(), req->epoch(), req->skip_reason()).WithContext("StepFacts"));
+      return ToGrpc(hub_->ShardRollback(req->shard(), req->instance(), req->epoch(), req->skip_reason()).WithContext("StepFacts"));
     }
     if (req->kind() == shardpb::FACT_CHECKPOINT) {
       CheckpointPart part;

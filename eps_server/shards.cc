@@ -224,19 +224,26 @@ void ShardHub::SetRestorePoint(int64_t step) {
 void ShardHub::RequestRollback(const std::string& why) {
   const int64_t seen = epoch();
   std::lock_guard<std::mutex> lock(mu_);
-  if (stopped_ || seen < epoch_) return;  // a rollback is already on its way
-  L2L_LOG_WARN("shard 0: {}: every shard rolls back to step {}", why, restore_point_);
-  BeginEpochLocked("shard 0: " + why);
+  if (!stopped_) RollbackLocked(0, seen, why);
 }
 
-Status ShardHub::ShardRollback(int shard, int64_t epoch, const std::string& why) {
+Status ShardHub::ShardRollback(int shard, uint64_t instance, int64_t epoch, const std::string& why) {
   std::lock_guard<std::mutex> lock(mu_);
   if (stopped_) return Aborted("shard 0 is stopping");
   if (!started_) return FailedPrecondition("shard 0 has no job yet");
-  if (epoch < epoch_) return Status::Ok();  // the rollback it asks for began already
+  if (shard <= 0 || shard >= id_.count || !joined_[static_cast<size_t>(shard)] ||
+      joined_[static_cast<size_t>(shard)]->instance != instance) {
+    return FailedPrecondition("a rollback request from shard " + std::to_string(shard) +
+                              ", which has not joined as this process");
+  }
+  RollbackLocked(shard, epoch, why);
+  return Status::Ok();
+}
+
+void ShardHub::RollbackLocked(int shard, int64_t epoch, const std::string& why) {
+  if (epoch < epoch_) return;  // the rollback it asks for began already
   L2L_LOG_WARN("shard {}: {}: every shard rolls back to step {}", shard, why, restore_point_);
   BeginEpochLocked("shard " + std::to_string(shard) + ": " + why);
-  return Status::Ok();
 }
 
 Result<ShardPeers::Epoch> ShardHub::Watch(int shard, uint64_t instance, int64_t epoch,

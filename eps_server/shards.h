@@ -173,8 +173,9 @@ class ShardHub : public ShardPeers {
   // Shard `shard` (instance) watches: returns at once if the epoch is past `epoch`, else
   // after `wait` (or when one begins). Records the shard as alive.
   Result<Epoch> Watch(int shard, uint64_t instance, int64_t epoch, std::chrono::milliseconds wait);
-  // Shard `shard` lost a worker mid-step in `epoch`: a new epoch unless one began since.
-  Status ShardRollback(int shard, int64_t epoch, const std::string& why);
+  // Shard `shard` (the process that joined as `instance`) lost a worker mid-step in
+  // `epoch`: a new epoch unless one began since. FAILED_PRECONDITION: no such shard joined.
+  Status ShardRollback(int shard, uint64_t instance, int64_t epoch, const std::string& why);
   // How long a shard may go without watching before shard 0 logs it as gone.
   static constexpr std::chrono::seconds kWatchTimeout{15};
   // Another shard's job failed (FACT_FAILED): calls the callback set here (l2l-eps: fail
@@ -195,6 +196,8 @@ class ShardHub : public ShardPeers {
   // Every shard rolls back to restore_point_: clears the facts and parts, wakes every
   // wait, and queues this shard's own rollback.
   void BeginEpochLocked(const std::string& reason) REQUIRES(mu_);
+  // Shard `shard` asks for a rollback seen from `epoch` (RequestRollback, ShardRollback).
+  void RollbackLocked(int shard, int64_t epoch, const std::string& why) REQUIRES(mu_);
   void DispatchLoop();
 
   const ShardId id_;

@@ -78,9 +78,9 @@ Status NoOwner(int64_t layer) { return NotFound("layer " + std::to_string(layer)
 }  // namespace
 
 Status ShardedEpsClient::Note(Shard* shard, Status s) {
-  // NOT_FOUND "... is not registered": the shard restarted and does not know this worker.
-  const bool unknown = s.code() == StatusCode::kNotFound && s.message().find("is not registered") != std::string::npos;
-  if (!s.ok() && (NeedsRejoin(s) || unknown)) shard->asked_rejoin.store(true);
+  // NOT_FOUND: the shard does not know this worker (it restarted; the layer itself was
+  // routed to its owner, so it exists there), as a heartbeat's NOT_FOUND says too.
+  if (!s.ok() && (NeedsRejoin(s) || s.code() == StatusCode::kNotFound)) shard->asked_rejoin.store(true);
   if (s.code() == StatusCode::kUnavailable && !shard->down.exchange(true)) {
     L2L_LOG_WARN("shard {} at {} is unreachable ({}): waiting for it to come back", shard - shards_.data(),
                  shard->address, s.message());

@@ -396,14 +396,18 @@ TEST_CASE("Recovery epochs: a restarted shard or a lost worker rolls every shard
   // A part of epoch 1 is recorded; a rollback request of an older epoch is a no-op; one
   // of the current epoch begins the next, which aborts a wait for parts and a fact's wait.
   REQUIRE(hub.SubmitPart(part, 1, std::chrono::milliseconds(0)).ok());
-  CHECK(hub.ShardRollback(1, 0, "worker 0 lost (already handled)").ok());
+  CHECK(hub.ShardRollback(1, 8, 0, "worker 0 lost (already handled)").ok());
+  // Only a shard that joined, as the process that joined, may ask.
+  CHECK(hub.ShardRollback(1, 7, 1, "from the old process").code() == StatusCode::kFailedPrecondition);
+  CHECK(hub.ShardRollback(5, 8, 1, "no such shard").code() == StatusCode::kFailedPrecondition);
+  CHECK(hub.ShardRollback(0, 8, 1, "shard 0 is the hub").code() == StatusCode::kFailedPrecondition);
   CHECK(hub.epoch() == 1);
   auto parts = std::async(std::launch::async, [&] { return hub.WaitParts(6, 1, std::chrono::seconds(20)); });
   auto fact = std::async(std::launch::async, [&] {
     return hub.Facts(1, 1, 6, ShardHub::Kind::kVerdict, {}, "", std::chrono::seconds(20));
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  REQUIRE(hub.ShardRollback(1, 1, "worker 0 lost mid-step 6").ok());
+  REQUIRE(hub.ShardRollback(1, 8, 1, "worker 0 lost mid-step 6").ok());
   REQUIRE(parts.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
   REQUIRE(fact.wait_for(std::chrono::seconds(10)) == std::future_status::ready);
   CHECK(parts.get().status().code() == StatusCode::kAborted);
