@@ -446,8 +446,10 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
                            std::to_string(want - 1) + ": waiting for them");
       }
       if (want < n && workers_[want]->info.state == WorkerState::kActive) {
-        return FailedPrecondition("worker " + std::to_string(want) + " is active on shard " +
-                                  std::to_string(opts_.shard.index) + "; a second process cannot take its id");
+        // Shard 0 gave this id again, so it declared the worker's last process lost (or
+        // asked it to rejoin): the rollback that frees the id here is on its way.
+        return Aborted("worker " + std::to_string(want) + " is still active on shard " +
+                       std::to_string(opts_.shard.index) + " (its rollback is yet to come); retry");
       }
       id = want;
       rejoin = want < n;
@@ -467,8 +469,10 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
                         std::to_string(n) + " workers registered)");
       }
       if (workers_[info.previous_worker_id]->info.state == WorkerState::kActive) {
-        return FailedPrecondition("worker " + std::to_string(info.previous_worker_id) +
-                                  " is active; a second process cannot take its id");
+        const std::string what = "worker " + std::to_string(info.previous_worker_id) + " is active";
+        // Sharded: a rejoin asked by another shard arrives before this one rolled back.
+        if (opts_.shard.sharded()) return Aborted(what + " here until the rollback; retry");
+        return FailedPrecondition(what + "; a second process cannot take its id");
       }
       id = info.previous_worker_id;
       rejoin = true;

@@ -7,6 +7,7 @@
 #include <iterator>
 #include <random>
 
+#include "common/fault_point.h"
 #include "common/logging.h"
 #include "common/rng.h"
 #include "proto/client_channel.h"
@@ -791,6 +792,7 @@ void ShardLink::WatchLoop() {
       if (rep.epoch() > epoch()) {
         L2L_LOG_WARN("shard 0 began recovery epoch {} ({}): rolling back to step {}", rep.epoch(), rep.reason(),
                      rep.rollback_step());
+        FaultPoint("eps.epoch");  // tests: L2L_DELAY_AT makes this shard late to roll back
         if (on_rollback_) on_rollback_(Epoch{rep.epoch(), rep.rollback_step(), rep.reason()});
       }
       continue;

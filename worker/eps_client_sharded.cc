@@ -203,8 +203,7 @@ Status ShardedEpsClient::Converge(std::vector<bool> fresh) {
         wait_for(k, "down");
         continue;
       }
-      if (st.code() == StatusCode::kFailedPrecondition &&
-          st.message().find("a second process cannot take its id") != std::string::npos) {
+      if (st.code() == StatusCode::kAborted) {
         // A stale ask: the shard still holds this worker as active (its rollback is yet
         // to come, and it asks again then).
         wait_for(k, "to roll back");

@@ -403,7 +403,10 @@ def case_restart_in_place(ctx):
 
 def case_worker_loss(ctx):
     ref = ctx.reference()
-    r = Run(ctx, "sh2-wloss", ctx.job, 2)
+    # Shard 1 learns of the rollback 1.5 s late (eps.epoch): the replacement registers
+    # with it while it still holds worker 1 as active, and must wait for the rollback
+    # there (a race the chaos test once lost) instead of giving up.
+    r = Run(ctx, "sh2-wloss", ctx.job, 2, shard_env={1: {"L2L_DELAY_AT": "eps.epoch:1500"}})
     r.start_daemons()
     r.start_workers(env={"L2L_DELAY_AT": "worker.fetch:40"})
     wait_log(r.eps[0], "] step %d loss" % (EVERY + 1), "%s: shard 0" % r.name, 120)
@@ -417,10 +420,14 @@ def case_worker_loss(ctx):
     r.workers[1] = r.procs.spawn("%s-w1-%d" % (r.name, r.starts), argv)
     r.wait_workers_ok()
     expect_rolled_back(r, range(2))
+    if "is still active on shard 1" not in r.workers[1].log():
+        raise Failure("%s: the replacement never met shard 1 before its rollback (the race this case makes):\n%s" % (
+            r.name, r.workers[1].tail()))
     r.stop()
     expect_same(r, ref, r.name)
-    return ("worker 1 SIGKILLed mid-job after step %d's checkpoint, a replacement started: both shards rolled back to "
-            "step %d, the final checkpoint equals the uninterrupted single daemon's" % (EVERY, EVERY))
+    return ("worker 1 SIGKILLed mid-job after step %d's checkpoint, a replacement started, shard 1 told of the "
+            "rollback 1.5 s late (the replacement waited for it): both shards rolled back to step %d, the final "
+            "checkpoint equals the uninterrupted single daemon's" % (EVERY, EVERY))
 
 
 def case_continue(ctx):
