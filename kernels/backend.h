@@ -192,6 +192,18 @@ class Backend {
   // dst (n) = the exact fp32 widening of the bf16 bits src (n).
   virtual void WidenBf16(float* dst, const uint16_t* src, int64_t n) = 0;
 
+  // ---- bf16 copies of fp32 operands (a backend whose GEMMs cast operands to bf16) ----
+  // Notes that `bits` (n bf16 values, this backend's memory) are exactly the bf16 values
+  // of the fp32 tensor `f32` (n; f32 is their widening: a layer published as bf16), and
+  // that both stay unchanged until ForgetBf16Copy(f32). A bf16-mode GEMM whose operand
+  // lies inside f32 then reads it from bits instead of casting it again (the same values:
+  // the same results, one cast pass fewer). Noting f32 again replaces its copy. The
+  // default keeps nothing (fp32 GEMMs; the CPU backend casts every time).
+  virtual void NoteBf16Copy(const float* f32, const uint16_t* bits, int64_t n) {
+    (void)f32, (void)bits, (void)n;
+  }
+  virtual void ForgetBf16Copy(const float* f32) { (void)f32; }
+
   // ---- elementwise ---------------------------------------------------------------
   // out = a + b (n). out may alias a or b.
   virtual void Add(float* out, const float* a, const float* b, int64_t n) = 0;

@@ -273,6 +273,7 @@ Status LayerPrefetcher::FetchAsync(int64_t layer, const LayerWeights& w, Slot& s
   if (device_widen && st.ok()) {
     st = copy_->WidenToF32(s.device.f32(), s.narrow.data(), w.dtype, static_cast<int64_t>(n));
   }
+  s.narrow_is_bf16_layer = device_widen && w.dtype == DType::kBF16 && st.ok();
   return CompleteFetch(layer, s, held, st, "widening or gathering");
 }
 
@@ -289,6 +290,7 @@ Status LayerPrefetcher::CompleteFetch(int64_t layer, Slot& s, bool held, const S
 Status LayerPrefetcher::FetchAsyncFrozen(int64_t layer, const LayerWeights& w, const FrozenPlan& plan, Slot& s) {
   const size_t tn = plan.trainable.numel, es = DTypeSize(w.dtype);
   const bool device_widen = w.dtype != DType::kF32 && w.dtype == fetch_dtype_ && s.narrow.data() != nullptr;
+  s.narrow_is_bf16_layer = false;  // narrow holds the trainable span only
   const bool pinned = pinner_ != nullptr && pinner_->Covers(w.frozen, w.frozen_bytes) &&
                       (tn == 0 || ((w.dtype == DType::kF32 || device_widen) && pinner_->Covers(w.data, tn * es)));
   const size_t up_es = device_widen ? es : sizeof(float);  // the trainable span as copied up
@@ -370,6 +372,10 @@ Result<ResidentLayer> LayerPrefetcher::Next(double* waited_s) {
     // The fill is complete (the prefetch thread waited for it); the stream wait keeps the
     // order explicit on the device as well and costs nothing.
     backend_->WaitEvent(s.ready.get());
+    // The bits stay put until Release(): the next fill of this slot waits for "freed".
+    if (s.narrow_is_bf16_layer) {
+      backend_->NoteBf16Copy(r.params, static_cast<const uint16_t*>(s.narrow.data()), static_cast<int64_t>(r.numel));
+    }
   }
   return r;
 }
@@ -382,7 +388,10 @@ void LayerPrefetcher::Release(const ResidentLayer& r) {
     // Async: the next copy into this slot waits for the compute work queued so far (the
     // last kernels reading it). Recorded before the slot is marked free, under mu_, so the
     // prefetch thread's WaitFor sees this record.
-    if (mode_ == CopyMode::kAsync) backend_->RecordEvent(slots_[r.slot].freed.get());
+    if (mode_ == CopyMode::kAsync) {
+      backend_->ForgetBf16Copy(r.params);
+      backend_->RecordEvent(slots_[r.slot].freed.get());
+    }
     slots_[r.slot].free = true;
   }
   cv_.notify_all();
@@ -396,7 +405,10 @@ void LayerPrefetcher::Cancel() {
   for (Slot& s : slots_) {
     // A slot the relay still held may be read by queued compute work: later copies into
     // it wait for everything queued so far.
-    if (mode_ == CopyMode::kAsync && !s.free) backend_->RecordEvent(s.freed.get());
+    if (mode_ == CopyMode::kAsync && !s.free) {
+      backend_->ForgetBf16Copy(s.device.f32());
+      backend_->RecordEvent(s.freed.get());
+    }
     s.free = true;
   }
   cv_.notify_all();

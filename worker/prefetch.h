@@ -28,6 +28,11 @@
 //    runs inside a stream callback).
 //  * staged (a backend without copy queues that is not the CPU): host staging buffers and
 //    synchronous Backend copies issued by the compute thread.
+// A layer published as bf16 and widened on the device keeps its bf16 copy in the slot
+// while it is resident: Next() notes it to the backend (Backend::NoteBf16Copy) and
+// Release() forgets it, so a bf16-mode GEMM reads the weights as they arrived instead of
+// casting the fp32 slot back to bf16 at every use (forward, recompute, backward, and
+// every chunk of the LM head).
 //
 // In a device group (worker/device_group.h; several GPUs of one process, data parallel),
 // each engine also holds a GroupRank: its rank r of n and its own communicator. The
@@ -178,6 +183,10 @@ class LayerPrefetcher {
     std::unique_ptr<kernels::Event> freed;  // async: recorded on the compute stream at Release
     size_t capacity = 0;
     bool free = true;
+    // Async mode: `narrow` holds the whole resident layer as published bf16 (written by the
+    // prefetch thread with the fill, read by Next() after the item is ready): Next() notes
+    // it to the backend (Backend::NoteBf16Copy), Release() forgets it.
+    bool narrow_is_bf16_layer = false;
   };
 
   LayerPrefetcher(EpsClient* client, kernels::Backend* backend, std::vector<size_t> layer_numel,

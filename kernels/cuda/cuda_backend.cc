@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "common/adamw.h"
 #include "common/env.h"
@@ -155,6 +156,14 @@ class CudaBackend final : public Backend {
   }
 
   // ---- elementwise -----------------------------------------------------------------
+  void NoteBf16Copy(const float* f32, const uint16_t* bits, int64_t n) override {
+    if (precision_ != CudaGemmPrecision::kBf16 || n <= 0) return;  // only bf16 GEMMs read them
+    ForgetBf16Copy(f32);
+    bf16_copies_.push_back({f32, bits, n});
+  }
+  void ForgetBf16Copy(const float* f32) override {
+    std::erase_if(bf16_copies_, [f32](const Bf16Copy& c) { return c.f32 == f32; });
+  }
   void RoundToBf16(float* x, uint16_t* bits, int64_t n) override {
     MakeCurrent();
     LaunchRoundToBf16(x, bits, n, stream());
@@ -578,6 +587,7 @@ class CudaBackend final : public Backend {
     return m;
   }
   void ResetPeak() { peak_allocated_ = allocated_; }
+  CudaGemmStats GemmStats() const { return gemm_stats_; }
   void MakeCurrent() const {
     int cur = -1;
     if (cudaGetDevice(&cur) != cudaSuccess || cur != device_) L2L_CUDA_CHECK(cudaSetDevice(device_));
@@ -618,10 +628,25 @@ class CudaBackend final : public Backend {
   // The bf16 copy of the stored (rows, cols) matrix `src` with leading dimension ld, in
   // slot `slot`: elements [0, (rows-1)*ld + cols) cast, so element i of src is element i
   // of the copy.
+  // An extent inside a noted bf16 copy (NoteBf16Copy: a layer published as bf16) is read
+  // from it at the same offset instead, when that address keeps the 16-byte alignment
+  // the staged copy would have (cuBLASLt's bf16 kernels want it).
   const uint16_t* StageBf16(int slot, const float* src, int64_t rows, int64_t cols, int64_t ld) {
     const int64_t n = (rows > 0 && cols > 0 && ld >= cols) ? (rows - 1) * ld + cols : 0;
+    const auto at = reinterpret_cast<uintptr_t>(src);
+    for (const Bf16Copy& c : bf16_copies_) {
+      const auto base = reinterpret_cast<uintptr_t>(c.f32);
+      if (n == 0 || at < base || (at - base) % sizeof(float) != 0) continue;
+      const auto offset = static_cast<int64_t>((at - base) / sizeof(float));
+      if (offset + n > c.n) continue;
+      const uint16_t* bits = c.bits + offset;
+      if (reinterpret_cast<uintptr_t>(bits) % 16 != 0) continue;
+      gemm_stats_.bf16_reused_elements += n;
+      return bits;
+    }
     uint16_t* dst = Bf16Scratch(slot, n);
     if (n > 0) LaunchCastF32ToBf16(dst, src, n, stream());
+    gemm_stats_.bf16_cast_elements += n;
     return dst;
   }
 
@@ -635,6 +660,13 @@ class CudaBackend final : public Backend {
   LtGemm gemm_;
   CudaBuffer scratch_;
   CudaBuffer bf16_scratch_[2];  // bf16 mode's operand copies (empty until first used)
+  struct Bf16Copy {
+    const float* f32;
+    const uint16_t* bits;
+    int64_t n;
+  };
+  std::vector<Bf16Copy> bf16_copies_;  // NoteBf16Copy's, until forgotten (a few: the layer slots)
+  CudaGemmStats gemm_stats_;
   PinnedBuffer result_host_;  // 8 bytes for SumSquares' result
   std::unordered_map<void*, size_t> sizes_;  // live Alloc()ations
   size_t allocated_ = 0, peak_allocated_ = 0;
@@ -754,6 +786,12 @@ Result<CudaMemoryStats> GetCudaMemoryStats(Backend& backend) {
   if (be == nullptr) return cuda::NotCuda(backend, "GetCudaMemoryStats");
   be->MakeCurrent();
   return be->MemoryStats();
+}
+
+Result<CudaGemmStats> GetCudaGemmStats(Backend& backend) {
+  cuda::CudaBackend* be = cuda::AsCuda(backend);
+  if (be == nullptr) return cuda::NotCuda(backend, "GetCudaGemmStats");
+  return be->GemmStats();
 }
 
 Status ResetCudaPeakMemory(Backend& backend) {

@@ -109,6 +109,74 @@ TEST_CASE("bf16 Gemm with K == 0 scales C and with beta 0 ignores NaN in C", "[g
   }
 }
 
+TEST_CASE("bf16 Gemm reads a noted bf16 copy of a weight instead of casting it, with the same bits",
+          "[gpu]") {
+  // A "layer" published as bf16: its bits, and the fp32 slot that is their widening (as
+  // the prefetcher holds them). Weights are views into it at element offsets; the
+  // activation is an ordinary fp32 buffer.
+  Backend& bf = Bf16();
+  std::mt19937 rng(23);
+  const int64_t M = 24, K = 40, N = 56, layer = 8 + K * N + 40;
+  std::vector<uint16_t> bits(layer);
+  for (auto& x : bits) x = FloatToBf16(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng));
+  std::vector<float> slot(layer);
+  for (int64_t i = 0; i < layer; ++i) slot[i] = Bf16ToFloat(bits[i]);
+  const auto a = RandomVec(rng, M * K);
+  Dev A = Dev::Of(bf, a), W = Dev::Of(bf, slot), C = Dev::Of(bf, std::vector<float>(M * N));
+  DevOf<uint16_t> Wb = DevOf<uint16_t>::Of(bf, bits);
+  auto stats = [&] {
+    auto s = kernels::GetCudaGemmStats(bf);
+    REQUIRE(s.ok());
+    return *s;
+  };
+  // y = a @ w for the weight at element `offset` of the layer (trans_w: stored (N, K)).
+  auto product = [&](int64_t offset, bool trans_w) {
+    bf.Gemm(false, trans_w, M, N, K, 1.0f, A.p(), K, W.p() + offset, trans_w ? K : N, 0.0f, C.p(), N);
+    return C.Host(bf);
+  };
+  const bool trans_w = GENERATE(false, true);
+  CAPTURE(trans_w);
+  // Offsets: 8 (16-byte aligned bits: read in place), 3 (2-byte aligned: cast as before),
+  // layer - K*N (the weight ends where the layer does).
+  for (int64_t offset : {int64_t{8}, int64_t{3}, layer - K * N}) {
+    CAPTURE(offset);
+    const auto cast = product(offset, trans_w);
+    const kernels::CudaGemmStats before = stats();
+    bf.NoteBf16Copy(W.p(), Wb.p(), layer);
+    const auto noted = product(offset, trans_w);
+    const kernels::CudaGemmStats after = stats();
+    CHECK(noted == cast);  // the same bf16 values multiplied: the same bits
+    CHECK(after.bf16_cast_elements - before.bf16_cast_elements ==
+          M * K + (offset % 8 == 0 ? 0 : K * N));  // the activation (and an unaligned weight)
+    CHECK(after.bf16_reused_elements - before.bf16_reused_elements == (offset % 8 == 0 ? K * N : 0));
+    bf.ForgetBf16Copy(W.p());
+    const auto again = product(offset, trans_w);
+    CHECK(again == cast);
+    CHECK(stats().bf16_reused_elements == after.bf16_reused_elements);  // forgotten: cast again
+  }
+  // An extent running past the noted copy is cast.
+  const kernels::CudaGemmStats before = stats();
+  bf.NoteBf16Copy(W.p(), Wb.p(), K * N - 1);
+  (void)product(0, trans_w);
+  bf.ForgetBf16Copy(W.p());
+  CHECK(stats().bf16_reused_elements == before.bf16_reused_elements);
+  // LinearForward reads it too (the layers' path).
+  bf.NoteBf16Copy(W.p(), Wb.p(), layer);
+  bf.LinearForward(C.p(), A.p(), W.p() + 8, trans_w, nullptr, M, K, N, nullptr, nullptr);
+  CHECK(stats().bf16_reused_elements == before.bf16_reused_elements + K * N);
+  bf.ForgetBf16Copy(W.p());
+  // An fp32-mode backend keeps nothing (its GEMMs cast nothing).
+  Backends& b = Both();
+  Dev W32 = Dev::Of(*b.gpu, slot);
+  DevOf<uint16_t> Wb32 = DevOf<uint16_t>::Of(*b.gpu, bits);
+  b.gpu->NoteBf16Copy(W32.p(), Wb32.p(), layer);
+  auto s32 = kernels::GetCudaGemmStats(*b.gpu);
+  REQUIRE(s32.ok());
+  CHECK(s32->bf16_reused_elements == 0);
+  CHECK(s32->bf16_cast_elements == 0);
+  b.gpu->ForgetBf16Copy(W32.p());
+}
+
 double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   double m = 0.0;
   for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));

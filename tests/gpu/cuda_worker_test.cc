@@ -241,5 +241,48 @@ TEST_CASE("relay on cuda over shm (copy streams and pinned segments) tracks the 
   CHECK(gpu.staged_pushes == 0);
 }
 
+TEST_CASE("relay on cuda with bf16 GEMMs multiplies bf16-published weights as they arrived (no cast pass)",
+          "[gpu][worker]") {
+  // The same job through a bf16-GEMM CUDA backend, published f32 and then bf16. Both
+  // runs make the same GEMMs with the same shapes, so the operand elements staged in
+  // total are equal; published bf16, the prefetcher notes each resident layer's bits
+  // (Backend::NoteBf16Copy) and the weight operands are read from them instead of cast.
+  Backends& b = Both();
+  kernels::CudaBackendOptions opt;
+  opt.gemm = kernels::CudaGemmPrecision::kBf16;
+  auto bf = kernels::CreateCudaBackend(0, opt);
+  REQUIRE(bf.ok());
+  const int steps = 4;
+  auto staged = [&](DType dt, std::vector<float>* losses) {
+    const auto before = kernels::GetCudaGemmStats(**bf);
+    REQUIRE(before.ok());
+    *losses = RelayOverShm(RelayJob(dt, "device"), bf->get(), steps).losses;
+    const auto after = kernels::GetCudaGemmStats(**bf);
+    REQUIRE(after.ok());
+    return std::pair<int64_t, int64_t>{after->bf16_cast_elements - before->bf16_cast_elements,
+                                       after->bf16_reused_elements - before->bf16_reused_elements};
+  };
+  std::vector<float> l32, l16;
+  const auto [cast32, reused32] = staged(DType::kF32, &l32);
+  const auto [cast16, reused16] = staged(DType::kBF16, &l16);
+  CHECK(reused32 == 0);
+  CHECK(cast16 + reused16 == cast32);
+  // Every linear layer's weight is read in place, per micro-batch: forward, recompute and
+  // the input gradient (the weight-gradient GEMMs multiply two activations); the head's
+  // tied embedding on top.
+  const JobConfig job = RelayJob(DType::kBF16, "device");
+  const ModelSpec& m = job.model;
+  const int64_t block_weights = 12 * m.d_model * m.d_model;  // qkv 3C^2, proj C^2, fc 4C^2, fc_proj 4C^2
+  CHECK(reused16 >= 3 * job.train.micro_batches * steps * m.n_layer * block_weights);
+  INFO("operand elements cast: published f32 " << cast32 << ", bf16 " << cast16 << " (" << reused16
+                                               << " read from the layers' bf16 copies)");
+  // And it trains like the cpu (the bf16-GEMM tolerance of the reference trainer's case).
+  const ShmRun cpu = RelayOverShm(RelayJob(DType::kBF16, "device"), b.cpu.get(), steps);
+  for (int s = 0; s < steps; ++s) {
+    INFO("step " << s << ": gpu loss " << l16[s] << ", cpu loss " << cpu.losses[s]);
+    CHECK(std::abs(l16[s] - cpu.losses[s]) <= 1e-4 + 2e-2 * std::abs(cpu.losses[s]));
+  }
+}
+
 }  // namespace
 }  // namespace l2l::gpu_test

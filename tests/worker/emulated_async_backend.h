@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -90,6 +91,10 @@ inline EmuEvent* AsEmu(kernels::Event* e) {
 struct EmuStats {
   std::mutex mu;
   int64_t copies_to_device = 0, copies_to_host = 0, widenings = 0, waits = 0;
+  // NoteBf16Copy / ForgetBf16Copy calls, the copies noted now, Gemm operands that lay
+  // inside a noted copy, and elements of those whose noted bits were not bf16(f32) at
+  // the Gemm (a stale copy the CUDA backend would have multiplied).
+  int64_t bf16_notes = 0, bf16_forgets = 0, bf16_live = 0, bf16_operand_hits = 0, bf16_stale_elements = 0;
   struct Pin {
     const void* p;
     size_t bytes;
@@ -245,7 +250,22 @@ class EmulatedAsyncBackend final : public kernels::Backend {
   void Synchronize() override { cpu_->Synchronize(); }
   void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
             int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
+    CheckBf16Copy(A, ta ? K : M, ta ? M : K, lda);
+    CheckBf16Copy(B, tb ? N : K, tb ? K : N, ldb);
     cpu_->Gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+  void NoteBf16Copy(const float* f32, const uint16_t* bits, int64_t n) override {
+    std::lock_guard<std::mutex> lk(stats_->mu);
+    ++stats_->bf16_notes;
+    std::erase_if(bf16_copies_, [f32](const Bf16Copy& c) { return c.f32 == f32; });
+    bf16_copies_.push_back({f32, bits, n});
+    stats_->bf16_live = static_cast<int64_t>(bf16_copies_.size());
+  }
+  void ForgetBf16Copy(const float* f32) override {
+    std::lock_guard<std::mutex> lk(stats_->mu);
+    ++stats_->bf16_forgets;
+    std::erase_if(bf16_copies_, [f32](const Bf16Copy& c) { return c.f32 == f32; });
+    stats_->bf16_live = static_cast<int64_t>(bf16_copies_.size());
   }
   void AddBias(float* o, const float* b, int64_t N, int64_t OC) override { cpu_->AddBias(o, b, N, OC); }
   void BiasBackward(float* db, const float* d, int64_t N, int64_t OC) override {
@@ -332,9 +352,33 @@ class EmulatedAsyncBackend final : public kernels::Backend {
   }
 
  private:
+  struct Bf16Copy {
+    const float* f32;
+    const uint16_t* bits;
+    int64_t n;
+  };
+  // A (rows, cols) operand with leading dimension ld inside a noted copy: its extent's
+  // bits must be bf16(f32) now (what the CUDA backend's bf16 mode reads instead of a cast).
+  void CheckBf16Copy(const float* src, int64_t rows, int64_t cols, int64_t ld) {
+    if (rows <= 0 || cols <= 0 || ld < cols) return;
+    const int64_t n = (rows - 1) * ld + cols;
+    std::lock_guard<std::mutex> lk(stats_->mu);
+    const auto at = reinterpret_cast<uintptr_t>(src);
+    for (const Bf16Copy& c : bf16_copies_) {
+      const auto base = reinterpret_cast<uintptr_t>(c.f32);
+      if (at < base || (at - base) % sizeof(float) != 0) continue;
+      const auto offset = static_cast<int64_t>((at - base) / sizeof(float));
+      if (offset + n > c.n) continue;
+      ++stats_->bf16_operand_hits;
+      for (int64_t i = 0; i < n; ++i) stats_->bf16_stale_elements += FloatToBf16(src[i]) != c.bits[offset + i];
+      return;
+    }
+  }
+
   std::unique_ptr<kernels::Backend> cpu_;
   Options opt_;
   std::shared_ptr<EmuStats> stats_;
+  std::vector<Bf16Copy> bf16_copies_;  // guarded by stats_->mu
 };
 
 }  // namespace l2l::testing

@@ -118,6 +118,15 @@ TEST_CASE("Relay on a backend with copy queues gives the bits of the plain CPU r
     CHECK(emu.stats().copies_to_device >= fetches);
     CHECK(emu.stats().widenings == (job.publish_dtype == DType::kBF16 ? fetches : 0));
     CHECK(emu.stats().copies_to_host >= steps * (job.model.n_layer + 2));
+    // A bf16 layer's bits are noted to the backend while it is resident (a bf16-mode CUDA
+    // backend multiplies them instead of casting the weights again): once per fetch,
+    // forgotten at its release, and still bf16(weights) at every GEMM that used them.
+    const bool bf16 = job.publish_dtype == DType::kBF16;
+    CHECK(emu.stats().bf16_notes == (bf16 ? fetches : 0));
+    CHECK(emu.stats().bf16_forgets >= emu.stats().bf16_notes);
+    CHECK(emu.stats().bf16_live == 0);
+    CHECK((emu.stats().bf16_operand_hits > 0) == bf16);
+    CHECK(emu.stats().bf16_stale_elements == 0);
   }
 
   REQUIRE(plain.losses.size() == async.losses.size());
