@@ -737,77 +737,93 @@ Status EpsCore::StepDone(int32_t worker_id, int64_t step, double loss, int64_t t
   w.info.step = step + 1;
   w.info.last_loss = loss;
   w.info.last_seen = std::chrono::steady_clock::now();
-  last_loss_sum_ += loss;
-  last_tokens_ += tokens;
-  times_sum_.forward_s += times.forward_s;
-  times_sum_.backward_s += times.backward_s;
-  times_sum_.recompute_s += times.recompute_s;
-  times_sum_.wait_layer_s += times.wait_layer_s;
-  times_sum_.wait_push_s += times.wait_push_s;
+  StepReports& r = step_reports_[step];
+  ++r.reports;
+  r.loss_sum += loss;
+  r.tokens += tokens;
+  r.times.forward_s += times.forward_s;
+  r.times.backward_s += times.backward_s;
+  r.times.recompute_s += times.recompute_s;
+  r.times.wait_layer_s += times.wait_layer_s;
+  r.times.wait_push_s += times.wait_push_s;
   if (times.compute_s) {
     auto add = [](std::optional<double>* sum, const std::optional<double>& v) { *sum = sum->value_or(0) + v.value_or(0); };
-    add(&times_sum_.compute_s, times.compute_s);
-    add(&times_sum_.wait_first_layer_s, times.wait_first_layer_s);
-    add(&times_sum_.worker_step_s, times.worker_step_s);
-    add(&times_sum_.between_s, times.between_s);
-    ++timeline_reports_;
+    add(&r.times.compute_s, times.compute_s);
+    add(&r.times.wait_first_layer_s, times.wait_first_layer_s);
+    add(&r.times.worker_step_s, times.worker_step_s);
+    add(&r.times.between_s, times.between_s);
+    ++r.timeline_reports;
   }
   if (eval.tokens > 0) {
-    val_loss_sum_ += eval.loss * static_cast<double>(eval.tokens);
-    val_tokens_ += eval.tokens;
+    r.val_loss_sum += eval.loss * static_cast<double>(eval.tokens);
+    r.val_tokens += eval.tokens;
   }
-  int active = 0;
-  for (const auto& x : workers_) active += x->info.state == WorkerState::kActive ? 1 : 0;
-  if (++reported_[step] >= active) {
-    const auto now = std::chrono::steady_clock::now();
-    const double secs = std::chrono::duration<double>(now - step_start_).count();
-    last_loss_ = last_loss_sum_ / static_cast<double>(reported_[step]);
-    tokens_per_s_ = secs > 0 ? static_cast<double>(last_tokens_) / secs : 0;
-    L2L_LOG_INFO("step {} loss {:.4f} {:.0f} tokens/s", step, last_loss_, tokens_per_s_);
-    const int64_t val_tokens = val_tokens_;
-    if (val_tokens > 0) {
-      val_loss_ = val_loss_sum_ / static_cast<double>(val_tokens);
-      val_step_ = step + 1;
-      L2L_LOG_INFO("step {} val_loss {:.4f} val_ppl {:.3f} ({} tokens)", step + 1, val_loss_, std::exp(val_loss_),
-                   val_tokens);
-    }
-    val_loss_sum_ = 0;
-    val_tokens_ = 0;
-    if (opts_.on_step) {
-      const double n = static_cast<double>(reported_[step]);
-      StepSummary sum;
-      sum.step = step + 1;
-      sum.workers = reported_[step];
-      sum.loss = last_loss_;
-      sum.tokens_per_s = tokens_per_s_;
-      sum.wall_s = secs;
-      sum.lr = LearningRate(job_.optim, step);
-      sum.times.forward_s = times_sum_.forward_s / n;
-      sum.times.backward_s = times_sum_.backward_s / n;
-      sum.times.recompute_s = times_sum_.recompute_s / n;
-      sum.times.wait_layer_s = times_sum_.wait_layer_s / n;
-      sum.times.wait_push_s = times_sum_.wait_push_s / n;
-      if (timeline_reports_ > 0) {
-        const double k = static_cast<double>(timeline_reports_);
-        sum.times.compute_s = *times_sum_.compute_s / k;
-        sum.times.wait_first_layer_s = *times_sum_.wait_first_layer_s / k;
-        sum.times.worker_step_s = *times_sum_.worker_step_s / k;
-        sum.times.between_s = *times_sum_.between_s / k;
-      }
-      sum.update = pipeline_->UpdateTimesFor(step);
-      if (val_tokens > 0) sum.val_loss = val_loss_, sum.val_tokens = val_tokens;
-      opts_.on_step(sum);
-    }
-    times_sum_ = StepTimes();
-    timeline_reports_ = 0;
-    last_loss_sum_ = 0;
-    last_tokens_ = 0;
-    reported_.erase(reported_.begin(), reported_.upper_bound(step));
-    step_start_ = now;
-  }
+  SummarizeStepsLocked();
   cv_.notify_all();
   *stop = stopped_.load() || step + 1 >= job_.train.steps;
   return Status::Ok();
+}
+
+int EpsCore::MembersOfLocked(int64_t step) const {
+  int n = 0;
+  for (int32_t id = 0; id < opts_.expected_workers; ++id) {
+    if (id >= static_cast<int32_t>(workers_.size())) {
+      ++n;  // not registered yet: the pipeline waits for it
+      continue;
+    }
+    const Worker& w = *workers_[id];
+    if (w.member_first <= step && step <= w.member_last) ++n;
+  }
+  return n;
+}
+
+void EpsCore::SummarizeStepsLocked() {
+  int64_t last = -1;
+  for (const auto& [step, r] : step_reports_) {
+    if (r.reports >= MembersOfLocked(step)) last = step;
+  }
+  if (last < 0) return;
+  for (auto it = step_reports_.begin(); it != step_reports_.end() && it->first <= last;
+       it = step_reports_.erase(it)) {
+    const int64_t step = it->first;
+    const StepReports& r = it->second;
+    const auto now = std::chrono::steady_clock::now();
+    const double secs = std::chrono::duration<double>(now - step_start_).count();
+    step_start_ = now;
+    const double n = static_cast<double>(r.reports);
+    last_loss_ = r.loss_sum / n;
+    tokens_per_s_ = secs > 0 ? static_cast<double>(r.tokens) / secs : 0;
+    L2L_LOG_INFO("step {} loss {:.4f} {:.0f} tokens/s", step, last_loss_, tokens_per_s_);
+    if (r.val_tokens > 0) {
+      val_loss_ = r.val_loss_sum / static_cast<double>(r.val_tokens);
+      val_step_ = step + 1;
+      L2L_LOG_INFO("step {} val_loss {:.4f} val_ppl {:.3f} ({} tokens)", step + 1, val_loss_, std::exp(val_loss_),
+                   r.val_tokens);
+    }
+    if (!opts_.on_step) continue;
+    StepSummary sum;
+    sum.step = step + 1;
+    sum.workers = r.reports;
+    sum.loss = last_loss_;
+    sum.tokens_per_s = tokens_per_s_;
+    sum.wall_s = secs;
+    sum.lr = LearningRate(job_.optim, step);
+    sum.times.forward_s = r.times.forward_s / n;
+    sum.times.backward_s = r.times.backward_s / n;
+    sum.times.recompute_s = r.times.recompute_s / n;
+    sum.times.wait_layer_s = r.times.wait_layer_s / n;
+    sum.times.wait_push_s = r.times.wait_push_s / n;
+    if (r.timeline_reports > 0) {
+      const double k = static_cast<double>(r.timeline_reports);
+      sum.times.compute_s = *r.times.compute_s / k;
+      sum.times.wait_first_layer_s = *r.times.wait_first_layer_s / k;
+      sum.times.worker_step_s = *r.times.worker_step_s / k;
+      sum.times.between_s = *r.times.between_s / k;
+    }
+    sum.update = pipeline_->UpdateTimesFor(step);
+    if (r.val_tokens > 0) sum.val_loss = val_loss_, sum.val_tokens = r.val_tokens;
+    opts_.on_step(sum);
+  }
 }
 
 Status EpsCore::Deregister(int32_t worker_id, uint64_t registration_id, std::chrono::milliseconds wait_final) {

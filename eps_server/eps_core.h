@@ -100,8 +100,8 @@ struct StepEval {
   int64_t tokens = 0;
 };
 
-// One completed step, as every active worker reported it (loss and phase times averaged
-// over the workers; tokens_per_s over all of them and the step's wall time).
+// One completed step, as every worker contributing to it reported it (loss and phase
+// times averaged over the workers; tokens_per_s over all of them and the step's wall time).
 struct StepSummary {
   int64_t step = 0;          // steps completed (the step reported + 1)
   int32_t workers = 0;
@@ -144,8 +144,8 @@ struct CoreOptions {
   // fault): the state can no longer be trusted to advance, so the daemon should stop
   // without a final checkpoint (the last good one stays). Must not block.
   std::function<void(const Status&)> on_fatal;
-  // Called once per completed step (every active worker reported StepDone), with the
-  // core's lock held: it must be quick and must not call back into the EpsCore. Used by
+  // Called once per completed step (every worker contributing to it reported StepDone),
+  // with the core's lock held: it must be quick and must not call back into the EpsCore. Used by
   // l2l-eps for the run log and metrics. Null: nothing is called.
   std::function<void(const StepSummary&)> on_step;
   // Called once per skipped step (a non-finite gradient or loss; the state is left as
@@ -403,6 +403,12 @@ class EpsCore {
   Result<CheckpointResult> WriteCheckpointLocked(int64_t step, const std::string& dir, bool latest)
       REQUIRES(recovery_mu_);
   std::string PositionAt(int32_t id, int64_t step) const REQUIRES(mu_);
+  // Workers whose gradients step `step` waits for (the pipeline's membership; one not yet
+  // registered counts).
+  int MembersOfLocked(int64_t step) const REQUIRES(mu_);
+  // Summarizes (logs, on_step) the newest step every member has reported, and any older
+  // step still open before it with the reports it has; forgets them.
+  void SummarizeStepsLocked() REQUIRES(mu_);
   int64_t checkpoint_every() const;
   // The first checkpoint boundary after `done` steps (every checkpoint_every(), and the
   // job's last step).
@@ -452,15 +458,22 @@ class EpsCore {
   bool final_checkpoint_failed_ GUARDED_BY(mu_) = false;  // the job-end checkpoint's write failed
   std::mt19937_64 registration_rng_ GUARDED_BY(mu_){std::random_device{}()};  // Registration::registration_id
   std::string last_checkpoint_ GUARDED_BY(mu_);
-  double last_loss_sum_ = 0;
-  int64_t last_tokens_ = 0;
-  StepTimes times_sum_;  // phase seconds of the step being reported, summed over workers
-  int timeline_reports_ = 0;  // workers of that step that reported the timeline
-  double val_loss_sum_ = 0;   // eval loss * eval tokens of the step being reported
-  int64_t val_tokens_ = 0;    // eval tokens of the step being reported
+  // StepDone reports of a step not yet summarized. A step's summary (the log line,
+  // on_step) is made once every worker contributing to it has reported (its members:
+  // MembersOfLocked), so a step redone after a rollback while a worker is still
+  // rejoining waits for that worker instead of averaging fewer reports.
+  struct StepReports {
+    int reports = 0;
+    double loss_sum = 0;
+    int64_t tokens = 0;
+    StepTimes times;           // phase seconds summed over the reports
+    int timeline_reports = 0;  // reports that carried the timeline
+    double val_loss_sum = 0;   // eval loss * eval tokens
+    int64_t val_tokens = 0;
+  };
+  std::map<int64_t, StepReports> step_reports_ GUARDED_BY(mu_);
   double val_loss_ = 0;       // last validation loss and its 1-based step (0 = none)
   int64_t val_step_ = 0;
-  std::map<int64_t, int> reported_;                 // step -> StepDone count
   double last_loss_ = 0, tokens_per_s_ = 0;
   std::chrono::steady_clock::time_point step_start_ = std::chrono::steady_clock::now();
   std::thread liveness_, checkpointer_;

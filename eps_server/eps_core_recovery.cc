@@ -278,6 +278,7 @@ Status EpsCore::Resume() {
                      w->member_last);
       }
     }
+    SummarizeStepsLocked();
     paused_by_loss_ = false;
   }
   UpdatePausedLocked();
@@ -394,6 +395,7 @@ void EpsCore::HandleLoss(int32_t id, WorkerState new_state) {
       } else {
         pipeline_->SetMember(id, first, w.member_last);
       }
+      SummarizeStepsLocked();  // a step the others reported may wait for no one now
     } else {
       paused_by_loss_ = true;
     }
@@ -534,13 +536,7 @@ Status EpsCore::RollBackTo(int64_t step, const std::string& dir, bool restore, c
     }
   }
   // The step summaries' sums hold reports of steps being redone: they start again.
-  reported_.clear();
-  last_loss_sum_ = 0;
-  last_tokens_ = 0;
-  times_sum_ = StepTimes();
-  timeline_reports_ = 0;
-  val_loss_sum_ = 0;
-  val_tokens_ = 0;
+  step_reports_.clear();
   if (restore) L2L_LOG_WARN("rolled back to step {} ({})", step, dir.empty() ? start_.description : dir);
   if (restore && opts_.on_rollback) opts_.on_rollback(step);
   return Status::Ok();

@@ -40,8 +40,8 @@ Usage: chaos_test.py BIN_DIR [--transport shm|grpc] [--seed N] [--faults N] [--s
                      [--shards N] [--kill-shard0 yes|no] [--shard-restart-delay-s S]
                      [--worker-exits fail|restart] [--check-losses yes|no] [--deadline-s S]
                      [--keep]
---check-losses yes also requires every step loss a daemon logs ("step N loss X") to equal
-the reference's (either mode).
+--check-losses yes (the default) also requires every step loss a daemon logs ("step N loss
+X") to equal the reference's (either mode).
 The seed defaults to $L2L_CHAOS_SEED, else 1; it is printed with the result line
   chaos: seed S (...): N faults injected, N survived ...
 Defaults: one daemon, 100 steps, 16 faults; --shards N >= 2: 12 steps, 6 faults, shard 0
@@ -774,10 +774,10 @@ def main():
     ap.add_argument("--shard-restart-delay-s", type=float, default=0.0,
                     help="with --shards N: how long a dead shard stays down before its restart (default 0: at once, "
                          "as Restart=always does)")
-    ap.add_argument("--check-losses", default="no", choices=["yes", "no"],
-                    help="also require every step loss the daemons log to equal the uninterrupted run's (after a "
-                         "worker's rejoin some do not today, in both modes: the loss of a step is logged with a "
-                         "report missing or one too many, while the state stays bit-identical)")
+    ap.add_argument("--check-losses", default="yes", choices=["yes", "no"],
+                    help="also require every step loss the daemons log to equal the uninterrupted run's (default "
+                         "yes; before 2026-11-28 a step redone while a worker was still rejoining was logged with "
+                         "fewer reports)")
     ap.add_argument("--faults", type=int, help="default 16 (one daemon), 6 (sharded)")
     ap.add_argument("--steps", type=int, help="default 100 (one daemon), 12 (sharded)")
     ap.add_argument("--deadline-s", type=float, help="default 600 (one daemon), 240 (sharded)")

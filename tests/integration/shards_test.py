@@ -161,6 +161,20 @@ def expect_same(run, ref, what):
         raise Failure("%s: the final checkpoint differs from the single daemon's: %s" % (what, d))
 
 
+def expect_same_losses(run, ref, what):
+    """Every step loss a shard of `run` logged ("step N loss X"; a step redone after a
+    rollback logs again) equals the reference's: in pause mode every logged step ran from
+    the same weights and batches with every worker's report (a summary made while a
+    worker was still rejoining would average fewer reports)."""
+    want = dict(re.findall(r"\] step (\d+) loss ([0-9.]+)", ref.eps[0].log()))
+    wrong = ["%s: step %s loss %s (reference %s)" % (p.name, n, x, want.get(n))
+             for p in run.eps if p is not None
+             for n, x in re.findall(r"\] step (\d+) loss ([0-9.]+)", p.log()) if want.get(n) != x]
+    if wrong:
+        raise Failure("%s: %d logged step losses differ from the single daemon's: %s" % (what, len(wrong),
+                                                                                       "; ".join(wrong[:6])))
+
+
 # ---- the cases ------------------------------------------------------------------------
 
 def case_bit_identical(ctx):
@@ -395,6 +409,7 @@ def case_restart_in_place(ctx):
         waited = [w.name for w in r.workers if "shard %d at" % victim in w.log()]
         r.stop()
         expect_same(r, ref, r.name)
+        expect_same_losses(r, ref, r.name)
         out.append("shard %d (workers %s) SIGKILLed after %d steps (latest step %d), restarted alone with --resume: "
                    "workers waited (%s), the other shard rolled back to step %d" % (
                        victim, transport, done_before, EVERY, ", ".join(waited) or "none logged", EVERY))
@@ -425,9 +440,10 @@ def case_worker_loss(ctx):
             r.name, r.workers[1].tail()))
     r.stop()
     expect_same(r, ref, r.name)
+    expect_same_losses(r, ref, r.name)
     return ("worker 1 SIGKILLed mid-job after step %d's checkpoint, a replacement started, shard 1 told of the "
             "rollback 1.5 s late (the replacement waited for it): both shards rolled back to step %d, the final "
-            "checkpoint equals the uninterrupted single daemon's" % (EVERY, EVERY))
+            "checkpoint and every logged step loss equal the uninterrupted single daemon's" % (EVERY, EVERY))
 
 
 def case_continue(ctx):
