@@ -447,9 +447,12 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
       }
       if (want < n && workers_[want]->info.state == WorkerState::kActive) {
         // Shard 0 gave this id again, so it declared the worker's last process lost (or
-        // asked it to rejoin): the rollback that frees the id here is on its way.
-        return Aborted("worker " + std::to_string(want) + " is still active on shard " +
-                       std::to_string(opts_.shard.index) + " (its rollback is yet to come); retry");
+        // asked it to rejoin): the rollback that frees the id here is on its way. UNAVAILABLE:
+        // the worker retries (ABORTED would tell it the daemon is stopping).
+        L2L_LOG_INFO("worker {} registers again while still active on this shard: its rollback is on the way (the "
+                     "worker retries)", want);
+        return Unavailable("worker " + std::to_string(want) + " is still active on shard " +
+                           std::to_string(opts_.shard.index) + " (its rollback is yet to come); retry");
       }
       id = want;
       rejoin = want < n;
@@ -471,7 +474,7 @@ Result<Registration> EpsCore::Register(const RegisterInfo& info) {
       if (workers_[info.previous_worker_id]->info.state == WorkerState::kActive) {
         const std::string what = "worker " + std::to_string(info.previous_worker_id) + " is active";
         // Sharded: a rejoin asked by another shard arrives before this one rolled back.
-        if (opts_.shard.sharded()) return Aborted(what + " here until the rollback; retry");
+        if (opts_.shard.sharded()) return Unavailable(what + " here until the rollback; retry");
         return FailedPrecondition(what + "; a second process cannot take its id");
       }
       id = info.previous_worker_id;
@@ -783,13 +786,17 @@ void EpsCore::SummarizeStepsLocked() {
     if (r.reports >= MembersOfLocked(step)) last = step;
   }
   if (last < 0) return;
+  // The time since the last summary, split evenly over the steps summarized now (more
+  // than one only when an older step was still open).
+  const auto now = std::chrono::steady_clock::now();
+  int64_t batch = 0;
+  for (auto it = step_reports_.begin(); it != step_reports_.end() && it->first <= last; ++it) ++batch;
+  const double secs = std::chrono::duration<double>(now - step_start_).count() / static_cast<double>(batch);
+  step_start_ = now;
   for (auto it = step_reports_.begin(); it != step_reports_.end() && it->first <= last;
        it = step_reports_.erase(it)) {
     const int64_t step = it->first;
     const StepReports& r = it->second;
-    const auto now = std::chrono::steady_clock::now();
-    const double secs = std::chrono::duration<double>(now - step_start_).count();
-    step_start_ = now;
     const double n = static_cast<double>(r.reports);
     last_loss_ = r.loss_sum / n;
     tokens_per_s_ = secs > 0 ? static_cast<double>(r.tokens) / secs : 0;

@@ -363,8 +363,9 @@ void EpsCore::HandleLoss(int32_t id, WorkerState new_state) {
   } else if (shard_rollback) {
     request_shard_rollback();
   } else if (next > f.step) {
-    // It finished step t: its gradients of t are all in; drop only later ones.
-    pipeline_->DropWorker(id, f.step + 1);
+    // It finished step t (lock-free mode: maybe later ones too): its gradients of the
+    // steps it finished are all in; drop only those of the steps after.
+    pipeline_->DropWorker(id, next);
     what = "it had finished step " + std::to_string(f.step) + ", nothing abandoned";
   } else if (f.at_boundary && pipeline_->DropWorker(id, f.step)) {
     what = "its gradients of step " + std::to_string(f.step) + " were dropped (no layer had applied the step)";

@@ -104,26 +104,20 @@ Status GrpcEpsClient::Register(Impl* impl, const ClientOptions& options, int32_t
   const auto deadline = std::chrono::system_clock::now() + options.connect_timeout;
   data::RegisterReply rep;
   grpc::Status st, full;  // full: the last "job full" refusal, if any
-  bool aborted_logged = false;
   for (;;) {
     grpc::ClientContext ctx;
     ctx.set_deadline(deadline);
     ctx.set_wait_for_ready(true);  // bounded retry while the EPS is not up yet
     st = impl->stub->Register(&ctx, req, &rep);
-    // UNAVAILABLE: the EPS is not up yet. RESOURCE_EXHAUSTED: the job has all its
-    // workers; one may be declared lost (heartbeat timeout) or leave meanwhile, and then
-    // this process takes its place. ABORTED: a shard still holds the id shard 0 gave this
-    // process as active, until the rollback shard 0 began reaches it. All are retried
-    // until the connect timeout.
+    // UNAVAILABLE: the EPS is not up yet (or, sharded, a shard still holds the id shard 0
+    // gave this process as active until shard 0's rollback reaches it). RESOURCE_EXHAUSTED:
+    // the job has all its workers; one may be declared lost (heartbeat timeout) or leave
+    // meanwhile, and then this process takes its place. Both are retried until the
+    // connect timeout.
     if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) full = st;
     const bool retry = st.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                       st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED ||
-                       st.error_code() == grpc::StatusCode::ABORTED;
+                       st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED;
     if (st.ok() || !retry || std::chrono::system_clock::now() >= deadline) break;
-    if (st.error_code() == grpc::StatusCode::ABORTED && !aborted_logged) {
-      aborted_logged = true;
-      L2L_LOG_WARN("registering with {}: {} (retrying until the connect timeout)", address, st.error_message());
-    }
     std::this_thread::sleep_for(std::chrono::milliseconds(st.error_code() == grpc::StatusCode::UNAVAILABLE ? 100 : 250));
   }
   if (!st.ok() && !full.ok() &&

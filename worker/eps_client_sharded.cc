@@ -198,15 +198,11 @@ Status ShardedEpsClient::Converge(std::vector<bool> fresh) {
       s.asked_rejoin.store(false);  // an ask arriving from here on is a new one
       Status st = s.client->Rejoin();
       if (st.code() == StatusCode::kUnavailable || st.code() == StatusCode::kDeadlineExceeded) {
+        // Down, or (UNAVAILABLE from the shard itself) still holding this worker as active
+        // because its rollback is yet to come: asked again on the next pass either way.
         s.down.store(true);
         s.asked_rejoin.store(true);
-        wait_for(k, "down");
-        continue;
-      }
-      if (st.code() == StatusCode::kAborted) {
-        // A stale ask: the shard still holds this worker as active (its rollback is yet
-        // to come, and it asks again then).
-        wait_for(k, "to roll back");
+        wait_for(k, "down or still rolling back");
         continue;
       }
       L2L_RETURN_IF_ERROR(st.WithContext("rejoining shard " + std::to_string(k) + " at " + s.address));

@@ -123,8 +123,7 @@ TEST_CASE("Relay on a backend with copy queues gives the bits of the plain CPU r
     // forgotten at its release, and still bf16(weights) at every GEMM that used them.
     const bool bf16 = job.publish_dtype == DType::kBF16;
     CHECK(emu.stats().bf16_notes == (bf16 ? fetches : 0));
-    CHECK(emu.stats().bf16_forgets >= emu.stats().bf16_notes);
-    CHECK(emu.stats().bf16_live == 0);
+    CHECK(emu.stats().bf16_live == 0);  // every note forgotten by the end
     CHECK((emu.stats().bf16_operand_hits > 0) == bf16);
     CHECK(emu.stats().bf16_stale_elements == 0);
   }
