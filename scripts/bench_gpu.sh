@@ -424,6 +424,10 @@ YAML
   [[ -n "$done_line" ]] || { tail -20 "$dir/worker.log"; run_fail "$name" "l2l-worker printed no 'l2l-worker: done' line"; return 1; }
   local done_steps; done_steps=$(sed -n 's/.* steps=\([0-9]*\).*/\1/p' <<<"$done_line")
   [[ "$done_steps" == "$total" ]] || { tail -20 "$dir/worker.log"; run_fail "$name" "l2l-worker did $done_steps steps, not $total"; return 1; }
+  # "cuda:0 (...): bf16 GEMM operands: X M elements cast, Y M read in place ... (P%)": the
+  # weights published bf16 that the GEMMs read without a cast pass (docs/gpu.md).
+  local operands; operands=$(grep -o 'bf16 GEMM operands: .*' "$dir/worker.log" | tail -1 || true)
+  [[ -z "$operands" ]] || log "  $name: $operands"
   local dev_bytes; dev_bytes=$(sed -n 's/.* device_bytes=\([0-9]*\).*/\1/p' <<<"$done_line")
   [[ -n "$dev_bytes" ]] || { run_fail "$name" "l2l-worker: no device_bytes= in '$done_line'"; return 1; }
   L2L_DEV_MIB=$(awk -v b="$dev_bytes" 'BEGIN { printf "%.2f", b / 1048576 }')

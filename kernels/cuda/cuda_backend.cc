@@ -156,6 +156,7 @@ class CudaBackend final : public Backend {
   }
 
   // ---- elementwise -----------------------------------------------------------------
+  Bf16OperandStats bf16_operand_stats() const override { return gemm_stats_; }
   void NoteBf16Copy(const float* f32, const uint16_t* bits, int64_t n) override {
     if (precision_ != CudaGemmPrecision::kBf16 || n <= 0) return;  // only bf16 GEMMs read them
     ForgetBf16Copy(f32);
@@ -587,7 +588,6 @@ class CudaBackend final : public Backend {
     return m;
   }
   void ResetPeak() { peak_allocated_ = allocated_; }
-  CudaGemmStats GemmStats() const { return gemm_stats_; }
   void MakeCurrent() const {
     int cur = -1;
     if (cudaGetDevice(&cur) != cudaSuccess || cur != device_) L2L_CUDA_CHECK(cudaSetDevice(device_));
@@ -641,12 +641,12 @@ class CudaBackend final : public Backend {
       if (offset + n > c.n) continue;
       const uint16_t* bits = c.bits + offset;
       if (reinterpret_cast<uintptr_t>(bits) % 16 != 0) continue;
-      gemm_stats_.bf16_reused_elements += n;
+      gemm_stats_.reused_elements += n;
       return bits;
     }
     uint16_t* dst = Bf16Scratch(slot, n);
     if (n > 0) LaunchCastF32ToBf16(dst, src, n, stream());
-    gemm_stats_.bf16_cast_elements += n;
+    gemm_stats_.cast_elements += n;
     return dst;
   }
 
@@ -666,7 +666,7 @@ class CudaBackend final : public Backend {
     int64_t n;
   };
   std::vector<Bf16Copy> bf16_copies_;  // NoteBf16Copy's, until forgotten (a few: the layer slots)
-  CudaGemmStats gemm_stats_;
+  Bf16OperandStats gemm_stats_;  // StageBf16's counts (bf16_operand_stats)
   PinnedBuffer result_host_;  // 8 bytes for SumSquares' result
   std::unordered_map<void*, size_t> sizes_;  // live Alloc()ations
   size_t allocated_ = 0, peak_allocated_ = 0;
@@ -786,12 +786,6 @@ Result<CudaMemoryStats> GetCudaMemoryStats(Backend& backend) {
   if (be == nullptr) return cuda::NotCuda(backend, "GetCudaMemoryStats");
   be->MakeCurrent();
   return be->MemoryStats();
-}
-
-Result<CudaGemmStats> GetCudaGemmStats(Backend& backend) {
-  cuda::CudaBackend* be = cuda::AsCuda(backend);
-  if (be == nullptr) return cuda::NotCuda(backend, "GetCudaGemmStats");
-  return be->GemmStats();
 }
 
 Status ResetCudaPeakMemory(Backend& backend) {

@@ -88,15 +88,6 @@ Result<CudaMemoryStats> GetCudaMemoryStats(Backend& backend);
 // Restarts peak_allocated from the current allocated bytes.
 Status ResetCudaPeakMemory(Backend& backend);
 
-// bf16 GEMM mode's operand staging since the backend was made: elements cast to bf16
-// (one pass each) and elements read from a noted bf16 copy instead (Backend::NoteBf16Copy:
-// a layer published as bf16 is never cast again). Both 0 in fp32 / tf32 mode.
-struct CudaGemmStats {
-  int64_t bf16_cast_elements = 0;
-  int64_t bf16_reused_elements = 0;
-};
-Result<CudaGemmStats> GetCudaGemmStats(Backend& backend);
-
 // ---- bf16 entry points (the optimised path; fp32 accumulation everywhere) ----------
 // REQUIRES for all: `backend` came from CreateCudaBackend (else INVALID_ARGUMENT), and
 // pointers are its device memory. bf16 values are stored as uint16_t (the upper half of

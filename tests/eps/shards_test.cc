@@ -60,13 +60,16 @@ class LocalLink : public StepCoordinator {
   LocalLink(ShardHub* hub, UpdatePipeline** pipe) : hub_(hub), pipe_(pipe) {
     thread_ = std::thread([this] { Loop(); });
   }
-  ~LocalLink() override {
+  ~LocalLink() override { Stop(); }
+  // Ends the thread (waits for a delivery in progress): call it before the pipeline it
+  // delivers to is destroyed.
+  void Stop() {
     {
       std::lock_guard<std::mutex> l(mu_);
       stop_ = true;
     }
     cv_.notify_all();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
   }
   void PostNorms(int64_t step, std::vector<double> norm2) override { Push({step, 0, std::move(norm2), ""}); }
   void PostVerdict(int64_t step, const std::string& r) override { Push({step, 1, {}, r}); }
@@ -198,6 +201,7 @@ State RunSharded(const JobConfig& job, const Grads& g, int64_t nan_layer, const 
     CHECK(p0.stats().skipped_steps == (nan_layer >= 0 ? 1 : 0));
     CHECK(p1.stats().skipped_steps == (nan_layer >= 0 ? 1 : 0));
     hub.Stop();  // no answer reaches the pipelines after this
+    link.Stop();  // nor one already on its way (p1 is destroyed next)
   }
   CHECK(link.errors() == 0);
   if (!ckpt_root.empty()) {

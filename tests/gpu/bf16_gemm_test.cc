@@ -124,11 +124,7 @@ TEST_CASE("bf16 Gemm reads a noted bf16 copy of a weight instead of casting it, 
   const auto a = RandomVec(rng, M * K);
   Dev A = Dev::Of(bf, a), W = Dev::Of(bf, slot), C = Dev::Of(bf, std::vector<float>(M * N));
   DevOf<uint16_t> Wb = DevOf<uint16_t>::Of(bf, bits);
-  auto stats = [&] {
-    auto s = kernels::GetCudaGemmStats(bf);
-    REQUIRE(s.ok());
-    return *s;
-  };
+  auto stats = [&] { return bf.bf16_operand_stats(); };
   // y = a @ w for the weight at element `offset` of the layer (trans_w: stored (N, K)).
   auto product = [&](int64_t offset, bool trans_w) {
     bf.Gemm(false, trans_w, M, N, K, 1.0f, A.p(), K, W.p() + offset, trans_w ? K : N, 0.0f, C.p(), N);
@@ -141,29 +137,29 @@ TEST_CASE("bf16 Gemm reads a noted bf16 copy of a weight instead of casting it, 
   for (int64_t offset : {int64_t{8}, int64_t{3}, layer - K * N}) {
     CAPTURE(offset);
     const auto cast = product(offset, trans_w);
-    const kernels::CudaGemmStats before = stats();
+    const Backend::Bf16OperandStats before = stats();
     bf.NoteBf16Copy(W.p(), Wb.p(), layer);
     const auto noted = product(offset, trans_w);
-    const kernels::CudaGemmStats after = stats();
+    const Backend::Bf16OperandStats after = stats();
     CHECK(noted == cast);  // the same bf16 values multiplied: the same bits
-    CHECK(after.bf16_cast_elements - before.bf16_cast_elements ==
+    CHECK(after.cast_elements - before.cast_elements ==
           M * K + (offset % 8 == 0 ? 0 : K * N));  // the activation (and an unaligned weight)
-    CHECK(after.bf16_reused_elements - before.bf16_reused_elements == (offset % 8 == 0 ? K * N : 0));
+    CHECK(after.reused_elements - before.reused_elements == (offset % 8 == 0 ? K * N : 0));
     bf.ForgetBf16Copy(W.p());
     const auto again = product(offset, trans_w);
     CHECK(again == cast);
-    CHECK(stats().bf16_reused_elements == after.bf16_reused_elements);  // forgotten: cast again
+    CHECK(stats().reused_elements == after.reused_elements);  // forgotten: cast again
   }
   // An extent running past the noted copy is cast.
-  const kernels::CudaGemmStats before = stats();
+  const Backend::Bf16OperandStats before = stats();
   bf.NoteBf16Copy(W.p(), Wb.p(), K * N - 1);
   (void)product(0, trans_w);
   bf.ForgetBf16Copy(W.p());
-  CHECK(stats().bf16_reused_elements == before.bf16_reused_elements);
+  CHECK(stats().reused_elements == before.reused_elements);
   // LinearForward reads it too (the layers' path).
   bf.NoteBf16Copy(W.p(), Wb.p(), layer);
   bf.LinearForward(C.p(), A.p(), W.p() + 8, trans_w, nullptr, M, K, N, nullptr, nullptr);
-  CHECK(stats().bf16_reused_elements == before.bf16_reused_elements + K * N);
+  CHECK(stats().reused_elements == before.reused_elements + K * N);
   bf.ForgetBf16Copy(W.p());
   // An fp32-mode backend ignores the note: its product stays the fp32 one (reading the
   // bits would round the activation and the weight's product to bf16 numerics).

@@ -254,13 +254,11 @@ TEST_CASE("relay on cuda with bf16 GEMMs multiplies bf16-published weights as th
   REQUIRE(bf.ok());
   const int steps = 4;
   auto staged = [&](DType dt, std::vector<float>* losses) {
-    const auto before = kernels::GetCudaGemmStats(**bf);
-    REQUIRE(before.ok());
+    const auto before = (*bf)->bf16_operand_stats();
     *losses = RelayOverShm(RelayJob(dt, "device"), bf->get(), steps).losses;
-    const auto after = kernels::GetCudaGemmStats(**bf);
-    REQUIRE(after.ok());
-    return std::pair<int64_t, int64_t>{after->bf16_cast_elements - before->bf16_cast_elements,
-                                       after->bf16_reused_elements - before->bf16_reused_elements};
+    const auto after = (*bf)->bf16_operand_stats();
+    return std::pair<int64_t, int64_t>{after.cast_elements - before.cast_elements,
+                                       after.reused_elements - before.reused_elements};
   };
   std::vector<float> l32, l16;
   const auto [cast32, reused32] = staged(DType::kF32, &l32);
