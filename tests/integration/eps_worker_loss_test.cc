@@ -38,9 +38,10 @@ constexpr int64_t kHeartbeatTimeoutMs = 400;
 struct Daemon {
   // clip "none": every layer updates as soon as its gradients are in (with "global"
   // all updates of a step wait for the last gradient, so no step is ever partial).
-  Daemon(const std::string& on_loss, const std::string& state_dir, const std::string& transport = "grpc")
+  Daemon(const std::string& on_loss, const std::string& state_dir, const std::string& transport = "grpc",
+         const JobConfig& job = Job())
       : core(Opts(on_loss, state_dir, transport)) {
-    L2L_CHECK(core.CreateJob(Job()).ok());
+    L2L_CHECK(core.CreateJob(job).ok());
     auto s = eps::EpsGrpcServer::Start(&core, eps::ServerOptions{});
     L2L_CHECK(s.ok()) << s.status().ToString();
     server = std::move(s).value();
@@ -287,6 +288,36 @@ TEST_CASE("EPS continue: a lost worker's unapplied gradients are dropped and the
   t2.join();
   REQUIRE(WaitStep(d, 3));
   ref.Step(2, {0, 1}, {1, 1});
+  CHECK(Master(d.core) == ref.p);
+}
+
+TEST_CASE("EPS continue in lock-free mode: a worker lost after finishing steps ahead keeps them and they commit",
+          "[integration][eps][worker_loss]") {
+  // Lock-free mode (staleness 1): a finishes steps 0 and 1 while step 0 still waits for
+  // b, then falls silent. Its gradients of both steps are in and stay in (it finished
+  // them); b completes steps 0 and 1 with them and step 2 alone. (Dropping a's step 1,
+  // as the loss handling did before 2026-11-28, left step 1 waiting for it for ever.)
+  JobConfig job = Daemon::Job();
+  job.train.mode = l2l::TrainMode::kLockfree;
+  job.train.staleness = 1;
+  REQUIRE(job.Validate().ok());
+  Daemon d("continue", "", "grpc", job);
+  RawWorker a(d.address), b(d.address);
+  Reference ref(job);
+  REQUIRE(a.FullStep(0).ok());
+  REQUIRE(a.FullStep(1).ok());
+  a.StopHeartbeats();
+  REQUIRE(d.WaitState(0, "lost"));
+  CHECK_FALSE(d.core.pipeline()->WaitForStep(1, 100ms));  // step 0 still waits for b
+  REQUIRE(b.FullStep(0).ok());
+  REQUIRE(b.FullStep(1).ok());
+  REQUIRE(WaitStep(d, 2));
+  ref.Step(0, {0, 1}, {1, 1});
+  ref.Step(1, {0, 1}, {1, 1});
+  CHECK(Master(d.core) == ref.p);
+  REQUIRE(b.FullStep(2).ok());
+  REQUIRE(WaitStep(d, 3));
+  ref.Step(2, {1}, {1});
   CHECK(Master(d.core) == ref.p);
 }
 
