@@ -198,7 +198,11 @@ class Backend {
   // that both stay unchanged until ForgetBf16Copy(f32). A bf16-mode GEMM whose operand
   // lies inside f32 then reads it from bits instead of casting it again (the same values:
   // the same results, one cast pass fewer). Noting f32 again replaces its copy. The
-  // default keeps nothing (fp32 GEMMs; the CPU backend casts every time).
+  // default keeps nothing (fp32 GEMMs). The CPU backend's bf16 mode reads an operand
+  // from a copy only where it is the B of a product stored dense row-major (a weight not
+  // transposed: GPT-2's forward); its packing transposes the others anyway.
+  // TakesBf16Copies: whether noting does anything here (callers skip keeping copies).
+  virtual bool TakesBf16Copies() const { return false; }
   virtual void NoteBf16Copy(const float* f32, const uint16_t* bits, int64_t n) {
     (void)f32, (void)bits, (void)n;
   }

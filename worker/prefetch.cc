@@ -78,6 +78,9 @@ Result<std::unique_ptr<LayerPrefetcher>> LayerPrefetcher::Create(EpsClient* clie
     L2L_ASSIGN_OR_RETURN(slot.device,
                          kernels::DeviceBuffer::Create(backend, slot.capacity * sizeof(float)));
     if (p->mode_ == CopyMode::kStaged) slot.staging.resize(slot.capacity);
+    if (p->mode_ == CopyMode::kDirect && fetch_dtype == DType::kBF16 && backend->TakesBf16Copies()) {
+      slot.bits.resize(slot.capacity);
+    }
     if (p->mode_ == CopyMode::kAsync) {
       if (DTypeSize(fetch_dtype) < sizeof(float)) {
         L2L_ASSIGN_OR_RETURN(slot.narrow, kernels::DeviceBuffer::Create(
@@ -203,6 +206,7 @@ Result<int64_t> LayerPrefetcher::Fetch(int64_t layer, int64_t min_version,
       return w.version;
     }
     float* dst = direct_ ? s.device.f32() : s.staging.data();
+    s.narrow_is_bf16_layer = false;  // a frozen record: no bf16 copy of the whole layer
     DecodeFrozen(plan, static_cast<const uint8_t*>(w.frozen), dst);
     if (plan.trainable.numel > 0) ConvertToFloat(w.data, w.dtype, dst + plan.trainable.offset, plan.trainable.numel);
     client_->ReleaseLayer(layer);
@@ -219,6 +223,10 @@ Result<int64_t> LayerPrefetcher::Fetch(int64_t layer, int64_t min_version,
     return w.version;
   }
   ConvertToFloat(w.data, w.dtype, direct_ ? s.device.f32() : s.staging.data(), want);
+  // Direct mode, published bf16: keep the bits for the backend's bf16 GEMMs (one copy of
+  // half the layer's fp32 bytes, instead of a cast per use).
+  s.narrow_is_bf16_layer = !s.bits.empty() && w.dtype == DType::kBF16;
+  if (s.narrow_is_bf16_layer) std::memcpy(s.bits.data(), w.data, want * sizeof(uint16_t));
   client_->ReleaseLayer(layer);
   return w.version;
 }
@@ -376,6 +384,8 @@ Result<ResidentLayer> LayerPrefetcher::Next(double* waited_s) {
     if (s.narrow_is_bf16_layer) {
       backend_->NoteBf16Copy(r.params, static_cast<const uint16_t*>(s.narrow.data()), static_cast<int64_t>(r.numel));
     }
+  } else if (direct_ && s.narrow_is_bf16_layer) {
+    backend_->NoteBf16Copy(r.params, s.bits.data(), static_cast<int64_t>(r.numel));  // kept until Release()
   }
   return r;
 }
@@ -388,10 +398,8 @@ void LayerPrefetcher::Release(const ResidentLayer& r) {
     // Async: the next copy into this slot waits for the compute work queued so far (the
     // last kernels reading it). Recorded before the slot is marked free, under mu_, so the
     // prefetch thread's WaitFor sees this record.
-    if (mode_ == CopyMode::kAsync) {
-      backend_->ForgetBf16Copy(r.params);
-      backend_->RecordEvent(slots_[r.slot].freed.get());
-    }
+    backend_->ForgetBf16Copy(r.params);
+    if (mode_ == CopyMode::kAsync) backend_->RecordEvent(slots_[r.slot].freed.get());
     slots_[r.slot].free = true;
   }
   cv_.notify_all();
@@ -405,10 +413,8 @@ void LayerPrefetcher::Cancel() {
   for (Slot& s : slots_) {
     // A slot the relay still held may be read by queued compute work: later copies into
     // it wait for everything queued so far.
-    if (mode_ == CopyMode::kAsync && !s.free) {
-      backend_->ForgetBf16Copy(s.device.f32());
-      backend_->RecordEvent(s.freed.get());
-    }
+    if (!s.free) backend_->ForgetBf16Copy(s.device.f32());
+    if (mode_ == CopyMode::kAsync && !s.free) backend_->RecordEvent(s.freed.get());
     s.free = true;
   }
   cv_.notify_all();

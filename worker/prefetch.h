@@ -179,13 +179,15 @@ class LayerPrefetcher {
     std::vector<float> staging;    // staged mode: host copy
     kernels::DeviceBuffer narrow;  // async mode, fetch_dtype narrower than fp32: (capacity) of it
     kernels::DeviceBuffer frozen;  // async mode, a LoRA job: the largest frozen record (bytes)
+    std::vector<uint16_t> bits;    // direct mode, bf16 published, a backend that takes bf16 copies
     std::unique_ptr<kernels::Event> ready;  // async: recorded on the copy queue after the fill
     std::unique_ptr<kernels::Event> freed;  // async: recorded on the compute stream at Release
     size_t capacity = 0;
     bool free = true;
-    // Async mode: `narrow` holds the whole resident layer as published bf16 (written by the
-    // prefetch thread with the fill, read by Next() after the item is ready): Next() notes
-    // it to the backend (Backend::NoteBf16Copy), Release() forgets it.
+    // `narrow` (async mode) or `bits` (direct mode) holds the whole resident layer as
+    // published bf16 (written by the prefetch thread with the fill, read by Next() after
+    // the item is ready): Next() notes it to the backend (Backend::NoteBf16Copy),
+    // Release() forgets it.
     bool narrow_is_bf16_layer = false;
   };
 

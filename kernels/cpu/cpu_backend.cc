@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -82,7 +83,36 @@ void CpuBackend::Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
       << " ldb=" << ldb << " ldc=" << ldc << " trans_a=" << trans_a << " trans_b=" << trans_b;
   MatStrides sa, sb, sc;
   GemmStrides(trans_a, trans_b, lda, ldb, ldc, &sa, &sb, &sc);
-  matmul_->Run(1, 1, M, N, K, alpha, A, sa, B, sb, beta, C, sc);
+  matmul_->Run(1, 1, M, N, K, alpha, A, sa, B, sb, beta, C, sc, nullptr, DenseBf16B(B, sb.row, sb.col, M, N, K));
+}
+
+void CpuBackend::NoteBf16Copy(const float* f32, const uint16_t* bits, int64_t n) {
+  if (gemm_ != CpuGemmPrecision::kBf16 || n <= 0) return;  // only bf16 GEMMs read them
+  ForgetBf16Copy(f32);
+  bf16_copies_.push_back({f32, bits, n});
+}
+
+void CpuBackend::ForgetBf16Copy(const float* f32) {
+  std::erase_if(bf16_copies_, [f32](const Bf16Copy& c) { return c.f32 == f32; });
+}
+
+const uint16_t* CpuBackend::DenseBf16B(const float* B, int64_t row_stride, int64_t col_stride, int64_t M, int64_t N,
+                                       int64_t K) {
+  if (gemm_ != CpuGemmPrecision::kBf16 || M <= 0 || N <= 0 || K <= 0) return nullptr;
+  bf16_stats_.cast_elements += M * K;  // A is always cast
+  if (row_stride == N && col_stride == 1) {
+    const auto at = reinterpret_cast<uintptr_t>(B);
+    for (const Bf16Copy& c : bf16_copies_) {
+      const auto base = reinterpret_cast<uintptr_t>(c.f32);
+      if (at < base || (at - base) % sizeof(float) != 0) continue;
+      const auto offset = static_cast<int64_t>((at - base) / sizeof(float));
+      if (offset + K * N > c.n) continue;
+      bf16_stats_.reused_elements += K * N;
+      return c.bits + offset;
+    }
+  }
+  bf16_stats_.cast_elements += K * N;
+  return nullptr;
 }
 
 std::string CpuBackend::GemmImplName(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K) {
@@ -115,7 +145,8 @@ void CpuBackend::LinearForward(float* y, const float* x, const float* w, bool tr
     }
   };
   const bool any = bias != nullptr || act != nullptr || residual != nullptr;
-  matmul_->Run(1, 1, N, OC, IC, 1.0f, x, sa, w, sb, 0.0f, y, sc, any ? &epilogue : nullptr);
+  matmul_->Run(1, 1, N, OC, IC, 1.0f, x, sa, w, sb, 0.0f, y, sc, any ? &epilogue : nullptr,
+               DenseBf16B(w, sb.row, sb.col, N, OC, IC));
 }
 
 void CpuBackend::BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) {

@@ -52,6 +52,10 @@ class CpuBackend final : public Backend {
   void Zero(void* dst, size_t bytes) override;
   void Synchronize() override {}
 
+  bool TakesBf16Copies() const override { return gemm_ == CpuGemmPrecision::kBf16; }
+  void NoteBf16Copy(const float* f32, const uint16_t* bits, int64_t n) override;
+  void ForgetBf16Copy(const float* f32) override;
+  Bf16OperandStats bf16_operand_stats() const override { return bf16_stats_; }
   void Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
             const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
             int64_t ldc) override;
@@ -189,8 +193,20 @@ class CpuBackend final : public Backend {
     arena_.execute(std::forward<F>(f));
   }
 
+  // bf16 mode: B's noted bf16 copy when B (K, N) lies in one, stored dense row-major
+  // (row stride N, column stride 1); else null. Counts the operand elements either way.
+  // (row_stride, col_stride: B's element strides.)
+  const uint16_t* DenseBf16B(const float* B, int64_t row_stride, int64_t col_stride, int64_t M, int64_t N, int64_t K);
+
   int num_threads_;
   CpuGemmPrecision gemm_;
+  struct Bf16Copy {
+    const float* f32;
+    const uint16_t* bits;
+    int64_t n;
+  };
+  std::vector<Bf16Copy> bf16_copies_;  // NoteBf16Copy's, until forgotten (bf16 mode only)
+  Bf16OperandStats bf16_stats_;
   tbb::task_arena arena_;
   std::unique_ptr<ThreadPinner> pinner_;  // L2L_CPU_PIN=1 only (cpu_pinning.h)
   std::unique_ptr<DnnlMatmul> matmul_;

@@ -248,7 +248,8 @@ uint16_t* DnnlMatmul::Bf16Slot(int slot, int64_t elems) {
 
 void DnnlMatmul::Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, float alpha,
                      const float* A, const MatStrides& sa, const float* B, const MatStrides& sb,
-                     float beta, float* C, const MatStrides& sc, const Epilogue* epilogue) {
+                     float beta, float* C, const MatStrides& sc, const Epilogue* epilogue,
+                     const uint16_t* b_bf16) {
   L2L_CHECK(B0 >= 0 && B1 >= 0 && M >= 0 && N >= 0 && K >= 0)
       << "negative matmul dims B0=" << B0 << " B1=" << B1 << " M=" << M << " N=" << N << " K=" << K;
   L2L_CHECK(epilogue == nullptr || B0 * B1 == 1) << "DnnlMatmul: an epilogue needs a 2-D product";
@@ -277,11 +278,15 @@ void DnnlMatmul::Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, fl
   size_t esz = sizeof(float);
   if (im.bf16) {
     uint16_t* a16 = im.Slot(0, B0 * B1 * M * K);
-    uint16_t* b16 = im.Slot(1, B0 * B1 * K * N);
     im.Pack(a16, A, B0, B1, M, K, sa);
-    im.Pack(b16, B, B0, B1, K, N, sb);
     a = a16;
-    b = b16;
+    if (b_bf16 != nullptr && B0 * B1 == 1) {
+      b = b_bf16;  // the caller's bf16 copy, already dense (K, N)
+    } else {
+      uint16_t* b16 = im.Slot(1, B0 * B1 * K * N);
+      im.Pack(b16, B, B0, B1, K, N, sb);
+      b = b16;
+    }
     ua = MatStrides{B1 * M * K, M * K, K, 1};
     ub = MatStrides{B1 * K * N, K * N, N, 1};
     esz = sizeof(uint16_t);

@@ -67,9 +67,11 @@ class DnnlMatmul {
   // block of C right after that block is computed, in the same task (the block is still
   // in cache); the blocks tile C exactly. It may rewrite its block of C.
   using Epilogue = std::function<void(int64_t m0, int64_t m1, int64_t n0, int64_t n1)>;
+  // b_bf16 (bf16 mode, 2-D only; may be null): B's values as bf16, dense row-major
+  // (K, N), read instead of casting B (the caller guarantees they are bf16(B)).
   void Run(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            const MatStrides& sa, const float* B, const MatStrides& sb, float beta, float* C,
-           const MatStrides& sc, const Epilogue* epilogue = nullptr);
+           const MatStrides& sc, const Epilogue* epilogue = nullptr, const uint16_t* b_bf16 = nullptr);
 
   // oneDNN's name for the implementation it picks for this problem (e.g. "brg:avx2").
   std::string ImplName(int64_t B0, int64_t B1, int64_t M, int64_t N, int64_t K, float alpha,

@@ -157,6 +157,7 @@ class CudaBackend final : public Backend {
 
   // ---- elementwise -----------------------------------------------------------------
   Bf16OperandStats bf16_operand_stats() const override { return gemm_stats_; }
+  bool TakesBf16Copies() const override { return precision_ == CudaGemmPrecision::kBf16; }
   void NoteBf16Copy(const float* f32, const uint16_t* bits, int64_t n) override {
     if (precision_ != CudaGemmPrecision::kBf16 || n <= 0) return;  // only bf16 GEMMs read them
     ForgetBf16Copy(f32);

@@ -169,6 +169,63 @@ TEST_CASE("bf16 LinearForward keeps its fp32 epilogues (bias, GELU, residual)", 
   }
 }
 
+TEST_CASE("bf16 Gemm reads a noted bf16 copy of a dense weight instead of casting it, with the same bits",
+          "[kernels][cpu][bf16]") {
+  const CpuBf16Mode bf16_mode;
+  if (!bf16_mode.runs()) return;
+  // A "layer" published as bf16: its bits, and the fp32 slot that is their widening.
+  std::mt19937 rng(23);
+  const int64_t M = 24, K = 40, N = 56, layer = 8 + K * N + 40;
+  std::vector<uint16_t> bits(layer);
+  for (auto& b : bits) b = FloatToBf16(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng));
+  std::vector<float> slot(layer);
+  for (int64_t i = 0; i < layer; ++i) slot[i] = Bf16ToFloat(bits[i]);
+  const auto x = RandomVec(rng, M * K);
+  auto bf = Bf16Cpu(2);
+  REQUIRE(bf->TakesBf16Copies());
+  auto X = Upload(*bf, x), W = Upload(*bf, slot), C = Upload(*bf, std::vector<float>(M * N));
+  auto product = [&](int64_t offset, bool trans_w) {
+    bf->Gemm(false, trans_w, M, N, K, 1.0f, X.f32(), K, W.f32() + offset, trans_w ? K : N, 0.0f, C.f32(), N);
+    return Download(*bf, C, M * N);
+  };
+  for (const bool trans_w : {false, true}) {
+    for (const int64_t offset : {int64_t{3}, layer - K * N}) {
+      CAPTURE(trans_w, offset);
+      const auto cast = product(offset, trans_w);
+      const auto before = bf->bf16_operand_stats();
+      bf->NoteBf16Copy(W.f32(), bits.data(), layer);
+      const auto noted = product(offset, trans_w);
+      const auto after = bf->bf16_operand_stats();
+      CHECK(noted == cast);  // the same bf16 values multiplied: the same bits
+      // A dense (not transposed) weight is read in place; a transposed one is packed.
+      CHECK(after.reused_elements - before.reused_elements == (trans_w ? 0 : K * N));
+      CHECK(after.cast_elements - before.cast_elements == M * K + (trans_w ? K * N : 0));
+      bf->ForgetBf16Copy(W.f32());
+      CHECK(product(offset, trans_w) == cast);
+      CHECK(bf->bf16_operand_stats().reused_elements == after.reused_elements);  // forgotten: cast again
+    }
+  }
+  // LinearForward (the layers' path) reads it too; an extent past the copy is cast.
+  const auto before = bf->bf16_operand_stats();
+  bf->NoteBf16Copy(W.f32(), bits.data(), layer);
+  bf->LinearForward(C.f32(), X.f32(), W.f32() + 8, false, nullptr, M, K, N, nullptr, nullptr);
+  CHECK(bf->bf16_operand_stats().reused_elements == before.reused_elements + K * N);
+  bf->NoteBf16Copy(W.f32(), bits.data(), K * N - 1);  // replaces the note
+  (void)product(0, false);
+  CHECK(bf->bf16_operand_stats().reused_elements == before.reused_elements + K * N);
+  bf->ForgetBf16Copy(W.f32());
+  // The fp32 backend ignores a note (its product would change if it read the bits).
+  auto fp = CreateCpuBackend(2);
+  CHECK_FALSE(fp->TakesBf16Copies());
+  auto Xf = Upload(*fp, x), Wf = Upload(*fp, slot), Cf = Upload(*fp, std::vector<float>(M * N));
+  fp->Gemm(false, false, M, N, K, 1.0f, Xf.f32(), K, Wf.f32() + 8, N, 0.0f, Cf.f32(), N);
+  const auto plain = Download(*fp, Cf, M * N);
+  fp->NoteBf16Copy(Wf.f32(), bits.data(), layer);
+  fp->Gemm(false, false, M, N, K, 1.0f, Xf.f32(), K, Wf.f32() + 8, N, 0.0f, Cf.f32(), N);
+  CHECK(Download(*fp, Cf, M * N) == plain);
+  CHECK(plain != product(8, false));
+}
+
 TEST_CASE("bf16 DnnlMatmul: batched, transposed and strided operands, one primitive per shape",
           "[kernels][cpu][bf16]") {
   const CpuBf16Mode bf16_mode;

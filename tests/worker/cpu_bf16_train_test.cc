@@ -170,5 +170,42 @@ TEST_CASE("bf16 GEMMs on the cpu: the relay trains like the reference trainer", 
   CHECK(lrelay.back() < 0.9f * lrelay.front());
 }
 
+TEST_CASE("bf16 GEMMs on the cpu: a relay of layers published bf16 multiplies the weights as they arrived",
+          "[worker][bf16][relay]") {
+  // The same job published f32 and then bf16, each on a fresh bf16-mode backend: the
+  // GEMMs and their shapes are the same, so the operand elements staged in total are
+  // equal; published bf16, the prefetcher keeps each resident layer's bits and notes
+  // them, and every weight that is a dense B operand (GPT-2's forward and recompute) is
+  // read from them instead of being cast.
+  const CpuBf16Mode bf16_mode;
+  if (!bf16_mode.runs()) return;
+  const int steps = 8;
+  auto staged = [&](DType dt, std::vector<float>* losses) {
+    JobConfig cfg = SmallJob();
+    cfg.publish_dtype = dt;
+    auto be = kernels::CreateCpuBackend(
+        kernels::CpuBackendOptions{.num_threads = 2, .gemm = kernels::CpuGemmPrecision::kBf16});
+    REQUIRE(be.ok());
+    REQUIRE((*be)->TakesBf16Copies());
+    *losses = gpu_test::RelayLosses(cfg, be->get(), steps);
+    return (*be)->bf16_operand_stats();
+  };
+  std::vector<float> l32, l16;
+  const auto s32 = staged(DType::kF32, &l32);
+  const auto s16 = staged(DType::kBF16, &l16);
+  CHECK(s32.reused_elements == 0);
+  CHECK(s16.cast_elements + s16.reused_elements == s32.cast_elements);
+  const JobConfig cfg = SmallJob();
+  // Per block and micro-batch: the forward's four weights (12 C^2) and the recompute's
+  // three up to the MLP's input (qkv, proj, fc: 8 C^2).
+  const int64_t C = cfg.model.d_model, per_block = 20 * C * C;
+  CHECK(s16.reused_elements >= cfg.train.micro_batches * steps * cfg.model.n_layer * per_block);
+  INFO("operand elements cast: published f32 " << s32.cast_elements << ", bf16 " << s16.cast_elements << " ("
+                                               << s16.reused_elements << " read from the layers' bf16 copies)");
+  CHECK(l16.back() < 0.9f * l16.front());  // it trains
+  // An fp32 backend takes no copies (the prefetcher keeps none for it).
+  CHECK_FALSE(kernels::CreateCpuBackend(1)->TakesBf16Copies());
+}
+
 }  // namespace
 }  // namespace l2l::worker
