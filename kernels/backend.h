@@ -207,9 +207,9 @@ class Backend {
     (void)f32, (void)bits, (void)n;
   }
   virtual void ForgetBf16Copy(const float* f32) { (void)f32; }
-  // Operand elements a bf16-mode backend's GEMMs cast to bf16 (one pass each) and read
-  // from a noted copy instead, since it was made. Zeros where GEMMs cast nothing (fp32
-  // modes) or the backend does not count (the CPU backend).
+  // Operand elements a bf16-mode backend's Gemm / LinearForward cast to bf16 (one pass
+  // each) and read from a noted copy instead, since it was made (not the attention
+  // products). Zeros where GEMMs cast nothing (fp32 modes).
   struct Bf16OperandStats {
     int64_t cast_elements = 0;
     int64_t reused_elements = 0;

@@ -87,29 +87,19 @@ void CpuBackend::Gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
 }
 
 void CpuBackend::NoteBf16Copy(const float* f32, const uint16_t* bits, int64_t n) {
-  if (gemm_ != CpuGemmPrecision::kBf16 || n <= 0) return;  // only bf16 GEMMs read them
-  ForgetBf16Copy(f32);
-  bf16_copies_.push_back({f32, bits, n});
+  if (TakesBf16Copies() && n > 0) bf16_copies_.Note(f32, bits, n);  // only bf16 GEMMs read them
 }
 
-void CpuBackend::ForgetBf16Copy(const float* f32) {
-  std::erase_if(bf16_copies_, [f32](const Bf16Copy& c) { return c.f32 == f32; });
-}
+void CpuBackend::ForgetBf16Copy(const float* f32) { bf16_copies_.Forget(f32); }
 
 const uint16_t* CpuBackend::DenseBf16B(const float* B, int64_t row_stride, int64_t col_stride, int64_t M, int64_t N,
                                        int64_t K) {
   if (gemm_ != CpuGemmPrecision::kBf16 || M <= 0 || N <= 0 || K <= 0) return nullptr;
   bf16_stats_.cast_elements += M * K;  // A is always cast
-  if (row_stride == N && col_stride == 1) {
-    const auto at = reinterpret_cast<uintptr_t>(B);
-    for (const Bf16Copy& c : bf16_copies_) {
-      const auto base = reinterpret_cast<uintptr_t>(c.f32);
-      if (at < base || (at - base) % sizeof(float) != 0) continue;
-      const auto offset = static_cast<int64_t>((at - base) / sizeof(float));
-      if (offset + K * N > c.n) continue;
-      bf16_stats_.reused_elements += K * N;
-      return c.bits + offset;
-    }
+  const uint16_t* bits = row_stride == N && col_stride == 1 ? bf16_copies_.Find(B, K * N) : nullptr;
+  if (bits != nullptr) {
+    bf16_stats_.reused_elements += K * N;
+    return bits;
   }
   bf16_stats_.cast_elements += K * N;
   return nullptr;

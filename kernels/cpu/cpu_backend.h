@@ -27,6 +27,7 @@
 #include <tbb/task_arena.h>
 
 #include "kernels/backend.h"
+#include "kernels/bf16_copies.h"
 
 namespace l2l::kernels {
 
@@ -200,12 +201,7 @@ class CpuBackend final : public Backend {
 
   int num_threads_;
   CpuGemmPrecision gemm_;
-  struct Bf16Copy {
-    const float* f32;
-    const uint16_t* bits;
-    int64_t n;
-  };
-  std::vector<Bf16Copy> bf16_copies_;  // NoteBf16Copy's, until forgotten (bf16 mode only)
+  Bf16Copies bf16_copies_;  // NoteBf16Copy's, until forgotten (bf16 mode only)
   Bf16OperandStats bf16_stats_;
   tbb::task_arena arena_;
   std::unique_ptr<ThreadPinner> pinner_;  // L2L_CPU_PIN=1 only (cpu_pinning.h)

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/adamw.h"
+#include "kernels/bf16_copies.h"
 #include "common/env.h"
 #include "common/name_table.h"
 #include "kernels/cuda/attention.h"
@@ -155,17 +156,15 @@ class CudaBackend final : public Backend {
     LaunchBiasBackward(dbias, dout, N, OC, scratch, groups, stream());
   }
 
-  // ---- elementwise -----------------------------------------------------------------
+  // ---- bf16 copies of operands ------------------------------------------------------
   Bf16OperandStats bf16_operand_stats() const override { return gemm_stats_; }
   bool TakesBf16Copies() const override { return precision_ == CudaGemmPrecision::kBf16; }
   void NoteBf16Copy(const float* f32, const uint16_t* bits, int64_t n) override {
-    if (precision_ != CudaGemmPrecision::kBf16 || n <= 0) return;  // only bf16 GEMMs read them
-    ForgetBf16Copy(f32);
-    bf16_copies_.push_back({f32, bits, n});
+    if (TakesBf16Copies() && n > 0) bf16_copies_.Note(f32, bits, n);  // only bf16 GEMMs read them
   }
-  void ForgetBf16Copy(const float* f32) override {
-    std::erase_if(bf16_copies_, [f32](const Bf16Copy& c) { return c.f32 == f32; });
-  }
+  void ForgetBf16Copy(const float* f32) override { bf16_copies_.Forget(f32); }
+
+  // ---- elementwise -----------------------------------------------------------------
   void RoundToBf16(float* x, uint16_t* bits, int64_t n) override {
     MakeCurrent();
     LaunchRoundToBf16(x, bits, n, stream());
@@ -634,14 +633,8 @@ class CudaBackend final : public Backend {
   // the staged copy would have (cuBLASLt's bf16 kernels want it).
   const uint16_t* StageBf16(int slot, const float* src, int64_t rows, int64_t cols, int64_t ld) {
     const int64_t n = (rows > 0 && cols > 0 && ld >= cols) ? (rows - 1) * ld + cols : 0;
-    const auto at = reinterpret_cast<uintptr_t>(src);
-    for (const Bf16Copy& c : bf16_copies_) {
-      const auto base = reinterpret_cast<uintptr_t>(c.f32);
-      if (n == 0 || at < base || (at - base) % sizeof(float) != 0) continue;
-      const auto offset = static_cast<int64_t>((at - base) / sizeof(float));
-      if (offset + n > c.n) continue;
-      const uint16_t* bits = c.bits + offset;
-      if (reinterpret_cast<uintptr_t>(bits) % 16 != 0) continue;
+    const uint16_t* bits = bf16_copies_.Find(src, n);
+    if (bits != nullptr && reinterpret_cast<uintptr_t>(bits) % 16 == 0) {
       gemm_stats_.reused_elements += n;
       return bits;
     }
@@ -661,12 +654,7 @@ class CudaBackend final : public Backend {
   LtGemm gemm_;
   CudaBuffer scratch_;
   CudaBuffer bf16_scratch_[2];  // bf16 mode's operand copies (empty until first used)
-  struct Bf16Copy {
-    const float* f32;
-    const uint16_t* bits;
-    int64_t n;
-  };
-  std::vector<Bf16Copy> bf16_copies_;  // NoteBf16Copy's, until forgotten (a few: the layer slots)
+  Bf16Copies bf16_copies_;  // NoteBf16Copy's, until forgotten (a few: the layer slots)
   Bf16OperandStats gemm_stats_;  // StageBf16's counts (bf16_operand_stats)
   PinnedBuffer result_host_;  // 8 bytes for SumSquares' result
   std::unordered_map<void*, size_t> sizes_;  // live Alloc()ations

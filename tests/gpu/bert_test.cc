@@ -184,11 +184,8 @@ TEST_CASE("cuda masked attention matches the cpu through the one-GEMM-per-head f
 TEST_CASE("bf16 masked attention matches the cpu on bf16-rounded inputs within P and dS rounding",
           "[gpu][bert]") {
   Backends& b = Both();
-  kernels::CudaBackendOptions opt;
-  opt.gemm = kernels::CudaGemmPrecision::kBf16;
-  auto made = kernels::CreateCudaBackend(0, opt);
-  REQUIRE(made.ok());
-  Backend& bf = **made;
+  const std::unique_ptr<Backend> made = CudaBf16Backend();
+  Backend& bf = *made;
   const int64_t B = 2, T = 40, C = 64, NH = 4, natt = B * NH * T * T;
   std::mt19937 rng(77);
   const auto mask = PaddingMask({40, 17}, T);
@@ -340,13 +337,9 @@ TEST_CASE("cuda BERT block forward and recomputing backward match the cpu with p
 
 TEST_CASE("cuda BERT block in bf16 GEMM mode stays near the fp32 cpu", "[gpu][bert]") {
   Both();
-  kernels::CudaBackendOptions opt;
-  opt.gemm = kernels::CudaGemmPrecision::kBf16;
-  auto made = kernels::CreateCudaBackend(0, opt);
-  REQUIRE(made.ok());
   Backends bb;
   bb.cpu = kernels::CreateCpuBackend(0);
-  bb.gpu = std::move(made).value();
+  bb.gpu = CudaBf16Backend();
   const ModelSpec spec = SmallBert(0);
   const auto layouts = BuildLayout(spec);
   const LayerLayout& block = layouts[1];

@@ -117,10 +117,7 @@ TEST_CASE("bf16 Gemm reads a noted bf16 copy of a weight instead of casting it, 
   Backend& bf = Bf16();
   std::mt19937 rng(23);
   const int64_t M = 24, K = 40, N = 56, layer = 8 + K * N + 40;
-  std::vector<uint16_t> bits(layer);
-  for (auto& x : bits) x = FloatToBf16(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng));
-  std::vector<float> slot(layer);
-  for (int64_t i = 0; i < layer; ++i) slot[i] = Bf16ToFloat(bits[i]);
+  const auto [bits, slot] = testing::RandomBf16Layer(rng, layer);
   const auto a = RandomVec(rng, M * K);
   Dev A = Dev::Of(bf, a), W = Dev::Of(bf, slot), C = Dev::Of(bf, std::vector<float>(M * N));
   DevOf<uint16_t> Wb = DevOf<uint16_t>::Of(bf, bits);

@@ -248,15 +248,12 @@ TEST_CASE("relay on cuda with bf16 GEMMs multiplies bf16-published weights as th
   // total are equal; published bf16, the prefetcher notes each resident layer's bits
   // (Backend::NoteBf16Copy) and the weight operands are read from them instead of cast.
   Backends& b = Both();
-  kernels::CudaBackendOptions opt;
-  opt.gemm = kernels::CudaGemmPrecision::kBf16;
-  auto bf = kernels::CreateCudaBackend(0, opt);
-  REQUIRE(bf.ok());
+  const std::unique_ptr<Backend> bf = CudaBf16Backend();
   const int steps = 4;
   auto staged = [&](DType dt, std::vector<float>* losses) {
-    const auto before = (*bf)->bf16_operand_stats();
-    *losses = RelayOverShm(RelayJob(dt, "device"), bf->get(), steps).losses;
-    const auto after = (*bf)->bf16_operand_stats();
+    const auto before = bf->bf16_operand_stats();
+    *losses = RelayOverShm(RelayJob(dt, "device"), bf.get(), steps).losses;
+    const auto after = bf->bf16_operand_stats();
     return std::pair<int64_t, int64_t>{after.cast_elements - before.cast_elements,
                                        after.reused_elements - before.reused_elements};
   };

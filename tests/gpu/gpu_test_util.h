@@ -37,6 +37,15 @@ struct Backends {
   std::string gpu_error;  // why gpu is null
 };
 
+// A CUDA backend on device 0 in bf16 GEMM mode (CudaGemmPrecision::kBf16), of this case's own.
+inline std::unique_ptr<Backend> CudaBf16Backend() {
+  kernels::CudaBackendOptions opt;
+  opt.gemm = kernels::CudaGemmPrecision::kBf16;
+  auto made = kernels::CreateCudaBackend(0, opt);
+  REQUIRE(made.ok());
+  return std::move(made).value();
+}
+
 // The process-wide pair (created once: backend creation costs ~0.5 s on a GPU).
 inline Backends& Both() {
   static Backends* b = [] {

@@ -224,11 +224,8 @@ TEST_CASE("bf16 GQA matches the cpu on bf16-rounded inputs within P and dS round
   CAPTURE(fallback);
   std::unique_ptr<ScopedEnv> env;
   if (fallback) env = std::make_unique<ScopedEnv>("L2L_CUDA_EMU_LT_NO_BATCHED", "1");
-  kernels::CudaBackendOptions opt;
-  opt.gemm = kernels::CudaGemmPrecision::kBf16;
-  auto made = kernels::CreateCudaBackend(0, opt);
-  REQUIRE(made.ok());
-  Backend& bf = **made;
+  const std::unique_ptr<Backend> made = CudaBf16Backend();
+  Backend& bf = *made;
   const auto shape = GENERATE(std::vector<int64_t>{2, 40, 4, 2, 16}, std::vector<int64_t>{1, 37, 6, 2, 8},
                               std::vector<int64_t>{1, 24, 3, 3, 16});
   const int64_t B = shape[0], T = shape[1], NH = shape[2], NKV = shape[3], hs = shape[4];

@@ -176,10 +176,7 @@ TEST_CASE("bf16 Gemm reads a noted bf16 copy of a dense weight instead of castin
   // A "layer" published as bf16: its bits, and the fp32 slot that is their widening.
   std::mt19937 rng(23);
   const int64_t M = 24, K = 40, N = 56, layer = 8 + K * N + 40;
-  std::vector<uint16_t> bits(layer);
-  for (auto& b : bits) b = FloatToBf16(std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng));
-  std::vector<float> slot(layer);
-  for (int64_t i = 0; i < layer; ++i) slot[i] = Bf16ToFloat(bits[i]);
+  const auto [bits, slot] = l2l::testing::RandomBf16Layer(rng, layer);
   const auto x = RandomVec(rng, M * K);
   auto bf = Bf16Cpu(2);
   REQUIRE(bf->TakesBf16Copies());

@@ -11,8 +11,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <random>
 #include <string>
 #include <vector>
+
+#include "common/dtype.h"
 
 namespace l2l::testing {
 
@@ -107,6 +110,22 @@ inline float RoundBf16(float x) {
   float r = 0.0f;
   std::memcpy(&r, &u, sizeof(r));
   return r;
+}
+
+// A layer published as bf16 (n values drawn uniform(-1, 1), rounded): its bits and the
+// fp32 slot that is their widening, as the worker's prefetcher holds them.
+struct Bf16Layer {
+  std::vector<uint16_t> bits;
+  std::vector<float> slot;
+};
+inline Bf16Layer RandomBf16Layer(std::mt19937& rng, int64_t n) {
+  Bf16Layer l{std::vector<uint16_t>(static_cast<size_t>(n)), std::vector<float>(static_cast<size_t>(n))};
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int64_t i = 0; i < n; ++i) {
+    l.bits[i] = FloatToBf16(u(rng));
+    l.slot[i] = Bf16ToFloat(l.bits[i]);
+  }
+  return l;
 }
 
 inline std::vector<float> RoundedBf16(const std::vector<float>& v) {

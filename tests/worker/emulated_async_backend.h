@@ -44,6 +44,7 @@
 #include "common/dtype.h"
 #include "common/quant_blocks.h"
 #include "kernels/backend.h"
+#include "kernels/bf16_copies.h"
 
 namespace l2l::testing {
 
@@ -257,14 +258,13 @@ class EmulatedAsyncBackend final : public kernels::Backend {
   void NoteBf16Copy(const float* f32, const uint16_t* bits, int64_t n) override {
     std::lock_guard<std::mutex> lk(stats_->mu);
     ++stats_->bf16_notes;
-    std::erase_if(bf16_copies_, [f32](const Bf16Copy& c) { return c.f32 == f32; });
-    bf16_copies_.push_back({f32, bits, n});
+    bf16_copies_.Note(f32, bits, n);
     stats_->bf16_live = static_cast<int64_t>(bf16_copies_.size());
   }
   void ForgetBf16Copy(const float* f32) override {
     std::lock_guard<std::mutex> lk(stats_->mu);
     ++stats_->bf16_forgets;
-    std::erase_if(bf16_copies_, [f32](const Bf16Copy& c) { return c.f32 == f32; });
+    bf16_copies_.Forget(f32);
     stats_->bf16_live = static_cast<int64_t>(bf16_copies_.size());
   }
   void AddBias(float* o, const float* b, int64_t N, int64_t OC) override { cpu_->AddBias(o, b, N, OC); }
@@ -352,33 +352,22 @@ class EmulatedAsyncBackend final : public kernels::Backend {
   }
 
  private:
-  struct Bf16Copy {
-    const float* f32;
-    const uint16_t* bits;
-    int64_t n;
-  };
   // A (rows, cols) operand with leading dimension ld inside a noted copy: its extent's
   // bits must be bf16(f32) now (what the CUDA backend's bf16 mode reads instead of a cast).
   void CheckBf16Copy(const float* src, int64_t rows, int64_t cols, int64_t ld) {
     if (rows <= 0 || cols <= 0 || ld < cols) return;
     const int64_t n = (rows - 1) * ld + cols;
     std::lock_guard<std::mutex> lk(stats_->mu);
-    const auto at = reinterpret_cast<uintptr_t>(src);
-    for (const Bf16Copy& c : bf16_copies_) {
-      const auto base = reinterpret_cast<uintptr_t>(c.f32);
-      if (at < base || (at - base) % sizeof(float) != 0) continue;
-      const auto offset = static_cast<int64_t>((at - base) / sizeof(float));
-      if (offset + n > c.n) continue;
-      ++stats_->bf16_operand_hits;
-      for (int64_t i = 0; i < n; ++i) stats_->bf16_stale_elements += FloatToBf16(src[i]) != c.bits[offset + i];
-      return;
-    }
+    const uint16_t* bits = bf16_copies_.Find(src, n);
+    if (bits == nullptr) return;
+    ++stats_->bf16_operand_hits;
+    for (int64_t i = 0; i < n; ++i) stats_->bf16_stale_elements += FloatToBf16(src[i]) != bits[i];
   }
 
   std::unique_ptr<kernels::Backend> cpu_;
   Options opt_;
   std::shared_ptr<EmuStats> stats_;
-  std::vector<Bf16Copy> bf16_copies_;  // guarded by stats_->mu
+  kernels::Bf16Copies bf16_copies_;  // guarded by stats_->mu
 };
 
 }  // namespace l2l::testing
