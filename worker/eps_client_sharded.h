@@ -15,7 +15,8 @@
 // worker restarts at the step they agree on, at shard 0's data position. StepDone goes
 // to every shard (each gates its commits on the losses and keeps the data positions);
 // LeaveAfterLastStep leaves shard 0 first (it lets go only once the final checkpoint is
-// assembled from every shard's part), then the others. A sharded
+// assembled from every shard's part), then the others: once shard 0 let go, a shard that
+// is down, restarted or rolling back is not waited for (the end is durable). A sharded
 // job updates on its shards: TakeUpdate is refused (the interleaved optimizer is off).
 //
 // Ownership: owns the per-shard clients. Thread-safety: as EpsClient.

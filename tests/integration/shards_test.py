@@ -44,6 +44,11 @@ exit 0 ("signal 15: shutting down").
   9. on_worker_loss: continue: a worker SIGKILLed mid-step and not replaced: both shards
      roll back to step 4 and go on without it; the final checkpoint equals one daemon's
      whose second worker left after step 4 (l2l-worker --steps 4).
+ 11. The job's end: shard 1 SIGKILLed after shard 0 let both workers go (the final checkpoint
+     assembled) but before they left shard 1 (L2L_DELAY_AT=worker.leave holds them there),
+     then restarted with --resume: the workers exit 0 without waiting for it (the end is
+     durable; a chaos run once hung here), the restarted shard starts at the last step, both
+     shards stop cleanly, and the final checkpoint equals the reference.
  10. Shard 0 SIGKILLed and never restarted: shard 1 exits 1 after --coordinator-timeout-ms
      naming the coordinator, the workers exit non-zero after --shard-wait-ms naming shard 0.
   6. Bad shard configurations, each refused (non-zero exit, a message naming the
@@ -446,6 +451,34 @@ def case_worker_loss(ctx):
             "checkpoint and every logged step loss equal the uninterrupted single daemon's" % (EVERY, EVERY))
 
 
+def case_lost_at_end(ctx):
+    ref = ctx.reference()
+    r = Run(ctx, "sh2-end", ctx.job, 2)
+    r.start_daemons()
+    # Each worker sleeps 4 s between leaving shard 0 and leaving shard 1.
+    r.start_workers(env={"L2L_DELAY_AT": "worker.leave:4000"})
+    for i in range(WORKERS):
+        wait_log(r.eps[0], "worker %d left at step %d" % (i, STEPS), "%s: shard 0" % r.name, 120)
+    if r.eps[1].kill9() != -signal.SIGKILL:
+        raise Failure("%s: shard 1 exited before the SIGKILL:\n%s" % (r.name, r.eps[1].tail()))
+    t0 = time.monotonic()
+    r.start_shard(1, resume=True, args=["--listen", r.addr[1]])
+    r.wait_workers_ok(timeout=60)
+    took = time.monotonic() - t0
+    for w in r.workers:
+        if "shard 1 at" not in w.log() or "not left" not in w.log():
+            raise Failure("%s: worker %s exited 0 without saying it did not leave shard 1:\n%s" % (
+                r.name, w.name, w.tail()))
+    if "start step %d" % STEPS not in r.eps[1].log():
+        raise Failure("%s: the restarted shard 1 does not start at step %d:\n%s" % (r.name, STEPS, r.eps[1].tail()))
+    r.stop()
+    expect_same(r, ref, r.name)
+    r.check_root_clean()
+    return ("shard 1 SIGKILLed after shard 0 let both workers go (final checkpoint assembled), before they left "
+            "shard 1, restarted with --resume at step %d: the workers exited 0 %.1f s later without it, both "
+            "shards stopped cleanly, the final checkpoint equals the single daemon's" % (STEPS, took))
+
+
 def case_continue(ctx):
     # The reference: one daemon, on_worker_loss: continue, worker 1 leaving after step
     # EVERY (--steps): the steps from EVERY on are worker 0's alone.
@@ -597,6 +630,7 @@ CASES = {
     8: ("worker_loss", case_worker_loss),
     9: ("continue", case_continue),
     10: ("coordinator_gone", case_coordinator_gone),
+    11: ("lost_at_end", case_lost_at_end),
 }
 
 
