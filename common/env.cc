@@ -39,6 +39,10 @@ constexpr std::array<EnvVarInfo, kNumVars> kTable = {{
      "CUDA backend", "the CUDA backend's GEMM precision; wins over the backend's options"},
     {EnvVar::kCudaAttention, "L2L_CUDA_ATTENTION", EnvType::kEnum, "flash|gemm", "unset: the backend's options (flash)",
      "CUDA backend", "the CUDA backend's attention: the fused kernel (head sizes 64, 80, 96, 128; others use gemm) or cuBLASLt GEMMs around a softmax storing (B,NH,T,T); wins over the backend's options"},
+    {EnvVar::kCudaBf16Reuse, "L2L_CUDA_BF16_REUSE", EnvType::kBool, "0|1", "1", "CUDA backend",
+     "bf16 GEMM mode: a GEMM reads the bf16 copy of an operand that its producer wrote or the GEMM before cast "
+     "(0: cast every operand not in a layer's bf16 copy; the same bits, for timing both); set, it wins over the "
+     "backend's options"},
     {EnvVar::kHeadChunkMb, "L2L_HEAD_CHUNK_MB", EnvType::kInt, "MIB", "256", "CPU and CUDA backends (LM head)",
      "the LM head's logits are computed in row chunks of at most this many MiB (fp32), never B x T x V"},
     {EnvVar::kFaultAt, "L2L_FAULT_AT", EnvType::kString, "SITE:N[,SITE:N...]", "unset: none",

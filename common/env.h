@@ -43,6 +43,7 @@ enum class EnvVar {
   kCpuPin,           // L2L_CPU_PIN
   kCudaGemm,         // L2L_CUDA_GEMM
   kCudaAttention,    // L2L_CUDA_ATTENTION
+  kCudaBf16Reuse,    // L2L_CUDA_BF16_REUSE
   kHeadChunkMb,      // L2L_HEAD_CHUNK_MB
   kFaultAt,          // L2L_FAULT_AT
   kDelayAt,          // L2L_DELAY_AT

@@ -208,8 +208,10 @@ class Backend {
   }
   virtual void ForgetBf16Copy(const float* f32) { (void)f32; }
   // Operand elements a bf16-mode backend's Gemm / LinearForward cast to bf16 (one pass
-  // each) and read from a noted copy instead, since it was made (not the attention
-  // products). Zeros where GEMMs cast nothing (fp32 modes).
+  // each) and read from an existing copy instead (a noted layer copy; on CUDA also a
+  // fresh copy its producer op wrote or the GEMM before cast: kernels/cuda/bf16_operands.h),
+  // since it was made (not the attention products). Zeros where GEMMs cast nothing (fp32
+  // modes).
   struct Bf16OperandStats {
     int64_t cast_elements = 0;
     int64_t reused_elements = 0;

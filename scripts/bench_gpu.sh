@@ -27,8 +27,8 @@
 # Order, so that a failure or the time limit loses as little as possible: (0) the
 # cuBLASLt lookup and ldd of bin/* (fails at once naming missing libraries); (1) rates;
 # (2) per model: eager, then l2l; (3) per model: torch.compile (the slowest to start);
-# (4) only with BENCH_DEEP=1: l2l GPT-2 XL with stash host at 1x and 4x depth; (5) the
-# table, (6) model vs measurement. Each phase has its own time limit, cut to what
+# (3b) the bf16 operand reuse A/B (BENCH_REUSE_AB); (4) only with BENCH_DEEP=1: l2l
+# GPT-2 XL with stash host at 1x and 4x depth; (5) the table, (6) model vs measurement. Each phase has its own time limit, cut to what
 # BENCH_TOTAL_TIMEOUT leaves (30 s kept for stopping daemons; a phase with under 20 s
 # left is not started and says so), so the script ends inside its total.
 #
@@ -49,7 +49,8 @@
 #   BENCH_SKIP_TORCH=1 (no PyTorch phase: rows SKIPPED), BENCH_TORCH_DEVICE (cuda; cpu
 #   runs the PyTorch phases on the CPU, with --tiny in smoke mode: a rehearsal of the
 #   script, not a benchmark), PYTHON (python3), L2L_CUBLAS_DIR (as gpu_check.sh),
-#   BENCH_KEEP_WORK=1 (keep the temp folder).
+#   BENCH_KEEP_WORK=1 (keep the temp folder), BENCH_REUSE_AB (1: the first model's l2l run
+#   again with L2L_CUDA_BF16_REUSE=0, the bf16 operand reuse's A/B, docs/gpu.md; 0: not).
 # A run past its time limit is killed (SIGTERM, SIGKILL 15 s later) and reported as
 # "TIMED OUT after N s"; its l2l-eps is stopped without a checkpoint (SIGKILL if
 # `l2lctl stop` does not end it, then its /dev/shm segments are removed).
@@ -534,6 +535,23 @@ if [[ "$SYSTEMS" == *" compile "* ]]; then
   for m in $MODELS; do run_torch "$m" compile; done
 fi
 
+# ---- 3b. the bf16 operand reuse A/B (BENCH_REUSE_AB, default 1): the first model's l2l run
+# again with L2L_CUDA_BF16_REUSE=0 (every activation operand cast by its GEMM; the same
+# bits), last before the table so that a short time limit cuts it first.
+REUSE_AB=${BENCH_REUSE_AB:-1}
+first_model=${MODELS%% *}
+if [[ "$REUSE_AB" == 1 && "$SYSTEMS" == *" l2l "* && "${L2L_CUDA_GEMM}" == bf16 && -n "${L2L_STEP[$first_model]:-}" ]]; then
+  log "bf16 operand reuse A/B: $first_model again with L2L_CUDA_BF16_REUSE=0"
+  if L2L_CUDA_BF16_REUSE=0 run_l2l "$first_model-noreuse" "$first_model" "$LAYERS_OVERRIDE" device "$STEPS"; then
+    record "$first_model" l2l-noreuse OK "$L2L_TPS" "$L2L_MIB" "$L2L_MEM_SRC" "$L2L_STEP_S" \
+        "{\"breakdown\": \"$L2L_BREAKDOWN\"}"
+    log "bf16 operand reuse A/B ($first_model): step ${L2L_STEP[$first_model]} s with reuse, $L2L_STEP_S s without:" \
+        "$(awk -v a="${L2L_STEP[$first_model]}" -v b="$L2L_STEP_S" 'BEGIN { if (a > 0) printf "%.3fx", b / a; else print "n/a" }') the step time"
+  else
+    record "$first_model" l2l-noreuse "FAILED ($L2L_ERR)" 0 0 none 0; FAILED+=("l2l $first_model reuse off")
+  fi
+fi
+
 # ---- 4. 4x depth, stash: host (BENCH_DEEP=1, GPT-2 XL) -------------------------------------
 DEEP_STATUS=OK
 if [[ "$DEEP" != 1 ]]; then
@@ -573,13 +591,13 @@ echo
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 flops = json.loads(sys.argv[2])
-order = {"eager": 0, "compile": 1, "l2l": 2}
+order = {"eager": 0, "compile": 1, "l2l": 2, "l2l-noreuse": 3}
 models = list(flops)
 rows.sort(key=lambda r: (models.index(r["model"]) if r["model"] in models else 99, order[r["system"]]))
 peak, tps_step = float(sys.argv[3]), int(sys.argv[4])
 B, M, T, gpu, compile_mode, smoke, out, rates_status = sys.argv[5:13]
 names = {"eager": "PyTorch eager (bf16 autocast)", "compile": f"torch.compile ({compile_mode})",
-         "l2l": "l2l (EPS + worker, bf16)"}
+         "l2l": "l2l (EPS + worker, bf16)", "l2l-noreuse": "l2l, bf16 operand reuse off"}
 print(f"bench_gpu.sh: RESULTS on {gpu}: {tps_step:,} tokens/step (B {B} x M {M} x T {T}) for every system;"
       f" bf16 matmul peak {peak:.4g} TFLOP/s ({rates_status})" + ("  [SMOKE: tiny shapes, not a benchmark]" if smoke == "1" else ""))
 print(f"  {'model':<13} {'system':<30} {'tokens/s':>10} {'peak mem':>11} {'tok/s vs eager':>15} {'mem vs eager':>13} {'MFU':>7}")

@@ -442,8 +442,9 @@ class Worker {
     for (const auto& be : backends_) {
       const l2l::kernels::Backend::Bf16OperandStats b = be->bf16_operand_stats();
       if (b.cast_elements + b.reused_elements == 0) continue;  // no bf16 GEMMs here
-      L2L_LOG_INFO("{}: bf16 GEMM operands: {:.4g} M elements cast, {:.4g} M read in place from layers "
-                   "published bf16 ({:.1f}%)", be->name(), static_cast<double>(b.cast_elements) / 1e6,
+      L2L_LOG_INFO("{}: bf16 GEMM operands: {:.4g} M elements cast, {:.4g} M read in place from a bf16 copy "
+                   "(a layer published bf16, or one the op before wrote) ({:.1f}%)", be->name(),
+                   static_cast<double>(b.cast_elements) / 1e6,
                    static_cast<double>(b.reused_elements) / 1e6,
                    100.0 * static_cast<double>(b.reused_elements) /
                        static_cast<double>(b.cast_elements + b.reused_elements));

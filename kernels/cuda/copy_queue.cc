@@ -79,7 +79,10 @@ CudaCopyQueue::~CudaCopyQueue() {
   }
 }
 
-void CudaCopyQueue::MakeCurrent() const { SetDevice(device_); }
+void CudaCopyQueue::MakeCurrent() const {
+  SetDevice(device_);
+  if (touch_ != nullptr) touch_->fetch_add(1, std::memory_order_relaxed);
+}
 
 void CudaCopyQueue::CopyToDevice(void* dst, const void* host_src, size_t bytes) {
   if (bytes == 0) return;

@@ -16,6 +16,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <memory>
 
 #include "common/status.h"
@@ -61,12 +62,16 @@ class CudaCopyQueue final : public CopyQueue {
   void Record(Event* e) override;
   void WaitFor(Event* e) override;
   cudaStream_t stream() const { return stream_.get(); }
+  // Every transfer bumps *touch (the backend's Bf16Operands serial: a fresh bf16 copy of
+  // memory this queue may write is stale).
+  void set_touch(std::shared_ptr<std::atomic<uint64_t>> touch) { touch_ = std::move(touch); }
 
  private:
   CudaCopyQueue() = default;
   void MakeCurrent() const;
   int device_ = 0;
   CudaStream stream_;
+  std::shared_ptr<std::atomic<uint64_t>> touch_;
 };
 
 class CudaHostPin final : public HostPin {

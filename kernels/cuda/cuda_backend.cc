@@ -18,6 +18,7 @@
 #include "common/env.h"
 #include "common/name_table.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/bf16_operands.h"
 #include "kernels/cuda/copy_queue.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_resources.h"
@@ -115,7 +116,8 @@ class CudaBackend final : public Backend {
             const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
             int64_t ldc) override {
     if (M <= 0 || N <= 0) return;
-    MakeCurrent();
+    SetDevice();  // not MakeCurrent: the fresh bf16 operand copies stay fresh across GEMMs
+    operands_.Written(C, (M - 1) * ldc + N);
     if (K <= 0) {  // op(A) @ op(B) is zero: C = beta * C
       LaunchScaleMatrix(C, beta, M, N, ldc, stream());
       return;
@@ -127,8 +129,9 @@ class CudaBackend final : public Backend {
       // Autocast: each operand's covered extent (first to last element, ld padding
       // included) cast to bf16 at the same offsets; fp32 accumulation into fp32 C. An
       // ld smaller than the row stages nothing and Run() rejects it below.
-      a.A = StageBf16(0, A, trans_a ? K : M, trans_a ? M : K, lda);
-      a.B = StageBf16(1, B, trans_b ? N : K, trans_b ? K : N, ldb);
+      int slot_a = -1, slot_b = -1;
+      a.A = StageBf16(A, trans_a ? K : M, trans_a ? M : K, lda, -1, &slot_a);
+      a.B = StageBf16(B, trans_b ? N : K, trans_b ? K : N, ldb, slot_a, &slot_b);
       a.ab_type = CUDA_R_16BF;
       a.compute = CUBLAS_COMPUTE_32F;
     }
@@ -142,7 +145,7 @@ class CudaBackend final : public Backend {
     L2L_CHECK(act == nullptr || residual == nullptr) << name_ << " LinearForward: act and residual are exclusive";
     Gemm(false, trans_w, N, OC, IC, 1.0f, x, IC, w, trans_w ? IC : OC, 0.0f, y, OC);
     MakeCurrent();
-    LaunchLinearEpilogue(y, bias, act, residual, N, OC, stream());
+    LaunchLinearEpilogue(y, bias, act, residual, N, OC, stream(), ProduceBf16(act, N * OC));
   }
   void AddBias(float* out, const float* bias, int64_t N, int64_t OC) override {
     MakeCurrent();
@@ -162,7 +165,10 @@ class CudaBackend final : public Backend {
   void NoteBf16Copy(const float* f32, const uint16_t* bits, int64_t n) override {
     if (TakesBf16Copies() && n > 0) bf16_copies_.Note(f32, bits, n);  // only bf16 GEMMs read them
   }
-  void ForgetBf16Copy(const float* f32) override { bf16_copies_.Forget(f32); }
+  void ForgetBf16Copy(const float* f32) override {
+    bf16_copies_.Forget(f32);
+    operands_.Touch();  // the prefetcher refills the slot next
+  }
 
   // ---- elementwise -----------------------------------------------------------------
   void RoundToBf16(float* x, uint16_t* bits, int64_t n) override {
@@ -205,7 +211,7 @@ class CudaBackend final : public Backend {
   }
   void GeluForward(float* out, const float* inp, int64_t n) override {
     MakeCurrent();
-    LaunchGeluForward(out, inp, n, stream());
+    LaunchGeluForward(out, inp, n, stream(), ProduceBf16(out, n));
   }
   void GeluBackward(float* dinp, const float* inp, const float* dout, int64_t n) override {
     MakeCurrent();
@@ -220,7 +226,7 @@ class CudaBackend final : public Backend {
     const int64_t groups = ColumnSumGroups(N);
     float* scratch =
         dbias != nullptr ? static_cast<float*>(Scratch(sizeof(float) * groups * F)) : nullptr;
-    LaunchGeluBackwardBias(dinp, dbias, inp, dout, N, F, scratch, groups, stream());
+    LaunchGeluBackwardBias(dinp, dbias, inp, dout, N, F, scratch, groups, stream(), ProduceBf16(dinp, N * F));
   }
   double SumSquares(const float* x, int64_t n) override {
     if (n <= 0) return 0.0;
@@ -252,7 +258,7 @@ class CudaBackend final : public Backend {
   void LayerNormForward(float* out, float* mean, float* rstd, const float* inp,
                         const float* weight, const float* bias, int64_t N, int64_t C) override {
     MakeCurrent();
-    LaunchLayerNormForward(out, mean, rstd, inp, weight, bias, N, C, 1e-5f, stream());
+    LaunchLayerNormForward(out, mean, rstd, inp, weight, bias, N, C, 1e-5f, stream(), ProduceBf16(out, N * C));
   }
   void LayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dout,
                          const float* inp, const float* weight, const float* mean,
@@ -268,7 +274,8 @@ class CudaBackend final : public Backend {
     const int64_t groups = NormBackwardGroups(N, C, kFusedLayerNormMaxC);
     float* scratch = static_cast<float*>(Scratch(sizeof(float) * 2 * groups * C));
     LaunchLayerNormBackward(dinp, dweight, dbias, dresid, dout, inp, weight, mean, rstd, N, C,
-                            scratch, groups, stream());
+                            scratch, groups, stream(),
+                            C <= kFusedLayerNormMaxC ? ProduceBf16(dinp, N * C) : nullptr);
   }
   // ---- attention: the fused kernels (flash_attention.h) where the head size allows and
   // L2L_CUDA_ATTENTION / the options say flash, else the GEMM path (attention.h).
@@ -351,7 +358,7 @@ class CudaBackend final : public Backend {
   void RMSNormForward(float* out, float* rstd, const float* inp, const float* weight, int64_t N,
                       int64_t C, float eps) override {
     MakeCurrent();
-    LaunchRMSNormForward(out, rstd, inp, weight, N, C, eps, stream());
+    LaunchRMSNormForward(out, rstd, inp, weight, N, C, eps, stream(), ProduceBf16(out, N * C));
   }
   void RMSNormBackward(float* dinp, float* dweight, const float* dout, const float* inp,
                        const float* weight, const float* rstd, int64_t N, int64_t C) override {
@@ -366,7 +373,7 @@ class CudaBackend final : public Backend {
     const int64_t groups = NormBackwardGroups(N, C, kFusedRmsNormMaxC);
     float* scratch = static_cast<float*>(Scratch(sizeof(float) * groups * C));
     LaunchRMSNormBackward(dinp, dweight, dresid, dout, inp, weight, rstd, N, C, scratch, groups,
-                          stream());
+                          stream(), C <= kFusedRmsNormMaxC ? ProduceBf16(dinp, N * C) : nullptr);
   }
   void RopeForward(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
                    int64_t row_stride, int64_t n_heads, int64_t hs) override {
@@ -382,7 +389,7 @@ class CudaBackend final : public Backend {
   }
   void SwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F) override {
     MakeCurrent();
-    LaunchSwiGLUForward(out, gate_up, N, F, stream());
+    LaunchSwiGLUForward(out, gate_up, N, F, stream(), ProduceBf16(out, N * F));
   }
   void SwiGLUBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
                       int64_t F) override {
@@ -392,7 +399,8 @@ class CudaBackend final : public Backend {
   void SwiGLUBackwardInto(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
                           int64_t F) override {
     MakeCurrent();
-    LaunchSwiGLUBackward(dgate_up, dout, gate_up, N, F, /*accumulate=*/false, stream());
+    LaunchSwiGLUBackward(dgate_up, dout, gate_up, N, F, /*accumulate=*/false, stream(),
+                         ProduceBf16(dgate_up, N * 2 * F));
   }
   void AttentionForwardGqa(float* out, float* att, const float* qkv, int64_t B, int64_t T,
                            int64_t NH, int64_t NKV, int64_t hs) override {
@@ -453,7 +461,7 @@ class CudaBackend final : public Backend {
   }
   void GegluForward(float* out, const float* gate_up, int64_t N, int64_t F) override {
     MakeCurrent();
-    LaunchGegluForward(out, gate_up, N, F, stream());
+    LaunchGegluForward(out, gate_up, N, F, stream(), ProduceBf16(out, N * F));
   }
   void GegluBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
                      int64_t F) override {
@@ -488,7 +496,7 @@ class CudaBackend final : public Backend {
                            const float* weight, const float* bias, int64_t N, int64_t C,
                            float eps) override {
     MakeCurrent();
-    LaunchLayerNormForward(out, mean, rstd, inp, weight, bias, N, C, eps, stream());
+    LaunchLayerNormForward(out, mean, rstd, inp, weight, bias, N, C, eps, stream(), ProduceBf16(out, N * C));
   }
   void GeluErfForward(float* out, const float* inp, int64_t n) override {
     MakeCurrent();
@@ -548,6 +556,7 @@ class CudaBackend final : public Backend {
   bool HasAsyncTransfers() const override { return true; }
   Result<std::unique_ptr<CopyQueue>> CreateCopyQueue() override {
     L2L_ASSIGN_OR_RETURN(auto q, CudaCopyQueue::Create(device_));
+    q->set_touch(operands_.serial());
     return std::unique_ptr<CopyQueue>(std::move(q));
   }
   Result<std::unique_ptr<Event>> CreateEvent() override {
@@ -555,7 +564,7 @@ class CudaBackend final : public Backend {
     return std::unique_ptr<Event>(std::move(e));
   }
   void RecordEvent(Event* e) override {
-    MakeCurrent();
+    SetDevice();  // writes nothing: fresh bf16 operand copies stay fresh
     L2L_CUDA_CHECK(cudaEventRecord(NativeEvent(e, "Backend::RecordEvent"), stream()));
   }
   void WaitEvent(Event* e) override {
@@ -576,8 +585,7 @@ class CudaBackend final : public Backend {
     CudaMemoryStats m;
     m.allocated = allocated_;
     m.peak_allocated = peak_allocated_;
-    m.internal = scratch_.bytes() + gemm_.workspace_bytes() + bf16_scratch_[0].bytes() +
-                 bf16_scratch_[1].bytes();
+    m.internal = scratch_.bytes() + gemm_.workspace_bytes() + operands_.bytes();
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) {
       m.device_used = total_b - free_b;
@@ -588,7 +596,13 @@ class CudaBackend final : public Backend {
     return m;
   }
   void ResetPeak() { peak_allocated_ = allocated_; }
-  void MakeCurrent() const {
+  // Every op but a GEMM starts here: the device current, the fresh bf16 operand copies
+  // stale (the op may write their sources).
+  void MakeCurrent() {
+    SetDevice();
+    operands_.Touch();
+  }
+  void SetDevice() const {
     int cur = -1;
     if (cudaGetDevice(&cur) != cudaSuccess || cur != device_) L2L_CUDA_CHECK(cudaSetDevice(device_));
   }
@@ -600,13 +614,14 @@ class CudaBackend final : public Backend {
   // waits for queued work that may still read the old buffer (rare: sized at creation).
   void* Scratch(size_t bytes) { return Grow(scratch_, bytes, "op scratch"); }
 
-  // bf16 mode: device scratch for `elems` bf16 operand values in slot 0 or 1 (a GEMM's
-  // two operands), valid until the next request for that slot; empty until first used.
-  uint16_t* Bf16Scratch(int slot, int64_t elems) {
-    L2L_CHECK(slot == 0 || slot == 1) << name_ << ": bf16 scratch slot " << slot;
-    const size_t bytes = sizeof(uint16_t) * static_cast<size_t>(std::max<int64_t>(elems, 1));
-    const char* what = slot == 0 ? "bf16 operand scratch 0" : "bf16 operand scratch 1";
-    return static_cast<uint16_t*>(Grow(bf16_scratch_[slot], bytes, what));
+  // bf16 mode: slot 0 or 1 of the operand copies as the gemm attention's bf16 scratch.
+  uint16_t* Bf16Scratch(int slot, int64_t elems) { return operands_.Scratch(slot, elems, stream()); }
+
+  // A producer op's bf16 copy of its output `out` (n values), written in the same pass:
+  // where to write it, or null (not the bf16 mode, or reuse off). Call after MakeCurrent.
+  uint16_t* ProduceBf16(const float* out, int64_t n) {
+    if (precision_ != CudaGemmPrecision::kBf16 || !reuse_bf16_ || out == nullptr || n <= 0) return nullptr;
+    return operands_.Produce(out, n, stream());
   }
 
   // `buf` with at least `bytes`: grown to max(bytes, 2x) after waiting for the queued work
@@ -625,23 +640,21 @@ class CudaBackend final : public Backend {
     return buf.data();
   }
 
-  // The bf16 copy of the stored (rows, cols) matrix `src` with leading dimension ld, in
-  // slot `slot`: elements [0, (rows-1)*ld + cols) cast, so element i of src is element i
-  // of the copy.
-  // An extent inside a noted bf16 copy (NoteBf16Copy: a layer published as bf16) is read
-  // from it at the same offset instead, when that address keeps the 16-byte alignment
-  // the staged copy would have (cuBLASLt's bf16 kernels want it).
-  const uint16_t* StageBf16(int slot, const float* src, int64_t rows, int64_t cols, int64_t ld) {
+  // The bf16 copy of the stored (rows, cols) matrix `src` with leading dimension ld:
+  // elements [0, (rows-1)*ld + cols), so element i of src is element i of the copy. Read
+  // from a noted layer copy (NoteBf16Copy: a layer published as bf16) at the same offset
+  // when that address keeps the 16-byte alignment cuBLASLt's bf16 kernels want, else from
+  // the operand copies (bf16_operands.h: a fresh copy, or a cast into a slot other than
+  // `avoid`; *slot: the slot read, -1 for none).
+  const uint16_t* StageBf16(const float* src, int64_t rows, int64_t cols, int64_t ld, int avoid, int* slot) {
+    *slot = -1;
     const int64_t n = (rows > 0 && cols > 0 && ld >= cols) ? (rows - 1) * ld + cols : 0;
     const uint16_t* bits = bf16_copies_.Find(src, n);
     if (bits != nullptr && reinterpret_cast<uintptr_t>(bits) % 16 == 0) {
       gemm_stats_.reused_elements += n;
       return bits;
     }
-    uint16_t* dst = Bf16Scratch(slot, n);
-    if (n > 0) LaunchCastF32ToBf16(dst, src, n, stream());
-    gemm_stats_.cast_elements += n;
-    return dst;
+    return operands_.Operand(src, n, avoid, slot, stream(), &gemm_stats_);
   }
 
   int device_ = 0;
@@ -653,7 +666,8 @@ class CudaBackend final : public Backend {
   CudaStream stream_;
   LtGemm gemm_;
   CudaBuffer scratch_;
-  CudaBuffer bf16_scratch_[2];  // bf16 mode's operand copies (empty until first used)
+  Bf16Operands operands_;  // bf16 mode's operand copies (empty until first used)
+  bool reuse_bf16_ = true;  // CudaBackendOptions::reuse_bf16_operands
   Bf16Copies bf16_copies_;  // NoteBf16Copy's, until forgotten (a few: the layer slots)
   Bf16OperandStats gemm_stats_;  // StageBf16's counts (bf16_operand_stats)
   PinnedBuffer result_host_;  // 8 bytes for SumSquares' result
@@ -685,6 +699,12 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
                        EnvEnum(EnvVar::kCudaGemm, ParseCudaGemmPrecision));
   const CudaGemmPrecision precision = env.value_or(opt.gemm);
   be->precision_ = precision;
+  bool reuse = opt.reuse_bf16_operands;
+  if (const std::optional<std::string> t = EnvText(EnvVar::kCudaBf16Reuse)) {
+    L2L_ASSIGN_OR_RETURN(reuse, ParseEnvBool(EnvInfo(EnvVar::kCudaBf16Reuse), *t));
+  }
+  be->reuse_bf16_ = reuse;
+  be->operands_.set_reuse(reuse);
   L2L_ASSIGN_OR_RETURN(const std::optional<CudaAttentionKind> attention_env,
                        EnvEnum(EnvVar::kCudaAttention, ParseCudaAttentionKind));
   be->attention_ = attention_env.value_or(opt.attention);
@@ -700,7 +720,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
   be->name_ = "cuda:" + std::to_string(device) + " (" + prop.name + ", sm_" +
               std::to_string(prop.major) + std::to_string(prop.minor) + ", " +
               std::to_string(prop.totalGlobalMem >> 30) + " GiB, gemm " + ToString(precision) +
-              ", attention " + ToString(be->attention_) + ")";
+              (precision == CudaGemmPrecision::kBf16 && !reuse ? " (operand reuse off)" : "") + ", attention " +
+              ToString(be->attention_) + ")";
   L2L_ASSIGN_OR_RETURN(be->stream_, CudaStream::Create());
   L2L_ASSIGN_OR_RETURN(be->gemm_, LtGemm::Create(opt.gemm_workspace_bytes));
   L2L_ASSIGN_OR_RETURN(be->scratch_, CudaBuffer::Create(std::max<size_t>(opt.scratch_bytes, 4096)));

@@ -63,6 +63,10 @@ struct CudaBackendOptions {
   // Scratch for column-sum partials and the embedding-backward sort; grows (with a
   // device sync) if an op ever needs more.
   size_t scratch_bytes = size_t{32} << 20;
+  // bf16 mode: reuse a GEMM operand's bf16 copy that a producer op wrote beside its output
+  // or the previous GEMM cast (kernels/cuda/bf16_operands.h; bit-identical either way).
+  // false casts every operand that is not a noted layer copy (the tests compare the two).
+  bool reuse_bf16_operands = true;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no GPU; never fails).

@@ -57,21 +57,29 @@ __global__ void CounterDropoutKernel(float* out, int64_t ldo, const float* x, in
   }
 }
 
-__global__ void GeluForwardKernel(float* out, const float* inp, int64_t n) {
-  L2L_GRID_STRIDE(i, n) out[i] = GeluTanh(inp[i]);
+__global__ void GeluForwardKernel(float* out, const float* inp, int64_t n, __nv_bfloat16* bits) {
+  L2L_GRID_STRIDE(i, n) {
+    const float v = GeluTanh(inp[i]);
+    out[i] = v;
+    if (bits != nullptr) bits[i] = __float2bfloat16_rn(v);
+  }
 }
 
 // Backend::LinearForward's epilogue after the GEMM, one pass: y += bias (when not null);
 // then y += residual (when not null) or act = gelu(y) (when act is not null). The same
 // operations in the same order as AddBias, Add and GeluForward.
 __global__ void LinearEpilogueKernel(float* y, const float* bias, float* act, const float* residual,
-                                     int64_t N, int64_t OC) {
+                                     int64_t N, int64_t OC, __nv_bfloat16* act_bits) {
   L2L_GRID_STRIDE(i, N * OC) {
     float v = y[i];
     if (bias != nullptr) v += bias[i % OC];
     if (residual != nullptr) v = v + residual[i];
     y[i] = v;
-    if (act != nullptr) act[i] = GeluTanh(v);
+    if (act != nullptr) {
+      const float a = GeluTanh(v);
+      act[i] = a;
+      if (act_bits != nullptr) act_bits[i] = __float2bfloat16_rn(a);
+    }
   }
 }
 
@@ -156,9 +164,9 @@ void LaunchScaleMatrix(float* c, float alpha, int64_t rows, int64_t cols, int64_
   L2L_CUDA_CHECK_LAUNCH();
 }
 
-void LaunchGeluForward(float* out, const float* inp, int64_t n, cudaStream_t s) {
+void LaunchGeluForward(float* out, const float* inp, int64_t n, cudaStream_t s, uint16_t* bits) {
   if (n <= 0) return;
-  L2L_LAUNCH(GeluForwardKernel, GridFor(n), kThreads, 0, s)(out, inp, n);
+  L2L_LAUNCH(GeluForwardKernel, GridFor(n), kThreads, 0, s)(out, inp, n, reinterpret_cast<__nv_bfloat16*>(bits));
   L2L_CUDA_CHECK_LAUNCH();
 }
 
@@ -170,9 +178,10 @@ void LaunchGeluBackward(float* dinp, const float* inp, const float* dout, int64_
 }
 
 void LaunchLinearEpilogue(float* y, const float* bias, float* act, const float* residual, int64_t N,
-                          int64_t OC, cudaStream_t s) {
+                          int64_t OC, cudaStream_t s, uint16_t* act_bits) {
   if (N <= 0 || OC <= 0 || (bias == nullptr && act == nullptr && residual == nullptr)) return;
-  L2L_LAUNCH(LinearEpilogueKernel, GridFor(N * OC), kThreads, 0, s)(y, bias, act, residual, N, OC);
+  L2L_LAUNCH(LinearEpilogueKernel, GridFor(N * OC), kThreads, 0, s)(y, bias, act, residual, N, OC,
+                                                                    reinterpret_cast<__nv_bfloat16*>(act_bits));
   L2L_CUDA_CHECK_LAUNCH();
 }
 

@@ -5,6 +5,8 @@
 // needs the column-sum passes) and the token-embedding backward in embedding_backward.cu
 // (the sort). Launchers are declared in ops.h; each takes its stream and checks the
 // launch. Thread-safety: stateless.
+#include <cuda_bf16.h>
+
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops.h"
@@ -43,24 +45,31 @@ __global__ void RopeKernel(float* x, const float* cos, const float* sin, int64_t
 
 __device__ __forceinline__ float Sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
 
-__global__ void SwiGLUForwardKernel(float* out, const float* gate_up, int64_t N, int64_t F) {
+__global__ void SwiGLUForwardKernel(float* out, const float* gate_up, int64_t N, int64_t F, __nv_bfloat16* bits) {
   L2L_GRID_STRIDE(i, N * F) {
     const int64_t n = i / F, f = i - n * F;
     const float g = gate_up[n * 2 * F + f], u = gate_up[n * 2 * F + F + f];
-    out[i] = g * Sigmoid(g) * u;
+    const float v = g * Sigmoid(g) * u;
+    out[i] = v;
+    if (bits != nullptr) bits[i] = __float2bfloat16_rn(v);
   }
 }
 
 __global__ void SwiGLUBackwardKernel(float* dgate_up, const float* dout, const float* gate_up,
-                                     int64_t N, int64_t F, bool accumulate) {
+                                     int64_t N, int64_t F, bool accumulate, __nv_bfloat16* bits) {
   L2L_GRID_STRIDE(i, N * F) {
     const int64_t n = i / F, f = i - n * F;
     const int64_t gi = n * 2 * F + f, ui = gi + F;
     const float g = gate_up[gi], u = gate_up[ui], d = dout[i];
     const float sg = Sigmoid(g);
     const float dg = d * u * sg * (1.0f + g * (1.0f - sg)), du = d * (g * sg);
-    dgate_up[gi] = accumulate ? dgate_up[gi] + dg : dg;
-    dgate_up[ui] = accumulate ? dgate_up[ui] + du : du;
+    const float vg = accumulate ? dgate_up[gi] + dg : dg, vu = accumulate ? dgate_up[ui] + du : du;
+    dgate_up[gi] = vg;
+    dgate_up[ui] = vu;
+    if (bits != nullptr) {
+      bits[gi] = __float2bfloat16_rn(vg);
+      bits[ui] = __float2bfloat16_rn(vu);
+    }
   }
 }
 
@@ -104,10 +113,12 @@ __device__ __forceinline__ float GeluTanhGrad(float x) {
   return 0.5f * (1.0f + th) + 0.5f * x * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
-__global__ void GegluForwardKernel(float* out, const float* gate_up, int64_t N, int64_t F) {
+__global__ void GegluForwardKernel(float* out, const float* gate_up, int64_t N, int64_t F, __nv_bfloat16* bits) {
   L2L_GRID_STRIDE(i, N * F) {
     const int64_t n = i / F, f = i - n * F;
-    out[i] = GeluTanh(gate_up[n * 2 * F + f]) * gate_up[n * 2 * F + F + f];
+    const float v = GeluTanh(gate_up[n * 2 * F + f]) * gate_up[n * 2 * F + F + f];
+    out[i] = v;
+    if (bits != nullptr) bits[i] = __float2bfloat16_rn(v);
   }
 }
 
@@ -152,9 +163,10 @@ void LaunchRowDot(float* out, const float* a, const float* b, int64_t n, int64_t
   L2L_CUDA_CHECK_LAUNCH();
 }
 
-void LaunchGegluForward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s) {
+void LaunchGegluForward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s, uint16_t* bits) {
   if (N <= 0 || F <= 0) return;
-  L2L_LAUNCH(GegluForwardKernel, GridFor(N * F), kThreads, 0, s)(out, gate_up, N, F);
+  L2L_LAUNCH(GegluForwardKernel, GridFor(N * F), kThreads, 0, s)(out, gate_up, N, F,
+                                                                 reinterpret_cast<__nv_bfloat16*>(bits));
   L2L_CUDA_CHECK_LAUNCH();
 }
 
@@ -188,17 +200,19 @@ void LaunchRope(float* x, const float* cos, const float* sin, int64_t B, int64_t
   L2L_CUDA_CHECK_LAUNCH();
 }
 
-void LaunchSwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s) {
+void LaunchSwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s, uint16_t* bits) {
   if (N <= 0 || F <= 0) return;
-  L2L_LAUNCH(SwiGLUForwardKernel, GridFor(N * F), kThreads, 0, s)(out, gate_up, N, F);
+  L2L_LAUNCH(SwiGLUForwardKernel, GridFor(N * F), kThreads, 0, s)(out, gate_up, N, F,
+                                                                  reinterpret_cast<__nv_bfloat16*>(bits));
   L2L_CUDA_CHECK_LAUNCH();
 }
 
 void LaunchSwiGLUBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
-                          int64_t F, bool accumulate, cudaStream_t s) {
+                          int64_t F, bool accumulate, cudaStream_t s, uint16_t* bits) {
   if (N <= 0 || F <= 0) return;
   L2L_LAUNCH(SwiGLUBackwardKernel, GridFor(N * F), kThreads, 0, s)(dgate_up, dout, gate_up, N, F,
-                                                                    accumulate);
+                                                                    accumulate,
+                                                                    reinterpret_cast<__nv_bfloat16*>(bits));
   L2L_CUDA_CHECK_LAUNCH();
 }
 

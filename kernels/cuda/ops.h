@@ -34,7 +34,9 @@ void LaunchScaleMatrix(float* c, float alpha, int64_t rows, int64_t cols, int64_
 // kernels/backend.h Backend::CounterDropout: out (N, ldo) (+)= keep(i) ? x * scale : 0.
 void LaunchCounterDropout(float* out, int64_t ldo, const float* x, int64_t ldx, int64_t N, int64_t C,
                           uint64_t stream, uint32_t threshold, float scale, bool accumulate, cudaStream_t s);
-void LaunchGeluForward(float* out, const float* inp, int64_t n, cudaStream_t s);
+// bits (every *Forward launch that takes it; null: none): the output's bf16 copy too,
+// rounded to nearest even in the same pass (the bf16 GEMM mode's fresh operand copies).
+void LaunchGeluForward(float* out, const float* inp, int64_t n, cudaStream_t s, uint16_t* bits = nullptr);
 void LaunchGeluBackward(float* dinp, const float* inp, const float* dout, int64_t n,
                         cudaStream_t s);
 // out (N,OC) += bias (OC).
@@ -42,8 +44,9 @@ void LaunchAddBias(float* out, const float* bias, int64_t N, int64_t OC, cudaStr
 // Backend::LinearForward's epilogue after its GEMM, in one pass over y (N,OC): y += bias
 // (when not null), then y += residual (when not null) or act = gelu_tanh(y) (when act is
 // not null). The same bits as LaunchAddBias, LaunchAdd and LaunchGeluForward in turn.
+// act_bits: act's bf16 copy (null: none).
 void LaunchLinearEpilogue(float* y, const float* bias, float* act, const float* residual, int64_t N,
-                          int64_t OC, cudaStream_t s);
+                          int64_t OC, cudaStream_t s, uint16_t* act_bits = nullptr);
 // out (B,T,C) = wte[tokens] + wpe[t].
 void LaunchEmbeddingForward(float* out, const int32_t* tokens, const float* wte,
                             const float* wpe, int64_t B, int64_t T, int64_t C, cudaStream_t s);
@@ -77,7 +80,7 @@ void LaunchBiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, 
 // Backend::LayerNormForward, the model's layer_norm_eps for LayerNormForwardEps).
 void LaunchLayerNormForward(float* out, float* mean, float* rstd, const float* inp,
                             const float* weight, const float* bias, int64_t N, int64_t C,
-                            float eps, cudaStream_t s);
+                            float eps, cudaStream_t s, uint16_t* bits = nullptr);
 // The norm backwards run in one pass (input gradient and parameter-gradient partials
 // together) for rows up to these widths (the block's shared accumulators), in two above.
 inline constexpr int64_t kFusedLayerNormMaxC = 4096;
@@ -89,15 +92,18 @@ int64_t NormBackwardGroups(int64_t N, int64_t C, int64_t max_fused_c);
 // dinp (N,F) = gelu'(inp) * dout (overwritten); dbias (F) += its column sums (skipped
 // when null). One pass; the same summation order as LaunchBiasBackward.
 // scratch: >= groups*F floats, groups = ColumnSumGroups(N).
+// bits: dinp's bf16 copy (null: none).
 void LaunchGeluBackwardBias(float* dinp, float* dbias, const float* inp, const float* dout,
-                            int64_t N, int64_t F, float* scratch, int64_t groups, cudaStream_t s);
+                            int64_t N, int64_t F, float* scratch, int64_t groups, cudaStream_t s,
+                            uint16_t* bits = nullptr);
 // dinp (N,C) = (dresid, or dinp itself when dresid is null) + the gradient through the
 // norm; dweight (C) +=, dbias (C) +=. dinp may alias dresid. scratch: >= 2*groups*C
-// floats, groups = NormBackwardGroups(N, C, kFusedLayerNormMaxC).
+// floats, groups = NormBackwardGroups(N, C, kFusedLayerNormMaxC). bits: dinp's bf16 copy
+// (null: none; only on the one-pass path, C <= kFusedLayerNormMaxC; RMSNorm: kFusedRmsNormMaxC).
 void LaunchLayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dresid,
                              const float* dout, const float* inp, const float* weight,
                              const float* mean, const float* rstd, int64_t N, int64_t C,
-                             float* scratch, int64_t groups, cudaStream_t s);
+                             float* scratch, int64_t groups, cudaStream_t s, uint16_t* bits = nullptr);
 // *result (device double) = sum of x[i]^2 in double, fixed reduction order.
 // scratch: >= kSumSquaresBlocks doubles.
 inline constexpr int kSumSquaresBlocks = 264;
@@ -152,11 +158,13 @@ void LaunchTokenEmbeddingForward(float* out, const int32_t* tokens, const float*
 void LaunchRope(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
                 int64_t row_stride, int64_t n_heads, int64_t hs, float sign, cudaStream_t s);
 // out (N,F) = silu(gate) * up from gate_up (N,2F).
-void LaunchSwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s);
+void LaunchSwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s,
+                         uint16_t* bits = nullptr);
 // dgate_up (N,2F) += [dout * up * silu'(gate) | dout * silu(gate)] (accumulate), or =
 // (overwritten) when !accumulate.
+// bits: dgate_up's bf16 copy (null: none).
 void LaunchSwiGLUBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
-                          int64_t F, bool accumulate, cudaStream_t s);
+                          int64_t F, bool accumulate, cudaStream_t s, uint16_t* bits = nullptr);
 // Mixture-of-experts row ops (llama_ops.cu; kernels/backend.h GatherRows, ScatterAddRows,
 // RowDot). scale may be nullptr (all 1). One thread per output element (RowDot: per row).
 void LaunchGatherRows(float* dst, const float* src, const int32_t* idx, const float* scale, int64_t n,
@@ -165,7 +173,8 @@ void LaunchScatterAddRows(float* dst, const float* src, const int32_t* idx, cons
                           int64_t n, int64_t C, cudaStream_t s);
 void LaunchRowDot(float* out, const float* a, const float* b, int64_t n, int64_t C, cudaStream_t s);
 // out (N,F) = gelu_tanh(gate) * up from gate_up (N,2F) (Gemma's GeGLU).
-void LaunchGegluForward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s);
+void LaunchGegluForward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s,
+                        uint16_t* bits = nullptr);
 // dgate_up (N,2F) += [dout * up * gelu_tanh'(gate) | dout * gelu_tanh(gate)].
 void LaunchGegluBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
                          int64_t F, cudaStream_t s);
@@ -174,13 +183,14 @@ void LaunchCopy2D(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, 
                   int64_t cols, cudaStream_t s);
 // RMSNorm (reduce.cu): out (N,C) = inp * rstd * weight, rstd (N). One block per row.
 void LaunchRMSNormForward(float* out, float* rstd, const float* inp, const float* weight,
-                          int64_t N, int64_t C, float eps, cudaStream_t s);
+                          int64_t N, int64_t C, float eps, cudaStream_t s, uint16_t* bits = nullptr);
 // dinp (N,C) = (dresid, or dinp itself when dresid is null) + the gradient through the
 // norm; dweight (C) += (deterministic column sums). dinp may alias dresid.
 // scratch: >= groups*C floats, groups = NormBackwardGroups(N, C, kFusedRmsNormMaxC).
 void LaunchRMSNormBackward(float* dinp, float* dweight, const float* dresid, const float* dout,
                            const float* inp, const float* weight, const float* rstd, int64_t N,
-                           int64_t C, float* scratch, int64_t groups, cudaStream_t s);
+                           int64_t C, float* scratch, int64_t groups, cudaStream_t s,
+                           uint16_t* bits = nullptr);
 
 // ---- bert_ops.cu (the BERT family's elementwise ops) ---------------------------------
 // out (n) = 0.5 x (1 + erf(x / sqrt(2))) (exact GELU).

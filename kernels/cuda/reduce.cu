@@ -7,6 +7,8 @@
 // take two passes (input kernel, then column sums). Every
 // reduction runs in a fixed order (partials per block, then a fixed-order pass), so the
 // results are bitwise reproducible run to run; no atomics. Launchers in ops.h.
+#include <cuda_bf16.h>
+
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/ops.h"
@@ -63,7 +65,7 @@ __global__ void ColumnSumFinalKernel(float* dst, const float* partial, int64_t g
 // sum over the group's rows of that dinp (skipped when partial is null).
 __global__ void GeluBackwardBiasPartialKernel(float* partial, float* dinp, const float* inp,
                                               const float* dout, int64_t N, int64_t cols,
-                                              int64_t rows_per_group) {
+                                              int64_t rows_per_group, __nv_bfloat16* bits) {
   __shared__ float smem[kRowLanes][kColTile + 1];
   const int64_t c = blockIdx.x * int64_t{kColTile} + threadIdx.x;
   const int64_t r0 = blockIdx.y * rows_per_group;
@@ -74,6 +76,7 @@ __global__ void GeluBackwardBiasPartialKernel(float* partial, float* dinp, const
       const int64_t i = r * cols + c;
       const float g = GeluTanhGrad(inp[i]) * dout[i];
       dinp[i] = g;
+      if (bits != nullptr) bits[i] = __float2bfloat16_rn(g);
       acc += g;
     }
   }
@@ -93,7 +96,7 @@ __global__ void LayerNormBackwardFusedKernel(float* partial, float* dinp, const 
                                              const float* dout, const float* inp,
                                              const float* weight, const float* mean,
                                              const float* rstd, int64_t N, int64_t C,
-                                             int64_t rows_per_group) {
+                                             int64_t rows_per_group, __nv_bfloat16* bits) {
   __shared__ float sdw[kFusedLayerNormMaxC];
   __shared__ float sdb[kFusedLayerNormMaxC];
   __shared__ float smem[32];
@@ -116,7 +119,9 @@ __global__ void LayerNormBackwardFusedKernel(float* partial, float* dinp, const 
     const float* base = dresid != nullptr ? dresid + row * C : dx;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
       const float xhat = (x[c] - m) * r, d = dy[c];
-      dx[c] = base[c] + r * (d * weight[c] - sg - xhat * sgx);
+      const float v = base[c] + r * (d * weight[c] - sg - xhat * sgx);
+      dx[c] = v;
+      if (bits != nullptr) bits[row * C + c] = __float2bfloat16_rn(v);
       sdw[c] += d * xhat;
       sdb[c] += d;
     }
@@ -134,7 +139,7 @@ __global__ void LayerNormBackwardFusedKernel(float* partial, float* dinp, const 
 __global__ void RMSNormBackwardFusedKernel(float* partial, float* dinp, const float* dresid,
                                            const float* dout, const float* inp,
                                            const float* weight, const float* rstd, int64_t N,
-                                           int64_t C, int64_t rows_per_group) {
+                                           int64_t C, int64_t rows_per_group, __nv_bfloat16* bits) {
   __shared__ float sdw[kFusedRmsNormMaxC];
   __shared__ float smem[32];
   const int64_t r0 = blockIdx.x * rows_per_group;
@@ -151,7 +156,9 @@ __global__ void RMSNormBackwardFusedKernel(float* partial, float* dinp, const fl
     const float* base = dresid != nullptr ? dresid + row * C : dx;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
       const float norm = x[c] * r, d = dy[c];
-      dx[c] = base[c] + r * (weight[c] * d - norm * mean_dot);
+      const float v = base[c] + r * (weight[c] * d - norm * mean_dot);
+      dx[c] = v;
+      if (bits != nullptr) bits[row * C + c] = __float2bfloat16_rn(v);
       sdw[c] += norm * d;
     }
   }
@@ -161,7 +168,7 @@ __global__ void RMSNormBackwardFusedKernel(float* partial, float* dinp, const fl
 // One warp per row. block 256 = 8 rows.
 __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, const float* inp,
                                        const float* weight, const float* bias, int64_t N,
-                                       int64_t C, float eps) {
+                                       int64_t C, float eps, __nv_bfloat16* bits) {
   const int lane = threadIdx.x & 31;
   const int64_t row = blockIdx.x * int64_t{blockDim.x / 32} + (threadIdx.x >> 5);
   if (row >= N) return;  // whole warp leaves together
@@ -176,7 +183,11 @@ __global__ void LayerNormForwardKernel(float* out, float* mean, float* rstd, con
   }
   const float r = 1.0f / sqrtf(WarpSum(v) / static_cast<float>(C) + eps);
   float* y = out + row * C;
-  for (int64_t c = lane; c < C; c += 32) y[c] = (x[c] - m) * r * weight[c] + bias[c];
+  for (int64_t c = lane; c < C; c += 32) {
+    const float v = (x[c] - m) * r * weight[c] + bias[c];
+    y[c] = v;
+    if (bits != nullptr) bits[row * C + c] = __float2bfloat16_rn(v);
+  }
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;
@@ -243,7 +254,7 @@ int RowThreads(int64_t C) {
 
 // One block per row: rstd = 1/sqrt(mean(x^2) + eps), out = x * rstd * weight.
 __global__ void RMSNormForwardKernel(float* out, float* rstd, const float* inp,
-                                     const float* weight, int64_t C, float eps) {
+                                     const float* weight, int64_t C, float eps, __nv_bfloat16* bits) {
   __shared__ float smem[32];
   const int64_t row = blockIdx.x;
   const float* x = inp + row * C;
@@ -252,7 +263,11 @@ __global__ void RMSNormForwardKernel(float* out, float* rstd, const float* inp,
   ss = BlockSum(ss, smem);
   const float r = 1.0f / sqrtf(ss / static_cast<float>(C) + eps);
   float* y = out + row * C;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) y[c] = (x[c] * r) * weight[c];
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const float v = (x[c] * r) * weight[c];
+    y[c] = v;
+    if (bits != nullptr) bits[row * C + c] = __float2bfloat16_rn(v);
+  }
   if (threadIdx.x == 0) rstd[row] = r;
 }
 
@@ -344,12 +359,14 @@ int64_t NormBackwardGroups(int64_t N, int64_t C, int64_t max_fused_c) {
 }
 
 void LaunchGeluBackwardBias(float* dinp, float* dbias, const float* inp, const float* dout,
-                            int64_t N, int64_t F, float* scratch, int64_t groups, cudaStream_t s) {
+                            int64_t N, int64_t F, float* scratch, int64_t groups, cudaStream_t s,
+                            uint16_t* bits) {
   if (N <= 0 || F <= 0) return;
   const int64_t rows_per_group = (N + groups - 1) / groups;
   dim3 grid(static_cast<unsigned>((F + kColTile - 1) / kColTile), static_cast<unsigned>(groups));
   L2L_LAUNCH(GeluBackwardBiasPartialKernel, grid, dim3(kColTile, kRowLanes), 0, s)(
-      dbias != nullptr ? scratch : nullptr, dinp, inp, dout, N, F, rows_per_group);
+      dbias != nullptr ? scratch : nullptr, dinp, inp, dout, N, F, rows_per_group,
+      reinterpret_cast<__nv_bfloat16*>(bits));
   L2L_CUDA_CHECK_LAUNCH();
   if (dbias != nullptr) LaunchColumnFinal(dbias, scratch, groups, F, s);
 }
@@ -363,24 +380,26 @@ void LaunchBiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC, 
 
 void LaunchLayerNormForward(float* out, float* mean, float* rstd, const float* inp,
                             const float* weight, const float* bias, int64_t N, int64_t C,
-                            float eps, cudaStream_t s) {
+                            float eps, cudaStream_t s, uint16_t* bits) {
   if (N <= 0 || C <= 0) return;
   const int rows_per_block = kThreads / 32;
   const auto blocks = static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block);
   L2L_LAUNCH(LayerNormForwardKernel, blocks, kThreads, 0, s)(
-      out, mean, rstd, inp, weight, bias, N, C, eps);
+      out, mean, rstd, inp, weight, bias, N, C, eps, reinterpret_cast<__nv_bfloat16*>(bits));
   L2L_CUDA_CHECK_LAUNCH();
 }
 
 void LaunchLayerNormBackward(float* dinp, float* dweight, float* dbias, const float* dresid,
                              const float* dout, const float* inp, const float* weight,
                              const float* mean, const float* rstd, int64_t N, int64_t C,
-                             float* scratch, int64_t groups, cudaStream_t s) {
+                             float* scratch, int64_t groups, cudaStream_t s, uint16_t* bits) {
   if (N <= 0 || C <= 0) return;
+  L2L_CHECK(bits == nullptr || C <= kFusedLayerNormMaxC) << "LayerNorm backward: a bf16 copy needs the one-pass path";
   if (C <= kFusedLayerNormMaxC) {
     const int64_t rows_per_group = (N + groups - 1) / groups;
     L2L_LAUNCH(LayerNormBackwardFusedKernel, static_cast<unsigned>(groups), RowThreads(C), 0, s)(
-        scratch, dinp, dresid, dout, inp, weight, mean, rstd, N, C, rows_per_group);
+        scratch, dinp, dresid, dout, inp, weight, mean, rstd, N, C, rows_per_group,
+        reinterpret_cast<__nv_bfloat16*>(bits));
     L2L_CUDA_CHECK_LAUNCH();
     LaunchColumnFinal(dweight, scratch, groups, C, s);
     LaunchColumnFinal(dbias, scratch + groups * C, groups, C, s);
@@ -404,21 +423,23 @@ void LaunchLayerNormBackward(float* dinp, float* dweight, float* dbias, const fl
 }
 
 void LaunchRMSNormForward(float* out, float* rstd, const float* inp, const float* weight,
-                          int64_t N, int64_t C, float eps, cudaStream_t s) {
+                          int64_t N, int64_t C, float eps, cudaStream_t s, uint16_t* bits) {
   if (N <= 0 || C <= 0) return;
   L2L_LAUNCH(RMSNormForwardKernel, static_cast<unsigned>(N), RowThreads(C), 0, s)(
-      out, rstd, inp, weight, C, eps);
+      out, rstd, inp, weight, C, eps, reinterpret_cast<__nv_bfloat16*>(bits));
   L2L_CUDA_CHECK_LAUNCH();
 }
 
 void LaunchRMSNormBackward(float* dinp, float* dweight, const float* dresid, const float* dout,
                            const float* inp, const float* weight, const float* rstd, int64_t N,
-                           int64_t C, float* scratch, int64_t groups, cudaStream_t s) {
+                           int64_t C, float* scratch, int64_t groups, cudaStream_t s, uint16_t* bits) {
   if (N <= 0 || C <= 0) return;
+  L2L_CHECK(bits == nullptr || C <= kFusedRmsNormMaxC) << "RMSNorm backward: a bf16 copy needs the one-pass path";
   if (C <= kFusedRmsNormMaxC) {
     const int64_t rows_per_group = (N + groups - 1) / groups;
     L2L_LAUNCH(RMSNormBackwardFusedKernel, static_cast<unsigned>(groups), RowThreads(C), 0, s)(
-        scratch, dinp, dresid, dout, inp, weight, rstd, N, C, rows_per_group);
+        scratch, dinp, dresid, dout, inp, weight, rstd, N, C, rows_per_group,
+        reinterpret_cast<__nv_bfloat16*>(bits));
     L2L_CUDA_CHECK_LAUNCH();
     LaunchColumnFinal(dweight, scratch, groups, C, s);
     return;

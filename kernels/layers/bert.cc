@@ -29,13 +29,14 @@ void Linear(Backend& be, float* y, const float* x, const float* w, const float* 
 }
 
 // Backward of Linear: dW (OC,IC) += dy^T @ x; db (OC) += colsum(dy); dx (N,IC) = dy @ W
-// (overwritten, row stride ldx; skipped when dx is null).
+// (overwritten, row stride ldx; skipped when dx is null). The GEMMs back to back, as
+// gpt2.cc's LinearBackward.
 void LinearBackward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
                     int64_t N, int64_t IC, int64_t OC, int64_t ldx = 0) {
   const int64_t ld = ldx > 0 ? ldx : IC;
   be.Gemm(true, false, OC, IC, N, 1.0f, dy, OC, x, ld, 1.0f, dw, IC);
-  be.BiasBackward(db, dy, N, OC);
   if (dx != nullptr) be.Gemm(false, false, N, IC, OC, 1.0f, dy, OC, w, IC, 0.0f, dx, ld);
+  be.BiasBackward(db, dy, N, OC);
 }
 
 struct BlockViews {

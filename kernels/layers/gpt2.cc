@@ -17,12 +17,13 @@ using kernels::DeviceBuffer;
 
 // Backward of Linear: dW (IC,OC) += x^T @ dy (skipped when dw is null: a frozen LoRA base);
 // db (OC) += colsum(dy) (skipped when db is null: the caller fused it); dx (N,IC) = dy @ W^T
-// (overwritten; skipped when dx is null).
+// (overwritten; skipped when dx is null). The two GEMMs run back to back: the bf16 GEMM
+// modes read dy's bf16 copy once for both (kernels/cuda/bf16_operands.h).
 void LinearBackward(Backend& be, float* dx, float* dw, float* db, const float* dy, const float* x,
                     const float* w, int64_t N, int64_t IC, int64_t OC) {
   if (dw != nullptr) be.Gemm(true, false, IC, OC, N, 1.0f, x, IC, dy, OC, 1.0f, dw, OC);
-  if (db != nullptr) be.BiasBackward(db, dy, N, OC);
   if (dx != nullptr) be.Gemm(false, true, N, IC, OC, 1.0f, dy, OC, w, OC, 0.0f, dx, IC);
+  if (db != nullptr) be.BiasBackward(db, dy, N, OC);
 }
 
 // Views of a block's flat parameter (or gradient) buffer.

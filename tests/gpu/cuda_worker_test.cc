@@ -247,8 +247,10 @@ TEST_CASE("relay on cuda with bf16 GEMMs multiplies bf16-published weights as th
   // runs make the same GEMMs with the same shapes, so the operand elements staged in
   // total are equal; published bf16, the prefetcher notes each resident layer's bits
   // (Backend::NoteBf16Copy) and the weight operands are read from them instead of cast.
+  // (Reuse of activation copies off: this case counts the weights alone; the next one
+  // counts the activations.)
   Backends& b = Both();
-  const std::unique_ptr<Backend> bf = CudaBf16Backend();
+  const std::unique_ptr<Backend> bf = CudaBf16Backend(/*reuse=*/false);
   const int steps = 4;
   auto staged = [&](DType dt, std::vector<float>* losses) {
     const auto before = bf->bf16_operand_stats();
@@ -277,6 +279,43 @@ TEST_CASE("relay on cuda with bf16 GEMMs multiplies bf16-published weights as th
     INFO("step " << s << ": gpu loss " << l16[s] << ", cpu loss " << cpu.losses[s]);
     CHECK(std::abs(l16[s] - cpu.losses[s]) <= 1e-4 + 2e-2 * std::abs(cpu.losses[s]));
   }
+}
+
+TEST_CASE("relay on cuda with bf16 GEMMs reuses activation copies and trains bit for bit as without",
+          "[gpu][worker]") {
+  // The same job (published bf16) through two bf16-GEMM backends: reuse of fresh operand
+  // copies on and off (kernels/cuda/bf16_operands.h). A reused copy holds the bits a cast
+  // would, so the losses are equal bit for bit; what changes is the casting. Per GPT-2
+  // block and micro-batch of N tokens (C = d_model), at least these activation elements
+  // are read from a copy instead of cast: in the forward and again in the recompute,
+  // ln1 (N C), ln2 (N C) and the GELU output (4 N C), written by their producers; in the
+  // backward, the dy of each linear layer, read by its weight-gradient GEMM and then its
+  // input-gradient GEMM: written by its producer for both (c_fc's from the GELU backward,
+  // 2 x 4 N C; attn.c_proj's from ln2's backward, 2 x N C), or cast by the first and read
+  // by the second (c_proj's dout, N C; c_attn's from the attention backward, 3 N C).
+  const std::unique_ptr<Backend> on = CudaBf16Backend(true), off = CudaBf16Backend(false);
+  const int steps = 3;
+  const JobConfig job = RelayJob(DType::kBF16, "device");
+  auto run = [&](Backend* be, Backend::Bf16OperandStats* delta) {
+    const auto before = be->bf16_operand_stats();
+    const ShmRun r = RelayOverShm(job, be, steps);
+    const auto after = be->bf16_operand_stats();
+    delta->cast_elements = after.cast_elements - before.cast_elements;
+    delta->reused_elements = after.reused_elements - before.reused_elements;
+    return r.losses;
+  };
+  Backend::Bf16OperandStats d_on, d_off;
+  const std::vector<float> l_on = run(on.get(), &d_on), l_off = run(off.get(), &d_off);
+  REQUIRE(l_on.size() == static_cast<size_t>(steps));
+  CHECK(l_on == l_off);
+  CHECK(d_on.cast_elements + d_on.reused_elements == d_off.cast_elements + d_off.reused_elements);
+  const ModelSpec& m = job.model;
+  const int64_t N = job.train.micro_batch_size * job.seq_len(), C = m.d_model;
+  const int64_t per_block = (2 * (6 * N * C)) + (14 * N * C);
+  INFO("operand elements cast: reuse off " << d_off.cast_elements << ", on " << d_on.cast_elements
+                                           << " (read from copies: " << d_off.reused_elements << " vs "
+                                           << d_on.reused_elements << ")");
+  CHECK(d_off.cast_elements - d_on.cast_elements >= job.train.micro_batches * steps * m.n_layer * per_block);
 }
 
 }  // namespace

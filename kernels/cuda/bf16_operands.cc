@@ -1,0 +1,103 @@
+// Bf16Operands: fresh bf16 copies of GEMM operands and their reuse. See bf16_operands.h.
+#include "kernels/cuda/bf16_operands.h"
+
+#include <algorithm>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ops.h"
+
+namespace l2l::kernels::cuda {
+
+const uint16_t* Bf16Operands::Operand(const float* src, int64_t n, int avoid, int* slot, cudaStream_t s,
+                                      Backend::Bf16OperandStats* stats) {
+  *slot = -1;
+  if (n <= 0) return nullptr;
+  if (reuse_) {
+    const auto at = reinterpret_cast<uintptr_t>(src);
+    for (int k = 0; k < kSlots; ++k) {
+      Slot& sl = slots_[k];
+      if (!Fresh(sl)) continue;
+      const auto base = reinterpret_cast<uintptr_t>(sl.src);
+      if (at < base || (at - base) % sizeof(float) != 0) continue;
+      const auto offset = static_cast<int64_t>((at - base) / sizeof(float));
+      // cuBLASLt's bf16 kernels want 16-byte aligned operands, as a cast copy is.
+      if (offset + n > sl.n || offset % 8 != 0) continue;
+      sl.used = ++clock_;
+      *slot = k;
+      stats->reused_elements += n;
+      return static_cast<const uint16_t*>(sl.buf.data()) + offset;
+    }
+  }
+  const int k = Victim(avoid);
+  Slot& sl = slots_[k];
+  uint16_t* dst = Grow(sl, n, s);
+  LaunchCastF32ToBf16(dst, src, n, s);
+  sl.src = src;
+  sl.n = n;
+  sl.serial = now();
+  sl.used = ++clock_;
+  *slot = k;
+  stats->cast_elements += n;
+  return dst;
+}
+
+uint16_t* Bf16Operands::Produce(const float* dst, int64_t n, cudaStream_t s) {
+  Slot& sl = slots_[Victim(-1)];
+  uint16_t* bits = Grow(sl, n, s);
+  sl.src = dst;
+  sl.n = n;
+  sl.serial = now();
+  sl.used = ++clock_;
+  return bits;
+}
+
+void Bf16Operands::Written(const float* dst, int64_t n) {
+  const auto lo = reinterpret_cast<uintptr_t>(dst);
+  const auto hi = lo + sizeof(float) * static_cast<uintptr_t>(std::max<int64_t>(n, 0));
+  for (Slot& sl : slots_) {
+    if (sl.src == nullptr) continue;
+    const auto a = reinterpret_cast<uintptr_t>(sl.src);
+    const auto b = a + sizeof(float) * static_cast<uintptr_t>(sl.n);
+    if (a < hi && lo < b) sl.src = nullptr;
+  }
+}
+
+uint16_t* Bf16Operands::Scratch(int slot, int64_t elems, cudaStream_t s) {
+  L2L_CHECK(slot >= 0 && slot < kSlots) << "bf16 operand scratch slot " << slot;
+  Slot& sl = slots_[slot];
+  sl.src = nullptr;
+  return Grow(sl, elems, s);
+}
+
+size_t Bf16Operands::bytes() const {
+  size_t b = 0;
+  for (const Slot& sl : slots_) b += sl.buf.bytes();
+  return b;
+}
+
+int Bf16Operands::Victim(int avoid) const {
+  // A slot holding nothing fresh first, else the least recently used; never `avoid`.
+  int best = -1;
+  for (int k = 0; k < kSlots; ++k) {
+    if (k == avoid) continue;
+    if (!Fresh(slots_[k])) return k;
+    if (best < 0 || slots_[k].used < slots_[best].used) best = k;
+  }
+  return best;
+}
+
+uint16_t* Bf16Operands::Grow(Slot& sl, int64_t elems, cudaStream_t s) {
+  const size_t bytes = sizeof(uint16_t) * static_cast<size_t>(std::max<int64_t>(elems, 1));
+  if (bytes > sl.buf.bytes()) {
+    // Queued work may still read the old buffer.
+    L2L_CUDA_CHECK(cudaStreamSynchronize(s));
+    const size_t grown = std::max(bytes, 2 * sl.buf.bytes());
+    sl.buf = CudaBuffer();
+    auto created = CudaBuffer::Create(grown);
+    L2L_CHECK(created.ok()) << "bf16 operand copies: " << created.status().ToString();
+    sl.buf = std::move(created).value();
+  }
+  return static_cast<uint16_t*>(sl.buf.data());
+}
+
+}  // namespace l2l::kernels::cuda

@@ -1,0 +1,84 @@
+// Bf16Operands: the bf16 copies that the CUDA backend's bf16 GEMM mode feeds to its
+// tensor-core GEMMs, and their reuse. cuda_backend.cc's Gemm asks for each fp32 operand's
+// covered extent and gets, in this order:
+//   1. the bits of a noted layer copy (Bf16Copies: a layer published as bf16);
+//   2. a *fresh* copy held in a slot here: one an earlier GEMM cast, or one a producer op
+//      wrote beside its fp32 output (LayerNorm / RMSNorm forward, GELU, SwiGLU, GEGLU and
+//      LinearForward's GELU epilogue: Produce), if no other op ran since (Touch: every
+//      backend op but a GEMM, every copy-queue transfer) and no GEMM has written over its
+//      source (Written: a GEMM's C);
+//   3. else a cast into a slot (which becomes fresh).
+// A fresh copy holds the same bits a cast would (round to nearest even of the same fp32
+// values), so every result is bit-identical with or without reuse; what goes away is the
+// cast pass (reading 4 bytes, writing 2 per element) for the activations a producer wrote
+// and for the operand two GEMMs in a row read (a layer backward's dy: dW = x^T dy, then
+// dx = dy W^T).
+//
+// Three slots, grown to the largest extent asked (after waiting for the stream: queued
+// work may still read the old buffer); a slot being read by the GEMM in progress is never
+// the one overwritten. The gemm-attention path borrows slots 0 and 1 as plain scratch
+// (Scratch), which makes their copies stale.
+// Thread-safety: none (the backend's compute thread; Touch is atomic for copy queues).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_resources.h"
+
+namespace l2l::kernels::cuda {
+
+class Bf16Operands {
+ public:
+  static constexpr int kSlots = 3;
+
+  // reuse false: every operand is cast (the mode before reuse; tests compare the two).
+  void set_reuse(bool reuse) { reuse_ = reuse; }
+
+  // Something other than a GEMM ran (or will run) on the device: every fresh copy is stale.
+  void Touch() { serial_->fetch_add(1, std::memory_order_relaxed); }
+  // The counter Touch bumps, shared with the backend's copy queues (which may outlive it).
+  std::shared_ptr<std::atomic<uint64_t>> serial() const { return serial_; }
+
+  // The bf16 copy of fp32 elements [src, src + n) for a GEMM operand: a fresh copy's bits
+  // at the same offset, or a cast into a slot other than `avoid` (the GEMM's other
+  // operand; -1: none). *slot: the slot read (-1: none). Counted in *stats.
+  const uint16_t* Operand(const float* src, int64_t n, int avoid, int* slot, cudaStream_t s,
+                          Backend::Bf16OperandStats* stats);
+
+  // A producer op (after its Touch) writes dst's n values as bf16 too: the slot to write
+  // them into; fresh until the next Touch.
+  uint16_t* Produce(const float* dst, int64_t n, cudaStream_t s);
+
+  // A GEMM wrote elements [dst, dst + n): a fresh copy of any of them is stale.
+  void Written(const float* dst, int64_t n);
+
+  // Slot `slot` (0..kSlots-1) as scratch of at least `elems` bf16 values (its copy is gone).
+  uint16_t* Scratch(int slot, int64_t elems, cudaStream_t s);
+
+  size_t bytes() const;
+
+ private:
+  struct Slot {
+    CudaBuffer buf;
+    const float* src = nullptr;  // whose copy it holds (null: none)
+    int64_t n = 0;
+    uint64_t serial = 0;  // valid while equal to serial_
+    uint64_t used = 0;    // last use (least recently used is overwritten first)
+  };
+  uint64_t now() const { return serial_->load(std::memory_order_relaxed); }
+  bool Fresh(const Slot& sl) const { return sl.src != nullptr && sl.serial == now(); }
+  int Victim(int avoid) const;
+  uint16_t* Grow(Slot& sl, int64_t elems, cudaStream_t s);
+
+  bool reuse_ = true;
+  std::shared_ptr<std::atomic<uint64_t>> serial_ = std::make_shared<std::atomic<uint64_t>>(1);
+  uint64_t clock_ = 0;
+  Slot slots_[kSlots];
+};
+
+}  // namespace l2l::kernels::cuda

@@ -1,0 +1,196 @@
+// The bf16 GEMM mode's operand copies (kernels/cuda/bf16_operands.h): a GEMM reads the
+// bf16 copy that a producer op wrote beside its fp32 output, or that the previous GEMM
+// cast, instead of casting again, and never a copy whose source changed since.
+// Label gpu (emu on the emulator): fails, never skips, without a device.
+//
+// Oracle: the same sequence of ops on a second bf16-mode backend with reuse off, which
+// casts every operand from its fp32 values at the GEMM (that path is checked against
+// host-rounded products in bf16_gemm_test.cc). Reuse must give the same bits, and the
+// operand counts (Backend::bf16_operand_stats) say whether a copy was read or cast.
+#include <catch2/catch.hpp>
+
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "tests/gpu/gpu_test_util.h"
+
+namespace l2l::gpu_test {
+namespace {
+
+// One backend and its buffers: the same host data on each of the two backends.
+struct Side {
+  std::unique_ptr<Backend> be;
+  Dev x, w, y, out, mean, rstd, gate_up, dvec;
+  Backend::Bf16OperandStats Since(const Backend::Bf16OperandStats& before) const {
+    const Backend::Bf16OperandStats now = be->bf16_operand_stats();
+    return {now.cast_elements - before.cast_elements, now.reused_elements - before.reused_elements};
+  }
+};
+
+constexpr int64_t kN = 24, kC = 40, kF = 48;  // rows, model width, hidden width
+
+Side MakeSide(bool reuse, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Side s;
+  s.be = CudaBf16Backend(reuse);
+  Backend& be = *s.be;
+  s.x = Dev::Of(be, RandomVec(rng, kN * kF));
+  s.w = Dev::Of(be, RandomVec(rng, 2 * kF * kF));
+  s.y = Dev::Of(be, std::vector<float>(kN * kF));
+  s.out = Dev::Of(be, std::vector<float>(kN * 2 * kF));
+  s.mean = Dev::Of(be, std::vector<float>(kN));
+  s.rstd = Dev::Of(be, std::vector<float>(kN));
+  s.gate_up = Dev::Of(be, RandomVec(rng, kN * 2 * kF));
+  s.dvec = Dev::Of(be, std::vector<float>(2 * kF));
+  return s;
+}
+
+// A producer writing s.out (kN rows of `width`) from s.x / s.gate_up / s.w (the backward
+// ones' parameter gradients into s.dvec).
+struct Producer {
+  const char* name;
+  int64_t width;  // columns of out
+  std::function<void(Side&)> run;
+};
+
+std::vector<Producer> Producers() {
+  return {
+      {"LayerNormForward", kC,
+       [](Side& s) {
+         s.be->LayerNormForward(s.out.p(), s.mean.p(), s.rstd.p(), s.x.p(), s.w.p(), s.w.p() + kC, kN, kC);
+       }},
+      {"LayerNormForwardEps", kC,
+       [](Side& s) {
+         s.be->LayerNormForwardEps(s.out.p(), s.mean.p(), s.rstd.p(), s.x.p(), s.w.p(), s.w.p() + kC, kN, kC,
+                                   1e-12f);
+       }},
+      {"RMSNormForward", kC,
+       [](Side& s) { s.be->RMSNormForward(s.out.p(), s.rstd.p(), s.x.p(), s.w.p(), kN, kC, 1e-6f); }},
+      {"GeluForward", kF, [](Side& s) { s.be->GeluForward(s.out.p(), s.x.p(), kN * kF); }},
+      {"SwiGLUForward", kF, [](Side& s) { s.be->SwiGLUForward(s.out.p(), s.gate_up.p(), kN, kF); }},
+      {"GegluForward", kF, [](Side& s) { s.be->GegluForward(s.out.p(), s.gate_up.p(), kN, kF); }},
+      {"LinearForward with GELU", kF,
+       [](Side& s) {
+         s.be->LinearForward(s.y.p(), s.x.p(), s.w.p(), false, s.w.p() + 5, kN, kF, kF, s.out.p(), nullptr);
+       }},
+      // The backward ones: activation gradients that two GEMMs (dW, dx) read next.
+      {"GeluBackwardBias", kF,
+       [](Side& s) { s.be->GeluBackwardBias(s.out.p(), s.dvec.p(), s.x.p(), s.gate_up.p(), kN, kF); }},
+      {"LayerNormBackwardResidual", kC,
+       [](Side& s) {
+         s.be->LayerNormBackwardResidual(s.out.p(), s.dvec.p(), s.dvec.p() + kC, s.gate_up.p(), s.x.p(),
+                                         s.gate_up.p(), s.w.p(), s.mean.p(), s.rstd.p(), kN, kC);
+       }},
+      {"RMSNormBackwardResidual", kC,
+       [](Side& s) {
+         s.be->RMSNormBackwardResidual(s.out.p(), s.dvec.p(), s.gate_up.p(), s.x.p(), s.gate_up.p(), s.w.p(),
+                                       s.rstd.p(), kN, kC);
+       }},
+      {"SwiGLUBackwardInto", 2 * kF,
+       [](Side& s) { s.be->SwiGLUBackwardInto(s.out.p(), s.x.p(), s.gate_up.p(), kN, kF); }},
+  };
+}
+
+// y (kN, kC) = out (kN, width) @ w (width, kC).
+void ProductOfOut(Side& s, int64_t width) {
+  s.be->Gemm(false, false, kN, kC, width, 1.0f, s.out.p(), width, s.w.p(), kC, 0.0f, s.y.p(), kC);
+}
+
+TEST_CASE("bf16 operand reuse: a GEMM reads the bf16 copy its producer wrote, with the bits a cast gives",
+          "[gpu]") {
+  Side on = MakeSide(true, 5), off = MakeSide(false, 5);
+  for (const Producer& p : Producers()) {
+    CAPTURE(p.name);
+    const int64_t n = kN * p.width;
+    p.run(on);
+    p.run(off);
+    const auto b_on = on.be->bf16_operand_stats(), b_off = off.be->bf16_operand_stats();
+    ProductOfOut(on, p.width);
+    ProductOfOut(off, p.width);
+    const auto d_on = on.Since(b_on), d_off = off.Since(b_off);
+    CHECK(on.y.Host(*on.be) == off.y.Host(*off.be));
+    CHECK(on.out.Host(*on.be) == off.out.Host(*off.be));
+    CHECK(on.dvec.Host(*on.be) == off.dvec.Host(*off.be));
+    CHECK(d_on.reused_elements == n);         // out: the producer's copy
+    CHECK(d_on.cast_elements == p.width * kC);  // w: cast
+    CHECK(d_off.reused_elements == 0);
+    CHECK(d_off.cast_elements == n + p.width * kC);
+  }
+}
+
+TEST_CASE("bf16 operand reuse: back-to-back GEMMs read one cast of a shared operand", "[gpu]") {
+  // A layer backward's pair: dW (F,F) += x^T @ dy, then dx = dy @ W^T; dy cast once.
+  Side on = MakeSide(true, 9), off = MakeSide(false, 9);
+  auto pair = [](Side& s) {
+    const float* dy = s.gate_up.p();  // (kN, kF)
+    s.be->Gemm(true, false, kF, kF, kN, 1.0f, s.x.p(), kF, dy, kF, 1.0f, s.w.p(), kF);
+    s.be->Gemm(false, true, kN, kF, kF, 1.0f, dy, kF, s.w.p(), kF, 0.0f, s.out.p(), kF);
+  };
+  const auto b_on = on.be->bf16_operand_stats();
+  pair(on);
+  pair(off);
+  const auto d_on = on.Since(b_on);
+  CHECK(on.w.Host(*on.be) == off.w.Host(*off.be));
+  CHECK(on.out.Host(*on.be) == off.out.Host(*off.be));
+  // Cast: x, dy, then W (the first GEMM wrote it: its earlier copy, if any, is stale).
+  CHECK(d_on.cast_elements == 2 * kN * kF + kF * kF);
+  CHECK(d_on.reused_elements == kN * kF);
+}
+
+TEST_CASE("bf16 operand reuse: a copy whose source was written since is never read", "[gpu]") {
+  Side on = MakeSide(true, 13), off = MakeSide(false, 13);
+  const Producer ln = Producers()[0];
+  auto both = [&](const std::function<void(Side&)>& f) {
+    f(on);
+    f(off);
+  };
+  auto same_product = [&](const char* what) {
+    INFO(what);
+    const auto b_on = on.be->bf16_operand_stats();
+    both([](Side& s) { ProductOfOut(s, kC); });
+    CHECK(on.y.Host(*on.be) == off.y.Host(*off.be));
+    return on.Since(b_on);
+  };
+  // 1. An op between the producer and the GEMM (in place on the producer's output).
+  both(ln.run);
+  both([](Side& s) { s.be->Scale(s.out.p(), 3.0f, kN * kC); });
+  CHECK(same_product("scaled in place after the norm").reused_elements == 0);
+  // 2. A GEMM writing over the source of the copy the previous GEMM cast.
+  both(ln.run);
+  (void)same_product("the norm's copy read");
+  both([](Side& s) {  // out (kN, kC) = x[:, :kF] @ w: over the norm's output
+    s.be->Gemm(false, false, kN, kC, kF, 1.0f, s.x.p(), kF, s.w.p(), kC, 0.0f, s.out.p(), kC);
+  });
+  // out cast; w read from the copy the writing GEMM cast (its extent covers this one).
+  CHECK(same_product("a GEMM wrote over it").reused_elements == kC * kC);
+  // 3. The copy queue writing the source (as the prefetcher refills a slot): after the
+  //    norm (the queue waits for an event the compute stream recorded, which leaves the
+  //    copy fresh), and the compute side waiting on the host only.
+  both(ln.run);
+  std::mt19937 rng(3);
+  const std::vector<float> fresh = RandomVec(rng, kN * kC);
+  both([&](Side& s) {
+    auto q = s.be->CreateCopyQueue();
+    REQUIRE(q.ok());
+    auto normed = s.be->CreateEvent(), copied = s.be->CreateEvent();
+    REQUIRE(normed.ok());
+    REQUIRE(copied.ok());
+    s.be->RecordEvent(normed->get());
+    (*q)->WaitFor(normed->get());
+    (*q)->CopyToDevice(s.out.p(), fresh.data(), sizeof(float) * fresh.size());
+    (*q)->Record(copied->get());
+    REQUIRE((*copied)->Wait().ok());
+  });
+  CHECK(same_product("the copy queue wrote it").reused_elements == 0);
+  const std::vector<float> now = on.out.Host(*on.be);
+  CHECK(std::vector<float>(now.begin(), now.begin() + kN * kC) == fresh);
+  // 4. Nothing in between: read (the case the others are measured against).
+  both(ln.run);
+  CHECK(same_product("nothing in between").reused_elements == kN * kC);
+}
+
+}  // namespace
+}  // namespace l2l::gpu_test
