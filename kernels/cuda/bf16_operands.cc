@@ -20,8 +20,10 @@ const uint16_t* Bf16Operands::Operand(const float* src, int64_t n, int avoid, in
       const auto base = reinterpret_cast<uintptr_t>(sl.src);
       if (at < base || (at - base) % sizeof(float) != 0) continue;
       const auto offset = static_cast<int64_t>((at - base) / sizeof(float));
-      // cuBLASLt's bf16 kernels want 16-byte aligned operands, as a cast copy is.
-      if (offset + n > sl.n || offset % 8 != 0) continue;
+      // A cast copy starts a slot (256-byte aligned); cuBLASLt's plan (and with it the
+      // summation order) depends on the operand's alignment, so a copy is read only at an
+      // offset that keeps it: the same plan, the same bits as a cast.
+      if (offset + n > sl.n || offset % 128 != 0) continue;
       sl.used = ++clock_;
       *slot = k;
       stats->reused_elements += n;

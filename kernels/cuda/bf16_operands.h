@@ -16,7 +16,9 @@
 //
 // Three slots, grown to the largest extent asked (after waiting for the stream: queued
 // work may still read the old buffer); a slot being read by the GEMM in progress is never
-// the one overwritten. The gemm-attention path borrows slots 0 and 1 as plain scratch
+// the one overwritten. A copy is read at an offset of a multiple of 128 elements only, so
+// the operand keeps a cast copy's 256-byte alignment (cuBLASLt picks its algorithm by
+// alignment too: the same plan, the same bits). The gemm-attention path borrows slots 0 and 1 as plain scratch
 // (Scratch), which makes their copies stale.
 // Thread-safety: none (the backend's compute thread; Touch is atomic for copy queues).
 #pragma once

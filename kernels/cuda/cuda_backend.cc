@@ -132,6 +132,9 @@ class CudaBackend final : public Backend {
       int slot_a = -1, slot_b = -1;
       a.A = StageBf16(A, trans_a ? K : M, trans_a ? M : K, lda, -1, &slot_a);
       a.B = StageBf16(B, trans_b ? N : K, trans_b ? K : N, ldb, slot_a, &slot_b);
+      // A copy cast just now may cover C's elements too (a strided view into C's buffer):
+      // it holds their values before this GEMM.
+      operands_.Written(C, (M - 1) * ldc + N);
       a.ab_type = CUDA_R_16BF;
       a.compute = CUBLAS_COMPUTE_32F;
     }

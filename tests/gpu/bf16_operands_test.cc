@@ -56,20 +56,22 @@ struct Producer {
   std::function<void(Side&)> run;
 };
 
+// Ordered so that no two in a row write near-identical outputs: a producer that noted a
+// copy without writing it would leave the previous one's bits, and the product would differ.
 std::vector<Producer> Producers() {
   return {
       {"LayerNormForward", kC,
        [](Side& s) {
          s.be->LayerNormForward(s.out.p(), s.mean.p(), s.rstd.p(), s.x.p(), s.w.p(), s.w.p() + kC, kN, kC);
        }},
+      {"RMSNormForward", kC,
+       [](Side& s) { s.be->RMSNormForward(s.out.p(), s.rstd.p(), s.x.p(), s.w.p(), kN, kC, 1e-6f); }},
+      {"GeluForward", kF, [](Side& s) { s.be->GeluForward(s.out.p(), s.x.p(), kN * kF); }},
       {"LayerNormForwardEps", kC,
        [](Side& s) {
          s.be->LayerNormForwardEps(s.out.p(), s.mean.p(), s.rstd.p(), s.x.p(), s.w.p(), s.w.p() + kC, kN, kC,
                                    1e-12f);
        }},
-      {"RMSNormForward", kC,
-       [](Side& s) { s.be->RMSNormForward(s.out.p(), s.rstd.p(), s.x.p(), s.w.p(), kN, kC, 1e-6f); }},
-      {"GeluForward", kF, [](Side& s) { s.be->GeluForward(s.out.p(), s.x.p(), kN * kF); }},
       {"SwiGLUForward", kF, [](Side& s) { s.be->SwiGLUForward(s.out.p(), s.gate_up.p(), kN, kF); }},
       {"GegluForward", kF, [](Side& s) { s.be->GegluForward(s.out.p(), s.gate_up.p(), kN, kF); }},
       {"LinearForward with GELU", kF,
