@@ -117,8 +117,8 @@ class CudaBackend final : public Backend {
             int64_t ldc) override {
     if (M <= 0 || N <= 0) return;
     SetDevice();  // not MakeCurrent: the fresh bf16 operand copies stay fresh across GEMMs
-    operands_.Written(C, (M - 1) * ldc + N);
     if (K <= 0) {  // op(A) @ op(B) is zero: C = beta * C
+      operands_.Written(C, (M - 1) * ldc + N);
       LaunchScaleMatrix(C, beta, M, N, ldc, stream());
       return;
     }
@@ -132,8 +132,8 @@ class CudaBackend final : public Backend {
       int slot_a = -1, slot_b = -1;
       a.A = StageBf16(A, trans_a ? K : M, trans_a ? M : K, lda, -1, &slot_a);
       a.B = StageBf16(B, trans_b ? N : K, trans_b ? K : N, ldb, slot_a, &slot_b);
-      // A copy cast just now may cover C's elements too (a strided view into C's buffer):
-      // it holds their values before this GEMM.
+      // Copies of C's elements are stale once this GEMM writes them: older ones, and one
+      // cast just now (a strided view into C's buffer holds their values before it).
       operands_.Written(C, (M - 1) * ldc + N);
       a.ab_type = CUDA_R_16BF;
       a.compute = CUBLAS_COMPUTE_32F;
