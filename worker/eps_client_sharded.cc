@@ -220,7 +220,26 @@ Status ShardedEpsClient::Converge(std::vector<bool> fresh) {
         if (e < newest) wait_for(k, "in recovery epoch " + std::to_string(e) + " of " + std::to_string(newest) +
                                         ": to roll back");
       }
-      if (waiting.empty()) break;  // every registration in the newest epoch
+      // A shard this pass did not re-register with whose registration starts elsewhere
+      // than a re-registered one's restarted unnoticed: a restarted shard 0 begins at
+      // recovery epoch 0 again, and this worker's only call to it while it was down may
+      // have been a heartbeat (which does not mark it down). Register with it again too.
+      int64_t fresh_start = -1;
+      for (size_t k = 0; k < n && waiting.empty(); ++k) {
+        if (fresh[k]) fresh_start = shards_[k].client->registration().start_step;
+      }
+      bool restarted = false;
+      for (size_t k = 0; k < n && fresh_start >= 0; ++k) {
+        const int64_t s = shards_[k].client->registration().start_step;
+        if (fresh[k] || s == fresh_start) continue;
+        L2L_LOG_WARN("shard {} at {} still has this worker at step {}, a re-registered shard at step {}: registering "
+                     "with it again (it restarted)",
+                     k, shards_[k].address, s, fresh_start);
+        shards_[k].asked_rejoin.store(true);
+        restarted = true;
+      }
+      if (restarted) continue;  // ask it now
+      if (waiting.empty()) break;  // every registration in the newest epoch, at one start step
     }
     const auto now = Clock::now();
     if (now >= deadline) {

@@ -26,8 +26,9 @@
 #    non-finite guard, kill -9 + --resume, a shard killed mid-checkpoint and restarted,
 #    shards (0 and 1) killed mid-step and restarted alone, a worker killed (replaced, or
 #    not with on_worker_loss: continue), shard 0 gone for good, shard 1 killed after the
-#    workers left shard 0 at the job's end, bad shard configurations.
-#    About a minute on an idle machine.
+#    workers left shard 0 at the job's end, both shards killed and restarted (the workers
+#    register again with a shard 0 whose restart they had not noticed), bad shard
+#    configurations. About two minutes on an idle machine.
 #  * netns (labels integration, netns): netns_test.py, the daemon and a worker in two
 #    network namespaces over TLS + token, the link cut and restored. Needs root and
 #    `ip netns`; where namespaces cannot be made it exits 77 and ctest shows it skipped

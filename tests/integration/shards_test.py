@@ -49,6 +49,13 @@ exit 0 ("signal 15: shutting down").
      then restarted with --resume: the workers exit 0 without waiting for it (the end is
      durable; a chaos run once hung here), the restarted shard starts at the last step, both
      shards stop cleanly, and the final checkpoint equals the reference.
+ 12. Both shards SIGKILLed, shard 1 first (the workers are rejoining it) then shard 0 while
+     the workers' heartbeats are held off (L2L_DELAY_AT=worker.heartbeat, a daemon
+     heartbeat timeout to match): both restarted with --resume at step 4. A worker that
+     rejoins shard 1 has not noticed shard 0 restarted (a restarted shard 0 counts its
+     recovery epochs from 0 again): it must register with shard 0 again (it logs "it
+     restarted") instead of exiting on "the shards' states differ" (a chaos run once did);
+     the final checkpoint and every logged step loss equal the reference's.
  10. Shard 0 SIGKILLed and never restarted: shard 1 exits 1 after --coordinator-timeout-ms
      naming the coordinator, the workers exit non-zero after --shard-wait-ms naming shard 0.
   6. Bad shard configurations, each refused (non-zero exit, a message naming the
@@ -479,6 +486,44 @@ def case_lost_at_end(ctx):
             "shards stopped cleanly, the final checkpoint equals the single daemon's" % (STEPS, took))
 
 
+def case_both_restarted(ctx):
+    ref = ctx.reference()
+    r = Run(ctx, "sh2-both", ctx.job, 2)
+    with open(r.config, "a") as f:
+        f.write("heartbeat_timeout_ms: 60000\n")  # the workers beat only every 15 s here
+    r.start_daemons()
+    # No heartbeat in the first 15 s of a worker's life: a call's error alone tells it of a
+    # shard's loss, as when a loss falls between two heartbeats.
+    r.start_workers(env={"L2L_DELAY_AT": "worker.fetch:40,worker.heartbeat:15000"})
+    wait_log(r.eps[0], "] step %d loss" % (EVERY + 1), "%s: shard 0" % r.name, 120)
+    if r.eps[1].kill9() != -signal.SIGKILL:
+        raise Failure("%s: shard 1 exited before the SIGKILL:\n%s" % (r.name, r.eps[1].tail()))
+    for w in r.workers:
+        wait_log(w, "rejoining the EPS", "%s: worker %s" % (r.name, w.name), 30)
+    if r.eps[0].kill9() != -signal.SIGKILL:
+        raise Failure("%s: shard 0 exited before the SIGKILL:\n%s" % (r.name, r.eps[0].tail()))
+    t0 = time.monotonic()
+    r.start_shard(0, resume=True, args=["--listen", r.addr[0]])
+    r.start_shard(1, resume=True, args=["--listen", r.addr[1]])
+    r.wait_workers_ok()
+    took = time.monotonic() - t0
+    for k in range(2):
+        if "start step %d" % EVERY not in r.eps[k].log():
+            raise Failure("%s: the restarted shard %d does not start at step %d:\n%s" % (r.name, k, EVERY,
+                                                                                        r.eps[k].tail()))
+    for w in r.workers:
+        if "still has this worker at step 0" not in w.log() or "(it restarted)" not in w.log():
+            raise Failure("%s: worker %s never registered with the restarted shard 0 again (the race this case "
+                          "makes):\n%s" % (r.name, w.name, w.tail()))
+    r.stop()
+    expect_same(r, ref, r.name)
+    expect_same_losses(r, ref, r.name)
+    return ("both shards SIGKILLed after step %d's checkpoint (shard 1, then shard 0 while the workers rejoined it, "
+            "their heartbeats held off), restarted with --resume: both workers registered with the restarted shard 0 "
+            "again and finished (%.1f s after the restarts, most of it their exit waiting out a held heartbeat); the "
+            "final checkpoint and every logged step loss equal the single daemon's" % (EVERY, took))
+
+
 def case_continue(ctx):
     # The reference: one daemon, on_worker_loss: continue, worker 1 leaving after step
     # EVERY (--steps): the steps from EVERY on are worker 0's alone.
@@ -631,6 +676,7 @@ CASES = {
     9: ("continue", case_continue),
     10: ("coordinator_gone", case_coordinator_gone),
     11: ("lost_at_end", case_lost_at_end),
+    12: ("both_restarted", case_both_restarted),
 }
 
 
