@@ -3,8 +3,10 @@
 // covered extent and gets, in this order:
 //   1. the bits of a noted layer copy (Bf16Copies: a layer published as bf16);
 //   2. a *fresh* copy held in a slot here: one an earlier GEMM cast, or one a producer op
-//      wrote beside its fp32 output (LayerNorm / RMSNorm forward, GELU, SwiGLU, GEGLU and
-//      LinearForward's GELU epilogue: Produce), if no other op ran since (Touch: every
+//      wrote beside its fp32 output (LayerNorm / RMSNorm forward, GELU, SwiGLU, GEGLU,
+//      LinearForward's GELU epilogue, the flash attention's output, and the backward's
+//      GELU / SwiGLU / one-pass norm gradients and the flash attention's dqkv where no
+//      RoPE follows: Produce), if no other op ran since (Touch: every
 //      backend op but a GEMM, every copy-queue transfer) and no GEMM has written over its
 //      source (Written: a GEMM's C);
 //   3. else a cast into a slot (which becomes fresh).

@@ -316,7 +316,7 @@ class CudaBackend final : public Backend {
     if (B <= 0 || T <= 0) return;
     MakeCurrent();
     if (UseFlash(C / NH)) {
-      cuda::FlashAttentionForward(Flash(B, T, NH, NH, C / NH), out, att, qkv, stream());
+      cuda::FlashAttentionForward(Flash(B, T, NH, NH, C / NH), out, att, qkv, stream(), ProduceBf16(out, B * T * C));
       return;
     }
     cuda::AttentionForward(gemm_, attention_mode_, out, att, qkv, B, T, C, NH, stream());
@@ -326,7 +326,9 @@ class CudaBackend final : public Backend {
     if (B <= 0 || T <= 0) return;
     MakeCurrent();
     if (UseFlash(C / NH)) {
-      cuda::FlashAttentionBackward(Flash(B, T, NH, NH, C / NH), dqkv, scratch, dout, qkv, att, stream());
+      // The qkv linear layer's backward reads dqkv next (GPT-2 and BERT: no RoPE between).
+      cuda::FlashAttentionBackward(Flash(B, T, NH, NH, C / NH), dqkv, scratch, dout, qkv, att, stream(),
+                                   ProduceBf16(dqkv, B * T * 3 * C));
       return;
     }
     cuda::AttentionBackward(gemm_, attention_mode_, dqkv, scratch, dout, qkv, att, B, T, C, NH,
@@ -412,7 +414,7 @@ class CudaBackend final : public Backend {
     if (B <= 0 || T <= 0) return;
     MakeCurrent();
     if (UseFlash(hs)) {
-      cuda::FlashAttentionForward(Flash(B, T, NH, NKV, hs), out, att, qkv, stream());
+      cuda::FlashAttentionForward(Flash(B, T, NH, NKV, hs), out, att, qkv, stream(), ProduceBf16(out, B * T * NH * hs));
       return;
     }
     cuda::AttentionForwardGqa(gemm_, attention_mode_, out, att, qkv, B, T, NH, NKV, hs, stream());
@@ -440,7 +442,7 @@ class CudaBackend final : public Backend {
     if (UseFlash(hs)) {
       cuda::FlashShape fs = Flash(B, T, NH, NKV, hs);
       fs.window = window >= T ? 0 : window;
-      cuda::FlashAttentionForward(fs, out, att, qkv, stream());
+      cuda::FlashAttentionForward(fs, out, att, qkv, stream(), ProduceBf16(out, B * T * NH * hs));
       return;
     }
     cuda::AttentionForwardGqa(gemm_, attention_mode_, out, att, qkv, B, T, NH, NKV, hs, stream(),
@@ -528,7 +530,7 @@ class CudaBackend final : public Backend {
       cuda::FlashShape fs = Flash(B, T, NH, NH, C / NH);
       fs.causal = false;
       fs.key_mask = key_mask;
-      cuda::FlashAttentionForward(fs, out, att, qkv, stream());
+      cuda::FlashAttentionForward(fs, out, att, qkv, stream(), ProduceBf16(out, B * T * C));
       int32_t* stash = reinterpret_cast<int32_t*>(att + B * NH * T);
       const size_t bytes = sizeof(int32_t) * static_cast<size_t>(B * T);
       L2L_CUDA_CHECK(key_mask != nullptr
@@ -548,7 +550,7 @@ class CudaBackend final : public Backend {
       cuda::FlashShape fs = Flash(B, T, NH, NH, C / NH);
       fs.causal = false;
       fs.key_mask = reinterpret_cast<const int32_t*>(att + B * NH * T);
-      cuda::FlashAttentionBackward(fs, dqkv, scratch, dout, qkv, att, stream());
+      cuda::FlashAttentionBackward(fs, dqkv, scratch, dout, qkv, att, stream(), ProduceBf16(dqkv, B * T * 3 * C));
       return;
     }
     cuda::AttentionBackwardMasked(gemm_, attention_mode_, dqkv, scratch, dout, qkv, att, B, T, C,

@@ -112,12 +112,13 @@ struct FwdSmem {
   float m[kTile], l[kTile], alpha[kTile];
 };
 
-// One block per (16 query rows, head h, batch b). d_rows == nullptr: writes out and lse.
-// Otherwise (the backward's first pass) recomputes the same output rows and writes
-// d_rows = rowsum(dout * out) instead.
+// One block per (16 query rows, head h, batch b). d_rows == nullptr: writes out and lse
+// (and out's bf16 bits into out_bits, when given). Otherwise (the backward's first pass)
+// recomputes the same output rows and writes d_rows = rowsum(dout * out) instead.
 template <int HD, bool kBf16>
 __global__ void __launch_bounds__(kFlashThreads)
-    FlashForwardKernel(Params p, float* out, float* lse, const float* dout, float* d_rows) {
+    FlashForwardKernel(Params p, float* out, float* lse, const float* dout, float* d_rows,
+                       __nv_bfloat16* out_bits) {
   using T = In<kBf16>;
   static_assert(sizeof(FwdSmem<HD, kBf16>) <= 48 * 1024, "static shared memory over 48 KiB");
   __shared__ FwdSmem<HD, kBf16> sm;
@@ -180,7 +181,10 @@ __global__ void __launch_bounds__(kFlashThreads)
     const float l = sm.l[r];
     const float val = l > 0.0f ? o[k] / l : 0.0f;
     if (d_rows == nullptr) {
-      if (t < p.T) out[(b * p.T + t) * ld + h * HD + d] = val;
+      if (t < p.T) {
+        out[(b * p.T + t) * ld + h * HD + d] = val;
+        if (out_bits != nullptr) out_bits[(b * p.T + t) * ld + h * HD + d] = __float2bfloat16_rn(val);
+      }
     } else {
       sm.c[e] = t < p.T ? val * dout[(b * p.T + t) * ld + h * HD + d] : 0.0f;
     }
@@ -219,7 +223,15 @@ struct BwdArgs {
   const float* lse;
   const float* d_rows;
   float* dqkv;
+  __nv_bfloat16* dqkv_bits;  // or null: dqkv's final values as bf16 too
 };
+
+// dqkv[i] += g (each element has one writer), and its bf16 bits when asked.
+__device__ inline void AddGradient(const BwdArgs& a, int64_t i, float g) {
+  const float v = a.dqkv[i] + g;
+  a.dqkv[i] = v;
+  if (a.dqkv_bits != nullptr) a.dqkv_bits[i] = __float2bfloat16_rn(v);
+}
 
 // Loads the query-side tiles of head h, rows i0..: q, dout, lse, D.
 template <int HD, bool kBf16>
@@ -283,13 +295,13 @@ __global__ void __launch_bounds__(kFlashThreads) FlashBackwardKvKernel(Params p,
       for (int k = 0; k < kPer; ++k) dk[k] += sm.c[tid + k * kFlashThreads] * p.scale;
     }
   }
-  float* dbase = a.dqkv + b * p.T * p.W;
+  const int64_t dbase = b * p.T * p.W;
   for (int k = 0; k < kPer; ++k) {
     const int e = tid + k * kFlashThreads;
     const int64_t row = j0 + e / HD;
     if (row >= p.T) continue;
-    dbase[row * p.W + (p.NH + g) * HD + e % HD] += dk[k];
-    dbase[row * p.W + (p.NH + p.NKV + g) * HD + e % HD] += dv[k];
+    AddGradient(a, dbase + row * p.W + (p.NH + g) * HD + e % HD, dk[k]);
+    AddGradient(a, dbase + row * p.W + (p.NH + p.NKV + g) * HD + e % HD, dv[k]);
   }
 }
 
@@ -318,11 +330,11 @@ __global__ void __launch_bounds__(kFlashThreads) FlashBackwardQKernel(Params p, 
     __syncthreads();
     for (int k = 0; k < kPer; ++k) dq[k] += sm.c[tid + k * kFlashThreads] * p.scale;
   }
-  float* dbase = a.dqkv + b * p.T * p.W;
+  const int64_t dbase = b * p.T * p.W;
   for (int k = 0; k < kPer; ++k) {
     const int e = tid + k * kFlashThreads;
     const int64_t row = i0 + e / HD;
-    if (row < p.T) dbase[row * p.W + h * HD + e % HD] += dq[k];
+    if (row < p.T) AddGradient(a, dbase + row * p.W + h * HD + e % HD, dq[k]);
   }
 }
 
@@ -367,7 +379,7 @@ void Dispatch(const FlashShape& s, F&& f) {
 bool FlashSupportedHeadSize(int64_t hs) { return hs == 64 || hs == 80 || hs == 96 || hs == 128; }
 
 void FlashAttentionForward(const FlashShape& s, float* out, float* lse, const float* qkv,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, uint16_t* out_bits) {
   if (s.B <= 0 || s.T <= 0 || s.NH <= 0) return;
   const Params p = MakeParams(s, qkv);
   const dim3 grid(static_cast<unsigned>((s.T + kTile - 1) / kTile), static_cast<unsigned>(s.NH),
@@ -375,24 +387,26 @@ void FlashAttentionForward(const FlashShape& s, float* out, float* lse, const fl
   Dispatch(s, [&](auto hd, auto bf) {
     auto* kernel = &FlashForwardKernel<decltype(hd)::value, decltype(bf)::value>;
     L2L_LAUNCH(kernel, grid, dim3(kFlashThreads), 0, stream)
-    (p, out, lse, static_cast<const float*>(nullptr), static_cast<float*>(nullptr));
+    (p, out, lse, static_cast<const float*>(nullptr), static_cast<float*>(nullptr),
+     reinterpret_cast<__nv_bfloat16*>(out_bits));
     L2L_CUDA_CHECK_LAUNCH();
   });
 }
 
 void FlashAttentionBackward(const FlashShape& s, float* dqkv, float* d_rows, const float* dout,
-                            const float* qkv, const float* lse, cudaStream_t stream) {
+                            const float* qkv, const float* lse, cudaStream_t stream, uint16_t* dqkv_bits) {
   if (s.B <= 0 || s.T <= 0 || s.NH <= 0) return;
   const Params p = MakeParams(s, qkv);
   const unsigned tiles = static_cast<unsigned>((s.T + kTile - 1) / kTile);
-  const BwdArgs a{dout, lse, d_rows, dqkv};
+  const BwdArgs a{dout, lse, d_rows, dqkv, reinterpret_cast<__nv_bfloat16*>(dqkv_bits)};
   Dispatch(s, [&](auto hd, auto bf) {
     constexpr int HD = decltype(hd)::value;
     constexpr bool kBf16 = decltype(bf)::value;
     auto* d_pass = &FlashForwardKernel<HD, kBf16>;
     L2L_LAUNCH(d_pass, dim3(tiles, static_cast<unsigned>(s.NH), static_cast<unsigned>(s.B)),
                dim3(kFlashThreads), 0, stream)
-    (p, static_cast<float*>(nullptr), static_cast<float*>(nullptr), dout, d_rows);
+    (p, static_cast<float*>(nullptr), static_cast<float*>(nullptr), dout, d_rows,
+     static_cast<__nv_bfloat16*>(nullptr));
     L2L_CUDA_CHECK_LAUNCH();
     auto* kv_pass = &FlashBackwardKvKernel<HD, kBf16>;
     L2L_LAUNCH(kv_pass, dim3(tiles, static_cast<unsigned>(s.NKV), static_cast<unsigned>(s.B)),

@@ -52,13 +52,17 @@ struct FlashShape {
   bool bf16 = false;                  // WMMA bf16 products (see above)
 };
 
-// out (B,T,NH*hs), lse (B,NH,T) at lse[(b*NH + h)*T + t], from qkv (B,T,W).
+// out (B,T,NH*hs), lse (B,NH,T) at lse[(b*NH + h)*T + t], from qkv (B,T,W). out_bits
+// (optional): out's values as bf16 (nearest even) too, for the bf16 GEMM that reads out
+// next (the backend's Bf16Operands::Produce).
 // REQUIRES FlashSupportedHeadSize(hs), NKV > 0, NH % NKV == 0.
 void FlashAttentionForward(const FlashShape& s, float* out, float* lse, const float* qkv,
-                           cudaStream_t stream);
+                           cudaStream_t stream, uint16_t* out_bits = nullptr);
 // dqkv (B,T,W) += gradient from dout (B,T,NH*hs), qkv and the forward's lse; d_rows
-// (B*NH*T floats) is overwritten with D = rowsum(dO * O).
+// (B*NH*T floats) is overwritten with D = rowsum(dO * O). dqkv_bits (optional): dqkv's
+// resulting values as bf16 too (every element of dqkv is written by the two passes).
 void FlashAttentionBackward(const FlashShape& s, float* dqkv, float* d_rows, const float* dout,
-                            const float* qkv, const float* lse, cudaStream_t stream);
+                            const float* qkv, const float* lse, cudaStream_t stream,
+                            uint16_t* dqkv_bits = nullptr);
 
 }  // namespace l2l::kernels::cuda

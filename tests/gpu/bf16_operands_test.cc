@@ -23,7 +23,7 @@ namespace {
 // One backend and its buffers: the same host data on each of the two backends.
 struct Side {
   std::unique_ptr<Backend> be;
-  Dev x, w, y, out, mean, rstd, gate_up, dvec;
+  Dev x, w, y, out, mean, rstd, gate_up, dvec, lse;
   Backend::Bf16OperandStats Since(const Backend::Bf16OperandStats& before) const {
     const Backend::Bf16OperandStats now = be->bf16_operand_stats();
     return {now.cast_elements - before.cast_elements, now.reused_elements - before.reused_elements};
@@ -31,6 +31,7 @@ struct Side {
 };
 
 constexpr int64_t kN = 24, kC = 40, kF = 48;  // rows, model width, hidden width
+constexpr int64_t kHs = 64;                    // the attention producers' head size
 
 Side MakeSide(bool reuse, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -38,13 +39,14 @@ Side MakeSide(bool reuse, uint32_t seed) {
   s.be = CudaBf16Backend(reuse);
   Backend& be = *s.be;
   s.x = Dev::Of(be, RandomVec(rng, kN * kF));
-  s.w = Dev::Of(be, RandomVec(rng, 2 * kF * kF));
+  s.w = Dev::Of(be, RandomVec(rng, 4 * kF * kF));
   s.y = Dev::Of(be, std::vector<float>(kN * kF));
-  s.out = Dev::Of(be, std::vector<float>(kN * 2 * kF));
+  s.out = Dev::Of(be, std::vector<float>(kN * 4 * kF));
   s.mean = Dev::Of(be, std::vector<float>(kN));
   s.rstd = Dev::Of(be, std::vector<float>(kN));
   s.gate_up = Dev::Of(be, RandomVec(rng, kN * 2 * kF));
   s.dvec = Dev::Of(be, std::vector<float>(2 * kF));
+  s.lse = Dev::Of(be, std::vector<float>(2 * kN));  // the masked form stashes its key mask after it
   return s;
 }
 
@@ -93,6 +95,24 @@ std::vector<Producer> Producers() {
        }},
       {"SwiGLUBackwardInto", 2 * kF,
        [](Side& s) { s.be->SwiGLUBackwardInto(s.out.p(), s.x.p(), s.gate_up.p(), kN, kF); }},
+      // Flash attention (the default kind; head size kHs) over kN tokens, qkv from w: the
+      // output the projection GEMM reads, and (no RoPE between: GPT-2, BERT) dqkv, which
+      // the qkv layer's dW and dx GEMMs read. Each backward follows its forward (it reads
+      // the forward's log-sum-exps in lse).
+      {"AttentionForward flash", kHs,
+       [](Side& s) { s.be->AttentionForward(s.out.p(), s.lse.p(), s.w.p(), 1, kN, kHs, 1); }},
+      {"AttentionBackward flash", 3 * kHs,
+       [](Side& s) {
+         s.be->AttentionBackward(s.out.p(), s.rstd.p(), s.gate_up.p(), s.w.p(), s.lse.p(), 1, kN, kHs, 1);
+       }},
+      {"AttentionForwardGqa flash", 2 * kHs,
+       [](Side& s) { s.be->AttentionForwardGqa(s.out.p(), s.lse.p(), s.w.p(), 1, kN, 2, 1, kHs); }},
+      {"AttentionForwardMasked flash", kHs,
+       [](Side& s) { s.be->AttentionForwardMasked(s.out.p(), s.lse.p(), s.w.p(), nullptr, 1, kN, kHs, 1); }},
+      {"AttentionBackwardMasked flash", 3 * kHs,
+       [](Side& s) {
+         s.be->AttentionBackwardMasked(s.out.p(), s.rstd.p(), s.gate_up.p(), s.w.p(), s.lse.p(), 1, kN, kHs, 1);
+       }},
   };
 }
 

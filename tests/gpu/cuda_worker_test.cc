@@ -293,9 +293,16 @@ TEST_CASE("relay on cuda with bf16 GEMMs reuses activation copies and trains bit
   // input-gradient GEMM: written by its producer for both (c_fc's from the GELU backward,
   // 2 x 4 N C; attn.c_proj's from ln2's backward, 2 x N C), or cast by the first and read
   // by the second (c_proj's dout, N C; c_attn's from the attention backward, 3 N C).
+  // With flash attention (head size 64; the GEMM path at 32) the attention writes its
+  // output's copy too (c_proj's input, N C, forward and recompute) and dqkv's (c_attn's
+  // dy: read by its dW GEMM as well, 3 N C more).
+  const bool flash = GENERATE(false, true);
+  CAPTURE(flash);
   const std::unique_ptr<Backend> on = CudaBf16Backend(true), off = CudaBf16Backend(false);
   const int steps = 3;
-  const JobConfig job = RelayJob(DType::kBF16, "device");
+  JobConfig job = RelayJob(DType::kBF16, "device");
+  job.model.n_head = flash ? 2 : 4;  // d_model 128: head size 64 or 32
+  REQUIRE(job.Validate().ok());
   auto run = [&](Backend* be, Backend::Bf16OperandStats* delta) {
     const auto before = be->bf16_operand_stats();
     const ShmRun r = RelayOverShm(job, be, steps);
@@ -311,7 +318,7 @@ TEST_CASE("relay on cuda with bf16 GEMMs reuses activation copies and trains bit
   CHECK(d_on.cast_elements + d_on.reused_elements == d_off.cast_elements + d_off.reused_elements);
   const ModelSpec& m = job.model;
   const int64_t N = job.train.micro_batch_size * job.seq_len(), C = m.d_model;
-  const int64_t per_block = (2 * (6 * N * C)) + (14 * N * C);
+  const int64_t per_block = (2 * (6 * N * C)) + (14 * N * C) + (flash ? 2 * N * C + 3 * N * C : 0);
   INFO("operand elements cast: reuse off " << d_off.cast_elements << ", on " << d_on.cast_elements
                                            << " (read from copies: " << d_off.reused_elements << " vs "
                                            << d_on.reused_elements << ")");
