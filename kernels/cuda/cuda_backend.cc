@@ -390,7 +390,10 @@ class CudaBackend final : public Backend {
                     int64_t row_stride, int64_t n_heads, int64_t hs) override {
     L2L_CHECK(hs % 2 == 0) << name_ << " RopeBackward: head size " << hs << " is odd";
     MakeCurrent();
-    LaunchRope(dx, cos, sin, B, T, row_stride, n_heads, hs, -1.0f, stream());
+    // The qkv layer's dW and dx GEMMs read the whole packed row next (the Llama family):
+    // its bf16 copy, v included, in the same pass.
+    LaunchRope(dx, cos, sin, B, T, row_stride, n_heads, hs, -1.0f, stream(),
+               row_stride % hs == 0 && row_stride / hs >= n_heads ? ProduceBf16(dx, B * T * row_stride) : nullptr);
   }
   void SwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F) override {
     MakeCurrent();

@@ -26,20 +26,30 @@ __global__ void TokenEmbeddingForwardKernel(float* out, const int32_t* tokens, c
   }
 }
 
-// One thread per (row, head, i < hs/2) pair: reads x[i], x[i + hs/2], writes both.
+// One thread per (row, head, i < hs/2) pair: reads x[i], x[i + hs/2], writes both. With
+// bits, over every head of the row (row_stride / hs of them; those from n_heads on, a
+// packed row's v, are not rotated) and their bf16 values into bits (rows x row_stride).
 __global__ void RopeKernel(float* x, const float* cos, const float* sin, int64_t rows, int64_t T,
-                           int64_t row_stride, int64_t n_heads, int64_t hs, float sign) {
-  const int64_t half = hs / 2, per_row = n_heads * half;
+                           int64_t row_stride, int64_t n_heads, int64_t hs, float sign, __nv_bfloat16* bits) {
+  const int64_t half = hs / 2, per_row = (bits != nullptr ? row_stride / hs : n_heads) * half;
   L2L_GRID_STRIDE(idx, rows * per_row) {
     const int64_t n = idx / per_row, rem = idx - n * per_row;
     const int64_t h = rem / half, i = rem - h * half;
     const int64_t t = n % T;
-    const float c = cos[t * half + i], s = sign * sin[t * half + i];
-    float* a = x + n * row_stride + h * hs + i;
-    float* b = a + half;
-    const float xa = *a, xb = *b;
-    *a = xa * c - xb * s;
-    *b = xb * c + xa * s;
+    const int64_t at = n * row_stride + h * hs + i;
+    float xa = x[at], xb = x[at + half];
+    if (h < n_heads) {
+      const float c = cos[t * half + i], s = sign * sin[t * half + i];
+      const float ra = xa * c - xb * s, rb = xb * c + xa * s;
+      xa = ra;
+      xb = rb;
+      x[at] = xa;
+      x[at + half] = xb;
+    }
+    if (bits != nullptr) {
+      bits[at] = __float2bfloat16_rn(xa);
+      bits[at + half] = __float2bfloat16_rn(xb);
+    }
   }
 }
 
@@ -192,11 +202,11 @@ void LaunchTokenEmbeddingForward(float* out, const int32_t* tokens, const float*
 }
 
 void LaunchRope(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
-                int64_t row_stride, int64_t n_heads, int64_t hs, float sign, cudaStream_t s) {
-  const int64_t work = B * T * n_heads * (hs / 2);
+                int64_t row_stride, int64_t n_heads, int64_t hs, float sign, cudaStream_t s, uint16_t* bits) {
+  const int64_t work = B * T * (bits != nullptr ? row_stride / hs : n_heads) * (hs / 2);
   if (work <= 0) return;
   L2L_LAUNCH(RopeKernel, GridFor(work), kThreads, 0, s)(x, cos, sin, B * T, T, row_stride, n_heads,
-                                                        hs, sign);
+                                                        hs, sign, reinterpret_cast<__nv_bfloat16*>(bits));
   L2L_CUDA_CHECK_LAUNCH();
 }
 

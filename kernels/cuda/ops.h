@@ -154,9 +154,12 @@ void LaunchTokenEmbeddingBackward(float* dwte, const float* dout, const int32_t*
 void LaunchTokenEmbeddingForward(float* out, const int32_t* tokens, const float* wte, int64_t N,
                                  int64_t C, cudaStream_t s);
 // Rotary embedding in place (kernels/backend.h RopeForward / RopeBackward): sign +1
-// rotates by +angle (forward), -1 by -angle (the backward's transposed rotation).
+// rotates by +angle (forward), -1 by -angle (the backward's transposed rotation). bits
+// (REQUIRES row_stride % hs == 0): every row's row_stride values as bf16 too, the heads
+// from n_heads on (a packed row's v) as they are.
 void LaunchRope(float* x, const float* cos, const float* sin, int64_t B, int64_t T,
-                int64_t row_stride, int64_t n_heads, int64_t hs, float sign, cudaStream_t s);
+                int64_t row_stride, int64_t n_heads, int64_t hs, float sign, cudaStream_t s,
+                uint16_t* bits = nullptr);
 // out (N,F) = silu(gate) * up from gate_up (N,2F).
 void LaunchSwiGLUForward(float* out, const float* gate_up, int64_t N, int64_t F, cudaStream_t s,
                          uint16_t* bits = nullptr);

@@ -300,9 +300,10 @@ void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& 
   }
   be.RopeBackward(g1, ws.rope_cos.f32(), ws.rope_sin.f32(), B, T, W, NH + NKV, hs);  // dqkv before rotation
   if (spec.qk_norm) QkNormBackward(be, spec, w, d, g1, N, ws);
-  if (d.qkv_b != nullptr) be.BiasBackward(d.qkv_b, g1, N, W);
   if (!frozen) be.Gemm(true, false, W, C, N, 1.0f, g1, W, ws.ln1.f32(), C, 1.0f, d.qkv_w, C);  // dW_qkv (W,C) +=
   be.Gemm(false, false, N, C, W, 1.0f, g1, W, w.qkv_w, C, 0.0f, g2, C);           // dln1 (N,C)
+  // After the GEMMs: they read dqkv's bf16 copy from RopeBackward while it is fresh.
+  if (d.qkv_b != nullptr) be.BiasBackward(d.qkv_b, g1, N, W);
   LoraBackward(be, layout, params, dparams, "self_attn.q_proj.weight", ws.ln1.f32(), C, g1, W, 0, g2, N, ws);
   LoraBackward(be, layout, params, dparams, "self_attn.k_proj.weight", ws.ln1.f32(), C, g1, W, q, g2, N, ws);
   LoraBackward(be, layout, params, dparams, "self_attn.v_proj.weight", ws.ln1.f32(), C, g1, W, q + kvw, g2, N, ws);

@@ -95,6 +95,15 @@ std::vector<Producer> Producers() {
        }},
       {"SwiGLUBackwardInto", 2 * kF,
        [](Side& s) { s.be->SwiGLUBackwardInto(s.out.p(), s.x.p(), s.gate_up.p(), kN, kF); }},
+      // The Llama family's dqkv: RoPE's backward rotates q and k (4 heads of 16) of packed
+      // rows of 6 heads in place and writes the whole row's bits, v as it is (cos and sin
+      // tables from w); the qkv layer's two GEMMs read it next. Scaled first: v's values
+      // are then new too (they would otherwise be the previous producer's output).
+      {"RopeBackward", 96,
+       [](Side& s) {
+         s.be->Scale(s.out.p(), 1.5f, kN * 96);
+         s.be->RopeBackward(s.out.p(), s.w.p(), s.w.p() + kN * 8, 1, kN, 96, 4, 16);
+       }},
       // Flash attention (the default kind; head size kHs) over kN tokens, qkv from w: the
       // output the projection GEMM reads, and (no RoPE between: GPT-2, BERT) dqkv, which
       // the qkv layer's dW and dx GEMMs read. Each backward follows its forward (it reads
