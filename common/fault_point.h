@@ -17,8 +17,7 @@
 // update: the per-step timeline tests use it to see a wait land in the right field;
 // eps.checkpoint_loop: the daemon's checkpoint thread between two checkpoints; eps.epoch:
 // a shard other than 0 told of a new recovery epoch, before it rolls back; worker.leave: a
-// worker of a sharded job let go by shard 0 after the last step, before it leaves the others;
-// worker.heartbeat: before each heartbeat, so a restarted daemon goes unnoticed longer).
+// worker of a sharded job let go by shard 0 after the last step, before it leaves the others).
 //
 //   L2L_STOP_AT=<site>:<n>[,<site>:<n>...]
 //

@@ -258,7 +258,6 @@ void GrpcEpsClient::HeartbeatLoop(std::chrono::milliseconds interval) {
     std::this_thread::sleep_for(tick);
     if (std::chrono::steady_clock::now() < next) continue;
     next += interval;
-    FaultPoint("worker.heartbeat");  // tests: L2L_DELAY_AT spaces the heartbeats out
     data::HeartbeatRequest req;
     req.set_worker_id(reg_.worker_id);
     req.set_step(current_step_.load());

@@ -11,6 +11,7 @@
 //   l2l-worker --eps 127.0.0.1:PORT [--device cpu|cuda:N | --devices cuda:0,cuda:1,...]
 //              [--config FILE] [--threads N] [--compute fp32|bf16]
 //              [--transport auto|shm|grpc] [--name NAME] [--connect-timeout-ms MS] [--shard-wait-ms MS]
+//              [--heartbeat-ms MS]
 //              [--steps N] [--log-level info] [--token-file FILE] [--tls-ca CA.pem]
 //              [--tls-server-name NAME] [--tls-cert CERT.pem --tls-key KEY.pem]
 //              [--push-deadline-floor-ms MS] [--push-min-mib-per-s R]
@@ -130,6 +131,7 @@ struct Flags {
   std::string name;
   int64_t connect_timeout_ms = 10000;
   int64_t shard_wait_ms = 600000;
+  int64_t heartbeat_ms = 500;
   int64_t push_deadline_floor_ms = 60000;
   double push_min_mib_per_s = 8.0;
   int64_t steps = -1;
@@ -195,6 +197,11 @@ Result<Options> ResolveOptions(const Flags& f, CpuGemmPrecision compute) {
     return l2l::InvalidArgument("--shard-wait-ms " + std::to_string(f.shard_wait_ms) + ": must be positive");
   }
   copts.shard_wait = std::chrono::milliseconds(f.shard_wait_ms);
+  if (f.heartbeat_ms < 10 || f.heartbeat_ms > 3600000) {
+    return l2l::InvalidArgument("--heartbeat-ms " + std::to_string(f.heartbeat_ms) +
+                                ": must be 10 .. 3600000 (and well under the daemon's heartbeat_timeout_ms)");
+  }
+  copts.heartbeat_interval = std::chrono::milliseconds(f.heartbeat_ms);
   if (f.push_deadline_floor_ms <= 0 || !(f.push_min_mib_per_s > 0)) {
     return l2l::InvalidArgument("--push-deadline-floor-ms " + std::to_string(f.push_deadline_floor_ms) +
                                 " and --push-min-mib-per-s " + std::to_string(f.push_min_mib_per_s) +
@@ -658,6 +665,9 @@ int main(int argc, char** argv) {
   app.add_option("--shard-wait-ms", f.shard_wait_ms,
                  "sharded jobs: how long a rejoin waits for a shard that is down or still rolling back before the "
                  "worker gives up (default 600000)");
+  app.add_option("--heartbeat-ms", f.heartbeat_ms,
+                 "how often the worker tells each daemon it is alive (default 500; keep it well under the daemon's "
+                 "heartbeat_timeout_ms)");
   app.add_option("--push-deadline-floor-ms", f.push_deadline_floor_ms,
                  "a gRPC gradient push may take this long plus its bytes at --push-min-mib-per-s");
   app.add_option("--push-min-mib-per-s", f.push_min_mib_per_s,

@@ -8,10 +8,34 @@
 
 namespace l2l::kernels::cuda {
 
+void WrittenRanges::Add(const void* dst, size_t bytes) {
+  if (bytes == 0) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ranges_.size() >= kMaxRanges) {
+    overflow_ = true;
+    ranges_.clear();
+  }
+  if (!overflow_) {
+    ranges_.emplace_back(static_cast<const float*>(dst), static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float)));
+  }
+  pending_.store(true, std::memory_order_release);
+}
+
+void Bf16Operands::Drain() {
+  copy_writes_->Drain([this](const float* dst, int64_t n) {
+    if (n < 0) {
+      for (Slot& sl : slots_) sl.src = nullptr;
+    } else {
+      Written(dst, n);
+    }
+  });
+}
+
 const uint16_t* Bf16Operands::Operand(const float* src, int64_t n, int avoid, int* slot, cudaStream_t s,
                                       Backend::Bf16OperandStats* stats) {
   *slot = -1;
   if (n <= 0) return nullptr;
+  Drain();
   if (reuse_) {
     const auto at = reinterpret_cast<uintptr_t>(src);
     for (int k = 0; k < kSlots; ++k) {
@@ -44,6 +68,7 @@ const uint16_t* Bf16Operands::Operand(const float* src, int64_t n, int avoid, in
 }
 
 uint16_t* Bf16Operands::Produce(const float* dst, int64_t n, cudaStream_t s) {
+  Drain();
   Slot& sl = slots_[Victim(-1)];
   uint16_t* bits = Grow(sl, n, s);
   sl.src = dst;

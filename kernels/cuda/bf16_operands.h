@@ -8,7 +8,7 @@
 //      GELU / SwiGLU / one-pass norm gradients and the flash attention's dqkv where no
 //      RoPE follows: Produce), if no other op ran since (Touch: every
 //      backend op but a GEMM, every copy-queue transfer) and no GEMM has written over its
-//      source (Written: a GEMM's C);
+//      source (Written: a GEMM's C; Drained: a copy-queue transfer's destination);
 //   3. else a cast into a slot (which becomes fresh).
 // A fresh copy holds the same bits a cast would (round to nearest even of the same fp32
 // values), so every result is bit-identical with or without reuse; what goes away is the
@@ -22,7 +22,7 @@
 // the operand keeps a cast copy's 256-byte alignment (cuBLASLt picks its algorithm by
 // alignment too: the same plan, the same bits). The gemm-attention path borrows slots 0 and 1 as plain scratch
 // (Scratch), which makes their copies stale.
-// Thread-safety: none (the backend's compute thread; Touch is atomic for copy queues).
+// Thread-safety: none (the backend's compute thread), but WrittenRanges (any thread).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,11 +30,41 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_resources.h"
 
 namespace l2l::kernels::cuda {
+
+// Device ranges that copy queues wrote (any thread adds; the backend's compute thread
+// drains them into Bf16Operands::Written before it reads or notes a copy). A transfer
+// ordered before a producer on the device was enqueued, and so added, before the
+// producer's launch: draining first never drops the producer's own copy.
+class WrittenRanges {
+ public:
+  void Add(const void* dst, size_t bytes);
+  // Calls f(lo, n_floats) per range added since the last call (all: f(nullptr, -1)).
+  template <class F>
+  void Drain(F&& f) {
+    if (!pending_.load(std::memory_order_acquire)) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    if (overflow_) f(nullptr, -1);
+    for (const auto& r : ranges_) f(r.first, r.second);
+    ranges_.clear();
+    overflow_ = false;
+    pending_.store(false, std::memory_order_release);
+  }
+
+ private:
+  static constexpr size_t kMaxRanges = 1024;  // beyond: every copy is stale (bounded memory)
+  std::mutex mu_;
+  std::atomic<bool> pending_{false};
+  bool overflow_ = false;
+  std::vector<std::pair<const float*, int64_t>> ranges_;
+};
 
 class Bf16Operands {
  public:
@@ -43,10 +73,12 @@ class Bf16Operands {
   // reuse false: every operand is cast (the mode before reuse; tests compare the two).
   void set_reuse(bool reuse) { reuse_ = reuse; }
 
-  // Something other than a GEMM ran (or will run) on the device: every fresh copy is stale.
-  void Touch() { serial_->fetch_add(1, std::memory_order_relaxed); }
-  // The counter Touch bumps, shared with the backend's copy queues (which may outlive it).
-  std::shared_ptr<std::atomic<uint64_t>> serial() const { return serial_; }
+  // Something other than a GEMM ran (or will run) on the compute stream: every fresh copy
+  // is stale.
+  void Touch() { ++serial_; }
+  // Where the backend's copy queues (which may outlive it) note what they write: a fresh
+  // copy of any of it is stale.
+  std::shared_ptr<WrittenRanges> copy_writes() const { return copy_writes_; }
 
   // The bf16 copy of fp32 elements [src, src + n) for a GEMM operand: a fresh copy's bits
   // at the same offset, or a cast into a slot other than `avoid` (the GEMM's other
@@ -74,13 +106,15 @@ class Bf16Operands {
     uint64_t serial = 0;  // valid while equal to serial_
     uint64_t used = 0;    // last use (least recently used is overwritten first)
   };
-  uint64_t now() const { return serial_->load(std::memory_order_relaxed); }
+  uint64_t now() const { return serial_; }
+  void Drain();
   bool Fresh(const Slot& sl) const { return sl.src != nullptr && sl.serial == now(); }
   int Victim(int avoid) const;
   uint16_t* Grow(Slot& sl, int64_t elems, cudaStream_t s);
 
   bool reuse_ = true;
-  std::shared_ptr<std::atomic<uint64_t>> serial_ = std::make_shared<std::atomic<uint64_t>>(1);
+  uint64_t serial_ = 1;
+  std::shared_ptr<WrittenRanges> copy_writes_ = std::make_shared<WrittenRanges>();
   uint64_t clock_ = 0;
   Slot slots_[kSlots];
 };

@@ -79,14 +79,12 @@ CudaCopyQueue::~CudaCopyQueue() {
   }
 }
 
-void CudaCopyQueue::MakeCurrent() const {
-  SetDevice(device_);
-  if (touch_ != nullptr) touch_->fetch_add(1, std::memory_order_relaxed);
-}
+void CudaCopyQueue::MakeCurrent() const { SetDevice(device_); }
 
 void CudaCopyQueue::CopyToDevice(void* dst, const void* host_src, size_t bytes) {
   if (bytes == 0) return;
   MakeCurrent();
+  Wrote(dst, bytes);
   L2L_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_.get()));
 }
 
@@ -99,6 +97,7 @@ void CudaCopyQueue::CopyToHost(void* host_dst, const void* src, size_t bytes) {
 Status CudaCopyQueue::WidenToF32(float* dst, const void* src, DType dtype, int64_t n) {
   if (n <= 0) return Status::Ok();
   MakeCurrent();
+  Wrote(dst, static_cast<size_t>(n) * sizeof(float));
   switch (dtype) {
     case DType::kF32:
       if (dst != src) {
@@ -119,6 +118,7 @@ Status CudaCopyQueue::DequantizeBlocks(float* dst, const void* blocks, QuantForm
   L2L_RETURN_IF_ERROR(QuantizedBytes(format, n).status());
   if (n == 0) return Status::Ok();
   MakeCurrent();
+  Wrote(dst, static_cast<size_t>(n) * sizeof(float));
   LaunchDequantizeBlocks(dst, static_cast<const uint8_t*>(blocks), ToBlockFormat(format), n, stream_.get());
   return Status::Ok();
 }

@@ -21,6 +21,7 @@
 
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/bf16_operands.h"
 #include "kernels/cuda/cuda_resources.h"
 #include "kernels/cuda/ops.h"
 
@@ -62,16 +63,19 @@ class CudaCopyQueue final : public CopyQueue {
   void Record(Event* e) override;
   void WaitFor(Event* e) override;
   cudaStream_t stream() const { return stream_.get(); }
-  // Every transfer bumps *touch (the backend's Bf16Operands serial: a fresh bf16 copy of
-  // memory this queue may write is stale).
-  void set_touch(std::shared_ptr<std::atomic<uint64_t>> touch) { touch_ = std::move(touch); }
+  // Every transfer to device memory adds its destination to *writes (the backend's
+  // Bf16Operands: a fresh bf16 copy of memory this queue writes is stale).
+  void set_writes(std::shared_ptr<WrittenRanges> writes) { writes_ = std::move(writes); }
 
  private:
   CudaCopyQueue() = default;
   void MakeCurrent() const;
   int device_ = 0;
   CudaStream stream_;
-  std::shared_ptr<std::atomic<uint64_t>> touch_;
+  std::shared_ptr<WrittenRanges> writes_;
+  void Wrote(const void* dst, size_t bytes) const {
+    if (writes_ != nullptr) writes_->Add(dst, bytes);
+  }
 };
 
 class CudaHostPin final : public HostPin {

@@ -564,7 +564,7 @@ class CudaBackend final : public Backend {
   bool HasAsyncTransfers() const override { return true; }
   Result<std::unique_ptr<CopyQueue>> CreateCopyQueue() override {
     L2L_ASSIGN_OR_RETURN(auto q, CudaCopyQueue::Create(device_));
-    q->set_touch(operands_.serial());
+    if (precision_ == CudaGemmPrecision::kBf16 && reuse_bf16_) q->set_writes(operands_.copy_writes());
     return std::unique_ptr<CopyQueue>(std::move(q));
   }
   Result<std::unique_ptr<Event>> CreateEvent() override {
