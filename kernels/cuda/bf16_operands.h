@@ -7,8 +7,8 @@
 //      LinearForward's GELU epilogue, the flash attention's output, and the backward's
 //      GELU / SwiGLU / one-pass norm gradients and the flash attention's dqkv where no
 //      RoPE follows: Produce), if no other op ran since (Touch: every
-//      backend op but a GEMM, every copy-queue transfer) and no GEMM has written over its
-//      source (Written: a GEMM's C; Drained: a copy-queue transfer's destination);
+//      backend op but a GEMM) and no GEMM or copy-queue transfer has written over its
+//      source (Written: a GEMM's C; WrittenRanges: a copy-queue transfer's destination);
 //   3. else a cast into a slot (which becomes fresh).
 // A fresh copy holds the same bits a cast would (round to nearest even of the same fp32
 // values), so every result is bit-identical with or without reuse; what goes away is the
