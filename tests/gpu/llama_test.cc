@@ -367,12 +367,17 @@ TEST_CASE("relay on cuda with bf16 GEMMs reuses activation copies on llama-tiny 
   // As the GPT-2 case in cuda_worker_test.cc, for the Llama block (kernels/cuda/
   // bf16_operands.h): reuse on and off give the same losses bit for bit. Per block and
   // micro-batch of N tokens, at least these activation elements are read from a copy
-  // instead of cast: forward and recompute, ln1 (N C), ln2 (N C), the SwiGLU output
-  // (N F); backward, the down projection's dy (N C, cast by its dW GEMM, read by its dx
-  // GEMM), the SwiGLU backward's dgate|dup (2 x 2 N F), ln2's backward (o_proj's dy,
-  // 2 x N C) and RoPE's backward (the qkv layer's dy, 2 x N W: q and k rotated, v as
-  // it is, all written by the rotation).
+  // instead of cast: forward and recompute, ln1 (N C), the flash attention's output
+  // (o_proj's input, N A), ln2 (N C), the SwiGLU output (N F); backward, the down
+  // projection's dy (N C, cast by its dW GEMM, read by its dx GEMM), the SwiGLU
+  // backward's dgate|dup (2 x 2 N F), ln2's backward (o_proj's dy, 2 x N C) and RoPE's
+  // backward (the qkv layer's dy, 2 x N W: q and k rotated, v as it is, all written by
+  // the rotation). Head size 64 (flash attention: the GEMM attention's own products
+  // would add reuse of their own to the count).
   JobConfig job = LlamaTinyJob();
+  job.model.d_model = 128;
+  job.model.n_head = 2;
+  job.model.n_kv_heads = 1;
   job.publish_dtype = DType::kBF16;
   REQUIRE(job.Validate().ok());
   const std::unique_ptr<Backend> on = CudaBf16Backend(true), off = CudaBf16Backend(false);
@@ -392,8 +397,9 @@ TEST_CASE("relay on cuda with bf16 GEMMs reuses activation copies on llama-tiny 
   CHECK(d_on.cast_elements + d_on.reused_elements == d_off.cast_elements + d_off.reused_elements);
   const ModelSpec& m = job.model;
   const int64_t N = job.train.micro_batch_size * job.seq_len(), C = m.d_model, F = m.d_ff;
-  const int64_t W = (m.n_head + 2 * m.kv_heads()) * m.head_dim();
-  const int64_t per_block = 2 * (2 * N * C + N * F) + N * C + 4 * N * F + 2 * N * C + 2 * N * W;
+  REQUIRE(m.head_dim() == 64);
+  const int64_t W = (m.n_head + 2 * m.kv_heads()) * m.head_dim(), A = m.n_head * m.head_dim();
+  const int64_t per_block = 2 * (2 * N * C + N * A + N * F) + N * C + 4 * N * F + 2 * N * C + 2 * N * W;
   INFO("operand elements cast: reuse off " << d_off.cast_elements << ", on " << d_on.cast_elements
                                            << "; the bound " << job.train.micro_batches * kSteps * m.n_layer * per_block);
   CHECK(d_off.cast_elements - d_on.cast_elements >= job.train.micro_batches * kSteps * m.n_layer * per_block);
