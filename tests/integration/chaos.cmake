@@ -28,7 +28,7 @@
 #    not with on_worker_loss: continue), shard 0 gone for good, shard 1 killed after the
 #    workers left shard 0 at the job's end, both shards killed and restarted (the workers
 #    register again with a shard 0 whose restart they had not noticed), bad shard
-#    configurations. About two minutes on an idle machine.
+#    configurations. About 80 s on an idle machine.
 #  * netns (labels integration, netns): netns_test.py, the daemon and a worker in two
 #    network namespaces over TLS + token, the link cut and restored. Needs root and
 #    `ip netns`; where namespaces cannot be made it exits 77 and ctest shows it skipped
