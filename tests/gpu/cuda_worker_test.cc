@@ -298,24 +298,12 @@ TEST_CASE("relay on cuda with bf16 GEMMs reuses activation copies and trains bit
   // dy: read by its dW GEMM as well, 3 N C more).
   const bool flash = GENERATE(false, true);
   CAPTURE(flash);
-  const std::unique_ptr<Backend> on = CudaBf16Backend(true), off = CudaBf16Backend(false);
   const int steps = 3;
   JobConfig job = RelayJob(DType::kBF16, "device");
   job.model.n_head = flash ? 2 : 4;  // d_model 128: head size 64 or 32
   REQUIRE(job.Validate().ok());
-  auto run = [&](Backend* be, Backend::Bf16OperandStats* delta) {
-    const auto before = be->bf16_operand_stats();
-    const ShmRun r = RelayOverShm(job, be, steps);
-    const auto after = be->bf16_operand_stats();
-    delta->cast_elements = after.cast_elements - before.cast_elements;
-    delta->reused_elements = after.reused_elements - before.reused_elements;
-    return r.losses;
-  };
-  Backend::Bf16OperandStats d_on, d_off;
-  const std::vector<float> l_on = run(on.get(), &d_on), l_off = run(off.get(), &d_off);
-  REQUIRE(l_on.size() == static_cast<size_t>(steps));
-  CHECK(l_on == l_off);
-  CHECK(d_on.cast_elements + d_on.reused_elements == d_off.cast_elements + d_off.reused_elements);
+  const ReuseCounts c = RunWithReuseOnAndOff(steps, [&](Backend* be) { return RelayOverShm(job, be, steps).losses; });
+  const Backend::Bf16OperandStats &d_on = c.on, &d_off = c.off;
   const ModelSpec& m = job.model;
   const int64_t N = job.train.micro_batch_size * job.seq_len(), C = m.d_model;
   const int64_t per_block = (2 * (6 * N * C)) + (14 * N * C) + (flash ? 2 * N * C + 3 * N * C : 0);

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstring>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -47,6 +48,30 @@ inline std::unique_ptr<Backend> CudaBf16Backend(bool reuse = true) {
   auto made = kernels::CreateCudaBackend(0, opt);
   REQUIRE(made.ok());
   return std::move(made).value();
+}
+
+// `run` (a relay of `steps` steps returning its losses) on two bf16-mode backends, operand
+// reuse on and off (kernels/cuda/bf16_operands.h): a reused copy holds the bits a cast
+// would, so the losses must be equal bit for bit, and every operand element is either cast
+// or read from a copy in both. Returns each side's operand counts over the run.
+struct ReuseCounts {
+  Backend::Bf16OperandStats on, off;
+};
+inline ReuseCounts RunWithReuseOnAndOff(int steps, const std::function<std::vector<float>(Backend*)>& run) {
+  ReuseCounts counts;
+  std::vector<float> losses[2];
+  for (const bool reuse : {true, false}) {
+    const std::unique_ptr<Backend> be = CudaBf16Backend(reuse);
+    const Backend::Bf16OperandStats before = be->bf16_operand_stats();
+    losses[reuse ? 0 : 1] = run(be.get());
+    const Backend::Bf16OperandStats after = be->bf16_operand_stats();
+    (reuse ? counts.on : counts.off) = {after.cast_elements - before.cast_elements,
+                                        after.reused_elements - before.reused_elements};
+  }
+  REQUIRE(losses[0].size() == static_cast<size_t>(steps));
+  CHECK(losses[0] == losses[1]);
+  CHECK(counts.on.cast_elements + counts.on.reused_elements == counts.off.cast_elements + counts.off.reused_elements);
+  return counts;
 }
 
 // The process-wide pair (created once: backend creation costs ~0.5 s on a GPU).

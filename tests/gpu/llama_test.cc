@@ -380,21 +380,9 @@ TEST_CASE("relay on cuda with bf16 GEMMs reuses activation copies on llama-tiny 
   job.model.n_kv_heads = 1;
   job.publish_dtype = DType::kBF16;
   REQUIRE(job.Validate().ok());
-  const std::unique_ptr<Backend> on = CudaBf16Backend(true), off = CudaBf16Backend(false);
   constexpr int kSteps = 3;
-  auto run = [&](Backend* be, Backend::Bf16OperandStats* delta) {
-    const auto before = be->bf16_operand_stats();
-    const std::vector<float> losses = RelayLosses(job, be, kSteps);
-    const auto after = be->bf16_operand_stats();
-    delta->cast_elements = after.cast_elements - before.cast_elements;
-    delta->reused_elements = after.reused_elements - before.reused_elements;
-    return losses;
-  };
-  Backend::Bf16OperandStats d_on, d_off;
-  const std::vector<float> l_on = run(on.get(), &d_on), l_off = run(off.get(), &d_off);
-  REQUIRE(l_on.size() == static_cast<size_t>(kSteps));
-  CHECK(l_on == l_off);
-  CHECK(d_on.cast_elements + d_on.reused_elements == d_off.cast_elements + d_off.reused_elements);
+  const ReuseCounts c = RunWithReuseOnAndOff(kSteps, [&](Backend* be) { return RelayLosses(job, be, kSteps); });
+  const Backend::Bf16OperandStats &d_on = c.on, &d_off = c.off;
   const ModelSpec& m = job.model;
   const int64_t N = job.train.micro_batch_size * job.seq_len(), C = m.d_model, F = m.d_ff;
   REQUIRE(m.head_dim() == 64);
