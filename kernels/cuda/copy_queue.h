@@ -16,7 +16,6 @@
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <memory>
 
 #include "common/status.h"
