@@ -207,6 +207,16 @@ class Backend {
     (void)f32, (void)bits, (void)n;
   }
   virtual void ForgetBf16Copy(const float* f32) { (void)f32; }
+  // Holds the bf16 copy of the activation f32 (n values) that a producer op writes beside
+  // it (a backend whose producers write operand copies: CUDA's bf16 GEMM mode), so that
+  // GEMMs read it later than the very next one: a block's weight-gradient GEMMs read the
+  // forward's (recomputed) activations after the rest of the backward ran. The caller
+  // promises that until ReleaseBf16Copy(f32) no op writes f32's n values but a producer
+  // op writing exactly them (which refreshes the copy), a GEMM or a copy transfer (which
+  // the backend sees: the copy is dropped). Breaking that promise would make GEMMs read
+  // stale bits. The default holds nothing (layers/layers.h: HeldBf16Copies).
+  virtual void HoldBf16Copy(const float* f32, int64_t n) { (void)f32, (void)n; }
+  virtual void ReleaseBf16Copy(const float* f32) { (void)f32; }
   // Operand elements a bf16-mode backend's Gemm / LinearForward cast to bf16 (one pass
   // each) and read from an existing copy instead (a noted layer copy; on CUDA also a
   // fresh copy its producer op wrote or the GEMM before cast: kernels/cuda/bf16_operands.h),

@@ -5,6 +5,8 @@
 // the key-masked bidirectional softmax in softmax.cu, the attention products in
 // attention.cc. Launchers are declared in ops.h; each takes its stream and checks the
 // launch. Thread-safety: stateless.
+#include <cuda_bf16.h>
+
 #include <cmath>
 
 #include "kernels/cuda/cuda_check.h"
@@ -23,10 +25,14 @@ constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 
 // Phi(x) = erfc(-x / sqrt 2) / 2: 1 + erf(x / sqrt 2) in fp32 cancels for negative x
 // (an ulp of erf is ~1e-5 of Phi(-3)); erfc keeps the left tail to a few ulps.
-__global__ void GeluErfForwardKernel(float* out, const float* inp, int64_t n) {
+// bits (not null: the bf16 GEMM mode's operand copy, Bf16Operands::Produce): out's bf16
+// bits too, rounded to nearest even as a cast would.
+__global__ void GeluErfForwardKernel(float* out, const float* inp, int64_t n, __nv_bfloat16* bits) {
   L2L_GRID_STRIDE(i, n) {
     const float x = inp[i];
-    out[i] = 0.5f * x * erfcf(-x * kInvSqrt2);
+    const float v = 0.5f * x * erfcf(-x * kInvSqrt2);
+    out[i] = v;
+    if (bits != nullptr) bits[i] = __float2bfloat16_rn(v);
   }
 }
 
@@ -52,9 +58,9 @@ __global__ void TanhBackwardKernel(float* dinp, const float* out, const float* d
 
 }  // namespace
 
-void LaunchGeluErfForward(float* out, const float* inp, int64_t n, cudaStream_t s) {
+void LaunchGeluErfForward(float* out, const float* inp, int64_t n, cudaStream_t s, uint16_t* bits) {
   if (n <= 0) return;
-  L2L_LAUNCH(GeluErfForwardKernel, GridFor(n), kThreads, 0, s)(out, inp, n);
+  L2L_LAUNCH(GeluErfForwardKernel, GridFor(n), kThreads, 0, s)(out, inp, n, reinterpret_cast<__nv_bfloat16*>(bits));
   L2L_CUDA_CHECK_LAUNCH();
 }
 

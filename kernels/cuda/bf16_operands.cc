@@ -25,6 +25,7 @@ void Bf16Operands::Drain() {
   copy_writes_->Drain([this](const float* dst, int64_t n) {
     if (n < 0) {
       for (Slot& sl : slots_) sl.src = nullptr;
+      for (Held& h : held_) h.valid = false;
     } else {
       Written(dst, n);
     }
@@ -38,6 +39,15 @@ const uint16_t* Bf16Operands::Operand(const float* src, int64_t n, int avoid, in
   Drain();
   if (reuse_) {
     const auto at = reinterpret_cast<uintptr_t>(src);
+    for (Held& h : held_) {
+      if (!h.valid) continue;
+      const auto base = reinterpret_cast<uintptr_t>(h.src);
+      if (at < base || (at - base) % sizeof(float) != 0) continue;
+      const auto offset = static_cast<int64_t>((at - base) / sizeof(float));
+      if (offset + n > h.n || offset % 128 != 0) continue;  // as a slot's (below)
+      stats->reused_elements += n;
+      return static_cast<const uint16_t*>(h.buf.data()) + offset;
+    }
     for (int k = 0; k < kSlots; ++k) {
       Slot& sl = slots_[k];
       if (!Fresh(sl)) continue;
@@ -56,7 +66,7 @@ const uint16_t* Bf16Operands::Operand(const float* src, int64_t n, int avoid, in
   }
   const int k = Victim(avoid);
   Slot& sl = slots_[k];
-  uint16_t* dst = Grow(sl, n, s);
+  uint16_t* dst = Grow(sl.buf, n, s);
   LaunchCastF32ToBf16(dst, src, n, s);
   sl.src = src;
   sl.n = n;
@@ -69,8 +79,15 @@ const uint16_t* Bf16Operands::Operand(const float* src, int64_t n, int avoid, in
 
 uint16_t* Bf16Operands::Produce(const float* dst, int64_t n, cudaStream_t s) {
   Drain();
+  for (Held& h : held_) {
+    if (h.src == dst && h.n == n) {
+      h.valid = true;
+      return Grow(h.buf, n, s);
+    }
+  }
+  Written(dst, n);  // a held copy this producer writes part of is stale
   Slot& sl = slots_[Victim(-1)];
-  uint16_t* bits = Grow(sl, n, s);
+  uint16_t* bits = Grow(sl.buf, n, s);
   sl.src = dst;
   sl.n = n;
   sl.serial = now();
@@ -87,18 +104,55 @@ void Bf16Operands::Written(const float* dst, int64_t n) {
     const auto b = a + sizeof(float) * static_cast<uintptr_t>(sl.n);
     if (a < hi && lo < b) sl.src = nullptr;
   }
+  for (Held& h : held_) {
+    if (!h.valid) continue;
+    const auto a = reinterpret_cast<uintptr_t>(h.src);
+    const auto b = a + sizeof(float) * static_cast<uintptr_t>(h.n);
+    if (a < hi && lo < b) h.valid = false;
+  }
+}
+
+void Bf16Operands::Hold(const float* src, int64_t n) {
+  if (!reuse_ || src == nullptr || n <= 0) return;
+  Held* free_entry = nullptr;
+  for (Held& h : held_) {
+    if (h.src == src) {
+      h.n = n;
+      h.valid = false;
+      return;
+    }
+    if (h.src == nullptr && free_entry == nullptr) free_entry = &h;
+  }
+  if (free_entry == nullptr) {
+    L2L_CHECK(held_.size() < kMaxHeld) << "bf16 operand copies: more than " << kMaxHeld
+                                      << " held at once (a HoldBf16Copy without its release?)";
+    free_entry = &held_.emplace_back();
+  }
+  free_entry->src = src;
+  free_entry->n = n;
+  free_entry->valid = false;
+}
+
+void Bf16Operands::Release(const float* src) {
+  for (Held& h : held_) {
+    if (h.src == src) {
+      h.src = nullptr;
+      h.valid = false;
+    }
+  }
 }
 
 uint16_t* Bf16Operands::Scratch(int slot, int64_t elems, cudaStream_t s) {
   L2L_CHECK(slot >= 0 && slot < kSlots) << "bf16 operand scratch slot " << slot;
   Slot& sl = slots_[slot];
   sl.src = nullptr;
-  return Grow(sl, elems, s);
+  return Grow(sl.buf, elems, s);
 }
 
 size_t Bf16Operands::bytes() const {
   size_t b = 0;
   for (const Slot& sl : slots_) b += sl.buf.bytes();
+  for (const Held& h : held_) b += h.buf.bytes();
   return b;
 }
 
@@ -113,18 +167,18 @@ int Bf16Operands::Victim(int avoid) const {
   return best;
 }
 
-uint16_t* Bf16Operands::Grow(Slot& sl, int64_t elems, cudaStream_t s) {
+uint16_t* Bf16Operands::Grow(CudaBuffer& buf, int64_t elems, cudaStream_t s) {
   const size_t bytes = sizeof(uint16_t) * static_cast<size_t>(std::max<int64_t>(elems, 1));
-  if (bytes > sl.buf.bytes()) {
+  if (bytes > buf.bytes()) {
     // Queued work may still read the old buffer.
     L2L_CUDA_CHECK(cudaStreamSynchronize(s));
-    const size_t grown = std::max(bytes, 2 * sl.buf.bytes());
-    sl.buf = CudaBuffer();
+    const size_t grown = std::max(bytes, 2 * buf.bytes());
+    buf = CudaBuffer();
     auto created = CudaBuffer::Create(grown);
     L2L_CHECK(created.ok()) << "bf16 operand copies: " << created.status().ToString();
-    sl.buf = std::move(created).value();
+    buf = std::move(created).value();
   }
-  return static_cast<uint16_t*>(sl.buf.data());
+  return static_cast<uint16_t*>(buf.data());
 }
 
 }  // namespace l2l::kernels::cuda

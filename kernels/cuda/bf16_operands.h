@@ -10,6 +10,11 @@
 //      backend op but a GEMM) and no GEMM or copy-queue transfer has written over its
 //      source (Written: a GEMM's C; WrittenRanges: a copy-queue transfer's destination);
 //   3. else a cast into a slot (which becomes fresh).
+// A *held* copy (Hold: a layer's activation that its backward's weight-gradient GEMMs read
+// again, Backend::HoldBf16Copy) is written by its producer into a buffer of its own and
+// stays fresh across other ops until a GEMM, a copy-queue transfer or another producer
+// writes over its source, or it is released: the caller promises that nothing else writes
+// that source meanwhile. It is looked up before the slots.
 // A fresh copy holds the same bits a cast would (round to nearest even of the same fp32
 // values), so every result is bit-identical with or without reuse; what goes away is the
 // cast pass (reading 4 bytes, writing 2 per element) for the activations a producer wrote
@@ -93,6 +98,14 @@ class Bf16Operands {
   // A GEMM wrote elements [dst, dst + n): a fresh copy of any of them is stale.
   void Written(const float* dst, int64_t n);
 
+  // Until Release(src): the copy a producer writes of exactly src's n values goes into a
+  // buffer of its own and is not made stale by Touch (the caller promises that only such a
+  // producer, a GEMM or a copy-queue transfer writes src meanwhile; the latter two, and a
+  // producer writing part of it, make it stale). Holding src again restarts it (no copy).
+  // Nothing is held with reuse off. At most kMaxHeld at a time.
+  void Hold(const float* src, int64_t n);
+  void Release(const float* src);
+
   // Slot `slot` (0..kSlots-1) as scratch of at least `elems` bf16 values (its copy is gone).
   uint16_t* Scratch(int slot, int64_t elems, cudaStream_t s);
 
@@ -106,17 +119,25 @@ class Bf16Operands {
     uint64_t serial = 0;  // valid while equal to serial_
     uint64_t used = 0;    // last use (least recently used is overwritten first)
   };
+  struct Held {
+    CudaBuffer buf;
+    const float* src = nullptr;  // null: a free entry (its buffer kept for the next hold)
+    int64_t n = 0;
+    bool valid = false;  // its producer wrote the copy, nothing wrote over the source since
+  };
+  static constexpr size_t kMaxHeld = 16;
   uint64_t now() const { return serial_; }
   void Drain();
   bool Fresh(const Slot& sl) const { return sl.src != nullptr && sl.serial == now(); }
   int Victim(int avoid) const;
-  uint16_t* Grow(Slot& sl, int64_t elems, cudaStream_t s);
+  static uint16_t* Grow(CudaBuffer& buf, int64_t elems, cudaStream_t s);
 
   bool reuse_ = true;
   uint64_t serial_ = 1;
   std::shared_ptr<WrittenRanges> copy_writes_ = std::make_shared<WrittenRanges>();
   uint64_t clock_ = 0;
   Slot slots_[kSlots];
+  std::vector<Held> held_;
 };
 
 }  // namespace l2l::kernels::cuda

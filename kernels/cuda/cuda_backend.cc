@@ -172,6 +172,10 @@ class CudaBackend final : public Backend {
     bf16_copies_.Forget(f32);
     operands_.Touch();  // the prefetcher refills the slot next
   }
+  void HoldBf16Copy(const float* f32, int64_t n) override {
+    if (precision_ == CudaGemmPrecision::kBf16 && reuse_bf16_ && hold_bf16_) operands_.Hold(f32, n);
+  }
+  void ReleaseBf16Copy(const float* f32) override { operands_.Release(f32); }
 
   // ---- elementwise -----------------------------------------------------------------
   void RoundToBf16(float* x, uint16_t* bits, int64_t n) override {
@@ -508,7 +512,7 @@ class CudaBackend final : public Backend {
   }
   void GeluErfForward(float* out, const float* inp, int64_t n) override {
     MakeCurrent();
-    LaunchGeluErfForward(out, inp, n, stream());
+    LaunchGeluErfForward(out, inp, n, stream(), ProduceBf16(out, n));
   }
   void GeluErfBackward(float* dinp, const float* inp, const float* dout, int64_t n) override {
     MakeCurrent();
@@ -676,6 +680,7 @@ class CudaBackend final : public Backend {
   CudaBuffer scratch_;
   Bf16Operands operands_;  // bf16 mode's operand copies (empty until first used)
   bool reuse_bf16_ = true;  // CudaBackendOptions::reuse_bf16_operands
+  bool hold_bf16_ = true;   // CudaBackendOptions::hold_bf16_copies
   Bf16Copies bf16_copies_;  // NoteBf16Copy's, until forgotten (a few: the layer slots)
   Bf16OperandStats gemm_stats_;  // StageBf16's counts (bf16_operand_stats)
   PinnedBuffer result_host_;  // 8 bytes for SumSquares' result
@@ -712,6 +717,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
     L2L_ASSIGN_OR_RETURN(reuse, ParseEnvBool(EnvInfo(EnvVar::kCudaBf16Reuse), *t));
   }
   be->reuse_bf16_ = reuse;
+  be->hold_bf16_ = opt.hold_bf16_copies;
   be->operands_.set_reuse(reuse);
   L2L_ASSIGN_OR_RETURN(const std::optional<CudaAttentionKind> attention_env,
                        EnvEnum(EnvVar::kCudaAttention, ParseCudaAttentionKind));

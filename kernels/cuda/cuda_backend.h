@@ -67,6 +67,9 @@ struct CudaBackendOptions {
   // or the previous GEMM cast (kernels/cuda/bf16_operands.h; bit-identical either way).
   // false casts every operand that is not a noted layer copy (the tests compare the two).
   bool reuse_bf16_operands = true;
+  // With reuse: keep the copies a layer holds (Backend::HoldBf16Copy) past other ops.
+  // false ignores the holds (the tests measure what they save; bit-identical either way).
+  bool hold_bf16_copies = true;
 };
 
 // Number of CUDA devices visible (0 when there is no driver or no GPU; never fails).

@@ -197,7 +197,7 @@ void LaunchRMSNormBackward(float* dinp, float* dweight, const float* dresid, con
 
 // ---- bert_ops.cu (the BERT family's elementwise ops) ---------------------------------
 // out (n) = 0.5 x (1 + erf(x / sqrt(2))) (exact GELU).
-void LaunchGeluErfForward(float* out, const float* inp, int64_t n, cudaStream_t s);
+void LaunchGeluErfForward(float* out, const float* inp, int64_t n, cudaStream_t s, uint16_t* bits = nullptr);
 // dinp (n) += gelu'(inp) * dout.
 void LaunchGeluErfBackward(float* dinp, const float* inp, const float* dout, int64_t n,
                            cudaStream_t s);

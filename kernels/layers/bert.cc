@@ -73,6 +73,14 @@ void BlockInternals(Backend& be, const ModelSpec& spec, const BlockViews& w, con
   be.Add(ws.ln2.f32(), ws.ln2.f32(), ws.ln1.f32(), N * C);
 }
 
+// The activations a block's GEMMs read again later in the call, each written only by its
+// producer (the attention, LayerNorm 1, the erf GELU): held bf16 copies (registry.h). Not
+// ws.ln2: the output dense's GEMM writes it and an Add then adds x1 in place.
+HeldBf16Copies HoldCopies(Backend& be, const ModelSpec& spec, LayerWorkspace& ws, int64_t N) {
+  const int64_t C = spec.d_model, F = spec.d_ff;
+  return HeldBf16Copies(be, {{ws.atty.f32(), N * C}, {ws.ln1.f32(), N * C}, {ws.fch_gelu.f32(), N * F}});
+}
+
 Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_t T, LayerWorkspace* ws) {
   const size_t f = sizeof(float);
   const size_t N = static_cast<size_t>(B * T), C = spec.d_model, F = spec.d_ff;
@@ -159,6 +167,7 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
                         const float* in, float* out, int64_t B, int64_t T, LayerWorkspace& ws,
                         const SequenceInputs& seq) {
   const BlockViews w = Views(layout, params);
+  const HeldBf16Copies held = HoldCopies(be, spec, ws, B * T);
   BlockInternals(be, spec, w, in, B, T, ws, seq);
   // `in` is no longer read, so out may alias it.
   be.LayerNormForwardEps(out, ws.ln2_mean.f32(), ws.ln2_rstd.f32(), ws.ln2.f32(), w.ln2_w, w.ln2_b, B * T,
@@ -171,6 +180,7 @@ void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& 
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   const BlockViews w = Views(layout, params);
   const BlockViews d = Views(layout, dparams);
+  const HeldBf16Copies held = HoldCopies(be, spec, ws, N);  // for the weight-gradient GEMMs
   if (recompute) {
     BlockInternals(be, spec, w, in, B, T, ws, seq);
     // The second LayerNorm's statistics (the forward's output itself is not needed).

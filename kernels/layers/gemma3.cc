@@ -203,6 +203,14 @@ void BlockInternals(Backend& be, const ModelSpec& spec, const LayerLayout& layou
   be.RMSNormForward(post_ff, m_out + N * C, m_out, p1.post_ff, N, C, eps);
 }
 
+// The activations a block's GEMMs read again later in the call, each written only by its
+// producer (RMSNorm, the attention, GeGLU): held bf16 copies (registry.h).
+HeldBf16Copies HoldCopies(Backend& be, const ModelSpec& spec, LayerWorkspace& ws, int64_t N) {
+  const int64_t C = spec.d_model, F = spec.d_ff, A = spec.n_head * spec.head_dim();
+  return HeldBf16Copies(be, {{ws.ln1.f32(), N * C}, {ws.atty.f32(), N * A}, {ws.ln2.f32(), N * C},
+                             {ws.fch_gelu.f32(), N * F}});
+}
+
 void GemmaEmbeddingForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
                       const int32_t* tokens, float* out, int64_t B, int64_t T, const SequenceInputs&,
                       LayerWorkspace*) {
@@ -227,6 +235,7 @@ void GemmaBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& la
   const int64_t C = spec.d_model, N = B * T;
   const BlockViews w = Views(layout, params);
   const PlusOne p1 = FormPlusOne(be, spec, w, ws);
+  const HeldBf16Copies held = HoldCopies(be, spec, ws, N);
   // out = x1 + rms_pf(m_out); `in` is no longer read once out is written, so out may alias it.
   BlockInternals(be, spec, layout, w, p1, in, B, T, ws, out);
   be.Add(out, ws.resid2.f32(), out, N * C);
@@ -251,6 +260,7 @@ void GemmaBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& l
   const PlusOne p1 = FormPlusOne(be, spec, w, ws);
   float* g0 = ws.g0.f32();
   float* g1 = ws.g1.f32();
+  const HeldBf16Copies held = HoldCopies(be, spec, ws, N);  // for the weight-gradient GEMMs
   if (recompute) BlockInternals(be, spec, layout, w, p1, in, B, T, ws, g1);  // g1: the unused post_ff
   const size_t NC = static_cast<size_t>(N * C) * sizeof(float);
   float* g2 = ws.g2.f32();

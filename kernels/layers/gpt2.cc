@@ -74,6 +74,14 @@ void BlockInternals(Backend& be, const ModelSpec& spec, const LayerLayout& layou
   }
 }
 
+// The activations a block's GEMMs read again later in the call, each written only by its
+// producer (LayerNorm, the attention, c_fc's GELU epilogue or GeluForward): held bf16
+// copies (registry.h).
+HeldBf16Copies HoldCopies(Backend& be, LayerWorkspace& ws, int64_t N, int64_t C, int64_t F) {
+  return HeldBf16Copies(be, {{ws.ln1.f32(), N * C}, {ws.atty.f32(), N * C}, {ws.ln2.f32(), N * C},
+                             {ws.fch_gelu.f32(), N * F}});
+}
+
 Status AllocWorkspace(Backend* backend, const ModelSpec& spec, int64_t B, int64_t T, LayerWorkspace* ws) {
   const size_t f = sizeof(float);
   const size_t N = static_cast<size_t>(B * T), C = spec.d_model, F = spec.d_ff;
@@ -117,6 +125,7 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
                   const float* in, float* out, int64_t B, int64_t T, LayerWorkspace& ws, const SequenceInputs&) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   const BlockViews w = Views(layout, params);
+  const HeldBf16Copies held = HoldCopies(be, ws, N, C, F);  // for the LoRA adapters' GEMMs
   BlockInternals(be, spec, layout, params, w, in, B, T, ws);
   // out = x1 + mlp; `in` is no longer read, so out may alias it.
   be.LinearForward(out, ws.fch_gelu.f32(), w.mproj_w, false, w.mproj_b, N, F, C, nullptr,
@@ -139,6 +148,7 @@ void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& 
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   const BlockViews w = Views(layout, params);
   const BlockViews d = Views(layout, dparams);
+  const HeldBf16Copies held = HoldCopies(be, ws, N, C, F);  // for the weight-gradient GEMMs
   if (recompute) BlockInternals(be, spec, layout, params, w, in, B, T, ws);
   // A LoRA layout freezes the base: no weight gradients for it (its norms' and biases'
   // land in the unused frozen part of dparams), the adapters' instead.

@@ -205,6 +205,16 @@ void BlockInternals(Backend& be, const ModelSpec& spec, const LayerLayout& layou
   be.SwiGLUForward(ws.fch_gelu.f32(), ws.fch.f32(), N, F);
 }
 
+// The activations a block's GEMMs read again later in the call, each written only by its
+// producer (RMSNorm, the attention, SwiGLU): held bf16 copies (registry.h). Not the MLP's
+// with experts: they reuse ws.ln2's neighbours and ws.fch_gelu per expert (moe.cc).
+HeldBf16Copies HoldCopies(Backend& be, const ModelSpec& spec, LayerWorkspace& ws, int64_t N) {
+  const int64_t C = spec.d_model, F = spec.d_ff, A = spec.n_head * spec.head_dim();
+  if (spec.moe()) return HeldBf16Copies(be, {{ws.ln1.f32(), N * C}, {ws.atty.f32(), N * A}});
+  return HeldBf16Copies(be, {{ws.ln1.f32(), N * C}, {ws.atty.f32(), N * A}, {ws.ln2.f32(), N * C},
+                             {ws.fch_gelu.f32(), N * F}});
+}
+
 void FamilyEmbeddingForward(Backend& be, const ModelSpec& spec, const LayerLayout& layout, const float* params,
                       const int32_t* tokens, float* out, int64_t B, int64_t T, const SequenceInputs&,
                       LayerWorkspace*) {
@@ -228,6 +238,7 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
                   const float* in, float* out, int64_t B, int64_t T, LayerWorkspace& ws, const SequenceInputs& seq) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   const BlockViews w = Views(spec, layout, params);
+  const HeldBf16Copies held = HoldCopies(be, spec, ws, N);  // for the LoRA adapters' GEMMs
   BlockInternals(be, spec, layout, params, w, in, B, T, ws, spec.WindowOf(layout.block));
   if (spec.moe()) {
     MoeOut(be, spec, layout, w, out, N, ws, seq.moe);
@@ -260,6 +271,7 @@ void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& 
   const int64_t window = spec.WindowOf(layout.block);
   const BlockViews w = Views(spec, layout, params);
   const BlockViews d = Views(spec, layout, dparams);
+  const HeldBf16Copies held = HoldCopies(be, spec, ws, N);  // for the weight-gradient GEMMs
   if (recompute) BlockInternals(be, spec, layout, params, w, in, B, T, ws, window);
   // A LoRA layout freezes the base: no weight gradients for it (its norms' and biases'
   // land in the unused frozen part of dparams), the adapters' instead.

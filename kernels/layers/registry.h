@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <vector>
 
 #include "common/model_spec.h"
@@ -94,5 +95,32 @@ void CheckKind(const LayerLayout& layout, LayerKind kind, const char* fn);
 void CheckFits(const LayerWorkspace& ws, int64_t B, int64_t T, const char* fn);
 // Allocates `bytes` into *buf with a message naming the workspace.
 Status AllocInto(kernels::Backend* be, kernels::DeviceBuffer* buf, size_t bytes);
+
+// For one block call (forward, or backward with its recompute): the bf16 copies of the
+// activations its weight-gradient GEMMs read again after the rest of the backward ran
+// (norm outputs, the attention output, the MLP activation), held from their producer to
+// the end of the call (Backend::HoldBf16Copy; a no-op but on CUDA's bf16 GEMM mode). Hold
+// only a workspace region that, within the call, nothing but its producer op (a norm, the
+// attention, the activation; or a GEMM) writes: a family's relay test with operand reuse
+// on and off (equal losses bit for bit) is what catches a region written otherwise.
+class HeldBf16Copies {
+ public:
+  struct Region {
+    const float* f32;
+    int64_t n;
+  };
+  HeldBf16Copies(kernels::Backend& be, std::initializer_list<Region> regions) : be_(be), regions_(regions) {
+    for (const Region& r : regions_) be_.HoldBf16Copy(r.f32, r.n);
+  }
+  ~HeldBf16Copies() {
+    for (const Region& r : regions_) be_.ReleaseBf16Copy(r.f32);
+  }
+  HeldBf16Copies(const HeldBf16Copies&) = delete;
+  HeldBf16Copies& operator=(const HeldBf16Copies&) = delete;
+
+ private:
+  kernels::Backend& be_;
+  std::vector<Region> regions_;
+};
 
 }  // namespace l2l::layers

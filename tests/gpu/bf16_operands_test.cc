@@ -228,5 +228,84 @@ TEST_CASE("bf16 operand reuse: a copy whose source was written since is never re
   CHECK(same_product("nothing in between").reused_elements == kN * kC);
 }
 
+TEST_CASE("bf16 operand reuse: a held copy outlives other ops until its source is written or it is released",
+          "[gpu]") {
+  // Backend::HoldBf16Copy: a block's activation that its backward's weight-gradient GEMMs
+  // read after the rest of the backward ran. Its producer's copy stays fresh across other
+  // ops; a GEMM, a copy-queue transfer or a producer writing over (part of) its source
+  // makes it stale, and a release ends it.
+  Side on = MakeSide(true, 17), off = MakeSide(false, 17);
+  const Producer ln = Producers()[0];  // LayerNormForward: out (kN, kC)
+  auto both = [&](const std::function<void(Side&)>& f) {
+    f(on);
+    f(off);
+  };
+  auto product_reuse = [&](const char* what) {
+    INFO(what);
+    const auto b_on = on.be->bf16_operand_stats();
+    both([](Side& s) { ProductOfOut(s, kC); });
+    CHECK(on.y.Host(*on.be) == off.y.Host(*off.be));
+    return on.Since(b_on).reused_elements;
+  };
+  auto other_ops = [&] {  // ops that write elsewhere (each makes every unheld copy stale)
+    both([](Side& s) {
+      s.be->Scale(s.gate_up.p(), 0.5f, kN * 2 * kF);
+      s.be->GeluForward(s.y.p(), s.x.p(), kN * kC);  // a producer of another buffer
+      s.be->Gemm(false, false, kN, kF, kF, 1.0f, s.x.p(), kF, s.w.p() + kF * kF, kF, 0.0f, s.gate_up.p(), kF);
+    });
+  };
+  both([](Side& s) { s.be->HoldBf16Copy(s.out.p(), kN * kC); });
+  // 1. Produced, then other ops: read, and read again.
+  both(ln.run);
+  other_ops();
+  CHECK(product_reuse("held, after other ops") == kN * kC);
+  other_ops();
+  CHECK(product_reuse("held, read a second time") == kN * kC);
+  // 2. A GEMM writes over the source: cast, until its producer writes it again.
+  both([](Side& s) { s.be->Gemm(false, false, kN, kC, kF, 1.0f, s.x.p(), kF, s.w.p(), kC, 0.0f, s.out.p(), kC); });
+  other_ops();
+  CHECK(product_reuse("a GEMM wrote over it") == 0);
+  both(ln.run);
+  other_ops();
+  CHECK(product_reuse("produced again") == kN * kC);
+  // 3. A producer writes part of it (another extent): stale.
+  both([](Side& s) { s.be->GeluForward(s.out.p(), s.x.p(), kN * kC / 2); });
+  other_ops();
+  CHECK(product_reuse("a producer wrote half of it") == 0);
+  // 4. The copy queue writes it: stale.
+  both(ln.run);
+  std::mt19937 rng(7);
+  const std::vector<float> fresh = RandomVec(rng, kN * kC);
+  both([&](Side& s) {
+    auto q = s.be->CreateCopyQueue();
+    REQUIRE(q.ok());
+    auto normed = s.be->CreateEvent(), copied = s.be->CreateEvent();
+    REQUIRE(normed.ok());
+    REQUIRE(copied.ok());
+    s.be->RecordEvent(normed->get());
+    (*q)->WaitFor(normed->get());
+    (*q)->CopyToDevice(s.out.p(), fresh.data(), sizeof(float) * fresh.size());
+    (*q)->Record(copied->get());
+    REQUIRE((*copied)->Wait().ok());
+  });
+  other_ops();
+  CHECK(product_reuse("the copy queue wrote it") == 0);
+  // 5. A hold of another extent than its producer writes is never filled.
+  both([](Side& s) { s.be->HoldBf16Copy(s.out.p(), kN * kF); });
+  both(ln.run);
+  other_ops();
+  CHECK(product_reuse("held at another extent") == 0);
+  // 6. Released: its producer's copy is an ordinary one again (stale after other ops).
+  both([](Side& s) { s.be->HoldBf16Copy(s.out.p(), kN * kC); });
+  both(ln.run);
+  both([](Side& s) { s.be->ReleaseBf16Copy(s.out.p()); });
+  other_ops();
+  CHECK(product_reuse("released") == 0);
+  both(ln.run);
+  other_ops();
+  CHECK(product_reuse("produced after the release") == 0);
+  CHECK(off.be->bf16_operand_stats().reused_elements == 0);
+}
+
 }  // namespace
 }  // namespace l2l::gpu_test

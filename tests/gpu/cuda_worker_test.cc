@@ -295,7 +295,9 @@ TEST_CASE("relay on cuda with bf16 GEMMs reuses activation copies and trains bit
   // by the second (c_proj's dout, N C; c_attn's from the attention backward, 3 N C).
   // With flash attention (head size 64; the GEMM path at 32) the attention writes its
   // output's copy too (c_proj's input, N C, forward and recompute) and dqkv's (c_attn's
-  // dy: read by its dW GEMM as well, 3 N C more).
+  // dy: read by its dW GEMM as well, 3 N C more). And the weight-gradient GEMMs of c_fc,
+  // attn.c_proj and c_attn read the recompute's copies, held for the call
+  // (Backend::HoldBf16Copy): ln2 and ln1 (2 N C), with flash attention its output (N C).
   const bool flash = GENERATE(false, true);
   CAPTURE(flash);
   const int steps = 3;
@@ -306,7 +308,8 @@ TEST_CASE("relay on cuda with bf16 GEMMs reuses activation copies and trains bit
   const Backend::Bf16OperandStats &d_on = c.on, &d_off = c.off;
   const ModelSpec& m = job.model;
   const int64_t N = job.train.micro_batch_size * job.seq_len(), C = m.d_model;
-  const int64_t per_block = (2 * (6 * N * C)) + (14 * N * C) + (flash ? 2 * N * C + 3 * N * C : 0);
+  const int64_t per_block = (2 * (6 * N * C)) + (14 * N * C) + (flash ? 2 * N * C + 3 * N * C : 0) +
+                            (2 * N * C) + (flash ? N * C : 0);
   INFO("operand elements cast: reuse off " << d_off.cast_elements << ", on " << d_on.cast_elements
                                            << " (read from copies: " << d_off.reused_elements << " vs "
                                            << d_on.reused_elements << ")");

@@ -41,10 +41,11 @@ struct Backends {
 // A CUDA backend on device 0 in bf16 GEMM mode (CudaGemmPrecision::kBf16), of this case's own.
 // reuse: CudaBackendOptions::reuse_bf16_operands (false: every operand not in a noted layer
 // copy is cast).
-inline std::unique_ptr<Backend> CudaBf16Backend(bool reuse = true) {
+inline std::unique_ptr<Backend> CudaBf16Backend(bool reuse = true, bool hold = true) {
   kernels::CudaBackendOptions opt;
   opt.gemm = kernels::CudaGemmPrecision::kBf16;
   opt.reuse_bf16_operands = reuse;
+  opt.hold_bf16_copies = hold;
   auto made = kernels::CreateCudaBackend(0, opt);
   REQUIRE(made.ok());
   return std::move(made).value();
