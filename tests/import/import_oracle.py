@@ -7,6 +7,8 @@ real processes (l2l-eps + one CPU l2l-worker), against Hugging Face transformers
         --max-shard-size: shard names, index, tensors bit-equal to the single file,
         transformers' logits equal, re-imported by l2l), (d) malformed inputs
   import_oracle.py BIN_DIR WORK_DIR smollm2 GGUF  (e) the real SmolLM2-135M GGUF
+  import_oracle.py BIN_DIR WORK_DIR smollm2_bf16 GGUF  (h) that file through the CUDA
+        backend's bf16 path (a CUDA or emulator build): within 1e-2 of transformers' fp32
   import_oracle.py BIN_DIR WORK_DIR smollm2_q4_k_m GGUF  (g) that model exported with
         --dtype q4_k_m: read by the gguf package, tensor types as llama.cpp's Q4_K_M
         recipe gives them, l2l-eval perplexity within 6% of the original file's
@@ -69,7 +71,8 @@ def hf_loss(model, toks):
 class Run:
     """One l2l-eps (--job) + one l2l-worker; returns step losses; can export."""
 
-    def __init__(self, bin_dir, work, name, model_from, steps=1, lr=1e-3, extra_model="", eps_args=()):
+    def __init__(self, bin_dir, work, name, model_from, steps=1, lr=1e-3, extra_model="", eps_args=(),
+                 extra_train="", extra_job="", worker_args=(), worker_env=None):
         # The model file may live outside the work dir (the fetched SmolLM2 in the model
         # cache): its directory is listed for the daemon (paths.models).
         self.eps_args = ["--allow-models", os.path.dirname(os.path.abspath(model_from))] + list(eps_args)
@@ -81,9 +84,11 @@ class Run:
             f.write(f"model:\n  from: {json.dumps(model_from)}\n{extra_model}"
                     f"optim: {{lr: {lr}, warmup_steps: 0, weight_decay: 0.0}}\n"
                     f"train: {{steps: {steps}, micro_batch_size: {B}, micro_batches: 1, seq_len: {T}, seed: 7, "
-                    f"clip: none}}\n"
-                    f"data: {{train_path: {json.dumps(os.path.join(work, 'tokens.bin'))}}}\n")
+                    f"clip: none{extra_train}}}\n"
+                    f"data: {{train_path: {json.dumps(os.path.join(work, 'tokens.bin'))}}}\n{extra_job}")
         self.steps, self.name = steps, name
+        self.worker_args, self.worker_env = list(worker_args), worker_env
+        self.worker_log = ""
 
     def start(self):
         self.eps_log = open(os.path.join(self.state, "..", self.name + ".eps.log"), "w")
@@ -108,9 +113,11 @@ class Run:
 
     def train(self):
         w = subprocess.run([os.path.join(self.bin, "l2l-worker"), "--eps", self.addr, "--threads", "2",
-                            "--steps", str(self.steps)], capture_output=True, text=True, timeout=900)
+                            "--steps", str(self.steps)] + self.worker_args, capture_output=True, text=True,
+                           timeout=900, env=self.worker_env)
         if w.returncode != 0:
             fail(f"{self.name}: l2l-worker failed: {w.stdout[-1500:]} {w.stderr[-1500:]}")
+        self.worker_log = w.stdout + w.stderr
         losses = {}
         for _ in range(100):
             p = os.path.join(self.state, "run.jsonl")
@@ -552,12 +559,13 @@ def synthetic(bin_dir, work):
     print("ok: all import/export oracle checks passed")
 
 
-def smollm2(bin_dir, work, path):
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+def smollm2_tokens_and_hf_loss(work, path):
+    """Writes one micro-batch (B = 1 window of T = 48) of English text through the model's
+    own tokenizer (transformers' conversion of the GGUF vocabulary; both sides get the
+    same ids, so its exact splitting does not matter) and returns transformers' fp32 loss
+    of the dequantised model on it."""
     global B, T
     B, T = 1, 48
-    # English text through the model's own tokenizer (transformers' conversion of the GGUF
-    # vocabulary; both sides get the same ids, so its exact splitting does not matter).
     tok = transformers.AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
     text = ("The quick brown fox jumps over the lazy dog. Language models predict the next word from the words "
             "before it, and a model that has read a great deal of text assigns a high probability to sentences "
@@ -569,9 +577,37 @@ def smollm2(bin_dir, work, path):
     m = load_exported_gguf(path)
     want = hf_loss(m, toks)
     del m
+    return want
+
+
+def smollm2(bin_dir, work, path):
+    want = smollm2_tokens_and_hf_loss(work, path)
     ours = l2l_first_loss(bin_dir, work, "smollm2", path)
     check_close("SmolLM2-135M GGUF (Q4_1)", ours, want, 1e-3)
     print(f"   perplexity l2l {np.exp(ours):.3f} transformers {np.exp(want):.3f}")
+
+
+def smollm2_bf16(bin_dir, work, path):
+    """(h) The bf16 path on the CUDA backend (BIN_DIR: a CUDA build, on the emulator in CI):
+    layers published bf16 and multiplied as they arrive, bf16 GEMMs with fp32 accumulation
+    (L2L_CUDA_GEMM=bf16), the stash between layers bf16; transformers' fp32 loss within
+    1e-2 relative. Every GEMM operand is rounded to 8 significant bits (relative error up
+    to 2^-9 per element); over 30 blocks these errors add to the logits like a random walk,
+    and the mean over 48 tokens of log-probabilities moves by far less than 1e-2 of a loss
+    near 4 unless something is wrong (a mis-cast operand or a stale copy moves it by O(1)).
+    The fp32 import of the same file is held to 1e-3 (smollm2 above)."""
+    want = smollm2_tokens_and_hf_loss(work, path)
+    env = dict(os.environ, L2L_CUDA_GEMM="bf16")
+    r = Run(bin_dir, work, "smollm2-bf16", path, steps=1, extra_train=", stash_dtype: bf16",
+            extra_job="publish_dtype: bf16\n", worker_args=["--device", "cuda:0"], worker_env=env)
+    r.start()
+    ours = r.train()[1]
+    r.stop()
+    for needle in ("gemm bf16", "layers copied as published, bf16", "stash device bf16", "bf16 GEMM operands:"):
+        if needle not in r.worker_log:
+            fail(f"smollm2-bf16: the worker did not run the bf16 path ('{needle}' not in its log): "
+                 + r.worker_log[-2000:])
+    check_close("SmolLM2-135M GGUF (Q4_1) through the CUDA bf16 path", ours, want, 1e-2)
 
 
 # ---- (g) export --dtype q4_k_m of the real SmolLM2 ------------------------------------
@@ -841,6 +877,8 @@ if __name__ == "__main__":
         synthetic(bin_dir, work)
     elif what == "smollm2":
         smollm2(bin_dir, work, sys.argv[4])
+    elif what == "smollm2_bf16":
+        smollm2_bf16(bin_dir, work, sys.argv[4])
     elif what == "smollm2_q4_k_m":
         smollm2_q4_k_m(bin_dir, work, sys.argv[4])
     elif what == "gguf_tokenizer":

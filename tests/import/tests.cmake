@@ -11,6 +11,14 @@ l2l_add_oracle_test(import.hf_gguf_oracle SCRIPT import/import_oracle.py WORKDIR
 l2l_add_oracle_test(import.smollm2 SCRIPT import/import_oracle.py FETCH smollm2 WORKDIR import_smollm2
                     ARGS "'$<TARGET_FILE_DIR:l2l-eps>'" @WORKDIR@ smollm2 @MODEL@
                     LABELS integration oracle TIMEOUT 1800)
+# import.smollm2_bf16_emu (the emulator build only, label emu): the real SmolLM2-135M
+# through the CUDA backend's bf16 path (bf16-published layers, bf16 GEMMs, bf16 stash) on
+# the CPU emulator of CUDA, within 1e-2 of transformers' fp32 loss.
+if(L2L_CUDA_EMULATOR)
+  l2l_add_oracle_test(import.smollm2_bf16_emu SCRIPT import/import_oracle.py FETCH smollm2 WORKDIR import_smollm2_bf16
+                      ARGS "'$<TARGET_FILE_DIR:l2l-eps>'" @WORKDIR@ smollm2_bf16 @MODEL@
+                      LABELS emu TIMEOUT 1200)
+endif()
 # import.smollm2_q4_k_m: the real SmolLM2-135M exported with --dtype q4_k_m (llama.cpp's
 # Q4_K_M mix: Q4_K/Q6_K, Q5_0/Q8_0 for rows of 576): the gguf package reads it, every
 # tensor has the type the recipe gives it, l2l-eval's perplexity on 512 tokens of GPL-3 is
