@@ -212,8 +212,9 @@ class Backend {
   // GEMMs read it later than the very next one: a block's weight-gradient GEMMs read the
   // forward's (recomputed) activations after the rest of the backward ran. The caller
   // promises that until ReleaseBf16Copy(f32) no op writes f32's n values but a producer
-  // op writing exactly them (which refreshes the copy), a GEMM or a copy transfer (which
-  // the backend sees: the copy is dropped). Breaking that promise would make GEMMs read
+  // op writing exactly them (which refreshes the copy), Copy2D (which writes the bits of
+  // what it copies into the copy too), a GEMM or a copy transfer (which the backend sees:
+  // the copy is dropped). Breaking that promise would make GEMMs read
   // stale bits. The default holds nothing (layers/layers.h: HeldBf16Copies).
   virtual void HoldBf16Copy(const float* f32, int64_t n) { (void)f32, (void)n; }
   virtual void ReleaseBf16Copy(const float* f32) { (void)f32; }

@@ -133,6 +133,21 @@ void Bf16Operands::Hold(const float* src, int64_t n) {
   free_entry->valid = false;
 }
 
+uint16_t* Bf16Operands::HeldBits(const float* dst, int64_t n) {
+  if (n <= 0) return nullptr;
+  Drain();
+  const auto at = reinterpret_cast<uintptr_t>(dst);
+  for (Held& h : held_) {
+    if (!h.valid) continue;
+    const auto base = reinterpret_cast<uintptr_t>(h.src);
+    if (at < base || (at - base) % sizeof(float) != 0) continue;
+    const auto offset = static_cast<int64_t>((at - base) / sizeof(float));
+    if (offset + n <= h.n) return static_cast<uint16_t*>(h.buf.data()) + offset;
+  }
+  Written(dst, n);
+  return nullptr;
+}
+
 void Bf16Operands::Release(const float* src) {
   for (Held& h : held_) {
     if (h.src == src) {

@@ -14,7 +14,8 @@
 // again, Backend::HoldBf16Copy) is written by its producer into a buffer of its own and
 // stays fresh across other ops until a GEMM, a copy-queue transfer or another producer
 // writes over its source, or it is released: the caller promises that nothing else writes
-// that source meanwhile. It is looked up before the slots.
+// that source meanwhile but a Copy2D, which writes the bits too (HeldBits). It is looked
+// up before the slots.
 // A fresh copy holds the same bits a cast would (round to nearest even of the same fp32
 // values), so every result is bit-identical with or without reuse; what goes away is the
 // cast pass (reading 4 bytes, writing 2 per element) for the activations a producer wrote
@@ -105,6 +106,10 @@ class Bf16Operands {
   // Nothing is held with reuse off. At most kMaxHeld at a time.
   void Hold(const float* src, int64_t n);
   void Release(const float* src);
+  // An op that is not a producer writes elements [dst, dst + n) and can write their bf16
+  // bits too: where, if they lie inside a fresh held copy (which then stays fresh, the
+  // op writing the bits at the same offsets); else null, and any held copy of them is stale.
+  uint16_t* HeldBits(const float* dst, int64_t n);
 
   // Slot `slot` (0..kSlots-1) as scratch of at least `elems` bf16 values (its copy is gone).
   uint16_t* Scratch(int slot, int64_t elems, cudaStream_t s);

@@ -483,7 +483,11 @@ class CudaBackend final : public Backend {
   void Copy2D(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
               int64_t cols) override {
     MakeCurrent();
-    LaunchCopy2D(dst, dst_ld, src, src_ld, rows, cols, stream());
+    // Into a held copy's source (a q/k norm's gradient back into dqkv, after RoPE's
+    // backward wrote its copy): the copy is kept fresh with the new values' bits.
+    const int64_t extent = rows > 0 && cols > 0 ? (rows - 1) * dst_ld + cols : 0;
+    uint16_t* bits = precision_ == CudaGemmPrecision::kBf16 && reuse_bf16_ ? operands_.HeldBits(dst, extent) : nullptr;
+    LaunchCopy2D(dst, dst_ld, src, src_ld, rows, cols, stream(), bits);
   }
 
   // ---- mixture-of-experts ops (kernels/backend.h; kernels in llama_ops.cu) -------------

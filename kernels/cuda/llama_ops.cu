@@ -143,11 +143,15 @@ __global__ void GegluBackwardKernel(float* dgate_up, const float* dout, const fl
   }
 }
 
+// bits (not null): the bf16 copy of dst's buffer at dst's offsets (a held operand copy,
+// Bf16Operands::HeldBits) gets the copied values' bits too.
 __global__ void Copy2DKernel(float* dst, int64_t dst_ld, const float* src, int64_t src_ld,
-                             int64_t rows, int64_t cols) {
+                             int64_t rows, int64_t cols, __nv_bfloat16* bits) {
   L2L_GRID_STRIDE(i, rows * cols) {
     const int64_t r = i / cols, c = i - r * cols;
-    dst[r * dst_ld + c] = src[r * src_ld + c];
+    const float v = src[r * src_ld + c];
+    dst[r * dst_ld + c] = v;
+    if (bits != nullptr) bits[r * dst_ld + c] = __float2bfloat16_rn(v);
   }
 }
 
@@ -188,9 +192,10 @@ void LaunchGegluBackward(float* dgate_up, const float* dout, const float* gate_u
 }
 
 void LaunchCopy2D(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
-                  int64_t cols, cudaStream_t s) {
+                  int64_t cols, cudaStream_t s, uint16_t* bits) {
   if (rows <= 0 || cols <= 0) return;
-  L2L_LAUNCH(Copy2DKernel, GridFor(rows * cols), kThreads, 0, s)(dst, dst_ld, src, src_ld, rows, cols);
+  L2L_LAUNCH(Copy2DKernel, GridFor(rows * cols), kThreads, 0, s)(dst, dst_ld, src, src_ld, rows, cols,
+                                                                  reinterpret_cast<__nv_bfloat16*>(bits));
   L2L_CUDA_CHECK_LAUNCH();
 }
 

@@ -181,9 +181,10 @@ void LaunchGegluForward(float* out, const float* gate_up, int64_t N, int64_t F, 
 // dgate_up (N,2F) += [dout * up * gelu_tanh'(gate) | dout * gelu_tanh(gate)].
 void LaunchGegluBackward(float* dgate_up, const float* dout, const float* gate_up, int64_t N,
                          int64_t F, cudaStream_t s);
-// dst row r (cols floats, stride dst_ld) = src row r (stride src_ld), r < rows.
+// dst row r (cols floats, stride dst_ld) = src row r (stride src_ld), r < rows; with bits,
+// their bf16 bits at the same offsets of bits (a held copy of dst's buffer) too.
 void LaunchCopy2D(float* dst, int64_t dst_ld, const float* src, int64_t src_ld, int64_t rows,
-                  int64_t cols, cudaStream_t s);
+                  int64_t cols, cudaStream_t s, uint16_t* bits = nullptr);
 // RMSNorm (reduce.cu): out (N,C) = inp * rstd * weight, rstd (N). One block per row.
 void LaunchRMSNormForward(float* out, float* rstd, const float* inp, const float* weight,
                           int64_t N, int64_t C, float eps, cudaStream_t s, uint16_t* bits = nullptr);

@@ -291,6 +291,9 @@ void GemmaBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& l
     be.AttentionBackwardGqa(g1, ws.att_scratch.f32(), g2, ws.qkv.f32(), ws.att.f32(), B, T, NH, NKV, hs);
   }
   const int64_t table = sliding ? ws.T() * (hs / 2) : 0;
+  // dqkv's copy, written by RoPE's backward, held through the q/k norms' backward (whose
+  // Copy2D back into dqkv keeps it fresh) for the qkv layer's two GEMMs.
+  const HeldBf16Copies held_dqkv(be, {{g1, N * W}});
   be.RopeBackward(g1, ws.rope_cos.f32() + table, ws.rope_sin.f32() + table, B, T, W, NH + NKV, hs);
   // Back through the q (and its scale) and k head norms.
   const QkRaw r = RawHeads(spec, ws, N);

@@ -310,6 +310,9 @@ void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& 
   } else {
     be.AttentionBackwardGqa(g1, ws.att_scratch.f32(), g0, ws.qkv.f32(), ws.att.f32(), B, T, NH, NKV, hs);
   }
+  // dqkv's copy, written by RoPE's backward, held through the q/k norms' backward (whose
+  // Copy2D back into dqkv keeps it fresh) for the qkv layer's two GEMMs.
+  const HeldBf16Copies held_dqkv(be, {{g1, N * W}});
   be.RopeBackward(g1, ws.rope_cos.f32(), ws.rope_sin.f32(), B, T, W, NH + NKV, hs);  // dqkv before rotation
   if (spec.qk_norm) QkNormBackward(be, spec, w, d, g1, N, ws);
   if (!frozen) be.Gemm(true, false, W, C, N, 1.0f, g1, W, ws.ln1.f32(), C, 1.0f, d.qkv_w, C);  // dW_qkv (W,C) +=

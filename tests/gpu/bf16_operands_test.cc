@@ -232,8 +232,8 @@ TEST_CASE("bf16 operand reuse: a held copy outlives other ops until its source i
           "[gpu]") {
   // Backend::HoldBf16Copy: a block's activation that its backward's weight-gradient GEMMs
   // read after the rest of the backward ran. Its producer's copy stays fresh across other
-  // ops; a GEMM, a copy-queue transfer or a producer writing over (part of) its source
-  // makes it stale, and a release ends it.
+  // ops and a Copy2D into it (which writes the bits too); a GEMM, a copy-queue transfer or
+  // a producer writing over (part of) its source makes it stale, and a release ends it.
   Side on = MakeSide(true, 17), off = MakeSide(false, 17);
   const Producer ln = Producers()[0];  // LayerNormForward: out (kN, kC)
   auto both = [&](const std::function<void(Side&)>& f) {
@@ -272,6 +272,15 @@ TEST_CASE("bf16 operand reuse: a held copy outlives other ops until its source i
   both([](Side& s) { s.be->GeluForward(s.out.p(), s.x.p(), kN * kC / 2); });
   other_ops();
   CHECK(product_reuse("a producer wrote half of it") == 0);
+  // 3b. A Copy2D into it (as a q/k norm's gradient goes back into dqkv) writes the bits
+  //     too: fresh, with the new values; one reaching past its extent makes it stale.
+  both(ln.run);
+  both([](Side& s) { s.be->Copy2D(s.out.p() + 8, kC, s.x.p(), kF, kN, 16); });
+  other_ops();
+  CHECK(product_reuse("a Copy2D wrote into it") == kN * kC);
+  both([](Side& s) { s.be->Copy2D(s.out.p() + kC, kC, s.x.p(), kF, kN, 16); });  // one row past the end
+  other_ops();
+  CHECK(product_reuse("a Copy2D wrote into it and past its end") == 0);
   // 4. The copy queue writes it: stale.
   both(ln.run);
   std::mt19937 rng(7);

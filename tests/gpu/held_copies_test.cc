@@ -113,10 +113,13 @@ TEST_CASE("held bf16 copies: Llama blocks (dense, q/k norms, experts) with reuse
   REQUIRE(spec.Validate().ok());
   REQUIRE(spec.head_dim() == 64);
   const int64_t C = spec.d_model, A = spec.n_head * spec.head_dim();
+  const int64_t W = (spec.n_head + 2 * spec.kv_heads()) * spec.head_dim();
   const auto layouts = BuildLayout(spec);
   // dW_qkv reads ln1 (N C), dW_o the attention output (N A), and with the dense MLP
   // dW_gate_up ln2 (N C); the experts' inputs are not held (moe.cc reuses the regions).
-  const int64_t held = form == "moe" ? C + A : 2 * C + A;
+  // With q/k norms, dqkv (RoPE's copy, kept fresh through the norms' Copy2D) for dW_qkv
+  // (N W; dx's GEMM reads the cast of the first without holds).
+  const int64_t held = (form == "moe" ? C + A : 2 * C + A) + (form == "qk_norm" ? W : 0);
   ExpectHeldExact(spec, layouts[1], kB, kT, kN * held);
 }
 
@@ -144,9 +147,10 @@ TEST_CASE("held bf16 copies: Gemma 3 sliding and global blocks with reuse on and
   CAPTURE(block);
   const int64_t C = spec.d_model, F = spec.d_ff, A = spec.n_head * spec.head_dim();
   const auto layouts = BuildLayout(spec);
+  const int64_t W = (spec.n_head + 2 * spec.kv_heads()) * spec.head_dim();
   // ln1, the attention output, ln2 and the GeGLU output (its down GEMM and post-norm run
-  // after it in the recompute): 2 N C + N A + N F.
-  ExpectHeldExact(spec, layouts[1 + block], kB, kT, kN * (2 * C + A + F));
+  // after it in the recompute): 2 N C + N A + N F; and dqkv through the q/k norms (N W).
+  ExpectHeldExact(spec, layouts[1 + block], kB, kT, kN * (2 * C + A + F + W));
 }
 
 TEST_CASE("held bf16 copies: a BERT block with reuse on and off is bit for bit the same", "[gpu][bert]") {
