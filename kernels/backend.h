@@ -215,7 +215,7 @@ class Backend {
   // op writing exactly them (which refreshes the copy), Copy2D (which writes the bits of
   // what it copies into the copy too), a GEMM or a copy transfer (which the backend sees:
   // the copy is dropped). Breaking that promise would make GEMMs read
-  // stale bits. The default holds nothing (layers/layers.h: HeldBf16Copies).
+  // stale bits. The default holds nothing (kernels/layers/registry.h: HeldBf16Copies).
   virtual void HoldBf16Copy(const float* f32, int64_t n) { (void)f32, (void)n; }
   virtual void ReleaseBf16Copy(const float* f32) { (void)f32; }
   // Operand elements a bf16-mode backend's Gemm / LinearForward cast to bf16 (one pass

@@ -79,13 +79,13 @@ const uint16_t* Bf16Operands::Operand(const float* src, int64_t n, int avoid, in
 
 uint16_t* Bf16Operands::Produce(const float* dst, int64_t n, cudaStream_t s) {
   Drain();
+  Written(dst, n);  // copies of what it writes are stale, held ones included (nested holds)
   for (Held& h : held_) {
     if (h.src == dst && h.n == n) {
       h.valid = true;
       return Grow(h.buf, n, s);
     }
   }
-  Written(dst, n);  // a held copy this producer writes part of is stale
   Slot& sl = slots_[Victim(-1)];
   uint16_t* bits = Grow(sl.buf, n, s);
   sl.src = dst;
@@ -137,15 +137,21 @@ uint16_t* Bf16Operands::HeldBits(const float* dst, int64_t n) {
   if (n <= 0) return nullptr;
   Drain();
   const auto at = reinterpret_cast<uintptr_t>(dst);
+  Held* into = nullptr;
   for (Held& h : held_) {
     if (!h.valid) continue;
     const auto base = reinterpret_cast<uintptr_t>(h.src);
     if (at < base || (at - base) % sizeof(float) != 0) continue;
     const auto offset = static_cast<int64_t>((at - base) / sizeof(float));
-    if (offset + n <= h.n) return static_cast<uint16_t*>(h.buf.data()) + offset;
+    if (offset + n <= h.n) {
+      into = &h;
+      break;
+    }
   }
-  Written(dst, n);
-  return nullptr;
+  Written(dst, n);  // every copy of what it writes is stale, but the one it writes the bits of
+  if (into == nullptr) return nullptr;
+  into->valid = true;
+  return static_cast<uint16_t*>(into->buf.data()) + (reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(into->src)) / sizeof(float);
 }
 
 void Bf16Operands::Release(const float* src) {

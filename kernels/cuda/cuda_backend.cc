@@ -99,11 +99,13 @@ class CudaBackend final : public Backend {
   void CopyDeviceToDevice(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     MakeCurrent();
+    WrittenBytes(dst, bytes);
     L2L_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
   }
   void Zero(void* dst, size_t bytes) override {
     if (bytes == 0) return;
     MakeCurrent();
+    WrittenBytes(dst, bytes);
     L2L_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream()));
   }
   void Synchronize() override {
@@ -152,6 +154,7 @@ class CudaBackend final : public Backend {
   }
   void AddBias(float* out, const float* bias, int64_t N, int64_t OC) override {
     MakeCurrent();
+    operands_.Written(out, N * OC);
     LaunchAddBias(out, bias, N, OC, stream());
   }
   void BiasBackward(float* dbias, const float* dout, int64_t N, int64_t OC) override {
@@ -188,14 +191,17 @@ class CudaBackend final : public Backend {
   }
   void Add(float* out, const float* a, const float* b, int64_t n) override {
     MakeCurrent();
+    operands_.Written(out, n);
     LaunchAdd(out, a, b, n, stream());
   }
   void Axpy(float* dst, const float* src, float alpha, int64_t n) override {
     MakeCurrent();
+    operands_.Written(dst, n);
     LaunchAxpy(dst, src, alpha, n, stream());
   }
   void Scale(float* x, float alpha, int64_t n) override {
     MakeCurrent();
+    operands_.Written(x, n);
     LaunchScale(x, alpha, n, stream());
   }
   void CounterDropout(float* out, int64_t ldo, const float* x, int64_t ldx, int64_t N, int64_t C,
@@ -617,6 +623,12 @@ class CudaBackend final : public Backend {
   void MakeCurrent() {
     SetDevice();
     operands_.Touch();
+  }
+  // The plain writes (Zero, copies, Add, Axpy, Scale, AddBias) also make a held copy of
+  // what they write stale (Backend::HoldBf16Copy): a caller that breaks its promise gets
+  // a cast, not stale bits. (Other ops rely on the promise.)
+  void WrittenBytes(const void* dst, size_t bytes) {
+    operands_.Written(static_cast<const float*>(dst), static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float)));
   }
   void SetDevice() const {
     int cur = -1;

@@ -206,11 +206,14 @@ void BlockInternals(Backend& be, const ModelSpec& spec, const LayerLayout& layou
 }
 
 // The activations a block's GEMMs read again later in the call, each written only by its
-// producer (RMSNorm, the attention, SwiGLU): held bf16 copies (registry.h). Not the MLP's
-// with experts: they reuse ws.ln2's neighbours and ws.fch_gelu per expert (moe.cc).
+// producer (RMSNorm, the attention, SwiGLU): held bf16 copies (registry.h). With experts
+// not the MLP activation: ws.fch_gelu is each expert's (moe.cc); ln2, which the router's
+// and the experts' gathers only read, is.
 HeldBf16Copies HoldCopies(Backend& be, const ModelSpec& spec, LayerWorkspace& ws, int64_t N) {
   const int64_t C = spec.d_model, F = spec.d_ff, A = spec.n_head * spec.head_dim();
-  if (spec.moe()) return HeldBf16Copies(be, {{ws.ln1.f32(), N * C}, {ws.atty.f32(), N * A}});
+  if (spec.moe()) {
+    return HeldBf16Copies(be, {{ws.ln1.f32(), N * C}, {ws.atty.f32(), N * A}, {ws.ln2.f32(), N * C}});
+  }
   return HeldBf16Copies(be, {{ws.ln1.f32(), N * C}, {ws.atty.f32(), N * A}, {ws.ln2.f32(), N * C},
                              {ws.fch_gelu.f32(), N * F}});
 }
@@ -311,8 +314,11 @@ void FamilyBlockBackward(Backend& be, const ModelSpec& spec, const LayerLayout& 
     be.AttentionBackwardGqa(g1, ws.att_scratch.f32(), g0, ws.qkv.f32(), ws.att.f32(), B, T, NH, NKV, hs);
   }
   // dqkv's copy, written by RoPE's backward, held through the q/k norms' backward (whose
-  // Copy2D back into dqkv keeps it fresh) for the qkv layer's two GEMMs.
-  const HeldBf16Copies held_dqkv(be, {{g1, N * W}});
+  // Copy2D back into dqkv keeps it fresh) for the qkv layer's two GEMMs and the adapters'
+  // (without either, those two GEMMs follow RoPE and read it fresh anyway).
+  const HeldBf16Copies held_dqkv(be, spec.qk_norm || layout.lora_r > 0
+                                         ? std::vector<HeldBf16Copies::Region>{{g1, N * W}}
+                                         : std::vector<HeldBf16Copies::Region>{});
   be.RopeBackward(g1, ws.rope_cos.f32(), ws.rope_sin.f32(), B, T, W, NH + NKV, hs);  // dqkv before rotation
   if (spec.qk_norm) QkNormBackward(be, spec, w, d, g1, N, ws);
   if (!frozen) be.Gemm(true, false, W, C, N, 1.0f, g1, W, ws.ln1.f32(), C, 1.0f, d.qkv_w, C);  // dW_qkv (W,C) +=

@@ -8,7 +8,7 @@
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "common/model_spec.h"
@@ -101,15 +101,16 @@ Status AllocInto(kernels::Backend* be, kernels::DeviceBuffer* buf, size_t bytes)
 // (norm outputs, the attention output, the MLP activation), held from their producer to
 // the end of the call (Backend::HoldBf16Copy; a no-op but on CUDA's bf16 GEMM mode). Hold
 // only a workspace region that, within the call, nothing but its producer op (a norm, the
-// attention, the activation; or a GEMM) writes: a family's relay test with operand reuse
-// on and off (equal losses bit for bit) is what catches a region written otherwise.
+// attention, the activation; or a GEMM, a Copy2D, a copy-queue transfer) writes:
+// tests/gpu/held_copies_test.cc (each family's block with reuse on and off, equal bit for
+// bit) is what catches a region written otherwise.
 class HeldBf16Copies {
  public:
   struct Region {
     const float* f32;
     int64_t n;
   };
-  HeldBf16Copies(kernels::Backend& be, std::initializer_list<Region> regions) : be_(be), regions_(regions) {
+  HeldBf16Copies(kernels::Backend& be, std::vector<Region> regions) : be_(be), regions_(std::move(regions)) {
     for (const Region& r : regions_) be_.HoldBf16Copy(r.f32, r.n);
   }
   ~HeldBf16Copies() {

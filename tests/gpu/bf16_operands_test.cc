@@ -261,6 +261,18 @@ TEST_CASE("bf16 operand reuse: a held copy outlives other ops until its source i
   CHECK(product_reuse("held, after other ops") == kN * kC);
   other_ops();
   CHECK(product_reuse("held, read a second time") == kN * kC);
+  // 1b. Part of it, at an offset of 128 elements (a cast copy's alignment: read) and of one
+  //     row (40 elements: cast, as for a slot's copy).
+  auto part_reuse = [&](int64_t offset) {
+    const auto b_on = on.be->bf16_operand_stats();
+    both([offset](Side& s) {
+      s.be->Gemm(false, false, 16, kC, kC, 1.0f, s.out.p() + offset, kC, s.w.p(), kC, 0.0f, s.y.p(), kC);
+    });
+    CHECK(on.y.Host(*on.be) == off.y.Host(*off.be));
+    return on.Since(b_on).reused_elements;
+  };
+  CHECK(part_reuse(128) == 16 * kC);
+  CHECK(part_reuse(kC) == 0);
   // 2. A GEMM writes over the source: cast, until its producer writes it again.
   both([](Side& s) { s.be->Gemm(false, false, kN, kC, kF, 1.0f, s.x.p(), kF, s.w.p(), kC, 0.0f, s.out.p(), kC); });
   other_ops();
@@ -281,6 +293,15 @@ TEST_CASE("bf16 operand reuse: a held copy outlives other ops until its source i
   both([](Side& s) { s.be->Copy2D(s.out.p() + kC, kC, s.x.p(), kF, kN, 16); });  // one row past the end
   other_ops();
   CHECK(product_reuse("a Copy2D wrote into it and past its end") == 0);
+  //     A Copy2D into it while it is stale leaves it stale.
+  both([](Side& s) { s.be->Copy2D(s.out.p() + 8, kC, s.x.p(), kF, kN, 16); });
+  other_ops();
+  CHECK(product_reuse("a Copy2D wrote into it while stale") == 0);
+  //     Plain writes (Zero, Add, Scale, ...) break the caller's promise; they make it stale.
+  both(ln.run);
+  both([](Side& s) { s.be->Scale(s.out.p() + 5, 2.0f, 3); });
+  other_ops();
+  CHECK(product_reuse("scaled in place") == 0);
   // 4. The copy queue writes it: stale.
   both(ln.run);
   std::mt19937 rng(7);

@@ -14,6 +14,7 @@
 #include <catch2/catch.hpp>
 
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,7 +35,7 @@ struct BlockRun {
 // Forward, then the recomputing backward, of `block` on a bf16-mode CUDA backend (operand
 // reuse and holds on or off), from the same inputs (drawn from `seed`).
 BlockRun RunBlock(bool reuse, bool hold, const ModelSpec& spec, const LayerLayout& block,
-                  const std::vector<float>& params, int64_t B, int64_t T, uint32_t seed) {
+                  const std::vector<float>& params, int64_t B, int64_t T, uint32_t seed, bool keep = false) {
   const std::unique_ptr<Backend> be = CudaBf16Backend(reuse, hold);
   const int64_t C = spec.d_model;
   auto ws = layers::LayerWorkspace::Create(be.get(), spec, B, T);
@@ -47,9 +48,18 @@ BlockRun RunBlock(bool reuse, bool hold, const ModelSpec& spec, const LayerLayou
   const Dev dout = Dev::Of(*be, RandomVec(rng, B * T * C));
   const Dev din = Dev::Of(*be, std::vector<float>(B * T * C));
   const Dev dparams = Dev::Of(*be, RandomVec(rng, block.numel, -0.01f, 0.01f));
-  layers::BlockForward(*be, spec, block, p.p(), in.p(), out.p(), B, T, *ws, {});
+  // keep: the forward's intermediates kept for the backward (SavedActivations: no recompute).
+  std::optional<layers::SavedActivations> saved;
+  if (keep) {
+    auto made = layers::SavedActivations::Create(be.get(), spec, *ws);
+    REQUIRE(made.ok());
+    saved.emplace(std::move(made).value());
+  }
+  layers::BlockForward(*be, spec, block, p.p(), in.p(), out.p(), B, T, *ws, {}, keep ? &*saved : nullptr);
   const Backend::Bf16OperandStats before = be->bf16_operand_stats();
-  layers::BlockBackward(*be, spec, block, p.p(), in.p(), dout.p(), din.p(), dparams.p(), B, T, *ws, {});
+  layers::BlockBackward(*be, spec, block, p.p(), in.p(), dout.p(), din.p(), dparams.p(), B, T, *ws, {},
+                        keep ? &*saved : nullptr);
+  if (keep) CHECK(!saved->filled());  // the backward took them
   const Backend::Bf16OperandStats after = be->bf16_operand_stats();
   return {out.Host(*be), din.Host(*be), dparams.Host(*be),
           {after.cast_elements - before.cast_elements, after.reused_elements - before.reused_elements}};
@@ -59,13 +69,13 @@ BlockRun RunBlock(bool reuse, bool hold, const ModelSpec& spec, const LayerLayou
 // bits all three ways, and the backward with holds reads exactly `held_reads` more operand
 // elements from copies than without them (at least, with `at_least`: LoRA's adapters).
 void ExpectHeldExact(const ModelSpec& spec, const LayerLayout& block, int64_t B, int64_t T, int64_t held_reads,
-                     bool at_least = false) {
+                     bool at_least = false, bool keep = false) {
   std::mt19937 rng(11);
   std::vector<float> params(block.numel);
   for (float& v : params) v = std::uniform_real_distribution<float>(-0.15f, 0.15f)(rng);
-  const BlockRun held = RunBlock(true, true, spec, block, params, B, T, 23);
-  const BlockRun unheld = RunBlock(true, false, spec, block, params, B, T, 23);
-  const BlockRun off = RunBlock(false, true, spec, block, params, B, T, 23);
+  const BlockRun held = RunBlock(true, true, spec, block, params, B, T, 23, keep);
+  const BlockRun unheld = RunBlock(true, false, spec, block, params, B, T, 23, keep);
+  const BlockRun off = RunBlock(false, true, spec, block, params, B, T, 23, keep);
   for (const BlockRun* r : {&held, &unheld}) {
     CHECK(r->out == off.out);
     CHECK(r->din == off.din);
@@ -93,11 +103,25 @@ constexpr int64_t kN = kB * kT;
 // or without a hold, so it is not among the held reads.
 
 TEST_CASE("held bf16 copies: a GPT-2 block with reuse on and off is bit for bit the same", "[gpu]") {
-  const ModelSpec spec = testing::GptModel({96, 32, 128, 2, 2, 256});
+  // Head size 64 (flash attention) and 32 (the GEMM attention, whose output no producer
+  // writes: its hold never fills).
+  const int64_t n_head = GENERATE(2, 4);
+  CAPTURE(n_head);
+  const ModelSpec spec = testing::GptModel({96, 32, 128, 2, n_head, 256});
   const auto layouts = BuildLayout(spec);
   // The weight-gradient GEMMs of c_fc, attn.c_proj and c_attn read ln2, the attention
-  // output and ln1 (3 N C).
-  ExpectHeldExact(spec, layouts[1], kB, kT, kN * 3 * spec.d_model);
+  // output and ln1 (3 N C; 2 N C with the GEMM attention).
+  ExpectHeldExact(spec, layouts[1], kB, kT, kN * (n_head == 2 ? 3 : 2) * spec.d_model);
+}
+
+TEST_CASE("held bf16 copies: a backward from kept intermediates (no recompute) holds nothing and is the same",
+          "[gpu]") {
+  // SavedActivations: the forward's regions are exchanged out and back, and no producer
+  // runs in the backward, so no hold fills (and none may be read stale).
+  const ModelSpec spec = testing::GptModel({96, 32, 128, 2, 2, 256});
+  REQUIRE(layers::SavedActivations::Supported(spec));
+  const auto layouts = BuildLayout(spec);
+  ExpectHeldExact(spec, layouts[1], kB, kT, 0, /*at_least=*/false, /*keep=*/true);
 }
 
 TEST_CASE("held bf16 copies: Llama blocks (dense, q/k norms, experts) with reuse on and off are the same",
@@ -116,10 +140,10 @@ TEST_CASE("held bf16 copies: Llama blocks (dense, q/k norms, experts) with reuse
   const int64_t W = (spec.n_head + 2 * spec.kv_heads()) * spec.head_dim();
   const auto layouts = BuildLayout(spec);
   // dW_qkv reads ln1 (N C), dW_o the attention output (N A), and with the dense MLP
-  // dW_gate_up ln2 (N C); the experts' inputs are not held (moe.cc reuses the regions).
-  // With q/k norms, dqkv (RoPE's copy, kept fresh through the norms' Copy2D) for dW_qkv
-  // (N W; dx's GEMM reads the cast of the first without holds).
-  const int64_t held = (form == "moe" ? C + A : 2 * C + A) + (form == "qk_norm" ? W : 0);
+  // dW_gate_up ln2 (N C); with experts the router's logits, recomputed by the backward,
+  // and its dW read ln2 (2 N C). With q/k norms, dqkv (RoPE's copy, kept fresh through the
+  // norms' Copy2D) for dW_qkv (N W; dx's GEMM reads the cast of the first without holds).
+  const int64_t held = (form == "moe" ? 3 * C + A : 2 * C + A) + (form == "qk_norm" ? W : 0);
   ExpectHeldExact(spec, layouts[1], kB, kT, kN * held);
 }
 
