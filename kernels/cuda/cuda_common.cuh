@@ -19,6 +19,15 @@ namespace l2l::kernels::cuda {
 #define L2L_LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
 #endif
 
+// Fully unrolls the loop that follows (nvcc: a loop over a register array must be unrolled
+// for the array to stay in registers); nothing on the emulator, whose g++ has no
+// `#pragma unroll`.
+#ifdef L2L_CUDA_EMULATOR
+#define L2L_UNROLL
+#else
+#define L2L_UNROLL _Pragma("unroll")
+#endif
+
 inline constexpr int kThreads = 256;  // default block size for elementwise kernels
 
 // Blocks for a grid-stride loop over n items: enough to fill an H100 (132 SMs x 16

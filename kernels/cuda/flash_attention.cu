@@ -48,10 +48,10 @@ __device__ __forceinline__ bool Allowed(const Params& p, int64_t b, int64_t t, i
   return p.key_mask == nullptr || p.key_mask[b * p.T + j] != 0;
 }
 
-// Whether any query of [i0, i0+16) sees any key of [j0, j0+16) (block-uniform).
-__device__ __forceinline__ bool TileLive(const Params& p, int64_t i0, int64_t j0) {
+// Whether any query of [i0, i0+rows) sees any key of [j0, j0+16).
+__device__ __forceinline__ bool TileLive(const Params& p, int64_t i0, int64_t rows, int64_t j0) {
   if (!p.causal) return true;
-  if (j0 > i0 + kTile - 1) return false;
+  if (j0 > i0 + rows - 1) return false;
   return p.window <= 0 || j0 + kTile - 1 > i0 - p.window;
 }
 
@@ -101,105 +101,188 @@ __device__ void TileProduct(float* c, int ldc, const T* a, int lda, const T* b, 
   }
 }
 
+// The forward's block: kWarps warps, each owning 16 query rows (kFwdRows per block); they
+// share each 16-key tile of K and V in shared memory, and everything else (S, the online
+// softmax, P, the P V product) is the warp's own, with warp barriers only.
+constexpr int kFwdRows = kWarps * kTile;
+
 template <int HD, bool kBf16>
 struct FwdSmem {
-  alignas(32) In<kBf16> q[kTile * HD];
+  alignas(32) In<kBf16> q[kBf16 ? kFwdRows * HD : 1];  // fp32: Q is read from global memory
   alignas(32) In<kBf16> k[kTile * HD];
   alignas(32) In<kBf16> v[kTile * HD];
-  alignas(32) float s[kTile * kTile];
-  alignas(32) In<kBf16> p[kTile * kTile];
-  alignas(32) float c[kTile * HD];
-  float m[kTile], l[kTile], alpha[kTile];
+  alignas(32) float s[kWarps][kTile * kTile];                  // each warp's S tile
+  alignas(32) In<kBf16> p[kWarps][kTile * kTile];              // and P tile
+  alignas(32) float stage[kWarps][kBf16 ? kTile * kTile : 1];  // a 16 x 16 piece of P V (WMMA)
+  float alpha[kWarps][kTile], m[kWarps][kTile], l[kWarps][kTile];
 };
 
-// One block per (16 query rows, head h, batch b). d_rows == nullptr: writes out and lse
-// (and out's bf16 bits into out_bits, when given). Otherwise (the backward's first pass)
-// recomputes the same output rows and writes d_rows = rowsum(dout * out) instead.
+// One block per (kFwdRows query rows, head h, batch b); warp w owns rows i0 + 16 w ...
+// d_rows == nullptr: writes out and lse (and out's bf16 bits into out_bits, when given).
+// Otherwise (the backward's first pass) recomputes the same output rows and writes
+// d_rows = rowsum(dout * out) instead. Each lane keeps HD / 2 of its warp's 16 x HD output
+// accumulators in registers: column chunk n (16 columns), element e = lane + 32 k (k < 8)
+// of the chunk's 16 x 16, row e / 16, column e % 16.
 template <int HD, bool kBf16>
 __global__ void __launch_bounds__(kFlashThreads)
     FlashForwardKernel(Params p, float* out, float* lse, const float* dout, float* d_rows,
                        __nv_bfloat16* out_bits) {
   using T = In<kBf16>;
   static_assert(sizeof(FwdSmem<HD, kBf16>) <= 48 * 1024, "static shared memory over 48 KiB");
+  static_assert(HD % kTile == 0, "head size a multiple of 16");
   __shared__ FwdSmem<HD, kBf16> sm;
-  constexpr int kPer = kTile * HD / kFlashThreads;
-  const int64_t i0 = int64_t{blockIdx.x} * kTile, h = blockIdx.y, b = blockIdx.z;
+  constexpr int kChunks = HD / kTile;
+  constexpr int kPerChunk = kTile * kTile / 32;  // accumulators per lane per column chunk
+  const int64_t i0 = int64_t{blockIdx.x} * kFwdRows, h = blockIdx.y, b = blockIdx.z;
   const int64_t g = h / (p.NH / p.NKV);
   const float* base = p.qkv + b * p.T * p.W;
-  const int tid = threadIdx.x;
-  LoadTile<HD>(sm.q, base + h * HD, p.W, i0, p.T);
-  if (tid < kTile) {
-    sm.m[tid] = -INFINITY;
-    sm.l[tid] = 0.0f;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int64_t w0 = i0 + warp * kTile;  // this warp's first row
+  if constexpr (kBf16) {
+    for (int e = tid; e < kFwdRows * HD; e += kFlashThreads) {
+      const int64_t row = i0 + e / HD;
+      sm.q[e] = ToIn<T>(row < p.T ? base[row * p.W + h * HD + e % HD] : 0.0f);
+    }
   }
-  float o[kPer];
-  for (int k = 0; k < kPer; ++k) o[k] = 0.0f;
+  // Row r = lane / 2 of the warp's 16 is the softmax's: its two lanes hold 8 keys each.
+  const int sr = lane / 2, shalf = lane % 2;
+  float m_run = -INFINITY, l_run = 0.0f;
+  float o[kChunks][kPerChunk];  // unrolled loops only: o stays in registers
+L2L_UNROLL
+  for (int n = 0; n < kChunks; ++n) {
+L2L_UNROLL
+    for (int k = 0; k < kPerChunk; ++k) o[n][k] = 0.0f;
+  }
+  float* s_w = sm.s[warp];
+  T* p_w = sm.p[warp];
   const int64_t tiles = (p.T + kTile - 1) / kTile;
   for (int64_t jt = 0; jt < tiles; ++jt) {
     const int64_t j0 = jt * kTile;
-    if (!TileLive(p, i0, j0)) continue;
-    __syncthreads();  // the previous tile's readers are done
+    if (!TileLive(p, i0, kFwdRows, j0)) continue;  // block-uniform
+    __syncthreads();  // the previous tile's readers are done (and Q is in)
     LoadTile<HD>(sm.k, base + (p.NH + g) * HD, p.W, j0, p.T);
     LoadTile<HD>(sm.v, base + (p.NH + p.NKV + g) * HD, p.W, j0, p.T);
     __syncthreads();
-    TileProduct<kTile, HD, true, false>(sm.s, kTile, sm.q, HD, sm.k, HD);  // S = Q K^T
-    __syncthreads();
-    if (tid < kTile) {  // online softmax of row tid
-      const int r = tid;
-      const int64_t t = i0 + r;
-      float sv[kTile];
-      float mx = sm.m[r];
-      for (int j = 0; j < kTile; ++j) {
-        sv[j] = Allowed(p, b, t, j0 + j) ? sm.s[r * kTile + j] * p.scale : -INFINITY;
+    if (!TileLive(p, w0, kTile, j0)) continue;  // warp-uniform: no row of this warp sees it
+    // S (16 x 16) = Q K^T of this warp's rows.
+    if constexpr (kBf16) {
+      namespace wmma = nvcuda::wmma;
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+      wmma::fill_fragment(acc, 0.0f);
+      for (int k0 = 0; k0 < HD; k0 += 16) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+        wmma::load_matrix_sync(fa, sm.q + warp * kTile * HD + k0, HD);
+        wmma::load_matrix_sync(fb, sm.k + k0, HD);
+        wmma::mma_sync(acc, fa, fb, acc);
+      }
+      wmma::store_matrix_sync(s_w, acc, kTile, wmma::mem_row_major);
+    } else {
+      for (int e = lane; e < kTile * kTile; e += 32) {
+        const int64_t row = w0 + e / kTile;
+        const float* qr = base + row * p.W + h * HD;
+        const float* kr = sm.k + (e % kTile) * HD;
+        float acc = 0.0f;
+        if (row < p.T) {
+          for (int d = 0; d < HD; ++d) acc = fmaf(qr[d], kr[d], acc);
+        }
+        s_w[e] = acc;
+      }
+    }
+    __syncwarp();
+    {  // the online softmax of row sr: keys 8 shalf .. 8 shalf + 7 in this lane
+      const int64_t t = w0 + sr;
+      float sv[kTile / 2];
+      float mx = m_run;
+      for (int j = 0; j < kTile / 2; ++j) {
+        const int jj = shalf * (kTile / 2) + j;
+        sv[j] = Allowed(p, b, t, j0 + jj) ? s_w[sr * kTile + jj] * p.scale : -INFINITY;
         mx = fmaxf(mx, sv[j]);
       }
-      const float alpha = mx == -INFINITY ? 1.0f : expf(sm.m[r] - mx);
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      const float alpha = mx == -INFINITY ? 1.0f : expf(m_run - mx);
       float sum = 0.0f;
-      for (int j = 0; j < kTile; ++j) {
+      for (int j = 0; j < kTile / 2; ++j) {
         const float e = sv[j] == -INFINITY ? 0.0f : expf(sv[j] - mx);
         sum += e;
-        sm.p[r * kTile + j] = ToIn<T>(e);
+        p_w[sr * kTile + shalf * (kTile / 2) + j] = ToIn<T>(e);
       }
-      sm.l[r] = sm.l[r] * alpha + sum;
-      sm.m[r] = mx;
-      sm.alpha[r] = alpha;
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      l_run = l_run * alpha + sum;
+      m_run = mx;
+      if (shalf == 0) sm.alpha[warp][sr] = alpha;
     }
-    __syncthreads();
-    TileProduct<HD, kTile, true, true>(sm.c, HD, sm.p, kTile, sm.v, HD);  // P V
-    __syncthreads();
-    for (int k = 0; k < kPer; ++k) {
-      const int e = tid + k * kFlashThreads;
-      o[k] = o[k] * sm.alpha[e / HD] + sm.c[e];
+    __syncwarp();
+    // o = o * alpha(row) + P V, a 16-column chunk at a time.
+L2L_UNROLL
+    for (int n = 0; n < kChunks; ++n) {
+      if constexpr (kBf16) {
+        namespace wmma = nvcuda::wmma;
+        wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> fb;
+        wmma::fill_fragment(acc, 0.0f);
+        wmma::load_matrix_sync(fa, p_w, kTile);
+        wmma::load_matrix_sync(fb, sm.v + n * kTile, HD);
+        wmma::mma_sync(acc, fa, fb, acc);
+        wmma::store_matrix_sync(sm.stage[warp], acc, kTile, wmma::mem_row_major);
+        __syncwarp();
+L2L_UNROLL
+        for (int k = 0; k < kPerChunk; ++k) {
+          const int e = lane + 32 * k;
+          o[n][k] = o[n][k] * sm.alpha[warp][e / kTile] + sm.stage[warp][e];
+        }
+        __syncwarp();  // the stage is read before the next chunk writes it
+      } else {
+L2L_UNROLL
+        for (int k = 0; k < kPerChunk; ++k) {
+          const int e = lane + 32 * k, r = e / kTile, c = n * kTile + e % kTile;
+          float acc = 0.0f;
+          for (int j = 0; j < kTile; ++j) acc = fmaf(p_w[r * kTile + j], sm.v[j * HD + c], acc);
+          o[n][k] = o[n][k] * sm.alpha[warp][r] + acc;
+        }
+      }
     }
+    __syncwarp();  // alpha and P are read before the next tile's softmax writes them
   }
-  __syncthreads();
+  if (shalf == 0) {
+    sm.m[warp][sr] = m_run;
+    sm.l[warp][sr] = l_run;
+  }
+  __syncwarp();
   const int64_t ld = p.NH * HD;
-  for (int k = 0; k < kPer; ++k) {
-    const int e = tid + k * kFlashThreads;
-    const int r = e / HD, d = e % HD;
-    const int64_t t = i0 + r;
-    const float l = sm.l[r];
-    const float val = l > 0.0f ? o[k] / l : 0.0f;
-    if (d_rows == nullptr) {
-      if (t < p.T) {
-        out[(b * p.T + t) * ld + h * HD + d] = val;
-        if (out_bits != nullptr) out_bits[(b * p.T + t) * ld + h * HD + d] = __float2bfloat16_rn(val);
+  float dsum = 0.0f;  // d_rows: lane r < 16 sums row r, column chunks in order
+L2L_UNROLL
+  for (int n = 0; n < kChunks; ++n) {
+L2L_UNROLL
+    for (int k = 0; k < kPerChunk; ++k) {
+      const int e = lane + 32 * k, r = e / kTile, d = n * kTile + e % kTile;
+      const int64_t t = w0 + r;
+      const float l = sm.l[warp][r];
+      const float val = l > 0.0f ? o[n][k] / l : 0.0f;
+      if (d_rows == nullptr) {
+        if (t < p.T) {
+          out[(b * p.T + t) * ld + h * HD + d] = val;
+          if (out_bits != nullptr) out_bits[(b * p.T + t) * ld + h * HD + d] = __float2bfloat16_rn(val);
+        }
+      } else {
+        s_w[e] = t < p.T ? val * dout[(b * p.T + t) * ld + h * HD + d] : 0.0f;
       }
-    } else {
-      sm.c[e] = t < p.T ? val * dout[(b * p.T + t) * ld + h * HD + d] : 0.0f;
+    }
+    if (d_rows != nullptr) {
+      __syncwarp();
+      if (lane < kTile) {
+        for (int c = 0; c < kTile; ++c) dsum += s_w[lane * kTile + c];
+      }
+      __syncwarp();
     }
   }
-  if (d_rows == nullptr) {
-    if (tid < kTile && i0 + tid < p.T) {
-      const float l = sm.l[tid];
-      lse[(b * p.NH + h) * p.T + i0 + tid] = l > 0.0f ? sm.m[tid] + logf(l) : INFINITY;
-    }
-  } else {
-    __syncthreads();
-    if (tid < kTile && i0 + tid < p.T) {
-      float sum = 0.0f;
-      for (int d = 0; d < HD; ++d) sum += sm.c[tid * HD + d];
-      d_rows[(b * p.NH + h) * p.T + i0 + tid] = sum;
+  if (lane < kTile && w0 + lane < p.T) {
+    if (d_rows == nullptr) {
+      const float l = sm.l[warp][lane];
+      lse[(b * p.NH + h) * p.T + w0 + lane] = l > 0.0f ? sm.m[warp][lane] + logf(l) : INFINITY;
+    } else {
+      d_rows[(b * p.NH + h) * p.T + w0 + lane] = dsum;
     }
   }
 }
@@ -281,7 +364,7 @@ __global__ void __launch_bounds__(kFlashThreads) FlashBackwardKvKernel(Params p,
     const int64_t h = g * rep + r;
     for (int64_t it = 0; it < tiles; ++it) {
       const int64_t i0 = it * kTile;
-      if (!TileLive(p, i0, j0)) continue;
+      if (!TileLive(p, i0, kTile, j0)) continue;
       __syncthreads();
       LoadQuerySide(p, a, sm, b, h, i0);
       __syncthreads();
@@ -320,7 +403,7 @@ __global__ void __launch_bounds__(kFlashThreads) FlashBackwardQKernel(Params p, 
   const int64_t tiles = (p.T + kTile - 1) / kTile;
   for (int64_t jt = 0; jt < tiles; ++jt) {
     const int64_t j0 = jt * kTile;
-    if (!TileLive(p, i0, j0)) continue;
+    if (!TileLive(p, i0, kTile, j0)) continue;
     __syncthreads();
     LoadTile<HD>(sm.k, base + (p.NH + g) * HD, p.W, j0, p.T);
     LoadTile<HD>(sm.v, base + (p.NH + p.NKV + g) * HD, p.W, j0, p.T);
@@ -382,7 +465,7 @@ void FlashAttentionForward(const FlashShape& s, float* out, float* lse, const fl
                            cudaStream_t stream, uint16_t* out_bits) {
   if (s.B <= 0 || s.T <= 0 || s.NH <= 0) return;
   const Params p = MakeParams(s, qkv);
-  const dim3 grid(static_cast<unsigned>((s.T + kTile - 1) / kTile), static_cast<unsigned>(s.NH),
+  const dim3 grid(static_cast<unsigned>((s.T + kFwdRows - 1) / kFwdRows), static_cast<unsigned>(s.NH),
                   static_cast<unsigned>(s.B));
   Dispatch(s, [&](auto hd, auto bf) {
     auto* kernel = &FlashForwardKernel<decltype(hd)::value, decltype(bf)::value>;
@@ -403,7 +486,8 @@ void FlashAttentionBackward(const FlashShape& s, float* dqkv, float* d_rows, con
     constexpr int HD = decltype(hd)::value;
     constexpr bool kBf16 = decltype(bf)::value;
     auto* d_pass = &FlashForwardKernel<HD, kBf16>;
-    L2L_LAUNCH(d_pass, dim3(tiles, static_cast<unsigned>(s.NH), static_cast<unsigned>(s.B)),
+    const unsigned row_blocks = static_cast<unsigned>((s.T + kFwdRows - 1) / kFwdRows);
+    L2L_LAUNCH(d_pass, dim3(row_blocks, static_cast<unsigned>(s.NH), static_cast<unsigned>(s.B)),
                dim3(kFlashThreads), 0, stream)
     (p, static_cast<float*>(nullptr), static_cast<float*>(nullptr), dout, d_rows,
      static_cast<__nv_bfloat16*>(nullptr));

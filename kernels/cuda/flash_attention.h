@@ -1,7 +1,10 @@
 // Fused (FlashAttention-2 style) attention on the GPU: no (T,T) buffer anywhere. The
-// forward runs one block per (16 query rows, head, batch element), loops over 16-key
-// tiles held in static shared memory and keeps a running row max and row sum (online
-// softmax, fp32), writing out and one log-sum-exp per row (L = m + log l). The backward
+// forward runs one block of 4 warps per (64 query rows, head, batch element): the warps
+// share each 16-key tile of K and V in static shared memory, and each warp owns 16 of the
+// rows: its S tile, a running row max and row sum (online softmax, fp32, two lanes per
+// row), its P tile and its output accumulators (in registers), with warp barriers only
+// between the block's two per tile; it writes out and one log-sum-exp per row
+// (L = m + log l). The backward
 // recomputes each (16 x 16) probability tile from q, k and L: a first pass (the forward's
 // code) recomputes the output rows and stores D = rowsum(dO * O) per row in `scratch`;
 // then one block per (16 keys, key/value head, batch element) accumulates dK and dV over
