@@ -11,6 +11,15 @@
 
 namespace l2l::kernels {
 
+// The element offset at which [at, at + n) lies inside [base, base + base_n) (fp32
+// elements; at a whole element of base), or -1 when it does not.
+inline int64_t ElementOffset(const float* base, int64_t base_n, const float* at, int64_t n) {
+  const auto a = reinterpret_cast<uintptr_t>(at), b = reinterpret_cast<uintptr_t>(base);
+  if (base == nullptr || n <= 0 || a < b || (a - b) % sizeof(float) != 0) return -1;
+  const auto offset = static_cast<int64_t>((a - b) / sizeof(float));
+  return offset + n <= base_n ? offset : -1;
+}
+
 class Bf16Copies {
  public:
   // Noting f32 again replaces its copy.
@@ -25,13 +34,9 @@ class Bf16Copies {
   // The bits of elements [src, src + n) when they lie inside one noted copy (element i of
   // src is element i of the result), else null.
   const uint16_t* Find(const float* src, int64_t n) const {
-    if (n <= 0) return nullptr;
-    const auto at = reinterpret_cast<uintptr_t>(src);
     for (const Copy& c : copies_) {
-      const auto base = reinterpret_cast<uintptr_t>(c.f32);
-      if (at < base || (at - base) % sizeof(float) != 0) continue;
-      const auto offset = static_cast<int64_t>((at - base) / sizeof(float));
-      if (offset + n <= c.n) return c.bits + offset;
+      const int64_t offset = ElementOffset(c.f32, c.n, src, n);
+      if (offset >= 0) return c.bits + offset;
     }
     return nullptr;
   }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "kernels/bf16_copies.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ops.h"
 
@@ -38,26 +39,20 @@ const uint16_t* Bf16Operands::Operand(const float* src, int64_t n, int avoid, in
   if (n <= 0) return nullptr;
   Drain();
   if (reuse_) {
-    const auto at = reinterpret_cast<uintptr_t>(src);
+    // A cast copy starts a slot (256-byte aligned); cuBLASLt's plan (and with it the
+    // summation order) depends on the operand's alignment, so a copy (held or in a slot)
+    // is read only at an offset that keeps it: the same plan, the same bits as a cast.
+    auto readable = [](int64_t offset) { return offset >= 0 && offset % 128 == 0; };
     for (Held& h : held_) {
-      if (!h.valid) continue;
-      const auto base = reinterpret_cast<uintptr_t>(h.src);
-      if (at < base || (at - base) % sizeof(float) != 0) continue;
-      const auto offset = static_cast<int64_t>((at - base) / sizeof(float));
-      if (offset + n > h.n || offset % 128 != 0) continue;  // as a slot's (below)
+      const int64_t offset = h.valid ? ElementOffset(h.src, h.n, src, n) : -1;
+      if (!readable(offset)) continue;
       stats->reused_elements += n;
       return static_cast<const uint16_t*>(h.buf.data()) + offset;
     }
     for (int k = 0; k < kSlots; ++k) {
       Slot& sl = slots_[k];
-      if (!Fresh(sl)) continue;
-      const auto base = reinterpret_cast<uintptr_t>(sl.src);
-      if (at < base || (at - base) % sizeof(float) != 0) continue;
-      const auto offset = static_cast<int64_t>((at - base) / sizeof(float));
-      // A cast copy starts a slot (256-byte aligned); cuBLASLt's plan (and with it the
-      // summation order) depends on the operand's alignment, so a copy is read only at an
-      // offset that keeps it: the same plan, the same bits as a cast.
-      if (offset + n > sl.n || offset % 128 != 0) continue;
+      const int64_t offset = Fresh(sl) ? ElementOffset(sl.src, sl.n, src, n) : -1;
+      if (!readable(offset)) continue;
       sl.used = ++clock_;
       *slot = k;
       stats->reused_elements += n;
@@ -98,17 +93,15 @@ uint16_t* Bf16Operands::Produce(const float* dst, int64_t n, cudaStream_t s) {
 void Bf16Operands::Written(const float* dst, int64_t n) {
   const auto lo = reinterpret_cast<uintptr_t>(dst);
   const auto hi = lo + sizeof(float) * static_cast<uintptr_t>(std::max<int64_t>(n, 0));
+  auto overlaps = [&](const float* src, int64_t src_n) {
+    const auto a = reinterpret_cast<uintptr_t>(src);
+    return src != nullptr && a < hi && lo < a + sizeof(float) * static_cast<uintptr_t>(src_n);
+  };
   for (Slot& sl : slots_) {
-    if (sl.src == nullptr) continue;
-    const auto a = reinterpret_cast<uintptr_t>(sl.src);
-    const auto b = a + sizeof(float) * static_cast<uintptr_t>(sl.n);
-    if (a < hi && lo < b) sl.src = nullptr;
+    if (overlaps(sl.src, sl.n)) sl.src = nullptr;
   }
   for (Held& h : held_) {
-    if (!h.valid) continue;
-    const auto a = reinterpret_cast<uintptr_t>(h.src);
-    const auto b = a + sizeof(float) * static_cast<uintptr_t>(h.n);
-    if (a < hi && lo < b) h.valid = false;
+    if (overlaps(h.src, h.n)) h.valid = false;
   }
 }
 
@@ -136,14 +129,11 @@ void Bf16Operands::Hold(const float* src, int64_t n) {
 uint16_t* Bf16Operands::HeldBits(const float* dst, int64_t n) {
   if (n <= 0) return nullptr;
   Drain();
-  const auto at = reinterpret_cast<uintptr_t>(dst);
   Held* into = nullptr;
+  int64_t offset = -1;
   for (Held& h : held_) {
-    if (!h.valid) continue;
-    const auto base = reinterpret_cast<uintptr_t>(h.src);
-    if (at < base || (at - base) % sizeof(float) != 0) continue;
-    const auto offset = static_cast<int64_t>((at - base) / sizeof(float));
-    if (offset + n <= h.n) {
+    offset = h.valid ? ElementOffset(h.src, h.n, dst, n) : -1;
+    if (offset >= 0) {
       into = &h;
       break;
     }
@@ -151,7 +141,7 @@ uint16_t* Bf16Operands::HeldBits(const float* dst, int64_t n) {
   Written(dst, n);  // every copy of what it writes is stale, but the one it writes the bits of
   if (into == nullptr) return nullptr;
   into->valid = true;
-  return static_cast<uint16_t*>(into->buf.data()) + (reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(into->src)) / sizeof(float);
+  return static_cast<uint16_t*>(into->buf.data()) + offset;
 }
 
 void Bf16Operands::Release(const float* src) {

@@ -176,7 +176,7 @@ class CudaBackend final : public Backend {
     operands_.Touch();  // the prefetcher refills the slot next
   }
   void HoldBf16Copy(const float* f32, int64_t n) override {
-    if (precision_ == CudaGemmPrecision::kBf16 && reuse_bf16_ && hold_bf16_) operands_.Hold(f32, n);
+    if (precision_ == CudaGemmPrecision::kBf16 && hold_bf16_) operands_.Hold(f32, n);  // not with reuse off
   }
   void ReleaseBf16Copy(const float* f32) override { operands_.Release(f32); }
 

@@ -167,7 +167,6 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
                         const float* in, float* out, int64_t B, int64_t T, LayerWorkspace& ws,
                         const SequenceInputs& seq) {
   const BlockViews w = Views(layout, params);
-  const HeldBf16Copies held = HoldCopies(be, spec, ws, B * T);
   BlockInternals(be, spec, w, in, B, T, ws, seq);
   // `in` is no longer read, so out may alias it.
   be.LayerNormForwardEps(out, ws.ln2_mean.f32(), ws.ln2_rstd.f32(), ws.ln2.f32(), w.ln2_w, w.ln2_b, B * T,

@@ -235,7 +235,6 @@ void GemmaBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& la
   const int64_t C = spec.d_model, N = B * T;
   const BlockViews w = Views(layout, params);
   const PlusOne p1 = FormPlusOne(be, spec, w, ws);
-  const HeldBf16Copies held = HoldCopies(be, spec, ws, N);
   // out = x1 + rms_pf(m_out); `in` is no longer read once out is written, so out may alias it.
   BlockInternals(be, spec, layout, w, p1, in, B, T, ws, out);
   be.Add(out, ws.resid2.f32(), out, N * C);

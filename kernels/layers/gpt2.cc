@@ -125,7 +125,8 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
                   const float* in, float* out, int64_t B, int64_t T, LayerWorkspace& ws, const SequenceInputs&) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   const BlockViews w = Views(layout, params);
-  const HeldBf16Copies held = HoldCopies(be, ws, N, C, F);  // for the LoRA adapters' GEMMs
+  // Only the LoRA adapters' GEMMs read a forward activation after other ops ran.
+  const HeldBf16Copies held = layout.lora_r > 0 ? HoldCopies(be, ws, N, C, F) : HeldBf16Copies(be, {});
   BlockInternals(be, spec, layout, params, w, in, B, T, ws);
   // out = x1 + mlp; `in` is no longer read, so out may alias it.
   be.LinearForward(out, ws.fch_gelu.f32(), w.mproj_w, false, w.mproj_b, N, F, C, nullptr,

@@ -241,7 +241,8 @@ void FamilyBlockForward(Backend& be, const ModelSpec& spec, const LayerLayout& l
                   const float* in, float* out, int64_t B, int64_t T, LayerWorkspace& ws, const SequenceInputs& seq) {
   const int64_t C = spec.d_model, F = spec.d_ff, N = B * T;
   const BlockViews w = Views(spec, layout, params);
-  const HeldBf16Copies held = HoldCopies(be, spec, ws, N);  // for the LoRA adapters' GEMMs
+  // Only the LoRA adapters' GEMMs read a forward activation after other ops ran.
+  const HeldBf16Copies held = layout.lora_r > 0 ? HoldCopies(be, spec, ws, N) : HeldBf16Copies(be, {});
   BlockInternals(be, spec, layout, params, w, in, B, T, ws, spec.WindowOf(layout.block));
   if (spec.moe()) {
     MoeOut(be, spec, layout, w, out, N, ws, seq.moe);

@@ -96,7 +96,8 @@ void CheckFits(const LayerWorkspace& ws, int64_t B, int64_t T, const char* fn);
 // Allocates `bytes` into *buf with a message naming the workspace.
 Status AllocInto(kernels::Backend* be, kernels::DeviceBuffer* buf, size_t bytes);
 
-// For one block call (forward, or backward with its recompute): the bf16 copies of the
+// For one block call (the backward with its recompute; the forward with LoRA adapters,
+// whose GEMMs read the layers' inputs again): the bf16 copies of the
 // activations its weight-gradient GEMMs read again after the rest of the backward ran
 // (norm outputs, the attention output, the MLP activation), held from their producer to
 // the end of the call (Backend::HoldBf16Copy; a no-op but on CUDA's bf16 GEMM mode). Hold

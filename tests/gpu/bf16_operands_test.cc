@@ -130,6 +130,38 @@ void ProductOfOut(Side& s, int64_t width) {
   s.be->Gemm(false, false, kN, kC, width, 1.0f, s.out.p(), width, s.w.p(), kC, 0.0f, s.y.p(), kC);
 }
 
+// The same ops on a backend with reuse on and one with reuse off.
+struct OnOff {
+  Side on, off;
+  void Both(const std::function<void(Side&)>& f) {
+    f(on);
+    f(off);
+  }
+  // ProductOfOut (kC columns) on both, equal bits; the elements reuse read from copies.
+  int64_t ProductReuse(const char* what) {
+    INFO(what);
+    const auto b_on = on.be->bf16_operand_stats();
+    Both([](Side& s) { ProductOfOut(s, kC); });
+    CHECK(on.y.Host(*on.be) == off.y.Host(*off.be));
+    return on.Since(b_on).reused_elements;
+  }
+};
+
+// host's values into dst through a copy queue (as the prefetcher refills a slot), ordered
+// after the compute stream's work so far by an event; the caller waits on the host only.
+void CopyIn(Side& s, float* dst, const std::vector<float>& host) {
+  auto q = s.be->CreateCopyQueue();
+  REQUIRE(q.ok());
+  auto before = s.be->CreateEvent(), copied = s.be->CreateEvent();
+  REQUIRE(before.ok());
+  REQUIRE(copied.ok());
+  s.be->RecordEvent(before->get());
+  (*q)->WaitFor(before->get());
+  (*q)->CopyToDevice(dst, host.data(), sizeof(float) * host.size());
+  (*q)->Record(copied->get());
+  REQUIRE((*copied)->Wait().ok());
+}
+
 TEST_CASE("bf16 operand reuse: a GEMM reads the bf16 copy its producer wrote, with the bits a cast gives",
           "[gpu]") {
   Side on = MakeSide(true, 5), off = MakeSide(false, 5);
@@ -172,60 +204,36 @@ TEST_CASE("bf16 operand reuse: back-to-back GEMMs read one cast of a shared oper
 }
 
 TEST_CASE("bf16 operand reuse: a copy whose source was written since is never read", "[gpu]") {
-  Side on = MakeSide(true, 13), off = MakeSide(false, 13);
+  OnOff t{MakeSide(true, 13), MakeSide(false, 13)};
   const Producer ln = Producers()[0];
-  auto both = [&](const std::function<void(Side&)>& f) {
-    f(on);
-    f(off);
-  };
-  auto same_product = [&](const char* what) {
-    INFO(what);
-    const auto b_on = on.be->bf16_operand_stats();
-    both([](Side& s) { ProductOfOut(s, kC); });
-    CHECK(on.y.Host(*on.be) == off.y.Host(*off.be));
-    return on.Since(b_on);
-  };
   // 1. An op between the producer and the GEMM (in place on the producer's output).
-  both(ln.run);
-  both([](Side& s) { s.be->Scale(s.out.p(), 3.0f, kN * kC); });
-  CHECK(same_product("scaled in place after the norm").reused_elements == 0);
+  t.Both(ln.run);
+  t.Both([](Side& s) { s.be->Scale(s.out.p(), 3.0f, kN * kC); });
+  CHECK(t.ProductReuse("scaled in place after the norm") == 0);
   // 2. A GEMM writing over the source of the copy the previous GEMM cast.
-  both(ln.run);
-  (void)same_product("the norm's copy read");
-  both([](Side& s) {  // out (kN, kC) = x[:, :kF] @ w: over the norm's output
+  t.Both(ln.run);
+  (void)t.ProductReuse("the norm's copy read");
+  t.Both([](Side& s) {  // out (kN, kC) = x[:, :kF] @ w: over the norm's output
     s.be->Gemm(false, false, kN, kC, kF, 1.0f, s.x.p(), kF, s.w.p(), kC, 0.0f, s.out.p(), kC);
   });
   // out cast; w read from the copy the writing GEMM cast (its extent covers this one).
-  CHECK(same_product("a GEMM wrote over it").reused_elements == kC * kC);
-  // 3. The copy queue writing the source (as the prefetcher refills a slot): after the
-  //    norm (the queue waits for an event the compute stream recorded, which leaves the
-  //    copy fresh), and the compute side waiting on the host only.
+  CHECK(t.ProductReuse("a GEMM wrote over it") == kC * kC);
+  // 3. The copy queue writing the source: after the norm (the queue waits for an event
+  //    the compute stream recorded, which leaves the copy fresh).
   std::mt19937 rng(3);
   const std::vector<float> fresh = RandomVec(rng, kN * kC);
-  auto copy_in = [&](Side& s, float* dst) {
-    auto q = s.be->CreateCopyQueue();
-    REQUIRE(q.ok());
-    auto normed = s.be->CreateEvent(), copied = s.be->CreateEvent();
-    REQUIRE(normed.ok());
-    REQUIRE(copied.ok());
-    s.be->RecordEvent(normed->get());
-    (*q)->WaitFor(normed->get());
-    (*q)->CopyToDevice(dst, fresh.data(), sizeof(float) * fresh.size());
-    (*q)->Record(copied->get());
-    REQUIRE((*copied)->Wait().ok());
-  };
   //    A transfer elsewhere (the copy queue notes the range it writes) leaves it fresh.
-  both(ln.run);
-  both([&](Side& s) { copy_in(s, s.gate_up.p()); });
-  CHECK(same_product("the copy queue wrote another buffer").reused_elements == kN * kC);
-  both(ln.run);
-  both([&](Side& s) { copy_in(s, s.out.p()); });
-  CHECK(same_product("the copy queue wrote it").reused_elements == 0);
-  const std::vector<float> now = on.out.Host(*on.be);
+  t.Both(ln.run);
+  t.Both([&](Side& s) { CopyIn(s, s.gate_up.p(), fresh); });
+  CHECK(t.ProductReuse("the copy queue wrote another buffer") == kN * kC);
+  t.Both(ln.run);
+  t.Both([&](Side& s) { CopyIn(s, s.out.p(), fresh); });
+  CHECK(t.ProductReuse("the copy queue wrote it") == 0);
+  const std::vector<float> now = t.on.out.Host(*t.on.be);
   CHECK(std::vector<float>(now.begin(), now.begin() + kN * kC) == fresh);
   // 4. Nothing in between: read (the case the others are measured against).
-  both(ln.run);
-  CHECK(same_product("nothing in between").reused_elements == kN * kC);
+  t.Both(ln.run);
+  CHECK(t.ProductReuse("nothing in between") == kN * kC);
 }
 
 TEST_CASE("bf16 operand reuse: a held copy outlives other ops until its source is written or it is released",
@@ -234,107 +242,85 @@ TEST_CASE("bf16 operand reuse: a held copy outlives other ops until its source i
   // read after the rest of the backward ran. Its producer's copy stays fresh across other
   // ops and a Copy2D into it (which writes the bits too); a GEMM, a copy-queue transfer or
   // a producer writing over (part of) its source makes it stale, and a release ends it.
-  Side on = MakeSide(true, 17), off = MakeSide(false, 17);
+  OnOff t{MakeSide(true, 17), MakeSide(false, 17)};
   const Producer ln = Producers()[0];  // LayerNormForward: out (kN, kC)
-  auto both = [&](const std::function<void(Side&)>& f) {
-    f(on);
-    f(off);
-  };
-  auto product_reuse = [&](const char* what) {
-    INFO(what);
-    const auto b_on = on.be->bf16_operand_stats();
-    both([](Side& s) { ProductOfOut(s, kC); });
-    CHECK(on.y.Host(*on.be) == off.y.Host(*off.be));
-    return on.Since(b_on).reused_elements;
-  };
   auto other_ops = [&] {  // ops that write elsewhere (each makes every unheld copy stale)
-    both([](Side& s) {
+    t.Both([](Side& s) {
       s.be->Scale(s.gate_up.p(), 0.5f, kN * 2 * kF);
       s.be->GeluForward(s.y.p(), s.x.p(), kN * kC);  // a producer of another buffer
       s.be->Gemm(false, false, kN, kF, kF, 1.0f, s.x.p(), kF, s.w.p() + kF * kF, kF, 0.0f, s.gate_up.p(), kF);
     });
   };
-  both([](Side& s) { s.be->HoldBf16Copy(s.out.p(), kN * kC); });
+  t.Both([](Side& s) { s.be->HoldBf16Copy(s.out.p(), kN * kC); });
   // 1. Produced, then other ops: read, and read again.
-  both(ln.run);
+  t.Both(ln.run);
   other_ops();
-  CHECK(product_reuse("held, after other ops") == kN * kC);
+  CHECK(t.ProductReuse("held, after other ops") == kN * kC);
   other_ops();
-  CHECK(product_reuse("held, read a second time") == kN * kC);
+  CHECK(t.ProductReuse("held, read a second time") == kN * kC);
   // 1b. Part of it, at an offset of 128 elements (a cast copy's alignment: read) and of one
   //     row (40 elements: cast, as for a slot's copy).
   auto part_reuse = [&](int64_t offset) {
-    const auto b_on = on.be->bf16_operand_stats();
-    both([offset](Side& s) {
+    const auto b_on = t.on.be->bf16_operand_stats();
+    t.Both([offset](Side& s) {
       s.be->Gemm(false, false, 16, kC, kC, 1.0f, s.out.p() + offset, kC, s.w.p(), kC, 0.0f, s.y.p(), kC);
     });
-    CHECK(on.y.Host(*on.be) == off.y.Host(*off.be));
-    return on.Since(b_on).reused_elements;
+    CHECK(t.on.y.Host(*t.on.be) == t.off.y.Host(*t.off.be));
+    return t.on.Since(b_on).reused_elements;
   };
   CHECK(part_reuse(128) == 16 * kC);
   CHECK(part_reuse(kC) == 0);
   // 2. A GEMM writes over the source: cast, until its producer writes it again.
-  both([](Side& s) { s.be->Gemm(false, false, kN, kC, kF, 1.0f, s.x.p(), kF, s.w.p(), kC, 0.0f, s.out.p(), kC); });
+  t.Both([](Side& s) { s.be->Gemm(false, false, kN, kC, kF, 1.0f, s.x.p(), kF, s.w.p(), kC, 0.0f, s.out.p(), kC); });
   other_ops();
-  CHECK(product_reuse("a GEMM wrote over it") == 0);
-  both(ln.run);
+  CHECK(t.ProductReuse("a GEMM wrote over it") == 0);
+  t.Both(ln.run);
   other_ops();
-  CHECK(product_reuse("produced again") == kN * kC);
+  CHECK(t.ProductReuse("produced again") == kN * kC);
   // 3. A producer writes part of it (another extent): stale.
-  both([](Side& s) { s.be->GeluForward(s.out.p(), s.x.p(), kN * kC / 2); });
+  t.Both([](Side& s) { s.be->GeluForward(s.out.p(), s.x.p(), kN * kC / 2); });
   other_ops();
-  CHECK(product_reuse("a producer wrote half of it") == 0);
+  CHECK(t.ProductReuse("a producer wrote half of it") == 0);
   // 3b. A Copy2D into it (as a q/k norm's gradient goes back into dqkv) writes the bits
   //     too: fresh, with the new values; one reaching past its extent makes it stale.
-  both(ln.run);
-  both([](Side& s) { s.be->Copy2D(s.out.p() + 8, kC, s.x.p(), kF, kN, 16); });
+  t.Both(ln.run);
+  t.Both([](Side& s) { s.be->Copy2D(s.out.p() + 8, kC, s.x.p(), kF, kN, 16); });
   other_ops();
-  CHECK(product_reuse("a Copy2D wrote into it") == kN * kC);
-  both([](Side& s) { s.be->Copy2D(s.out.p() + kC, kC, s.x.p(), kF, kN, 16); });  // one row past the end
+  CHECK(t.ProductReuse("a Copy2D wrote into it") == kN * kC);
+  t.Both([](Side& s) { s.be->Copy2D(s.out.p() + kC, kC, s.x.p(), kF, kN, 16); });  // one row past the end
   other_ops();
-  CHECK(product_reuse("a Copy2D wrote into it and past its end") == 0);
+  CHECK(t.ProductReuse("a Copy2D wrote into it and past its end") == 0);
   //     A Copy2D into it while it is stale leaves it stale.
-  both([](Side& s) { s.be->Copy2D(s.out.p() + 8, kC, s.x.p(), kF, kN, 16); });
+  t.Both([](Side& s) { s.be->Copy2D(s.out.p() + 8, kC, s.x.p(), kF, kN, 16); });
   other_ops();
-  CHECK(product_reuse("a Copy2D wrote into it while stale") == 0);
+  CHECK(t.ProductReuse("a Copy2D wrote into it while stale") == 0);
   //     Plain writes (Zero, Add, Scale, ...) break the caller's promise; they make it stale.
-  both(ln.run);
-  both([](Side& s) { s.be->Scale(s.out.p() + 5, 2.0f, 3); });
+  t.Both(ln.run);
+  t.Both([](Side& s) { s.be->Scale(s.out.p() + 5, 2.0f, 3); });
   other_ops();
-  CHECK(product_reuse("scaled in place") == 0);
+  CHECK(t.ProductReuse("scaled in place") == 0);
   // 4. The copy queue writes it: stale.
-  both(ln.run);
+  t.Both(ln.run);
   std::mt19937 rng(7);
   const std::vector<float> fresh = RandomVec(rng, kN * kC);
-  both([&](Side& s) {
-    auto q = s.be->CreateCopyQueue();
-    REQUIRE(q.ok());
-    auto normed = s.be->CreateEvent(), copied = s.be->CreateEvent();
-    REQUIRE(normed.ok());
-    REQUIRE(copied.ok());
-    s.be->RecordEvent(normed->get());
-    (*q)->WaitFor(normed->get());
-    (*q)->CopyToDevice(s.out.p(), fresh.data(), sizeof(float) * fresh.size());
-    (*q)->Record(copied->get());
-    REQUIRE((*copied)->Wait().ok());
-  });
+  t.Both([&](Side& s) { CopyIn(s, s.out.p(), fresh); });
   other_ops();
-  CHECK(product_reuse("the copy queue wrote it") == 0);
+  CHECK(t.ProductReuse("the copy queue wrote it") == 0);
   // 5. A hold of another extent than its producer writes is never filled.
-  both([](Side& s) { s.be->HoldBf16Copy(s.out.p(), kN * kF); });
-  both(ln.run);
+  t.Both([](Side& s) { s.be->HoldBf16Copy(s.out.p(), kN * kF); });
+  t.Both(ln.run);
   other_ops();
-  CHECK(product_reuse("held at another extent") == 0);
+  CHECK(t.ProductReuse("held at another extent") == 0);
   // 6. Released: its producer's copy is an ordinary one again (stale after other ops).
-  both([](Side& s) { s.be->HoldBf16Copy(s.out.p(), kN * kC); });
-  both(ln.run);
-  both([](Side& s) { s.be->ReleaseBf16Copy(s.out.p()); });
+  t.Both([](Side& s) { s.be->HoldBf16Copy(s.out.p(), kN * kC); });
+  t.Both(ln.run);
+  t.Both([](Side& s) { s.be->ReleaseBf16Copy(s.out.p()); });
   other_ops();
-  CHECK(product_reuse("released") == 0);
-  both(ln.run);
+  CHECK(t.ProductReuse("released") == 0);
+  t.Both(ln.run);
   other_ops();
-  CHECK(product_reuse("produced after the release") == 0);
-  CHECK(off.be->bf16_operand_stats().reused_elements == 0);
+  CHECK(t.ProductReuse("produced after the release") == 0);
+  CHECK(t.off.be->bf16_operand_stats().reused_elements == 0);
 }
 
 }  // namespace

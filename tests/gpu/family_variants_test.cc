@@ -81,26 +81,8 @@ ModelSpec Qwen3Like(int64_t window) {
   return s;
 }
 
-ModelSpec SmallGemma3() {
-  ModelSpec s;
-  s.family = ModelFamily::kGemma3;
-  s.vocab_size = 53;
-  s.seq_len = 64;
-  s.d_model = 32;
-  s.n_layer = 3;
-  s.n_head = 4;
-  s.n_kv_heads = 2;
-  s.head_size = 12;
-  s.qk_norm = true;
-  s.d_ff = 40;
-  s.sliding_window = 7;
-  s.sliding_window_pattern = 3;
-  s.rope_theta = 10000.0;
-  s.rope_local_theta = 100.0;
-  s.query_pre_attn_scalar = 10.0;
-  s.tied_embeddings = true;
-  return s;
-}
+// 3 blocks (0 slides, 2 is global) of 4 query heads of 12 on 2 key/value heads.
+ModelSpec SmallGemma3() { return Gemma3Spec({.d_model = 32, .n_head = 4, .n_kv_heads = 2, .head_size = 12, .d_ff = 40}); }
 
 // InitParams, with every 1-D tensor (norms) moved off its init so (1 + w) and the q/k
 // norm weights are exercised.

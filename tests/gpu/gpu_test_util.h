@@ -224,6 +224,33 @@ inline Workspaces MakeWorkspaces(Backends& b, const ModelSpec& spec, int64_t B, 
           std::make_unique<layers::LayerWorkspace>(std::move(g).value())};
 }
 
+// A small Gemma 3 (V 53, T 64, 3 blocks: blocks 0 and 1 slide over a window of 7, block 2
+// is global; q/k norms, local RoPE theta 100, query_pre_attn_scalar 10, tied
+// embeddings) of the given widths.
+struct Gemma3Widths {
+  int64_t d_model, n_head, n_kv_heads, head_size, d_ff;
+};
+inline ModelSpec Gemma3Spec(const Gemma3Widths& w) {
+  ModelSpec s;
+  s.family = ModelFamily::kGemma3;
+  s.vocab_size = 53;
+  s.seq_len = 64;
+  s.d_model = w.d_model;
+  s.n_layer = 3;
+  s.n_head = w.n_head;
+  s.n_kv_heads = w.n_kv_heads;
+  s.head_size = w.head_size;
+  s.qk_norm = true;
+  s.d_ff = w.d_ff;
+  s.sliding_window = 7;
+  s.sliding_window_pattern = 3;
+  s.rope_theta = 10000.0;
+  s.rope_local_theta = 100.0;
+  s.query_pre_attn_scalar = 10.0;
+  s.tied_embeddings = true;
+  return s;
+}
+
 // A layer's parameters as InitLayerParams makes them (seed 42).
 inline std::vector<float> InitParams(const ModelSpec& spec, const LayerLayout& layout) {
   std::vector<float> p(layout.numel);

@@ -149,23 +149,7 @@ TEST_CASE("held bf16 copies: Llama blocks (dense, q/k norms, experts) with reuse
 
 TEST_CASE("held bf16 copies: Gemma 3 sliding and global blocks with reuse on and off are the same",
           "[gpu][gemma3]") {
-  ModelSpec spec;
-  spec.family = ModelFamily::kGemma3;
-  spec.vocab_size = 53;
-  spec.seq_len = 64;
-  spec.d_model = 96;
-  spec.n_layer = 3;
-  spec.n_head = 2;
-  spec.n_kv_heads = 1;
-  spec.head_size = 64;
-  spec.qk_norm = true;
-  spec.d_ff = 80;
-  spec.sliding_window = 7;
-  spec.sliding_window_pattern = 3;
-  spec.rope_theta = 10000.0;
-  spec.rope_local_theta = 100.0;
-  spec.query_pre_attn_scalar = 10.0;
-  spec.tied_embeddings = true;
+  const ModelSpec spec = Gemma3Spec({.d_model = 96, .n_head = 2, .n_kv_heads = 1, .head_size = 64, .d_ff = 80});
   REQUIRE(spec.Validate().ok());
   const int64_t block = GENERATE(0, 2);  // block 0 slides, block 2 is global
   CAPTURE(block);
